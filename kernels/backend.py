@@ -1,0 +1,127 @@
+"""Which implementation the ops run: our Triton kernels or the torch reference.
+
+`VLLM_ATTENTION_BACKEND` picks it, as in vLLM. We implement two backends:
+
+- `TRITON_ATTN`: the Triton kernels; the default on CUDA. On a CPU it runs only under the Triton
+  interpreter (`TRITON_INTERPRET=1`), which is how CI tests the real kernels end to end.
+- `TORCH_SDPA`: the torch reference (vectorised, `scaled_dot_product_attention`); the default on CPU.
+
+vLLM's other backend names (FLASH_ATTN, FLASHINFER, ...) are common in existing deployments; they
+are accepted with a warning and replaced by the device's default, so such a manifest still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import cache
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV_NAME = "VLLM_ATTENTION_BACKEND"
+TRITON_ATTN = "TRITON_ATTN"
+TORCH_SDPA = "TORCH_SDPA"
+BACKENDS = (TRITON_ATTN, TORCH_SDPA)
+
+# Spellings vLLM has used for our two backends.
+_ALIASES = {"TRITON_ATTN_VLLM_V1": TRITON_ATTN, "TORCH_SDPA_VLLM_V1": TORCH_SDPA}
+
+# vLLM backends we do not implement; a deployment naming one gets the device default instead.
+_FOREIGN_BACKENDS = frozenset(
+    {
+        "FLASH_ATTN",
+        "FLASH_ATTN_VLLM_V1",
+        "FLASHINFER",
+        "FLASHINFER_VLLM_V1",
+        "XFORMERS",
+        "FLEX_ATTENTION",
+        "ROCM_FLASH",
+        "ROCM_ATTN",
+        "ROCM_AITER_FA",
+        "ROCM_AITER_MLA",
+        "TRITON_MLA",
+        "FLASHMLA",
+        "CUTLASS_MLA",
+        "FLASH_ATTN_MLA",
+        "PALLAS",
+        "PALLAS_VLLM_V1",
+        "IPEX",
+        "TREE_ATTN",
+        "DUAL_CHUNK_FLASH_ATTN",
+        "DIFFERENTIAL_FLASH_ATTN",
+        "NO_ATTENTION",
+        "BLOCK_SPARSE_FLASH_ATTN",
+    }
+)
+
+
+class BackendError(RuntimeError):
+    """The requested attention backend cannot run on this device or setup."""
+
+
+def _read_env_raw() -> str | None:
+    try:
+        from infernetes.schema.env import read_env
+    except ImportError:  # the schema module is optional for the kernels
+        return os.environ.get(ENV_NAME) or None
+    value = read_env(ENV_NAME)
+    return str(value) if value else None
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton runs kernels in its interpreter (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def resolve_backend(requested: str | None, device_type: str) -> str:
+    """The backend for a device given the raw setting (None or "" for the default).
+
+    Raises `BackendError`/`ValueError` with the allowed values when the setting cannot be honoured.
+    """
+    default = TRITON_ATTN if device_type == "cuda" else TORCH_SDPA
+    if not requested:
+        return default
+    name = requested.strip().upper()
+    name = _ALIASES.get(name, name)
+    if name in _FOREIGN_BACKENDS:
+        _warn_foreign(name, default)
+        return default
+    if name not in BACKENDS:
+        raise ValueError(
+            f"{ENV_NAME}={requested!r} is not a known attention backend; "
+            f"allowed values: {', '.join(BACKENDS)}"
+        )
+    if name == TRITON_ATTN and device_type != "cuda" and not interpreter_enabled():
+        raise BackendError(
+            f"{ENV_NAME}=TRITON_ATTN needs a CUDA device; on {device_type} it runs only under the "
+            "Triton interpreter: set TRITON_INTERPRET=1 before starting the process, or use "
+            f"{ENV_NAME}=TORCH_SDPA"
+        )
+    return name
+
+
+@cache
+def _warn_foreign(name: str, default: str) -> None:
+    logger.warning(
+        "%s=%s is a vLLM backend that infernetes does not implement; using %s instead",
+        ENV_NAME,
+        name,
+        default,
+    )
+
+
+def attention_backend(device: torch.device | str) -> str:
+    """The backend the ops use for tensors on `device`, from `VLLM_ATTENTION_BACKEND`."""
+    device_type = torch.device(device).type
+    return _resolve_cached(_read_env_raw(), device_type, interpreter_enabled())
+
+
+@cache
+def _resolve_cached(requested: str | None, device_type: str, _interpret: bool) -> str:
+    return resolve_backend(requested, device_type)
+
+
+def use_triton(device: torch.device | str) -> bool:
+    return attention_backend(device) == TRITON_ATTN

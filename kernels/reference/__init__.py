@@ -1,0 +1,1 @@
+"""Torch reference implementations of every op: the CPU path and the oracle for the kernels."""
