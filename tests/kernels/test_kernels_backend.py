@@ -1,0 +1,42 @@
+"""Choosing between the Triton kernels and the torch reference."""
+
+import pytest
+import torch
+from infernetes.kernels import backend, ops
+
+
+def test_defaults_per_device():
+    assert backend.resolve_backend(None, "cuda") == backend.TRITON_ATTN
+    assert backend.resolve_backend("", "cpu") == backend.TORCH_SDPA
+
+
+def test_explicit_and_alias_names():
+    assert backend.resolve_backend("TORCH_SDPA", "cuda") == backend.TORCH_SDPA
+    assert backend.resolve_backend("triton_attn_vllm_v1", "cuda") == backend.TRITON_ATTN
+
+
+def test_foreign_vllm_backend_falls_back_to_the_device_default():
+    assert backend.resolve_backend("FLASH_ATTN", "cuda") == backend.TRITON_ATTN
+    assert backend.resolve_backend("FLASHINFER", "cpu") == backend.TORCH_SDPA
+
+
+def test_unknown_backend_names_the_allowed_values():
+    with pytest.raises(ValueError, match=r"VLLM_ATTENTION_BACKEND='BOGUS'.*TRITON_ATTN, TORCH_SDPA"):
+        backend.resolve_backend("BOGUS", "cpu")
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(backend.BackendError, match="TRITON_INTERPRET=1"):
+        backend.resolve_backend("TRITON_ATTN", "cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert backend.resolve_backend("TRITON_ATTN", "cpu") == backend.TRITON_ATTN
+
+
+def test_ops_follow_the_environment(monkeypatch):
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TORCH_SDPA")
+    assert backend.attention_backend("cpu") == backend.TORCH_SDPA
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    with pytest.raises(backend.BackendError):
+        ops.silu_and_mul(torch.randn(2, 4))
