@@ -1,0 +1,1 @@
+"""The ``infernetes`` command line: one module per subcommand (see ``main.py``)."""

@@ -1,0 +1,25 @@
+"""``infernetes serve``: parse the vLLM-style command line and start the OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+
+from infernetes.schema.parser import parse_serve_args
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="Start the OpenAI-compatible API server (vllm serve's arguments).",
+        add_help=False,
+        prefix_chars="\0",  # every token, --help included, goes to the schema parser
+    )
+    parser.set_defaults(func=run, passthrough=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = parse_serve_args(args.argv, prog="infernetes serve")
+    from infernetes.runtime.server.api_server import run_server  # heavy: torch, fastapi
+
+    run_server(config)
+    return 0

@@ -1,0 +1,47 @@
+"""Immutable containers for configuration values (JSON objects and lists)."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+
+class FrozenDict(dict):
+    """A dict that refuses changes; still a dict, so ``json.dumps`` and ``==`` just work."""
+
+    def _immutable(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("configuration values are immutable; use ServeConfig.replace()")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable  # type: ignore[assignment]
+    __ior__ = _immutable  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return (FrozenDict, (dict(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted((k, _hashable(v)) for k, v in self.items())))
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def freeze(value: Any) -> Any:
+    """Dicts become FrozenDicts and lists become tuples, all the way down."""
+    if isinstance(value, dict):
+        return FrozenDict({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The plain JSON-shaped copy of a frozen value (dicts and lists)."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [thaw(v) for v in value]
+    return value

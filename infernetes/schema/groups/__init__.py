@@ -1,0 +1,1 @@
+"""The server-argument table, one module per configuration group (see ``infernetes.schema.args``)."""

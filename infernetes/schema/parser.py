@@ -1,0 +1,251 @@
+"""``infernetes serve`` argument parsing with all of ``vllm serve``'s conventions.
+
+The pipeline: ``--help=...`` forms -> spelling normalization (underscores) -> ``--config`` YAML
+-> dotted JSON keys (``--hf-overrides.rope_theta 1e6``) -> argparse -> deprecations ->
+``validate`` (types, choices, ranges, cross-field rules). Values from the command line beat values
+from the config file, which beat the defaults. Any bad input exits 2 with an argparse message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from infernetes.schema.args import ARGS, BY_DEST, GROUPS, Arg, get_arg
+from infernetes.schema.config import ConfigError, ServeConfig, validate
+from infernetes.schema.deprecations import apply_deprecations
+from infernetes.schema.values import parse_scalar
+
+PROG = "infernetes serve"
+GROUP_TITLES = {
+    "frontend": "frontend: the HTTP server",
+    **{group: group for group in GROUPS if group != "frontend"},
+}
+
+
+class ServeArgumentParser(argparse.ArgumentParser):
+    """argparse with the exit-2 error that names the argument, as every CLI error should."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(prog: str = PROG) -> ServeArgumentParser:
+    """The argparse parser for the schema. Every option defaults to 'absent' so the caller knows
+    exactly what the user gave; defaults come from the schema in ``validate``."""
+    parser = ServeArgumentParser(
+        prog=prog,
+        usage=f"{prog} [model_tag] [options]",
+        description="Start the OpenAI-compatible API server. Use --help=listgroup, --help=<group>, "
+        "--help=<argument> or --help=<keyword> to look around.",
+        add_help=False,
+        allow_abbrev=False,
+        argument_default=argparse.SUPPRESS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model_tag", nargs="?", help="The model to serve (same as --model).")
+    parser.add_argument("-h", "--help", action="store_true", help="Show this help; --help=<group|argument|keyword|listgroup|all> narrows it.")
+    parser.add_argument("--config", metavar="FILE", help="Read arguments from a YAML file; command-line values win over the file's.")
+    sections = {group: parser.add_argument_group(GROUP_TITLES[group]) for group in GROUPS}
+    for arg in ARGS:
+        _add(sections[arg.group], arg)
+    return parser
+
+
+def _add(section: argparse._ArgumentGroup, arg: Arg) -> None:
+    spellings = [arg.flag, *arg.aliases]
+    help_text = _help_text(arg)
+    if arg.kind == "bool":
+        section.add_argument(*spellings, dest=arg.dest, action=argparse.BooleanOptionalAction, help=help_text)
+        return
+    kwargs: dict[str, Any] = {"dest": arg.dest, "help": help_text, "metavar": _metavar(arg)}
+    if arg.kind == "token":
+        kwargs.update(nargs="?", const=True)
+    elif arg.is_list:
+        kwargs.update(nargs=arg.nargs)
+    section.add_argument(*spellings, **kwargs)
+
+
+def _metavar(arg: Arg) -> str:
+    if arg.choices is not None and len(arg.choices) <= 8:
+        return "{" + ",".join(str(c) for c in arg.choices) + "}"
+    return arg.dest.upper()
+
+
+def _help_text(arg: Arg) -> str:
+    text = arg.help
+    if arg.deprecated:
+        text = f"[deprecated: {arg.deprecated}] {text}"
+    elif arg.choices is not None and len(arg.choices) > 8:
+        text += " Choices: " + ", ".join(str(c) for c in arg.choices) + "."
+    if not arg.deprecated and arg.default not in (None, False, "", [], {}):
+        text += f" (default: {arg.default})"
+    return text.replace("%", "%%")
+
+
+def parse_serve_args(argv: Sequence[str] | None = None, *, prog: str = PROG) -> ServeConfig:
+    """Parses ``serve`` arguments into a validated ServeConfig; prints deprecations to stderr.
+
+    Exits 0 after printing help, and 2 with a message naming the argument on bad input.
+    """
+    config, notices = parse_with_notices(argv, prog=prog)
+    for notice in notices:
+        print(f"WARNING: {notice}", file=sys.stderr)
+    return config
+
+
+def parse_with_notices(argv: Sequence[str] | None = None, *, prog: str = PROG) -> tuple[ServeConfig, list[str]]:
+    """Like ``parse_serve_args`` but returns the deprecation notices instead of printing them."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(prog)
+    topic = _help_topic(argv)
+    if topic is not None:
+        from infernetes.schema.help import print_help
+
+        print_help(parser, topic)
+        parser.exit(0)
+    argv = [normalize_token(token) for token in argv]
+    argv, config_file = _take_config_file(argv, parser)
+    argv, dotted = _take_dotted(argv, parser)
+    namespace = parser.parse_args(argv)
+    given = _given(namespace, parser)
+    file_given = _read_config_file(config_file, parser) if config_file else {}
+    file_values, file_notices = apply_deprecations(file_given)
+    cli_values, cli_notices = apply_deprecations(given)
+    values = {**file_values, **cli_values}
+    try:
+        for dest, path, raw in dotted:
+            values[dest] = _set_path(values.get(dest, BY_DEST[dest].default), path, parse_scalar(raw), dest)
+        return validate(values), file_notices + cli_notices
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def _help_topic(argv: list[str]) -> str | None:
+    """'' for plain --help/-h, the topic for --help=<topic>, None when no help was asked for."""
+    for token in argv:
+        if token == "--":
+            return None
+        if token in ("-h", "--help"):
+            return ""
+        if token.startswith(("--help=", "-h=")):
+            return token.split("=", 1)[1]
+    return None
+
+
+def normalize_token(token: str) -> str:
+    """``--max_model_len=5`` -> ``--max-model-len=5``; the part after a dot is a JSON key, kept."""
+    if not token.startswith("--"):
+        return token
+    flag, eq, value = token.partition("=")
+    name, dot, key = flag[2:].partition(".")
+    return f"--{name.replace('_', '-')}{dot}{key}{eq}{value}"
+
+
+def _take_config_file(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], str | None]:
+    rest, path = [], None
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--config":
+            path = next(tokens, None)
+            if path is None:
+                parser.error("argument --config: expected a YAML file path")
+        elif token.startswith("--config="):
+            path = token.split("=", 1)[1]
+        else:
+            rest.append(token)
+    return rest, path
+
+
+def _take_dotted(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[tuple[str, list[str], str]]]:
+    """Pulls ``--json-arg.key.sub value`` (or ``=value``) out of argv as (dest, path, raw)."""
+    rest: list[str] = []
+    dotted: list[tuple[str, list[str], str]] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        flag = token.partition("=")[0]
+        if token.startswith("-") and "." in flag and not _is_number(flag):
+            name, _, path = flag.lstrip("-").partition(".")
+            arg = _json_arg(("--" if token.startswith("--") else "-") + name)
+            if arg is None:
+                parser.error(f"argument {flag}: only JSON arguments take dotted keys")
+            if "=" in token:
+                raw = token.partition("=")[2]
+            elif i + 1 < len(argv):
+                i += 1
+                raw = argv[i]
+            else:
+                parser.error(f"argument {flag}: expected a value")
+            if not all(path.split(".")):
+                parser.error(f"argument {flag}: empty key")
+            dotted.append((arg.dest, path.split("."), raw))
+        else:
+            rest.append(token)
+        i += 1
+    return rest, dotted
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _json_arg(spelling: str) -> Arg | None:
+    try:
+        arg = get_arg(spelling) if spelling.startswith("--") else next(a for a in ARGS if spelling in a.aliases)
+    except (KeyError, StopIteration):
+        return None
+    return arg if arg.kind == "json" else None
+
+
+def _set_path(current: Any, path: list[str], value: Any, dest: str) -> dict:
+    root = dict(current) if isinstance(current, dict) else {}
+    node = root
+    for key in path[:-1]:
+        child = node.get(key)
+        node[key] = dict(child) if isinstance(child, dict) else {}
+        node = node[key]
+    node[path[-1]] = value
+    return root
+
+
+def _given(namespace: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    given = {k: v for k, v in vars(namespace).items() if k not in ("help", "model_tag", "config")}
+    tag = getattr(namespace, "model_tag", None)
+    if tag is not None:
+        if "model" in given and given["model"] != tag:
+            parser.error(f"argument --model: {given['model']!r} conflicts with the positional model_tag {tag!r}")
+        given["model"] = tag
+    return given
+
+
+def _read_config_file(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        parser.error(f"argument --config: cannot read {path}: {exc.strerror}")
+    except yaml.YAMLError as exc:
+        parser.error(f"argument --config: {path} is not valid YAML: {exc}")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        parser.error(f"argument --config: {path} must hold a mapping of argument names to values")
+    given: dict[str, Any] = {}
+    for key, value in data.items():
+        name = "model" if key == "model_tag" else str(key)
+        try:
+            arg = get_arg(name)
+        except KeyError:
+            parser.error(f"argument --config: unknown argument {key!r} in {path}")
+        given[arg.dest] = value
+    return given

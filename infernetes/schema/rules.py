@@ -1,0 +1,52 @@
+"""The rules that tie several arguments together, checked after each value is valid on its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_rules(values: dict[str, Any]) -> None:
+    """Raises ConfigError for the first rule the values break."""
+    from infernetes.schema.config import ConfigError
+
+    v = values
+    if v["enable_auto_tool_choice"] and not v["tool_call_parser"]:
+        raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser", "tool_call_parser")
+    if v["max_cpu_loras"] is not None and v["max_cpu_loras"] < v["max_loras"]:
+        raise ConfigError(
+            f"--max-cpu-loras ({v['max_cpu_loras']}) must be >= --max-loras ({v['max_loras']})",
+            "max_cpu_loras",
+        )
+    if v["lora_modules"] and not v["enable_lora"]:
+        raise ConfigError("--lora-modules requires --enable-lora", "lora_modules")
+    if v["prompt_adapters"] and not v["enable_prompt_adapter"]:
+        raise ConfigError("--prompt-adapters requires --enable-prompt-adapter", "prompt_adapters")
+    batched, model_len = v["max_num_batched_tokens"], v["max_model_len"]
+    if v["enable_chunked_prefill"] is False and batched is not None and model_len is not None and batched < model_len:
+        raise ConfigError(
+            f"--max-num-batched-tokens ({batched}) is smaller than --max-model-len ({model_len}): without "
+            "chunked prefill no prompt longer than the batch budget could run; raise "
+            "--max-num-batched-tokens or lower --max-model-len",
+            "max_num_batched_tokens",
+        )
+    if batched is not None and v["max_num_seqs"] is not None and batched < v["max_num_seqs"]:
+        raise ConfigError(
+            f"--max-num-batched-tokens ({batched}) must be >= --max-num-seqs ({v['max_num_seqs']})",
+            "max_num_batched_tokens",
+        )
+    if v["max_long_partial_prefills"] > v["max_num_partial_prefills"]:
+        raise ConfigError(
+            f"--max-long-partial-prefills ({v['max_long_partial_prefills']}) must be <= "
+            f"--max-num-partial-prefills ({v['max_num_partial_prefills']})",
+            "max_long_partial_prefills",
+        )
+    if v["max_num_partial_prefills"] > 1 and v["enable_chunked_prefill"] is False:
+        raise ConfigError("--max-num-partial-prefills > 1 requires chunked prefill", "max_num_partial_prefills")
+    if v["collect_detailed_traces"] and not v["otlp_traces_endpoint"]:
+        raise ConfigError("--collect-detailed-traces requires --otlp-traces-endpoint", "collect_detailed_traces")
+    local = v["data_parallel_size_local"]
+    if local is not None and local > v["data_parallel_size"]:
+        raise ConfigError(
+            f"--data-parallel-size-local ({local}) must be <= --data-parallel-size ({v['data_parallel_size']})",
+            "data_parallel_size_local",
+        )
