@@ -23,7 +23,7 @@ QUANTIZATION_METHODS = (
 
 LOAD_FORMATS = (
     "auto", "pt", "safetensors", "npcache", "dummy", "tensorizer", "runai_streamer",
-    "bitsandbytes", "sharded_state", "gguf", "mistral", "fastsafetensors",
+    "bitsandbytes", "sharded_state", "gguf", "mistral", "runai_streamer_sharded", "fastsafetensors",
 )
 
 # Our own kernels are TRITON_ATTN (CUDA default) and TORCH_SDPA (CPU default); the other names

@@ -9,24 +9,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from infernetes.schema.args import BY_DEST, CURRENT_ARGS, GROUPS, Arg
+from infernetes.schema.convert import convert
 from infernetes.schema.deprecations import apply_deprecations
+from infernetes.schema.errors import ConfigError
 from infernetes.schema.frozen import freeze, thaw
-from infernetes.schema.values import CONVERTERS
 
 # A tool-call parser registered by --tool-parser-plugin is a valid name beyond the built-in ones.
 _CHOICES_OPENED_BY = {"tool_call_parser": "tool_parser_plugin"}
 
-
-class ConfigError(ValueError):
-    """A bad argument value; ``dest`` names the argument (None for rules across several)."""
-
-    def __init__(self, message: str, dest: str | None = None) -> None:
-        super().__init__(message)
-        self.dest = dest
-
-    @property
-    def flag(self) -> str | None:
-        return f"--{self.dest.replace('_', '-')}" if self.dest else None
+__all__ = ["ConfigError", "ServeConfig", "build_config", "convert", "validate"]
 
 
 class ServeConfig:
@@ -137,72 +128,3 @@ def _known(overrides: dict[str, Any]) -> dict[str, Any]:
 def _open_choices(arg: Arg, given: dict[str, Any]) -> bool:
     opener = _CHOICES_OPENED_BY.get(arg.dest)
     return bool(opener and given.get(opener))
-
-
-def convert(arg: Arg, value: Any, open_choices: bool = False) -> Any:
-    """The typed, checked value of one argument (lists for list arguments)."""
-    if value is None or value == "None":
-        if arg.default is None or arg.kind == "json":
-            return None
-        raise ConfigError(f"argument {arg.flag}: a value is required (default {arg.default!r})", arg.dest)
-    if arg.kind == "size" and isinstance(value, str) and value.strip().lower() == "auto":
-        if arg.default is None:
-            return None
-        raise ConfigError(f"argument {arg.flag}: 'auto' is not allowed here", arg.dest)
-    if arg.is_list:
-        items = list(value) if isinstance(value, list | tuple) else [value]
-        return [_convert_one(arg, item, open_choices) for item in items]
-    return _convert_one(arg, value, open_choices)
-
-
-def _compilation_level(value: Any) -> Any:
-    """``-O3`` / ``--compilation-config 3``: a bare number is the optimization level."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return {"level": value}
-    if isinstance(value, str) and value.strip().isdigit():
-        return {"level": int(value)}
-    return value
-
-
-_SHORTHANDS = {"compilation_config": _compilation_level}
-
-
-def _convert_one(arg: Arg, value: Any, open_choices: bool) -> Any:
-    shorthand = _SHORTHANDS.get(arg.dest)
-    if shorthand is not None:
-        value = shorthand(value)
-    try:
-        converted = CONVERTERS[arg.kind](value)
-    except ValueError as exc:
-        raise ConfigError(f"argument {arg.flag}: {exc}", arg.dest) from None
-    if arg.choices is not None and not open_choices:
-        converted = _in_choices(arg, converted)
-    _in_range(arg, converted)
-    return converted
-
-
-def _in_choices(arg: Arg, value: Any) -> Any:
-    if value in arg.choices:
-        return value
-    if isinstance(value, str):
-        for choice in arg.choices:
-            if isinstance(choice, str) and choice.lower() == value.lower():
-                return choice
-    allowed = ", ".join(str(c) for c in arg.choices)
-    raise ConfigError(f"argument {arg.flag}: invalid choice {value!r} (choose from {allowed})", arg.dest)
-
-
-def _in_range(arg: Arg, value: Any) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return
-    low, high = arg.minimum, arg.maximum
-    too_low = low is not None and (value <= low if arg.exclusive_minimum else value < low)
-    too_high = high is not None and value > high
-    if too_low or too_high:
-        left = "(" if arg.exclusive_minimum else "["
-        bounds = f"{left}{_num(low) if low is not None else '-inf'}, {_num(high) if high is not None else 'inf'}]"
-        raise ConfigError(f"argument {arg.flag}: {value} is out of range {bounds}", arg.dest)
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)

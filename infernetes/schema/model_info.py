@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from infernetes.schema.config import ConfigError, ServeConfig
+from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
+from infernetes.schema.errors import ConfigError
 
 # The config keys different model families use for their context length; vLLM takes the smallest.
 _LENGTH_KEYS = (

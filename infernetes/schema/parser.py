@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from infernetes.schema.args import ARGS, BY_DEST, GROUPS, Arg, get_arg
+from infernetes.schema.args import ARGS, BY_DEST, BY_NAME, GROUPS, Arg, get_arg
 from infernetes.schema.config import ConfigError, ServeConfig, validate
 from infernetes.schema.deprecations import apply_deprecations
-from infernetes.schema.values import parse_scalar
+from infernetes.schema.values import parse_bool, parse_scalar
 
 PROG = "infernetes serve"
 GROUP_TITLES = {
@@ -107,7 +107,7 @@ def parse_with_notices(argv: Sequence[str] | None = None, *, prog: str = PROG) -
 
         print_help(parser, topic)
         parser.exit(0)
-    argv = [normalize_token(token) for token in argv]
+    argv = _bool_values([normalize_token(token) for token in argv], parser)
     argv, config_file = _take_config_file(argv, parser)
     argv, dotted = _take_dotted(argv, parser)
     namespace = parser.parse_args(argv)
@@ -143,6 +143,50 @@ def normalize_token(token: str) -> str:
     flag, eq, value = token.partition("=")
     name, dot, key = flag[2:].partition(".")
     return f"--{name.replace('_', '-')}{dot}{key}{eq}{value}"
+
+
+_BOOL_WORDS = {"true": True, "false": False}
+
+
+def _bool_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """Older releases took ``--enable-chunked-prefill False`` and ``--flag=true``; rewrite those
+    to ``--flag`` / ``--no-flag``."""
+    out: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        flag, eq, raw = token.partition("=")
+        arg = _bool_arg(flag)
+        if arg is None:
+            out.append(token)
+            continue
+        if eq:
+            try:
+                value = parse_bool(raw)
+            except ValueError:
+                parser.error(f"argument {flag}: expected true or false, got {raw!r}")
+        else:
+            out.append(token)
+            continue
+        negated = flag.startswith("--no-")
+        out.append(arg.flag if value != negated else f"--no-{arg.name}")
+    merged: list[str] = []
+    for token in out:
+        if merged and token.lower() in _BOOL_WORDS and _bool_arg(merged[-1]) is not None:
+            previous = merged.pop()
+            negated = previous.startswith("--no-")
+            arg = _bool_arg(previous)
+            merged.append(arg.flag if _BOOL_WORDS[token.lower()] != negated else f"--no-{arg.name}")
+        else:
+            merged.append(token)
+    return merged
+
+
+def _bool_arg(flag: str) -> Arg | None:
+    if not flag.startswith("--"):
+        return None
+    name = flag[2:]
+    arg = BY_NAME.get(name) or (BY_NAME.get(name[3:]) if name.startswith("no-") else None)
+    return arg if arg is not None and arg.kind == "bool" else None
 
 
 def _take_config_file(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], str | None]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from infernetes.schema.errors import ConfigError
+
 
 def check_rules(values: dict[str, Any]) -> None:
     """Raises ConfigError for the first rule the values break."""
-    from infernetes.schema.config import ConfigError
-
     v = values
     if v["enable_auto_tool_choice"] and not v["tool_call_parser"]:
         raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser", "tool_call_parser")

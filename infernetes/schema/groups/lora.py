@@ -12,7 +12,7 @@ ARGS = (
     Arg("lora-extra-vocab-size", "int", 256, G, "Most extra vocabulary entries a LoRA adapter may add.",
         minimum=0),
     Arg("lora-dtype", "str", "auto", G, "LoRA weights dtype; auto follows the model.",
-        choices=("auto", "float16", "bfloat16")),
+        choices=("auto", "float16", "bfloat16", "float32")),
     Arg("long-lora-scaling-factors", "float", None, G,
         "RoPE scaling factors of long-context LoRA adapters served side by side.", nargs="+"),
     Arg("max-cpu-loras", "int", None, G, "LoRA adapters kept in CPU memory; at least --max-loras.", minimum=1),

@@ -1,6 +1,6 @@
 """ModelConfig: which model, its tokenizer, dtype, context length and HF config overrides."""
 
-from infernetes.schema.choices import DTYPES, QUANTIZATION_METHODS, TASKS
+from infernetes.schema.choices import ATTENTION_BACKENDS, DTYPES, QUANTIZATION_METHODS, TASKS
 from infernetes.schema.declare import Arg
 
 G = "ModelConfig"
@@ -66,5 +66,8 @@ ARGS = (
     Arg("model-impl", "str", "auto", G, "Model implementation: ours (vllm), transformers', or auto.",
         choices=("auto", "vllm", "transformers")),
     Arg("enable-prompt-embeds", "bool", False, G, "Accept prompt embeddings instead of text or token ids."),
+    Arg("attention-backend", "str", "auto", G,
+        "Attention implementation; auto picks one for the platform (same as VLLM_ATTENTION_BACKEND).",
+        choices=("auto", *ATTENTION_BACKENDS)),
     Arg("disable-async-output-proc", "bool", False, G, "Process outputs synchronously (slower)."),
 )
