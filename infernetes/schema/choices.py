@@ -17,7 +17,7 @@ QUANTIZATION_METHODS = (
     "aqlm", "auto-round", "awq", "awq_marlin", "bitblas", "bitsandbytes", "compressed-tensors",
     "deepspeedfp", "experts_int8", "fbgemm_fp8", "fp8", "gguf", "gptq", "gptq_bitblas",
     "gptq_marlin", "gptq_marlin_24", "gptqmodel", "hqq", "int4", "int8", "ipex", "marlin",
-    "modelopt", "modelopt_fp4", "moe_wna16", "neuron_quant", "nvfp4", "ptpc_fp8", "qqq", "quark",
+    "modelopt", "moe_wna16", "neuron_quant", "nvfp4", "ptpc_fp8", "qqq", "quark",
     "squeezellm", "torchao", "tpu_int8",
 )
 
@@ -28,10 +28,7 @@ LOAD_FORMATS = (
 
 # Our own kernels are TRITON_ATTN (CUDA default) and TORCH_SDPA (CPU default); the other names
 # are accepted so vLLM command lines and env files keep working.
-ATTENTION_BACKENDS = (
-    "TRITON_ATTN", "TORCH_SDPA", "FLASH_ATTN", "FLASHINFER", "XFORMERS", "FLASHMLA",
-    "TRITON_MLA", "ROCM_FLASH", "PALLAS", "IPEX", "NO_ATTENTION", "DUAL_CHUNK_FLASH_ATTN",
-)
+ATTENTION_BACKENDS = ("TRITON_ATTN", "TORCH_SDPA", "FLASH_ATTN", "FLASHINFER", "XFORMERS")
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
