@@ -1,0 +1,159 @@
+"""The InferenceService CustomResourceDefinition, built from the schema tables.
+
+`build_crd()` is what `infernetes operator crd` prints and what `crds/` holds; a test fails when
+the checked-in copy is stale.
+"""
+
+from typing import Any
+
+import yaml
+from infernetes.operator import names
+from infernetes.operator.engine_schema import engine_env_schema, engine_schema
+from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
+from infernetes.operator.spec_schema import ROOT_RULES, platform_properties
+
+CONDITION_TYPES = ["Ready", "Available", "Progressing", "Degraded", "Scheduled"]
+
+
+def condition_schema() -> Schema:
+    return obj(
+        {
+            "type": string(maxLength=64),
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": string(maxLength=128),
+            "message": string(maxLength=32768),
+            "lastTransitionTime": string(format="date-time"),
+            "observedGeneration": integer(format="int64", minimum=0),
+        },
+        required=["type", "status"],
+    )
+
+
+def status_schema() -> Schema:
+    conditions = array(condition_schema(), max_items=16)
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return obj(
+        {
+            "conditions": conditions,
+            "observedGeneration": integer(format="int64"),
+            "replicas": integer(format="int32"),
+            "readyReplicas": integer(format="int32"),
+            "selector": string("Label selector of the pods (for the scale subresource)."),
+            "url": string("In-cluster URL of the OpenAI-compatible API."),
+            "modelName": string("The model name clients send."),
+            "gpusPerReplica": integer(),
+            "serviceName": string("Name of the Service (differs from the resource's when it would collide)."),
+            "warnings": array(string(), max_items=16, description="Things the operator adjusted."),
+        },
+        description="Derived by the operator from the objects it owns.",
+    )
+
+
+def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
+    """Rules across spec.gpu and spec.engine (only when the engine fields exist)."""
+    rules: list[Schema] = []
+    parallel = [f for f in ("tensorParallelSize", "pipelineParallelSize", "dataParallelSize") if f in engine_properties]
+    if parallel:
+        product = " * ".join(f"(has(self.engine) && has(self.engine.{f}) ? self.engine.{f} : 1)" for f in parallel)
+        rules.append(
+            rule(
+                f"!has(self.gpu) || !has(self.gpu.count) || self.gpu.count == 0 || self.gpu.count >= {product}",
+                "gpu.count must cover tensorParallelSize x pipelineParallelSize x dataParallelSize",
+                field_path=".gpu.count",
+            )
+        )
+    if "device" in engine_properties:
+        rules.append(
+            rule(
+                "!(has(self.engine) && has(self.engine.device) && self.engine.device == 'cpu')"
+                " || !has(self.gpu) || !has(self.gpu.count) || self.gpu.count == 0",
+                "engine.device cpu runs without GPUs: gpu.count must be 0 or unset",
+                field_path=".gpu.count",
+            )
+        )
+    return rules
+
+
+def spec_schema(args: Any, env_vars: Any) -> Schema:
+    engine = engine_schema(args)
+    properties = {**platform_properties(), "engine": engine, "engineEnv": engine_env_schema(env_vars)}
+    return obj(properties, required=["model"], rules=spec_rules(engine["properties"]))
+
+
+def printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Model", "type": "string", "jsonPath": ".status.modelName"},
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpusPerReplica", "description": "GPUs per replica"},
+        {"name": "URL", "type": "string", "jsonPath": ".status.url"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def build_crd(args: Any = None, env_vars: Any = None) -> dict[str, Any]:
+    """The CRD as a dict; the schema tables are read from infernetes.schema unless given."""
+    if args is None:
+        from infernetes.schema.args import ARGS as args
+    if env_vars is None:
+        from infernetes.schema.env import ENV_VARS as env_vars
+    root = obj(
+        {
+            "apiVersion": string(),
+            "kind": string(),
+            "metadata": {"type": "object"},
+            "spec": spec_schema(args, env_vars),
+            "status": status_schema(),
+        },
+        required=["spec"],
+        rules=ROOT_RULES,
+    )
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": names.CRD_NAME, "labels": {names.LABEL_NAME: "infernetes"}},
+        "spec": {
+            "group": names.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": names.KIND,
+                "listKind": f"{names.KIND}List",
+                "plural": names.PLURAL,
+                "singular": names.SINGULAR,
+                "shortNames": list(names.SHORT_NAMES),
+                "categories": ["all", "infernetes"],
+            },
+            "versions": [
+                {
+                    "name": names.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": printer_columns(),
+                }
+            ],
+        },
+    }
+
+
+def dump_yaml(documents: list[dict[str, Any]]) -> str:
+    """Stable YAML (key order as built, wide lines) for the checked-in files."""
+    header = "# Generated by `infernetes operator crd` (make generate). Do not edit.\n"
+    body = "---\n".join(
+        yaml.safe_dump(doc, sort_keys=False, width=120, default_flow_style=False) for doc in documents
+    )
+    return header + body
+
+
+def crd_yaml() -> str:
+    return dump_yaml([build_crd()])

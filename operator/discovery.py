@@ -1,0 +1,28 @@
+"""Which optional APIs the cluster serves, asked once at start-up."""
+
+from typing import Any
+
+from infernetes.operator.facts import MONITORING_GV
+from infernetes.operator.kube import KubeError, request
+
+OPTIONAL_GROUP_VERSIONS = (MONITORING_GV,)
+
+
+def discover_apis(api: Any) -> frozenset[str]:
+    """"group/version/Kind" for every kind of the optional group/versions the server serves."""
+    groups = request(api, "GET", "/apis") or {}
+    served = {version["groupVersion"] for group in groups.get("groups", []) for version in group.get("versions", [])}
+    apis: set[str] = set()
+    for group_version in OPTIONAL_GROUP_VERSIONS:
+        if group_version not in served:
+            continue
+        try:
+            resources = request(api, "GET", f"/apis/{group_version}") or {}
+        except KubeError:
+            continue
+        apis.update(
+            f"{group_version}/{resource['kind']}"
+            for resource in resources.get("resources", [])
+            if "/" not in resource["name"]
+        )
+    return frozenset(apis)

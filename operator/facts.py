@@ -1,0 +1,44 @@
+"""ClusterFacts: what `render` needs to know about the cluster, as a plain value (no I/O here)."""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from infernetes.operator.names import DEFAULT_IMAGE
+
+MONITORING_GV = "monitoring.coreos.com/v1"
+# Kinds a bare group/version stands for (like `helm template --api-versions`).
+KNOWN_KINDS = {MONITORING_GV: ("ServiceMonitor", "PodMonitor")}
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """Optional APIs the cluster serves and the GPU headroom a rolling update could use.
+
+    `apis` holds "group/version/Kind" entries. `spare_gpus` maps a device-plugin resource
+    (nvidia.com/gpu) to the most GPUs free on any one node; None means unknown.
+    """
+
+    apis: frozenset[str] = frozenset()
+    spare_gpus: Mapping[str, int] | None = None
+    default_image: str = DEFAULT_IMAGE
+    notes: tuple[str, ...] = field(default=())
+
+    def serves(self, group_version: str, kind: str) -> bool:
+        return f"{group_version}/{kind}" in self.apis
+
+    @classmethod
+    def from_api_versions(cls, entries: Iterable[str], **kwargs: object) -> "ClusterFacts":
+        """Build from `--api-versions` entries: "group/version" or "group/version/Kind"."""
+        apis: set[str] = set()
+        for entry in entries:
+            entry = entry.strip()
+            if not entry:
+                continue
+            parts = entry.split("/")
+            if len(parts) == 3 and all(parts):
+                apis.add(entry)
+            elif len(parts) == 2 and all(parts):
+                apis.update(f"{entry}/{kind}" for kind in KNOWN_KINDS.get(entry, ()))
+            else:
+                raise ValueError(f"--api-versions: expected group/version or group/version/Kind, got {entry!r}")
+        return cls(apis=frozenset(apis), **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,46 @@
+"""GPU headroom from node and pod summaries: could a surge pod get its GPUs right now?"""
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from infernetes.operator.spec_schema import GPU_VENDORS
+
+GPU_RESOURCES = tuple(GPU_VENDORS.values())
+
+
+def _count(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def node_gpus(allocatable: Mapping[str, Any]) -> dict[str, int]:
+    return {res: _count(allocatable[res]) for res in GPU_RESOURCES if res in allocatable}
+
+
+def pod_gpus(pod_spec: Mapping[str, Any]) -> dict[str, int]:
+    """GPUs a pod holds: device plugins take limits (= requests) per container."""
+    total: dict[str, int] = {}
+    for container in pod_spec.get("containers") or ():
+        resources = container.get("resources") or {}
+        amounts = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for res in GPU_RESOURCES:
+            if res in amounts:
+                total[res] = total.get(res, 0) + _count(amounts[res])
+    return total
+
+
+def spare_gpus(
+    nodes: Mapping[str, Mapping[str, int]], used_by_node: Mapping[str, Iterable[Mapping[str, int]]]
+) -> dict[str, int]:
+    """The most GPUs of each resource free on any one node."""
+    spare: dict[str, int] = {}
+    for node, capacity in nodes.items():
+        used: dict[str, int] = {}
+        for pod in used_by_node.get(node, ()):
+            for res, count in pod.items():
+                used[res] = used.get(res, 0) + count
+        for res, count in capacity.items():
+            spare[res] = max(spare.get(res, 0), count - used.get(res, 0))
+    return spare

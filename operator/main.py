@@ -1,0 +1,36 @@
+"""Running the operator: kopf with our settings, peering, health and metrics endpoints."""
+
+import logging
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    namespaces: tuple[str, ...] = ()
+    peering: str | None = None
+    standalone: bool = True
+    metrics_port: int = 8080
+    health_port: int = 8081
+    bind_address: str = "0.0.0.0"
+    image: str | None = None
+    verbose: bool = False
+
+
+def run_operator(options: OperatorOptions) -> int:
+    """Run until SIGINT/SIGTERM; several replicas with the same peering name take turns."""
+    import kopf
+    from infernetes.operator import handlers  # registers the handlers with kopf
+
+    logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO)
+    kopf.configure(verbose=options.verbose)
+    liveness = f"http://{options.bind_address}:{options.health_port}/healthz" if options.health_port else None
+    kopf.run(
+        clusterwide=not options.namespaces,
+        namespaces=list(options.namespaces),
+        standalone=options.standalone,
+        peering_name=options.peering,
+        liveness_endpoint=liveness,
+        memo=kopf.Memo(options=options),
+    )
+    _ = handlers
+    return 0

@@ -1,0 +1,86 @@
+"""render(spec, cluster_facts): the objects one InferenceService needs, as a pure function.
+
+No I/O: the handlers apply what this returns, the CLI prints it, golden tests compare it.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infernetes.operator import names
+from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.render.monitoring import scrape_config
+from infernetes.operator.render.service import service_manifest, service_name_for
+from infernetes.operator.render.workload import deployment_manifest, gpus_per_replica
+from infernetes.operator.render.workload import model_source as resolve_model
+
+
+@dataclass
+class Plan:
+    """What render decided, for status as well as for apply."""
+
+    manifests: list[dict[str, Any]]
+    service_name: str
+    model_name: str
+    url: str
+    gpus_per_replica: int
+    selector: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def plan(
+    spec: Mapping[str, Any],
+    cluster_facts: ClusterFacts,
+    *,
+    name: str,
+    namespace: str,
+    uid: str | None = None,
+) -> Plan:
+    warnings: list[str] = []
+    service_name, rename_reason = service_name_for(name)
+    if rename_reason:
+        warnings.append(rename_reason)
+    scrape = scrape_config(spec, cluster_facts, name=name, namespace=namespace, service_port_name=names.PORT_NAME)
+    warnings.extend(scrape.warnings)
+    deployment = deployment_manifest(
+        spec, cluster_facts, name=name, namespace=namespace, pod_annotations=scrape.pod_annotations
+    )
+    manifests = [deployment, service_manifest(spec, name=name, namespace=namespace, service_name=service_name)]
+    manifests.extend(scrape.manifests)
+    if uid:
+        for manifest in manifests:
+            manifest["metadata"]["ownerReferences"] = [owner_reference(name, uid)]
+    port = (spec.get("service") or {}).get("port", names.SERVER_PORT)
+    selector = ",".join(f"{key}={value}" for key, value in sorted(names.selector_labels(name).items()))
+    return Plan(
+        manifests=manifests,
+        service_name=service_name,
+        model_name=resolve_model(spec).served_name,
+        url=f"http://{service_name}.{namespace}.svc:{port}/v1",
+        gpus_per_replica=gpus_per_replica(spec),
+        selector=selector,
+        warnings=warnings,
+    )
+
+
+def render(
+    spec: Mapping[str, Any],
+    cluster_facts: ClusterFacts,
+    *,
+    name: str,
+    namespace: str,
+    uid: str | None = None,
+) -> list[dict[str, Any]]:
+    """The manifests for one InferenceService (owner references when its uid is known)."""
+    return plan(spec, cluster_facts, name=name, namespace=namespace, uid=uid).manifests

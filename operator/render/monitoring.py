@@ -1,0 +1,71 @@
+"""Scrape configuration: ServiceMonitor, else PodMonitor, else prometheus.io annotations."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infernetes.operator import names
+from infernetes.operator.facts import MONITORING_GV, ClusterFacts
+
+METRICS_PATH = "/metrics"
+
+
+@dataclass
+class ScrapeConfig:
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _choose(mode: str, facts: ClusterFacts) -> tuple[str, str | None]:
+    has_sm = facts.serves(MONITORING_GV, "ServiceMonitor")
+    has_pm = facts.serves(MONITORING_GV, "PodMonitor")
+    if mode == "auto":
+        return ("serviceMonitor" if has_sm else "podMonitor" if has_pm else "annotations"), None
+    if (mode == "serviceMonitor" and not has_sm) or (mode == "podMonitor" and not has_pm):
+        kind = "ServiceMonitor" if mode == "serviceMonitor" else "PodMonitor"
+        return "annotations", (
+            f"monitoring.mode is {mode} but the cluster does not serve {MONITORING_GV} {kind}; "
+            "using prometheus.io annotations instead"
+        )
+    return mode, None
+
+
+def scrape_config(
+    spec: Mapping[str, Any], facts: ClusterFacts, *, name: str, namespace: str, service_port_name: str
+) -> ScrapeConfig:
+    monitoring = spec.get("monitoring") or {}
+    mode, warning = _choose(monitoring.get("mode", "auto"), facts)
+    result = ScrapeConfig(warnings=[warning] if warning else [])
+    interval = monitoring.get("interval", "30s")
+    labels = {**(monitoring.get("labels") or {}), **names.common_labels(name)}
+    metadata = {"name": name, "namespace": namespace, "labels": labels}
+    endpoint = {"port": service_port_name, "path": METRICS_PATH, "interval": interval}
+    if mode == "serviceMonitor":
+        result.manifests.append(
+            {
+                "apiVersion": MONITORING_GV,
+                "kind": "ServiceMonitor",
+                "metadata": metadata,
+                "spec": {"selector": {"matchLabels": names.common_labels(name)}, "endpoints": [endpoint]},
+            }
+        )
+    elif mode == "podMonitor":
+        result.manifests.append(
+            {
+                "apiVersion": MONITORING_GV,
+                "kind": "PodMonitor",
+                "metadata": metadata,
+                "spec": {
+                    "selector": {"matchLabels": names.selector_labels(name)},
+                    "podMetricsEndpoints": [endpoint],
+                },
+            }
+        )
+    elif mode == "annotations":
+        result.pod_annotations = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(names.SERVER_PORT),
+            "prometheus.io/path": METRICS_PATH,
+        }
+    return result

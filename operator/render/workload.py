@@ -1,0 +1,248 @@
+"""The Deployment: the pod that runs `infernetes serve` with the argv rendered from spec.engine."""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infernetes.operator import names
+from infernetes.operator.argv import engine_argv, engine_env
+from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.spec_schema import GPU_VENDORS
+
+MODEL_MOUNT = "/mnt/models"
+CACHE_MOUNT = "/var/cache/huggingface"
+HEALTH_PATH = "/health"
+# Extra time a rollout may take beyond the startup budget before the Deployment reports it stuck.
+PROGRESS_MARGIN_SECONDS = 300
+GPU_PRODUCT_LABELS = {"nvidia": "nvidia.com/gpu.product", "amd": "amd.com/gpu.product-name"}
+SHM_PER_GPU_GIB = 2
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What --model is inside the pod, the name clients use, and the volume it needs (if any)."""
+
+    arg: str
+    served_name: str
+    pass_served_name: bool
+    claim: str | None = None
+
+
+def model_source(spec: Mapping[str, Any]) -> ModelSource:
+    model = spec["model"]
+    explicit = spec.get("servedModelName")
+    if model.startswith("pvc://"):
+        claim, _, path = model[len("pvc://") :].partition("/")
+        return ModelSource(f"{MODEL_MOUNT}/{path}", explicit or path, True, claim)
+    return ModelSource(model, explicit or model, bool(explicit))
+
+
+def gpu_resource(spec: Mapping[str, Any]) -> str:
+    return GPU_VENDORS[(spec.get("gpu") or {}).get("vendor", "nvidia")]
+
+
+def parallel_size(engine: Mapping[str, Any]) -> int:
+    return math.prod(
+        int(engine.get(field) or 1) for field in ("tensorParallelSize", "pipelineParallelSize", "dataParallelSize")
+    )
+
+
+def gpus_per_replica(spec: Mapping[str, Any]) -> int:
+    """tensor x pipeline x data parallel size unless overridden; none for device cpu."""
+    engine = spec.get("engine") or {}
+    limits = (spec.get("resources") or {}).get("limits") or {}
+    if gpu_resource(spec) in limits:
+        return int(limits[gpu_resource(spec)])
+    if engine.get("device") == "cpu":
+        return 0
+    count = (spec.get("gpu") or {}).get("count")
+    return int(count) if count is not None else parallel_size(engine)
+
+
+def _resources(spec: Mapping[str, Any], gpus: int) -> dict[str, Any]:
+    override = spec.get("resources") or {}
+    resources: dict[str, Any] = {}
+    for section in ("requests", "limits"):
+        values: dict[str, Any] = {gpu_resource(spec): gpus} if gpus else {}
+        values.update(override.get(section) or {})
+        if values:
+            resources[section] = values
+    return resources
+
+
+def _secret_env(name: str, ref: Mapping[str, Any], default_key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref.get("key", default_key)}}}
+
+
+def _env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = list(engine_env(spec.get("engineEnv") or {}))
+    if spec.get("apiKeySecretRef"):
+        env.append(_secret_env("VLLM_API_KEY", spec["apiKeySecretRef"], "api-key"))
+    if spec.get("hfTokenSecretRef"):
+        env.append(_secret_env("HF_TOKEN", spec["hfTokenSecretRef"], "token"))
+    if spec.get("modelCache"):
+        env.append({"name": "HF_HOME", "value": CACHE_MOUNT})
+    # The user's variables win over ours (one entry per name: server-side apply keys env by name).
+    user = [dict(item) for item in spec.get("env") or []]
+    user_names = {item["name"] for item in user}
+    return [item for item in env if item["name"] not in user_names] + user
+
+
+def _probes(spec: Mapping[str, Any]) -> dict[str, Any]:
+    probes = spec.get("probes") or {}
+    period = probes.get("periodSeconds", 10)
+    timeout = probes.get("timeoutSeconds", 5)
+    failures = probes.get("failureThreshold", 3)
+    startup_budget = probes.get("startupTimeoutSeconds", 1800)
+
+    def probe(**extra: Any) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": HEALTH_PATH, "port": names.PORT_NAME},
+            "periodSeconds": period,
+            "timeoutSeconds": timeout,
+            **extra,
+        }
+
+    return {
+        # Loading weights can take many minutes; the startup probe holds the others off until then.
+        "startupProbe": probe(failureThreshold=max(1, math.ceil(startup_budget / period))),
+        "readinessProbe": probe(failureThreshold=failures),
+        "livenessProbe": probe(failureThreshold=failures),
+    }
+
+
+def _volumes(spec: Mapping[str, Any], source: ModelSource, gpus: int) -> tuple[list[dict], list[dict]]:
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    shm_size = spec.get("shmSize")
+    if gpus > 1 or shm_size is not None:
+        # NCCL moves data between the GPUs' processes through /dev/shm; the default 64Mi is too small.
+        size = shm_size if shm_size is not None else f"{SHM_PER_GPU_GIB * gpus}Gi"
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if source.claim:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    cache = spec.get("modelCache")
+    if cache:
+        read_only = bool(cache.get("readOnly", False))
+        volumes.append(
+            {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache["claimName"], "readOnly": read_only}}
+        )
+        mount: dict[str, Any] = {"name": "hf-cache", "mountPath": CACHE_MOUNT, "readOnly": read_only}
+        if cache.get("subPath"):
+            mount["subPath"] = cache["subPath"]
+        mounts.append(mount)
+    return volumes, mounts
+
+
+def container_args(spec: Mapping[str, Any]) -> list[str]:
+    """The argv after `infernetes serve`: operator-owned flags, then spec.engine's."""
+    source = model_source(spec)
+    args = [f"--model={source.arg}", "--host=0.0.0.0", f"--port={names.SERVER_PORT}"]
+    if source.pass_served_name:
+        args += ["--served-model-name", source.served_name]
+    return args + engine_argv(spec.get("engine") or {})
+
+
+def container(spec: Mapping[str, Any], facts: ClusterFacts, mounts: list[dict[str, Any]], gpus: int) -> dict:
+    result: dict[str, Any] = {
+        "name": names.CONTAINER_NAME,
+        "image": spec.get("image") or facts.default_image,
+        "command": ["infernetes", "serve"],
+        "args": container_args(spec),
+        "ports": [{"name": names.PORT_NAME, "containerPort": names.SERVER_PORT, "protocol": "TCP"}],
+        **_probes(spec),
+        # The last lines of a crash end up in the pod's status, which the operator reports as Degraded.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    env = _env(spec)
+    if env:
+        result["env"] = env
+    if spec.get("imagePullPolicy"):
+        result["imagePullPolicy"] = spec["imagePullPolicy"]
+    if spec.get("envFrom"):
+        result["envFrom"] = [dict(item) for item in spec["envFrom"]]
+    resources = _resources(spec, gpus)
+    if resources:
+        result["resources"] = resources
+    if mounts:
+        result["volumeMounts"] = mounts
+    return result
+
+
+def pod_spec(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, Any]:
+    source = model_source(spec)
+    gpus = gpus_per_replica(spec)
+    volumes, mounts = _volumes(spec, source, gpus)
+    pod: dict[str, Any] = {
+        # Service links would put <SERVICE>_PORT variables (VLLM_PORT for a Service named vllm) in the env.
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": spec.get("terminationGracePeriodSeconds", 60),
+        "containers": [container(spec, facts, mounts, gpus)],
+    }
+    node_selector = dict(spec.get("nodeSelector") or {})
+    gpu = spec.get("gpu") or {}
+    if gpus and gpu.get("product"):
+        node_selector[GPU_PRODUCT_LABELS[gpu.get("vendor", "nvidia")]] = gpu["product"]
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    tolerations = [dict(item) for item in spec.get("tolerations") or []]
+    if gpus:
+        tolerations.append({"key": gpu_resource(spec), "operator": "Exists", "effect": "NoSchedule"})
+    if tolerations:
+        pod["tolerations"] = tolerations
+    for field in ("affinity", "priorityClassName", "runtimeClassName", "serviceAccountName"):
+        if spec.get(field):
+            pod[field] = spec[field]
+    if volumes:
+        pod["volumes"] = volumes
+    return pod
+
+
+def rollout_strategy(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, Any]:
+    """RollingUpdate or Recreate; Auto avoids a surge pod that could never get its GPUs."""
+    strategy = (spec.get("rollout") or {}).get("strategy", "Auto")
+    gpus = gpus_per_replica(spec)
+    if strategy == "Auto":
+        spare = None if facts.spare_gpus is None else facts.spare_gpus.get(gpu_resource(spec), 0)
+        if gpus == 0 or (spare is not None and spare >= gpus):
+            strategy = "RollingUpdate"
+        elif spec.get("replicas", 1) > 1:
+            # No room for an extra pod: replace one at a time and keep the others serving.
+            return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+        else:
+            strategy = "Recreate"
+    if strategy == "Recreate":
+        return {"type": "Recreate"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1 if gpus else "25%", "maxUnavailable": 0}}
+
+
+def deployment_manifest(
+    spec: Mapping[str, Any],
+    facts: ClusterFacts,
+    *,
+    name: str,
+    namespace: str,
+    pod_annotations: Mapping[str, str],
+) -> dict[str, Any]:
+    labels = names.common_labels(name)
+    template_metadata: dict[str, Any] = {"labels": {**(spec.get("podLabels") or {}), **labels}}
+    annotations = {**(spec.get("podAnnotations") or {}), **pod_annotations}
+    if annotations:
+        template_metadata["annotations"] = annotations
+    startup_budget = (spec.get("probes") or {}).get("startupTimeoutSeconds", 1800)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": spec.get("replicas", 1),
+            "selector": {"matchLabels": names.selector_labels(name)},
+            "strategy": rollout_strategy(spec, facts),
+            "progressDeadlineSeconds": startup_budget + PROGRESS_MARGIN_SECONDS,
+            "revisionHistoryLimit": 3,
+            "template": {"metadata": template_metadata, "spec": pod_spec(spec, facts)},
+        },
+    }

@@ -1,0 +1,279 @@
+"""The OpenAPI schema of everything in an InferenceService except `spec.engine`/`engineEnv`.
+
+The engine parts come from the server-argument schema (engine_schema.py); this module holds the
+Kubernetes-facing fields: what to run, where, how big, how it is reached and scraped.
+"""
+
+from infernetes.operator.openapi import (
+    DNS_SUBDOMAIN_PATTERN,
+    Schema,
+    array,
+    boolean,
+    enum,
+    free_object,
+    integer,
+    obj,
+    quantity,
+    rule,
+    string,
+    string_map,
+)
+
+GPU_VENDORS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+MONITORING_MODES = ["auto", "serviceMonitor", "podMonitor", "annotations", "none"]
+ROLLOUT_STRATEGIES = ["Auto", "RollingUpdate", "Recreate"]
+SERVICE_TYPES = ["ClusterIP", "NodePort", "LoadBalancer"]
+# Variables only a Secret reference may set.
+SECRET_ONLY_ENV = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]
+PVC_MODEL_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^/].*$"
+
+
+def _name(description: str) -> Schema:
+    return string(description, maxLength=253, pattern=DNS_SUBDOMAIN_PATTERN)
+
+
+def secret_key_ref(description: str, default_key: str) -> Schema:
+    return obj(
+        {
+            "name": _name("Name of the Secret in the resource's namespace."),
+            "key": string(
+                f"Key inside the Secret (default {default_key!r}).",
+                maxLength=253,
+                default=default_key,
+            ),
+        },
+        required=["name"],
+        description=description,
+    )
+
+
+def env_var_schema() -> Schema:
+    return obj(
+        {
+            "name": string("Variable name.", minLength=1, maxLength=256),
+            "value": string(maxLength=32768),
+            "valueFrom": free_object("A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, ...)."),
+        },
+        required=["name"],
+    )
+
+
+def env_from_schema() -> Schema:
+    ref = obj({"name": _name("Name of the object."), "optional": boolean()}, required=["name"])
+    return obj(
+        {"prefix": string(maxLength=256), "configMapRef": ref, "secretRef": ref},
+        rules=[
+            rule(
+                "has(self.configMapRef) != has(self.secretRef)",
+                "exactly one of configMapRef and secretRef must be set",
+            )
+        ],
+    )
+
+
+def toleration_schema() -> Schema:
+    return obj(
+        {
+            "key": string(maxLength=316),
+            "operator": enum(["Exists", "Equal"]),
+            "value": string(maxLength=63),
+            "effect": enum(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+            "tolerationSeconds": integer(format="int64"),
+        }
+    )
+
+
+def resources_schema() -> Schema:
+    quantities = {
+        "type": "object",
+        "additionalProperties": quantity(),
+        "maxProperties": 32,
+    }
+    return obj(
+        {"requests": quantities, "limits": quantities},
+        description="Container resources; merged over what the operator computes (GPUs, shm).",
+    )
+
+
+def gpu_schema() -> Schema:
+    return obj(
+        {
+            "vendor": enum(list(GPU_VENDORS), "Device plugin resource to request.", default="nvidia"),
+            "count": integer(
+                "GPUs per replica; default tensor x pipeline x data parallel size (0 for device cpu).",
+                minimum=0,
+                maximum=64,
+            ),
+            "product": string(
+                "Only schedule on nodes with this GPU product label (e.g. NVIDIA-H100-80GB-HBM3).",
+                maxLength=63,
+            ),
+        }
+    )
+
+
+def model_cache_schema() -> Schema:
+    return obj(
+        {
+            "claimName": _name("PersistentVolumeClaim mounted as the Hugging Face cache (HF_HOME)."),
+            "subPath": string(maxLength=1024),
+            "readOnly": boolean(),
+        },
+        required=["claimName"],
+    )
+
+
+def probes_schema() -> Schema:
+    return obj(
+        {
+            "startupTimeoutSeconds": integer(
+                "How long a replica may take to load the model before it is restarted.",
+                minimum=10,
+                maximum=86400,
+                default=1800,
+            ),
+            "periodSeconds": integer(minimum=1, maximum=300, default=10),
+            "timeoutSeconds": integer(minimum=1, maximum=300, default=5),
+            "failureThreshold": integer(
+                "Failed readiness/liveness checks in a row before acting.", minimum=1, maximum=100, default=3
+            ),
+        }
+    )
+
+
+def service_schema() -> Schema:
+    return obj(
+        {
+            "type": enum(SERVICE_TYPES, default="ClusterIP"),
+            "port": integer(minimum=1, maximum=65535, default=8000),
+            "annotations": string_map(),
+        }
+    )
+
+
+def monitoring_schema() -> Schema:
+    return obj(
+        {
+            "mode": enum(
+                MONITORING_MODES,
+                "auto: ServiceMonitor if the Prometheus operator's API is served, else PodMonitor, "
+                "else prometheus.io annotations.",
+                default="auto",
+            ),
+            "interval": string("Scrape interval.", pattern=r"^[0-9]+(ms|s|m|h)$", maxLength=16, default="30s"),
+            "labels": string_map("Extra labels for the ServiceMonitor/PodMonitor (to match a Prometheus)."),
+        }
+    )
+
+
+def rollout_schema() -> Schema:
+    return obj(
+        {
+            "strategy": enum(
+                ROLLOUT_STRATEGIES,
+                "Auto: RollingUpdate when a surge pod can get its GPUs, else Recreate.",
+                default="Auto",
+            )
+        }
+    )
+
+
+def env_list_schema() -> Schema:
+    secret_names = " || ".join(f"e.name == '{name}'" for name in SECRET_ONLY_ENV)
+    return array(
+        env_var_schema(),
+        max_items=128,
+        description="Other environment variables (VLLM_* ones are typed fields in engineEnv).",
+        **{
+            "x-kubernetes-validations": [
+                rule(
+                    "self.all(e, !e.name.startsWith('VLLM_'))",
+                    "VLLM_* variables are typed fields under spec.engineEnv, not spec.env",
+                ),
+                rule(
+                    f"self.all(e, !({secret_names}))",
+                    "the Hugging Face token comes only from spec.hfTokenSecretRef",
+                ),
+            ]
+        },
+    )
+
+
+def env_from_list_schema() -> Schema:
+    return array(
+        env_from_schema(),
+        max_items=16,
+        **{
+            "x-kubernetes-validations": [
+                rule(
+                    "self.all(e, !has(e.prefix) || !e.prefix.startsWith('VLLM_'))",
+                    "VLLM_* variables are typed fields under spec.engineEnv, not spec.envFrom",
+                )
+            ]
+        },
+    )
+
+
+def platform_properties() -> dict[str, Schema]:
+    """Every spec field except engine/engineEnv."""
+    return {
+        "model": string(
+            "Hugging Face model id, pvc://<claim>/<path>, or a path inside the image.",
+            minLength=1,
+            maxLength=512,
+            **{
+                "x-kubernetes-validations": [
+                    rule(
+                        f"!self.startsWith('pvc://') || self.matches('{PVC_MODEL_PATTERN}')",
+                        "a pvc:// model must look like pvc://<claim-name>/<path>",
+                    )
+                ]
+            },
+        ),
+        "servedModelName": string(
+            "The model name clients send (default: the model id or the path inside the claim).",
+            minLength=1,
+            maxLength=256,
+        ),
+        "replicas": integer(minimum=0, maximum=1000, default=1),
+        "image": string("Container image (default: the operator's own release).", minLength=1, maxLength=512),
+        "imagePullPolicy": enum(["Always", "IfNotPresent", "Never"]),
+        "resources": resources_schema(),
+        "gpu": gpu_schema(),
+        "shmSize": quantity("Size of the memory-backed /dev/shm (default 2Gi per GPU when more than one)."),
+        "env": env_list_schema(),
+        "envFrom": env_from_list_schema(),
+        "nodeSelector": string_map(),
+        "tolerations": array(toleration_schema(), max_items=32),
+        "affinity": free_object("A Kubernetes Affinity."),
+        "priorityClassName": _name("PriorityClass of the pods."),
+        "runtimeClassName": _name("RuntimeClass of the pods."),
+        "serviceAccountName": _name("ServiceAccount the pods run as."),
+        "podAnnotations": string_map(),
+        "podLabels": string_map(),
+        "apiKeySecretRef": secret_key_ref("Secret holding the API key clients must send.", "api-key"),
+        "hfTokenSecretRef": secret_key_ref("Secret holding the Hugging Face token (HF_TOKEN).", "token"),
+        "modelCache": model_cache_schema(),
+        "probes": probes_schema(),
+        "service": service_schema(),
+        "monitoring": monitoring_schema(),
+        "rollout": rollout_schema(),
+        "terminationGracePeriodSeconds": integer(
+            "Time to finish in-flight requests on shutdown.", minimum=0, maximum=3600, default=60
+        ),
+    }
+
+
+SERVICE_NAME_MAX = 63 - len("infsvc-")
+
+# Rules on the whole object: the name becomes a Service name (a DNS-1035 label), possibly prefixed.
+ROOT_RULES = [
+    rule(
+        f"self.metadata.name.size() <= {SERVICE_NAME_MAX} && "
+        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        f"metadata.name must be a DNS-1035 label of at most {SERVICE_NAME_MAX} characters "
+        "(it names the Service)",
+        field_path=".metadata.name",
+    )
+]
+
