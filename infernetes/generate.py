@@ -16,6 +16,8 @@ from pathlib import Path
 GENERATORS: dict[str, str] = {
     "docs/reference/serve-arguments.md": "infernetes.schema.reference:render_args_markdown",
     "docs/reference/environment-variables.md": "infernetes.schema.reference:render_env_markdown",
+    "crds/inferenceservices.infernetes.io.yaml": "infernetes.operator.crd:crd_yaml",
+    "crds/kopf-peerings.kopf.dev.yaml": "infernetes.operator.generated:peering_yaml",
 }
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -1,16 +1,8 @@
-"""The operator's checked-in generated files: path (from the repository root) -> content."""
+"""Generated files of the operator that are not the InferenceService CRD itself."""
 
-from collections.abc import Callable
-
-from infernetes.operator.crd import crd_yaml, dump_yaml
+from infernetes.operator.crd import dump_yaml
 from infernetes.operator.peering import peering_crds
 
 
 def peering_yaml() -> str:
     return dump_yaml(peering_crds())
-
-
-GENERATED: dict[str, Callable[[], str]] = {
-    "crds/inferenceservices.infernetes.io.yaml": crd_yaml,
-    "crds/kopf-peerings.kopf.dev.yaml": peering_yaml,
-}
