@@ -23,7 +23,7 @@ __all__ = ["ConfigError", "ServeConfig", "build_config", "convert", "validate"]
 class ServeConfig:
     """Every ``serve`` argument as an attribute by its dest: ``cfg.max_num_seqs``.
 
-    Immutable: JSON objects are read-only dicts and lists are tuples. Make changed copies with
+    Immutable: JSON objects and lists are read-only (but compare equal to plain dicts and lists). Make changed copies with
     ``replace``. Create one with ``build_config`` or ``parse_serve_args``.
     """
 

@@ -21,6 +21,22 @@ class FrozenDict(dict):
         return hash(tuple(sorted((k, _hashable(v)) for k, v in self.items())))
 
 
+class FrozenList(list):
+    """A list that refuses changes; equal to the plain list with the same items."""
+
+    def _immutable(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("configuration values are immutable; use ServeConfig.replace()")
+
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = clear = _immutable  # type: ignore[assignment]
+    sort = reverse = __iadd__ = __imul__ = _immutable  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return (FrozenList, (list(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(_hashable(self))
+
+
 def _hashable(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
@@ -30,11 +46,11 @@ def _hashable(value: Any) -> Any:
 
 
 def freeze(value: Any) -> Any:
-    """Dicts become FrozenDicts and lists become tuples, all the way down."""
+    """Dicts and lists become their read-only versions, all the way down."""
     if isinstance(value, dict):
         return FrozenDict({k: freeze(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
-        return tuple(freeze(v) for v in value)
+        return FrozenList(freeze(v) for v in value)
     return value
 
 

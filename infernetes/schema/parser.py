@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from infernetes.schema.args import ARGS, BY_DEST, BY_NAME, GROUPS, Arg, get_arg
 from infernetes.schema.config import ConfigError, ServeConfig, validate
+from infernetes.schema.convert import convert
 from infernetes.schema.deprecations import apply_deprecations
 from infernetes.schema.values import parse_bool, parse_scalar
 
@@ -118,7 +119,8 @@ def parse_with_notices(argv: Sequence[str] | None = None, *, prog: str = PROG) -
     values = {**file_values, **cli_values}
     try:
         for dest, path, raw in dotted:
-            values[dest] = _set_path(values.get(dest, BY_DEST[dest].default), path, parse_scalar(raw), dest)
+            current = convert(BY_DEST[dest], values[dest]) if dest in values else BY_DEST[dest].default
+            values[dest] = _set_path(current, path, parse_scalar(raw))
         return validate(values), file_notices + cli_notices
     except ConfigError as exc:
         parser.error(str(exc))
@@ -249,7 +251,7 @@ def _json_arg(spelling: str) -> Arg | None:
     return arg if arg.kind == "json" else None
 
 
-def _set_path(current: Any, path: list[str], value: Any, dest: str) -> dict:
+def _set_path(current: Any, path: list[str], value: Any) -> dict:
     root = dict(current) if isinstance(current, dict) else {}
     node = root
     for key in path[:-1]:
