@@ -1,0 +1,21 @@
+"""The Triton implementations of the ops, with the signatures of `infernetes.kernels.ops`.
+
+Import this package only when TRITON_ATTN is selected: Triton decides at import whether kernels
+are compiled or interpreted (TRITON_INTERPRET)."""
+
+from infernetes.kernels.triton_backend.activation import silu_and_mul
+from infernetes.kernels.triton_backend.attention import paged_attention
+from infernetes.kernels.triton_backend.cache import store_kv
+from infernetes.kernels.triton_backend.fp8 import fp8_linear, scaled_fp8_quant
+from infernetes.kernels.triton_backend.norm import rms_norm
+from infernetes.kernels.triton_backend.rotary import rotary_embedding
+
+__all__ = [
+    "fp8_linear",
+    "paged_attention",
+    "rms_norm",
+    "rotary_embedding",
+    "scaled_fp8_quant",
+    "silu_and_mul",
+    "store_kv",
+]

@@ -1,0 +1,50 @@
+"""Pieces the attention kernels share: gathering a tile of the paged cache, one online-softmax
+step. Scores live in the log2 domain (q is pre-scaled by softmax scale * log2(e)) so the kernels
+use exp2."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_kv_tile(
+    cache_ptr,
+    scale_ptr,
+    table_row_ptr,
+    offs_n,
+    mask_n,
+    kv_head,
+    offs_d,
+    mask_d,
+    block_size,
+    stride_b,
+    stride_t,
+    stride_h,
+    FP8: tl.constexpr,
+):
+    """Tokens `offs_n` of one sequence, for one kv head -> `[BLOCK_N, BLOCK_D]` float32."""
+    block = tl.load(table_row_ptr + offs_n // block_size, mask=mask_n, other=0).to(tl.int64)
+    rows = block * stride_b + (offs_n % block_size) * stride_t + kv_head * stride_h
+    tile = tl.load(
+        cache_ptr + rows[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0
+    ).to(tl.float32)
+    if FP8:
+        tile = tile * tl.load(scale_ptr)
+    return tile
+
+
+@triton.jit
+def online_softmax_step(q, k, v, valid, m_i, l_i, acc, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold one KV tile into the running max `m_i`, sum `l_i` and output `acc` of each row."""
+    s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)
+    s = tl.where(valid, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # Rows with nothing visible yet keep m = -inf; use 0 there so exp2 gives 0, not NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+    return m_new, l_i, acc

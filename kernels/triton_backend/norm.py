@@ -1,0 +1,76 @@
+"""RMSNorm with the optional fused residual add; one program per row."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from infernetes.kernels.triton_backend.common import next_pow2
+
+
+@triton.jit
+def rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    n,
+    eps,
+    stride_x,
+    stride_res,
+    stride_out,
+    stride_res_out,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + offs, mask=mask, other=0.0).to(tl.float32)
+        # The sum is rounded to the model dtype (it is the next residual), then normalised.
+        x = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * stride_res_out + offs, x, mask=mask)
+        x = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+    normed = (x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    n = x.shape[-1]
+    x2 = _rows(x)
+    out = torch.empty(x2.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    res2 = _rows(residual) if residual is not None else x2
+    res_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else out
+    if x2.shape[0]:
+        rms_norm_kernel[(x2.shape[0],)](
+            x2,
+            res2,
+            weight.contiguous(),
+            out,
+            res_out,
+            n,
+            eps,
+            x2.stride(0),
+            res2.stride(0),
+            out.stride(0),
+            res_out.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=next_pow2(n),
+        )
+    out = out.reshape(x.shape)
+    return out if residual is None else (out, res_out.reshape(x.shape))
