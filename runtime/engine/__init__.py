@@ -1,0 +1,1 @@
+"""The engine core: requests, KV blocks, scheduler, LLMEngine and AsyncEngine."""

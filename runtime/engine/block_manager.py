@@ -1,0 +1,181 @@
+"""BlockManager: the paged KV cache's blocks, reference counts and the prefix cache.
+
+Blocks hold ``block_size`` tokens. A full block is identified by a hash chained over every token
+before it (parent hash + its own tokens), so two requests with the same prefix share the blocks
+(reference counts). Blocks whose count drops to zero go to the back of the free queue but keep
+their hash: a later request with the same prefix takes them back; allocation takes from the front,
+so the least recently freed cached block is evicted first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from infernetes.runtime.engine.request import Request
+
+BlockHash = Any
+
+
+def _builtin_hash(parent: BlockHash | None, tokens: tuple[int, ...]) -> BlockHash:
+    return hash((parent, tokens))
+
+
+def _sha256_hash(parent: BlockHash | None, tokens: tuple[int, ...]) -> BlockHash:
+    return hashlib.sha256(pickle.dumps((parent, tokens), protocol=5)).digest()
+
+
+HASH_FUNCTIONS: dict[str, Callable[[BlockHash | None, tuple[int, ...]], BlockHash]] = {
+    "builtin": _builtin_hash,
+    "sha256": _sha256_hash,
+}
+
+
+class KVBlock:
+    __slots__ = ("block_hash", "block_id", "ref_count")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: BlockHash | None = None
+
+
+class BlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        hash_algo: str = "builtin",
+    ) -> None:
+        if hash_algo not in HASH_FUNCTIONS:
+            raise ValueError(
+                f"prefix_caching_hash_algo must be one of {sorted(HASH_FUNCTIONS)}, got {hash_algo!r}"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self._hash = HASH_FUNCTIONS[hash_algo]
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Insertion order is eviction order (front = least recently freed).
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[BlockHash, int] = {}
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (cached-but-free blocks count as free, as in vLLM)."""
+        if self.num_blocks == 0:
+            return 0.0
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache --------------------------------------------------------------------------
+
+    def _update_hashes(self, request: Request, num_tokens: int) -> None:
+        """Extend ``request.block_hashes`` to cover every full block of its first ``num_tokens``."""
+        size = self.block_size
+        hashes = request.block_hashes
+        while (len(hashes) + 1) * size <= num_tokens:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(self._hash(parent, tuple(request.token_ids[i * size : (i + 1) * size])))
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Blocks already holding a prefix of ``request``; at least one token is left to compute."""
+        if not self.enable_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        self._update_hashes(request, max_blocks * self.block_size)
+        hits: list[int] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block_id = self.cached.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def _register_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Make the full blocks among the first ``num_tokens`` findable by later requests."""
+        num_full = num_tokens // self.block_size
+        if num_full <= request.num_hashed_blocks:
+            return
+        self._update_hashes(request, num_full * self.block_size)
+        for i in range(request.num_hashed_blocks, num_full):
+            block = self.blocks[request.block_ids[i]]
+            block_hash = request.block_hashes[i]
+            if block.block_hash is None and block_hash not in self.cached:
+                block.block_hash = block_hash
+                self.cached[block_hash] = block.block_id
+        request.num_hashed_blocks = num_full
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; refused (False) while requests hold blocks, as in vLLM."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()
+        return True
+
+    # -- allocation ----------------------------------------------------------------------------
+
+    def _take_free_block(self) -> KVBlock:
+        block_id, _ = self.free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict: its content is about to be overwritten
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()
+    ) -> bool:
+        """Give ``request`` room for ``num_new_tokens`` more tokens after its computed ones.
+
+        ``cached_blocks`` (only for a request that holds no blocks yet) are prefix-cache hits it
+        takes over; ``request.num_computed_tokens`` then starts after them. Returns False and
+        changes nothing when there are not enough free blocks.
+        """
+        reused_free = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
+        num_computed = request.num_computed_tokens + len(cached_blocks) * self.block_size
+        held = len(request.block_ids) + len(cached_blocks)
+        needed = self.blocks_needed(num_computed + num_new_tokens) - held
+        if needed > self.num_free_blocks - reused_free:
+            return False
+        for block_id in cached_blocks:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+            request.block_ids.append(block_id)
+        if cached_blocks:
+            request.num_computed_tokens = num_computed
+            request.num_hashed_blocks = len(request.block_ids)
+        for _ in range(max(needed, 0)):
+            request.block_ids.append(self._take_free_block().block_id)
+        if self.enable_caching:
+            self._register_full_blocks(request, num_computed + num_new_tokens)
+        return True
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks; tail blocks go first in the queue so they are evicted first."""
+        for block_id in reversed(request.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+        request.block_ids = []
+        request.num_hashed_blocks = 0

@@ -1,0 +1,178 @@
+"""Settling a ServeConfig against the model: the values the schema leaves open (context length,
+dtype, block size, scheduler limits, generation-config defaults) are decided here, once."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from infernetes.runtime.engine.scheduler import SchedulerLimits
+from infernetes.runtime.model_executor.loader import (
+    ModelInfo,
+    inspect_model,
+    load_hf_config,
+    read_json,
+    resolve_model_path,
+)
+from infernetes.runtime.tokenization.tokenizer import get_tokenizer
+
+from infernetes.schema.env import read_env
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_NUM_SEQS = 256
+# Generation-config fields that become sampling defaults, and their SamplingParams names.
+_GENERATION_FIELDS = {
+    "repetition_penalty": "repetition_penalty",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "max_new_tokens": "max_tokens",
+}
+
+
+@dataclass
+class EngineSettings:
+    info: ModelInfo
+    tokenizer: Any
+    device: torch.device
+    block_size: int
+    limits: SchedulerLimits
+    enable_prefix_caching: bool
+    cpu_kv_cache_gib: int
+    default_sampling_params: dict[str, Any] = field(default_factory=dict)
+    eos_token_id: int | None = None
+    extra_eos_token_ids: set[int] = field(default_factory=set)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"device must be one of auto, cpu, cuda; got {name!r}")
+    return torch.device(name)
+
+
+def _generation_config(config: Any, model_path: Path) -> dict[str, Any]:
+    """The model's generation_config.json per ``--generation-config`` (auto | vllm | a folder)."""
+    choice = config.generation_config
+    if choice == "vllm":
+        return {}
+    folder = model_path if choice in (None, "auto") else Path(choice)
+    return read_json(folder / "generation_config.json") or {}
+
+
+def _sampling_defaults(generation: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    defaults = {
+        name: generation[key] for key, name in _GENERATION_FIELDS.items() if generation.get(key) is not None
+    }
+    for key, value in (overrides or {}).items():
+        name = _GENERATION_FIELDS.get(key, key)
+        if name not in _GENERATION_FIELDS.values():
+            raise ValueError(
+                f"override_generation_config key {key!r} is not supported; allowed: "
+                f"{', '.join(sorted(_GENERATION_FIELDS))}"
+            )
+        defaults[name] = value
+    if defaults:
+        logger.info("Default sampling parameters from the generation config: %s", defaults)
+    return defaults
+
+
+def _scheduler_limits(config: Any, max_model_len: int, device: torch.device, pooling: bool) -> SchedulerLimits:
+    chunked = config.enable_chunked_prefill
+    chunked = (not pooling) if chunked is None else bool(chunked) and not pooling
+    max_num_seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    budget = config.max_num_batched_tokens
+    if budget is None:
+        budget = 8192 if device.type == "cuda" else 4096
+        if not chunked:
+            budget = max(budget, max_model_len)
+    elif not chunked and budget < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}): "
+            "every prompt must fit in one step when chunked prefill is disabled; raise "
+            "--max-num-batched-tokens, lower --max-model-len or --enable-chunked-prefill"
+        )
+    return SchedulerLimits(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        max_num_partial_prefills=config.max_num_partial_prefills,
+        max_long_partial_prefills=config.max_long_partial_prefills,
+        long_prefill_token_threshold=config.long_prefill_token_threshold or 0,
+        policy=config.scheduling_policy,
+    )
+
+
+def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> EngineSettings:
+    environ = dict(os.environ) if environ is None else environ
+    if config.model is None:
+        raise ValueError("model is required: a local folder or a Hugging Face model id")
+    device = resolve_device(config.device)
+    path = resolve_model_path(config.model, config.revision, config.download_dir, config.hf_token)
+    hf_config = load_hf_config(
+        path,
+        config.trust_remote_code,
+        config.hf_overrides,
+        config.rope_scaling,
+        config.rope_theta,
+    )
+    info = inspect_model(
+        path,
+        hf_config,
+        config.dtype,
+        config.max_model_len,
+        device,
+        allow_long=bool(read_env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", environ)),
+    )
+    if config.task not in ("auto", None):
+        wanted_pooling = config.task in ("embed", "embedding", "classify", "score", "reward")
+        if wanted_pooling != info.is_pooling:
+            kind = "an embedding" if info.is_pooling else "a generative"
+            raise ValueError(f"task={config.task!r} does not fit {info.architecture}, {kind} model")
+    tokenizer = None
+    if not config.skip_tokenizer_init:
+        tokenizer_path = config.tokenizer or str(path)
+        if config.tokenizer is not None and not Path(config.tokenizer).is_dir():
+            tokenizer_path = str(resolve_model_path(config.tokenizer, config.tokenizer_revision,
+                                                    config.download_dir, config.hf_token))
+        tokenizer = get_tokenizer(
+            tokenizer_path, config.tokenizer_mode, None, config.trust_remote_code, config.download_dir,
+            config.hf_token,
+        )
+    generation = _generation_config(config, path)
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    extra_eos = generation.get("eos_token_id")
+    extra = set(extra_eos if isinstance(extra_eos, list) else [extra_eos] if extra_eos is not None else [])
+    if isinstance(eos, list):
+        extra |= set(eos[1:])
+        eos = eos[0] if eos else None
+    extra.discard(eos)
+    prefix_caching = config.enable_prefix_caching
+    return EngineSettings(
+        info=info,
+        tokenizer=tokenizer,
+        device=device,
+        block_size=config.block_size or DEFAULT_BLOCK_SIZE,
+        limits=_scheduler_limits(config, info.max_model_len, device, info.is_pooling),
+        enable_prefix_caching=(not info.is_pooling) if prefix_caching is None else bool(prefix_caching),
+        cpu_kv_cache_gib=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4),
+        default_sampling_params=_sampling_defaults(generation, config.override_generation_config),
+        eos_token_id=eos,
+        extra_eos_token_ids=extra,
+    )
+
+
+__all__ = ["EngineSettings", "resolve_settings"]

@@ -1,0 +1,146 @@
+"""Turning request state into RequestOutputs: cumulative, delta (streaming) or final-only, with the
+``n`` samples of a request gathered under the user's request id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from infernetes.runtime.engine.request import Request
+from infernetes.runtime.model_executor.sampler import TopLogprobs
+from infernetes.runtime.outputs import (
+    CompletionOutput,
+    Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestMetrics,
+    RequestOutput,
+)
+from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
+
+
+@dataclass
+class _Sent:
+    """How much of a sample was already handed out (for DELTA outputs)."""
+
+    tokens: int = 0
+    text: int = 0
+    finished: bool = False
+
+
+@dataclass
+class ParentRequest:
+    """The user's request: ``n`` child Requests sharing one prompt."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams | None
+    children: list[Request]
+    sent: dict[int, _Sent] = field(default_factory=dict)
+    prompt_logprobs_sent: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return all(child.is_finished for child in self.children)
+
+
+def _metrics(request: Request) -> RequestMetrics:
+    t = request.times
+
+    def wall(moment: float | None) -> float | None:
+        return None if moment is None else t.arrival_wall + (moment - t.arrival)
+
+    return RequestMetrics(
+        arrival_time=t.arrival_wall,
+        last_token_time=wall(t.last_token) or t.arrival_wall,
+        first_scheduled_time=wall(t.scheduled),
+        first_token_time=wall(t.first_token),
+        time_in_queue=(t.scheduled - t.arrival) if t.scheduled is not None else None,
+        finished_time=wall(t.finished),
+        num_cached_tokens=max(request.num_cached_tokens, 0),
+    )
+
+
+class OutputBuilder:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._decoded: dict[int, str] = {}
+
+    def decode_token(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._decoded.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+            self._decoded[token_id] = text
+        return text
+
+    def logprob_dict(self, top: TopLogprobs) -> dict[int, Logprob]:
+        """The chosen token first, then the top-k by rank, as vLLM lists them."""
+        entries = {top.token_id: Logprob(top.logprob, top.rank, self.decode_token(top.token_id))}
+        for rank, (token_id, logprob) in enumerate(zip(top.top_ids, top.top_logprobs, strict=True), 1):
+            if token_id not in entries:
+                entries[token_id] = Logprob(logprob, rank, self.decode_token(token_id))
+        return entries
+
+    def build(self, parent: ParentRequest, force_final: bool = False) -> RequestOutput | PoolingRequestOutput | None:
+        first = parent.children[0]
+        if first.pooling:
+            if not first.is_finished:
+                return None
+            data = first.pooled if first.pooled is not None else None
+            return PoolingRequestOutput(
+                parent.request_id, PoolingOutput(data), parent.prompt_token_ids, True, parent.prompt,
+                _metrics(first),
+            )
+        kind = parent.params.output_kind
+        finished = parent.finished
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        completions = []
+        for child in parent.children:
+            completion = self._completion(parent, child, kind == RequestOutputKind.DELTA, force_final)
+            if completion is not None:
+                completions.append(completion)
+        if not completions and not finished:
+            return None
+        prompt_logprobs = first.prompt_logprobs
+        if kind == RequestOutputKind.DELTA:
+            if parent.prompt_logprobs_sent:
+                prompt_logprobs = None
+            parent.prompt_logprobs_sent = True
+        return RequestOutput(
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            outputs=completions,
+            finished=finished,
+            metrics=_metrics(first),
+            num_cached_tokens=max(first.num_cached_tokens, 0),
+        )
+
+    def _completion(self, parent: ParentRequest, child: Request, delta: bool, force: bool) -> CompletionOutput | None:
+        finished = child.is_finished
+        text = child.detokenizer.text(finished) if child.detokenizer is not None else ""
+        tokens = child.output_token_ids
+        logprobs = child.logprobs
+        if delta:
+            sent = parent.sent.setdefault(child.index, _Sent())
+            new_finish = finished and not sent.finished
+            if len(tokens) == sent.tokens and len(text) == sent.text and not new_finish and not force:
+                return None
+            new_tokens, new_text = tokens[sent.tokens :], text[sent.text :]
+            new_logprobs = logprobs[sent.tokens :] if logprobs is not None else None
+            sent.tokens, sent.text, sent.finished = len(tokens), len(text), finished
+            tokens, text, logprobs = new_tokens, new_text, new_logprobs
+        return CompletionOutput(
+            index=child.index,
+            text=text,
+            token_ids=list(tokens),
+            cumulative_logprob=child.cumulative_logprob if child.logprobs is not None else None,
+            logprobs=list(logprobs) if logprobs is not None else None,
+            finish_reason=child.status.finish_reason,
+            stop_reason=child.stop_reason,
+        )

@@ -1,0 +1,127 @@
+"""Request: one sequence being generated (or embedded), with its tokens, blocks and timings."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from infernetes.runtime.outputs import Logprob
+from infernetes.runtime.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (self.FINISHED_STOPPED, self.FINISHED_LENGTH, self.FINISHED_ABORTED)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.value if self.finished else None
+
+
+@dataclass
+class RequestTimes:
+    """Monotonic timestamps for the stats; ``arrival_wall`` is wall-clock for RequestMetrics."""
+
+    arrival: float = field(default_factory=time.monotonic)
+    arrival_wall: float = field(default_factory=time.time)
+    queued: float | None = None  # first time it entered the waiting queue
+    scheduled: float | None = None  # first time it was scheduled
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+
+class Request:
+    """A prompt plus the tokens generated so far.
+
+    ``num_computed_tokens`` counts the tokens whose keys/values are in the KV cache; the scheduler
+    gives the request ``num_tokens - num_computed_tokens`` more (or a chunk of them) each step.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams | None,
+        *,
+        prompt: str | None = None,
+        eos_token_id: int | None = None,
+        priority: int = 0,
+        arrival_order: int = 0,
+        parent_id: str | None = None,
+        index: int = 0,
+        pooling: bool = False,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.priority = priority
+        self.arrival_order = arrival_order
+        self.parent_id = parent_id or request_id  # the user's request id (n > 1 has children)
+        self.index = index
+        self.pooling = pooling
+
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prefix-cache hit on first scheduling; -1 until then
+        self.num_preemptions = 0
+
+        # KV cache bookkeeping (owned by the BlockManager).
+        self.block_ids: list[int] = []
+        self.block_hashes: list[Any] = []
+        self.num_hashed_blocks = 0
+
+        # Sampling state.
+        self.generator: Any = None  # torch.Generator when the params carry a seed
+        self.cumulative_logprob = 0.0
+        self.logprobs: list[dict[int, Logprob]] | None = None
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+        self.pooled: Any = None
+
+        self.detokenizer: Any = None
+        self.times = RequestTimes()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        """Priority order: lower ``priority`` first, then earlier arrival (vLLM's convention)."""
+        return (self.priority, self.arrival_order)
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )

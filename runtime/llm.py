@@ -1,0 +1,137 @@
+"""LLM: the offline API, like vLLM's (``LLM(model=..., **engine_args).generate(prompts, params)``)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from infernetes.runtime.engine.llm_engine import LLMEngine
+from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
+from infernetes.runtime.sampling_params import SamplingParams
+
+PromptInput = str | list[int] | dict[str, Any]
+
+
+def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[str | list[int]]:
+    """One prompt or many: text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``."""
+    if isinstance(prompts, str | dict) or (
+        isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
+    ):
+        prompts = [prompts]
+    result: list[str | list[int]] = []
+    for prompt in prompts:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                result.append(list(prompt["prompt_token_ids"]))
+            elif "prompt" in prompt:
+                result.append(prompt["prompt"])
+            else:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        elif isinstance(prompt, str | list | tuple):
+            result.append(prompt if isinstance(prompt, str) else list(prompt))
+        else:
+            raise TypeError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+    return result
+
+
+class LLM:
+    def __init__(self, model: str, **engine_args: Any) -> None:
+        from infernetes.schema.config import build_config
+
+        self.config = build_config(model=model, **engine_args)
+        self.llm_engine = LLMEngine.from_config(self.config)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.llm_engine.get_default_sampling_params()
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        if self.llm_engine.is_pooling:
+            raise ValueError("this is an embedding model: use LLM.embed(), not generate()")
+        prompt_list = _normalise_prompts(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(
+                    f"got {len(params_list)} sampling params for {len(prompt_list)} prompts; "
+                    "give one, or one per prompt"
+                )
+        return self._run(prompt_list, params_list, priority, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs a tokenizer; the engine runs with --skip-tokenizer-init")
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(
+                conversation,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+            )
+            prompts.append(list(tokenizer(text, add_special_tokens=False).input_ids))
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def embed(self, prompts: PromptInput | Sequence[PromptInput], use_tqdm: bool = False) -> list[PoolingRequestOutput]:
+        if not self.llm_engine.is_pooling:
+            raise ValueError("this is a generative model: embed() needs an embedding model (task embed)")
+        prompt_list = _normalise_prompts(prompts)
+        return self._run(prompt_list, [None] * len(prompt_list), None, use_tqdm)
+
+    encode = embed
+
+    def _run(self, prompts, params_list, priority, use_tqdm) -> list:
+        engine = self.llm_engine
+        request_ids = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
+                request_id = str(next(self._ids))
+                engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0)
+                request_ids.append(request_id)
+        except Exception:
+            engine.abort_request(request_ids)
+            raise
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
+        finished: dict[str, Any] = {}
+        wanted = set(request_ids)
+        while wanted - finished.keys():
+            for output in engine.step():
+                if output.finished and output.request_id in wanted:
+                    finished[output.request_id] = output
+                    progress.update(1)
+        progress.close()
+        return [finished[request_id] for request_id in request_ids]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        self.llm_engine.sleep(level)
+
+    def wake_up(self) -> None:
+        self.llm_engine.wake_up()

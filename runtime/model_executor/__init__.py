@@ -1,0 +1,1 @@
+"""Running the model: loader, model runner, layers, models and the sampler."""

@@ -1,0 +1,34 @@
+"""The attention metadata of the step being run, set by the ModelRunner around each forward.
+
+Layers read it from here rather than through every forward signature (nano-vllm's shape), which
+keeps model code plain and lets a CUDA graph capture the forward with fixed tensors later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: where each new token's key/value goes; -1 skips
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32: query tokens of sequence b are [cu[b], cu[b+1])
+    seq_lens: torch.Tensor  # [B] int32: cached tokens including this step's
+    calculate_kv_scales: bool = False
+
+
+_current: AttentionMetadata | None = None
+
+
+def set_attention_metadata(metadata: AttentionMetadata | None) -> None:
+    global _current
+    _current = metadata
+
+
+def get_attention_metadata() -> AttentionMetadata:
+    if _current is None:
+        raise RuntimeError("attention ran outside a ModelRunner step (no attention metadata set)")
+    return _current

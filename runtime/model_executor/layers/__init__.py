@@ -1,0 +1,1 @@
+"""Model building blocks, tensor-parallel ready (world size 1 today)."""

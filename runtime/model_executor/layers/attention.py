@@ -1,0 +1,55 @@
+"""Attention over the paged KV cache: store this step's keys/values, then attend.
+
+The cache tensors ``k_cache``/``v_cache`` (``[num_blocks, block_size, num_kv_heads, head_dim]``)
+are bound by the ModelRunner after it sizes the cache. Keys and values of the whole batch are
+stored before any query attends, so a request may read blocks another request of the same step is
+filling (prefix-cache hits on blocks computed in this very step).
+"""
+
+from __future__ import annotations
+
+import torch
+from infernetes.kernels import ops
+from infernetes.runtime.model_executor.context import get_attention_metadata
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.k_cache = torch.tensor([])
+        self.v_cache = torch.tensor([])
+        # fp8 caches store x / scale; 1.0 unless --calculate-kv-scales measures them.
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+
+    def _measure_scales(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        fp8_max = torch.finfo(self.k_cache.dtype).max
+        self.k_scale.copy_((k.abs().max().float() / fp8_max).clamp(min=1e-6))
+        self.v_scale.copy_((v.abs().max().float() / fp8_max).clamp(min=1e-6))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q ``[T, H*D]``, k/v ``[T, Hkv*D]`` -> ``[T, H*D]``."""
+        meta = get_attention_metadata()
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if meta.calculate_kv_scales and self.k_scale is not None:
+            self._measure_scales(k, v)
+        ops.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        out = ops.paged_attention(
+            q,
+            self.k_cache,
+            self.v_cache,
+            meta.block_tables,
+            meta.cu_seqlens_q,
+            meta.seq_lens,
+            self.scale,
+            self.k_scale,
+            self.v_scale,
+        )
+        return out.reshape(-1, self.num_heads * self.head_dim)

@@ -1,0 +1,53 @@
+"""Vocabulary embedding and LM head, split over the vocabulary for tensor parallelism."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from infernetes.runtime.model_executor.parallel import (
+    all_gather_last_dim,
+    all_reduce,
+    tp_rank,
+    tp_size,
+)
+from torch import nn
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.tp_size = tp_size()
+        self.shard_size = -(-num_embeddings // self.tp_size)
+        self.start = tp_rank() * self.shard_size
+        self.weight = nn.Parameter(torch.empty(self.shard_size, embedding_dim), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        shard = loaded[self.start : self.start + self.shard_size]
+        param.data[: shard.shape[0]].copy_(shard)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        mask = (local >= 0) & (local < self.shard_size)
+        out = F.embedding(local.clamp(0, self.shard_size - 1), self.weight) * mask.unsqueeze(-1)
+        return all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(self.shard_size), requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+
+    def tie(self, embedding: VocabParallelEmbedding) -> None:
+        self.weight = embedding.weight
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N, vocab]`` for the rows given (only those that are sampled)."""
+        logits = F.linear(hidden_states, self.weight, self.bias)
+        return all_gather_last_dim(logits)[..., : self.num_embeddings]

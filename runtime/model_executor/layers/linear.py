@@ -1,0 +1,100 @@
+"""Linear layers split for tensor parallelism (world size 1 today), as in nano-vllm.
+
+Column-parallel layers split the output features, row-parallel ones the input features and sum the
+partial results. Fused layers (QKV, gate+up) load several checkpoint tensors into one weight; each
+parameter carries a ``weight_loader(param, loaded, shard_id=None)`` that knows where its slice goes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
+from torch import nn
+
+
+def _divide(numerator: int, denominator: int) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{numerator} is not divisible by the tensor-parallel size {denominator}")
+    return numerator // denominator
+
+
+class LinearBase(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None) -> None:
+        super().__init__()
+        self.tp_dim = tp_dim
+        self.tp_rank = tp_rank()
+        self.tp_size = tp_size()
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if self.tp_dim is not None and param.dim() > self.tp_dim and self.tp_size > 1:
+            size = param.shape[self.tp_dim]
+            loaded = loaded.narrow(self.tp_dim, self.tp_rank * size, size)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, output_size, bias, None)
+
+
+class ColumnParallelLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, _divide(output_size, tp_size()), bias, 0)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one weight (gate and up projections)."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        size = self.output_sizes[shard_id] // self.tp_size
+        target = param.data.narrow(0, offset, size)
+        target.copy_(loaded.narrow(0, self.tp_rank * size, size))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Query, key and value projections in one weight; key/value heads may be fewer (GQA)."""
+
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False
+    ) -> None:
+        size = tp_size()
+        self.head_dim = head_dim
+        self.num_heads = _divide(num_heads, size)
+        self.num_kv_heads = max(1, num_kv_heads // size)
+        output = (num_heads + 2 * num_kv_heads) * head_dim
+        super().__init__(hidden_size, output, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str = "q") -> None:
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[
+            shard_id
+        ]
+        target = param.data.narrow(0, offset, size)
+        target.copy_(loaded.narrow(0, self.tp_rank * size, size))
+
+
+class RowParallelLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(_divide(input_size, tp_size()), output_size, bias, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The bias is added once, after the partial products are summed.
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return all_reduce(y)

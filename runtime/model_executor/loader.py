@@ -1,0 +1,275 @@
+"""Loading a model: find its files (local folder or the Hugging Face hub), read config.json, settle
+dtype and context length, build the architecture and fill it with the checkpoint's weights."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from infernetes.runtime.model_executor.models import POOLING, model_class
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+_CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+_WEIGHT_PATTERNS = ["*.safetensors", "*.bin", "*.pt", "*.json", "*.txt", "*.model", "*.jinja"]
+
+
+class ModelLoadError(ValueError):
+    """The model cannot be loaded; the message says which file or field and why."""
+
+
+@dataclass
+class ModelInfo:
+    """What the engine needs to know about the model once it is resolved."""
+
+    path: Path
+    hf_config: Any
+    architecture: str
+    dtype: torch.dtype
+    max_model_len: int
+    is_pooling: bool
+
+
+def resolve_model_path(
+    model: str,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    token: str | None = None,
+    allow_patterns: list[str] | None = None,
+) -> Path:
+    """A local folder as is; otherwise a hub snapshot (``HF_HUB_OFFLINE`` is honoured by the hub)."""
+    local = Path(model).expanduser()
+    if local.is_dir():
+        return local
+    if local.exists() or model.startswith(("/", "./", "../")):
+        raise ModelLoadError(f"model path {model!r} is not a folder with a config.json")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(
+            snapshot_download(
+                model,
+                revision=revision,
+                cache_dir=download_dir,
+                token=token,
+                allow_patterns=allow_patterns or _WEIGHT_PATTERNS,
+            )
+        )
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
+        raise ModelLoadError(f"cannot find model {model!r} locally or on the hub: {error}") from error
+
+
+def load_hf_config(
+    path: Path,
+    trust_remote_code: bool = False,
+    hf_overrides: dict[str, Any] | None = None,
+    rope_scaling: dict[str, Any] | None = None,
+    rope_theta: float | None = None,
+) -> Any:
+    from transformers import AutoConfig
+
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path} has no config.json")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as error:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {error}") from error
+    if raw.get("auto_map") and not trust_remote_code:
+        architectures = raw.get("architectures") or []
+        if not any(name in _supported() for name in architectures):
+            raise ModelLoadError(
+                f"the model at {path} needs its own code (auto_map in config.json); "
+                "pass --trust-remote-code to allow it"
+            )
+    try:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError, OSError) as error:
+        raise ModelLoadError(f"cannot read the model config in {path}: {error}") from error
+    for key, value in (hf_overrides or {}).items():
+        setattr(config, key, value)
+    if rope_scaling:
+        config.rope_scaling = dict(rope_scaling)
+        params = dict(getattr(config, "rope_parameters", None) or {})
+        config.rope_parameters = {**params, **rope_scaling}
+    if rope_theta is not None:
+        config.rope_theta = rope_theta
+        params = dict(getattr(config, "rope_parameters", None) or {})
+        config.rope_parameters = {**params, "rope_theta": rope_theta}
+    return config
+
+
+def _supported() -> set[str]:
+    from infernetes.runtime.model_executor.models import ARCHITECTURES
+
+    return set(ARCHITECTURES)
+
+
+def resolve_dtype(hf_config: Any, requested: str, device: torch.device) -> torch.dtype:
+    """vLLM's rules: ``auto`` keeps bf16/fp16 models as they are and runs fp32 models in fp16 on
+    a GPU; on a CPU, fp16 runs as fp32 (no fast fp16 kernels) unless asked for explicitly."""
+    if requested != "auto":
+        if requested not in _DTYPES:
+            raise ModelLoadError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {requested!r}")
+        return _DTYPES[requested]
+    model_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(model_dtype, str):
+        model_dtype = _DTYPES.get(model_dtype, torch.float32)
+    model_dtype = model_dtype or torch.float32
+    if device.type == "cpu":
+        return torch.bfloat16 if model_dtype == torch.bfloat16 else torch.float32
+    return torch.float16 if model_dtype == torch.float32 else model_dtype
+
+
+def derived_max_model_len(hf_config: Any, path: Path | None = None) -> int:
+    """The longest context the model supports, from its config (and sentence-transformers)."""
+    lengths = [getattr(hf_config, key) for key in _CONTEXT_KEYS if isinstance(getattr(hf_config, key, None), int)]
+    length = min(lengths) if lengths else 2048
+    scaling = dict(getattr(hf_config, "rope_scaling", None) or getattr(hf_config, "rope_parameters", None) or {})
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type in ("linear", "dynamic", "yarn") and scaling.get("factor"):
+        if rope_type == "yarn" and scaling.get("original_max_position_embeddings"):
+            length = scaling["original_max_position_embeddings"]
+        length = int(length * scaling["factor"])
+    if path is not None and (path / "sentence_bert_config.json").is_file():
+        st_config = json.loads((path / "sentence_bert_config.json").read_text())
+        if st_config.get("max_seq_length"):
+            length = min(length, int(st_config["max_seq_length"]))
+    return length
+
+
+def resolve_max_model_len(hf_config: Any, requested: int | None, path: Path | None, allow_long: bool) -> int:
+    derived = derived_max_model_len(hf_config, path)
+    if requested is None:
+        return derived
+    if requested > derived and not allow_long:
+        raise ModelLoadError(
+            f"max_model_len={requested} is longer than the model's maximum context length of "
+            f"{derived} tokens (from its config.json); set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to force it"
+        )
+    return requested
+
+
+def inspect_model(
+    path: Path,
+    hf_config: Any,
+    dtype: str,
+    max_model_len: int | None,
+    device: torch.device,
+    allow_long: bool = False,
+) -> ModelInfo:
+    architecture, _ = model_class(list(getattr(hf_config, "architectures", None) or []))
+    return ModelInfo(
+        path=path,
+        hf_config=hf_config,
+        architecture=architecture,
+        dtype=resolve_dtype(hf_config, dtype, device),
+        max_model_len=resolve_max_model_len(hf_config, max_model_len, path, allow_long),
+        is_pooling=architecture in POOLING,
+    )
+
+
+# -- weights -----------------------------------------------------------------------------------
+
+
+def weight_files(path: Path, load_format: str) -> list[Path]:
+    """The checkpoint files to read, by ``--load-format`` (auto: safetensors, else PyTorch .bin)."""
+    if load_format not in ("auto", "safetensors", "pt"):
+        raise ModelLoadError(
+            f"load_format must be one of auto, safetensors, pt, dummy; got {load_format!r}"
+        )
+    if load_format in ("auto", "safetensors"):
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return [path / name for name in names]
+        files = sorted(path.glob("*.safetensors"))
+        if files:
+            return files
+        if load_format == "safetensors":
+            raise ModelLoadError(f"no *.safetensors weights in {path} (load_format=safetensors)")
+    index = path / "pytorch_model.bin.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / name for name in names]
+    files = sorted(path.glob("*.bin")) or sorted(path.glob("*.pt"))
+    if not files:
+        raise ModelLoadError(f"no model weights (*.safetensors or *.bin) found in {path}")
+    return files
+
+
+def iter_weights(files: list[Path], use_tqdm: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
+    from tqdm.auto import tqdm
+
+    progress = tqdm(files, desc="Loading weights", unit="file", disable=not use_tqdm or len(files) < 1)
+    for file in progress:
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(str(file), framework="pt") as handle:
+                    for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                        yield name, handle.get_tensor(name)
+            else:
+                state = torch.load(str(file), map_location="cpu", weights_only=True)
+                yield from state.items()
+        except (SafetensorError, OSError, RuntimeError, ValueError, EOFError) as error:
+            raise ModelLoadError(f"cannot read weights from {file}: {error}") from error
+
+
+def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto",
+                use_tqdm: bool = True, seed: int = 0) -> nn.Module:
+    """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
+    _, cls = model_class([info.architecture])
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(info.dtype)
+    try:
+        with torch.device(device):
+            model = cls(info.hf_config, max_position=max(info.max_model_len, 1))
+    finally:
+        torch.set_default_dtype(default_dtype)
+    if load_format == "dummy":
+        _dummy_weights(model, seed)
+    else:
+        loaded = model.load_weights(iter_weights(weight_files(info.path, load_format), use_tqdm))
+        missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
+        if missing:
+            raise ModelLoadError(f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}")
+    return model.eval()
+
+
+def _dummy_weights(model: nn.Module, seed: int) -> None:
+    """Small random weights (``--load-format dummy``), for benchmarks of the shape alone."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    for _, param in model.named_parameters():
+        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=generator)
+        param.data.copy_(values)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+

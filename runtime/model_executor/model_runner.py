@@ -1,0 +1,220 @@
+"""ModelRunner: turns a scheduled batch into flat tensors, runs the model, samples.
+
+All tokens of the step are concatenated (``[T]`` input ids and positions); each new token has a
+slot in the paged cache (``block * block_size + offset``); each request has a row in the block
+table. Only rows that produce a token (a request whose computed tokens reach its end) go through
+the LM head. The shapes are the ones a CUDA graph would capture for decode.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from infernetes.runtime.engine.request import Request
+from infernetes.runtime.engine.scheduler import ScheduledBatch
+from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
+from infernetes.runtime.model_executor.layers.attention import Attention
+from infernetes.runtime.model_executor.loader import ModelInfo, build_model
+from infernetes.runtime.model_executor.sampler import (
+    SampledToken,
+    Sampler,
+    TopLogprobs,
+    prompt_logprobs,
+)
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+KV_CACHE_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+@dataclass
+class StepOutput:
+    """Per scheduled request: its new token (None for a prefill chunk that does not finish),
+    prompt logprobs computed in this chunk, and (pooling models) its embedding."""
+
+    sampled: list[SampledToken | None] = field(default_factory=list)
+    prompt_logprobs: list[list[TopLogprobs] | None] = field(default_factory=list)
+    pooled: list[torch.Tensor | None] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        info: ModelInfo,
+        device: torch.device,
+        block_size: int,
+        kv_cache_dtype: str = "auto",
+        load_format: str = "auto",
+        use_tqdm_on_load: bool = True,
+        seed: int | None = None,
+        calculate_kv_scales: bool = False,
+    ) -> None:
+        self.info = info
+        self.device = device
+        self.block_size = block_size
+        self._load_format = load_format
+        self._seed = seed or 0
+        self.model: nn.Module | None = build_model(info, device, load_format, use_tqdm_on_load, self._seed)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        if kv_cache_dtype != "auto" and kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of auto, {', '.join(KV_CACHE_DTYPES)}; got {kv_cache_dtype!r}"
+            )
+        self.kv_cache_dtype = KV_CACHE_DTYPES.get(kv_cache_dtype, info.dtype)
+        self.calculate_kv_scales = calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
+        self.sampler = Sampler(seed)
+        self.num_blocks = 0
+
+    # -- KV cache ------------------------------------------------------------------------------
+
+    @property
+    def bytes_per_block(self) -> int:
+        element = torch.empty((), dtype=self.kv_cache_dtype).element_size()
+        per_token = sum(2 * a.num_kv_heads * a.head_dim for a in self.attention_layers) * element
+        return per_token * self.block_size
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Give every attention layer its ``[num_blocks, block_size, Hkv, D]`` key and value caches.
+
+        ``torch.empty``: a slot is always written before it is read, and untouched pages of a large
+        CPU cache cost no memory.
+        """
+        self.num_blocks = num_blocks
+        fp8 = self.kv_cache_dtype in KV_CACHE_DTYPES.values()
+        for layer in self.attention_layers:
+            shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+            layer.k_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
+            layer.v_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
+            if fp8:
+                layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
+                layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
+
+    def release_kv_cache(self) -> None:
+        for layer in self.attention_layers:
+            layer.k_cache = torch.tensor([])
+            layer.v_cache = torch.tensor([])
+        self.num_blocks = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def profile_free_memory(self, max_num_batched_tokens: int, utilization: float) -> int:
+        """Bytes left for the KV cache on a GPU after weights and a worst-case forward's peak."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        num_tokens = min(max_num_batched_tokens, self.info.max_model_len)
+        blocks = -(-num_tokens // self.block_size)
+        self.allocate_kv_cache(blocks)
+        request = Request("profile", [0] * num_tokens, None)
+        request.block_ids = list(range(blocks))
+        batch = ScheduledBatch([request], [num_tokens])
+        self._forward(batch)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.release_kv_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
+        return int(total * utilization - peak - max(non_torch, 0))
+
+    def release_weights(self) -> None:
+        """Drop the weights (sleep level 2); ``reload_weights`` reads them from disk again."""
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def reload_weights(self) -> None:
+        self.model = build_model(self.info, self.device, self._load_format, False, self._seed)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+
+    # -- a step --------------------------------------------------------------------------------
+
+    def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu_seqlens = [0]
+        seq_lens: list[int] = []
+        size = self.block_size
+        for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
+            start = request.num_computed_tokens
+            end = start + num_new
+            input_ids.extend(request.token_ids[start:end])
+            positions.extend(range(start, end))
+            blocks = request.block_ids
+            slots.extend(blocks[p // size] * size + p % size for p in range(start, end))
+            cu_seqlens.append(cu_seqlens[-1] + num_new)
+            seq_lens.append(end)
+        max_blocks = max((len(r.block_ids) for r in batch.requests), default=0)
+        tables = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in batch.requests]
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=device).reshape(len(tables), max_blocks),
+            cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            calculate_kv_scales=self.calculate_kv_scales,
+        )
+        return (
+            torch.tensor(input_ids, dtype=torch.long, device=device),
+            torch.tensor(positions, dtype=torch.long, device=device),
+            meta,
+        )
+
+    @torch.inference_mode()
+    def _forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
+        input_ids, positions, meta = self._prepare(batch)
+        set_attention_metadata(meta)
+        try:
+            hidden = self.model(input_ids, positions)
+        finally:
+            set_attention_metadata(None)
+        if meta.calculate_kv_scales:
+            self.calculate_kv_scales = False  # measured once, on the first batch
+        return hidden, meta
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        hidden, meta = self._forward(batch)
+        if self.info.is_pooling:
+            pooled = self.model.pool(hidden, meta.cu_seqlens_q)
+            return StepOutput(
+                sampled=[None] * len(batch.requests),
+                prompt_logprobs=[None] * len(batch.requests),
+                pooled=list(pooled.float().cpu()),
+            )
+        starts = meta.cu_seqlens_q.tolist()
+        sample_rows: list[int] = []
+        sampling: list[Request] = []
+        prompt_rows: list[tuple[int, list[int], list[int]]] = []  # (batch index, rows, next tokens)
+        for i, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
+            end = request.num_computed_tokens + num_new
+            if end == request.num_tokens:
+                sample_rows.append(starts[i + 1] - 1)
+                sampling.append(request)
+            params = request.sampling_params
+            if params.prompt_logprobs is not None and request.num_computed_tokens < request.num_prompt_tokens:
+                first = request.num_computed_tokens
+                last = min(end, request.num_prompt_tokens - 1)  # positions whose next token is a prompt token
+                rows = list(range(starts[i], starts[i] + max(last - first, 0)))
+                prompt_rows.append((i, rows, request.token_ids[first + 1 : last + 1]))
+        output = StepOutput(
+            sampled=[None] * len(batch.requests),
+            prompt_logprobs=[None] * len(batch.requests),
+            pooled=[None] * len(batch.requests),
+        )
+        if sampling:
+            logits = self.model.compute_logits(hidden[sample_rows])
+            tokens = self.sampler(logits, sampling)
+            by_request = {id(r): t for r, t in zip(sampling, tokens, strict=True)}
+            output.sampled = [by_request.get(id(r)) for r in batch.requests]
+        for i, rows, next_tokens in prompt_rows:
+            k = batch.requests[i].sampling_params.prompt_logprobs
+            logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
+            output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
+        return output

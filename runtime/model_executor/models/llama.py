@@ -1,0 +1,154 @@
+"""The Llama family: Llama (all rope scalings), Mistral, Qwen2 (QKV bias) and Qwen3 (QK norm)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from infernetes.runtime.model_executor.layers.activation import SiluAndMul
+from infernetes.runtime.model_executor.layers.attention import Attention
+from infernetes.runtime.model_executor.layers.embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+from infernetes.runtime.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from infernetes.runtime.model_executor.layers.norm import RMSNorm
+from infernetes.runtime.model_executor.layers.rotary import get_rope, rope_from_config
+from infernetes.runtime.model_executor.models.utils import load_stacked_weights
+from infernetes.runtime.model_executor.parallel import tp_size
+from torch import nn
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: Any, max_position: int) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // total_heads
+        self.num_heads = total_heads // tp_size()
+        self.num_kv_heads = max(1, total_kv_heads // tp_size())
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        # Qwen2 always has a QKV bias and no output bias; the others follow attention_bias.
+        is_qwen2 = config.model_type == "qwen2"
+        attention_bias = bool(getattr(config, "attention_bias", False)) and not is_qwen2
+        self.qkv_proj = QKVParallelLinear(
+            hidden, self.head_dim, total_heads, total_kv_heads, attention_bias or is_qwen2
+        )
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, attention_bias)
+        base, scaling = rope_from_config(config)
+        rotary_dim = int(self.head_dim * getattr(config, "partial_rotary_factor", 1.0))
+        self.rotary_emb = get_rope(
+            self.head_dim, rotary_dim, max_position, base, scaling, config.max_position_embeddings
+        )
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads)
+        self.qk_norm = config.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.q_size)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.kv_size)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v.contiguous()))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported by this model; only 'silu'")
+        bias = getattr(config, "mlp_bias", False)
+        size = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [size, size], bias)
+        self.down_proj = RowParallelLinear(size, config.hidden_size, bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: Any, max_position: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, max_position)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: Any, max_position: int) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, max_position) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """Also serves MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM (same layout)."""
+
+    stacked_params = [
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    ]
+
+    def __init__(self, config: Any, max_position: int) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, max_position)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.tie(self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        skip = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+        if self.tie_word_embeddings:
+            skip += ("lm_head.weight",)
+        loaded = load_stacked_weights(self, weights, self.stacked_params, skip)
+        if self.tie_word_embeddings:
+            loaded.add("lm_head.weight")
+        return loaded

@@ -1,0 +1,184 @@
+"""Tiny models for tests and the demo: random weights in safetensors plus a tokenizer trained here.
+
+Nothing is downloaded. A byte-level BPE tokenizer is trained in about a second on a small built-in
+corpus and saved as a Hugging Face ``PreTrainedTokenizerFast`` directory with a chat template; the
+model is built from a transformers config with a fixed seed and saved with ``save_pretrained``, so
+every call with the same arguments writes the same files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.
+Kubernetes schedules pods onto nodes; each pod runs one or more containers that share a network.
+Large language models predict the next token from the tokens that came before it.
+The cache keeps keys and values of earlier tokens so that decoding does not recompute them.
+Continuous batching lets new requests join a running batch at every step of the engine.
+Paged attention stores the cache in fixed-size blocks, like pages of virtual memory.
+She sells sea shells by the sea shore, and the shells she sells are surely sea shells.
+In the beginning there was a server, and the server answered every request it was given.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2024 3.14159 and symbols like {"key": [1, 2, 3]} or a+b=c.
+Unicode text: café, naïve, jalapeño, Grüße, 日本語, 中文, emoji 🙂 and 🚀 must survive decoding.
+def add(a, b):\n    return a + b\n\nclass Engine:\n    def step(self):\n        pass
+Hello! How are you today? I am fine, thank you. What is the capital of France? Paris is.
+"""
+
+# Prompts of different lengths for tests and examples.
+SAMPLE_PROMPTS = [
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog and then it runs into the forest",
+    "A",
+    "Kubernetes schedules pods onto nodes; each pod runs containers that share a network.",
+]
+
+SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tokenizer(directory: str | Path, vocab_size: int = 512, add_bos: bool = True) -> Any:
+    """Train a byte-level BPE tokenizer and save it to ``directory``; returns the HF tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS.splitlines() * 4, trainer=trainer)
+    if add_bos:
+        bos_id = tokenizer.token_to_id("<s>")
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
+        )
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        chat_template=CHAT_TEMPLATE,
+    )
+    hf_tokenizer.save_pretrained(str(directory))
+    return hf_tokenizer
+
+
+def _tiny_config(architecture: str, vocab_size: int, special: dict[str, int], **overrides: Any) -> Any:
+    """A transformers config for ``architecture`` small enough to run in milliseconds."""
+    import transformers
+
+    bos, eos, pad = special["bos"], special["eos"], special["pad"]
+    common = dict(vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    decoder = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+    )
+    if architecture == "LlamaForCausalLM":
+        config = transformers.LlamaConfig(**common, **decoder)
+    elif architecture == "MistralForCausalLM":
+        config = transformers.MistralConfig(**common, **decoder, sliding_window=None)
+    elif architecture == "Qwen2ForCausalLM":
+        config = transformers.Qwen2Config(**common, **{**decoder, "tie_word_embeddings": True})
+    elif architecture == "Qwen3ForCausalLM":
+        config = transformers.Qwen3Config(**common, **decoder, head_dim=32)
+    elif architecture == "OPTForCausalLM":
+        config = transformers.OPTConfig(
+            **common,
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+            word_embed_proj_dim=64,
+            init_std=0.1,
+        )
+    elif architecture == "GPT2LMHeadModel":
+        config = transformers.GPT2Config(
+            **common, n_embd=64, n_layer=2, n_head=4, n_positions=512, initializer_range=0.1
+        )
+    elif architecture == "BertModel":
+        config = transformers.BertConfig(
+            **common,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=512,
+            initializer_range=0.1,
+        )
+    else:
+        raise ValueError(f"no tiny config for architecture {architecture!r}")
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    config.architectures = [architecture]
+    return config
+
+
+def make_tiny_model(
+    directory: str | Path,
+    architecture: str = "LlamaForCausalLM",
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    max_shard_size: str | None = None,
+    generation_config: dict[str, Any] | None = None,
+    **config_overrides: Any,
+) -> Path:
+    """Write a tiny random ``architecture`` model with a trained tokenizer into ``directory``.
+
+    ``config_overrides`` are set on the transformers config (e.g. ``rope_parameters``);
+    ``max_shard_size`` (e.g. ``"20KB"``) splits the safetensors into shards with an index file;
+    ``generation_config`` writes a ``generation_config.json`` with those fields.
+    """
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(directory, add_bos=architecture != "BertModel")
+    special = {
+        "bos": tokenizer.bos_token_id,
+        "eos": tokenizer.eos_token_id,
+        "pad": tokenizer.pad_token_id,
+    }
+    config = _tiny_config(architecture, len(tokenizer), special, **config_overrides)
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model_class = getattr(transformers, architecture)
+    model = model_class(config).to(getattr(torch, dtype)).eval()
+    kwargs: dict[str, Any] = {}
+    if max_shard_size is not None:
+        kwargs["max_shard_size"] = max_shard_size
+    model.save_pretrained(str(directory), **kwargs)
+    generation_path = directory / "generation_config.json"
+    if generation_config is not None:
+        fields = {"bos_token_id": special["bos"], "eos_token_id": special["eos"], **generation_config}
+        generation_path.write_text(json.dumps(fields, indent=2))
+    elif generation_path.exists():
+        generation_path.unlink()
+    return directory
+
+
+def make_tiny_llama(directory: str | Path, **kwargs: Any) -> Path:
+    """The default tiny model: a Llama with GQA, used by most engine tests and the demo."""
+    return make_tiny_model(directory, "LlamaForCausalLM", **kwargs)

@@ -1,0 +1,35 @@
+"""Loading the tokenizer (``--tokenizer``, ``--tokenizer-mode``, ``--tokenizer-revision``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TOKENIZER_MODES = ("auto", "slow", "mistral", "custom")
+
+
+def get_tokenizer(
+    name: str | Path,
+    mode: str = "auto",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    download_dir: str | None = None,
+    token: str | None = None,
+) -> Any:
+    from transformers import AutoTokenizer
+
+    if mode not in TOKENIZER_MODES:
+        raise ValueError(f"tokenizer_mode must be one of {', '.join(TOKENIZER_MODES)}; got {mode!r}")
+    if mode in ("mistral", "custom"):
+        raise ValueError(f"tokenizer_mode={mode!r} is not supported yet; use 'auto' or 'slow'")
+    try:
+        return AutoTokenizer.from_pretrained(
+            str(name),
+            use_fast=mode != "slow",
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+            cache_dir=download_dir,
+            token=token,
+        )
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot load the tokenizer {str(name)!r}: {error}") from error
