@@ -1,0 +1,253 @@
+"""The OpenAI-compatible HTTP server: ``build_app`` (the FastAPI app, for tests and embedding)
+and ``run_server(config)`` (what ``infernetes serve`` calls).
+
+Lifecycle: uvicorn starts listening at once and ``/health`` answers 503 while the model loads;
+once the engine is up every route answers. If the engine dies, ``/health`` fails and the server
+exits (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) so Kubernetes restarts the pod. SIGTERM stops
+accepting connections, lets in-flight requests finish, then shuts the engine down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import logging.config
+import os
+import ssl
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from infernetes.runtime.server.errors import install_error_handlers
+from infernetes.runtime.server.log_stats import LoggingStatLogger
+from infernetes.runtime.server.middleware import (
+    APIKeyMiddleware,
+    BodySizeLimitMiddleware,
+    RequestIdMiddleware,
+    ServerLoadMiddleware,
+    import_user_middleware,
+)
+from infernetes.runtime.server.reasoning import make_reasoning_parser
+from infernetes.runtime.server.routes import include_routes
+from infernetes.runtime.server.settings import FrontendSettings
+from infernetes.runtime.server.state import ServerState
+from infernetes.runtime.server.tool_parsers import check_tool_parser_name
+
+from infernetes import __version__
+
+logger = logging.getLogger("infernetes.runtime.server")
+
+ENGINE_WATCH_INTERVAL_S = 0.5
+SSL_WATCH_INTERVAL_S = 2.0
+
+
+def check_frontend_settings(settings: FrontendSettings) -> None:
+    """Refuses settings the server cannot honour, before anything loads (ValueError)."""
+    if settings.tool_call_parser:
+        check_tool_parser_name(settings.tool_call_parser)
+    if settings.enable_auto_tool_choice and not settings.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    if settings.reasoning_parser:
+        make_reasoning_parser(settings.reasoning_parser)
+    from infernetes.runtime.server.structured_output import GuideError, check_backend
+
+    try:
+        check_backend(settings.guided_decoding_backend, "--guided-decoding-backend")
+    except GuideError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def build_app(
+    state: ServerState,
+    engine: Any = None,
+    engine_loader: Callable[[], Any] | None = None,
+) -> FastAPI:
+    """The app over ``engine`` (already loaded) or over what ``engine_loader`` returns (called
+    in a worker thread at startup, so probes answer while the model loads)."""
+    settings = state.settings
+    docs = not settings.disable_fastapi_docs
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = []
+        if engine is not None:
+            state.attach_engine(engine)
+        elif engine_loader is not None:
+            tasks.append(asyncio.create_task(_load_engine(state, engine_loader)))
+        tasks.append(asyncio.create_task(_watch_engine(app, state)))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+            if state.engine is not None and engine_loader is not None:
+                await state.engine.shutdown()
+
+    app = FastAPI(
+        title="infernetes OpenAI-compatible API",
+        version=__version__,
+        lifespan=lifespan,
+        root_path=settings.root_path or "",
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
+    app.state.server = state
+    app.state.server_load = 0
+    install_error_handlers(app)
+    include_routes(app, settings.dev_mode)
+    # add_middleware wraps: the last added runs first. Order, outermost first: CORS (so even a
+    # 401 carries CORS headers and preflights never need a key), request id, auth, size limit,
+    # load tracking, user middleware.
+    import_user_middleware(app, settings.middleware)
+    if settings.enable_server_load_tracking:
+        app.add_middleware(ServerLoadMiddleware, state=app.state)
+    app.add_middleware(BodySizeLimitMiddleware)
+    if settings.api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=settings.api_keys)
+    if settings.enable_request_id_headers:
+        app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(settings.allowed_origins),
+        allow_credentials=settings.allow_credentials,
+        allow_methods=list(settings.allowed_methods),
+        allow_headers=list(settings.allowed_headers),
+    )
+    return app
+
+
+async def _load_engine(state: ServerState, loader: Callable[[], Any]) -> None:
+    try:
+        engine = await asyncio.to_thread(loader)
+        state.attach_engine(engine)
+        logger.info("model loaded; serving %s", ", ".join(state.settings.served_model_names))
+    except Exception as exc:
+        logger.exception("the model failed to load")
+        state.load_error = exc
+
+
+async def _watch_engine(app: FastAPI, state: ServerState) -> None:
+    """Stops the server when the engine dies, unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH is set."""
+    while True:
+        await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+        dead = state.load_error is not None or getattr(state.engine, "errored", False)
+        if not dead:
+            continue
+        if state.settings.keep_alive_on_engine_death:
+            continue
+        logger.error("the engine is dead (%s); shutting the server down",
+                     state.load_error or getattr(state.engine, "dead_error", None))
+        uvicorn_server = getattr(app.state, "uvicorn_server", None)
+        if uvicorn_server is not None:
+            uvicorn_server.should_exit = True
+        return
+
+
+async def _watch_certificates(uvicorn_server: Any, settings: FrontendSettings) -> None:
+    """--enable-ssl-refresh: reload the certificate chain into the live context on change."""
+    paths = [p for p in (settings.ssl_certfile, settings.ssl_keyfile, settings.ssl_ca_certs) if p]
+
+    def stamp() -> tuple:
+        return tuple(os.stat(p).st_mtime_ns if os.path.exists(p) else 0 for p in paths)
+
+    seen = stamp()
+    while True:
+        await asyncio.sleep(SSL_WATCH_INTERVAL_S)
+        now = stamp()
+        if now == seen:
+            continue
+        seen = now
+        context: ssl.SSLContext | None = getattr(uvicorn_server.config, "ssl", None)
+        if context is None:
+            continue
+        try:
+            context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+            if settings.ssl_ca_certs:
+                context.load_verify_locations(settings.ssl_ca_certs)
+            logger.info("reloaded the TLS certificate")
+        except (OSError, ssl.SSLError) as exc:
+            logger.error("could not reload the TLS certificate: %s", exc)
+
+
+def uvicorn_config(app: FastAPI, settings: FrontendSettings) -> Any:
+    import uvicorn
+
+    log_config = uvicorn.config.LOGGING_CONFIG
+    if settings.log_config_file:
+        with open(settings.log_config_file) as handle:
+            log_config = json.load(handle)
+    return uvicorn.Config(
+        app,
+        host=settings.host or "0.0.0.0",
+        port=settings.port,
+        log_level=settings.uvicorn_log_level,
+        access_log=not settings.disable_uvicorn_access_log,
+        root_path=settings.root_path or "",
+        ssl_keyfile=settings.ssl_keyfile,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_ca_certs=settings.ssl_ca_certs,
+        ssl_cert_reqs=settings.ssl_cert_reqs,
+        log_config=log_config,
+        timeout_keep_alive=5,
+    )
+
+
+def _configure_logging(settings: FrontendSettings) -> None:
+    if settings.log_config_file:
+        with open(settings.log_config_file) as handle:
+            logging.config.dictConfig(json.load(handle))
+    elif not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+
+
+def _cache_config_labels(config: Any) -> dict[str, Any]:
+    grouped = config.grouped() if hasattr(config, "grouped") else {}
+    cache = grouped.get("CacheConfig", {}) if isinstance(grouped, dict) else {}
+    return {key: value for key, value in cache.items() if not isinstance(value, dict | list | tuple)}
+
+
+def run_server(config: Any) -> None:
+    """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death."""
+    import uvicorn
+
+    settings = FrontendSettings.from_config(config)
+    _configure_logging(settings)
+    try:
+        check_frontend_settings(settings)
+    except ValueError as exc:
+        print(f"infernetes serve: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    state = ServerState(settings, cache_config=_cache_config_labels(config))
+    if not settings.disable_log_stats:
+        state.stat_fanout.loggers.append(LoggingStatLogger())
+
+    def load() -> Any:
+        from infernetes.runtime.engine.async_engine import AsyncEngine
+
+        return AsyncEngine.from_config(config, stat_loggers=[state.stat_fanout])
+
+    app = build_app(state, engine_loader=load)
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    app.state.uvicorn_server = server
+
+    async def serve() -> None:
+        watcher = None
+        if settings.enable_ssl_refresh and settings.ssl_certfile:
+            watcher = asyncio.create_task(_watch_certificates(server, settings))
+        try:
+            await server.serve()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    asyncio.run(serve())
+    if state.load_error is not None or getattr(state.engine, "errored", False):
+        raise SystemExit(1)

@@ -1,0 +1,146 @@
+"""Chat messages -> prompt text through a Jinja chat template (the tokenizer's or --chat-template).
+
+``--chat-template-content-format`` decides how message content reaches the template: ``string``
+(parts joined into one string) or ``openai`` (a list of ``{"type": "text", "text": ...}`` parts);
+``auto`` looks at the template: one that loops over a message's content wants ``openai``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.nodes
+from infernetes.runtime.server.errors import APIError
+
+CONTENT_FORMATS = ("auto", "string", "openai")
+
+
+class ChatTemplateError(ValueError):
+    pass
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: a path to a file, or the template itself."""
+    if value is None:
+        return None
+    path = Path(value)
+    if any(c in value for c in "{}\n") or len(value) > 4096:
+        return value
+    if path.is_file():
+        return path.read_text()
+    raise ChatTemplateError(
+        f"--chat-template {value!r}: no such file, and it does not look like an inline Jinja "
+        "template (expected '{{ ... }}' or '{% ... %}')"
+    )
+
+
+def _loops_over_content(template: str) -> bool:
+    try:
+        ast = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return False
+    for loop in ast.find_all(jinja2.nodes.For):
+        nodes = [loop.iter, *loop.iter.find_all((jinja2.nodes.Getattr, jinja2.nodes.Getitem))]
+        for node in nodes:
+            key = getattr(node, "attr", None)
+            if key is None and isinstance(getattr(node, "arg", None), jinja2.nodes.Const):
+                key = node.arg.value
+            if key == "content":
+                return True
+    return False
+
+
+def resolve_content_format(setting: str, template: str) -> str:
+    if setting != "auto":
+        return setting
+    return "openai" if _loops_over_content(template) else "string"
+
+
+def _text_of_parts(parts: list[dict[str, Any]], param: str) -> str:
+    texts = []
+    for i, part in enumerate(parts):
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            raise APIError(f"{param}[{i}]: content part type {kind!r} is not supported "
+                           "(this model takes text parts only)", 400, param)
+    return "\n".join(texts)
+
+
+def normalize_messages(messages: list[Any], content_format: str) -> list[dict[str, Any]]:
+    """Pydantic messages -> the dicts the template sees, content shaped per ``content_format``."""
+    out = []
+    for i, message in enumerate(messages):
+        item = message.model_dump(exclude_none=True)
+        content = item.get("content")
+        param = f"messages[{i}].content"
+        if isinstance(content, list):
+            text = _text_of_parts(content, param)
+            item["content"] = [{"type": "text", "text": text}] if content_format == "openai" else text
+        elif content is None:
+            item["content"] = [] if content_format == "openai" else ""
+        elif content_format == "openai":
+            item["content"] = [{"type": "text", "text": content}]
+        for call in item.get("tool_calls", []) or []:
+            # Templates iterate arguments as a mapping (as transformers documents).
+            function = call.get("function", {})
+            if isinstance(function.get("arguments"), str):
+                with contextlib.suppress(json.JSONDecodeError):
+                    function["arguments"] = json.loads(function["arguments"])
+        out.append(item)
+    return out
+
+
+class ChatRenderer:
+    """Renders a conversation with a model's tokenizer and the server's template settings."""
+
+    def __init__(self, tokenizer: Any, template: str | None, content_format: str) -> None:
+        self.tokenizer = tokenizer
+        self.default_template = template or getattr(tokenizer, "chat_template", None)
+        self.content_format = content_format
+
+    def render(
+        self,
+        messages: list[Any],
+        *,
+        template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, str]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        chosen = template or self.default_template
+        if not chosen:
+            raise APIError("this model's tokenizer has no chat template; start the server with "
+                           "--chat-template or pass chat_template in the request", 400,
+                           "chat_template")
+        if isinstance(chosen, dict):  # some tokenizers keep several named templates
+            chosen = chosen.get("default") or next(iter(chosen.values()))
+        content_format = resolve_content_format(self.content_format, chosen)
+        conversation = normalize_messages(messages, content_format)
+        if continue_final_message and conversation[-1].get("role") != "assistant":
+            raise APIError("continue_final_message needs the last message to be from the assistant",
+                           400, "continue_final_message")
+        kwargs = dict(template_kwargs or {})
+        for reserved in ("conversation", "messages", "tokenize", "chat_template", "tools"):
+            kwargs.pop(reserved, None)
+        try:
+            return self.tokenizer.apply_chat_template(
+                conversation,
+                chat_template=chosen,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                **kwargs,
+            )
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            raise APIError(f"chat template failed on these messages: {type(exc).__name__}: {exc}",
+                           400, "messages") from exc

@@ -1,0 +1,59 @@
+"""The periodic stats line in the server log (off with --disable-log-stats), like vLLM's:
+
+``Avg prompt throughput: 12.0 tokens/s, Avg generation throughput: 40.1 tokens/s, Running: 3
+reqs, Waiting: 0 reqs, GPU KV cache usage: 4.2%, Prefix cache hit rate: 50.0%``
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+logger = logging.getLogger("infernetes.runtime.server.stats")
+
+LOG_INTERVAL_S = 10.0
+
+
+class LoggingStatLogger:
+    def __init__(self, interval_s: float = LOG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._reset(time.monotonic())
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    def _reset(self, now: float) -> None:
+        self.window_start = now
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs
+            self.kv_usage = scheduler_stats.kv_cache_usage
+            prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if prefix is not None:
+                self.prefix_queries += prefix.queries
+                self.prefix_hits += prefix.hits
+        if iteration_stats is not None:
+            self.prompt_tokens += iteration_stats.num_prompt_tokens
+            self.generation_tokens += iteration_stats.num_generation_tokens
+        now = time.monotonic()
+        if now - self.window_start >= self.interval_s:
+            logger.info(self.line(now))
+            self._reset(now)
+
+    def line(self, now: float) -> str:
+        elapsed = max(now - self.window_start, 1e-9)
+        hit_rate = self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+        return (
+            f"Avg prompt throughput: {self.prompt_tokens / elapsed:.1f} tokens/s, "
+            f"Avg generation throughput: {self.generation_tokens / elapsed:.1f} tokens/s, "
+            f"Running: {self.running} reqs, Waiting: {self.waiting} reqs, "
+            f"GPU KV cache usage: {self.kv_usage * 100:.1f}%, "
+            f"Prefix cache hit rate: {hit_rate * 100:.1f}%"
+        )

@@ -1,0 +1,184 @@
+"""ASGI middleware: API-key auth, request-id headers, body-size limit, server-load tracking, and
+user middleware named by ``--middleware``.
+
+Plain ASGI classes rather than BaseHTTPMiddleware, so streamed responses pass through untouched
+and a cancelled client still cancels the handler.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib
+import inspect
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from fastapi import FastAPI
+from infernetes.runtime.server.errors import error_body
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Routes that stay open with --api-key: probes, version, metrics and the API docs.
+OPEN_PATHS = frozenset(
+    {"/health", "/ping", "/version", "/metrics", "/load", "/docs", "/redoc", "/openapi.json",
+     "/docs/oauth2-redirect"}
+)
+# Routes whose in-flight count is the server load (--enable-server-load-tracking).
+INFERENCE_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize", "/detokenize"}
+)
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+def _route_path(scope: Scope) -> str:
+    path = scope.get("path", "")
+    root = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):] or "/"
+    return path.rstrip("/") or "/"
+
+
+async def _send_error(send: Send, message: str, status: int, headers: Iterable = ()) -> None:
+    body = json.dumps(error_body(message, status)).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()), *headers],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+class APIKeyMiddleware:
+    """Requires ``Authorization: Bearer <key>`` on every route except OPEN_PATHS."""
+
+    def __init__(self, app: ASGIApp, api_keys: Iterable[str]) -> None:
+        self.app = app
+        self.tokens = [f"Bearer {key}".encode() for key in api_keys]
+
+    def _authorized(self, scope: Scope) -> bool:
+        given = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                given = value
+                break
+        # Compare against every key without short-circuiting, so timing reveals nothing.
+        matches = [hmac.compare_digest(given, token) for token in self.tokens]
+        return any(matches)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope.get("method") == "OPTIONS"
+            or _route_path(scope) in OPEN_PATHS
+            or self._authorized(scope)
+        ):
+            await self.app(scope, receive, send)
+            return
+        await _send_error(send, "Unauthorized: a valid API key is required "
+                                "(header 'Authorization: Bearer <key>')", 401,
+                          [(b"www-authenticate", b"Bearer")])
+
+
+class RequestIdMiddleware:
+    """Echoes ``X-Request-Id`` (or a new one) on every response (--enable-request-id-headers)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = next(
+            (v for k, v in scope.get("headers", ()) if k == b"x-request-id"),
+            uuid.uuid4().hex.encode(),
+        )
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", request_id)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class BodySizeLimitMiddleware:
+    """Answers 413 for bodies over the limit, by Content-Length or by what actually arrives."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await _send_error(send, f"request body of {int(value)} bytes exceeds the limit "
+                                        f"of {self.max_bytes} bytes", 413)
+                return
+        received = 0
+        too_large = False
+
+        async def counting_receive() -> dict:
+            nonlocal received, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    too_large = True
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except _BodyTooLarge:
+            await _send_error(send, f"request body exceeds the limit of {self.max_bytes} bytes", 413)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class ServerLoadMiddleware:
+    """Counts in-flight inference requests in ``app.state.server_load`` (served by GET /load)."""
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app = app
+        self.state = state
+        self.state.server_load = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _route_path(scope) not in INFERENCE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.state.server_load += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.server_load -= 1
+
+
+def import_user_middleware(app: FastAPI, qualified_names: Iterable[str]) -> None:
+    """Adds each ``--middleware module.attr``: a class is ASGI middleware, a coroutine function
+    is an HTTP middleware ``(request, call_next)``, as in vLLM."""
+    for qualified in qualified_names:
+        module_name, _, attr = qualified.rpartition(".")
+        if not module_name:
+            raise ValueError(f"--middleware {qualified!r}: expected 'module.attribute'")
+        target = getattr(importlib.import_module(module_name), attr, None)
+        if target is None:
+            raise ValueError(f"--middleware {qualified!r}: module has no attribute {attr!r}")
+        if inspect.isclass(target):
+            app.add_middleware(target)
+        elif inspect.iscoroutinefunction(target):
+            app.middleware("http")(target)
+        else:
+            raise ValueError(f"--middleware {qualified!r} must be a class or an async function")

@@ -1,0 +1,173 @@
+"""The HTTP routes: OpenAI endpoints, tokenizer routes, probes, metrics, and the dev-mode routes
+(VLLM_SERVER_DEV_MODE=1)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from infernetes.runtime.server.errors import APIError, error_response
+from infernetes.runtime.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    ModelCard,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from infernetes.runtime.server.state import ServerState
+from infernetes.runtime.server.streaming import ClientDisconnected, until_disconnected
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from infernetes import __version__
+
+router = APIRouter()
+dev_router = APIRouter()
+
+# A client that went away gets nothing; 499 is what nginx logs for it.
+CLIENT_CLOSED = 499
+
+
+def server(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def _json(model: Any) -> JSONResponse:
+    return JSONResponse(model.model_dump(mode="json"))
+
+
+async def _answer(request: Request, work: Any) -> Response:
+    try:
+        result = await until_disconnected(request, work)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    if inspect.isasyncgen(result) or isinstance(result, AsyncIterator):
+        return StreamingResponse(result, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return _json(result)
+
+
+# ---------------------------------------------------------------- probes and info
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    state = server(request)
+    if state.healthy:
+        return Response(status_code=200)
+    reason = "loading" if state.engine is None and state.load_error is None else "engine not running"
+    return error_response(f"unhealthy: {reason}", 503)
+
+
+@router.api_route("/ping", methods=["GET", "POST"])
+async def ping(request: Request) -> Response:
+    return await health(request)
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": __version__})
+
+
+@router.get("/load")
+async def load(request: Request) -> JSONResponse:
+    return JSONResponse({"server_load": getattr(request.app.state, "server_load", 0)})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = server(request)
+    body = state.metrics.exposition() if state.metrics is not None else b""
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def models(request: Request) -> JSONResponse:
+    state = server(request)
+    max_len = getattr(state.engine, "max_model_len", None)
+    cards = [ModelCard(id=name, root=state.settings.model, max_model_len=max_len)
+             for name in state.settings.served_model_names]
+    return _json(ModelList(data=cards))
+
+
+# ---------------------------------------------------------------- OpenAI endpoints
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = server(request)
+    state.require_generation()
+    return await _answer(request, state.completion.create(body))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = server(request)
+    state.require_generation()
+    return await _answer(request, state.chat.create(body))
+
+
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    state = server(request)
+    state.require_embedding()
+    return await _answer(request, state.embedding.create(body))
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request) -> JSONResponse:
+    state = server(request)
+    state.require_engine()
+    return _json(state.tokenization.tokenize_request(body))
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    state = server(request)
+    state.require_engine()
+    return _json(state.tokenization.detokenize_request(body))
+
+
+# ---------------------------------------------------------------- dev mode
+
+
+@dev_router.post("/reset_prefix_cache")
+async def reset_prefix_cache(request: Request) -> Response:
+    state = server(request)
+    state.require_engine()
+    await state.engine.reset_prefix_cache()
+    return Response(status_code=200)
+
+
+@dev_router.post("/sleep")
+async def sleep(request: Request, level: int = Query(1, ge=1, le=2)) -> Response:
+    state = server(request)
+    state.require_engine()
+    await state.engine.sleep(level)
+    return Response(status_code=200)
+
+
+@dev_router.post("/wake_up")
+async def wake_up(request: Request) -> Response:
+    state = server(request)
+    if state.engine is None:
+        raise APIError("the model is still loading; retry shortly", 503)
+    await state.engine.wake_up()
+    return Response(status_code=200)
+
+
+@dev_router.get("/is_sleeping")
+async def is_sleeping(request: Request) -> JSONResponse:
+    state = server(request)
+    return JSONResponse({"is_sleeping": bool(getattr(state.engine, "is_sleeping", False))})
+
+
+def include_routes(app: FastAPI, dev_mode: bool) -> None:
+    app.include_router(router)
+    if dev_mode:
+        app.include_router(dev_router)

@@ -1,0 +1,173 @@
+"""What every OpenAI route shares: the model-name check, prompt tokenization and length checks,
+request -> SamplingParams, the structured-output guide, and engine-health checks."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
+from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.protocol import SamplingFields
+from infernetes.runtime.server.settings import FrontendSettings
+from infernetes.runtime.server.structured_output import (
+    Guide,
+    GuideError,
+    check_backend,
+    make_logits_processor,
+)
+
+logger = logging.getLogger("infernetes.runtime.server")
+
+
+def guide_from_request(request: SamplingFields) -> Guide | None:
+    """The one structured-output constraint a request asks for, if any."""
+    fmt = request.response_format
+    if fmt is not None and fmt.type == "json_schema":
+        return Guide("json", fmt.json_schema.json_schema, "response_format.json_schema.schema")
+    if fmt is not None and fmt.type == "json_object":
+        return Guide("json_object", None, "response_format")
+    if request.guided_json is not None:
+        return Guide("json", request.guided_json, "guided_json")
+    if request.guided_regex is not None:
+        return Guide("regex", request.guided_regex, "guided_regex")
+    if request.guided_choice is not None:
+        return Guide("choice", request.guided_choice, "guided_choice")
+    if request.guided_grammar is not None:
+        return Guide("grammar", request.guided_grammar, "guided_grammar")
+    return None
+
+
+class ServingBase:
+    def __init__(self, engine: Any, settings: FrontendSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.tokenizer = engine.tokenizer
+        self.max_model_len: int = engine.max_model_len
+        model_config = getattr(engine, "model_config", None)
+        self.vocab_size: int = int(getattr(model_config, "vocab_size", None) or len(self.tokenizer))
+
+    # ------------------------------------------------------------ checks
+
+    def check_model(self, name: str | None) -> None:
+        if name is None or name in self.settings.served_model_names:
+            return
+        raise APIError(f"The model `{name}` does not exist. Served models: "
+                       f"{', '.join(self.settings.served_model_names)}", 404, "model")
+
+    def check_engine(self) -> None:
+        if getattr(self.engine, "errored", False):
+            raise APIError(f"the engine has stopped: {getattr(self.engine, 'dead_error', None)}", 503)
+        if getattr(self.engine, "is_sleeping", False):
+            raise APIError("the engine is sleeping; POST /wake_up first", 503)
+
+    # ------------------------------------------------------------ prompts
+
+    def tokenize(self, text: str, add_special_tokens: bool, truncate: int | None = None) -> list[int]:
+        ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return ids[-truncate:] if truncate else ids
+
+    def check_token_ids(self, ids: list[int], param: str) -> list[int]:
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise APIError(f"{param}: token ids must be in [0, {self.vocab_size}), got {bad[:5]}",
+                           400, param)
+        return ids
+
+    def resolve_max_tokens(self, prompt_len: int, requested: int | None, what: str) -> int:
+        """vLLM's context-length rule and message: prompt + max_tokens must fit the model."""
+        if prompt_len >= self.max_model_len or (
+            requested is not None and prompt_len + requested > self.max_model_len
+        ):
+            asked = prompt_len + (requested or 0)
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {asked} tokens ({prompt_len} in the {what}, {requested or 0} in "
+                f"the completion). Please reduce the length of the {what} or completion.",
+                400, "max_tokens" if requested else "messages" if what == "messages" else "prompt")
+        return requested if requested is not None else self.max_model_len - prompt_len
+
+    # ------------------------------------------------------------ sampling
+
+    def sampling_params(
+        self,
+        request: SamplingFields,
+        *,
+        max_tokens: int,
+        logprobs: int | None,
+        stream: bool,
+        guide: Guide | None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
+        cap = self.settings.max_logprobs
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and cap >= 0 and value > cap:
+                raise APIError(f"{name} must be at most {cap} (--max-logprobs), got {value}",
+                               400, name)
+        fields: dict[str, Any] = {
+            "n": request.n,
+            "presence_penalty": request.presence_penalty or 0.0,
+            "frequency_penalty": request.frequency_penalty or 0.0,
+            "seed": request.seed,
+            "stop": request.stop,
+            "stop_token_ids": request.stop_token_ids,
+            "ignore_eos": request.ignore_eos,
+            "max_tokens": max_tokens,
+            "min_tokens": request.min_tokens,
+            "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs if prompt_logprobs is not None else request.prompt_logprobs,
+            "skip_special_tokens": request.skip_special_tokens,
+            "spaces_between_special_tokens": request.spaces_between_special_tokens,
+            "include_stop_str_in_output": request.include_stop_str_in_output,
+            "output_kind": RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        }
+        defaults = self._default_sampling()
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            value = getattr(request, name)
+            if value is None:
+                value = defaults.get(name)
+            if value is not None:
+                fields[name] = value
+        if request.logit_bias:
+            try:
+                fields["logit_bias"] = {int(k): float(v) for k, v in request.logit_bias.items()}
+            except ValueError as exc:
+                raise APIError(f"logit_bias keys must be token ids: {exc}", 400, "logit_bias") from exc
+            self.check_token_ids(list(fields["logit_bias"]), "logit_bias")
+        if guide is not None:
+            fields["logits_processors"] = [self.logits_processor(guide, request)]
+        try:
+            return SamplingParams(**fields)
+        except (ValueError, TypeError) as exc:
+            raise APIError(str(exc), 400) from exc
+
+    def _default_sampling(self) -> dict[str, Any]:
+        """Sampling defaults of the model's generation config, when the engine exposes them."""
+        getter = getattr(self.engine, "default_sampling_params", None)
+        defaults = getter() if callable(getter) else getter
+        if isinstance(defaults, SamplingParams):
+            return {k: getattr(defaults, k) for k in ("temperature", "top_p", "top_k", "min_p",
+                                                      "repetition_penalty")}
+        return dict(defaults or {})
+
+    def logits_processor(self, guide: Guide, request: SamplingFields) -> Any:
+        try:
+            check_backend(self.settings.guided_decoding_backend, "--guided-decoding-backend")
+            check_backend(request.guided_decoding_backend)
+            return make_logits_processor(
+                guide, self.tokenizer, self.vocab_size,
+                compact_json=self.settings.guided_decoding_disable_any_whitespace,
+            )
+        except GuideError as exc:
+            raise APIError(str(exc), 400, exc.param) from exc
+
+    # ------------------------------------------------------------ logging
+
+    def log_request(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
+        if self.settings.disable_log_requests:
+            return
+        shown = prompt
+        limit = self.settings.max_log_len
+        if limit is not None and isinstance(shown, str | list):
+            shown = shown[:limit]
+        logger.info("Received request %s: prompt: %r, params: %s", request_id, shown, params)

@@ -1,0 +1,354 @@
+"""POST /v1/chat/completions: template the conversation, generate, then split the output into
+reasoning, content and tool calls, streamed or whole.
+
+tool_choice: ``none`` (no parsing), ``auto`` (the --tool-call-parser finds calls in free text),
+``required`` (the output is constrained to a JSON list of calls) and a named function (the output
+is constrained to that function's parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from infernetes.runtime.server.chat_template import ChatRenderer
+from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.logprobs_format import LogprobFormatter
+from infernetes.runtime.server.protocol import (
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessageOut,
+    FunctionCall,
+    NamedToolChoice,
+    PromptTokensDetails,
+    ToolCall,
+    UsageInfo,
+    random_id,
+)
+from infernetes.runtime.server.reasoning import ReasoningParser, ReasoningStream
+from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
+from infernetes.runtime.server.streaming import DONE, abort_on_exit, sse
+from infernetes.runtime.server.structured_output import Guide
+from infernetes.runtime.server.tool_parsers import ToolCallStream, ToolParser, make_tool_parser
+
+
+@dataclass
+class ToolMode:
+    kind: str  # none | auto | required | named
+    parser: ToolParser | None = None
+    function: str | None = None
+
+
+def required_calls_schema(request: ChatCompletionRequest) -> dict[str, Any]:
+    """JSON schema of a non-empty list of calls to the request's tools (tool_choice=required)."""
+    variants = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": tool.function.name},
+                "parameters": tool.function.parameters or {"type": "object"},
+            },
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for tool in request.tools or []
+    ]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    if request.parallel_tool_calls is False:
+        schema["maxItems"] = 1
+    return schema
+
+
+def parse_required_calls(text: str) -> list[ToolCall] | None:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(items, list):
+        return None
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return None
+        calls.append(ToolCall(function=FunctionCall(
+            name=item["name"], arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False))))
+    return calls
+
+
+@dataclass
+class ChoiceState:
+    """Streaming state of one choice."""
+
+    reasoning: ReasoningStream | None
+    tools: ToolCallStream | None
+    raw_text: str = ""
+    sent_role: bool = False
+    sent_named_header: bool = False
+    tool_calls_sent: int = 0
+    tokens: int = 0
+    finish_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ChatServing(ServingBase):
+    def __init__(self, engine: Any, settings: Any, renderer: ChatRenderer,
+                 reasoning_parser: ReasoningParser | None) -> None:
+        super().__init__(engine, settings)
+        self.renderer = renderer
+        self.reasoning_parser = reasoning_parser
+
+    # ------------------------------------------------------------ preparing
+
+    def _tool_mode(self, request: ChatCompletionRequest) -> ToolMode:
+        choice = request.tool_choice
+        if not request.tools or choice == "none":
+            return ToolMode("none")
+        if isinstance(choice, NamedToolChoice):
+            return ToolMode("named", function=choice.function.name)
+        if choice == "required":
+            return ToolMode("required")
+        auto_ready = self.settings.enable_auto_tool_choice and self.settings.tool_call_parser
+        if choice is None and not auto_ready:
+            return ToolMode("none")
+        if not auto_ready:
+            raise APIError('"auto" tool choice requires --enable-auto-tool-choice and '
+                           "--tool-call-parser to be set", 400, "tool_choice")
+        return ToolMode("auto", parser=make_tool_parser(self.settings.tool_call_parser, request.tools))
+
+    def _guide(self, request: ChatCompletionRequest, mode: ToolMode) -> Guide | None:
+        guide = guide_from_request(request)
+        if mode.kind in ("named", "required") and guide is not None:
+            raise APIError(f"tool_choice {mode.kind!r} cannot be combined with {guide.param}",
+                           400, "tool_choice")
+        if mode.kind == "named":
+            tool = next(t for t in request.tools or [] if t.function.name == mode.function)
+            return Guide("json", tool.function.parameters or {"type": "object"}, "tools")
+        if mode.kind == "required":
+            return Guide("json", required_calls_schema(request), "tools")
+        return guide
+
+    def _prompt(self, request: ChatCompletionRequest, mode: ToolMode) -> list[int]:
+        tools = ([t.model_dump(exclude_none=True) for t in request.tools]
+                 if request.tools and mode.kind != "none" else None)
+        text = self.renderer.render(
+            request.messages,
+            template=request.chat_template,
+            tools=tools,
+            documents=request.documents,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            template_kwargs=request.chat_template_kwargs,
+        )
+        add_special = bool(request.add_special_tokens)
+        return self.tokenize(text, add_special, request.truncate_prompt_tokens)
+
+    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[bytes]:
+        self.check_model(request.model)
+        self.check_engine()
+        mode = self._tool_mode(request)
+        guide = self._guide(request, mode)
+        prompt_ids = self._prompt(request, mode)
+        max_tokens = self.resolve_max_tokens(len(prompt_ids), request.effective_max_tokens, "messages")
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        params = self.sampling_params(request, max_tokens=max_tokens, logprobs=logprobs,
+                                      stream=bool(request.stream), guide=guide)
+        request_id = random_id("chatcmpl")
+        self.log_request(request_id, prompt_ids, params)
+        stream = abort_on_exit(
+            self.engine.generate(prompt_ids, params, request_id, priority=request.priority),
+            lambda: self.engine.abort(request_id),
+        )
+        if request.stream:
+            return self._stream(request, request_id, prompt_ids, mode, stream)
+        return await self._whole(request, request_id, prompt_ids, mode, stream)
+
+    # ------------------------------------------------------------ whole responses
+
+    def _echo_prefix(self, request: ChatCompletionRequest) -> str:
+        last = request.messages[-1]
+        if request.echo and last.role == self.settings.response_role and isinstance(last.content, str):
+            return last.content
+        return ""
+
+    def _message(self, request: ChatCompletionRequest, mode: ToolMode, text: str) -> tuple[ChatMessageOut, bool]:
+        reasoning = None
+        content: str | None = text
+        if self.reasoning_parser is not None:
+            split = self.reasoning_parser.split(text)
+            reasoning, content = split.reasoning, split.content
+        role = self.settings.response_role
+        if mode.kind == "named":
+            call = ToolCall(function=FunctionCall(name=mode.function, arguments=content or ""))
+            return ChatMessageOut(role=role, content="", reasoning_content=reasoning,
+                                  tool_calls=[call]), False
+        if mode.kind == "required":
+            calls = parse_required_calls(content or "")
+            if calls:
+                return ChatMessageOut(role=role, content=None, reasoning_content=reasoning,
+                                      tool_calls=calls), True
+        if mode.kind == "auto" and mode.parser is not None and content:
+            extracted = mode.parser.extract(content)
+            if extracted.tools_called:
+                return ChatMessageOut(role=role, content=extracted.content,
+                                      reasoning_content=reasoning,
+                                      tool_calls=extracted.tool_calls), True
+        return ChatMessageOut(role=role, content=self._echo_prefix(request) + (content or ""),
+                              reasoning_content=reasoning), False
+
+    async def _whole(self, request: ChatCompletionRequest, request_id: str, prompt_ids: list[int],
+                     mode: ToolMode, stream: AsyncIterator[Any]) -> ChatCompletionResponse:
+        final = None
+        async for output in stream:
+            final = output
+        assert final is not None
+        formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
+        choices = []
+        completion_tokens = 0
+        for out in sorted(final.outputs, key=lambda o: o.index):
+            message, called = self._message(request, mode, out.text)
+            finish = "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
+            logprobs = None
+            if request.logprobs:
+                logprobs = ChatChoiceLogprobs(content=formatter.chat(
+                    list(out.token_ids), list(out.logprobs or []), request.top_logprobs or 0))
+            choices.append(ChatChoice(index=out.index, message=message, logprobs=logprobs,
+                                      finish_reason=finish, stop_reason=out.stop_reason))
+            completion_tokens += len(out.token_ids)
+        usage = UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
+                          total_tokens=len(prompt_ids) + completion_tokens)
+        if self.settings.enable_prompt_tokens_details:
+            usage.prompt_tokens_details = PromptTokensDetails(
+                cached_tokens=getattr(final, "num_cached_tokens", 0) or 0)
+        return ChatCompletionResponse(id=request_id, model=request.model or self.settings.model_name,
+                                      choices=choices, usage=usage)
+
+    # ------------------------------------------------------------ streaming
+
+    def _new_state(self, mode: ToolMode) -> ChoiceState:
+        return ChoiceState(
+            reasoning=self.reasoning_parser.stream() if self.reasoning_parser else None,
+            tools=mode.parser.stream() if mode.kind == "auto" and mode.parser else None,
+        )
+
+    def _deltas(self, state: ChoiceState, mode: ToolMode, piece: str, final: bool) -> list[dict[str, Any]]:
+        """The delta objects for one piece of output (and, if final, for the rest)."""
+        reasoning, content = "", piece
+        if state.reasoning is not None:
+            reasoning, content = state.reasoning.feed(piece)
+            if final:
+                more_reasoning, more_content = state.reasoning.finish()
+                reasoning += more_reasoning
+                content += more_content
+        deltas: list[dict[str, Any]] = []
+        if reasoning:
+            deltas.append({"reasoning_content": reasoning})
+        if mode.kind == "named":
+            if not state.sent_named_header:
+                state.sent_named_header = True
+                deltas.append({"tool_calls": [{"index": 0, "id": random_id("chatcmpl-tool"),
+                                               "type": "function",
+                                               "function": {"name": mode.function, "arguments": ""}}]})
+            if content:
+                deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": content}}]})
+            return deltas
+        if mode.kind == "required":
+            state.raw_text += content
+            if final:
+                calls = parse_required_calls(state.raw_text)
+                if calls:
+                    state.tool_calls_sent = len(calls)
+                    deltas.append({"tool_calls": [{"index": i, **call.model_dump()}
+                                                  for i, call in enumerate(calls)]})
+                elif state.raw_text:
+                    deltas.append({"content": state.raw_text})
+            return deltas
+        if state.tools is not None:
+            pieces = [state.tools.feed(content)] if content else []
+            if final:
+                pieces.append(state.tools.finish())
+            for delta in pieces:
+                if delta.content:
+                    deltas.append({"content": delta.content})
+                if delta.tool_calls:
+                    state.tool_calls_sent += len(delta.tool_calls)
+                    deltas.append({"tool_calls": [{"index": i, **call.model_dump()}
+                                                  for i, call in delta.tool_calls]})
+            return deltas
+        if content:
+            deltas.append({"content": content})
+        return deltas
+
+    async def _stream(self, request: ChatCompletionRequest, request_id: str, prompt_ids: list[int],
+                      mode: ToolMode, stream: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        model = request.model or self.settings.model_name
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        continuous = bool(request.stream_options and request.stream_options.continuous_usage_stats)
+        formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
+        states = {i: self._new_state(mode) for i in range(request.n)}
+        completion_tokens = 0
+        cached_tokens = 0
+        prompt_tokens = len(prompt_ids)
+        echo = self._echo_prefix(request)
+
+        def chunk(index: int, delta: dict[str, Any], finish: str | None = None,
+                  logprobs: Any = None, stop_reason: Any = None) -> bytes:
+            body: dict[str, Any] = {
+                "id": request_id, "object": "chat.completion.chunk", "created": created,
+                "model": model,
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                             "finish_reason": finish, **({"stop_reason": stop_reason} if finish else {})}],
+            }
+            if include_usage and continuous:
+                body["usage"] = {"prompt_tokens": prompt_tokens,
+                                 "completion_tokens": completion_tokens,
+                                 "total_tokens": prompt_tokens + completion_tokens}
+            return sse(body)
+
+        try:
+            for index, state in states.items():
+                state.sent_role = True
+                yield chunk(index, {"role": self.settings.response_role, "content": echo})
+            async for output in stream:
+                if output.finished:
+                    cached_tokens = getattr(output, "num_cached_tokens", 0) or 0
+                for out in output.outputs:
+                    state = states[out.index]
+                    completion_tokens += len(out.token_ids)
+                    finished = out.finish_reason is not None
+                    deltas = self._deltas(state, mode, out.text, finished)
+                    logprobs = None
+                    if request.logprobs and out.token_ids:
+                        logprobs = {"content": [lp.model_dump() for lp in formatter.chat(
+                            list(out.token_ids), list(out.logprobs or []), request.top_logprobs or 0)]}
+                    for i, delta in enumerate(deltas):
+                        yield chunk(out.index, delta, logprobs=logprobs if i == 0 else None)
+                    if logprobs and not deltas:
+                        yield chunk(out.index, {}, logprobs=logprobs)
+                    if finished:
+                        reason = out.finish_reason
+                        if state.tool_calls_sent and reason == "stop" and mode.kind != "named":
+                            reason = "tool_calls"
+                        yield chunk(out.index, {}, finish=reason, stop_reason=out.stop_reason)
+            if include_usage:
+                usage: dict[str, Any] = {"prompt_tokens": prompt_tokens,
+                                         "completion_tokens": completion_tokens,
+                                         "total_tokens": prompt_tokens + completion_tokens}
+                if self.settings.enable_prompt_tokens_details:
+                    usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+                yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
+                           "model": model, "choices": [], "usage": usage})
+        except APIError as exc:
+            yield sse({"error": {"message": exc.message, "type": "BadRequestError",
+                                 "param": exc.param, "code": exc.status}})
+        yield DONE
+
+    def _token_ids_mode(self, request: ChatCompletionRequest) -> bool:
+        if request.return_tokens_as_token_ids is not None:
+            return request.return_tokens_as_token_ids
+        return self.settings.return_tokens_as_token_ids

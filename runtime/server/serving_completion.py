@@ -1,0 +1,209 @@
+"""POST /v1/completions: one or more prompts (text or token ids), ``n`` choices each, streamed
+or whole, with echo, logprobs and usage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.logprobs_format import LogprobFormatter
+from infernetes.runtime.server.protocol import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    PromptTokensDetails,
+    UsageInfo,
+    random_id,
+)
+from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
+from infernetes.runtime.server.streaming import DONE, abort_on_exit, merge, sse
+
+
+class PreparedPrompt:
+    def __init__(self, text: str | None, token_ids: list[int]) -> None:
+        self.text = text
+        self.token_ids = token_ids
+
+
+class CompletionServing(ServingBase):
+    def _prompts(self, request: CompletionRequest) -> list[PreparedPrompt]:
+        raw = request.prompt
+        add_special = True if request.add_special_tokens is None else request.add_special_tokens
+        if isinstance(raw, str):
+            items: list[Any] = [raw]
+        elif raw and all(isinstance(x, int) for x in raw):
+            items = [raw]
+        else:
+            items = list(raw)
+        prompts = []
+        for i, item in enumerate(items):
+            param = "prompt" if len(items) == 1 else f"prompt[{i}]"
+            if isinstance(item, str):
+                ids = self.tokenize(item, add_special, request.truncate_prompt_tokens)
+                prompts.append(PreparedPrompt(item, ids))
+            else:
+                ids = self.check_token_ids(list(item), param)
+                if request.truncate_prompt_tokens:
+                    ids = ids[-request.truncate_prompt_tokens:]
+                prompts.append(PreparedPrompt(None, ids))
+        return prompts
+
+    def _prepare(self, request: CompletionRequest) -> tuple[list[PreparedPrompt], list[Any]]:
+        self.check_model(request.model)
+        self.check_engine()
+        if request.suffix is not None:
+            raise APIError("suffix is not supported", 400, "suffix")
+        if request.best_of is not None and request.best_of != request.n:
+            raise APIError("best_of other than n is not supported", 400, "best_of")
+        prompts = self._prompts(request)
+        guide = guide_from_request(request)
+        params_list = []
+        for prompt in prompts:
+            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens, "prompt")
+            params_list.append(self.sampling_params(
+                request,
+                max_tokens=max_tokens,
+                logprobs=request.logprobs,
+                stream=bool(request.stream),
+                guide=guide,
+                prompt_logprobs=request.logprobs if request.echo and request.logprobs is not None else None,
+            ))
+        return prompts, params_list
+
+    def _generators(self, request_id: str, prompts: list[PreparedPrompt], params_list: list[Any],
+                    priority: int) -> list[AsyncIterator[Any]]:
+        generators = []
+        for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
+            sub_id = f"{request_id}-{i}"
+            self.log_request(sub_id, prompt.text if prompt.text is not None else prompt.token_ids, params)
+            stream = self.engine.generate(prompt.token_ids, params, sub_id, priority=priority)
+            generators.append(abort_on_exit(stream, lambda sid=sub_id: self.engine.abort(sid)))
+        return generators
+
+    def _echo_text(self, prompt: PreparedPrompt) -> str:
+        if prompt.text is not None:
+            return prompt.text
+        return self.tokenizer.decode(prompt.token_ids)
+
+    async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[bytes]:
+        prompts, params_list = self._prepare(request)
+        request_id = random_id("cmpl")
+        generators = self._generators(request_id, prompts, params_list, request.priority)
+        if request.stream:
+            return self._stream(request, request_id, prompts, generators)
+        return await self._whole(request, request_id, prompts, generators)
+
+    async def _whole(self, request: CompletionRequest, request_id: str, prompts: list[PreparedPrompt],
+                     generators: list[AsyncIterator[Any]]) -> CompletionResponse:
+        finals: list[Any] = [None] * len(prompts)
+        async for index, output in merge(generators):
+            finals[index] = output
+        formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
+        choices = []
+        usage = UsageInfo()
+        for p_index, (prompt, final) in enumerate(zip(prompts, finals, strict=True)):
+            usage.prompt_tokens += len(prompt.token_ids)
+            cached = getattr(final, "num_cached_tokens", 0) or 0
+            for out in sorted(final.outputs, key=lambda o: o.index):
+                text = out.text
+                token_ids = list(out.token_ids)
+                logprobs_list = out.logprobs
+                echo_text = self._echo_text(prompt) if request.echo else ""
+                logprobs = None
+                if request.logprobs is not None:
+                    if request.echo:
+                        logprobs = formatter.completion(
+                            prompt.token_ids + token_ids,
+                            list(final.prompt_logprobs or [None] * len(prompt.token_ids)) + list(logprobs_list or []),
+                            request.logprobs)
+                    else:
+                        logprobs = formatter.completion(token_ids, logprobs_list or [], request.logprobs)
+                choices.append(CompletionChoice(
+                    index=p_index * request.n + out.index,
+                    text=echo_text + text,
+                    logprobs=logprobs,
+                    finish_reason=out.finish_reason,
+                    stop_reason=out.stop_reason,
+                ))
+                usage.completion_tokens += len(token_ids)
+            if self.settings.enable_prompt_tokens_details:
+                details = usage.prompt_tokens_details or PromptTokensDetails()
+                details.cached_tokens += cached
+                usage.prompt_tokens_details = details
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        return CompletionResponse(id=request_id, model=self._model_name(request), choices=choices,
+                                  usage=usage)
+
+    async def _stream(self, request: CompletionRequest, request_id: str, prompts: list[PreparedPrompt],
+                      generators: list[AsyncIterator[Any]]) -> AsyncIterator[bytes]:
+        created = int(time.time())
+        model = self._model_name(request)
+        formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        continuous = bool(request.stream_options and request.stream_options.continuous_usage_stats)
+        completion_tokens = 0
+        cached_tokens = 0
+        echoed: set[int] = set()
+        offsets: dict[int, int] = {}
+        prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        try:
+            async for p_index, output in merge(generators):
+                prompt = prompts[p_index]
+                if output.finished:
+                    cached_tokens += getattr(output, "num_cached_tokens", 0) or 0
+                for out in output.outputs:
+                    index = p_index * request.n + out.index
+                    text = out.text
+                    token_ids = list(out.token_ids)
+                    logprobs_list = list(out.logprobs or [])
+                    if request.echo and index not in echoed:
+                        echoed.add(index)
+                        text = self._echo_text(prompt) + text
+                        if request.logprobs is not None:
+                            token_ids = prompt.token_ids + token_ids
+                            logprobs_list = list(output.prompt_logprobs or [None] * len(prompt.token_ids)) + logprobs_list
+                    completion_tokens += len(out.token_ids)
+                    if not text and not token_ids and out.finish_reason is None:
+                        continue
+                    logprobs = None
+                    if request.logprobs is not None:
+                        logprobs = formatter.completion(token_ids, logprobs_list, request.logprobs,
+                                                        offsets.get(index, 0))
+                        offsets[index] = offsets.get(index, 0) + len(text)
+                    chunk: dict[str, Any] = {
+                        "id": request_id, "object": "text_completion", "created": created,
+                        "model": model,
+                        "choices": [{
+                            "index": index, "text": text,
+                            "logprobs": logprobs.model_dump() if logprobs else None,
+                            "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
+                        }],
+                    }
+                    if include_usage and continuous:
+                        chunk["usage"] = self._usage(prompt_tokens, completion_tokens, None)
+                    yield sse(chunk)
+            if include_usage:
+                yield sse({"id": request_id, "object": "text_completion", "created": created,
+                           "model": model, "choices": [],
+                           "usage": self._usage(prompt_tokens, completion_tokens, cached_tokens)})
+        except APIError as exc:
+            yield sse({"error": {"message": exc.message, "type": "BadRequestError",
+                                 "param": exc.param, "code": exc.status}})
+        yield DONE
+
+    def _usage(self, prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict:
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                 "total_tokens": prompt_tokens + completion_tokens}
+        if cached is not None and self.settings.enable_prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
+
+    def _model_name(self, request: CompletionRequest) -> str:
+        return request.model or self.settings.model_name
+
+    def _token_ids_mode(self, request: CompletionRequest) -> bool:
+        if request.return_tokens_as_token_ids is not None:
+            return request.return_tokens_as_token_ids
+        return self.settings.return_tokens_as_token_ids

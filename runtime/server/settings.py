@@ -1,0 +1,134 @@
+"""The frontend's view of the configuration: what the HTTP side needs, read once from ServeConfig.
+
+Keeping it a small dataclass lets the app be built and tested without a full engine config, and
+keeps the server's dependencies on argument names in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+TRUE_VALUES = {"1", "true", "yes", "on"}
+
+
+def env_flag(name: str, environ: Any = None) -> bool:
+    environ = os.environ if environ is None else environ
+    return str(environ.get(name, "")).strip().lower() in TRUE_VALUES
+
+
+def _as_list(value: Any) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+@dataclass(frozen=True)
+class FrontendSettings:
+    model: str = "model"
+    served_model_names: tuple[str, ...] = ("model",)
+    host: str | None = None
+    port: int = 8000
+    uvicorn_log_level: str = "info"
+    api_keys: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    root_path: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
+    enable_ssl_refresh: bool = False
+    enable_request_id_headers: bool = False
+    max_log_len: int | None = None
+    disable_log_requests: bool = False
+    disable_uvicorn_access_log: bool = False
+    middleware: tuple[str, ...] = ()
+    return_tokens_as_token_ids: bool = False
+    enable_prompt_tokens_details: bool = False
+    enable_server_load_tracking: bool = False
+    log_config_file: str | None = None
+    disable_log_stats: bool = False
+    disable_fastapi_docs: bool = False
+    chat_template: str | None = None
+    chat_template_content_format: str = "auto"
+    response_role: str = "assistant"
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    guided_decoding_backend: str = "auto"
+    guided_decoding_disable_any_whitespace: bool = False
+    show_hidden_metrics_for_version: str | None = None
+    max_logprobs: int = 20
+    task: str = "auto"
+    dev_mode: bool = False
+    keep_alive_on_engine_death: bool = False
+    # Requests beyond this many in flight get 429 instead of queueing without bound.
+    max_pending_requests: int | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The name reported in responses and in the metrics' model_name label."""
+        return self.served_model_names[0]
+
+    @classmethod
+    def from_config(cls, config: Any, environ: Any = None) -> FrontendSettings:
+        environ = os.environ if environ is None else environ
+
+        def get(dest: str, default: Any = None) -> Any:
+            value = getattr(config, dest, default)
+            return default if value is None else value
+
+        model = str(get("model", "model"))
+        names = tuple(_as_list(get("served_model_name"))) or (model,)
+        api_keys = tuple(_as_list(get("api_key"))) or tuple(
+            k for k in [environ.get("VLLM_API_KEY")] if k
+        )
+        return cls(
+            model=model,
+            served_model_names=names,
+            host=getattr(config, "host", None),
+            port=int(get("port", 8000)),
+            uvicorn_log_level=str(get("uvicorn_log_level", "info")),
+            api_keys=api_keys,
+            allowed_origins=tuple(_as_list(get("allowed_origins", ["*"]))),
+            allowed_methods=tuple(_as_list(get("allowed_methods", ["*"]))),
+            allowed_headers=tuple(_as_list(get("allowed_headers", ["*"]))),
+            allow_credentials=bool(get("allow_credentials", False)),
+            root_path=get("root_path"),
+            ssl_keyfile=get("ssl_keyfile"),
+            ssl_certfile=get("ssl_certfile"),
+            ssl_ca_certs=get("ssl_ca_certs"),
+            ssl_cert_reqs=int(get("ssl_cert_reqs", 0)),
+            enable_ssl_refresh=bool(get("enable_ssl_refresh", False)),
+            enable_request_id_headers=bool(get("enable_request_id_headers", False)),
+            max_log_len=get("max_log_len"),
+            disable_log_requests=bool(get("disable_log_requests", False)),
+            disable_uvicorn_access_log=bool(get("disable_uvicorn_access_log", False)),
+            middleware=tuple(_as_list(get("middleware"))),
+            return_tokens_as_token_ids=bool(get("return_tokens_as_token_ids", False)),
+            enable_prompt_tokens_details=bool(get("enable_prompt_tokens_details", False)),
+            enable_server_load_tracking=bool(get("enable_server_load_tracking", False)),
+            log_config_file=get("log_config_file"),
+            disable_log_stats=bool(get("disable_log_stats", False)),
+            disable_fastapi_docs=bool(get("disable_fastapi_docs", False)),
+            chat_template=get("chat_template"),
+            chat_template_content_format=str(get("chat_template_content_format", "auto")),
+            response_role=str(get("response_role", "assistant")),
+            enable_auto_tool_choice=bool(get("enable_auto_tool_choice", False)),
+            tool_call_parser=get("tool_call_parser"),
+            reasoning_parser=get("reasoning_parser"),
+            guided_decoding_backend=str(get("guided_decoding_backend", "auto")),
+            guided_decoding_disable_any_whitespace=bool(
+                get("guided_decoding_disable_any_whitespace", False)),
+            show_hidden_metrics_for_version=get("show_hidden_metrics_for_version"),
+            max_logprobs=int(get("max_logprobs", 20)),
+            task=str(get("task", "auto")),
+            dev_mode=env_flag("VLLM_SERVER_DEV_MODE", environ),
+            keep_alive_on_engine_death=env_flag("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", environ),
+        )

@@ -1,0 +1,87 @@
+"""What the routes reach through ``app.state.server``: the engine once loaded, the serving
+objects built on it, the metrics, and the lifecycle flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from infernetes.runtime.server.chat_template import ChatRenderer, load_chat_template
+from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.metrics import PrometheusStatLogger
+from infernetes.runtime.server.reasoning import make_reasoning_parser
+from infernetes.runtime.server.serving_chat import ChatServing
+from infernetes.runtime.server.serving_completion import CompletionServing
+from infernetes.runtime.server.serving_embedding import EmbeddingServing
+from infernetes.runtime.server.serving_tokenization import TokenizationServing
+from infernetes.runtime.server.settings import FrontendSettings
+
+
+class StatLoggerFanout:
+    """The stat logger handed to the engine before it loads; the Prometheus logger (which needs
+    the loaded model's max_model_len) joins it afterwards."""
+
+    def __init__(self, loggers: list[Any] | None = None) -> None:
+        self.loggers: list[Any] = list(loggers or [])
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        for logger in self.loggers:
+            logger.record(scheduler_stats, iteration_stats)
+
+
+@dataclass
+class ServerState:
+    settings: FrontendSettings
+    stat_fanout: StatLoggerFanout = field(default_factory=StatLoggerFanout)
+    cache_config: dict[str, Any] = field(default_factory=dict)
+    engine: Any = None
+    load_error: BaseException | None = None
+    metrics: PrometheusStatLogger | None = None
+    completion: CompletionServing | None = None
+    chat: ChatServing | None = None
+    embedding: EmbeddingServing | None = None
+    tokenization: TokenizationServing | None = None
+    is_embedding_model: bool = False
+
+    def attach_engine(self, engine: Any) -> None:
+        """Builds the serving objects on a loaded engine; the routes answer from then on."""
+        settings = self.settings
+        renderer = ChatRenderer(engine.tokenizer, load_chat_template(settings.chat_template),
+                                settings.chat_template_content_format)
+        reasoning = make_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
+        self.metrics = PrometheusStatLogger(
+            settings.model_name, engine.max_model_len, self.cache_config,
+            settings.show_hidden_metrics_for_version,
+        )
+        self.stat_fanout.loggers.append(self.metrics)
+        self.completion = CompletionServing(engine, settings)
+        self.chat = ChatServing(engine, settings, renderer, reasoning)
+        self.embedding = EmbeddingServing(engine, settings)
+        self.tokenization = TokenizationServing(engine, settings, renderer)
+        self.is_embedding_model = settings.task in ("embed", "embedding") or bool(
+            getattr(engine, "is_pooling_model", False))
+        self.engine = engine
+
+    @property
+    def healthy(self) -> bool:
+        return self.engine is not None and not getattr(self.engine, "errored", False)
+
+    def require_engine(self) -> None:
+        if self.load_error is not None:
+            raise APIError(f"the model failed to load: {self.load_error}", 503)
+        if self.engine is None:
+            raise APIError("the model is still loading; retry shortly", 503)
+        if getattr(self.engine, "errored", False):
+            raise APIError(f"the engine has stopped: {getattr(self.engine, 'dead_error', None)}", 503)
+
+    def require_generation(self) -> None:
+        self.require_engine()
+        if self.is_embedding_model:
+            raise APIError("this model is served for embeddings (--task embed); it has no "
+                           "completions or chat", 400, "model")
+
+    def require_embedding(self) -> None:
+        self.require_engine()
+        if not self.is_embedding_model:
+            raise APIError("this model does not support embeddings; serve an embedding model "
+                           "with --task embed", 400, "model")

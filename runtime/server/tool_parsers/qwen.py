@@ -1,0 +1,71 @@
+"""Qwen3-Coder XML format: each call is
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    </function>
+    </tool_call>
+
+Parameter values are text; they are converted to the type the tool's JSON schema declares
+(numbers, booleans, objects and arrays are read as JSON), strings stay as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from infernetes.runtime.server.protocol import FunctionCall
+from infernetes.runtime.server.tool_parsers.base import ToolParser
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+
+class QwenToolParser(ToolParser):
+    name = "qwen"
+    markers = (OPEN,)
+
+    def section_start(self, text: str) -> int | None:
+        index = text.find(OPEN)
+        return None if index < 0 else index
+
+    def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
+        calls: list[FunctionCall] = []
+        for block in section.split(OPEN)[1:]:
+            body, closed, _ = block.partition(CLOSE)
+            if not closed and not final:
+                break
+            match = FUNCTION.search(body)
+            if match is None:
+                return None if final and not calls else calls
+            name = match.group(1).strip()
+            arguments = {
+                key.strip(): self._convert(name, key.strip(), value)
+                for key, value in PARAMETER.findall(match.group(2))
+            }
+            calls.append(FunctionCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
+        return calls
+
+    def _param_type(self, function: str, parameter: str) -> str | None:
+        for tool in self.tools:
+            if tool.function.name == function:
+                props = (tool.function.parameters or {}).get("properties", {})
+                spec = props.get(parameter, {})
+                kind = spec.get("type") if isinstance(spec, dict) else None
+                return kind if isinstance(kind, str) else None
+        return None
+
+    def _convert(self, function: str, parameter: str, raw: str) -> Any:
+        value = raw.strip("\n")
+        kind = self._param_type(function, parameter)
+        if kind == "string":
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
