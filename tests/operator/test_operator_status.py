@@ -1,0 +1,123 @@
+"""Status derivation from the Deployment and pods (pure), and the events it implies."""
+
+from typing import Any
+
+from infernetes.operator.status import derive_status, same_status, transitions
+
+NOW = "2026-01-01T00:00:00Z"
+LATER = "2026-01-01T00:05:00Z"
+
+
+def deployment(ready: int = 0, replicas: int = 1, available: str = "False", generation: int = 1, **extra: Any) -> dict:
+    conditions = [{"type": "Available", "status": available, "reason": "MinimumReplicas", "message": "m"}]
+    conditions += extra.pop("conditions", [])
+    return {
+        "metadata": {"generation": generation},
+        "status": {
+            "observedGeneration": extra.pop("observed", generation),
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "updatedReplicas": extra.pop("updated", replicas),
+            "conditions": conditions,
+        },
+    }
+
+
+def pod(name: str = "p-1", scheduled: bool = True, message: str = "", waiting: dict | None = None, last: dict | None = None) -> dict:
+    conditions = [
+        {"type": "PodScheduled", "status": "True"}
+        if scheduled
+        else {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    ]
+    statuses = []
+    if waiting is not None:
+        statuses.append({"name": "server", "state": {"waiting": waiting}, "lastState": {"terminated": last or {}}, "restartCount": 4})
+    return {"metadata": {"name": name}, "status": {"conditions": conditions, "containerStatuses": statuses}}
+
+
+def conditions(status: dict) -> dict[str, dict]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def derive(dep: dict | None, pods: list[dict], previous=None, desired: int = 1, now: str = NOW) -> dict:
+    return derive_status(generation=3, desired_replicas=desired, deployment=dep, pods=pods, previous=previous, now=now)
+
+
+def test_ready_when_deployment_available() -> None:
+    status = derive(deployment(ready=1, available="True"), [pod()])
+    c = conditions(status)
+    assert c["Ready"]["status"] == "True"
+    assert c["Available"]["status"] == "True"
+    assert c["Scheduled"]["status"] == "True"
+    assert c["Degraded"]["status"] == "False"
+    assert c["Progressing"]["status"] == "False" and c["Progressing"]["reason"] == "RolloutComplete"
+    assert all(cond["observedGeneration"] == 3 for cond in status["conditions"])
+    assert status["readyReplicas"] == 1 and status["replicas"] == 1
+
+
+def test_unschedulable_pod_reports_the_scheduler_message() -> None:
+    message = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    c = conditions(derive(deployment(), [pod(scheduled=False, message=message)]))
+    assert c["Scheduled"]["status"] == "False"
+    assert c["Scheduled"]["reason"] == "Unschedulable"
+    assert message in c["Scheduled"]["message"]
+    assert c["Ready"]["status"] == "False" and c["Ready"]["reason"] == "Unschedulable"
+
+
+def test_crash_loop_is_degraded_with_the_termination_message() -> None:
+    waiting = {"reason": "CrashLoopBackOff", "message": "back-off 40s"}
+    last = {"exitCode": 1, "message": "ValueError: --max-model-len 99999 exceeds the model's 2048"}
+    c = conditions(derive(deployment(), [pod(waiting=waiting, last=last)]))
+    assert c["Degraded"]["status"] == "True"
+    assert c["Degraded"]["reason"] == "CrashLoopBackOff"
+    assert "exceeds the model's 2048" in c["Degraded"]["message"]
+    assert "exit code 1" in c["Degraded"]["message"]
+    assert c["Ready"]["reason"] == "CrashLoopBackOff"
+
+
+def test_progress_deadline_is_degraded() -> None:
+    stuck = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "too slow"}
+    c = conditions(derive(deployment(conditions=[stuck]), [pod()]))
+    assert c["Degraded"]["reason"] == "ProgressDeadlineExceeded"
+    assert c["Progressing"]["status"] == "False"
+
+
+def test_rollout_in_progress() -> None:
+    c = conditions(derive(deployment(ready=1, available="True", replicas=2, updated=1), [pod()], desired=1))
+    assert c["Progressing"]["status"] == "True" and c["Progressing"]["reason"] == "RollingOut"
+    c = conditions(derive(deployment(ready=1, available="True", generation=2, observed=1), [pod()]))
+    assert c["Progressing"]["status"] == "True"
+    assert c["Ready"]["status"] == "False"  # the Deployment has not seen the new spec yet
+
+
+def test_missing_deployment() -> None:
+    c = conditions(derive(None, []))
+    assert c["Available"]["reason"] == "DeploymentMissing"
+    assert c["Scheduled"]["status"] == "Unknown"
+    assert c["Ready"]["status"] == "False"
+
+
+def test_scaled_to_zero_is_ready() -> None:
+    c = conditions(derive(deployment(ready=0, replicas=0, available="True"), [], desired=0))
+    assert c["Ready"]["status"] == "True"
+
+
+def test_transition_time_kept_while_status_unchanged() -> None:
+    first = derive(deployment(), [pod()])
+    second = derive(deployment(), [pod()], previous=first["conditions"], now=LATER)
+    assert conditions(second)["Ready"]["lastTransitionTime"] == NOW
+    third = derive(deployment(ready=1, available="True"), [pod()], previous=second["conditions"], now=LATER)
+    assert conditions(third)["Ready"]["lastTransitionTime"] == LATER
+    assert same_status(first, second)
+    assert not same_status(second, third)
+
+
+def test_transitions_emit_user_events() -> None:
+    before = derive(deployment(), [pod()])
+    unschedulable = derive(deployment(), [pod(scheduled=False, message="no GPUs")], previous=before["conditions"])
+    events = transitions(before["conditions"], unschedulable["conditions"])
+    assert ("Warning", "Unschedulable") in [(kind, reason) for kind, reason, _ in events]
+    ready = derive(deployment(ready=1, available="True"), [pod()], previous=unschedulable["conditions"])
+    assert [e[:2] for e in transitions(unschedulable["conditions"], ready["conditions"])] == [("Normal", "Ready")]
+    assert transitions(ready["conditions"], ready["conditions"]) == []
