@@ -6,8 +6,10 @@
   interpreter (`TRITON_INTERPRET=1`), which is how CI tests the real kernels end to end.
 - `TORCH_SDPA`: the torch reference (vectorised, `scaled_dot_product_attention`); the default on CPU.
 
-vLLM's other backend names (FLASH_ATTN, FLASHINFER, ...) are common in existing deployments; they
-are accepted with a warning and replaced by the device's default, so such a manifest still runs.
+vLLM's other backend names the schema accepts (FLASH_ATTN, FLASHINFER, XFORMERS) are common in
+existing deployments; they get the device's default with a warning, so such a manifest still runs.
+The variable is read through the schema (`infernetes.schema.env.read_env`), which rejects names
+it does not know.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from functools import cache
 
 import torch
 
+from infernetes.schema.choices import ATTENTION_BACKENDS
+from infernetes.schema.env import read_env
+
 logger = logging.getLogger(__name__)
 
 ENV_NAME = "VLLM_ATTENTION_BACKEND"
@@ -25,49 +30,12 @@ TRITON_ATTN = "TRITON_ATTN"
 TORCH_SDPA = "TORCH_SDPA"
 BACKENDS = (TRITON_ATTN, TORCH_SDPA)
 
-# Spellings vLLM has used for our two backends.
-_ALIASES = {"TRITON_ATTN_VLLM_V1": TRITON_ATTN, "TORCH_SDPA_VLLM_V1": TORCH_SDPA}
-
-# vLLM backends we do not implement; a deployment naming one gets the device default instead.
-_FOREIGN_BACKENDS = frozenset(
-    {
-        "FLASH_ATTN",
-        "FLASH_ATTN_VLLM_V1",
-        "FLASHINFER",
-        "FLASHINFER_VLLM_V1",
-        "XFORMERS",
-        "FLEX_ATTENTION",
-        "ROCM_FLASH",
-        "ROCM_ATTN",
-        "ROCM_AITER_FA",
-        "ROCM_AITER_MLA",
-        "TRITON_MLA",
-        "FLASHMLA",
-        "CUTLASS_MLA",
-        "FLASH_ATTN_MLA",
-        "PALLAS",
-        "PALLAS_VLLM_V1",
-        "IPEX",
-        "TREE_ATTN",
-        "DUAL_CHUNK_FLASH_ATTN",
-        "DIFFERENTIAL_FLASH_ATTN",
-        "NO_ATTENTION",
-        "BLOCK_SPARSE_FLASH_ATTN",
-    }
-)
+# Names the schema allows that we do not implement: the device default stands in for them.
+_FOREIGN_BACKENDS = frozenset(ATTENTION_BACKENDS) - set(BACKENDS)
 
 
 class BackendError(RuntimeError):
     """The requested attention backend cannot run on this device or setup."""
-
-
-def _read_env_raw() -> str | None:
-    try:
-        from infernetes.schema.env import read_env
-    except ImportError:  # the schema module is optional for the kernels
-        return os.environ.get(ENV_NAME) or None
-    value = read_env(ENV_NAME)
-    return str(value) if value else None
 
 
 def interpreter_enabled() -> bool:
@@ -84,7 +52,6 @@ def resolve_backend(requested: str | None, device_type: str) -> str:
     if not requested:
         return default
     name = requested.strip().upper()
-    name = _ALIASES.get(name, name)
     if name in _FOREIGN_BACKENDS:
         _warn_foreign(name, default)
         return default
@@ -115,7 +82,7 @@ def _warn_foreign(name: str, default: str) -> None:
 def attention_backend(device: torch.device | str) -> str:
     """The backend the ops use for tensors on `device`, from `VLLM_ATTENTION_BACKEND`."""
     device_type = torch.device(device).type
-    return _resolve_cached(_read_env_raw(), device_type, interpreter_enabled())
+    return _resolve_cached(read_env(ENV_NAME), device_type, interpreter_enabled())
 
 
 @cache

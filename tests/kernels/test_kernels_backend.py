@@ -10,14 +10,22 @@ def test_defaults_per_device():
     assert backend.resolve_backend("", "cpu") == backend.TORCH_SDPA
 
 
-def test_explicit_and_alias_names():
+def test_explicit_names():
     assert backend.resolve_backend("TORCH_SDPA", "cuda") == backend.TORCH_SDPA
-    assert backend.resolve_backend("triton_attn_vllm_v1", "cuda") == backend.TRITON_ATTN
+    assert backend.resolve_backend("triton_attn", "cuda") == backend.TRITON_ATTN
 
 
-def test_foreign_vllm_backend_falls_back_to_the_device_default():
+def test_foreign_vllm_backend_falls_back_to_the_device_default(monkeypatch):
     assert backend.resolve_backend("FLASH_ATTN", "cuda") == backend.TRITON_ATTN
     assert backend.resolve_backend("FLASHINFER", "cpu") == backend.TORCH_SDPA
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "XFORMERS")
+    assert backend.attention_backend("cpu") == backend.TORCH_SDPA
+
+
+def test_environment_value_unknown_to_the_schema_is_rejected(monkeypatch):
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "NOPE")
+    with pytest.raises(ValueError, match=r"VLLM_ATTENTION_BACKEND.*TRITON_ATTN"):
+        backend.attention_backend("cpu")
 
 
 def test_unknown_backend_names_the_allowed_values():
