@@ -114,10 +114,10 @@ def parse_with_notices(argv: Sequence[str] | None = None, *, prog: str = PROG) -
     namespace = parser.parse_args(argv)
     given = _given(namespace, parser)
     file_given = _read_config_file(config_file, parser) if config_file else {}
-    file_values, file_notices = apply_deprecations(file_given)
-    cli_values, cli_notices = apply_deprecations(given)
-    values = {**file_values, **cli_values}
     try:
+        file_values, file_notices = apply_deprecations(file_given)
+        cli_values, cli_notices = apply_deprecations(given)
+        values = {**file_values, **cli_values}
         for dest, path, raw in dotted:
             current = convert(BY_DEST[dest], values[dest]) if dest in values else BY_DEST[dest].default
             values[dest] = _set_path(current, path, parse_scalar(raw))
