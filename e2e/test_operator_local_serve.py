@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.render import render
 
