@@ -116,9 +116,10 @@ class PrometheusStatLogger:
         counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.").labels(m)
         counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(m)
         counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.").labels(m)
-        info = dict(cache_config or {})
-        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
-              sorted(info), registry=reg).labels(**{k: str(v) for k, v in info.items()}).set(1)
+        info = {k: str(v) for k, v in (cache_config or {}).items()}
+        cache_info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
+                           sorted(info), registry=reg)
+        (cache_info.labels(**info) if info else cache_info).set(1)
         self.lora_info.set(time.time())
 
         self.hidden: dict[str, Any] = {}
