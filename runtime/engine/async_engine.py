@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -151,10 +152,9 @@ class AsyncEngine:
                     del self._streams[output.request_id]
                 by_loop.setdefault(stream.loop, []).append((stream.queue, output))
         for loop, items in by_loop.items():
-            try:
+            # RuntimeError: that event loop is closed; nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:  # that event loop is closed; nobody is listening
-                pass
 
     # -- requests ------------------------------------------------------------------------------
 

@@ -105,7 +105,7 @@ async def test_bad_requests_fail_alone(engine_and_stats):
     )
     with pytest.raises(ValueError, match="maximum context length is 128"):
         await _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(max_tokens=1000), "too-long")
-    with pytest.raises(ValueError, match="logprobs of 21.*maximum allowed.*20"):
+    with pytest.raises(ValueError, match=r"logprobs of 21.*maximum allowed.*20"):
         await _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(logprobs=21), "lp")
     with pytest.raises(ValueError, match="longer than the maximum model length of 128"):
         await _collect(engine, list(range(200)), SamplingParams(max_tokens=1), "prompt")
