@@ -1,0 +1,110 @@
+"""The ``infernetes`` console script: subcommand registry, light ``--help``, serve and config."""
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from infernetes.cli import main as cli_main
+
+HEAVY = ("torch", "transformers", "fastapi", "uvicorn", "numpy", "triton")
+
+
+def test_top_level_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("serve", "config", "collect-env"):
+        assert name in out
+
+
+def test_no_subcommand_prints_help(capsys):
+    assert cli_main.main([]) == 0
+    assert "usage: infernetes" in capsys.readouterr().out
+
+
+def test_missing_subcommand_modules_are_skipped(monkeypatch):
+    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("serve", "not-written-yet", "config"))
+    parser = cli_main.build_parser()
+    assert "not-written-yet" not in parser.format_help()
+    assert cli_main._available() == ["serve", "config"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["serve", "--help=CacheConfig"],
+                                  ["config", "--help"], ["collect-env", "--help"]])
+def test_help_imports_nothing_heavy(argv):
+    code = (
+        "import sys\n"
+        "from infernetes.cli.main import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        f"print([m for m in sys.modules if m.split('.')[0] in {HEAVY!r}], file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_config_prints_grouped_json(capsys):
+    assert cli_main.main(["config", "org/model", "-tp", "2", "--max_model_len", "1k"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ParallelConfig"]["tensor_parallel_size"] == 2
+    assert out["ModelConfig"]["max_model_len"] == 1000
+    assert out["ModelConfig"]["model"] == "org/model"
+    assert out["CacheConfig"]["gpu_memory_utilization"] == 0.9
+
+
+def test_config_sends_deprecations_to_stderr(capsys):
+    assert cli_main.main(["config", "m", "--worker-use-ray"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["ParallelConfig"]["distributed_executor_backend"] == "ray"
+    assert "--worker-use-ray is deprecated" in captured.err
+
+
+def test_config_rejects_bad_input_with_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["config", "m", "--block-size", "7"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "infernetes config: error: argument --block-size" in err and "1, 8, 16, 32, 64, 128" in err
+
+
+def test_config_resolves_the_local_model(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512, "torch_dtype": "bfloat16"}))
+    assert cli_main.main(["config", str(tmp_path)]) == 0
+    model = json.loads(capsys.readouterr().out)["ModelConfig"]
+    assert (model["max_model_len"], model["dtype"]) == (512, "bfloat16")
+
+
+def test_config_rejects_a_context_longer_than_the_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    assert cli_main.main(["config", str(tmp_path), "--max-model-len", "1K"]) == 2
+    assert "--max-model-len" in capsys.readouterr().err
+
+
+def test_serve_hands_the_config_to_the_server(monkeypatch):
+    started = []
+    fake = types.ModuleType("infernetes.runtime.server.api_server")
+    fake.run_server = started.append
+    for name in ("infernetes.runtime", "infernetes.runtime.server"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "infernetes.runtime.server.api_server", fake)
+    assert cli_main.main(["serve", "org/model", "--port", "9001", "--enforce-eager"]) == 0
+    assert started[0].model == "org/model" and started[0].port == 9001 and started[0].enforce_eager
+
+
+def test_serve_bad_flag_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["serve", "m", "--no-such-flag"])
+    assert exc.value.code == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_console_script_runs():
+    result = subprocess.run([sys.executable, "-m", "infernetes.cli.main", "config", "m", "--seed", "3"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["ModelConfig"]["seed"] == 3
