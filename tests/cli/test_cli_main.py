@@ -108,3 +108,12 @@ def test_console_script_runs():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["ModelConfig"]["seed"] == 3
+
+
+def test_config_masks_secrets_unless_asked(capsys):
+    assert cli_main.main(["config", "m", "--api-key", "sk-123", "--hf-token", "hf_x"]) == 0
+    out = capsys.readouterr().out
+    assert "sk-123" not in out and "hf_x" not in out
+    assert json.loads(out)["frontend"]["api_key"] == "***"
+    assert cli_main.main(["config", "m", "--api-key", "sk-123", "--show-secrets"]) == 0
+    assert json.loads(capsys.readouterr().out)["frontend"]["api_key"] == "sk-123"
