@@ -272,6 +272,18 @@ def refresh_status(memo: kopf.Memo, key: Key, isvcs: Any, deployments: Any, pods
         kopf.event(reference(name, namespace, owner["uid"]), type=kind, reason=reason, message=message)
 
 
+def owner_exists(memo: kopf.Memo, key: Key, uid: str) -> bool:
+    """Ask the server: the index may not have seen the owner's deletion yet (garbage collection)."""
+    namespace, name = key
+    try:
+        current = request(memo.api, "GET", f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{name}")
+    except KubeError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return current["metadata"]["uid"] == uid and not current["metadata"].get("deletionTimestamp")
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED)
 def deployment_changed(
     type: str,
@@ -288,7 +300,7 @@ def deployment_changed(
 ) -> None:
     key = (namespace, labels.get(names.LABEL_INSTANCE))
     owner = first(inference_services.get(key))
-    if type == "DELETED" and owner is not None and not owner["deleting"]:
+    if type == "DELETED" and owner is not None and not owner["deleting"] and owner_exists(memo, key, owner["uid"]):
         # Someone deleted our Deployment while its owner lives: put it back (level-based).
         logger.info("Deployment of %s/%s was deleted; re-applying", *key)
         result = plan(owner["spec"], cluster_facts(memo, gpu_nodes, gpu_pods), name=key[1], namespace=namespace, uid=owner["uid"])

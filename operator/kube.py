@@ -47,10 +47,9 @@ def request(
     from urllib3.exceptions import HTTPError
 
     headers = {"Accept": "application/json"}
-    payload = None
     if body is not None:
+        # The client serialises dict bodies as JSON for JSON and YAML content types alike.
         headers["Content-Type"] = content_type or "application/json"
-        payload = json.dumps(body)
     _, url, headers, _, _ = api.param_serialize(
         method=method,
         resource_path=path,
@@ -59,7 +58,7 @@ def request(
         auth_settings=["BearerToken"],
     )
     try:
-        response = api.call_api(method, url, header_params=headers, body=payload, _request_timeout=REQUEST_TIMEOUT)
+        response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT)
         data = response.read()
     except HTTPError as exc:
         raise KubeError(0, f"{method} {path}: {exc}") from exc

@@ -1,0 +1,150 @@
+"""The CRD on a real API server: it applies, and invalid resources are refused with the field path.
+
+Every case goes through `kubectl create --dry-run=server`, so the API server runs the structural
+schema, the enum/range checks and the CEL rules exactly as for a real create.
+"""
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+from infernetes.operator.testing import install_crds
+
+VALID: dict[str, Any] = {
+    "apiVersion": "infernetes.io/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "valid"},
+    "spec": {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "engine": {
+            "tensorParallelSize": 2,
+            "maxModelLen": "16k",
+            "gpuMemoryUtilization": 0.9,
+            "enableAutoToolChoice": True,
+            "toolCallParser": "hermes",
+            "loraModules": [{"name": "sql", "path": "/adapters/sql"}],
+            "enableLora": True,
+            "speculativeConfig": {"method": "ngram", "num_speculative_tokens": 4},
+        },
+        "engineEnv": {"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_ATTENTION_BACKEND": "TRITON_ATTN"},
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "gpu": {"count": 2, "product": "NVIDIA-H100-80GB-HBM3"},
+        "shmSize": "8Gi",
+        "monitoring": {"mode": "auto", "interval": "15s"},
+        "rollout": {"strategy": "Auto"},
+        "hfTokenSecretRef": {"name": "hf"},
+        "service": {"port": 80},
+    },
+}
+
+
+def variant(spec_changes: dict[str, Any] | None = None, *, remove: str | None = None, name: str | None = None) -> dict:
+    resource = copy.deepcopy(VALID)
+    spec = resource["spec"]
+    for dotted, value in (spec_changes or {}).items():
+        target = spec
+        *parents, leaf = dotted.split(".")
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[leaf] = value
+    if remove:
+        del spec[remove]
+    if name:
+        resource["metadata"]["name"] = name
+    return resource
+
+
+# (case id, resource, text the API server's error must contain: the field path and the reason)
+INVALID = [
+    ("no-model", variant(remove="model"), "spec.model: Required value"),
+    ("tp-zero", variant({"engine.tensorParallelSize": 0}), "spec.engine.tensorParallelSize"),
+    ("gpu-util-above-1", variant({"engine.gpuMemoryUtilization": 1.5}), "spec.engine.gpuMemoryUtilization"),
+    ("gpu-util-zero", variant({"engine.gpuMemoryUtilization": 0}), "spec.engine.gpuMemoryUtilization"),
+    ("dtype-enum", variant({"engine.dtype": "float128"}), "spec.engine.dtype: Unsupported value"),
+    ("tool-parser-enum", variant({"engine.toolCallParser": "nope"}), "spec.engine.toolCallParser: Unsupported value"),
+    (
+        "auto-tool-choice-needs-parser",
+        variant({"engine.toolCallParser": None}),
+        "spec.engine.toolCallParser: Invalid value",
+    ),
+    ("cpu-loras-below-loras", variant({"engine.maxLoras": 4, "engine.maxCpuLoras": 2}), "spec.engine.maxCpuLoras"),
+    (
+        "batched-below-model-len",
+        variant({"engine.enableChunkedPrefill": False, "engine.maxModelLen": 4096, "engine.maxNumBatchedTokens": 512}),
+        "spec.engine.maxNumBatchedTokens",
+    ),
+    ("model-len-pattern", variant({"engine.maxModelLen": "lots"}), "spec.engine.maxModelLen"),
+    ("bool-type", variant({"engine.enforceEager": "yes"}), "spec.engine.enforceEager"),
+    ("lora-needs-path", variant({"engine.loraModules": [{"name": "a"}]}), "spec.engine.loraModules[0].path"),
+    ("lora-needs-enable", variant({"engine.enableLora": False}), "spec.engine.loraModules"),
+    ("vllm-env-in-env", variant({"env": [{"name": "VLLM_PORT", "value": "1"}]}), "spec.env"),
+    ("hf-token-in-env", variant({"env": [{"name": "HF_TOKEN", "value": "x"}]}), "spec.hfTokenSecretRef"),
+    ("vllm-prefix-envfrom", variant({"envFrom": [{"prefix": "VLLM_", "configMapRef": {"name": "c"}}]}), "spec.envFrom"),
+    (
+        "engine-env-enum",
+        variant({"engineEnv.VLLM_ATTENTION_BACKEND": "BOGUS"}),
+        "spec.engineEnv.VLLM_ATTENTION_BACKEND: Unsupported value",
+    ),
+    ("engine-env-port-not-settable", variant({"engineEnv.VLLM_PORT": 5000}), "spec.engineEnv.VLLM_PORT"),
+    ("operator-owned-port", variant({"engine.port": 9000}), "spec.engine.port"),
+    ("no-plain-api-key", variant({"engine.apiKey": "secret"}), "spec.engine.apiKey"),
+    ("unknown-engine-field", variant({"engine.maxModelLength": 5}), "spec.engine.maxModelLength"),
+    ("replicas-negative", variant({"replicas": -1}), "spec.replicas"),
+    ("gpu-vendor-enum", variant({"gpu.vendor": "intel"}), "spec.gpu.vendor: Unsupported value"),
+    ("gpu-count-below-parallel", variant({"gpu.count": 1}), "spec.gpu.count"),
+    ("cpu-with-gpus", variant({"engine.device": "cpu", "engine.tensorParallelSize": 1}), "spec.gpu.count"),
+    ("pvc-model-form", variant({"model": "pvc://Bad_Claim"}), "spec.model"),
+    ("monitoring-mode-enum", variant({"monitoring.mode": "prometheus"}), "spec.monitoring.mode: Unsupported value"),
+    ("monitoring-interval", variant({"monitoring.interval": "soon"}), "spec.monitoring.interval"),
+    ("service-port-range", variant({"service.port": 70000}), "spec.service.port"),
+    ("rollout-enum", variant({"rollout.strategy": "BlueGreen"}), "spec.rollout.strategy: Unsupported value"),
+    ("shm-quantity", variant({"shmSize": "lots"}), "spec.shmSize"),
+    ("startup-budget-minimum", variant({"probes.startupTimeoutSeconds": 5}), "spec.probes.startupTimeoutSeconds"),
+    ("secret-ref-needs-name", variant({"hfTokenSecretRef": {"key": "t"}}), "spec.hfTokenSecretRef.name: Required value"),
+    ("name-too-long-for-service", variant(name="a" * 60), "metadata.name"),
+]
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: Any) -> None:
+    install_crds(cluster.kubectl)
+
+
+def dry_run(cluster: Any, namespace: str, resource: dict) -> Any:
+    body = copy.deepcopy(resource)
+    _drop_nones(body)
+    return cluster.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=False
+    )
+
+
+def _drop_nones(value: Any) -> None:
+    if isinstance(value, dict):
+        for key in [k for k, v in value.items() if v is None]:
+            del value[key]
+        for item in value.values():
+            _drop_nones(item)
+
+
+def test_crd_is_established_with_short_name(cluster: Any, crds: None) -> None:
+    resources = cluster.kubectl("api-resources", "--api-group=infernetes.io", "-o", "wide").stdout
+    assert "infsvc" in resources and "InferenceService" in resources
+
+
+def test_valid_resource_is_accepted(cluster: Any, crds: None, namespace: str) -> None:
+    result = dry_run(cluster, namespace, VALID)
+    assert result.returncode == 0, result.stderr
+
+
+def test_there_are_enough_invalid_cases() -> None:
+    assert len(INVALID) >= 20
+
+
+@pytest.mark.parametrize(("resource", "expected"), [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
+def test_invalid_resource_is_rejected_with_field_path(
+    cluster: Any, crds: None, namespace: str, resource: dict, expected: str
+) -> None:
+    result = dry_run(cluster, namespace, resource)
+    assert result.returncode != 0, f"accepted: {yaml.safe_dump(resource['spec'])}"
+    assert expected in result.stderr, result.stderr

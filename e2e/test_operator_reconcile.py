@@ -1,0 +1,255 @@
+"""The operator against the local control plane: create, roll, scale, fail to schedule, delete,
+survive a kill, and do it all with only its least-privilege RBAC.
+
+The operator runs as a process (`infernetes operator run`) with a token of its own
+ServiceAccount, bound to the ClusterRole that `infernetes operator rbac` prints. kwok runs the
+pods on fake GPU nodes (2 x 8 nvidia.com/gpu), so Deployments become Available without a runtime.
+"""
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from infernetes.operator.testing import (
+    OperatorProcess,
+    install_crds,
+    service_account_kubeconfig,
+    wait_until,
+)
+
+TIMEOUT = 90
+
+
+@pytest.fixture(scope="module")
+def ns(cluster: Any) -> Iterator[str]:
+    name = f"e2e-operator-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_until(
+        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=60,
+        what="the default ServiceAccount",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, ns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    install_crds(cluster.kubectl)
+    workdir = tmp_path_factory.mktemp("operator")
+    kubeconfig = service_account_kubeconfig(cluster.kubectl, namespace=ns, path=workdir / "kubeconfig")
+    process = OperatorProcess(kubeconfig=kubeconfig, log_path=workdir / "operator.log", namespaces=[ns], env=cluster.env)
+    process.start()
+    yield process
+    process.stop()
+    print(f"operator log: {process.log_path}")
+
+
+def isvc(name: str, **spec: Any) -> dict:
+    return {
+        "apiVersion": "infernetes.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {"model": "meta-llama/Llama-3.1-8B-Instruct", **spec},
+    }
+
+
+def get(cluster: Any, ns: str, *what: str) -> Any:
+    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
+    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
+
+
+def condition(resource: Any, kind: str) -> dict:
+    for cond in ((resource or {}).get("status") or {}).get("conditions") or ():
+        if cond["type"] == kind:
+            return cond
+    return {}
+
+
+def wait_condition(cluster: Any, ns: str, name: str, kind: str, status: str, timeout: float = TIMEOUT) -> dict:
+    def check() -> Any:
+        resource = get(cluster, ns, "infsvc", name)
+        return resource if condition(resource, kind).get("status") == status else None
+
+    try:
+        return wait_until(check, timeout=timeout, what=f"{name} {kind}={status}")
+    except TimeoutError:
+        print(yaml.safe_dump((get(cluster, ns, "infsvc", name) or {}).get("status")))
+        raise
+
+
+def test_operator_health_and_discovery(operator: OperatorProcess) -> None:
+    assert operator.get(operator.health_port, "/healthz")[0] == 200
+    assert "infernetes_operator_reconciles_total" in operator.metrics()
+    assert "optional APIs served: monitoring.coreos.com/v1/PodMonitor, monitoring.coreos.com/v1/ServiceMonitor" in (
+        operator.log()
+    )
+
+
+def test_resource_gets_children_and_becomes_ready(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    cluster.apply(isvc("llama", engine={"tensorParallelSize": 2, "maxModelLen": "8k"}), namespace=ns)
+    resource = wait_condition(cluster, ns, "llama", "Ready", "True")
+    status = resource["status"]
+    assert status["url"] == f"http://llama.{ns}.svc:8000/v1"
+    assert status["modelName"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert status["gpusPerReplica"] == 2
+    assert status["readyReplicas"] == 1
+    assert condition(resource, "Scheduled")["status"] == "True"
+    assert condition(resource, "Degraded")["status"] == "False"
+    assert condition(resource, "Ready")["observedGeneration"] == resource["metadata"]["generation"]
+
+    deployment = get(cluster, ns, "deployment", "llama")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert "--tensor-parallel-size=2" in container["args"] and "--max-model-len=8k" in container["args"]
+    assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "InferenceService" and owner["uid"] == resource["metadata"]["uid"]
+    managers = {entry["manager"] for entry in deployment["metadata"]["managedFields"] if entry["operation"] == "Apply"}
+    assert managers == {"infernetes"}
+    assert get(cluster, ns, "service", "llama")["spec"]["ports"][0]["targetPort"] == "http"
+    monitor = get(cluster, ns, "servicemonitor", "llama")
+    assert monitor["spec"]["endpoints"][0]["port"] == "http"
+
+    columns = cluster.kubectl("get", "infsvc", "llama", "-n", ns).stdout
+    header, row = columns.splitlines()[:2]
+    assert header.split()[:6] == ["NAME", "MODEL", "READY", "REPLICAS", "AVAILABLE", "GPUS"]
+    assert row.split()[1:6] == ["meta-llama/Llama-3.1-8B-Instruct", "True", "1", "1", "2"]
+
+
+def test_engine_change_rolls_the_deployment(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    cluster.apply(isvc("roll", engine={"maxNumSeqs": 8}), namespace=ns)
+    wait_condition(cluster, ns, "roll", "Ready", "True")
+    before = get(cluster, ns, "deployment", "roll")
+    cluster.kubectl("patch", "infsvc", "roll", "-n", ns, "--type=merge", "-p", '{"spec":{"engine":{"maxNumSeqs":16}}}')
+
+    def rolled() -> Any:
+        deployment = get(cluster, ns, "deployment", "roll")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return deployment if "--max-num-seqs=16" in args else None
+
+    after = wait_until(rolled, timeout=TIMEOUT, what="the new argv in the Deployment")
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    resource = wait_condition(cluster, ns, "roll", "Ready", "True")
+    assert resource["status"]["observedGeneration"] == resource["metadata"]["generation"]
+
+    def new_pods_only() -> bool:
+        pods = get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=roll")["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return bool(live) and all(
+            "--max-num-seqs=16" in p["spec"]["containers"][0]["args"] for p in live
+        )
+
+    wait_until(new_pods_only, timeout=TIMEOUT, what="pods with the new argv only")
+
+
+def test_kubectl_scale(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    cluster.apply(isvc("scaled", engine={"device": "cpu"}), namespace=ns)
+    wait_condition(cluster, ns, "scaled", "Ready", "True")
+    cluster.kubectl("scale", "infsvc", "scaled", "-n", ns, "--replicas=3")
+    wait_until(
+        lambda: (get(cluster, ns, "deployment", "scaled")["status"].get("readyReplicas") == 3),
+        timeout=TIMEOUT,
+        what="3 ready replicas",
+    )
+    wait_until(
+        lambda: get(cluster, ns, "infsvc", "scaled")["status"].get("readyReplicas") == 3,
+        timeout=TIMEOUT,
+        what="status.readyReplicas 3",
+    )
+    scale = yaml.safe_load(cluster.kubectl("get", "--raw", f"/apis/infernetes.io/v1alpha1/namespaces/{ns}/inferenceservices/scaled/scale").stdout)
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"] == "app.kubernetes.io/instance=scaled,app.kubernetes.io/name=infernetes"
+
+
+def test_too_many_gpus_is_unschedulable(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    cluster.apply(isvc("huge", engine={"tensorParallelSize": 16}), namespace=ns)
+    resource = wait_condition(cluster, ns, "huge", "Scheduled", "False")
+    message = condition(resource, "Scheduled")["message"]
+    assert "Insufficient nvidia.com/gpu" in message
+    assert condition(resource, "Ready")["status"] == "False"
+    assert condition(resource, "Ready")["reason"] == "Unschedulable"
+    events = cluster.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=huge").stdout
+    assert "Unschedulable" in events
+
+
+def test_resource_named_vllm_gets_another_service_name(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    cluster.apply(isvc("vllm", engine={"device": "cpu"}), namespace=ns)
+    resource = wait_condition(cluster, ns, "vllm", "Ready", "True")
+    assert resource["status"]["serviceName"] == "infsvc-vllm"
+    assert "VLLM_PORT" in resource["status"]["warnings"][0]
+    assert get(cluster, ns, "service", "infsvc-vllm") is not None
+    assert get(cluster, ns, "service", "vllm") is None
+
+
+def test_deleted_child_is_recreated(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    cluster.apply(isvc("healing", engine={"device": "cpu"}), namespace=ns)
+    wait_condition(cluster, ns, "healing", "Ready", "True")
+    uid = get(cluster, ns, "deployment", "healing")["metadata"]["uid"]
+    cluster.kubectl("delete", "deployment", "healing", "-n", ns)
+    wait_until(
+        lambda: (get(cluster, ns, "deployment", "healing") or {}).get("metadata", {}).get("uid") not in (None, uid),
+        timeout=TIMEOUT,
+        what="a new Deployment",
+    )
+
+
+def test_deleting_the_resource_removes_everything(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    cluster.apply(isvc("doomed", engine={"device": "cpu"}), namespace=ns)
+    wait_condition(cluster, ns, "doomed", "Ready", "True")
+    cluster.kubectl("delete", "infsvc", "doomed", "-n", ns, "--wait=true")
+    selector = "app.kubernetes.io/instance=doomed"
+
+    def gone() -> bool:
+        left = get(cluster, ns, "deployments,services,servicemonitors,pods", "-l", selector)["items"]
+        return not left
+
+    wait_until(gone, timeout=TIMEOUT, what="the garbage collector to remove the children")
+
+
+def test_kill_mid_reconcile_converges_without_orphans(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    names = [f"burst-{i}" for i in range(12)]
+    operator.kill()
+    cluster.apply([isvc(name, engine={"device": "cpu"}) for name in names], namespace=ns)
+    operator.start(wait=False)
+    # Kill it again as soon as it has created the first child: handlers are in flight.
+    def burst_deployments() -> list[dict]:
+        return [d for d in get(cluster, ns, "deployments")["items"] if d["metadata"]["name"].startswith("burst-")]
+
+    wait_until(burst_deployments, timeout=TIMEOUT, what="the first burst Deployment", interval=0.05)
+    operator.kill()
+    created_while_running = len(burst_deployments())
+    operator.start()
+    for name in names:
+        wait_condition(cluster, ns, name, "Ready", "True")
+    deployments = burst_deployments()
+    services = [s for s in get(cluster, ns, "services")["items"] if s["metadata"]["name"].startswith("burst-")]
+    assert sorted(d["metadata"]["name"] for d in deployments) == sorted(names)
+    assert sorted(s["metadata"]["name"] for s in services) == sorted(names)
+    owners = {r["metadata"]["uid"] for r in get(cluster, ns, "infsvc")["items"]}
+    managed = get(cluster, ns, "deployments,services,servicemonitors", "-l", "app.kubernetes.io/managed-by=infernetes")
+    orphans = [
+        f"{item['kind']}/{item['metadata']['name']}"
+        for item in managed["items"]
+        if {ref["uid"] for ref in item["metadata"].get("ownerReferences", [])}.isdisjoint(owners)
+    ]
+    assert orphans == []
+    print(f"{created_while_running} of {len(names)} Deployments existed when the operator was killed")
+
+
+def test_status_survives_an_idle_period(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    # Level-based and idempotent: with nothing changing, the operator writes nothing.
+    before = get(cluster, ns, "infsvc", "llama")["metadata"]["resourceVersion"]
+    time.sleep(3)
+    assert get(cluster, ns, "infsvc", "llama")["metadata"]["resourceVersion"] == before
+
+
+def test_operator_log_has_no_permission_errors(operator: OperatorProcess) -> None:
+    log = operator.log()
+    assert "403" not in log and "forbidden" not in log.lower(), Path(operator.log_path).read_text()[-3000:]

@@ -1,0 +1,187 @@
+"""Helpers for running the operator as a real process against a cluster (e2e tests, benchmarks).
+
+Nothing here is used by the operator itself; it mirrors how the chart runs it: its own
+ServiceAccount bound to the generated least-privilege ClusterRole, a token for that account,
+`infernetes operator run`, health and metrics on loopback ports.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from infernetes.operator.crd import build_crd
+from infernetes.operator.peering import peering_crds
+from infernetes.operator.rbac import rbac_manifests
+
+REPO = Path(__file__).resolve().parent.parent
+# A minimal stand-in for the Prometheus operator's CRDs: only their API needs to be served.
+MONITORING_CRDS = [
+    {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
+    for kind, plural in (("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"))
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def install_crds(kubectl: Callable[..., Any], *, monitoring: bool = True) -> None:
+    """Apply our CRD (and kopf's peering CRDs, and the monitoring stand-ins) and wait for them."""
+    documents = [build_crd(), *peering_crds(), *(MONITORING_CRDS if monitoring else [])]
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(documents))
+    for doc in documents:
+        kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{doc['metadata']['name']}")
+
+
+def service_account_kubeconfig(
+    kubectl: Callable[..., Any], *, namespace: str, path: Path, service_account: str = "infernetes-operator"
+) -> Path:
+    """Create the operator's ServiceAccount and RBAC, and a kubeconfig that uses its token."""
+    manifests = rbac_manifests(namespace=namespace, service_account=service_account)
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(manifests))
+    token = kubectl("create", "token", service_account, "-n", namespace, "--duration=6h").stdout.strip()
+    admin = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
+    cluster = admin["clusters"][0]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": service_account, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": cluster["name"], "user": service_account}}],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class OperatorProcess:
+    """`infernetes operator run` as a child process with its own log file."""
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: Path,
+        log_path: Path,
+        namespaces: Sequence[str] = (),
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.namespaces = list(namespaces)
+        self.extra_args = list(extra_args)
+        self.env = dict(env if env is not None else os.environ)
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        args = [sys.executable, "-m", "infernetes.cli.main", "operator", "run"]
+        for namespace in self.namespaces:
+            args += ["--namespace", namespace]
+        args += [
+            "--bind-address=127.0.0.1",
+            f"--metrics-port={self.metrics_port}",
+            f"--health-port={self.health_port}",
+            *self.extra_args,
+        ]
+        if not any(arg.startswith("--peering") for arg in self.extra_args):
+            args.append("--standalone")
+        return args
+
+    def start(self, *, wait: bool = True, timeout: float = 60) -> "OperatorProcess":
+        env = {**self.env, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            )
+        if wait:
+            wait_until(self.healthy, timeout=timeout, what=f"the operator's /healthz (log: {self.log_path})")
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def get(self, port: int, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+                return response.status, response.read().decode()
+        except OSError:
+            return 0, ""
+
+    def healthy(self) -> bool:
+        if not self.alive():
+            raise RuntimeError(f"the operator exited:\n{self.log()[-4000:]}")
+        return self.get(self.health_port, "/healthz")[0] == 200
+
+    def metrics(self) -> str:
+        return self.get(self.metrics_port, "/metrics")[1]
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to finish anything, as when a node dies."""
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, timeout: float = 30) -> None:
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def peak_rss_bytes(self) -> int:
+        """Peak resident memory (VmHWM) of the running operator process."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0
