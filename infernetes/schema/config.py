@@ -35,6 +35,8 @@ class ServeConfig:
         object.__setattr__(self, "_values", values)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_values":  # not set yet (e.g. mid-unpickling): never recurse
+            raise AttributeError(name)
         try:
             return self._values[name]
         except KeyError:

@@ -35,7 +35,8 @@ class Arg:
     ``kind`` is the type of one value: ``str``, ``int``, ``float``, ``bool`` (``--x``/``--no-x``),
     ``size`` (an int that takes ``1k``/``1K``), ``json`` (an object given whole or by
     ``--x.key value``), ``name_path`` (``name=path`` or a JSON adapter spec) or ``token`` (a string,
-    or alone for True). ``nargs="+"`` makes it a list of such values.
+    or alone for True). ``nargs="+"`` makes it a list of such values (given
+    again, the flag replaces the list); ``nargs="*"`` a repeatable one (given again, it adds).
 
     A deprecated argument is accepted with a warning and never stored: its value moves to
     ``replaced_by`` (a dest, ``dest.key`` inside a JSON argument, or ``dest=value`` for a flag that

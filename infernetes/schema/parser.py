@@ -65,6 +65,8 @@ def _add(section: argparse._ArgumentGroup, arg: Arg) -> None:
     kwargs: dict[str, Any] = {"dest": arg.dest, "help": help_text, "metavar": _metavar(arg)}
     if arg.kind == "token":
         kwargs.update(nargs="?", const=True)
+    elif arg.nargs == "*":  # repeatable: --middleware a --middleware b adds both
+        kwargs.update(nargs="*", action="extend")
     elif arg.is_list:
         kwargs.update(nargs=arg.nargs)
     section.add_argument(*spellings, **kwargs)

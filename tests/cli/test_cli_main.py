@@ -47,6 +47,11 @@ def test_help_imports_nothing_heavy(argv):
     assert result.stderr.strip().splitlines()[-1] == "[]"
 
 
+def test_every_subcommand_help_imports_nothing_heavy():
+    for name in cli_main._available():
+        test_help_imports_nothing_heavy([name, "--help"])
+
+
 def test_config_prints_grouped_json(capsys):
     assert cli_main.main(["config", "org/model", "-tp", "2", "--max_model_len", "1k"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -119,6 +119,11 @@ def test_list_arguments():
     assert config.served_model_name == ["a", "b"]
 
 
+def test_repeatable_list_argument_accumulates():
+    assert parse("--middleware", "a.b", "--middleware", "c.d").middleware == ["a.b", "c.d"]
+    assert parse("--served-model-name", "a", "--served-model-name", "b").served_model_name == ["b"]
+
+
 def test_lora_modules_in_both_forms():
     config = parse("--enable-lora", "--lora-modules", "a=/p1", "b=/p2",
                    '{"name": "c", "path": "/p3", "base_model_name": "m"}')
