@@ -83,15 +83,15 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Give every attention layer its ``[num_blocks, block_size, Hkv, D]`` key and value caches.
 
-        ``torch.empty``: a slot is always written before it is read, and untouched pages of a large
-        CPU cache cost no memory.
+        Zeroed, not ``torch.empty``: attention reads whole blocks and masks the unused slots, and a
+        masked NaN from uninitialised memory would still poison the result (0 * NaN).
         """
         self.num_blocks = num_blocks
         fp8 = self.kv_cache_dtype in KV_CACHE_DTYPES.values()
         for layer in self.attention_layers:
             shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            layer.k_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
-            layer.v_cache = torch.empty(shape, dtype=self.kv_cache_dtype, device=self.device)
+            layer.k_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+            layer.v_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
             if fp8:
                 layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
                 layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)

@@ -1,0 +1,217 @@
+"""Sampling parameters: seeds independent of the batch, logprobs, stops, biases, penalties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from infernetes.runtime.testing import SAMPLE_PROMPTS
+
+from infernetes import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=96,
+               block_size=8, seed=0)
+
+
+def _greedy(llm, prompt, n=12, **kw):
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)
+    return llm.generate(prompt, params)[0].outputs[0]
+
+
+def test_seeded_sampling_is_independent_of_the_batch(llm):
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0].token_ids
+    busy = [SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=i) for i in range(5)]
+    busy += [SamplingParams(temperature=1.2, max_tokens=20, ignore_eos=True)] * 3
+    prompts = [SAMPLE_PROMPTS[i % 4] for i in range(8)]
+    # The seeded request sits in the middle of a busy batch of other sampled requests.
+    outputs = llm.generate([*prompts[:4], SAMPLE_PROMPTS[0], *prompts[4:]], [*busy[:4], params, *busy[4:]])
+    assert outputs[4].outputs[0].token_ids == alone
+    again = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0].token_ids
+    assert again == alone
+    other_seed = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=99, max_tokens=16, ignore_eos=True)
+    assert llm.generate(SAMPLE_PROMPTS[0], other_seed)[0].outputs[0].token_ids != alone
+
+
+def test_n_samples_with_seed(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True)
+    [output] = llm.generate(SAMPLE_PROMPTS[1], params)
+    assert [c.index for c in output.outputs] == [0, 1, 2]
+    samples = [tuple(c.token_ids) for c in output.outputs]
+    assert len(set(samples)) == 3
+    assert [tuple(c.token_ids) for c in llm.generate(SAMPLE_PROMPTS[1], params)[0].outputs] == samples
+
+
+def test_filters_that_reduce_to_greedy(llm):
+    greedy = _greedy(llm, SAMPLE_PROMPTS[1]).token_ids
+    for kw in (dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0)):
+        params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, **kw)
+        assert llm.generate(SAMPLE_PROMPTS[1], params)[0].outputs[0].token_ids == greedy, kw
+
+
+def test_logprobs_match_transformers(llm, tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    prompt = SAMPLE_PROMPTS[3]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    [output] = llm.generate(prompt, params)
+    completion = output.outputs[0]
+    ids = output.prompt_token_ids + completion.token_ids
+    with torch.inference_mode():
+        reference = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    n_prompt = len(output.prompt_token_ids)
+    assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == n_prompt
+    for pos in range(1, n_prompt):
+        entry = output.prompt_logprobs[pos]
+        token = ids[pos]
+        assert math.isclose(entry[token].logprob, reference[pos - 1, token].item(), abs_tol=1e-4)
+        assert entry[token].rank == int((reference[pos - 1] > reference[pos - 1, token]).sum()) + 1
+        assert len(entry) in (2, 3)  # the prompt token plus the top 2 (which may include it)
+    total = 0.0
+    for step, entry in enumerate(completion.logprobs):
+        token = completion.token_ids[step]
+        expected = reference[n_prompt + step - 1, token].item()
+        assert math.isclose(entry[token].logprob, expected, abs_tol=1e-4)
+        assert entry[token].rank == 1 and len(entry) == 3
+        assert entry[token].decoded_token == llm.get_tokenizer().decode([token])
+        total += entry[token].logprob
+    assert math.isclose(completion.cumulative_logprob, total, abs_tol=1e-5)
+
+
+def test_prompt_logprobs_under_chunked_prefill(tiny_llama, llm):
+    chunked = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=32,
+                  block_size=8, max_num_batched_tokens=8)
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=0)
+    expected = llm.generate(SAMPLE_PROMPTS[1], params)[0].prompt_logprobs
+    got = chunked.generate(SAMPLE_PROMPTS[1], params)[0].prompt_logprobs
+    assert len(got) == len(expected)
+    for a, b in zip(got[1:], expected[1:], strict=True):
+        assert a.keys() == b.keys()
+        assert all(math.isclose(a[k].logprob, b[k].logprob, abs_tol=1e-4) for k in a)
+
+
+def test_stop_strings_and_stop_token_ids(llm):
+    full = _greedy(llm, SAMPLE_PROMPTS[1], n=16)
+    text = full.text
+    stop = text[5:8]
+    cut = text.index(stop)
+    stopped = _greedy(llm, SAMPLE_PROMPTS[1], n=16, stop=[stop])
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop
+    assert stopped.text == text[:cut]
+    included = _greedy(llm, SAMPLE_PROMPTS[1], n=16, stop=stop, include_stop_str_in_output=True)
+    assert included.text == text[: cut + len(stop)]
+    token = full.token_ids[3]
+    by_id = _greedy(llm, SAMPLE_PROMPTS[1], n=16, stop_token_ids=[token])
+    first = full.token_ids.index(token)
+    assert by_id.token_ids == full.token_ids[: first + 1]
+    assert by_id.finish_reason == "stop" and by_id.stop_reason == token
+    # min_tokens masks the stop token until enough tokens were generated
+    delayed = _greedy(llm, SAMPLE_PROMPTS[1], n=16, stop_token_ids=[token], min_tokens=first + 2)
+    assert len(delayed.token_ids) > first + 1
+    assert token not in delayed.token_ids[: first + 2]
+
+
+def test_eos_stops_unless_ignored(llm):
+    eos = llm.get_tokenizer().eos_token_id
+    params = SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0})
+    out = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0]
+    assert out.token_ids == [eos] and out.finish_reason == "stop" and out.stop_reason is None
+    assert out.text == ""
+    ignored = SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}, ignore_eos=True)
+    assert llm.generate(SAMPLE_PROMPTS[0], ignored)[0].outputs[0].token_ids == [eos] * 10
+
+
+def test_logit_bias_allowed_tokens_and_logits_processors(llm):
+    biased = _greedy(llm, SAMPLE_PROMPTS[0], n=5, logit_bias={42: 100.0})
+    assert biased.token_ids == [42] * 5
+    allowed = _greedy(llm, SAMPLE_PROMPTS[0], n=8, allowed_token_ids=[100, 101, 102])
+    assert set(allowed.token_ids) <= {100, 101, 102}
+    seen = []
+
+    def force_77(output_ids, logits):
+        seen.append(list(output_ids))
+        logits = logits.clone()
+        logits[77] = 1e9
+        return logits
+
+    forced = _greedy(llm, SAMPLE_PROMPTS[0], n=3, logits_processors=[force_77])
+    assert forced.token_ids == [77, 77, 77]
+    assert seen == [[], [77], [77, 77]]
+
+
+def test_repetition_penalty_matches_transformers(llm, tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    ids = llm.get_tokenizer()(SAMPLE_PROMPTS[3]).input_ids
+    ours = _greedy(llm, SAMPLE_PROMPTS[3], n=12, repetition_penalty=1.5).token_ids
+    with torch.inference_mode():
+        ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                          repetition_penalty=1.5, pad_token_id=0)[0, len(ids):].tolist()
+    assert ours == ref
+
+
+def test_frequency_and_presence_penalties():
+    from infernetes.runtime.engine.request import Request
+    from infernetes.runtime.model_executor.sampler import Sampler
+
+    params = SamplingParams(temperature=0.0, frequency_penalty=1.0, presence_penalty=0.5, max_tokens=5)
+    request = Request("r", [0, 1], params)
+    for token in (3, 3, 4):
+        request.append_token(token)
+    logits = torch.zeros(1, 6)
+    logits[0, 3] = 2.4  # 2.4 - 2*1.0 - 0.5 = -0.1 < 0
+    logits[0, 4] = 1.4  # 1.4 - 1.0 - 0.5 = -0.1
+    logits[0, 5] = -0.05
+    assert Sampler(0)(logits, [request])[0].token_id in (0, 1, 2)  # untouched zeros win
+    logits[0, :3] = -1.0
+    assert Sampler(0)(logits, [request])[0].token_id == 5
+
+
+def test_incremental_detokenization_keeps_multibyte_characters(llm):
+    from infernetes.runtime.sampling_params import RequestOutputKind
+
+    tokenizer = llm.get_tokenizer()
+    engine = llm.llm_engine
+    # Force a sequence of byte tokens that spells "café 🙂" one token at a time.
+    target = tokenizer("café 🙂 日本語", add_special_tokens=False).input_ids
+    position = {"i": 0}
+
+    def spell(output_ids, logits):
+        logits = torch.full_like(logits, -1e9)
+        logits[target[len(output_ids)]] = 0.0
+        return logits
+
+    params = SamplingParams(temperature=0.0, max_tokens=len(target), logits_processors=[spell],
+                            output_kind=RequestOutputKind.DELTA)
+    engine.add_request("mb", "Hello", params)
+    pieces = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            pieces.append(output.outputs[0].text)
+    del position
+    assert "".join(pieces) == "café 🙂 日本語"
+    assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_stop_string_is_never_streamed(llm):
+    from infernetes.runtime.sampling_params import RequestOutputKind
+
+    full = _greedy(llm, SAMPLE_PROMPTS[2], n=20).text
+    stop = full[6:10]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=[stop],
+                            output_kind=RequestOutputKind.DELTA)
+    engine = llm.llm_engine
+    engine.add_request("s", SAMPLE_PROMPTS[2], params)
+    streamed = ""
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            streamed += output.outputs[0].text
+            assert stop not in streamed
+    assert streamed == full[: full.index(stop)]
