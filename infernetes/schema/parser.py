@@ -9,6 +9,7 @@ from the config file, which beat the defaults. Any bad input exits 2 with an arg
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -30,8 +31,20 @@ class ServeArgumentParser(argparse.ArgumentParser):
     """argparse with the exit-2 error that names the argument, as every CLI error should."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            message += _suggestion(message.split(": ", 1)[1].split())
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _suggestion(unknown: list[str]) -> str:
+    flags = [spelling for arg in ARGS for spelling in (arg.flag, *arg.aliases)]
+    for token in unknown:
+        if token.startswith("-"):
+            close = difflib.get_close_matches(token.split("=")[0], flags, n=1, cutoff=0.75)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def build_parser(prog: str = PROG) -> ServeArgumentParser:

@@ -181,6 +181,14 @@ def test_bad_values_exit_2_naming_the_flag(capsys, argv, named):
     assert named in fails(capsys, *argv)
 
 
+def test_unknown_flag_suggests_a_close_one(capsys):
+    assert "did you mean --max-num-seqs?" in fails(capsys, "--max-num-seq", "4")
+
+
+def test_negative_numbers_are_values():
+    assert parse("--seed", "-1").seed == -1
+
+
 def test_bad_choice_lists_the_allowed_values(capsys):
     err = fails(capsys, "--kv-cache-dtype", "fp4")
     assert "auto, fp8, fp8_e4m3, fp8_e5m2" in err
