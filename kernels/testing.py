@@ -50,14 +50,16 @@ def random_paged_batch(
     extra_blocks: int = 3,
 ) -> PagedBatch:
     """Sequences whose cache blocks are scattered at random over a cache with spare blocks;
-    block-table entries past a sequence's end hold a random (unused) block, as in the engine."""
+    block-table entries past a sequence's end point at spare blocks (`extra_blocks` >= 1) that no
+    sequence owns, as stale entries do in the engine."""
     gen = torch.Generator().manual_seed(seed)
     cache_dtype = cache_dtype or dtype
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     max_blocks = max(blocks_per_seq) + 1
     num_blocks = sum(blocks_per_seq) + extra_blocks
     order = torch.randperm(num_blocks, generator=gen)
-    tables = torch.randint(0, num_blocks, (len(seq_lens), max_blocks), generator=gen)
+    spare = order[sum(blocks_per_seq) :]
+    tables = spare[torch.randint(0, len(spare), (len(seq_lens), max_blocks), generator=gen)]
     used = 0
     for b, n in enumerate(blocks_per_seq):
         tables[b, :n] = order[used : used + n]

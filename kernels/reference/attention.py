@@ -79,9 +79,12 @@ def _decode(query, k_cache, v_cache, block_tables, starts, lens, decodes, scale,
     kv_lens = torch.tensor([lens[b] for b in decodes], device=device)
     n_blocks = -(-max(lens[b] for b in decodes) // block_size)
     tables = block_tables[rows, :n_blocks]
-    k = gather_kv(k_cache, tables, k_scale, query.dtype).transpose(1, 2)
-    v = gather_kv(v_cache, tables, v_scale, query.dtype).transpose(1, 2)
+    valid = torch.arange(n_blocks * block_size, device=device)[None, :] < kv_lens[:, None]  # [Bd, L]
+    # Slots past a sequence's end hold whatever the cache holds (NaN bit patterns included): zero
+    # them, since a masked-out NaN still poisons the softmax and the weighted sum.
+    keep = valid[:, :, None, None]
+    k = gather_kv(k_cache, tables, k_scale, query.dtype).where(keep, 0).transpose(1, 2)
+    v = gather_kv(v_cache, tables, v_scale, query.dtype).where(keep, 0).transpose(1, 2)
     token_rows = torch.tensor([starts[b] for b in decodes], device=device)
     q = query[token_rows].unsqueeze(2)  # [Bd, H, 1, D]
-    mask = (torch.arange(k.shape[2], device=device)[None, :] < kv_lens[:, None])[:, None, None, :]
-    out[token_rows] = _sdpa(q, k, v, mask, scale).squeeze(2)
+    out[token_rows] = _sdpa(q, k, v, valid[:, None, None, :], scale).squeeze(2)

@@ -194,3 +194,19 @@ def test_fp8_linear_matches_dequantised_weight(per_channel):
     exact = x @ w.T + bias
     assert ((out - exact).norm() / exact.norm()).item() < 0.05
     torch.testing.assert_close(out, x @ fp8.dequantize_weight(qw, scale, torch.float32).T + bias)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_reference_paged_attention_ignores_nan_garbage_past_the_end(cache_dtype):
+    """Unwritten cache slots may hold NaN bit patterns; they must not reach the output."""
+    batch = random_paged_batch([1, 1, 3], [5, 13, 6], 4, 2, 8, 8, torch.float32, cache_dtype=cache_dtype)
+    expected = naive_paged_attention(batch)
+    nan = 0x7F if cache_dtype != torch.float32 else float("nan")  # 0x7F is NaN in e4m3fn
+    for kv_cache in (batch.k_cache, batch.v_cache):
+        raw = kv_cache.view(torch.uint8) if cache_dtype != torch.float32 else kv_cache
+        for b, n in enumerate(batch.seq_lens.tolist()):
+            blocks = batch.block_tables[b].long()
+            raw[blocks[n // 8], n % 8 :] = nan  # the tail of the last block
+            raw[blocks[n // 8 + 1 :]] = nan  # table entries past the end (spare blocks)
+    out = attention.paged_attention(*batch.args())
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)

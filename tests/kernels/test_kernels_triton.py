@@ -126,3 +126,16 @@ def test_triton_fp8_linear_matches_reference(per_channel, dtype):
     assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 0.05
     if DEVICE == "cpu":
         torch.testing.assert_close(got, want, atol=TOL[dtype] * 10, rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("q_lens", [[1, 1, 1], [1, 4, 3]])
+def test_triton_paged_attention_ignores_nan_garbage_past_the_end(q_lens):
+    batch = random_paged_batch(q_lens, [5, 13, 6], 4, 2, 8, 8, torch.float32, E4M3, device=DEVICE)
+    expected = attention.paged_attention(*batch.args())
+    for kv_cache in (batch.k_cache, batch.v_cache):
+        raw = kv_cache.view(torch.uint8)
+        for b, n in enumerate(batch.seq_lens.tolist()):
+            blocks = batch.block_tables[b].long()
+            raw[blocks[n // 8], n % 8 :] = 0x7F  # NaN in e4m3fn
+            raw[blocks[n // 8 + 1 :]] = 0x7F
+    torch.testing.assert_close(tk.paged_attention(*batch.args(), num_splits=2), expected, atol=1e-4, rtol=1e-4)
