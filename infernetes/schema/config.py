@@ -17,14 +17,14 @@ from infernetes.schema.frozen import freeze, thaw
 # A tool-call parser registered by --tool-parser-plugin is a valid name beyond the built-in ones.
 _CHOICES_OPENED_BY = {"tool_call_parser": "tool_parser_plugin"}
 
-__all__ = ["ConfigError", "ServeConfig", "build_config", "convert", "validate"]
+__all__ = ["ConfigError", "ServeConfig", "build_config", "validate"]
 
 
 class ServeConfig:
     """Every ``serve`` argument as an attribute by its dest: ``cfg.max_num_seqs``.
 
-    Immutable: JSON objects and lists are read-only (but compare equal to plain dicts and lists). Make changed copies with
-    ``replace``. Create one with ``build_config`` or ``parse_serve_args``.
+    Immutable: JSON objects and lists are read-only (they compare equal to plain dicts and lists);
+    ``replace`` makes changed copies. Create one with ``build_config`` or ``parse_serve_args``.
     """
 
     __slots__ = ("_values",)

@@ -9,16 +9,16 @@ from infernetes.schema.args import ARGS, GROUPS, get_arg
 
 
 def print_help(parser: argparse.ArgumentParser, topic: str) -> None:
-    print(render_help(parser, topic))
+    if topic.strip() == "page":
+        pydoc.pager(parser.format_help())
+    else:
+        print(render_help(parser, topic))
 
 
 def render_help(parser: argparse.ArgumentParser, topic: str) -> str:
     topic = topic.strip()
-    if topic in ("", "all"):
+    if topic in ("", "all", "page"):
         return parser.format_help()
-    if topic == "page":
-        pydoc.pager(parser.format_help())
-        return ""
     if topic == "listgroup":
         return "Argument groups (show one with --help=<group>):\n" + "\n".join(f"  {g}" for g in GROUPS)
     group = next((g for g in GROUPS if g.lower() == topic.lower()), None)

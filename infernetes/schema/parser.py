@@ -167,35 +167,25 @@ _BOOL_WORDS = {"true": True, "false": False}
 
 def _bool_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """Older releases took ``--enable-chunked-prefill False`` and ``--flag=true``; rewrite those
-    to ``--flag`` / ``--no-flag``."""
+    to ``--flag`` / ``--no-flag`` (a bare word is taken only when it is true or false)."""
     out: list[str] = []
-    tokens = iter(argv)
-    for token in tokens:
+    for token in argv:
         flag, eq, raw = token.partition("=")
-        arg = _bool_arg(flag)
-        if arg is None:
-            out.append(token)
-            continue
-        if eq:
+        arg = _bool_arg(flag) if eq else None
+        if arg is not None:
             try:
                 value = parse_bool(raw)
             except ValueError:
                 parser.error(f"argument {flag}: expected true or false, got {raw!r}")
+        elif token.lower() in _BOOL_WORDS and out and _bool_arg(out[-1]) is not None:
+            flag, arg, value = out[-1], _bool_arg(out[-1]), _BOOL_WORDS[token.lower()]
+            out.pop()
         else:
             out.append(token)
             continue
-        negated = flag.startswith("--no-")
-        out.append(arg.flag if value != negated else f"--no-{arg.name}")
-    merged: list[str] = []
-    for token in out:
-        if merged and token.lower() in _BOOL_WORDS and _bool_arg(merged[-1]) is not None:
-            previous = merged.pop()
-            negated = previous.startswith("--no-")
-            arg = _bool_arg(previous)
-            merged.append(arg.flag if _BOOL_WORDS[token.lower()] != negated else f"--no-{arg.name}")
-        else:
-            merged.append(token)
-    return merged
+        on = value != flag.startswith("--no-")
+        out.append(arg.flag if on else f"--no-{arg.name}")
+    return out
 
 
 def _bool_arg(flag: str) -> Arg | None:
@@ -260,8 +250,8 @@ def _is_number(text: str) -> bool:
 
 def _json_arg(spelling: str) -> Arg | None:
     try:
-        arg = get_arg(spelling) if spelling.startswith("--") else next(a for a in ARGS if spelling in a.aliases)
-    except (KeyError, StopIteration):
+        arg = get_arg(spelling)
+    except KeyError:
         return None
     return arg if arg.kind == "json" else None
 
