@@ -80,7 +80,22 @@ def _system() -> dict[str, Any]:
     except OSError:
         pass
     return {"os": pretty or platform.system(), "platform": platform.platform(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "libc": " ".join(platform.libc_ver()).strip() or None}
+            "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or None,
+            "cpu_count": os.cpu_count(), "memory": _proc_field("/proc/meminfo", "MemTotal"),
+            "libc": " ".join(platform.libc_ver()).strip() or None}
+
+
+def _proc_field(path: str, key: str) -> str | None:
+    """The value of the first ``key: value`` line of a /proc file (None off Linux)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
 
 
 def _torch() -> dict[str, Any]:
