@@ -32,7 +32,7 @@ from infernetes.runtime.server.protocol import (
 )
 from infernetes.runtime.server.reasoning import ReasoningParser, ReasoningStream
 from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
-from infernetes.runtime.server.streaming import DONE, abort_on_exit, sse
+from infernetes.runtime.server.streaming import DONE, engine_stream, sse
 from infernetes.runtime.server.structured_output import Guide
 from infernetes.runtime.server.tool_parsers import ToolCallStream, ToolParser, make_tool_parser
 
@@ -159,10 +159,8 @@ class ChatServing(ServingBase):
                                       stream=bool(request.stream), guide=guide)
         request_id = random_id("chatcmpl")
         self.log_request(request_id, prompt_ids, params)
-        stream = abort_on_exit(
-            self.engine.generate(prompt_ids, params, request_id, priority=request.priority),
-            lambda: self.engine.abort(request_id),
-        )
+        stream = engine_stream(
+            self.engine.generate(prompt_ids, params, request_id, priority=request.priority))
         if request.stream:
             return self._stream(request, request_id, prompt_ids, mode, stream)
         return await self._whole(request, request_id, prompt_ids, mode, stream)

@@ -18,7 +18,7 @@ from infernetes.runtime.server.protocol import (
     random_id,
 )
 from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
-from infernetes.runtime.server.streaming import DONE, abort_on_exit, merge, sse
+from infernetes.runtime.server.streaming import DONE, engine_stream, merge, sse
 
 
 class PreparedPrompt:
@@ -79,7 +79,7 @@ class CompletionServing(ServingBase):
             sub_id = f"{request_id}-{i}"
             self.log_request(sub_id, prompt.text if prompt.text is not None else prompt.token_ids, params)
             stream = self.engine.generate(prompt.token_ids, params, sub_id, priority=priority)
-            generators.append(abort_on_exit(stream, lambda sid=sub_id: self.engine.abort(sid)))
+            generators.append(engine_stream(stream))
         return generators
 
     def _echo_text(self, prompt: PreparedPrompt) -> str:

@@ -59,7 +59,7 @@ class ServerState:
         self.embedding = EmbeddingServing(engine, settings)
         self.tokenization = TokenizationServing(engine, settings, renderer)
         self.is_embedding_model = settings.task in ("embed", "embedding") or bool(
-            getattr(engine, "is_pooling_model", False))
+            getattr(engine, "is_pooling", False))
         self.engine = engine
 
     @property

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
+from infernetes.runtime.server.errors import APIError
 
 T = TypeVar("T")
 
@@ -90,15 +91,16 @@ class ClientDisconnected(Exception):
     """The client went away before its answer was ready."""
 
 
-async def abort_on_exit(
-    stream: AsyncIterator[T], abort: Callable[[], Awaitable[None]]
-) -> AsyncIterator[T]:
-    """Yields from ``stream``; if it does not finish (client gone, error), calls ``abort``."""
-    finished = False
+async def engine_stream(stream: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Yields from an engine output stream and always closes it, so a request whose client went
+    away (or that failed) is aborted in the engine at once, not when the GC gets to it. Engine
+    errors become API errors: bad input (ValueError) 400, a dead engine 503."""
     try:
         async for item in stream:
             yield item
-        finished = True
+    except (ValueError, TypeError) as exc:
+        raise APIError(str(exc), 400) from exc
+    except RuntimeError as exc:  # EngineDeadError and the like
+        raise APIError(f"the engine cannot serve this request: {exc}", 503) from exc
     finally:
-        if not finished:
-            await asyncio.shield(abort())
+        await stream.aclose()

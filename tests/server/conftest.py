@@ -1,0 +1,114 @@
+"""Real servers for the server tests: ``infernetes serve`` in a subprocess on a free loopback
+port, over tiny models the engine's factory writes (random weights, a trained tokenizer)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "sk-infernetes-test"
+STARTUP_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """``infernetes serve <args>`` until stopped; ``url`` is its base URL."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, scheme: str = "http",
+                 log_path: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        command = [sys.executable, "-m", "infernetes.cli.main", "serve", *args,
+                   "--host", "127.0.0.1", "--port", str(self.port)]
+        self.log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            command, env={**os.environ, **(env or {})}, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, verify: bool | str = True) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}: {self.tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2, verify=verify).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise RuntimeError(f"server not ready after {STARTUP_TIMEOUT_S}s: {self.tail()}")
+
+    def tail(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")[-3000:]
+        return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.log is not subprocess.DEVNULL:
+            self.log.close()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    from infernetes.runtime.testing import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+# The main test server: auth, two served names, hermes tools, compact JSON, CORS for one origin,
+# dev routes, and a KV cache small enough that heavy load preempts.
+MAIN_ARGS = [
+    "--api-key", API_KEY,
+    "--served-model-name", "tiny", "tiny-alias",
+    "--max-model-len", "256",
+    "--num-gpu-blocks-override", "48",
+    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    "--guided-decoding-disable-any-whitespace",
+    "--enable-prompt-tokens-details",
+    "--enable-request-id-headers",
+    "--enable-server-load-tracking",
+    "--allowed-origins", '["http://allowed.example"]',
+    "--disable-log-requests",
+    "--disable-uvicorn-access-log",
+    "--seed", "0",
+]
+
+
+@pytest.fixture(scope="session")
+def main_server(tiny_llama_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "main-server.log"
+    server = ServerProcess([str(tiny_llama_dir), *MAIN_ARGS],
+                           env={"VLLM_SERVER_DEV_MODE": "1"}, log_path=log)
+    server.api_key = API_KEY
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def auth_headers() -> dict[str, str]:
+    """Headers carrying the main server's API key."""
+    return {"Authorization": f"Bearer {API_KEY}"}
