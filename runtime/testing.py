@@ -93,6 +93,7 @@ def _tiny_config(architecture: str, vocab_size: int, special: dict[str, int], **
         tie_word_embeddings=False,
         initializer_range=0.1,
     )
+    decoder.update(overrides)
     if architecture == "LlamaForCausalLM":
         config = transformers.LlamaConfig(**common, **decoder)
     elif architecture == "MistralForCausalLM":
@@ -128,8 +129,9 @@ def _tiny_config(architecture: str, vocab_size: int, special: dict[str, int], **
         )
     else:
         raise ValueError(f"no tiny config for architecture {architecture!r}")
-    for key, value in overrides.items():
-        setattr(config, key, value)
+    if architecture in ("OPTForCausalLM", "GPT2LMHeadModel", "BertModel"):
+        for key, value in overrides.items():
+            setattr(config, key, value)
     config.architectures = [architecture]
     return config
 

@@ -49,6 +49,7 @@ class ModelInfo:
     dtype: torch.dtype
     max_model_len: int
     is_pooling: bool
+    pooler_overrides: dict[str, Any] | None = None
 
 
 def resolve_model_path(
@@ -249,6 +250,10 @@ def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto"
             model = cls(info.hf_config, max_position=max(info.max_model_len, 1))
     finally:
         torch.set_default_dtype(default_dtype)
+    if info.is_pooling:
+        from infernetes.runtime.model_executor.layers.pooler import Pooler
+
+        model.pooler = Pooler.for_model(info.path, overrides=info.pooler_overrides)
     if load_format == "dummy":
         _dummy_weights(model, seed)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -13,22 +14,19 @@ torch.set_num_threads(1)  # the machine's two cores are shared with other test r
 
 @pytest.fixture(scope="session")
 def model_factory(tmp_path_factory):
-    """``model_factory(architecture, **config_overrides) -> path``, cached per arguments."""
+    """``model_factory(architecture, **config_overrides) -> path``, one folder per arguments."""
     from infernetes.runtime.testing import make_tiny_model
 
-    @functools.cache
-    def make(architecture: str = "LlamaForCausalLM", **overrides):
-        directory = tmp_path_factory.mktemp(architecture)
-        return str(make_tiny_model(directory, architecture, **dict(overrides)))
+    made: dict[str, str] = {}
 
     def factory(architecture: str = "LlamaForCausalLM", **overrides):
-        return make(architecture, **{k: _freeze(v) for k, v in overrides.items()})
+        key = json.dumps([architecture, overrides], sort_keys=True)
+        if key not in made:
+            directory = tmp_path_factory.mktemp(architecture)
+            made[key] = str(make_tiny_model(directory, architecture, **overrides))
+        return made[key]
 
     return factory
-
-
-def _freeze(value):
-    return tuple(sorted(value.items())) if isinstance(value, dict) else value
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,113 @@
+"""GPT-2: learned positions, pre-LayerNorm, GELU (tanh) MLP; checkpoints store Conv1D weights
+transposed (``[in, out]``), so they are flipped on load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from infernetes.runtime.model_executor.layers.activation import get_activation
+from infernetes.runtime.model_executor.layers.attention import Attention
+from infernetes.runtime.model_executor.layers.embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+from infernetes.runtime.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from infernetes.runtime.model_executor.models.utils import default_weight_loader
+from infernetes.runtime.model_executor.parallel import tp_size
+from torch import nn
+
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        heads = config.num_attention_heads
+        self.head_dim = hidden // heads
+        self.c_attn = QKVParallelLinear(hidden, self.head_dim, heads, heads, bias=True)
+        self.c_proj = RowParallelLinear(hidden, hidden, bias=True)
+        scale = self.head_dim**-0.5 if getattr(config, "scale_attn_weights", True) else 1.0
+        local_heads = heads // tp_size()
+        self.attn = Attention(local_heads, self.head_dim, scale, local_heads)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.c_attn(hidden).chunk(3, dim=-1)
+        return self.c_proj(self.attn(q.contiguous(), k.contiguous(), v.contiguous()))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        inner = config.n_inner or 4 * hidden
+        self.ln_1 = nn.LayerNorm(hidden, eps=config.layer_norm_epsilon)
+        self.attn = GPT2Attention(config)
+        self.ln_2 = nn.LayerNorm(hidden, eps=config.layer_norm_epsilon)
+        self.c_fc = ColumnParallelLinear(hidden, inner, bias=True)
+        self.c_proj = RowParallelLinear(inner, hidden, bias=True)
+        self.act = get_activation(config.activation_function)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.attn(self.ln_1(hidden))
+        return hidden + self.c_proj(self.act(self.c_fc(self.ln_2(hidden))))
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.h = nn.ModuleList(GPT2Block(config) for _ in range(config.num_hidden_layers))
+        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.wte(input_ids) + F.embedding(positions, self.wpe.weight)
+        for block in self.h:
+            hidden = block(hidden)
+        return self.ln_f(hidden)
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, config: Any, max_position: int) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = GPT2Model(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.lm_head.tie(self.transformer.wte)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.transformer(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = {"lm_head.weight"}
+        for name, tensor in weights:
+            if name.startswith("lm_head.") or name.endswith((".attn.bias", ".attn.masked_bias")):
+                continue
+            if not name.startswith("transformer."):
+                name = "transformer." + name
+            if name.endswith(_CONV1D):
+                tensor = tensor.t()
+            # The MLP's Conv1D layers sit on the block here (c_fc / c_proj without "mlp.").
+            target = name.replace(".mlp.", ".")
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no matching model parameter")
+            param = params[target]
+            if ".attn.c_attn." in target:
+                for shard_id, part in zip("qkv", tensor.chunk(3, dim=0), strict=True):
+                    param.weight_loader(param, part, shard_id)
+            else:
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(target)
+        return loaded
