@@ -6,6 +6,7 @@ a ``Normalize`` module); without one, encoders pool the CLS token and normalise 
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ class Pooler:
     def __call__(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         bounds = cu_seqlens.tolist()
         pooled = []
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in itertools.pairwise(bounds):
             tokens = hidden[start:end]
             if self.pooling_type == "CLS":
                 pooled.append(tokens[0])

@@ -4,6 +4,7 @@ step."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,7 +51,7 @@ class BertSelfAttention(nn.Module):
         bounds = get_attention_metadata().cu_seqlens_q.tolist()
         q, k, v = self.qkv_proj(hidden).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
         out = torch.empty_like(q)
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in itertools.pairwise(bounds):
             span = slice(start, end)
             out[span] = F.scaled_dot_product_attention(
                 q[span].transpose(0, 1), k[span].transpose(0, 1), v[span].transpose(0, 1)
