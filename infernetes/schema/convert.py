@@ -11,10 +11,11 @@ from infernetes.schema.values import CONVERTERS
 
 def convert(arg: Arg, value: Any, open_choices: bool = False) -> Any:
     """The typed, checked value of one argument (lists for list arguments)."""
-    if value is None or value == "None":
-        if arg.default is None or arg.kind == "json":
-            return None
+    nullable = arg.default is None or arg.kind == "json"
+    if value is None and not nullable:
         raise ConfigError(f"argument {arg.flag}: a value is required (default {arg.default!r})", arg.dest)
+    if value is None or (value == "None" and nullable):  # "None" on the command line unsets
+        return None
     if arg.kind == "size" and isinstance(value, str) and value.strip().lower() == "auto":
         if arg.default is None:
             return None

@@ -47,7 +47,10 @@ def render_arg(arg: Arg, value: Any) -> list[str]:
             if arg.nargs == "*":
                 return [arg.flag]
             raise ValueError(f"{arg.flag} cannot be set to an empty list on the command line")
-        return [arg.flag, *(_render_value(arg, item) for item in items)]
+        rendered = [_render_value(arg, item) for item in items]
+        if any(item.startswith("-") for item in rendered):
+            raise ValueError(f"{arg.flag}: list items starting with '-' cannot be given on the command line")
+        return [arg.flag, *rendered]
     return [f"{arg.flag}={_render_value(arg, value)}"]
 
 
