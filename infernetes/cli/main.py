@@ -51,13 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 0 if not argv else 2
     if getattr(args, "passthrough", False):
         args.argv = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 0
     result = args.func(args)
     return int(result or 0)
 

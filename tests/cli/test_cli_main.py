@@ -122,3 +122,10 @@ def test_config_masks_secrets_unless_asked(capsys):
     assert json.loads(out)["frontend"]["api_key"] == "***"
     assert cli_main.main(["config", "m", "--api-key", "sk-123", "--show-secrets"]) == 0
     assert json.loads(capsys.readouterr().out)["frontend"]["api_key"] == "sk-123"
+
+
+def test_unknown_top_level_option_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--frobnicate"])
+    assert exc.value.code == 2
+    assert "--frobnicate" in capsys.readouterr().err
