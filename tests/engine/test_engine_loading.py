@@ -73,7 +73,7 @@ def test_unknown_architecture_and_remote_code(tmp_path, tiny_llama):
 
 
 def test_max_model_len_checked_against_the_model(tiny_llama, monkeypatch):
-    with pytest.raises(ValueError, match="max_model_len=4096 is longer than .* 512"):
+    with pytest.raises(ValueError, match=r"max_model_len=4096 is longer than .* 512"):
         LLM(tiny_llama, dtype="float32", max_model_len=4096, num_gpu_blocks_override=512)
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     llm = LLM(tiny_llama, dtype="float32", max_model_len=4096, num_gpu_blocks_override=512)
