@@ -111,8 +111,10 @@ def decode_merge_kernel(
     l_part = tl.load(part_l_ptr + part, mask=mask_s, other=0.0)
     acc = tl.load(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=mask_s[:, None], other=0.0)
     m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty (a padding row)
     weight = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
     total = tl.sum(weight * l_part, axis=0)
-    out = tl.sum(acc * weight[:, None], axis=0) / total
+    # A padding row (seq_len 0, as in a padded CUDA-graph batch) has no keys: output 0, not NaN.
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
              mask=offs_d < head_dim)

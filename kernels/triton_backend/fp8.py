@@ -164,8 +164,11 @@ def fp8_linear(
         else:
             xq, x_scale = scaled_fp8_quant(x2, dtype=qweight.dtype)
             w_scale = scale.view(())
-        out = torch._scaled_mm(xq, qweight.t(), scale_a=x_scale, scale_b=w_scale, bias=bias,
-                               out_dtype=x.dtype)
+        # Row-wise scaling takes no bias in some torch versions: add it after.
+        out = torch._scaled_mm(xq, qweight.contiguous().t(), scale_a=x_scale, scale_b=w_scale,
+                               bias=None if per_channel else bias, out_dtype=x.dtype)
+        if per_channel and bias is not None:
+            out = out + bias
     else:
         out = _dequant_linear(x2, qweight.contiguous(), scale, bias)
     return out.reshape(*x.shape[:-1], qweight.shape[0])

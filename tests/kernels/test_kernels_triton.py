@@ -139,3 +139,15 @@ def test_triton_paged_attention_ignores_nan_garbage_past_the_end(q_lens):
             raw[blocks[n // 8], n % 8 :] = 0x7F  # NaN in e4m3fn
             raw[blocks[n // 8 + 1 :]] = 0x7F
     torch.testing.assert_close(tk.paged_attention(*batch.args(), num_splits=2), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_triton_decode_padding_rows_give_zeros():
+    """A padded decode batch (CUDA graphs) has rows with seq_len 0; they must not produce NaN."""
+    batch = random_paged_batch([1, 1, 1], [9, 1, 20], 4, 2, 16, 8, torch.float32, device=DEVICE)
+    batch.seq_lens[1] = 0
+    out = tk.paged_attention(*batch.args(), num_splits=2)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    expected = attention.paged_attention(batch.query[[0, 2]], batch.k_cache, batch.v_cache,
+                                         batch.block_tables[[0, 2]], batch.cu_seqlens_q[:3],
+                                         batch.seq_lens[[0, 2]], batch.scale)
+    torch.testing.assert_close(out[[0, 2]], expected, atol=2e-5, rtol=2e-5)
