@@ -96,10 +96,21 @@ MAIN_ARGS = [
 
 
 @pytest.fixture(scope="session")
-def main_server(tiny_llama_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "main-server.log"
-    server = ServerProcess([str(tiny_llama_dir), *MAIN_ARGS],
-                           env={"VLLM_SERVER_DEV_MODE": "1"}, log_path=log)
+def server_process_factory(tmp_path_factory):
+    """``start(args, env=None, scheme="http", log_name=...)`` -> a started ServerProcess."""
+    logs = tmp_path_factory.mktemp("server-logs")
+
+    def start(args: list[str], env: dict[str, str] | None = None, scheme: str = "http",
+              log_name: str = "server.log") -> ServerProcess:
+        return ServerProcess(args, env=env, scheme=scheme, log_path=logs / log_name)
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def main_server(tiny_llama_dir, server_process_factory):
+    server = server_process_factory([str(tiny_llama_dir), *MAIN_ARGS],
+                                    env={"VLLM_SERVER_DEV_MODE": "1"}, log_name="main-server.log")
     server.api_key = API_KEY
     try:
         server.wait_ready()
