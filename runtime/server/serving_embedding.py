@@ -49,9 +49,14 @@ class EmbeddingServing(ServingBase):
         self.check_engine()
         token_lists = self._inputs(request)
         request_id = random_id("embd")
-        results = await asyncio.gather(*[
-            self.engine.encode(ids, f"{request_id}-{i}") for i, ids in enumerate(token_lists)
-        ])
+        try:
+            results = await asyncio.gather(*[
+                self.engine.encode(ids, f"{request_id}-{i}") for i, ids in enumerate(token_lists)
+            ])
+        except (ValueError, TypeError) as exc:
+            raise APIError(str(exc), 400) from exc
+        except RuntimeError as exc:  # EngineDeadError and the like
+            raise APIError(f"the engine cannot serve this request: {exc}", 503) from exc
         data = []
         for i, result in enumerate(results):
             vector = np.asarray(result.outputs.embedding, dtype=np.float32)
