@@ -18,23 +18,25 @@ def gather_kv(
     """The blocks of `tables` `[B, n]` as `[B, n * block_size, Hkv, D]` in `dtype`."""
     n_seqs, n_blocks = tables.shape
     _, block_size, n_kv_heads, head_dim = cache.shape
+    ids = tables.reshape(-1).long()
     if cache.dtype in FP8_DTYPES:
         if scale is None:
             raise ValueError("an fp8 KV cache needs k_scale and v_scale")
-        raw = cache.view(torch.uint8)[tables.long()].view(cache.dtype)
+        # index_select is not implemented for fp8 everywhere; gather the bytes.
+        raw = cache.view(torch.uint8).flatten(1).index_select(0, ids).view(cache.dtype)
         blocks = (raw.float() * scale.float()).to(dtype)
     else:
-        blocks = cache[tables.long()].to(dtype)
+        blocks = cache.flatten(1).index_select(0, ids).to(dtype)  # faster than cache[tables] on CPU
     return blocks.reshape(n_seqs, n_blocks * block_size, n_kv_heads, head_dim)
 
 
-def _sdpa(q, k, v, mask, scale):
-    """q `[B, H, Lq, D]`, k/v `[B, Hkv, Lk, D]`: grouped-query attention."""
+def _sdpa_prefill(q, k, v, mask, scale):
+    """q `[1, H, Lq, D]`, k/v `[1, Hkv, Lk, D]`; `mask` None means plain causal."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale)
 
 
 def paged_attention(
@@ -65,10 +67,11 @@ def paged_attention(
         k = gather_kv(k_cache, tables, k_scale, query.dtype)[:, :kv_len].transpose(1, 2)
         v = gather_kv(v_cache, tables, v_scale, query.dtype)[:, :kv_len].transpose(1, 2)
         q = query[starts[b] : starts[b + 1]].transpose(0, 1).unsqueeze(0)
-        # Query i sits at position kv_len - q_len + i and sees keys up to it.
-        q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)
-        mask = torch.arange(kv_len, device=query.device)[None, :] <= q_pos[:, None]
-        out[starts[b] : starts[b + 1]] = _sdpa(q, k, v, mask, scale)[0].transpose(0, 1)
+        mask = None  # no cached prefix: plain causal
+        if kv_len > q_len:  # query i sits at position kv_len - q_len + i and sees keys up to it
+            q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)
+            mask = torch.arange(kv_len, device=query.device)[None, :] <= q_pos[:, None]
+        out[starts[b] : starts[b + 1]] = _sdpa_prefill(q, k, v, mask, scale)[0].transpose(0, 1)
     return out
 
 
@@ -79,12 +82,19 @@ def _decode(query, k_cache, v_cache, block_tables, starts, lens, decodes, scale,
     kv_lens = torch.tensor([lens[b] for b in decodes], device=device)
     n_blocks = -(-max(lens[b] for b in decodes) // block_size)
     tables = block_tables[rows, :n_blocks]
-    valid = torch.arange(n_blocks * block_size, device=device)[None, :] < kv_lens[:, None]  # [Bd, L]
+    k = gather_kv(k_cache, tables, k_scale, query.dtype)  # fresh copies: safe to write into
+    v = gather_kv(v_cache, tables, v_scale, query.dtype)
     # Slots past a sequence's end hold whatever the cache holds (NaN bit patterns included): zero
     # them, since a masked-out NaN still poisons the softmax and the weighted sum.
-    keep = valid[:, :, None, None]
-    k = gather_kv(k_cache, tables, k_scale, query.dtype).where(keep, 0).transpose(1, 2)
-    v = gather_kv(v_cache, tables, v_scale, query.dtype).where(keep, 0).transpose(1, 2)
+    for row, b in enumerate(decodes):
+        k[row, lens[b] :] = 0
+        v[row, lens[b] :] = 0
+    k, v = k.transpose(1, 2), v.transpose(1, 2)
+    valid = torch.arange(k.shape[2], device=device)[None, :] < kv_lens[:, None]  # [Bd, L]
     token_rows = torch.tensor([starts[b] for b in decodes], device=device)
-    q = query[token_rows].unsqueeze(2)  # [Bd, H, 1, D]
-    out[token_rows] = _sdpa(q, k, v, valid[:, None, None, :], scale).squeeze(2)
+    n_seqs, n_heads, head_dim = len(decodes), query.shape[1], query.shape[2]
+    # GQA without copying K/V per query head: the heads sharing a kv head become that kv head's
+    # query rows (one query token each, so one mask serves them all).
+    q = query[token_rows].view(n_seqs, k.shape[1], n_heads // k.shape[1], head_dim)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
+    out[token_rows] = o.reshape(n_seqs, n_heads, head_dim)
