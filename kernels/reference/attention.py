@@ -55,7 +55,10 @@ def paged_attention(
     starts = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
-    decodes = [b for b, n in enumerate(q_lens) if n == 1]
+    decodes = [b for b, n in enumerate(q_lens) if n == 1 and lens[b] > 0]
+    for b, n in enumerate(q_lens):
+        if n == 1 and lens[b] == 0:  # a padding row: nothing to attend to
+            out[starts[b]] = 0
     if decodes:
         _decode(query, k_cache, v_cache, block_tables, starts, lens, decodes, scale, k_scale, v_scale, out)
     for b, q_len in enumerate(q_lens):

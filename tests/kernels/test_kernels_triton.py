@@ -147,6 +147,7 @@ def test_triton_decode_padding_rows_give_zeros():
     batch.seq_lens[1] = 0
     out = tk.paged_attention(*batch.args(), num_splits=2)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert torch.equal(attention.paged_attention(*batch.args())[1], out[1])
     expected = attention.paged_attention(batch.query[[0, 2]], batch.k_cache, batch.v_cache,
                                          batch.block_tables[[0, 2]], batch.cu_seqlens_q[:3],
                                          batch.seq_lens[[0, 2]], batch.scale)
