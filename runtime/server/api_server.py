@@ -94,7 +94,6 @@ def build_app(
         title="infernetes OpenAI-compatible API",
         version=__version__,
         lifespan=lifespan,
-        root_path=settings.root_path or "",
         docs_url="/docs" if docs else None,
         redoc_url="/redoc" if docs else None,
         openapi_url="/openapi.json" if docs else None,

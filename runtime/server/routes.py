@@ -64,8 +64,13 @@ async def health(request: Request) -> Response:
     return error_response(f"unhealthy: {reason}", 503)
 
 
-@router.api_route("/ping", methods=["GET", "POST"])
+@router.get("/ping")
 async def ping(request: Request) -> Response:
+    return await health(request)
+
+
+@router.post("/ping")
+async def ping_post(request: Request) -> Response:
     return await health(request)
 
 
