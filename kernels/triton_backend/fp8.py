@@ -42,14 +42,19 @@ def quant_per_token_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / FP8_MAX, MIN_S)
+    amax = tl.zeros([BLOCK], tl.float32)
+    for k0 in range(0, n, BLOCK):  # pass 1: the row's absolute maximum
+        x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=k0 + offs < n, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_S)
     tl.store(scale_ptr + row, scale)
-    q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
-    if FP8_PREROUND:
-        q = round_to_fp8_grid(q, FP8_MANTISSA, FP8_MIN_EXP)
-    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    for k0 in range(0, n, BLOCK):  # pass 2: quantise
+        mask = k0 + offs < n
+        x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+        q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+        if FP8_PREROUND:
+            q = round_to_fp8_grid(q, FP8_MANTISSA, FP8_MIN_EXP)
+        tl.store(q_ptr + row * stride_q + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def scaled_fp8_quant(
@@ -82,7 +87,7 @@ def quant_per_token(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -
     if x.shape[0]:
         quant_per_token_kernel[(x.shape[0],)](
             x, q, scales, x.shape[1], x.stride(0), q.stride(0), FP8_MAX=torch.finfo(dtype).max,
-            MIN_S=MIN_SCALE, BLOCK=triton.next_power_of_2(x.shape[1]), **fp8_rounding_args(dtype),
+            MIN_S=MIN_SCALE, BLOCK=min(triton.next_power_of_2(x.shape[1]), 2048), **fp8_rounding_args(dtype),
         )
     return q, scales
 

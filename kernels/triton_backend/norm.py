@@ -71,6 +71,7 @@ def rms_norm(
             res_out.stride(0),
             HAS_RESIDUAL=residual is not None,
             BLOCK=next_pow2(n),
+            num_warps=min(max(next_pow2(n) // 512, 1), 8),  # about 16 elements per thread
         )
     out = out.reshape(x.shape)
     return out if residual is None else (out, res_out.reshape(x.shape))

@@ -152,3 +152,16 @@ def test_triton_decode_padding_rows_give_zeros():
                                          batch.block_tables[[0, 2]], batch.cu_seqlens_q[:3],
                                          batch.seq_lens[[0, 2]], batch.scale)
     torch.testing.assert_close(out[[0, 2]], expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_triton_per_token_quant_rows_have_their_own_scale(dtype):
+    from infernetes.kernels.triton_backend.fp8 import quant_per_token
+
+    x = torch.randn(4, 2500, device=DEVICE) * torch.tensor([0.01, 1.0, 30.0, 500.0], device=DEVICE)[:, None]
+    q, scales = quant_per_token(x, dtype)  # 2500 columns: two passes of 2048
+    assert scales.shape == (4, 1)
+    for row in range(4):
+        q_ref, s_ref = fp8.scaled_fp8_quant(x[row], dtype=dtype)
+        torch.testing.assert_close(scales[row, 0], s_ref)
+        assert torch.equal(q[row].view(torch.uint8), q_ref.view(torch.uint8))
