@@ -77,12 +77,15 @@ def build_tokenizer(directory: str | Path, vocab_size: int = 512, add_bos: bool 
     return hf_tokenizer
 
 
-def _tiny_config(architecture: str, vocab_size: int, special: dict[str, int], **overrides: Any) -> Any:
+def _tiny_config(architecture: str, tokenizer_size: int, special: dict[str, int], **overrides: Any) -> Any:
     """A transformers config for ``architecture`` small enough to run in milliseconds."""
     import transformers
 
     bos, eos, pad = special["bos"], special["eos"], special["pad"]
-    common = dict(vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    common = dict(vocab_size=tokenizer_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    overrides = dict(overrides)
+    # A larger vocabulary than the tokenizer's is allowed (benchmarks feed token ids directly).
+    common.update({key: overrides.pop(key) for key in list(overrides) if key in common})
     decoder = dict(
         hidden_size=64,
         intermediate_size=128,

@@ -327,6 +327,12 @@ class LLMEngine:
         if sampled.logprobs is not None:
             request.cumulative_logprob += sampled.logprobs.logprob
             request.logprobs.append(self.outputs.logprob_dict(sampled.logprobs))
+        if request.error is not None:
+            # Its logits processor raised: end this request alone; the batch goes on.
+            request.stop_reason = f"error: {request.error}"
+            self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED)
+            self._finished_stats.append(self._finished_request_stats(request))
+            return
         status, stop_reason = self._check_stop(request, sampled.token_id)
         stopped_by_token = status == RequestStatus.FINISHED_STOPPED
         if request.detokenizer is not None and not (stopped_by_token and not params.include_stop_str_in_output):

@@ -92,6 +92,7 @@ class Request:
         self.logprobs: list[dict[int, Logprob]] | None = None
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
         self.pooled: Any = None
+        self.error: Exception | None = None  # set when its logits processor failed
 
         self.detokenizer: Any = None
         self.times = RequestTimes()

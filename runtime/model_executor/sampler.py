@@ -9,11 +9,14 @@ its tokens do not depend on what else is in the batch.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,7 +84,11 @@ def _process(row: torch.Tensor, request: Request) -> torch.Tensor:
     if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
         row = _apply_penalties(row, request, params)
     for processor in params.logits_processors or ():
-        row = processor(request.output_token_ids, row)
+        try:
+            row = processor(request.output_token_ids, row)
+        except Exception as error:  # a faulty processor fails its own request, not the batch
+            logger.exception("logits processor of request %s failed", request.request_id)
+            request.error = error
     return row
 
 

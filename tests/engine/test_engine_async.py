@@ -124,3 +124,34 @@ async def test_sleep_and_wake_up(engine_and_stats):
     assert not engine.is_sleeping
     after = await _collect(engine, SAMPLE_PROMPTS[2], params, "b")
     assert before[-1].outputs[0].token_ids == after[-1].outputs[0].token_ids
+
+
+async def test_engine_death_reaches_every_stream(tiny_llama):
+    from infernetes.runtime.engine.async_engine import EngineDeadError
+
+    config = build_config(model=tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=32)
+    engine = AsyncEngine.from_config(config)
+
+    def explode(batch):
+        raise RuntimeError("device lost")
+
+    engine.engine.runner.execute = explode
+    with pytest.raises(EngineDeadError, match="device lost"):
+        await _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(max_tokens=3), "doomed")
+    assert engine.errored and "device lost" in repr(engine.dead_error)
+    with pytest.raises(EngineDeadError):
+        await _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(max_tokens=3), "after")
+    await engine.shutdown()
+
+
+async def test_encode_embeddings(model_factory):
+    config = build_config(model=model_factory("BertModel"), dtype="float32", max_model_len=64)
+    engine = AsyncEngine.from_config(config)
+    try:
+        outputs = await asyncio.gather(*(engine.encode(p, f"e{i}") for i, p in enumerate(SAMPLE_PROMPTS)))
+        assert [o.request_id for o in outputs] == ["e0", "e1", "e2", "e3"]
+        assert all(len(o.outputs.embedding) == 64 and o.finished for o in outputs)
+        with pytest.raises(ValueError, match="longer than the maximum model length of 64"):
+            await engine.encode(list(range(5, 100)), "long")
+    finally:
+        await engine.shutdown()

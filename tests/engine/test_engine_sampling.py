@@ -215,3 +215,17 @@ def test_stop_string_is_never_streamed(llm):
             streamed += output.outputs[0].text
             assert stop not in streamed
     assert streamed == full[: full.index(stop)]
+
+
+def test_failing_logits_processor_ends_only_its_request(llm):
+    def broken(output_ids, logits):
+        raise RuntimeError("grammar exploded")
+
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logits_processors=[broken]),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+    ]
+    bad, good = llm.generate(SAMPLE_PROMPTS[:2], params)
+    assert bad.outputs[0].finish_reason == "abort" and "grammar exploded" in bad.outputs[0].stop_reason
+    assert good.outputs[0].token_ids == _greedy(llm, SAMPLE_PROMPTS[1], n=6).token_ids
+    assert llm.llm_engine.block_manager.num_free_blocks == llm.llm_engine.num_blocks
