@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml setup.py
 test: setup lint unit e2e
 
 unit: setup
+	images/install-tools.sh
 	$(BIN)/pytest tests
 
 e2e: setup
@@ -25,6 +26,7 @@ e2e: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/hadolint Containerfile
 
 generate: setup
 	$(BIN)/python -m infernetes.generate
@@ -34,3 +36,10 @@ serve: setup
 
 bench: setup
 	$(BIN)/python -m bench
+
+# The runtime and operator images with podman; BASE_IMAGE=debootstrap builds from a local Debian
+# base instead of a registry's (see images/build-images.sh).
+.PHONY: images
+images:
+	images/install-tools.sh
+	images/build-images.sh

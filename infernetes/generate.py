@@ -18,6 +18,8 @@ GENERATORS: dict[str, str] = {
     "docs/reference/environment-variables.md": "infernetes.schema.reference:render_env_markdown",
     "crds/inferenceservices.infernetes.io.yaml": "infernetes.operator.crd:crd_yaml",
     "crds/kopf-peerings.kopf.dev.yaml": "infernetes.operator.generated:peering_yaml",
+    "helm/infernetes/crds/inferenceservices.infernetes.io.yaml": "infernetes.operator.crd:crd_yaml",
+    "helm/infernetes/crds/kopf-peerings.kopf.dev.yaml": "infernetes.operator.generated:peering_yaml",
 }
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
