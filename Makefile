@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test unit e2e lint generate serve bench
+.PHONY: setup test unit e2e lint generate serve bench cluster cluster-down
 
 setup: $(STAMP)
 
@@ -21,8 +21,17 @@ unit: setup
 	images/install-tools.sh
 	$(BIN)/pytest tests
 
+# build.sh first, so a cold build (tens of minutes) shows its progress; a no-op once cached.
 e2e: setup
+	cluster/build.sh >/dev/null
 	$(BIN)/pytest e2e
+
+# A local control plane for development (kubeconfig in .cluster/); `make e2e` reuses it.
+cluster: setup
+	$(BIN)/python cluster/localcluster.py up
+
+cluster-down: setup
+	$(BIN)/python cluster/localcluster.py down
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,0 +1,104 @@
+"""Fixtures for tests against a real local Kubernetes control plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kwok; see cluster/localcluster.py).
+
+Fixtures available to every test under e2e/:
+
+- ``cluster`` (session): a running ``localcluster.LocalCluster`` with
+    ``kubeconfig`` (Path of an admin kubeconfig), ``server`` (API URL), ``bin_dir`` (kubectl,
+    helm, kwok, ...), ``nodes`` (fake GPU node names, each 8 x ``nvidia.com/gpu``),
+    ``env`` (os.environ + KUBECONFIG + bin_dir on PATH: pass it to an operator subprocess),
+    ``kubectl(*args, input=None, check=True) -> CompletedProcess[str]`` (raises
+    ``KubectlError`` with stderr when ``check``), ``kubectl_json(*args)``,
+    ``apply(manifests, namespace=None, server_side=False, field_manager=None)`` (YAML text,
+    a dict or a list of dicts), ``helm(*args, ...)``, ``api_client()`` (a new
+    ``kubernetes.client.ApiClient``), ``log_tails(lines=60)``.
+  It reuses a cluster started by ``make cluster`` (state in ``.cluster/``) when one is running,
+  so repeated runs during development need no start-up; otherwise (CI, or with
+  ``INFERNETES_E2E_FRESH_CLUSTER=1``) it builds the binaries if they are not cached, starts a
+  private cluster in a temporary directory and stops it at the end of the session. Tests must
+  therefore not depend on a pristine cluster: use the ``namespace`` fixture and unique names.
+- ``api_client`` (session): one ``kubernetes.client.ApiClient`` for ``cluster``.
+- ``namespace`` (function): a new namespace whose ``default`` ServiceAccount exists (pods can be
+  created in it at once); deleted after the test.
+
+``from localcluster import wait_for`` gives the polling helper
+(``wait_for(condition, timeout=..., what=...)`` returns the first truthy value).
+
+When a test fails, the tail of every component's log is added to its report (full logs are in
+the cluster's ``logs/`` directory, whose path the report shows).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
+
+from localcluster import (  # found through the sys.path entry above
+    DEFAULT_STATE_DIR,
+    LocalCluster,
+    build_binaries,
+    wait_for,
+)
+
+_active_cluster: LocalCluster | None = None
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    global _active_cluster
+    if os.environ.get("INFERNETES_E2E_FRESH_CLUSTER") != "1":
+        shared = LocalCluster(DEFAULT_STATE_DIR)
+        if shared.running():
+            _active_cluster = shared
+            yield shared
+            _active_cluster = None
+            return
+    private = LocalCluster(tmp_path_factory.mktemp("cluster"), build_binaries())
+    private.start()
+    _active_cluster = private
+    try:
+        yield private
+    finally:
+        _active_cluster = None
+        private.stop()
+
+
+@pytest.fixture(scope="session")
+def api_client(cluster: LocalCluster) -> Iterator[Any]:
+    client = cluster.api_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"e2e-{slug}-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+            == 0
+        ),
+        timeout=60,
+        what=f"the default service account in {name}",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.failed and _active_cluster is not None:
+        report.sections.append(("local cluster logs", _active_cluster.log_tails()))
+    return report
