@@ -178,7 +178,7 @@ ENGINE_RULES: list[tuple[tuple[str, ...], Schema]] = [
     (
         ("collectDetailedTraces", "otlpTracesEndpoint"),
         rule(
-            "!has(self.collectDetailedTraces) || self.collectDetailedTraces == '' || has(self.otlpTracesEndpoint)",
+            "!has(self.collectDetailedTraces) || size(self.collectDetailedTraces) == 0 || has(self.otlpTracesEndpoint)",
             "collectDetailedTraces needs otlpTracesEndpoint",
             field_path=".otlpTracesEndpoint",
         ),

@@ -79,6 +79,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     memo.api = make_client()
     memo.apis = discover_apis(memo.api)
     memo.status_locks = defaultdict(threading.Lock)
+    memo.status_locks_guard = threading.Lock()
     memo.last_status = {}
     logger.info("optional APIs served: %s", ", ".join(sorted(memo.apis)) or "none")
     if options.metrics_port:
@@ -245,7 +246,9 @@ def refresh_status(memo: kopf.Memo, key: Key, isvcs: Any, deployments: Any, pods
     owner = first(isvcs.get(key))
     if owner is None or owner["deleting"]:
         return
-    with memo.status_locks[key]:
+    with memo.status_locks_guard:
+        lock = memo.status_locks[key]
+    with lock:
         current = owner["status"] or {}
         derived = derive_status(
             generation=owner["generation"],

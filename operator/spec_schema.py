@@ -273,7 +273,6 @@ ROOT_RULES = [
         "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
         f"metadata.name must be a DNS-1035 label of at most {SERVICE_NAME_MAX} characters "
         "(it names the Service)",
-        field_path=".metadata.name",
     )
 ]
 
