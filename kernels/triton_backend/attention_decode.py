@@ -65,8 +65,12 @@ def decode_split_kernel(
         q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
         mask=mask_g[:, None] & mask_d[None, :],
         other=0.0,
-    ).to(tl.float32)
-    q = q * qk_scale
+    ).to(DOT_DTYPE)
+    score_scale = qk_scale
+    v_scale = 1.0
+    if FP8:
+        score_scale = qk_scale * tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -75,17 +79,18 @@ def decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
-        k = load_kv_tile(k_cache_ptr, k_scale_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-                         block_size, stride_kb, stride_kt, stride_kh, FP8)
-        v = load_kv_tile(v_cache_ptr, v_scale_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-                         block_size, stride_vb, stride_vt, stride_vh, FP8)
-        m_i, l_i, acc = online_softmax_step(q, k, v, mask_n[None, :], m_i, l_i, acc, DOT_DTYPE, PRECISION)
+        k = load_kv_tile(k_cache_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
+                         block_size, stride_kb, stride_kt, stride_kh, DOT_DTYPE)
+        v = load_kv_tile(v_cache_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
+                         block_size, stride_vb, stride_vt, stride_vh, DOT_DTYPE)
+        m_i, l_i, acc = online_softmax_step(q, k, v, mask_n[None, :], m_i, l_i, acc, score_scale,
+                                              DOT_DTYPE, PRECISION)
 
     # partials: [seq, head, split] (+ [D] for acc); an empty split leaves m=-inf, l=0, acc=0
     part = (seq * num_heads + heads) * NUM_SPLITS + split
     tl.store(part_m_ptr + part, m_i, mask=mask_g)
     tl.store(part_l_ptr + part, l_i, mask=mask_g)
-    tl.store(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc, mask=mask_g[:, None])
+    tl.store(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc * v_scale, mask=mask_g[:, None])
 
 
 @triton.jit

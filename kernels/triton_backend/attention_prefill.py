@@ -87,8 +87,12 @@ def prefill_kernel(
             q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
             mask=mask_m[:, None] & mask_d[None, :],
             other=0.0,
-        ).to(tl.float32)
-        q = q * qk_scale
+        ).to(DOT_DTYPE)
+        score_scale = qk_scale
+        v_scale = 1.0
+        if FP8:
+            score_scale = qk_scale * tl.load(k_scale_ptr)
+            v_scale = tl.load(v_scale_ptr)
         q_pos = context + q_idx  # absolute position of each row's token
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -99,14 +103,15 @@ def prefill_kernel(
         for n0 in range(0, kv_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < kv_end
-            k = load_kv_tile(k_cache_ptr, k_scale_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-                             block_size, stride_kb, stride_kt, stride_kh, FP8)
-            v = load_kv_tile(v_cache_ptr, v_scale_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-                             block_size, stride_vb, stride_vt, stride_vh, FP8)
+            k = load_kv_tile(k_cache_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
+                             block_size, stride_kb, stride_kt, stride_kh, DOT_DTYPE)
+            v = load_kv_tile(v_cache_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
+                             block_size, stride_vb, stride_vt, stride_vh, DOT_DTYPE)
             visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
-            m_i, l_i, acc = online_softmax_step(q, k, v, visible, m_i, l_i, acc, DOT_DTYPE, PRECISION)
+            m_i, l_i, acc = online_softmax_step(q, k, v, visible, m_i, l_i, acc, score_scale,
+                                                  DOT_DTYPE, PRECISION)
 
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),

@@ -75,7 +75,10 @@ def compile_all() -> None:
     for kernel, types, constexprs, options in _cases():
         # pointers and floats as given; every other runtime argument is an int32 (sizes, strides)
         signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+        # what the JIT assumes at a real launch: 16-byte aligned pointers, strides that are multiples of 16
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+                   if signature[name].startswith("*") or name.startswith("stride") or name in ("head_dim", "block_size")}
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
                                   options=options or None)
         assert compiled.asm["cubin"], kernel.__name__
         print(f"{kernel.__name__}: compiled for sm_90", flush=True)
