@@ -1,0 +1,128 @@
+"""Serving overhead: ``infernetes bench serve`` at concurrency 64 against a running server, versus
+``infernetes bench throughput`` (the engine alone, no HTTP) on the same model, prompts and engine
+arguments, in the same run. Prints both output-token throughputs and their ratio (target >= 0.85).
+
+Both sides cap the batch at the concurrency (``--max-num-seqs``), so the ratio measures what the
+HTTP layer costs, not a wider offline batch, and both run with the same intra-op thread count
+(``--threads``, OMP_NUM_THREADS): the server's engine loop runs in a worker thread and the offline
+one in the main thread, and on a loaded machine OpenMP's spinning threads make the two behave very
+differently unless the count is pinned. Each side runs ``--rounds`` times, alternating, and
+the best round of each counts: other load on a shared machine only ever slows a round down.
+
+    python -m bench serve_vs_offline [--model DIR] [--num-prompts 128] [--concurrency 64] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+TARGET_RATIO = 0.85
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "infernetes.cli.main", *args]
+
+
+def _make_model(directory: Path) -> Path:
+    """A small Llama-shaped model: big enough that the forward pass, not Python, sets the pace."""
+    from infernetes.runtime.testing import make_tiny_model
+
+    return make_tiny_model(directory, "LlamaForCausalLM", hidden_size=256, intermediate_size=512,
+                           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the server did not become healthy")
+
+
+def offline_round(engine_args: list[str], dataset: list[str], out: Path, env: dict[str, str]) -> float:
+    subprocess.run(_cli("bench", "throughput", *dataset, "--output-json", str(out), *engine_args),
+                   check=True, stdout=subprocess.DEVNULL, env=env)
+    return json.loads(out.read_text())["output_throughput"]
+
+
+def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, out: Path,
+                log: Path, env: dict[str, str]) -> float:
+    port = _free_port()
+    with open(log, "ab") as log_file:
+        server = subprocess.Popen(
+            _cli("serve", *engine_args, "--host", "127.0.0.1", "--port", str(port),
+                 "--disable-log-requests", "--disable-uvicorn-access-log"),
+            stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_healthy(f"http://127.0.0.1:{port}", server)
+            subprocess.run(_cli("bench", "serve", "--port", str(port), *dataset,
+                                "--max-concurrency", str(concurrency), "--result-filename", str(out)),
+                           check=True, stdout=subprocess.DEVNULL, env=env)
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+    result = json.loads(out.read_text())
+    if result["failed"]:
+        raise RuntimeError(f"{result['failed']} requests failed: {result['errors']}")
+    return result["output_throughput"]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench serve_vs_offline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model directory (default: a generated 4-layer Llama)")
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides")
+    args = parser.parse_args(argv)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+
+    with tempfile.TemporaryDirectory(prefix="serve-vs-offline-") as tmp:
+        work = Path(tmp)
+        model = args.model or str(_make_model(work / "model"))
+        engine_args = [model, "--max-num-seqs", str(args.concurrency), "--seed", "0",
+                       "--max-model-len", str(2 * (args.input_len + args.output_len))]
+        dataset = ["--dataset-name", "random", "--num-prompts", str(args.num_prompts),
+                   "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+                   "--seed", "0"]
+        offline, served = [], []
+        for round_index in range(args.rounds):
+            offline.append(offline_round(engine_args, dataset, work / f"offline-{round_index}.json", env))
+            served.append(serve_round(engine_args, dataset, args.concurrency,
+                                      work / f"serve-{round_index}.json", work / "server.log", env))
+            print(f"round {round_index + 1}: offline {offline[-1]:.1f} tok/s, "
+                  f"served {served[-1]:.1f} tok/s", flush=True)
+    ratio = max(served) / max(offline)
+    print(f"model: {args.model or 'generated 4-layer Llama (hidden 256)'}; {args.num_prompts} prompts, "
+          f"input {args.input_len}, output {args.output_len} tokens; concurrency {args.concurrency}; "
+          f"cpu count {os.cpu_count()}; OMP_NUM_THREADS={args.threads}")
+    print(f"offline engine:  {max(offline):8.1f} output tokens/s (best of {args.rounds})")
+    print(f"served over HTTP:{max(served):8.1f} output tokens/s (best of {args.rounds})")
+    print(f"ratio served/offline: {ratio:.3f} (target >= {TARGET_RATIO})")
+    return 0

@@ -1,0 +1,1 @@
+"""Load generators and offline benchmarks behind ``infernetes bench``."""
