@@ -222,3 +222,11 @@ def test_chart_version_follows_the_package():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["version"] == chart["appVersion"] == version
     assert names.DEFAULT_IMAGE.endswith(f":{version}")
+
+
+def test_each_release_gets_its_own_peering(helm_bin: Path):
+    out = helm(helm_bin, "template", "team-a", str(CHART), "--namespace", "ops").stdout
+    docs = [doc for doc in yaml.safe_load_all(out) if doc]
+    (peering,) = find(docs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "team-a-infernetes"
+    assert "--peering=team-a-infernetes" in operator_container(docs)["args"]

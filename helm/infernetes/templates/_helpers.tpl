@@ -45,6 +45,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{- define "infernetes.peeringName" -}}
+{{- default (include "infernetes.fullname" .) .Values.peering.name -}}
+{{- end -}}
+
 {{/* The peering is per namespace when the operator watches a list of them (kopf's rule). */}}
 {{- define "infernetes.peeringEnabled" -}}
 {{- if or .Values.peering.enabled (gt (int .Values.replicaCount) 1) -}}true{{- end -}}
