@@ -6,6 +6,9 @@ compiled; the same tests cover both. Shapes stay small: the interpreter is slow.
 
 import pytest
 import torch
+
+pytest.importorskip("triton")  # no Triton wheels outside Linux
+
 from infernetes.kernels import triton_backend as tk
 from infernetes.kernels.reference import activation, attention, cache, fp8, norm, rotary
 from infernetes.kernels.rope import build_cos_sin_cache
