@@ -109,7 +109,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _process_alive(pid: int, exe: str) -> bool:
+def process_alive(pid: int, exe: str) -> bool:
     """True when `pid` runs `exe` and is not a zombie (guards against pid reuse)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -222,11 +222,11 @@ class LocalCluster:
         # while etcd is still there, but hangs for many seconds when etcd goes first.
         for name in reversed(COMPONENTS):
             proc = processes.get(name)
-            if proc and _process_alive(proc["pid"], proc["exe"]):
+            if proc and process_alive(proc["pid"], proc["exe"]):
                 os.kill(proc["pid"], signal.SIGTERM)
                 try:
                     wait_for(
-                        lambda p=proc: not _process_alive(p["pid"], p["exe"]),
+                        lambda p=proc: not process_alive(p["pid"], p["exe"]),
                         timeout=10,
                         what=f"{name} to exit",
                         interval=0.05,
@@ -245,7 +245,7 @@ class LocalCluster:
         processes = self._state.get("processes", {})
         if set(processes) != set(COMPONENTS) or not self._state_file.exists():
             return False
-        if not all(_process_alive(p["pid"], p["exe"]) for p in processes.values()):
+        if not all(process_alive(p["pid"], p["exe"]) for p in processes.values()):
             return False
         try:
             return self._api_ok("/readyz")
