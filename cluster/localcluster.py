@@ -215,8 +215,9 @@ class LocalCluster:
         self._save_state()
         return elapsed
 
-    def stop(self) -> None:
-        """Stops the processes this state directory records (by pid), then removes the state."""
+    def stop(self, keep_logs: bool = False) -> None:
+        """Stops the processes this state directory records (by pid), then removes the state
+        (all of it, or all but `logs/` when `keep_logs`)."""
         processes = self._state.get("processes", {})
         # One at a time, in reverse start order: the API server shuts down in about a second
         # while etcd is still there, but hangs for many seconds when etcd goes first.
@@ -238,7 +239,14 @@ class LocalCluster:
             if child is not None:
                 child.wait()
         self._state = {}
-        shutil.rmtree(self.state_dir, ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            return
+        for path in self.state_dir.iterdir() if self.state_dir.exists() else ():
+            if path.is_dir() and path != self.logs_dir:
+                shutil.rmtree(path)
+            elif path.is_file():
+                path.unlink()
 
     def running(self) -> bool:
         """True when every recorded process is alive and the API server answers /readyz."""

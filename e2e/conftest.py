@@ -69,7 +69,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield private
     finally:
         _active_cluster = None
-        private.stop()
+        # pytest keeps its last temporary directories: the logs named in failure reports stay.
+        private.stop(keep_logs=True)
 
 
 @pytest.fixture(scope="session")
