@@ -81,13 +81,14 @@ def _warn_foreign(name: str, default: str) -> None:
 
 def attention_backend(device: torch.device | str) -> str:
     """The backend the ops use for tensors on `device`, from `VLLM_ATTENTION_BACKEND`."""
-    device_type = torch.device(device).type
-    return _resolve_cached(read_env(ENV_NAME), device_type, interpreter_enabled())
+    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    # Every op asks, so the answer is cached on the raw settings it depends on.
+    return _resolve_cached(os.environ.get(ENV_NAME), device_type, os.environ.get("TRITON_INTERPRET"))
 
 
 @cache
-def _resolve_cached(requested: str | None, device_type: str, _interpret: bool) -> str:
-    return resolve_backend(requested, device_type)
+def _resolve_cached(raw: str | None, device_type: str, _raw_interpret: str | None) -> str:
+    return resolve_backend(read_env(ENV_NAME, {} if raw is None else {ENV_NAME: raw}), device_type)
 
 
 def use_triton(device: torch.device | str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import triton
 import triton.language as tl
@@ -20,15 +22,20 @@ def interpreting() -> bool:
     Triton fixes that when a kernel module is imported, so a process that imported the kernels
     before setting TRITON_INTERPRET cannot switch afterwards: we say so instead of crashing.
     """
-    from infernetes.kernels.triton_backend import activation
-
-    interpreted = not isinstance(activation.silu_and_mul_kernel, triton.runtime.JITFunction)
+    interpreted = _kernels_interpreted()
     if interpreted != backend.interpreter_enabled():
         raise backend.BackendError(
             "TRITON_INTERPRET changed after the Triton kernels were imported; set it before the "
             "process starts"
         )
     return interpreted
+
+
+@cache
+def _kernels_interpreted() -> bool:
+    from infernetes.kernels.triton_backend import activation
+
+    return not isinstance(activation.silu_and_mul_kernel, triton.runtime.JITFunction)
 
 
 def dot_dtype(dtype: torch.dtype):
