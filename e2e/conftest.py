@@ -12,8 +12,9 @@ Fixtures available to every test under e2e/:
     ``apply(manifests, namespace=None, server_side=False, field_manager=None)`` (YAML text,
     a dict or a list of dicts), ``helm(*args, ...)``, ``api_client()`` (a new
     ``kubernetes.client.ApiClient``), ``log_tails(lines=60)``.
-  It reuses a cluster started by ``make cluster`` (state in ``.cluster/``) when one is running,
-  so repeated runs during development need no start-up; otherwise (CI, or with
+  It reuses a cluster started by ``make cluster`` (state in ``.cluster/``) when one built from
+  the pinned versions is running, so repeated runs during development need no start-up;
+  otherwise (CI, or with
   ``INFERNETES_E2E_FRESH_CLUSTER=1``) it builds the binaries if they are not cached, starts a
   private cluster in a temporary directory and stops it at the end of the session. Tests must
   therefore not depend on a pristine cluster: use the ``namespace`` fixture and unique names.
@@ -46,6 +47,7 @@ from localcluster import (  # found through the sys.path entry above
     DEFAULT_STATE_DIR,
     LocalCluster,
     build_binaries,
+    cached_bin_dir,
     wait_for,
 )
 
@@ -57,7 +59,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     global _active_cluster
     if os.environ.get("INFERNETES_E2E_FRESH_CLUSTER") != "1":
         shared = LocalCluster(DEFAULT_STATE_DIR)
-        if shared.running():
+        # Only one built from the pinned versions: a stale one would test old binaries.
+        if shared.running() and shared.bin_dir == cached_bin_dir():
             _active_cluster = shared
             yield shared
             _active_cluster = None
