@@ -208,7 +208,7 @@ class LocalCluster:
             )
         except (TimeoutError, ClusterError, KubectlError, OSError) as exc:
             message = f"local cluster failed to start: {exc}\n{self.log_tails()}"
-            self.stop()
+            self.stop(keep_logs=True)
             raise ClusterError(message) from exc
         elapsed = time.monotonic() - started
         self._state["startup_seconds"] = round(elapsed, 2)
