@@ -59,3 +59,26 @@ def test_bad_input_is_named(cluster: LocalCluster, tmp_path: Path) -> None:
     empty_bin.mkdir()
     with pytest.raises(ClusterError, match=r"missing binaries.*kube-apiserver"):
         LocalCluster(tmp_path / "y", empty_bin).start()
+
+
+def test_a_component_that_dies_fails_the_start_with_its_log(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    broken_bin = tmp_path / "bin"
+    broken_bin.mkdir()
+    for binary in cluster.bin_dir.iterdir():
+        (broken_bin / binary.name).symlink_to(binary)
+    (broken_bin / "kube-apiserver").unlink()
+    (broken_bin / "kube-apiserver").write_text(
+        "#!/bin/sh\necho 'flag provided but not defined'\nexit 3\n"
+    )
+    (broken_bin / "kube-apiserver").chmod(0o755)
+    broken = LocalCluster(tmp_path / "state", broken_bin)
+
+    with pytest.raises(ClusterError) as error:
+        broken.start(timeout=60)
+
+    assert "kube-apiserver exited with code 3" in str(error.value)
+    assert "flag provided but not defined" in str(error.value)  # the component's log
+    assert (tmp_path / "state" / "logs" / "kube-apiserver.log").exists()
+    assert not (tmp_path / "state" / "state.json").exists()  # etcd was stopped again
