@@ -11,6 +11,10 @@
 # published v0.<minor>.<patch>. etcd gets a wrapper of its own for the same reason. kwok and helm
 # have no replace directives and use `go install`.
 #
+# Needs Go 1.26 or newer (the pinned modules declare `go 1.26`; GOTOOLCHAIN=local, so an older Go
+# fails with that message instead of downloading a toolchain). A cold build took 29 min on a
+# busy 2-core machine (etcd 2, kubernetes 16, kwok 5, helm 7); the times go to build.log.
+#
 # Environment: INFERNETES_CLUSTER_CACHE (cache root, default ~/.cache/infernetes/cluster),
 # BUILD_NICE (niceness of the compilers, default 10: the machine is shared), GO (go binary).
 set -euo pipefail
