@@ -109,7 +109,8 @@ def test_resource_gets_children_and_becomes_ready(cluster: Any, ns: str, operato
     assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
     owner = deployment["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "InferenceService" and owner["uid"] == resource["metadata"]["uid"]
-    managers = {entry["manager"] for entry in deployment["metadata"]["managedFields"] if entry["operation"] == "Apply"}
+    fields = get(cluster, ns, "deployment", "llama", "--show-managed-fields")["metadata"]["managedFields"]
+    managers = {entry["manager"] for entry in fields if entry["operation"] == "Apply"}
     assert managers == {"infernetes"}
     assert get(cluster, ns, "service", "llama")["spec"]["ports"][0]["targetPort"] == "http"
     monitor = get(cluster, ns, "servicemonitor", "llama")
@@ -212,25 +213,29 @@ def test_deleting_the_resource_removes_everything(cluster: Any, ns: str, operato
 
 
 def test_kill_mid_reconcile_converges_without_orphans(
-    cluster: Any, ns: str, operator: OperatorProcess
+    cluster: Any, ns: str, operator: OperatorProcess, api_client: Any
 ) -> None:
-    names = [f"burst-{i}" for i in range(12)]
+    from kubernetes import client
+
+    apps = client.AppsV1Api(api_client)
+    names = [f"burst-{i}" for i in range(40)]
     operator.kill()
     cluster.apply([isvc(name, engine={"device": "cpu"}) for name in names], namespace=ns)
-    operator.start(wait=False)
-    # Kill it again as soon as it has created the first child: handlers are in flight.
-    def burst_deployments() -> list[dict]:
-        return [d for d in get(cluster, ns, "deployments")["items"] if d["metadata"]["name"].startswith("burst-")]
 
-    wait_until(burst_deployments, timeout=TIMEOUT, what="the first burst Deployment", interval=0.05)
+    def burst_deployments() -> list[str]:
+        items = apps.list_namespaced_deployment(ns).items
+        return [d.metadata.name for d in items if d.metadata.name.startswith("burst-")]
+
+    operator.start(wait=False)
+    # Kill it again as soon as it has created the first child: the other handlers are in flight.
+    wait_until(burst_deployments, timeout=TIMEOUT, what="the first burst Deployment", interval=0.02)
     operator.kill()
     created_while_running = len(burst_deployments())
     operator.start()
     for name in names:
         wait_condition(cluster, ns, name, "Ready", "True")
-    deployments = burst_deployments()
+    assert sorted(burst_deployments()) == sorted(names)
     services = [s for s in get(cluster, ns, "services")["items"] if s["metadata"]["name"].startswith("burst-")]
-    assert sorted(d["metadata"]["name"] for d in deployments) == sorted(names)
     assert sorted(s["metadata"]["name"] for s in services) == sorted(names)
     owners = {r["metadata"]["uid"] for r in get(cluster, ns, "infsvc")["items"]}
     managed = get(cluster, ns, "deployments,services,servicemonitors", "-l", "app.kubernetes.io/managed-by=infernetes")

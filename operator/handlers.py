@@ -190,6 +190,7 @@ def reconcile(
     memo: kopf.Memo,
     gpu_nodes: Any,
     gpu_pods: Any,
+    inference_services: Any,
     owned_deployments: Any,
     owned_pods: Any,
     **_: Any,
@@ -211,29 +212,20 @@ def reconcile(
     for warning in result.warnings:
         if warning not in (status.get("warnings") or ()):
             kopf.event(body, type="Warning", reason="Adjusted", message=warning)
-    generation = meta.get("generation", 0)
-    key = (namespace, name)
-    derived = derive_status(
-        generation=generation,
-        desired_replicas=spec.get("replicas", 1),
-        deployment=first(owned_deployments.get(key)),
-        pods=list(owned_pods.get(key, ())),
-        previous=status.get("conditions"),
-        now=now(),
-    )
     patch.status.update(
         {
-            "observedGeneration": generation,
+            "observedGeneration": meta.get("generation", 0),
             "url": result.url,
             "modelName": result.model_name,
             "gpusPerReplica": result.gpus_per_replica,
             "serviceName": result.service_name,
             "selector": result.selector,
             "warnings": result.warnings or None,
-            **derived,
         }
     )
-    memo.last_status[key] = derived
+    # Conditions are written by one path only (refresh_status), so a slow reconcile can never
+    # overwrite what a newer child event derived.
+    refresh_status(memo, (namespace, name), inference_services, owned_deployments, owned_pods)
     metrics.RECONCILES.labels("applied").inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 

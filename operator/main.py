@@ -1,6 +1,5 @@
 """Running the operator: kopf with our settings, peering, health and metrics endpoints."""
 
-import logging
 from dataclasses import dataclass
 
 
@@ -21,7 +20,6 @@ def run_operator(options: OperatorOptions) -> int:
     import kopf
     from infernetes.operator import handlers  # registers the handlers with kopf
 
-    logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO)
     kopf.configure(verbose=options.verbose)
     liveness = f"http://{options.bind_address}:{options.health_port}/healthz" if options.health_port else None
     kopf.run(
