@@ -11,6 +11,9 @@ drawn from ``--input-len``, output lengths from ``--output-len``), greedy, EOS i
   its HF backend).
 
 Throughput is requested output tokens per second; the ratio infernetes / transformers is printed.
+Each side runs in its default dtype unless told otherwise: infernetes ``auto`` (bf16 on a CPU that
+computes bf16 natively, as vLLM's CPU backend does), transformers the checkpoint's float32; pass
+``--hf-dtype bfloat16`` for a same-dtype comparison.
 Run: ``python -m bench engine_throughput`` (``--help`` for sizes).
 """
 
@@ -39,7 +42,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="auto",
+                        help="infernetes dtype (auto: bf16 on a CPU with native bf16, as vLLM)")
+    parser.add_argument("--hf-dtype", default="float32",
+                        help="transformers dtype (float32: the checkpoint's, what it loads by default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="measure infernetes only")
     return parser.parse_args(argv)
@@ -76,14 +82,14 @@ def run_infernetes(path: str, requests, args) -> float:
     elapsed = time.perf_counter() - start
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert produced == sum(n for _, n in requests), "every request must produce its requested tokens"
-    return elapsed
+    return elapsed, str(llm.llm_engine.settings.info.dtype).removeprefix("torch.")
 
 
 def run_transformers(path: str, requests, args) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.hf_dtype)).eval()
     pad = 0
     with torch.inference_mode():
         model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False, pad_token_id=pad)
@@ -127,16 +133,16 @@ def main(argv: list[str]) -> int:
                 initializer_range=0.02,
             )
         )
-        print(f"model: Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, {args.dtype}; "
+        print(f"model: Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab} (float32 checkpoint); "
               f"{len(requests)} prompts, {prompt_tokens} prompt tokens, {output_tokens} output tokens; "
               f"{args.threads} threads", flush=True)
-        ours = run_infernetes(path, requests, args)
-        print(f"infernetes:   {ours:8.2f} s  {output_tokens / ours:9.1f} output tok/s  "
+        ours, dtype = run_infernetes(path, requests, args)
+        print(f"infernetes ({dtype}):   {ours:8.2f} s  {output_tokens / ours:9.1f} output tok/s  "
               f"{(output_tokens + prompt_tokens) / ours:9.1f} total tok/s", flush=True)
         if args.skip_hf:
             return 0
         theirs = run_transformers(path, requests, args)
-        print(f"transformers: {theirs:8.2f} s  {output_tokens / theirs:9.1f} output tok/s  "
+        print(f"transformers ({args.hf_dtype}): {theirs:8.2f} s  {output_tokens / theirs:9.1f} output tok/s  "
               f"(batched generate, batch size {args.hf_batch_size})", flush=True)
     print(f"ratio infernetes / transformers: {theirs / ours:.2f}x", flush=True)
     return 0

@@ -8,7 +8,7 @@ from typing import Any
 
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
-from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 PromptInput = str | list[int] | dict[str, Any]
 
@@ -109,6 +109,9 @@ class LLM:
         try:
             for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
                 request_id = str(next(self._ids))
+                if params is not None and params.output_kind != RequestOutputKind.FINAL_ONLY:
+                    params = params.clone()  # offline callers want only the final output
+                    params.output_kind = RequestOutputKind.FINAL_ONLY
                 engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0)
                 request_ids.append(request_id)
         except Exception:

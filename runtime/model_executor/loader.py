@@ -128,9 +128,18 @@ def _supported() -> set[str]:
     return set(ARCHITECTURES)
 
 
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX), so bf16 beats fp32."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # an older torch without these probes
+        return False
+
+
 def resolve_dtype(hf_config: Any, requested: str, device: torch.device) -> torch.dtype:
-    """vLLM's rules: ``auto`` keeps bf16/fp16 models as they are and runs fp32 models in fp16 on
-    a GPU; on a CPU, fp16 runs as fp32 (no fast fp16 kernels) unless asked for explicitly."""
+    """vLLM's rules for ``auto``: on a GPU, bf16/fp16 models keep their dtype and fp32 models run
+    in fp16; on a CPU everything runs in bf16 (vLLM's CPU default) when the CPU computes bf16
+    natively, else in fp32 (there are no fast fp16 CPU kernels)."""
     if requested != "auto":
         if requested not in _DTYPES:
             raise ModelLoadError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {requested!r}")
@@ -140,7 +149,7 @@ def resolve_dtype(hf_config: Any, requested: str, device: torch.device) -> torch
         model_dtype = _DTYPES.get(model_dtype, torch.float32)
     model_dtype = model_dtype or torch.float32
     if device.type == "cpu":
-        return torch.bfloat16 if model_dtype == torch.bfloat16 else torch.float32
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     return torch.float16 if model_dtype == torch.float32 else model_dtype
 
 

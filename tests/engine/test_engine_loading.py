@@ -158,3 +158,41 @@ def test_bad_requests_name_the_problem(tiny_llama):
     # nothing leaked and the engine still serves
     assert llm.llm_engine.block_manager.num_free_blocks == 32
     assert _tokens(llm) == _tokens(LLM(tiny_llama, **SMALL))
+
+
+def test_dtype_rules():
+    from types import SimpleNamespace
+
+    from infernetes.runtime.model_executor.loader import cpu_has_fast_bf16, resolve_dtype
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    fp32_model = SimpleNamespace(dtype=torch.float32)
+    bf16_model = SimpleNamespace(dtype="bfloat16")
+    assert resolve_dtype(fp32_model, "auto", gpu) == torch.float16
+    assert resolve_dtype(bf16_model, "auto", gpu) == torch.bfloat16
+    assert resolve_dtype(fp32_model, "auto", cpu) == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float32)
+    assert resolve_dtype(bf16_model, "half", cpu) == torch.float16
+    with pytest.raises(ValueError, match="dtype must be one of auto"):
+        resolve_dtype(fp32_model, "float8", cpu)
+
+
+def test_seed_makes_unseeded_sampling_reproducible(tiny_llama):
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    first = _tokens(LLM(tiny_llama, seed=3, **SMALL), params=params)
+    second = _tokens(LLM(tiny_llama, seed=3, **SMALL), params=params)
+    assert first == second
+
+
+def test_missing_model_offline_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="cannot find model 'some-org/some-model'"):
+        LLM("some-org/some-model", **SMALL)
+
+
+def test_separate_tokenizer_folder(tmp_path, tiny_llama, reference_tokens):
+    from infernetes.runtime.testing import build_tokenizer
+
+    build_tokenizer(tmp_path / "tok")
+    llm = LLM(tiny_llama, tokenizer=str(tmp_path / "tok"), **SMALL)
+    assert _tokens(llm) == reference_tokens
