@@ -13,84 +13,20 @@ INFERNETES_BUILD_RUNTIME_IMAGE=1.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TEST_REPO = "localhost/infernetes-test"
-
-
-def _missing_prerequisite() -> str | None:
-    for tool in ("podman", "debootstrap", "chroot"):
-        if shutil.which(tool) is None:
-            return (
-                f"{tool} is not installed (images/install-tools.sh installs podman and debootstrap)"
-            )
-    if os.geteuid() != 0:
-        return "needs root: debootstrap, podman's storage and chroot"
-    return None
-
+sys.path.insert(0, str(REPO_ROOT / "images"))
+from imagetools import ImageRoot, build, missing_prerequisite  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    _missing_prerequisite() is not None, reason=str(_missing_prerequisite())
+    missing_prerequisite() is not None, reason=str(missing_prerequisite())
 )
-
-
-def run(*argv: str, timeout: float = 1800, **kwargs) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
-    if result.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-        )
-    return result
-
-
-def build(target: str) -> str:
-    """Builds a target from the debootstrap base; returns the image name."""
-    env = {**os.environ, "BASE_IMAGE": "debootstrap", "IMAGE_REPO": TEST_REPO, "IMAGE_TAG": "test"}
-    run(str(REPO_ROOT / "images" / "build-images.sh"), target, env=env, timeout=3600)
-    return f"{TEST_REPO}:test" if target == "runtime" else f"{TEST_REPO}-operator:test"
-
-
-def config(image: str) -> dict:
-    return json.loads(
-        run("podman", "image", "inspect", image, "--format", "{{json .Config}}").stdout
-    )
-
-
-class ImageRoot:
-    """An image's root filesystem, mounted read-only by podman, to run commands in with chroot."""
-
-    def __init__(self, image: str) -> None:
-        self.image = image
-        self.config = config(image)
-        self.path = Path(run("podman", "image", "mount", image).stdout.strip())
-
-    def exec(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Runs argv as the image's user with the image's environment (and a HOME)."""
-        user = self.config.get("User") or "0"
-        env = dict(item.split("=", 1) for item in self.config.get("Env", []))
-        env.setdefault("HOME", self.config.get("WorkingDir") or "/")
-        command = ["chroot", f"--userspec={user}:0", str(self.path), "/usr/bin/env", "-i"]
-        command += [f"{key}={value}" for key, value in env.items()] + argv
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if check and result.returncode != 0:
-            raise AssertionError(
-                f"{argv} exited {result.returncode} in {self.image}:\n{result.stdout}\n{result.stderr}"
-            )
-        return result
-
-    def entrypoint(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.exec([*self.config["Entrypoint"], *args], check=check)
-
-    def close(self) -> None:
-        subprocess.run(["podman", "image", "unmount", self.image], capture_output=True)
 
 
 @pytest.fixture(scope="module")
