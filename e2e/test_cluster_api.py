@@ -247,3 +247,33 @@ def test_service_account_tokens_authenticate_and_rbac_authorizes(
         timeout=30,
         what="the RoleBinding to take effect",
     )
+
+
+def _chart(directory: Path, kube_version: str) -> Path:
+    chart = directory / "probe"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text(
+        f"apiVersion: v2\nname: probe\nversion: 0.1.0\nkubeVersion: '{kube_version}'\n"
+    )
+    (chart / "templates" / "configmap.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe\n"
+        "data:\n  server: '{{ .Capabilities.KubeVersion.Version }}'\n"
+    )
+    return chart
+
+
+def test_helm_sees_the_real_server_version(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    pinned = _pinned_versions()["KUBERNETES_VERSION"]
+    minor = int(pinned.split(".")[1])
+    fitting = _chart(tmp_path / "fits", f">=1.{minor}.0-0 <1.{minor + 1}.0-0")
+    installed = cluster.helm("install", "probe", str(fitting), "-n", namespace, "--wait")
+    assert "STATUS: deployed" in installed.stdout
+    stored = cluster.kubectl_json("get", "configmap", "probe", "-n", namespace)
+    assert stored["data"]["server"] == pinned
+
+    too_new = _chart(tmp_path / "too-new", f">=1.{minor + 1}.0-0")
+    refused = cluster.helm("install", "probe2", str(too_new), "-n", namespace, check=False)
+    assert refused.returncode != 0
+    assert "incompatible with Kubernetes" in refused.stderr
