@@ -91,7 +91,7 @@ build_kubernetes() {
     local dir="$top/src/kubernetes" kmod minor commit date_now
     mkdir -p "$dir"
     kmod="$(cd "$dir" && "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
-    commit="$(cd "$dir" && "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/^[[:space:]]*"Hash": "\(.*\)",\{0,1\}$/\1/p' | head -1)"
+    commit="$(cd "$dir" && "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | awk -F'"' '$2 == "Hash" && !found {print $4; found = 1}')"
     minor="${KUBERNETES_VERSION#v1.}"
     minor="${minor%%.*}"
     {
@@ -142,7 +142,10 @@ EOF
     (cd "$dir" && "$GO" get "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
     (cd "$dir" && "${nice_cmd[@]}" "$GO" build -trimpath -ldflags "-s -w" -o "$dir/etcd.new" go.etcd.io/etcd/server/v3)
     # `go get` of the wrong version would pass silently; the binary says what it is.
-    "$dir/etcd.new" --version | grep -q "etcd Version: ${ETCD_VERSION#v}$"
+    local reported
+    reported="$("$dir/etcd.new" --version)"
+    grep -qx "etcd Version: ${ETCD_VERSION#v}" <<<"$reported" \
+        || { echo "built etcd is not $ETCD_VERSION: $reported"; return 1; }
     mv "$dir/etcd.new" "$bin/etcd"
 }
 
