@@ -37,10 +37,18 @@ class DeploymentWatcher:
         self.created: dict[str, float] = {}
         self.available: dict[str, float] = {}
         self._watch = watch.Watch()
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        while not self._stopped:
+            try:
+                self._stream()
+            except Exception:  # a dropped watch (namespace deleted, server timeout): watch again
+                time.sleep(0.2)
+
+    def _stream(self) -> None:
         for event in self._watch.stream(self.apps.list_namespaced_deployment, self.namespace, timeout_seconds=3600):
             now = time.monotonic()
             deployment = event["object"]
@@ -51,6 +59,7 @@ class DeploymentWatcher:
                 self.available.setdefault(name, now)
 
     def stop(self) -> None:
+        self._stopped = True
         self._watch.stop()
 
 

@@ -7,6 +7,8 @@
 - Nodes and GPU-holding pods feed the GPU headroom that `rollout: Auto` needs.
 """
 
+import asyncio
+import contextvars
 import datetime
 import logging
 import threading
@@ -29,6 +31,8 @@ from infernetes.operator.status import derive_status, same_status, transitions
 ISVC = (names.GROUP, names.VERSION, names.PLURAL)
 OWNED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 Key = tuple[str, str]
+# How long child events of one resource are gathered before its status is re-derived.
+REFRESH_DELAY_SECONDS = 0.3
 
 
 def plain(value: Any) -> Any:
@@ -81,6 +85,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     memo.status_locks = defaultdict(threading.Lock)
     memo.status_locks_guard = threading.Lock()
     memo.last_status = {}
+    memo.pending_refresh = set()
+    memo.refresh_tasks = set()
     logger.info("optional APIs served: %s", ", ".join(sorted(memo.apis)) or "none")
     if options.metrics_port:
         metrics.serve_metrics(options.metrics_port, options.bind_address)
@@ -168,9 +174,11 @@ def cluster_facts(memo: kopf.Memo, gpu_nodes: Any, gpu_pods: Any) -> ClusterFact
     return ClusterFacts(**kwargs)
 
 
-def apply_plan(memo: kopf.Memo, result: Plan, *, name: str, namespace: str, uid: str) -> None:
+def apply_plan(memo: kopf.Memo, result: Plan, *, name: str, namespace: str, uid: str, prune_stale: bool = True) -> None:
     for manifest in result.manifests:
         apply(memo.api, manifest)
+    if not prune_stale:
+        return
     served = [kind for kind in PRUNABLE if f"{kind[0]}/{kind[1]}" in memo.apis]
     prune(memo.api, name=name, namespace=namespace, owner_uid=uid, keep=result.manifests, served=served)
 
@@ -187,6 +195,7 @@ def reconcile(
     namespace: str,
     uid: str,
     patch: kopf.Patch,
+    reason: str,
     memo: kopf.Memo,
     gpu_nodes: Any,
     gpu_pods: Any,
@@ -203,7 +212,8 @@ def reconcile(
         kopf.warn(body, reason="InvalidSpec", message=str(exc))
         raise kopf.PermanentError(f"cannot render: {exc}") from exc
     try:
-        apply_plan(memo, result, name=name, namespace=namespace, uid=uid)
+        # A resource being created has no children of an older render to prune.
+        apply_plan(memo, result, name=name, namespace=namespace, uid=uid, prune_stale=reason != "create")
     except KubeError as exc:
         metrics.RECONCILES.labels("error").inc()
         kopf.warn(body, reason="ApplyFailed", message=str(exc))
@@ -235,6 +245,7 @@ def reconcile(
 
 def refresh_status(memo: kopf.Memo, key: Key, isvcs: Any, deployments: Any, pods: Any) -> None:
     """Re-derive the owner's conditions from its children; write only when something changed."""
+    metrics.MANAGED.set(len(isvcs))
     owner = first(isvcs.get(key))
     if owner is None or owner["deleting"]:
         return
@@ -279,8 +290,38 @@ def owner_exists(memo: kopf.Memo, key: Key, uid: str) -> bool:
     return current["metadata"]["uid"] == uid and not current["metadata"].get("deletionTimestamp")
 
 
+def schedule_refresh(memo: kopf.Memo, key: Key, isvcs: Any, deployments: Any, pods: Any) -> None:
+    """Refresh the owner's status a moment from now, once for a burst of child events.
+
+    A rollout or a burst of creations makes many pod and Deployment events per resource; the
+    indices are live, so one refresh after the burst sees them all.
+    """
+    if key in memo.pending_refresh:
+        return
+    memo.pending_refresh.add(key)
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()  # kopf's event poster lives in context variables
+
+    async def later() -> None:
+        await asyncio.sleep(REFRESH_DELAY_SECONDS)
+        memo.pending_refresh.discard(key)
+        await loop.run_in_executor(None, context.run, refresh_status, memo, key, isvcs, deployments, pods)
+
+    task = loop.create_task(later())
+    memo.refresh_tasks.add(task)
+    task.add_done_callback(memo.refresh_tasks.discard)
+
+
+def restore_deployment(memo: kopf.Memo, key: Key, owner: Mapping, gpu_nodes: Any, gpu_pods: Any) -> None:
+    if not owner_exists(memo, key, owner["uid"]):
+        return
+    namespace, name = key
+    result = plan(owner["spec"], cluster_facts(memo, gpu_nodes, gpu_pods), name=name, namespace=namespace, uid=owner["uid"])
+    apply_plan(memo, result, name=name, namespace=namespace, uid=owner["uid"])
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED)
-def deployment_changed(
+async def deployment_changed(
     type: str,
     namespace: str,
     labels: Mapping,
@@ -295,16 +336,18 @@ def deployment_changed(
 ) -> None:
     key = (namespace, labels.get(names.LABEL_INSTANCE))
     owner = first(inference_services.get(key))
-    if type == "DELETED" and owner is not None and not owner["deleting"] and owner_exists(memo, key, owner["uid"]):
+    if type == "DELETED" and owner is not None and not owner["deleting"]:
         # Someone deleted our Deployment while its owner lives: put it back (level-based).
         logger.info("Deployment of %s/%s was deleted; re-applying", *key)
-        result = plan(owner["spec"], cluster_facts(memo, gpu_nodes, gpu_pods), name=key[1], namespace=namespace, uid=owner["uid"])
-        apply_plan(memo, result, name=key[1], namespace=namespace, uid=owner["uid"])
-    refresh_status(memo, key, inference_services, owned_deployments, owned_pods)
+        context = contextvars.copy_context()
+        await asyncio.get_running_loop().run_in_executor(
+            None, context.run, restore_deployment, memo, key, owner, gpu_nodes, gpu_pods
+        )
+    schedule_refresh(memo, key, inference_services, owned_deployments, owned_pods)
 
 
 @kopf.on.event("", "v1", "pods", labels=OWNED)
-def pod_changed(
+async def pod_changed(
     namespace: str,
     labels: Mapping,
     memo: kopf.Memo,
@@ -313,9 +356,5 @@ def pod_changed(
     owned_pods: Any,
     **_: Any,
 ) -> None:
-    refresh_status(memo, (namespace, labels.get(names.LABEL_INSTANCE)), inference_services, owned_deployments, owned_pods)
-
-
-@kopf.on.event(*ISVC)
-def count_resources(memo: kopf.Memo, inference_services: Any, **_: Any) -> None:
-    metrics.MANAGED.set(len(inference_services))
+    key = (namespace, labels.get(names.LABEL_INSTANCE))
+    schedule_refresh(memo, key, inference_services, owned_deployments, owned_pods)

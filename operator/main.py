@@ -1,5 +1,6 @@
 """Running the operator: kopf with our settings, peering, health and metrics endpoints."""
 
+import random
 from dataclasses import dataclass
 
 
@@ -8,6 +9,7 @@ class OperatorOptions:
     namespaces: tuple[str, ...] = ()
     peering: str | None = None
     standalone: bool = True
+    priority: int | None = None
     metrics_port: int = 8080
     health_port: int = 8081
     bind_address: str = "0.0.0.0"
@@ -20,13 +22,15 @@ def run_operator(options: OperatorOptions) -> int:
     import kopf
     from infernetes.operator import handlers  # registers the handlers with kopf
 
-    kopf.configure(verbose=options.verbose)
+    kopf.configure(verbose=options.verbose, log_prefix=True)
     liveness = f"http://{options.bind_address}:{options.health_port}/healthz" if options.health_port else None
     kopf.run(
         clusterwide=not options.namespaces,
         namespaces=list(options.namespaces),
         standalone=options.standalone,
         peering_name=options.peering,
+        # Replicas with equal priorities would all pause; a random one keeps them distinct.
+        priority=options.priority if options.priority is not None else random.randint(1, 1_000_000),
         liveness_endpoint=liveness,
         memo=kopf.Memo(options=options),
     )

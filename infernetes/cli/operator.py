@@ -59,6 +59,12 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--peering", default=None, help="kopf peering name, so several replicas take turns.")
     run.add_argument("--standalone", action="store_true", help="Run without peering.")
+    run.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="Peering priority: the highest one works, the others wait (default: random, so replicas differ).",
+    )
     run.add_argument("--metrics-port", type=int, default=8080, help="Port of /metrics (0 turns it off).")
     run.add_argument("--health-port", type=int, default=8081, help="Port of /healthz (0 turns it off).")
     run.add_argument("--bind-address", default="0.0.0.0", help="Address of the metrics and health servers.")
@@ -150,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         namespaces=tuple(args.namespace),
         peering=args.peering,
         standalone=args.standalone or args.peering is None,
+        priority=args.priority,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         bind_address=args.bind_address,
