@@ -52,22 +52,25 @@ from localcluster import (  # found through the sys.path entry above
 )
 
 _active_cluster: LocalCluster | None = None
+_cluster_summary: str | None = None  # which cluster the session used, for the terminal summary
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    global _active_cluster
+    global _active_cluster, _cluster_summary
     if os.environ.get("INFERNETES_E2E_FRESH_CLUSTER") != "1":
         shared = LocalCluster(DEFAULT_STATE_DIR)
         # Only one built from the pinned versions: a stale one would test old binaries.
         if shared.running() and shared.bin_dir == cached_bin_dir():
             _active_cluster = shared
+            _cluster_summary = f"reused the running `make cluster` ({shared.kubeconfig})"
             yield shared
             _active_cluster = None
             return
     private = LocalCluster(tmp_path_factory.mktemp("cluster"), build_binaries())
-    private.start()
+    seconds = private.start()
     _active_cluster = private
+    _cluster_summary = f"started a private cluster in {seconds:.1f} s (logs: {private.logs_dir})"
     try:
         yield private
     finally:
@@ -106,3 +109,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed and _active_cluster is not None:
         report.sections.append(("local cluster logs", _active_cluster.log_tails()))
     return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _cluster_summary:
+        terminalreporter.write_line(f"local control plane: {_cluster_summary}")
