@@ -74,20 +74,23 @@ def paged_attention(
     if tokens == num_seqs:  # every sequence has exactly one query token: a decode step
         max_kv_len = block_tables.shape[1] * block_size
         splits = num_splits or num_decode_splits(num_seqs, num_kv_heads, max_kv_len, query.device)
-        part_acc = torch.empty(num_seqs, num_heads, splits, block_d, dtype=torch.float32, device=query.device)
-        part_m = torch.empty(num_seqs, num_heads, splits, dtype=torch.float32, device=query.device)
+        # split partials (unused, one element, when there is a single split)
+        parts = (num_seqs, num_heads, splits) if splits > 1 else (1, 1, 1)
+        part_acc = torch.empty(*parts, block_d, dtype=torch.float32, device=query.device)
+        part_m = torch.empty(parts, dtype=torch.float32, device=query.device)
         part_l = torch.empty_like(part_m)
         decode_split_kernel[(num_seqs, num_kv_heads, splits)](
-            query, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, part_acc, part_m, part_l,
+            query, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, part_acc, part_m, part_l, out,
             scale * LOG2E, group, head_dim, block_size,
-            query.stride(0), query.stride(1), block_tables.stride(0), *cache_strides,
+            query.stride(0), query.stride(1), block_tables.stride(0), *cache_strides, out.stride(0), out.stride(1),
             NUM_SPLITS=splits, BLOCK_G=next_pow2(group, 16), BLOCK_N=64 if block_d <= 128 else 32,
             **common,
         )
-        decode_merge_kernel[(num_seqs, num_heads)](
-            part_acc, part_m, part_l, out, head_dim, out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), BLOCK_D=block_d,
-        )
+        if splits > 1:
+            decode_merge_kernel[(num_seqs, num_heads)](
+                part_acc, part_m, part_l, out, head_dim, out.stride(0), out.stride(1),
+                NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), BLOCK_D=block_d,
+            )
         return out
 
     group_pad = next_pow2(group)

@@ -3,7 +3,7 @@
 The KV range of each sequence is split into `num_splits` pieces that run as separate programs
 (so a few long sequences still fill the GPU); each program handles all the query heads that
 share one kv head (GQA), as rows of one matmul. A second kernel merges the pieces' partial
-softmax results.
+softmax results; with a single split the first kernel writes the output itself.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def decode_split_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
+    out_ptr,
     qk_scale,
     group,
     head_dim,
@@ -38,6 +39,8 @@ def decode_split_kernel(
     stride_vb,
     stride_vt,
     stride_vh,
+    stride_ot,
+    stride_oh,
     NUM_SPLITS: tl.constexpr,
     FP8: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -86,6 +89,14 @@ def decode_split_kernel(
         m_i, l_i, acc = online_softmax_step(q, k, v, mask_n[None, :], m_i, l_i, acc, score_scale,
                                               DOT_DTYPE, PRECISION)
 
+    if NUM_SPLITS == 1:  # nothing to merge (l is 0 only for a padding row: output 0)
+        out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(
+            out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=mask_g[:, None] & mask_d[None, :],
+        )
+        return
     # partials: [seq, head, split] (+ [D] for acc); an empty split leaves m=-inf, l=0, acc=0
     part = (seq * num_heads + heads) * NUM_SPLITS + split
     tl.store(part_m_ptr + part, m_i, mask=mask_g)

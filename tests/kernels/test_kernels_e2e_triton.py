@@ -1,13 +1,13 @@
 """The engine end to end on the Triton kernels (interpreted on a CPU): greedy generation equals
-transformers token for token on a tiny Llama, through prefill, chunked prefill mixed with decodes,
-and a prefix-cache hit."""
+transformers token for token on tiny models (Llama; Qwen3 with its q/k RMSNorm), through prefill,
+chunked prefill mixed with decodes, and a prefix-cache hit."""
 
 import functools
 
 import pytest
 import torch
 from infernetes.kernels import backend
-from infernetes.runtime.testing import SAMPLE_PROMPTS, make_tiny_llama
+from infernetes.runtime.testing import SAMPLE_PROMPTS, make_tiny_llama, make_tiny_model
 from transformers import AutoModelForCausalLM
 
 from infernetes import LLM, SamplingParams
@@ -54,6 +54,13 @@ def test_triton_greedy_batch_with_chunked_prefill_matches_transformers(tiny_llam
               max_num_batched_tokens=8, enable_chunked_prefill=True)
     prompts = SAMPLE_PROMPTS[:3]
     _assert_matches_transformers(llm, tiny_llama, prompts, llm.generate(prompts, GREEDY))
+
+
+def test_triton_greedy_qwen3_matches_transformers(tmp_path, triton_attn):
+    path = str(make_tiny_model(tmp_path, "Qwen3ForCausalLM"))
+    llm = LLM(path, dtype="float32", max_model_len=128, num_gpu_blocks_override=32, block_size=8)
+    prompts = SAMPLE_PROMPTS[1:2]
+    _assert_matches_transformers(llm, path, prompts, llm.generate(prompts, GREEDY))
 
 
 def test_triton_prefix_cache_hit_matches_transformers(tiny_llama, triton_attn):

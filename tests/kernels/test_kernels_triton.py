@@ -72,10 +72,10 @@ def test_triton_store_kv_matches_reference(cache_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("hidden", [64, 72])
-def test_triton_rms_norm_matches_reference(dtype, hidden):
-    x = torch.randn(5, hidden, device=DEVICE).to(dtype)
-    residual = torch.randn(5, hidden, device=DEVICE).to(dtype)
+@pytest.mark.parametrize(("rows", "hidden"), [(5, 64), (5, 72), (37, 16)])  # 37 x 16: per-head q/k norm
+def test_triton_rms_norm_matches_reference(dtype, rows, hidden):
+    x = torch.randn(rows, hidden, device=DEVICE).to(dtype)
+    residual = torch.randn(rows, hidden, device=DEVICE).to(dtype)
     weight = torch.randn(hidden, device=DEVICE).to(dtype)
     tol = TOL[dtype]
     torch.testing.assert_close(tk.rms_norm(x, weight, 1e-6), norm.rms_norm(x, weight, 1e-6), atol=tol, rtol=tol)
