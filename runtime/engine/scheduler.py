@@ -171,10 +171,13 @@ class Scheduler:
         self.num_preemptions_step += 1
         self.waiting.add_front(request)
 
-    def _pick_victim(self) -> Request:
+    def _pick_victim(self, first_unscheduled: int) -> Request:
+        """The request to preempt: among those not yet scheduled this step (the current one
+        included), the last to arrive (fcfs) or the lowest priority."""
+        candidates = self.running[first_unscheduled:]
         if self.limits.policy == "priority":
-            return max(self.running, key=lambda r: r.sort_key)
-        return self.running[-1]
+            return max(candidates, key=lambda r: r.sort_key)
+        return candidates[-1]
 
     def _chunk(self, request: Request, budget: int) -> int:
         num_new = request.num_tokens - request.num_computed_tokens
@@ -199,7 +202,7 @@ class Scheduler:
             request = self.running[i]
             num_new = self._chunk(request, budget)
             while not self.block_manager.allocate_slots(request, num_new):
-                victim = self._pick_victim()
+                victim = self._pick_victim(i)
                 self.running.remove(victim)
                 self._preempt(victim)
                 batch.preempted.append(victim)

@@ -53,8 +53,8 @@ def test_prefix_cache_hit_is_exact(hf_greedy, tiny_llama):
     _check_exact(hf_greedy, llm, tiny_llama, first + second, [shared + " One", shared + " Two"])
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy):
+@pytest.mark.parametrize(("policy", "caching"), [("fcfs", False), ("priority", False), ("fcfs", True)])
+def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy, caching):
     preemptions = []
 
     class Counter:
@@ -62,7 +62,7 @@ def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy):
             preemptions.append(scheduler_stats.num_preemptions)
 
     llm = LLM(tiny_llama, dtype="float32", max_model_len=64, num_gpu_blocks_override=10,
-              block_size=8, scheduling_policy=policy, enable_prefix_caching=False)
+              block_size=8, scheduling_policy=policy, enable_prefix_caching=caching)
     llm.llm_engine.stat_loggers.append(Counter())
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, priority=[0, 1, 2, 3] if policy == "priority" else None)

@@ -1,0 +1,117 @@
+"""Scheduler and BlockManager invariants under random traffic (no model: tokens are made up)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from infernetes.runtime.engine.block_manager import BlockManager
+from infernetes.runtime.engine.request import Request, RequestStatus
+from infernetes.runtime.engine.scheduler import Scheduler, SchedulerLimits
+from infernetes.runtime.sampling_params import SamplingParams
+
+
+def _check_invariants(scheduler: Scheduler, manager: BlockManager, batch, limits: SchedulerLimits) -> None:
+    assert batch.total_tokens <= limits.max_num_batched_tokens
+    assert len(scheduler.running) <= limits.max_num_seqs
+    held: dict[int, int] = {}
+    for request in scheduler.running:
+        for block_id in request.block_ids:
+            held[block_id] = held.get(block_id, 0) + 1
+    for block in manager.blocks:
+        assert block.ref_count == held.get(block.block_id, 0)
+        assert (block.ref_count == 0) == (block.block_id in manager.free_queue)
+    for block_hash, block_id in manager.cached.items():
+        assert manager.blocks[block_id].block_hash == block_hash
+    for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
+        assert num_new >= 1
+        assert len(request.block_ids) * manager.block_size >= request.num_computed_tokens + num_new
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    num_blocks=st.integers(6, 40),
+    block_size=st.sampled_from([1, 4, 8]),
+    budget=st.integers(4, 64),
+    max_num_seqs=st.integers(1, 8),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    caching=st.booleans(),
+    threshold=st.sampled_from([0, 3, 10]),
+)
+def test_random_traffic_keeps_block_accounting_exact(
+    seed, num_blocks, block_size, budget, max_num_seqs, policy, caching, threshold
+):
+    rng = random.Random(seed)
+    max_model_len = num_blocks * block_size
+    limits = SchedulerLimits(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=threshold,
+        max_num_partial_prefills=2,
+        policy=policy,
+    )
+    manager = BlockManager(num_blocks, block_size, enable_caching=caching)
+    scheduler = Scheduler(limits, manager)
+    prefixes = [[rng.randrange(50) for _ in range(rng.randint(1, 12))] for _ in range(3)]
+    finished_lengths: dict[str, int] = {}
+    wanted: dict[str, int] = {}
+    for step in range(5000):
+        if step < 200 and rng.random() < 0.3:
+            prompt = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(0, 10))]
+            max_tokens = rng.randint(1, max(1, min(12, max_model_len - len(prompt))))
+            if len(prompt) + max_tokens <= max_model_len:
+                request_id = f"r{step}"
+                params = SamplingParams(max_tokens=max_tokens)
+                scheduler.add_request(Request(request_id, prompt, params, priority=rng.randint(0, 3),
+                                              arrival_order=step))
+                wanted[request_id] = len(prompt) + max_tokens
+        if rng.random() < 0.05 and scheduler.requests:
+            scheduler.abort_requests([rng.choice(sorted(scheduler.requests))])
+        batch = scheduler.schedule()
+        _check_invariants(scheduler, manager, batch, limits)
+        scheduler.update_after_step(batch)
+        for request in batch.requests:
+            if request.status == RequestStatus.RUNNING and request.num_computed_tokens == request.num_tokens:
+                request.append_token(rng.randrange(50))
+                if request.num_tokens >= wanted[request.request_id]:
+                    scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
+                    finished_lengths[request.request_id] = request.num_tokens
+        if step >= 200 and not scheduler.has_unfinished():
+            break
+    assert not scheduler.has_unfinished(), "every request finishes once arrivals stop"
+    assert manager.num_free_blocks == num_blocks
+    for request_id, length in finished_lengths.items():
+        assert length == wanted[request_id]
+
+
+def test_prefix_blocks_are_shared_and_evicted_least_recently_used_first():
+    manager = BlockManager(num_blocks=6, block_size=2)
+    params = SamplingParams(max_tokens=1)
+    first = Request("a", [1, 2, 3, 4, 5], params)
+    assert manager.allocate_slots(first, 5)
+    assert len(manager.cached) == 2  # two full blocks registered
+    second = Request("b", [1, 2, 3, 4, 9], params)
+    hits = manager.find_cached_prefix(second)
+    assert hits == first.block_ids[:2]
+    assert manager.allocate_slots(second, 1, hits)
+    assert second.num_computed_tokens == 4
+    assert [manager.blocks[b].ref_count for b in hits] == [2, 2]
+    manager.free(first)
+    manager.free(second)
+    assert manager.num_free_blocks == 6 and len(manager.cached) == 2
+    shared = dict(manager.cached)
+    # Freed blocks queue up behind never-used ones, so a new request takes those first and the
+    # cached prefix survives; the next allocation then evicts the least recently freed block.
+    third = Request("c", [7] * 8, params)
+    assert manager.allocate_slots(third, 8)
+    assert all(manager.cached.get(h) == b for h, b in shared.items())
+    fourth = Request("d", [8] * 2, params)
+    assert manager.allocate_slots(fourth, 2)
+    assert sum(manager.cached.get(h) == b for h, b in shared.items()) == 1
+    manager.free(fourth)
+    assert manager.reset_prefix_cache() is False  # blocks in use
+    manager.free(third)
+    assert manager.reset_prefix_cache() is True and not manager.cached
