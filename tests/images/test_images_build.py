@@ -14,7 +14,10 @@ INFERNETES_BUILD_RUNTIME_IMAGE=1.
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,5 +86,58 @@ def test_runtime_image_entrypoint_answers_help():
         ]
         cache = root.path / "var" / "cache" / "huggingface"
         assert cache.stat().st_uid == 1001
+        serve_tiny_model(root)
     finally:
         root.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_tiny_model(root: ImageRoot) -> None:
+    """The image's entrypoint with vLLM-style arguments serves a tiny model (random weights, made
+    here) on the CPU: a completion and the vllm:* metrics."""
+    import httpx
+    from infernetes.runtime.testing import make_tiny_llama
+
+    make_tiny_llama(root.path / "tmp" / "tiny")
+    for path in (root.path / "tmp" / "tiny").rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    port = free_port()
+    argv = [
+        *root.config["Entrypoint"],
+        "--model",
+        "/tmp/tiny",
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+    ]
+    server = subprocess.Popen(
+        root.command([*argv, "--max-model-len", "256"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, f"the server exited:\n{server.stdout.read()}"
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not become healthy in 240 s"
+            time.sleep(1)
+        body = {"model": "/tmp/tiny", "prompt": "hello", "max_tokens": 5, "temperature": 0}
+        completion = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+        assert completion["usage"]["completion_tokens"] == 5
+        assert "vllm:generation_tokens_total" in httpx.get(f"{base}/metrics", timeout=10).text
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
