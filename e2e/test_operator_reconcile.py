@@ -187,6 +187,44 @@ def test_resource_named_vllm_gets_another_service_name(cluster: Any, ns: str, op
     assert get(cluster, ns, "service", "vllm") is None
 
 
+def test_crash_loop_is_degraded_with_the_termination_message(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+    cluster.apply(isvc("crashy", engine={"device": "cpu"}), namespace=ns)
+    wait_condition(cluster, ns, "crashy", "Ready", "True")
+    pod = get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=crashy")["items"][0]
+    # kwok runs no containers; write what the kubelet reports for a server that keeps exiting.
+    crashed = {
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "server",
+                    "image": pod["spec"]["containers"][0]["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 5,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 2m40s"}},
+                    "lastState": {
+                        "terminated": {
+                            "exitCode": 2,
+                            "reason": "Error",
+                            "message": "infernetes serve: error: --max-model-len 99999 exceeds the model's 2048",
+                        }
+                    },
+                }
+            ]
+        }
+    }
+    cluster.kubectl(
+        "patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status", "--type=strategic",
+        "-p", yaml.safe_dump(crashed),
+    )
+    resource = wait_condition(cluster, ns, "crashy", "Degraded", "True")
+    message = condition(resource, "Degraded")["message"]
+    assert condition(resource, "Degraded")["reason"] == "CrashLoopBackOff"
+    assert "exceeds the model's 2048" in message and "exit code 2" in message
+    events = cluster.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=crashy").stdout
+    assert "CrashLoopBackOff" in events
+
+
 def test_deleted_child_is_recreated(cluster: Any, ns: str, operator: OperatorProcess) -> None:
     cluster.apply(isvc("healing", engine={"device": "cpu"}), namespace=ns)
     wait_condition(cluster, ns, "healing", "Ready", "True")
