@@ -252,6 +252,11 @@ class LLMEngine:
                     self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
                     self._finished_stats.append(self._finished_request_stats(child))
             outputs.append(self.outputs.build(parent, force_final=True))
+        if self._finished_stats:
+            # Report now: the engine may go idle, and the gauges must show the freed blocks.
+            iteration = IterationStats(finished_requests=self._finished_stats)
+            self._finished_stats = []
+            self._record_stats(iteration)
         return [o for o in outputs if o is not None]
 
     def has_unfinished_requests(self) -> bool:

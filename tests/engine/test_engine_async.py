@@ -91,6 +91,9 @@ async def test_abort_frees_blocks_and_prefix_cache_stats(engine_and_stats):
             break
         await asyncio.sleep(0.01)
     assert engine.engine.block_manager.num_free_blocks == engine.engine.num_blocks
+    assert recorder.records[-1][0].kv_cache_usage == 0.0 and recorder.records[-1][0].num_running_reqs == 0
+    aborted = [f for _, it in recorder.records for f in it.finished_requests if f.finish_reason == "abort"]
+    assert sorted(f.request_id for f in aborted) == ["closed", "long"]
     # the same long prompt again hits the prefix cache
     await _collect(engine, SAMPLE_PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=2), "again")
     stats = [s.prefix_cache_stats for s, _ in recorder.records]
