@@ -79,6 +79,9 @@ def build_app(
         elif engine_loader is not None:
             tasks.append(asyncio.create_task(_load_engine(state, engine_loader)))
         tasks.append(asyncio.create_task(_watch_engine(app, state)))
+        uvicorn_server = getattr(app.state, "uvicorn_server", None)
+        if settings.enable_ssl_refresh and settings.ssl_certfile and uvicorn_server is not None:
+            tasks.append(asyncio.create_task(_watch_certificates(uvicorn_server, settings)))
         try:
             yield
         finally:
@@ -237,16 +240,7 @@ def run_server(config: Any) -> None:
     server = uvicorn.Server(uvicorn_config(app, settings))
     app.state.uvicorn_server = server
 
-    async def serve() -> None:
-        watcher = None
-        if settings.enable_ssl_refresh and settings.ssl_certfile:
-            watcher = asyncio.create_task(_watch_certificates(server, settings))
-        try:
-            await server.serve()
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-
-    asyncio.run(serve())
+    # uvicorn picks its event loop (uvloop when installed) and handles SIGINT/SIGTERM itself.
+    server.run()
     if state.load_error is not None or getattr(state.engine, "errored", False):
         raise SystemExit(1)

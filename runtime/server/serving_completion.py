@@ -3,6 +3,7 @@ or whole, with echo, logprobs and usage."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +20,11 @@ from infernetes.runtime.server.protocol import (
 )
 from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
 from infernetes.runtime.server.streaming import DONE, engine_stream, merge, sse
+
+
+async def _tagged(stream: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
+    async for item in stream:
+        yield 0, item
 
 
 class PreparedPrompt:
@@ -148,8 +154,13 @@ class CompletionServing(ServingBase):
         echoed: set[int] = set()
         offsets: dict[int, int] = {}
         prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        # Every chunk shares its head; serialising it once keeps the per-token cost to the text.
+        head = ('data: {"id":' + json.dumps(request_id) + ',"object":"text_completion","created":'
+                + str(created) + ',"model":' + json.dumps(model) + ',"choices":[{"index":')
+        # One prompt (the common case) skips the merging task machinery.
+        source = merge(generators) if len(generators) > 1 else _tagged(generators[0])
         try:
-            async for p_index, output in merge(generators):
+            async for p_index, output in source:
                 prompt = prompts[p_index]
                 if output.finished:
                     cached_tokens += getattr(output, "num_cached_tokens", 0) or 0
@@ -172,18 +183,14 @@ class CompletionServing(ServingBase):
                         logprobs = formatter.completion(token_ids, logprobs_list, request.logprobs,
                                                         offsets.get(index, 0))
                         offsets[index] = offsets.get(index, 0) + len(text)
-                    chunk: dict[str, Any] = {
-                        "id": request_id, "object": "text_completion", "created": created,
-                        "model": model,
-                        "choices": [{
-                            "index": index, "text": text,
-                            "logprobs": logprobs.model_dump() if logprobs else None,
-                            "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
-                        }],
-                    }
+                    parts = [head, str(index), ',"text":', json.dumps(text, ensure_ascii=False),
+                             ',"logprobs":', json.dumps(logprobs.model_dump()) if logprobs else "null",
+                             ',"finish_reason":', json.dumps(out.finish_reason),
+                             ',"stop_reason":', json.dumps(out.stop_reason), "}]"]
                     if include_usage and continuous:
-                        chunk["usage"] = self._usage(prompt_tokens, completion_tokens, None)
-                    yield sse(chunk)
+                        parts += [',"usage":', json.dumps(self._usage(prompt_tokens, completion_tokens, None))]
+                    parts.append("}\n\n")
+                    yield "".join(parts).encode()
             if include_usage:
                 yield sse({"id": request_id, "object": "text_completion", "created": created,
                            "model": model, "choices": [],

@@ -27,6 +27,15 @@ class RequestResult:
     latency: float = 0.0
 
 
+def _has_text(line: bytes, key: bytes) -> bool:
+    """Whether the SSE line's ``key`` holds a non-empty string, without decoding the JSON."""
+    at = line.find(key)
+    if at < 0:
+        return False
+    value = line[at + len(key):].lstrip()
+    return value.startswith(b'"') and not value.startswith(b'""')
+
+
 async def _send(session: aiohttp.ClientSession, url: str, model: str, request: BenchRequest,
                 chat: bool, ignore_eos: bool, headers: dict[str, str]) -> RequestResult:
     body: dict[str, Any] = {
@@ -47,18 +56,21 @@ async def _send(session: aiohttp.ClientSession, url: str, model: str, request: B
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                 return result
+            text_key = b'"content":' if chat else b'"text":'
             async for raw in response.content:
                 line = raw.strip()
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
-                event = json.loads(line[6:])
-                if event.get("usage"):
-                    result.output_tokens = event["usage"]["completion_tokens"]
-                if not event.get("choices"):
-                    continue
-                choice = event["choices"][0]
-                has_text = choice.get("text") or (choice.get("delta") or {}).get("content")
-                if not has_text:
+                # Parsing every chunk would cost this client as much CPU as the server spends
+                # producing it; only the usage and error events are decoded.
+                if b'"usage"' in line or b'"error"' in line:
+                    event = json.loads(line[6:])
+                    if event.get("error"):
+                        result.error = str(event["error"].get("message"))
+                        return result
+                    if event.get("usage"):
+                        result.output_tokens = event["usage"]["completion_tokens"]
+                if not _has_text(line, text_key):
                     continue
                 now = time.perf_counter()
                 if result.ttft == 0.0:
