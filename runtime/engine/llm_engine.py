@@ -18,7 +18,7 @@ from infernetes.runtime.engine.request import Request, RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
 from infernetes.runtime.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
 from infernetes.runtime.model_executor.model_runner import ModelRunner, StepOutput
-from infernetes.runtime.outputs import Logprob, PoolingRequestOutput, RequestOutput
+from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
 
@@ -444,8 +444,3 @@ class LLMEngine:
     def is_sleeping(self) -> bool:
         return self.sleep_level > 0
 
-    def decode_logprob_token(self, token_id: int) -> str:
-        return self.outputs.decode_token(token_id)
-
-
-__all__ = ["LLMEngine", "Logprob"]

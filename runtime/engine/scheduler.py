@@ -179,15 +179,20 @@ class Scheduler:
             return max(candidates, key=lambda r: r.sort_key)
         return candidates[-1]
 
+    @property
+    def _threshold(self) -> int:
+        """The cap on one prefill chunk; only with chunked prefill (0: no cap)."""
+        return self.limits.long_prefill_token_threshold if self.limits.enable_chunked_prefill else 0
+
     def _chunk(self, request: Request, budget: int) -> int:
         num_new = request.num_tokens - request.num_computed_tokens
-        threshold = self.limits.long_prefill_token_threshold
+        threshold = self._threshold
         if threshold > 0 and num_new > threshold:
             num_new = threshold
         return min(num_new, budget)
 
     def _is_long(self, request: Request) -> bool:
-        threshold = self.limits.long_prefill_token_threshold
+        threshold = self._threshold
         return threshold > 0 and request.num_tokens - request.num_computed_tokens > threshold
 
     def schedule(self) -> ScheduledBatch:
@@ -233,7 +238,7 @@ class Scheduler:
             remaining = request.num_tokens - len(cached) * self.block_manager.block_size
             if not self.limits.enable_chunked_prefill and remaining > budget:
                 break
-            threshold = self.limits.long_prefill_token_threshold
+            threshold = self._threshold
             chunk = min(remaining, threshold if threshold > 0 else remaining, budget)
             if chunk < remaining:
                 is_long = threshold > 0 and remaining > threshold

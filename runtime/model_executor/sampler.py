@@ -113,7 +113,10 @@ def _filter(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 class Sampler:
     def __init__(self, seed: int | None = None) -> None:
         self.generator = torch.Generator()
-        self.generator.manual_seed(seed if seed is not None else torch.seed())
+        if seed is None:
+            self.generator.seed()  # non-deterministic, without touching torch's global RNG
+        else:
+            self.generator.manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
         logits = logits.float()

@@ -39,16 +39,20 @@ def _check_invariants(scheduler: Scheduler, manager: BlockManager, batch, limits
     policy=st.sampled_from(["fcfs", "priority"]),
     caching=st.booleans(),
     threshold=st.sampled_from([0, 3, 10]),
+    chunked=st.booleans(),
 )
 def test_random_traffic_keeps_block_accounting_exact(
-    seed, num_blocks, block_size, budget, max_num_seqs, policy, caching, threshold
+    seed, num_blocks, block_size, budget, max_num_seqs, policy, caching, threshold, chunked
 ):
     rng = random.Random(seed)
     max_model_len = num_blocks * block_size
+    if not chunked:  # every prompt must fit one step, as the engine enforces
+        budget = max(budget, max_model_len)
     limits = SchedulerLimits(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
         long_prefill_token_threshold=threshold,
         max_num_partial_prefills=2,
         policy=policy,
