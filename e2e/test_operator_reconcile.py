@@ -135,8 +135,16 @@ def test_engine_change_rolls_the_deployment(cluster: Any, ns: str, operator: Ope
 
     after = wait_until(rolled, timeout=TIMEOUT, what="the new argv in the Deployment")
     assert after["metadata"]["generation"] > before["metadata"]["generation"]
-    resource = wait_condition(cluster, ns, "roll", "Ready", "True")
-    assert resource["status"]["observedGeneration"] == resource["metadata"]["generation"]
+
+    def ready_for_new_generation() -> Any:
+        resource = get(cluster, ns, "infsvc", "roll")
+        generation = resource["metadata"]["generation"]
+        ready = condition(resource, "Ready")
+        current = resource["status"].get("observedGeneration") == generation == ready.get("observedGeneration")
+        return resource if current and ready.get("status") == "True" else None
+
+    resource = wait_until(ready_for_new_generation, timeout=TIMEOUT, what="Ready for generation 2")
+    assert resource["metadata"]["generation"] == 2
 
     def new_pods_only() -> bool:
         pods = get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=roll")["items"]
