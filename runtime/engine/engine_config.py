@@ -118,6 +118,11 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
     environ = dict(os.environ) if environ is None else environ
     if config.model is None:
         raise ValueError("model is required: a local folder or a Hugging Face model id")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if getattr(config, name) != 1:
+            raise ValueError(f"{name}={getattr(config, name)} is not supported yet; this engine runs in one process (1)")
+    if config.quantization not in (None, "fp8"):
+        raise ValueError(f"quantization={config.quantization!r} is not supported yet; supported: fp8")
     device = resolve_device(config.device)
     path = resolve_model_path(config.model, config.revision, config.download_dir, config.hf_token)
     hf_config = load_hf_config(

@@ -46,6 +46,7 @@ class LLMEngine:
             use_tqdm_on_load=config.use_tqdm_on_load,
             seed=config.seed,
             calculate_kv_scales=config.calculate_kv_scales,
+            quantization=config.quantization,
         )
         self.num_blocks = self._size_kv_cache()
         self.block_manager = BlockManager(

@@ -249,7 +249,7 @@ def iter_weights(files: list[Path], use_tqdm: bool = True) -> Iterator[tuple[str
 
 
 def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto",
-                use_tqdm: bool = True, seed: int = 0) -> nn.Module:
+                use_tqdm: bool = True, seed: int = 0, quantization: str | None = None) -> nn.Module:
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
     _, cls = model_class([info.architecture])
     default_dtype = torch.get_default_dtype()
@@ -270,6 +270,12 @@ def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto"
         missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
         if missing:
             raise ModelLoadError(f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}")
+    if quantization == "fp8":
+        from infernetes.runtime.model_executor.layers.linear import LinearBase
+
+        for module in model.modules():
+            if isinstance(module, LinearBase):
+                module.quantize_fp8()
     return model.eval()
 
 

@@ -55,13 +55,17 @@ class ModelRunner:
         use_tqdm_on_load: bool = True,
         seed: int | None = None,
         calculate_kv_scales: bool = False,
+        quantization: str | None = None,
     ) -> None:
         self.info = info
         self.device = device
         self.block_size = block_size
         self._load_format = load_format
         self._seed = seed or 0
-        self.model: nn.Module | None = build_model(info, device, load_format, use_tqdm_on_load, self._seed)
+        self._quantization = quantization
+        self.model: nn.Module | None = build_model(
+            info, device, load_format, use_tqdm_on_load, self._seed, quantization
+        )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         if kv_cache_dtype != "auto" and kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
@@ -129,7 +133,9 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     def reload_weights(self) -> None:
-        self.model = build_model(self.info, self.device, self._load_format, False, self._seed)
+        self.model = build_model(
+            self.info, self.device, self._load_format, False, self._seed, self._quantization
+        )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
 
     # -- a step --------------------------------------------------------------------------------

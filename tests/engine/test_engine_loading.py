@@ -196,3 +196,14 @@ def test_separate_tokenizer_folder(tmp_path, tiny_llama, reference_tokens):
     build_tokenizer(tmp_path / "tok")
     llm = LLM(tiny_llama, tokenizer=str(tmp_path / "tok"), **SMALL)
     assert _tokens(llm) == reference_tokens
+
+
+def test_fp8_weight_quantization(tiny_llama):
+    llm = LLM(tiny_llama, quantization="fp8", **SMALL)
+    qkv = llm.llm_engine.runner.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.dtype == torch.float8_e4m3fn and qkv.weight_scale.numel() == 1
+    assert len(_tokens(llm)) == 8
+    with pytest.raises(ValueError, match="quantization='awq' is not supported yet"):
+        LLM(tiny_llama, quantization="awq", **SMALL)
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported yet"):
+        LLM(tiny_llama, tensor_parallel_size=2, **SMALL)

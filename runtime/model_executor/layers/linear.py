@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from infernetes.kernels import ops
 from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
 from torch import nn
 
@@ -39,8 +40,20 @@ class LinearBase(nn.Module):
             loaded = loaded.narrow(self.tp_dim, self.tp_rank * size, size)
         param.data.copy_(loaded)
 
+    def quantize_fp8(self) -> None:
+        """Online fp8 quantisation (``--quantization fp8``): the weight is stored in fp8 with a
+        per-tensor scale and the kernels' ``fp8_linear`` multiplies with it."""
+        qweight, scale = ops.quantize_weight_fp8(self.weight.data)
+        self.weight = nn.Parameter(qweight, requires_grad=False)
+        self.weight_scale = nn.Parameter(scale.reshape(1).float(), requires_grad=False)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            return ops.fp8_linear(x, self.weight, self.weight_scale, bias)
+        return F.linear(x, self.weight, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -96,5 +109,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, after the partial products are summed.
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        y = self._matmul(x, self.bias if self.tp_rank == 0 else None)
         return all_reduce(y)
