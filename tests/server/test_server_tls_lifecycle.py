@@ -8,6 +8,8 @@ import ipaddress
 import json
 import signal
 import ssl
+import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -42,9 +44,10 @@ def tls_server(server_process_factory, tiny_llama_dir, tmp_path_factory):
     directory = tmp_path_factory.mktemp("tls")
     key, cert = write_self_signed(directory)
     server = server_process_factory([str(tiny_llama_dir), "--ssl-keyfile", key, "--ssl-certfile", cert,
-                             "--max-model-len", "256", "--disable-log-requests"],
+                             "--max-model-len", "256", "--disable-log-requests", "--enable-ssl-refresh"],
                                     scheme="https", log_name="tls-server.log")
     server.ssl = ssl.create_default_context(cafile=cert)
+    server.directory = directory
     server.wait_ready(verify=ssl.create_default_context(cafile=cert))
     yield server
     server.stop()
@@ -61,6 +64,21 @@ def test_tls_with_generated_certificate(tls_server):
         httpx.get(f"{tls_server.url}/health")
     with pytest.raises(httpx.HTTPError):  # and plain HTTP is not served on the TLS port
         httpx.get(tls_server.url.replace("https", "http") + "/health", timeout=5)
+
+
+def test_certificate_refresh(tls_server):
+    """--enable-ssl-refresh: new certificate files are served without a restart."""
+    port = int(tls_server.url.rsplit(":", 1)[1])
+    before = ssl.get_server_certificate(("127.0.0.1", port))
+    _, cert = write_self_signed(tls_server.directory)  # same paths, new key and certificate
+    new = Path(cert).read_text()
+    assert new != before
+    for _ in range(50):
+        if ssl.get_server_certificate(("127.0.0.1", port)) == new:
+            break
+        time.sleep(0.2)
+    assert ssl.get_server_certificate(("127.0.0.1", port)) == new
+    tls_server.ssl = ssl.create_default_context(cafile=cert)
 
 
 def test_sigterm_drains_in_flight_streams(tls_server):

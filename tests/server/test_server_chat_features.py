@@ -1,0 +1,105 @@
+"""Chat features on a real engine, in-process (no subprocess): reasoning parsers, chat templates
+and their content formats, response role, echo, tokens as ids, the periodic stats line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import httpx
+import pytest
+from infernetes.runtime.engine.async_engine import AsyncEngine
+from infernetes.runtime.server.api_server import build_app
+from infernetes.runtime.server.chat_template import resolve_content_format
+from infernetes.runtime.server.log_stats import LoggingStatLogger
+from infernetes.runtime.server.settings import FrontendSettings
+from infernetes.runtime.server.state import ServerState
+
+from infernetes.schema.config import build_config
+
+# Loops over the parts of each message: wants the "openai" content format.
+PARTS_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{% for part in m['content'] %}"
+                  "{{ part['text'] }}{% endfor %}{% endfor %}{% if add_generation_prompt %}[go]{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    engine = AsyncEngine.from_config(build_config(str(tiny_llama_dir), max_model_len=256, seed=0))
+    yield engine
+    asyncio.run(engine.shutdown())
+
+
+def client(engine, **settings) -> httpx.AsyncClient:
+    state = ServerState(FrontendSettings(model="tiny", served_model_names=("tiny",), **settings))
+    state.attach_engine(engine)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(state)), base_url="http://t")
+
+
+def chat_body(**extra):
+    return {"model": "tiny", "messages": [{"role": "user", "content": "Think first."}], "max_tokens": 40,
+            "temperature": 0, **extra}
+
+
+async def _stream_deltas(http: httpx.AsyncClient, body: dict) -> list[dict]:
+    deltas = []
+    async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                deltas += [c["delta"] for c in event["choices"]]
+    return deltas
+
+
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+async def test_reasoning_content_is_split_whole_and_streamed(engine, parser):
+    body = chat_body(guided_regex=r"<think>plan it</think>The answer\.")
+    async with client(engine, reasoning_parser=parser) as http:
+        message = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]["message"]
+        assert message["reasoning_content"] == "plan it"
+        assert message["content"] == "The answer."
+        deltas = await _stream_deltas(http, body)
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "plan it"
+    assert "".join(d.get("content") or "" for d in deltas) == "The answer."
+
+
+async def test_chat_template_options(engine, tiny_llama_dir, tmp_path):
+    template_file = tmp_path / "parts.jinja"
+    template_file.write_text(PARTS_TEMPLATE)
+    assert resolve_content_format("auto", PARTS_TEMPLATE) == "openai"
+    async with client(engine, chat_template=str(template_file)) as http:
+        tokens = (await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})).json()
+        text = (await http.post("/detokenize", json={"tokens": tokens["tokens"]})).json()["prompt"]
+        assert text == "[user]hi[go]"
+    async with client(engine, response_role="bot") as http:
+        inline = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+        response = await http.post("/v1/chat/completions", json=chat_body(chat_template=inline, max_tokens=3))
+        assert response.json()["choices"][0]["message"]["role"] == "bot"
+        broken = await http.post("/v1/chat/completions", json=chat_body(chat_template="{% for %}"))
+        assert broken.status_code == 400 and "chat template" in broken.json()["error"]["message"]
+
+
+async def test_echo_continue_and_token_ids(engine):
+    async with client(engine) as http:
+        body = chat_body(messages=[{"role": "user", "content": "Hi"},
+                                   {"role": "assistant", "content": "Well,"}],
+                         continue_final_message=True, echo=True, max_tokens=3)
+        message = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]["message"]
+        assert message["content"].startswith("Well,")
+        completion = (await http.post("/v1/completions", json={
+            "model": "tiny", "prompt": "Hello", "max_tokens": 3, "logprobs": 1,
+            "return_tokens_as_token_ids": True})).json()
+        assert all(t.startswith("token_id:") for t in completion["choices"][0]["logprobs"]["tokens"])
+
+
+def test_periodic_stats_line(caplog):
+    from infernetes.runtime.engine.stats import IterationStats, PrefixCacheStats, SchedulerStats
+
+    stats_logger = LoggingStatLogger(interval_s=0.0)
+    with caplog.at_level(logging.INFO, logger="infernetes.runtime.server.stats"):
+        stats_logger.record(SchedulerStats(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.5,
+                                           prefix_cache_stats=PrefixCacheStats(queries=10, hits=5)),
+                            IterationStats(num_prompt_tokens=8, num_generation_tokens=2))
+    line = caplog.records[-1].getMessage()
+    assert "Running: 2 reqs, Waiting: 1 reqs" in line
+    assert "GPU KV cache usage: 50.0%" in line and "Prefix cache hit rate: 50.0%" in line
