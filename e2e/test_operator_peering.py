@@ -82,3 +82,17 @@ def test_only_the_highest_priority_replica_works(cluster: Any, peering_ns: str, 
     finally:
         for replica in replicas:
             replica.stop()
+
+
+def test_clusterwide_operator_runs_with_its_rbac(cluster: Any, peering_ns: str, tmp_path: Path) -> None:
+    """The default mode (all namespaces), as the chart runs it, needs nothing beyond its ClusterRole."""
+    install_crds(cluster.kubectl)
+    kubeconfig = service_account_kubeconfig(cluster.kubectl, namespace=peering_ns, path=tmp_path / "kubeconfig")
+    operator = OperatorProcess(kubeconfig=kubeconfig, log_path=tmp_path / "operator.log", env=cluster.env)
+    try:
+        operator.start()
+        cluster.apply(isvc("everywhere"), namespace=peering_ns)
+        wait_until(lambda: ready(cluster, peering_ns, "everywhere"), timeout=TIMEOUT, what="Ready")
+        assert "forbidden" not in operator.log().lower()
+    finally:
+        operator.stop()
