@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from infernetes.runtime.server.chat_template import load_chat_template
 from infernetes.runtime.server.errors import install_error_handlers
 from infernetes.runtime.server.log_stats import LoggingStatLogger
 from infernetes.runtime.server.middleware import (
@@ -53,6 +54,7 @@ def check_frontend_settings(settings: FrontendSettings) -> None:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
     if settings.reasoning_parser:
         make_reasoning_parser(settings.reasoning_parser)
+    load_chat_template(settings.chat_template)  # a missing file fails now, not after loading
     from infernetes.runtime.server.structured_output import GuideError, check_backend
 
     try:

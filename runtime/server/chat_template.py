@@ -16,8 +16,6 @@ import jinja2
 import jinja2.nodes
 from infernetes.runtime.server.errors import APIError
 
-CONTENT_FORMATS = ("auto", "string", "openai")
-
 
 class ChatTemplateError(ValueError):
     pass

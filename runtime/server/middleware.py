@@ -125,15 +125,13 @@ class BodySizeLimitMiddleware:
                                         f"of {self.max_bytes} bytes", 413)
                 return
         received = 0
-        too_large = False
 
         async def counting_receive() -> dict:
-            nonlocal received, too_large
+            nonlocal received
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    too_large = True
                     raise _BodyTooLarge
             return message
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from infernetes.runtime.server.chat_template import ChatRenderer
@@ -87,12 +87,8 @@ class ChoiceState:
     reasoning: ReasoningStream | None
     tools: ToolCallStream | None
     raw_text: str = ""
-    sent_role: bool = False
     sent_named_header: bool = False
     tool_calls_sent: int = 0
-    tokens: int = 0
-    finish_reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class ChatServing(ServingBase):
@@ -309,8 +305,7 @@ class ChatServing(ServingBase):
             return sse(body)
 
         try:
-            for index, state in states.items():
-                state.sent_role = True
+            for index in states:
                 yield chunk(index, {"role": self.settings.response_role, "content": echo})
             async for output in stream:
                 if output.finished:

@@ -68,8 +68,6 @@ class FrontendSettings:
     task: str = "auto"
     dev_mode: bool = False
     keep_alive_on_engine_death: bool = False
-    # Requests beyond this many in flight get 429 instead of queueing without bound.
-    max_pending_requests: int | None = None
 
     @property
     def model_name(self) -> str:

@@ -125,6 +125,8 @@ def test_refused_settings_name_the_flag():
         check_frontend_settings(FrontendSettings(enable_auto_tool_choice=True))
     with pytest.raises(ValueError, match="xgrammar"):
         check_frontend_settings(FrontendSettings(guided_decoding_backend="xgrammar"))
+    with pytest.raises(ValueError, match="no such file"):
+        check_frontend_settings(FrontendSettings(chat_template="missing.jinja"))
 
 
 def test_run_server_exits_2_on_unsupported_parser(capsys):
