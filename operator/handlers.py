@@ -67,8 +67,9 @@ def reference(name: str, namespace: str, uid: str) -> dict[str, Any]:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     options = memo.options
+    memo.loop = asyncio.get_running_loop()
     # Handler progress and the last-handled spec live in annotations: the CRD's structural
     # schema would prune kopf's default status fields.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
@@ -80,8 +81,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 16
     settings.watching.server_timeout = 300
-    memo.api = make_client()
-    memo.apis = discover_apis(memo.api)
+    memo.api = await memo.loop.run_in_executor(None, make_client)
+    memo.apis = await memo.loop.run_in_executor(None, discover_apis, memo.api)
     memo.status_locks = defaultdict(threading.Lock)
     memo.status_locks_guard = threading.Lock()
     memo.last_status = {}
@@ -234,8 +235,17 @@ def reconcile(
         }
     )
     # Conditions are written by one path only (refresh_status), so a slow reconcile can never
-    # overwrite what a newer child event derived.
-    refresh_status(memo, (namespace, name), inference_services, owned_deployments, owned_pods)
+    # overwrite what a newer child event derived; the refresh joins those the children's events
+    # of this apply are about to schedule.
+    memo.loop.call_soon_threadsafe(
+        schedule_refresh,
+        memo,
+        (namespace, name),
+        inference_services,
+        owned_deployments,
+        owned_pods,
+        context=contextvars.copy_context(),
+    )
     metrics.RECONCILES.labels("applied").inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
