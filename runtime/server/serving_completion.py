@@ -27,6 +27,15 @@ async def _tagged(stream: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
         yield 0, item
 
 
+def _prompt_logprobs(positions: list[Any] | None) -> list[dict[int, Any] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt position ``{token_id: {logprob, rank, decoded_token}}``."""
+    if positions is None:
+        return None
+    return [None if p is None else {
+        tid: {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+        for tid, lp in p.items()} for p in positions]
+
+
 class PreparedPrompt:
     def __init__(self, text: str | None, token_ids: list[int]) -> None:
         self.text = text
@@ -132,6 +141,8 @@ class CompletionServing(ServingBase):
                     logprobs=logprobs,
                     finish_reason=out.finish_reason,
                     stop_reason=out.stop_reason,
+                    prompt_logprobs=_prompt_logprobs(final.prompt_logprobs)
+                    if request.prompt_logprobs is not None else None,
                 ))
                 usage.completion_tokens += len(token_ids)
             if self.settings.enable_prompt_tokens_details:

@@ -90,6 +90,11 @@ async def test_echo_continue_and_token_ids(engine):
             "model": "tiny", "prompt": "Hello", "max_tokens": 3, "logprobs": 1,
             "return_tokens_as_token_ids": True})).json()
         assert all(t.startswith("token_id:") for t in completion["choices"][0]["logprobs"]["tokens"])
+        scored = (await http.post("/v1/completions", json={
+            "model": "tiny", "prompt": [5, 6, 7], "max_tokens": 1, "prompt_logprobs": 2})).json()
+        positions = scored["choices"][0]["prompt_logprobs"]
+        assert positions[0] is None and len(positions) == 3
+        assert "6" in positions[1] and len(positions[1]) >= 2  # the actual token and the top 2
 
 
 def test_periodic_stats_line(caplog):
