@@ -28,6 +28,7 @@ from infernetes.runtime.server.log_stats import LoggingStatLogger
 from infernetes.runtime.server.middleware import (
     APIKeyMiddleware,
     BodySizeLimitMiddleware,
+    ConcurrencyLimitMiddleware,
     RequestIdMiddleware,
     ServerLoadMiddleware,
     import_user_middleware,
@@ -109,8 +110,11 @@ def build_app(
     include_routes(app, settings.dev_mode)
     # add_middleware wraps: the last added runs first. Order, outermost first: CORS (so even a
     # 401 carries CORS headers and preflights never need a key), request id, auth, size limit,
-    # load tracking, user middleware.
+    # load tracking, concurrency limit (after auth, so a bad key is a 401, not a 429), user
+    # middleware.
     import_user_middleware(app, settings.middleware)
+    if settings.max_concurrency is not None:
+        app.add_middleware(ConcurrencyLimitMiddleware, limit=settings.max_concurrency)
     if settings.enable_server_load_tracking:
         app.add_middleware(ServerLoadMiddleware, state=app.state)
     app.add_middleware(BodySizeLimitMiddleware)

@@ -25,7 +25,7 @@ _ERROR_TYPES = {
     413: "RequestTooLargeError",
     415: "UnsupportedMediaTypeError",
     422: "UnprocessableEntityError",
-    429: "RateLimitError",
+    429: "TooManyRequests",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }

@@ -1,5 +1,5 @@
-"""ASGI middleware: API-key auth, request-id headers, body-size limit, server-load tracking, and
-user middleware named by ``--middleware``.
+"""ASGI middleware: API-key auth, request-id headers, body-size limit, server-load tracking, the
+``--max-concurrency`` limit, and user middleware named by ``--middleware``.
 
 Plain ASGI classes rather than BaseHTTPMiddleware, so streamed responses pass through untouched
 and a cancelled client still cancels the handler.
@@ -32,6 +32,8 @@ OPEN_PATHS = frozenset(
 INFERENCE_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize", "/detokenize"}
 )
+# Routes that occupy the engine, counted against --max-concurrency.
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
@@ -162,6 +164,39 @@ class ServerLoadMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.state.server_load -= 1
+
+
+class ConcurrencyLimitMiddleware:
+    """``--max-concurrency``: at most ``limit`` requests in flight on the inference routes; one
+    more is refused at once with 429 (the client retries, as with any rate limit). A request holds
+    its slot until its response has been sent in full, a stream until its last event, and gives it
+    back however it ends: finished, failed, or cut by its client (the ASGI call returns or raises
+    in every case)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"--max-concurrency must be at least 1, got {limit}")
+        self.app = app
+        self.limit = limit
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope.get("method") != "POST"
+                or _route_path(scope) not in GENERATION_PATHS):
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            await _send_error(
+                send, f"Too many concurrent requests: the server processes at most {self.limit} "
+                      f"at once (--max-concurrency {self.limit}); retry later", 429,
+                [(b"retry-after", b"1")])
+            return
+        # No await between the check and the increment: the event loop cannot interleave them.
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
 
 def import_user_middleware(app: FastAPI, qualified_names: Iterable[str]) -> None:

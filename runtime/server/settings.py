@@ -52,6 +52,7 @@ class FrontendSettings:
     return_tokens_as_token_ids: bool = False
     enable_prompt_tokens_details: bool = False
     enable_server_load_tracking: bool = False
+    max_concurrency: int | None = None
     log_config_file: str | None = None
     disable_log_stats: bool = False
     disable_fastapi_docs: bool = False
@@ -112,6 +113,7 @@ class FrontendSettings:
             return_tokens_as_token_ids=bool(get("return_tokens_as_token_ids", False)),
             enable_prompt_tokens_details=bool(get("enable_prompt_tokens_details", False)),
             enable_server_load_tracking=bool(get("enable_server_load_tracking", False)),
+            max_concurrency=get("max_concurrency"),
             log_config_file=get("log_config_file"),
             disable_log_stats=bool(get("disable_log_stats", False)),
             disable_fastapi_docs=bool(get("disable_fastapi_docs", False)),
