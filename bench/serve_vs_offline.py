@@ -2,6 +2,11 @@
 ``infernetes bench throughput`` (the engine alone, no HTTP) on the same model, prompts and engine
 arguments, in the same run. Prints both output-token throughputs and their ratio (target >= 0.85).
 
+The default model has the shape of ``bench/engine_throughput.py``'s (Llama, 8 layers, hidden 512,
+vocabulary 32000): the forward pass costs what a small real model's does, so the ratio measures
+the HTTP layer against real work. ``--shape toy`` picks a 4-layer, hidden-256 Llama instead, where
+per-token HTTP/SSE cost dominates the compute (a worst case for the ratio).
+
 Both sides cap the batch at the concurrency (``--max-num-seqs``), so the ratio measures what the
 HTTP layer costs, not a wider offline batch, and both run with the same intra-op thread count
 (``--threads``, OMP_NUM_THREADS): the server's engine loop runs in a worker thread and the offline
@@ -9,7 +14,8 @@ one in the main thread, and on a loaded machine OpenMP's spinning threads make t
 differently unless the count is pinned. Each side runs ``--rounds`` times, alternating, and
 the best round of each counts: other load on a shared machine only ever slows a round down.
 
-    python -m bench serve_vs_offline [--model DIR] [--num-prompts 128] [--concurrency 64] ...
+    python -m bench serve_vs_offline [--model DIR | --shape engine|toy] [--num-prompts 128]
+                                     [--concurrency 64] ...
 """
 
 from __future__ import annotations
@@ -39,12 +45,28 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "infernetes.cli.main", *args]
 
 
-def _make_model(directory: Path) -> Path:
-    """A small Llama-shaped model: big enough that the forward pass, not Python, sets the pace."""
+# Llama shapes (transformers config fields) selectable by --shape.
+SHAPES = {
+    # bench/engine_throughput.py's default model.
+    "engine": {"hidden_size": 512, "intermediate_size": 512 * 11 // 4, "num_hidden_layers": 8,
+               "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 32000,
+               "max_position_embeddings": 2048, "initializer_range": 0.02},
+    # Tiny: per-token HTTP/SSE work outweighs the forward pass.
+    "toy": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+            "num_attention_heads": 8, "num_key_value_heads": 4},
+}
+
+
+def describe_shape(name: str) -> str:
+    shape = SHAPES[name]
+    return (f"generated Llama '{name}': {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
+            f"vocab {shape.get('vocab_size', 'tokenizer')}")
+
+
+def _make_model(directory: Path, shape: str) -> Path:
     from infernetes.runtime.testing import make_tiny_model
 
-    return make_tiny_model(directory, "LlamaForCausalLM", hidden_size=256, intermediate_size=512,
-                           num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
+    return make_tiny_model(directory, "LlamaForCausalLM", **SHAPES[shape])
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 300) -> None:
@@ -93,7 +115,10 @@ def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, ou
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench serve_vs_offline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="model directory (default: a generated 4-layer Llama)")
+    parser.add_argument("--model", help="model directory (default: a generated Llama of --shape)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="engine",
+                        help="shape of the generated model: engine (engine_throughput's, the "
+                             "default) or toy (4 layers, hidden 256)")
     parser.add_argument("--num-prompts", type=int, default=128)
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
@@ -105,7 +130,7 @@ def main(argv: list[str]) -> int:
 
     with tempfile.TemporaryDirectory(prefix="serve-vs-offline-") as tmp:
         work = Path(tmp)
-        model = args.model or str(_make_model(work / "model"))
+        model = args.model or str(_make_model(work / "model", args.shape))
         engine_args = [model, "--max-num-seqs", str(args.concurrency), "--seed", "0",
                        "--max-model-len", str(2 * (args.input_len + args.output_len))]
         dataset = ["--dataset-name", "random", "--num-prompts", str(args.num_prompts),
@@ -119,7 +144,7 @@ def main(argv: list[str]) -> int:
             print(f"round {round_index + 1}: offline {offline[-1]:.1f} tok/s, "
                   f"served {served[-1]:.1f} tok/s", flush=True)
     ratio = max(served) / max(offline)
-    print(f"model: {args.model or 'generated 4-layer Llama (hidden 256)'}; {args.num_prompts} prompts, "
+    print(f"model: {args.model or describe_shape(args.shape)}; {args.num_prompts} prompts, "
           f"input {args.input_len}, output {args.output_len} tokens; concurrency {args.concurrency}; "
           f"cpu count {os.cpu_count()}; OMP_NUM_THREADS={args.threads}")
     print(f"offline engine:  {max(offline):8.1f} output tokens/s (best of {args.rounds})")
