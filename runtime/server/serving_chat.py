@@ -269,9 +269,8 @@ class ChatServing(ServingBase):
                 if delta.content:
                     deltas.append({"content": delta.content})
                 if delta.tool_calls:
-                    state.tool_calls_sent += len(delta.tool_calls)
-                    deltas.append({"tool_calls": [{"index": i, **call.model_dump()}
-                                                  for i, call in delta.tool_calls]})
+                    state.tool_calls_sent = state.tools.calls_sent
+                    deltas.append({"tool_calls": [piece.wire() for piece in delta.tool_calls]})
             return deltas
         if content:
             deltas.append({"content": content})

@@ -215,7 +215,10 @@ def test_chat_auto_tool_choice_parses_hermes_calls(client):
     chunks = list(client.chat.completions.create(**kwargs, stream=True))
     streamed_calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert streamed_calls[0].function.name == "get_weather"
-    assert json.loads("".join(tc.function.arguments or "" for tc in streamed_calls)) == {"city": "Oslo", "days": 1}
+    assert streamed_calls[0].id and all(tc.index == 0 for tc in streamed_calls)
+    # The arguments arrive in pieces as the model writes them, and join up to the whole answer.
+    assert len([tc for tc in streamed_calls if tc.function.arguments]) > 1
+    assert "".join(tc.function.arguments or "" for tc in streamed_calls) == message.tool_calls[0].function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 

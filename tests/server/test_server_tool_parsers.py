@@ -58,22 +58,73 @@ def test_extracts_calls_and_content(name):
     assert result.content == content
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_streaming_matches_whole(name):
-    text, content = CASES[name]
+# Parsers that follow a call while it is written and send its arguments in pieces; pythonic
+# sends each call whole once the list parses.
+INCREMENTAL = {"hermes", "llama3_json", "mistral", "qwen"}
+
+
+def _stream_pieces(name: str, text: str, size: int):
+    """Feeds ``text`` ``size`` characters at a time: (content, pieces, stream)."""
     stream = make_tool_parser(name, [WEATHER]).stream()
-    streamed_content = ""
-    calls = []
-    for char in text:
-        delta = stream.feed(char)
-        streamed_content += delta.content
-        calls += delta.tool_calls
+    content = ""
+    pieces = []
+    for at in range(0, len(text), size):
+        delta = stream.feed(text[at:at + size])
+        content += delta.content
+        pieces += delta.tool_calls
     final = stream.finish()
-    streamed_content += final.content
-    calls += final.tool_calls
-    assert [i for i, _ in calls] == [0, 1]
-    assert _calls([c for _, c in calls]) == EXPECTED
+    return content + final.content, pieces + final.tool_calls, stream
+
+
+@pytest.mark.parametrize("size", [1, 3, 8])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_streaming_matches_whole(name, size):
+    """The streamed pieces of each call join up to exactly the whole result's arguments."""
+    text, content = CASES[name]
+    whole = make_tool_parser(name, [WEATHER]).extract(text).tool_calls
+    streamed_content, pieces, stream = _stream_pieces(name, text, size)
+    headers = [p for p in pieces if p.name is not None]
+    assert [(p.index, p.name) for p in headers] == [(0, "get_weather"), (1, "get_weather")]
+    assert len({p.id for p in headers}) == 2 and all(p.id for p in headers)
+    joined = ["".join(p.arguments for p in pieces if p.index == i) for i in (0, 1)]
+    assert joined == [c.function.arguments for c in whole]
+    assert _calls(whole) == EXPECTED
     assert streamed_content.strip() == (content or "")
+    assert stream.calls_sent == 2
+    # The header of a call comes before any of its pieces, and calls do not interleave.
+    assert [p.index for p in pieces] == sorted(p.index for p in pieces)
+    assert pieces[0].name is not None
+
+
+@pytest.mark.parametrize("name", sorted(INCREMENTAL))
+def test_streaming_sends_arguments_as_they_are_written(name):
+    """Fed a character at a time, the first call's arguments arrive in several pieces, and the
+    first pieces are out before the call (or the section) is complete."""
+    text, _ = CASES[name]
+    _, pieces, _ = _stream_pieces(name, text, 1)
+    first_call = [p for p in pieces if p.index == 0 and p.arguments]
+    assert len(first_call) > 3, first_call
+    whole = make_tool_parser(name, [WEATHER]).extract(text).tool_calls[0].function.arguments
+    assert first_call[0].arguments != whole
+
+
+def test_mistral_name_args_format_streams_in_pieces():
+    text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'
+    whole = make_tool_parser("mistral", [WEATHER]).extract(text).tool_calls
+    _, pieces, _ = _stream_pieces("mistral", text, 2)
+    assert [p.name for p in pieces if p.name] == ["get_weather", "get_weather"]
+    assert ["".join(p.arguments for p in pieces if p.index == i) for i in (0, 1)] == [
+        c.function.arguments for c in whole]
+    assert len([p for p in pieces if p.index == 0 and p.arguments]) > 3
+
+
+def test_streaming_wire_format():
+    text, _ = CASES["hermes"]
+    _, pieces, _ = _stream_pieces("hermes", text, 4)
+    header, piece = pieces[0].wire(), next(p for p in pieces if p.name is None).wire()
+    assert header["type"] == "function" and header["id"].startswith("chatcmpl-tool")
+    assert header["function"]["name"] == "get_weather" and "arguments" in header["function"]
+    assert set(piece) == {"index", "function"} and set(piece["function"]) == {"arguments"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -6,6 +6,7 @@ from infernetes.runtime.server.protocol import ChatTool
 from infernetes.runtime.server.tool_parsers.base import (
     ExtractedToolCalls,
     StreamDelta,
+    ToolCallDelta,
     ToolCallStream,
     ToolParser,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "TOOL_PARSERS",
     "ExtractedToolCalls",
     "StreamDelta",
+    "ToolCallDelta",
     "ToolCallStream",
     "ToolParser",
     "check_tool_parser_name",

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 
 from infernetes.runtime.server.protocol import FunctionCall
-from infernetes.runtime.server.tool_parsers.base import ToolParser, call_from_dict
+from infernetes.runtime.server.tool_parsers.base import (
+    PartialCall,
+    ToolParser,
+    call_from_dict,
+    partial_from_object_text,
+)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -26,7 +31,7 @@ class HermesToolParser(ToolParser):
             if not closed and not final:
                 break
             try:
-                call = call_from_dict(json.loads(body))
+                call = call_from_dict(json.loads(body), raw=body)
             except json.JSONDecodeError:
                 call = None
             if call is None:
@@ -34,3 +39,9 @@ class HermesToolParser(ToolParser):
                 return None if final and not calls else calls
             calls.append(call)
         return calls
+
+    def partial_call(self, section: str, complete: int) -> PartialCall | None:
+        blocks = section.split(OPEN)[1:]
+        if len(blocks) <= complete or CLOSE in blocks[complete]:
+            return None
+        return partial_from_object_text(blocks[complete])

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from infernetes.runtime.server.protocol import FunctionCall
 from infernetes.runtime.server.tool_parsers.base import (
+    PartialCall,
     ToolParser,
     call_from_dict,
-    decode_json_values,
+    decode_json_spans,
+    partial_from_object_text,
 )
 
 PYTHON_TAG = "<|python_tag|>"
@@ -29,17 +31,25 @@ class Llama3JsonToolParser(ToolParser):
             return len(text)
         return 0
 
-    def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
+    @staticmethod
+    def _body(section: str) -> str:
         body = section.strip()
-        if body.startswith(PYTHON_TAG):
-            body = body[len(PYTHON_TAG):]
-        values, rest = decode_json_values(body)
+        return body[len(PYTHON_TAG):] if body.startswith(PYTHON_TAG) else body
+
+    def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
+        values, rest = decode_json_spans(self._body(section))
         calls: list[FunctionCall] = []
-        for value in values:
-            call = call_from_dict(value, "parameters")
+        for value, raw in values:
+            call = call_from_dict(value, "parameters", raw=raw)
             if call is None:
                 return None if final else calls
             calls.append(call)
         if final and rest.strip():
             return None
         return calls
+
+    def partial_call(self, section: str, complete: int) -> PartialCall | None:
+        values, rest = decode_json_spans(self._body(section))
+        if len(values) != complete or not rest:
+            return None
+        return partial_from_object_text(rest)

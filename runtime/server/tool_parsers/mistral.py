@@ -3,17 +3,29 @@ or ``[TOOL_CALLS]name[ARGS]{...}`` repeated (v11+ tokenizers)."""
 
 from __future__ import annotations
 
-import json
-
 from infernetes.runtime.server.protocol import FunctionCall
 from infernetes.runtime.server.tool_parsers.base import (
+    PartialCall,
     ToolParser,
     arguments_json,
     call_from_dict,
-    decode_json_values,
+    decode_json_spans,
+    partial_from_object_text,
+    scan_json_value,
 )
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+
+def _list_items(body: str) -> tuple[list[tuple[object, str]], str, bool]:
+    """The v3 list read item by item, so calls show as soon as each object closes:
+    ``(items with their text, the unparsed rest, whether the list was a list)``."""
+    stripped = body.lstrip()
+    if not stripped.startswith("["):
+        values, rest = decode_json_spans(body)  # a bare object (or several) also occurs
+        return values, rest, False
+    values, rest = decode_json_spans(stripped[1:])
+    return values, rest, True
 
 
 class MistralToolParser(ToolParser):
@@ -28,31 +40,51 @@ class MistralToolParser(ToolParser):
         body = section[len(TOOL_CALLS):]
         if ARGS in body:
             return self._parse_name_args(body, final)
-        values, rest = decode_json_values(body)
+        items, rest, in_list = _list_items(body)
         calls: list[FunctionCall] = []
-        for value in values:
+        for value, raw in items:
             for item in value if isinstance(value, list) else [value]:
-                call = call_from_dict(item)
+                call = call_from_dict(item, raw=raw if item is value else None)
                 if call is None:
                     return None if final else calls
                 calls.append(call)
-        if final and (rest.strip() or not calls):
+        closing = rest.strip()
+        if final and (not calls or (closing != "]" if in_list else closing)):
             return None
         return calls
+
+    def partial_call(self, section: str, complete: int) -> PartialCall | None:
+        body = section[len(TOOL_CALLS):]
+        if ARGS in body:
+            chunks = body.split(TOOL_CALLS)
+            if len(chunks) != complete + 1:
+                return None
+            name, found, args = chunks[-1].partition(ARGS)
+            start = len(args) - len(args.lstrip())
+            if not found or not name.strip() or (start < len(args) and args[start] != "{"):
+                return None
+            end, _ = scan_json_value(args, start)
+            return PartialCall(name.strip(), args[start:end])
+        items, rest, _ = _list_items(body)
+        if len(items) != complete or not rest or rest.lstrip().startswith("]"):
+            return None
+        return partial_from_object_text(rest)
 
     @staticmethod
     def _parse_name_args(body: str, final: bool) -> list[FunctionCall] | None:
         calls: list[FunctionCall] = []
-        decoder = json.JSONDecoder()
         for chunk in body.split(TOOL_CALLS):
             name, found, args = chunk.partition(ARGS)
             if not found or not name.strip():
                 return None if final else calls
-            try:
-                value, end = decoder.raw_decode(args.lstrip())
-            except json.JSONDecodeError:
+            text = args.lstrip()
+            end, complete = scan_json_value(text) if text.startswith("{") else (0, False)
+            values = decode_json_spans(text[:end])[0] if complete else []
+            if not values:
                 return None if final else calls
-            if final and args.lstrip()[end:].strip():
+            if final and text[end:].strip():
                 return None
-            calls.append(FunctionCall(name=name.strip(), arguments=arguments_json(value)))
+            value, raw = values[0]
+            calls.append(FunctionCall(name=name.strip(),
+                                      arguments=raw if isinstance(value, dict) else arguments_json(value)))
         return calls

@@ -19,10 +19,11 @@ import re
 from typing import Any
 
 from infernetes.runtime.server.protocol import FunctionCall
-from infernetes.runtime.server.tool_parsers.base import ToolParser
+from infernetes.runtime.server.tool_parsers.base import PartialCall, ToolParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+FUNCTION_OPEN = re.compile(r"<function=([^>\n]+)>")
 PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
@@ -44,12 +45,25 @@ class QwenToolParser(ToolParser):
             if match is None:
                 return None if final and not calls else calls
             name = match.group(1).strip()
-            arguments = {
-                key.strip(): self._convert(name, key.strip(), value)
-                for key, value in PARAMETER.findall(match.group(2))
-            }
-            calls.append(FunctionCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
+            calls.append(FunctionCall(name=name, arguments=self._arguments(name, match.group(2))))
         return calls
+
+    def partial_call(self, section: str, complete: int) -> PartialCall | None:
+        """Arguments grow a parameter at a time: the JSON object of the parameters closed so
+        far, without its closing brace (the whole call's arguments begin with exactly that)."""
+        blocks = section.split(OPEN)[1:]
+        if len(blocks) <= complete or CLOSE in blocks[complete]:
+            return None
+        head = FUNCTION_OPEN.search(blocks[complete])
+        if head is None:
+            return None
+        name = head.group(1).strip()
+        return PartialCall(name, self._arguments(name, blocks[complete][head.end():])[:-1])
+
+    def _arguments(self, name: str, body: str) -> str:
+        arguments = {key.strip(): self._convert(name, key.strip(), value)
+                     for key, value in PARAMETER.findall(body)}
+        return json.dumps(arguments, ensure_ascii=False)
 
     def _param_type(self, function: str, parameter: str) -> str | None:
         for tool in self.tools:
