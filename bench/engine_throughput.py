@@ -11,9 +11,9 @@ drawn from ``--input-len``, output lengths from ``--output-len``), greedy, EOS i
   its HF backend).
 
 Throughput is requested output tokens per second; the ratio infernetes / transformers is printed.
-Each side runs in its default dtype unless told otherwise: infernetes ``auto`` (bf16 on a CPU that
-computes bf16 natively, as vLLM's CPU backend does), transformers the checkpoint's float32; pass
-``--hf-dtype bfloat16`` for a same-dtype comparison.
+Both sides compute in the same dtype: infernetes resolves ``--dtype`` (``auto``: bf16 on a CPU that
+computes bf16 natively, as vLLM's CPU backend does) and transformers loads the model in that dtype
+(``--hf-dtype same``, the default); each side's dtype is printed.
 Run: ``python -m bench engine_throughput`` (``--help`` for sizes).
 """
 
@@ -44,8 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--dtype", default="auto",
                         help="infernetes dtype (auto: bf16 on a CPU with native bf16, as vLLM)")
-    parser.add_argument("--hf-dtype", default="float32",
-                        help="transformers dtype (float32: the checkpoint's, what it loads by default)")
+    parser.add_argument("--hf-dtype", default="same",
+                        help="transformers dtype (same: the dtype infernetes resolved, a like-for-like run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="measure infernetes only")
     return parser.parse_args(argv)
@@ -85,11 +85,11 @@ def run_infernetes(path: str, requests, args) -> float:
     return elapsed, str(llm.llm_engine.settings.info.dtype).removeprefix("torch.")
 
 
-def run_transformers(path: str, requests, args) -> float:
+def run_transformers(path: str, requests, args, dtype: str) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.hf_dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     pad = 0
     with torch.inference_mode():
         model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False, pad_token_id=pad)
@@ -141,8 +141,9 @@ def main(argv: list[str]) -> int:
               f"{(output_tokens + prompt_tokens) / ours:9.1f} total tok/s", flush=True)
         if args.skip_hf:
             return 0
-        theirs = run_transformers(path, requests, args)
-        print(f"transformers ({args.hf_dtype}): {theirs:8.2f} s  {output_tokens / theirs:9.1f} output tok/s  "
+        hf_dtype = dtype if args.hf_dtype == "same" else args.hf_dtype
+        theirs = run_transformers(path, requests, args, hf_dtype)
+        print(f"transformers ({hf_dtype}): {theirs:8.2f} s  {output_tokens / theirs:9.1f} output tok/s  "
               f"(batched generate, batch size {args.hf_batch_size})", flush=True)
     print(f"ratio infernetes / transformers: {theirs / ours:.2f}x", flush=True)
     return 0

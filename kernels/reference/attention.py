@@ -78,26 +78,42 @@ def paged_attention(
     return out
 
 
+def _gather_tokens(
+    cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """The tokens at `slots` `[N]` (slot = block * block_size + offset) as `[N, Hkv, D]` in `dtype`."""
+    flat = cache.view(-1, *cache.shape[2:])
+    if cache.dtype in FP8_DTYPES:
+        if scale is None:
+            raise ValueError("an fp8 KV cache needs k_scale and v_scale")
+        raw = flat.view(torch.uint8).index_select(0, slots).view(cache.dtype)
+        return (raw.float() * scale.float()).to(dtype)
+    return flat.index_select(0, slots).to(dtype)
+
+
 def _decode(query, k_cache, v_cache, block_tables, starts, lens, decodes, scale, k_scale, v_scale, out):
     device = query.device
-    block_size = k_cache.shape[1]
+    block_size, n_kv_heads, head_dim = k_cache.shape[1:]
     rows = torch.tensor(decodes, device=device)
     kv_lens = torch.tensor([lens[b] for b in decodes], device=device)
-    n_blocks = -(-max(lens[b] for b in decodes) // block_size)
-    tables = block_tables[rows, :n_blocks]
-    k = gather_kv(k_cache, tables, k_scale, query.dtype)  # fresh copies: safe to write into
-    v = gather_kv(v_cache, tables, v_scale, query.dtype)
-    # Slots past a sequence's end hold whatever the cache holds (NaN bit patterns included): zero
-    # them, since a masked-out NaN still poisons the softmax and the weighted sum.
-    for row, b in enumerate(decodes):
-        k[row, lens[b] :] = 0
-        v[row, lens[b] :] = 0
-    k, v = k.transpose(1, 2), v.transpose(1, 2)
-    valid = torch.arange(k.shape[2], device=device)[None, :] < kv_lens[:, None]  # [Bd, L]
+    longest = max(lens[b] for b in decodes)
+    n_blocks = -(-longest // block_size)
+    tables = block_tables[rows, :n_blocks].long()
+    # Gather by slot. Positions past a sequence's end read its first token instead of whatever the
+    # cache holds there (stale or NaN bit patterns): masked out, a finite value weighs exactly zero,
+    # while a NaN would still poison the softmax and the weighted sum.
+    pos = torch.arange(longest, device=device)
+    valid = pos[None, :] < kv_lens[:, None]  # [Bd, L]
+    slots = tables[:, pos // block_size] * block_size + pos % block_size
+    slots = torch.where(valid, slots, slots[:, :1]).reshape(-1)
+    n_seqs, n_heads = len(decodes), query.shape[1]
+    k = _gather_tokens(k_cache, slots, k_scale, query.dtype)
+    v = _gather_tokens(v_cache, slots, v_scale, query.dtype)
+    k = k.view(n_seqs, longest, n_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(n_seqs, longest, n_kv_heads, head_dim).transpose(1, 2)
     token_rows = torch.tensor([starts[b] for b in decodes], device=device)
-    n_seqs, n_heads, head_dim = len(decodes), query.shape[1], query.shape[2]
     # GQA without copying K/V per query head: the heads sharing a kv head become that kv head's
     # query rows (one query token each, so one mask serves them all).
-    q = query[token_rows].view(n_seqs, k.shape[1], n_heads // k.shape[1], head_dim)
+    q = query[token_rows].view(n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
     out[token_rows] = o.reshape(n_seqs, n_heads, head_dim)
