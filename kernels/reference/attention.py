@@ -3,31 +3,19 @@
 Decode rows (one query token) of a batch go through one batched call with a padding mask; each
 prefill or chunked-prefill sequence gets its own call with a causal mask shifted by its cached
 prefix. The block tables are read on the host: this is the CPU path.
+
+What depends only on the step's metadata (slot indices, masks, which rows decode) is worked out
+once per step, not once per layer: every layer of a step passes the same metadata tensors, and on
+a small, shared CPU those dozens of little index ops cost more than the attention itself.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from infernetes.kernels.reference.fp8 import FP8_DTYPES
-
-
-def gather_kv(
-    cache: torch.Tensor, tables: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
-) -> torch.Tensor:
-    """The blocks of `tables` `[B, n]` as `[B, n * block_size, Hkv, D]` in `dtype`."""
-    n_seqs, n_blocks = tables.shape
-    _, block_size, n_kv_heads, head_dim = cache.shape
-    ids = tables.reshape(-1).long()
-    if cache.dtype in FP8_DTYPES:
-        if scale is None:
-            raise ValueError("an fp8 KV cache needs k_scale and v_scale")
-        # index_select is not implemented for fp8 everywhere; gather the bytes.
-        raw = cache.view(torch.uint8).flatten(1).index_select(0, ids).view(cache.dtype)
-        blocks = (raw.float() * scale.float()).to(dtype)
-    else:
-        blocks = cache.flatten(1).index_select(0, ids).to(dtype)  # faster than cache[tables] on CPU
-    return blocks.reshape(n_seqs, n_blocks * block_size, n_kv_heads, head_dim)
 
 
 def _sdpa_prefill(q, k, v, mask, scale):
@@ -51,31 +39,103 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     out = torch.empty_like(query)
-    block_size = k_cache.shape[1]
+    plan = _plan_for(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
+    if plan.padding_rows is not None:  # padding rows: nothing to attend to
+        out[plan.padding_rows] = 0
+    if plan.decode is not None:
+        _decode(query, k_cache, v_cache, plan.decode, scale, k_scale, v_scale, out)
+    for seq in plan.prefills:
+        k = _gather_tokens(k_cache, seq.slots, k_scale, query.dtype).transpose(0, 1).unsqueeze(0)
+        v = _gather_tokens(v_cache, seq.slots, v_scale, query.dtype).transpose(0, 1).unsqueeze(0)
+        q = query[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
+        out[seq.start : seq.end] = _sdpa_prefill(q, k, v, seq.mask, scale)[0].transpose(0, 1)
+    return out
+
+
+@dataclass
+class _DecodePlan:
+    """The decode rows of a step, attended in one batched call."""
+
+    token_rows: torch.Tensor  # [Bd] rows of the query
+    slots: torch.Tensor  # [Bd * L] cache slots, L the longest of them
+    valid: torch.Tensor  # [Bd, 1, 1, L] which of those slots belong to the sequence
+    longest: int
+
+
+@dataclass
+class _PrefillPlan:
+    """One prefill or chunked-prefill sequence: query rows start:end over the cache slots."""
+
+    start: int
+    end: int
+    slots: torch.Tensor  # [kv_len]
+    mask: torch.Tensor | None  # None: plain causal (no cached prefix)
+
+
+@dataclass
+class _StepPlan:
+    padding_rows: torch.Tensor | None
+    decode: _DecodePlan | None
+    prefills: list[_PrefillPlan]
+
+
+# The last step's metadata tensors (held, so their ids cannot be reused) and lists, and its plan.
+_last_plan: tuple[tuple, list[int], list[int], _StepPlan] | None = None
+
+
+def _plan_for(block_tables, cu_seqlens_q, seq_lens, block_size: int) -> _StepPlan:
+    global _last_plan
     starts = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
+    key = (block_tables, cu_seqlens_q, seq_lens, block_size)
+    if _last_plan is not None:
+        last_key, last_starts, last_lens, plan = _last_plan
+        if all(a is b for a, b in zip(key[:3], last_key[:3], strict=True)) and last_key[3] == block_size \
+                and last_starts == starts and last_lens == lens:
+            return plan
+    plan = _make_plan(block_tables, starts, lens, block_size)
+    _last_plan = (key, starts, lens, plan)
+    return plan
+
+
+def _make_plan(block_tables: torch.Tensor, starts: list[int], lens: list[int], block_size: int) -> _StepPlan:
+    device = block_tables.device
     q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
+    padding = [starts[b] for b, n in enumerate(q_lens) if n == 1 and lens[b] == 0]
     decodes = [b for b, n in enumerate(q_lens) if n == 1 and lens[b] > 0]
-    for b, n in enumerate(q_lens):
-        if n == 1 and lens[b] == 0:  # a padding row: nothing to attend to
-            out[starts[b]] = 0
-    if decodes:
-        _decode(query, k_cache, v_cache, block_tables, starts, lens, decodes, scale, k_scale, v_scale, out)
+    prefills = []
     for b, q_len in enumerate(q_lens):
         if q_len <= 1:
             continue
         kv_len = lens[b]
-        n_blocks = -(-kv_len // block_size)
-        tables = block_tables[b : b + 1, :n_blocks]
-        k = gather_kv(k_cache, tables, k_scale, query.dtype)[:, :kv_len].transpose(1, 2)
-        v = gather_kv(v_cache, tables, v_scale, query.dtype)[:, :kv_len].transpose(1, 2)
-        q = query[starts[b] : starts[b + 1]].transpose(0, 1).unsqueeze(0)
+        pos = torch.arange(kv_len, device=device)
+        tables = block_tables[b, : -(-kv_len // block_size)].long()
+        slots = tables[pos // block_size] * block_size + pos % block_size
         mask = None  # no cached prefix: plain causal
         if kv_len > q_len:  # query i sits at position kv_len - q_len + i and sees keys up to it
-            q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)
-            mask = torch.arange(kv_len, device=query.device)[None, :] <= q_pos[:, None]
-        out[starts[b] : starts[b + 1]] = _sdpa_prefill(q, k, v, mask, scale)[0].transpose(0, 1)
-    return out
+            mask = pos[None, :] <= pos[kv_len - q_len :, None]
+        prefills.append(_PrefillPlan(starts[b], starts[b + 1], slots, mask))
+    return _StepPlan(
+        padding_rows=torch.tensor(padding, device=device) if padding else None,
+        decode=_decode_plan(block_tables, starts, lens, decodes, block_size) if decodes else None,
+        prefills=prefills,
+    )
+
+
+def _decode_plan(block_tables, starts, lens, decodes, block_size) -> _DecodePlan:
+    device = block_tables.device
+    kv_lens = torch.tensor([lens[b] for b in decodes], device=device)
+    longest = max(lens[b] for b in decodes)
+    tables = block_tables[torch.tensor(decodes, device=device), : -(-longest // block_size)].long()
+    # Gather by slot. Positions past a sequence's end read its first token instead of whatever the
+    # cache holds there (stale or NaN bit patterns): masked out, a finite value weighs exactly zero,
+    # while a NaN would still poison the softmax and the weighted sum.
+    pos = torch.arange(longest, device=device)
+    valid = pos[None, :] < kv_lens[:, None]  # [Bd, L]
+    slots = tables[:, pos // block_size] * block_size + pos % block_size
+    slots = torch.where(valid, slots, slots[:, :1]).reshape(-1)
+    token_rows = torch.tensor([starts[b] for b in decodes], device=device)
+    return _DecodePlan(token_rows, slots, valid[:, None, None, :], longest)
 
 
 def _gather_tokens(
@@ -91,29 +151,15 @@ def _gather_tokens(
     return flat.index_select(0, slots).to(dtype)
 
 
-def _decode(query, k_cache, v_cache, block_tables, starts, lens, decodes, scale, k_scale, v_scale, out):
-    device = query.device
-    block_size, n_kv_heads, head_dim = k_cache.shape[1:]
-    rows = torch.tensor(decodes, device=device)
-    kv_lens = torch.tensor([lens[b] for b in decodes], device=device)
-    longest = max(lens[b] for b in decodes)
-    n_blocks = -(-longest // block_size)
-    tables = block_tables[rows, :n_blocks].long()
-    # Gather by slot. Positions past a sequence's end read its first token instead of whatever the
-    # cache holds there (stale or NaN bit patterns): masked out, a finite value weighs exactly zero,
-    # while a NaN would still poison the softmax and the weighted sum.
-    pos = torch.arange(longest, device=device)
-    valid = pos[None, :] < kv_lens[:, None]  # [Bd, L]
-    slots = tables[:, pos // block_size] * block_size + pos % block_size
-    slots = torch.where(valid, slots, slots[:, :1]).reshape(-1)
-    n_seqs, n_heads = len(decodes), query.shape[1]
-    k = _gather_tokens(k_cache, slots, k_scale, query.dtype)
-    v = _gather_tokens(v_cache, slots, v_scale, query.dtype)
-    k = k.view(n_seqs, longest, n_kv_heads, head_dim).transpose(1, 2)
-    v = v.view(n_seqs, longest, n_kv_heads, head_dim).transpose(1, 2)
-    token_rows = torch.tensor([starts[b] for b in decodes], device=device)
+def _decode(query, k_cache, v_cache, plan: _DecodePlan, scale, k_scale, v_scale, out):
+    n_kv_heads, head_dim = k_cache.shape[2:]
+    n_seqs, n_heads = plan.token_rows.shape[0], query.shape[1]
+    k = _gather_tokens(k_cache, plan.slots, k_scale, query.dtype)
+    v = _gather_tokens(v_cache, plan.slots, v_scale, query.dtype)
+    k = k.view(n_seqs, plan.longest, n_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(n_seqs, plan.longest, n_kv_heads, head_dim).transpose(1, 2)
     # GQA without copying K/V per query head: the heads sharing a kv head become that kv head's
     # query rows (one query token each, so one mask serves them all).
-    q = query[token_rows].view(n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
-    out[token_rows] = o.reshape(n_seqs, n_heads, head_dim)
+    q = query.index_select(0, plan.token_rows).view(n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.valid, scale=scale)
+    out[plan.token_rows] = o.reshape(n_seqs, n_heads, head_dim)

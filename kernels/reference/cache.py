@@ -13,9 +13,9 @@ def _write(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, scale
             raise ValueError("an fp8 KV cache needs k_scale and v_scale")
         values = quantize_to_fp8(values, scale, cache.dtype)
         # index_put is not implemented for fp8 everywhere; bytes are bytes.
-        flat.view(torch.uint8)[slots] = values.view(torch.uint8)
+        flat.view(torch.uint8).index_copy_(0, slots, values.view(torch.uint8))
     else:
-        flat[slots] = values.to(cache.dtype)
+        flat.index_copy_(0, slots, values.to(cache.dtype))  # cheaper than an index_put on CPU
 
 
 def store_kv(
