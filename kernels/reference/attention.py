@@ -138,6 +138,16 @@ def _decode_plan(block_tables, starts, lens, decodes, block_size) -> _DecodePlan
     return _DecodePlan(token_rows, slots, valid[:, None, None, :], longest)
 
 
+def take_rows(table: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`table.index_select(0, rows)`, copying the rows as 4-byte words when their size allows:
+    torch's CPU index_select has a vectorised copy for float32 but a slow per-element loop for
+    bf16/fp16/fp8 (10x slower here). A bit-for-bit copy either way."""
+    if table.dtype != torch.float32 and table[0].numel() * table.element_size() % 4 == 0:
+        words = table.reshape(table.shape[0], -1).view(torch.float32)
+        return words.index_select(0, rows).view(table.dtype).view(-1, *table.shape[1:])
+    return table.index_select(0, rows)
+
+
 def _gather_tokens(
     cache: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -146,9 +156,9 @@ def _gather_tokens(
     if cache.dtype in FP8_DTYPES:
         if scale is None:
             raise ValueError("an fp8 KV cache needs k_scale and v_scale")
-        raw = flat.view(torch.uint8).index_select(0, slots).view(cache.dtype)
+        raw = take_rows(flat.view(torch.uint8), slots).view(cache.dtype)
         return (raw.float() * scale.float()).to(dtype)
-    return flat.index_select(0, slots).to(dtype)
+    return take_rows(flat, slots).to(dtype)
 
 
 def _decode(query, k_cache, v_cache, plan: _DecodePlan, scale, k_scale, v_scale, out):
