@@ -178,14 +178,16 @@ class CompletionServing(ServingBase):
                 for out in output.outputs:
                     index = p_index * request.n + out.index
                     text = out.text
-                    token_ids = list(out.token_ids)
-                    logprobs_list = list(out.logprobs or [])
+                    # The engine's sequences as they are: copied only when echo prepends to them.
+                    token_ids = out.token_ids
+                    logprobs_list = out.logprobs or ()
                     if request.echo and index not in echoed:
                         echoed.add(index)
                         text = self._echo_text(prompt) + text
                         if request.logprobs is not None:
-                            token_ids = prompt.token_ids + token_ids
-                            logprobs_list = list(output.prompt_logprobs or [None] * len(prompt.token_ids)) + logprobs_list
+                            token_ids = prompt.token_ids + list(token_ids)
+                            logprobs_list = [*(output.prompt_logprobs or [None] * len(prompt.token_ids)),
+                                             *logprobs_list]
                     completion_tokens += len(out.token_ids)
                     if not text and not token_ids and out.finish_reason is None:
                         continue
