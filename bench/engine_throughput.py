@@ -39,7 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--hf-batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for both sides (1: on a small shared CPU a second OpenMP thread "
+                             "waits in barriers whenever its core is busy, making small ops 10-30x slower)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--dtype", default="auto",
