@@ -13,6 +13,9 @@ HTTP layer costs, not a wider offline batch, and both run with the same intra-op
 one in the main thread, and on a loaded machine OpenMP's spinning threads make the two behave very
 differently unless the count is pinned. Each side runs ``--rounds`` times, alternating, and
 the best round of each counts: other load on a shared machine only ever slows a round down.
+Each served round also reports the server's CPU seconds per output token, split between the
+engine thread and the HTTP side (every other thread): a measure of what HTTP costs that other
+load on the machine skews far less than the throughput ratio does.
 
     python -m bench serve_vs_offline [--model DIR | --shape engine|toy] [--num-prompts 128]
                                      [--concurrency 64] ...
@@ -90,8 +93,24 @@ def offline_round(engine_args: list[str], dataset: list[str], out: Path, env: di
     return json.loads(out.read_text())["output_throughput"]
 
 
+def _thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of process ``pid``."""
+    import psutil
+
+    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+
+
+def http_side_share(before: dict[int, float], after: dict[int, float]) -> tuple[float, float]:
+    """(CPU seconds of the busiest thread, CPU seconds of all the others) between two snapshots:
+    the engine loop is the busiest thread, the rest is the HTTP side (event loop, workers)."""
+    used = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
+    return (used[0] if used else 0.0), sum(used[1:])
+
+
 def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, out: Path,
-                log: Path, env: dict[str, str]) -> float:
+                log: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """Served output tokens/s, and the server's engine-thread and HTTP-side CPU seconds per
+    output token (a measure of the HTTP cost that other load on the machine does not skew)."""
     port = _free_port()
     with open(log, "ab") as log_file:
         server = subprocess.Popen(
@@ -100,16 +119,19 @@ def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, ou
             stdout=log_file, stderr=subprocess.STDOUT, env=env)
         try:
             _wait_healthy(f"http://127.0.0.1:{port}", server)
+            before = _thread_cpu(server.pid)
             subprocess.run(_cli("bench", "serve", "--port", str(port), *dataset,
                                 "--max-concurrency", str(concurrency), "--result-filename", str(out)),
                            check=True, stdout=subprocess.DEVNULL, env=env)
+            engine_cpu, http_cpu = http_side_share(before, _thread_cpu(server.pid))
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
     result = json.loads(out.read_text())
     if result["failed"]:
         raise RuntimeError(f"{result['failed']} requests failed: {result['errors']}")
-    return result["output_throughput"]
+    tokens = max(result["total_output_tokens"], 1)
+    return result["output_throughput"], engine_cpu / tokens, http_cpu / tokens
 
 
 def main(argv: list[str]) -> int:
@@ -123,7 +145,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides")
     args = parser.parse_args(argv)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -136,13 +158,18 @@ def main(argv: list[str]) -> int:
         dataset = ["--dataset-name", "random", "--num-prompts", str(args.num_prompts),
                    "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
                    "--seed", "0"]
-        offline, served = [], []
+        offline, served, engine_cpu, http_cpu = [], [], [], []
         for round_index in range(args.rounds):
             offline.append(offline_round(engine_args, dataset, work / f"offline-{round_index}.json", env))
-            served.append(serve_round(engine_args, dataset, args.concurrency,
-                                      work / f"serve-{round_index}.json", work / "server.log", env))
-            print(f"round {round_index + 1}: offline {offline[-1]:.1f} tok/s, "
-                  f"served {served[-1]:.1f} tok/s", flush=True)
+            rate, engine_per_token, http_per_token = serve_round(
+                engine_args, dataset, args.concurrency, work / f"serve-{round_index}.json",
+                work / "server.log", env)
+            served.append(rate)
+            engine_cpu.append(engine_per_token)
+            http_cpu.append(http_per_token)
+            print(f"round {round_index + 1}: offline {offline[-1]:.1f} tok/s, served {rate:.1f} tok/s "
+                  f"(server CPU per output token: engine thread {engine_per_token * 1e6:.0f} us, "
+                  f"HTTP side {http_per_token * 1e6:.0f} us)", flush=True)
     ratio = max(served) / max(offline)
     print(f"model: {args.model or describe_shape(args.shape)}; {args.num_prompts} prompts, "
           f"input {args.input_len}, output {args.output_len} tokens; concurrency {args.concurrency}; "
@@ -150,4 +177,7 @@ def main(argv: list[str]) -> int:
     print(f"offline engine:  {max(offline):8.1f} output tokens/s (best of {args.rounds})")
     print(f"served over HTTP:{max(served):8.1f} output tokens/s (best of {args.rounds})")
     print(f"ratio served/offline: {ratio:.3f} (target >= {TARGET_RATIO})")
+    http_share = min(h / (e + h) for e, h in zip(engine_cpu, http_cpu, strict=True) if e + h)
+    print(f"HTTP side's share of the server's CPU: {http_share:.1%} (least of {args.rounds}); "
+          f"{min(http_cpu) * 1e6:.0f} us per output token")
     return 0
