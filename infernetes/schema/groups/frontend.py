@@ -53,7 +53,8 @@ ARGS = (
     Arg("enable-server-load-tracking", "bool", False, G, "Track the number of in-flight requests."),
     Arg("disable-log-requests", "bool", False, G, "Do not log each request."),
     Arg("max-concurrency", "int", None, G,
-        "Most requests the server processes at once; more wait in line. Unlimited when unset.", minimum=1),
+        "Most inference requests (completions, chat, embeddings) in flight at once; one more gets "
+        "HTTP 429. Unlimited when unset.", minimum=1),
     Arg("reasoning-effort", "str", None, G,
         "Reasoning effort for requests that do not ask for one.", choices=("low", "medium", "high")),
     Arg("api-server-count", "int", 1, G, "Number of API server processes.", aliases=("-asc",), minimum=1),
