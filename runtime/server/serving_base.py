@@ -20,6 +20,13 @@ from infernetes.runtime.server.structured_output import (
 logger = logging.getLogger("infernetes.runtime.server")
 
 
+def batch_items(raw: Any) -> list[Any]:
+    """A prompt/input field as a list of items: one string, one token list, or a batch of them."""
+    if isinstance(raw, str) or (raw and all(isinstance(x, int) for x in raw)):
+        return [raw]
+    return list(raw)
+
+
 def guide_from_request(request: SamplingFields) -> Guide | None:
     """The one structured-output constraint a request asks for, if any."""
     fmt = request.response_format

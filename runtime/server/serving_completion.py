@@ -18,7 +18,7 @@ from infernetes.runtime.server.protocol import (
     UsageInfo,
     random_id,
 )
-from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
+from infernetes.runtime.server.serving_base import ServingBase, batch_items, guide_from_request
 from infernetes.runtime.server.streaming import DONE, engine_stream, merge, sse
 
 
@@ -44,14 +44,8 @@ class PreparedPrompt:
 
 class CompletionServing(ServingBase):
     def _prompts(self, request: CompletionRequest) -> list[PreparedPrompt]:
-        raw = request.prompt
         add_special = True if request.add_special_tokens is None else request.add_special_tokens
-        if isinstance(raw, str):
-            items: list[Any] = [raw]
-        elif raw and all(isinstance(x, int) for x in raw):
-            items = [raw]
-        else:
-            items = list(raw)
+        items = batch_items(request.prompt)
         prompts = []
         for i, item in enumerate(items):
             param = "prompt" if len(items) == 1 else f"prompt[{i}]"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any
 
 import numpy as np
 from infernetes.runtime.server.errors import APIError
@@ -15,18 +14,12 @@ from infernetes.runtime.server.protocol import (
     UsageInfo,
     random_id,
 )
-from infernetes.runtime.server.serving_base import ServingBase
+from infernetes.runtime.server.serving_base import ServingBase, batch_items
 
 
 class EmbeddingServing(ServingBase):
     def _inputs(self, request: EmbeddingRequest) -> list[list[int]]:
-        raw = request.input
-        if isinstance(raw, str):
-            items: list[Any] = [raw]
-        elif raw and all(isinstance(x, int) for x in raw):
-            items = [raw]
-        else:
-            items = list(raw)
+        items = batch_items(request.input)
         token_lists = []
         for i, item in enumerate(items):
             param = "input" if len(items) == 1 else f"input[{i}]"

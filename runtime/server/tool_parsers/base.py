@@ -184,9 +184,11 @@ class ToolParser(ABC):
     def __init__(self, tools: list[ChatTool] | None = None) -> None:
         self.tools = tools or []
 
-    @abstractmethod
     def section_start(self, text: str) -> int | None:
-        """Index where the tool-call section starts in ``text``, or None when there is none."""
+        """Index where the tool-call section starts in ``text``, or None when there is none.
+        By default: the first place one of ``markers`` occurs."""
+        found = [i for i in (text.find(marker) for marker in self.markers) if i >= 0]
+        return min(found) if found else None
 
     @abstractmethod
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:

@@ -20,10 +20,6 @@ class HermesToolParser(ToolParser):
     name = "hermes"
     markers = (OPEN,)
 
-    def section_start(self, text: str) -> int | None:
-        index = text.find(OPEN)
-        return None if index < 0 else index
-
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
         calls: list[FunctionCall] = []
         for block in section.split(OPEN)[1:]:

@@ -32,10 +32,6 @@ class MistralToolParser(ToolParser):
     name = "mistral"
     markers = (TOOL_CALLS,)
 
-    def section_start(self, text: str) -> int | None:
-        index = text.find(TOOL_CALLS)
-        return None if index < 0 else index
-
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
         body = section[len(TOOL_CALLS):]
         if ARGS in body:
