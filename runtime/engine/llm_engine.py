@@ -17,6 +17,12 @@ from infernetes.runtime.engine.output_builder import OutputBuilder, ParentReques
 from infernetes.runtime.engine.request import Request, RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
 from infernetes.runtime.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
+from infernetes.runtime.model_executor.compilation import parse_compilation_config
+from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
+from infernetes.runtime.model_executor.memory_profile import (
+    log_kv_cache_budget,
+    log_kv_cache_capacity,
+)
 from infernetes.runtime.model_executor.model_runner import ModelRunner, StepOutput
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import SamplingParams
@@ -37,6 +43,7 @@ class LLMEngine:
         self.tokenizer = s.tokenizer
         self.is_pooling = s.info.is_pooling
         self.default_sampling_params: dict[str, Any] = dict(s.default_sampling_params)
+        compilation = parse_compilation_config(config.compilation_config)
         self.runner = ModelRunner(
             s.info,
             s.device,
@@ -47,8 +54,11 @@ class LLMEngine:
             seed=config.seed,
             calculate_kv_scales=config.calculate_kv_scales,
             quantization=config.quantization,
+            compilation=compilation,
+            decode_graphs=decode_graph_settings(config, compilation, s.limits.max_num_seqs, s.info.max_model_len),
         )
         self.num_blocks = self._size_kv_cache()
+        self.runner.capture_decode_graphs()
         self.block_manager = BlockManager(
             self.num_blocks, s.block_size, s.enable_prefix_caching, config.prefix_caching_hash_algo
         )
@@ -80,8 +90,11 @@ class LLMEngine:
         elif s.device.type == "cpu":
             num_blocks = (s.cpu_kv_cache_gib << 30) // runner.bytes_per_block
         else:
-            free = runner.profile_free_memory(s.limits.max_num_batched_tokens, config.gpu_memory_utilization)
-            num_blocks = max(free, 0) // runner.bytes_per_block
+            budget = runner.profile_kv_cache_budget(
+                s.limits.max_num_batched_tokens, s.limits.max_num_seqs, config.gpu_memory_utilization
+            )
+            log_kv_cache_budget(budget)
+            num_blocks = budget.kv_bytes // runner.bytes_per_block
         capacity = num_blocks * s.block_size
         if capacity < self.max_model_len:
             raise ValueError(
@@ -91,14 +104,8 @@ class LLMEngine:
                 "--num-gpu-blocks-override) or decreasing --max-model-len."
             )
         runner.allocate_kv_cache(num_blocks)
-        kind = "GPU" if s.device.type == "cuda" else "CPU"
-        logger.info("# %s blocks: %d (block size %d)", kind, num_blocks, s.block_size)
-        logger.info("%s KV cache size: %s tokens", kind, f"{capacity:,}")
-        logger.info(
-            "Maximum concurrency for %s tokens per request: %.2fx",
-            f"{self.max_model_len:,}",
-            capacity / self.max_model_len,
-        )
+        log_kv_cache_capacity("GPU" if s.device.type == "cuda" else "CPU", num_blocks, s.block_size,
+                              self.max_model_len)
         return num_blocks
 
     # -- requests ------------------------------------------------------------------------------
@@ -439,6 +446,7 @@ class LLMEngine:
             self.runner.reload_weights()
         if not self.is_pooling:
             self.runner.allocate_kv_cache(self.num_blocks)
+            self.runner.capture_decode_graphs()  # the old graphs went with the old cache
         self.sleep_level = 0
 
     @property

@@ -14,15 +14,26 @@ from dataclasses import dataclass, field
 import torch
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.engine.scheduler import ScheduledBatch
+from infernetes.runtime.model_executor import cuda_graph
+from infernetes.runtime.model_executor.compilation import CompilationSettings, compile_forward
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
+from infernetes.runtime.model_executor.cuda_graph import DecodeGraphs, DecodeGraphSettings
 from infernetes.runtime.model_executor.layers.attention import Attention
 from infernetes.runtime.model_executor.loader import ModelInfo, build_model
+from infernetes.runtime.model_executor.memory_profile import (
+    CudaMemoryProbe,
+    KVCacheBudget,
+    MemoryProbe,
+    kv_cache_budget,
+    profile_memory,
+)
 from infernetes.runtime.model_executor.sampler import (
     SampledToken,
     Sampler,
     TopLogprobs,
     prompt_logprobs,
 )
+from infernetes.runtime.sampling_params import SamplingParams
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -56,6 +67,8 @@ class ModelRunner:
         seed: int | None = None,
         calculate_kv_scales: bool = False,
         quantization: str | None = None,
+        compilation: CompilationSettings | None = None,
+        decode_graphs: DecodeGraphSettings | None = None,
     ) -> None:
         self.info = info
         self.device = device
@@ -67,6 +80,10 @@ class ModelRunner:
             info, device, load_format, use_tqdm_on_load, self._seed, quantization
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self._compilation = compilation or CompilationSettings()
+        self.run_model = compile_forward(self.model, self._compilation, device)
+        self._graph_settings = decode_graphs
+        self.decode_graphs: DecodeGraphs | None = None  # captured by capture_decode_graphs()
         if kv_cache_dtype != "auto" and kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of auto, {', '.join(KV_CACHE_DTYPES)}; got {kv_cache_dtype!r}"
@@ -101,6 +118,7 @@ class ModelRunner:
                 layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
 
     def release_kv_cache(self) -> None:
+        self.decode_graphs = None  # they hold the old caches' addresses
         for layer in self.attention_layers:
             layer.k_cache = torch.tensor([])
             layer.v_cache = torch.tensor([])
@@ -108,27 +126,56 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def profile_free_memory(self, max_num_batched_tokens: int, utilization: float) -> int:
-        """Bytes left for the KV cache on a GPU after weights and a worst-case forward's peak."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        num_tokens = min(max_num_batched_tokens, self.info.max_model_len)
-        blocks = -(-num_tokens // self.block_size)
-        self.allocate_kv_cache(blocks)
-        request = Request("profile", [0] * num_tokens, None)
-        request.block_ids = list(range(blocks))
-        batch = ScheduledBatch([request], [num_tokens])
-        self._forward(batch)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        self.release_kv_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
-        return int(total * utilization - peak - max(non_torch, 0))
+    def profile_kv_cache_budget(
+        self,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        utilization: float,
+        probe: MemoryProbe | None = None,
+    ) -> KVCacheBudget:
+        """The KV-cache budget on a GPU: a dummy step of ``max_num_batched_tokens`` prompt tokens
+        (sequences up to ``max_model_len`` each, at most ``max_num_seqs`` of them) and the sampler
+        on ``max_num_seqs`` rows, measured by ``probe``. Raises ValueError when nothing is left."""
+        batch = self._dummy_prefill_batch(max_num_batched_tokens, max_num_seqs)
+        blocks = sum(len(r.block_ids) for r in batch.requests)
+
+        @torch.inference_mode()
+        def step() -> None:
+            hidden, _ = self._forward(batch)
+            rows = torch.arange(max_num_seqs, device=hidden.device) % hidden.shape[0]
+            logits = self.model.compute_logits(hidden[rows])
+            # top-k/top-p rows take the sampler's slowest, largest path; own generators keep the
+            # engine's seeded sampling stream untouched
+            params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=0)
+            requests = []
+            for i in range(max_num_seqs):
+                request = Request(f"profile-sampler-{i}", [0], params)
+                request.generator = torch.Generator().manual_seed(i)
+                requests.append(request)
+            self.sampler(logits, requests)
+
+        probe = probe or CudaMemoryProbe(self.device)
+        profile = profile_memory(probe, lambda: self.allocate_kv_cache(blocks), step, self.release_kv_cache)
+        return kv_cache_budget(profile, utilization)
+
+    def _dummy_prefill_batch(self, num_tokens: int, max_num_seqs: int) -> ScheduledBatch:
+        requests, lengths, next_block = [], [], 0
+        while num_tokens > 0 and len(requests) < max_num_seqs:
+            length = min(num_tokens, self.info.max_model_len)
+            request = Request(f"profile-{len(requests)}", [0] * length, None)
+            blocks = -(-length // self.block_size)
+            request.block_ids = list(range(next_block, next_block + blocks))
+            next_block += blocks
+            requests.append(request)
+            lengths.append(length)
+            num_tokens -= length
+        return ScheduledBatch(requests, lengths)
 
     def release_weights(self) -> None:
         """Drop the weights (sleep level 2); ``reload_weights`` reads them from disk again."""
         self.model = None
+        self.run_model = None
+        self.decode_graphs = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -137,6 +184,20 @@ class ModelRunner:
             self.info, self.device, self._load_format, False, self._seed, self._quantization
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.run_model = compile_forward(self.model, self._compilation, self.device)
+
+    def capture_decode_graphs(self) -> None:
+        """Capture the decode graphs over the allocated KV cache (after ``allocate_kv_cache``;
+        again after waking up). A no-op, with the reason logged, where graphs are off."""
+        self.decode_graphs = None
+        if self._graph_settings is None or self.info.is_pooling:
+            return
+        backend = cuda_graph.select_graph_backend(self.device)  # module lookup: tests swap it
+        if backend is None:
+            return
+        graphs = DecodeGraphs(self.run_model, self._graph_settings, self.block_size, self.device, backend)
+        graphs.capture()
+        self.decode_graphs = graphs
 
     # -- a step --------------------------------------------------------------------------------
 
@@ -175,11 +236,13 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
         input_ids, positions, meta = self._prepare(batch)
-        set_attention_metadata(meta)
-        try:
-            hidden = self.model(input_ids, positions)
-        finally:
-            set_attention_metadata(None)
+        hidden = None if self.decode_graphs is None else self.decode_graphs.run(input_ids, positions, meta)
+        if hidden is None:  # not a decode batch a graph holds: eager (or compiled) forward
+            set_attention_metadata(meta)
+            try:
+                hidden = self.run_model(input_ids, positions)
+            finally:
+                set_attention_metadata(None)
         if meta.calculate_kv_scales:
             self.calculate_kv_scales = False  # measured once, on the first batch
         return hidden, meta

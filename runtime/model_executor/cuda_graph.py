@@ -1,0 +1,256 @@
+"""CUDA graphs for decode steps.
+
+A decode step (one new token per sequence) launches the same kernels every time; on a GPU their
+launch overhead rivals the work for small batches. So the model forward is captured once per batch
+size from ``--cuda-graph-sizes`` (or ``compilation_config.cudagraph_capture_sizes``) on static
+input and metadata buffers, and a decode batch is replayed on the smallest captured size that holds
+it. Padding rows write no cache slot (slot -1) and attend to nothing (``seq_len`` 0). Prefill and
+mixed batches, batches larger than the largest size and sequences longer than
+``--max-seq-len-to-capture`` (wider block tables than the static one) run eagerly.
+
+The capture mechanism is a ``GraphBackend``: ``CudaGraphBackend`` records real CUDA graphs;
+``RerunBackend`` "replays" by running the forward again on the same static buffers, which is how
+the padding and static-buffer logic is tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from infernetes.kernels import backend as attention_backends
+from infernetes.runtime.model_executor.compilation import CompilationSettings
+from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
+
+logger = logging.getLogger(__name__)
+
+ModelForward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, positions) -> hidden
+
+
+def capture_sizes(
+    cuda_graph_sizes: Sequence[int],
+    max_num_seqs: int,
+    override: Sequence[int] | None = None,
+    max_capture_size: int | None = None,
+) -> tuple[int, ...]:
+    """The batch sizes to capture, as vLLM picks them.
+
+    One value N means ``[1, 2, 4] + multiples of 8 up to N``; several values are used as given;
+    ``override`` (``compilation_config.cudagraph_capture_sizes``) wins over both. Sizes above
+    ``max_num_seqs`` are dropped, except the smallest one that still holds ``max_num_seqs`` rows
+    (so every decode batch has a graph when the pattern does not hit ``max_num_seqs`` exactly).
+    """
+    if override:
+        sizes, source = list(override), "compilation_config.cudagraph_capture_sizes"
+    elif len(cuda_graph_sizes) == 1:
+        n = cuda_graph_sizes[0]
+        sizes, source = [s for s in (1, 2, 4, *range(8, n + 1, 8)) if s <= n], "--cuda-graph-sizes"
+    else:
+        sizes, source = list(cuda_graph_sizes), "--cuda-graph-sizes"
+    bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or s < 1]
+    if bad:
+        raise ValueError(f"{source} must be positive integers; got {bad[0]!r}")
+    cap = max_capture_size if max_capture_size else math.inf
+    sizes = sorted({s for s in sizes if s <= cap})
+    kept = [s for s in sizes if s <= max_num_seqs]
+    above = [s for s in sizes if s > max_num_seqs]
+    if above and (not kept or kept[-1] < max_num_seqs):
+        kept.append(above[0])
+    return tuple(kept)
+
+
+@dataclass(frozen=True)
+class DecodeGraphSettings:
+    sizes: tuple[int, ...]  # ascending
+    max_seq_len: int  # the longest sequence a graph step holds (fixes the block-table width)
+
+
+def decode_graph_settings(
+    config: Any,
+    compilation: CompilationSettings,
+    max_num_seqs: int,
+    max_model_len: int,
+) -> DecodeGraphSettings | None:
+    """What to capture per the serve arguments, or None (with the reason logged) when graphs are
+    off. The device is not looked at here (``select_graph_backend`` does)."""
+    if config.enforce_eager:
+        logger.info("CUDA graphs are off (--enforce-eager): every step runs eagerly")
+        return None
+    if not compilation.use_cudagraph:
+        logger.info("CUDA graphs are off (compilation_config): every step runs eagerly")
+        return None
+    sizes = capture_sizes(
+        list(config.cuda_graph_sizes or [512]), max_num_seqs, compilation.capture_sizes, compilation.max_capture_size
+    )
+    if not sizes:
+        logger.info("CUDA graphs are off: no capture size is left after the limits")
+        return None
+    return DecodeGraphSettings(sizes, min(config.max_seq_len_to_capture or max_model_len, max_model_len))
+
+
+class GraphBackend(Protocol):
+    name: str
+
+    def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """Record ``run`` (which reads and writes only static buffers); return its replay, which
+        returns the output tensor."""
+        ...
+
+
+class CudaGraphBackend:
+    """Real CUDA graphs; all sizes share one memory pool (captured largest first, so the smaller
+    graphs reuse the larger ones' memory)."""
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device, warmups: int = 1) -> None:
+        self.device = device
+        self.warmups = warmups
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        # Warm up first: Triton compiles its kernels and torch.compile traces on the first call,
+        # neither of which may happen inside a capture.
+        for _ in range(self.warmups):
+            run()
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = run()
+        torch.cuda.synchronize(self.device)
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return output
+
+        replay.graph = graph  # keeps the graph alive as long as its replay
+        return replay
+
+
+class RerunBackend:
+    """No device graph: the replay runs the forward again on the static buffers. It exercises
+    everything about graph replay but the recording (padding, static metadata, slicing) on any
+    device."""
+
+    name = "rerun"
+
+    def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        # No warm-up run: the static buffers hold only padding rows at capture time, a batch
+        # that never reaches the (torch reference) ops otherwise.
+        return run
+
+
+def select_graph_backend(device: torch.device) -> GraphBackend | None:
+    """The backend for a device, or None (reason logged) where decode must run eagerly."""
+    if device.type != "cuda":
+        logger.info("CUDA graphs need a CUDA device; decode runs eagerly on %s", device.type)
+        return None
+    name = attention_backends.attention_backend(device)
+    if name != attention_backends.TRITON_ATTN:
+        logger.warning(
+            "CUDA graphs need the TRITON_ATTN attention backend (%s plans each step on the host); "
+            "decode runs eagerly", name,
+        )
+        return None
+    return CudaGraphBackend(device)
+
+
+class DecodeGraphs:
+    """Static buffers for the largest batch, one captured forward per size, and the replay."""
+
+    def __init__(
+        self,
+        forward: ModelForward,
+        settings: DecodeGraphSettings,
+        block_size: int,
+        device: torch.device,
+        backend: GraphBackend,
+    ) -> None:
+        self.forward = forward
+        self.sizes = settings.sizes
+        self.backend = backend
+        self.max_batch = settings.sizes[-1]
+        self.max_blocks = -(-settings.max_seq_len // block_size)
+        n = self.max_batch
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros((n, self.max_blocks), dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)  # one token each
+        self._replays: dict[int, Callable[[], torch.Tensor]] = {}
+        self.replays: Counter[int] = Counter()  # per captured size: how often it ran
+        self.capture_seconds = 0.0
+
+    def _run_static(self, size: int) -> torch.Tensor:
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping[:size],
+            block_tables=self.block_tables[:size],
+            cu_seqlens_q=self.cu_seqlens_q[: size + 1],
+            seq_lens=self.seq_lens[:size],
+        )
+        set_attention_metadata(meta)
+        try:
+            return self.forward(self.input_ids[:size], self.positions[:size])
+        finally:
+            set_attention_metadata(None)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start = time.perf_counter()
+        for size in reversed(self.sizes):
+            self._replays[size] = self.backend.capture(lambda size=size: self._run_static(size))
+        self.capture_seconds = time.perf_counter() - start
+        logger.info(
+            "Capturing CUDA graphs for %d batch sizes (%s) with the %s backend took %.2f s",
+            len(self.sizes), _describe(self.sizes), self.backend.name, self.capture_seconds,
+        )
+
+    def padded_size(self, num_seqs: int) -> int | None:
+        i = bisect.bisect_left(self.sizes, num_seqs)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
+        """The step's hidden states ``[B, hidden]`` by replay, or None when the batch must run
+        eagerly (not pure decode, too large, too long, or measuring fp8 scales)."""
+        num_seqs, width = meta.block_tables.shape
+        if input_ids.shape[0] != num_seqs or meta.calculate_kv_scales or width > self.max_blocks:
+            return None
+        size = self.padded_size(num_seqs)
+        if size is None or size not in self._replays:
+            return None
+        self.input_ids[:num_seqs].copy_(input_ids)
+        self.positions[:num_seqs].copy_(positions)
+        self.slot_mapping[:num_seqs].copy_(meta.slot_mapping)
+        self.seq_lens[:num_seqs].copy_(meta.seq_lens)
+        self.block_tables[:num_seqs, :width].copy_(meta.block_tables)
+        if size > num_seqs:  # padding rows: write nowhere, attend to nothing
+            self.input_ids[num_seqs:size].zero_()
+            self.positions[num_seqs:size].zero_()
+            self.slot_mapping[num_seqs:size].fill_(-1)
+            self.seq_lens[num_seqs:size].zero_()
+        self.replays[size] += 1
+        return self._replays[size]()[:num_seqs]
+
+
+def _describe(sizes: Sequence[int]) -> str:
+    return ", ".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]} ... {sizes[-1]}"
+
+
+__all__ = [
+    "CudaGraphBackend",
+    "DecodeGraphSettings",
+    "DecodeGraphs",
+    "GraphBackend",
+    "RerunBackend",
+    "capture_sizes",
+    "decode_graph_settings",
+    "select_graph_backend",
+]
