@@ -58,9 +58,8 @@ def test_extracts_calls_and_content(name):
     assert result.content == content
 
 
-# Parsers that follow a call while it is written and send its arguments in pieces; pythonic
-# sends each call whole once the list parses.
-INCREMENTAL = {"hermes", "llama3_json", "mistral", "qwen"}
+# Every parser follows a call while it is written and sends its arguments in pieces.
+INCREMENTAL = set(CASES)
 
 
 def _stream_pieces(name: str, text: str, size: int):
@@ -116,6 +115,23 @@ def test_mistral_name_args_format_streams_in_pieces():
     assert ["".join(p.arguments for p in pieces if p.index == i) for i in (0, 1)] == [
         c.function.arguments for c in whole]
     assert len([p for p in pieces if p.index == 0 and p.arguments]) > 3
+
+
+@pytest.mark.parametrize("size", [1, 2, 5])
+def test_pythonic_streams_a_long_string_argument_in_pieces(size):
+    """A long string value (with quotes, escapes and non-ASCII text) goes out while it is
+    written; the pieces join up to exactly the final JSON arguments."""
+    note = r"It's \"quoted\", a tab\t, a new line\n and \u00e9t\xe9 café " * 4
+    text = f"[get_weather(city='Paris', note=\"{note}\", days=2), get_weather(city='Oslo')]"
+    whole = make_tool_parser("pythonic", [WEATHER]).extract(text).tool_calls
+    assert json.loads(whole[0].function.arguments)["note"].startswith("It's \"quoted\", a tab\t, ")
+    _, pieces, _ = _stream_pieces("pythonic", text, size)
+    first = [p.arguments for p in pieces if p.index == 0]
+    assert "".join(first) == whole[0].function.arguments
+    assert "".join(p.arguments for p in pieces if p.index == 1) == whole[1].function.arguments
+    # The note alone arrives in many pieces, each out before the call is complete.
+    note_pieces = [a for a in first if a and '"note"' not in a and "days" not in a]
+    assert len(note_pieces) > 5, first
 
 
 def test_streaming_wire_format():
