@@ -1,8 +1,9 @@
 """``-O`` / ``--compilation-config``: which torch.compile the model forward gets.
 
 vLLM's levels: 0 no compilation, 1 torch.compile as is, 2 traced once, 3 piecewise with its own
-passes (the production setting). Here every level above 0 compiles the whole model forward with
-torch.compile (dynamic batch dimension; inductor by default), on CUDA. On the CPU inductor's
+passes (the production setting). Here every level above 0 compiles the model forward with
+torch.compile (dynamic batch dimension; inductor by default), on CUDA, split at the attention
+layers, which run uncompiled between the compiled pieces. On the CPU inductor's
 compile time outweighs its gain for this engine, so levels above 0 run eagerly there, with a log
 line saying so, unless ``compilation_config.backend`` names a backend explicitly.
 ``cudagraph_capture_sizes``, ``max_capture_size``, ``use_cudagraph`` and ``cudagraph_mode`` steer
@@ -104,6 +105,13 @@ def compile_forward(model: nn.Module, settings: CompilationSettings, device: tor
         )
         return model
     backend = settings.backend or "inductor"
+    # Attention stays out of the traced graphs (as in vLLM's piecewise split): it reads the step's
+    # metadata, which changes every step, and its kernels launch by themselves.
+    from infernetes.runtime.model_executor.layers.attention import Attention
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.forward = torch.compiler.disable(module.forward, recursive=True)
     logger.info(
         "compilation level %d: the model forward runs through torch.compile (backend %s, dynamic "
         "batch size)%s; each new shape compiles on its first step",

@@ -47,16 +47,16 @@ def capture_sizes(
     ``max_num_seqs`` are dropped, except the smallest one that still holds ``max_num_seqs`` rows
     (so every decode batch has a graph when the pattern does not hit ``max_num_seqs`` exactly).
     """
-    if override:
-        sizes, source = list(override), "compilation_config.cudagraph_capture_sizes"
-    elif len(cuda_graph_sizes) == 1:
-        n = cuda_graph_sizes[0]
-        sizes, source = [s for s in (1, 2, 4, *range(8, n + 1, 8)) if s <= n], "--cuda-graph-sizes"
-    else:
-        sizes, source = list(cuda_graph_sizes), "--cuda-graph-sizes"
-    bad = [s for s in sizes if not isinstance(s, int) or isinstance(s, bool) or s < 1]
+    given, source = (override, "compilation_config.cudagraph_capture_sizes") if override else \
+        (cuda_graph_sizes, "--cuda-graph-sizes")
+    bad = [s for s in given if not isinstance(s, int) or isinstance(s, bool) or s < 1]
     if bad:
         raise ValueError(f"{source} must be positive integers; got {bad[0]!r}")
+    if len(given) == 1 and not override:
+        n = given[0]
+        sizes = [s for s in (1, 2, 4, *range(8, n + 1, 8)) if s <= n]
+    else:
+        sizes = list(given)
     cap = max_capture_size if max_capture_size else math.inf
     sizes = sorted({s for s in sizes if s <= cap})
     kept = [s for s in sizes if s <= max_num_seqs]
@@ -179,15 +179,19 @@ class DecodeGraphs:
         self.max_batch = settings.sizes[-1]
         self.max_blocks = -(-settings.max_seq_len // block_size)
         n = self.max_batch
+        with torch.inference_mode():  # like the step's own tensors (torch.compile guards on it)
+            self._allocate(n, device)
+        self._replays: dict[int, Callable[[], torch.Tensor]] = {}
+        self.replays: Counter[int] = Counter()  # per captured size: how often it ran
+        self.capture_seconds = 0.0
+
+    def _allocate(self, n: int, device: torch.device) -> None:
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((n, self.max_blocks), dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)  # one token each
-        self._replays: dict[int, Callable[[], torch.Tensor]] = {}
-        self.replays: Counter[int] = Counter()  # per captured size: how often it ran
-        self.capture_seconds = 0.0
 
     def _run_static(self, size: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -217,6 +221,7 @@ class DecodeGraphs:
         i = bisect.bisect_left(self.sizes, num_seqs)
         return self.sizes[i] if i < len(self.sizes) else None
 
+    @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         """The step's hidden states ``[B, hidden]`` by replay, or None when the batch must run
         eagerly (not pure decode, too large, too long, or measuring fp8 scales)."""
