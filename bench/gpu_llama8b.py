@@ -7,7 +7,8 @@ Three measurements, each against a baseline taken in the same run on the same de
 
 1. decode: one request, tokens/s of the decode phase, against the memory-bandwidth limit
    (weight bytes read per token / bandwidth), both for the device's nominal bandwidth and for the
-   device-to-device copy bandwidth measured here.
+   device-to-device copy bandwidth measured here; and the same with --enforce-eager, so the CUDA
+   graphs' gain shows as a ratio.
 2. throughput: 256 requests with random input and output lengths of 100-1024 tokens (EOS ignored):
    output tokens/s of infernetes against transformers' batched `generate` on the same model shape.
 3. kernels: paged decode attention (Triton) bandwidth against the copy bandwidth.
@@ -94,7 +95,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help='JSON of extra LLM keyword arguments, e.g. \'{"enforce_eager": true}\'')
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs")
-    parser.add_argument("--part", choices=("decode", "throughput-engine", "throughput-hf", "kernels"),
+    parser.add_argument("--part", choices=("decode", "decode-eager", "throughput-engine", "throughput-hf", "kernels"),
                         help=argparse.SUPPRESS)  # internal: run one part in this process, print JSON
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -132,12 +133,12 @@ def _model_config(args: argparse.Namespace) -> dict:
     return TINY if args.smoke else LLAMA_31_8B
 
 
-def _llm(args: argparse.Namespace):
+def _llm(args: argparse.Namespace, **overrides):
     from infernetes import LLM
 
+    engine_args = {**json.loads(args.engine_args), **overrides}
     return LLM(args.model_dir, load_format="dummy", dtype="bfloat16" if not args.smoke else "float32",
-               skip_tokenizer_init=True, max_model_len=args.max_model_len, seed=args.seed,
-               **json.loads(args.engine_args))
+               skip_tokenizer_init=True, max_model_len=args.max_model_len, seed=args.seed, **engine_args)
 
 
 def _sync() -> None:
@@ -172,10 +173,10 @@ def _weight_bytes_per_token(config: dict) -> int:
 # ---- parts (each in its own process) -------------------------------------------------------
 
 
-def part_decode(args: argparse.Namespace) -> dict:
+def part_decode(args: argparse.Namespace, **overrides) -> dict:
     from infernetes import SamplingParams
 
-    llm = _llm(args)
+    llm = _llm(args, **overrides)
     prompt = _workload(argparse.Namespace(**{**vars(args), "requests": 1, "min_len": 128, "max_len": 128}),
                        _model_config(args)["vocab_size"])[0][0]
     params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
@@ -183,8 +184,16 @@ def part_decode(args: argparse.Namespace) -> dict:
     [out] = llm.generate([prompt], params)
     m = out.metrics
     decode_s = m.finished_time - m.first_token_time
+    graphs = llm.llm_engine.runner.decode_graphs
     return {"decode_tokens_per_s": (len(out.outputs[0].token_ids) - 1) / decode_s,
-            "ttft_s": m.first_token_time - m.arrival_time}
+            "ttft_s": m.first_token_time - m.arrival_time,
+            "graph_sizes": len(graphs.sizes) if graphs else 0,
+            "graph_capture_s": graphs.capture_seconds if graphs else 0.0,
+            "graph_replays": sum(graphs.replays.values()) if graphs else 0}
+
+
+def part_decode_eager(args: argparse.Namespace) -> dict:
+    return part_decode(args, enforce_eager=True)
 
 
 def part_throughput_engine(args: argparse.Namespace) -> dict:
@@ -261,7 +270,7 @@ def part_kernels(args: argparse.Namespace) -> dict:
     return {"copy_bandwidth_GBps": copy_bw / 1e9, "attention": results}
 
 
-PART_FUNCTIONS = {"decode": part_decode, "throughput-engine": part_throughput_engine,
+PART_FUNCTIONS = {"decode": part_decode, "decode-eager": part_decode_eager, "throughput-engine": part_throughput_engine,
                   "throughput-hf": part_throughput_hf, "kernels": part_kernels}
 
 
@@ -294,6 +303,12 @@ def _report(device_name: str, parts: list[str], results: dict) -> None:
         nominal = next((bw for name, bw in NOMINAL_BANDWIDTH.items() if name in device_name), None)
         if nominal:
             print(f"  vs nominal-bandwidth limit {nominal / per_token:.1f} tok/s: {tps * per_token / nominal:.1%}")
+        d = results["decode"]
+        print(f"  CUDA graphs: {d['graph_sizes']} sizes captured in {d['graph_capture_s']:.1f} s, "
+              f"{d['graph_replays']} decode steps replayed")
+        if "decode-eager" in results:
+            eager = results["decode-eager"]["decode_tokens_per_s"]
+            print(f"  --enforce-eager: {eager:.1f} tok/s; graphs / eager: {tps / eager:.2f}x")
     if "throughput" in parts:
         ours, hf = results["throughput-engine"], results["throughput-hf"]
         print(f"throughput: infernetes {ours['output_tokens_per_s']:.0f} output tok/s "
@@ -325,6 +340,8 @@ def main(argv: list[str]) -> int:
         if "decode" in parts:
             results["copy_bandwidth"] = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
             results["decode"] = _run_part("decode", passthrough, model_dir, args.smoke)
+            if not json.loads(args.engine_args).get("enforce_eager"):
+                results["decode-eager"] = _run_part("decode-eager", passthrough, model_dir, args.smoke)
         if "throughput" in parts:
             results["throughput-hf"] = _run_part("throughput-hf", passthrough, model_dir, args.smoke)
             results["throughput-engine"] = _run_part("throughput-engine", passthrough, model_dir, args.smoke)
