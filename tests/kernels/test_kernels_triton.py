@@ -168,3 +168,20 @@ def test_triton_per_token_quant_rows_have_their_own_scale(dtype):
         q_ref, s_ref = fp8.scaled_fp8_quant(x[row], dtype=dtype)
         torch.testing.assert_close(scales[row, 0], s_ref)
         assert torch.equal(q[row].view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_triton_decode_is_independent_of_the_block_table_width():
+    """A CUDA graph replays decode over a static block table as wide as --max-seq-len-to-capture
+    (its split count follows that width); the extra columns hold stale block ids."""
+    from infernetes.kernels.triton_backend.attention import num_decode_splits
+
+    batch = random_paged_batch([1, 1], [37, 1], 4, 1, 16, 16, torch.float32, device=DEVICE)
+    batch.seq_lens[1] = 0  # a padding row
+    narrow = tk.paged_attention(*batch.args())
+    stale = batch.block_tables[:, :1].expand(-1, 40 - batch.block_tables.shape[1])
+    batch.block_tables = torch.cat([batch.block_tables, stale], dim=1).contiguous()
+    assert num_decode_splits(2, 1, 16 * 3, batch.query.device) == 1  # the narrow table: one split
+    assert num_decode_splits(2, 1, 16 * 40, batch.query.device) > 1  # the wide one: split-K + merge
+    wide = tk.paged_attention(*batch.args())
+    torch.testing.assert_close(wide, narrow, atol=2e-5, rtol=2e-5)
+    assert torch.equal(wide[1], torch.zeros_like(wide[1]))
