@@ -14,7 +14,8 @@ one in the main thread, and on a loaded machine OpenMP's spinning threads make t
 differently unless the count is pinned. Each side runs ``--rounds`` times, alternating, and
 the best round of each counts: other load on a shared machine only ever slows a round down.
 Each served round also reports the server's CPU seconds per output token, split between the
-engine thread and the HTTP side (every other thread): a measure of what HTTP costs that other
+engine (the engine-core process; or the busiest thread with VLLM_ENABLE_V1_MULTIPROCESSING=0) and
+the HTTP side (the API server process; or every other thread): a measure of what HTTP costs that other
 load on the machine skews far less than the throughput ratio does.
 
     python -m bench serve_vs_offline [--model DIR | --shape engine|toy] [--num-prompts 128]
@@ -93,23 +94,32 @@ def offline_round(engine_args: list[str], dataset: list[str], out: Path, env: di
     return json.loads(out.read_text())["output_throughput"]
 
 
-def _thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds (user + system) of each thread of process ``pid``."""
+def _thread_cpu(pid: int) -> dict[tuple[int, int], float]:
+    """CPU seconds (user + system) of each thread of process ``pid`` and of its children (the
+    engine-core process), keyed by (process id, thread id)."""
     import psutil
 
-    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+    server = psutil.Process(pid)
+    return {(process.pid, t.id): t.user_time + t.system_time
+            for process in [server, *server.children(recursive=True)] for t in process.threads()}
 
 
-def http_side_share(before: dict[int, float], after: dict[int, float]) -> tuple[float, float]:
-    """(CPU seconds of the busiest thread, CPU seconds of all the others) between two snapshots:
-    the engine loop is the busiest thread, the rest is the HTTP side (event loop, workers)."""
-    used = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
-    return (used[0] if used else 0.0), sum(used[1:])
+def http_side_share(before: dict[tuple[int, int], float], after: dict[tuple[int, int], float],
+                    server_pid: int) -> tuple[float, float]:
+    """(engine CPU seconds, HTTP-side CPU seconds) between two snapshots. With an engine-core
+    process, the engine is that process and the HTTP side the server process; with the core in a
+    thread, the engine is the busiest thread and the HTTP side every other one."""
+    used = {key: after[key] - before.get(key, 0.0) for key in after}
+    if any(process != server_pid for process, _ in used):
+        engine = sum(v for (process, _), v in used.items() if process != server_pid)
+        return engine, sum(v for (process, _), v in used.items() if process == server_pid)
+    ordered = sorted(used.values(), reverse=True)
+    return (ordered[0] if ordered else 0.0), sum(ordered[1:])
 
 
 def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, out: Path,
                 log: Path, env: dict[str, str]) -> tuple[float, float, float]:
-    """Served output tokens/s, and the server's engine-thread and HTTP-side CPU seconds per
+    """Served output tokens/s, and the server's engine and HTTP-side CPU seconds per
     output token (a measure of the HTTP cost that other load on the machine does not skew)."""
     port = _free_port()
     with open(log, "ab") as log_file:
@@ -123,7 +133,7 @@ def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, ou
             subprocess.run(_cli("bench", "serve", "--port", str(port), *dataset,
                                 "--max-concurrency", str(concurrency), "--result-filename", str(out)),
                            check=True, stdout=subprocess.DEVNULL, env=env)
-            engine_cpu, http_cpu = http_side_share(before, _thread_cpu(server.pid))
+            engine_cpu, http_cpu = http_side_share(before, _thread_cpu(server.pid), server.pid)
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
@@ -168,7 +178,7 @@ def main(argv: list[str]) -> int:
             engine_cpu.append(engine_per_token)
             http_cpu.append(http_per_token)
             print(f"round {round_index + 1}: offline {offline[-1]:.1f} tok/s, served {rate:.1f} tok/s "
-                  f"(server CPU per output token: engine thread {engine_per_token * 1e6:.0f} us, "
+                  f"(server CPU per output token: engine {engine_per_token * 1e6:.0f} us, "
                   f"HTTP side {http_per_token * 1e6:.0f} us)", flush=True)
     ratio = max(served) / max(offline)
     print(f"model: {args.model or describe_shape(args.shape)}; {args.num_prompts} prompts, "

@@ -1,10 +1,12 @@
-"""AsyncEngine: the asyncio front of the synchronous engine core.
+"""AsyncEngine: the asyncio front of the engine core.
 
-One thread owns the LLMEngine and runs its loop: it takes commands (add, abort, reset, sleep...)
-from a thread-safe queue, steps while there is work, and hands each RequestOutput to the asyncio
-queue of the request's stream on that stream's event loop. Nothing else touches the engine, so the
-core stays single-threaded. When a step raises, the engine is dead: every open stream gets the
-error, ``errored`` turns true and ``dead_error`` says why.
+The core (``engine_core.EngineCore``, owning the LLMEngine) runs in a process of its own by default
+(``VLLM_ENABLE_V1_MULTIPROCESSING``, as in vLLM V1) or in a thread of this process
+(``core_client``). This side keeps one asyncio queue per request stream, sends commands (add,
+abort, maintenance calls) and turns the core's messages back into stream items: each step's
+outputs go to their streams' event loops in one callback per loop, its statistics to the stat
+loggers, replies to the awaiting calls. When the core dies, every open stream gets the error,
+``errored`` turns true and ``dead_error`` says why.
 """
 
 from __future__ import annotations
@@ -12,21 +14,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import logging
-import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from infernetes.runtime.engine.llm_engine import LLMEngine
+from infernetes.runtime.engine.engine_core import Message
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import SamplingParams
+
+from infernetes.schema.env import read_env
 
 logger = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop stopped after an error; no request can be served any more."""
+    """The engine core stopped after an error; no request can be served any more."""
 
 
 class _Stream:
@@ -38,28 +42,35 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.max_model_len
-        self.model_config = engine.model_config
-        self.config = engine.config
-        self.is_pooling = engine.is_pooling
-        self.default_sampling_params: dict[str, Any] = dict(engine.default_sampling_params)
+    def __init__(self, config: Any, stat_loggers: Sequence[Any] = (), multiprocess: bool = False) -> None:
+        from infernetes.runtime.engine.core_client import CoreProcess, CoreThread
+
+        self.stat_loggers = list(stat_loggers)
         self.dead_error: BaseException | None = None
-        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future | None]] = (
-            queue.SimpleQueue()
-        )
         self._streams: dict[str, _Stream] = {}
         self._streams_lock = threading.Lock()
-        self._wakeup = threading.Event()
+        self._calls: dict[int, concurrent.futures.Future] = {}
+        self._call_ids = itertools.count()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="infernetes-engine-core", daemon=True)
-        self._thread.start()
+        self._sleeping = False
+        self.core = (CoreProcess if multiprocess else CoreThread)(config, self._on_message)
+        # The LLMEngine itself when it runs in this process (tests reach into it), else None.
+        self.engine = getattr(self.core, "engine", None)
+        info = self.core.info
+        self.tokenizer = info["tokenizer"]
+        self.max_model_len: int = info["max_model_len"]
+        self.model_config = info["model_config"]
+        self.config = info["config"]
+        self.is_pooling: bool = info["is_pooling"]
+        self.default_sampling_params: dict[str, Any] = info["default_sampling_params"]
 
     @classmethod
-    def from_config(cls, config: Any, stat_loggers: Sequence[Any] = ()) -> AsyncEngine:
-        return cls(LLMEngine.from_config(config, stat_loggers=stat_loggers))
+    def from_config(cls, config: Any, stat_loggers: Sequence[Any] = (),
+                    multiprocess: bool = False) -> AsyncEngine:
+        """Load the model and start serving: the core in its own process when ``multiprocess``
+        (what the server does, per VLLM_ENABLE_V1_MULTIPROCESSING; see ``core_process_enabled``),
+        else in a thread of this one."""
+        return cls(config, stat_loggers, multiprocess)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -69,11 +80,11 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and not self.errored
+        return self.core.alive and not self.errored and not self._stopping
 
     @property
     def is_sleeping(self) -> bool:
-        return self.engine.is_sleeping
+        return self._sleeping
 
     def _check_alive(self) -> None:
         if self.dead_error is not None:
@@ -81,65 +92,36 @@ class AsyncEngine:
         if self._stopping:
             raise EngineDeadError("the engine is shutting down")
 
-    # -- the engine thread ---------------------------------------------------------------------
+    # -- messages from the core (on the core's thread or the pipe reader's) ---------------------
 
-    def _submit(self, command: Callable[[], Any], wait: bool = True) -> concurrent.futures.Future | None:
-        future = concurrent.futures.Future() if wait else None
-        self._commands.put((command, future))
-        self._wakeup.set()
-        return future
-
-    async def _call(self, command: Callable[[], Any]) -> Any:
-        self._check_alive()
-        return await asyncio.wrap_future(self._submit(command))
-
-    def _run_commands(self) -> None:
-        while True:
-            try:
-                command, future = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if future is not None and not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = command()
-            except Exception as error:
-                if future is None:
-                    logger.exception("engine command failed")
+    def _on_message(self, message: Message) -> None:
+        kind = message[0]
+        if kind == "step":
+            _, outputs, stats = message
+            if outputs:
+                self._deliver(outputs)
+            for scheduler_stats, iteration_stats in stats:
+                self._record(scheduler_stats, iteration_stats)
+        elif kind == "reply":
+            _, call_id, ok, value = message
+            future = self._calls.pop(call_id, None)
+            if future is not None and not future.done():
+                if ok:
+                    future.set_result(value)
                 else:
-                    future.set_exception(error)
-            else:
-                if future is not None:
-                    future.set_result(result)
-
-    def _run(self) -> None:
-        engine = self.engine
-        try:
-            while not self._stopping:
-                self._wakeup.clear()
-                self._run_commands()
-                if engine.has_unfinished_requests() and not engine.is_sleeping:
-                    self._deliver(engine.step())
-                else:
-                    self._wakeup.wait(timeout=1.0)
-        except BaseException as error:  # the engine is dead: tell every waiting stream
-            logger.exception("the engine loop failed")
+                    future.set_exception(value)
+        elif kind == "dead" and self.dead_error is None:
+            error = message[1]
+            logger.error("the engine core died: %r", error)
             self.dead_error = error
-            with self._streams_lock:
-                streams, self._streams = list(self._streams.values()), {}
-            dead = EngineDeadError(f"the engine has stopped: {error!r}")
-            for stream in streams:
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, dead)
-            self._fail_pending_commands(dead)
+            self._fail_all(EngineDeadError(f"the engine has stopped: {error!r}"))
 
-    def _fail_pending_commands(self, error: BaseException) -> None:
-        while True:
+    def _record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        for stat_logger in self.stat_loggers:
             try:
-                _, future = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if future is not None and future.set_running_or_notify_cancel():
-                future.set_exception(error)
+                stat_logger.record(scheduler_stats, iteration_stats)
+            except Exception:  # a broken logger must not stop serving
+                logger.exception("stat logger %r failed", stat_logger)
 
     def _deliver(self, outputs: Sequence[RequestOutput | PoolingRequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
@@ -156,9 +138,35 @@ class AsyncEngine:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_put_all, items)
 
-    # -- requests ------------------------------------------------------------------------------
+    def _fail_all(self, error: BaseException) -> None:
+        with self._streams_lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            with contextlib.suppress(RuntimeError):
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
+        calls, self._calls = list(self._calls.values()), {}
+        for future in calls:
+            if not future.done():
+                future.set_exception(error)
 
-    async def _open(self, request_id: str, add: Callable[[], Any]) -> _Stream:
+    # -- commands to the core ------------------------------------------------------------------
+
+    async def _call(self, op: str, args: Any) -> Any:
+        self._check_alive()
+        call_id = next(self._call_ids)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls[call_id] = future
+        try:
+            self.core.send((op, call_id, args))
+        except OSError as error:  # the pipe is gone: the reader reports the death
+            self._calls.pop(call_id, None)
+            raise EngineDeadError(f"the engine has stopped: {error!r}") from error
+        if self.dead_error is not None:  # died between the check and the registration
+            self._calls.pop(call_id, None)
+            self._check_alive()
+        return await asyncio.wrap_future(future)
+
+    async def _open(self, request_id: str, args: tuple) -> _Stream:
         self._check_alive()
         stream = _Stream(asyncio.get_running_loop())
         with self._streams_lock:
@@ -166,7 +174,7 @@ class AsyncEngine:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
         try:
-            await self._call(add)
+            await self._call("add", args)
         except BaseException:
             with self._streams_lock:
                 self._streams.pop(request_id, None)
@@ -183,9 +191,7 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come (cumulative, delta or final, per
         ``params.output_kind``). Closing the iterator early aborts the request."""
-        stream = await self._open(
-            request_id, lambda: self.engine.add_request(request_id, prompt, params, priority=priority)
-        )
+        stream = await self._open(request_id, (request_id, prompt, params, priority))
         finished = False
         try:
             while True:
@@ -202,7 +208,7 @@ class AsyncEngine:
 
     async def encode(self, prompt: str | list[int], request_id: str) -> PoolingRequestOutput:
         """The embedding of one prompt (an embedding model)."""
-        stream = await self._open(request_id, lambda: self.engine.add_request(request_id, prompt))
+        stream = await self._open(request_id, (request_id, prompt, None, 0))
         finished = False
         try:
             item = await stream.queue.get()
@@ -217,8 +223,9 @@ class AsyncEngine:
     def _abort_soon(self, request_id: str) -> None:
         with self._streams_lock:
             self._streams.pop(request_id, None)
-        if self.dead_error is None and self._thread.is_alive():
-            self._submit(lambda: self.engine.abort_request([request_id]), wait=False)
+        if self.dead_error is None and not self._stopping:
+            with contextlib.suppress(OSError):
+                self.core.send(("abort", None, [request_id]))
 
     async def abort(self, request_id: str | Sequence[str]) -> None:
         """Abort requests at any point; their KV blocks are freed at once and their streams end
@@ -226,18 +233,20 @@ class AsyncEngine:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         if self.dead_error is not None:
             return
-        await self._call(lambda: self._deliver(self.engine.abort_request(ids)))
+        await self._call("abort", ids)
 
     # -- maintenance ---------------------------------------------------------------------------
 
     async def reset_prefix_cache(self) -> bool:
-        return await self._call(self.engine.reset_prefix_cache)
+        return await self._call("call", ("reset_prefix_cache", ()))
 
     async def sleep(self, level: int = 1) -> None:
-        await self._call(lambda: self.engine.sleep(level))
+        await self._call("call", ("sleep", (level,)))
+        self._sleeping = True
 
     async def wake_up(self) -> None:
-        await self._call(self.engine.wake_up)
+        await self._call("call", ("wake_up", ()))
+        self._sleeping = False
 
     async def check_health(self) -> None:
         self._check_alive()
@@ -246,18 +255,17 @@ class AsyncEngine:
         return self.tokenizer
 
     async def shutdown(self) -> None:
-        """Stop the engine thread; open streams end with EngineDeadError."""
+        """Stop the engine core; open streams end with EngineDeadError."""
         if self._stopping:
             return
         self._stopping = True
-        self._wakeup.set()
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
-        with self._streams_lock:
-            streams, self._streams = list(self._streams.values()), {}
-        error = EngineDeadError("the engine was shut down")
-        for stream in streams:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
-        self._fail_pending_commands(error)
+        await asyncio.get_running_loop().run_in_executor(None, self.core.stop)
+        self._fail_all(EngineDeadError("the engine was shut down"))
+
+
+def core_process_enabled() -> bool:
+    """VLLM_ENABLE_V1_MULTIPROCESSING: whether a server runs the engine core in its own process."""
+    return bool(read_env("VLLM_ENABLE_V1_MULTIPROCESSING"))
 
 
 def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:

@@ -238,9 +238,10 @@ def run_server(config: Any) -> None:
         state.stat_fanout.loggers.append(LoggingStatLogger())
 
     def load() -> Any:
-        from infernetes.runtime.engine.async_engine import AsyncEngine
+        from infernetes.runtime.engine.async_engine import AsyncEngine, core_process_enabled
 
-        return AsyncEngine.from_config(config, stat_loggers=[state.stat_fanout])
+        return AsyncEngine.from_config(config, stat_loggers=[state.stat_fanout],
+                                       multiprocess=core_process_enabled())
 
     app = build_app(state, engine_loader=load)
     server = uvicorn.Server(uvicorn_config(app, settings))

@@ -113,14 +113,22 @@ class GrammarLogitsProcessor:
     preempted sequence recomputed from scratch finds its state again.
     """
 
-    def __init__(self, ll_tokenizer: Any, grammar: str, vocab_size: int, eos_token_id: int | None) -> None:
+    def __init__(self, ll_tokenizer: Any, grammar: str, vocab_size: int, eos_token_id: int | None,
+                 tokenizer_source: str | None = None) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.grammar = grammar
+        self.tokenizer_source = tokenizer_source
         root = llguidance.LLMatcher(ll_tokenizer, grammar)
         if root.is_error():
             raise GuideError(f"invalid constraint: {root.get_error()}", "response_format")
         self.states: dict[tuple[int, ...], Any] = {(): root}
         self.bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+
+    def __reduce__(self) -> tuple:
+        # Crossing to the engine-core process: the grammar goes, the matchers are rebuilt there
+        # on the engine's own tokenizer.
+        return (_rebuild_processor, (self.grammar, self.vocab_size, self.eos_token_id, self.tokenizer_source))
 
     def _matcher_for(self, tokens: tuple[int, ...]) -> Any:
         if tokens in self.states:
@@ -156,8 +164,25 @@ class GrammarLogitsProcessor:
         return masked.squeeze(0).to(logits.dtype)
 
 
+def _rebuild_processor(grammar: str, vocab_size: int, eos_token_id: int | None,
+                       tokenizer_source: str | None) -> GrammarLogitsProcessor:
+    from infernetes.runtime.engine.core_client import process_tokenizer
+
+    tokenizer = process_tokenizer()
+    if tokenizer is None:  # not an engine process: load the tokenizer the API side named
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    try:
+        return GrammarLogitsProcessor(TokenizerIndex.get(tokenizer, vocab_size), grammar, vocab_size,
+                                      eos_token_id, tokenizer_source)
+    except GuideError as exc:  # a plain ValueError pickles back to the API side
+        raise ValueError(str(exc)) from None
+
+
 def make_logits_processor(guide: Guide, tokenizer: Any, vocab_size: int,
                           compact_json: bool = False) -> GrammarLogitsProcessor:
     grammar = grammar_for(guide, compact_json)
     index = TokenizerIndex.get(tokenizer, vocab_size)
-    return GrammarLogitsProcessor(index, grammar, vocab_size, tokenizer.eos_token_id)
+    return GrammarLogitsProcessor(index, grammar, vocab_size, tokenizer.eos_token_id,
+                                  getattr(tokenizer, "name_or_path", None))

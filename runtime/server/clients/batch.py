@@ -116,11 +116,12 @@ async def run_line(state: ServerState, line: str) -> str:
 async def run_batch(config: Any, input_location: str, output_location: str, output_tmp_dir: str | None,
                     metrics_address: tuple[str, int] | None = None) -> int:
     """Runs every line; returns how many lines failed."""
-    from infernetes.runtime.engine.async_engine import AsyncEngine
+    from infernetes.runtime.engine.async_engine import AsyncEngine, core_process_enabled
 
     lines = read_input(input_location)
     state = ServerState(FrontendSettings.from_config(config))
-    engine = await asyncio.to_thread(AsyncEngine.from_config, config, [state.stat_fanout])
+    engine = await asyncio.to_thread(AsyncEngine.from_config, config, [state.stat_fanout],
+                                     core_process_enabled())
     try:
         state.attach_engine(engine)
         if metrics_address is not None:

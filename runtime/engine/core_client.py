@@ -1,0 +1,187 @@
+"""Where the engine core runs, seen from the API side: ``CoreProcess`` (its own process, vLLM V1's
+layout: the API process keeps HTTP, tokenization and SSE, the core process schedules and runs the
+model, and the two use separate cores and separate GILs) or ``CoreThread`` (a thread of this
+process; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+Both take commands with ``send(command)`` and hand every message of the core to ``on_message``
+(called from one thread of theirs, never the event loop's). The process variant pickles both ways
+over one duplex pipe; a reader thread turns the core's messages into ``on_message`` calls and
+reports the process's death (the pipe closes) as a ``("dead", error)`` message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import pickle
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from infernetes.runtime.engine.engine_core import (
+    Command,
+    EngineCore,
+    Message,
+    StatsBuffer,
+    engine_info,
+)
+
+logger = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 3600.0  # loading a big model from a slow disk takes a while
+JOIN_TIMEOUT_S = 10.0
+
+# The tokenizer of the engine living in this process (set in a core process): what a logits
+# processor sent over the pipe rebuilds itself with (see structured_output).
+_process_tokenizer: Any = None
+
+
+def process_tokenizer() -> Any:
+    """The engine's tokenizer when this is an engine-core process, else None."""
+    return _process_tokenizer
+
+
+class CoreThread:
+    """The engine core in a thread of this process."""
+
+    def __init__(self, config: Any, on_message: Callable[[Message], None]) -> None:
+        from infernetes.runtime.engine.llm_engine import LLMEngine
+
+        stats = StatsBuffer()
+        self.engine = LLMEngine.from_config(config, stat_loggers=[stats])
+        self.info = engine_info(self.engine)
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._core = EngineCore(self.engine, stats, on_message)
+        self._thread = threading.Thread(target=self._run, name="infernetes-engine-core", daemon=True)
+        self._thread.start()
+
+    def _next_command(self, timeout: float | None) -> Command | None:
+        try:
+            return self._commands.get(block=timeout != 0, timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _run(self) -> None:
+        self._core.run(self._next_command)
+
+    def send(self, command: Command) -> None:
+        self._commands.put(command)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self.send(("shutdown", None, None))
+        self._thread.join(JOIN_TIMEOUT_S)
+
+
+class CoreProcess:
+    """The engine core in a child process (spawned: a clean interpreter, no forked threads)."""
+
+    def __init__(self, config: Any, on_message: Callable[[Message], None]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe(duplex=True)
+        self._process = context.Process(
+            target=run_core_process, args=(config, child_conn, logging.getLogger().level),
+            name="infernetes-engine-core", daemon=True)
+        self._process.start()
+        child_conn.close()
+        self._send_lock = threading.Lock()
+        self._stopping = False
+        self.info = self._wait_ready()
+        self._on_message = on_message
+        self._reader = threading.Thread(target=self._read, name="infernetes-core-reader", daemon=True)
+        self._reader.start()
+
+    def _wait_ready(self) -> dict[str, Any]:
+        try:
+            if not self._conn.poll(READY_TIMEOUT_S):
+                raise RuntimeError("the engine core process did not start in time")
+            kind, value = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError) as error:
+            self._process.join(JOIN_TIMEOUT_S)
+            raise RuntimeError(
+                f"the engine core process exited while loading (exit code {self._process.exitcode})"
+            ) from error
+        if kind == "load_failed":
+            self._process.join(JOIN_TIMEOUT_S)
+            raise value
+        return value
+
+    def _read(self) -> None:
+        on_message = self._on_message
+        try:
+            while True:
+                on_message(pickle.loads(self._conn.recv_bytes()))
+        except (EOFError, OSError):
+            pass
+        if not self._stopping:
+            self._process.join(JOIN_TIMEOUT_S)
+            on_message(("dead", RuntimeError(
+                f"the engine core process exited (exit code {self._process.exitcode})")))
+
+    def send(self, command: Command) -> None:
+        op, call_id, args = command
+        if op == "add":  # a request that fails to unpickle over there fails alone
+            args = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((op, call_id, args), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self._conn.send_bytes(data)
+
+    @property
+    def alive(self) -> bool:
+        return self._process.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def stop(self) -> None:
+        self._stopping = True
+        with contextlib.suppress(OSError):  # already gone
+            self.send(("shutdown", None, None))
+        self._process.join(JOIN_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(JOIN_TIMEOUT_S)
+        self._conn.close()
+
+
+def run_core_process(config: Any, conn: Any, log_level: int) -> None:
+    """The core process's main: load the engine, say ready (or why not), then serve commands
+    until shutdown or until the API process goes away (the pipe closes)."""
+    global _process_tokenizer
+    # The API process owns the signals: SIGTERM drains there first, then it stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level or logging.INFO,
+                        format=f"%(levelname)s %(asctime)s [core pid {os.getpid()}] %(name)s: %(message)s")
+
+    def emit(message: Message) -> None:
+        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    from infernetes.runtime.engine.engine_core import portable_error
+    from infernetes.runtime.engine.llm_engine import LLMEngine
+
+    stats = StatsBuffer()
+    try:
+        engine = LLMEngine.from_config(config, stat_loggers=[stats])
+    except BaseException as error:
+        logger.exception("the engine failed to load")
+        emit(("load_failed", portable_error(error)))
+        return
+    _process_tokenizer = engine.tokenizer
+    emit(("ready", engine_info(engine)))
+
+    def next_command(timeout: float | None) -> Command | None:
+        if not conn.poll(timeout):
+            return None
+        return pickle.loads(conn.recv_bytes())
+
+    with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
+        EngineCore(engine, stats, emit).run(next_command)

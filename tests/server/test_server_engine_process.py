@@ -1,0 +1,77 @@
+"""The engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING, the default): it serves
+through the API process, leaves with it, and its death fails /health and stops the server
+(unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+
+ARGS = ["--max-model-len", "128", "--num-gpu-blocks-override", "16", "--disable-log-requests",
+        "--disable-uvicorn-access-log", "--served-model-name", "tiny"]
+BODY = {"model": "tiny", "prompt": "Hello there", "max_tokens": 4, "temperature": 0}
+
+
+def _core_process(server) -> psutil.Process:
+    children = psutil.Process(server.process.pid).children()
+    cores = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+    assert len(cores) == 1, [c.cmdline() for c in children]
+    return cores[0]
+
+
+def _wait_until(condition, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture
+def start(tiny_llama_dir, server_process_factory):
+    started = []
+
+    def run(env: dict[str, str] | None = None, log_name: str = "engine-process.log"):
+        server = server_process_factory([str(tiny_llama_dir), *ARGS], env=env, log_name=log_name)
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    yield run
+    for server in started:
+        server.stop()
+
+
+def test_core_serves_from_its_own_process_and_leaves_with_the_server(start):
+    server = start(log_name="engine-process-sigterm.log")
+    core = _core_process(server)
+    response = httpx.post(f"{server.url}/v1/completions", json=BODY, timeout=60)
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 4
+    assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+    assert _wait_until(lambda: not core.is_running() or core.status() == psutil.STATUS_ZOMBIE)
+
+
+def test_core_death_fails_health_and_stops_the_server(start):
+    server = start(log_name="engine-process-death.log")
+    _core_process(server).kill()
+    # The server notices, fails its probes and exits with an error (Kubernetes restarts it).
+    assert _wait_until(lambda: server.process.poll() is not None), server.tail()
+    assert server.process.returncode == 1
+    assert "the engine core process exited" in server.tail()
+
+
+def test_core_death_with_keep_alive_answers_503(start):
+    server = start(env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}, log_name="engine-process-keep-alive.log")
+    _core_process(server).kill()
+    assert _wait_until(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503)
+    response = httpx.post(f"{server.url}/v1/completions", json=BODY, timeout=30)
+    assert response.status_code == 503
+    assert "engine" in response.json()["error"]["message"]
+    time.sleep(1.5)  # longer than the engine watch interval: still up
+    assert server.process.poll() is None
