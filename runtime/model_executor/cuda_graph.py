@@ -184,6 +184,7 @@ class DecodeGraphs:
         self._replays: dict[int, Callable[[], torch.Tensor]] = {}
         self.replays: Counter[int] = Counter()  # per captured size: how often it ran
         self.capture_seconds = 0.0
+        self.capture_bytes = 0  # device memory the graphs took (CUDA)
 
     def _allocate(self, n: int, device: torch.device) -> None:
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
@@ -209,12 +210,15 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         start = time.perf_counter()
+        free_before = _free_device_memory(self.input_ids.device)
         for size in reversed(self.sizes):
             self._replays[size] = self.backend.capture(lambda size=size: self._run_static(size))
         self.capture_seconds = time.perf_counter() - start
+        self.capture_bytes = free_before - _free_device_memory(self.input_ids.device)
         logger.info(
-            "Capturing CUDA graphs for %d batch sizes (%s) with the %s backend took %.2f s",
+            "Capturing CUDA graphs for %d batch sizes (%s) with the %s backend took %.2f s and %.2f GiB",
             len(self.sizes), _describe(self.sizes), self.backend.name, self.capture_seconds,
+            self.capture_bytes / (1 << 30),
         )
 
     def padded_size(self, num_seqs: int) -> int | None:
@@ -243,6 +247,10 @@ class DecodeGraphs:
             self.seq_lens[num_seqs:size].zero_()
         self.replays[size] += 1
         return self._replays[size]()[:num_seqs]
+
+
+def _free_device_memory(device: torch.device) -> int:
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
 
 
 def _describe(sizes: Sequence[int]) -> str:

@@ -300,9 +300,8 @@ def test_gpu_cuda_graphs_give_the_eager_tokens(tiny_llama, caplog):
     from infernetes import LLM
 
     prompts = [*PROMPTS, [3, 4] * 20]
-    common = dict(dtype="float32", max_num_seqs=16, gpu_memory_utilization=0.3, seed=0)
+    common = dict(dtype="float32", max_num_seqs=16, num_gpu_blocks_override=128, seed=0)
     eager = _generate(LLM(tiny_llama, enforce_eager=True, **common), prompts)
-    torch.cuda.empty_cache()
     with caplog.at_level(logging.INFO, logger=cuda_graph.__name__):
         llm = LLM(tiny_llama, **common)
     assert "Capturing CUDA graphs for 5 batch sizes (1, 2, 4, 8, 16) with the cuda backend" in caplog.text
@@ -319,7 +318,7 @@ def test_gpu_graph_step_matches_the_eager_step(tiny_llama, dtype):
     """One padded decode step, replayed from a real CUDA graph and run eagerly on the same inputs."""
     from infernetes import LLM
 
-    llm = LLM(tiny_llama, dtype=dtype, max_num_seqs=8, cuda_graph_sizes=[1, 2, 4, 8], gpu_memory_utilization=0.3)
+    llm = LLM(tiny_llama, dtype=dtype, max_num_seqs=8, cuda_graph_sizes=[1, 2, 4, 8], num_gpu_blocks_override=128)
     runner = llm.llm_engine.runner
     graphs = runner.decode_graphs
     n, device = 3, runner.device
@@ -349,8 +348,7 @@ def test_gpu_graph_step_matches_the_eager_step(tiny_llama, dtype):
 def test_gpu_compiled_forward_with_graphs_gives_the_eager_tokens(tiny_llama):
     from infernetes import LLM
 
-    common = dict(dtype="float32", max_num_seqs=8, gpu_memory_utilization=0.3, seed=0)
+    common = dict(dtype="float32", max_num_seqs=8, num_gpu_blocks_override=128, seed=0)
     eager = _generate(LLM(tiny_llama, enforce_eager=True, **common))
-    torch.cuda.empty_cache()
     llm = LLM(tiny_llama, compilation_config={"level": 3}, **common)
     assert _generate(llm) == eager

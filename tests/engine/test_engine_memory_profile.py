@@ -4,6 +4,7 @@ thing on a GPU (marked gpu)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 
@@ -217,6 +218,8 @@ def test_runner_profiles_a_real_dummy_step(runner):
 def test_gpu_cache_fills_the_utilization_budget(tiny_llama, caplog):
     from infernetes import LLM, SamplingParams
 
+    gc.collect()  # engines of earlier tests must not count as this one's weights
+    torch.cuda.empty_cache()
     with caplog.at_level(logging.INFO):
         llm = LLM(tiny_llama, gpu_memory_utilization=0.3, enforce_eager=True, max_num_seqs=8)
     engine = llm.llm_engine
