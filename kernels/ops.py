@@ -9,6 +9,7 @@ from types import ModuleType
 
 import torch
 from infernetes.kernels import backend
+from infernetes.kernels.cpu import attention as _cpu_attention
 from infernetes.kernels.reference import activation as _ref_activation
 from infernetes.kernels.reference import attention as _ref_attention
 from infernetes.kernels.reference import cache as _ref_cache
@@ -68,7 +69,12 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of `query` `[T, H, D]` over the paged cache -> `[T, H, D]`."""
-    impl = _triton().paged_attention if _use_triton(query) else _ref_attention.paged_attention
+    if _use_triton(query):
+        impl = _triton().paged_attention
+    elif query.device.type == "cpu":
+        impl = _cpu_attention.paged_attention  # the C decode kernel, the reference for the rest
+    else:
+        impl = _ref_attention.paged_attention
     return impl(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, k_scale, v_scale)
 
 

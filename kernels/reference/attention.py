@@ -39,17 +39,22 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     out = torch.empty_like(query)
-    plan = _plan_for(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
+    plan = step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
     if plan.padding_rows is not None:  # padding rows: nothing to attend to
         out[plan.padding_rows] = 0
-    for group in plan.decodes:
+    for group in plan.decode_groups:
         _decode(query, k_cache, v_cache, group, scale, k_scale, v_scale, out)
+    attend_prefills(query, k_cache, v_cache, plan, scale, k_scale, v_scale, out)
+    return out
+
+
+def attend_prefills(query, k_cache, v_cache, plan: _StepPlan, scale, k_scale, v_scale, out) -> None:
+    """The rows of prefill and chunked-prefill sequences of `plan`, written into `out`."""
     for seq in plan.prefills:
         k = _gather_tokens(k_cache, seq.slots, k_scale, query.dtype).transpose(0, 1).unsqueeze(0)
         v = _gather_tokens(v_cache, seq.slots, v_scale, query.dtype).transpose(0, 1).unsqueeze(0)
         q = query[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
         out[seq.start : seq.end] = _sdpa_prefill(q, k, v, seq.mask, scale)[0].transpose(0, 1)
-    return out
 
 
 @dataclass
@@ -75,15 +80,33 @@ class _PrefillPlan:
 @dataclass
 class _StepPlan:
     padding_rows: torch.Tensor | None
-    decodes: list[_DecodePlan]
+    decode_rows: torch.Tensor | None  # [Bd] int32 query rows of the decode sequences
+    decode_seqs: torch.Tensor | None  # [Bd] int32 their batch indices
     prefills: list[_PrefillPlan]
+    # For the dense decode path, built on first use (a native decode kernel never needs them).
+    _block_tables: torch.Tensor
+    _starts: list[int]
+    _lens: list[int]
+    _block_size: int
+    _decode_groups: list[_DecodePlan] | None = None
+
+    @property
+    def decode_groups(self) -> list[_DecodePlan]:
+        if self._decode_groups is None:
+            decodes = [] if self.decode_seqs is None else self.decode_seqs.tolist()
+            self._decode_groups = [
+                _decode_plan(self._block_tables, self._starts, self._lens, group, self._block_size)
+                for group in _by_length(decodes, self._lens)
+            ]
+        return self._decode_groups
 
 
 # The last step's metadata tensors (held, so their ids cannot be reused) and lists, and its plan.
 _last_plan: tuple[tuple, list[int], list[int], _StepPlan] | None = None
 
 
-def _plan_for(block_tables, cu_seqlens_q, seq_lens, block_size: int) -> _StepPlan:
+def step_plan(block_tables, cu_seqlens_q, seq_lens, block_size: int) -> _StepPlan:
+    """The plan of a step, worked out once and reused by every layer that passes the same metadata."""
     global _last_plan
     starts = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
@@ -117,8 +140,13 @@ def _make_plan(block_tables: torch.Tensor, starts: list[int], lens: list[int], b
         prefills.append(_PrefillPlan(starts[b], starts[b + 1], slots, mask))
     return _StepPlan(
         padding_rows=torch.tensor(padding, device=device) if padding else None,
-        decodes=[_decode_plan(block_tables, starts, lens, group, block_size) for group in _by_length(decodes, lens)],
+        decode_rows=torch.tensor([starts[b] for b in decodes], dtype=torch.int32, device=device) if decodes else None,
+        decode_seqs=torch.tensor(decodes, dtype=torch.int32, device=device) if decodes else None,
         prefills=prefills,
+        _block_tables=block_tables,
+        _starts=starts,
+        _lens=lens,
+        _block_size=block_size,
     )
 
 

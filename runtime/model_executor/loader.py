@@ -276,6 +276,10 @@ def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto"
         for module in model.modules():
             if isinstance(module, LinearBase):
                 module.quantize_fp8()
+    if device.type == "cpu":  # after quantisation: fp8 weights are not packed
+        for module in model.modules():
+            if hasattr(module, "pack_for_cpu"):
+                module.pack_for_cpu()
     return model.eval()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from infernetes.kernels.cpu import packed_linear
 from infernetes.runtime.model_executor.parallel import (
     all_gather_last_dim,
     all_reduce,
@@ -43,11 +44,19 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.bias = nn.Parameter(torch.zeros(self.shard_size), requires_grad=False)
         else:
             self.register_parameter("bias", None)
+        self.packed_weight: torch.Tensor | None = None
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
+    def pack_for_cpu(self) -> None:
+        """Pack the (often tied) weight for oneDNN; the embedding keeps its own plain copy."""
+        self.packed_weight = packed_linear.pack_weight(self.weight.data)
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Logits ``[N, vocab]`` for the rows given (only those that are sampled)."""
-        logits = F.linear(hidden_states, self.weight, self.bias)
+        if self.packed_weight is not None:
+            logits = packed_linear.linear(hidden_states, self.packed_weight, self.bias)
+        else:
+            logits = F.linear(hidden_states, self.weight, self.bias)
         return all_gather_last_dim(logits)[..., : self.num_embeddings]

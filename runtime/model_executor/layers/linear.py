@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from infernetes.kernels import ops
+from infernetes.kernels.cpu import packed_linear
 from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
 from torch import nn
 
@@ -33,6 +34,7 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.packed_weight: torch.Tensor | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if self.tp_dim is not None and param.dim() > self.tp_dim and self.tp_size > 1:
@@ -47,7 +49,17 @@ class LinearBase(nn.Module):
         self.weight = nn.Parameter(qweight, requires_grad=False)
         self.weight_scale = nn.Parameter(scale.reshape(1).float(), requires_grad=False)
 
+    def pack_for_cpu(self) -> None:
+        """Pack a loaded CPU bf16/fp16 weight for oneDNN once (see kernels/cpu/packed_linear.py);
+        the plain copy is dropped so the weights are not held twice."""
+        packed = packed_linear.pack_weight(self.weight.data)
+        if packed is not None:
+            self.packed_weight = packed
+            self.weight.data = self.weight.data.new_empty(0)
+
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.packed_weight is not None:
+            return packed_linear.linear(x, self.packed_weight, bias)
         if self.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             return ops.fp8_linear(x, self.weight, self.weight_scale, bias)
         return F.linear(x, self.weight, bias)

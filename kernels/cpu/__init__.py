@@ -1,0 +1,2 @@
+"""The CPU path's native kernels: C sources built at first use (`native`), and the ops that call
+them (`attention`), each falling back to the torch reference when it cannot run."""

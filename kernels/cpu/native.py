@@ -1,0 +1,124 @@
+"""Builds and loads the C kernels of the CPU path (``*.c`` beside this file) with the system compiler.
+
+Built at first use with ``-O3 -march=native`` (so the loops vectorise for the CPU at hand) into a
+per-user cache, keyed by the source, the flags, the compiler and the CPU, and loaded through
+ctypes: no torch headers, so a build takes about a second. Without a working C compiler the CPU
+path falls back to the torch reference, with one warning in the log.
+
+``INFERNETES_CPU_KERNELS=0`` turns the C kernels off; ``INFERNETES_KERNEL_CACHE`` moves the cache
+(default ``$XDG_CACHE_HOME/infernetes/kernels``, else ``~/.cache/infernetes/kernels``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent
+ENABLE_ENV = "INFERNETES_CPU_KERNELS"
+CACHE_ENV = "INFERNETES_KERNEL_CACHE"
+# Reassociation lets the compiler vectorise the dot products and sums; no -ffast-math, so exp,
+# infinities and NaNs keep their IEEE meaning.
+FLAGS = (
+    "-O3", "-march=native", "-shared", "-fPIC", "-std=c11",
+    "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast",
+)
+
+_i32_p = ctypes.POINTER(ctypes.c_int32)
+_f32_p = ctypes.POINTER(ctypes.c_float)
+_SIGNATURES = {
+    "paged_decode_attention": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,  # query, strides, dtype
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,  # out, strides
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, _f32_p,  # k/v cache, dtype, byte table
+            ctypes.c_float, ctypes.c_float,  # k_scale, v_scale
+            _i32_p, ctypes.c_int64, _i32_p,  # block tables, their row stride, seq_lens
+            _i32_p, _i32_p, ctypes.c_int,  # rows, seqs, n
+            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,  # H, Hkv, D, block, scale
+        ],
+    ),
+}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "infernetes" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_identity() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _build(name: str, compiler: str) -> Path:
+    source = SOURCE_DIR / f"{name}.c"
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    key = hashlib.sha256(
+        "\0".join([source.read_text(), " ".join(FLAGS), version, _cpu_identity(), platform.machine()]).encode()
+    ).hexdigest()[:16]
+    target = cache_dir() / f"{name}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: processes starting together never load half a file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run(
+            [compiler, *FLAGS, "-o", str(built), str(source), "-lm"], capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} could not build {source.name}:\n{result.stderr.strip()}")
+        os.replace(built, target)
+    return target
+
+
+@cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The built library `name` (a ``.c`` file here), or None when it cannot be built or is off."""
+    if not enabled():
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        logger.warning("no C compiler (cc, gcc, clang or $CC) found: the CPU path uses the slower torch "
+                       "reference for decode attention")
+        return None
+    try:
+        library = ctypes.CDLL(str(_build(name, compiler)))
+    except (OSError, RuntimeError) as error:
+        logger.warning("the C kernel %s is unavailable (%s): using the torch reference", name, error)
+        return None
+    for symbol, (restype, argtypes) in _SIGNATURES.items():
+        if hasattr(library, symbol):
+            function = getattr(library, symbol)
+            function.restype, function.argtypes = restype, argtypes
+    return library

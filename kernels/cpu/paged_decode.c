@@ -1,0 +1,186 @@
+/* Decode attention over the paged KV cache, reading the cache in place (the CPU path).
+ *
+ * One query token per sequence. For each (sequence, kv head) the kernel walks the sequence's
+ * blocks, scores every cached key against the query heads that share that kv head (GQA), takes
+ * the softmax in float32 and sums the values. Nothing is copied out of the cache, which is what
+ * makes this faster than gathering K/V into dense tensors every step: the decode step of a small
+ * model on a CPU is bound by reading the cache.
+ *
+ * Layouts (as in docs/architecture.md, "Kernels"): cache [num_blocks, block_size, Hkv, D]
+ * contiguous; query/out rows [T, H, D] with a row stride and a head stride in elements;
+ * block_tables [B, table_stride] int32; seq_lens [B] int32 (tokens in the cache, this one
+ * included). rows[i] is the query row of decode sequence i, seqs[i] its batch index.
+ *
+ * Element types: 0 float32, 1 bfloat16, 2 float16, 3 one byte through a 256-entry table
+ * (fp8 e4m3/e5m2 decoded by the caller's table; the kv scales multiply the scores and values).
+ * Compiled at first use by infernetes/kernels/cpu/native.py with -O3 -march=native.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { F32 = 0, BF16 = 1, F16 = 2, BYTE_LUT = 3 };
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* Row of `n` elements of type `dtype` at `src` -> float32 `dst`. Always inlined with a constant
+ * `dtype`, so each instantiation is one straight loop the compiler vectorises. */
+static inline __attribute__((always_inline)) void load_row(const void *restrict src, const int dtype,
+                                                           const float *restrict lut, float *restrict dst,
+                                                           const int n) {
+    if (dtype == F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dtype == BF16) {
+        const uint16_t *restrict s = (const uint16_t *)src;
+        uint32_t *restrict d = (uint32_t *)dst;
+        for (int i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+    } else if (dtype == F16) {
+        const _Float16 *restrict s = (const _Float16 *)src;
+        for (int i = 0; i < n; i++) dst[i] = (float)s[i];
+    } else {
+        const uint8_t *restrict s = (const uint8_t *)src;
+        for (int i = 0; i < n; i++) dst[i] = lut[s[i]];
+    }
+}
+
+static void store_row(const float *restrict src, int dtype, void *restrict dst, int n) {
+    if (dtype == F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dtype == BF16) {
+        uint16_t *restrict d = (uint16_t *)dst;
+        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+    } else {
+        _Float16 *restrict d = (_Float16 *)dst;
+        for (int i = 0; i < n; i++) d[i] = (_Float16)src[i];
+    }
+}
+
+static size_t element_size(int dtype) { return dtype == F32 ? 4 : dtype == BYTE_LUT ? 1 : 2; }
+
+typedef struct {
+    const void *query;
+    int64_t q_row_stride, q_head_stride;
+    int q_dtype;
+    void *out;
+    int64_t out_row_stride, out_head_stride;
+    const void *k_cache, *v_cache;
+    const float *kv_lut;
+    float k_scale, v_scale;
+    const int32_t *block_tables;
+    int64_t table_stride;
+    const int32_t *seq_lens, *rows, *seqs;
+    int n, num_heads, num_kv_heads, head_dim, block_size;
+    float scale;
+} Problem;
+
+typedef struct { /* per-thread scratch */
+    float *scores, *qf, *acc, *kv, *best;
+} Scratch;
+
+/* One decode sequence, every head. The cache is walked token by token in memory order (a token's
+ * keys for all kv heads are one contiguous row), so the hardware prefetcher streams it; each query
+ * head scores against its kv head's slice of the row (GQA). Softmax in float32, then the values. */
+static inline __attribute__((always_inline)) void attend(const Problem *p, const Scratch *w, int i,
+                                                         const int kv_dtype) {
+    const int heads = p->num_heads, group = heads / p->num_kv_heads, dim = p->head_dim, bs = p->block_size;
+    const int len = p->seq_lens[p->seqs[i]];
+    const int32_t *table = p->block_tables + (int64_t)p->seqs[i] * p->table_stride;
+    const size_t q_size = element_size(p->q_dtype), kv_size = element_size(kv_dtype);
+    const int64_t row_size = (int64_t)p->num_kv_heads * dim; /* elements of one token's row */
+    float *restrict qf = w->qf, *restrict scores = w->scores, *restrict acc = w->acc, *restrict row = w->kv;
+    float *restrict best = w->best;
+    for (int h = 0; h < heads; h++) {
+        const char *q = (const char *)p->query + ((int64_t)p->rows[i] * p->q_row_stride + (int64_t)h * p->q_head_stride) * q_size;
+        load_row(q, p->q_dtype, NULL, qf + h * dim, dim);
+        for (int d = 0; d < dim; d++) qf[h * dim + d] *= p->scale * p->k_scale;
+        best[h] = -INFINITY;
+    }
+    for (int t0 = 0; t0 < len; t0 += bs) {
+        const char *block = (const char *)p->k_cache + (int64_t)table[t0 / bs] * bs * row_size * kv_size;
+        const int count = len - t0 < bs ? len - t0 : bs;
+        for (int o = 0; o < count; o++) {
+            load_row(block + o * row_size * kv_size, kv_dtype, p->kv_lut, row, (int)row_size);
+            for (int h = 0; h < heads; h++) {
+                const float *restrict qh = qf + h * dim, *restrict kh = row + (h / group) * dim;
+                float s = 0.0f;
+                for (int d = 0; d < dim; d++) s += qh[d] * kh[d];
+                scores[(int64_t)h * len + t0 + o] = s;
+                best[h] = s > best[h] ? s : best[h];
+            }
+        }
+    }
+    for (int h = 0; h < heads; h++) {
+        float *restrict sh = scores + (int64_t)h * len, total = 0.0f;
+        for (int t = 0; t < len; t++) {
+            sh[t] = expf(sh[t] - best[h]);
+            total += sh[t];
+        }
+        const float norm = p->v_scale / total;
+        for (int t = 0; t < len; t++) sh[t] *= norm;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)heads * dim);
+    for (int t0 = 0; t0 < len; t0 += bs) {
+        const char *block = (const char *)p->v_cache + (int64_t)table[t0 / bs] * bs * row_size * kv_size;
+        const int count = len - t0 < bs ? len - t0 : bs;
+        for (int o = 0; o < count; o++) {
+            load_row(block + o * row_size * kv_size, kv_dtype, p->kv_lut, row, (int)row_size);
+            for (int h = 0; h < heads; h++) {
+                const float weight = scores[(int64_t)h * len + t0 + o];
+                const float *restrict vh = row + (h / group) * dim;
+                float *restrict ah = acc + h * dim;
+                for (int d = 0; d < dim; d++) ah[d] += weight * vh[d];
+            }
+        }
+    }
+    for (int h = 0; h < heads; h++) {
+        char *dst = (char *)p->out + ((int64_t)p->rows[i] * p->out_row_stride + (int64_t)h * p->out_head_stride) * q_size;
+        store_row(acc + h * dim, p->q_dtype, dst, dim);
+    }
+}
+
+static void attend_all(const Problem *p, const Scratch *w, int kv_dtype) {
+    for (int i = 0; i < p->n; i++) {
+        switch (kv_dtype) { /* constant per call: one vectorised instantiation each */
+        case F32: attend(p, w, i, F32); break;
+        case BF16: attend(p, w, i, BF16); break;
+        case F16: attend(p, w, i, F16); break;
+        default: attend(p, w, i, BYTE_LUT); break;
+        }
+    }
+}
+
+/* Returns 0, or -1 when the scratch memory cannot be allocated. */
+int paged_decode_attention(
+    const void *query, int64_t q_row_stride, int64_t q_head_stride, int q_dtype,
+    void *out, int64_t out_row_stride, int64_t out_head_stride,
+    const void *k_cache, const void *v_cache, int kv_dtype, const float *kv_lut,
+    float k_scale, float v_scale,
+    const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
+    const int32_t *rows, const int32_t *seqs, int n,
+    int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
+    const Problem p = {query, q_row_stride, q_head_stride, q_dtype, out, out_row_stride, out_head_stride,
+                       k_cache, v_cache, kv_lut, k_scale, v_scale, block_tables, table_stride,
+                       seq_lens, rows, seqs, n, num_heads, num_kv_heads, head_dim, block_size, scale};
+    int max_len = 1;
+    for (int i = 0; i < n; i++)
+        if (seq_lens[seqs[i]] > max_len) max_len = seq_lens[seqs[i]];
+    Scratch w = {
+        malloc(sizeof(float) * (size_t)num_heads * max_len), malloc(sizeof(float) * (size_t)num_heads * head_dim),
+        malloc(sizeof(float) * (size_t)num_heads * head_dim), malloc(sizeof(float) * (size_t)num_kv_heads * head_dim),
+        malloc(sizeof(float) * (size_t)num_heads),
+    };
+    int status = -1;
+    if (w.scores && w.qf && w.acc && w.kv && w.best) {
+        attend_all(&p, &w, kv_dtype);
+        status = 0;
+    }
+    free(w.scores), free(w.qf), free(w.acc), free(w.kv), free(w.best);
+    return status;
+}

@@ -1,0 +1,69 @@
+"""CPU linear layers with oneDNN-packed bf16/fp16 weights give bit for bit what F.linear gives,
+and the engine produces the same tokens with the CPU kernels on and off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from infernetes.kernels.cpu import native, packed_linear
+from infernetes.runtime.model_executor.layers.linear import RowParallelLinear
+
+needs_onednn = pytest.mark.skipif(
+    packed_linear.pack_weight(torch.ones(4, 4, dtype=torch.bfloat16)) is None, reason="no oneDNN packing here"
+)
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+def test_packed_linear_is_bitwise_f_linear(dtype, rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 40, generator=gen).to(dtype)
+    bias = torch.randn(96, generator=gen).to(dtype)
+    x = torch.randn(rows, 40, generator=gen).to(dtype)
+    packed = packed_linear.pack_weight(weight)
+    for b in (None, bias):
+        assert torch.equal(packed_linear.linear(x, packed, b), F.linear(x, weight, b))
+    assert packed_linear.linear(x.view(1, rows, 40), packed, None).shape == (1, rows, 96)
+
+
+def test_float32_and_fp8_weights_stay_plain(monkeypatch):
+    assert packed_linear.pack_weight(torch.randn(8, 8)) is None
+    assert packed_linear.pack_weight(torch.randn(8, 8).to(torch.float8_e4m3fn)) is None
+    monkeypatch.setenv(native.ENABLE_ENV, "0")
+    assert packed_linear.pack_weight(torch.randn(8, 8, dtype=torch.bfloat16)) is None
+
+
+@needs_onednn
+def test_a_packed_layer_drops_its_plain_weight_and_computes_the_same():
+    torch.manual_seed(0)
+    layer = RowParallelLinear(32, 16, bias=True).to(torch.bfloat16)
+    x = torch.randn(5, 32, dtype=torch.bfloat16)
+    expected = layer(x)
+    layer.pack_for_cpu()
+    assert layer.packed_weight is not None and layer.weight.numel() == 0
+    assert torch.equal(layer(x), expected)
+
+
+@needs_onednn
+def test_engine_tokens_are_the_same_with_cpu_kernels_on_and_off(tmp_path, monkeypatch):
+    from infernetes import LLM, SamplingParams
+    from infernetes.runtime.testing import make_tiny_model
+
+    path = make_tiny_model(tmp_path, "LlamaForCausalLM", num_key_value_heads=2)
+    prompts = [[5, 9, 3, 22, 17, 8], [40, 2, 2, 7], list(range(30, 60))]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+    def generate() -> list[list[int]]:
+        llm = LLM(str(path), dtype="bfloat16", skip_tokenizer_init=True, num_gpu_blocks_override=64, block_size=8)
+        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+
+    with_kernels = generate()
+    monkeypatch.setenv(native.ENABLE_ENV, "0")
+    native.load.cache_clear()
+    try:
+        assert generate() == with_kernels
+    finally:
+        monkeypatch.delenv(native.ENABLE_ENV)
+        native.load.cache_clear()
