@@ -76,6 +76,14 @@ def test_cpu_device_has_no_graph_backend(caplog):
     assert "CUDA graphs need a CUDA device" in caplog.text
 
 
+def test_reference_attention_on_cuda_runs_decode_eagerly(monkeypatch, caplog):
+    # TORCH_SDPA plans each step on the host (.tolist()), which a CUDA graph cannot replay
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TORCH_SDPA")
+    with caplog.at_level(logging.WARNING, logger=cuda_graph.__name__):
+        assert cuda_graph.select_graph_backend(torch.device("cuda")) is None
+    assert "CUDA graphs need the TRITON_ATTN attention backend (TORCH_SDPA" in caplog.text
+
+
 # -- -O / --compilation-config ---------------------------------------------------------------------
 
 

@@ -1,0 +1,62 @@
+"""Decode graphs on the Triton kernels (interpreted on a CPU): the engine replays padded decode
+batches over the static buffers (``RerunBackend``: the forward re-run on them, everything of a CUDA
+graph but the recording) and generates exactly what transformers does, as the eager engine does.
+This is the kernel path a real CUDA graph captures: split-K decode over the static block-table
+width, padding rows with slot -1 and seq_len 0."""
+
+import functools
+
+import pytest
+import torch
+from infernetes.kernels import backend
+from infernetes.runtime.model_executor import cuda_graph
+from infernetes.runtime.testing import make_tiny_llama
+from transformers import AutoModelForCausalLM
+
+from infernetes import LLM, SamplingParams
+
+pytest.importorskip("triton")  # no Triton wheels outside Linux
+
+PROMPTS = [[5, 7, 9], [11, 12, 13, 14, 15, 16], [20, 21], [30, 31, 32, 33, 34]]
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (2, 4, 6, 8)]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return str(make_tiny_llama(tmp_path_factory.mktemp("tiny-llama-graphs")))
+
+
+@pytest.fixture
+def triton_graphs(monkeypatch):
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    assert backend.attention_backend("cpu") == backend.TRITON_ATTN
+    monkeypatch.setattr(cuda_graph, "select_graph_backend", lambda device: cuda_graph.RerunBackend())
+
+
+@functools.cache
+def _hf_greedy(path: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                             min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
+
+
+def test_triton_graph_replay_matches_transformers(tiny_llama, triton_graphs):
+    from infernetes.kernels.triton_backend.attention import num_decode_splits
+
+    # block_size 8 and --max-seq-len-to-capture 512: a static table 64 blocks wide, while the
+    # eager tables of these sequences are 1-2 blocks wide; the small graphs split K in two
+    llm = LLM(tiny_llama, dtype="float32", max_model_len=512, num_gpu_blocks_override=64, block_size=8,
+              max_num_seqs=4, cuda_graph_sizes=[1, 2, 4], max_seq_len_to_capture=512)
+    kv_heads = llm.llm_engine.runner.attention_layers[0].num_kv_heads
+    assert num_decode_splits(1, kv_heads, 512, torch.device("cpu")) > 1
+    assert num_decode_splits(1, kv_heads, 16, torch.device("cpu")) == 1  # eager: no split
+    outputs = llm.generate(PROMPTS, PARAMS)
+    graphs = llm.llm_engine.runner.decode_graphs
+    assert graphs.block_tables.shape == (4, 64)
+    # decode steps of 4, 3, 2 and 1 rows (two each); 3 rows are padded to 4
+    assert graphs.replays == {4: 3, 2: 2, 1: 2}
+    for prompt, params, output in zip(PROMPTS, PARAMS, outputs, strict=True):
+        assert output.outputs[0].token_ids == _hf_greedy(tiny_llama, tuple(prompt), params.max_tokens)
