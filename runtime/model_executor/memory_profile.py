@@ -2,9 +2,11 @@
 
 A profiling run measures what the model needs besides the KV cache: the weights (torch memory held
 after loading), the activation peak of a worst-case step (a forward of ``max_num_batched_tokens``
-tokens and the sampler on ``max_num_seqs`` rows) and the memory the device uses outside torch's
-allocator (CUDA context, cuBLAS/NCCL workspaces, other processes). The KV cache gets the rest of
-``total * utilization``.
+tokens and the sampler on ``max_num_seqs`` rows) and the memory this engine added on the device
+outside torch's allocator (cuBLAS/NCCL workspaces, Triton modules) since a snapshot taken before
+the weights were loaded. The KV cache gets the rest of ``total * utilization``. As in vLLM, the
+utilization is per instance: memory other processes held at the snapshot is not counted, but it
+must leave ``total * utilization`` free at startup.
 
 The arithmetic (``kv_cache_budget``) is a pure function of those readings, and the readings come
 through a ``MemoryProbe``, so both are tested on the CPU with a fake probe; ``CudaMemoryProbe`` is
@@ -31,14 +33,24 @@ def _gib(num_bytes: float) -> str:
 
 
 @dataclass(frozen=True)
+class MemorySnapshot:
+    """Device readings before the engine loads its weights."""
+
+    free: int
+    used: int
+    torch_reserved: int
+
+
+@dataclass(frozen=True)
 class MemoryProfile:
     """What one profiling run measured, in bytes."""
 
     total: int  # device memory
     weights: int  # torch memory held before the profiling step (weights, rotary caches)
     activation_peak: int  # torch peak during the step, above what was held when it started
-    non_torch: int  # device memory used outside torch's allocator
+    non_torch: int  # device memory used outside torch's allocator (since the baseline, if any)
     seconds: float = 0.0
+    free_at_start: int | None = None  # free device memory in the baseline snapshot
 
 
 @dataclass(frozen=True)
@@ -67,8 +79,14 @@ def kv_cache_budget(profile: MemoryProfile, utilization: float) -> KVCacheBudget
     if not 0.0 < utilization <= 1.0:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1]; got {utilization}")
     budget = KVCacheBudget(profile, utilization)
+    p = profile
+    if p.free_at_start is not None and p.free_at_start < budget.requested:
+        raise ValueError(
+            f"Free memory on device ({_gib(p.free_at_start)}/{_gib(p.total)}) on startup is less than "
+            f"desired GPU memory utilization ({utilization}, {_gib(budget.requested)}). Decrease "
+            "--gpu-memory-utilization or reduce GPU memory used by other processes."
+        )
     if budget.kv_bytes <= 0:
-        p = profile
         raise ValueError(
             f"No memory is left for the KV cache: --gpu-memory-utilization {utilization:.2f} of "
             f"{_gib(p.total)} is {_gib(budget.requested)}, but model weights take {_gib(p.weights)}, "
@@ -154,14 +172,22 @@ class CudaMemoryProbe:
         torch.cuda.empty_cache()
 
 
+def memory_snapshot(probe: MemoryProbe) -> MemorySnapshot:
+    probe.settle()
+    used = probe.used()
+    return MemorySnapshot(free=probe.total() - used, used=used, torch_reserved=probe.reserved())
+
+
 def profile_memory(
     probe: MemoryProbe,
     setup: Callable[[], None],
     step: Callable[[], None],
     teardown: Callable[[], None],
+    baseline: MemorySnapshot | None = None,
 ) -> MemoryProfile:
     """Measure a worst-case ``step``. ``setup`` allocates what the step needs but is not part of
-    its cost (a KV cache just large enough for the dummy batch); ``teardown`` frees it."""
+    its cost (a KV cache just large enough for the dummy batch); ``teardown`` frees it. Non-torch
+    memory counts from ``baseline`` (taken before the weights loaded) when given, else all of it."""
     start = time.perf_counter()
     probe.settle()
     weights = probe.allocated()
@@ -176,8 +202,11 @@ def profile_memory(
     finally:
         teardown()
     probe.settle()
-    non_torch = max(probe.used() - probe.reserved(), 0)
-    return MemoryProfile(probe.total(), weights, peak, non_torch, time.perf_counter() - start)
+    non_torch = probe.used() - probe.reserved()
+    if baseline is not None:
+        non_torch -= baseline.used - baseline.torch_reserved
+    return MemoryProfile(probe.total(), weights, peak, max(non_torch, 0), time.perf_counter() - start,
+                         None if baseline is None else baseline.free)
 
 
 __all__ = [
@@ -185,8 +214,10 @@ __all__ = [
     "KVCacheBudget",
     "MemoryProbe",
     "MemoryProfile",
+    "MemorySnapshot",
     "kv_cache_budget",
     "log_kv_cache_budget",
     "log_kv_cache_capacity",
+    "memory_snapshot",
     "profile_memory",
 ]

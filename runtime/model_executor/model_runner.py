@@ -24,7 +24,9 @@ from infernetes.runtime.model_executor.memory_profile import (
     CudaMemoryProbe,
     KVCacheBudget,
     MemoryProbe,
+    MemorySnapshot,
     kv_cache_budget,
+    memory_snapshot,
     profile_memory,
 )
 from infernetes.runtime.model_executor.sampler import (
@@ -76,6 +78,8 @@ class ModelRunner:
         self._load_format = load_format
         self._seed = seed or 0
         self._quantization = quantization
+        # Device memory before the weights: what other processes hold is not this engine's
+        self._memory_baseline = memory_snapshot(CudaMemoryProbe(device)) if device.type == "cuda" else None
         self.model: nn.Module | None = build_model(
             info, device, load_format, use_tqdm_on_load, self._seed, quantization
         )
@@ -132,10 +136,12 @@ class ModelRunner:
         max_num_seqs: int,
         utilization: float,
         probe: MemoryProbe | None = None,
+        baseline: MemorySnapshot | None = None,
     ) -> KVCacheBudget:
         """The KV-cache budget on a GPU: a dummy step of ``max_num_batched_tokens`` prompt tokens
         (sequences up to ``max_model_len`` each, at most ``max_num_seqs`` of them) and the sampler
-        on ``max_num_seqs`` rows, measured by ``probe``. Raises ValueError when nothing is left."""
+        on ``max_num_seqs`` rows, measured by ``probe`` against ``baseline`` (by default the
+        snapshot taken before the weights loaded). Raises ValueError when nothing is left."""
         batch = self._dummy_prefill_batch(max_num_batched_tokens, max_num_seqs)
         blocks = sum(len(r.block_ids) for r in batch.requests)
 
@@ -154,8 +160,10 @@ class ModelRunner:
                 requests.append(request)
             self.sampler(logits, requests)
 
-        probe = probe or CudaMemoryProbe(self.device)
-        profile = profile_memory(probe, lambda: self.allocate_kv_cache(blocks), step, self.release_kv_cache)
+        if probe is None:
+            probe, baseline = CudaMemoryProbe(self.device), baseline or self._memory_baseline
+        profile = profile_memory(probe, lambda: self.allocate_kv_cache(blocks), step, self.release_kv_cache,
+                                 baseline)
         return kv_cache_budget(profile, utilization)
 
     def _dummy_prefill_batch(self, num_tokens: int, max_num_seqs: int) -> ScheduledBatch:

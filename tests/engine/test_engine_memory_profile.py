@@ -16,6 +16,7 @@ from infernetes.runtime.model_executor.memory_profile import (
     kv_cache_budget,
     log_kv_cache_budget,
     log_kv_cache_capacity,
+    memory_snapshot,
     profile_memory,
 )
 
@@ -110,6 +111,25 @@ def test_profile_separates_weights_cache_activations_and_non_torch():
     assert (profile.total, profile.weights, profile.activation_peak) == (40 * GiB, 10 * GiB, 4 * GiB)
     assert profile.non_torch == GiB // 2  # used minus reserved, after the cache was given back
     assert kv_cache_budget(profile, 0.5).kv_bytes == 20 * GiB - 10 * GiB - 4 * GiB - GiB // 2
+
+
+def test_memory_other_processes_held_at_startup_is_not_this_engines():
+    device = FakeDevice(total=80 * GiB, non_torch=30 * GiB)  # another process holds 30 GiB
+    baseline = memory_snapshot(device)
+    assert baseline.free == 50 * GiB
+    device.non_torch += GiB  # this engine's CUDA workspaces
+    device.alloc(10 * GiB)  # its weights
+    profile = profile_memory(device, lambda: None, lambda: device.alloc(0), lambda: None, baseline)
+    assert (profile.non_torch, profile.free_at_start) == (GiB, 50 * GiB)
+    # utilization is per instance: 0.5 of the device fits beside the other process
+    assert kv_cache_budget(profile, 0.5).kv_bytes == 40 * GiB - 10 * GiB - GiB
+    with pytest.raises(ValueError) as err:
+        kv_cache_budget(profile, 0.7)
+    assert str(err.value) == (
+        "Free memory on device (50.00 GiB/80.00 GiB) on startup is less than desired GPU memory "
+        "utilization (0.7, 56.00 GiB). Decrease --gpu-memory-utilization or reduce GPU memory used by "
+        "other processes."
+    )
 
 
 def test_teardown_runs_when_the_step_fails():
