@@ -11,6 +11,7 @@ import torch
 from infernetes.kernels import backend
 from infernetes.runtime.model_executor import cuda_graph
 from infernetes.runtime.testing import make_tiny_llama
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 from infernetes import LLM, SamplingParams
@@ -60,3 +61,47 @@ def test_triton_graph_replay_matches_transformers(tiny_llama, triton_graphs):
     assert graphs.replays == {4: 3, 2: 2, 1: 2}
     for prompt, params, output in zip(PROMPTS, PARAMS, outputs, strict=True):
         assert output.outputs[0].token_ids == _hf_greedy(tiny_llama, tuple(prompt), params.max_tokens)
+
+
+class NoHostSync(TorchDispatchMode):
+    """Fails on the ops that would make a CUDA stream wait for the host, or pick a shape from
+    device values: a forward that runs clean under it can be recorded as a CUDA graph."""
+
+    SYNCING = {torch.ops.aten._local_scalar_dense, torch.ops.aten.is_nonzero, torch.ops.aten.nonzero,
+               torch.ops.aten.masked_select, torch.ops.aten.unique_consecutive, torch.ops.aten._unique2}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in self.SYNCING:
+            raise AssertionError(f"host sync in a graph-captured forward: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+class NoHostSyncBackend(cuda_graph.RerunBackend):
+    name = "no-host-sync"
+
+    def capture(self, run):
+        def replay():
+            with NoHostSync():
+                return run()
+
+        return replay
+
+
+@pytest.mark.parametrize("attention", ["TRITON_ATTN", "TORCH_SDPA"])
+def test_graph_forward_never_waits_for_the_host(tiny_llama, monkeypatch, attention):
+    """The whole replayed forward on the Triton kernels (norms, rotary, linear, store_kv, split-K
+    decode) is free of host syncs; the TORCH_SDPA ops are not (they plan each step on the host),
+    which is why TORCH_SDPA decode is never captured."""
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", attention)
+    monkeypatch.setattr(cuda_graph, "select_graph_backend", lambda device: NoHostSyncBackend())
+    llm = LLM(tiny_llama, dtype="float32", max_model_len=512, num_gpu_blocks_override=64, block_size=8,
+              max_num_seqs=4, cuda_graph_sizes=[1, 2, 4], max_seq_len_to_capture=512)
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    if attention == "TORCH_SDPA":
+        with pytest.raises(AssertionError, match="host sync in a graph-captured forward"):
+            llm.generate(PROMPTS[:3], greedy)
+        return
+    outputs = llm.generate(PROMPTS[:3], greedy)
+    assert llm.llm_engine.runner.decode_graphs.replays == {4: 2}
+    for prompt, output in zip(PROMPTS[:3], outputs, strict=True):
+        assert output.outputs[0].token_ids == _hf_greedy(tiny_llama, tuple(prompt), 3)
