@@ -1,10 +1,11 @@
 /* Decode attention over the paged KV cache, reading the cache in place (the CPU path).
  *
- * One query token per sequence. For each (sequence, kv head) the kernel walks the sequence's
- * blocks, scores every cached key against the query heads that share that kv head (GQA), takes
- * the softmax in float32 and sums the values. Nothing is copied out of the cache, which is what
- * makes this faster than gathering K/V into dense tensors every step: the decode step of a small
- * model on a CPU is bound by reading the cache.
+ * One query token per sequence. For each sequence the kernel walks its blocks token by token,
+ * scores every cached key against each query head (a query head reads its kv head's slice: GQA),
+ * takes the softmax in float32 and sums the values. Nothing is copied out of the cache, which is
+ * what makes this faster than gathering K/V into dense tensors every step: the decode step of a
+ * small model on a CPU is bound by reading the cache (software prefetch of the next block was
+ * tried and measured slower).
  *
  * Layouts (as in docs/architecture.md, "Kernels"): cache [num_blocks, block_size, Hkv, D]
  * contiguous; query/out rows [T, H, D] with a row stride and a head stride in elements;
@@ -84,12 +85,32 @@ typedef struct { /* per-thread scratch */
     float *scores, *qf, *acc, *kv, *best;
 } Scratch;
 
+/* Dot product as a tree of independent partial sums: a single running sum would make every
+ * multiply-add wait for the one before it. */
+static inline __attribute__((always_inline)) float dot(const float *restrict a, const float *restrict b,
+                                                       const int n) {
+    if (n % 32 == 0) {
+        float lane[32];
+        for (int l = 0; l < 32; l++) lane[l] = a[l] * b[l];
+        for (int j = 32; j < n; j += 32)
+            for (int l = 0; l < 32; l++) lane[l] += a[j + l] * b[j + l];
+        for (int l = 0; l < 16; l++) lane[l] += lane[l + 16];
+        for (int l = 0; l < 8; l++) lane[l] += lane[l + 8];
+        float s = 0.0f;
+        for (int l = 0; l < 8; l++) s += lane[l];
+        return s;
+    }
+    float s = 0.0f;
+    for (int d = 0; d < n; d++) s += a[d] * b[d];
+    return s;
+}
+
 /* One decode sequence, every head. The cache is walked token by token in memory order (a token's
  * keys for all kv heads are one contiguous row), so the hardware prefetcher streams it; each query
  * head scores against its kv head's slice of the row (GQA). Softmax in float32, then the values. */
 static inline __attribute__((always_inline)) void attend(const Problem *p, const Scratch *w, int i,
-                                                         const int kv_dtype) {
-    const int heads = p->num_heads, group = heads / p->num_kv_heads, dim = p->head_dim, bs = p->block_size;
+                                                         const int kv_dtype, const int dim) {
+    const int heads = p->num_heads, group = heads / p->num_kv_heads, bs = p->block_size;
     const int len = p->seq_lens[p->seqs[i]];
     const int32_t *table = p->block_tables + (int64_t)p->seqs[i] * p->table_stride;
     const size_t q_size = element_size(p->q_dtype), kv_size = element_size(kv_dtype);
@@ -108,9 +129,7 @@ static inline __attribute__((always_inline)) void attend(const Problem *p, const
         for (int o = 0; o < count; o++) {
             load_row(block + o * row_size * kv_size, kv_dtype, p->kv_lut, row, (int)row_size);
             for (int h = 0; h < heads; h++) {
-                const float *restrict qh = qf + h * dim, *restrict kh = row + (h / group) * dim;
-                float s = 0.0f;
-                for (int d = 0; d < dim; d++) s += qh[d] * kh[d];
+                const float s = dot(qf + h * dim, row + (h / group) * dim, dim);
                 scores[(int64_t)h * len + t0 + o] = s;
                 best[h] = s > best[h] ? s : best[h];
             }
@@ -125,18 +144,22 @@ static inline __attribute__((always_inline)) void attend(const Problem *p, const
         const float norm = p->v_scale / total;
         for (int t = 0; t < len; t++) sh[t] *= norm;
     }
+    /* Values: each head's sum over a block stays in registers (`part`), added to `acc` once. */
     memset(acc, 0, sizeof(float) * (size_t)heads * dim);
     for (int t0 = 0; t0 < len; t0 += bs) {
         const char *block = (const char *)p->v_cache + (int64_t)table[t0 / bs] * bs * row_size * kv_size;
         const int count = len - t0 < bs ? len - t0 : bs;
-        for (int o = 0; o < count; o++) {
-            load_row(block + o * row_size * kv_size, kv_dtype, p->kv_lut, row, (int)row_size);
-            for (int h = 0; h < heads; h++) {
-                const float weight = scores[(int64_t)h * len + t0 + o];
-                const float *restrict vh = row + (h / group) * dim;
-                float *restrict ah = acc + h * dim;
-                for (int d = 0; d < dim; d++) ah[d] += weight * vh[d];
+        for (int o = 0; o < count; o++) load_row(block + o * row_size * kv_size, kv_dtype, p->kv_lut, row + o * row_size, (int)row_size);
+        for (int h = 0; h < heads; h++) {
+            const float *restrict sh = scores + (int64_t)h * len + t0;
+            const float *restrict vh = row + (h / group) * dim;
+            float part[dim];
+            for (int d = 0; d < dim; d++) part[d] = 0.0f;
+            for (int o = 0; o < count; o++) {
+                const float weight = sh[o];
+                for (int d = 0; d < dim; d++) part[d] += weight * vh[o * row_size + d];
             }
+            for (int d = 0; d < dim; d++) acc[h * dim + d] += part[d];
         }
     }
     for (int h = 0; h < heads; h++) {
@@ -145,13 +168,22 @@ static inline __attribute__((always_inline)) void attend(const Problem *p, const
     }
 }
 
+/* Instantiations with the element type and the common head sizes as constants: the inner loops
+ * then unroll into whole vectors with no remainder handling. */
+#define ATTEND_FOR_DIM(DTYPE)                                                       \
+    switch (p->head_dim) {                                                          \
+    case 64: attend(p, w, i, DTYPE, 64); break;                                     \
+    case 128: attend(p, w, i, DTYPE, 128); break;                                   \
+    default: attend(p, w, i, DTYPE, p->head_dim); break;                            \
+    }
+
 static void attend_all(const Problem *p, const Scratch *w, int kv_dtype) {
     for (int i = 0; i < p->n; i++) {
-        switch (kv_dtype) { /* constant per call: one vectorised instantiation each */
-        case F32: attend(p, w, i, F32); break;
-        case BF16: attend(p, w, i, BF16); break;
-        case F16: attend(p, w, i, F16); break;
-        default: attend(p, w, i, BYTE_LUT); break;
+        switch (kv_dtype) {
+        case F32: ATTEND_FOR_DIM(F32); break;
+        case BF16: ATTEND_FOR_DIM(BF16); break;
+        case F16: ATTEND_FOR_DIM(F16); break;
+        default: ATTEND_FOR_DIM(BYTE_LUT); break;
         }
     }
 }
@@ -173,7 +205,7 @@ int paged_decode_attention(
         if (seq_lens[seqs[i]] > max_len) max_len = seq_lens[seqs[i]];
     Scratch w = {
         malloc(sizeof(float) * (size_t)num_heads * max_len), malloc(sizeof(float) * (size_t)num_heads * head_dim),
-        malloc(sizeof(float) * (size_t)num_heads * head_dim), malloc(sizeof(float) * (size_t)num_kv_heads * head_dim),
+        malloc(sizeof(float) * (size_t)num_heads * head_dim), malloc(sizeof(float) * (size_t)block_size * num_kv_heads * head_dim),
         malloc(sizeof(float) * (size_t)num_heads),
     };
     int status = -1;
