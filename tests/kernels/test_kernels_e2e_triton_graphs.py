@@ -87,21 +87,34 @@ class NoHostSyncBackend(cuda_graph.RerunBackend):
         return replay
 
 
-@pytest.mark.parametrize("attention", ["TRITON_ATTN", "TORCH_SDPA"])
-def test_graph_forward_never_waits_for_the_host(tiny_llama, monkeypatch, attention):
+@pytest.mark.parametrize(
+    ("attention", "engine_args"),
+    [
+        ("TRITON_ATTN", {}),
+        ("TRITON_ATTN", {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}),
+        ("TRITON_ATTN", {"quantization": "fp8"}),
+        ("TORCH_SDPA", {}),
+    ],
+    ids=["triton", "triton-fp8-kv-cache", "triton-fp8-weights", "torch-sdpa"],
+)
+def test_graph_forward_never_waits_for_the_host(tiny_llama, monkeypatch, attention, engine_args):
     """The whole replayed forward on the Triton kernels (norms, rotary, linear, store_kv, split-K
-    decode) is free of host syncs; the TORCH_SDPA ops are not (they plan each step on the host),
-    which is why TORCH_SDPA decode is never captured."""
+    decode; fp8 cache and weights too) is free of host syncs; the TORCH_SDPA ops are not (they
+    plan each step on the host), which is why TORCH_SDPA decode is never captured."""
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", attention)
-    monkeypatch.setattr(cuda_graph, "select_graph_backend", lambda device: NoHostSyncBackend())
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=512, num_gpu_blocks_override=64, block_size=8,
-              max_num_seqs=4, cuda_graph_sizes=[1, 2, 4], max_seq_len_to_capture=512)
+    common = dict(dtype="float32", max_model_len=512, num_gpu_blocks_override=64, block_size=8, max_num_seqs=4,
+                  **engine_args)
     greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    prompts = PROMPTS[:3]
+    monkeypatch.setattr(cuda_graph, "select_graph_backend", lambda device: NoHostSyncBackend())
+    llm = LLM(tiny_llama, cuda_graph_sizes=[1, 2, 4], max_seq_len_to_capture=512, **common)
     if attention == "TORCH_SDPA":
         with pytest.raises(AssertionError, match="host sync in a graph-captured forward"):
-            llm.generate(PROMPTS[:3], greedy)
+            llm.generate(prompts, greedy)
         return
-    outputs = llm.generate(PROMPTS[:3], greedy)
+    eager = [o.outputs[0].token_ids for o in LLM(tiny_llama, enforce_eager=True, **common).generate(prompts, greedy)]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == eager
     assert llm.llm_engine.runner.decode_graphs.replays == {4: 2}
-    for prompt, output in zip(PROMPTS[:3], outputs, strict=True):
-        assert output.outputs[0].token_ids == _hf_greedy(tiny_llama, tuple(prompt), 3)
+    if not engine_args:
+        for prompt, tokens in zip(prompts, eager, strict=True):
+            assert tokens == _hf_greedy(tiny_llama, tuple(prompt), 3)
