@@ -8,6 +8,7 @@ the LM head. The shapes are the ones a CUDA graph would capture for decode.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -265,7 +266,8 @@ class ModelRunner:
                 prompt_logprobs=[None] * len(batch.requests),
                 pooled=list(pooled.float().cpu()),
             )
-        starts = meta.cu_seqlens_q.tolist()
+        # from the host's own counts: reading cu_seqlens_q back would wait for the forward to finish
+        starts = [0, *itertools.accumulate(batch.num_new_tokens)]
         sample_rows: list[int] = []
         sampling: list[Request] = []
         prompt_rows: list[tuple[int, list[int], list[int]]] = []  # (batch index, rows, next tokens)
