@@ -82,9 +82,10 @@ def _cpu_identity() -> str:
 
 def _build(name: str, compiler: str) -> Path:
     source = SOURCE_DIR / f"{name}.c"
+    headers = [path.read_text() for path in sorted(SOURCE_DIR.glob("*.h"))]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256(
-        "\0".join([source.read_text(), " ".join(FLAGS), version, _cpu_identity(), platform.machine()]).encode()
+        "\0".join([source.read_text(), *headers, " ".join(FLAGS), version, _cpu_identity(), platform.machine()]).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if target.exists():

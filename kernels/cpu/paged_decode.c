@@ -21,49 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F32 = 0, BF16 = 1, F16 = 2, BYTE_LUT = 3 };
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
-/* Row of `n` elements of type `dtype` at `src` -> float32 `dst`. Always inlined with a constant
- * `dtype`, so each instantiation is one straight loop the compiler vectorises. */
-static inline __attribute__((always_inline)) void load_row(const void *restrict src, const int dtype,
-                                                           const float *restrict lut, float *restrict dst,
-                                                           const int n) {
-    if (dtype == F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (dtype == BF16) {
-        const uint16_t *restrict s = (const uint16_t *)src;
-        uint32_t *restrict d = (uint32_t *)dst;
-        for (int i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
-    } else if (dtype == F16) {
-        const _Float16 *restrict s = (const _Float16 *)src;
-        for (int i = 0; i < n; i++) dst[i] = (float)s[i];
-    } else {
-        const uint8_t *restrict s = (const uint8_t *)src;
-        for (int i = 0; i < n; i++) dst[i] = lut[s[i]];
-    }
-}
-
-static void store_row(const float *restrict src, int dtype, void *restrict dst, int n) {
-    if (dtype == F32) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (dtype == BF16) {
-        uint16_t *restrict d = (uint16_t *)dst;
-        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
-    } else {
-        _Float16 *restrict d = (_Float16 *)dst;
-        for (int i = 0; i < n; i++) d[i] = (_Float16)src[i];
-    }
-}
-
-static size_t element_size(int dtype) { return dtype == F32 ? 4 : dtype == BYTE_LUT ? 1 : 2; }
+#include "dtypes.h"
 
 typedef struct {
     const void *query;

@@ -41,5 +41,7 @@ def store_kv(
     keep = slots >= 0
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
+    if slots.numel() == 0:  # every row skipped (a padded batch): nothing to write
+        return
     _write(k_cache, slots, key, k_scale)
     _write(v_cache, slots, value, v_scale)

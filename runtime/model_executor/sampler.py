@@ -127,7 +127,10 @@ class Sampler:
             i for i, r in enumerate(requests)
             if r.sampling_params.greedy and not _needs_processing(r)
         ]
-        greedy_tokens = logits[greedy_rows].argmax(dim=-1).tolist() if greedy_rows else []
+        if len(greedy_rows) == len(requests):  # the common all-greedy batch: no row copy
+            greedy_tokens = logits.argmax(dim=-1).tolist()
+        else:
+            greedy_tokens = logits[greedy_rows].argmax(dim=-1).tolist() if greedy_rows else []
         greedy = dict(zip(greedy_rows, greedy_tokens, strict=True))
         for i, request in enumerate(requests):
             params = request.sampling_params

@@ -48,8 +48,9 @@ def test_a_packed_layer_drops_its_plain_weight_and_computes_the_same():
 
 @needs_onednn
 def test_engine_tokens_are_the_same_with_cpu_kernels_on_and_off(tmp_path, monkeypatch):
-    from infernetes import LLM, SamplingParams
     from infernetes.runtime.testing import make_tiny_model
+
+    from infernetes import LLM, SamplingParams
 
     path = make_tiny_model(tmp_path, "LlamaForCausalLM", num_key_value_heads=2)
     prompts = [[5, 9, 3, 22, 17, 8], [40, 2, 2, 7], list(range(30, 60))]

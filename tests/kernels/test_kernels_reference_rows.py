@@ -38,3 +38,12 @@ def test_plan_is_rebuilt_when_the_metadata_changes():
     weights = torch.softmax(torch.einsum("hd,lhd->hl", query[1], k) * 0.3, dim=-1)
     torch.testing.assert_close(second[1], torch.einsum("hl,lhd->hd", weights, v))
     assert not torch.equal(first, second)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_store_kv_with_every_slot_skipped_writes_nothing(dtype):
+    k_cache = torch.zeros(4, 2, 1, 8, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    key = torch.ones(3, 1, 8, dtype=dtype)
+    cache.store_kv(key, key, k_cache, v_cache, torch.tensor([-1, -1, -1]))
+    assert not k_cache.any() and not v_cache.any()
