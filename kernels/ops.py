@@ -10,6 +10,7 @@ from types import ModuleType
 import torch
 from infernetes.kernels import backend
 from infernetes.kernels.cpu import attention as _cpu_attention
+from infernetes.kernels.cpu import elementwise as _cpu_elementwise
 from infernetes.kernels.reference import activation as _ref_activation
 from infernetes.kernels.reference import attention as _ref_attention
 from infernetes.kernels.reference import cache as _ref_cache
@@ -40,6 +41,16 @@ def _triton() -> ModuleType:
 
 def _use_triton(x: torch.Tensor) -> bool:
     return backend.use_triton(x.device)
+
+
+def _pick(x: torch.Tensor, name: str, reference):
+    """The Triton kernel, the CPU path's C kernel (which falls back to the reference by itself),
+    or the torch reference on other devices."""
+    if _use_triton(x):
+        return getattr(_triton(), name)
+    if x.device.type == "cpu":
+        return getattr(_cpu_elementwise, name)
+    return reference
 
 
 def store_kv(
@@ -85,8 +96,7 @@ def rms_norm(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dim; with `residual`, returns `(norm(x + residual), x + residual)`."""
-    impl = _triton().rms_norm if _use_triton(x) else _ref_norm.rms_norm
-    return impl(x, weight, eps, residual)
+    return _pick(x, "rms_norm", _ref_norm.rms_norm)(x, weight, eps, residual)
 
 
 def rotary_embedding(
@@ -98,14 +108,12 @@ def rotary_embedding(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate `query` `[T, H, D]` and `key` `[T, Hkv, D]`; returns new tensors. The cache comes
     from `infernetes.kernels.rope.build_cos_sin_cache`."""
-    impl = _triton().rotary_embedding if _use_triton(query) else _ref_rotary.rotary_embedding
-    return impl(positions, query, key, cos_sin_cache, is_neox)
+    return _pick(query, "rotary_embedding", _ref_rotary.rotary_embedding)(positions, query, key, cos_sin_cache, is_neox)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """`silu(x[..., :d]) * x[..., d:]` with `d = x.shape[-1] // 2`."""
-    impl = _triton().silu_and_mul if _use_triton(x) else _ref_activation.silu_and_mul
-    return impl(x)
+    return _pick(x, "silu_and_mul", _ref_activation.silu_and_mul)(x)
 
 
 def scaled_fp8_quant(

@@ -34,6 +34,9 @@ FLAGS = (
     "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast",
 )
 
+# Per source: the elementwise kernels must round each product and sum as torch does.
+EXTRA_FLAGS = {"elementwise": ("-ffp-contract=off",)}
+
 _i32_p = ctypes.POINTER(ctypes.c_int32)
 _f32_p = ctypes.POINTER(ctypes.c_float)
 _SIGNATURES = {
@@ -48,6 +51,27 @@ _SIGNATURES = {
             _i32_p, _i32_p, ctypes.c_int,  # rows, seqs, n
             ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,  # H, Hkv, D, block, scale
         ],
+    ),
+    "rms_norm": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,  # x, residual, weight
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
+        ],
+    ),
+    "rotary_embedding": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,  # positions, cos_sin, its row stride
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,  # query and its strides, heads
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,  # key
+            ctypes.c_void_p, ctypes.c_void_p,  # outputs
+            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,  # T, D, rot_dim, neox, dtype
+        ],
+    ),
+    "silu_and_mul": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int],
     ),
 }
 
@@ -84,8 +108,9 @@ def _build(name: str, compiler: str) -> Path:
     source = SOURCE_DIR / f"{name}.c"
     headers = [path.read_text() for path in sorted(SOURCE_DIR.glob("*.h"))]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    flags = (*FLAGS, *EXTRA_FLAGS.get(name, ()))
     key = hashlib.sha256(
-        "\0".join([source.read_text(), *headers, " ".join(FLAGS), version, _cpu_identity(), platform.machine()]).encode()
+        "\0".join([source.read_text(), *headers, " ".join(flags), version, _cpu_identity(), platform.machine()]).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if target.exists():
@@ -95,7 +120,7 @@ def _build(name: str, compiler: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(source), "-lm"], capture_output=True, text=True, check=False
+            [compiler, *flags, "-o", str(built), str(source), "-lm"], capture_output=True, text=True, check=False
         )
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} could not build {source.name}:\n{result.stderr.strip()}")

@@ -39,6 +39,8 @@ def test_float32_and_fp8_weights_stay_plain(monkeypatch):
 def test_a_packed_layer_drops_its_plain_weight_and_computes_the_same():
     torch.manual_seed(0)
     layer = RowParallelLinear(32, 16, bias=True).to(torch.bfloat16)
+    layer.weight.data.normal_()  # built with torch.empty: fill before comparing
+    layer.bias.data.normal_()
     x = torch.randn(5, 32, dtype=torch.bfloat16)
     expected = layer(x)
     layer.pack_for_cpu()

@@ -1,0 +1,147 @@
+/* RMSNorm (with the residual add), rotary embedding and SiLU-and-mul for the CPU path, each one
+ * pass over its rows.
+ *
+ * In torch each of these is five to fifteen small ops; for the few dozen rows of a decode step the
+ * per-op dispatch costs more than the arithmetic. These kernels give the torch reference's bits:
+ * they round to the storage type (bf16/fp16) after every step where torch does, and this file is
+ * built without multiply-add contraction so float32 products and sums round as torch's do. Only
+ * the RMS sum of squares may add in another order.
+ *
+ * Element types as in dtypes.h (0 float32, 1 bfloat16, 2 float16); strides are in elements.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "dtypes.h"
+
+static inline __attribute__((always_inline)) float get(const void *base, int64_t i, const int dtype) {
+    if (dtype == F32) return ((const float *)base)[i];
+    if (dtype == BF16) {
+        const uint32_t bits = (uint32_t)((const uint16_t *)base)[i] << 16;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    return (float)((const _Float16 *)base)[i];
+}
+
+static inline __attribute__((always_inline)) void put(void *base, int64_t i, float v, const int dtype) {
+    if (dtype == F32) ((float *)base)[i] = v;
+    else if (dtype == BF16) ((uint16_t *)base)[i] = f32_to_bf16(v);
+    else ((_Float16 *)base)[i] = (_Float16)v;
+}
+
+/* out = weight * round(x * rsqrt(mean(x^2) + eps)); with a residual, x = round(x + residual) first
+ * and that sum is written to residual_out (the next layer's residual). */
+static inline __attribute__((always_inline)) void rms_norm_rows(
+    const void *x, int64_t x_stride, const void *residual, int64_t r_stride, const void *weight,
+    void *out, void *residual_out, int rows, int hidden, float eps, float *restrict sum, const int dtype) {
+    for (int r = 0; r < rows; r++) {
+        float squares = 0.0f;
+        for (int i = 0; i < hidden; i++) {
+            float v = get(x, (int64_t)r * x_stride + i, dtype);
+            if (residual) v = round_to(v + get(residual, (int64_t)r * r_stride + i, dtype), dtype);
+            sum[i] = v;
+            squares += v * v;
+        }
+        const float inv = 1.0f / sqrtf(squares / (float)hidden + eps);
+        for (int i = 0; i < hidden; i++) {
+            const float normed = round_to(sum[i] * inv, dtype);
+            put(out, (int64_t)r * hidden + i, get(weight, i, dtype) * normed, dtype);
+            if (residual) put(residual_out, (int64_t)r * hidden + i, sum[i], dtype);
+        }
+    }
+}
+
+int rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t r_stride, const void *weight,
+             void *out, void *residual_out, int rows, int hidden, float eps, int dtype) {
+    float *sum = malloc(sizeof(float) * (size_t)hidden);
+    if (!sum) return -1;
+    switch (dtype) {
+    case F32: rms_norm_rows(x, x_stride, residual, r_stride, weight, out, residual_out, rows, hidden, eps, sum, F32); break;
+    case BF16: rms_norm_rows(x, x_stride, residual, r_stride, weight, out, residual_out, rows, hidden, eps, sum, BF16); break;
+    default: rms_norm_rows(x, x_stride, residual, r_stride, weight, out, residual_out, rows, hidden, eps, sum, F16); break;
+    }
+    free(sum);
+    return 0;
+}
+
+/* The heads of one token rotated by (cos, sin) of its position, rounded as torch rounds:
+ * o1 = x1*cos - x2*sin, o2 = x2*cos + x1*sin, each product and each sum in the storage type.
+ * neox pairs feature j with j + rot/2; GPT-J pairs 2j with 2j+1. Features past rot_dim pass. */
+static inline __attribute__((always_inline)) void rotate_heads(
+    const void *x, int64_t row_offset, int64_t head_stride, int heads, void *out, int64_t out_offset,
+    const float *restrict cos, const float *restrict sin, int head_dim, int rot_dim, int neox, const int dtype) {
+    const int half = rot_dim / 2;
+    for (int h = 0; h < heads; h++) {
+        const int64_t src = row_offset + (int64_t)h * head_stride, dst = out_offset + (int64_t)h * head_dim;
+        for (int j = 0; j < half; j++) {
+            const int i1 = neox ? j : 2 * j, i2 = neox ? j + half : 2 * j + 1;
+            const float x1 = get(x, src + i1, dtype), x2 = get(x, src + i2, dtype);
+            const float o1 = round_to(round_to(x1 * cos[j], dtype) - round_to(x2 * sin[j], dtype), dtype);
+            const float o2 = round_to(round_to(x2 * cos[j], dtype) + round_to(x1 * sin[j], dtype), dtype);
+            put(out, dst + i1, o1, dtype);
+            put(out, dst + i2, o2, dtype);
+        }
+        for (int i = rot_dim; i < head_dim; i++) put(out, dst + i, get(x, src + i, dtype), dtype);
+    }
+}
+
+static inline __attribute__((always_inline)) void rotary_rows(
+    const int64_t *positions, const float *cos_sin, int64_t cs_stride,
+    const void *q, int64_t q_row, int64_t q_head, int q_heads, const void *k, int64_t k_row, int64_t k_head,
+    int k_heads, void *q_out, void *k_out, int tokens, int head_dim, int rot_dim, int neox,
+    float *restrict cos, float *restrict sin, const int dtype) {
+    const int half = rot_dim / 2;
+    for (int t = 0; t < tokens; t++) {
+        const float *row = cos_sin + positions[t] * cs_stride;
+        for (int j = 0; j < half; j++) { /* cos/sin cast to the input type first, as the reference does */
+            cos[j] = round_to(row[j], dtype);
+            sin[j] = round_to(row[half + j], dtype);
+        }
+        rotate_heads(q, t * q_row, q_head, q_heads, q_out, (int64_t)t * q_heads * head_dim, cos, sin, head_dim,
+                     rot_dim, neox, dtype);
+        rotate_heads(k, t * k_row, k_head, k_heads, k_out, (int64_t)t * k_heads * head_dim, cos, sin, head_dim,
+                     rot_dim, neox, dtype);
+    }
+}
+
+int rotary_embedding(const int64_t *positions, const float *cos_sin, int64_t cs_stride,
+                     const void *q, int64_t q_row, int64_t q_head, int q_heads,
+                     const void *k, int64_t k_row, int64_t k_head, int k_heads,
+                     void *q_out, void *k_out, int tokens, int head_dim, int rot_dim, int neox, int dtype) {
+    float *cos = malloc(sizeof(float) * (size_t)(rot_dim / 2 + 1)), *sin = malloc(sizeof(float) * (size_t)(rot_dim / 2 + 1));
+    if (!cos || !sin) {
+        free(cos), free(sin);
+        return -1;
+    }
+    switch (dtype) {
+    case F32: rotary_rows(positions, cos_sin, cs_stride, q, q_row, q_head, q_heads, k, k_row, k_head, k_heads, q_out, k_out, tokens, head_dim, rot_dim, neox, cos, sin, F32); break;
+    case BF16: rotary_rows(positions, cos_sin, cs_stride, q, q_row, q_head, q_heads, k, k_row, k_head, k_heads, q_out, k_out, tokens, head_dim, rot_dim, neox, cos, sin, BF16); break;
+    default: rotary_rows(positions, cos_sin, cs_stride, q, q_row, q_head, q_heads, k, k_row, k_head, k_heads, q_out, k_out, tokens, head_dim, rot_dim, neox, cos, sin, F16); break;
+    }
+    free(cos), free(sin);
+    return 0;
+}
+
+/* out = round(round(silu(gate)) * up) with gate = x[:, :d], up = x[:, d:]. */
+static inline __attribute__((always_inline)) void silu_and_mul_rows(const void *x, int64_t x_stride, void *out,
+                                                                    int rows, int d, const int dtype) {
+    for (int r = 0; r < rows; r++) {
+        for (int i = 0; i < d; i++) {
+            const float gate = get(x, (int64_t)r * x_stride + i, dtype), up = get(x, (int64_t)r * x_stride + d + i, dtype);
+            const float silu = round_to(gate / (1.0f + expf(-gate)), dtype);
+            put(out, (int64_t)r * d + i, silu * up, dtype);
+        }
+    }
+}
+
+int silu_and_mul(const void *x, int64_t x_stride, void *out, int rows, int d, int dtype) {
+    switch (dtype) {
+    case F32: silu_and_mul_rows(x, x_stride, out, rows, d, F32); break;
+    case BF16: silu_and_mul_rows(x, x_stride, out, rows, d, BF16); break;
+    default: silu_and_mul_rows(x, x_stride, out, rows, d, F16); break;
+    }
+    return 0;
+}
