@@ -175,6 +175,10 @@ class AsyncEngine:
             self._streams[request_id] = stream
         try:
             await self._call("add", args)
+        except asyncio.CancelledError:
+            # The client left while the request was being queued: it may be queued by now.
+            self._abort_soon(request_id)
+            raise
         except BaseException:
             with self._streams_lock:
                 self._streams.pop(request_id, None)

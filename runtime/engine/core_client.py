@@ -29,6 +29,7 @@ from infernetes.runtime.engine.engine_core import (
     StatsBuffer,
     engine_info,
 )
+from infernetes.runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +116,10 @@ class CoreProcess:
 
     def _read(self) -> None:
         on_message = self._on_message
+        codec = OutputCodec()
         try:
             while True:
-                on_message(pickle.loads(self._conn.recv_bytes()))
+                on_message(codec.unpack_message(pickle.loads(self._conn.recv_bytes())))
         except (EOFError, OSError):
             pass
         if not self._stopping:
@@ -152,6 +154,58 @@ class CoreProcess:
         self._conn.close()
 
 
+class OutputCodec:
+    """RequestOutputs as plain tuples over the pipe: pickling dataclasses costs twice as much, and
+    the prompt (text and token ids) goes only with a request's first output instead of every
+    step's; the receiving side keeps it until the request's final output."""
+
+    def __init__(self) -> None:
+        self.prompts: dict[str, tuple[str | None, list[int]]] = {}
+
+    def pack(self, output: Any) -> Any:
+        if not isinstance(output, RequestOutput):
+            return output  # pooling outputs come once per request
+        prompt = None
+        if output.request_id not in self.prompts:
+            prompt = (output.prompt, output.prompt_token_ids)
+            self.prompts[output.request_id] = prompt
+        if output.finished:
+            del self.prompts[output.request_id]
+        m = output.metrics
+        return (output.request_id, prompt, output.prompt_logprobs,
+                [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason,
+                  c.stop_reason) for c in output.outputs],
+                output.finished,
+                None if m is None else (m.arrival_time, m.last_token_time, m.first_scheduled_time,
+                                        m.first_token_time, m.time_in_queue, m.finished_time,
+                                        m.num_cached_tokens),
+                output.num_cached_tokens)
+
+    def unpack(self, packed: Any) -> Any:
+        if not isinstance(packed, tuple):
+            return packed
+        request_id, prompt, prompt_logprobs, completions, finished, metrics, num_cached = packed
+        if prompt is None:
+            prompt = self.prompts[request_id]
+        if finished:
+            self.prompts.pop(request_id, None)
+        else:
+            self.prompts[request_id] = prompt
+        return RequestOutput(request_id, prompt[0], prompt[1], prompt_logprobs,
+                             [CompletionOutput(*c) for c in completions], finished,
+                             None if metrics is None else RequestMetrics(*metrics), num_cached)
+
+    def pack_message(self, message: Message) -> Message:
+        if message[0] == "step" and message[1]:
+            return ("step", [self.pack(o) for o in message[1]], message[2])
+        return message
+
+    def unpack_message(self, message: Message) -> Message:
+        if message[0] == "step" and message[1]:
+            return ("step", [self.unpack(o) for o in message[1]], message[2])
+        return message
+
+
 def run_core_process(config: Any, conn: Any, log_level: int) -> None:
     """The core process's main: load the engine, say ready (or why not), then serve commands
     until shutdown or until the API process goes away (the pipe closes)."""
@@ -162,8 +216,10 @@ def run_core_process(config: Any, conn: Any, log_level: int) -> None:
     logging.basicConfig(level=log_level or logging.INFO,
                         format=f"%(levelname)s %(asctime)s [core pid {os.getpid()}] %(name)s: %(message)s")
 
+    codec = OutputCodec()
+
     def emit(message: Message) -> None:
-        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        conn.send_bytes(pickle.dumps(codec.pack_message(message), protocol=pickle.HIGHEST_PROTOCOL))
 
     from infernetes.runtime.engine.engine_core import portable_error
     from infernetes.runtime.engine.llm_engine import LLMEngine

@@ -75,3 +75,24 @@ def test_core_death_with_keep_alive_answers_503(start):
     assert "engine" in response.json()["error"]["message"]
     time.sleep(1.5)  # longer than the engine watch interval: still up
     assert server.process.poll() is None
+
+
+def test_output_codec_round_trip_sends_the_prompt_once():
+    import pickle
+
+    from infernetes.runtime.engine.core_client import OutputCodec
+    from infernetes.runtime.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+
+    def output(step: int, finished: bool) -> RequestOutput:
+        completions = [CompletionOutput(i, f"t{step}", [step, i], -0.5 * step, [{step: Logprob(-0.5, 1, "x")}],
+                                        "length" if finished else None, None) for i in range(2)]
+        return RequestOutput("req", "a prompt", [5, 6, 7], None, completions, finished,
+                             RequestMetrics(1.0, 2.0 + step, 1.5, 1.7, 0.1, 3.0 if finished else None, 2), 2)
+
+    sender, receiver = OutputCodec(), OutputCodec()
+    steps = [output(0, False), output(1, False), output(2, True)]
+    packed = [pickle.dumps(sender.pack_message(("step", [o], []))) for o in steps]
+    assert b"a prompt" in packed[0] and b"a prompt" not in packed[1]
+    received = [receiver.unpack_message(pickle.loads(p))[1][0] for p in packed]
+    assert received == steps
+    assert sender.prompts == {} and receiver.prompts == {}
