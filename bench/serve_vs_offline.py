@@ -9,14 +9,14 @@ per-token HTTP/SSE cost dominates the compute (a worst case for the ratio).
 
 Both sides cap the batch at the concurrency (``--max-num-seqs``), so the ratio measures what the
 HTTP layer costs, not a wider offline batch, and both run with the same intra-op thread count
-(``--threads``, OMP_NUM_THREADS): the server's engine loop runs in a worker thread and the offline
-one in the main thread, and on a loaded machine OpenMP's spinning threads make the two behave very
-differently unless the count is pinned. Each side runs ``--rounds`` times, alternating, and
+(``--threads``, OMP_NUM_THREADS): the server's engine core runs in a process of its own (or a
+worker thread) and the offline one in the main thread, and on a loaded machine OpenMP's spinning
+threads make the two behave very differently unless the count is pinned. Each side runs ``--rounds`` times, alternating, and
 the best round of each counts: other load on a shared machine only ever slows a round down.
 Each served round also reports the server's CPU seconds per output token, split between the
-engine (the engine-core process; or the busiest thread with VLLM_ENABLE_V1_MULTIPROCESSING=0) and
-the HTTP side (the API server process; or every other thread): a measure of what HTTP costs that other
-load on the machine skews far less than the throughput ratio does.
+engine (the engine-core process; or the busiest thread with VLLM_ENABLE_V1_MULTIPROCESSING=0)
+and the HTTP side (the API server process; or every other thread): a measure of what HTTP costs
+that other load on the machine skews far less than the throughput ratio does.
 
     python -m bench serve_vs_offline [--model DIR | --shape engine|toy] [--num-prompts 128]
                                      [--concurrency 64] ...

@@ -77,6 +77,13 @@ def test_core_death_with_keep_alive_answers_503(start):
     assert server.process.poll() is None
 
 
+def test_multiprocessing_off_keeps_the_core_in_the_server_process(start):
+    server = start(env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, log_name="engine-thread.log")
+    assert psutil.Process(server.process.pid).children() == []
+    response = httpx.post(f"{server.url}/v1/completions", json=BODY, timeout=60)
+    assert response.json()["usage"]["completion_tokens"] == 4
+
+
 def test_output_codec_round_trip_sends_the_prompt_once():
     import pickle
 
