@@ -23,6 +23,22 @@
 
 #include "dtypes.h"
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+/* bf16 query . bf16 key with the CPU's bf16 dot-product instruction (32 products per step,
+ * summed in float32), without converting the key row first; n a multiple of 32. */
+static inline float dot_bf16(const uint16_t *a, const uint16_t *b, int n) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 32)
+        sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(a + j), (__m512bh)_mm512_loadu_si512(b + j));
+    return _mm512_reduce_add_ps(sum);
+}
+#define HAVE_DOT_BF16 1
+#else
+#define HAVE_DOT_BF16 0
+#endif
+
 typedef struct {
     const void *query;
     int64_t q_row_stride, q_head_stride;
@@ -81,6 +97,24 @@ static inline __attribute__((always_inline)) void attend(const Problem *p, const
         for (int d = 0; d < dim; d++) qf[h * dim + d] *= p->scale * p->k_scale;
         best[h] = -INFINITY;
     }
+#if HAVE_DOT_BF16
+    if (kv_dtype == BF16 && p->q_dtype == BF16 && dim % 32 == 0) {
+        const float q_scale = p->scale * p->k_scale;
+        for (int t0 = 0; t0 < len; t0 += bs) {
+            const uint16_t *block = (const uint16_t *)p->k_cache + (int64_t)table[t0 / bs] * bs * row_size;
+            const int count = len - t0 < bs ? len - t0 : bs;
+            for (int o = 0; o < count; o++) {
+                for (int h = 0; h < heads; h++) {
+                    const uint16_t *q = (const uint16_t *)p->query + (int64_t)p->rows[i] * p->q_row_stride +
+                                        (int64_t)h * p->q_head_stride;
+                    const float s = dot_bf16(q, block + o * row_size + (h / group) * dim, dim) * q_scale;
+                    scores[(int64_t)h * len + t0 + o] = s;
+                    best[h] = s > best[h] ? s : best[h];
+                }
+            }
+        }
+    } else
+#endif
     for (int t0 = 0; t0 < len; t0 += bs) {
         const char *block = (const char *)p->k_cache + (int64_t)table[t0 / bs] * bs * row_size * kv_size;
         const int count = len - t0 < bs ? len - t0 : bs;
