@@ -70,25 +70,9 @@ def arguments_json(arguments: Any) -> str:
     return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
 
 
-def decode_json_values(text: str) -> tuple[list[Any], str]:
-    """JSON values one after another (separated by whitespace, ',' or ';'), and the rest."""
-    decoder = json.JSONDecoder()
-    values: list[Any] = []
-    pos = 0
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,;":
-            pos += 1
-        if pos >= len(text):
-            return values, ""
-        try:
-            value, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return values, text[pos:]
-        values.append(value)
-
-
 def decode_json_spans(text: str) -> tuple[list[tuple[Any, str]], str]:
-    """Like ``decode_json_values``, each value with the text it was decoded from."""
+    """JSON values one after another (separated by whitespace, ',' or ';'), each with the text it
+    was decoded from, and the rest that does not decode yet."""
     decoder = json.JSONDecoder()
     values: list[tuple[Any, str]] = []
     pos = 0
