@@ -14,36 +14,44 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded);
 }
 
-/* Row of `n` elements of type `dtype` at `src` -> float32 `dst`. Always inlined with a constant
- * `dtype`, so each instantiation is one straight loop the compiler vectorises. */
+/* Element `i` of `base` (type `dtype`) as float32; one-byte types go through `lut`. Always
+ * inlined with a constant `dtype`, so loops around it vectorise. */
+static inline __attribute__((always_inline)) float load_one(const void *restrict base, int64_t i, const int dtype,
+                                                            const float *restrict lut) {
+    if (dtype == F32) return ((const float *)base)[i];
+    if (dtype == BF16) {
+        const uint32_t bits = (uint32_t)((const uint16_t *)base)[i] << 16;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    if (dtype == F16) return (float)((const _Float16 *)base)[i];
+    return lut[((const uint8_t *)base)[i]];
+}
+
+static inline __attribute__((always_inline)) void store_one(void *restrict base, int64_t i, float v, const int dtype) {
+    if (dtype == F32) ((float *)base)[i] = v;
+    else if (dtype == BF16) ((uint16_t *)base)[i] = f32_to_bf16(v);
+    else ((_Float16 *)base)[i] = (_Float16)v;
+}
+
+/* Row of `n` elements of type `dtype` at `src` -> float32 `dst`, and back. */
 static inline __attribute__((always_inline)) void load_row(const void *restrict src, const int dtype,
                                                            const float *restrict lut, float *restrict dst,
                                                            const int n) {
     if (dtype == F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (dtype == BF16) {
-        const uint16_t *restrict s = (const uint16_t *)src;
-        uint32_t *restrict d = (uint32_t *)dst;
-        for (int i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
-    } else if (dtype == F16) {
-        const _Float16 *restrict s = (const _Float16 *)src;
-        for (int i = 0; i < n; i++) dst[i] = (float)s[i];
-    } else {
-        const uint8_t *restrict s = (const uint8_t *)src;
-        for (int i = 0; i < n; i++) dst[i] = lut[s[i]];
+        return;
     }
+    for (int i = 0; i < n; i++) dst[i] = load_one(src, i, dtype, lut);
 }
 
 static inline void store_row(const float *restrict src, int dtype, void *restrict dst, int n) {
     if (dtype == F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
-    } else if (dtype == BF16) {
-        uint16_t *restrict d = (uint16_t *)dst;
-        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
-    } else {
-        _Float16 *restrict d = (_Float16 *)dst;
-        for (int i = 0; i < n; i++) d[i] = (_Float16)src[i];
+        return;
     }
+    for (int i = 0; i < n; i++) store_one(dst, i, src[i], dtype);
 }
 
 static inline size_t element_size(int dtype) { return dtype == F32 ? 4 : dtype == BYTE_LUT ? 1 : 2; }

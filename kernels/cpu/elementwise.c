@@ -15,23 +15,6 @@
 
 #include "dtypes.h"
 
-static inline __attribute__((always_inline)) float get(const void *base, int64_t i, const int dtype) {
-    if (dtype == F32) return ((const float *)base)[i];
-    if (dtype == BF16) {
-        const uint32_t bits = (uint32_t)((const uint16_t *)base)[i] << 16;
-        float f;
-        memcpy(&f, &bits, sizeof f);
-        return f;
-    }
-    return (float)((const _Float16 *)base)[i];
-}
-
-static inline __attribute__((always_inline)) void put(void *base, int64_t i, float v, const int dtype) {
-    if (dtype == F32) ((float *)base)[i] = v;
-    else if (dtype == BF16) ((uint16_t *)base)[i] = f32_to_bf16(v);
-    else ((_Float16 *)base)[i] = (_Float16)v;
-}
-
 /* out = weight * round(x * rsqrt(mean(x^2) + eps)); with a residual, x = round(x + residual) first
  * and that sum is written to residual_out (the next layer's residual). */
 static inline __attribute__((always_inline)) void rms_norm_rows(
@@ -40,16 +23,16 @@ static inline __attribute__((always_inline)) void rms_norm_rows(
     for (int r = 0; r < rows; r++) {
         float squares = 0.0f;
         for (int i = 0; i < hidden; i++) {
-            float v = get(x, (int64_t)r * x_stride + i, dtype);
-            if (residual) v = round_to(v + get(residual, (int64_t)r * r_stride + i, dtype), dtype);
+            float v = load_one(x, (int64_t)r * x_stride + i, dtype, NULL);
+            if (residual) v = round_to(v + load_one(residual, (int64_t)r * r_stride + i, dtype, NULL), dtype);
             sum[i] = v;
             squares += v * v;
         }
         const float inv = 1.0f / sqrtf(squares / (float)hidden + eps);
         for (int i = 0; i < hidden; i++) {
             const float normed = round_to(sum[i] * inv, dtype);
-            put(out, (int64_t)r * hidden + i, get(weight, i, dtype) * normed, dtype);
-            if (residual) put(residual_out, (int64_t)r * hidden + i, sum[i], dtype);
+            store_one(out, (int64_t)r * hidden + i, load_one(weight, i, dtype, NULL) * normed, dtype);
+            if (residual) store_one(residual_out, (int64_t)r * hidden + i, sum[i], dtype);
         }
     }
 }
@@ -78,13 +61,13 @@ static inline __attribute__((always_inline)) void rotate_heads(
         const int64_t src = row_offset + (int64_t)h * head_stride, dst = out_offset + (int64_t)h * head_dim;
         for (int j = 0; j < half; j++) {
             const int i1 = neox ? j : 2 * j, i2 = neox ? j + half : 2 * j + 1;
-            const float x1 = get(x, src + i1, dtype), x2 = get(x, src + i2, dtype);
+            const float x1 = load_one(x, src + i1, dtype, NULL), x2 = load_one(x, src + i2, dtype, NULL);
             const float o1 = round_to(round_to(x1 * cos[j], dtype) - round_to(x2 * sin[j], dtype), dtype);
             const float o2 = round_to(round_to(x2 * cos[j], dtype) + round_to(x1 * sin[j], dtype), dtype);
-            put(out, dst + i1, o1, dtype);
-            put(out, dst + i2, o2, dtype);
+            store_one(out, dst + i1, o1, dtype);
+            store_one(out, dst + i2, o2, dtype);
         }
-        for (int i = rot_dim; i < head_dim; i++) put(out, dst + i, get(x, src + i, dtype), dtype);
+        for (int i = rot_dim; i < head_dim; i++) store_one(out, dst + i, load_one(x, src + i, dtype, NULL), dtype);
     }
 }
 
@@ -153,9 +136,9 @@ static inline __attribute__((always_inline)) void silu_and_mul_rows(const void *
                                                                     int rows, int d, const int dtype) {
     for (int r = 0; r < rows; r++) {
         for (int i = 0; i < d; i++) {
-            const float gate = get(x, (int64_t)r * x_stride + i, dtype), up = get(x, (int64_t)r * x_stride + d + i, dtype);
+            const float gate = load_one(x, (int64_t)r * x_stride + i, dtype, NULL), up = load_one(x, (int64_t)r * x_stride + d + i, dtype, NULL);
             const float silu = round_to(gate / (1.0f + exp_vec(-gate)), dtype);
-            put(out, (int64_t)r * d + i, silu * up, dtype);
+            store_one(out, (int64_t)r * d + i, silu * up, dtype);
         }
     }
 }
