@@ -40,12 +40,17 @@ def _triton() -> ModuleType:
 
 
 def _use_triton(x: torch.Tensor) -> bool:
-    return backend.use_triton(x.device)
+    # Under torch.compile the torch reference is traced instead: inductor fuses it by itself (vLLM
+    # turns its own custom ops off under inductor too), and Dynamo cannot trace a kernel launch
+    # whose grid depends on the symbolic batch size. Attention runs outside the traced graph.
+    return not torch.compiler.is_compiling() and backend.use_triton(x.device)
 
 
 def _pick(x: torch.Tensor, name: str, reference):
     """The Triton kernel, the CPU path's C kernel (which falls back to the reference by itself),
-    or the torch reference on other devices."""
+    or the torch reference on other devices and under torch.compile."""
+    if torch.compiler.is_compiling():
+        return reference
     if _use_triton(x):
         return getattr(_triton(), name)
     if x.device.type == "cpu":

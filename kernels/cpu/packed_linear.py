@@ -3,12 +3,14 @@
 ``F.linear`` on a CPU reorders a bf16/fp16 weight into oneDNN's blocked layout (the one AMX and
 AVX-512 matmuls read) on every call; for the small batches of decode that reorder costs as much as
 the product (measured here: the 32000-row LM head at 64 rows 8.5 ms plain, 4.6 ms packed). Packing
-once at load gives bit-identical results. float32 stays on ``F.linear``: its packed path sums in
+once at load gives bit-identical results on AVX-512 CPUs; on AMX CPUs oneDNN may sum larger batches
+in another order (within bf16 rounding). float32 stays on ``F.linear``: its packed path sums in
 another order, and the float32 runs are the ones compared exactly with transformers.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -29,9 +31,15 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
         return None
     try:
         return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _BATCH_HINT)
-    except (RuntimeError, AttributeError) as error:  # a torch build without these oneDNN ops
-        logger.warning("oneDNN weight packing is unavailable (%s): CPU linear layers run unpacked", error)
+    except (RuntimeError, AttributeError) as error:  # a torch build or CPU without these oneDNN ops
+        _warn_unpacked(weight.dtype, str(error))
         return None
+
+
+@functools.cache
+def _warn_unpacked(dtype: torch.dtype, reason: str) -> None:
+    # once per dtype, not once per layer
+    logger.warning("oneDNN cannot pack %s weights here (%s): CPU linear layers run unpacked", dtype, reason)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

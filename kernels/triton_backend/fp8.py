@@ -169,10 +169,11 @@ def fp8_linear(
         else:
             xq, x_scale = scaled_fp8_quant(x2, dtype=qweight.dtype)
             w_scale = scale.view(())
-        # Row-wise scaling takes no bias in some torch versions: add it after.
+        # _scaled_mm takes no bias with row-wise scales or a float32 output: add it after.
+        fused_bias = not per_channel and x.dtype != torch.float32
         out = torch._scaled_mm(xq, qweight.contiguous().t(), scale_a=x_scale, scale_b=w_scale,
-                               bias=None if per_channel else bias, out_dtype=x.dtype)
-        if per_channel and bias is not None:
+                               bias=bias if fused_bias else None, out_dtype=x.dtype)
+        if bias is not None and not fused_bias:
             out = out + bias
     else:
         out = _dequant_linear(x2, qweight.contiguous(), scale, bias)

@@ -259,4 +259,4 @@ def test_gpu_utilization_too_low_is_a_clear_error(tiny_llama):
     from infernetes import LLM
 
     with pytest.raises(ValueError, match="--gpu-memory-utilization"):
-        LLM(tiny_llama, gpu_memory_utilization=0.001, enforce_eager=True)
+        LLM(tiny_llama, gpu_memory_utilization=1e-6, enforce_eager=True)  # ~100 KB: below the weights
