@@ -109,8 +109,7 @@ def load_hf_config(
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, OSError) as error:
         raise ModelLoadError(f"cannot read the model config in {path}: {error}") from error
-    for key, value in (hf_overrides or {}).items():
-        setattr(config, key, value)
+    _apply_overrides(config, hf_overrides or {})
     if rope_scaling:
         config.rope_scaling = dict(rope_scaling)
         params = dict(getattr(config, "rope_parameters", None) or {})
@@ -120,6 +119,19 @@ def load_hf_config(
         params = dict(getattr(config, "rope_parameters", None) or {})
         config.rope_parameters = {**params, "rope_theta": rope_theta}
     return config
+
+
+def _apply_overrides(config: Any, overrides: dict[str, Any]) -> None:
+    """``--hf-overrides`` as vLLM applies them: a dict given for a dict or a sub-config (such as
+    ``text_config``) updates it key by key; anything else replaces the attribute."""
+    for key, value in overrides.items():
+        current = getattr(config, key, None)
+        if isinstance(value, dict) and isinstance(current, dict):
+            setattr(config, key, {**current, **value})
+        elif isinstance(value, dict) and hasattr(current, "to_dict"):
+            _apply_overrides(current, value)
+        else:
+            setattr(config, key, value)
 
 
 def _supported() -> set[str]:

@@ -82,6 +82,22 @@ def test_max_model_len_checked_against_the_model(tiny_llama, monkeypatch):
     assert default.llm_engine.max_model_len == 512  # from config.json
 
 
+def test_hf_overrides_replace_values_and_merge_dicts(tmp_path, tiny_llama):
+    from infernetes.runtime.model_executor.loader import load_hf_config
+
+    llm = LLM(tiny_llama, dtype="float32", num_gpu_blocks_override=64, hf_overrides={"max_position_embeddings": 64})
+    assert llm.llm_engine.max_model_len == 64  # derived from the overridden config
+    with pytest.raises(ValueError, match="maximum model length of 64"):
+        llm.generate([list(range(3, 70))], GREEDY)
+    path = _copy(tiny_llama, tmp_path / "scaled")
+    config = json.loads((path / "config.json").read_text())
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    (path / "config.json").write_text(json.dumps({**config, "rope_scaling": scaling}))
+    merged = load_hf_config(path, hf_overrides={"rope_scaling": {"factor": 4.0}, "rms_norm_eps": 1e-3})
+    assert merged.rope_scaling["rope_type"] == "linear" and merged.rope_scaling["factor"] == 4.0
+    assert merged.rms_norm_eps == 1e-3
+
+
 def test_kv_cache_smaller_than_one_sequence_is_refused(tiny_llama):
     with pytest.raises(ValueError, match=r"max seq len \(128\) is larger than .* KV cache \(64\)"):
         LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=8, block_size=8)
