@@ -2,9 +2,10 @@
 
 Order, as in vLLM v1: logprobs are taken from the raw logits; then logit bias, allowed tokens,
 ``min_tokens`` (stop tokens masked), penalties and logits processors; greedy rows take the argmax;
-the others apply temperature, ``min_p``, ``top_k``, ``top_p`` and sample by the exponential race
-(``argmax(p / q)``, ``q ~ Exp(1)``). A request with a ``seed`` draws ``q`` from its own generator, so
-its tokens do not depend on what else is in the batch.
+the others apply temperature, ``min_p``, ``top_k``, ``top_p`` (all rows at once) and sample by
+inverse transform: one uniform draw per row, searched in the row's cumulative distribution. A
+request with a ``seed`` draws from its own generator, so its tokens do not depend on what else is
+in the batch; the per-row work on the device is none, whatever the batch holds.
 """
 
 from __future__ import annotations
@@ -92,22 +93,33 @@ def _process(row: torch.Tensor, request: Request) -> torch.Tensor:
     return row
 
 
-def _filter(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, min_p, top_k and top_p on one row of logits."""
-    row = row / params.temperature
-    if params.min_p > 0.0:
-        probs = torch.softmax(row, dim=-1)
-        row = row.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
-    if 0 < params.top_k < row.shape[-1]:
-        kth = torch.topk(row, params.top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
+def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, min_p, top_k and top_p on rows of logits `[R, V]`, each row by its own
+    parameters, all rows at once. Filtered-out tokens become -inf."""
+    device, vocab = logits.device, logits.shape[-1]
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
+    rows = logits / temperature[:, None]
+    min_p = [p.min_p for p in params]
+    if any(m > 0.0 for m in min_p):
+        probs = torch.softmax(rows, dim=-1)
+        threshold = torch.tensor(min_p, dtype=rows.dtype, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
+        rows = rows.masked_fill(probs < threshold, float("-inf"))
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    top_p = [p.top_p for p in params]
+    if max(top_k) == vocab and min(top_p) >= 1.0:
+        return rows
+    if max(top_k) < vocab:  # every row keeps at most its top_k: only those candidates need ordering
+        ordered, order = torch.topk(rows, max(top_k), dim=-1)
+    else:
+        ordered, order = torch.sort(rows, dim=-1, descending=True)
+    keep = torch.arange(ordered.shape[-1], device=device)[None, :] < torch.tensor(top_k, device=device)[:, None]
+    ordered = ordered.masked_fill(~keep, float("-inf"))
+    if min(top_p) < 1.0:
+        probs = torch.softmax(ordered, dim=-1)
         # Drop a token when the tokens before it already reach top_p (the first always stays).
-        drop = (torch.cumsum(probs, dim=-1) - probs) > params.top_p
-        row = row.masked_fill(drop.scatter(0, order, drop), float("-inf"))
-    return row
+        drop = (torch.cumsum(probs, dim=-1) - probs) > torch.tensor(top_p, dtype=probs.dtype, device=device)[:, None]
+        ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.full_like(rows, float("-inf")).scatter(1, order, ordered)
 
 
 class Sampler:
@@ -122,37 +134,46 @@ class Sampler:
         logits = logits.float()
         wants_logprobs = any(r.sampling_params.logprobs is not None for r in requests)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
-        results: list[SampledToken] = []
-        greedy_rows = [
-            i for i, r in enumerate(requests)
-            if r.sampling_params.greedy and not _needs_processing(r)
-        ]
-        if len(greedy_rows) == len(requests):  # the common all-greedy batch: no row copy
-            greedy_tokens = logits.argmax(dim=-1).tolist()
+        processed = [i for i, r in enumerate(requests) if _needs_processing(r)]
+        if processed:  # the rare per-request processing, row by row; then the batch goes on as one
+            logits = logits.clone()
+            for i in processed:
+                logits[i] = _process(logits[i], requests[i])
+        greedy = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
+        if len(greedy) == len(requests):  # the common all-greedy batch: no row copy
+            tokens = logits.argmax(dim=-1).tolist()
         else:
-            greedy_tokens = logits[greedy_rows].argmax(dim=-1).tolist() if greedy_rows else []
-        greedy = dict(zip(greedy_rows, greedy_tokens, strict=True))
+            tokens = [0] * len(requests)
+            if greedy:
+                for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
+                    tokens[i] = token
+            sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+            rows = filter_logits(logits[sampled], [requests[i].sampling_params for i in sampled])
+            for i, token in zip(sampled, self._sample(rows, [requests[i] for i in sampled]), strict=True):
+                tokens[i] = token
+        results = []
         for i, request in enumerate(requests):
-            params = request.sampling_params
-            if i in greedy:
-                token = greedy[i]
-            else:
-                row = _process(logits[i], request)
-                if params.greedy:
-                    token = int(row.argmax())
-                else:
-                    token = self._sample(_filter(row, params), request)
-            sampled = SampledToken(token)
-            if params.logprobs is not None:
-                sampled.logprobs = _top_logprobs(raw_logprobs[i], token, params.logprobs)
-            results.append(sampled)
+            result = SampledToken(tokens[i])
+            if request.sampling_params.logprobs is not None:
+                result.logprobs = _top_logprobs(raw_logprobs[i], tokens[i], request.sampling_params.logprobs)
+            results.append(result)
         return results
 
-    def _sample(self, row: torch.Tensor, request: Request) -> int:
-        probs = torch.softmax(row, dim=-1).cpu()
-        generator = request.generator if request.generator is not None else self.generator
-        q = torch.empty_like(probs).exponential_(generator=generator)
-        return int((probs / q).argmax())
+    def _sample(self, rows: torch.Tensor, requests: list[Request]) -> list[int]:
+        """One token per row of filtered logits, by inverse transform: a uniform draw per row,
+        found in the row's cumulative distribution. A seeded request draws from its own generator,
+        the others from the engine's, all on the host (one number each), so a seeded request's
+        tokens do not depend on the batch and no row needs its own device work."""
+        draws = [float(torch.rand((), generator=r.generator or self.generator)) for r in requests]
+        weights = torch.exp(rows - rows.amax(dim=-1, keepdim=True))  # unnormalised probabilities
+        cdf = torch.cumsum(weights, dim=-1)
+        total = cdf[:, -1:].contiguous()
+        target = torch.tensor(draws, dtype=cdf.dtype, device=cdf.device)[:, None] * total
+        tokens = torch.searchsorted(cdf, target, right=True)
+        # a draw that rounds up to the total would land past the last token with any probability:
+        # that token is where the cumulative sum first reaches the total
+        last_possible = torch.searchsorted(cdf, total)
+        return torch.minimum(tokens, last_possible)[:, 0].tolist()
 
 
 def _needs_processing(request: Request) -> bool:

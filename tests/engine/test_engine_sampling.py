@@ -229,3 +229,58 @@ def test_failing_logits_processor_ends_only_its_request(llm):
     assert bad.outputs[0].finish_reason == "abort" and "grammar exploded" in bad.outputs[0].stop_reason
     assert good.outputs[0].token_ids == _greedy(llm, SAMPLE_PROMPTS[1], n=6).token_ids
     assert llm.llm_engine.block_manager.num_free_blocks == llm.llm_engine.num_blocks
+
+
+def _allowed_by_definition(row: torch.Tensor, params: SamplingParams) -> set[int]:
+    """The tokens a request may draw, straight from the definitions, one token at a time."""
+    scaled = row / params.temperature
+    probs = torch.softmax(scaled, dim=-1)
+    allowed = set(range(row.shape[-1]))
+    if params.min_p > 0:
+        allowed = {i for i in allowed if probs[i] >= params.min_p * probs.max()}
+    order = sorted(allowed, key=lambda i: -float(scaled[i]))
+    if params.top_k > 0:
+        order = order[: params.top_k]
+    if params.top_p < 1.0:
+        weights = torch.softmax(scaled[order], dim=-1).tolist()
+        kept, before = [], 0.0
+        for token, weight in zip(order, weights, strict=True):
+            if before > params.top_p:  # the tokens before this one already reach top_p
+                break
+            kept.append(token)
+            before += weight
+        order = kept
+    return set(order)
+
+
+def test_batched_filters_keep_each_rows_own_tokens():
+    from infernetes.runtime.model_executor.sampler import filter_logits
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 60, generator=gen) * 3
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_k=5),
+              SamplingParams(temperature=1.3, top_p=0.6), SamplingParams(temperature=0.9, min_p=0.2),
+              SamplingParams(temperature=1.0, top_k=12, top_p=0.8), SamplingParams(temperature=0.5, top_k=1),
+              SamplingParams(temperature=2.0, min_p=0.05, top_k=30, top_p=0.9)]
+    for only_some in (params, params[1:2] + params[4:6]):  # with and without a row of no top_k
+        rows = [params.index(p) for p in only_some]
+        filtered = filter_logits(logits[rows], only_some)
+        for out, i in zip(filtered, rows, strict=True):
+            kept = set(torch.isfinite(out).nonzero()[:, 0].tolist())
+            assert kept == _allowed_by_definition(logits[i], params[i]), params[i]
+            assert torch.equal(out[sorted(kept)], logits[i][sorted(kept)] / params[i].temperature)
+
+
+def test_sampling_draws_by_the_filtered_probabilities():
+    from infernetes.runtime.engine.request import Request
+    from infernetes.runtime.model_executor.sampler import Sampler
+
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = probs.log().repeat(4000, 1)
+    for params, expected in ((SamplingParams(temperature=1.0), probs),
+                             (SamplingParams(temperature=1.0, top_k=2), torch.tensor([0, 0, 3 / 7, 4 / 7]))):
+        requests = [Request(f"r{i}", [1], params) for i in range(len(logits))]
+        tokens = torch.tensor([s.token_id for s in Sampler(0)(logits, requests)])
+        frequencies = torch.bincount(tokens, minlength=4) / len(tokens)
+        torch.testing.assert_close(frequencies, expected, atol=0.03, rtol=0)
+        assert frequencies[expected == 0].sum() == 0  # a filtered-out token is never drawn
