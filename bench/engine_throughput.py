@@ -2,7 +2,8 @@
 
 A Llama-shaped model with random weights (default: 8 layers, hidden 512, vocabulary 32000) is
 written to a temporary folder. Both sides get the same prompts (random token ids, input lengths
-drawn from ``--input-len``, output lengths from ``--output-len``), greedy, EOS ignored:
+drawn from ``--input-len``, output lengths from ``--output-len``), greedy (or sampled on both sides
+with ``--temperature``/``--top-p``/``--top-k``), EOS ignored:
 
 - infernetes: ``LLM.generate`` with every prompt at once (continuous batching, each request stops
   at its own length);
@@ -49,6 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hf-dtype", default="same",
                         help="transformers dtype (same: the dtype infernetes resolved, a like-for-like run)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else both sides sample")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="measure infernetes only")
     return parser.parse_args(argv)
 
@@ -77,7 +81,8 @@ def run_infernetes(path: str, requests, args) -> float:
         skip_tokenizer_init=True,
         seed=args.seed,
     )
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False) for _, n in requests]
+    params = [SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=n,
+                             ignore_eos=True, detokenize=False) for _, n in requests]
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=4, detokenize=False))  # warm-up
     start = time.perf_counter()
     outputs = llm.generate([p for p, _ in requests], params)
@@ -105,8 +110,10 @@ def run_transformers(path: str, requests, args, dtype: str) -> float:
                 ids[row, width - len(prompt) :] = torch.tensor(prompt)
                 mask[row, width - len(prompt) :] = 1
             new = max(n for _, n in batch)
-            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                           do_sample=False, pad_token_id=pad)
+            sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k) \
+                if args.temperature > 0 else dict(do_sample=False)
+            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, pad_token_id=pad,
+                           **sampling)
         return time.perf_counter() - start
 
 

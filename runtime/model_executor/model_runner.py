@@ -12,6 +12,7 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.engine.scheduler import ScheduledBatch
@@ -217,21 +218,27 @@ class ModelRunner:
         cu_seqlens = [0]
         seq_lens: list[int] = []
         size = self.block_size
-        for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
+        max_blocks = max((len(r.block_ids) for r in batch.requests), default=0)
+        tables = np.zeros((len(batch.requests), max_blocks), dtype=np.int32)  # rows padded with block 0
+        for row, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
             start = request.num_computed_tokens
             end = start + num_new
-            input_ids.extend(request.token_ids[start:end])
-            positions.extend(range(start, end))
             blocks = request.block_ids
-            slots.extend(blocks[p // size] * size + p % size for p in range(start, end))
+            tables[row, : len(blocks)] = blocks
+            if num_new == 1:  # a decode row, the common case: no slices or ranges
+                input_ids.append(request.token_ids[start])
+                positions.append(start)
+                slots.append(blocks[start // size] * size + start % size)
+            else:
+                input_ids.extend(request.token_ids[start:end])
+                positions.extend(range(start, end))
+                slots.extend(blocks[p // size] * size + p % size for p in range(start, end))
             cu_seqlens.append(cu_seqlens[-1] + num_new)
             seq_lens.append(end)
-        max_blocks = max((len(r.block_ids) for r in batch.requests), default=0)
-        tables = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in batch.requests]
         device = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=device).reshape(len(tables), max_blocks),
+            block_tables=torch.from_numpy(tables).to(device),
             cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             calculate_kv_scales=self.calculate_kv_scales,
