@@ -3,7 +3,8 @@
 Order, as in vLLM v1: logprobs are taken from the raw logits; then logit bias, allowed tokens,
 ``min_tokens`` (stop tokens masked), penalties and logits processors; greedy rows take the argmax;
 the others apply temperature, ``min_p``, ``top_k``, ``top_p`` (all rows at once) and sample by
-inverse transform: one uniform draw per row, searched in the row's cumulative distribution. A
+inverse transform: one uniform draw per row, searched in the row's cumulative distribution (top_p
+without top_k by rejection: drawn again while outside the nucleus, no sort of the vocabulary). A
 request with a ``seed`` draws from its own generator, so its tokens do not depend on what else is
 in the batch; the per-row work on the device is none, whatever the batch holds.
 """
@@ -93,9 +94,11 @@ def _process(row: torch.Tensor, request: Request) -> torch.Tensor:
     return row
 
 
-def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, list[float]]:
     """Temperature, min_p, top_k and top_p on rows of logits `[R, V]`, each row by its own
-    parameters, all rows at once. Filtered-out tokens become -inf."""
+    parameters, all rows at once; filtered-out tokens become -inf. Returns the rows and the top_p
+    each row still needs at the draw: a row with top_k has its top_p applied here, among its k
+    candidates; a row without one leaves top_p to `Sampler` (no sort of the whole vocabulary)."""
     device, vocab = logits.device, logits.shape[-1]
     temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
     rows = logits / temperature[:, None]
@@ -104,22 +107,22 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
         probs = torch.softmax(rows, dim=-1)
         threshold = torch.tensor(min_p, dtype=rows.dtype, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
         rows = rows.masked_fill(probs < threshold, float("-inf"))
-    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    top_p = [p.top_p for p in params]
-    if max(top_k) == vocab and min(top_p) >= 1.0:
-        return rows
-    if max(top_k) < vocab:  # every row keeps at most its top_k: only those candidates need ordering
-        ordered, order = torch.topk(rows, max(top_k), dim=-1)
-    else:
-        ordered, order = torch.sort(rows, dim=-1, descending=True)
+    has_top_k = [0 < p.top_k < vocab for p in params]
+    nucleus = [1.0 if k else p.top_p for p, k in zip(params, has_top_k, strict=True)]
+    if not any(has_top_k):
+        return rows, nucleus
+    # only the rows' top candidates need ordering; a row without top_k keeps them all here
+    top_k = [p.top_k if k else vocab for p, k in zip(params, has_top_k, strict=True)]
+    ordered, order = torch.topk(rows, max(top_k), dim=-1)
     keep = torch.arange(ordered.shape[-1], device=device)[None, :] < torch.tensor(top_k, device=device)[:, None]
     ordered = ordered.masked_fill(~keep, float("-inf"))
+    top_p = [p.top_p if k else 1.0 for p, k in zip(params, has_top_k, strict=True)]
     if min(top_p) < 1.0:
         probs = torch.softmax(ordered, dim=-1)
         # Drop a token when the tokens before it already reach top_p (the first always stays).
         drop = (torch.cumsum(probs, dim=-1) - probs) > torch.tensor(top_p, dtype=probs.dtype, device=device)[:, None]
         ordered = ordered.masked_fill(drop, float("-inf"))
-    return torch.full_like(rows, float("-inf")).scatter(1, order, ordered)
+    return torch.full_like(rows, float("-inf")).scatter(1, order, ordered), nucleus
 
 
 class Sampler:
@@ -148,8 +151,8 @@ class Sampler:
                 for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
                     tokens[i] = token
             sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
-            rows = filter_logits(logits[sampled], [requests[i].sampling_params for i in sampled])
-            for i, token in zip(sampled, self._sample(rows, [requests[i] for i in sampled]), strict=True):
+            rows, nucleus = filter_logits(logits[sampled], [requests[i].sampling_params for i in sampled])
+            for i, token in zip(sampled, self._sample(rows, [requests[i] for i in sampled], nucleus), strict=True):
                 tokens[i] = token
         results = []
         for i, request in enumerate(requests):
@@ -159,21 +162,53 @@ class Sampler:
             results.append(result)
         return results
 
-    def _sample(self, rows: torch.Tensor, requests: list[Request]) -> list[int]:
+    def _sample(self, rows: torch.Tensor, requests: list[Request], nucleus: list[float]) -> list[int]:
         """One token per row of filtered logits, by inverse transform: a uniform draw per row,
         found in the row's cumulative distribution. A seeded request draws from its own generator,
         the others from the engine's, all on the host (one number each), so a seeded request's
-        tokens do not depend on the batch and no row needs its own device work."""
-        draws = [float(torch.rand((), generator=r.generator or self.generator)) for r in requests]
+        tokens do not depend on the batch and no row needs device work of its own.
+
+        top_p (`nucleus`) by rejection, without sorting the vocabulary: a drawn token is kept
+        when the probability ranked above it is at most top_p (the definition of the nucleus);
+        otherwise no token as likely as it or less can be in the nucleus, so the row draws again
+        among the more likely ones. The accepted tokens follow the nucleus distribution exactly."""
         weights = torch.exp(rows - rows.amax(dim=-1, keepdim=True))  # unnormalised probabilities
+        drawn = self._draw(weights, requests)
+        tokens = drawn.tolist()
+        pending = [i for i, top_p in enumerate(nucleus) if top_p < 1.0]
+        if not pending:
+            return tokens
+        index = torch.tensor(pending, device=weights.device)
+        drawn = drawn[index]
+        while pending:
+            candidates = weights[index]
+            chosen = candidates.gather(1, drawn[:, None])
+            above = torch.where(candidates > chosen, candidates, 0.0).sum(dim=-1)
+            top_p = torch.tensor([nucleus[i] for i in pending], dtype=weights.dtype, device=weights.device)
+            rejected = (above > top_p * candidates.sum(dim=-1)).tolist()
+            keep = [k for k, no in enumerate(rejected) if no]
+            pending = [pending[k] for k in keep]
+            if pending:
+                keep_index = torch.tensor(keep, device=weights.device)
+                index = index[keep_index]
+                candidates = candidates[keep_index]
+                # no token as likely as the rejected one, or less, is in the nucleus
+                floor = chosen[keep_index]
+                drawn = self._draw(torch.where(candidates > floor, candidates, 0.0), [requests[i] for i in pending])
+                for i, token in zip(pending, drawn.tolist(), strict=True):
+                    tokens[i] = token
+        return tokens
+
+    def _draw(self, weights: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """A token per row of unnormalised probabilities, from one host uniform per row."""
+        draws = [float(torch.rand((), generator=r.generator or self.generator)) for r in requests]
         cdf = torch.cumsum(weights, dim=-1)
         total = cdf[:, -1:].contiguous()
         target = torch.tensor(draws, dtype=cdf.dtype, device=cdf.device)[:, None] * total
         tokens = torch.searchsorted(cdf, target, right=True)
         # a draw that rounds up to the total would land past the last token with any probability:
         # that token is where the cumulative sum first reaches the total
-        last_possible = torch.searchsorted(cdf, total)
-        return torch.minimum(tokens, last_possible)[:, 0].tolist()
+        return torch.minimum(tokens, torch.searchsorted(cdf, total))[:, 0]
 
 
 def _needs_processing(request: Request) -> bool:

@@ -264,10 +264,15 @@ def test_batched_filters_keep_each_rows_own_tokens():
               SamplingParams(temperature=2.0, min_p=0.05, top_k=30, top_p=0.9)]
     for only_some in (params, params[1:2] + params[4:6]):  # with and without a row of no top_k
         rows = [params.index(p) for p in only_some]
-        filtered = filter_logits(logits[rows], only_some)
-        for out, i in zip(filtered, rows, strict=True):
+        filtered, nucleus = filter_logits(logits[rows], only_some)
+        for out, i, top_p in zip(filtered, rows, nucleus, strict=True):
             kept = set(torch.isfinite(out).nonzero()[:, 0].tolist())
-            assert kept == _allowed_by_definition(logits[i], params[i]), params[i]
+            # top_p without top_k is left to the draw: the filter passes its top_p on
+            has_top_k = params[i].top_k > 0
+            assert top_p == (1.0 if has_top_k else params[i].top_p)
+            definition = params[i] if has_top_k else SamplingParams(temperature=params[i].temperature,
+                                                                    min_p=params[i].min_p)
+            assert kept == _allowed_by_definition(logits[i], definition), params[i]
             assert torch.equal(out[sorted(kept)], logits[i][sorted(kept)] / params[i].temperature)
 
 
@@ -277,8 +282,12 @@ def test_sampling_draws_by_the_filtered_probabilities():
 
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
     logits = probs.log().repeat(4000, 1)
+    # top_p keeps a token while the probability ranked above it is at most top_p
     for params, expected in ((SamplingParams(temperature=1.0), probs),
-                             (SamplingParams(temperature=1.0, top_k=2), torch.tensor([0, 0, 3 / 7, 4 / 7]))):
+                             (SamplingParams(temperature=1.0, top_k=2), torch.tensor([0, 0, 3 / 7, 4 / 7])),
+                             (SamplingParams(temperature=1.0, top_p=0.5), torch.tensor([0, 0, 3 / 7, 4 / 7])),
+                             (SamplingParams(temperature=1.0, top_p=0.75), torch.tensor([0, 2 / 9, 3 / 9, 4 / 9])),
+                             (SamplingParams(temperature=1.0, top_k=3, top_p=0.5), torch.tensor([0, 0, 3 / 7, 4 / 7]))):
         requests = [Request(f"r{i}", [1], params) for i in range(len(logits))]
         tokens = torch.tensor([s.token_id for s in Sampler(0)(logits, requests)])
         frequencies = torch.bincount(tokens, minlength=4) / len(tokens)
