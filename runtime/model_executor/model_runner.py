@@ -152,9 +152,9 @@ class ModelRunner:
             hidden, _ = self._forward(batch)
             rows = torch.arange(max_num_seqs, device=hidden.device) % hidden.shape[0]
             logits = self.model.compute_logits(hidden[rows])
-            # top-k/top-p rows take the sampler's slowest, largest path; own generators keep the
-            # engine's seeded sampling stream untouched
-            params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=0)
+            # min_p and top_p without top_k keep the most full-vocabulary buffers alive in the
+            # sampler; own generators keep the engine's seeded sampling stream untouched
+            params = SamplingParams(temperature=1.0, min_p=0.01, top_p=0.9, seed=0)
             requests = []
             for i in range(max_num_seqs):
                 request = Request(f"profile-sampler-{i}", [0], params)

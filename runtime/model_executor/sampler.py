@@ -201,7 +201,9 @@ class Sampler:
 
     def _draw(self, weights: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A token per row of unnormalised probabilities, from one host uniform per row."""
-        draws = [float(torch.rand((), generator=r.generator or self.generator)) for r in requests]
+        shared = iter(torch.rand(sum(r.generator is None for r in requests), generator=self.generator).tolist())
+        draws = [next(shared) if r.generator is None else float(torch.rand((), generator=r.generator))
+                 for r in requests]
         cdf = torch.cumsum(weights, dim=-1)
         total = cdf[:, -1:].contiguous()
         target = torch.tensor(draws, dtype=cdf.dtype, device=cdf.device)[:, None] * total
