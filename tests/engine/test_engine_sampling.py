@@ -22,10 +22,12 @@ def _greedy(llm, prompt, n=12, **kw):
     return llm.generate(prompt, params)[0].outputs[0]
 
 
-def test_seeded_sampling_is_independent_of_the_batch(llm):
-    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
+@pytest.mark.parametrize("top_k", [50, 0])  # top_p among the top-k candidates, or by rejection
+def test_seeded_sampling_is_independent_of_the_batch(llm, top_k):
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=top_k, seed=1234, max_tokens=16, ignore_eos=True)
     alone = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0].token_ids
-    busy = [SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True, seed=i) for i in range(5)]
+    busy = [SamplingParams(temperature=0.8, top_p=0.7 if i % 2 else 1.0, max_tokens=24, ignore_eos=True, seed=i)
+            for i in range(5)]
     busy += [SamplingParams(temperature=1.2, max_tokens=20, ignore_eos=True)] * 3
     prompts = [SAMPLE_PROMPTS[i % 4] for i in range(8)]
     # The seeded request sits in the middle of a busy batch of other sampled requests.
@@ -33,7 +35,7 @@ def test_seeded_sampling_is_independent_of_the_batch(llm):
     assert outputs[4].outputs[0].token_ids == alone
     again = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0].token_ids
     assert again == alone
-    other_seed = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=99, max_tokens=16, ignore_eos=True)
+    other_seed = SamplingParams(temperature=1.0, top_p=0.9, top_k=top_k, seed=99, max_tokens=16, ignore_eos=True)
     assert llm.generate(SAMPLE_PROMPTS[0], other_seed)[0].outputs[0].token_ids != alone
 
 
