@@ -295,3 +295,23 @@ def test_sampling_draws_by_the_filtered_probabilities():
         frequencies = torch.bincount(tokens, minlength=4) / len(tokens)
         torch.testing.assert_close(frequencies, expected, atol=0.03, rtol=0)
         assert frequencies[expected == 0].sum() == 0  # a filtered-out token is never drawn
+
+
+def test_cpu_row_groups_draw_what_one_batch_draws(monkeypatch):
+    from infernetes.runtime.engine.request import Request
+    from infernetes.runtime.model_executor import sampler
+
+    logits = torch.randn(20, 50, generator=torch.Generator().manual_seed(3))
+    params = [SamplingParams(temperature=0.9, top_p=0.8, seed=i) if i % 2 else
+              SamplingParams(temperature=1.1, top_k=7, seed=i) for i in range(20)]
+
+    def draw() -> list[int]:
+        requests = [Request(f"r{i}", [1], p) for i, p in enumerate(params)]
+        for request, p in zip(requests, params, strict=True):
+            request.generator = torch.Generator().manual_seed(p.seed)
+        return [s.token_id for s in sampler.Sampler(0)(logits, requests)]
+
+    whole = draw()
+    monkeypatch.setattr(sampler, "_CPU_GROUP_BYTES", 3 * 50 * 4)  # groups of 3 rows
+    assert sampler._row_groups(list(range(7)), logits) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert draw() == whole
