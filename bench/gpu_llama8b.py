@@ -99,8 +99,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help='JSON of extra LLM keyword arguments, e.g. \'{"enforce_eager": true}\'')
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs")
-    parser.add_argument("--part", choices=("decode", "decode-eager", "throughput-engine", "throughput-hf", "kernels",
-                                           "profile"),
+    parser.add_argument("--part", choices=tuple(PART_FUNCTIONS),
                         help=argparse.SUPPRESS)  # internal: run one part in this process, print JSON
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

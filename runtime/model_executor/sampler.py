@@ -166,8 +166,8 @@ class Sampler:
     def _sample(self, rows: torch.Tensor, requests: list[Request], nucleus: list[float]) -> list[int]:
         """One token per row of filtered logits, by inverse transform: a uniform draw per row,
         found in the row's cumulative distribution. A seeded request draws from its own generator,
-        the others from the engine's, all on the host (one number each), so a seeded request's
-        tokens do not depend on the batch and no row needs device work of its own.
+        the others from the engine's, all on the host (one number a row and draw), so a seeded
+        request's tokens do not depend on the batch and no row needs device work of its own.
 
         top_p (`nucleus`) by rejection, without sorting the vocabulary: a drawn token is kept
         when the probability ranked above it is at most top_p (the definition of the nucleus);
@@ -180,19 +180,18 @@ class Sampler:
         if not pending:
             return tokens
         index = torch.tensor(pending, device=weights.device)
-        drawn = drawn[index]
+        drawn, candidates = drawn[index], weights[index]
+        top_p = torch.tensor([nucleus[i] for i in pending], dtype=weights.dtype, device=weights.device)
+        limit = top_p * candidates.sum(dim=-1)
         while pending:
-            candidates = weights[index]
             chosen = candidates.gather(1, drawn[:, None])
             above = torch.where(candidates > chosen, candidates, 0.0).sum(dim=-1)
-            top_p = torch.tensor([nucleus[i] for i in pending], dtype=weights.dtype, device=weights.device)
-            rejected = (above > top_p * candidates.sum(dim=-1)).tolist()
+            rejected = (above > limit).tolist()
             keep = [k for k, no in enumerate(rejected) if no]
             pending = [pending[k] for k in keep]
             if pending:
                 keep_index = torch.tensor(keep, device=weights.device)
-                index = index[keep_index]
-                candidates = candidates[keep_index]
+                candidates, limit = candidates[keep_index], limit[keep_index]
                 # no token as likely as the rejected one, or less, is in the nucleus
                 floor = chosen[keep_index]
                 drawn = self._draw(torch.where(candidates > floor, candidates, 0.0), [requests[i] for i in pending])
