@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -80,8 +81,9 @@ class SamplingParams:
               self.presence_penalty)
         check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]",
               self.frequency_penalty)
-        check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
-        check(self.temperature >= 0.0, "temperature", "non-negative", self.temperature)
+        check(0.0 < self.repetition_penalty < math.inf, "repetition_penalty", "a finite number > 0",
+              self.repetition_penalty)
+        check(0.0 <= self.temperature < math.inf, "temperature", "a finite number >= 0", self.temperature)
         check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
         check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
               "0 or -1 (disabled) or a positive integer", self.top_k)
@@ -102,6 +104,9 @@ class SamplingParams:
         check(all(isinstance(t, int) for t in self.stop_token_ids), "stop_token_ids",
               "a list of integers", self.stop_token_ids)
         check(self.seed is None or isinstance(self.seed, int), "seed", "an integer", self.seed)
+        # -inf bans a token; NaN means nothing
+        check(not any(math.isnan(v) for v in (self.logit_bias or {}).values()), "logit_bias",
+              "numbers (not NaN)", self.logit_bias)
         if self.allowed_token_ids is not None:
             check(len(self.allowed_token_ids) > 0, "allowed_token_ids", "a non-empty list",
                   self.allowed_token_ids)

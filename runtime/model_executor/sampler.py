@@ -94,6 +94,15 @@ def _process(row: torch.Tensor, request: Request) -> torch.Tensor:
     return row
 
 
+def _finite(rows: torch.Tensor) -> torch.Tensor:
+    """Rows every later step can take, whatever the logits (in place): NaN counts as -inf, +inf
+    tokens share the row, and a row with nothing left makes every token equally likely. Done with
+    the extremes of the dtype, so a row always has a finite maximum and its weights a positive sum
+    (a NaN or zero sum would draw a token id past the vocabulary)."""
+    info = torch.finfo(rows.dtype)
+    return rows.nan_to_num_(nan=info.min, posinf=info.max, neginf=info.min)
+
+
 def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, list[float]]:
     """Temperature, min_p, top_k and top_p on rows of logits `[R, V]`, each row by its own
     parameters, all rows at once; filtered-out tokens become -inf. Returns the rows and the top_p
@@ -101,7 +110,7 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[t
     candidates; a row without one leaves top_p to `Sampler` (no sort of the whole vocabulary)."""
     device, vocab = logits.device, logits.shape[-1]
     temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
-    rows = logits / temperature[:, None]
+    rows = _finite(logits / temperature[:, None])
     min_p = [p.min_p for p in params]
     if any(m > 0.0 for m in min_p):
         probs = torch.softmax(rows, dim=-1)
@@ -141,7 +150,9 @@ class Sampler:
         if processed:  # the rare per-request processing, row by row; then the batch goes on as one
             logits = logits.clone()
             for i in processed:
-                logits[i] = _process(logits[i], requests[i])
+                # a NaN from a bias or processor is never the argmax of a greedy row
+                logits[i] = _process(logits[i], requests[i]).nan_to_num(nan=float("-inf"), posinf=float("inf"),
+                                                                         neginf=float("-inf"))
         greedy = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
         if len(greedy) == len(requests):  # the common all-greedy batch: no row copy
             tokens = logits.argmax(dim=-1).tolist()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -19,7 +19,8 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIBase(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and Infinity parse as JSON numbers in Python; no request field means anything with them.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- errors
@@ -69,7 +70,8 @@ class SamplingFields(OpenAIBase):
     model: str | None = None
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    # OpenAI's range; a larger bias would only overflow the logits it is added to.
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     n: int = Field(default=1, ge=1, le=128)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stop: str | list[str] | None = None
@@ -82,7 +84,8 @@ class SamplingFields(OpenAIBase):
     # vLLM's extra sampling parameters
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
+    # Symmetric around 1 (no penalty): a seen token's logit is divided or multiplied by at most 100.
+    repetition_penalty: float | None = Field(default=None, ge=0.01, le=100.0)
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
