@@ -231,6 +231,11 @@ class AsyncEngine:
             with contextlib.suppress(OSError):
                 self.core.send(("abort", None, [request_id]))
 
+    def request_ids(self) -> list[str]:
+        """Ids of the requests whose output streams are open (what a server shutdown aborts)."""
+        with self._streams_lock:
+            return list(self._streams)
+
     async def abort(self, request_id: str | Sequence[str]) -> None:
         """Abort requests at any point; their KV blocks are freed at once and their streams end
         with a final output whose finish reason is ``abort``."""

@@ -3,8 +3,9 @@ and ``run_server(config)`` (what ``infernetes serve`` calls).
 
 Lifecycle: uvicorn starts listening at once and ``/health`` answers 503 while the model loads;
 once the engine is up every route answers. If the engine dies, ``/health`` fails and the server
-exits (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) so Kubernetes restarts the pod. SIGTERM stops
-accepting connections, lets in-flight requests finish, then shuts the engine down.
+exits (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) so Kubernetes restarts the pod. SIGTERM/SIGINT
+drain: new requests get 503, in-flight ones have ``--shutdown-timeout`` seconds to finish, the
+rest are aborted, then the engine shuts down and the process exits 0 (``shutdown.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from infernetes.runtime.server.middleware import (
 from infernetes.runtime.server.reasoning import make_reasoning_parser
 from infernetes.runtime.server.routes import include_routes
 from infernetes.runtime.server.settings import FrontendSettings
+from infernetes.runtime.server.shutdown import EXIT_GRACE_S, Drain, DrainGate, DrainingServer
 from infernetes.runtime.server.state import ServerState
 from infernetes.runtime.server.tool_parsers import check_tool_parser_name
 
@@ -82,6 +84,7 @@ def build_app(
         elif engine_loader is not None:
             tasks.append(asyncio.create_task(_load_engine(state, engine_loader)))
         tasks.append(asyncio.create_task(_watch_engine(app, state)))
+        tasks.append(asyncio.create_task(_drain_on_signal(app, state)))
         uvicorn_server = getattr(app.state, "uvicorn_server", None)
         if settings.enable_ssl_refresh and settings.ssl_certfile and uvicorn_server is not None:
             tasks.append(asyncio.create_task(_watch_certificates(uvicorn_server, settings)))
@@ -106,10 +109,12 @@ def build_app(
     )
     app.state.server = state
     app.state.server_load = 0
+    app.state.drain = Drain(settings.shutdown_timeout)
     install_error_handlers(app)
     include_routes(app, settings.dev_mode)
     # add_middleware wraps: the last added runs first. Order, outermost first: CORS (so even a
-    # 401 carries CORS headers and preflights never need a key), request id, auth, size limit,
+    # 401 carries CORS headers and preflights never need a key), the drain gate (it counts every
+    # request, and refuses new ones during a shutdown), request id, auth, size limit,
     # load tracking, concurrency limit (after auth, so a bad key is a 401, not a 429), user
     # middleware.
     import_user_middleware(app, settings.middleware)
@@ -122,6 +127,7 @@ def build_app(
         app.add_middleware(APIKeyMiddleware, api_keys=settings.api_keys)
     if settings.enable_request_id_headers:
         app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(DrainGate, drain=app.state.drain)
     app.add_middleware(
         CORSMiddleware,
         allow_origins=list(settings.allowed_origins),
@@ -157,6 +163,14 @@ async def _watch_engine(app: FastAPI, state: ServerState) -> None:
         if uvicorn_server is not None:
             uvicorn_server.should_exit = True
         return
+
+
+async def _drain_on_signal(app: FastAPI, state: ServerState) -> None:
+    """On SIGINT/SIGTERM: drain (shutdown.py), then let uvicorn close the listener and exit."""
+    await app.state.drain.run_on_signal(lambda: state.engine)
+    uvicorn_server = getattr(app.state, "uvicorn_server", None)
+    if uvicorn_server is not None:
+        uvicorn_server.should_exit = True
 
 
 async def _watch_certificates(uvicorn_server: Any, settings: FrontendSettings) -> None:
@@ -205,6 +219,7 @@ def uvicorn_config(app: FastAPI, settings: FrontendSettings) -> Any:
         ssl_cert_reqs=settings.ssl_cert_reqs,
         log_config=log_config,
         timeout_keep_alive=5,
+        timeout_graceful_shutdown=EXIT_GRACE_S,
     )
 
 
@@ -224,8 +239,6 @@ def _cache_config_labels(config: Any) -> dict[str, Any]:
 
 def run_server(config: Any) -> None:
     """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death."""
-    import uvicorn
-
     settings = FrontendSettings.from_config(config)
     _configure_logging(settings)
     try:
@@ -244,10 +257,10 @@ def run_server(config: Any) -> None:
                                        multiprocess=core_process_enabled())
 
     app = build_app(state, engine_loader=load)
-    server = uvicorn.Server(uvicorn_config(app, settings))
+    server = DrainingServer(uvicorn_config(app, settings), app.state.drain)
     app.state.uvicorn_server = server
 
-    # uvicorn picks its event loop (uvloop when installed) and handles SIGINT/SIGTERM itself.
+    # uvicorn picks its event loop (uvloop when installed); SIGINT/SIGTERM start the drain.
     server.run()
     if state.load_error is not None or getattr(state.engine, "errored", False):
         raise SystemExit(1)

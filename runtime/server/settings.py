@@ -53,6 +53,7 @@ class FrontendSettings:
     enable_prompt_tokens_details: bool = False
     enable_server_load_tracking: bool = False
     max_concurrency: int | None = None
+    shutdown_timeout: int = 30
     log_config_file: str | None = None
     disable_log_stats: bool = False
     disable_fastapi_docs: bool = False
@@ -114,6 +115,7 @@ class FrontendSettings:
             enable_prompt_tokens_details=bool(get("enable_prompt_tokens_details", False)),
             enable_server_load_tracking=bool(get("enable_server_load_tracking", False)),
             max_concurrency=get("max_concurrency"),
+            shutdown_timeout=int(get("shutdown_timeout", 30)),
             log_config_file=get("log_config_file"),
             disable_log_stats=bool(get("disable_log_stats", False)),
             disable_fastapi_docs=bool(get("disable_fastapi_docs", False)),

@@ -97,6 +97,5 @@ def test_sigterm_drains_in_flight_streams(tls_server):
                 event = json.loads(line[6:])
                 usage = event.get("usage") or usage
     assert usage is not None and usage["completion_tokens"] == 200
-    # uvicorn re-raises the captured SIGTERM once shutdown is complete: killed by it, not crashed.
-    assert tls_server.process.wait(60) in (0, -signal.SIGTERM)
+    assert tls_server.process.wait(60) == 0
     assert "Finished server process" in tls_server.tail()

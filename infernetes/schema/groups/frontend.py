@@ -58,6 +58,11 @@ ARGS = (
     Arg("reasoning-effort", "str", None, G,
         "Reasoning effort for requests that do not ask for one.", choices=("low", "medium", "high")),
     Arg("api-server-count", "int", 1, G, "Number of API server processes.", aliases=("-asc",), minimum=1),
+    Arg("shutdown-timeout", "int", 30, G,
+        "Seconds in-flight requests may take to finish after SIGTERM/SIGINT; the rest are then "
+        "aborted (a stream ends with finish_reason \"abort\"). Meanwhile new requests and /health "
+        "get HTTP 503. 0 aborts at once, as in vLLM; the default drains, and ends before the "
+        "operator's default terminationGracePeriodSeconds (60).", minimum=0),
     Arg("headless", "bool", False, G, "Run engines only, without an API server (secondary nodes of multi-node data parallel).",
         operator_owned=True),
     Arg("data-parallel-start-rank", "int", 0, G, "First data-parallel rank run on this node.", aliases=("-dpr",),
