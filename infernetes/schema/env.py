@@ -93,6 +93,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     E("VLLM_API_KEY", "str", None, "API key the server requires (like --api-key).", secret=True),
     E("VLLM_ENGINE_ITERATION_TIMEOUT_S", "int", 60, "Seconds one engine step may take before it is an error."),
     E("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "bool", False, "Keep the API server up after the engine died."),
+    E("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "int", 5, "Seconds an idle HTTP keep-alive connection stays open."),
     E("VLLM_SERVER_DEV_MODE", "bool", False, "Serve debugging endpoints such as /reset_prefix_cache."),
     E("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "bool", False, "Allow --max-model-len beyond the model's config.json."),
     E("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "bool", False, "Allow loading and unloading LoRA adapters at run time."),

@@ -25,11 +25,12 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from infernetes.runtime.server.chat_template import load_chat_template
 from infernetes.runtime.server.errors import install_error_handlers
+from infernetes.runtime.server.http_protocol import HeaderDeadlineProtocol
 from infernetes.runtime.server.log_stats import LoggingStatLogger
 from infernetes.runtime.server.middleware import (
     APIKeyMiddleware,
-    BodySizeLimitMiddleware,
     ConcurrencyLimitMiddleware,
+    RequestBodyMiddleware,
     RequestIdMiddleware,
     ServerLoadMiddleware,
     import_user_middleware,
@@ -114,15 +115,15 @@ def build_app(
     include_routes(app, settings.dev_mode)
     # add_middleware wraps: the last added runs first. Order, outermost first: CORS (so even a
     # 401 carries CORS headers and preflights never need a key), the drain gate (it counts every
-    # request, and refuses new ones during a shutdown), request id, auth, size limit,
-    # load tracking, concurrency limit (after auth, so a bad key is a 401, not a 429), user
-    # middleware.
+    # request, and refuses new ones during a shutdown), request id, auth, the whole
+    # body read (bounded in size and time, before a slot is taken), load tracking, concurrency
+    # limit (after auth, so a bad key is a 401, not a 429), user middleware.
     import_user_middleware(app, settings.middleware)
     if settings.max_concurrency is not None:
         app.add_middleware(ConcurrencyLimitMiddleware, limit=settings.max_concurrency)
     if settings.enable_server_load_tracking:
         app.add_middleware(ServerLoadMiddleware, state=app.state)
-    app.add_middleware(BodySizeLimitMiddleware)
+    app.add_middleware(RequestBodyMiddleware)
     if settings.api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=settings.api_keys)
     if settings.enable_request_id_headers:
@@ -218,7 +219,8 @@ def uvicorn_config(app: FastAPI, settings: FrontendSettings) -> Any:
         ssl_ca_certs=settings.ssl_ca_certs,
         ssl_cert_reqs=settings.ssl_cert_reqs,
         log_config=log_config,
-        timeout_keep_alive=5,
+        timeout_keep_alive=settings.http_keep_alive_s,
+        http=HeaderDeadlineProtocol,
         timeout_graceful_shutdown=EXIT_GRACE_S,
     )
 

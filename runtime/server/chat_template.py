@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 import jinja2.nodes
 from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.template_sandbox import TemplateRenderError, TemplateSandbox
 
 
 class ChatTemplateError(ValueError):
@@ -95,12 +96,17 @@ def normalize_messages(messages: list[Any], content_format: str) -> list[dict[st
 
 
 class ChatRenderer:
-    """Renders a conversation with a model's tokenizer and the server's template settings."""
+    """Renders a conversation with a model's tokenizer and the server's template settings.
 
-    def __init__(self, tokenizer: Any, template: str | None, content_format: str) -> None:
+    A template sent in a request is refused unless ``trust_request_templates``
+    (``--trust-request-chat-template``); then it renders in a ``TemplateSandbox`` process."""
+
+    def __init__(self, tokenizer: Any, template: str | None, content_format: str,
+                 trust_request_templates: bool = False) -> None:
         self.tokenizer = tokenizer
         self.default_template = template or getattr(tokenizer, "chat_template", None)
         self.content_format = content_format
+        self.sandbox = TemplateSandbox(tokenizer) if trust_request_templates else None
 
     def render(
         self,
@@ -113,6 +119,10 @@ class ChatRenderer:
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
+        if template is not None and self.sandbox is None:
+            raise APIError("chat_template in a request is refused: this server renders only its own "
+                           "template (start it with --trust-request-chat-template to allow request "
+                           "templates)", 400, "chat_template")
         chosen = template or self.default_template
         if not chosen:
             raise APIError("this model's tokenizer has no chat template; start the server with "
@@ -128,17 +138,17 @@ class ChatRenderer:
         kwargs = dict(template_kwargs or {})
         for reserved in ("conversation", "messages", "tokenize", "chat_template", "tools"):
             kwargs.pop(reserved, None)
+        kwargs.update(chat_template=chosen, tools=tools, documents=documents,
+                      add_generation_prompt=add_generation_prompt,
+                      continue_final_message=continue_final_message)
+        if template is not None:
+            try:
+                return self.sandbox.render(conversation, **kwargs)
+            except TemplateRenderError as exc:
+                raise APIError(f"the request's chat template failed on these messages: {exc}", 400,
+                               "chat_template") from exc
         try:
-            return self.tokenizer.apply_chat_template(
-                conversation,
-                chat_template=chosen,
-                tools=tools,
-                documents=documents,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tokenize=False,
-                **kwargs,
-            )
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as exc:
+            return self.tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
+        except Exception as exc:  # whatever the template raises, these messages made it raise
             raise APIError(f"chat template failed on these messages: {type(exc).__name__}: {exc}",
                            400, "messages") from exc

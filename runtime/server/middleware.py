@@ -1,4 +1,4 @@
-"""ASGI middleware: API-key auth, request-id headers, body-size limit, server-load tracking, the
+"""ASGI middleware: API-key auth, request-id headers, the request body (size and time limits), server-load tracking, the
 ``--max-concurrency`` limit, and user middleware named by ``--middleware``.
 
 Plain ASGI classes rather than BaseHTTPMiddleware, so streamed responses pass through untouched
@@ -7,10 +7,12 @@ and a cancelled client still cancels the handler.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import importlib
 import inspect
 import json
+import os
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -35,6 +37,8 @@ INFERENCE_PATHS = frozenset(
 # Routes that occupy the engine, counted against --max-concurrency.
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# Time for a whole request body to arrive: 32 MB at ~1 MB/s, with room to spare.
+BODY_TIMEOUT_S = float(os.environ.get("INFERNETES_HTTP_BODY_TIMEOUT_S", 60))
 
 
 def _route_path(scope: Scope) -> str:
@@ -110,12 +114,17 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-class BodySizeLimitMiddleware:
-    """Answers 413 for bodies over the limit, by Content-Length or by what actually arrives."""
+class RequestBodyMiddleware:
+    """Reads each request's whole body before the app sees it: at most ``max_bytes`` (413, by
+    Content-Length or by what arrives, chunked or not) within ``timeout_s`` (408, and the
+    connection is closed). A slow or stalled client so holds no ``--max-concurrency`` slot and no
+    handler while its body trickles in; the app then reads the body from memory."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES,
+                 timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -124,26 +133,51 @@ class BodySizeLimitMiddleware:
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                 await _send_error(send, f"request body of {int(value)} bytes exceeds the limit "
-                                        f"of {self.max_bytes} bytes", 413)
+                                        f"of {self.max_bytes} bytes", 413, [(b"connection", b"close")])
                 return
-        received = 0
-
-        async def counting_receive() -> dict:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _BodyTooLarge
-            return message
-
         try:
-            await self.app(scope, counting_receive, send)
+            body = await asyncio.wait_for(self._read(receive), self.timeout_s)
         except _BodyTooLarge:
-            await _send_error(send, f"request body exceeds the limit of {self.max_bytes} bytes", 413)
+            await _send_error(send, f"request body exceeds the limit of {self.max_bytes} bytes", 413,
+                              [(b"connection", b"close")])
+            return
+        except TimeoutError:
+            await _send_error(send, f"the request body did not arrive within {self.timeout_s:g} s",
+                              408, [(b"connection", b"close")])
+            return
+        except _ClientGone:
+            return
+        delivered = False
+
+        async def buffered_receive() -> dict:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # from here on only a disconnect can arrive
+
+        await self.app(scope, buffered_receive, send)
+
+    async def _read(self, receive: Receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
 
 
 class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
     pass
 
 

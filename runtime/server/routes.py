@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from infernetes.runtime.server.errors import APIError, error_response
+from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -128,14 +129,14 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
 async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request) -> JSONResponse:
     state = server(request)
     state.require_engine()
-    return _json(state.tokenization.tokenize_request(body))
+    return _json(await off_loop(state.tokenization.tokenize_request, body))
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     state = server(request)
     state.require_engine()
-    return _json(state.tokenization.detokenize_request(body))
+    return _json(await off_loop(state.tokenization.detokenize_request, body))
 
 
 # ---------------------------------------------------------------- dev mode

@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.server.chat_template import ChatRenderer
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.logprobs_format import LogprobFormatter
+from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -143,7 +145,7 @@ class ChatServing(ServingBase):
         add_special = bool(request.add_special_tokens)
         return self.tokenize(text, add_special, request.truncate_prompt_tokens)
 
-    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[bytes]:
+    def _prepare(self, request: ChatCompletionRequest) -> tuple[ToolMode, list[int], SamplingParams]:
         self.check_model(request.model)
         self.check_engine()
         mode = self._tool_mode(request)
@@ -153,6 +155,10 @@ class ChatServing(ServingBase):
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = self.sampling_params(request, max_tokens=max_tokens, logprobs=logprobs,
                                       stream=bool(request.stream), guide=guide)
+        return mode, prompt_ids, params
+
+    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[bytes]:
+        mode, prompt_ids, params = await off_loop(self._prepare, request)
         request_id = random_id("chatcmpl")
         self.log_request(request_id, prompt_ids, params)
         stream = engine_stream(

@@ -10,6 +10,7 @@ from typing import Any
 
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.logprobs_format import LogprobFormatter
+from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -97,7 +98,7 @@ class CompletionServing(ServingBase):
         return self.tokenizer.decode(prompt.token_ids)
 
     async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[bytes]:
-        prompts, params_list = self._prepare(request)
+        prompts, params_list = await off_loop(self._prepare, request)
         request_id = random_id("cmpl")
         generators = self._generators(request_id, prompts, params_list, request.priority)
         if request.stream:

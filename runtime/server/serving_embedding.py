@@ -7,6 +7,7 @@ import base64
 
 import numpy as np
 from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
     EmbeddingData,
     EmbeddingRequest,
@@ -40,7 +41,7 @@ class EmbeddingServing(ServingBase):
     async def create(self, request: EmbeddingRequest) -> EmbeddingResponse:
         self.check_model(request.model)
         self.check_engine()
-        token_lists = self._inputs(request)
+        token_lists = await off_loop(self._inputs, request)
         request_id = random_id("embd")
         try:
             results = await asyncio.gather(*[

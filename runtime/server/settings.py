@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from infernetes.schema.env import read_env
+
 TRUE_VALUES = {"1", "true", "yes", "on"}
 
 
@@ -59,6 +61,7 @@ class FrontendSettings:
     disable_fastapi_docs: bool = False
     chat_template: str | None = None
     chat_template_content_format: str = "auto"
+    trust_request_chat_template: bool = False
     response_role: str = "assistant"
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
@@ -70,6 +73,7 @@ class FrontendSettings:
     task: str = "auto"
     dev_mode: bool = False
     keep_alive_on_engine_death: bool = False
+    http_keep_alive_s: int = 5
 
     @property
     def model_name(self) -> str:
@@ -121,6 +125,7 @@ class FrontendSettings:
             disable_fastapi_docs=bool(get("disable_fastapi_docs", False)),
             chat_template=get("chat_template"),
             chat_template_content_format=str(get("chat_template_content_format", "auto")),
+            trust_request_chat_template=bool(get("trust_request_chat_template", False)),
             response_role=str(get("response_role", "assistant")),
             enable_auto_tool_choice=bool(get("enable_auto_tool_choice", False)),
             tool_call_parser=get("tool_call_parser"),
@@ -133,4 +138,5 @@ class FrontendSettings:
             task=str(get("task", "auto")),
             dev_mode=env_flag("VLLM_SERVER_DEV_MODE", environ),
             keep_alive_on_engine_death=env_flag("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", environ),
+            http_keep_alive_s=read_env("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", environ),
         )

@@ -15,7 +15,7 @@ from infernetes.runtime.server.api_server import (
     check_frontend_settings,
     run_server,
 )
-from infernetes.runtime.server.middleware import BodySizeLimitMiddleware
+from infernetes.runtime.server.middleware import RequestBodyMiddleware
 from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.state import ServerState
 
@@ -85,7 +85,7 @@ async def test_body_size_limit_answers_413():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
-    app = BodySizeLimitMiddleware(echo, max_bytes=10)
+    app = RequestBodyMiddleware(echo, max_bytes=10)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         assert (await client.post("/", content=b"small")).status_code == 200
         big = await client.post("/", content=b"x" * 100)
@@ -96,6 +96,27 @@ async def test_body_size_limit_answers_413():
                 yield b"xxxxx"
 
         assert (await client.post("/", content=chunks())).status_code == 413
+
+
+async def test_a_stalled_body_gets_408_before_the_app_runs():
+    called = []
+
+    async def app(scope, receive, send):
+        called.append(scope["path"])
+
+    async def stalled_receive():
+        await asyncio.sleep(3600)
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+    await RequestBodyMiddleware(app, timeout_s=0.05)(scope, stalled_receive, send)
+    assert not called
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
+    assert b"did not arrive" in sent[1]["body"]
 
 
 async def test_docs_toggle_and_root_path():

@@ -71,8 +71,12 @@ async def test_chat_template_options(engine, tiny_llama_dir, tmp_path):
         tokens = (await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})).json()
         text = (await http.post("/detokenize", json={"tokens": tokens["tokens"]})).json()["prompt"]
         assert text == "[user]hi[go]"
-    async with client(engine, response_role="bot") as http:
-        inline = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    inline = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    async with client(engine) as http:  # a request's own template needs the server's consent
+        refused = await http.post("/v1/chat/completions", json=chat_body(chat_template=inline))
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template"
+        assert "--trust-request-chat-template" in refused.json()["error"]["message"]
+    async with client(engine, response_role="bot", trust_request_chat_template=True) as http:
         response = await http.post("/v1/chat/completions", json=chat_body(chat_template=inline, max_tokens=3))
         assert response.json()["choices"][0]["message"]["role"] == "bot"
         broken = await http.post("/v1/chat/completions", json=chat_body(chat_template="{% for %}"))

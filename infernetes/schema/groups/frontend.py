@@ -21,6 +21,9 @@ ARGS = (
         nargs="+"),
     Arg("prompt-adapters", "name_path", None, G, "Prompt adapters to serve, each as name=path.", nargs="+"),
     Arg("chat-template", "str", None, G, "Chat template: a file path, or the Jinja template inline."),
+    Arg("trust-request-chat-template", "bool", False, G,
+        "Let requests bring their own chat_template (rendered in a sandboxed process, bounded in "
+        "time and memory); refused with HTTP 400 otherwise."),
     Arg("chat-template-content-format", "str", "auto", G,
         "How message content is handed to the chat template: as a plain string or as OpenAI-style parts.",
         choices=("auto", "string", "openai")),
@@ -55,14 +58,14 @@ ARGS = (
     Arg("max-concurrency", "int", None, G,
         "Most inference requests (completions, chat, embeddings) in flight at once; one more gets "
         "HTTP 429. Unlimited when unset.", minimum=1),
-    Arg("reasoning-effort", "str", None, G,
-        "Reasoning effort for requests that do not ask for one.", choices=("low", "medium", "high")),
-    Arg("api-server-count", "int", 1, G, "Number of API server processes.", aliases=("-asc",), minimum=1),
     Arg("shutdown-timeout", "int", 30, G,
         "Seconds in-flight requests may take to finish after SIGTERM/SIGINT; the rest are then "
         "aborted (a stream ends with finish_reason \"abort\"). Meanwhile new requests and /health "
         "get HTTP 503. 0 aborts at once, as in vLLM; the default drains, and ends before the "
         "operator's default terminationGracePeriodSeconds (60).", minimum=0),
+    Arg("reasoning-effort", "str", None, G,
+        "Reasoning effort for requests that do not ask for one.", choices=("low", "medium", "high")),
+    Arg("api-server-count", "int", 1, G, "Number of API server processes.", aliases=("-asc",), minimum=1),
     Arg("headless", "bool", False, G, "Run engines only, without an API server (secondary nodes of multi-node data parallel).",
         operator_owned=True),
     Arg("data-parallel-start-rank", "int", 0, G, "First data-parallel rank run on this node.", aliases=("-dpr",),
