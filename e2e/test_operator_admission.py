@@ -101,6 +101,11 @@ INVALID = [
     ("rollout-enum", variant({"rollout.strategy": "BlueGreen"}), "spec.rollout.strategy: Unsupported value"),
     ("shm-quantity", variant({"shmSize": "lots"}), "spec.shmSize"),
     ("startup-budget-minimum", variant({"probes.startupTimeoutSeconds": 5}), "spec.probes.startupTimeoutSeconds"),
+    (
+        "drain-outlasts-grace-period",
+        variant({"terminationGracePeriodSeconds": 30, "engine.shutdownTimeout": 45}),
+        "spec.engine.shutdownTimeout",
+    ),
     ("secret-ref-needs-name", variant({"hfTokenSecretRef": {"key": "t"}}), "spec.hfTokenSecretRef.name: Required value"),
     ("name-too-long-for-service", variant(name="a" * 60), "metadata.name"),
 ]

@@ -10,7 +10,11 @@ import yaml
 from infernetes.operator import names
 from infernetes.operator.engine_schema import engine_env_schema, engine_schema
 from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
-from infernetes.operator.spec_schema import ROOT_RULES, platform_properties
+from infernetes.operator.spec_schema import (
+    ROOT_RULES,
+    TERMINATION_GRACE_SECONDS,
+    platform_properties,
+)
 
 CONDITION_TYPES = ["Ready", "Available", "Progressing", "Degraded", "Scheduled"]
 
@@ -70,6 +74,16 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
                 " || !has(self.gpu) || !has(self.gpu.count) || self.gpu.count == 0",
                 "engine.device cpu runs without GPUs: gpu.count must be 0 or unset",
                 field_path=".gpu.count",
+            )
+        )
+    if "shutdownTimeout" in engine_properties:
+        grace = f"(has(self.terminationGracePeriodSeconds) ? self.terminationGracePeriodSeconds : {TERMINATION_GRACE_SECONDS})"
+        rules.append(
+            rule(
+                f"!has(self.engine) || !has(self.engine.shutdownTimeout) || self.engine.shutdownTimeout < {grace}",
+                "engine.shutdownTimeout must be less than terminationGracePeriodSeconds: the pod is killed "
+                "when the grace period ends, cutting the drain short",
+                field_path=".engine.shutdownTimeout",
             )
         )
     return rules

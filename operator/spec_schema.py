@@ -26,6 +26,10 @@ SERVICE_TYPES = ["ClusterIP", "NodePort", "LoadBalancer"]
 # Variables only a Secret reference may set.
 SECRET_ONLY_ENV = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]
 PVC_MODEL_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^/].*$"
+TERMINATION_GRACE_SECONDS = 60
+# How much of the grace period the server's drain leaves for aborting what is left, stopping the
+# engine and exiting, when spec.engine.shutdownTimeout is unset.
+SHUTDOWN_MARGIN_SECONDS = 10
 
 
 def _name(description: str) -> Schema:
@@ -259,7 +263,12 @@ def platform_properties() -> dict[str, Schema]:
         "monitoring": monitoring_schema(),
         "rollout": rollout_schema(),
         "terminationGracePeriodSeconds": integer(
-            "Time to finish in-flight requests on shutdown.", minimum=0, maximum=3600, default=60
+            "Time a pod has to stop before it is killed. The server drains in-flight requests for "
+            f"engine.shutdownTimeout seconds, by default this minus {SHUTDOWN_MARGIN_SECONDS}, "
+            "then aborts the rest and exits.",
+            minimum=0,
+            maximum=3600,
+            default=TERMINATION_GRACE_SECONDS,
         ),
     }
 

@@ -8,7 +8,11 @@ from typing import Any
 from infernetes.operator import names
 from infernetes.operator.argv import engine_argv, engine_env
 from infernetes.operator.facts import ClusterFacts
-from infernetes.operator.spec_schema import GPU_VENDORS
+from infernetes.operator.spec_schema import (
+    GPU_VENDORS,
+    SHUTDOWN_MARGIN_SECONDS,
+    TERMINATION_GRACE_SECONDS,
+)
 
 MODEL_MOUNT = "/mnt/models"
 CACHE_MOUNT = "/var/cache/huggingface"
@@ -137,13 +141,22 @@ def _volumes(spec: Mapping[str, Any], source: ModelSource, gpus: int) -> tuple[l
     return volumes, mounts
 
 
+def grace_period(spec: Mapping[str, Any]) -> int:
+    return spec.get("terminationGracePeriodSeconds", TERMINATION_GRACE_SECONDS)
+
+
 def container_args(spec: Mapping[str, Any]) -> list[str]:
     """The argv after `infernetes serve`: operator-owned flags, then spec.engine's."""
     source = model_source(spec)
     args = [f"--model={source.arg}", "--host=0.0.0.0", f"--port={names.SERVER_PORT}"]
     if source.pass_served_name:
         args += ["--served-model-name", source.served_name]
-    return args + engine_argv(spec.get("engine") or {})
+    engine = spec.get("engine") or {}
+    if engine.get("shutdownTimeout") is None:
+        # The drain must end before the kubelet's SIGKILL at the end of the grace period (a
+        # shutdownTimeout the user sets is checked against it at admission).
+        args.append(f"--shutdown-timeout={max(0, grace_period(spec) - SHUTDOWN_MARGIN_SECONDS)}")
+    return args + engine_argv(engine)
 
 
 def container(spec: Mapping[str, Any], facts: ClusterFacts, mounts: list[dict[str, Any]], gpus: int) -> dict:
@@ -179,7 +192,7 @@ def pod_spec(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, Any]:
     pod: dict[str, Any] = {
         # Service links would put <SERVICE>_PORT variables (VLLM_PORT for a Service named vllm) in the env.
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": spec.get("terminationGracePeriodSeconds", 60),
+        "terminationGracePeriodSeconds": grace_period(spec),
         "containers": [container(spec, facts, mounts, gpus)],
     }
     node_selector = dict(spec.get("nodeSelector") or {})

@@ -111,6 +111,15 @@ def test_cel_rules_reference_existing_fields() -> None:
     assert any("tensorParallelSize" in r for r in spec_rules)
 
 
+def test_shutdown_timeout_must_end_before_the_grace_period() -> None:
+    schema = spec_schema()
+    (drain,) = [r for r in schema["x-kubernetes-validations"] if r.get("fieldPath") == ".engine.shutdownTimeout"]
+    assert "self.engine.shutdownTimeout < " in drain["rule"] and "self.terminationGracePeriodSeconds" in drain["rule"]
+    assert "terminationGracePeriodSeconds" in drain["message"]
+    assert schema["properties"]["terminationGracePeriodSeconds"]["default"] == 60
+    assert schema["properties"]["engine"]["properties"]["shutdownTimeout"]["minimum"] == 0
+
+
 def test_strings_in_rules_are_bounded() -> None:
     # CEL's cost estimate needs a maxLength on strings the rules read.
     props = spec_schema()["properties"]

@@ -7,6 +7,8 @@ from infernetes.operator.render import plan, render
 from infernetes.operator.render.service import service_link_variables, service_name_for
 from infernetes.operator.render.workload import gpus_per_replica, rollout_strategy
 
+from infernetes.schema.parser import parse_serve_args
+
 FACTS = ClusterFacts()
 
 
@@ -148,3 +150,26 @@ def test_facts_from_api_versions() -> None:
     assert facts.serves("monitoring.coreos.com/v1", "PodMonitor")
     with pytest.raises(ValueError, match="group/version"):
         ClusterFacts.from_api_versions(["monitoring"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "grace", "flag"),
+    [
+        ({"model": "x"}, 60, "--shutdown-timeout=50"),
+        ({"model": "x", "terminationGracePeriodSeconds": 300}, 300, "--shutdown-timeout=290"),
+        ({"model": "x", "terminationGracePeriodSeconds": 5}, 5, "--shutdown-timeout=0"),
+        (
+            {"model": "x", "terminationGracePeriodSeconds": 120, "engine": {"shutdownTimeout": 100}},
+            120,
+            "--shutdown-timeout=100",
+        ),
+    ],
+)
+def test_drain_ends_before_the_grace_period(spec: dict, grace: int, flag: str) -> None:
+    """The server drains for engine.shutdownTimeout, else the grace period less a margin, so the
+    kubelet's SIGKILL never cuts a drain short; the flag is rendered once either way."""
+    rendered = pod(spec)
+    assert rendered["terminationGracePeriodSeconds"] == grace
+    args = rendered["containers"][0]["args"]
+    assert [arg for arg in args if arg.startswith("--shutdown-timeout")] == [flag]
+    assert parse_serve_args(args).shutdown_timeout < max(grace, 1)
