@@ -28,25 +28,13 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
+from bench._server import cli, free_port, wait_healthy
+
 TARGET_RATIO = 0.85
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "infernetes.cli.main", *args]
 
 
 # Llama shapes (transformers config fields) selectable by --shape.
@@ -73,23 +61,8 @@ def _make_model(directory: Path, shape: str) -> Path:
     return make_tiny_model(directory, "LlamaForCausalLM", **SHAPES[shape])
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the server did not become healthy")
-
-
 def offline_round(engine_args: list[str], dataset: list[str], out: Path, env: dict[str, str]) -> float:
-    subprocess.run(_cli("bench", "throughput", *dataset, "--output-json", str(out), *engine_args),
+    subprocess.run(cli("bench", "throughput", *dataset, "--output-json", str(out), *engine_args),
                    check=True, stdout=subprocess.DEVNULL, env=env)
     return json.loads(out.read_text())["output_throughput"]
 
@@ -121,17 +94,17 @@ def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, ou
                 log: Path, env: dict[str, str]) -> tuple[float, float, float]:
     """Served output tokens/s, and the server's engine and HTTP-side CPU seconds per
     output token (a measure of the HTTP cost that other load on the machine does not skew)."""
-    port = _free_port()
+    port = free_port()
     with open(log, "ab") as log_file:
         server = subprocess.Popen(
-            _cli("serve", *engine_args, "--host", "127.0.0.1", "--port", str(port),
-                 "--disable-log-requests", "--disable-uvicorn-access-log"),
+            cli("serve", *engine_args, "--host", "127.0.0.1", "--port", str(port),
+                "--disable-log-requests", "--disable-uvicorn-access-log"),
             stdout=log_file, stderr=subprocess.STDOUT, env=env)
         try:
-            _wait_healthy(f"http://127.0.0.1:{port}", server)
+            wait_healthy(f"http://127.0.0.1:{port}", server)
             before = _thread_cpu(server.pid)
-            subprocess.run(_cli("bench", "serve", "--port", str(port), *dataset,
-                                "--max-concurrency", str(concurrency), "--result-filename", str(out)),
+            subprocess.run(cli("bench", "serve", "--port", str(port), *dataset,
+                               "--max-concurrency", str(concurrency), "--result-filename", str(out)),
                            check=True, stdout=subprocess.DEVNULL, env=env)
             engine_cpu, http_cpu = http_side_share(before, _thread_cpu(server.pid), server.pid)
         finally:
