@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
@@ -56,16 +58,30 @@ def assert_clean_exit(server, children: list[psutil.Process]) -> None:
     assert not alive, f"left behind: {alive}"
 
 
+def wait_running(server, count: int) -> None:
+    """Until the engine reports ``count`` requests running (its gauge follows each step)."""
+    for _ in range(300):
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        found = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE)
+        if found and float(found.group(1)) == count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"never {count} requests running")
+
+
 def test_sigterm_aborts_what_outlasts_the_timeout(server_process_factory, long_context_model):
     server = start(server_process_factory, long_context_model,
                    ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)], "shutdown-deadline.log")
     try:
         body = stream_body(long_context_model, LONG_CONTEXT - 16)
-        with httpx.Client(timeout=60) as http, \
+        whole_body = {**body, "stream": False, "stream_options": None}
+        with httpx.Client(timeout=60) as http, ThreadPoolExecutor(1) as pool, \
                 http.stream("POST", f"{server.url}/v1/completions", json=body) as response:
             lines = response.iter_lines()
             first = next(line for line in lines if line.startswith("data: {"))
             assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+            whole = pool.submit(httpx.post, f"{server.url}/v1/completions", json=whole_body, timeout=60)
+            wait_running(server, 2)
             children = engine_children(server)
             signalled = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
@@ -85,10 +101,13 @@ def test_sigterm_aborts_what_outlasts_the_timeout(server_process_factory, long_c
         assert reasons[-1] == "abort" and set(reasons[:-1]) <= {None}
         assert events[-1]["usage"]["completion_tokens"] < LONG_CONTEXT - 16
         assert SHUTDOWN_TIMEOUT_S - 0.1 <= ended_after < SHUTDOWN_TIMEOUT_S + 8
+        # A whole (non-streamed) response is cut short the same way, with its text so far.
+        cut = whole.result()
+        assert cut.status_code == 200 and cut.json()["choices"][0]["finish_reason"] == "abort"
         assert_clean_exit(server, children)
         log = server.tail()
-        assert "SIGTERM: draining 1 request(s) in flight for at most 2 s" in log
-        assert "0 request(s) finished, 1 aborted" in log
+        assert "SIGTERM: draining 2 request(s) in flight for at most 2 s" in log
+        assert "0 request(s) finished, 2 aborted" in log
     finally:
         server.stop()
 
