@@ -5,8 +5,10 @@ Every failure a client can cause maps to a 4xx here; only a fault of our own is 
 
 from __future__ import annotations
 
+import json
 import logging
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -51,8 +53,17 @@ def error_body(message: str, status: int, param: str | None = None) -> dict:
     return ErrorResponse(error=info).model_dump()
 
 
-def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status)
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: an error message may quote the client's text, and a lone
+    surrogate in it would fail UTF-8 encoding (a 500 for answering a 400)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
+def error_response(message: str, status: int, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return _AsciiJSONResponse(error_body(message, status, param), status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -79,7 +90,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(str(exc.detail), exc.status_code)
+        return error_response(str(exc.detail), exc.status_code, headers=exc.headers)  # 405: Allow
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

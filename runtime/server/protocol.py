@@ -7,6 +7,7 @@ and vLLM do, so newer clients keep working.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -21,6 +22,42 @@ def random_id(prefix: str) -> str:
 class OpenAIBase(BaseModel):
     # NaN and Infinity parse as JSON numbers in Python; no request field means anything with them.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _first_lone_surrogate(value: Any) -> str | None:
+    """The path of the first string holding a lone surrogate (JSON can escape one, e.g. "\\ud800";
+    no tokenizer or UTF-8 encoder takes it). Iterative: a body may nest deeper than the stack."""
+    pending = [(value, "")]
+    while pending:
+        item, path = pending.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if _LONE_SURROGATE.search(key):
+                    return path or "body"
+                pending.append((child, f"{path}.{key}" if path else key))
+        elif isinstance(item, list):
+            pending.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return None
+
+
+class RequestBody(OpenAIBase):
+    """A whole request body: its text must be valid Unicode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            found = _first_lone_surrogate(data)
+            if found:
+                raise ValueError(f"{found[:200]}: the text holds a lone UTF-16 surrogate "
+                                 "(\\ud800-\\udfff), which is not valid Unicode")
+        return data
 
 
 # ---------------------------------------------------------------- errors
@@ -64,7 +101,7 @@ class ResponseFormat(OpenAIBase):
         return self
 
 
-class SamplingFields(OpenAIBase):
+class SamplingFields(RequestBody):
     """Fields common to completions and chat: OpenAI's plus vLLM's extras."""
 
     model: str | None = None
@@ -229,11 +266,25 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+class FunctionCallIn(OpenAIBase):
+    name: str
+    # OpenAI sends a JSON string; some clients send the object itself
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(OpenAIBase):
+    """A tool call of an earlier assistant message, as the client sends it back."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(OpenAIBase):
     role: str = Field(min_length=1)
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
@@ -318,7 +369,7 @@ class ChatCompletionResponse(BaseModel):
 # ---------------------------------------------------------------- embeddings
 
 
-class EmbeddingRequest(OpenAIBase):
+class EmbeddingRequest(RequestBody):
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
@@ -352,13 +403,13 @@ class EmbeddingResponse(BaseModel):
 # ---------------------------------------------------------------- tokenizer routes
 
 
-class TokenizeCompletionRequest(OpenAIBase):
+class TokenizeCompletionRequest(RequestBody):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
 
 
-class TokenizeChatRequest(OpenAIBase):
+class TokenizeChatRequest(RequestBody):
     model: str | None = None
     messages: list[ChatMessageIn] = Field(min_length=1)
     add_generation_prompt: bool = True
@@ -378,7 +429,7 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(OpenAIBase):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
 

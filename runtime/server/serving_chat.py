@@ -16,7 +16,7 @@ from typing import Any
 
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.server.chat_template import ChatRenderer
-from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.errors import APIError, error_body
 from infernetes.runtime.server.logprobs_format import LogprobFormatter
 from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
@@ -342,8 +342,7 @@ class ChatServing(ServingBase):
                 yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
                            "model": model, "choices": [], "usage": usage})
         except APIError as exc:
-            yield sse({"error": {"message": exc.message, "type": "BadRequestError",
-                                 "param": exc.param, "code": exc.status}})
+            yield sse(error_body(exc.message, exc.status, exc.param))
         yield DONE
 
     def _token_ids_mode(self, request: ChatCompletionRequest) -> bool:

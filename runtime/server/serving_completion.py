@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.errors import APIError, error_body
 from infernetes.runtime.server.logprobs_format import LogprobFormatter
 from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
@@ -204,8 +204,7 @@ class CompletionServing(ServingBase):
                            "model": model, "choices": [],
                            "usage": self._usage(prompt_tokens, completion_tokens, cached_tokens)})
         except APIError as exc:
-            yield sse({"error": {"message": exc.message, "type": "BadRequestError",
-                                 "param": exc.param, "code": exc.status}})
+            yield sse(error_body(exc.message, exc.status, exc.param))
         yield DONE
 
     def _usage(self, prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict:
