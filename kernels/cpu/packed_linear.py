@@ -6,6 +6,14 @@ the product (measured here: the 32000-row LM head at 64 rows 8.5 ms plain, 4.6 m
 once at load gives bit-identical results on AVX-512 CPUs; on AMX CPUs oneDNN may sum larger batches
 in another order (within bf16 rounding). float32 stays on ``F.linear``: its packed path sums in
 another order, and the float32 runs are the ones compared exactly with transformers.
+
+oneDNN builds a primitive for each input shape and keeps it in two caches (oneDNN's own and
+ideep's, 1,024 entries each), about 0.7-1 MB of heap per shape. The row count is the number of
+tokens in an engine step, which takes hundreds of values under a varied load: measured on a tiny
+model, the engine process grew by ~2 GB before those caches filled. So the rows are padded up to
+one of a few sizes (``padded_rows``): at most 8 per doubling, a bounded set of primitives built
+once, at most 12.5% more rows. Rows are computed independently, so the padding changes nothing
+in the real rows' results.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import functools
 import logging
 
 import torch
+import torch.nn.functional as F
 from infernetes.kernels.cpu import native
 
 logger = logging.getLogger(__name__)
@@ -42,8 +51,21 @@ def _warn_unpacked(dtype: torch.dtype, reason: str) -> None:
     logger.warning("oneDNN cannot pack %s weights here (%s): CPU linear layers run unpacked", dtype, reason)
 
 
+def padded_rows(rows: int) -> int:
+    """The row count a product of `rows` rows runs at: `rows` itself below 16 (small decode
+    batches, where extra rows would cost time), else rounded up to a multiple of 1/8 of the
+    power of two below it (8 sizes per doubling)."""
+    step = 1 << max(rows.bit_length() - 4, 0)
+    return -(-rows // step) * step
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` with the weight from `pack_weight`; `x` is `[..., K]`."""
     flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    # Under torch.compile the row count is symbolic; the compiled graph handles its shapes.
+    padded = rows if torch.compiler.is_compiling() else padded_rows(rows)
+    if padded != rows:
+        flat = F.pad(flat, (0, 0, 0, padded - rows))
     out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
-    return out.view(*x.shape[:-1], out.shape[-1])
+    return out[:rows].view(*x.shape[:-1], out.shape[-1])

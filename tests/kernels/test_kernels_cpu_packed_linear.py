@@ -1,6 +1,7 @@
 """CPU linear layers with oneDNN-packed bf16/fp16 weights give what F.linear gives (bit for bit on
 AVX-512 CPUs; within bf16 rounding where oneDNN picks another kernel for the packed layout, as on
-AMX CPUs), and the engine produces the same tokens with the CPU kernels on and off."""
+AMX CPUs), and the engine produces the same tokens with the CPU kernels on and off. Row counts
+reach oneDNN padded to a few sizes, so its per-shape primitive caches stay small."""
 
 from __future__ import annotations
 
@@ -30,6 +31,39 @@ def test_packed_linear_matches_f_linear(dtype, rows):
         # one unit in the last place of the 16-bit result: only the summation order may differ
         torch.testing.assert_close(packed_linear.linear(x, packed, b), F.linear(x, weight, b), rtol=2**-7, atol=1e-2)
     assert packed_linear.linear(x.view(1, rows, 40), packed, None).shape == (1, rows, 96)
+
+
+def test_padded_rows_are_few_sizes_at_most_an_eighth_larger():
+    sizes = {packed_linear.padded_rows(rows) for rows in range(1, 8193)}
+    assert len(sizes) == 88  # 15 exact small counts, then 8 per doubling
+    for rows in range(1, 8193):
+        padded = packed_linear.padded_rows(rows)
+        assert rows <= padded <= rows * 1.125
+        assert padded == rows or rows >= 16  # decode batches under 16 rows run as they are
+
+
+@needs_onednn
+def test_onednn_sees_only_padded_row_counts_and_the_real_rows_are_unchanged(monkeypatch):
+    # Every distinct row count builds a oneDNN primitive that its caches keep (~1 MB each):
+    # unpadded, an engine process grew by about 2 GB under a varied load.
+    seen = set()
+    onednn_linear = torch.ops.mkldnn._linear_pointwise
+
+    def recording(x, *args):
+        seen.add(x.shape[0])
+        return onednn_linear(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", recording)
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 32, generator=gen).to(torch.bfloat16)
+    packed = packed_linear.pack_weight(weight)
+    x = torch.randn(600, 32, generator=gen).to(torch.bfloat16)
+    for rows in range(1, 601):
+        out = packed_linear.linear(x[:rows], packed, None)
+        assert out.shape == (rows, 48)
+        torch.testing.assert_close(out, F.linear(x[:rows], weight), rtol=2**-7, atol=1e-2)
+    assert seen == {packed_linear.padded_rows(rows) for rows in range(1, 601)}
+    assert len(seen) < 70
 
 
 def test_float32_and_fp8_weights_stay_plain(monkeypatch):
