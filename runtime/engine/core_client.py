@@ -29,6 +29,7 @@ from infernetes.runtime.engine.engine_core import (
     StatsBuffer,
     engine_info,
 )
+from infernetes.runtime.logging_config import LoggingSettings, configure_logging
 from infernetes.runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class CoreProcess:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
-            target=run_core_process, args=(config, child_conn, logging.getLogger().level),
+            target=run_core_process, args=(config, child_conn, LoggingSettings.from_env()),
             name="infernetes-engine-core", daemon=True)
         self._process.start()
         child_conn.close()
@@ -206,15 +207,15 @@ class OutputCodec:
         return message
 
 
-def run_core_process(config: Any, conn: Any, log_level: int) -> None:
+def run_core_process(config: Any, conn: Any, logging_settings: LoggingSettings) -> None:
     """The core process's main: load the engine, say ready (or why not), then serve commands
     until shutdown or until the API process goes away (the pipe closes)."""
     global _process_tokenizer
     # The API process owns the signals: SIGTERM drains there first, then it stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=log_level or logging.INFO,
-                        format=f"%(levelname)s %(asctime)s [core pid {os.getpid()}] %(name)s: %(message)s")
+    configure_logging(logging_settings, tag=f"core pid {os.getpid()}")
+    logger.debug("engine core process started; loading %s", config.model)
 
     codec = OutputCodec()
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from infernetes.runtime.logging_config import LoggingSettings, configure_logging
 from infernetes.runtime.server.chat_template import load_chat_template
 from infernetes.runtime.server.errors import install_error_handlers
 from infernetes.runtime.server.http_protocol import HeaderDeadlineProtocol
@@ -225,12 +226,13 @@ def uvicorn_config(app: FastAPI, settings: FrontendSettings) -> Any:
     )
 
 
-def _configure_logging(settings: FrontendSettings) -> None:
+def _configure_logging(settings: FrontendSettings, logging_settings: LoggingSettings) -> None:
+    """The VLLM_* logging variables (as in the engine-core process), then --log-config-file,
+    which uvicorn applies too."""
+    configure_logging(logging_settings)
     if settings.log_config_file:
         with open(settings.log_config_file) as handle:
             logging.config.dictConfig(json.load(handle))
-    elif not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
 
 
 def _cache_config_labels(config: Any) -> dict[str, Any]:
@@ -242,12 +244,13 @@ def _cache_config_labels(config: Any) -> dict[str, Any]:
 def run_server(config: Any) -> None:
     """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death."""
     settings = FrontendSettings.from_config(config)
-    _configure_logging(settings)
     try:
+        logging_settings = LoggingSettings.from_env()
         check_frontend_settings(settings)
     except ValueError as exc:
         print(f"infernetes serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    _configure_logging(settings, logging_settings)
     state = ServerState(settings, cache_config=_cache_config_labels(config))
     if not settings.disable_log_stats:
         state.stat_fanout.loggers.append(LoggingStatLogger())
