@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,8 @@ from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 PromptInput = str | list[int] | dict[str, Any]
+
+logger = logging.getLogger(__name__)
 
 
 def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[str | list[int]]:
@@ -38,8 +41,11 @@ def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[str
 class LLM:
     def __init__(self, model: str, **engine_args: Any) -> None:
         from infernetes.schema.config import build_config
+        from infernetes.schema.support_check import check_support
 
         self.config = build_config(model=model, **engine_args)
+        for warning in check_support(self.config).warnings:
+            logger.warning(warning)
         self.llm_engine = LLMEngine.from_config(self.config)
         self._ids = itertools.count()
 

@@ -16,6 +16,7 @@ from infernetes.schema.args import CURRENT_ARGS
 from infernetes.schema.config import ConfigError, ServeConfig
 from infernetes.schema.model_info import resolve_model_defaults
 from infernetes.schema.parser import parse_serve_args
+from infernetes.schema.support_check import report_support
 
 SHOW_SECRETS = "--show-secrets"
 MASK = "***"
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     argv = [a for a in args.argv if a != SHOW_SECRETS]
     config = parse_serve_args(argv, prog="infernetes config")
+    report_support(config, "infernetes config")
     try:
         config = resolve_model_defaults(config)
     except ConfigError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from infernetes.schema.parser import parse_serve_args
+from infernetes.schema.support_check import report_support
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,6 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = parse_serve_args(args.argv, prog="infernetes serve")
+    report_support(config, "infernetes serve")  # exits 2 on a refused setting, before torch loads
     from infernetes.runtime.server.api_server import run_server  # heavy: torch, fastapi
 
     run_server(config)

@@ -21,6 +21,7 @@ from infernetes.runtime.model_executor.loader import (
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
 
 from infernetes.schema.env import read_env
+from infernetes.schema.support_check import refuse_unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -118,11 +119,7 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
     environ = dict(os.environ) if environ is None else environ
     if config.model is None:
         raise ValueError("model is required: a local folder or a Hugging Face model id")
-    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        if getattr(config, name) != 1:
-            raise ValueError(f"{name}={getattr(config, name)} is not supported yet; this engine runs in one process (1)")
-    if config.quantization not in (None, "fp8"):
-        raise ValueError(f"quantization={config.quantization!r} is not supported yet; supported: fp8")
+    refuse_unsupported(config, environ)  # the support table; its warnings are the caller's to show
     device = resolve_device(config.device)
     path = resolve_model_path(config.model, config.revision, config.download_dir, config.hf_token)
     hf_config = load_hf_config(

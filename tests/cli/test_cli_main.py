@@ -53,19 +53,19 @@ def test_every_subcommand_help_imports_nothing_heavy():
 
 
 def test_config_prints_grouped_json(capsys):
-    assert cli_main.main(["config", "org/model", "-tp", "2", "--max_model_len", "1k"]) == 0
+    assert cli_main.main(["config", "org/model", "--max-num-seqs", "8", "--max_model_len", "1k"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["ParallelConfig"]["tensor_parallel_size"] == 2
+    assert out["SchedulerConfig"]["max_num_seqs"] == 8
     assert out["ModelConfig"]["max_model_len"] == 1000
     assert out["ModelConfig"]["model"] == "org/model"
     assert out["CacheConfig"]["gpu_memory_utilization"] == 0.9
 
 
 def test_config_sends_deprecations_to_stderr(capsys):
-    assert cli_main.main(["config", "m", "--worker-use-ray"]) == 0
+    assert cli_main.main(["config", "m", "--max-context-len-to-capture", "4096"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["ParallelConfig"]["distributed_executor_backend"] == "ray"
-    assert "--worker-use-ray is deprecated" in captured.err
+    assert json.loads(captured.out)["ModelConfig"]["max_seq_len_to_capture"] == 4096
+    assert "--max-context-len-to-capture is deprecated" in captured.err
 
 
 def test_config_rejects_bad_input_with_exit_2(capsys):

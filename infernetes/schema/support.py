@@ -1,0 +1,349 @@
+"""How the runtime treats each serve argument and each environment variable: the one table.
+
+Every current ``Arg`` (by dest) and every ``EnvVar`` (by name) has an entry here, and nowhere else
+is it written down (tests check both). An entry is one of:
+
+- ``HONOURED``: does what vLLM's does.
+- ``partial(values, reason)``: honoured for ``values``; any other value is refused, or with
+  ``others="no_effect"`` accepted with a warning (the runtime falls back to a default).
+- ``no_effect(reason)``: accepted; a value other than the default logs one warning saying why.
+- ``refused(reason)``: only the default works; any other value stops ``serve`` with exit 2.
+
+``infernetes.schema.support_check`` applies the table to a configuration and an environment; the
+operator's CRD narrows its fields by it. Moving an argument from refused to honoured is a change of
+its entry here, together with the code and the test that make it true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["honoured", "partial", "no_effect", "refused"]
+
+
+@dataclass(frozen=True)
+class Support:
+    kind: Kind
+    reason: str = ""
+    values: tuple[Any, ...] = ()
+    others: Literal["refused", "no_effect"] = "refused"  # for "partial": the values not listed
+
+
+HONOURED = Support("honoured")
+
+
+def partial(values: tuple[Any, ...], reason: str, others: Literal["refused", "no_effect"] = "refused") -> Support:
+    return Support("partial", reason, tuple(values), others)
+
+
+def no_effect(reason: str) -> Support:
+    return Support("no_effect", reason)
+
+
+def refused(reason: str) -> Support:
+    return Support("refused", reason)
+
+
+# Reasons shared by several entries.
+ONE_GPU = "one GPU per engine for now (tensor, pipeline and data parallelism are planned)"
+LORA_PLANNED = "LoRA adapters are planned, not built yet"
+LORA_OFF = "LoRA adapters are planned; without --enable-lora vLLM ignores it too"
+PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
+TEXT_ONLY = "the models served here take text only: there are no images, audio or video to process"
+V0_ONLY = "a vLLM V0 scheduler setting; V1, which this engine follows, ignores it too"
+NO_RAY = "there is no Ray executor here"
+SINGLE_PROCESS = "the model runs in one worker process: there is nothing to distribute"
+NO_KERNEL = "it selects a kernel this engine does not have (its own Triton kernels run instead)"
+OTHER_HARDWARE = "it only matters on hardware this engine does not target (TPU, HPU, Neuron, OpenVINO, ROCm)"
+BUILD_TIME = "a build-time variable of vLLM's own compilation; nothing here is built from it"
+VLLM_TESTS = "a switch of vLLM's own test suite"
+NO_USAGE_STATS = "this server collects and sends no usage statistics"
+
+ARG_SUPPORT: dict[str, Support] = {
+    # ---------------------------------------------------------------- frontend
+    "host": HONOURED,
+    "port": HONOURED,
+    "uvicorn_log_level": HONOURED,
+    "disable_uvicorn_access_log": HONOURED,
+    "allow_credentials": HONOURED,
+    "allowed_origins": HONOURED,
+    "allowed_methods": HONOURED,
+    "allowed_headers": HONOURED,
+    "api_key": HONOURED,
+    "lora_modules": refused(LORA_PLANNED),
+    "prompt_adapters": refused(PROMPT_ADAPTERS),
+    "chat_template": HONOURED,
+    "trust_request_chat_template": HONOURED,
+    "chat_template_content_format": HONOURED,
+    "response_role": HONOURED,
+    "ssl_keyfile": HONOURED,
+    "ssl_certfile": HONOURED,
+    "ssl_ca_certs": HONOURED,
+    "enable_ssl_refresh": HONOURED,
+    "ssl_cert_reqs": HONOURED,
+    "root_path": HONOURED,
+    "middleware": HONOURED,
+    "return_tokens_as_token_ids": HONOURED,
+    "disable_frontend_multiprocessing": no_effect(
+        "the HTTP server always runs in the main process; the engine core's own process is "
+        "VLLM_ENABLE_V1_MULTIPROCESSING"),
+    "enable_request_id_headers": HONOURED,
+    "enable_auto_tool_choice": HONOURED,
+    "tool_call_parser": partial(("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "qwen"),
+                                "the other parsers are not built yet"),
+    "tool_parser_plugin": refused("tool-parser plugins are not loaded; use a built-in --tool-call-parser"),
+    "log_config_file": HONOURED,
+    "max_log_len": HONOURED,
+    "disable_fastapi_docs": HONOURED,
+    "enable_prompt_tokens_details": HONOURED,
+    "enable_server_load_tracking": HONOURED,
+    "disable_log_requests": HONOURED,
+    "max_concurrency": HONOURED,
+    "shutdown_timeout": HONOURED,
+    "reasoning_effort": no_effect("requests' chat templates do not receive it yet"),
+    "api_server_count": partial((1,), "one API server process per engine"),
+    "headless": refused("multi-node data parallelism is planned, not built yet"),
+    "data_parallel_start_rank": refused(ONE_GPU),
+    # ---------------------------------------------------------------- ModelConfig
+    "model": HONOURED,
+    "task": partial(("auto", "generate", "embedding", "embed"),
+                    "generation and embeddings are served; classify, score, reward, transcription "
+                    "and draft models are not yet"),
+    "tokenizer": HONOURED,
+    "hf_config_path": refused("the config is read from the model's own folder"),
+    "tokenizer_mode": partial(("auto", "slow"), "the mistral and custom tokenizer modes are not built yet"),
+    "skip_tokenizer_init": HONOURED,
+    "revision": HONOURED,
+    "code_revision": refused("remote code is loaded at --revision; a separate code revision is not supported"),
+    "tokenizer_revision": HONOURED,
+    "trust_remote_code": HONOURED,
+    "allowed_local_media_path": no_effect(TEXT_ONLY),
+    "config_format": partial(("auto", "hf"), "only Hugging Face config.json is read"),
+    "dtype": HONOURED,
+    "max_model_len": HONOURED,
+    "seed": HONOURED,
+    "max_logprobs": HONOURED,
+    "disable_sliding_window": no_effect("sliding-window attention is not applied by this engine yet"),
+    "disable_cascade_attn": no_effect("cascade attention is a FlashAttention path this engine does not have"),
+    "disable_log_stats": HONOURED,
+    "quantization": partial(("fp8",), "only --quantization fp8 of an unquantised checkpoint is built; "
+                                      "pre-quantized checkpoints are planned"),
+    "rope_scaling": HONOURED,
+    "rope_theta": HONOURED,
+    "hf_token": HONOURED,
+    "hf_overrides": HONOURED,
+    "enforce_eager": HONOURED,
+    "max_seq_len_to_capture": HONOURED,
+    "served_model_name": HONOURED,
+    "logits_processor_pattern": refused("logits processors named by requests are not loaded"),
+    "generation_config": HONOURED,
+    "override_generation_config": HONOURED,
+    "override_neuron_config": no_effect(OTHER_HARDWARE),
+    "override_pooler_config": refused("pooler overrides are not supported yet"),
+    "enable_sleep_mode": no_effect("sleep and wake_up are always available here (VLLM_SERVER_DEV_MODE routes)"),
+    "model_impl": partial(("auto", "vllm"), "the transformers fallback is planned, not built yet"),
+    "enable_prompt_embeds": refused("prompt embeddings are not supported yet"),
+    "disable_async_output_proc": no_effect("V1 has no async output processor to disable; vLLM V1 ignores it too"),
+    "attention_backend": partial(("auto", "TRITON_ATTN", "TORCH_SDPA"),
+                                 "FLASH_ATTN, FLASHINFER and XFORMERS are not built here: the device's "
+                                 "default backend runs instead", others="no_effect"),
+    # ---------------------------------------------------------------- LoadConfig
+    "load_format": partial(("auto", "pt", "safetensors", "dummy"), "the other weight formats are not supported yet"),
+    "download_dir": HONOURED,
+    "model_loader_extra_config": refused("no model loader here takes extra settings"),
+    "ignore_patterns": refused("weight files are chosen by --load-format; ignore patterns are not applied yet"),
+    "use_tqdm_on_load": HONOURED,
+    "pt_load_map_location": partial(("cpu",), "weights load to the CPU, then move to the device"),
+    # ---------------------------------------------------------------- DecodingConfig
+    "guided_decoding_backend": partial(("auto", "guidance"), "structured output runs on llguidance (guidance)"),
+    "guided_decoding_disable_fallback": no_effect("there is one backend (guidance), so nothing to fall back from"),
+    "guided_decoding_disable_any_whitespace": HONOURED,
+    "guided_decoding_disable_additional_properties": refused("not supported by the guidance backend here yet"),
+    "reasoning_parser": partial(("deepseek_r1", "qwen3"), "the other reasoning parsers are not built yet"),
+    # ---------------------------------------------------------------- ParallelConfig
+    "distributed_executor_backend": partial(("mp", "uni"), "with one worker, mp and uni are the same; " + NO_RAY),
+    "pipeline_parallel_size": partial((1,), ONE_GPU),
+    "tensor_parallel_size": partial((1,), ONE_GPU),
+    "data_parallel_size": partial((1,), ONE_GPU),
+    "data_parallel_size_local": refused(ONE_GPU),
+    "data_parallel_address": refused(ONE_GPU),
+    "data_parallel_rpc_port": refused(ONE_GPU),
+    "data_parallel_backend": partial(("mp",), NO_RAY),
+    "enable_expert_parallel": refused("mixture-of-experts models are planned, not built yet"),
+    "enable_eplb": refused("mixture-of-experts models are planned, not built yet"),
+    "enable_multimodal_encoder_data_parallel": no_effect(TEXT_ONLY),
+    "max_parallel_loading_workers": no_effect(SINGLE_PROCESS),
+    "ray_workers_use_nsight": refused(NO_RAY),
+    "disable_custom_all_reduce": no_effect("one GPU: there is no all-reduce"),
+    "worker_cls": refused("custom worker classes are not loaded"),
+    "worker_extension_cls": refused("worker extensions are not loaded"),
+    # ---------------------------------------------------------------- CacheConfig
+    "block_size": HONOURED,
+    "gpu_memory_utilization": HONOURED,
+    "kv_cache_memory_bytes": HONOURED,
+    "swap_space": no_effect("preempted requests are recomputed, never swapped to the CPU; vLLM V1 ignores it too"),
+    "kv_cache_dtype": HONOURED,
+    "num_gpu_blocks_override": HONOURED,
+    "enable_prefix_caching": HONOURED,
+    "prefix_caching_hash_algo": HONOURED,
+    "cpu_offload_gb": refused("weight offloading to the CPU is not supported yet"),
+    "calculate_kv_scales": HONOURED,
+    "kv_sharing_fast_prefill": refused("KV sharing across layers is not supported yet"),
+    # ---------------------------------------------------------------- MultiModalConfig
+    "limit_mm_per_prompt": no_effect(TEXT_ONLY),
+    "mm_processor_kwargs": no_effect(TEXT_ONLY),
+    "disable_mm_preprocessor_cache": no_effect(TEXT_ONLY),
+    # ---------------------------------------------------------------- LoRAConfig
+    "enable_lora": refused(LORA_PLANNED),
+    "enable_lora_bias": no_effect(LORA_OFF),
+    "max_loras": no_effect(LORA_OFF),
+    "max_lora_rank": no_effect(LORA_OFF),
+    "lora_extra_vocab_size": no_effect(LORA_OFF),
+    "lora_dtype": no_effect(LORA_OFF),
+    "long_lora_scaling_factors": no_effect(LORA_OFF),
+    "max_cpu_loras": no_effect(LORA_OFF),
+    "fully_sharded_loras": no_effect(LORA_OFF),
+    # ---------------------------------------------------------------- PromptAdapterConfig
+    "enable_prompt_adapter": refused(PROMPT_ADAPTERS),
+    "max_prompt_adapters": no_effect(PROMPT_ADAPTERS),
+    "max_prompt_adapter_token": no_effect(PROMPT_ADAPTERS),
+    # ---------------------------------------------------------------- DeviceConfig
+    "device": partial(("auto", "cpu", "cuda"), "NVIDIA GPUs and CPUs are the targets"),
+    # ---------------------------------------------------------------- SpeculativeConfig
+    "speculative_config": refused("speculative decoding is not supported yet"),
+    # ---------------------------------------------------------------- ObservabilityConfig
+    "show_hidden_metrics_for_version": HONOURED,
+    "otlp_traces_endpoint": refused("OpenTelemetry tracing is not supported yet"),
+    "collect_detailed_traces": no_effect("there is no tracing (--otlp-traces-endpoint) to add detail to"),
+    # ---------------------------------------------------------------- SchedulerConfig
+    "max_num_batched_tokens": HONOURED,
+    "max_num_seqs": HONOURED,
+    "max_num_partial_prefills": HONOURED,
+    "max_long_partial_prefills": HONOURED,
+    "long_prefill_token_threshold": HONOURED,
+    "num_lookahead_slots": no_effect("only speculative decoding uses lookahead slots"),
+    "scheduler_delay_factor": no_effect(V0_ONLY),
+    "enable_chunked_prefill": HONOURED,
+    "preemption_mode": partial(("recompute",), "preempted requests are recomputed; swapping is not supported"),
+    "num_scheduler_steps": no_effect(V0_ONLY),
+    "multi_step_stream_outputs": no_effect(V0_ONLY),
+    "scheduling_policy": HONOURED,
+    "scheduler_cls": refused("custom scheduler classes are not loaded"),
+    "disable_chunked_mm_input": no_effect(TEXT_ONLY),
+    "disable_hybrid_kv_cache_manager": no_effect("every layer shares one KV cache layout: there is no hybrid manager"),
+    "cuda_graph_sizes": HONOURED,
+    # ---------------------------------------------------------------- VllmConfig
+    "kv_transfer_config": refused("disaggregated prefill (KV transfer) is not supported"),
+    "kv_events_config": refused("KV cache events are not published"),
+    "compilation_config": HONOURED,
+    "additional_config": no_effect("platform plugins read it; there are none here"),
+}
+
+ENV_SUPPORT: dict[str, Support] = {
+    # Build-time variables of vLLM's own build.
+    **{name: no_effect(BUILD_TIME) for name in (
+        "VLLM_TARGET_DEVICE", "MAX_JOBS", "NVCC_THREADS", "VLLM_USE_PRECOMPILED",
+        "VLLM_TEST_USE_PRECOMPILED_NIGHTLY_WHEEL", "CMAKE_BUILD_TYPE", "VERBOSE", "CUDA_HOME")},
+    # Read by the libraries underneath (CUDA, huggingface_hub, torch, the dynamic loader).
+    "HF_TOKEN": HONOURED,
+    "CUDA_VISIBLE_DEVICES": HONOURED,
+    "OMP_NUM_THREADS": HONOURED,
+    "LD_LIBRARY_PATH": HONOURED,
+    "LOCAL_RANK": no_effect(SINGLE_PROCESS),
+    # Paths.
+    "VLLM_CONFIG_ROOT": no_effect("nothing here reads configuration from it"),
+    "VLLM_CACHE_ROOT": no_effect("compiled kernels are cached under ~/.cache/infernetes"),
+    "VLLM_ASSETS_CACHE": no_effect(TEXT_ONLY),
+    "VLLM_XLA_CACHE_PATH": no_effect(OTHER_HARDWARE),
+    "VLLM_RPC_BASE_PATH": no_effect("the engine core talks over a multiprocessing pipe, not IPC sockets"),
+    "VLLM_TORCH_PROFILER_DIR": no_effect("there are no profiler routes yet"),
+    "VLLM_USE_MODELSCOPE": refused("models load from local folders or the Hugging Face hub only"),
+    "S3_ACCESS_KEY_ID": no_effect("there is no S3 model loader (runai_streamer) here"),
+    "S3_SECRET_ACCESS_KEY": no_effect("there is no S3 model loader (runai_streamer) here"),
+    "S3_ENDPOINT_URL": no_effect("there is no S3 model loader (runai_streamer) here"),
+    "VLLM_CI_USE_S3": no_effect(VLLM_TESTS),
+    # Distributed execution.
+    "VLLM_HOST_IP": no_effect(SINGLE_PROCESS),
+    "VLLM_PORT": no_effect(SINGLE_PROCESS),
+    "VLLM_NCCL_SO_PATH": no_effect(SINGLE_PROCESS),
+    "VLLM_CUDART_SO_PATH": no_effect("there is no custom all-reduce that loads the CUDA runtime itself"),
+    "VLLM_WORKER_MULTIPROC_METHOD": no_effect(SINGLE_PROCESS),
+    "VLLM_PP_LAYER_PARTITION": no_effect(ONE_GPU),
+    "VLLM_SKIP_P2P_CHECK": no_effect(SINGLE_PROCESS),
+    "VLLM_DISABLE_CUSTOM_ALL_REDUCE": no_effect(SINGLE_PROCESS),
+    "VLLM_DP_RANK": refused(ONE_GPU),
+    "VLLM_DP_SIZE": refused(ONE_GPU),
+    "VLLM_DP_MASTER_IP": refused(ONE_GPU),
+    "VLLM_DP_MASTER_PORT": refused(ONE_GPU),
+    **{name: no_effect(NO_RAY) for name in (
+        "VLLM_RAY_PER_WORKER_GPUS", "VLLM_RAY_BUNDLE_INDICES", "VLLM_USE_RAY_SPMD_WORKER",
+        "VLLM_USE_RAY_COMPILED_DAG", "VLLM_USE_RAY_COMPILED_DAG_NCCL_CHANNEL",
+        "VLLM_USE_RAY_COMPILED_DAG_OVERLAP_COMM")},
+    "VLLM_RPC_TIMEOUT": no_effect("control calls to the engine core wait without a deadline yet"),
+    "VLLM_INSTANCE_ID": no_effect("nothing here is keyed by an instance id"),
+    # The server.
+    "VLLM_API_KEY": HONOURED,
+    "VLLM_ENGINE_ITERATION_TIMEOUT_S": no_effect("engine steps have no deadline yet"),
+    "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": HONOURED,
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": HONOURED,
+    "VLLM_SERVER_DEV_MODE": HONOURED,
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": no_effect(LORA_PLANNED),
+    "VLLM_IMAGE_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
+    "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
+    "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
+    "VLLM_MM_INPUT_CACHE_GIB": no_effect(TEXT_ONLY),
+    "VLLM_XGRAMMAR_CACHE_MB": no_effect("structured output runs on llguidance, not xgrammar"),
+    "VLLM_V0_USE_OUTLINES_CACHE": no_effect("structured output runs on llguidance, not outlines"),
+    "VLLM_LOGITS_PROCESSOR_THREADS": no_effect("logits processors run in the engine step's own thread"),
+    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": no_effect("outputs cross to the API process as one message per step"),
+    "VLLM_RINGBUFFER_WARNING_INTERVAL": no_effect("there is no shared-memory ring buffer"),
+    "VLLM_PLUGINS": no_effect("there is no plugin system"),
+    "VLLM_USAGE_STATS_SERVER": no_effect(NO_USAGE_STATS),
+    "VLLM_NO_USAGE_STATS": no_effect(NO_USAGE_STATS),
+    "VLLM_DO_NOT_TRACK": no_effect(NO_USAGE_STATS),
+    "VLLM_USAGE_SOURCE": no_effect(NO_USAGE_STATS),
+    # Logging.
+    "VLLM_CONFIGURE_LOGGING": no_effect("logging is configured by --log-config-file only, so far"),
+    "VLLM_LOGGING_CONFIG_PATH": no_effect("logging is configured by --log-config-file only, so far"),
+    "VLLM_LOGGING_LEVEL": no_effect("logging is configured by --log-config-file only, so far"),
+    "VLLM_LOGGING_PREFIX": no_effect("logging is configured by --log-config-file only, so far"),
+    "VLLM_TRACE_FUNCTION": no_effect("function tracing is not built"),
+    "VLLM_LOG_BATCHSIZE_INTERVAL": no_effect("batch sizes are reported by the periodic stats line"),
+    "VLLM_NO_DEPRECATION_WARNING": no_effect("deprecated flags always print their notice"),
+    # Engine and kernels.
+    "VLLM_USE_V1": partial((True,), "the engine is V1-shaped; there is no V0 engine"),
+    "VLLM_ATTENTION_BACKEND": partial(("TRITON_ATTN", "TORCH_SDPA"),
+                                      "FLASH_ATTN, FLASHINFER and XFORMERS are not built here: the device's "
+                                      "default backend runs instead", others="no_effect"),
+    "VLLM_ENABLE_V1_MULTIPROCESSING": HONOURED,
+    "VLLM_CPU_KVCACHE_SPACE": HONOURED,
+    **{name: no_effect(NO_KERNEL) for name in (
+        "VLLM_USE_TRITON_FLASH_ATTN", "VLLM_FLASH_ATTN_VERSION", "VLLM_USE_FLASHINFER_SAMPLER",
+        "VLLM_FLASHINFER_FORCE_TENSOR_CORES", "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_USE_FLASHINFER_MOE_FP16",
+        "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_USE_DEEP_GEMM", "VLLM_MLA_DISABLE", "VLLM_FUSED_MOE_CHUNK_SIZE",
+        "VLLM_ENABLE_MOE_ALIGN_BLOCK_SIZE_TRITON", "VLLM_USE_TRITON_AWQ", "VLLM_MARLIN_USE_ATOMIC_ADD",
+        "VLLM_DISABLED_KERNELS", "VLLM_CPU_MOE_PREPACK")},
+    "Q_SCALE_CONSTANT": no_effect("KV scales are measured from the first batch (--calculate-kv-scales)"),
+    "K_SCALE_CONSTANT": no_effect("KV scales are measured from the first batch (--calculate-kv-scales)"),
+    "V_SCALE_CONSTANT": no_effect("KV scales are measured from the first batch (--calculate-kv-scales)"),
+    **{name: no_effect(VLLM_TESTS) for name in (
+        "VLLM_TEST_DYNAMO_FULLGRAPH_CAPTURE", "VLLM_TEST_FORCE_FP8_MARLIN", "VLLM_TEST_FORCE_LOAD_FORMAT",
+        "VLLM_TEST_FORCE_MIXED_CHUNKED_PREFILL")},
+    "VLLM_USE_DUMMY_WEIGHTS": no_effect("use --load-format dummy"),
+    "VLLM_CPU_OMP_THREADS_BIND": no_effect("torch's own thread settings (OMP_NUM_THREADS) apply"),
+    **{name: no_effect(OTHER_HARDWARE) for name in (
+        "VLLM_SKIP_WARMUP", "VLLM_ROCM_FP8_PADDING", "VLLM_OPENVINO_DEVICE", "VLLM_OPENVINO_KVCACHE_SPACE",
+        "VLLM_OPENVINO_CPU_KV_CACHE_PRECISION", "VLLM_OPENVINO_ENABLE_QUANTIZED_WEIGHTS",
+        "VLLM_XLA_CHECK_RECOMPILATION", "VLLM_TPU_DISABLE_TOPK_TOPP_OPTIMIZATION",
+        "VLLM_USE_HPU_CONTIGUOUS_CACHE_FETCH")},
+}
+
+
+def arg_support(dest: str) -> Support:
+    return ARG_SUPPORT[dest]
+
+
+def env_support(name: str) -> Support:
+    return ENV_SUPPORT[name]

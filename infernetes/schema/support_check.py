@@ -1,0 +1,100 @@
+"""The support table applied: which settings of a configuration and an environment the runtime
+refuses (errors) and which it accepts without effect (warnings). ``serve``, ``config`` and the
+engine's own settings resolution all ask here, before anything heavy loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infernetes.schema.args import CURRENT_ARGS, Arg
+from infernetes.schema.env import ENV_VARS, read_env
+from infernetes.schema.support import ARG_SUPPORT, ENV_SUPPORT, Support
+
+_UNSET = (None, False, "", {}, [], ())
+
+
+@dataclass
+class SupportReport:
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if value == default:
+        return True
+    return any(value == unset for unset in _UNSET) and any(default == unset for unset in _UNSET)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value)
+    return str(value)
+
+
+def _values(support: Support) -> str:
+    return ", ".join(_shown(v) for v in support.values)
+
+
+def _judge(support: Support, what: str, value: Any, report: SupportReport) -> None:
+    """Files ``what`` (e.g. "argument --tensor-parallel-size 2"), set to ``value``, by its entry."""
+    if support.kind == "refused":
+        report.errors.append(f"{what} is not supported: {support.reason}")
+    elif support.kind == "no_effect":
+        report.warnings.append(f"{what} has no effect here: {support.reason}")
+    elif support.kind == "partial" and value not in support.values:
+        if support.others == "no_effect":
+            report.warnings.append(f"{what} has no effect here: {support.reason}")
+        else:
+            report.errors.append(f"{what} is not supported: {support.reason}; supported: {_values(support)}")
+
+
+def _flag_text(arg: Arg, value: Any) -> str:
+    names = "/".join((arg.flag, *arg.aliases))
+    return f"argument {names}" if value is True else f"argument {names} {_shown(value)}"
+
+
+def check_support(config: Any, environ: Mapping[str, str] | None = None) -> SupportReport:
+    """What the runtime would refuse or ignore of ``config`` (a ServeConfig or any object with the
+    dests as attributes) and of the ``VLLM_*`` variables set in ``environ``."""
+    report = SupportReport()
+    for arg in CURRENT_ARGS:
+        value = getattr(config, arg.dest, arg.default)
+        if not _is_default(value, arg.default):
+            _judge(ARG_SUPPORT[arg.dest], _flag_text(arg, value), value, report)
+    environ = os.environ if environ is None else environ
+    for var in ENV_VARS:
+        raw = environ.get(var.name)
+        if not raw or not var.name.startswith("VLLM_"):
+            continue
+        try:
+            value = read_env(var.name, environ)
+        except ValueError:
+            continue  # malformed values are reported where they are read
+        if not _is_default(value, var.default):
+            _judge(ENV_SUPPORT[var.name], f"{var.name}={raw}", value, report)
+    return report
+
+
+def report_support(config: Any, prog: str, environ: Mapping[str, str] | None = None) -> None:
+    """The command line's side: each warning printed once to stderr; refused settings printed as
+    argparse errors and the process exits 2."""
+    report = check_support(config, environ)
+    for warning in report.warnings:
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
+    if report.errors:
+        for error in report.errors:
+            print(f"{prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def refuse_unsupported(config: Any, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Raises ValueError listing every refused setting; returns the no-effect warnings."""
+    report = check_support(config, environ)
+    if report.errors:
+        raise ValueError("; ".join(report.errors))
+    return report.warnings

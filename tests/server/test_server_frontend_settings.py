@@ -1,0 +1,70 @@
+"""Frontend flags reach what they configure: uvicorn (log level, TLS client certificates, logging
+config, keep-alive), CORS, the chat template's content format and request logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from types import SimpleNamespace
+
+import httpx
+from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.server.api_server import build_app, uvicorn_config
+from infernetes.runtime.server.chat_template import normalize_messages
+from infernetes.runtime.server.protocol import ChatMessageIn
+from infernetes.runtime.server.serving_base import ServingBase
+from infernetes.runtime.server.settings import FrontendSettings
+from infernetes.runtime.server.state import ServerState
+
+from infernetes.schema.config import build_config
+
+
+def _settings(environ: dict | None = None, **flags) -> FrontendSettings:
+    return FrontendSettings.from_config(build_config("some/model", **flags), environ=environ or {})
+
+
+def test_uvicorn_gets_log_level_tls_logging_config_and_keep_alive(tmp_path):
+    log_config = {"version": 1, "disable_existing_loggers": False}
+    path = tmp_path / "logging.json"
+    path.write_text(json.dumps(log_config))
+    settings = _settings({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "17"}, uvicorn_log_level="debug",
+                         ssl_ca_certs="/certs/ca.pem", ssl_cert_reqs=ssl.CERT_REQUIRED,
+                         log_config_file=str(path))
+    config = uvicorn_config(build_app(ServerState(settings)), settings)
+    assert config.log_level == "debug"
+    assert (config.ssl_ca_certs, config.ssl_cert_reqs) == ("/certs/ca.pem", ssl.CERT_REQUIRED)
+    assert config.log_config == log_config
+    assert config.timeout_keep_alive == 17
+
+
+async def test_cors_credentials_and_allowed_headers():
+    settings = _settings(allowed_origins=["http://ui.example"], allow_credentials=True,
+                         allowed_headers=["x-tenant"])
+    transport = httpx.ASGITransport(app=build_app(ServerState(settings)))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        preflight = await client.options("/v1/models", headers={
+            "Origin": "http://ui.example", "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "x-tenant"})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-credentials"] == "true"
+        assert "x-tenant" in preflight.headers["access-control-allow-headers"]
+        refused = await client.options("/v1/models", headers={
+            "Origin": "http://ui.example", "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "x-other"})
+        assert refused.status_code == 400
+
+
+def test_chat_template_content_format_shapes_the_messages():
+    messages = [ChatMessageIn(role="user", content=[{"type": "text", "text": "hi"}])]
+    assert _settings(chat_template_content_format="openai").chat_template_content_format == "openai"
+    assert normalize_messages(messages, "openai")[0]["content"] == [{"type": "text", "text": "hi"}]
+    assert normalize_messages(messages, "string")[0]["content"] == "hi"
+
+
+def test_max_log_len_cuts_the_logged_prompt(caplog):
+    engine = SimpleNamespace(tokenizer=[0] * 10, max_model_len=64, model_config=SimpleNamespace(vocab_size=10))
+    serving = ServingBase(engine, _settings(max_log_len=5))
+    with caplog.at_level(logging.INFO, logger="infernetes.runtime.server"):
+        serving.log_request("r1", "abcdefghijklmnop", SamplingParams())
+    assert "'abcde'" in caplog.text and "abcdef" not in caplog.text
