@@ -28,6 +28,7 @@ from infernetes.runtime.server.chat_template import load_chat_template
 from infernetes.runtime.server.errors import install_error_handlers
 from infernetes.runtime.server.http_protocol import HeaderDeadlineProtocol
 from infernetes.runtime.server.log_stats import LoggingStatLogger
+from infernetes.runtime.server.memory import ReleaseMemoryMiddleware
 from infernetes.runtime.server.middleware import (
     APIKeyMiddleware,
     ConcurrencyLimitMiddleware,
@@ -117,13 +118,15 @@ def build_app(
     # add_middleware wraps: the last added runs first. Order, outermost first: CORS (so even a
     # 401 carries CORS headers and preflights never need a key), the drain gate (it counts every
     # request, and refuses new ones during a shutdown), request id, auth, the whole
-    # body read (bounded in size and time, before a slot is taken), load tracking, concurrency
-    # limit (after auth, so a bad key is a 401, not a 429), user middleware.
+    # body read (bounded in size and time, before a slot is taken), the memory release after a
+    # large body, load tracking, concurrency limit (after auth, so a bad key is a 401, not a
+    # 429), user middleware.
     import_user_middleware(app, settings.middleware)
     if settings.max_concurrency is not None:
         app.add_middleware(ConcurrencyLimitMiddleware, limit=settings.max_concurrency)
     if settings.enable_server_load_tracking:
         app.add_middleware(ServerLoadMiddleware, state=app.state)
+    app.add_middleware(ReleaseMemoryMiddleware)
     app.add_middleware(RequestBodyMiddleware)
     if settings.api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=settings.api_keys)

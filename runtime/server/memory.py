@@ -1,0 +1,64 @@
+"""Handing the memory a large request used back to the operating system.
+
+Tokenizing a 10 MB prompt allocates about a gigabyte in small pieces (the tokenizer's encoding of
+four million tokens: ids, offsets, token strings, and the Python list of ids) and frees it when the
+request ends. glibc's malloc keeps freed memory in its heaps unless it sits at a heap's top, so
+the API process stayed ~0.9 GB larger after one such prompt, for good. ``malloc_trim(0)`` returns
+the free pages of every heap (about 0.2 s for 1.5 GB, in a worker thread). It runs after each
+request whose body was large: ordinary requests never reach that high-water mark, and trimming
+after each of them would only cost time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LARGE_BODY_BYTES = 1 << 20
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+
+
+malloc_trim = _find_malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Return the C heaps' free pages to the operating system (a no-op without glibc)."""
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
+class ReleaseMemoryMiddleware:
+    """After a request whose body was at least ``threshold`` bytes, ``release_free_memory``."""
+
+    def __init__(self, app: ASGIApp, threshold: int = LARGE_BODY_BYTES) -> None:
+        self.app = app
+        self.threshold = threshold
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        finally:
+            if received >= self.threshold:
+                await asyncio.to_thread(release_free_memory)
