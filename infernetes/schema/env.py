@@ -54,7 +54,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     E("CUDA_HOME", "path", None, "CUDA toolkit folder (with bin/, include/, lib/).", build_time=True),
     # Where things live.
     E("VLLM_CONFIG_ROOT", "path", "~/.config/vllm", "Folder for configuration files."),
-    E("VLLM_CACHE_ROOT", "path", "~/.cache/vllm", "Folder for cache files."),
+    E("VLLM_CACHE_ROOT", "path", None, "Folder for cache files: the compiled CPU kernels go to its kernels/ "
+      "folder; $XDG_CACHE_HOME/infernetes (~/.cache/infernetes) when unset."),
     E("VLLM_ASSETS_CACHE", "path", "~/.cache/vllm/assets", "Folder for downloaded assets."),
     E("VLLM_XLA_CACHE_PATH", "path", "~/.cache/vllm/xla_cache", "Persistent XLA compilation cache (TPU)."),
     E("VLLM_RPC_BASE_PATH", "path", "/tmp", "Folder for the IPC sockets between the API server and the engine."),

@@ -5,8 +5,9 @@ per-user cache, keyed by the source, the flags, the compiler and the CPU, and lo
 ctypes: no torch headers, so a build takes about a second. Without a working C compiler the CPU
 path falls back to the torch reference, with one warning in the log.
 
-``INFERNETES_CPU_KERNELS=0`` turns the C kernels off; ``INFERNETES_KERNEL_CACHE`` moves the cache
-(default ``$XDG_CACHE_HOME/infernetes/kernels``, else ``~/.cache/infernetes/kernels``).
+``INFERNETES_CPU_KERNELS=0`` turns the C kernels off. The cache is ``INFERNETES_KERNEL_CACHE`` when
+set, else ``kernels/`` under ``VLLM_CACHE_ROOT`` (vLLM's folder for compiled artefacts), else
+``$XDG_CACHE_HOME/infernetes/kernels`` (``~/.cache/infernetes/kernels``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from infernetes.schema.env import read_env
+
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
 ENABLE_ENV = "INFERNETES_CPU_KERNELS"
 CACHE_ENV = "INFERNETES_KERNEL_CACHE"
+CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
 # Reassociation lets the compiler vectorise the dot products and sums; no -ffast-math, so exp,
 # infinities and NaNs keep their IEEE meaning.
 FLAGS = (
@@ -85,6 +89,8 @@ def enabled() -> bool:
 def cache_dir() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
+    if os.environ.get(CACHE_ROOT_ENV):
+        return Path(read_env(CACHE_ROOT_ENV)) / "kernels"
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "infernetes" / "kernels"
 

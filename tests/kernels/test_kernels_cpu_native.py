@@ -98,6 +98,22 @@ def test_kernel_is_built_once_into_the_cache(tmp_path, monkeypatch):
     assert native._build("paged_decode", compiler) == first and first.stat().st_mtime_ns == stamp
 
 
+def test_kernels_are_cached_under_vllm_cache_root(tmp_path, monkeypatch):
+    monkeypatch.delenv(native.CACHE_ENV, raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    built = native._build("paged_decode", native._compiler())
+    assert built.parent == tmp_path / "vllm-cache" / "kernels"
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "own"))  # the specific setting wins
+    assert native.cache_dir() == tmp_path / "own"
+
+
+def test_kernel_cache_default_without_vllm_cache_root(tmp_path, monkeypatch):
+    for name in (native.CACHE_ENV, "VLLM_CACHE_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert native.cache_dir() == tmp_path / "infernetes" / "kernels"
+
+
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv(native.ENABLE_ENV, "0")
     native.load.cache_clear()
