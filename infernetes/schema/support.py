@@ -253,7 +253,7 @@ ENV_SUPPORT: dict[str, Support] = {
     "LOCAL_RANK": no_effect(SINGLE_PROCESS),
     # Paths.
     "VLLM_CONFIG_ROOT": no_effect("nothing here reads configuration from it"),
-    "VLLM_CACHE_ROOT": no_effect("compiled kernels are cached under ~/.cache/infernetes"),
+    "VLLM_CACHE_ROOT": HONOURED,
     "VLLM_ASSETS_CACHE": no_effect(TEXT_ONLY),
     "VLLM_XLA_CACHE_PATH": no_effect(OTHER_HARDWARE),
     "VLLM_RPC_BASE_PATH": no_effect("the engine core talks over a multiprocessing pipe, not IPC sockets"),
@@ -305,10 +305,10 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_DO_NOT_TRACK": no_effect(NO_USAGE_STATS),
     "VLLM_USAGE_SOURCE": no_effect(NO_USAGE_STATS),
     # Logging.
-    "VLLM_CONFIGURE_LOGGING": no_effect("logging is configured by --log-config-file only, so far"),
-    "VLLM_LOGGING_CONFIG_PATH": no_effect("logging is configured by --log-config-file only, so far"),
-    "VLLM_LOGGING_LEVEL": no_effect("logging is configured by --log-config-file only, so far"),
-    "VLLM_LOGGING_PREFIX": no_effect("logging is configured by --log-config-file only, so far"),
+    "VLLM_CONFIGURE_LOGGING": HONOURED,
+    "VLLM_LOGGING_CONFIG_PATH": HONOURED,
+    "VLLM_LOGGING_LEVEL": HONOURED,
+    "VLLM_LOGGING_PREFIX": HONOURED,
     "VLLM_TRACE_FUNCTION": no_effect("function tracing is not built"),
     "VLLM_LOG_BATCHSIZE_INTERVAL": no_effect("batch sizes are reported by the periodic stats line"),
     "VLLM_NO_DEPRECATION_WARNING": no_effect("deprecated flags always print their notice"),
