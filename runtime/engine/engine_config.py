@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from infernetes.kernels.backend import startup_backend
 from infernetes.runtime.engine.scheduler import SchedulerLimits
 from infernetes.runtime.model_executor.loader import (
     ModelInfo,
@@ -121,6 +122,7 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
         raise ValueError("model is required: a local folder or a Hugging Face model id")
     refuse_unsupported(config, environ)  # the support table; its warnings are the caller's to show
     device = resolve_device(config.device)
+    logger.info("Attention backend: %s", startup_backend(config.attention_backend, device.type, environ))
     path = resolve_model_path(config.model, config.revision, config.download_dir, config.hf_token)
     hf_config = load_hf_config(
         path,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from infernetes.kernels.backend import select_backend
 from infernetes.runtime.engine.block_manager import BlockManager
 from infernetes.runtime.engine.engine_config import EngineSettings, resolve_settings
 from infernetes.runtime.engine.output_builder import OutputBuilder, ParentRequest
@@ -37,6 +38,7 @@ class LLMEngine:
     def __init__(self, config: Any, stat_loggers: Sequence[Any] = ()) -> None:
         self.config = config
         self.settings: EngineSettings = resolve_settings(config)
+        select_backend(config.attention_backend)  # the ops of this process follow the flag
         s = self.settings
         self.model_config = s.info.hf_config
         self.max_model_len = s.info.max_model_len

@@ -69,6 +69,17 @@ def check_frontend_settings(settings: FrontendSettings) -> None:
         raise ValueError(str(exc)) from exc
 
 
+def check_engine_settings(config: Any) -> None:
+    """What would fail the engine once its process has started, checked before (ValueError)."""
+    from infernetes.kernels.backend import BackendError, startup_backend
+    from infernetes.runtime.engine.engine_config import resolve_device
+
+    try:
+        startup_backend(config.attention_backend, resolve_device(config.device).type)
+    except BackendError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def build_app(
     state: ServerState,
     engine: Any = None,
@@ -250,6 +261,7 @@ def run_server(config: Any) -> None:
     try:
         logging_settings = LoggingSettings.from_env()
         check_frontend_settings(settings)
+        check_engine_settings(config)
     except ValueError as exc:
         print(f"infernetes serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

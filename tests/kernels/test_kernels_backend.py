@@ -48,3 +48,40 @@ def test_ops_follow_the_environment(monkeypatch):
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
     with pytest.raises(backend.BackendError):
         ops.silu_and_mul(torch.randn(2, 4))
+
+
+@pytest.fixture
+def no_selected_backend():
+    yield
+    backend.select_backend(None)
+
+
+def test_attention_backend_flag_wins_over_the_variable(caplog):
+    environ = {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}
+    assert backend.startup_backend("TORCH_SDPA", "cuda", environ) == backend.TORCH_SDPA
+    assert "--attention-backend TORCH_SDPA overrides VLLM_ATTENTION_BACKEND=TRITON_ATTN" in caplog.text
+    assert backend.startup_backend("auto", "cuda", environ) == backend.TRITON_ATTN
+    assert backend.startup_backend(None, "cpu", {}) == backend.TORCH_SDPA
+
+
+def test_unavailable_attention_backend_flag_fails_at_startup_naming_the_flag(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(backend.BackendError, match=r"--attention-backend TRITON_ATTN needs a CUDA device.*"
+                                                   r"--attention-backend TORCH_SDPA"):
+        backend.startup_backend("TRITON_ATTN", "cpu", {})
+
+
+def test_foreign_attention_backend_flag_warns_and_uses_the_default(caplog):
+    assert backend.startup_backend("FLASHINFER", "cpu", {}) == backend.TORCH_SDPA
+    assert "--attention-backend FLASHINFER is a vLLM backend that infernetes does not implement" in caplog.text
+
+
+def test_ops_follow_the_selected_attention_backend(monkeypatch, no_selected_backend):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    backend.select_backend("TORCH_SDPA")
+    assert backend.attention_backend("cpu") == backend.TORCH_SDPA
+    ops.silu_and_mul(torch.randn(2, 4))  # the torch reference: no Triton needed
+    backend.select_backend("auto")  # auto: the variable decides again
+    with pytest.raises(backend.BackendError):
+        ops.silu_and_mul(torch.randn(2, 4))
