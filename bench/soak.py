@@ -106,14 +106,13 @@ async def large_prompt(url: str, api: psutil.Process, megabytes: float) -> None:
         started = time.monotonic()
         response = await client.post("/v1/completions", json=body)
         seconds = time.monotonic() - started
-        after = api.memory_info().rss
-        del body
+        after = api.memory_info().rss  # before the server has released anything
         rng = random.Random(0)
         for shape in [SHAPES["completion"], SHAPES["chat"]] * 4:
             call = shape(rng)
             call.body["model"] = MODEL_NAME
             await send(client, call)
-        await asyncio.sleep(2)
+        await asyncio.sleep(2)  # what the server frees after a response may lag behind it
     settled = api.memory_info().rss
     print(f"large prompt ({megabytes:g} MB of text): HTTP {response.status_code} in {seconds:.1f} s; "
           f"API process RSS {before / MB:.0f} MB before, {after / MB:.0f} MB right after, "
