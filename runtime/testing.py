@@ -100,7 +100,7 @@ def _tiny_config(architecture: str, tokenizer_size: int, special: dict[str, int]
     if architecture == "LlamaForCausalLM":
         config = transformers.LlamaConfig(**common, **decoder)
     elif architecture == "MistralForCausalLM":
-        config = transformers.MistralConfig(**common, **decoder, sliding_window=None)
+        config = transformers.MistralConfig(**common, **{"sliding_window": None, **decoder})
     elif architecture == "Qwen2ForCausalLM":
         config = transformers.Qwen2Config(**common, **{**decoder, "tie_word_embeddings": True})
     elif architecture == "Qwen3ForCausalLM":

@@ -111,7 +111,7 @@ ARG_SUPPORT: dict[str, Support] = {
                     "generation and embeddings are served; classify, score, reward, transcription "
                     "and draft models are not yet"),
     "tokenizer": HONOURED,
-    "hf_config_path": refused("the config is read from the model's own folder"),
+    "hf_config_path": HONOURED,
     "tokenizer_mode": partial(("auto", "slow"), "the mistral and custom tokenizer modes are not built yet"),
     "skip_tokenizer_init": HONOURED,
     "revision": HONOURED,
@@ -124,7 +124,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "max_model_len": HONOURED,
     "seed": HONOURED,
     "max_logprobs": HONOURED,
-    "disable_sliding_window": no_effect("sliding-window attention is not applied by this engine yet"),
+    "disable_sliding_window": HONOURED,
     "disable_cascade_attn": no_effect("cascade attention is a FlashAttention path this engine does not have"),
     "disable_log_stats": HONOURED,
     "quantization": partial(("fp8",), "only --quantization fp8 of an unquantised checkpoint is built; "
@@ -152,7 +152,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "load_format": partial(("auto", "pt", "safetensors", "dummy"), "the other weight formats are not supported yet"),
     "download_dir": HONOURED,
     "model_loader_extra_config": refused("no model loader here takes extra settings"),
-    "ignore_patterns": refused("weight files are chosen by --load-format; ignore patterns are not applied yet"),
+    "ignore_patterns": HONOURED,
     "use_tqdm_on_load": HONOURED,
     "pt_load_map_location": partial(("cpu",), "weights load to the CPU, then move to the device"),
     # ---------------------------------------------------------------- DecodingConfig

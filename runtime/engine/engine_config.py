@@ -13,6 +13,7 @@ import torch
 from infernetes.kernels.backend import startup_backend
 from infernetes.runtime.engine.scheduler import SchedulerLimits
 from infernetes.runtime.model_executor.loader import (
+    DEFAULT_IGNORE_PATTERNS,
     ModelInfo,
     inspect_model,
     load_hf_config,
@@ -116,6 +117,17 @@ def _scheduler_limits(config: Any, max_model_len: int, device: torch.device, poo
     )
 
 
+def _config_source(config: Any, model_path: Path) -> Path:
+    """Where config.json comes from: ``--hf-config-path`` (a folder, a JSON file or a hub id whose
+    JSON files are fetched alone), else the model's folder."""
+    name = config.hf_config_path
+    if not name:
+        return model_path
+    if Path(name).expanduser().is_file():
+        return Path(name).expanduser()
+    return resolve_model_path(name, config.revision, config.download_dir, config.hf_token, allow_patterns=["*.json"])
+
+
 def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> EngineSettings:
     environ = dict(os.environ) if environ is None else environ
     if config.model is None:
@@ -123,9 +135,11 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
     refuse_unsupported(config, environ)  # the support table; its warnings are the caller's to show
     device = resolve_device(config.device)
     logger.info("Attention backend: %s", startup_backend(config.attention_backend, device.type, environ))
-    path = resolve_model_path(config.model, config.revision, config.download_dir, config.hf_token)
+    ignore = DEFAULT_IGNORE_PATTERNS if config.ignore_patterns is None else config.ignore_patterns
+    path = resolve_model_path(config.model, config.revision, config.download_dir, config.hf_token,
+                              ignore_patterns=ignore)
     hf_config = load_hf_config(
-        path,
+        _config_source(config, path),
         config.trust_remote_code,
         config.hf_overrides,
         config.rope_scaling,
@@ -138,6 +152,7 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
         config.max_model_len,
         device,
         allow_long=bool(read_env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", environ)),
+        disable_sliding_window=config.disable_sliding_window,
     )
     if config.task not in ("auto", None):
         wanted_pooling = config.task in ("embed", "embedding", "classify", "score", "reward")

@@ -52,6 +52,7 @@ class LLMEngine:
             s.block_size,
             kv_cache_dtype=config.kv_cache_dtype,
             load_format=config.load_format,
+            ignore_patterns=config.ignore_patterns,
             use_tqdm_on_load=config.use_tqdm_on_load,
             seed=config.seed,
             calculate_kv_scales=config.calculate_kv_scales,

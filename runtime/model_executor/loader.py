@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ _CONTEXT_KEYS = (
     "seq_len",
 )
 _WEIGHT_PATTERNS = ["*.safetensors", "*.bin", "*.pt", "*.json", "*.txt", "*.model", "*.jinja"]
+# vLLM's --ignore-patterns default: Llama repositories carry a second, original-format checkpoint.
+DEFAULT_IGNORE_PATTERNS = ("original/**/*",)
 
 
 class ModelLoadError(ValueError):
@@ -58,8 +61,10 @@ def resolve_model_path(
     download_dir: str | None = None,
     token: str | None = None,
     allow_patterns: list[str] | None = None,
+    ignore_patterns: Sequence[str] | None = None,
 ) -> Path:
-    """A local folder as is; otherwise a hub snapshot (``HF_HUB_OFFLINE`` is honoured by the hub)."""
+    """A local folder as is; otherwise a hub snapshot (``HF_HUB_OFFLINE`` is honoured by the hub)
+    without the files ``ignore_patterns`` match."""
     local = Path(model).expanduser()
     if local.is_dir():
         return local
@@ -76,6 +81,7 @@ def resolve_model_path(
                 cache_dir=download_dir,
                 token=token,
                 allow_patterns=allow_patterns or _WEIGHT_PATTERNS,
+                ignore_patterns=list(ignore_patterns or ()),
             )
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
@@ -89,11 +95,13 @@ def load_hf_config(
     rope_scaling: dict[str, Any] | None = None,
     rope_theta: float | None = None,
 ) -> Any:
+    """The HF config in the folder ``path`` (its config.json) or in the JSON file ``path``."""
     from transformers import AutoConfig
 
-    config_file = path / "config.json"
+    config_file = path if path.is_file() else path / "config.json"
     if not config_file.is_file():
-        raise ModelLoadError(f"{path} has no config.json")
+        hint = " (its params.json is Mistral's format: --config-format mistral is not supported)"
+        raise ModelLoadError(f"{path} has no config.json{hint if (path / 'params.json').is_file() else ''}")
     try:
         raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as error:
@@ -182,16 +190,43 @@ def derived_max_model_len(hf_config: Any, path: Path | None = None) -> int:
     return length
 
 
-def resolve_max_model_len(hf_config: Any, requested: int | None, path: Path | None, allow_long: bool) -> int:
+def sliding_window(hf_config: Any) -> int | None:
+    """The attention window of a model whose layers attend only to the last N tokens, else None."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return window
+
+
+def resolve_max_model_len(hf_config: Any, requested: int | None, path: Path | None, allow_long: bool,
+                          disable_sliding_window: bool = False) -> int:
+    """The context length. This engine attends to every token (no sliding window), which gives
+    the model's own results only within the window: ``--disable-sliding-window`` caps the length
+    at the window as vLLM does, and without it a longer context is refused."""
     derived = derived_max_model_len(hf_config, path)
-    if requested is None:
-        return derived
-    if requested > derived and not allow_long:
+    window = sliding_window(hf_config)
+    source = "from its config.json"
+    if window is not None and disable_sliding_window and window < derived:
+        derived, source = window, "its sliding window, with --disable-sliding-window"
+    if requested is not None and requested > derived and not allow_long:
         raise ModelLoadError(
             f"max_model_len={requested} is longer than the model's maximum context length of "
-            f"{derived} tokens (from its config.json); set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to force it"
+            f"{derived} tokens ({source}); set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to force it"
         )
-    return requested
+    length = derived if requested is None else requested
+    if window is not None and not disable_sliding_window and length > window:
+        raise ModelLoadError(
+            f"the model attends through a sliding window of {window} tokens, which this engine does not "
+            f"implement: a context of {length} tokens would attend to every token instead. Pass "
+            f"--disable-sliding-window (full attention, the context capped at {window} tokens) or "
+            f"--max-model-len {window} or less"
+        )
+    return length
 
 
 def inspect_model(
@@ -201,6 +236,7 @@ def inspect_model(
     max_model_len: int | None,
     device: torch.device,
     allow_long: bool = False,
+    disable_sliding_window: bool = False,
 ) -> ModelInfo:
     architecture, _ = model_class(list(getattr(hf_config, "architectures", None) or []))
     return ModelInfo(
@@ -208,7 +244,7 @@ def inspect_model(
         hf_config=hf_config,
         architecture=architecture,
         dtype=resolve_dtype(hf_config, dtype, device),
-        max_model_len=resolve_max_model_len(hf_config, max_model_len, path, allow_long),
+        max_model_len=resolve_max_model_len(hf_config, max_model_len, path, allow_long, disable_sliding_window),
         is_pooling=architecture in POOLING,
     )
 
@@ -216,30 +252,38 @@ def inspect_model(
 # -- weights -----------------------------------------------------------------------------------
 
 
-def weight_files(path: Path, load_format: str) -> list[Path]:
-    """The checkpoint files to read, by ``--load-format`` (auto: safetensors, else PyTorch .bin)."""
+def weight_files(path: Path, load_format: str, ignore_patterns: Sequence[str] | None = None) -> list[Path]:
+    """The checkpoint files to read, by ``--load-format`` (auto: safetensors, else PyTorch .bin),
+    leaving out those ``--ignore-patterns`` match (None: vLLM's default)."""
     if load_format not in ("auto", "safetensors", "pt"):
         raise ModelLoadError(
             f"load_format must be one of auto, safetensors, pt, dummy; got {load_format!r}"
         )
+    patterns = DEFAULT_IGNORE_PATTERNS if ignore_patterns is None else tuple(ignore_patterns)
+
+    def kept(files: list[Path]) -> list[Path]:
+        return [f for f in files if not any(fnmatch(f.relative_to(path).as_posix(), p) for p in patterns)]
+
     if load_format in ("auto", "safetensors"):
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return [path / name for name in names]
-        files = sorted(path.glob("*.safetensors"))
+        files = kept(_indexed(path, "model.safetensors.index.json") or sorted(path.glob("*.safetensors")))
         if files:
             return files
         if load_format == "safetensors":
             raise ModelLoadError(f"no *.safetensors weights in {path} (load_format=safetensors)")
-    index = path / "pytorch_model.bin.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / name for name in names]
-    files = sorted(path.glob("*.bin")) or sorted(path.glob("*.pt"))
+    files = kept(_indexed(path, "pytorch_model.bin.index.json") or sorted(path.glob("*.bin")))
+    files = files or kept(sorted(path.glob("*.pt")))
     if not files:
-        raise ModelLoadError(f"no model weights (*.safetensors or *.bin) found in {path}")
+        ignoring = f" (ignoring {', '.join(patterns)})" if patterns else ""
+        raise ModelLoadError(f"no model weights (*.safetensors or *.bin) found in {path}{ignoring}")
     return files
+
+
+def _indexed(path: Path, index_name: str) -> list[Path]:
+    """The files a sharded checkpoint's index names, or [] without an index."""
+    index = path / index_name
+    if not index.is_file():
+        return []
+    return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
 
 
 def iter_weights(files: list[Path], use_tqdm: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
@@ -261,7 +305,8 @@ def iter_weights(files: list[Path], use_tqdm: bool = True) -> Iterator[tuple[str
 
 
 def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto",
-                use_tqdm: bool = True, seed: int = 0, quantization: str | None = None) -> nn.Module:
+                use_tqdm: bool = True, seed: int = 0, quantization: str | None = None,
+                ignore_patterns: Sequence[str] | None = None) -> nn.Module:
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
     _, cls = model_class([info.architecture])
     default_dtype = torch.get_default_dtype()
@@ -278,7 +323,8 @@ def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto"
     if load_format == "dummy":
         _dummy_weights(model, seed)
     else:
-        loaded = model.load_weights(iter_weights(weight_files(info.path, load_format), use_tqdm))
+        files = weight_files(info.path, load_format, ignore_patterns)
+        loaded = model.load_weights(iter_weights(files, use_tqdm))
         missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
         if missing:
             raise ModelLoadError(f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}")

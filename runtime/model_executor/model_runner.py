@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,6 +68,7 @@ class ModelRunner:
         block_size: int,
         kv_cache_dtype: str = "auto",
         load_format: str = "auto",
+        ignore_patterns: Sequence[str] | None = None,
         use_tqdm_on_load: bool = True,
         seed: int | None = None,
         calculate_kv_scales: bool = False,
@@ -78,12 +80,13 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self._load_format = load_format
+        self._ignore_patterns = ignore_patterns
         self._seed = seed or 0
         self._quantization = quantization
         # Device memory before the weights: what other processes hold is not this engine's
         self._memory_baseline = memory_snapshot(CudaMemoryProbe(device)) if device.type == "cuda" else None
         self.model: nn.Module | None = build_model(
-            info, device, load_format, use_tqdm_on_load, self._seed, quantization
+            info, device, load_format, use_tqdm_on_load, self._seed, quantization, ignore_patterns
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self._compilation = compilation or CompilationSettings()
@@ -191,7 +194,8 @@ class ModelRunner:
 
     def reload_weights(self) -> None:
         self.model = build_model(
-            self.info, self.device, self._load_format, False, self._seed, self._quantization
+            self.info, self.device, self._load_format, False, self._seed, self._quantization,
+            self._ignore_patterns,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.run_model = compile_forward(self.model, self._compilation, self.device)
