@@ -101,7 +101,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "disable_log_requests": HONOURED,
     "max_concurrency": HONOURED,
     "shutdown_timeout": HONOURED,
-    "reasoning_effort": no_effect("requests' chat templates do not receive it yet"),
+    "reasoning_effort": HONOURED,
     "api_server_count": partial((1,), "one API server process per engine"),
     "headless": refused("multi-node data parallelism is planned, not built yet"),
     "data_parallel_start_rank": refused(ONE_GPU),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +103,11 @@ class ChatRenderer:
     (``--trust-request-chat-template``); then it renders in a ``TemplateSandbox`` process."""
 
     def __init__(self, tokenizer: Any, template: str | None, content_format: str,
-                 trust_request_templates: bool = False) -> None:
+                 trust_request_templates: bool = False,
+                 default_template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
+        # What every template gets unless the request's chat_template_kwargs say otherwise.
+        self.default_template_kwargs = dict(default_template_kwargs or {})
         self.default_template = template or getattr(tokenizer, "chat_template", None)
         self.content_format = content_format
         self.sandbox = TemplateSandbox(tokenizer) if trust_request_templates else None
@@ -135,7 +139,7 @@ class ChatRenderer:
         if continue_final_message and conversation[-1].get("role") != "assistant":
             raise APIError("continue_final_message needs the last message to be from the assistant",
                            400, "continue_final_message")
-        kwargs = dict(template_kwargs or {})
+        kwargs = {**self.default_template_kwargs, **(template_kwargs or {})}
         for reserved in ("conversation", "messages", "tokenize", "chat_template", "tools"):
             kwargs.pop(reserved, None)
         kwargs.update(chat_template=chosen, tools=tools, documents=documents,

@@ -305,6 +305,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
     def _check_tools(self) -> ChatCompletionRequest:

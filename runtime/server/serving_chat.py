@@ -66,6 +66,15 @@ def required_calls_schema(request: ChatCompletionRequest) -> dict[str, Any]:
     return schema
 
 
+def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The request's chat_template_kwargs, with its ``reasoning_effort`` (the OpenAI field) unless
+    they name one themselves; the server's --reasoning-effort fills in below both."""
+    kwargs = request.chat_template_kwargs
+    if request.reasoning_effort is None:
+        return kwargs
+    return {"reasoning_effort": request.reasoning_effort, **(kwargs or {})}
+
+
 def parse_required_calls(text: str) -> list[ToolCall] | None:
     try:
         items = json.loads(text)
@@ -140,7 +149,7 @@ class ChatServing(ServingBase):
             documents=request.documents,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
-            template_kwargs=request.chat_template_kwargs,
+            template_kwargs=_template_kwargs(request),
         )
         add_special = bool(request.add_special_tokens)
         return self.tokenize(text, add_special, request.truncate_prompt_tokens)

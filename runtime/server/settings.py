@@ -66,6 +66,7 @@ class FrontendSettings:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    reasoning_effort: str | None = None
     guided_decoding_backend: str = "auto"
     guided_decoding_disable_any_whitespace: bool = False
     show_hidden_metrics_for_version: str | None = None
@@ -74,6 +75,12 @@ class FrontendSettings:
     dev_mode: bool = False
     keep_alive_on_engine_death: bool = False
     http_keep_alive_s: int = 5
+
+    @property
+    def default_chat_template_kwargs(self) -> dict[str, Any]:
+        """What chat templates receive unless a request says otherwise: ``--reasoning-effort`` as
+        ``reasoning_effort``, the way vLLM passes it."""
+        return {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
 
     @property
     def model_name(self) -> str:
@@ -130,6 +137,7 @@ class FrontendSettings:
             enable_auto_tool_choice=bool(get("enable_auto_tool_choice", False)),
             tool_call_parser=get("tool_call_parser"),
             reasoning_parser=get("reasoning_parser"),
+            reasoning_effort=get("reasoning_effort"),
             guided_decoding_backend=str(get("guided_decoding_backend", "auto")),
             guided_decoding_disable_any_whitespace=bool(
                 get("guided_decoding_disable_any_whitespace", False)),

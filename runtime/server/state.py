@@ -48,7 +48,8 @@ class ServerState:
         settings = self.settings
         renderer = ChatRenderer(engine.tokenizer, load_chat_template(settings.chat_template),
                                 settings.chat_template_content_format,
-                                settings.trust_request_chat_template)
+                                settings.trust_request_chat_template,
+                                settings.default_chat_template_kwargs)
         reasoning = make_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
         self.metrics = PrometheusStatLogger(
             settings.model_name, engine.max_model_len, self.cache_config,
