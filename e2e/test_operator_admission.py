@@ -1,15 +1,22 @@
 """The CRD on a real API server: it applies, and invalid resources are refused with the field path.
 
 Every case goes through `kubectl create --dry-run=server`, so the API server runs the structural
-schema, the enum/range checks and the CEL rules exactly as for a real create.
+schema, the enum/range checks and the CEL rules exactly as for a real create. Each setting the
+runtime refuses (infernetes.schema.support) is refused here too, with the field and the reason.
 """
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from infernetes.operator.testing import install_crds
+from infernetes.operator.admission import Refusal, engine_refusals, env_refusals
+from infernetes.operator.crd import build_crd
+from infernetes.operator.testing import install_crds, refused_value
+
+from infernetes.schema.args import ARGS
+from infernetes.schema.env import ENV_VARS
 
 VALID: dict[str, Any] = {
     "apiVersion": "infernetes.io/v1alpha1",
@@ -18,14 +25,13 @@ VALID: dict[str, Any] = {
     "spec": {
         "model": "meta-llama/Llama-3.1-8B-Instruct",
         "engine": {
-            "tensorParallelSize": 2,
+            "tensorParallelSize": 1,
             "maxModelLen": "16k",
             "gpuMemoryUtilization": 0.9,
             "enableAutoToolChoice": True,
             "toolCallParser": "hermes",
-            "loraModules": [{"name": "sql", "path": "/adapters/sql"}],
-            "enableLora": True,
-            "speculativeConfig": {"method": "ngram", "num_speculative_tokens": 4},
+            "quantization": "fp8",
+            "compilationConfig": {"level": 3},
         },
         "engineEnv": {"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_ATTENTION_BACKEND": "TRITON_ATTN"},
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
@@ -77,7 +83,11 @@ INVALID = [
     ("model-len-pattern", variant({"engine.maxModelLen": "lots"}), "spec.engine.maxModelLen"),
     ("bool-type", variant({"engine.enforceEager": "yes"}), "spec.engine.enforceEager"),
     ("lora-needs-path", variant({"engine.loraModules": [{"name": "a"}]}), "spec.engine.loraModules[0].path"),
-    ("lora-needs-enable", variant({"engine.enableLora": False}), "spec.engine.loraModules"),
+    (
+        "lora-needs-enable",
+        variant({"engine.enableLora": False, "engine.loraModules": [{"name": "a", "path": "/a"}]}),
+        "spec.engine.loraModules",
+    ),
     ("vllm-env-in-env", variant({"env": [{"name": "VLLM_PORT", "value": "1"}]}), "spec.env"),
     ("hf-token-in-env", variant({"env": [{"name": "HF_TOKEN", "value": "x"}]}), "spec.hfTokenSecretRef"),
     ("vllm-prefix-envfrom", variant({"envFrom": [{"prefix": "VLLM_", "configMapRef": {"name": "c"}}]}), "spec.envFrom"),
@@ -92,7 +102,7 @@ INVALID = [
     ("unknown-engine-field", variant({"engine.maxModelLength": 5}), "spec.engine.maxModelLength"),
     ("replicas-negative", variant({"replicas": -1}), "spec.replicas"),
     ("gpu-vendor-enum", variant({"gpu.vendor": "intel"}), "spec.gpu.vendor: Unsupported value"),
-    ("gpu-count-below-parallel", variant({"gpu.count": 1}), "spec.gpu.count"),
+    ("gpu-count-below-parallel", variant({"gpu.count": 1, "engine.tensorParallelSize": 2}), "spec.gpu.count"),
     ("cpu-with-gpus", variant({"engine.device": "cpu", "engine.tensorParallelSize": 1}), "spec.gpu.count"),
     ("pvc-model-form", variant({"model": "pvc://Bad_Claim"}), "spec.model"),
     ("monitoring-mode-enum", variant({"monitoring.mode": "prometheus"}), "spec.monitoring.mode: Unsupported value"),
@@ -153,3 +163,36 @@ def test_invalid_resource_is_rejected_with_field_path(
     result = dry_run(cluster, namespace, resource)
     assert result.returncode != 0, f"accepted: {yaml.safe_dump(resource['spec'])}"
     assert expected in result.stderr, result.stderr
+
+
+REFUSALS = [("engine", item) for item in engine_refusals(ARGS)] + [("engineEnv", item) for item in env_refusals(ENV_VARS)]
+
+
+@pytest.mark.parametrize(("section", "refusal"), REFUSALS, ids=[item.field for _, item in REFUSALS])
+def test_setting_the_runtime_refuses_is_rejected_with_field_and_reason(
+    cluster: Any, crds: None, namespace: str, section: str, refusal: Refusal
+) -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    value = refused_value(schema["properties"][section]["properties"][refusal.field], refusal)
+    result = dry_run(cluster, namespace, variant({f"{section}.{refusal.field}": value}))
+    assert result.returncode != 0, f"accepted {section}.{refusal.field}: {value!r}"
+    assert f"spec.{section}.{refusal.field}" in result.stderr and refusal.message in result.stderr, result.stderr
+
+
+def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(cluster: Any, crds: None, namespace: str) -> None:
+    resource = variant({"engine.tensorParallelSize": 2, "engine.enableLora": True}, name="refused")
+    result = cluster.apply(resource, namespace=namespace, check=False)
+    assert result.returncode != 0
+    assert "spec.engine.tensorParallelSize" in result.stderr and "one GPU per engine" in result.stderr
+    assert "spec.engine.enableLora" in result.stderr and "LoRA adapters are planned" in result.stderr
+    assert cluster.kubectl("get", "infsvc", "refused", "-n", namespace, check=False).returncode != 0
+
+
+def test_the_planned_tensor_parallel_example_is_refused_until_the_runtime_has_it(
+    cluster: Any, crds: None, namespace: str
+) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "planned" / "tensor-parallel.yaml"
+    resources = [doc for doc in yaml.safe_load_all(example.read_text()) if doc and doc["kind"] == "InferenceService"]
+    result = dry_run(cluster, namespace, resources[0])
+    assert result.returncode != 0
+    assert "spec.engine.tensorParallelSize" in result.stderr and "one GPU per engine" in result.stderr

@@ -91,7 +91,7 @@ def test_operator_health_and_discovery(operator: OperatorProcess) -> None:
 
 
 def test_resource_gets_children_and_becomes_ready(cluster: Any, ns: str, operator: OperatorProcess) -> None:
-    cluster.apply(isvc("llama", engine={"tensorParallelSize": 2, "maxModelLen": "8k"}), namespace=ns)
+    cluster.apply(isvc("llama", gpu={"count": 2}, engine={"maxModelLen": "8k"}), namespace=ns)
     resource = wait_condition(cluster, ns, "llama", "Ready", "True")
     status = resource["status"]
     assert status["url"] == f"http://llama.{ns}.svc:8000/v1"
@@ -105,7 +105,7 @@ def test_resource_gets_children_and_becomes_ready(cluster: Any, ns: str, operato
     deployment = get(cluster, ns, "deployment", "llama")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert "--tensor-parallel-size=2" in container["args"] and "--max-model-len=8k" in container["args"]
+    assert "--max-model-len=8k" in container["args"]
     assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
     owner = deployment["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "InferenceService" and owner["uid"] == resource["metadata"]["uid"]
@@ -176,7 +176,7 @@ def test_kubectl_scale(cluster: Any, ns: str, operator: OperatorProcess) -> None
 
 
 def test_too_many_gpus_is_unschedulable(cluster: Any, ns: str, operator: OperatorProcess) -> None:
-    cluster.apply(isvc("huge", engine={"tensorParallelSize": 16}), namespace=ns)
+    cluster.apply(isvc("huge", gpu={"count": 16}), namespace=ns)
     resource = wait_condition(cluster, ns, "huge", "Scheduled", "False")
     message = condition(resource, "Scheduled")["message"]
     assert "Insufficient nvidia.com/gpu" in message
@@ -193,6 +193,40 @@ def test_resource_named_vllm_gets_another_service_name(cluster: Any, ns: str, op
     assert "VLLM_PORT" in resource["status"]["warnings"][0]
     assert get(cluster, ns, "service", "infsvc-vllm") is not None
     assert get(cluster, ns, "service", "vllm") is None
+
+
+def test_settings_without_effect_are_a_condition_and_one_event_each(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    engine = {"device": "cpu", "swapSpace": 8, "maxModelLen": 2048}
+    cluster.apply(isvc("ignoring", engine=engine, engineEnv={"VLLM_NO_USAGE_STATS": True}), namespace=ns)
+    resource = wait_condition(cluster, ns, "ignoring", "SettingsIgnored", "True")
+    ignored = condition(resource, "SettingsIgnored")
+    assert ignored["reason"] == "NoEffect" and ignored["observedGeneration"] == resource["metadata"]["generation"]
+    assert "spec.engine.swapSpace: argument --swap-space 8.0 has no effect here" in ignored["message"]
+    assert "spec.engineEnv.VLLM_NO_USAGE_STATS" in ignored["message"] and "maxModelLen" not in ignored["message"]
+    assert any("spec.engine.swapSpace" in warning for warning in resource["status"]["warnings"])
+
+    def events() -> list[dict]:
+        listed = get(cluster, ns, "events", "--field-selector", "involvedObject.name=ignoring")["items"]
+        return [e for e in listed if e["reason"] == "SettingIgnored"]
+
+    wait_until(lambda: len(events()) == 2, timeout=TIMEOUT, what="a SettingIgnored event per field")
+    assert {e["message"].split(":")[0] for e in events()} == {"spec.engine.swapSpace", "spec.engineEnv.VLLM_NO_USAGE_STATS"}
+    assert all(e["type"] == "Warning" for e in events())
+
+    # A change elsewhere re-renders without telling again; dropping the settings clears the condition.
+    cluster.kubectl("patch", "infsvc", "ignoring", "-n", ns, "--type=merge", "-p", '{"spec":{"engine":{"maxNumSeqs":8}}}')
+    wait_until(
+        lambda: get(cluster, ns, "infsvc", "ignoring")["status"].get("observedGeneration") == 2,
+        timeout=TIMEOUT,
+        what="generation 2 reconciled",
+    )
+    patch = '{"spec":{"engine":{"swapSpace":null},"engineEnv":null}}'
+    cluster.kubectl("patch", "infsvc", "ignoring", "-n", ns, "--type=merge", "-p", patch)
+    resource = wait_condition(cluster, ns, "ignoring", "SettingsIgnored", "False")
+    assert condition(resource, "SettingsIgnored")["reason"] == "AllSettingsTakeEffect"
+    assert len(events()) == 2
 
 
 def test_crash_loop_is_degraded_with_the_termination_message(cluster: Any, ns: str, operator: OperatorProcess) -> None:

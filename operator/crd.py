@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 from infernetes.operator import names
+from infernetes.operator.admission import engine_refusals, env_refusals, narrow_with_cel
 from infernetes.operator.engine_schema import engine_env_schema, engine_schema
 from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
 from infernetes.operator.spec_schema import (
@@ -15,8 +16,9 @@ from infernetes.operator.spec_schema import (
     TERMINATION_GRACE_SECONDS,
     platform_properties,
 )
+from infernetes.operator.status import MESSAGE_MAX
 
-CONDITION_TYPES = ["Ready", "Available", "Progressing", "Degraded", "Scheduled"]
+CONDITION_TYPES = ["Ready", "Available", "Progressing", "Degraded", "Scheduled", "SettingsIgnored"]
 
 
 def condition_schema() -> Schema:
@@ -25,7 +27,7 @@ def condition_schema() -> Schema:
             "type": string(maxLength=64),
             "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
             "reason": string(maxLength=128),
-            "message": string(maxLength=32768),
+            "message": string(maxLength=MESSAGE_MAX),
             "lastTransitionTime": string(format="date-time"),
             "observedGeneration": integer(format="int64", minimum=0),
         },
@@ -48,7 +50,11 @@ def status_schema() -> Schema:
             "modelName": string("The model name clients send."),
             "gpusPerReplica": integer(),
             "serviceName": string("Name of the Service (differs from the resource's when it would collide)."),
-            "warnings": array(string(), max_items=16, description="Things the operator adjusted."),
+            "warnings": array(
+                string(),
+                max_items=256,
+                description="Things the operator adjusted, then engine settings the runtime accepts without effect.",
+            ),
         },
         description="Derived by the operator from the objects it owns.",
     )
@@ -91,7 +97,10 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
 
 def spec_schema(args: Any, env_vars: Any) -> Schema:
     engine = engine_schema(args)
-    properties = {**platform_properties(), "engine": engine, "engineEnv": engine_env_schema(env_vars)}
+    narrow_with_cel(engine, engine_refusals(args))
+    engine_env = engine_env_schema(env_vars)
+    narrow_with_cel(engine_env, env_refusals(env_vars))
+    properties = {**platform_properties(), "engine": engine, "engineEnv": engine_env}
     return obj(properties, required=["model"], rules=spec_rules(engine["properties"]))
 
 

@@ -22,6 +22,7 @@ from infernetes.operator import metrics, names
 from infernetes.operator.apply import PRUNABLE, apply, prune
 from infernetes.operator.argv import EngineSpecError
 from infernetes.operator.discovery import discover_apis
+from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.gpus import node_gpus, pod_gpus, spare_gpus
 from infernetes.operator.kube import MERGE_PATCH, KubeError, make_client, request
@@ -220,9 +221,11 @@ def reconcile(
         kopf.warn(body, reason="ApplyFailed", message=str(exc))
         retry_soon = exc.status in (0, 409, 429) or exc.status >= 500
         raise kopf.TemporaryError(f"apply failed: {exc}", delay=5 if retry_soon else 30) from exc
+    # One event per warning: status.warnings remembers those already told.
     for warning in result.warnings:
         if warning not in (status.get("warnings") or ()):
-            kopf.event(body, type="Warning", reason="Adjusted", message=warning)
+            reason = "SettingIgnored" if warning in result.ignored else "Adjusted"
+            kopf.event(body, type="Warning", reason=reason, message=warning)
     patch.status.update(
         {
             "observedGeneration": meta.get("generation", 0),
@@ -270,6 +273,7 @@ def refresh_status(memo: kopf.Memo, key: Key, isvcs: Any, deployments: Any, pods
             pods=list(pods.get(key, ())),
             previous=memo.last_status.get(key, current).get("conditions"),
             now=now(),
+            ignored_settings=review_engine(owner["spec"]).ignored,
         )
         if same_status(memo.last_status.get(key, current), derived):
             return

@@ -1,4 +1,5 @@
-"""Status of an InferenceService, derived from its Deployment and pods (a pure function).
+"""Status of an InferenceService, derived from its Deployment and pods, and from the engine
+settings the runtime accepts without effect (a pure function).
 
 Conditions follow the Kubernetes API conventions: type/status/reason/message/observedGeneration,
 with lastTransitionTime kept while a condition's status does not change.
@@ -59,6 +60,20 @@ def _crash(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
+# The API server's limit on a condition's message (the CRD's status schema says so too).
+MESSAGE_MAX = 32768
+
+
+def _settings_ignored(ignored: Sequence[str]) -> tuple[str, str, str]:
+    """SettingsIgnored: True while spec.engine/engineEnv hold settings the runtime ignores."""
+    if not ignored:
+        return "False", "AllSettingsTakeEffect", "no engine setting is known to be without effect"
+    message = f"{len(ignored)} engine setting(s) have no effect: " + "; ".join(ignored)
+    if len(message) > MESSAGE_MAX:
+        message = message[: MESSAGE_MAX - 3] + "..."
+    return "True", "NoEffect", message
+
+
 def derive_status(
     *,
     generation: int,
@@ -67,8 +82,10 @@ def derive_status(
     pods: Sequence[Mapping[str, Any]],
     previous: Sequence[Mapping[str, Any]] | None,
     now: str,
+    ignored_settings: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """`conditions`, `replicas` and `readyReplicas` for the InferenceService's status."""
+    """`conditions`, `replicas` and `readyReplicas` for the InferenceService's status;
+    `ignored_settings` are the notes of `engine_support.review_engine(spec).ignored`."""
     dep_status = (deployment or {}).get("status") or {}
     dep_conditions = dep_status.get("conditions")
     ready = int(dep_status.get("readyReplicas") or 0)
@@ -132,6 +149,7 @@ def derive_status(
         "Progressing": progressing,
         "Degraded": degraded,
         "Scheduled": scheduled,
+        "SettingsIgnored": _settings_ignored(ignored_settings),
     }
     conditions = []
     for kind, (status, reason, message) in computed.items():

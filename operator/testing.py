@@ -2,7 +2,8 @@
 
 Nothing here is used by the operator itself; it mirrors how the chart runs it: its own
 ServiceAccount bound to the generated least-privilege ClusterRole, a token for that account,
-`infernetes operator run`, health and metrics on loopback ports.
+`infernetes operator run`, health and metrics on loopback ports. `refused_value` makes up a
+value admission must refuse, for the tests of each refusal.
 """
 
 import json
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from infernetes.operator.admission import Refusal
 from infernetes.operator.crd import build_crd
 from infernetes.operator.peering import peering_crds
 from infernetes.operator.rbac import rbac_manifests
@@ -47,6 +49,32 @@ MONITORING_CRDS = [
     }
     for kind, plural in (("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"))
 ]
+
+
+def _example_item(items: dict[str, Any]) -> Any:
+    if items.get("type") == "object":
+        return {key: "/x" for key in items.get("required", ["key"])}
+    return {"number": 1.0, "integer": 1}.get(items.get("type", ""), "x")
+
+
+def refused_value(field: dict[str, Any], refusal: Refusal) -> Any:
+    """A value of the field's type (from its CRD schema) that ``refusal`` does not allow."""
+    kind = field.get("type")
+    if "enum" in field:
+        candidates = list(field["enum"])
+    elif kind == "boolean":
+        candidates = [True, False]
+    elif kind == "integer":
+        candidates = [field.get("minimum", 0) + step for step in range(3)]
+    elif kind == "number":
+        candidates = [1.5, 0.0]
+    elif kind == "string":
+        candidates = ["x"]
+    elif kind == "array":
+        candidates = [[_example_item(field["items"])]]
+    else:
+        candidates = [{"key": "value"}]
+    return next(value for value in candidates if value not in refusal.allowed)
 
 
 def free_port() -> int:

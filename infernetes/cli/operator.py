@@ -143,6 +143,8 @@ def _render(args: argparse.Namespace) -> int:
             output.extend(result.manifests)
             for warning in result.warnings:
                 print(f"warning: {metadata['name']}: {warning}", file=sys.stderr)
+            for refused in result.refused:
+                print(f"warning: {metadata['name']}: {refused}; kubectl apply will reject it", file=sys.stderr)
         except (EngineSpecError, KeyError, TypeError, ValueError) as exc:
             return _fail(f"{metadata['name']}: {exc}")
     sys.stdout.write(dump_yaml(output).split("\n", 1)[1])

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infernetes.operator import names
+from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.render.monitoring import scrape_config
 from infernetes.operator.render.service import service_manifest, service_name_for
@@ -25,7 +26,10 @@ class Plan:
     url: str
     gpus_per_replica: int
     selector: str
+    # What the operator adjusted, then the engine settings the runtime accepts without effect.
     warnings: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # those engine settings alone
+    refused: list[str] = field(default_factory=list)  # settings the CRD and the runtime refuse
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -61,6 +65,8 @@ def plan(
     if uid:
         for manifest in manifests:
             manifest["metadata"]["ownerReferences"] = [owner_reference(name, uid)]
+    support = review_engine(spec)
+    warnings.extend(support.ignored)
     port = (spec.get("service") or {}).get("port", names.SERVER_PORT)
     selector = ",".join(f"{key}={value}" for key, value in sorted(names.selector_labels(name).items()))
     return Plan(
@@ -71,6 +77,8 @@ def plan(
         gpus_per_replica=gpus_per_replica(spec),
         selector=selector,
         warnings=warnings,
+        ignored=support.ignored,
+        refused=support.refused,
     )
 
 

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from infernetes.operator.status import derive_status, same_status, transitions
+from infernetes.operator.status import MESSAGE_MAX, derive_status, same_status, transitions
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
@@ -121,3 +121,26 @@ def test_transitions_emit_user_events() -> None:
     ready = derive(deployment(ready=1, available="True"), [pod()], previous=unschedulable["conditions"])
     assert [e[:2] for e in transitions(unschedulable["conditions"], ready["conditions"])] == [("Normal", "Ready")]
     assert transitions(ready["conditions"], ready["conditions"]) == []
+
+
+def test_settings_without_effect_make_a_warning_condition() -> None:
+    ignored = ["spec.engine.swapSpace: argument --swap-space 8.0 has no effect here: never swapped"]
+    status = derive_status(
+        generation=3, desired_replicas=1, deployment=deployment(), pods=[pod()], previous=None, now=NOW,
+        ignored_settings=ignored,
+    )
+    c = conditions(status)["SettingsIgnored"]
+    assert (c["status"], c["reason"], c["observedGeneration"]) == ("True", "NoEffect", 3)
+    assert c["message"] == "1 engine setting(s) have no effect: " + ignored[0]
+    quiet = conditions(derive(deployment(), [pod()]))["SettingsIgnored"]
+    assert (quiet["status"], quiet["reason"]) == ("False", "AllSettingsTakeEffect")
+    assert not same_status(status, derive(deployment(), [pod()]))
+
+
+def test_a_long_list_of_ignored_settings_fits_a_condition_message() -> None:
+    ignored = [f"spec.engineEnv.VLLM_X{i}: " + "x" * 500 for i in range(100)]
+    status = derive_status(
+        generation=1, desired_replicas=1, deployment=None, pods=[], previous=None, now=NOW, ignored_settings=ignored
+    )
+    message = conditions(status)["SettingsIgnored"]["message"]
+    assert len(message) == MESSAGE_MAX and message.endswith("...")
