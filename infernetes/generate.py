@@ -20,6 +20,7 @@ GENERATORS: dict[str, str] = {
     "crds/kopf-peerings.kopf.dev.yaml": "infernetes.operator.generated:peering_yaml",
     "helm/infernetes/crds/inferenceservices.infernetes.io.yaml": "infernetes.operator.crd:crd_yaml",
     "helm/infernetes/crds/kopf-peerings.kopf.dev.yaml": "infernetes.operator.generated:peering_yaml",
+    "helm/infernetes/values.schema.json": "infernetes.operator.chart_schema:values_schema_json",
 }
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -15,10 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 from infernetes.operator import names
+from infernetes.operator.admission import engine_refusals, env_refusals
+from infernetes.operator.crd import build_crd
 from infernetes.operator.rbac import cluster_rules
+from infernetes.operator.testing import refused_value
 
 from infernetes import generate
 from infernetes.cli.main import build_parser
+from infernetes.schema.args import ARGS
+from infernetes.schema.env import ENV_VARS
 
 HERE = Path(__file__).parent
 REPO_ROOT = HERE.parents[1]
@@ -158,12 +163,13 @@ def test_inference_services_from_values(helm_bin: Path):
     services = find(docs, names.KIND)
     assert [(s["metadata"]["name"], s["metadata"]["namespace"]) for s in services] == [
         ("qwen-cpu", "infernetes-system"),
-        ("llama-70b", "models"),
+        ("llama-8b", "models"),
     ]
     assert all(s["apiVersion"] == names.API_VERSION for s in services)
     assert services[1]["spec"] == {
-        "model": "meta-llama/Llama-3.1-70B-Instruct",
-        "engine": {"tensorParallelSize": 4},
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "gpu": {"product": "NVIDIA-H100-80GB-HBM3"},
+        "engine": {"maxModelLen": "32k", "enablePrefixCaching": True},
     }
     (monitor,) = find(docs, "ServiceMonitor")
     (service,) = find(docs, "Service")
@@ -190,6 +196,50 @@ def test_bad_values_are_rejected_with_the_field(helm_bin: Path, flag: str, messa
         "values don't meet the specifications of the schema" in result.stderr
         and message in result.stderr
     )
+
+
+def spec_values(tmp_path: Path, spec: dict) -> str:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"inferenceServices": [{"name": "isvc", "spec": {"model": "m", **spec}}]}))
+    return str(path)
+
+
+def test_inference_service_specs_meet_the_crd_schema(helm_bin: Path, tmp_path: Path):
+    bad = {"replicas": -1, "gpu": {"vendor": "intel"}, "engine": {"maxModelLength": 5, "dtype": "float128"}}
+    result = helm(helm_bin, "lint", "--strict", str(CHART), "-f", spec_values(tmp_path, bad), check=False)
+    assert result.returncode != 0
+    for path in ("spec/replicas", "spec/gpu/vendor", "spec/engine/dtype"):
+        assert f"/inferenceServices/0/{path}'" in result.stdout + result.stderr, path
+    assert "'maxModelLength' not allowed" in result.stdout + result.stderr
+
+
+def test_every_setting_the_runtime_refuses_fails_helm_template(helm_bin: Path, tmp_path: Path):
+    crd_spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec: dict = {"engine": {}, "engineEnv": {}}
+    refusals = [("engine", item) for item in engine_refusals(ARGS)]
+    refusals += [("engineEnv", item) for item in env_refusals(ENV_VARS)]
+    for section, item in refusals:
+        field = crd_spec["properties"][section]["properties"][item.field]
+        spec[section][item.field] = refused_value(field, item)
+    result = helm(helm_bin, "template", *RELEASE, "-f", spec_values(tmp_path, spec), check=False)
+    assert result.returncode != 0
+    for section, item in refusals:
+        assert f"/inferenceServices/0/spec/{section}/{item.field}'" in result.stderr, item.field
+
+
+def test_settings_without_effect_and_allowed_values_pass(helm_bin: Path, tmp_path: Path):
+    spec = {
+        "engine": {"swapSpace": 8, "tensorParallelSize": 1, "enableLora": False, "quantization": "fp8"},
+        "engineEnv": {"VLLM_NO_USAGE_STATS": True, "VLLM_USE_V1": True},
+    }
+    docs = template(helm_bin, "-f", spec_values(tmp_path, spec))
+    (service,) = find(docs, names.KIND)
+    assert service["spec"] == {"model": "m", **spec}
+
+
+def test_values_schema_is_generated_from_the_crd():
+    target = "helm/infernetes/values.schema.json"
+    assert (CHART / "values.schema.json").read_text() == generate.render(target), f"{target} is stale: make generate"
 
 
 def test_service_monitor_without_its_service_fails_with_a_reason(helm_bin: Path):
