@@ -1,6 +1,8 @@
 """The Containerfile really builds: `podman build --isolation=chroot` from a local Debian base made
 by debootstrap (images/build-base.sh; no container registry is needed), then the image's own
-entrypoint answers --help, run as uid 1001 inside the image's root filesystem.
+entrypoint answers --help, run as uid 1001 inside the image's root filesystem, and the runtime
+image serves a tiny model through its entrypoint and through vLLM's entry points
+(images/vllm-alias/: `vllm serve`, `python -m vllm.entrypoints.openai.api_server`).
 
 `podman run` is not used: in a sandbox without the right to set rlimits crun fails
 (`setrlimit RLIMIT_NOFILE: Operation not permitted`), so the tests mount the image and chroot
@@ -14,10 +16,7 @@ INFERNETES_BUILD_RUNTIME_IMAGE=1.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "images"))
 from imagetools import ImageRoot, build, missing_prerequisite  # noqa: E402
+
+sys.path.insert(0, str(REPO_ROOT / "tests" / "images"))
+from serving import SMALL_SERVER_ARGS, assert_serves, free_port  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     missing_prerequisite() is not None, reason=str(missing_prerequisite())
@@ -60,84 +62,76 @@ def test_operator_image_has_no_torch_and_runs_as_non_root(operator_image: ImageR
     assert bad.returncode == 2 and "--metrics-port: invalid int value" in bad.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
+RUNTIME_OPT_IN = pytest.mark.skipif(
     os.environ.get("INFERNETES_BUILD_RUNTIME_IMAGE") != "1",
     reason="the runtime image downloads several GB of PyTorch; set INFERNETES_BUILD_RUNTIME_IMAGE=1",
 )
-def test_runtime_image_entrypoint_answers_help():
+
+
+@pytest.fixture(scope="module")
+def runtime_image() -> Iterator[ImageRoot]:
     root = ImageRoot(build("runtime"))
-    try:
-        assert root.config["Entrypoint"] == ["infernetes", "serve"]
-        assert root.config["User"] == "1001"
-        assert "8000/tcp" in root.config["ExposedPorts"]
-        out = root.entrypoint("--help").stdout
-        assert "--tensor-parallel-size" in out and "--model" in out
-        # vLLM's image command line: the arguments after the image name go to serve.
-        parsed = root.exec(
-            ["infernetes", "config", "--model", "org/model", "--tensor-parallel-size", "2"]
-        ).stdout
-        assert '"tensor_parallel_size": 2' in parsed and '"model": "org/model"' in parsed
-        probe = "import torch, triton, os; print(torch.version.cuda is not None, bool(triton.__version__), os.environ['HF_HOME'])"
-        assert root.exec(["python", "-c", probe]).stdout.split() == [
-            "True",
-            "True",
-            "/var/cache/huggingface",
-        ]
-        cache = root.path / "var" / "cache" / "huggingface"
-        assert cache.stat().st_uid == 1001
-        serve_tiny_model(root)
-    finally:
-        root.close()
+    yield root
+    root.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def serve_tiny_model(root: ImageRoot) -> None:
-    """The image's entrypoint with vLLM-style arguments serves a tiny model (random weights, made
-    here) on the CPU: a completion and the vllm:* metrics."""
-    import httpx
+@pytest.fixture(scope="module")
+def image_tiny_model(runtime_image: ImageRoot) -> str:
+    """The demo model (random weights, made here) inside the image's /tmp, readable by uid 1001;
+    returns its path inside the image."""
     from infernetes.runtime.testing import make_tiny_llama
 
-    make_tiny_llama(root.path / "tmp" / "tiny")
-    for path in (root.path / "tmp" / "tiny").rglob("*"):
+    make_tiny_llama(runtime_image.path / "tmp" / "tiny")
+    for path in (runtime_image.path / "tmp" / "tiny").rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    port = free_port()
-    argv = [
-        *root.config["Entrypoint"],
-        "--model",
-        "/tmp/tiny",
-        "--device",
-        "cpu",
-        "--port",
-        str(port),
+    return "/tmp/tiny"
+
+
+@pytest.mark.slow
+@RUNTIME_OPT_IN
+def test_runtime_image_entrypoint_answers_help(runtime_image: ImageRoot, image_tiny_model: str):
+    root = runtime_image
+    assert root.config["Entrypoint"] == ["infernetes", "serve"]
+    assert root.config["User"] == "1001"
+    assert "8000/tcp" in root.config["ExposedPorts"]
+    out = root.entrypoint("--help").stdout
+    assert "--tensor-parallel-size" in out and "--model" in out
+    # vLLM's image command line: the arguments after the image name go to serve.
+    parsed = root.exec(
+        ["infernetes", "config", "--model", "org/model", "--max-num-seqs", "8"]
+    ).stdout
+    assert '"max_num_seqs": 8' in parsed and '"model": "org/model"' in parsed
+    probe = "import torch, triton, os; print(torch.version.cuda is not None, bool(triton.__version__), os.environ['HF_HOME'])"
+    assert root.exec(["python", "-c", probe]).stdout.split() == [
+        "True",
+        "True",
+        "/var/cache/huggingface",
     ]
-    server = subprocess.Popen(
-        root.command([*argv, "--max-model-len", "256"]),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    cache = root.path / "var" / "cache" / "huggingface"
+    assert cache.stat().st_uid == 1001
+    # The image's entrypoint with vLLM-style arguments serves the model on the CPU.
+    port = free_port()
+    argv = [*root.config["Entrypoint"], "--model", image_tiny_model, "--port", str(port)]
+    assert_serves(
+        root.command([*argv, "--device", "cpu", *SMALL_SERVER_ARGS]), image_tiny_model, port
     )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert server.poll() is None, f"the server exited:\n{server.stdout.read()}"
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not become healthy in 240 s"
-            time.sleep(1)
-        body = {"model": "/tmp/tiny", "prompt": "hello", "max_tokens": 5, "temperature": 0}
-        completion = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
-        assert completion["usage"]["completion_tokens"] == 5
-        assert "vllm:generation_tokens_total" in httpx.get(f"{base}/metrics", timeout=10).text
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+
+
+@pytest.mark.slow
+@RUNTIME_OPT_IN
+def test_runtime_image_answers_to_vllm_entry_points(
+    runtime_image: ImageRoot, image_tiny_model: str
+):
+    """What charts and operators written for vLLM run: `vllm serve MODEL`, `vllm --version` and
+    `python -m vllm.entrypoints.openai.api_server --model MODEL` (images/vllm-alias/)."""
+    from infernetes import __version__
+
+    assert runtime_image.exec(["vllm", "--version"]).stdout == f"{__version__}\n"
+    forms = (
+        ["vllm", "serve", image_tiny_model],
+        ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", image_tiny_model],
+    )
+    for form in forms:
+        port = free_port()
+        argv = [*form, "--port", str(port), "--device", "cpu", *SMALL_SERVER_ARGS]
+        assert_serves(runtime_image.command(argv), image_tiny_model, port)
