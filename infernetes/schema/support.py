@@ -280,11 +280,11 @@ ENV_SUPPORT: dict[str, Support] = {
         "VLLM_RAY_PER_WORKER_GPUS", "VLLM_RAY_BUNDLE_INDICES", "VLLM_USE_RAY_SPMD_WORKER",
         "VLLM_USE_RAY_COMPILED_DAG", "VLLM_USE_RAY_COMPILED_DAG_NCCL_CHANNEL",
         "VLLM_USE_RAY_COMPILED_DAG_OVERLAP_COMM")},
-    "VLLM_RPC_TIMEOUT": no_effect("control calls to the engine core wait without a deadline yet"),
+    "VLLM_RPC_TIMEOUT": HONOURED,
     "VLLM_INSTANCE_ID": no_effect("nothing here is keyed by an instance id"),
     # The server.
     "VLLM_API_KEY": HONOURED,
-    "VLLM_ENGINE_ITERATION_TIMEOUT_S": no_effect("engine steps have no deadline yet"),
+    "VLLM_ENGINE_ITERATION_TIMEOUT_S": HONOURED,
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": HONOURED,
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": HONOURED,
     "VLLM_SERVER_DEV_MODE": HONOURED,

@@ -7,6 +7,11 @@ abort, maintenance calls) and turns the core's messages back into stream items: 
 outputs go to their streams' event loops in one callback per loop, its statistics to the stat
 loggers, replies to the awaiting calls. When the core dies, every open stream gets the error,
 ``errored`` turns true and ``dead_error`` says why.
+
+A hung core counts as dead, so probes fail instead of requests hanging: while requests are in
+flight the core speaks after every step, and silence longer than VLLM_ENGINE_ITERATION_TIMEOUT_S
+means a step is stuck (a watchdog thread checks); a maintenance call (sleep, wake_up,
+reset_prefix_cache) unanswered after VLLM_RPC_TIMEOUT milliseconds means the core is.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -53,6 +59,9 @@ class AsyncEngine:
         self._call_ids = itertools.count()
         self._stopping = False
         self._sleeping = False
+        self._iteration_timeout_s: int = read_env("VLLM_ENGINE_ITERATION_TIMEOUT_S")
+        self._rpc_timeout_ms: int = read_env("VLLM_RPC_TIMEOUT")
+        self._last_heard = time.monotonic()  # when the core last spoke, or last got work while idle
         self.core = (CoreProcess if multiprocess else CoreThread)(config, self._on_message)
         # The LLMEngine itself when it runs in this process (tests reach into it), else None.
         self.engine = getattr(self.core, "engine", None)
@@ -63,6 +72,8 @@ class AsyncEngine:
         self.config = info["config"]
         self.is_pooling: bool = info["is_pooling"]
         self.default_sampling_params: dict[str, Any] = info["default_sampling_params"]
+        self._watchdog = threading.Thread(target=self._watch_steps, name="infernetes-engine-watchdog", daemon=True)
+        self._watchdog.start()
 
     @classmethod
     def from_config(cls, config: Any, stat_loggers: Sequence[Any] = (),
@@ -95,6 +106,7 @@ class AsyncEngine:
     # -- messages from the core (on the core's thread or the pipe reader's) ---------------------
 
     def _on_message(self, message: Message) -> None:
+        self._last_heard = time.monotonic()
         kind = message[0]
         if kind == "step":
             _, outputs, stats = message
@@ -115,6 +127,18 @@ class AsyncEngine:
             logger.error("the engine core died: %r", error)
             self.dead_error = error
             self._fail_all(EngineDeadError(f"the engine has stopped: {error!r}"))
+
+    def _watch_steps(self) -> None:
+        """Fails the engine when it has had requests in flight and said nothing for longer than
+        VLLM_ENGINE_ITERATION_TIMEOUT_S (a sleeping engine steps no more, so it is left alone)."""
+        limit = self._iteration_timeout_s
+        while self.dead_error is None and not self._stopping:
+            time.sleep(min(1.0, limit / 4))
+            silent = time.monotonic() - self._last_heard
+            if self._streams and not self._sleeping and silent > limit:
+                self._on_message(("dead", TimeoutError(
+                    f"an engine step took longer than VLLM_ENGINE_ITERATION_TIMEOUT_S={limit} s "
+                    f"(the engine core has sent nothing for {silent:.1f} s with requests in flight)")))
 
     def _record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         for stat_logger in self.stat_loggers:
@@ -152,6 +176,8 @@ class AsyncEngine:
     # -- commands to the core ------------------------------------------------------------------
 
     async def _call(self, op: str, args: Any) -> Any:
+        """Send a command and await the core's reply; a maintenance call unanswered within
+        VLLM_RPC_TIMEOUT fails the engine (the core is hung; its state is unknown from now on)."""
         self._check_alive()
         call_id = next(self._call_ids)
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -164,7 +190,16 @@ class AsyncEngine:
         if self.dead_error is not None:  # died between the check and the registration
             self._calls.pop(call_id, None)
             self._check_alive()
-        return await asyncio.wrap_future(future)
+        if op != "call":  # adds and aborts wait behind a step, which the watchdog bounds
+            return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self._rpc_timeout_ms / 1000)
+        except TimeoutError:
+            self._calls.pop(call_id, None)
+            error = TimeoutError(
+                f"the engine core did not answer {args[0]} within VLLM_RPC_TIMEOUT={self._rpc_timeout_ms} ms")
+            self._on_message(("dead", error))
+            raise EngineDeadError(f"the engine has stopped: {error!r}") from error
 
     async def _open(self, request_id: str, args: tuple) -> _Stream:
         self._check_alive()
@@ -172,6 +207,8 @@ class AsyncEngine:
         with self._streams_lock:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
+            if not self._streams:  # an idle core owes no step yet: the watchdog's clock starts now
+                self._last_heard = time.monotonic()
             self._streams[request_id] = stream
         try:
             await self._call("add", args)

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from infernetes.runtime.engine.async_engine import EngineDeadError
 from infernetes.runtime.server.protocol import ErrorInfo, ErrorResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -91,6 +92,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(str(exc.detail), exc.status_code, headers=exc.headers)  # 405: Allow
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(str(exc), 503)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
