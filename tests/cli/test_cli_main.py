@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from infernetes import __version__
 from infernetes.cli import main as cli_main
 
 HEAVY = ("torch", "transformers", "fastapi", "uvicorn", "numpy", "triton")
@@ -33,7 +34,7 @@ def test_missing_subcommand_modules_are_skipped(monkeypatch):
     assert cli_main._available() == ["serve", "config"]
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["serve", "--help=CacheConfig"],
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["serve", "--help"], ["serve", "--help=CacheConfig"],
                                   ["config", "--help"], ["collect-env", "--help"]])
 def test_help_imports_nothing_heavy(argv):
     code = (
@@ -45,6 +46,14 @@ def test_help_imports_nothing_heavy(argv):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("flag", ["--version", "-v"])
+def test_version_prints_the_package_version(flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main([flag])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"infernetes {__version__}\n"
 
 
 def test_every_subcommand_help_imports_nothing_heavy():
