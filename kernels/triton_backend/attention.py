@@ -17,14 +17,15 @@ from infernetes.kernels.triton_backend.attention_prefill import prefill_kernel
 from infernetes.kernels.triton_backend.common import check_fp8_supported, dot_dtype, next_pow2
 
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 16
+MAX_SPLITS = 32
 # Fewer tokens than this per split is not worth a separate program.
-MIN_TOKENS_PER_SPLIT = 256
+MIN_TOKENS_PER_SPLIT = 128
 
 
 def num_decode_splits(num_seqs: int, num_kv_heads: int, max_kv_len: int, device: torch.device) -> int:
     """Enough programs to fill the GPU about twice, without splits shorter than
-    MIN_TOKENS_PER_SPLIT."""
+    MIN_TOKENS_PER_SPLIT. On an H100 (Llama-8B heads, bf16, graph replay, fraction of copy
+    bandwidth) one sequence of 32k tokens reads at 0.53 with 16 splits and 0.78 with 32."""
     programs = num_seqs * num_kv_heads
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     wanted = math.ceil(2 * sms / max(programs, 1))

@@ -49,7 +49,7 @@ def test_triton_graph_replay_matches_transformers(tiny_llama, triton_graphs):
     from infernetes.kernels.triton_backend.attention import num_decode_splits
 
     # block_size 8 and --max-seq-len-to-capture 512: a static table 64 blocks wide, while the
-    # eager tables of these sequences are 1-2 blocks wide; the small graphs split K in two
+    # eager tables of these sequences are 1-2 blocks wide; the small graphs split K
     llm = LLM(tiny_llama, dtype="float32", max_model_len=512, num_gpu_blocks_override=64, block_size=8,
               max_num_seqs=4, cuda_graph_sizes=[1, 2, 4], max_seq_len_to_capture=512)
     kv_heads = llm.llm_engine.runner.attention_layers[0].num_kv_heads
