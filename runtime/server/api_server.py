@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: ``build_app`` (the FastAPI app, for tests and embedding)
 and ``run_server(config)`` (what ``infernetes serve`` calls).
 
-Lifecycle: uvicorn starts listening at once and ``/health`` answers 503 while the model loads;
+Lifecycle: the port is bound first (busy: exit 1 before anything loads), uvicorn serves on it at
+once and ``/health`` answers 503 while the model loads;
 once the engine is up every route answers. If the engine dies, ``/health`` fails and the server
 exits (unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) so Kubernetes restarts the pod. SIGTERM/SIGINT
 drain: new requests get 503, in-flight ones have ``--shutdown-timeout`` seconds to finish, the
@@ -16,6 +17,7 @@ import json
 import logging
 import logging.config
 import os
+import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -255,6 +257,21 @@ def _cache_config_labels(config: Any) -> dict[str, Any]:
     return {key: value for key, value in cache.items() if not isinstance(value, dict | list | tuple)}
 
 
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything loads: a busy port is exit 1 at once, naming
+    it (uvicorn binds only after the app's startup, which begins loading the model)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        listener = socket.socket(family, kind, proto)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as exc:
+        print(f"infernetes serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    return listener
+
+
 def run_server(config: Any) -> None:
     """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death."""
     settings = FrontendSettings.from_config(config)
@@ -266,6 +283,7 @@ def run_server(config: Any) -> None:
         print(f"infernetes serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     _configure_logging(settings, logging_settings)
+    listener = _listening_socket(settings.host or "0.0.0.0", settings.port)
     state = ServerState(settings, cache_config=_cache_config_labels(config))
     if not settings.disable_log_stats:
         state.stat_fanout.loggers.append(LoggingStatLogger())
@@ -281,6 +299,6 @@ def run_server(config: Any) -> None:
     app.state.uvicorn_server = server
 
     # uvicorn picks its event loop (uvloop when installed); SIGINT/SIGTERM start the drain.
-    server.run()
+    server.run(sockets=[listener])
     if state.load_error is not None or getattr(state.engine, "errored", False):
         raise SystemExit(1)

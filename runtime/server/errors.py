@@ -72,6 +72,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     lines = []
     first_param = None
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # loc is ("body", character offset): not a field
+            reason = (err.get("ctx") or {}).get("error", "malformed JSON")
+            offset = err["loc"][-1] if len(err.get("loc", ())) > 1 else None
+            where = f" at character {offset}" if isinstance(offset, int) else ""
+            return f"the request body is not valid JSON: {reason}{where}", None
         loc = [str(part) for part in err.get("loc", ()) if part != "body"]
         path = ".".join(loc) or "body"
         first_param = first_param or path
@@ -79,15 +84,33 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(lines) or "invalid request body", first_param
 
 
+def _openapi_without_422(app: FastAPI) -> Any:
+    """FastAPI documents 422 for every body; this server answers 400 instead (see below)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc.message, exc.status, exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # 400, as OpenAI and vLLM answer: clients raise BadRequestError for it
         message, param = _validation_message(exc)
-        return error_response(message, 422, param)
+        return error_response(message, 400, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

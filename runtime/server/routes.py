@@ -31,12 +31,11 @@ from infernetes import __version__
 # What the OpenAPI document says every route can answer besides 200: OpenAI error JSON.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": description} for status, description in (
-        (400, "Bad request: a field is invalid (the error's param names it)"),
+        (400, "Bad request: malformed JSON, or a field is invalid (the error's param names it)"),
         (401, "A valid API key is required (--api-key)"),
         (404, "Unknown model or route"),
         (408, "The request body did not arrive in time"),
         (413, "The request body is too large"),
-        (422, "The request body does not match the schema"),
         (429, "Too many concurrent requests (--max-concurrency)"),
         (500, "A fault of the server's own"),
         (503, "Loading, draining, or the engine has stopped"),

@@ -232,7 +232,7 @@ def test_errors_are_openai_shaped(client, main_server, auth_headers):
         client.completions.create(model="tiny", prompt="hello " * 100, max_tokens=200)
     assert "maximum context length is 256 tokens" in str(info.value)
     assert "200 in the completion" in str(info.value)
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # 400, as OpenAI and vLLM answer
         client.completions.create(model="tiny", prompt="x", max_tokens=-1)
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         client.completions.create(model="tiny", prompt="x", max_tokens=1, logprobs=50)
@@ -240,8 +240,14 @@ def test_errors_are_openai_shaped(client, main_server, auth_headers):
         client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body={"guided_regex": "("})
     response = httpx.post(f"{main_server.url}/v1/chat/completions", headers=auth_headers,
                           content=b"{not json", timeout=10)
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    as_json = httpx.post(f"{main_server.url}/v1/chat/completions", content=b'{"model": "tiny", oops}',
+                         headers={**auth_headers, "content-type": "application/json"}, timeout=10)
+    assert as_json.status_code == 400
+    assert as_json.json()["error"]["message"].startswith("the request body is not valid JSON: Expecting")
+    assert "at character 18" in as_json.json()["error"]["message"]
+    assert as_json.json()["error"]["param"] is None
 
 
 def test_api_key_required_except_open_routes(main_server):

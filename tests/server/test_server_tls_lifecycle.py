@@ -99,3 +99,21 @@ def test_sigterm_drains_in_flight_streams(tls_server):
     assert usage is not None and usage["completion_tokens"] == 200
     assert tls_server.process.wait(60) == 0
     assert "Finished server process" in tls_server.tail()
+
+
+def test_a_busy_port_is_exit_1_before_anything_loads(tiny_llama_dir):
+    """The port is bound first: no model load, no engine-core child, a message naming it."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "infernetes.cli.main", "serve", str(tiny_llama_dir),
+                                 "--host", "127.0.0.1", "--port", str(port)],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "loading" not in result.stderr.lower() and "Loading weights" not in result.stderr
