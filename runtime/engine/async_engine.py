@@ -71,6 +71,7 @@ class AsyncEngine:
         self.model_config = info["model_config"]
         self.config = info["config"]
         self.is_pooling: bool = info["is_pooling"]
+        self.device: str = info["device"]  # "cuda" or "cpu"
         self.default_sampling_params: dict[str, Any] = info["default_sampling_params"]
         self._watchdog = threading.Thread(target=self._watch_steps, name="infernetes-engine-watchdog", daemon=True)
         self._watchdog.start()

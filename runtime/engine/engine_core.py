@@ -55,6 +55,7 @@ def engine_info(engine: LLMEngine) -> dict[str, Any]:
         "model_config": engine.model_config,
         "config": engine.config,
         "is_pooling": engine.is_pooling,
+        "device": engine.settings.device.type,
         "default_sampling_params": dict(engine.default_sampling_params),
     }
 

@@ -257,6 +257,23 @@ def _cache_config_labels(config: Any) -> dict[str, Any]:
     return {key: value for key, value in cache.items() if not isinstance(value, dict | list | tuple)}
 
 
+class QuietProbesWhileLoading(logging.Filter):
+    """Drops the access-log lines of the probes while the model loads: the kubelet (or
+    ``make serve``'s wait) asks every second and each 503 would be a line."""
+
+    PROBES = frozenset({"/health", "/ping"})
+
+    def __init__(self, state: ServerState) -> None:
+        super().__init__()
+        self.state = state
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn's access record: (client, method, path with query, HTTP version, status)
+        args = record.args if isinstance(record.args, tuple) else ()
+        loading = self.state.engine is None and self.state.load_error is None
+        return not (loading and len(args) == 5 and str(args[2]).split("?")[0] in self.PROBES)
+
+
 def _listening_socket(host: str, port: int) -> socket.socket:
     """The server's socket, bound before anything loads: a busy port is exit 1 at once, naming
     it (uvicorn binds only after the app's startup, which begins loading the model)."""
@@ -296,6 +313,7 @@ def run_server(config: Any) -> None:
 
     app = build_app(state, engine_loader=load)
     server = DrainingServer(uvicorn_config(app, settings), app.state.drain)
+    logging.getLogger("uvicorn.access").addFilter(QuietProbesWhileLoading(state))
     app.state.uvicorn_server = server
 
     # uvicorn picks its event loop (uvloop when installed); SIGINT/SIGTERM start the drain.

@@ -2,6 +2,8 @@
 
 ``Avg prompt throughput: 12.0 tokens/s, Avg generation throughput: 40.1 tokens/s, Running: 3
 reqs, Waiting: 0 reqs, GPU KV cache usage: 4.2%, Prefix cache hit rate: 50.0%``
+
+("CPU KV cache usage" when the engine runs on the CPU.)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class LoggingStatLogger:
         self.kv_usage = 0.0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.cache_label = "GPU"  # set to the engine's device once it has loaded
 
     def _reset(self, now: float) -> None:
         self.window_start = now
@@ -54,6 +57,6 @@ class LoggingStatLogger:
             f"Avg prompt throughput: {self.prompt_tokens / elapsed:.1f} tokens/s, "
             f"Avg generation throughput: {self.generation_tokens / elapsed:.1f} tokens/s, "
             f"Running: {self.running} reqs, Waiting: {self.waiting} reqs, "
-            f"GPU KV cache usage: {self.kv_usage * 100:.1f}%, "
+            f"{self.cache_label} KV cache usage: {self.kv_usage * 100:.1f}%, "
             f"Prefix cache hit rate: {hit_rate * 100:.1f}%"
         )

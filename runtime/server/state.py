@@ -8,6 +8,7 @@ from typing import Any
 
 from infernetes.runtime.server.chat_template import ChatRenderer, load_chat_template
 from infernetes.runtime.server.errors import APIError
+from infernetes.runtime.server.log_stats import LoggingStatLogger
 from infernetes.runtime.server.metrics import PrometheusStatLogger
 from infernetes.runtime.server.reasoning import make_reasoning_parser
 from infernetes.runtime.server.serving_chat import ChatServing
@@ -56,6 +57,9 @@ class ServerState:
             settings.show_hidden_metrics_for_version,
         )
         self.stat_fanout.loggers.append(self.metrics)
+        for stat_logger in self.stat_fanout.loggers:
+            if isinstance(stat_logger, LoggingStatLogger):
+                stat_logger.cache_label = "CPU" if getattr(engine, "device", "cuda") == "cpu" else "GPU"
         self.completion = CompletionServing(engine, settings)
         self.chat = ChatServing(engine, settings, renderer, reasoning)
         self.embedding = EmbeddingServing(engine, settings)

@@ -68,3 +68,34 @@ def test_max_log_len_cuts_the_logged_prompt(caplog):
     with caplog.at_level(logging.INFO, logger="infernetes.runtime.server"):
         serving.log_request("r1", "abcdefghijklmnop", SamplingParams())
     assert "'abcde'" in caplog.text and "abcdef" not in caplog.text
+
+
+def test_probe_access_lines_are_quiet_while_the_model_loads():
+    from infernetes.runtime.server.api_server import QuietProbesWhileLoading
+
+    state = ServerState(_settings())
+    quiet = QuietProbesWhileLoading(state)
+
+    def line(path: str, status: int) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                                 ("127.0.0.1:5", "GET", path, "1.1", status), None)
+
+    assert not quiet.filter(line("/health", 503)) and not quiet.filter(line("/ping", 503))
+    assert quiet.filter(line("/v1/models", 503))
+    state.engine = SimpleNamespace()  # loaded: every line is logged again
+    assert quiet.filter(line("/health", 200))
+
+
+def test_stats_line_names_the_engines_device(caplog):
+    from infernetes.runtime.engine.stats import SchedulerStats
+    from infernetes.runtime.server.log_stats import LoggingStatLogger
+
+    state = ServerState(_settings())
+    stats_logger = LoggingStatLogger(interval_s=0.0)
+    state.stat_fanout.loggers.append(stats_logger)
+    engine = SimpleNamespace(tokenizer=[0] * 10, max_model_len=64, model_config=SimpleNamespace(vocab_size=10),
+                             device="cpu", is_pooling=False)
+    state.attach_engine(engine)
+    with caplog.at_level(logging.INFO, logger="infernetes.runtime.server.stats"):
+        stats_logger.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.25), None)
+    assert "CPU KV cache usage: 25.0%" in caplog.records[-1].getMessage()
