@@ -102,6 +102,7 @@ def _openapi_without_422(app: FastAPI) -> Any:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
+
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc.message, exc.status, exc.param)

@@ -1,5 +1,5 @@
-"""ASGI middleware: API-key auth, request-id headers, the request body (size and time limits), server-load tracking, the
-``--max-concurrency`` limit, and user middleware named by ``--middleware``.
+"""ASGI middleware: API-key auth, request-id headers, the request body (size and time limits),
+server-load tracking, the ``--max-concurrency`` limit, and user middleware named by ``--middleware``.
 
 Plain ASGI classes rather than BaseHTTPMiddleware, so streamed responses pass through untouched
 and a cancelled client still cancels the handler.

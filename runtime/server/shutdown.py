@@ -142,8 +142,8 @@ class DrainGate:
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
-            response = error_response("the server is shutting down; retry on another replica", 503)
-            response.headers["connection"] = "close"
+            response = error_response("the server is shutting down; retry on another replica", 503,
+                                      headers={"connection": "close"})
             await response(scope, receive, send)
             return
         self.drain.enter()
