@@ -15,8 +15,6 @@ from infernetes.schema.args import CURRENT_ARGS, Arg
 from infernetes.schema.env import ENV_VARS, read_env
 from infernetes.schema.support import ARG_SUPPORT, ENV_SUPPORT, Support
 
-_UNSET = (None, False, "", {}, [], ())
-
 
 @dataclass
 class SupportReport:
@@ -24,10 +22,14 @@ class SupportReport:
     warnings: list[str] = field(default_factory=list)
 
 
+def _unset(value: Any) -> bool:
+    """None, False or an empty string or collection: "not given" whichever the default is. (Not
+    by ``==``: 0 == False would make a refused 0 pass for an unset default.)"""
+    return value is None or value is False or (isinstance(value, str | dict | list | tuple) and not value)
+
+
 def _is_default(value: Any, default: Any) -> bool:
-    if value == default:
-        return True
-    return any(value == unset for unset in _UNSET) and any(default == unset for unset in _UNSET)
+    return value == default or (_unset(value) and _unset(default))
 
 
 def _shown(value: Any) -> str:

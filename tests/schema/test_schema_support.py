@@ -98,6 +98,12 @@ def test_vllm_variables_set_without_effect_warn_and_refused_ones_fail(var):
         assert any(w.startswith(f"{var.name}=") and support.reason in w for w in report.warnings)
 
 
+def test_a_zero_is_a_value_not_an_unset_default():
+    report = check_support(build_config("some/model", data_parallel_rpc_port=0), environ={})
+    assert any("--data-parallel-rpc-port/-dpp 0 is not supported" in e for e in report.errors)
+    assert not check_support(build_config("some/model", enable_lora=False), environ={}).errors
+
+
 def test_defaults_and_unset_variables_say_nothing():
     report = check_support(build_config("some/model"), environ={"CUDA_HOME": "/usr/local/cuda"})
     assert report.errors == [] and report.warnings == []
