@@ -35,6 +35,7 @@ cluster-down: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/hadolint Containerfile
 
 generate: setup

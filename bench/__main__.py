@@ -7,7 +7,11 @@ from pathlib import Path
 
 
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if not m.name.startswith("_"))
+    return sorted(
+        m.name
+        for m in pkgutil.iter_modules([str(Path(__file__).parent)])
+        if not m.name.startswith("_")
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -16,7 +20,10 @@ def main(argv: list[str]) -> int:
     names, options = argv[:split] or available(), argv[split:]
     unknown = sorted(set(names) - set(available()))
     if unknown:
-        print(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(available())}", file=sys.stderr)
+        print(
+            f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(available())}",
+            file=sys.stderr,
+        )
         return 2
     status = 0
     for name in names:

@@ -20,10 +20,42 @@ from typing import Any
 
 import httpx
 
-WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "cache", "keys", "values",
-         "tokens", "batch", "pods", "nodes", "server", "request", "model", "engine", "paged",
-         "blocks", "attention", "sea", "shells", "journey", "miles", "step", "hello", "world",
-         "numbers", "café", "naïve", "日本語", "🙂")
+WORDS = (
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "cache",
+    "keys",
+    "values",
+    "tokens",
+    "batch",
+    "pods",
+    "nodes",
+    "server",
+    "request",
+    "model",
+    "engine",
+    "paged",
+    "blocks",
+    "attention",
+    "sea",
+    "shells",
+    "journey",
+    "miles",
+    "step",
+    "hello",
+    "world",
+    "numbers",
+    "café",
+    "naïve",
+    "日本語",
+    "🙂",
+)
 
 
 @dataclass(frozen=True)
@@ -39,45 +71,111 @@ def _text(rng: random.Random, low: int, high: int) -> str:
 
 
 def _messages(rng: random.Random) -> list[dict[str, str]]:
-    return [{"role": "system", "content": _text(rng, 2, 8)},
-            {"role": "user", "content": _text(rng, 4, 40)}]
+    return [
+        {"role": "system", "content": _text(rng, 2, 8)},
+        {"role": "user", "content": _text(rng, 4, 40)},
+    ]
 
 
 def _sampled(rng: random.Random) -> dict[str, Any]:
-    return {"temperature": rng.choice([0.7, 1.0, 1.3]), "top_p": 0.9, "top_k": 40, "min_p": 0.02,
-            "presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 1.1,
-            "seed": rng.randrange(1 << 31)}
+    return {
+        "temperature": rng.choice([0.7, 1.0, 1.3]),
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.02,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.3,
+        "repetition_penalty": 1.1,
+        "seed": rng.randrange(1 << 31),
+    }
 
 
 SHAPES: dict[str, Callable[[random.Random], Call]] = {
-    "completion": lambda rng: Call("completion", "/v1/completions", {
-        "prompt": _text(rng, 4, 60), "max_tokens": rng.randint(4, 32), "temperature": 0}),
-    "completion-stream-sampled": lambda rng: Call("completion-stream-sampled", "/v1/completions", {
-        "prompt": _text(rng, 4, 60), "max_tokens": rng.randint(8, 48), "stream": True,
-        **_sampled(rng)}),
-    "completion-n3-logprobs-stop": lambda rng: Call("completion-n3-logprobs-stop", "/v1/completions", {
-        "prompt": _text(rng, 4, 40), "max_tokens": 24, "n": 3, "logprobs": 3, "temperature": 1.0,
-        "seed": rng.randrange(1 << 31), "stop": [" the", "."]}),
-    "completion-prompt-logprobs": lambda rng: Call("completion-prompt-logprobs", "/v1/completions", {
-        "prompt": _text(rng, 4, 40), "max_tokens": 4, "prompt_logprobs": 2, "echo": True}),
-    "completion-token-ids": lambda rng: Call("completion-token-ids", "/v1/completions", {
-        "prompt": [rng.randrange(5, 500) for _ in range(rng.randint(4, 80))], "max_tokens": 16,
-        "ignore_eos": True}),
-    "chat": lambda rng: Call("chat", "/v1/chat/completions", {
-        "messages": _messages(rng), "max_tokens": rng.randint(4, 32)}),
-    "chat-stream-n2-logprobs": lambda rng: Call("chat-stream-n2-logprobs", "/v1/chat/completions", {
-        "messages": _messages(rng), "max_tokens": 24, "stream": True, "n": 2, "logprobs": True,
-        "top_logprobs": 2, "stream_options": {"include_usage": True}, **_sampled(rng)}),
-    "chat-stop-strings": lambda rng: Call("chat-stop-strings", "/v1/chat/completions", {
-        "messages": _messages(rng), "max_tokens": 32, "stop": ["a", " s"],
-        "include_stop_str_in_output": rng.random() < 0.5}),
-    "chat-guided-choice": lambda rng: Call("chat-guided-choice", "/v1/chat/completions", {
-        "messages": _messages(rng), "max_tokens": 8, "guided_choice": ["yes", "no", "maybe"]}),
-    "chat-stream-cut": lambda rng: Call("chat-stream-cut", "/v1/chat/completions", {
-        "messages": _messages(rng), "max_tokens": 64, "ignore_eos": True, "stream": True},
-        cut_after=rng.randint(1, 4)),
-    "completion-too-long": lambda rng: Call("completion-too-long", "/v1/completions", {
-        "prompt": _text(rng, 700, 900), "max_tokens": 4}),
+    "completion": lambda rng: Call(
+        "completion",
+        "/v1/completions",
+        {"prompt": _text(rng, 4, 60), "max_tokens": rng.randint(4, 32), "temperature": 0},
+    ),
+    "completion-stream-sampled": lambda rng: Call(
+        "completion-stream-sampled",
+        "/v1/completions",
+        {
+            "prompt": _text(rng, 4, 60),
+            "max_tokens": rng.randint(8, 48),
+            "stream": True,
+            **_sampled(rng),
+        },
+    ),
+    "completion-n3-logprobs-stop": lambda rng: Call(
+        "completion-n3-logprobs-stop",
+        "/v1/completions",
+        {
+            "prompt": _text(rng, 4, 40),
+            "max_tokens": 24,
+            "n": 3,
+            "logprobs": 3,
+            "temperature": 1.0,
+            "seed": rng.randrange(1 << 31),
+            "stop": [" the", "."],
+        },
+    ),
+    "completion-prompt-logprobs": lambda rng: Call(
+        "completion-prompt-logprobs",
+        "/v1/completions",
+        {"prompt": _text(rng, 4, 40), "max_tokens": 4, "prompt_logprobs": 2, "echo": True},
+    ),
+    "completion-token-ids": lambda rng: Call(
+        "completion-token-ids",
+        "/v1/completions",
+        {
+            "prompt": [rng.randrange(5, 500) for _ in range(rng.randint(4, 80))],
+            "max_tokens": 16,
+            "ignore_eos": True,
+        },
+    ),
+    "chat": lambda rng: Call(
+        "chat",
+        "/v1/chat/completions",
+        {"messages": _messages(rng), "max_tokens": rng.randint(4, 32)},
+    ),
+    "chat-stream-n2-logprobs": lambda rng: Call(
+        "chat-stream-n2-logprobs",
+        "/v1/chat/completions",
+        {
+            "messages": _messages(rng),
+            "max_tokens": 24,
+            "stream": True,
+            "n": 2,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "stream_options": {"include_usage": True},
+            **_sampled(rng),
+        },
+    ),
+    "chat-stop-strings": lambda rng: Call(
+        "chat-stop-strings",
+        "/v1/chat/completions",
+        {
+            "messages": _messages(rng),
+            "max_tokens": 32,
+            "stop": ["a", " s"],
+            "include_stop_str_in_output": rng.random() < 0.5,
+        },
+    ),
+    "chat-guided-choice": lambda rng: Call(
+        "chat-guided-choice",
+        "/v1/chat/completions",
+        {"messages": _messages(rng), "max_tokens": 8, "guided_choice": ["yes", "no", "maybe"]},
+    ),
+    "chat-stream-cut": lambda rng: Call(
+        "chat-stream-cut",
+        "/v1/chat/completions",
+        {"messages": _messages(rng), "max_tokens": 64, "ignore_eos": True, "stream": True},
+        cut_after=rng.randint(1, 4),
+    ),
+    "completion-too-long": lambda rng: Call(
+        "completion-too-long", "/v1/completions", {"prompt": _text(rng, 700, 900), "max_tokens": 4}
+    ),
 }
 
 
@@ -104,8 +202,9 @@ async def send(client: httpx.AsyncClient, call: Call) -> str:
         return type(error).__name__
 
 
-async def drive(base_url: str, model: str, seconds: float, concurrency: int, seed: int,
-                outcomes: Counter) -> None:
+async def drive(
+    base_url: str, model: str, seconds: float, concurrency: int, seed: int, outcomes: Counter
+) -> None:
     """``concurrency`` workers send calls for ``seconds``; ``outcomes[(kind, outcome)]`` counts
     them as they finish (read it while this runs for progress)."""
     deadline = time.monotonic() + seconds

@@ -39,8 +39,12 @@ def time_command(argv: list[str], runs: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench cli_startup", description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="Runs per command (median is reported).")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench cli_startup", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--runs", type=int, default=5, help="Runs per command (median is reported)."
+    )
     args = parser.parse_args(argv)
     results = {label: time_command(cmd, args.runs) for label, cmd in commands().items()}
     baseline = results["python -c pass (baseline)"]
@@ -49,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:42} {seconds:9.3f} {seconds / baseline:11.1f}")
     serve_help = results["infernetes serve --help"]
     verdict = "within" if serve_help < BUDGET_S else "OVER"
-    print(f"serve --help: {serve_help:.3f} s, {verdict} the {BUDGET_S:.0f} s budget "
-          f"({serve_help / results[next(k for k in results if 'torch' in k)]:.2f} x import torch)")
+    print(
+        f"serve --help: {serve_help:.3f} s, {verdict} the {BUDGET_S:.0f} s budget "
+        f"({serve_help / results[next(k for k in results if 'torch' in k)]:.2f} x import torch)"
+    )
     return 0
 
 

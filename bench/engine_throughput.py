@@ -32,25 +32,41 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench engine_throughput", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench engine_throughput", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=_range, default=(32, 256), help="min-max prompt tokens")
-    parser.add_argument("--output-len", type=_range, default=(64, 256), help="min-max output tokens")
+    parser.add_argument(
+        "--output-len", type=_range, default=(64, 256), help="min-max output tokens"
+    )
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--hf-batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for both sides (1: on a small shared CPU a second OpenMP thread "
-                             "waits in barriers whenever its core is busy, making small ops 10-30x slower)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for both sides (1: on a small shared CPU a second OpenMP thread "
+        "waits in barriers whenever its core is busy, making small ops 10-30x slower)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--dtype", default="auto",
-                        help="infernetes dtype (auto: bf16 on a CPU with native bf16, as vLLM)")
-    parser.add_argument("--hf-dtype", default="same",
-                        help="transformers dtype (same: the dtype infernetes resolved, a like-for-like run)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="infernetes dtype (auto: bf16 on a CPU with native bf16, as vLLM)",
+    )
+    parser.add_argument(
+        "--hf-dtype",
+        default="same",
+        help="transformers dtype (same: the dtype infernetes resolved, a like-for-like run)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else both sides sample")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy; else both sides sample"
+    )
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="measure infernetes only")
@@ -81,14 +97,27 @@ def run_infernetes(path: str, requests, args) -> float:
         skip_tokenizer_init=True,
         seed=args.seed,
     )
-    params = [SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=n,
-                             ignore_eos=True, detokenize=False) for _, n in requests]
-    llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=4, detokenize=False))  # warm-up
+    params = [
+        SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=n,
+            ignore_eos=True,
+            detokenize=False,
+        )
+        for _, n in requests
+    ]
+    llm.generate(
+        [[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=4, detokenize=False)
+    )  # warm-up
     start = time.perf_counter()
     outputs = llm.generate([p for p, _ in requests], params)
     elapsed = time.perf_counter() - start
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
-    assert produced == sum(n for _, n in requests), "every request must produce its requested tokens"
+    assert produced == sum(n for _, n in requests), (
+        "every request must produce its requested tokens"
+    )
     return elapsed, str(llm.llm_engine.settings.info.dtype).removeprefix("torch.")
 
 
@@ -99,7 +128,9 @@ def run_transformers(path: str, requests, args, dtype: str) -> float:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     pad = 0
     with torch.inference_mode():
-        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False, pad_token_id=pad)
+        model.generate(
+            torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False, pad_token_id=pad
+        )
         start = time.perf_counter()
         for i in range(0, len(requests), args.hf_batch_size):
             batch = requests[i : i + args.hf_batch_size]
@@ -110,10 +141,21 @@ def run_transformers(path: str, requests, args, dtype: str) -> float:
                 ids[row, width - len(prompt) :] = torch.tensor(prompt)
                 mask[row, width - len(prompt) :] = 1
             new = max(n for _, n in batch)
-            sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k) \
-                if args.temperature > 0 else dict(do_sample=False)
-            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, pad_token_id=pad,
-                           **sampling)
+            sampling = (
+                dict(
+                    do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k
+                )
+                if args.temperature > 0
+                else dict(do_sample=False)
+            )
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=pad,
+                **sampling,
+            )
         return time.perf_counter() - start
 
 
@@ -142,18 +184,27 @@ def main(argv: list[str]) -> int:
                 initializer_range=0.02,
             )
         )
-        print(f"model: Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab} (float32 checkpoint); "
-              f"{len(requests)} prompts, {prompt_tokens} prompt tokens, {output_tokens} output tokens; "
-              f"{args.threads} threads", flush=True)
+        print(
+            f"model: Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab} (float32 checkpoint); "
+            f"{len(requests)} prompts, {prompt_tokens} prompt tokens, {output_tokens} output tokens; "
+            f"{args.threads} threads",
+            flush=True,
+        )
         ours, dtype = run_infernetes(path, requests, args)
-        print(f"infernetes ({dtype}):   {ours:8.2f} s  {output_tokens / ours:9.1f} output tok/s  "
-              f"{(output_tokens + prompt_tokens) / ours:9.1f} total tok/s", flush=True)
+        print(
+            f"infernetes ({dtype}):   {ours:8.2f} s  {output_tokens / ours:9.1f} output tok/s  "
+            f"{(output_tokens + prompt_tokens) / ours:9.1f} total tok/s",
+            flush=True,
+        )
         if args.skip_hf:
             return 0
         hf_dtype = dtype if args.hf_dtype == "same" else args.hf_dtype
         theirs = run_transformers(path, requests, args, hf_dtype)
-        print(f"transformers ({hf_dtype}): {theirs:8.2f} s  {output_tokens / theirs:9.1f} output tok/s  "
-              f"(batched generate, batch size {args.hf_batch_size})", flush=True)
+        print(
+            f"transformers ({hf_dtype}): {theirs:8.2f} s  {output_tokens / theirs:9.1f} output tok/s  "
+            f"(batched generate, batch size {args.hf_batch_size})",
+            flush=True,
+        )
     print(f"ratio infernetes / transformers: {theirs / ours:.2f}x", flush=True)
     return 0
 

@@ -85,23 +85,40 @@ DEFAULT_PARTS = ("decode", "throughput", "kernels")
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench gpu_llama8b", description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
-                        help=f"comma-separated subset of {', '.join(PARTS)} (default: all but profile)")
-    parser.add_argument("--requests", type=int, default=256, help="offline throughput: number of requests")
-    parser.add_argument("--hf-requests", type=int, default=64,
-                        help="requests transformers generates (a subset: it is slow); tok/s is compared")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench gpu_llama8b", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"comma-separated subset of {', '.join(PARTS)} (default: all but profile)",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=256, help="offline throughput: number of requests"
+    )
+    parser.add_argument(
+        "--hf-requests",
+        type=int,
+        default=64,
+        help="requests transformers generates (a subset: it is slow); tok/s is compared",
+    )
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--decode-tokens", type=int, default=512)
     parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--engine-args", default="{}",
-                        help='JSON of extra LLM keyword arguments, e.g. \'{"enforce_eager": true}\'')
+    parser.add_argument(
+        "--engine-args",
+        default="{}",
+        help="JSON of extra LLM keyword arguments, e.g. '{\"enforce_eager\": true}'",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs")
-    parser.add_argument("--part", choices=tuple(PART_FUNCTIONS),
-                        help=argparse.SUPPRESS)  # internal: run one part in this process, print JSON
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs"
+    )
+    parser.add_argument(
+        "--part", choices=tuple(PART_FUNCTIONS), help=argparse.SUPPRESS
+    )  # internal: run one part in this process, print JSON
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:  # small enough for the CPU
@@ -109,7 +126,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         args.min_len, args.max_len, args.decode_tokens, args.max_model_len = 8, 24, 16, 256
     unknown = set(args.parts.split(",")) - set(PARTS)
     if unknown:
-        parser.error(f"--parts: unknown {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
+        parser.error(
+            f"--parts: unknown {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}"
+        )
     return args
 
 
@@ -129,8 +148,12 @@ def _workload(args: argparse.Namespace, vocab: int) -> list[tuple[list[int], int
     requests = []
     for _ in range(args.requests):
         prompt_len = rng.randint(args.min_len, args.max_len)
-        requests.append(([rng.randrange(1000 if vocab > 2000 else 3, vocab) for _ in range(prompt_len)],
-                         rng.randint(args.min_len, args.max_len)))
+        requests.append(
+            (
+                [rng.randrange(1000 if vocab > 2000 else 3, vocab) for _ in range(prompt_len)],
+                rng.randint(args.min_len, args.max_len),
+            )
+        )
     return requests
 
 
@@ -142,8 +165,15 @@ def _llm(args: argparse.Namespace, **overrides):
     from infernetes import LLM
 
     engine_args = {**json.loads(args.engine_args), **overrides}
-    return LLM(args.model_dir, load_format="dummy", dtype="bfloat16" if not args.smoke else "float32",
-               skip_tokenizer_init=True, max_model_len=args.max_model_len, seed=args.seed, **engine_args)
+    return LLM(
+        args.model_dir,
+        load_format="dummy",
+        dtype="bfloat16" if not args.smoke else "float32",
+        skip_tokenizer_init=True,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        **engine_args,
+    )
 
 
 def _sync() -> None:
@@ -182,19 +212,25 @@ def part_decode(args: argparse.Namespace, **overrides) -> dict:
     from infernetes import SamplingParams
 
     llm = _llm(args, **overrides)
-    prompt = _workload(argparse.Namespace(**{**vars(args), "requests": 1, "min_len": 128, "max_len": 128}),
-                       _model_config(args)["vocab_size"])[0][0]
+    prompt = _workload(
+        argparse.Namespace(**{**vars(args), "requests": 1, "min_len": 128, "max_len": 128}),
+        _model_config(args)["vocab_size"],
+    )[0][0]
     params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
-    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # warm-up
+    llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    )  # warm-up
     [out] = llm.generate([prompt], params)
     m = out.metrics
     decode_s = m.finished_time - m.first_token_time
     graphs = llm.llm_engine.runner.decode_graphs
-    return {"decode_tokens_per_s": (len(out.outputs[0].token_ids) - 1) / decode_s,
-            "ttft_s": m.first_token_time - m.arrival_time,
-            "graph_sizes": len(graphs.sizes) if graphs else 0,
-            "graph_capture_s": graphs.capture_seconds if graphs else 0.0,
-            "graph_replays": sum(graphs.replays.values()) if graphs else 0}
+    return {
+        "decode_tokens_per_s": (len(out.outputs[0].token_ids) - 1) / decode_s,
+        "ttft_s": m.first_token_time - m.arrival_time,
+        "graph_sizes": len(graphs.sizes) if graphs else 0,
+        "graph_capture_s": graphs.capture_seconds if graphs else 0.0,
+        "graph_replays": sum(graphs.replays.values()) if graphs else 0,
+    }
 
 
 def part_decode_eager(args: argparse.Namespace) -> dict:
@@ -212,9 +248,13 @@ def part_throughput_engine(args: argparse.Namespace) -> dict:
     outputs = llm.generate([p for p, _ in workload], params)
     elapsed = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"requests": len(workload), "output_tokens": generated, "seconds": elapsed,
-            "output_tokens_per_s": generated / elapsed,
-            "total_tokens_per_s": (generated + sum(len(p) for p, _ in workload)) / elapsed}
+    return {
+        "requests": len(workload),
+        "output_tokens": generated,
+        "seconds": elapsed,
+        "output_tokens_per_s": generated / elapsed,
+        "total_tokens_per_s": (generated + sum(len(p) for p, _ in workload)) / elapsed,
+    }
 
 
 def part_throughput_hf(args: argparse.Namespace) -> dict:
@@ -237,15 +277,27 @@ def part_throughput_hf(args: argparse.Namespace) -> dict:
             batch = workload[i : i + args.hf_batch_size]
             width = max(len(p) for p, _ in batch)
             ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch], device=device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
+            mask = torch.tensor(
+                [[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device
+            )
             new = max(n for _, n in batch)
-            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                           pad_token_id=pad)
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=pad,
+            )
             useful += sum(n for _, n in batch)
     _sync()
     elapsed = time.perf_counter() - start
-    return {"requests": len(workload), "output_tokens": useful, "seconds": elapsed,
-            "output_tokens_per_s": useful / elapsed}
+    return {
+        "requests": len(workload),
+        "output_tokens": useful,
+        "seconds": elapsed,
+        "output_tokens_per_s": useful / elapsed,
+    }
 
 
 def _replayable(launch: Callable[[], object]) -> Callable[[], object]:
@@ -273,9 +325,19 @@ def part_kernels(args: argparse.Namespace) -> dict:
     copy_bw = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
     results = []
     for seqs, kv_len in shapes:
-        batch = random_paged_batch([1] * seqs, [kv_len] * seqs, config["num_attention_heads"],
-                                   config["num_key_value_heads"], config["head_dim"], 16, dtype, device=_device())
-        kv_bytes = 2 * seqs * kv_len * config["num_key_value_heads"] * config["head_dim"] * dtype.itemsize
+        batch = random_paged_batch(
+            [1] * seqs,
+            [kv_len] * seqs,
+            config["num_attention_heads"],
+            config["num_key_value_heads"],
+            config["head_dim"],
+            16,
+            dtype,
+            device=_device(),
+        )
+        kv_bytes = (
+            2 * seqs * kv_len * config["num_key_value_heads"] * config["head_dim"] * dtype.itemsize
+        )
         step = _replayable(lambda batch=batch: triton_backend.paged_attention(*batch.args()))
         iters = 2 if args.smoke else 50
         start = time.perf_counter()
@@ -283,9 +345,15 @@ def part_kernels(args: argparse.Namespace) -> dict:
             step()
         _sync()
         seconds = (time.perf_counter() - start) / iters
-        results.append({"seqs": seqs, "kv_len": kv_len, "us": seconds * 1e6,
-                        "bandwidth_GBps": kv_bytes / seconds / 1e9,
-                        "fraction_of_copy": kv_bytes / seconds / copy_bw})
+        results.append(
+            {
+                "seqs": seqs,
+                "kv_len": kv_len,
+                "us": seconds * 1e6,
+                "bandwidth_GBps": kv_bytes / seconds / 1e9,
+                "fraction_of_copy": kv_bytes / seconds / copy_bw,
+            }
+        )
     return {"copy_bandwidth_GBps": copy_bw / 1e9, "attention": results}
 
 
@@ -297,22 +365,47 @@ def part_profile(args: argparse.Namespace, steps: int = 64, top: int = 15) -> di
 
     llm = _llm(args)
     prompt = list(range(1000, 1128)) if not args.smoke else list(range(3, 35))
-    llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # warm-up
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    )  # warm-up
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    )
     with profile(activities=activities) as prof:
-        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True))
+        llm.generate(
+            [prompt], SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
+        )
         _sync()
     # device-side events only (kernels, copies): CPU-side ops report no device time of their own
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0 and not e.key.startswith("aten::")]
+    events = [
+        e
+        for e in prof.key_averages()
+        if e.self_device_time_total > 0 and not e.key.startswith("aten::")
+    ]
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
     total_us = sum(e.self_device_time_total for e in events)
-    return {"steps": steps, "device_ms_per_step": total_us / steps / 1e3,
-            "kernels": [{"name": e.key[:80], "us_per_step": e.self_device_time_total / steps,
-                         "calls_per_step": e.count / steps} for e in events[:top]]}
+    return {
+        "steps": steps,
+        "device_ms_per_step": total_us / steps / 1e3,
+        "kernels": [
+            {
+                "name": e.key[:80],
+                "us_per_step": e.self_device_time_total / steps,
+                "calls_per_step": e.count / steps,
+            }
+            for e in events[:top]
+        ],
+    }
 
 
-PART_FUNCTIONS = {"decode": part_decode, "decode-eager": part_decode_eager, "throughput-engine": part_throughput_engine,
-                  "throughput-hf": part_throughput_hf, "kernels": part_kernels, "profile": part_profile}
+PART_FUNCTIONS = {
+    "decode": part_decode,
+    "decode-eager": part_decode_eager,
+    "throughput-engine": part_throughput_engine,
+    "throughput-hf": part_throughput_hf,
+    "kernels": part_kernels,
+    "profile": part_profile,
+}
 
 
 # ---- driver ---------------------------------------------------------------------------------
@@ -324,12 +417,25 @@ def _run_part(part: str, argv: list[str], model_dir: Path, smoke: bool) -> dict:
         import os
 
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "bench.gpu_llama8b", *argv, "--part", part, "--model-dir", str(model_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.gpu_llama8b",
+        *argv,
+        "--part",
+        part,
+        "--model-dir",
+        str(model_dir),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent
+    )
     if proc.returncode:
         raise RuntimeError(f"part {part} failed:\n{proc.stderr[-4000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"{part}: {json.dumps(result)}", file=sys.stderr, flush=True)  # progress, and the raw figures
+    print(
+        f"{part}: {json.dumps(result)}", file=sys.stderr, flush=True
+    )  # progress, and the raw figures
     return result
 
 
@@ -340,34 +446,50 @@ def _report(device_name: str, parts: list[str], results: dict) -> None:
         per_token = _weight_bytes_per_token(config)
         tps = results["decode"]["decode_tokens_per_s"]
         copy_limit = results["copy_bandwidth"] / per_token
-        print(f"decode: {tps:.1f} tok/s single stream; weights read per token {per_token / 1e9:.2f} GB; "
-              f"TTFT {results['decode']['ttft_s'] * 1e3:.0f} ms")
+        print(
+            f"decode: {tps:.1f} tok/s single stream; weights read per token {per_token / 1e9:.2f} GB; "
+            f"TTFT {results['decode']['ttft_s'] * 1e3:.0f} ms"
+        )
         print(f"  vs copy-bandwidth limit {copy_limit:.1f} tok/s: {tps / copy_limit:.1%}")
         nominal = next((bw for name, bw in NOMINAL_BANDWIDTH.items() if name in device_name), None)
         if nominal:
-            print(f"  vs nominal-bandwidth limit {nominal / per_token:.1f} tok/s: {tps * per_token / nominal:.1%}")
+            print(
+                f"  vs nominal-bandwidth limit {nominal / per_token:.1f} tok/s: {tps * per_token / nominal:.1%}"
+            )
         d = results["decode"]
-        print(f"  CUDA graphs: {d['graph_sizes']} sizes captured in {d['graph_capture_s']:.1f} s, "
-              f"{d['graph_replays']} decode steps replayed")
+        print(
+            f"  CUDA graphs: {d['graph_sizes']} sizes captured in {d['graph_capture_s']:.1f} s, "
+            f"{d['graph_replays']} decode steps replayed"
+        )
         if "decode-eager" in results:
             eager = results["decode-eager"]["decode_tokens_per_s"]
             print(f"  --enforce-eager: {eager:.1f} tok/s; graphs / eager: {tps / eager:.2f}x")
     if "throughput" in parts:
         ours, hf = results["throughput-engine"], results["throughput-hf"]
-        print(f"throughput: infernetes {ours['output_tokens_per_s']:.0f} output tok/s "
-              f"({ours['requests']} requests, {ours['output_tokens']} tokens, {ours['seconds']:.1f} s)")
-        print(f"  transformers generate {hf['output_tokens_per_s']:.0f} output tok/s ({hf['requests']} requests)")
-        print(f"  ratio infernetes / transformers: {ours['output_tokens_per_s'] / hf['output_tokens_per_s']:.2f}x")
+        print(
+            f"throughput: infernetes {ours['output_tokens_per_s']:.0f} output tok/s "
+            f"({ours['requests']} requests, {ours['output_tokens']} tokens, {ours['seconds']:.1f} s)"
+        )
+        print(
+            f"  transformers generate {hf['output_tokens_per_s']:.0f} output tok/s ({hf['requests']} requests)"
+        )
+        print(
+            f"  ratio infernetes / transformers: {ours['output_tokens_per_s'] / hf['output_tokens_per_s']:.2f}x"
+        )
     if "kernels" in parts:
         k = results["kernels"]
         print(f"kernels: device copy bandwidth {k['copy_bandwidth_GBps']:.0f} GB/s")
         for row in k["attention"]:
-            print(f"  decode attention {row['seqs']} seqs x {row['kv_len']} tokens: {row['us']:.0f} us, "
-                  f"{row['bandwidth_GBps']:.0f} GB/s = {row['fraction_of_copy']:.1%} of copy")
+            print(
+                f"  decode attention {row['seqs']} seqs x {row['kv_len']} tokens: {row['us']:.0f} us, "
+                f"{row['bandwidth_GBps']:.0f} GB/s = {row['fraction_of_copy']:.1%} of copy"
+            )
 
 
 def _report_profile(profile: dict) -> None:
-    print(f"profile: {profile['device_ms_per_step']:.2f} ms of device time per single-stream decode step")
+    print(
+        f"profile: {profile['device_ms_per_step']:.2f} ms of device time per single-stream decode step"
+    )
     for row in profile["kernels"]:
         print(f"  {row['us_per_step']:8.1f} us  {row['calls_per_step']:5.1f} calls  {row['name']}")
 
@@ -378,7 +500,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(PART_FUNCTIONS[args.part](args)))
         return 0
     if not torch.cuda.is_available() and not args.smoke:
-        print("gpu_llama8b: no CUDA device here; skipped (run on an NVIDIA GPU, or --smoke for a dry run)")
+        print(
+            "gpu_llama8b: no CUDA device here; skipped (run on an NVIDIA GPU, or --smoke for a dry run)"
+        )
         return 0
     parts = args.parts.split(",")
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (smoke)"
@@ -390,14 +514,20 @@ def main(argv: list[str]) -> int:
             results["copy_bandwidth"] = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
             results["decode"] = _run_part("decode", passthrough, model_dir, args.smoke)
             if not json.loads(args.engine_args).get("enforce_eager"):
-                results["decode-eager"] = _run_part("decode-eager", passthrough, model_dir, args.smoke)
+                results["decode-eager"] = _run_part(
+                    "decode-eager", passthrough, model_dir, args.smoke
+                )
         if "kernels" in parts:
             results["kernels"] = _run_part("kernels", passthrough, model_dir, args.smoke)
         if "profile" in parts:
             results["profile"] = _run_part("profile", passthrough, model_dir, args.smoke)
         if "throughput" in parts:  # ours first: transformers' baseline is the long part
-            results["throughput-engine"] = _run_part("throughput-engine", passthrough, model_dir, args.smoke)
-            results["throughput-hf"] = _run_part("throughput-hf", passthrough, model_dir, args.smoke)
+            results["throughput-engine"] = _run_part(
+                "throughput-engine", passthrough, model_dir, args.smoke
+            )
+            results["throughput-hf"] = _run_part(
+                "throughput-hf", passthrough, model_dir, args.smoke
+            )
     _report(device_name, parts, results)
     if "profile" in results:
         _report_profile(results["profile"])

@@ -42,8 +42,18 @@ def _dense(batch) -> list:
     items = []
     for b, kv_len in enumerate(batch.seq_lens.tolist()):
         blocks = batch.block_tables[b, : -(-kv_len // block_size)].long()
-        k = batch.k_cache[blocks].flatten(0, 1)[:kv_len].transpose(0, 1).repeat_interleave(group, 0)[None]
-        v = batch.v_cache[blocks].flatten(0, 1)[:kv_len].transpose(0, 1).repeat_interleave(group, 0)[None]
+        k = (
+            batch.k_cache[blocks]
+            .flatten(0, 1)[:kv_len]
+            .transpose(0, 1)
+            .repeat_interleave(group, 0)[None]
+        )
+        v = (
+            batch.v_cache[blocks]
+            .flatten(0, 1)[:kv_len]
+            .transpose(0, 1)
+            .repeat_interleave(group, 0)[None]
+        )
         q = batch.query[cu[b] : cu[b + 1]].transpose(0, 1)[None].contiguous()
         q_len = q.shape[2]
         mask = torch.arange(kv_len)[None, :] <= torch.arange(kv_len - q_len, kv_len)[:, None]
@@ -61,7 +71,10 @@ def main(argv: list[str]) -> int:
         batch = random_paged_batch(q_lens, seq_lens, 8, 2, 64, 16, torch.float32)
         dense = _dense(batch)
         paged_ms = _best_ms(lambda batch=batch: paged_attention(*batch.args()))
-        dense_ms = _best_ms(lambda dense=dense: [F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-                                                 for q, k, v, m in dense])
+        dense_ms = _best_ms(
+            lambda dense=dense: [
+                F.scaled_dot_product_attention(q, k, v, attn_mask=m) for q, k, v, m in dense
+            ]
+        )
         print(f"{name:40s} {paged_ms:9.2f} {dense_ms:9.2f} {paged_ms / dense_ms:6.2f}")
     return 0

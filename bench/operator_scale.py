@@ -49,7 +49,9 @@ class DeploymentWatcher:
                 time.sleep(0.2)
 
     def _stream(self) -> None:
-        for event in self._watch.stream(self.apps.list_namespaced_deployment, self.namespace, timeout_seconds=3600):
+        for event in self._watch.stream(
+            self.apps.list_namespaced_deployment, self.namespace, timeout_seconds=3600
+        ):
             now = time.monotonic()
             deployment = event["object"]
             name = deployment.metadata.name
@@ -63,7 +65,9 @@ class DeploymentWatcher:
         self._watch.stop()
 
 
-def create_all(api_client: Any, namespace: str, bodies: list[dict], create: Any) -> dict[str, float]:
+def create_all(
+    api_client: Any, namespace: str, bodies: list[dict], create: Any
+) -> dict[str, float]:
     """Create every body from 8 threads at once; returns name -> monotonic time of the create."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -118,25 +122,46 @@ def main(argv: list[str]) -> int:
         cluster.kubectl("create", "namespace", "baseline")
         apps = client.AppsV1Api(api_client)
         watcher = DeploymentWatcher(api_client, "baseline")
-        bodies = [render(spec, ClusterFacts(), name=name, namespace="baseline")[0] for name in names]
+        bodies = [
+            render(spec, ClusterFacts(), name=name, namespace="baseline")[0] for name in names
+        ]
         started = time.monotonic()
-        create_all(api_client, "baseline", bodies, lambda ns, body: apps.create_namespaced_deployment(ns, body))
-        wait(lambda: len(watcher.available) == args.count, args.timeout, "baseline Deployments available")
+        create_all(
+            api_client,
+            "baseline",
+            bodies,
+            lambda ns, body: apps.create_namespaced_deployment(ns, body),
+        )
+        wait(
+            lambda: len(watcher.available) == args.count,
+            args.timeout,
+            "baseline Deployments available",
+        )
         baseline_all = time.monotonic() - started
         watcher.stop()
         cluster.kubectl("delete", "namespace", "baseline", "--wait=true", timeout=args.timeout)
 
         # The operator.
         cluster.kubectl("create", "namespace", "bench")
-        kubeconfig = service_account_kubeconfig(cluster.kubectl, namespace="bench", path=workdir / "operator.kubeconfig")
+        kubeconfig = service_account_kubeconfig(
+            cluster.kubectl, namespace="bench", path=workdir / "operator.kubeconfig"
+        )
         operator = OperatorProcess(
-            kubeconfig=kubeconfig, log_path=workdir / "operator.log", namespaces=["bench"], env=cluster.env
+            kubeconfig=kubeconfig,
+            log_path=workdir / "operator.log",
+            namespaces=["bench"],
+            env=cluster.env,
         ).start()
         idle_rss = operator.peak_rss_bytes()
         custom = client.CustomObjectsApi(api_client)
         watcher = DeploymentWatcher(api_client, "bench")
         resources = [
-            {"apiVersion": "infernetes.io/v1alpha1", "kind": "InferenceService", "metadata": {"name": n}, "spec": spec}
+            {
+                "apiVersion": "infernetes.io/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": n},
+                "spec": spec,
+            }
             for n in names
         ]
         started = time.monotonic()
@@ -144,15 +169,26 @@ def main(argv: list[str]) -> int:
             api_client,
             "bench",
             resources,
-            lambda ns, body: custom.create_namespaced_custom_object("infernetes.io", "v1alpha1", ns, "inferenceservices", body),
+            lambda ns, body: custom.create_namespaced_custom_object(
+                "infernetes.io", "v1alpha1", ns, "inferenceservices", body
+            ),
         )
-        wait(lambda: len(watcher.created) == args.count, args.timeout, "Deployments created by the operator")
+        wait(
+            lambda: len(watcher.created) == args.count,
+            args.timeout,
+            "Deployments created by the operator",
+        )
         latencies = [watcher.created[name] - created[name] for name in names]
 
         def all_ready() -> bool:
-            items = custom.list_namespaced_custom_object("infernetes.io", "v1alpha1", "bench", "inferenceservices")["items"]
+            items = custom.list_namespaced_custom_object(
+                "infernetes.io", "v1alpha1", "bench", "inferenceservices"
+            )["items"]
             ready = sum(
-                any(c["type"] == "Ready" and c["status"] == "True" for c in (i.get("status") or {}).get("conditions", []))
+                any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in (i.get("status") or {}).get("conditions", [])
+                )
                 for i in items
             )
             return ready == args.count
@@ -167,11 +203,15 @@ def main(argv: list[str]) -> int:
         cluster.stop()
 
     print(f"resources: {args.count} on {args.nodes} fake nodes")
-    print(f"create -> Deployment exists: p50 {statistics.median(latencies):.2f}s  p99 {percentile(latencies, 0.99):.2f}s")
+    print(
+        f"create -> Deployment exists: p50 {statistics.median(latencies):.2f}s  p99 {percentile(latencies, 0.99):.2f}s"
+    )
     print(f"all Ready (operator):        {operator_all:.1f}s")
     print(f"all Available (baseline, Deployments created directly): {baseline_all:.1f}s")
     print(f"ratio operator / baseline time to all ready: {operator_all / baseline_all:.2f}x")
-    print(f"operator peak RSS: {peak_rss / 2**20:.0f} MiB (idle after start-up {idle_rss / 2**20:.0f} MiB)")
+    print(
+        f"operator peak RSS: {peak_rss / 2**20:.0f} MiB (idle after start-up {idle_rss / 2**20:.0f} MiB)"
+    )
     print(f"operator log: {workdir / 'operator.log'}")
     return 0
 

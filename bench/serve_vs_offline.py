@@ -40,19 +40,33 @@ TARGET_RATIO = 0.85
 # Llama shapes (transformers config fields) selectable by --shape.
 SHAPES = {
     # bench/engine_throughput.py's default model.
-    "engine": {"hidden_size": 512, "intermediate_size": 512 * 11 // 4, "num_hidden_layers": 8,
-               "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 32000,
-               "max_position_embeddings": 2048, "initializer_range": 0.02},
+    "engine": {
+        "hidden_size": 512,
+        "intermediate_size": 512 * 11 // 4,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 2048,
+        "initializer_range": 0.02,
+    },
     # Tiny: per-token HTTP/SSE work outweighs the forward pass.
-    "toy": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
-            "num_attention_heads": 8, "num_key_value_heads": 4},
+    "toy": {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    },
 }
 
 
 def describe_shape(name: str) -> str:
     shape = SHAPES[name]
-    return (f"generated Llama '{name}': {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
-            f"vocab {shape.get('vocab_size', 'tokenizer')}")
+    return (
+        f"generated Llama '{name}': {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
+        f"vocab {shape.get('vocab_size', 'tokenizer')}"
+    )
 
 
 def _make_model(directory: Path, shape: str) -> Path:
@@ -61,9 +75,15 @@ def _make_model(directory: Path, shape: str) -> Path:
     return make_tiny_model(directory, "LlamaForCausalLM", **SHAPES[shape])
 
 
-def offline_round(engine_args: list[str], dataset: list[str], out: Path, env: dict[str, str]) -> float:
-    subprocess.run(cli("bench", "throughput", *dataset, "--output-json", str(out), *engine_args),
-                   check=True, stdout=subprocess.DEVNULL, env=env)
+def offline_round(
+    engine_args: list[str], dataset: list[str], out: Path, env: dict[str, str]
+) -> float:
+    subprocess.run(
+        cli("bench", "throughput", *dataset, "--output-json", str(out), *engine_args),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env=env,
+    )
     return json.loads(out.read_text())["output_throughput"]
 
 
@@ -73,12 +93,16 @@ def _thread_cpu(pid: int) -> dict[tuple[int, int], float]:
     import psutil
 
     server = psutil.Process(pid)
-    return {(process.pid, t.id): t.user_time + t.system_time
-            for process in [server, *server.children(recursive=True)] for t in process.threads()}
+    return {
+        (process.pid, t.id): t.user_time + t.system_time
+        for process in [server, *server.children(recursive=True)]
+        for t in process.threads()
+    }
 
 
-def http_side_share(before: dict[tuple[int, int], float], after: dict[tuple[int, int], float],
-                    server_pid: int) -> tuple[float, float]:
+def http_side_share(
+    before: dict[tuple[int, int], float], after: dict[tuple[int, int], float], server_pid: int
+) -> tuple[float, float]:
     """(engine CPU seconds, HTTP-side CPU seconds) between two snapshots. With an engine-core
     process, the engine is that process and the HTTP side the server process; with the core in a
     thread, the engine is the busiest thread and the HTTP side every other one."""
@@ -90,22 +114,52 @@ def http_side_share(before: dict[tuple[int, int], float], after: dict[tuple[int,
     return (ordered[0] if ordered else 0.0), sum(ordered[1:])
 
 
-def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, out: Path,
-                log: Path, env: dict[str, str]) -> tuple[float, float, float]:
+def serve_round(
+    engine_args: list[str],
+    dataset: list[str],
+    concurrency: int,
+    out: Path,
+    log: Path,
+    env: dict[str, str],
+) -> tuple[float, float, float]:
     """Served output tokens/s, and the server's engine and HTTP-side CPU seconds per
     output token (a measure of the HTTP cost that other load on the machine does not skew)."""
     port = free_port()
     with open(log, "ab") as log_file:
         server = subprocess.Popen(
-            cli("serve", *engine_args, "--host", "127.0.0.1", "--port", str(port),
-                "--disable-log-requests", "--disable-uvicorn-access-log"),
-            stdout=log_file, stderr=subprocess.STDOUT, env=env)
+            cli(
+                "serve",
+                *engine_args,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--disable-log-requests",
+                "--disable-uvicorn-access-log",
+            ),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         try:
             wait_healthy(f"http://127.0.0.1:{port}", server)
             before = _thread_cpu(server.pid)
-            subprocess.run(cli("bench", "serve", "--port", str(port), *dataset,
-                               "--max-concurrency", str(concurrency), "--result-filename", str(out)),
-                           check=True, stdout=subprocess.DEVNULL, env=env)
+            subprocess.run(
+                cli(
+                    "bench",
+                    "serve",
+                    "--port",
+                    str(port),
+                    *dataset,
+                    "--max-concurrency",
+                    str(concurrency),
+                    "--result-filename",
+                    str(out),
+                ),
+                check=True,
+                stdout=subprocess.DEVNULL,
+                env=env,
+            )
             engine_cpu, http_cpu = http_side_share(before, _thread_cpu(server.pid), server.pid)
         finally:
             server.send_signal(signal.SIGTERM)
@@ -118,12 +172,19 @@ def serve_round(engine_args: list[str], dataset: list[str], concurrency: int, ou
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench serve_vs_offline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench serve_vs_offline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", help="model directory (default: a generated Llama of --shape)")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="engine",
-                        help="shape of the generated model: engine (engine_throughput's, the "
-                             "default) or toy (4 layers, hidden 256)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="engine",
+        help="shape of the generated model: engine (engine_throughput's, the "
+        "default) or toy (4 layers, hidden 256)",
+    )
     parser.add_argument("--num-prompts", type=int, default=128)
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
@@ -136,31 +197,61 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="serve-vs-offline-") as tmp:
         work = Path(tmp)
         model = args.model or str(_make_model(work / "model", args.shape))
-        engine_args = [model, "--max-num-seqs", str(args.concurrency), "--seed", "0",
-                       "--max-model-len", str(2 * (args.input_len + args.output_len))]
-        dataset = ["--dataset-name", "random", "--num-prompts", str(args.num_prompts),
-                   "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-                   "--seed", "0"]
+        engine_args = [
+            model,
+            "--max-num-seqs",
+            str(args.concurrency),
+            "--seed",
+            "0",
+            "--max-model-len",
+            str(2 * (args.input_len + args.output_len)),
+        ]
+        dataset = [
+            "--dataset-name",
+            "random",
+            "--num-prompts",
+            str(args.num_prompts),
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+            "--seed",
+            "0",
+        ]
         offline, served, engine_cpu, http_cpu = [], [], [], []
         for round_index in range(args.rounds):
-            offline.append(offline_round(engine_args, dataset, work / f"offline-{round_index}.json", env))
+            offline.append(
+                offline_round(engine_args, dataset, work / f"offline-{round_index}.json", env)
+            )
             rate, engine_per_token, http_per_token = serve_round(
-                engine_args, dataset, args.concurrency, work / f"serve-{round_index}.json",
-                work / "server.log", env)
+                engine_args,
+                dataset,
+                args.concurrency,
+                work / f"serve-{round_index}.json",
+                work / "server.log",
+                env,
+            )
             served.append(rate)
             engine_cpu.append(engine_per_token)
             http_cpu.append(http_per_token)
-            print(f"round {round_index + 1}: offline {offline[-1]:.1f} tok/s, served {rate:.1f} tok/s "
-                  f"(server CPU per output token: engine {engine_per_token * 1e6:.0f} us, "
-                  f"HTTP side {http_per_token * 1e6:.0f} us)", flush=True)
+            print(
+                f"round {round_index + 1}: offline {offline[-1]:.1f} tok/s, served {rate:.1f} tok/s "
+                f"(server CPU per output token: engine {engine_per_token * 1e6:.0f} us, "
+                f"HTTP side {http_per_token * 1e6:.0f} us)",
+                flush=True,
+            )
     ratio = max(served) / max(offline)
-    print(f"model: {args.model or describe_shape(args.shape)}; {args.num_prompts} prompts, "
-          f"input {args.input_len}, output {args.output_len} tokens; concurrency {args.concurrency}; "
-          f"cpu count {os.cpu_count()}; OMP_NUM_THREADS={args.threads}")
+    print(
+        f"model: {args.model or describe_shape(args.shape)}; {args.num_prompts} prompts, "
+        f"input {args.input_len}, output {args.output_len} tokens; concurrency {args.concurrency}; "
+        f"cpu count {os.cpu_count()}; OMP_NUM_THREADS={args.threads}"
+    )
     print(f"offline engine:  {max(offline):8.1f} output tokens/s (best of {args.rounds})")
     print(f"served over HTTP:{max(served):8.1f} output tokens/s (best of {args.rounds})")
     print(f"ratio served/offline: {ratio:.3f} (target >= {TARGET_RATIO})")
     http_share = min(h / (e + h) for e, h in zip(engine_cpu, http_cpu, strict=True) if e + h)
-    print(f"HTTP side's share of the server's CPU: {http_share:.1%} (least of {args.rounds}); "
-          f"{min(http_cpu) * 1e6:.0f} us per output token")
+    print(
+        f"HTTP side's share of the server's CPU: {http_share:.1%} (least of {args.rounds}); "
+        f"{min(http_cpu) * 1e6:.0f} us per output token"
+    )
     return 0

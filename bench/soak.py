@@ -84,13 +84,17 @@ def core_process(server: psutil.Process) -> psutil.Process | None:
 async def soak(url: str, series: list[RssSeries], args: argparse.Namespace) -> Counter:
     outcomes: Counter = Counter()
     start = time.monotonic()
-    load = asyncio.create_task(drive(url, MODEL_NAME, args.minutes * 60, args.concurrency,
-                                     args.seed, outcomes))
+    load = asyncio.create_task(
+        drive(url, MODEL_NAME, args.minutes * 60, args.concurrency, args.seed, outcomes)
+    )
     while True:
         elapsed = time.monotonic() - start
         sizes = [s.sample(elapsed) for s in series]
-        shown = "  ".join(f"{s.name} {size / MB:7.1f} MB" for s, size in zip(series, sizes, strict=True)
-                          if size is not None)
+        shown = "  ".join(
+            f"{s.name} {size / MB:7.1f} MB"
+            for s, size in zip(series, sizes, strict=True)
+            if size is not None
+        )
         print(f"  t={elapsed:5.0f}s  {shown}  requests {sum(outcomes.values())}", flush=True)
         if load.done():
             break
@@ -114,9 +118,11 @@ async def large_prompt(url: str, api: psutil.Process, megabytes: float) -> None:
             await send(client, call)
         await asyncio.sleep(2)  # what the server frees after a response may lag behind it
     settled = api.memory_info().rss
-    print(f"large prompt ({megabytes:g} MB of text): HTTP {response.status_code} in {seconds:.1f} s; "
-          f"API process RSS {before / MB:.0f} MB before, {after / MB:.0f} MB right after, "
-          f"{settled / MB:.0f} MB after 8 more requests ({(settled - before) / MB:+.0f} MB)")
+    print(
+        f"large prompt ({megabytes:g} MB of text): HTTP {response.status_code} in {seconds:.1f} s; "
+        f"API process RSS {before / MB:.0f} MB before, {after / MB:.0f} MB right after, "
+        f"{settled / MB:.0f} MB after 8 more requests ({(settled - before) / MB:+.0f} MB)"
+    )
 
 
 def report(series: list[RssSeries], outcomes: Counter, warmup_s: float) -> None:
@@ -128,31 +134,49 @@ def report(series: list[RssSeries], outcomes: Counter, warmup_s: float) -> None:
             continue
         after_warmup = [(t, y) for t, y in s.samples if t >= warmup_s]
         slope = slope_mb_per_min(after_warmup)
-        growth = "n/a (too few samples after the warm-up)" if slope is None else f"{slope:+.2f} MB/min"
-        print(f"{s.name}: RSS {s.samples[0][1] / MB:.1f} MB at start, {s.samples[-1][1] / MB:.1f} MB "
-              f"at the end (peak {max(y for _, y in s.samples) / MB:.1f} MB); after the "
-              f"{warmup_s / 60:g}-minute warm-up: {growth} over {len(after_warmup)} samples")
+        growth = (
+            "n/a (too few samples after the warm-up)" if slope is None else f"{slope:+.2f} MB/min"
+        )
+        print(
+            f"{s.name}: RSS {s.samples[0][1] / MB:.1f} MB at start, {s.samples[-1][1] / MB:.1f} MB "
+            f"at the end (peak {max(y for _, y in s.samples) / MB:.1f} MB); after the "
+            f"{warmup_s / 60:g}-minute warm-up: {growth} over {len(after_warmup)} samples"
+        )
 
 
 def bad_outcomes(outcomes: Counter) -> int:
-    return sum(count for (_, outcome), count in outcomes.items()
-               if outcome.startswith("5") or not (outcome.isdigit() or outcome == "cut"))
+    return sum(
+        count
+        for (_, outcome), count in outcomes.items()
+        if outcome.startswith("5") or not (outcome.isdigit() or outcome == "cut")
+    )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench soak",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--minutes", type=float, default=3.0, help="length of the soak")
-    parser.add_argument("--warmup", type=float, default=1.0,
-                        help="minutes left out of the growth slope")
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="minutes left out of the growth slope"
+    )
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between RSS samples")
     parser.add_argument("--concurrency", type=int, default=6, help="clients sending at once")
-    parser.add_argument("--large-prompt-mb", type=float, default=10.0,
-                        help="size of the large prompt sent after the soak (0: none)")
+    parser.add_argument(
+        "--large-prompt-mb",
+        type=float,
+        default=10.0,
+        help="size of the large prompt sent after the soak (0: none)",
+    )
     parser.add_argument("--model", help="model directory (default: a generated tiny Llama)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true",
-                        help="a short dry run: 0.4 minutes, 2 s samples, a 1 MB prompt")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a short dry run: 0.4 minutes, 2 s samples, a 1 MB prompt",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.minutes, args.warmup, args.interval, args.large_prompt_mb = 0.4, 0.1, 2.0, 1.0
@@ -174,16 +198,40 @@ def main(argv: list[str]) -> int:
         log_path = work / "server.log"
         with open(log_path, "wb") as log_file:
             server = subprocess.Popen(
-                cli("serve", model, "--served-model-name", MODEL_NAME, "--max-model-len", "512",
-                    "--num-gpu-blocks-override", "1024", "--seed", "0", "--host", "127.0.0.1",
-                    "--port", str(port), "--disable-log-requests", "--disable-uvicorn-access-log"),
-                stdout=log_file, stderr=subprocess.STDOUT, env=env)
+                cli(
+                    "serve",
+                    model,
+                    "--served-model-name",
+                    MODEL_NAME,
+                    "--max-model-len",
+                    "512",
+                    "--num-gpu-blocks-override",
+                    "1024",
+                    "--seed",
+                    "0",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--disable-log-requests",
+                    "--disable-uvicorn-access-log",
+                ),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
             try:
                 wait_healthy(url, server)
                 api = psutil.Process(server.pid)
-                series = [RssSeries("API process", api), RssSeries("engine core", core_process(api))]
-                print(f"soak: {args.minutes:g} min, {args.concurrency} clients, {len(SHAPES)} request "
-                      f"shapes; RSS every {args.interval:g} s", flush=True)
+                series = [
+                    RssSeries("API process", api),
+                    RssSeries("engine core", core_process(api)),
+                ]
+                print(
+                    f"soak: {args.minutes:g} min, {args.concurrency} clients, {len(SHAPES)} request "
+                    f"shapes; RSS every {args.interval:g} s",
+                    flush=True,
+                )
                 outcomes = asyncio.run(soak(url, series, args))
                 report(series, outcomes, args.warmup * 60)
                 if args.large_prompt_mb > 0:

@@ -45,7 +45,12 @@ VALID: dict[str, Any] = {
 }
 
 
-def variant(spec_changes: dict[str, Any] | None = None, *, remove: str | None = None, name: str | None = None) -> dict:
+def variant(
+    spec_changes: dict[str, Any] | None = None,
+    *,
+    remove: str | None = None,
+    name: str | None = None,
+) -> dict:
     resource = copy.deepcopy(VALID)
     spec = resource["spec"]
     for dotted, value in (spec_changes or {}).items():
@@ -65,58 +70,120 @@ def variant(spec_changes: dict[str, Any] | None = None, *, remove: str | None = 
 INVALID = [
     ("no-model", variant(remove="model"), "spec.model: Required value"),
     ("tp-zero", variant({"engine.tensorParallelSize": 0}), "spec.engine.tensorParallelSize"),
-    ("gpu-util-above-1", variant({"engine.gpuMemoryUtilization": 1.5}), "spec.engine.gpuMemoryUtilization"),
-    ("gpu-util-zero", variant({"engine.gpuMemoryUtilization": 0}), "spec.engine.gpuMemoryUtilization"),
+    (
+        "gpu-util-above-1",
+        variant({"engine.gpuMemoryUtilization": 1.5}),
+        "spec.engine.gpuMemoryUtilization",
+    ),
+    (
+        "gpu-util-zero",
+        variant({"engine.gpuMemoryUtilization": 0}),
+        "spec.engine.gpuMemoryUtilization",
+    ),
     ("dtype-enum", variant({"engine.dtype": "float128"}), "spec.engine.dtype: Unsupported value"),
-    ("tool-parser-enum", variant({"engine.toolCallParser": "nope"}), "spec.engine.toolCallParser: Unsupported value"),
+    (
+        "tool-parser-enum",
+        variant({"engine.toolCallParser": "nope"}),
+        "spec.engine.toolCallParser: Unsupported value",
+    ),
     (
         "auto-tool-choice-needs-parser",
         variant({"engine.toolCallParser": None}),
         "spec.engine.toolCallParser: Invalid value",
     ),
-    ("cpu-loras-below-loras", variant({"engine.maxLoras": 4, "engine.maxCpuLoras": 2}), "spec.engine.maxCpuLoras"),
+    (
+        "cpu-loras-below-loras",
+        variant({"engine.maxLoras": 4, "engine.maxCpuLoras": 2}),
+        "spec.engine.maxCpuLoras",
+    ),
     (
         "batched-below-model-len",
-        variant({"engine.enableChunkedPrefill": False, "engine.maxModelLen": 4096, "engine.maxNumBatchedTokens": 512}),
+        variant(
+            {
+                "engine.enableChunkedPrefill": False,
+                "engine.maxModelLen": 4096,
+                "engine.maxNumBatchedTokens": 512,
+            }
+        ),
         "spec.engine.maxNumBatchedTokens",
     ),
     ("model-len-pattern", variant({"engine.maxModelLen": "lots"}), "spec.engine.maxModelLen"),
     ("bool-type", variant({"engine.enforceEager": "yes"}), "spec.engine.enforceEager"),
-    ("lora-needs-path", variant({"engine.loraModules": [{"name": "a"}]}), "spec.engine.loraModules[0].path"),
+    (
+        "lora-needs-path",
+        variant({"engine.loraModules": [{"name": "a"}]}),
+        "spec.engine.loraModules[0].path",
+    ),
     (
         "lora-needs-enable",
         variant({"engine.enableLora": False, "engine.loraModules": [{"name": "a", "path": "/a"}]}),
         "spec.engine.loraModules",
     ),
     ("vllm-env-in-env", variant({"env": [{"name": "VLLM_PORT", "value": "1"}]}), "spec.env"),
-    ("hf-token-in-env", variant({"env": [{"name": "HF_TOKEN", "value": "x"}]}), "spec.hfTokenSecretRef"),
-    ("vllm-prefix-envfrom", variant({"envFrom": [{"prefix": "VLLM_", "configMapRef": {"name": "c"}}]}), "spec.envFrom"),
+    (
+        "hf-token-in-env",
+        variant({"env": [{"name": "HF_TOKEN", "value": "x"}]}),
+        "spec.hfTokenSecretRef",
+    ),
+    (
+        "vllm-prefix-envfrom",
+        variant({"envFrom": [{"prefix": "VLLM_", "configMapRef": {"name": "c"}}]}),
+        "spec.envFrom",
+    ),
     (
         "engine-env-enum",
         variant({"engineEnv.VLLM_ATTENTION_BACKEND": "BOGUS"}),
         "spec.engineEnv.VLLM_ATTENTION_BACKEND: Unsupported value",
     ),
-    ("engine-env-port-not-settable", variant({"engineEnv.VLLM_PORT": 5000}), "spec.engineEnv.VLLM_PORT"),
+    (
+        "engine-env-port-not-settable",
+        variant({"engineEnv.VLLM_PORT": 5000}),
+        "spec.engineEnv.VLLM_PORT",
+    ),
     ("operator-owned-port", variant({"engine.port": 9000}), "spec.engine.port"),
     ("no-plain-api-key", variant({"engine.apiKey": "secret"}), "spec.engine.apiKey"),
     ("unknown-engine-field", variant({"engine.maxModelLength": 5}), "spec.engine.maxModelLength"),
     ("replicas-negative", variant({"replicas": -1}), "spec.replicas"),
     ("gpu-vendor-enum", variant({"gpu.vendor": "intel"}), "spec.gpu.vendor: Unsupported value"),
-    ("gpu-count-below-parallel", variant({"gpu.count": 1, "engine.tensorParallelSize": 2}), "spec.gpu.count"),
-    ("cpu-with-gpus", variant({"engine.device": "cpu", "engine.tensorParallelSize": 1}), "spec.gpu.count"),
+    (
+        "gpu-count-below-parallel",
+        variant({"gpu.count": 1, "engine.tensorParallelSize": 2}),
+        "spec.gpu.count",
+    ),
+    (
+        "cpu-with-gpus",
+        variant({"engine.device": "cpu", "engine.tensorParallelSize": 1}),
+        "spec.gpu.count",
+    ),
     ("pvc-model-form", variant({"model": "pvc://Bad_Claim"}), "spec.model"),
-    ("monitoring-mode-enum", variant({"monitoring.mode": "prometheus"}), "spec.monitoring.mode: Unsupported value"),
+    (
+        "monitoring-mode-enum",
+        variant({"monitoring.mode": "prometheus"}),
+        "spec.monitoring.mode: Unsupported value",
+    ),
     ("monitoring-interval", variant({"monitoring.interval": "soon"}), "spec.monitoring.interval"),
     ("service-port-range", variant({"service.port": 70000}), "spec.service.port"),
-    ("rollout-enum", variant({"rollout.strategy": "BlueGreen"}), "spec.rollout.strategy: Unsupported value"),
+    (
+        "rollout-enum",
+        variant({"rollout.strategy": "BlueGreen"}),
+        "spec.rollout.strategy: Unsupported value",
+    ),
     ("shm-quantity", variant({"shmSize": "lots"}), "spec.shmSize"),
-    ("startup-budget-minimum", variant({"probes.startupTimeoutSeconds": 5}), "spec.probes.startupTimeoutSeconds"),
+    (
+        "startup-budget-minimum",
+        variant({"probes.startupTimeoutSeconds": 5}),
+        "spec.probes.startupTimeoutSeconds",
+    ),
     (
         "drain-outlasts-grace-period",
         variant({"terminationGracePeriodSeconds": 30, "engine.shutdownTimeout": 45}),
         "spec.engine.shutdownTimeout",
     ),
-    ("secret-ref-needs-name", variant({"hfTokenSecretRef": {"key": "t"}}), "spec.hfTokenSecretRef.name: Required value"),
+    (
+        "secret-ref-needs-name",
+        variant({"hfTokenSecretRef": {"key": "t"}}),
+        "spec.hfTokenSecretRef.name: Required value",
+    ),
     ("name-too-long-for-service", variant(name="a" * 60), "metadata.name"),
 ]
 
@@ -130,7 +197,14 @@ def dry_run(cluster: Any, namespace: str, resource: dict) -> Any:
     body = copy.deepcopy(resource)
     _drop_nones(body)
     return cluster.kubectl(
-        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=False
+        "create",
+        "--dry-run=server",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump(body),
+        check=False,
     )
 
 
@@ -156,7 +230,9 @@ def test_there_are_enough_invalid_cases() -> None:
     assert len(INVALID) >= 20
 
 
-@pytest.mark.parametrize(("resource", "expected"), [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
+@pytest.mark.parametrize(
+    ("resource", "expected"), [case[1:] for case in INVALID], ids=[case[0] for case in INVALID]
+)
 def test_invalid_resource_is_rejected_with_field_path(
     cluster: Any, crds: None, namespace: str, resource: dict, expected: str
 ) -> None:
@@ -165,7 +241,9 @@ def test_invalid_resource_is_rejected_with_field_path(
     assert expected in result.stderr, result.stderr
 
 
-REFUSALS = [("engine", item) for item in engine_refusals(ARGS)] + [("engineEnv", item) for item in env_refusals(ENV_VARS)]
+REFUSALS = [("engine", item) for item in engine_refusals(ARGS)] + [
+    ("engineEnv", item) for item in env_refusals(ENV_VARS)
+]
 
 
 @pytest.mark.parametrize(("section", "refusal"), REFUSALS, ids=[item.field for _, item in REFUSALS])
@@ -176,15 +254,23 @@ def test_setting_the_runtime_refuses_is_rejected_with_field_and_reason(
     value = refused_value(schema["properties"][section]["properties"][refusal.field], refusal)
     result = dry_run(cluster, namespace, variant({f"{section}.{refusal.field}": value}))
     assert result.returncode != 0, f"accepted {section}.{refusal.field}: {value!r}"
-    assert f"spec.{section}.{refusal.field}" in result.stderr and refusal.message in result.stderr, result.stderr
+    assert (
+        f"spec.{section}.{refusal.field}" in result.stderr and refusal.message in result.stderr
+    ), result.stderr
 
 
-def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(cluster: Any, crds: None, namespace: str) -> None:
+def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(
+    cluster: Any, crds: None, namespace: str
+) -> None:
     resource = variant({"engine.tensorParallelSize": 2, "engine.enableLora": True}, name="refused")
     result = cluster.apply(resource, namespace=namespace, check=False)
     assert result.returncode != 0
-    assert "spec.engine.tensorParallelSize" in result.stderr and "one GPU per engine" in result.stderr
-    assert "spec.engine.enableLora" in result.stderr and "LoRA adapters are planned" in result.stderr
+    assert (
+        "spec.engine.tensorParallelSize" in result.stderr and "one GPU per engine" in result.stderr
+    )
+    assert (
+        "spec.engine.enableLora" in result.stderr and "LoRA adapters are planned" in result.stderr
+    )
     assert cluster.kubectl("get", "infsvc", "refused", "-n", namespace, check=False).returncode != 0
 
 
@@ -192,7 +278,13 @@ def test_the_planned_tensor_parallel_example_is_refused_until_the_runtime_has_it
     cluster: Any, crds: None, namespace: str
 ) -> None:
     example = Path(__file__).resolve().parents[1] / "examples" / "planned" / "tensor-parallel.yaml"
-    resources = [doc for doc in yaml.safe_load_all(example.read_text()) if doc and doc["kind"] == "InferenceService"]
+    resources = [
+        doc
+        for doc in yaml.safe_load_all(example.read_text())
+        if doc and doc["kind"] == "InferenceService"
+    ]
     result = dry_run(cluster, namespace, resources[0])
     assert result.returncode != 0
-    assert "spec.engine.tensorParallelSize" in result.stderr and "one GPU per engine" in result.stderr
+    assert (
+        "spec.engine.tensorParallelSize" in result.stderr and "one GPU per engine" in result.stderr
+    )

@@ -51,12 +51,20 @@ def test_rendered_cpu_command_serves_models_and_metrics(tmp_path: Path) -> None:
     container = rendered_container(model_dir)
     port = free_port()
     args = [
-        "--host=127.0.0.1" if arg == "--host=0.0.0.0" else f"--port={port}" if arg == "--port=8000" else arg
+        "--host=127.0.0.1"
+        if arg == "--host=0.0.0.0"
+        else f"--port={port}"
+        if arg == "--port=8000"
+        else arg
         for arg in container["args"]
     ]
     assert args.count(f"--port={port}") == 1 and "--host=127.0.0.1" in args
     # `infernetes` is the console script in this environment, as in the image.
-    command = [str(Path(sys.executable).with_name(container["command"][0])), *container["command"][1:], *args]
+    command = [
+        str(Path(sys.executable).with_name(container["command"][0])),
+        *container["command"][1:],
+        *args,
+    ]
     env = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_")}
     env.update({item["name"]: item["value"] for item in container.get("env", [])})
     env["HF_HUB_OFFLINE"] = "1"
@@ -67,23 +75,29 @@ def test_rendered_cpu_command_serves_models_and_metrics(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 180
         while True:
-            assert process.poll() is None, f"server exited {process.returncode}:\n{log.read_text()[-4000:]}"
+            assert process.poll() is None, (
+                f"server exited {process.returncode}:\n{log.read_text()[-4000:]}"
+            )
             try:
                 if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline, f"server not healthy in time:\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, (
+                f"server not healthy in time:\n{log.read_text()[-4000:]}"
+            )
             time.sleep(0.5)
         models = httpx.get(f"{base}/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == ["tiny"]  # the served name the operator passed
         completion = httpx.post(
-            f"{base}/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 3}, timeout=60
+            f"{base}/v1/completions",
+            json={"model": "tiny", "prompt": "Hello", "max_tokens": 3},
+            timeout=60,
         )
         assert completion.status_code == 200, completion.text
         metrics = httpx.get(f"{base}/metrics", timeout=10)
         assert metrics.status_code == 200
-        assert 'vllm:num_requests_running{' in metrics.text and 'model_name="tiny"' in metrics.text
+        assert "vllm:num_requests_running{" in metrics.text and 'model_name="tiny"' in metrics.text
         assert "vllm:prompt_tokens_total" in metrics.text
     finally:
         # Graceful termination, as the kubelet does it: SIGTERM, then the grace period.

@@ -35,7 +35,10 @@ def ready(cluster: Any, ns: str, name: str) -> bool:
 
 
 def handled(operator: OperatorProcess, name: str) -> bool:
-    return any("Handler 'reconcile' succeeded" in line and f"/{name}]" in line for line in operator.log().splitlines())
+    return any(
+        "Handler 'reconcile' succeeded" in line and f"/{name}]" in line
+        for line in operator.log().splitlines()
+    )
 
 
 def isvc(name: str) -> dict:
@@ -47,11 +50,16 @@ def isvc(name: str) -> dict:
     }
 
 
-def test_only_the_highest_priority_replica_works(cluster: Any, peering_ns: str, tmp_path: Path) -> None:
+def test_only_the_highest_priority_replica_works(
+    cluster: Any, peering_ns: str, tmp_path: Path
+) -> None:
     install_crds(cluster.kubectl)
-    kubeconfig = service_account_kubeconfig(cluster.kubectl, namespace=peering_ns, path=tmp_path / "kubeconfig")
+    kubeconfig = service_account_kubeconfig(
+        cluster.kubectl, namespace=peering_ns, path=tmp_path / "kubeconfig"
+    )
     cluster.apply(
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "infernetes"}}, namespace=peering_ns
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "infernetes"}},
+        namespace=peering_ns,
     )
     replicas = [
         OperatorProcess(
@@ -68,7 +76,11 @@ def test_only_the_highest_priority_replica_works(cluster: Any, peering_ns: str, 
         for replica in replicas:
             replica.start()
         # kopf starts every replica paused until the peering object says it is the top one.
-        wait_until(lambda: "Resuming operations" in high.log(), timeout=TIMEOUT, what="the top replica to resume")
+        wait_until(
+            lambda: "Resuming operations" in high.log(),
+            timeout=TIMEOUT,
+            what="the top replica to resume",
+        )
 
         cluster.apply(isvc("first"), namespace=peering_ns)
         wait_until(lambda: ready(cluster, peering_ns, "first"), timeout=TIMEOUT, what="first Ready")
@@ -77,18 +89,26 @@ def test_only_the_highest_priority_replica_works(cluster: Any, peering_ns: str, 
 
         high.stop()  # a graceful exit leaves the peering, so the other replica resumes at once
         cluster.apply(isvc("second"), namespace=peering_ns)
-        wait_until(lambda: ready(cluster, peering_ns, "second"), timeout=TIMEOUT, what="second Ready")
+        wait_until(
+            lambda: ready(cluster, peering_ns, "second"), timeout=TIMEOUT, what="second Ready"
+        )
         assert handled(low, "second")
     finally:
         for replica in replicas:
             replica.stop()
 
 
-def test_clusterwide_operator_runs_with_its_rbac(cluster: Any, peering_ns: str, tmp_path: Path) -> None:
+def test_clusterwide_operator_runs_with_its_rbac(
+    cluster: Any, peering_ns: str, tmp_path: Path
+) -> None:
     """The default mode (all namespaces), as the chart runs it, needs nothing beyond its ClusterRole."""
     install_crds(cluster.kubectl)
-    kubeconfig = service_account_kubeconfig(cluster.kubectl, namespace=peering_ns, path=tmp_path / "kubeconfig")
-    operator = OperatorProcess(kubeconfig=kubeconfig, log_path=tmp_path / "operator.log", env=cluster.env)
+    kubeconfig = service_account_kubeconfig(
+        cluster.kubectl, namespace=peering_ns, path=tmp_path / "kubeconfig"
+    )
+    operator = OperatorProcess(
+        kubeconfig=kubeconfig, log_path=tmp_path / "operator.log", env=cluster.env
+    )
     try:
         operator.start()
         cluster.apply(isvc("everywhere"), namespace=peering_ns)

@@ -29,7 +29,10 @@ def ns(cluster: Any) -> Iterator[str]:
     name = f"e2e-operator-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
     wait_until(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+            == 0
+        ),
         timeout=60,
         what="the default ServiceAccount",
     )
@@ -38,11 +41,17 @@ def ns(cluster: Any) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Any, ns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def operator(
+    cluster: Any, ns: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
     install_crds(cluster.kubectl)
     workdir = tmp_path_factory.mktemp("operator")
-    kubeconfig = service_account_kubeconfig(cluster.kubectl, namespace=ns, path=workdir / "kubeconfig")
-    process = OperatorProcess(kubeconfig=kubeconfig, log_path=workdir / "operator.log", namespaces=[ns], env=cluster.env)
+    kubeconfig = service_account_kubeconfig(
+        cluster.kubectl, namespace=ns, path=workdir / "kubeconfig"
+    )
+    process = OperatorProcess(
+        kubeconfig=kubeconfig, log_path=workdir / "operator.log", namespaces=[ns], env=cluster.env
+    )
     process.start()
     yield process
     process.stop()
@@ -70,7 +79,9 @@ def condition(resource: Any, kind: str) -> dict:
     return {}
 
 
-def wait_condition(cluster: Any, ns: str, name: str, kind: str, status: str, timeout: float = TIMEOUT) -> dict:
+def wait_condition(
+    cluster: Any, ns: str, name: str, kind: str, status: str, timeout: float = TIMEOUT
+) -> dict:
     def check() -> Any:
         resource = get(cluster, ns, "infsvc", name)
         return resource if condition(resource, kind).get("status") == status else None
@@ -85,12 +96,15 @@ def wait_condition(cluster: Any, ns: str, name: str, kind: str, status: str, tim
 def test_operator_health_and_discovery(operator: OperatorProcess) -> None:
     assert operator.get(operator.health_port, "/healthz")[0] == 200
     assert "infernetes_operator_reconciles_total" in operator.metrics()
-    assert "optional APIs served: monitoring.coreos.com/v1/PodMonitor, monitoring.coreos.com/v1/ServiceMonitor" in (
-        operator.log()
+    assert (
+        "optional APIs served: monitoring.coreos.com/v1/PodMonitor, monitoring.coreos.com/v1/ServiceMonitor"
+        in (operator.log())
     )
 
 
-def test_resource_gets_children_and_becomes_ready(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+def test_resource_gets_children_and_becomes_ready(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
     cluster.apply(isvc("llama", gpu={"count": 2}, engine={"maxModelLen": "8k"}), namespace=ns)
     resource = wait_condition(cluster, ns, "llama", "Ready", "True")
     status = resource["status"]
@@ -109,7 +123,9 @@ def test_resource_gets_children_and_becomes_ready(cluster: Any, ns: str, operato
     assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
     owner = deployment["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "InferenceService" and owner["uid"] == resource["metadata"]["uid"]
-    fields = get(cluster, ns, "deployment", "llama", "--show-managed-fields")["metadata"]["managedFields"]
+    fields = get(cluster, ns, "deployment", "llama", "--show-managed-fields")["metadata"][
+        "managedFields"
+    ]
     managers = {entry["manager"] for entry in fields if entry["operation"] == "Apply"}
     assert managers == {"infernetes"}
     assert get(cluster, ns, "service", "llama")["spec"]["ports"][0]["targetPort"] == "http"
@@ -122,11 +138,22 @@ def test_resource_gets_children_and_becomes_ready(cluster: Any, ns: str, operato
     assert row.split()[1:6] == ["meta-llama/Llama-3.1-8B-Instruct", "True", "1", "1", "2"]
 
 
-def test_engine_change_rolls_the_deployment(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+def test_engine_change_rolls_the_deployment(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
     cluster.apply(isvc("roll", engine={"maxNumSeqs": 8}), namespace=ns)
     wait_condition(cluster, ns, "roll", "Ready", "True")
     before = get(cluster, ns, "deployment", "roll")
-    cluster.kubectl("patch", "infsvc", "roll", "-n", ns, "--type=merge", "-p", '{"spec":{"engine":{"maxNumSeqs":16}}}')
+    cluster.kubectl(
+        "patch",
+        "infsvc",
+        "roll",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"engine":{"maxNumSeqs":16}}}',
+    )
 
     def rolled() -> Any:
         deployment = get(cluster, ns, "deployment", "roll")
@@ -140,7 +167,11 @@ def test_engine_change_rolls_the_deployment(cluster: Any, ns: str, operator: Ope
         resource = get(cluster, ns, "infsvc", "roll")
         generation = resource["metadata"]["generation"]
         ready = condition(resource, "Ready")
-        current = resource["status"].get("observedGeneration") == generation == ready.get("observedGeneration")
+        current = (
+            resource["status"].get("observedGeneration")
+            == generation
+            == ready.get("observedGeneration")
+        )
         return resource if current and ready.get("status") == "True" else None
 
     resource = wait_until(ready_for_new_generation, timeout=TIMEOUT, what="Ready for generation 2")
@@ -161,7 +192,7 @@ def test_kubectl_scale(cluster: Any, ns: str, operator: OperatorProcess) -> None
     wait_condition(cluster, ns, "scaled", "Ready", "True")
     cluster.kubectl("scale", "infsvc", "scaled", "-n", ns, "--replicas=3")
     wait_until(
-        lambda: (get(cluster, ns, "deployment", "scaled")["status"].get("readyReplicas") == 3),
+        lambda: get(cluster, ns, "deployment", "scaled")["status"].get("readyReplicas") == 3,
         timeout=TIMEOUT,
         what="3 ready replicas",
     )
@@ -170,9 +201,18 @@ def test_kubectl_scale(cluster: Any, ns: str, operator: OperatorProcess) -> None
         timeout=TIMEOUT,
         what="status.readyReplicas 3",
     )
-    scale = yaml.safe_load(cluster.kubectl("get", "--raw", f"/apis/infernetes.io/v1alpha1/namespaces/{ns}/inferenceservices/scaled/scale").stdout)
+    scale = yaml.safe_load(
+        cluster.kubectl(
+            "get",
+            "--raw",
+            f"/apis/infernetes.io/v1alpha1/namespaces/{ns}/inferenceservices/scaled/scale",
+        ).stdout
+    )
     assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
-    assert scale["status"]["selector"] == "app.kubernetes.io/instance=scaled,app.kubernetes.io/name=infernetes"
+    assert (
+        scale["status"]["selector"]
+        == "app.kubernetes.io/instance=scaled,app.kubernetes.io/name=infernetes"
+    )
 
 
 def test_too_many_gpus_is_unschedulable(cluster: Any, ns: str, operator: OperatorProcess) -> None:
@@ -182,11 +222,15 @@ def test_too_many_gpus_is_unschedulable(cluster: Any, ns: str, operator: Operato
     assert "Insufficient nvidia.com/gpu" in message
     assert condition(resource, "Ready")["status"] == "False"
     assert condition(resource, "Ready")["reason"] == "Unschedulable"
-    events = cluster.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=huge").stdout
+    events = cluster.kubectl(
+        "get", "events", "-n", ns, "--field-selector", "involvedObject.name=huge"
+    ).stdout
     assert "Unschedulable" in events
 
 
-def test_resource_named_vllm_gets_another_service_name(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+def test_resource_named_vllm_gets_another_service_name(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
     cluster.apply(isvc("vllm", engine={"device": "cpu"}), namespace=ns)
     resource = wait_condition(cluster, ns, "vllm", "Ready", "True")
     assert resource["status"]["serviceName"] == "infsvc-vllm"
@@ -199,24 +243,48 @@ def test_settings_without_effect_are_a_condition_and_one_event_each(
     cluster: Any, ns: str, operator: OperatorProcess
 ) -> None:
     engine = {"device": "cpu", "swapSpace": 8, "maxModelLen": 2048}
-    cluster.apply(isvc("ignoring", engine=engine, engineEnv={"VLLM_NO_USAGE_STATS": True}), namespace=ns)
+    cluster.apply(
+        isvc("ignoring", engine=engine, engineEnv={"VLLM_NO_USAGE_STATS": True}), namespace=ns
+    )
     resource = wait_condition(cluster, ns, "ignoring", "SettingsIgnored", "True")
     ignored = condition(resource, "SettingsIgnored")
-    assert ignored["reason"] == "NoEffect" and ignored["observedGeneration"] == resource["metadata"]["generation"]
-    assert "spec.engine.swapSpace: argument --swap-space 8.0 has no effect here" in ignored["message"]
-    assert "spec.engineEnv.VLLM_NO_USAGE_STATS" in ignored["message"] and "maxModelLen" not in ignored["message"]
+    assert (
+        ignored["reason"] == "NoEffect"
+        and ignored["observedGeneration"] == resource["metadata"]["generation"]
+    )
+    assert (
+        "spec.engine.swapSpace: argument --swap-space 8.0 has no effect here" in ignored["message"]
+    )
+    assert (
+        "spec.engineEnv.VLLM_NO_USAGE_STATS" in ignored["message"]
+        and "maxModelLen" not in ignored["message"]
+    )
     assert any("spec.engine.swapSpace" in warning for warning in resource["status"]["warnings"])
 
     def events() -> list[dict]:
-        listed = get(cluster, ns, "events", "--field-selector", "involvedObject.name=ignoring")["items"]
+        listed = get(cluster, ns, "events", "--field-selector", "involvedObject.name=ignoring")[
+            "items"
+        ]
         return [e for e in listed if e["reason"] == "SettingIgnored"]
 
     wait_until(lambda: len(events()) == 2, timeout=TIMEOUT, what="a SettingIgnored event per field")
-    assert {e["message"].split(":")[0] for e in events()} == {"spec.engine.swapSpace", "spec.engineEnv.VLLM_NO_USAGE_STATS"}
+    assert {e["message"].split(":")[0] for e in events()} == {
+        "spec.engine.swapSpace",
+        "spec.engineEnv.VLLM_NO_USAGE_STATS",
+    }
     assert all(e["type"] == "Warning" for e in events())
 
     # A change elsewhere re-renders without telling again; dropping the settings clears the condition.
-    cluster.kubectl("patch", "infsvc", "ignoring", "-n", ns, "--type=merge", "-p", '{"spec":{"engine":{"maxNumSeqs":8}}}')
+    cluster.kubectl(
+        "patch",
+        "infsvc",
+        "ignoring",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"engine":{"maxNumSeqs":8}}}',
+    )
     wait_until(
         lambda: get(cluster, ns, "infsvc", "ignoring")["status"].get("observedGeneration") == 2,
         timeout=TIMEOUT,
@@ -229,7 +297,9 @@ def test_settings_without_effect_are_a_condition_and_one_event_each(
     assert len(events()) == 2
 
 
-def test_crash_loop_is_degraded_with_the_termination_message(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+def test_crash_loop_is_degraded_with_the_termination_message(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
     cluster.apply(isvc("crashy", engine={"device": "cpu"}), namespace=ns)
     wait_condition(cluster, ns, "crashy", "Ready", "True")
     pod = get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=crashy")["items"][0]
@@ -243,7 +313,9 @@ def test_crash_loop_is_degraded_with_the_termination_message(cluster: Any, ns: s
                     "imageID": "",
                     "ready": False,
                     "restartCount": 5,
-                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 2m40s"}},
+                    "state": {
+                        "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 2m40s"}
+                    },
                     "lastState": {
                         "terminated": {
                             "exitCode": 2,
@@ -256,14 +328,23 @@ def test_crash_loop_is_degraded_with_the_termination_message(cluster: Any, ns: s
         }
     }
     cluster.kubectl(
-        "patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status", "--type=strategic",
-        "-p", yaml.safe_dump(crashed),
+        "patch",
+        "pod",
+        pod["metadata"]["name"],
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=strategic",
+        "-p",
+        yaml.safe_dump(crashed),
     )
     resource = wait_condition(cluster, ns, "crashy", "Degraded", "True")
     message = condition(resource, "Degraded")["message"]
     assert condition(resource, "Degraded")["reason"] == "CrashLoopBackOff"
     assert "exceeds the model's 2048" in message and "exit code 2" in message
-    events = cluster.kubectl("get", "events", "-n", ns, "--field-selector", "involvedObject.name=crashy").stdout
+    events = cluster.kubectl(
+        "get", "events", "-n", ns, "--field-selector", "involvedObject.name=crashy"
+    ).stdout
     assert "CrashLoopBackOff" in events
 
 
@@ -273,20 +354,27 @@ def test_deleted_child_is_recreated(cluster: Any, ns: str, operator: OperatorPro
     uid = get(cluster, ns, "deployment", "healing")["metadata"]["uid"]
     cluster.kubectl("delete", "deployment", "healing", "-n", ns)
     wait_until(
-        lambda: (get(cluster, ns, "deployment", "healing") or {}).get("metadata", {}).get("uid") not in (None, uid),
+        lambda: (
+            (get(cluster, ns, "deployment", "healing") or {}).get("metadata", {}).get("uid")
+            not in (None, uid)
+        ),
         timeout=TIMEOUT,
         what="a new Deployment",
     )
 
 
-def test_deleting_the_resource_removes_everything(cluster: Any, ns: str, operator: OperatorProcess) -> None:
+def test_deleting_the_resource_removes_everything(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
     cluster.apply(isvc("doomed", engine={"device": "cpu"}), namespace=ns)
     wait_condition(cluster, ns, "doomed", "Ready", "True")
     cluster.kubectl("delete", "infsvc", "doomed", "-n", ns, "--wait=true")
     selector = "app.kubernetes.io/instance=doomed"
 
     def gone() -> bool:
-        left = get(cluster, ns, "deployments,services,servicemonitors,pods", "-l", selector)["items"]
+        left = get(cluster, ns, "deployments,services,servicemonitors,pods", "-l", selector)[
+            "items"
+        ]
         return not left
 
     wait_until(gone, timeout=TIMEOUT, what="the garbage collector to remove the children")
@@ -315,17 +403,29 @@ def test_kill_mid_reconcile_converges_without_orphans(
     for name in names:
         wait_condition(cluster, ns, name, "Ready", "True")
     assert sorted(burst_deployments()) == sorted(names)
-    services = [s for s in get(cluster, ns, "services")["items"] if s["metadata"]["name"].startswith("burst-")]
+    services = [
+        s
+        for s in get(cluster, ns, "services")["items"]
+        if s["metadata"]["name"].startswith("burst-")
+    ]
     assert sorted(s["metadata"]["name"] for s in services) == sorted(names)
     owners = {r["metadata"]["uid"] for r in get(cluster, ns, "infsvc")["items"]}
-    managed = get(cluster, ns, "deployments,services,servicemonitors", "-l", "app.kubernetes.io/managed-by=infernetes")
+    managed = get(
+        cluster,
+        ns,
+        "deployments,services,servicemonitors",
+        "-l",
+        "app.kubernetes.io/managed-by=infernetes",
+    )
     orphans = [
         f"{item['kind']}/{item['metadata']['name']}"
         for item in managed["items"]
         if {ref["uid"] for ref in item["metadata"].get("ownerReferences", [])}.isdisjoint(owners)
     ]
     assert orphans == []
-    print(f"{created_while_running} of {len(names)} Deployments existed when the operator was killed")
+    print(
+        f"{created_while_running} of {len(names)} Deployments existed when the operator was killed"
+    )
 
 
 def test_status_survives_an_idle_period(cluster: Any, ns: str, operator: OperatorProcess) -> None:

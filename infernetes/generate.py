@@ -55,8 +55,12 @@ def write_all(root: Path = REPO_ROOT) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infernetes.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="Only report stale files (exit 1 if any).")
+    parser = argparse.ArgumentParser(
+        prog="python -m infernetes.generate", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="Only report stale files (exit 1 if any)."
+    )
     args = parser.parse_args(argv)
     if args.check:
         outdated = stale()

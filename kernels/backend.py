@@ -84,10 +84,16 @@ def resolve_backend(requested: str | None, device_type: str, source: str = ENV_N
 
 @cache
 def _warn_foreign(setting: str, default: str) -> None:
-    logger.warning("%s is a vLLM backend that infernetes does not implement; using %s instead", setting, default)
+    logger.warning(
+        "%s is a vLLM backend that infernetes does not implement; using %s instead",
+        setting,
+        default,
+    )
 
 
-def startup_backend(flag: str | None, device_type: str, environ: Mapping[str, str] | None = None) -> str:
+def startup_backend(
+    flag: str | None, device_type: str, environ: Mapping[str, str] | None = None
+) -> str:
     """The backend the ops will use on ``device_type``, checked once at startup: ``flag``
     (``--attention-backend``; None or ``auto`` defers) wins over ``VLLM_ATTENTION_BACKEND``.
     Raises `BackendError`/`ValueError` naming the setting."""
@@ -111,11 +117,15 @@ def attention_backend(device: torch.device | str) -> str:
     `VLLM_ATTENTION_BACKEND`, else the device's default."""
     device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
     # Every op asks, so the answer is cached on the raw settings it depends on.
-    return _resolve_cached(_selected, os.environ.get(ENV_NAME), device_type, os.environ.get("TRITON_INTERPRET"))
+    return _resolve_cached(
+        _selected, os.environ.get(ENV_NAME), device_type, os.environ.get("TRITON_INTERPRET")
+    )
 
 
 @cache
-def _resolve_cached(flag: str | None, raw: str | None, device_type: str, _raw_interpret: str | None) -> str:
+def _resolve_cached(
+    flag: str | None, raw: str | None, device_type: str, _raw_interpret: str | None
+) -> str:
     if flag is not None:
         return resolve_backend(flag, device_type, FLAG)
     return resolve_backend(read_env(ENV_NAME, {} if raw is None else {ENV_NAME: raw}), device_type)

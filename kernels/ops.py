@@ -91,7 +91,9 @@ def paged_attention(
         impl = _cpu_attention.paged_attention  # the C decode kernel, the reference for the rest
     else:
         impl = _ref_attention.paged_attention
-    return impl(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, k_scale, v_scale)
+    return impl(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, k_scale, v_scale
+    )
 
 
 def rms_norm(
@@ -113,7 +115,9 @@ def rotary_embedding(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate `query` `[T, H, D]` and `key` `[T, Hkv, D]`; returns new tensors. The cache comes
     from `infernetes.kernels.rope.build_cos_sin_cache`."""
-    return _pick(query, "rotary_embedding", _ref_rotary.rotary_embedding)(positions, query, key, cos_sin_cache, is_neox)
+    return _pick(query, "rotary_embedding", _ref_rotary.rotary_embedding)(
+        positions, query, key, cos_sin_cache, is_neox
+    )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

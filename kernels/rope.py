@@ -48,7 +48,9 @@ def _default_inv_freq(rotary_dim: int, base: float, device=None) -> torch.Tensor
 def _require(rope_scaling: Mapping[str, Any], *keys: str) -> list:
     missing = [k for k in keys if rope_scaling.get(k) is None]
     if missing:
-        raise ValueError(f"rope_scaling of type {rope_type_of(rope_scaling)!r} needs {', '.join(missing)}")
+        raise ValueError(
+            f"rope_scaling of type {rope_type_of(rope_scaling)!r} needs {', '.join(missing)}"
+        )
     return [rope_scaling[k] for k in keys]
 
 
@@ -90,7 +92,9 @@ def _yarn_inv_freq(
     beta_slow = rs.get("beta_slow") or 1
 
     def correction_dim(rotations: float) -> float:
-        return (rotary_dim * math.log(original_len / (rotations * 2 * math.pi))) / (2 * math.log(base))
+        return (rotary_dim * math.log(original_len / (rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
 
     low, high = correction_dim(beta_fast), correction_dim(beta_slow)
     if rs.get("truncate", True):
@@ -108,7 +112,11 @@ def _yarn_inv_freq(
 
 
 def _dynamic_freqs(
-    rotary_dim: int, base: float, factor: float, max_position_embeddings: int, positions: torch.Tensor
+    rotary_dim: int,
+    base: float,
+    factor: float,
+    max_position_embeddings: int,
+    positions: torch.Tensor,
 ) -> torch.Tensor:
     """Per-position angles `[P, rotary_dim/2]` for dynamic NTK scaling (see the module doc)."""
     seq_len = torch.clamp(positions + 1, min=max_position_embeddings).double()

@@ -71,7 +71,10 @@ def random_paged_batch(
     if cache_dtype in FP8_DTYPES:
         k_scale = torch.tensor(k.abs().max().item() / 200.0)
         v_scale = torch.tensor(v.abs().max().item() / 200.0)
-        k_cache, v_cache = quantize_to_fp8(k, k_scale, cache_dtype), quantize_to_fp8(v, v_scale, cache_dtype)
+        k_cache, v_cache = (
+            quantize_to_fp8(k, k_scale, cache_dtype),
+            quantize_to_fp8(v, v_scale, cache_dtype),
+        )
         k_scale, v_scale = k_scale.to(device), v_scale.to(device)
     else:
         k_cache, v_cache = k.to(cache_dtype), v.to(cache_dtype)
@@ -104,7 +107,8 @@ def naive_paged_attention(batch: PagedBatch) -> torch.Tensor:
     cu = batch.cu_seqlens_q.tolist()
     for b, kv_len in enumerate(batch.seq_lens.tolist()):
         slots = [
-            int(batch.block_tables[b, j // block_size]) * block_size + j % block_size for j in range(kv_len)
+            int(batch.block_tables[b, j // block_size]) * block_size + j % block_size
+            for j in range(kv_len)
         ]
         k = k_all.view(-1, num_kv_heads, k_all.shape[-1])[slots]  # [L, Hkv, D]
         v = v_all.view(-1, num_kv_heads, v_all.shape[-1])[slots]

@@ -52,25 +52,33 @@ def refusal(field: str, name: str, kind: str, default: Any, support: Support) ->
     if support.kind == "refused":
         if not defaults:
             return Refusal(field, (), f"{name} is not supported: {support.reason}; leave it unset")
-        return Refusal(field, defaults, f"{name} is not supported: {support.reason}; only {_shown(defaults)} is accepted")
+        return Refusal(
+            field,
+            defaults,
+            f"{name} is not supported: {support.reason}; only {_shown(defaults)} is accepted",
+        )
     if support.kind == "partial" and support.others == "refused":
         allowed = tuple(dict.fromkeys((*support.values, *defaults)))
         return Refusal(
-            field, allowed, f"{name} is not supported with this value: {support.reason}; supported: {_shown(allowed)}"
+            field,
+            allowed,
+            f"{name} is not supported with this value: {support.reason}; supported: {_shown(allowed)}",
         )
     return None
 
 
 def engine_refusals(args: Iterable[Any]) -> list[Refusal]:
     found = (
-        refusal(camel(arg.dest), arg.flag, arg.kind, arg.default, ARG_SUPPORT[arg.dest]) for arg in engine_args(args)
+        refusal(camel(arg.dest), arg.flag, arg.kind, arg.default, ARG_SUPPORT[arg.dest])
+        for arg in engine_args(args)
     )
     return [item for item in found if item is not None]
 
 
 def env_refusals(env_vars: Iterable[Any]) -> list[Refusal]:
     found = (
-        refusal(var.name, var.name, var.kind, var.default, ENV_SUPPORT[var.name]) for var in engine_env_vars(env_vars)
+        refusal(var.name, var.name, var.kind, var.default, ENV_SUPPORT[var.name])
+        for var in engine_env_vars(env_vars)
     )
     return [item for item in found if item is not None]
 
@@ -93,11 +101,18 @@ def narrow_with_cel(schema: Schema, refusals: list[Refusal]) -> None:
     for item in refusals:
         if not item.allowed:
             object_rules.append(
-                rule(f"!has(self.{item.field})", item.message, field_path=f".{item.field}", reason="FieldValueForbidden")
+                rule(
+                    f"!has(self.{item.field})",
+                    item.message,
+                    field_path=f".{item.field}",
+                    reason="FieldValueForbidden",
+                )
             )
             continue
         literals = [_cel_literal(value) for value in item.allowed]
-        check = f"self == {literals[0]}" if len(literals) == 1 else f"self in [{', '.join(literals)}]"
+        check = (
+            f"self == {literals[0]}" if len(literals) == 1 else f"self in [{', '.join(literals)}]"
+        )
         field_rules = schema["properties"][item.field].setdefault("x-kubernetes-validations", [])
         field_rules.append(rule(check, item.message))
     for item in refusals:

@@ -14,7 +14,10 @@ PLURALS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
 }
 # Kinds a change of spec can make unnecessary (the Deployment and Service always exist).
-PRUNABLE = [("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor")]
+PRUNABLE = [
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+]
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
@@ -53,13 +56,22 @@ def prune(
     selector = ",".join(f"{key}={value}" for key, value in names.common_labels(name).items())
     deleted = []
     for api_version, kind in served:
-        listing = request(api, "GET", collection_path(api_version, kind, namespace), query=[("labelSelector", selector)])
+        listing = request(
+            api,
+            "GET",
+            collection_path(api_version, kind, namespace),
+            query=[("labelSelector", selector)],
+        )
         for item in (listing or {}).get("items", []):
             meta = item["metadata"]
             owned = any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or ())
             if owned and (api_version, kind, meta["name"]) not in kept:
                 try:
-                    request(api, "DELETE", f"{collection_path(api_version, kind, namespace)}/{meta['name']}")
+                    request(
+                        api,
+                        "DELETE",
+                        f"{collection_path(api_version, kind, namespace)}/{meta['name']}",
+                    )
                 except KubeError as exc:
                     if exc.status != 404:
                         raise

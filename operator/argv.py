@@ -43,7 +43,9 @@ def env_value(value: Any) -> str:
     return str(value)
 
 
-def engine_env(engine_env_spec: Mapping[str, Any], env_vars: Iterable[Any] | None = None) -> list[dict[str, str]]:
+def engine_env(
+    engine_env_spec: Mapping[str, Any], env_vars: Iterable[Any] | None = None
+) -> list[dict[str, str]]:
     """Container env entries for spec.engineEnv, in the schema's table order."""
     if not engine_env_spec:
         return []
@@ -52,7 +54,9 @@ def engine_env(engine_env_spec: Mapping[str, Any], env_vars: Iterable[Any] | Non
     known = [var.name for var in engine_env_vars(env_vars)]
     unknown = sorted(set(engine_env_spec) - set(known))
     if unknown:
-        raise EngineSpecError(f"spec.engineEnv: unknown or operator-owned variable(s) {', '.join(unknown)}")
+        raise EngineSpecError(
+            f"spec.engineEnv: unknown or operator-owned variable(s) {', '.join(unknown)}"
+        )
     return [
         {"name": name, "value": env_value(engine_env_spec[name])}
         for name in known

@@ -9,9 +9,13 @@ OPTIONAL_GROUP_VERSIONS = (MONITORING_GV,)
 
 
 def discover_apis(api: Any) -> frozenset[str]:
-    """"group/version/Kind" for every kind of the optional group/versions the server serves."""
+    """ "group/version/Kind" for every kind of the optional group/versions the server serves."""
     groups = request(api, "GET", "/apis") or {}
-    served = {version["groupVersion"] for group in groups.get("groups", []) for version in group.get("versions", [])}
+    served = {
+        version["groupVersion"]
+        for group in groups.get("groups", [])
+        for version in group.get("versions", [])
+    }
     apis: set[str] = set()
     for group_version in OPTIONAL_GROUP_VERSIONS:
         if group_version not in served:

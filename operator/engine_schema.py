@@ -89,9 +89,7 @@ def _number(value: float) -> int | float:
 
 def arg_schema(arg: Any) -> Schema:
     value = _value_schema(arg)
-    schema: Schema = (
-        {"type": "array", "items": value, "maxItems": 64} if arg.is_list else value
-    )
+    schema: Schema = {"type": "array", "items": value, "maxItems": 64} if arg.is_list else value
     flag = f"--{arg.name}"
     schema["description"] = f"{flag} ({arg.group}). {arg.help}".strip()
     return schema
@@ -188,7 +186,9 @@ ENGINE_RULES: list[tuple[tuple[str, ...], Schema]] = [
 
 def engine_schema(args: Iterable[Any]) -> Schema:
     properties = {camel(arg.dest): arg_schema(arg) for arg in engine_args(args)}
-    rules = [validation for fields, validation in ENGINE_RULES if all(f in properties for f in fields)]
+    rules = [
+        validation for fields, validation in ENGINE_RULES if all(f in properties for f in fields)
+    ]
     schema: Schema = {
         "type": "object",
         "description": "Server arguments of `infernetes serve` (vLLM's), as typed camelCase fields.",

@@ -47,7 +47,9 @@ def review_engine(spec: Mapping[str, Any]) -> SupportNotes:
             value = convert(arg, engine[name])
         except ConfigError:
             continue  # a bad value is the CRD's to refuse and the runtime's to report
-        notes.add(f"spec.engine.{name}", check_support(SimpleNamespace(**{arg.dest: value}), environ={}))
+        notes.add(
+            f"spec.engine.{name}", check_support(SimpleNamespace(**{arg.dest: value}), environ={})
+        )
     engine_env = spec.get("engineEnv") or {}
     for var in engine_env_vars(ENV_VARS):
         if engine_env.get(var.name) is not None:

@@ -40,5 +40,7 @@ class ClusterFacts:
             elif len(parts) == 2 and all(parts):
                 apis.update(f"{entry}/{kind}" for kind in KNOWN_KINDS.get(entry, ()))
             else:
-                raise ValueError(f"--api-versions: expected group/version or group/version/Kind, got {entry!r}")
+                raise ValueError(
+                    f"--api-versions: expected group/version or group/version/Kind, got {entry!r}"
+                )
         return cls(apis=frozenset(apis), **kwargs)  # type: ignore[arg-type]

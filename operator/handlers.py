@@ -68,7 +68,9 @@ def reference(name: str, namespace: str, uid: str) -> dict[str, Any]:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
     options = memo.options
     memo.loop = asyncio.get_running_loop()
     # Handler progress and the last-handled spec live in annotations: the CRD's structural
@@ -123,7 +125,15 @@ def inference_services(
 
 
 @kopf.index("apps", "v1", "deployments", labels=OWNED)
-def owned_deployments(namespace: str, name: str, labels: Mapping, meta: Mapping, spec: Mapping, status: Mapping, **_: Any) -> dict:
+def owned_deployments(
+    namespace: str,
+    name: str,
+    labels: Mapping,
+    meta: Mapping,
+    spec: Mapping,
+    status: Mapping,
+    **_: Any,
+) -> dict:
     return {
         (namespace, labels.get(names.LABEL_INSTANCE)): {
             "metadata": {"name": name, "generation": meta.get("generation", 0)},
@@ -134,7 +144,9 @@ def owned_deployments(namespace: str, name: str, labels: Mapping, meta: Mapping,
 
 
 @kopf.index("", "v1", "pods", labels=OWNED)
-def owned_pods(namespace: str, name: str, labels: Mapping, meta: Mapping, status: Mapping, **_: Any) -> dict:
+def owned_pods(
+    namespace: str, name: str, labels: Mapping, meta: Mapping, status: Mapping, **_: Any
+) -> dict:
     return {
         (namespace, labels.get(names.LABEL_INSTANCE)): {
             "metadata": {"name": name, "deletionTimestamp": meta.get("deletionTimestamp")},
@@ -147,7 +159,11 @@ def owned_pods(namespace: str, name: str, labels: Mapping, meta: Mapping, status
 
 
 def _holds_gpus(spec: Mapping, status: Mapping, **_: Any) -> bool:
-    return bool(spec.get("nodeName")) and status.get("phase") not in ("Succeeded", "Failed") and bool(pod_gpus(spec))
+    return (
+        bool(spec.get("nodeName"))
+        and status.get("phase") not in ("Succeeded", "Failed")
+        and bool(pod_gpus(spec))
+    )
 
 
 @kopf.index("", "v1", "pods", when=_holds_gpus)
@@ -176,13 +192,22 @@ def cluster_facts(memo: kopf.Memo, gpu_nodes: Any, gpu_pods: Any) -> ClusterFact
     return ClusterFacts(**kwargs)
 
 
-def apply_plan(memo: kopf.Memo, result: Plan, *, name: str, namespace: str, uid: str, prune_stale: bool = True) -> None:
+def apply_plan(
+    memo: kopf.Memo, result: Plan, *, name: str, namespace: str, uid: str, prune_stale: bool = True
+) -> None:
     for manifest in result.manifests:
         apply(memo.api, manifest)
     if not prune_stale:
         return
     served = [kind for kind in PRUNABLE if f"{kind[0]}/{kind[1]}" in memo.apis]
-    prune(memo.api, name=name, namespace=namespace, owner_uid=uid, keep=result.manifests, served=served)
+    prune(
+        memo.api,
+        name=name,
+        namespace=namespace,
+        owner_uid=uid,
+        keep=result.manifests,
+        served=served,
+    )
 
 
 @kopf.on.resume(*ISVC)
@@ -208,14 +233,22 @@ def reconcile(
 ) -> None:
     started = time.monotonic()
     try:
-        result = plan(plain(spec), cluster_facts(memo, gpu_nodes, gpu_pods), name=name, namespace=namespace, uid=uid)
+        result = plan(
+            plain(spec),
+            cluster_facts(memo, gpu_nodes, gpu_pods),
+            name=name,
+            namespace=namespace,
+            uid=uid,
+        )
     except (EngineSpecError, KeyError, TypeError, ValueError) as exc:
         metrics.RECONCILES.labels("invalid").inc()
         kopf.warn(body, reason="InvalidSpec", message=str(exc))
         raise kopf.PermanentError(f"cannot render: {exc}") from exc
     try:
         # A resource being created has no children of an older render to prune.
-        apply_plan(memo, result, name=name, namespace=namespace, uid=uid, prune_stale=reason != "create")
+        apply_plan(
+            memo, result, name=name, namespace=namespace, uid=uid, prune_stale=reason != "create"
+        )
     except KubeError as exc:
         metrics.RECONCILES.labels("error").inc()
         kopf.warn(body, reason="ApplyFailed", message=str(exc))
@@ -289,14 +322,20 @@ def refresh_status(memo: kopf.Memo, key: Key, isvcs: Any, deployments: Any, pods
         memo.last_status[key] = derived
         metrics.STATUS_UPDATES.inc()
     for kind, reason, message in transitions(previous, derived["conditions"]):
-        kopf.event(reference(name, namespace, owner["uid"]), type=kind, reason=reason, message=message)
+        kopf.event(
+            reference(name, namespace, owner["uid"]), type=kind, reason=reason, message=message
+        )
 
 
 def owner_exists(memo: kopf.Memo, key: Key, uid: str) -> bool:
     """Ask the server: the index may not have seen the owner's deletion yet (garbage collection)."""
     namespace, name = key
     try:
-        current = request(memo.api, "GET", f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{name}")
+        current = request(
+            memo.api,
+            "GET",
+            f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{name}",
+        )
     except KubeError as exc:
         if exc.status == 404:
             return False
@@ -319,18 +358,28 @@ def schedule_refresh(memo: kopf.Memo, key: Key, isvcs: Any, deployments: Any, po
     async def later() -> None:
         await asyncio.sleep(REFRESH_DELAY_SECONDS)
         memo.pending_refresh.discard(key)
-        await loop.run_in_executor(None, context.run, refresh_status, memo, key, isvcs, deployments, pods)
+        await loop.run_in_executor(
+            None, context.run, refresh_status, memo, key, isvcs, deployments, pods
+        )
 
     task = loop.create_task(later())
     memo.refresh_tasks.add(task)
     task.add_done_callback(memo.refresh_tasks.discard)
 
 
-def restore_deployment(memo: kopf.Memo, key: Key, owner: Mapping, gpu_nodes: Any, gpu_pods: Any) -> None:
+def restore_deployment(
+    memo: kopf.Memo, key: Key, owner: Mapping, gpu_nodes: Any, gpu_pods: Any
+) -> None:
     if not owner_exists(memo, key, owner["uid"]):
         return
     namespace, name = key
-    result = plan(owner["spec"], cluster_facts(memo, gpu_nodes, gpu_pods), name=name, namespace=namespace, uid=owner["uid"])
+    result = plan(
+        owner["spec"],
+        cluster_facts(memo, gpu_nodes, gpu_pods),
+        name=name,
+        namespace=namespace,
+        uid=owner["uid"],
+    )
     apply_plan(memo, result, name=name, namespace=namespace, uid=owner["uid"])
 
 

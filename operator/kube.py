@@ -58,13 +58,17 @@ def request(
         auth_settings=["BearerToken"],
     )
     try:
-        response = api.call_api(method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT)
+        response = api.call_api(
+            method, url, header_params=headers, body=body, _request_timeout=REQUEST_TIMEOUT
+        )
         data = response.read()
     except HTTPError as exc:
         raise KubeError(0, f"{method} {path}: {exc}") from exc
     except Exception as exc:  # the client wraps transport errors in its own types
         if type(exc).__name__ == "ApiException":
-            raise KubeError(getattr(exc, "status", 0) or 0, _message(getattr(exc, "body", "") or str(exc))) from exc
+            raise KubeError(
+                getattr(exc, "status", 0) or 0, _message(getattr(exc, "body", "") or str(exc))
+            ) from exc
         raise
     if not 200 <= response.status < 300:
         raise KubeError(response.status, _message(data))

@@ -23,7 +23,11 @@ def run_operator(options: OperatorOptions) -> int:
     from infernetes.operator import handlers  # registers the handlers with kopf
 
     kopf.configure(verbose=options.verbose, log_prefix=True)
-    liveness = f"http://{options.bind_address}:{options.health_port}/healthz" if options.health_port else None
+    liveness = (
+        f"http://{options.bind_address}:{options.health_port}/healthz"
+        if options.health_port
+        else None
+    )
     kopf.run(
         clusterwide=not options.namespaces,
         namespaces=list(options.namespaces),

@@ -96,7 +96,9 @@ def array(items: Schema, *, max_items: int, description: str | None = None, **ex
     return schema
 
 
-def rule(expression: str, message: str, field_path: str | None = None, reason: str | None = None) -> Schema:
+def rule(
+    expression: str, message: str, field_path: str | None = None, reason: str | None = None
+) -> Schema:
     validation: Schema = {"rule": expression, "message": message}
     if field_path:
         validation["fieldPath"] = field_path

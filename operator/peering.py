@@ -23,7 +23,10 @@ def _peering_crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
                         "openAPIV3Schema": {
                             "type": "object",
                             "properties": {
-                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                                "status": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                }
                             },
                         }
                     },
@@ -42,4 +45,8 @@ def peering_crds() -> list[dict[str, Any]]:
 
 def cluster_peering(name: str) -> dict[str, Any]:
     """The peering object kopf expects to exist before operators join it."""
-    return {"apiVersion": f"{PEERING_GROUP}/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+    return {
+        "apiVersion": f"{PEERING_GROUP}/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": name},
+    }

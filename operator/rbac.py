@@ -13,17 +13,29 @@ def cluster_rules() -> list[dict[str, Any]]:
     return [
         # The resource itself: watched, annotated by kopf, status written by the operator.
         {"apiGroups": [names.GROUP], "resources": [names.PLURAL], "verbs": [*READ, "patch"]},
-        {"apiGroups": [names.GROUP], "resources": [f"{names.PLURAL}/status"], "verbs": ["get", "patch"]},
+        {
+            "apiGroups": [names.GROUP],
+            "resources": [f"{names.PLURAL}/status"],
+            "verbs": ["get", "patch"],
+        },
         # What it creates (server-side apply is a patch that may create; prune deletes).
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": CHILD_VERBS},
         {"apiGroups": [""], "resources": ["services"], "verbs": CHILD_VERBS},
-        {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors", "podmonitors"], "verbs": CHILD_VERBS},
+        {
+            "apiGroups": ["monitoring.coreos.com"],
+            "resources": ["servicemonitors", "podmonitors"],
+            "verbs": CHILD_VERBS,
+        },
         # Read-only views for status (pods) and for GPU headroom (nodes, pods).
         {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": READ},
         # Events for the user, and kopf's own bookkeeping.
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list", "watch"],
+        },
         {
             "apiGroups": [PEERING_GROUP],
             "resources": ["clusterkopfpeerings", "kopfpeerings"],
@@ -32,7 +44,9 @@ def cluster_rules() -> list[dict[str, Any]]:
     ]
 
 
-def rbac_manifests(*, namespace: str, service_account: str, peering: str = "infernetes") -> list[dict[str, Any]]:
+def rbac_manifests(
+    *, namespace: str, service_account: str, peering: str = "infernetes"
+) -> list[dict[str, Any]]:
     role_name = "infernetes-operator"
     labels = {names.LABEL_NAME: "infernetes", names.LABEL_COMPONENT: "operator"}
     return [
@@ -51,8 +65,14 @@ def rbac_manifests(*, namespace: str, service_account: str, peering: str = "infe
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": {"name": role_name, "labels": labels},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
-            "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": role_name,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
         },
         cluster_peering(peering),
     ]

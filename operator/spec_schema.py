@@ -56,7 +56,9 @@ def env_var_schema() -> Schema:
         {
             "name": string("Variable name.", minLength=1, maxLength=256),
             "value": string(maxLength=32768),
-            "valueFrom": free_object("A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, ...)."),
+            "valueFrom": free_object(
+                "A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, ...)."
+            ),
         },
         required=["name"],
     )
@@ -102,7 +104,9 @@ def resources_schema() -> Schema:
 def gpu_schema() -> Schema:
     return obj(
         {
-            "vendor": enum(list(GPU_VENDORS), "Device plugin resource to request.", default="nvidia"),
+            "vendor": enum(
+                list(GPU_VENDORS), "Device plugin resource to request.", default="nvidia"
+            ),
             "count": integer(
                 "GPUs per replica; default tensor x pipeline x data parallel size (0 for device cpu).",
                 minimum=0,
@@ -119,7 +123,9 @@ def gpu_schema() -> Schema:
 def model_cache_schema() -> Schema:
     return obj(
         {
-            "claimName": _name("PersistentVolumeClaim mounted as the Hugging Face cache (HF_HOME)."),
+            "claimName": _name(
+                "PersistentVolumeClaim mounted as the Hugging Face cache (HF_HOME)."
+            ),
             "subPath": string(maxLength=1024),
             "readOnly": boolean(),
         },
@@ -139,7 +145,10 @@ def probes_schema() -> Schema:
             "periodSeconds": integer(minimum=1, maximum=300, default=10),
             "timeoutSeconds": integer(minimum=1, maximum=300, default=5),
             "failureThreshold": integer(
-                "Failed readiness/liveness checks in a row before acting.", minimum=1, maximum=100, default=3
+                "Failed readiness/liveness checks in a row before acting.",
+                minimum=1,
+                maximum=100,
+                default=3,
             ),
         }
     )
@@ -164,8 +173,12 @@ def monitoring_schema() -> Schema:
                 "else prometheus.io annotations.",
                 default="auto",
             ),
-            "interval": string("Scrape interval.", pattern=r"^[0-9]+(ms|s|m|h)$", maxLength=16, default="30s"),
-            "labels": string_map("Extra labels for the ServiceMonitor/PodMonitor (to match a Prometheus)."),
+            "interval": string(
+                "Scrape interval.", pattern=r"^[0-9]+(ms|s|m|h)$", maxLength=16, default="30s"
+            ),
+            "labels": string_map(
+                "Extra labels for the ServiceMonitor/PodMonitor (to match a Prometheus)."
+            ),
         }
     )
 
@@ -240,11 +253,15 @@ def platform_properties() -> dict[str, Schema]:
             maxLength=256,
         ),
         "replicas": integer(minimum=0, maximum=1000, default=1),
-        "image": string("Container image (default: the operator's own release).", minLength=1, maxLength=512),
+        "image": string(
+            "Container image (default: the operator's own release).", minLength=1, maxLength=512
+        ),
         "imagePullPolicy": enum(["Always", "IfNotPresent", "Never"]),
         "resources": resources_schema(),
         "gpu": gpu_schema(),
-        "shmSize": quantity("Size of the memory-backed /dev/shm (default 2Gi per GPU when more than one)."),
+        "shmSize": quantity(
+            "Size of the memory-backed /dev/shm (default 2Gi per GPU when more than one)."
+        ),
         "env": env_list_schema(),
         "envFrom": env_from_list_schema(),
         "nodeSelector": string_map(),
@@ -255,8 +272,12 @@ def platform_properties() -> dict[str, Schema]:
         "serviceAccountName": _name("ServiceAccount the pods run as."),
         "podAnnotations": string_map(),
         "podLabels": string_map(),
-        "apiKeySecretRef": secret_key_ref("Secret holding the API key clients must send.", "api-key"),
-        "hfTokenSecretRef": secret_key_ref("Secret holding the Hugging Face token (HF_TOKEN).", "token"),
+        "apiKeySecretRef": secret_key_ref(
+            "Secret holding the API key clients must send.", "api-key"
+        ),
+        "hfTokenSecretRef": secret_key_ref(
+            "Secret holding the Hugging Face token (HF_TOKEN).", "token"
+        ),
         "modelCache": model_cache_schema(),
         "probes": probes_schema(),
         "service": service_schema(),
@@ -284,4 +305,3 @@ ROOT_RULES = [
         "(it names the Service)",
     )
 ]
-

@@ -35,7 +35,11 @@ def _scheduled(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str, str]:
         cond = _condition(pod.get("status", {}).get("conditions"), "PodScheduled")
         if cond.get("status") == "False":
             pod_name = pod.get("metadata", {}).get("name", "")
-            return "False", cond.get("reason") or "Unschedulable", f"pod {pod_name}: {cond.get('message', '')}".strip()
+            return (
+                "False",
+                cond.get("reason") or "Unschedulable",
+                f"pod {pod_name}: {cond.get('message', '')}".strip(),
+            )
     if not live:
         return "Unknown", "NoPods", "no pods exist yet"
     return "True", "AllPodsScheduled", f"{len(live)} pod(s) scheduled"
@@ -116,12 +120,19 @@ def derive_status(
     elif deadline_exceeded:
         degraded = ("True", "ProgressDeadlineExceeded", progressing_cond.get("message", ""))
     elif replica_failure.get("status") == "True":
-        degraded = ("True", replica_failure.get("reason") or "ReplicaFailure", replica_failure.get("message", ""))
+        degraded = (
+            "True",
+            replica_failure.get("reason") or "ReplicaFailure",
+            replica_failure.get("message", ""),
+        )
     else:
         degraded = ("False", "AsExpected", "no replica is failing")
 
     rolling = deployment is not None and (
-        dep_observed < dep_generation or updated < desired_replicas or available < desired_replicas or total > updated
+        dep_observed < dep_generation
+        or updated < desired_replicas
+        or available < desired_replicas
+        or total > updated
     )
     counts = f"{updated}/{desired_replicas} updated, {available}/{desired_replicas} available"
     if deployment is None:
@@ -161,7 +172,9 @@ def derive_status(
                 "reason": reason,
                 "message": message,
                 "observedGeneration": generation,
-                "lastTransitionTime": old.get("lastTransitionTime") if old.get("status") == status and old.get("lastTransitionTime") else now,
+                "lastTransitionTime": old.get("lastTransitionTime")
+                if old.get("status") == status and old.get("lastTransitionTime")
+                else now,
             }
         )
     return {"conditions": conditions, "replicas": total, "readyReplicas": ready}
@@ -179,7 +192,9 @@ def transitions(
         kind, status = cond["type"], cond["status"]
         if kind == "Ready" and status == "True":
             events.append(("Normal", "Ready", cond["message"]))
-        elif (kind == "Scheduled" and status == "False") or (kind == "Degraded" and status == "True"):
+        elif (kind == "Scheduled" and status == "False") or (
+            kind == "Degraded" and status == "True"
+        ):
             events.append(("Warning", cond["reason"], cond["message"]))
     return events
 
@@ -190,7 +205,13 @@ def same_status(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     def strip(status: Mapping[str, Any]) -> tuple:
         conds = tuple(
             sorted(
-                (c.get("type"), c.get("status"), c.get("reason"), c.get("message"), c.get("observedGeneration"))
+                (
+                    c.get("type"),
+                    c.get("status"),
+                    c.get("reason"),
+                    c.get("message"),
+                    c.get("observedGeneration"),
+                )
                 for c in status.get("conditions") or ()
             )
         )

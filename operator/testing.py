@@ -41,7 +41,10 @@ MONITORING_CRDS = [
                     "served": True,
                     "storage": True,
                     "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
                     },
                 }
             ],
@@ -83,7 +86,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.25) -> Any:
+def wait_until(
+    condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.25
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -97,18 +102,40 @@ def wait_until(condition: Callable[[], Any], *, timeout: float, what: str, inter
 def install_crds(kubectl: Callable[..., Any], *, monitoring: bool = True) -> None:
     """Apply our CRD (and kopf's peering CRDs, and the monitoring stand-ins) and wait for them."""
     documents = [build_crd(), *peering_crds(), *(MONITORING_CRDS if monitoring else [])]
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(documents))
+    kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(documents),
+    )
     for doc in documents:
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{doc['metadata']['name']}")
+        kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{doc['metadata']['name']}"
+        )
 
 
 def service_account_kubeconfig(
-    kubectl: Callable[..., Any], *, namespace: str, path: Path, service_account: str = "infernetes-operator"
+    kubectl: Callable[..., Any],
+    *,
+    namespace: str,
+    path: Path,
+    service_account: str = "infernetes-operator",
 ) -> Path:
     """Create the operator's ServiceAccount and RBAC, and a kubeconfig that uses its token."""
     manifests = rbac_manifests(namespace=namespace, service_account=service_account)
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(manifests))
-    token = kubectl("create", "token", service_account, "-n", namespace, "--duration=6h").stdout.strip()
+    kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(manifests),
+    )
+    token = kubectl(
+        "create", "token", service_account, "-n", namespace, "--duration=6h"
+    ).stdout.strip()
     admin = json.loads(kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
     cluster = admin["clusters"][0]
     config = {
@@ -116,7 +143,9 @@ def service_account_kubeconfig(
         "kind": "Config",
         "clusters": [cluster],
         "users": [{"name": service_account, "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": cluster["name"], "user": service_account}}],
+        "contexts": [
+            {"name": "operator", "context": {"cluster": cluster["name"], "user": service_account}}
+        ],
         "current-context": "operator",
     }
     path.write_text(yaml.safe_dump(config))
@@ -162,10 +191,19 @@ class OperatorProcess:
         env = {**self.env, "KUBECONFIG": str(self.kubeconfig)}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+                self.argv(),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
             )
         if wait:
-            wait_until(self.healthy, timeout=timeout, what=f"the operator's /healthz (log: {self.log_path})")
+            wait_until(
+                self.healthy,
+                timeout=timeout,
+                what=f"the operator's /healthz (log: {self.log_path})",
+            )
         return self
 
     def alive(self) -> bool:

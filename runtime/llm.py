@@ -34,7 +34,9 @@ def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[str
         elif isinstance(prompt, str | list | tuple):
             result.append(prompt if isinstance(prompt, str) else list(prompt))
         else:
-            raise TypeError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+            raise TypeError(
+                f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}"
+            )
     return result
 
 
@@ -101,9 +103,13 @@ class LLM:
             prompts.append(list(tokenizer(text, add_special_tokens=False).input_ids))
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def embed(self, prompts: PromptInput | Sequence[PromptInput], use_tqdm: bool = False) -> list[PoolingRequestOutput]:
+    def embed(
+        self, prompts: PromptInput | Sequence[PromptInput], use_tqdm: bool = False
+    ) -> list[PoolingRequestOutput]:
         if not self.llm_engine.is_pooling:
-            raise ValueError("this is a generative model: embed() needs an embedding model (task embed)")
+            raise ValueError(
+                "this is a generative model: embed() needs an embedding model (task embed)"
+            )
         prompt_list = _normalise_prompts(prompts)
         return self._run(prompt_list, [None] * len(prompt_list), None, use_tqdm)
 
@@ -118,7 +124,9 @@ class LLM:
                 if params is not None and params.output_kind != RequestOutputKind.FINAL_ONLY:
                     params = params.clone()  # offline callers want only the final output
                     params.output_kind = RequestOutputKind.FINAL_ONLY
-                engine.add_request(request_id, prompt, params, priority=priority[i] if priority else 0)
+                engine.add_request(
+                    request_id, prompt, params, priority=priority[i] if priority else 0
+                )
                 request_ids.append(request_id)
         except Exception:
             engine.abort_request(request_ids)

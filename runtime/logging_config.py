@@ -67,7 +67,9 @@ def _read_dict_config(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as handle:
             content = json.load(handle)
     except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"VLLM_LOGGING_CONFIG_PATH={path}: not a readable JSON file ({error})") from error
+        raise ValueError(
+            f"VLLM_LOGGING_CONFIG_PATH={path}: not a readable JSON file ({error})"
+        ) from error
     if not isinstance(content, dict):
         raise ValueError(
             f"VLLM_LOGGING_CONFIG_PATH={path}: expected a JSON object (a logging dictConfig), "
@@ -89,7 +91,9 @@ def configure_logging(settings: LoggingSettings, tag: str = "") -> None:
             root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
     handler.set_name(HANDLER_NAME)
-    handler.setFormatter(logging.Formatter(settings.prefix + FORMAT.format(tag=f"[{tag}] " if tag else "")))
+    handler.setFormatter(
+        logging.Formatter(settings.prefix + FORMAT.format(tag=f"[{tag}] " if tag else ""))
+    )
     root.addHandler(handler)
     level = logging.getLevelName(settings.level)
     root.setLevel(max(level, logging.WARNING))

@@ -77,41 +77,102 @@ class SamplingParams:
                 raise ValueError(f"{name} must be {allowed}, got {value!r}.")
 
         check(isinstance(self.n, int) and self.n >= 1, "n", "an integer >= 1", self.n)
-        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]",
-              self.presence_penalty)
-        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]",
-              self.frequency_penalty)
-        check(0.0 < self.repetition_penalty < math.inf, "repetition_penalty", "a finite number > 0",
-              self.repetition_penalty)
-        check(0.0 <= self.temperature < math.inf, "temperature", "a finite number >= 0", self.temperature)
+        check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            "presence_penalty",
+            "in [-2, 2]",
+            self.presence_penalty,
+        )
+        check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            "frequency_penalty",
+            "in [-2, 2]",
+            self.frequency_penalty,
+        )
+        check(
+            0.0 < self.repetition_penalty < math.inf,
+            "repetition_penalty",
+            "a finite number > 0",
+            self.repetition_penalty,
+        )
+        check(
+            0.0 <= self.temperature < math.inf,
+            "temperature",
+            "a finite number >= 0",
+            self.temperature,
+        )
         check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
-        check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
-              "0 or -1 (disabled) or a positive integer", self.top_k)
+        check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            "top_k",
+            "0 or -1 (disabled) or a positive integer",
+            self.top_k,
+        )
         check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)
-        check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-              "max_tokens", "at least 1", self.max_tokens)
-        check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
-              "an integer >= 0", self.min_tokens)
-        check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
-              f"less than or equal to max_tokens={self.max_tokens}", self.min_tokens)
-        check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
-              "logprobs", "a non-negative integer", self.logprobs)
-        check(self.prompt_logprobs is None
-              or (isinstance(self.prompt_logprobs, int) and self.prompt_logprobs >= 0),
-              "prompt_logprobs", "a non-negative integer", self.prompt_logprobs)
-        check(all(isinstance(s, str) and s for s in self.stop), "stop",
-              "a non-empty string or a list of non-empty strings", self.stop)
-        check(all(isinstance(t, int) for t in self.stop_token_ids), "stop_token_ids",
-              "a list of integers", self.stop_token_ids)
+        check(
+            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            "max_tokens",
+            "at least 1",
+            self.max_tokens,
+        )
+        check(
+            isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+            "min_tokens",
+            "an integer >= 0",
+            self.min_tokens,
+        )
+        check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"less than or equal to max_tokens={self.max_tokens}",
+            self.min_tokens,
+        )
+        check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
+            "logprobs",
+            "a non-negative integer",
+            self.logprobs,
+        )
+        check(
+            self.prompt_logprobs is None
+            or (isinstance(self.prompt_logprobs, int) and self.prompt_logprobs >= 0),
+            "prompt_logprobs",
+            "a non-negative integer",
+            self.prompt_logprobs,
+        )
+        check(
+            all(isinstance(s, str) and s for s in self.stop),
+            "stop",
+            "a non-empty string or a list of non-empty strings",
+            self.stop,
+        )
+        check(
+            all(isinstance(t, int) for t in self.stop_token_ids),
+            "stop_token_ids",
+            "a list of integers",
+            self.stop_token_ids,
+        )
         check(self.seed is None or isinstance(self.seed, int), "seed", "an integer", self.seed)
         # -inf bans a token; NaN means nothing
-        check(not any(math.isnan(v) for v in (self.logit_bias or {}).values()), "logit_bias",
-              "numbers (not NaN)", self.logit_bias)
+        check(
+            not any(math.isnan(v) for v in (self.logit_bias or {}).values()),
+            "logit_bias",
+            "numbers (not NaN)",
+            self.logit_bias,
+        )
         if self.allowed_token_ids is not None:
-            check(len(self.allowed_token_ids) > 0, "allowed_token_ids", "a non-empty list",
-                  self.allowed_token_ids)
-        check(isinstance(self.output_kind, RequestOutputKind), "output_kind",
-              "a RequestOutputKind", self.output_kind)
+            check(
+                len(self.allowed_token_ids) > 0,
+                "allowed_token_ids",
+                "a non-empty list",
+                self.allowed_token_ids,
+            )
+        check(
+            isinstance(self.output_kind, RequestOutputKind),
+            "output_kind",
+            "a RequestOutputKind",
+            self.output_kind,
+        )
 
     def clone(self) -> SamplingParams:
         # logits processors may hold state or unpicklable objects: share them, copy the rest.

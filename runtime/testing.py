@@ -77,7 +77,9 @@ def build_tokenizer(directory: str | Path, vocab_size: int = 512, add_bos: bool 
     return hf_tokenizer
 
 
-def _tiny_config(architecture: str, tokenizer_size: int, special: dict[str, int], **overrides: Any) -> Any:
+def _tiny_config(
+    architecture: str, tokenizer_size: int, special: dict[str, int], **overrides: Any
+) -> Any:
     """A transformers config for ``architecture`` small enough to run in milliseconds."""
     import transformers
 
@@ -177,7 +179,11 @@ def make_tiny_model(
     model.save_pretrained(str(directory), **kwargs)
     generation_path = directory / "generation_config.json"
     if generation_config is not None:
-        fields = {"bos_token_id": special["bos"], "eos_token_id": special["eos"], **generation_config}
+        fields = {
+            "bos_token_id": special["bos"],
+            "eos_token_id": special["eos"],
+            **generation_config,
+        }
         generation_path.write_text(json.dumps(fields, indent=2))
     elif generation_path.exists():
         generation_path.unlink()

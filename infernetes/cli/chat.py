@@ -9,18 +9,34 @@ DEFAULT_URL = "http://localhost:8000/v1"
 
 
 def add_client_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the server's API base URL (default {DEFAULT_URL})")
-    parser.add_argument("--model-name", default=None, help="model to use; the server's first by default")
-    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
-                        help="API key (default: VLLM_API_KEY or OPENAI_API_KEY)")
-    parser.add_argument("-q", "--quick", metavar="MESSAGE", default=None,
-                        help="send one message, print the reply and exit")
+    parser.add_argument(
+        "--url", default=DEFAULT_URL, help=f"the server's API base URL (default {DEFAULT_URL})"
+    )
+    parser.add_argument(
+        "--model-name", default=None, help="model to use; the server's first by default"
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+        help="API key (default: VLLM_API_KEY or OPENAI_API_KEY)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quick",
+        metavar="MESSAGE",
+        default=None,
+        help="send one message, print the reply and exit",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("chat", help="Chat with a running server through its chat completions API.")
+    parser = subparsers.add_parser(
+        "chat", help="Chat with a running server through its chat completions API."
+    )
     add_client_args(parser)
-    parser.add_argument("--system-prompt", default=None, help="a system message to start the conversation")
+    parser.add_argument(
+        "--system-prompt", default=None, help="a system message to start the conversation"
+    )
     parser.set_defaults(func=run)
 
 

@@ -21,20 +21,45 @@ from typing import Any
 from infernetes.schema.env import ENV_BY_NAME
 
 PACKAGES = (
-    "infernetes", "torch", "triton", "transformers", "tokenizers", "safetensors", "huggingface-hub",
-    "numpy", "fastapi", "uvicorn", "pydantic", "prometheus-client", "openai", "kopf", "kubernetes",
+    "infernetes",
+    "torch",
+    "triton",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "huggingface-hub",
+    "numpy",
+    "fastapi",
+    "uvicorn",
+    "pydantic",
+    "prometheus-client",
+    "openai",
+    "kopf",
+    "kubernetes",
     "pyyaml",
 )
 # Variables outside the VLLM_ prefix that still change what the server does.
-_OTHER_VARS = ("CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN",
-               "HUGGING_FACE_HUB_TOKEN", "TRITON_INTERPRET", "OMP_NUM_THREADS", "NCCL_DEBUG",
-               "PYTORCH_CUDA_ALLOC_CONF", "LOCAL_RANK")
+_OTHER_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "TRITON_INTERPRET",
+    "OMP_NUM_THREADS",
+    "NCCL_DEBUG",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "LOCAL_RANK",
+)
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 MASK = "***"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("collect-env", help="Print an environment report for bug reports.")
+    parser = subparsers.add_parser(
+        "collect-env", help="Print an environment report for bug reports."
+    )
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
     parser.set_defaults(func=run)
 
@@ -49,8 +74,11 @@ def collect(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     return {
         "system": _system(),
-        "python": {"version": sys.version.split()[0], "implementation": platform.python_implementation(),
-                   "executable": sys.executable},
+        "python": {
+            "version": sys.version.split()[0],
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
         "torch": _torch(),
         "nvidia_smi": _nvidia_smi(),
         "packages": {name: _version(name) for name in PACKAGES},
@@ -60,7 +88,9 @@ def collect(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 def relevant_env(environ: Mapping[str, str]) -> dict[str, str]:
     """Every VLLM_* and other known variable that is set, secrets masked."""
-    names = sorted(n for n in environ if n.startswith("VLLM_") or n in ENV_BY_NAME or n in _OTHER_VARS)
+    names = sorted(
+        n for n in environ if n.startswith("VLLM_") or n in ENV_BY_NAME or n in _OTHER_VARS
+    )
     return {name: mask(name, environ[name]) for name in names}
 
 
@@ -79,10 +109,15 @@ def _system() -> dict[str, Any]:
                     pretty = line.split("=", 1)[1].strip().strip('"')
     except OSError:
         pass
-    return {"os": pretty or platform.system(), "platform": platform.platform(), "machine": platform.machine(),
-            "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or None,
-            "cpu_count": os.cpu_count(), "memory": _proc_field("/proc/meminfo", "MemTotal"),
-            "libc": " ".join(platform.libc_ver()).strip() or None}
+    return {
+        "os": pretty or platform.system(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "memory": _proc_field("/proc/meminfo", "MemTotal"),
+        "libc": " ".join(platform.libc_ver()).strip() or None,
+    }
 
 
 def _proc_field(path: str, key: str) -> str | None:
@@ -116,9 +151,14 @@ def _torch() -> dict[str, Any]:
     if info["cuda_available"]:
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            info["gpus"].append({"index": index, "name": props.name,
-                                 "memory_gib": round(props.total_memory / 2**30, 1),
-                                 "capability": f"{props.major}.{props.minor}"})
+            info["gpus"].append(
+                {
+                    "index": index,
+                    "name": props.name,
+                    "memory_gib": round(props.total_memory / 2**30, 1),
+                    "capability": f"{props.major}.{props.minor}",
+                }
+            )
     return info
 
 
@@ -127,8 +167,15 @@ def _nvidia_smi() -> str | None:
         return None
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=False,
+            [
+                "nvidia-smi",
+                "--query-gpu=index,name,driver_version,memory.total",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"failed: {exc}"

@@ -8,9 +8,13 @@ from infernetes.cli.chat import add_client_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("complete", help="Complete prompts through a running server's completions API.")
+    parser = subparsers.add_parser(
+        "complete", help="Complete prompts through a running server's completions API."
+    )
     add_client_args(parser)
-    parser.add_argument("--max-tokens", type=int, default=None, help="tokens to generate per prompt")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens to generate per prompt"
+    )
     parser.set_defaults(func=run)
 
 

@@ -16,7 +16,16 @@ from collections.abc import Sequence
 
 from infernetes import __version__
 
-SUBCOMMANDS = ("serve", "config", "collect-env", "chat", "complete", "run-batch", "bench", "operator")
+SUBCOMMANDS = (
+    "serve",
+    "config",
+    "collect-env",
+    "chat",
+    "complete",
+    "run-batch",
+    "bench",
+    "operator",
+)
 
 
 def _load(name: str):

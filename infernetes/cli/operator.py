@@ -23,20 +23,31 @@ def register(subparsers: Any) -> None:
 
     crd = commands.add_parser("crd", help="Print the CustomResourceDefinitions as YAML.")
     crd.add_argument(
-        "--with-peering", action="store_true", help="Also print kopf's peering CRDs (for several operator replicas)."
+        "--with-peering",
+        action="store_true",
+        help="Also print kopf's peering CRDs (for several operator replicas).",
     )
     crd.set_defaults(func=_crd)
 
-    rbac = commands.add_parser("rbac", help="Print the operator's ServiceAccount and least-privilege RBAC as YAML.")
-    rbac.add_argument("--namespace", default="infernetes-system", help="Namespace the operator runs in.")
+    rbac = commands.add_parser(
+        "rbac", help="Print the operator's ServiceAccount and least-privilege RBAC as YAML."
+    )
+    rbac.add_argument(
+        "--namespace", default="infernetes-system", help="Namespace the operator runs in."
+    )
     rbac.add_argument("--service-account", default="infernetes-operator")
     rbac.set_defaults(func=_rbac)
 
     render = commands.add_parser(
-        "render", help="Print the objects the operator would create for InferenceService YAML (like helm template)."
+        "render",
+        help="Print the objects the operator would create for InferenceService YAML (like helm template).",
     )
-    render.add_argument("-f", "--filename", required=True, help="InferenceService YAML file, or - for stdin.")
-    render.add_argument("-n", "--namespace", default=None, help="Namespace when the resource names none (default).")
+    render.add_argument(
+        "-f", "--filename", required=True, help="InferenceService YAML file, or - for stdin."
+    )
+    render.add_argument(
+        "-n", "--namespace", default=None, help="Namespace when the resource names none (default)."
+    )
     render.add_argument(
         "--api-versions",
         action="append",
@@ -53,11 +64,19 @@ def register(subparsers: Any) -> None:
     )
     render.set_defaults(func=_render)
 
-    run = commands.add_parser("run", help="Run the operator (kopf) against the current kubeconfig or in-cluster.")
-    run.add_argument(
-        "-n", "--namespace", action="append", default=[], help="Watch only this namespace (repeatable); default all."
+    run = commands.add_parser(
+        "run", help="Run the operator (kopf) against the current kubeconfig or in-cluster."
     )
-    run.add_argument("--peering", default=None, help="kopf peering name, so several replicas take turns.")
+    run.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="Watch only this namespace (repeatable); default all.",
+    )
+    run.add_argument(
+        "--peering", default=None, help="kopf peering name, so several replicas take turns."
+    )
     run.add_argument("--standalone", action="store_true", help="Run without peering.")
     run.add_argument(
         "--priority",
@@ -65,9 +84,15 @@ def register(subparsers: Any) -> None:
         default=None,
         help="Peering priority: the highest one works, the others wait (default: random, so replicas differ).",
     )
-    run.add_argument("--metrics-port", type=int, default=8080, help="Port of /metrics (0 turns it off).")
-    run.add_argument("--health-port", type=int, default=8081, help="Port of /healthz (0 turns it off).")
-    run.add_argument("--bind-address", default="0.0.0.0", help="Address of the metrics and health servers.")
+    run.add_argument(
+        "--metrics-port", type=int, default=8080, help="Port of /metrics (0 turns it off)."
+    )
+    run.add_argument(
+        "--health-port", type=int, default=8081, help="Port of /healthz (0 turns it off)."
+    )
+    run.add_argument(
+        "--bind-address", default="0.0.0.0", help="Address of the metrics and health servers."
+    )
     run.add_argument("--image", default=None, help="Image of the server when spec.image is unset.")
     run.add_argument("--verbose", action="store_true", help="Debug logging.")
     run.set_defaults(func=_run)
@@ -91,7 +116,9 @@ def _rbac(args: argparse.Namespace) -> int:
     from infernetes.operator.crd import dump_yaml
     from infernetes.operator.rbac import rbac_manifests
 
-    sys.stdout.write(dump_yaml(rbac_manifests(namespace=args.namespace, service_account=args.service_account)))
+    sys.stdout.write(
+        dump_yaml(rbac_manifests(namespace=args.namespace, service_account=args.service_account))
+    )
     return 0
 
 
@@ -110,7 +137,11 @@ def _render(args: argparse.Namespace) -> int:
     from infernetes.operator.render import plan
 
     try:
-        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text(encoding="utf-8")
+        text = (
+            sys.stdin.read()
+            if args.filename == "-"
+            else Path(args.filename).read_text(encoding="utf-8")
+        )
         documents = [doc for doc in yaml.safe_load_all(text) if doc]
     except OSError as exc:
         return _fail(f"-f {args.filename}: {exc.strerror}")
@@ -122,14 +153,22 @@ def _render(args: argparse.Namespace) -> int:
         for item in args.spare_gpus:
             resource, sep, count = item.partition("=")
             if not sep or not count.isdigit():
-                return _fail(f"--spare-gpus: expected RESOURCE=N such as nvidia.com/gpu=8, got {item!r}")
+                return _fail(
+                    f"--spare-gpus: expected RESOURCE=N such as nvidia.com/gpu=8, got {item!r}"
+                )
             spare[resource] = int(count)
-        facts = ClusterFacts.from_api_versions(entries, spare_gpus=spare if args.spare_gpus else None)
+        facts = ClusterFacts.from_api_versions(
+            entries, spare_gpus=spare if args.spare_gpus else None
+        )
     except ValueError as exc:
         return _fail(str(exc))
     output: list[dict] = []
     for doc in documents:
-        if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("apiVersion") != API_VERSION:
+        if (
+            not isinstance(doc, dict)
+            or doc.get("kind") != KIND
+            or doc.get("apiVersion") != API_VERSION
+        ):
             return _fail(f"expected kind {KIND} with apiVersion {API_VERSION} in {args.filename}")
         metadata = doc.get("metadata") or {}
         if not metadata.get("name"):
@@ -144,7 +183,10 @@ def _render(args: argparse.Namespace) -> int:
             for warning in result.warnings:
                 print(f"warning: {metadata['name']}: {warning}", file=sys.stderr)
             for refused in result.refused:
-                print(f"warning: {metadata['name']}: {refused}; kubectl apply will reject it", file=sys.stderr)
+                print(
+                    f"warning: {metadata['name']}: {refused}; kubectl apply will reject it",
+                    file=sys.stderr,
+                )
         except (EngineSpecError, KeyError, TypeError, ValueError) as exc:
             return _fail(f"{metadata['name']}: {exc}")
     sys.stdout.write(dump_yaml(output).split("\n", 1)[1])

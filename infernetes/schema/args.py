@@ -25,8 +25,21 @@ from infernetes.schema.groups import (
 )
 
 _MODULES = (
-    frontend, model, load, decoding, parallel, cache, multimodal, lora, prompt_adapter, device,
-    speculative, observability, scheduler, vllm, deprecated,
+    frontend,
+    model,
+    load,
+    decoding,
+    parallel,
+    cache,
+    multimodal,
+    lora,
+    prompt_adapter,
+    device,
+    speculative,
+    observability,
+    scheduler,
+    vllm,
+    deprecated,
 )
 
 ARGS: tuple[Arg, ...] = tuple(arg for module in _MODULES for arg in module.ARGS)

@@ -13,7 +13,9 @@ def convert(arg: Arg, value: Any, open_choices: bool = False) -> Any:
     """The typed, checked value of one argument (lists for list arguments)."""
     nullable = arg.default is None or arg.kind == "json"
     if value is None and not nullable:
-        raise ConfigError(f"argument {arg.flag}: a value is required (default {arg.default!r})", arg.dest)
+        raise ConfigError(
+            f"argument {arg.flag}: a value is required (default {arg.default!r})", arg.dest
+        )
     if value is None or (value == "None" and nullable):  # "None" on the command line unsets
         return None
     if arg.kind == "size" and isinstance(value, str) and value.strip().lower() == "auto":
@@ -23,7 +25,11 @@ def convert(arg: Arg, value: Any, open_choices: bool = False) -> Any:
     if arg.is_list:
         items = list(value) if isinstance(value, list | tuple) else [value]
         if arg.choices is not None:  # older releases took one comma-separated string
-            items = [part for item in items for part in (item.split(",") if isinstance(item, str) else [item])]
+            items = [
+                part
+                for item in items
+                for part in (item.split(",") if isinstance(item, str) else [item])
+            ]
         return [_convert_one(arg, item, open_choices) for item in items]
     return _convert_one(arg, value, open_choices)
 
@@ -62,7 +68,9 @@ def _in_choices(arg: Arg, value: Any) -> Any:
             if isinstance(choice, str) and choice.lower() == value.lower():
                 return choice
     allowed = ", ".join(str(c) for c in arg.choices)
-    raise ConfigError(f"argument {arg.flag}: invalid choice {value!r} (choose from {allowed})", arg.dest)
+    raise ConfigError(
+        f"argument {arg.flag}: invalid choice {value!r} (choose from {allowed})", arg.dest
+    )
 
 
 def _in_range(arg: Arg, value: Any) -> None:

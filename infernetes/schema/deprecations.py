@@ -62,7 +62,9 @@ def _split_guided_backend(value: str, result: dict[str, Any]) -> str:
                 "guided_decoding_backend",
             )
         result.setdefault(_GUIDED_OPTIONS[option], True)
-    flags = " ".join(f"--{_GUIDED_OPTIONS[o.strip()].replace('_', '-')}" for o in options.split(",") if o.strip())
+    flags = " ".join(
+        f"--{_GUIDED_OPTIONS[o.strip()].replace('_', '-')}" for o in options.split(",") if o.strip()
+    )
     return f"--guided-decoding-backend {value} is deprecated: use --guided-decoding-backend {backend} {flags}."
 
 

@@ -20,7 +20,9 @@ def render_help(parser: argparse.ArgumentParser, topic: str) -> str:
     if topic in ("", "all", "page"):
         return parser.format_help()
     if topic == "listgroup":
-        return "Argument groups (show one with --help=<group>):\n" + "\n".join(f"  {g}" for g in GROUPS)
+        return "Argument groups (show one with --help=<group>):\n" + "\n".join(
+            f"  {g}" for g in GROUPS
+        )
     group = next((g for g in GROUPS if g.lower() == topic.lower()), None)
     if group is not None:
         return _format_group(parser, group)
@@ -37,7 +39,9 @@ def render_help(parser: argparse.ArgumentParser, topic: str) -> str:
             f"No group or argument matches {topic!r}. Groups: {', '.join(GROUPS)}.\n"
             "Try --help=listgroup, or a shorter keyword."
         )
-    return _format_actions(parser, f"arguments matching {topic!r}", [_action(parser, a.dest) for a in matches])
+    return _format_actions(
+        parser, f"arguments matching {topic!r}", [_action(parser, a.dest) for a in matches]
+    )
 
 
 def _action(parser: argparse.ArgumentParser, dest: str) -> argparse.Action:
@@ -49,7 +53,9 @@ def _format_group(parser: argparse.ArgumentParser, group: str) -> str:
     return _format_actions(parser, section.title or group, section._group_actions)
 
 
-def _format_actions(parser: argparse.ArgumentParser, title: str, actions: list[argparse.Action]) -> str:
+def _format_actions(
+    parser: argparse.ArgumentParser, title: str, actions: list[argparse.Action]
+) -> str:
     formatter = parser._get_formatter()
     formatter.start_section(title)
     formatter.add_arguments(actions)

@@ -17,13 +17,24 @@ from infernetes.schema.errors import ConfigError
 
 # The config keys different model families use for their context length; vLLM takes the smallest.
 _LENGTH_KEYS = (
-    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-    "max_sequence_length", "max_seq_length", "seq_len", "model_max_length",
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+    "model_max_length",
 )
 # RoPE scaling types whose factor stretches the usable context.
 _STRETCHING_ROPE = ("linear", "dynamic", "yarn")
-_AUTO_DTYPE = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16",
-               "float32": "float16", "float": "float16"}
+_AUTO_DTYPE = {
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "float32": "float16",
+    "float": "float16",
+}
 
 
 def find_config_json(config: ServeConfig, environ: dict[str, str] | None = None) -> Path | None:
@@ -52,7 +63,9 @@ def _cache_dirs(config: ServeConfig, environ: dict[str, str]) -> list[Path]:
         dirs.append(Path(config.download_dir).expanduser())
     if environ.get("HF_HUB_CACHE"):
         dirs.append(Path(environ["HF_HUB_CACHE"]).expanduser())
-    home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    home = environ.get("HF_HOME") or os.path.join(
+        environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
     dirs.append(Path(home).expanduser() / "hub")
     return dirs
 
@@ -66,7 +79,11 @@ def _read(path: Path) -> str | None:
 
 def derived_max_model_len(hf_config: dict[str, Any]) -> int | None:
     """The context length a HF config allows (nested text_config for multimodal models)."""
-    text = hf_config.get("text_config") if isinstance(hf_config.get("text_config"), dict) else hf_config
+    text = (
+        hf_config.get("text_config")
+        if isinstance(hf_config.get("text_config"), dict)
+        else hf_config
+    )
     lengths = [text[key] for key in _LENGTH_KEYS if isinstance(text.get(key), int)]
     if not lengths:
         return None
@@ -78,7 +95,9 @@ def derived_max_model_len(hf_config: dict[str, Any]) -> int | None:
     return length
 
 
-def resolve_model_defaults(config: ServeConfig, environ: dict[str, str] | None = None) -> ServeConfig:
+def resolve_model_defaults(
+    config: ServeConfig, environ: dict[str, str] | None = None
+) -> ServeConfig:
     """Fills ``max_model_len`` and ``dtype`` from the local config.json when there is one.
 
     Raises ConfigError when ``--max-model-len`` exceeds what the model allows (unless
@@ -98,7 +117,11 @@ def resolve_model_defaults(config: ServeConfig, environ: dict[str, str] | None =
     if config.max_model_len is None:
         if allowed is not None:
             changes["max_model_len"] = allowed
-    elif allowed is not None and config.max_model_len > allowed and not read_env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", environ):
+    elif (
+        allowed is not None
+        and config.max_model_len > allowed
+        and not read_env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", environ)
+    ):
         raise ConfigError(
             f"argument --max-model-len: {config.max_model_len} is longer than the model allows ({allowed}, "
             "from its config.json); set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to force it",

@@ -61,8 +61,17 @@ def build_parser(prog: str = PROG) -> ServeArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model_tag", nargs="?", help="The model to serve (same as --model).")
-    parser.add_argument("-h", "--help", action="store_true", help="Show this help; --help=<group|argument|keyword|listgroup|all> narrows it.")
-    parser.add_argument("--config", metavar="FILE", help="Read arguments from a YAML file; command-line values win over the file's.")
+    parser.add_argument(
+        "-h",
+        "--help",
+        action="store_true",
+        help="Show this help; --help=<group|argument|keyword|listgroup|all> narrows it.",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="Read arguments from a YAML file; command-line values win over the file's.",
+    )
     sections = {group: parser.add_argument_group(GROUP_TITLES[group]) for group in GROUPS}
     for arg in ARGS:
         _add(sections[arg.group], arg)
@@ -73,7 +82,9 @@ def _add(section: argparse._ArgumentGroup, arg: Arg) -> None:
     spellings = [arg.flag, *arg.aliases]
     help_text = _help_text(arg)
     if arg.kind == "bool":
-        section.add_argument(*spellings, dest=arg.dest, action=argparse.BooleanOptionalAction, help=help_text)
+        section.add_argument(
+            *spellings, dest=arg.dest, action=argparse.BooleanOptionalAction, help=help_text
+        )
         return
     kwargs: dict[str, Any] = {"dest": arg.dest, "help": help_text, "metavar": _metavar(arg)}
     if arg.kind == "token":
@@ -113,7 +124,9 @@ def parse_serve_args(argv: Sequence[str] | None = None, *, prog: str = PROG) -> 
     return config
 
 
-def parse_with_notices(argv: Sequence[str] | None = None, *, prog: str = PROG) -> tuple[ServeConfig, list[str]]:
+def parse_with_notices(
+    argv: Sequence[str] | None = None, *, prog: str = PROG
+) -> tuple[ServeConfig, list[str]]:
     """Like ``parse_serve_args`` but returns the deprecation notices instead of printing them."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
@@ -134,7 +147,9 @@ def parse_with_notices(argv: Sequence[str] | None = None, *, prog: str = PROG) -
         cli_values, cli_notices = apply_deprecations(given)
         values = {**file_values, **cli_values}
         for dest, path, raw in dotted:
-            current = convert(BY_DEST[dest], values[dest]) if dest in values else BY_DEST[dest].default
+            current = (
+                convert(BY_DEST[dest], values[dest]) if dest in values else BY_DEST[dest].default
+            )
             values[dest] = _set_path(current, path, parse_scalar(raw))
         return validate(values), file_notices + cli_notices
     except ConfigError as exc:
@@ -196,7 +211,9 @@ def _bool_arg(flag: str) -> Arg | None:
     return arg if arg is not None and arg.kind == "bool" else None
 
 
-def _take_config_file(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], str | None]:
+def _take_config_file(
+    argv: list[str], parser: argparse.ArgumentParser
+) -> tuple[list[str], str | None]:
     rest, path = [], None
     tokens = iter(argv)
     for token in tokens:
@@ -211,7 +228,9 @@ def _take_config_file(argv: list[str], parser: argparse.ArgumentParser) -> tuple
     return rest, path
 
 
-def _take_dotted(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[tuple[str, list[str], str]]]:
+def _take_dotted(
+    argv: list[str], parser: argparse.ArgumentParser
+) -> tuple[list[str], list[tuple[str, list[str], str]]]:
     """Pulls ``--json-arg.key.sub value`` (or ``=value``) out of argv as (dest, path, raw)."""
     rest: list[str] = []
     dotted: list[tuple[str, list[str], str]] = []
@@ -272,7 +291,9 @@ def _given(namespace: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     tag = getattr(namespace, "model_tag", None)
     if tag is not None:
         if "model" in given and given["model"] != tag:
-            parser.error(f"argument --model: {given['model']!r} conflicts with the positional model_tag {tag!r}")
+            parser.error(
+                f"argument --model: {given['model']!r} conflicts with the positional model_tag {tag!r}"
+            )
         given["model"] = tag
     return given
 

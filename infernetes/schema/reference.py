@@ -32,13 +32,17 @@ def render_args_markdown() -> str:
         lines.append("|---|---|---|---|---|---|---|")
         lines.extend(_row(arg) for arg in args)
     lines.append("\n## Deprecated\n")
-    lines.append("Accepted with a warning; the value moves to the replacement, or is ignored when there is none.\n")
+    lines.append(
+        "Accepted with a warning; the value moves to the replacement, or is ignored when there is none.\n"
+    )
     lines.append("| argument | type | replacement | why |")
     lines.append("|---|---|---|---|")
     for arg in ARGS:
         if arg.deprecated:
             replacement = f"`{arg.replaced_by}`" if arg.replaced_by else "(ignored)"
-            lines.append(f"| {_spellings(arg)} | {_type(arg)} | {replacement} | {_cell(arg.deprecated)} |")
+            lines.append(
+                f"| {_spellings(arg)} | {_type(arg)} | {replacement} | {_cell(arg.deprecated)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -55,15 +59,21 @@ def render_env_markdown() -> str:
     for var in ENV_VARS:
         notes = ", ".join(n for n, on in (("build", var.build_time), ("secret", var.secret)) if on)
         allowed = ", ".join(f"`{c}`" for c in var.choices) if var.choices else ""
-        lines.append(f"| `{var.name}` | {var.kind} | {_value(var.default)} | {allowed} | "
-                     f"{_support(ENV_SUPPORT[var.name])} | {notes} | {_cell(var.help)} |")
+        lines.append(
+            f"| `{var.name}` | {var.kind} | {_value(var.default)} | {allowed} | "
+            f"{_support(ENV_SUPPORT[var.name])} | {notes} | {_cell(var.help)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def _row(arg: Arg) -> str:
-    notes = ", ".join(n for n, on in (("operator", arg.operator_owned), ("secret", arg.secret)) if on)
-    return (f"| {_spellings(arg)} | {_type(arg)} | {_value(arg.default)} | {_allowed(arg)} | "
-            f"{_support(ARG_SUPPORT[arg.dest])} | {notes} | {_cell(arg.help)} |")
+    notes = ", ".join(
+        n for n, on in (("operator", arg.operator_owned), ("secret", arg.secret)) if on
+    )
+    return (
+        f"| {_spellings(arg)} | {_type(arg)} | {_value(arg.default)} | {_allowed(arg)} | "
+        f"{_support(ARG_SUPPORT[arg.dest])} | {notes} | {_cell(arg.help)} |"
+    )
 
 
 def _support(support: Support) -> str:
@@ -103,7 +113,11 @@ def _num(value: float) -> str:
 def _value(value: Any) -> str:
     if value is None:
         return ""
-    return "`" + (json.dumps(value) if isinstance(value, list | dict | tuple | bool) else str(value)) + "`"
+    return (
+        "`"
+        + (json.dumps(value) if isinstance(value, list | dict | tuple | bool) else str(value))
+        + "`"
+    )
 
 
 def _cell(text: str) -> str:

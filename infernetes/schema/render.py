@@ -17,7 +17,11 @@ from infernetes.schema.frozen import freeze, thaw
 def to_argv(config: ServeConfig | Mapping[str, Any]) -> list[str]:
     """The shortest argv that parses back to ``config``: the model first, then each non-default
     argument in schema order. A mapping is taken as ``{dest: value}`` of non-default values."""
-    values = config.non_defaults() if isinstance(config, ServeConfig) else {k: thaw(v) for k, v in config.items()}
+    values = (
+        config.non_defaults()
+        if isinstance(config, ServeConfig)
+        else {k: thaw(v) for k, v in config.items()}
+    )
     unknown = sorted(set(values) - set(BY_DEST))
     if unknown:
         raise KeyError(f"unknown arguments: {', '.join(unknown)}")
@@ -49,7 +53,9 @@ def render_arg(arg: Arg, value: Any) -> list[str]:
             raise ValueError(f"{arg.flag} cannot be set to an empty list on the command line")
         rendered = [_render_value(arg, item) for item in items]
         if any(item.startswith("-") for item in rendered):
-            raise ValueError(f"{arg.flag}: list items starting with '-' cannot be given on the command line")
+            raise ValueError(
+                f"{arg.flag}: list items starting with '-' cannot be given on the command line"
+            )
         return [arg.flag, *rendered]
     return [f"{arg.flag}={_render_value(arg, value)}"]
 

@@ -11,7 +11,9 @@ def check_rules(values: dict[str, Any]) -> None:
     """Raises ConfigError for the first rule the values break."""
     v = values
     if v["enable_auto_tool_choice"] and not v["tool_call_parser"]:
-        raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser", "tool_call_parser")
+        raise ConfigError(
+            "--enable-auto-tool-choice requires --tool-call-parser", "tool_call_parser"
+        )
     if v["max_cpu_loras"] is not None and v["max_cpu_loras"] < v["max_loras"]:
         raise ConfigError(
             f"--max-cpu-loras ({v['max_cpu_loras']}) must be >= --max-loras ({v['max_loras']})",
@@ -22,7 +24,12 @@ def check_rules(values: dict[str, Any]) -> None:
     if v["prompt_adapters"] and not v["enable_prompt_adapter"]:
         raise ConfigError("--prompt-adapters requires --enable-prompt-adapter", "prompt_adapters")
     batched, model_len = v["max_num_batched_tokens"], v["max_model_len"]
-    if v["enable_chunked_prefill"] is False and batched is not None and model_len is not None and batched < model_len:
+    if (
+        v["enable_chunked_prefill"] is False
+        and batched is not None
+        and model_len is not None
+        and batched < model_len
+    ):
         raise ConfigError(
             f"--max-num-batched-tokens ({batched}) is smaller than --max-model-len ({model_len}): without "
             "chunked prefill no prompt longer than the batch budget could run; raise "
@@ -41,9 +48,13 @@ def check_rules(values: dict[str, Any]) -> None:
             "max_long_partial_prefills",
         )
     if v["max_num_partial_prefills"] > 1 and v["enable_chunked_prefill"] is False:
-        raise ConfigError("--max-num-partial-prefills > 1 requires chunked prefill", "max_num_partial_prefills")
+        raise ConfigError(
+            "--max-num-partial-prefills > 1 requires chunked prefill", "max_num_partial_prefills"
+        )
     if v["collect_detailed_traces"] and not v["otlp_traces_endpoint"]:
-        raise ConfigError("--collect-detailed-traces requires --otlp-traces-endpoint", "collect_detailed_traces")
+        raise ConfigError(
+            "--collect-detailed-traces requires --otlp-traces-endpoint", "collect_detailed_traces"
+        )
     local = v["data_parallel_size_local"]
     if local is not None and local > v["data_parallel_size"]:
         raise ConfigError(

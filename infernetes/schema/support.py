@@ -33,7 +33,9 @@ class Support:
 HONOURED = Support("honoured")
 
 
-def partial(values: tuple[Any, ...], reason: str, others: Literal["refused", "no_effect"] = "refused") -> Support:
+def partial(
+    values: tuple[Any, ...], reason: str, others: Literal["refused", "no_effect"] = "refused"
+) -> Support:
     return Support("partial", reason, tuple(values), others)
 
 
@@ -55,7 +57,9 @@ V0_ONLY = "a vLLM V0 scheduler setting; V1, which this engine follows, ignores i
 NO_RAY = "there is no Ray executor here"
 SINGLE_PROCESS = "the model runs in one worker process: there is nothing to distribute"
 NO_KERNEL = "it selects a kernel this engine does not have (its own Triton kernels run instead)"
-OTHER_HARDWARE = "it only matters on hardware this engine does not target (TPU, HPU, Neuron, OpenVINO, ROCm)"
+OTHER_HARDWARE = (
+    "it only matters on hardware this engine does not target (TPU, HPU, Neuron, OpenVINO, ROCm)"
+)
 BUILD_TIME = "a build-time variable of vLLM's own compilation; nothing here is built from it"
 VLLM_TESTS = "a switch of vLLM's own test suite"
 NO_USAGE_STATS = "this server collects and sends no usage statistics"
@@ -87,12 +91,17 @@ ARG_SUPPORT: dict[str, Support] = {
     "return_tokens_as_token_ids": HONOURED,
     "disable_frontend_multiprocessing": no_effect(
         "the HTTP server always runs in the main process; the engine core's own process is "
-        "VLLM_ENABLE_V1_MULTIPROCESSING"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING"
+    ),
     "enable_request_id_headers": HONOURED,
     "enable_auto_tool_choice": HONOURED,
-    "tool_call_parser": partial(("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "qwen"),
-                                "the other parsers are not built yet"),
-    "tool_parser_plugin": refused("tool-parser plugins are not loaded; use a built-in --tool-call-parser"),
+    "tool_call_parser": partial(
+        ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "qwen"),
+        "the other parsers are not built yet",
+    ),
+    "tool_parser_plugin": refused(
+        "tool-parser plugins are not loaded; use a built-in --tool-call-parser"
+    ),
     "log_config_file": HONOURED,
     "max_log_len": HONOURED,
     "disable_fastapi_docs": HONOURED,
@@ -107,15 +116,21 @@ ARG_SUPPORT: dict[str, Support] = {
     "data_parallel_start_rank": refused(ONE_GPU),
     # ---------------------------------------------------------------- ModelConfig
     "model": HONOURED,
-    "task": partial(("auto", "generate", "embedding", "embed"),
-                    "generation and embeddings are served; classify, score, reward, transcription "
-                    "and draft models are not yet"),
+    "task": partial(
+        ("auto", "generate", "embedding", "embed"),
+        "generation and embeddings are served; classify, score, reward, transcription "
+        "and draft models are not yet",
+    ),
     "tokenizer": HONOURED,
     "hf_config_path": HONOURED,
-    "tokenizer_mode": partial(("auto", "slow"), "the mistral and custom tokenizer modes are not built yet"),
+    "tokenizer_mode": partial(
+        ("auto", "slow"), "the mistral and custom tokenizer modes are not built yet"
+    ),
     "skip_tokenizer_init": HONOURED,
     "revision": HONOURED,
-    "code_revision": refused("remote code is loaded at --revision; a separate code revision is not supported"),
+    "code_revision": refused(
+        "remote code is loaded at --revision; a separate code revision is not supported"
+    ),
     "tokenizer_revision": HONOURED,
     "trust_remote_code": HONOURED,
     "allowed_local_media_path": no_effect(TEXT_ONLY),
@@ -125,10 +140,15 @@ ARG_SUPPORT: dict[str, Support] = {
     "seed": HONOURED,
     "max_logprobs": HONOURED,
     "disable_sliding_window": HONOURED,
-    "disable_cascade_attn": no_effect("cascade attention is a FlashAttention path this engine does not have"),
+    "disable_cascade_attn": no_effect(
+        "cascade attention is a FlashAttention path this engine does not have"
+    ),
     "disable_log_stats": HONOURED,
-    "quantization": partial(("fp8",), "only --quantization fp8 of an unquantised checkpoint is built; "
-                                      "pre-quantized checkpoints are planned"),
+    "quantization": partial(
+        ("fp8",),
+        "only --quantization fp8 of an unquantised checkpoint is built; "
+        "pre-quantized checkpoints are planned",
+    ),
     "rope_scaling": HONOURED,
     "rope_theta": HONOURED,
     "hf_token": HONOURED,
@@ -141,28 +161,47 @@ ARG_SUPPORT: dict[str, Support] = {
     "override_generation_config": HONOURED,
     "override_neuron_config": no_effect(OTHER_HARDWARE),
     "override_pooler_config": refused("pooler overrides are not supported yet"),
-    "enable_sleep_mode": no_effect("sleep and wake_up are always available here (VLLM_SERVER_DEV_MODE routes)"),
+    "enable_sleep_mode": no_effect(
+        "sleep and wake_up are always available here (VLLM_SERVER_DEV_MODE routes)"
+    ),
     "model_impl": partial(("auto", "vllm"), "the transformers fallback is planned, not built yet"),
     "enable_prompt_embeds": refused("prompt embeddings are not supported yet"),
-    "disable_async_output_proc": no_effect("V1 has no async output processor to disable; vLLM V1 ignores it too"),
-    "attention_backend": partial(("auto", "TRITON_ATTN", "TORCH_SDPA"),
-                                 "FLASH_ATTN, FLASHINFER and XFORMERS are not built here: the device's "
-                                 "default backend runs instead", others="no_effect"),
+    "disable_async_output_proc": no_effect(
+        "V1 has no async output processor to disable; vLLM V1 ignores it too"
+    ),
+    "attention_backend": partial(
+        ("auto", "TRITON_ATTN", "TORCH_SDPA"),
+        "FLASH_ATTN, FLASHINFER and XFORMERS are not built here: the device's "
+        "default backend runs instead",
+        others="no_effect",
+    ),
     # ---------------------------------------------------------------- LoadConfig
-    "load_format": partial(("auto", "pt", "safetensors", "dummy"), "the other weight formats are not supported yet"),
+    "load_format": partial(
+        ("auto", "pt", "safetensors", "dummy"), "the other weight formats are not supported yet"
+    ),
     "download_dir": HONOURED,
     "model_loader_extra_config": refused("no model loader here takes extra settings"),
     "ignore_patterns": HONOURED,
     "use_tqdm_on_load": HONOURED,
     "pt_load_map_location": partial(("cpu",), "weights load to the CPU, then move to the device"),
     # ---------------------------------------------------------------- DecodingConfig
-    "guided_decoding_backend": partial(("auto", "guidance"), "structured output runs on llguidance (guidance)"),
-    "guided_decoding_disable_fallback": no_effect("there is one backend (guidance), so nothing to fall back from"),
+    "guided_decoding_backend": partial(
+        ("auto", "guidance"), "structured output runs on llguidance (guidance)"
+    ),
+    "guided_decoding_disable_fallback": no_effect(
+        "there is one backend (guidance), so nothing to fall back from"
+    ),
     "guided_decoding_disable_any_whitespace": HONOURED,
-    "guided_decoding_disable_additional_properties": refused("not supported by the guidance backend here yet"),
-    "reasoning_parser": partial(("deepseek_r1", "qwen3"), "the other reasoning parsers are not built yet"),
+    "guided_decoding_disable_additional_properties": refused(
+        "not supported by the guidance backend here yet"
+    ),
+    "reasoning_parser": partial(
+        ("deepseek_r1", "qwen3"), "the other reasoning parsers are not built yet"
+    ),
     # ---------------------------------------------------------------- ParallelConfig
-    "distributed_executor_backend": partial(("mp", "uni"), "with one worker, mp and uni are the same; " + NO_RAY),
+    "distributed_executor_backend": partial(
+        ("mp", "uni"), "with one worker, mp and uni are the same; " + NO_RAY
+    ),
     "pipeline_parallel_size": partial((1,), ONE_GPU),
     "tensor_parallel_size": partial((1,), ONE_GPU),
     "data_parallel_size": partial((1,), ONE_GPU),
@@ -182,7 +221,9 @@ ARG_SUPPORT: dict[str, Support] = {
     "block_size": HONOURED,
     "gpu_memory_utilization": HONOURED,
     "kv_cache_memory_bytes": HONOURED,
-    "swap_space": no_effect("preempted requests are recomputed, never swapped to the CPU; vLLM V1 ignores it too"),
+    "swap_space": no_effect(
+        "preempted requests are recomputed, never swapped to the CPU; vLLM V1 ignores it too"
+    ),
     "kv_cache_dtype": HONOURED,
     "num_gpu_blocks_override": HONOURED,
     "enable_prefix_caching": HONOURED,
@@ -215,7 +256,9 @@ ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- ObservabilityConfig
     "show_hidden_metrics_for_version": HONOURED,
     "otlp_traces_endpoint": refused("OpenTelemetry tracing is not supported yet"),
-    "collect_detailed_traces": no_effect("there is no tracing (--otlp-traces-endpoint) to add detail to"),
+    "collect_detailed_traces": no_effect(
+        "there is no tracing (--otlp-traces-endpoint) to add detail to"
+    ),
     # ---------------------------------------------------------------- SchedulerConfig
     "max_num_batched_tokens": HONOURED,
     "max_num_seqs": HONOURED,
@@ -225,13 +268,17 @@ ARG_SUPPORT: dict[str, Support] = {
     "num_lookahead_slots": no_effect("only speculative decoding uses lookahead slots"),
     "scheduler_delay_factor": no_effect(V0_ONLY),
     "enable_chunked_prefill": HONOURED,
-    "preemption_mode": partial(("recompute",), "preempted requests are recomputed; swapping is not supported"),
+    "preemption_mode": partial(
+        ("recompute",), "preempted requests are recomputed; swapping is not supported"
+    ),
     "num_scheduler_steps": no_effect(V0_ONLY),
     "multi_step_stream_outputs": no_effect(V0_ONLY),
     "scheduling_policy": HONOURED,
     "scheduler_cls": refused("custom scheduler classes are not loaded"),
     "disable_chunked_mm_input": no_effect(TEXT_ONLY),
-    "disable_hybrid_kv_cache_manager": no_effect("every layer shares one KV cache layout: there is no hybrid manager"),
+    "disable_hybrid_kv_cache_manager": no_effect(
+        "every layer shares one KV cache layout: there is no hybrid manager"
+    ),
     "cuda_graph_sizes": HONOURED,
     # ---------------------------------------------------------------- VllmConfig
     "kv_transfer_config": refused("disaggregated prefill (KV transfer) is not supported"),
@@ -242,9 +289,19 @@ ARG_SUPPORT: dict[str, Support] = {
 
 ENV_SUPPORT: dict[str, Support] = {
     # Build-time variables of vLLM's own build.
-    **{name: no_effect(BUILD_TIME) for name in (
-        "VLLM_TARGET_DEVICE", "MAX_JOBS", "NVCC_THREADS", "VLLM_USE_PRECOMPILED",
-        "VLLM_TEST_USE_PRECOMPILED_NIGHTLY_WHEEL", "CMAKE_BUILD_TYPE", "VERBOSE", "CUDA_HOME")},
+    **{
+        name: no_effect(BUILD_TIME)
+        for name in (
+            "VLLM_TARGET_DEVICE",
+            "MAX_JOBS",
+            "NVCC_THREADS",
+            "VLLM_USE_PRECOMPILED",
+            "VLLM_TEST_USE_PRECOMPILED_NIGHTLY_WHEEL",
+            "CMAKE_BUILD_TYPE",
+            "VERBOSE",
+            "CUDA_HOME",
+        )
+    },
     # Read by the libraries underneath (CUDA, huggingface_hub, torch, the dynamic loader).
     "HF_TOKEN": HONOURED,
     "CUDA_VISIBLE_DEVICES": HONOURED,
@@ -256,7 +313,9 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_CACHE_ROOT": HONOURED,
     "VLLM_ASSETS_CACHE": no_effect(TEXT_ONLY),
     "VLLM_XLA_CACHE_PATH": no_effect(OTHER_HARDWARE),
-    "VLLM_RPC_BASE_PATH": no_effect("the engine core talks over a multiprocessing pipe, not IPC sockets"),
+    "VLLM_RPC_BASE_PATH": no_effect(
+        "the engine core talks over a multiprocessing pipe, not IPC sockets"
+    ),
     "VLLM_TORCH_PROFILER_DIR": no_effect("there are no profiler routes yet"),
     "VLLM_USE_MODELSCOPE": refused("models load from local folders or the Hugging Face hub only"),
     "S3_ACCESS_KEY_ID": no_effect("there is no S3 model loader (runai_streamer) here"),
@@ -267,7 +326,9 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_HOST_IP": no_effect(SINGLE_PROCESS),
     "VLLM_PORT": no_effect(SINGLE_PROCESS),
     "VLLM_NCCL_SO_PATH": no_effect(SINGLE_PROCESS),
-    "VLLM_CUDART_SO_PATH": no_effect("there is no custom all-reduce that loads the CUDA runtime itself"),
+    "VLLM_CUDART_SO_PATH": no_effect(
+        "there is no custom all-reduce that loads the CUDA runtime itself"
+    ),
     "VLLM_WORKER_MULTIPROC_METHOD": no_effect(SINGLE_PROCESS),
     "VLLM_PP_LAYER_PARTITION": no_effect(ONE_GPU),
     "VLLM_SKIP_P2P_CHECK": no_effect(SINGLE_PROCESS),
@@ -276,10 +337,17 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_DP_SIZE": refused(ONE_GPU),
     "VLLM_DP_MASTER_IP": refused(ONE_GPU),
     "VLLM_DP_MASTER_PORT": refused(ONE_GPU),
-    **{name: no_effect(NO_RAY) for name in (
-        "VLLM_RAY_PER_WORKER_GPUS", "VLLM_RAY_BUNDLE_INDICES", "VLLM_USE_RAY_SPMD_WORKER",
-        "VLLM_USE_RAY_COMPILED_DAG", "VLLM_USE_RAY_COMPILED_DAG_NCCL_CHANNEL",
-        "VLLM_USE_RAY_COMPILED_DAG_OVERLAP_COMM")},
+    **{
+        name: no_effect(NO_RAY)
+        for name in (
+            "VLLM_RAY_PER_WORKER_GPUS",
+            "VLLM_RAY_BUNDLE_INDICES",
+            "VLLM_USE_RAY_SPMD_WORKER",
+            "VLLM_USE_RAY_COMPILED_DAG",
+            "VLLM_USE_RAY_COMPILED_DAG_NCCL_CHANNEL",
+            "VLLM_USE_RAY_COMPILED_DAG_OVERLAP_COMM",
+        )
+    },
     "VLLM_RPC_TIMEOUT": HONOURED,
     "VLLM_INSTANCE_ID": no_effect("nothing here is keyed by an instance id"),
     # The server.
@@ -296,8 +364,12 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_MM_INPUT_CACHE_GIB": no_effect(TEXT_ONLY),
     "VLLM_XGRAMMAR_CACHE_MB": no_effect("structured output runs on llguidance, not xgrammar"),
     "VLLM_V0_USE_OUTLINES_CACHE": no_effect("structured output runs on llguidance, not outlines"),
-    "VLLM_LOGITS_PROCESSOR_THREADS": no_effect("logits processors run in the engine step's own thread"),
-    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": no_effect("outputs cross to the API process as one message per step"),
+    "VLLM_LOGITS_PROCESSOR_THREADS": no_effect(
+        "logits processors run in the engine step's own thread"
+    ),
+    "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": no_effect(
+        "outputs cross to the API process as one message per step"
+    ),
     "VLLM_RINGBUFFER_WARNING_INTERVAL": no_effect("there is no shared-memory ring buffer"),
     "VLLM_PLUGINS": no_effect("there is no plugin system"),
     "VLLM_USAGE_STATS_SERVER": no_effect(NO_USAGE_STATS),
@@ -314,30 +386,68 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_NO_DEPRECATION_WARNING": no_effect("deprecated flags always print their notice"),
     # Engine and kernels.
     "VLLM_USE_V1": partial((True,), "the engine is V1-shaped; there is no V0 engine"),
-    "VLLM_ATTENTION_BACKEND": partial(("TRITON_ATTN", "TORCH_SDPA"),
-                                      "FLASH_ATTN, FLASHINFER and XFORMERS are not built here: the device's "
-                                      "default backend runs instead", others="no_effect"),
+    "VLLM_ATTENTION_BACKEND": partial(
+        ("TRITON_ATTN", "TORCH_SDPA"),
+        "FLASH_ATTN, FLASHINFER and XFORMERS are not built here: the device's "
+        "default backend runs instead",
+        others="no_effect",
+    ),
     "VLLM_ENABLE_V1_MULTIPROCESSING": HONOURED,
     "VLLM_CPU_KVCACHE_SPACE": HONOURED,
-    **{name: no_effect(NO_KERNEL) for name in (
-        "VLLM_USE_TRITON_FLASH_ATTN", "VLLM_FLASH_ATTN_VERSION", "VLLM_USE_FLASHINFER_SAMPLER",
-        "VLLM_FLASHINFER_FORCE_TENSOR_CORES", "VLLM_USE_FLASHINFER_MOE_FP8", "VLLM_USE_FLASHINFER_MOE_FP16",
-        "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_USE_DEEP_GEMM", "VLLM_MLA_DISABLE", "VLLM_FUSED_MOE_CHUNK_SIZE",
-        "VLLM_ENABLE_MOE_ALIGN_BLOCK_SIZE_TRITON", "VLLM_USE_TRITON_AWQ", "VLLM_MARLIN_USE_ATOMIC_ADD",
-        "VLLM_DISABLED_KERNELS", "VLLM_CPU_MOE_PREPACK")},
-    "Q_SCALE_CONSTANT": no_effect("KV scales are measured from the first batch (--calculate-kv-scales)"),
-    "K_SCALE_CONSTANT": no_effect("KV scales are measured from the first batch (--calculate-kv-scales)"),
-    "V_SCALE_CONSTANT": no_effect("KV scales are measured from the first batch (--calculate-kv-scales)"),
-    **{name: no_effect(VLLM_TESTS) for name in (
-        "VLLM_TEST_DYNAMO_FULLGRAPH_CAPTURE", "VLLM_TEST_FORCE_FP8_MARLIN", "VLLM_TEST_FORCE_LOAD_FORMAT",
-        "VLLM_TEST_FORCE_MIXED_CHUNKED_PREFILL")},
+    **{
+        name: no_effect(NO_KERNEL)
+        for name in (
+            "VLLM_USE_TRITON_FLASH_ATTN",
+            "VLLM_FLASH_ATTN_VERSION",
+            "VLLM_USE_FLASHINFER_SAMPLER",
+            "VLLM_FLASHINFER_FORCE_TENSOR_CORES",
+            "VLLM_USE_FLASHINFER_MOE_FP8",
+            "VLLM_USE_FLASHINFER_MOE_FP16",
+            "VLLM_FLASHINFER_MOE_BACKEND",
+            "VLLM_USE_DEEP_GEMM",
+            "VLLM_MLA_DISABLE",
+            "VLLM_FUSED_MOE_CHUNK_SIZE",
+            "VLLM_ENABLE_MOE_ALIGN_BLOCK_SIZE_TRITON",
+            "VLLM_USE_TRITON_AWQ",
+            "VLLM_MARLIN_USE_ATOMIC_ADD",
+            "VLLM_DISABLED_KERNELS",
+            "VLLM_CPU_MOE_PREPACK",
+        )
+    },
+    "Q_SCALE_CONSTANT": no_effect(
+        "KV scales are measured from the first batch (--calculate-kv-scales)"
+    ),
+    "K_SCALE_CONSTANT": no_effect(
+        "KV scales are measured from the first batch (--calculate-kv-scales)"
+    ),
+    "V_SCALE_CONSTANT": no_effect(
+        "KV scales are measured from the first batch (--calculate-kv-scales)"
+    ),
+    **{
+        name: no_effect(VLLM_TESTS)
+        for name in (
+            "VLLM_TEST_DYNAMO_FULLGRAPH_CAPTURE",
+            "VLLM_TEST_FORCE_FP8_MARLIN",
+            "VLLM_TEST_FORCE_LOAD_FORMAT",
+            "VLLM_TEST_FORCE_MIXED_CHUNKED_PREFILL",
+        )
+    },
     "VLLM_USE_DUMMY_WEIGHTS": no_effect("use --load-format dummy"),
     "VLLM_CPU_OMP_THREADS_BIND": no_effect("torch's own thread settings (OMP_NUM_THREADS) apply"),
-    **{name: no_effect(OTHER_HARDWARE) for name in (
-        "VLLM_SKIP_WARMUP", "VLLM_ROCM_FP8_PADDING", "VLLM_OPENVINO_DEVICE", "VLLM_OPENVINO_KVCACHE_SPACE",
-        "VLLM_OPENVINO_CPU_KV_CACHE_PRECISION", "VLLM_OPENVINO_ENABLE_QUANTIZED_WEIGHTS",
-        "VLLM_XLA_CHECK_RECOMPILATION", "VLLM_TPU_DISABLE_TOPK_TOPP_OPTIMIZATION",
-        "VLLM_USE_HPU_CONTIGUOUS_CACHE_FETCH")},
+    **{
+        name: no_effect(OTHER_HARDWARE)
+        for name in (
+            "VLLM_SKIP_WARMUP",
+            "VLLM_ROCM_FP8_PADDING",
+            "VLLM_OPENVINO_DEVICE",
+            "VLLM_OPENVINO_KVCACHE_SPACE",
+            "VLLM_OPENVINO_CPU_KV_CACHE_PRECISION",
+            "VLLM_OPENVINO_ENABLE_QUANTIZED_WEIGHTS",
+            "VLLM_XLA_CHECK_RECOMPILATION",
+            "VLLM_TPU_DISABLE_TOPK_TOPP_OPTIMIZATION",
+            "VLLM_USE_HPU_CONTIGUOUS_CACHE_FETCH",
+        )
+    },
 }
 
 

@@ -25,7 +25,11 @@ class SupportReport:
 def _unset(value: Any) -> bool:
     """None, False or an empty string or collection: "not given" whichever the default is. (Not
     by ``==``: 0 == False would make a refused 0 pass for an unset default.)"""
-    return value is None or value is False or (isinstance(value, str | dict | list | tuple) and not value)
+    return (
+        value is None
+        or value is False
+        or (isinstance(value, str | dict | list | tuple) and not value)
+    )
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -52,7 +56,9 @@ def _judge(support: Support, what: str, value: Any, report: SupportReport) -> No
         if support.others == "no_effect":
             report.warnings.append(f"{what} has no effect here: {support.reason}")
         else:
-            report.errors.append(f"{what} is not supported: {support.reason}; supported: {_values(support)}")
+            report.errors.append(
+                f"{what} is not supported: {support.reason}; supported: {_values(support)}"
+            )
 
 
 def _flag_text(arg: Arg, value: Any) -> str:

@@ -36,7 +36,11 @@ def parse_int(value: Any) -> int:
         return int(value)
     if isinstance(value, str):
         try:
-            return int(value.strip(), 0) if value.strip()[:2].lower() in ("0x", "0o", "0b") else int(value)
+            return (
+                int(value.strip(), 0)
+                if value.strip()[:2].lower() in ("0x", "0o", "0b")
+                else int(value)
+            )
         except ValueError:
             pass
     raise ValueError(f"expected an integer, got {value!r}")
@@ -69,7 +73,9 @@ def parse_size(value: Any) -> int:
         return int(value)
     match = _SIZE.match(value) if isinstance(value, str) else None
     if match is None:
-        raise ValueError(f"expected a size such as 2048, 1k (=1000), 1K (=1024) or 25.6k, got {value!r}")
+        raise ValueError(
+            f"expected a size such as 2048, 1k (=1000), 1K (=1024) or 25.6k, got {value!r}"
+        )
     number, suffix = match.groups()
     if not suffix:
         if "." in number:
@@ -77,7 +83,9 @@ def parse_size(value: Any) -> int:
         return int(number)
     if suffix in _BINARY:
         if "." in number:
-            raise ValueError(f"binary suffix {suffix} needs a whole number (use {suffix.lower()} for fractions), got {value!r}")
+            raise ValueError(
+                f"binary suffix {suffix} needs a whole number (use {suffix.lower()} for fractions), got {value!r}"
+            )
         return int(number) * _BINARY[suffix]
     scaled = float(number) * _DECIMAL[suffix]
     if not scaled.is_integer():
@@ -113,7 +121,9 @@ def parse_json(value: Any) -> dict | list:
                 raise ValueError(f"expected key=value pairs separated by commas, got {value!r}")
             pairs[key.strip()] = parse_scalar(item.strip())
         return pairs
-    raise ValueError(f"expected a JSON object such as '{{\"key\": 1}}' or key=value pairs, got {value!r}")
+    raise ValueError(
+        f"expected a JSON object such as '{{\"key\": 1}}' or key=value pairs, got {value!r}"
+    )
 
 
 def parse_name_path(value: Any) -> dict:

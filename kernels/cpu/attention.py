@@ -67,12 +67,26 @@ def paged_attention(
     if plan.padding_rows is not None:  # padding rows: nothing to attend to
         out[plan.padding_rows] = 0
     if plan.decode_rows is not None:
-        _decode(library, query, k_cache, v_cache, block_tables, seq_lens, plan, scale, k_scale, v_scale, out)
+        _decode(
+            library,
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            plan,
+            scale,
+            k_scale,
+            v_scale,
+            out,
+        )
     reference.attend_prefills(query, k_cache, v_cache, plan, scale, k_scale, v_scale, out)
     return out
 
 
-def _decode(library, query, k_cache, v_cache, block_tables, seq_lens, plan, scale, k_scale, v_scale, out) -> None:
+def _decode(
+    library, query, k_cache, v_cache, block_tables, seq_lens, plan, scale, k_scale, v_scale, out
+) -> None:
     if k_cache.dtype in FP8_DTYPES:
         if k_scale is None or v_scale is None:
             raise ValueError("an fp8 KV cache needs k_scale and v_scale")
@@ -83,12 +97,30 @@ def _decode(library, query, k_cache, v_cache, block_tables, seq_lens, plan, scal
         kv_code, scales, table_p = _DTYPE_CODES[k_cache.dtype], (1.0, 1.0), None
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     status = library.paged_decode_attention(
-        query.data_ptr(), query.stride(0), query.stride(1), _DTYPE_CODES[query.dtype],
-        out.data_ptr(), out.stride(0), out.stride(1),
-        k_cache.data_ptr(), v_cache.data_ptr(), kv_code, table_p, scales[0], scales[1],
-        _i32(block_tables), block_tables.stride(0), _i32(seq_lens),
-        _i32(plan.decode_rows), _i32(plan.decode_seqs), plan.decode_rows.shape[0],
-        query.shape[1], num_kv_heads, head_dim, block_size, scale,
+        query.data_ptr(),
+        query.stride(0),
+        query.stride(1),
+        _DTYPE_CODES[query.dtype],
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        kv_code,
+        table_p,
+        scales[0],
+        scales[1],
+        _i32(block_tables),
+        block_tables.stride(0),
+        _i32(seq_lens),
+        _i32(plan.decode_rows),
+        _i32(plan.decode_seqs),
+        plan.decode_rows.shape[0],
+        query.shape[1],
+        num_kv_heads,
+        head_dim,
+        block_size,
+        scale,
     )
     if status != 0:
         raise MemoryError("paged decode attention could not allocate its scratch memory")

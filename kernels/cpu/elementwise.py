@@ -35,7 +35,10 @@ def rms_norm(x, weight, eps, residual=None):
         or not _rows(x)
         or weight.dtype != x.dtype
         or not weight.is_contiguous()
-        or (residual is not None and (not _rows(residual) or residual.dtype != x.dtype or residual.shape != x.shape))
+        or (
+            residual is not None
+            and (not _rows(residual) or residual.dtype != x.dtype or residual.shape != x.shape)
+        )
     ):
         return _ref_norm.rms_norm(x, weight, eps, residual)
     rows, hidden = x.shape
@@ -43,10 +46,17 @@ def rms_norm(x, weight, eps, residual=None):
     summed = torch.empty_like(out) if residual is not None else None
     _check(
         library.rms_norm(
-            x.data_ptr(), x.stride(0),
-            residual.data_ptr() if residual is not None else None, residual.stride(0) if residual is not None else 0,
-            weight.data_ptr(), out.data_ptr(), summed.data_ptr() if summed is not None else None,
-            rows, hidden, eps, _DTYPE_CODES[x.dtype],
+            x.data_ptr(),
+            x.stride(0),
+            residual.data_ptr() if residual is not None else None,
+            residual.stride(0) if residual is not None else 0,
+            weight.data_ptr(),
+            out.data_ptr(),
+            summed.data_ptr() if summed is not None else None,
+            rows,
+            hidden,
+            eps,
+            _DTYPE_CODES[x.dtype],
         ),
         "rms_norm",
     )
@@ -75,11 +85,24 @@ def rotary_embedding(positions, query, key, cos_sin_cache, is_neox):
     k_out = torch.empty((tokens, key.shape[1], head_dim), dtype=key.dtype)
     _check(
         library.rotary_embedding(
-            positions.data_ptr(), cos_sin_cache.data_ptr(), cos_sin_cache.stride(0),
-            query.data_ptr(), query.stride(0), query.stride(1), q_heads,
-            key.data_ptr(), key.stride(0), key.stride(1), key.shape[1],
-            q_out.data_ptr(), k_out.data_ptr(),
-            tokens, head_dim, cos_sin_cache.shape[1], int(is_neox), _DTYPE_CODES[query.dtype],
+            positions.data_ptr(),
+            cos_sin_cache.data_ptr(),
+            cos_sin_cache.stride(0),
+            query.data_ptr(),
+            query.stride(0),
+            query.stride(1),
+            q_heads,
+            key.data_ptr(),
+            key.stride(0),
+            key.stride(1),
+            key.shape[1],
+            q_out.data_ptr(),
+            k_out.data_ptr(),
+            tokens,
+            head_dim,
+            cos_sin_cache.shape[1],
+            int(is_neox),
+            _DTYPE_CODES[query.dtype],
         ),
         "rotary_embedding",
     )
@@ -92,6 +115,10 @@ def silu_and_mul(x):
         return _ref_activation.silu_and_mul(x)
     rows, width = x.shape
     out = torch.empty((rows, width // 2), dtype=x.dtype)
-    _check(library.silu_and_mul(x.data_ptr(), x.stride(0), out.data_ptr(), rows, width // 2, _DTYPE_CODES[x.dtype]),
-           "silu_and_mul")
+    _check(
+        library.silu_and_mul(
+            x.data_ptr(), x.stride(0), out.data_ptr(), rows, width // 2, _DTYPE_CODES[x.dtype]
+        ),
+        "silu_and_mul",
+    )
     return out

@@ -34,8 +34,16 @@ CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
 # Reassociation lets the compiler vectorise the dot products and sums; no -ffast-math, so exp,
 # infinities and NaNs keep their IEEE meaning.
 FLAGS = (
-    "-O3", "-march=native", "-shared", "-fPIC", "-std=c11",
-    "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast",
+    "-O3",
+    "-march=native",
+    "-shared",
+    "-fPIC",
+    "-std=c11",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-ffp-contract=fast",
 )
 
 # Per source: the elementwise kernels must round each product and sum as torch does (no
@@ -49,35 +57,81 @@ _SIGNATURES = {
     "paged_decode_attention": (
         ctypes.c_int,
         [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,  # query, strides, dtype
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,  # out, strides
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, _f32_p,  # k/v cache, dtype, byte table
-            ctypes.c_float, ctypes.c_float,  # k_scale, v_scale
-            _i32_p, ctypes.c_int64, _i32_p,  # block tables, their row stride, seq_lens
-            _i32_p, _i32_p, ctypes.c_int,  # rows, seqs, n
-            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,  # H, Hkv, D, block, scale
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int,  # query, strides, dtype
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,  # out, strides
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            _f32_p,  # k/v cache, dtype, byte table
+            ctypes.c_float,
+            ctypes.c_float,  # k_scale, v_scale
+            _i32_p,
+            ctypes.c_int64,
+            _i32_p,  # block tables, their row stride, seq_lens
+            _i32_p,
+            _i32_p,
+            ctypes.c_int,  # rows, seqs, n
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_float,  # H, Hkv, D, block, scale
         ],
     ),
     "rms_norm": (
         ctypes.c_int,
         [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,  # x, residual, weight
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,  # x, residual, weight
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_float,
+            ctypes.c_int,
         ],
     ),
     "rotary_embedding": (
         ctypes.c_int,
         [
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,  # positions, cos_sin, its row stride
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,  # query and its strides, heads
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,  # key
-            ctypes.c_void_p, ctypes.c_void_p,  # outputs
-            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,  # T, D, rot_dim, neox, dtype
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,  # positions, cos_sin, its row stride
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int,  # query and its strides, heads
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int,  # key
+            ctypes.c_void_p,
+            ctypes.c_void_p,  # outputs
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,  # T, D, rot_dim, neox, dtype
         ],
     ),
     "silu_and_mul": (
         ctypes.c_int,
-        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int],
+        [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+        ],
     ),
 }
 
@@ -115,10 +169,21 @@ def _cpu_identity() -> str:
 def _build(name: str, compiler: str) -> Path:
     source = SOURCE_DIR / f"{name}.c"
     headers = [path.read_text() for path in sorted(SOURCE_DIR.glob("*.h"))]
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=False
+    ).stdout
     flags = (*FLAGS, *EXTRA_FLAGS.get(name, ()))
     key = hashlib.sha256(
-        "\0".join([source.read_text(), *headers, " ".join(flags), version, _cpu_identity(), platform.machine()]).encode()
+        "\0".join(
+            [
+                source.read_text(),
+                *headers,
+                " ".join(flags),
+                version,
+                _cpu_identity(),
+                platform.machine(),
+            ]
+        ).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if target.exists():
@@ -128,10 +193,15 @@ def _build(name: str, compiler: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *flags, "-o", str(built), str(source), "-lm"], capture_output=True, text=True, check=False
+            [compiler, *flags, "-o", str(built), str(source), "-lm"],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
-            raise RuntimeError(f"{compiler} could not build {source.name}:\n{result.stderr.strip()}")
+            raise RuntimeError(
+                f"{compiler} could not build {source.name}:\n{result.stderr.strip()}"
+            )
         os.replace(built, target)
     return target
 
@@ -143,13 +213,17 @@ def load(name: str) -> ctypes.CDLL | None:
         return None
     compiler = _compiler()
     if compiler is None:
-        logger.warning("no C compiler (cc, gcc, clang or $CC) found: the CPU path uses the slower torch "
-                       "reference for decode attention")
+        logger.warning(
+            "no C compiler (cc, gcc, clang or $CC) found: the CPU path uses the slower torch "
+            "reference for decode attention"
+        )
         return None
     try:
         library = ctypes.CDLL(str(_build(name, compiler)))
     except (OSError, RuntimeError) as error:
-        logger.warning("the C kernel %s is unavailable (%s): using the torch reference", name, error)
+        logger.warning(
+            "the C kernel %s is unavailable (%s): using the torch reference", name, error
+        )
         return None
     for symbol, (restype, argtypes) in _SIGNATURES.items():
         if hasattr(library, symbol):

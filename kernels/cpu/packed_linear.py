@@ -48,7 +48,9 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
 @functools.cache
 def _warn_unpacked(dtype: torch.dtype, reason: str) -> None:
     # once per dtype, not once per layer
-    logger.warning("oneDNN cannot pack %s weights here (%s): CPU linear layers run unpacked", dtype, reason)
+    logger.warning(
+        "oneDNN cannot pack %s weights here (%s): CPU linear layers run unpacked", dtype, reason
+    )
 
 
 def padded_rows(rows: int) -> int:

@@ -24,7 +24,9 @@ def _sdpa_prefill(q, k, v, mask, scale):
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale
+    )
 
 
 def paged_attention(
@@ -113,15 +115,21 @@ def step_plan(block_tables, cu_seqlens_q, seq_lens, block_size: int) -> _StepPla
     key = (block_tables, cu_seqlens_q, seq_lens, block_size)
     if _last_plan is not None:
         last_key, last_starts, last_lens, plan = _last_plan
-        if all(a is b for a, b in zip(key[:3], last_key[:3], strict=True)) and last_key[3] == block_size \
-                and last_starts == starts and last_lens == lens:
+        if (
+            all(a is b for a, b in zip(key[:3], last_key[:3], strict=True))
+            and last_key[3] == block_size
+            and last_starts == starts
+            and last_lens == lens
+        ):
             return plan
     plan = _make_plan(block_tables, starts, lens, block_size)
     _last_plan = (key, starts, lens, plan)
     return plan
 
 
-def _make_plan(block_tables: torch.Tensor, starts: list[int], lens: list[int], block_size: int) -> _StepPlan:
+def _make_plan(
+    block_tables: torch.Tensor, starts: list[int], lens: list[int], block_size: int
+) -> _StepPlan:
     device = block_tables.device
     q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
     padding = [starts[b] for b, n in enumerate(q_lens) if n == 1 and lens[b] == 0]
@@ -140,7 +148,9 @@ def _make_plan(block_tables: torch.Tensor, starts: list[int], lens: list[int], b
         prefills.append(_PrefillPlan(starts[b], starts[b + 1], slots, mask))
     return _StepPlan(
         padding_rows=torch.tensor(padding, device=device) if padding else None,
-        decode_rows=torch.tensor([starts[b] for b in decodes], dtype=torch.int32, device=device) if decodes else None,
+        decode_rows=torch.tensor([starts[b] for b in decodes], dtype=torch.int32, device=device)
+        if decodes
+        else None,
         decode_seqs=torch.tensor(decodes, dtype=torch.int32, device=device) if decodes else None,
         prefills=prefills,
         _block_tables=block_tables,
@@ -209,6 +219,8 @@ def _decode(query, k_cache, v_cache, plan: _DecodePlan, scale, k_scale, v_scale,
     v = v.view(n_seqs, plan.longest, n_kv_heads, head_dim).transpose(1, 2)
     # GQA without copying K/V per query head: the heads sharing a kv head become that kv head's
     # query rows (one query token each, so one mask serves them all).
-    q = query.index_select(0, plan.token_rows).view(n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim)
+    q = query.index_select(0, plan.token_rows).view(
+        n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim
+    )
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.valid, scale=scale)
     out[plan.token_rows] = o.reshape(n_seqs, n_heads, head_dim)

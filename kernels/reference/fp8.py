@@ -15,7 +15,9 @@ def check_fp8_dtype(dtype: torch.dtype) -> None:
         raise ValueError(f"fp8 dtype must be one of {FP8_DTYPES}, got {dtype}")
 
 
-def quantize_to_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
+def quantize_to_fp8(
+    x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype
+) -> torch.Tensor:
     """x / scale, saturated to the fp8 range and rounded to `dtype`."""
     fp8_max = torch.finfo(dtype).max
     return (x.float() / scale).clamp(-fp8_max, fp8_max).to(dtype)
@@ -49,7 +51,9 @@ def quantize_weight_fp8(
     return quantize_to_fp8(weight, scale[:, None], dtype), scale
 
 
-def dequantize_weight(qweight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_weight(
+    qweight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     scale = weight_scale.float()
     if scale.numel() > 1:
         scale = scale.reshape(-1, 1)

@@ -22,12 +22,18 @@ MAX_SPLITS = 32
 MIN_TOKENS_PER_SPLIT = 128
 
 
-def num_decode_splits(num_seqs: int, num_kv_heads: int, max_kv_len: int, device: torch.device) -> int:
+def num_decode_splits(
+    num_seqs: int, num_kv_heads: int, max_kv_len: int, device: torch.device
+) -> int:
     """Enough programs to fill the GPU about twice, without splits shorter than
     MIN_TOKENS_PER_SPLIT. On an H100 (Llama-8B heads, bf16, graph replay, fraction of copy
     bandwidth) one sequence of 32k tokens reads at 0.53 with 16 splits and 0.78 with 32."""
     programs = num_seqs * num_kv_heads
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 4
+    )
     wanted = math.ceil(2 * sms / max(programs, 1))
     return int(max(1, min(wanted, MAX_SPLITS, max_kv_len // MIN_TOKENS_PER_SPLIT)))
 
@@ -49,7 +55,9 @@ def paged_attention(
     num_seqs = seq_lens.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
     if num_heads % num_kv_heads:
-        raise ValueError(f"query heads ({num_heads}) must be a multiple of kv heads ({num_kv_heads})")
+        raise ValueError(
+            f"query heads ({num_heads}) must be a multiple of kv heads ({num_kv_heads})"
+        )
     fp8 = k_cache.dtype in FP8_DTYPES
     if fp8:
         if k_scale is None or v_scale is None:
@@ -69,8 +77,14 @@ def paged_attention(
     dtype = dot_dtype(query.dtype)
     precision = "ieee" if dtype == tl.float32 else "tf32"
     common = dict(FP8=fp8, DOT_DTYPE=dtype, PRECISION=precision, BLOCK_D=block_d)
-    cache_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                     v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    cache_strides = (
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+    )
 
     if tokens == num_seqs:  # every sequence has exactly one query token: a decode step
         max_kv_len = block_tables.shape[1] * block_size
@@ -81,27 +95,73 @@ def paged_attention(
         part_m = torch.empty(parts, dtype=torch.float32, device=query.device)
         part_l = torch.empty_like(part_m)
         decode_split_kernel[(num_seqs, num_kv_heads, splits)](
-            query, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens, part_acc, part_m, part_l, out,
-            scale * LOG2E, group, head_dim, block_size,
-            query.stride(0), query.stride(1), block_tables.stride(0), *cache_strides, out.stride(0), out.stride(1),
-            NUM_SPLITS=splits, BLOCK_G=next_pow2(group, 16), BLOCK_N=64 if block_d <= 128 else 32,
+            query,
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+            block_tables,
+            seq_lens,
+            part_acc,
+            part_m,
+            part_l,
+            out,
+            scale * LOG2E,
+            group,
+            head_dim,
+            block_size,
+            query.stride(0),
+            query.stride(1),
+            block_tables.stride(0),
+            *cache_strides,
+            out.stride(0),
+            out.stride(1),
+            NUM_SPLITS=splits,
+            BLOCK_G=next_pow2(group, 16),
+            BLOCK_N=64 if block_d <= 128 else 32,
             **common,
         )
         if splits > 1:
             decode_merge_kernel[(num_seqs, num_heads)](
-                part_acc, part_m, part_l, out, head_dim, out.stride(0), out.stride(1),
-                NUM_SPLITS=splits, BLOCK_S=next_pow2(splits), BLOCK_D=block_d,
+                part_acc,
+                part_m,
+                part_l,
+                out,
+                head_dim,
+                out.stride(0),
+                out.stride(1),
+                NUM_SPLITS=splits,
+                BLOCK_S=next_pow2(splits),
+                BLOCK_D=block_d,
             )
         return out
 
     group_pad = next_pow2(group)
     block_q = max(16 // group_pad, 1) if tokens <= 4 * num_seqs else max(64 // group_pad, 1)
     prefill_kernel[(tokens // block_q + num_seqs, num_kv_heads)](
-        query, k_cache, v_cache, k_scale, v_scale, block_tables, cu_seqlens_q, seq_lens, out,
-        scale * LOG2E, num_seqs, group, head_dim, block_size,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        query,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        out,
+        scale * LOG2E,
+        num_seqs,
+        group,
+        head_dim,
+        block_size,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
         *cache_strides,
-        BLOCK_Q=block_q, GROUP_PAD=group_pad, BLOCK_N=64 if block_d <= 128 else 32,
+        BLOCK_Q=block_q,
+        GROUP_PAD=group_pad,
+        BLOCK_N=64 if block_d <= 128 else 32,
         **common,
     )
     return out

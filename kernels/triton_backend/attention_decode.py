@@ -82,12 +82,37 @@ def decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
-        k = load_kv_tile(k_cache_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-                         block_size, stride_kb, stride_kt, stride_kh, DOT_DTYPE)
-        v = load_kv_tile(v_cache_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-                         block_size, stride_vb, stride_vt, stride_vh, DOT_DTYPE)
-        m_i, l_i, acc = online_softmax_step(q, k, v, mask_n[None, :], m_i, l_i, acc, score_scale,
-                                              DOT_DTYPE, PRECISION)
+        k = load_kv_tile(
+            k_cache_ptr,
+            table_row,
+            offs_n,
+            mask_n,
+            kv_head,
+            offs_d,
+            mask_d,
+            block_size,
+            stride_kb,
+            stride_kt,
+            stride_kh,
+            DOT_DTYPE,
+        )
+        v = load_kv_tile(
+            v_cache_ptr,
+            table_row,
+            offs_n,
+            mask_n,
+            kv_head,
+            offs_d,
+            mask_d,
+            block_size,
+            stride_vb,
+            stride_vt,
+            stride_vh,
+            DOT_DTYPE,
+        )
+        m_i, l_i, acc = online_softmax_step(
+            q, k, v, mask_n[None, :], m_i, l_i, acc, score_scale, DOT_DTYPE, PRECISION
+        )
 
     if NUM_SPLITS == 1:  # nothing to merge (l is 0 only for a padding row: output 0)
         out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -101,7 +126,11 @@ def decode_split_kernel(
     part = (seq * num_heads + heads) * NUM_SPLITS + split
     tl.store(part_m_ptr + part, m_i, mask=mask_g)
     tl.store(part_l_ptr + part, l_i, mask=mask_g)
-    tl.store(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], acc * v_scale, mask=mask_g[:, None])
+    tl.store(
+        part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+        acc * v_scale,
+        mask=mask_g[:, None],
+    )
 
 
 @triton.jit
@@ -125,12 +154,17 @@ def decode_merge_kernel(
     part = (seq * tl.num_programs(1) + head) * NUM_SPLITS + offs_s
     m = tl.load(part_m_ptr + part, mask=mask_s, other=float("-inf"))
     l_part = tl.load(part_l_ptr + part, mask=mask_s, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=mask_s[:, None], other=0.0)
+    acc = tl.load(
+        part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=mask_s[:, None], other=0.0
+    )
     m_max = tl.max(m, axis=0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty (a padding row)
     weight = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
     total = tl.sum(weight * l_part, axis=0)
     # A padding row (seq_len 0, as in a padded CUDA-graph batch) has no keys: output 0, not NaN.
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < head_dim)
+    tl.store(
+        out_ptr + seq * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < head_dim,
+    )

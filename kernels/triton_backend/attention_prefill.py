@@ -103,13 +103,38 @@ def prefill_kernel(
         for n0 in range(0, kv_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < kv_end
-            k = load_kv_tile(k_cache_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-                             block_size, stride_kb, stride_kt, stride_kh, DOT_DTYPE)
-            v = load_kv_tile(v_cache_ptr, table_row, offs_n, mask_n, kv_head, offs_d, mask_d,
-                             block_size, stride_vb, stride_vt, stride_vh, DOT_DTYPE)
+            k = load_kv_tile(
+                k_cache_ptr,
+                table_row,
+                offs_n,
+                mask_n,
+                kv_head,
+                offs_d,
+                mask_d,
+                block_size,
+                stride_kb,
+                stride_kt,
+                stride_kh,
+                DOT_DTYPE,
+            )
+            v = load_kv_tile(
+                v_cache_ptr,
+                table_row,
+                offs_n,
+                mask_n,
+                kv_head,
+                offs_d,
+                mask_d,
+                block_size,
+                stride_vb,
+                stride_vt,
+                stride_vh,
+                DOT_DTYPE,
+            )
             visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
-            m_i, l_i, acc = online_softmax_step(q, k, v, visible, m_i, l_i, acc, score_scale,
-                                                  DOT_DTYPE, PRECISION)
+            m_i, l_i, acc = online_softmax_step(
+                q, k, v, visible, m_i, l_i, acc, score_scale, DOT_DTYPE, PRECISION
+            )
 
         out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(

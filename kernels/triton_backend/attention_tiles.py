@@ -28,7 +28,11 @@ def load_kv_tile(
     """Tokens `offs_n` of one sequence, for one kv head -> `[BLOCK_N, BLOCK_D]` in DOT_DTYPE."""
     block = tl.load(table_row_ptr + offs_n // block_size, mask=mask_n, other=0).to(tl.int64)
     rows = block * stride_b + (offs_n % block_size) * stride_t + kv_head * stride_h
-    tile = tl.load(cache_ptr + rows[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    tile = tl.load(
+        cache_ptr + rows[:, None] + offs_d[None, :],
+        mask=mask_n[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     return tile.to(DOT_DTYPE)
 
 

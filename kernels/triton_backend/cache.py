@@ -43,14 +43,22 @@ def _store_one(
     # An invalid slot masks every head (`& valid` with a scalar mask fails in the interpreter).
     heads = tl.where(valid, num_heads, 0)
     mask = (offs_h[:, None] < heads) & (offs_d[None, :] < head_dim)
-    x = tl.load(src_ptr + token * stride_st + offs_h[:, None] * stride_sh + offs_d[None, :], mask=mask)
+    x = tl.load(
+        src_ptr + token * stride_st + offs_h[:, None] * stride_sh + offs_d[None, :], mask=mask
+    )
     x = x.to(tl.float32)
     if FP8:
         # Saturate: fp8 e4m3 has no inf, an out-of-range value would become NaN.
         x = tl.clamp(x / tl.load(scale_ptr), -FP8_MAX, FP8_MAX)
         if FP8_PREROUND:
             x = round_to_fp8_grid(x, FP8_MANTISSA, FP8_MIN_EXP)
-    dst = cache_ptr + block * stride_cb + offset * stride_ct + offs_h[:, None] * stride_ch + offs_d[None, :]
+    dst = (
+        cache_ptr
+        + block * stride_cb
+        + offset * stride_ct
+        + offs_h[:, None] * stride_ch
+        + offs_d[None, :]
+    )
     tl.store(dst, x.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
@@ -89,12 +97,52 @@ def store_kv_kernel(
     valid = slot >= 0  # -1 marks padding tokens
     block = tl.where(valid, slot // block_size, 0)
     offset = tl.where(valid, slot % block_size, 0)
-    _store_one(key_ptr, k_cache_ptr, k_scale_ptr, token, block, offset, valid, num_heads, head_dim,
-               stride_kt, stride_kh, stride_kcb, stride_kct, stride_kch, FP8, FP8_MAX, FP8_PREROUND,
-               FP8_MANTISSA, FP8_MIN_EXP, BLOCK_H, BLOCK_D)
-    _store_one(value_ptr, v_cache_ptr, v_scale_ptr, token, block, offset, valid, num_heads, head_dim,
-               stride_vt, stride_vh, stride_vcb, stride_vct, stride_vch, FP8, FP8_MAX, FP8_PREROUND,
-               FP8_MANTISSA, FP8_MIN_EXP, BLOCK_H, BLOCK_D)
+    _store_one(
+        key_ptr,
+        k_cache_ptr,
+        k_scale_ptr,
+        token,
+        block,
+        offset,
+        valid,
+        num_heads,
+        head_dim,
+        stride_kt,
+        stride_kh,
+        stride_kcb,
+        stride_kct,
+        stride_kch,
+        FP8,
+        FP8_MAX,
+        FP8_PREROUND,
+        FP8_MANTISSA,
+        FP8_MIN_EXP,
+        BLOCK_H,
+        BLOCK_D,
+    )
+    _store_one(
+        value_ptr,
+        v_cache_ptr,
+        v_scale_ptr,
+        token,
+        block,
+        offset,
+        valid,
+        num_heads,
+        head_dim,
+        stride_vt,
+        stride_vh,
+        stride_vcb,
+        stride_vct,
+        stride_vch,
+        FP8,
+        FP8_MAX,
+        FP8_PREROUND,
+        FP8_MANTISSA,
+        FP8_MIN_EXP,
+        BLOCK_H,
+        BLOCK_D,
+    )
 
 
 def store_kv(

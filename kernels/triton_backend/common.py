@@ -58,8 +58,11 @@ def fp8_rounding_args(dtype: torch.dtype) -> dict:
     from infernetes.kernels.triton_backend.fp8_rounding import FP8_FORMATS
 
     mantissa, min_exp = FP8_FORMATS.get(dtype, (0, 0))
-    return dict(FP8_PREROUND=interpreting() and dtype in FP8_FORMATS, FP8_MANTISSA=mantissa,
-                FP8_MIN_EXP=min_exp)
+    return dict(
+        FP8_PREROUND=interpreting() and dtype in FP8_FORMATS,
+        FP8_MANTISSA=mantissa,
+        FP8_MIN_EXP=min_exp,
+    )
 
 
 def check_fp8_supported(t: torch.Tensor) -> None:

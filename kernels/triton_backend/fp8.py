@@ -22,8 +22,15 @@ from infernetes.kernels.triton_backend.fp8_rounding import round_to_fp8_grid
 
 @triton.jit
 def quant_kernel(
-    x_ptr, q_ptr, scale_ptr, n, FP8_MAX: tl.constexpr, FP8_PREROUND: tl.constexpr,
-    FP8_MANTISSA: tl.constexpr, FP8_MIN_EXP: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    n,
+    FP8_MAX: tl.constexpr,
+    FP8_PREROUND: tl.constexpr,
+    FP8_MANTISSA: tl.constexpr,
+    FP8_MIN_EXP: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -36,15 +43,26 @@ def quant_kernel(
 
 @triton.jit
 def quant_per_token_kernel(
-    x_ptr, q_ptr, scale_ptr, n, stride_x, stride_q, FP8_MAX: tl.constexpr, MIN_S: tl.constexpr,
-    FP8_PREROUND: tl.constexpr, FP8_MANTISSA: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    n,
+    stride_x,
+    stride_q,
+    FP8_MAX: tl.constexpr,
+    MIN_S: tl.constexpr,
+    FP8_PREROUND: tl.constexpr,
+    FP8_MANTISSA: tl.constexpr,
+    FP8_MIN_EXP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     amax = tl.zeros([BLOCK], tl.float32)
     for k0 in range(0, n, BLOCK):  # pass 1: the row's absolute maximum
-        x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=k0 + offs < n, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride_x + k0 + offs, mask=k0 + offs < n, other=0.0).to(
+            tl.float32
+        )
         amax = tl.maximum(amax, tl.abs(x))
     scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_S)
     tl.store(scale_ptr + row, scale)
@@ -74,30 +92,55 @@ def scaled_fp8_quant(
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
     block = 1024
     if flat.numel():
-        quant_kernel[(triton.cdiv(flat.numel(), block),)](flat, q, scale, flat.numel(), FP8_MAX=fp8_max,
-                                                          BLOCK=block, **fp8_rounding_args(dtype))
+        quant_kernel[(triton.cdiv(flat.numel(), block),)](
+            flat, q, scale, flat.numel(), FP8_MAX=fp8_max, BLOCK=block, **fp8_rounding_args(dtype)
+        )
     return q, scale
 
 
-def quant_per_token(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_per_token(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of a `[M, K]` tensor to fp8, each with its own scale `[M, 1]`."""
     x = x.contiguous()
     q = torch.empty(x.shape, dtype=dtype, device=x.device)
     scales = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
     if x.shape[0]:
         quant_per_token_kernel[(x.shape[0],)](
-            x, q, scales, x.shape[1], x.stride(0), q.stride(0), FP8_MAX=torch.finfo(dtype).max,
-            MIN_S=MIN_SCALE, BLOCK=min(triton.next_power_of_2(x.shape[1]), 2048), **fp8_rounding_args(dtype),
+            x,
+            q,
+            scales,
+            x.shape[1],
+            x.stride(0),
+            q.stride(0),
+            FP8_MAX=torch.finfo(dtype).max,
+            MIN_S=MIN_SCALE,
+            BLOCK=min(triton.next_power_of_2(x.shape[1]), 2048),
+            **fp8_rounding_args(dtype),
         )
     return q, scales
 
 
 @triton.jit
 def dequant_matmul_kernel(
-    x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K,
-    stride_xm, stride_wn, stride_om,
-    PER_CHANNEL: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    PER_CHANNEL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -105,10 +148,16 @@ def dequant_matmul_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
-        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + kk[None, :],
-                    mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kk[None, :],
-                    mask=(offs_n[:, None] < N) & (kk[None, :] < K), other=0.0).to(tl.float32)
+        x = tl.load(
+            x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + kk[None, :],
+            mask=(offs_m[:, None] < M) & (kk[None, :] < K),
+            other=0.0,
+        ).to(tl.float32)
+        w = tl.load(
+            w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + kk[None, :],
+            mask=(offs_n[:, None] < N) & (kk[None, :] < K),
+            other=0.0,
+        ).to(tl.float32)
         acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=PRECISION)
     # The weight scale of a column factors out of its dot product: apply it once at the end.
     if PER_CHANNEL:
@@ -117,8 +166,11 @@ def dequant_matmul_kernel(
         acc = acc * tl.load(scale_ptr)
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tl.store(
+        out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
+    )
 
 
 def _dequant_linear(x2, qweight, scale, bias) -> torch.Tensor:
@@ -129,11 +181,24 @@ def _dequant_linear(x2, qweight, scale, bias) -> torch.Tensor:
     block_m = 16 if m <= 16 else 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, 64))
     dequant_matmul_kernel[grid](
-        x2, qweight, scale, bias if bias is not None else scale, out, m, n, k,
-        x2.stride(0), qweight.stride(0), out.stride(0),
-        PER_CHANNEL=scale.numel() > 1, HAS_BIAS=bias is not None, DOT_DTYPE=dtype,
+        x2,
+        qweight,
+        scale,
+        bias if bias is not None else scale,
+        out,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        qweight.stride(0),
+        out.stride(0),
+        PER_CHANNEL=scale.numel() > 1,
+        HAS_BIAS=bias is not None,
+        DOT_DTYPE=dtype,
         PRECISION="ieee" if dtype == tl.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64,
+        BLOCK_M=block_m,
+        BLOCK_N=64,
+        BLOCK_K=64,
     )
     return out
 
@@ -171,8 +236,14 @@ def fp8_linear(
             w_scale = scale.view(())
         # _scaled_mm takes no bias with row-wise scales or a float32 output: add it after.
         fused_bias = not per_channel and x.dtype != torch.float32
-        out = torch._scaled_mm(xq, qweight.contiguous().t(), scale_a=x_scale, scale_b=w_scale,
-                               bias=bias if fused_bias else None, out_dtype=x.dtype)
+        out = torch._scaled_mm(
+            xq,
+            qweight.contiguous().t(),
+            scale_a=x_scale,
+            scale_b=w_scale,
+            bias=bias if fused_bias else None,
+            out_dtype=x.dtype,
+        )
         if bias is not None and not fused_bias:
             out = out + bias
     else:

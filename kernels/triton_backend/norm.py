@@ -40,7 +40,9 @@ def rms_norm_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n + eps)
     normed = (x * rstd[:, None]).to(out_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + rows * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

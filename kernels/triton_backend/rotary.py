@@ -44,7 +44,9 @@ def _rotate_heads(
     if BLOCK_PASS > 0:  # features past rotary_dim pass through
         offs_p = 2 * HALF + tl.arange(0, BLOCK_PASS)
         pmask = (offs_h[:, None] < num_heads) & (offs_p[None, :] < head_dim)
-        tl.store(out_base + offs_p[None, :], tl.load(base + offs_p[None, :], mask=pmask), mask=pmask)
+        tl.store(
+            out_base + offs_p[None, :], tl.load(base + offs_p[None, :], mask=pmask), mask=pmask
+        )
 
 
 @triton.jit
@@ -83,10 +85,42 @@ def rotary_kernel(
     # cos/sin are rounded to the activation dtype first, as the reference (and transformers) do.
     cos = cos.to(q_out_ptr.dtype.element_ty).to(tl.float32)[None, :]
     sin = sin.to(q_out_ptr.dtype.element_ty).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr, q_out_ptr, token, cos, sin, num_q_heads, head_dim, stride_qt, stride_qh,
-                  stride_qot, stride_qoh, HALF, IS_NEOX, BLOCK_HQ, BLOCK_HALF, BLOCK_PASS)
-    _rotate_heads(k_ptr, k_out_ptr, token, cos, sin, num_k_heads, head_dim, stride_kt, stride_kh,
-                  stride_kot, stride_koh, HALF, IS_NEOX, BLOCK_HK, BLOCK_HALF, BLOCK_PASS)
+    _rotate_heads(
+        q_ptr,
+        q_out_ptr,
+        token,
+        cos,
+        sin,
+        num_q_heads,
+        head_dim,
+        stride_qt,
+        stride_qh,
+        stride_qot,
+        stride_qoh,
+        HALF,
+        IS_NEOX,
+        BLOCK_HQ,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
+    _rotate_heads(
+        k_ptr,
+        k_out_ptr,
+        token,
+        cos,
+        sin,
+        num_k_heads,
+        head_dim,
+        stride_kt,
+        stride_kh,
+        stride_kot,
+        stride_koh,
+        HALF,
+        IS_NEOX,
+        BLOCK_HK,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
 
 
 def rotary_embedding(

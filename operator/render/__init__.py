@@ -55,12 +55,17 @@ def plan(
     service_name, rename_reason = service_name_for(name)
     if rename_reason:
         warnings.append(rename_reason)
-    scrape = scrape_config(spec, cluster_facts, name=name, namespace=namespace, service_port_name=names.PORT_NAME)
+    scrape = scrape_config(
+        spec, cluster_facts, name=name, namespace=namespace, service_port_name=names.PORT_NAME
+    )
     warnings.extend(scrape.warnings)
     deployment = deployment_manifest(
         spec, cluster_facts, name=name, namespace=namespace, pod_annotations=scrape.pod_annotations
     )
-    manifests = [deployment, service_manifest(spec, name=name, namespace=namespace, service_name=service_name)]
+    manifests = [
+        deployment,
+        service_manifest(spec, name=name, namespace=namespace, service_name=service_name),
+    ]
     manifests.extend(scrape.manifests)
     if uid:
         for manifest in manifests:
@@ -68,7 +73,9 @@ def plan(
     support = review_engine(spec)
     warnings.extend(support.ignored)
     port = (spec.get("service") or {}).get("port", names.SERVER_PORT)
-    selector = ",".join(f"{key}={value}" for key, value in sorted(names.selector_labels(name).items()))
+    selector = ",".join(
+        f"{key}={value}" for key, value in sorted(names.selector_labels(name).items())
+    )
     return Plan(
         manifests=manifests,
         service_name=service_name,

@@ -32,7 +32,12 @@ def _choose(mode: str, facts: ClusterFacts) -> tuple[str, str | None]:
 
 
 def scrape_config(
-    spec: Mapping[str, Any], facts: ClusterFacts, *, name: str, namespace: str, service_port_name: str
+    spec: Mapping[str, Any],
+    facts: ClusterFacts,
+    *,
+    name: str,
+    namespace: str,
+    service_port_name: str,
 ) -> ScrapeConfig:
     monitoring = spec.get("monitoring") or {}
     mode, warning = _choose(monitoring.get("mode", "auto"), facts)
@@ -47,7 +52,10 @@ def scrape_config(
                 "apiVersion": MONITORING_GV,
                 "kind": "ServiceMonitor",
                 "metadata": metadata,
-                "spec": {"selector": {"matchLabels": names.common_labels(name)}, "endpoints": [endpoint]},
+                "spec": {
+                    "selector": {"matchLabels": names.common_labels(name)},
+                    "endpoints": [endpoint],
+                },
             }
         )
     elif mode == "podMonitor":

@@ -13,7 +13,9 @@ from infernetes.operator import names
 RENAME_PREFIX = "infsvc-"
 
 
-def service_link_variables(service_name: str, port: int, port_name: str = names.PORT_NAME) -> list[str]:
+def service_link_variables(
+    service_name: str, port: int, port_name: str = names.PORT_NAME
+) -> list[str]:
     """The variables Kubernetes injects for a Service with one TCP port."""
     prefix = service_name.upper().replace("-", "_")
     port_prefix = f"{prefix}_PORT_{port}_TCP"
@@ -51,9 +53,15 @@ def _known_engine_env() -> set[str]:
     return {var.name for var in ENV_VARS}
 
 
-def service_manifest(spec: Mapping[str, Any], *, name: str, namespace: str, service_name: str) -> dict[str, Any]:
+def service_manifest(
+    spec: Mapping[str, Any], *, name: str, namespace: str, service_name: str
+) -> dict[str, Any]:
     service = spec.get("service") or {}
-    metadata: dict[str, Any] = {"name": service_name, "namespace": namespace, "labels": names.common_labels(name)}
+    metadata: dict[str, Any] = {
+        "name": service_name,
+        "namespace": namespace,
+        "labels": names.common_labels(name),
+    }
     if service.get("annotations"):
         metadata["annotations"] = dict(service["annotations"])
     return {

@@ -48,7 +48,8 @@ def gpu_resource(spec: Mapping[str, Any]) -> str:
 
 def parallel_size(engine: Mapping[str, Any]) -> int:
     return math.prod(
-        int(engine.get(field) or 1) for field in ("tensorParallelSize", "pipelineParallelSize", "dataParallelSize")
+        int(engine.get(field) or 1)
+        for field in ("tensorParallelSize", "pipelineParallelSize", "dataParallelSize")
     )
 
 
@@ -76,7 +77,10 @@ def _resources(spec: Mapping[str, Any], gpus: int) -> dict[str, Any]:
 
 
 def _secret_env(name: str, ref: Mapping[str, Any], default_key: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref.get("key", default_key)}}}
+    return {
+        "name": name,
+        "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref.get("key", default_key)}},
+    }
 
 
 def _env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -116,7 +120,9 @@ def _probes(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _volumes(spec: Mapping[str, Any], source: ModelSource, gpus: int) -> tuple[list[dict], list[dict]]:
+def _volumes(
+    spec: Mapping[str, Any], source: ModelSource, gpus: int
+) -> tuple[list[dict], list[dict]]:
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     shm_size = spec.get("shmSize")
@@ -126,15 +132,27 @@ def _volumes(spec: Mapping[str, Any], source: ModelSource, gpus: int) -> tuple[l
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     if source.claim:
-        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}})
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True},
+            }
+        )
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     cache = spec.get("modelCache")
     if cache:
         read_only = bool(cache.get("readOnly", False))
         volumes.append(
-            {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache["claimName"], "readOnly": read_only}}
+            {
+                "name": "hf-cache",
+                "persistentVolumeClaim": {"claimName": cache["claimName"], "readOnly": read_only},
+            }
         )
-        mount: dict[str, Any] = {"name": "hf-cache", "mountPath": CACHE_MOUNT, "readOnly": read_only}
+        mount: dict[str, Any] = {
+            "name": "hf-cache",
+            "mountPath": CACHE_MOUNT,
+            "readOnly": read_only,
+        }
         if cache.get("subPath"):
             mount["subPath"] = cache["subPath"]
         mounts.append(mount)
@@ -159,7 +177,9 @@ def container_args(spec: Mapping[str, Any]) -> list[str]:
     return args + engine_argv(engine)
 
 
-def container(spec: Mapping[str, Any], facts: ClusterFacts, mounts: list[dict[str, Any]], gpus: int) -> dict:
+def container(
+    spec: Mapping[str, Any], facts: ClusterFacts, mounts: list[dict[str, Any]], gpus: int
+) -> dict:
     result: dict[str, Any] = {
         "name": names.CONTAINER_NAME,
         "image": spec.get("image") or facts.default_image,
@@ -203,7 +223,9 @@ def pod_spec(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, Any]:
         pod["nodeSelector"] = node_selector
     tolerations = [dict(item) for item in spec.get("tolerations") or []]
     if gpus:
-        tolerations.append({"key": gpu_resource(spec), "operator": "Exists", "effect": "NoSchedule"})
+        tolerations.append(
+            {"key": gpu_resource(spec), "operator": "Exists", "effect": "NoSchedule"}
+        )
     if tolerations:
         pod["tolerations"] = tolerations
     for field in ("affinity", "priorityClassName", "runtimeClassName", "serviceAccountName"):
@@ -229,7 +251,10 @@ def rollout_strategy(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, 
             strategy = "Recreate"
     if strategy == "Recreate":
         return {"type": "Recreate"}
-    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1 if gpus else "25%", "maxUnavailable": 0}}
+    return {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1 if gpus else "25%", "maxUnavailable": 0},
+    }
 
 
 def deployment_manifest(

@@ -48,7 +48,9 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, config: Any, stat_loggers: Sequence[Any] = (), multiprocess: bool = False) -> None:
+    def __init__(
+        self, config: Any, stat_loggers: Sequence[Any] = (), multiprocess: bool = False
+    ) -> None:
         from infernetes.runtime.engine.core_client import CoreProcess, CoreThread
 
         self.stat_loggers = list(stat_loggers)
@@ -73,12 +75,15 @@ class AsyncEngine:
         self.is_pooling: bool = info["is_pooling"]
         self.device: str = info["device"]  # "cuda" or "cpu"
         self.default_sampling_params: dict[str, Any] = info["default_sampling_params"]
-        self._watchdog = threading.Thread(target=self._watch_steps, name="infernetes-engine-watchdog", daemon=True)
+        self._watchdog = threading.Thread(
+            target=self._watch_steps, name="infernetes-engine-watchdog", daemon=True
+        )
         self._watchdog.start()
 
     @classmethod
-    def from_config(cls, config: Any, stat_loggers: Sequence[Any] = (),
-                    multiprocess: bool = False) -> AsyncEngine:
+    def from_config(
+        cls, config: Any, stat_loggers: Sequence[Any] = (), multiprocess: bool = False
+    ) -> AsyncEngine:
         """Load the model and start serving: the core in its own process when ``multiprocess``
         (what the server does, per VLLM_ENABLE_V1_MULTIPROCESSING; see ``core_process_enabled``),
         else in a thread of this one."""
@@ -100,7 +105,9 @@ class AsyncEngine:
 
     def _check_alive(self) -> None:
         if self.dead_error is not None:
-            raise EngineDeadError(f"the engine has stopped: {self.dead_error!r}") from self.dead_error
+            raise EngineDeadError(
+                f"the engine has stopped: {self.dead_error!r}"
+            ) from self.dead_error
         if self._stopping:
             raise EngineDeadError("the engine is shutting down")
 
@@ -137,9 +144,15 @@ class AsyncEngine:
             time.sleep(min(1.0, limit / 4))
             silent = time.monotonic() - self._last_heard
             if self._streams and not self._sleeping and silent > limit:
-                self._on_message(("dead", TimeoutError(
-                    f"an engine step took longer than VLLM_ENGINE_ITERATION_TIMEOUT_S={limit} s "
-                    f"(the engine core has sent nothing for {silent:.1f} s with requests in flight)")))
+                self._on_message(
+                    (
+                        "dead",
+                        TimeoutError(
+                            f"an engine step took longer than VLLM_ENGINE_ITERATION_TIMEOUT_S={limit} s "
+                            f"(the engine core has sent nothing for {silent:.1f} s with requests in flight)"
+                        ),
+                    )
+                )
 
     def _record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         for stat_logger in self.stat_loggers:
@@ -198,7 +211,8 @@ class AsyncEngine:
         except TimeoutError:
             self._calls.pop(call_id, None)
             error = TimeoutError(
-                f"the engine core did not answer {args[0]} within VLLM_RPC_TIMEOUT={self._rpc_timeout_ms} ms")
+                f"the engine core did not answer {args[0]} within VLLM_RPC_TIMEOUT={self._rpc_timeout_ms} ms"
+            )
             self._on_message(("dead", error))
             raise EngineDeadError(f"the engine has stopped: {error!r}") from error
 

@@ -58,7 +58,9 @@ class CoreThread:
         self.info = engine_info(self.engine)
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._core = EngineCore(self.engine, stats, on_message)
-        self._thread = threading.Thread(target=self._run, name="infernetes-engine-core", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="infernetes-engine-core", daemon=True
+        )
         self._thread.start()
 
     def _next_command(self, timeout: float | None) -> Command | None:
@@ -89,15 +91,20 @@ class CoreProcess:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
-            target=run_core_process, args=(config, child_conn, LoggingSettings.from_env()),
-            name="infernetes-engine-core", daemon=True)
+            target=run_core_process,
+            args=(config, child_conn, LoggingSettings.from_env()),
+            name="infernetes-engine-core",
+            daemon=True,
+        )
         self._process.start()
         child_conn.close()
         self._send_lock = threading.Lock()
         self._stopping = False
         self.info = self._wait_ready()
         self._on_message = on_message
-        self._reader = threading.Thread(target=self._read, name="infernetes-core-reader", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, name="infernetes-core-reader", daemon=True
+        )
         self._reader.start()
 
     def _wait_ready(self) -> dict[str, Any]:
@@ -125,8 +132,14 @@ class CoreProcess:
             pass
         if not self._stopping:
             self._process.join(JOIN_TIMEOUT_S)
-            on_message(("dead", RuntimeError(
-                f"the engine core process exited (exit code {self._process.exitcode})")))
+            on_message(
+                (
+                    "dead",
+                    RuntimeError(
+                        f"the engine core process exited (exit code {self._process.exitcode})"
+                    ),
+                )
+            )
 
     def send(self, command: Command) -> None:
         op, call_id, args = command
@@ -173,14 +186,36 @@ class OutputCodec:
         if output.finished:
             del self.prompts[output.request_id]
         m = output.metrics
-        return (output.request_id, prompt, output.prompt_logprobs,
-                [(c.index, c.text, c.token_ids, c.cumulative_logprob, c.logprobs, c.finish_reason,
-                  c.stop_reason) for c in output.outputs],
-                output.finished,
-                None if m is None else (m.arrival_time, m.last_token_time, m.first_scheduled_time,
-                                        m.first_token_time, m.time_in_queue, m.finished_time,
-                                        m.num_cached_tokens),
-                output.num_cached_tokens)
+        return (
+            output.request_id,
+            prompt,
+            output.prompt_logprobs,
+            [
+                (
+                    c.index,
+                    c.text,
+                    c.token_ids,
+                    c.cumulative_logprob,
+                    c.logprobs,
+                    c.finish_reason,
+                    c.stop_reason,
+                )
+                for c in output.outputs
+            ],
+            output.finished,
+            None
+            if m is None
+            else (
+                m.arrival_time,
+                m.last_token_time,
+                m.first_scheduled_time,
+                m.first_token_time,
+                m.time_in_queue,
+                m.finished_time,
+                m.num_cached_tokens,
+            ),
+            output.num_cached_tokens,
+        )
 
     def unpack(self, packed: Any) -> Any:
         if not isinstance(packed, tuple):
@@ -192,9 +227,16 @@ class OutputCodec:
             self.prompts.pop(request_id, None)
         else:
             self.prompts[request_id] = prompt
-        return RequestOutput(request_id, prompt[0], prompt[1], prompt_logprobs,
-                             [CompletionOutput(*c) for c in completions], finished,
-                             None if metrics is None else RequestMetrics(*metrics), num_cached)
+        return RequestOutput(
+            request_id,
+            prompt[0],
+            prompt[1],
+            prompt_logprobs,
+            [CompletionOutput(*c) for c in completions],
+            finished,
+            None if metrics is None else RequestMetrics(*metrics),
+            num_cached,
+        )
 
     def pack_message(self, message: Message) -> Message:
         if message[0] == "step" and message[1]:

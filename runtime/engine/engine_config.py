@@ -75,7 +75,9 @@ def _generation_config(config: Any, model_path: Path) -> dict[str, Any]:
 
 def _sampling_defaults(generation: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     defaults = {
-        name: generation[key] for key, name in _GENERATION_FIELDS.items() if generation.get(key) is not None
+        name: generation[key]
+        for key, name in _GENERATION_FIELDS.items()
+        if generation.get(key) is not None
     }
     for key, value in (overrides or {}).items():
         name = _GENERATION_FIELDS.get(key, key)
@@ -90,7 +92,9 @@ def _sampling_defaults(generation: dict[str, Any], overrides: dict[str, Any]) ->
     return defaults
 
 
-def _scheduler_limits(config: Any, max_model_len: int, device: torch.device, pooling: bool) -> SchedulerLimits:
+def _scheduler_limits(
+    config: Any, max_model_len: int, device: torch.device, pooling: bool
+) -> SchedulerLimits:
     chunked = config.enable_chunked_prefill
     chunked = (not pooling) if chunked is None else bool(chunked) and not pooling
     max_num_seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
@@ -125,7 +129,9 @@ def _config_source(config: Any, model_path: Path) -> Path:
         return model_path
     if Path(name).expanduser().is_file():
         return Path(name).expanduser()
-    return resolve_model_path(name, config.revision, config.download_dir, config.hf_token, allow_patterns=["*.json"])
+    return resolve_model_path(
+        name, config.revision, config.download_dir, config.hf_token, allow_patterns=["*.json"]
+    )
 
 
 def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> EngineSettings:
@@ -134,10 +140,13 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
         raise ValueError("model is required: a local folder or a Hugging Face model id")
     refuse_unsupported(config, environ)  # the support table; its warnings are the caller's to show
     device = resolve_device(config.device)
-    logger.info("Attention backend: %s", startup_backend(config.attention_backend, device.type, environ))
+    logger.info(
+        "Attention backend: %s", startup_backend(config.attention_backend, device.type, environ)
+    )
     ignore = DEFAULT_IGNORE_PATTERNS if config.ignore_patterns is None else config.ignore_patterns
-    path = resolve_model_path(config.model, config.revision, config.download_dir, config.hf_token,
-                              ignore_patterns=ignore)
+    path = resolve_model_path(
+        config.model, config.revision, config.download_dir, config.hf_token, ignore_patterns=ignore
+    )
     hf_config = load_hf_config(
         _config_source(config, path),
         config.trust_remote_code,
@@ -163,10 +172,20 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
     if not config.skip_tokenizer_init:
         tokenizer_path = config.tokenizer or str(path)
         if config.tokenizer is not None and not Path(config.tokenizer).is_dir():
-            tokenizer_path = str(resolve_model_path(config.tokenizer, config.tokenizer_revision,
-                                                    config.download_dir, config.hf_token))
+            tokenizer_path = str(
+                resolve_model_path(
+                    config.tokenizer,
+                    config.tokenizer_revision,
+                    config.download_dir,
+                    config.hf_token,
+                )
+            )
         tokenizer = get_tokenizer(
-            tokenizer_path, config.tokenizer_mode, None, config.trust_remote_code, config.download_dir,
+            tokenizer_path,
+            config.tokenizer_mode,
+            None,
+            config.trust_remote_code,
+            config.download_dir,
             config.hf_token,
         )
     generation = _generation_config(config, path)
@@ -174,7 +193,9 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
     if eos is None:
         eos = getattr(hf_config, "eos_token_id", None)
     extra_eos = generation.get("eos_token_id")
-    extra = set(extra_eos if isinstance(extra_eos, list) else [extra_eos] if extra_eos is not None else [])
+    extra = set(
+        extra_eos if isinstance(extra_eos, list) else [extra_eos] if extra_eos is not None else []
+    )
     if isinstance(eos, list):
         extra |= set(eos[1:])
         eos = eos[0] if eos else None
@@ -186,7 +207,9 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
         device=device,
         block_size=config.block_size or DEFAULT_BLOCK_SIZE,
         limits=_scheduler_limits(config, info.max_model_len, device, info.is_pooling),
-        enable_prefix_caching=(not info.is_pooling) if prefix_caching is None else bool(prefix_caching),
+        enable_prefix_caching=(not info.is_pooling)
+        if prefix_caching is None
+        else bool(prefix_caching),
         cpu_kv_cache_gib=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4),
         default_sampling_params=_sampling_defaults(generation, config.override_generation_config),
         eos_token_id=eos,

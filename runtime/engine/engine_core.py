@@ -70,7 +70,9 @@ def portable_error(error: BaseException) -> BaseException:
 
 
 class EngineCore:
-    def __init__(self, engine: LLMEngine, stats: StatsBuffer, emit: Callable[[Message], None]) -> None:
+    def __init__(
+        self, engine: LLMEngine, stats: StatsBuffer, emit: Callable[[Message], None]
+    ) -> None:
         self.engine = engine
         self.stats = stats
         self.emit = emit
@@ -111,7 +113,9 @@ class EngineCore:
             return False
         try:
             if op == "add":
-                request_id, prompt, params, priority = pickle.loads(args) if isinstance(args, bytes) else args
+                request_id, prompt, params, priority = (
+                    pickle.loads(args) if isinstance(args, bytes) else args
+                )
                 result = self.engine.add_request(request_id, prompt, params, priority=priority)
             elif op == "abort":
                 self.pending_outputs.extend(self.engine.abort_request(args))

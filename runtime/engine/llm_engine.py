@@ -58,7 +58,9 @@ class LLMEngine:
             calculate_kv_scales=config.calculate_kv_scales,
             quantization=config.quantization,
             compilation=compilation,
-            decode_graphs=decode_graph_settings(config, compilation, s.limits.max_num_seqs, s.info.max_model_len),
+            decode_graphs=decode_graph_settings(
+                config, compilation, s.limits.max_num_seqs, s.info.max_model_len
+            ),
         )
         self.num_blocks = self._size_kv_cache()
         self.runner.capture_decode_graphs()
@@ -94,7 +96,9 @@ class LLMEngine:
             num_blocks = (s.cpu_kv_cache_gib << 30) // runner.bytes_per_block
         else:
             budget = runner.profile_kv_cache_budget(
-                s.limits.max_num_batched_tokens, s.limits.max_num_seqs, config.gpu_memory_utilization
+                s.limits.max_num_batched_tokens,
+                s.limits.max_num_seqs,
+                config.gpu_memory_utilization,
             )
             log_kv_cache_budget(budget)
             num_blocks = budget.kv_bytes // runner.bytes_per_block
@@ -107,8 +111,12 @@ class LLMEngine:
                 "--num-gpu-blocks-override) or decreasing --max-model-len."
             )
         runner.allocate_kv_cache(num_blocks)
-        log_kv_cache_capacity("GPU" if s.device.type == "cuda" else "CPU", num_blocks, s.block_size,
-                              self.max_model_len)
+        log_kv_cache_capacity(
+            "GPU" if s.device.type == "cuda" else "CPU",
+            num_blocks,
+            s.block_size,
+            self.max_model_len,
+        )
         return num_blocks
 
     # -- requests ------------------------------------------------------------------------------
@@ -119,7 +127,9 @@ class LLMEngine:
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("a text prompt needs a tokenizer; the engine runs with --skip-tokenizer-init")
+                raise ValueError(
+                    "a text prompt needs a tokenizer; the engine runs with --skip-tokenizer-init"
+                )
             return prompt, list(self.tokenizer(prompt).input_ids)
         ids = list(prompt)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -132,7 +142,9 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"Token id {bad[0]} is out of vocabulary (the vocabulary size is {vocab}).")
+            raise ValueError(
+                f"Token id {bad[0]} is out of vocabulary (the vocabulary size is {vocab})."
+            )
         if len(ids) > self.max_model_len:
             raise ValueError(
                 f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "
@@ -156,7 +168,9 @@ class LLMEngine:
         ):
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
-                raise ValueError(f"{name} contains token id {bad[0]}, outside the vocabulary [0, {vocab}).")
+                raise ValueError(
+                    f"{name} contains token id {bad[0]}, outside the vocabulary [0, {vocab})."
+                )
         params = params.clone()
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - prompt_len
@@ -172,10 +186,14 @@ class LLMEngine:
                 f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
                 "or max_tokens."
             )
-        if (params.stop or params.logprobs is not None or params.detokenize) and self.tokenizer is None:
+        if (
+            params.stop or params.logprobs is not None or params.detokenize
+        ) and self.tokenizer is None:
             params.detokenize = False
             if params.stop:
-                raise ValueError("stop strings need a tokenizer; the engine runs with --skip-tokenizer-init")
+                raise ValueError(
+                    "stop strings need a tokenizer; the engine runs with --skip-tokenizer-init"
+                )
         if not params.ignore_eos:
             params.all_stop_token_ids |= self.settings.extra_eos_token_ids
         return params
@@ -197,14 +215,25 @@ class LLMEngine:
         text, ids = self._tokenize(prompt)
         self._check_prompt(ids)
         if self.is_pooling:
-            children = [Request(request_id, ids, None, prompt=text, pooling=True,
-                                arrival_order=next(self._arrivals), priority=priority)]
+            children = [
+                Request(
+                    request_id,
+                    ids,
+                    None,
+                    prompt=text,
+                    pooling=True,
+                    arrival_order=next(self._arrivals),
+                    priority=priority,
+                )
+            ]
             parent = ParentRequest(request_id, text, ids, None, children)
         else:
             if params is None:
                 params = self.get_default_sampling_params()
             if not isinstance(params, SamplingParams):
-                raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+                raise TypeError(
+                    f"sampling params must be a SamplingParams, got {type(params).__name__}"
+                )
             params = self._check_params(params, len(ids))
             children = []
             for index in range(params.n):
@@ -249,7 +278,9 @@ class LLMEngine:
         for child in children:
             self.scheduler.add_request(child)
 
-    def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput | PoolingRequestOutput]:
+    def abort_request(
+        self, request_ids: str | Sequence[str]
+    ) -> list[RequestOutput | PoolingRequestOutput]:
         """Abort requests at any point; their blocks are freed now. Returns their final outputs."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
@@ -300,8 +331,13 @@ class LLMEngine:
         self._record_stats(iteration)
         return outputs
 
-    def _process(self, batch, result: StepOutput, iteration: IterationStats,
-                 touched: dict[str, ParentRequest]) -> None:
+    def _process(
+        self,
+        batch,
+        result: StepOutput,
+        iteration: IterationStats,
+        touched: dict[str, ParentRequest],
+    ) -> None:
         now = time.monotonic()
         for i, request in enumerate(batch.requests):
             if request.status != RequestStatus.RUNNING:
@@ -326,7 +362,9 @@ class LLMEngine:
             self._append_token(request, sampled, now, iteration)
             touched[parent.request_id] = parent
 
-    def _append_token(self, request: Request, sampled, now: float, iteration: IterationStats) -> None:
+    def _append_token(
+        self, request: Request, sampled, now: float, iteration: IterationStats
+    ) -> None:
         params = request.sampling_params
         request.append_token(sampled.token_id)
         iteration.num_generation_tokens += 1
@@ -351,7 +389,9 @@ class LLMEngine:
             return
         status, stop_reason = self._check_stop(request, sampled.token_id)
         stopped_by_token = status == RequestStatus.FINISHED_STOPPED
-        if request.detokenizer is not None and not (stopped_by_token and not params.include_stop_str_in_output):
+        if request.detokenizer is not None and not (
+            stopped_by_token and not params.include_stop_str_in_output
+        ):
             new_text = request.detokenizer.add_token(sampled.token_id)
             if request.num_output_tokens > params.min_tokens:
                 stop = request.detokenizer.find_stop(len(new_text))
@@ -364,7 +404,10 @@ class LLMEngine:
 
     def _check_stop(self, request: Request, token_id: int) -> tuple[RequestStatus | None, Any]:
         params = request.sampling_params
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+        if (
+            request.num_output_tokens >= params.max_tokens
+            or request.num_tokens >= self.max_model_len
+        ):
             return RequestStatus.FINISHED_LENGTH, None
         if request.num_output_tokens < params.min_tokens:
             return None, None
@@ -455,4 +498,3 @@ class LLMEngine:
     @property
     def is_sleeping(self) -> bool:
         return self.sleep_level > 0
-

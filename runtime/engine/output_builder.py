@@ -79,19 +79,27 @@ class OutputBuilder:
     def logprob_dict(self, top: TopLogprobs) -> dict[int, Logprob]:
         """The chosen token first, then the top-k by rank, as vLLM lists them."""
         entries = {top.token_id: Logprob(top.logprob, top.rank, self.decode_token(top.token_id))}
-        for rank, (token_id, logprob) in enumerate(zip(top.top_ids, top.top_logprobs, strict=True), 1):
+        for rank, (token_id, logprob) in enumerate(
+            zip(top.top_ids, top.top_logprobs, strict=True), 1
+        ):
             if token_id not in entries:
                 entries[token_id] = Logprob(logprob, rank, self.decode_token(token_id))
         return entries
 
-    def build(self, parent: ParentRequest, force_final: bool = False) -> RequestOutput | PoolingRequestOutput | None:
+    def build(
+        self, parent: ParentRequest, force_final: bool = False
+    ) -> RequestOutput | PoolingRequestOutput | None:
         first = parent.children[0]
         if first.pooling:
             if not first.is_finished:
                 return None
             data = first.pooled if first.pooled is not None else None
             return PoolingRequestOutput(
-                parent.request_id, PoolingOutput(data), parent.prompt_token_ids, True, parent.prompt,
+                parent.request_id,
+                PoolingOutput(data),
+                parent.prompt_token_ids,
+                True,
+                parent.prompt,
                 _metrics(first),
             )
         kind = parent.params.output_kind
@@ -100,7 +108,9 @@ class OutputBuilder:
             return None
         completions = []
         for child in parent.children:
-            completion = self._completion(parent, child, kind == RequestOutputKind.DELTA, force_final)
+            completion = self._completion(
+                parent, child, kind == RequestOutputKind.DELTA, force_final
+            )
             if completion is not None:
                 completions.append(completion)
         if not completions and not finished:
@@ -121,7 +131,9 @@ class OutputBuilder:
             num_cached_tokens=max(first.num_cached_tokens, 0),
         )
 
-    def _completion(self, parent: ParentRequest, child: Request, delta: bool, force: bool) -> CompletionOutput | None:
+    def _completion(
+        self, parent: ParentRequest, child: Request, delta: bool, force: bool
+    ) -> CompletionOutput | None:
         finished = child.is_finished
         text = child.detokenizer.text(finished) if child.detokenizer is not None else ""
         tokens = child.output_token_ids
@@ -129,7 +141,12 @@ class OutputBuilder:
         if delta:
             sent = parent.sent.setdefault(child.index, _Sent())
             new_finish = finished and not sent.finished
-            if len(tokens) == sent.tokens and len(text) == sent.text and not new_finish and not force:
+            if (
+                len(tokens) == sent.tokens
+                and len(text) == sent.text
+                and not new_finish
+                and not force
+            ):
                 return None
             new_tokens, new_text = tokens[sent.tokens :], text[sent.text :]
             new_logprobs = logprobs[sent.tokens :] if logprobs is not None else None

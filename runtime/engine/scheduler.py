@@ -103,7 +103,9 @@ class _PriorityQueue:
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, block_manager: BlockManager) -> None:
         if limits.policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {limits.policy!r}")
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {limits.policy!r}"
+            )
         self.limits = limits
         self.block_manager = block_manager
         self.waiting: _FCFSQueue | _PriorityQueue = (

@@ -22,15 +22,41 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-LEVELS = {0: "no compilation", 1: "torch.compile", 2: "torch.compile, traced once", 3: "piecewise compile"}
+LEVELS = {
+    0: "no compilation",
+    1: "torch.compile",
+    2: "torch.compile, traced once",
+    3: "piecewise compile",
+}
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-_HONOURED = {"level", "mode", "backend", "use_inductor", "use_cudagraph", "cudagraph_mode",
-             "cudagraph_capture_sizes", "max_capture_size"}
+_HONOURED = {
+    "level",
+    "mode",
+    "backend",
+    "use_inductor",
+    "use_cudagraph",
+    "cudagraph_mode",
+    "cudagraph_capture_sizes",
+    "max_capture_size",
+}
 # vLLM's other fields: accepted (a manifest written for vLLM still runs) but they change nothing here.
-_IGNORED = {"debug_dump_path", "cache_dir", "custom_ops", "splitting_ops", "compile_sizes",
-            "inductor_compile_config", "inductor_passes", "cudagraph_num_of_warmups",
-            "cudagraph_copy_inputs", "full_cuda_graph", "local_cache_dir", "pass_config",
-            "use_inductor_graph_partition", "cudagraph_specialize_lora", "compile_cache_save_format"}
+_IGNORED = {
+    "debug_dump_path",
+    "cache_dir",
+    "custom_ops",
+    "splitting_ops",
+    "compile_sizes",
+    "inductor_compile_config",
+    "inductor_passes",
+    "cudagraph_num_of_warmups",
+    "cudagraph_copy_inputs",
+    "full_cuda_graph",
+    "local_cache_dir",
+    "pass_config",
+    "use_inductor_graph_partition",
+    "cudagraph_specialize_lora",
+    "compile_cache_save_format",
+}
 
 
 @dataclass(frozen=True)
@@ -65,7 +91,9 @@ def parse_compilation_config(value: Mapping[str, Any] | None) -> CompilationSett
         raise ValueError(f"compilation_config.level (-O) must be one of 0, 1, 2, 3; got {level}")
     backend = value.get("backend") or None
     if backend is not None and not isinstance(backend, str):
-        raise ValueError(f"compilation_config.backend must be a torch.compile backend name; got {backend!r}")
+        raise ValueError(
+            f"compilation_config.backend must be a torch.compile backend name; got {backend!r}"
+        )
     if backend is None and value.get("use_inductor") is False:
         backend = "eager"  # dynamo without inductor
     if backend is not None and backend not in torch._dynamo.list_backends(exclude_tags=()):
@@ -75,13 +103,20 @@ def parse_compilation_config(value: Mapping[str, Any] | None) -> CompilationSett
         )
     mode = str(value.get("cudagraph_mode") or "FULL_DECODE_ONLY").upper()
     if mode not in CUDAGRAPH_MODES:
-        raise ValueError(f"compilation_config.cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {mode!r}")
+        raise ValueError(
+            f"compilation_config.cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}; got {mode!r}"
+        )
     if mode not in ("NONE", "FULL_DECODE_ONLY"):
-        logger.info("compilation_config.cudagraph_mode %s: this engine captures full graphs of decode steps only", mode)
+        logger.info(
+            "compilation_config.cudagraph_mode %s: this engine captures full graphs of decode steps only",
+            mode,
+        )
     sizes = value.get("cudagraph_capture_sizes")
     if sizes is not None:
         if not isinstance(sizes, list):
-            raise ValueError(f"compilation_config.cudagraph_capture_sizes must be a list of integers; got {sizes!r}")
+            raise ValueError(
+                f"compilation_config.cudagraph_capture_sizes must be a list of integers; got {sizes!r}"
+            )
         sizes = tuple(_int(s, "cudagraph_capture_sizes") for s in sizes)
     max_size = value.get("max_capture_size")
     return CompilationSettings(
@@ -93,7 +128,9 @@ def parse_compilation_config(value: Mapping[str, Any] | None) -> CompilationSett
     )
 
 
-def compile_forward(model: nn.Module, settings: CompilationSettings, device: torch.device) -> Callable:
+def compile_forward(
+    model: nn.Module, settings: CompilationSettings, device: torch.device
+) -> Callable:
     """The callable that runs the model forward ``(input_ids, positions) -> hidden``."""
     if settings.level == 0:
         return model
@@ -101,7 +138,9 @@ def compile_forward(model: nn.Module, settings: CompilationSettings, device: tor
         logger.info(
             "compilation level %d (%s) is not applied on %s: inductor's compile time outweighs its "
             "gain there; the model runs eagerly (set compilation_config.backend to compile anyway)",
-            settings.level, LEVELS[settings.level], device.type,
+            settings.level,
+            LEVELS[settings.level],
+            device.type,
         )
         return model
     backend = settings.backend or "inductor"
@@ -115,7 +154,9 @@ def compile_forward(model: nn.Module, settings: CompilationSettings, device: tor
     logger.info(
         "compilation level %d: the model forward runs through torch.compile (backend %s, dynamic "
         "batch size)%s; each new shape compiles on its first step",
-        settings.level, backend, " as one graph (vLLM's piecewise split is not used)" if settings.level == 3 else "",
+        settings.level,
+        backend,
+        " as one graph (vLLM's piecewise split is not used)" if settings.level == 3 else "",
     )
     return torch.compile(model, backend=backend, dynamic=True)
 

@@ -31,7 +31,9 @@ from infernetes.runtime.model_executor.context import AttentionMetadata, set_att
 
 logger = logging.getLogger(__name__)
 
-ModelForward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, positions) -> hidden
+ModelForward = Callable[
+    [torch.Tensor, torch.Tensor], torch.Tensor
+]  # (input_ids, positions) -> hidden
 
 
 def capture_sizes(
@@ -47,8 +49,11 @@ def capture_sizes(
     ``max_num_seqs`` are dropped, except the smallest one that still holds ``max_num_seqs`` rows
     (so every decode batch has a graph when the pattern does not hit ``max_num_seqs`` exactly).
     """
-    given, source = (override, "compilation_config.cudagraph_capture_sizes") if override else \
-        (cuda_graph_sizes, "--cuda-graph-sizes")
+    given, source = (
+        (override, "compilation_config.cudagraph_capture_sizes")
+        if override
+        else (cuda_graph_sizes, "--cuda-graph-sizes")
+    )
     bad = [s for s in given if not isinstance(s, int) or isinstance(s, bool) or s < 1]
     if bad:
         raise ValueError(f"{source} must be positive integers; got {bad[0]!r}")
@@ -87,12 +92,17 @@ def decode_graph_settings(
         logger.info("CUDA graphs are off (compilation_config): every step runs eagerly")
         return None
     sizes = capture_sizes(
-        list(config.cuda_graph_sizes or [512]), max_num_seqs, compilation.capture_sizes, compilation.max_capture_size
+        list(config.cuda_graph_sizes or [512]),
+        max_num_seqs,
+        compilation.capture_sizes,
+        compilation.max_capture_size,
     )
     if not sizes:
         logger.info("CUDA graphs are off: no capture size is left after the limits")
         return None
-    return DecodeGraphSettings(sizes, min(config.max_seq_len_to_capture or max_model_len, max_model_len))
+    return DecodeGraphSettings(
+        sizes, min(config.max_seq_len_to_capture or max_model_len, max_model_len)
+    )
 
 
 class GraphBackend(Protocol):
@@ -156,7 +166,8 @@ def select_graph_backend(device: torch.device) -> GraphBackend | None:
     if name != attention_backends.TRITON_ATTN:
         logger.warning(
             "CUDA graphs need the TRITON_ATTN attention backend (%s plans each step on the host); "
-            "decode runs eagerly", name,
+            "decode runs eagerly",
+            name,
         )
         return None
     return CudaGraphBackend(device)
@@ -217,7 +228,10 @@ class DecodeGraphs:
         self.capture_bytes = free_before - _free_device_memory(self.input_ids.device)
         logger.info(
             "Capturing CUDA graphs for %d batch sizes (%s) with the %s backend took %.2f s and %.2f GiB",
-            len(self.sizes), _describe(self.sizes), self.backend.name, self.capture_seconds,
+            len(self.sizes),
+            _describe(self.sizes),
+            self.backend.name,
+            self.capture_seconds,
             self.capture_bytes / (1 << 30),
         )
 
@@ -226,7 +240,9 @@ class DecodeGraphs:
         return self.sizes[i] if i < len(self.sizes) else None
 
     @torch.inference_mode()
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor | None:
         """The step's hidden states ``[B, hidden]`` by replay, or None when the batch must run
         eagerly (not pure decode, too large, too long, or measuring fp8 scales)."""
         num_seqs, width = meta.block_tables.shape

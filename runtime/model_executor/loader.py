@@ -85,7 +85,9 @@ def resolve_model_path(
             )
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot find model {model!r} locally or on the hub: {error}") from error
+        raise ModelLoadError(
+            f"cannot find model {model!r} locally or on the hub: {error}"
+        ) from error
 
 
 def load_hf_config(
@@ -101,7 +103,9 @@ def load_hf_config(
     config_file = path if path.is_file() else path / "config.json"
     if not config_file.is_file():
         hint = " (its params.json is Mistral's format: --config-format mistral is not supported)"
-        raise ModelLoadError(f"{path} has no config.json{hint if (path / 'params.json').is_file() else ''}")
+        raise ModelLoadError(
+            f"{path} has no config.json{hint if (path / 'params.json').is_file() else ''}"
+        )
     try:
         raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as error:
@@ -162,7 +166,9 @@ def resolve_dtype(hf_config: Any, requested: str, device: torch.device) -> torch
     natively, else in fp32 (there are no fast fp16 CPU kernels)."""
     if requested != "auto":
         if requested not in _DTYPES:
-            raise ModelLoadError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {requested!r}")
+            raise ModelLoadError(
+                f"dtype must be one of auto, {', '.join(_DTYPES)}; got {requested!r}"
+            )
         return _DTYPES[requested]
     model_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if isinstance(model_dtype, str):
@@ -175,9 +181,17 @@ def resolve_dtype(hf_config: Any, requested: str, device: torch.device) -> torch
 
 def derived_max_model_len(hf_config: Any, path: Path | None = None) -> int:
     """The longest context the model supports, from its config (and sentence-transformers)."""
-    lengths = [getattr(hf_config, key) for key in _CONTEXT_KEYS if isinstance(getattr(hf_config, key, None), int)]
+    lengths = [
+        getattr(hf_config, key)
+        for key in _CONTEXT_KEYS
+        if isinstance(getattr(hf_config, key, None), int)
+    ]
     length = min(lengths) if lengths else 2048
-    scaling = dict(getattr(hf_config, "rope_scaling", None) or getattr(hf_config, "rope_parameters", None) or {})
+    scaling = dict(
+        getattr(hf_config, "rope_scaling", None)
+        or getattr(hf_config, "rope_parameters", None)
+        or {}
+    )
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if rope_type in ("linear", "dynamic", "yarn") and scaling.get("factor"):
         if rope_type == "yarn" and scaling.get("original_max_position_embeddings"):
@@ -203,8 +217,13 @@ def sliding_window(hf_config: Any) -> int | None:
     return window
 
 
-def resolve_max_model_len(hf_config: Any, requested: int | None, path: Path | None, allow_long: bool,
-                          disable_sliding_window: bool = False) -> int:
+def resolve_max_model_len(
+    hf_config: Any,
+    requested: int | None,
+    path: Path | None,
+    allow_long: bool,
+    disable_sliding_window: bool = False,
+) -> int:
     """The context length. This engine attends to every token (no sliding window), which gives
     the model's own results only within the window: ``--disable-sliding-window`` caps the length
     at the window as vLLM does, and without it a longer context is refused."""
@@ -244,7 +263,9 @@ def inspect_model(
         hf_config=hf_config,
         architecture=architecture,
         dtype=resolve_dtype(hf_config, dtype, device),
-        max_model_len=resolve_max_model_len(hf_config, max_model_len, path, allow_long, disable_sliding_window),
+        max_model_len=resolve_max_model_len(
+            hf_config, max_model_len, path, allow_long, disable_sliding_window
+        ),
         is_pooling=architecture in POOLING,
     )
 
@@ -252,7 +273,9 @@ def inspect_model(
 # -- weights -----------------------------------------------------------------------------------
 
 
-def weight_files(path: Path, load_format: str, ignore_patterns: Sequence[str] | None = None) -> list[Path]:
+def weight_files(
+    path: Path, load_format: str, ignore_patterns: Sequence[str] | None = None
+) -> list[Path]:
     """The checkpoint files to read, by ``--load-format`` (auto: safetensors, else PyTorch .bin),
     leaving out those ``--ignore-patterns`` match (None: vLLM's default)."""
     if load_format not in ("auto", "safetensors", "pt"):
@@ -262,10 +285,16 @@ def weight_files(path: Path, load_format: str, ignore_patterns: Sequence[str] | 
     patterns = DEFAULT_IGNORE_PATTERNS if ignore_patterns is None else tuple(ignore_patterns)
 
     def kept(files: list[Path]) -> list[Path]:
-        return [f for f in files if not any(fnmatch(f.relative_to(path).as_posix(), p) for p in patterns)]
+        return [
+            f
+            for f in files
+            if not any(fnmatch(f.relative_to(path).as_posix(), p) for p in patterns)
+        ]
 
     if load_format in ("auto", "safetensors"):
-        files = kept(_indexed(path, "model.safetensors.index.json") or sorted(path.glob("*.safetensors")))
+        files = kept(
+            _indexed(path, "model.safetensors.index.json") or sorted(path.glob("*.safetensors"))
+        )
         if files:
             return files
         if load_format == "safetensors":
@@ -283,14 +312,18 @@ def _indexed(path: Path, index_name: str) -> list[Path]:
     index = path / index_name
     if not index.is_file():
         return []
-    return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [
+        path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    ]
 
 
 def iter_weights(files: list[Path], use_tqdm: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import SafetensorError, safe_open
     from tqdm.auto import tqdm
 
-    progress = tqdm(files, desc="Loading weights", unit="file", disable=not use_tqdm or len(files) < 1)
+    progress = tqdm(
+        files, desc="Loading weights", unit="file", disable=not use_tqdm or len(files) < 1
+    )
     for file in progress:
         try:
             if file.suffix == ".safetensors":
@@ -304,9 +337,15 @@ def iter_weights(files: list[Path], use_tqdm: bool = True) -> Iterator[tuple[str
             raise ModelLoadError(f"cannot read weights from {file}: {error}") from error
 
 
-def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto",
-                use_tqdm: bool = True, seed: int = 0, quantization: str | None = None,
-                ignore_patterns: Sequence[str] | None = None) -> nn.Module:
+def build_model(
+    info: ModelInfo,
+    device: torch.device,
+    load_format: str = "auto",
+    use_tqdm: bool = True,
+    seed: int = 0,
+    quantization: str | None = None,
+    ignore_patterns: Sequence[str] | None = None,
+) -> nn.Module:
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
     _, cls = model_class([info.architecture])
     default_dtype = torch.get_default_dtype()
@@ -327,7 +366,9 @@ def build_model(info: ModelInfo, device: torch.device, load_format: str = "auto"
         loaded = model.load_weights(iter_weights(files, use_tqdm))
         missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
         if missing:
-            raise ModelLoadError(f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}")
+            raise ModelLoadError(
+                f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}"
+            )
     if quantization == "fp8":
         from infernetes.runtime.model_executor.layers.linear import LinearBase
 
@@ -345,7 +386,9 @@ def _dummy_weights(model: nn.Module, seed: int) -> None:
     """Small random weights (``--load-format dummy``), for benchmarks of the shape alone."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     for _, param in model.named_parameters():
-        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=generator)
+        values = torch.empty(param.shape, dtype=torch.float32).uniform_(
+            -1e-3, 1e-3, generator=generator
+        )
         param.data.copy_(values)
 
 
@@ -354,4 +397,3 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-

@@ -102,23 +102,32 @@ def log_kv_cache_budget(budget: KVCacheBudget) -> None:
     logger.info("Memory profiling takes %.2f seconds", p.seconds)
     logger.info(
         "the current instance can use total_gpu_memory (%s) x gpu_memory_utilization (%.2f) = %s",
-        _gib(p.total), budget.utilization, _gib(budget.requested),
+        _gib(p.total),
+        budget.utilization,
+        _gib(budget.requested),
     )
     logger.info(
         "model weights take %s; non_torch_memory takes %s; PyTorch activation peak memory takes %s; "
         "the rest of the memory reserved for KV Cache is %s.",
-        _gib(p.weights), _gib(p.non_torch), _gib(p.activation_peak), _gib(budget.kv_bytes),
+        _gib(p.weights),
+        _gib(p.non_torch),
+        _gib(p.activation_peak),
+        _gib(budget.kv_bytes),
     )
     logger.info("Available KV cache memory: %s", _gib(budget.kv_bytes))
 
 
-def log_kv_cache_capacity(device_kind: str, num_blocks: int, block_size: int, max_model_len: int) -> None:
+def log_kv_cache_capacity(
+    device_kind: str, num_blocks: int, block_size: int, max_model_len: int
+) -> None:
     """The capacity lines every engine logs once its cache is sized (CPU or GPU)."""
     capacity = num_blocks * block_size
     logger.info("# %s blocks: %d (block size %d)", device_kind, num_blocks, block_size)
     logger.info("%s KV cache size: %s tokens", device_kind, f"{capacity:,}")
     logger.info(
-        "Maximum concurrency for %s tokens per request: %.2fx", f"{max_model_len:,}", capacity / max_model_len
+        "Maximum concurrency for %s tokens per request: %.2fx",
+        f"{max_model_len:,}",
+        capacity / max_model_len,
     )
 
 
@@ -205,8 +214,14 @@ def profile_memory(
     non_torch = probe.used() - probe.reserved()
     if baseline is not None:
         non_torch -= baseline.used - baseline.torch_reserved
-    return MemoryProfile(probe.total(), weights, peak, max(non_torch, 0), time.perf_counter() - start,
-                         None if baseline is None else baseline.free)
+    return MemoryProfile(
+        probe.total(),
+        weights,
+        peak,
+        max(non_torch, 0),
+        time.perf_counter() - start,
+        None if baseline is None else baseline.free,
+    )
 
 
 __all__ = [

@@ -84,7 +84,9 @@ class ModelRunner:
         self._seed = seed or 0
         self._quantization = quantization
         # Device memory before the weights: what other processes hold is not this engine's
-        self._memory_baseline = memory_snapshot(CudaMemoryProbe(device)) if device.type == "cuda" else None
+        self._memory_baseline = (
+            memory_snapshot(CudaMemoryProbe(device)) if device.type == "cuda" else None
+        )
         self.model: nn.Module | None = build_model(
             info, device, load_format, use_tqdm_on_load, self._seed, quantization, ignore_patterns
         )
@@ -98,7 +100,9 @@ class ModelRunner:
                 f"kv_cache_dtype must be one of auto, {', '.join(KV_CACHE_DTYPES)}; got {kv_cache_dtype!r}"
             )
         self.kv_cache_dtype = KV_CACHE_DTYPES.get(kv_cache_dtype, info.dtype)
-        self.calculate_kv_scales = calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
+        self.calculate_kv_scales = (
+            calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
+        )
         self.sampler = Sampler(seed)
         self.num_blocks = 0
 
@@ -167,8 +171,9 @@ class ModelRunner:
 
         if probe is None:
             probe, baseline = CudaMemoryProbe(self.device), baseline or self._memory_baseline
-        profile = profile_memory(probe, lambda: self.allocate_kv_cache(blocks), step, self.release_kv_cache,
-                                 baseline)
+        profile = profile_memory(
+            probe, lambda: self.allocate_kv_cache(blocks), step, self.release_kv_cache, baseline
+        )
         return kv_cache_budget(profile, utilization)
 
     def _dummy_prefill_batch(self, num_tokens: int, max_num_seqs: int) -> ScheduledBatch:
@@ -194,7 +199,12 @@ class ModelRunner:
 
     def reload_weights(self) -> None:
         self.model = build_model(
-            self.info, self.device, self._load_format, False, self._seed, self._quantization,
+            self.info,
+            self.device,
+            self._load_format,
+            False,
+            self._seed,
+            self._quantization,
             self._ignore_patterns,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
@@ -209,13 +219,17 @@ class ModelRunner:
         backend = cuda_graph.select_graph_backend(self.device)  # module lookup: tests swap it
         if backend is None:
             return
-        graphs = DecodeGraphs(self.run_model, self._graph_settings, self.block_size, self.device, backend)
+        graphs = DecodeGraphs(
+            self.run_model, self._graph_settings, self.block_size, self.device, backend
+        )
         graphs.capture()
         self.decode_graphs = graphs
 
     # -- a step --------------------------------------------------------------------------------
 
-    def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _prepare(
+        self, batch: ScheduledBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -223,8 +237,12 @@ class ModelRunner:
         seq_lens: list[int] = []
         size = self.block_size
         max_blocks = max((len(r.block_ids) for r in batch.requests), default=0)
-        tables = np.zeros((len(batch.requests), max_blocks), dtype=np.int32)  # rows padded with block 0
-        for row, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
+        tables = np.zeros(
+            (len(batch.requests), max_blocks), dtype=np.int32
+        )  # rows padded with block 0
+        for row, (request, num_new) in enumerate(
+            zip(batch.requests, batch.num_new_tokens, strict=True)
+        ):
             start = request.num_computed_tokens
             end = start + num_new
             blocks = request.block_ids
@@ -256,7 +274,11 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
         input_ids, positions, meta = self._prepare(batch)
-        hidden = None if self.decode_graphs is None else self.decode_graphs.run(input_ids, positions, meta)
+        hidden = (
+            None
+            if self.decode_graphs is None
+            else self.decode_graphs.run(input_ids, positions, meta)
+        )
         if hidden is None:  # not a decode batch a graph holds: eager (or compiled) forward
             set_attention_metadata(meta)
             try:
@@ -282,15 +304,22 @@ class ModelRunner:
         sample_rows: list[int] = []
         sampling: list[Request] = []
         prompt_rows: list[tuple[int, list[int], list[int]]] = []  # (batch index, rows, next tokens)
-        for i, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
+        for i, (request, num_new) in enumerate(
+            zip(batch.requests, batch.num_new_tokens, strict=True)
+        ):
             end = request.num_computed_tokens + num_new
             if end == request.num_tokens:
                 sample_rows.append(starts[i + 1] - 1)
                 sampling.append(request)
             params = request.sampling_params
-            if params.prompt_logprobs is not None and request.num_computed_tokens < request.num_prompt_tokens:
+            if (
+                params.prompt_logprobs is not None
+                and request.num_computed_tokens < request.num_prompt_tokens
+            ):
                 first = request.num_computed_tokens
-                last = min(end, request.num_prompt_tokens - 1)  # positions whose next token is a prompt token
+                last = min(
+                    end, request.num_prompt_tokens - 1
+                )  # positions whose next token is a prompt token
                 rows = list(range(starts[i], starts[i] + max(last - first, 0)))
                 prompt_rows.append((i, rows, request.token_ids[first + 1 : last + 1]))
         output = StepOutput(

@@ -55,13 +55,23 @@ def _apply_penalties(row: torch.Tensor, request: Request, params: SamplingParams
     output = output[output < vocab]
     if params.repetition_penalty != 1.0:
         seen = torch.zeros(vocab, dtype=torch.bool, device=row.device)
-        seen[torch.tensor(request.prompt_token_ids, dtype=torch.long, device=row.device).clamp(max=vocab - 1)] = True
+        seen[
+            torch.tensor(request.prompt_token_ids, dtype=torch.long, device=row.device).clamp(
+                max=vocab - 1
+            )
+        ] = True
         seen[output] = True
-        penalised = torch.where(row > 0, row / params.repetition_penalty, row * params.repetition_penalty)
+        penalised = torch.where(
+            row > 0, row / params.repetition_penalty, row * params.repetition_penalty
+        )
         row = torch.where(seen, penalised, row)
     if params.frequency_penalty or params.presence_penalty:
         counts = torch.bincount(output, minlength=vocab).to(row.dtype)
-        row = row - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(row.dtype)
+        row = (
+            row
+            - params.frequency_penalty * counts
+            - params.presence_penalty * (counts > 0).to(row.dtype)
+        )
     return row
 
 
@@ -103,7 +113,9 @@ def _finite(rows: torch.Tensor) -> torch.Tensor:
     return rows.nan_to_num_(nan=info.min, posinf=info.max, neginf=info.min)
 
 
-def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, list[float]]:
+def filter_logits(
+    logits: torch.Tensor, params: list[SamplingParams]
+) -> tuple[torch.Tensor, list[float]]:
     """Temperature, min_p, top_k and top_p on rows of logits `[R, V]`, each row by its own
     parameters, all rows at once; filtered-out tokens become -inf. Returns the rows and the top_p
     each row still needs at the draw: a row with top_k has its top_p applied here, among its k
@@ -114,7 +126,9 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[t
     min_p = [p.min_p for p in params]
     if any(m > 0.0 for m in min_p):
         probs = torch.softmax(rows, dim=-1)
-        threshold = torch.tensor(min_p, dtype=rows.dtype, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
+        threshold = torch.tensor(min_p, dtype=rows.dtype, device=device)[:, None] * probs.amax(
+            dim=-1, keepdim=True
+        )
         rows = rows.masked_fill(probs < threshold, float("-inf"))
     has_top_k = [0 < p.top_k < vocab for p in params]
     nucleus = [1.0 if k else p.top_p for p, k in zip(params, has_top_k, strict=True)]
@@ -123,13 +137,18 @@ def filter_logits(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[t
     # only the rows' top candidates need ordering; a row without top_k keeps them all here
     top_k = [p.top_k if k else vocab for p, k in zip(params, has_top_k, strict=True)]
     ordered, order = torch.topk(rows, max(top_k), dim=-1)
-    keep = torch.arange(ordered.shape[-1], device=device)[None, :] < torch.tensor(top_k, device=device)[:, None]
+    keep = (
+        torch.arange(ordered.shape[-1], device=device)[None, :]
+        < torch.tensor(top_k, device=device)[:, None]
+    )
     ordered = ordered.masked_fill(~keep, float("-inf"))
     top_p = [p.top_p if k else 1.0 for p, k in zip(params, has_top_k, strict=True)]
     if min(top_p) < 1.0:
         probs = torch.softmax(ordered, dim=-1)
         # Drop a token when the tokens before it already reach top_p (the first always stays).
-        drop = (torch.cumsum(probs, dim=-1) - probs) > torch.tensor(top_p, dtype=probs.dtype, device=device)[:, None]
+        drop = (torch.cumsum(probs, dim=-1) - probs) > torch.tensor(
+            top_p, dtype=probs.dtype, device=device
+        )[:, None]
         ordered = ordered.masked_fill(drop, float("-inf"))
     return torch.full_like(rows, float("-inf")).scatter(1, order, ordered), nucleus
 
@@ -151,8 +170,9 @@ class Sampler:
             logits = logits.clone()
             for i in processed:
                 # a NaN from a bias or processor is never the argmax of a greedy row
-                logits[i] = _process(logits[i], requests[i]).nan_to_num(nan=float("-inf"), posinf=float("inf"),
-                                                                         neginf=float("-inf"))
+                logits[i] = _process(logits[i], requests[i]).nan_to_num(
+                    nan=float("-inf"), posinf=float("inf"), neginf=float("-inf")
+                )
         greedy = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
         if len(greedy) == len(requests):  # the common all-greedy batch: no row copy
             tokens = logits.argmax(dim=-1).tolist()
@@ -163,18 +183,26 @@ class Sampler:
                     tokens[i] = token
             sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
             for part in _row_groups(sampled, logits):
-                rows, nucleus = filter_logits(logits[part], [requests[i].sampling_params for i in part])
-                for i, token in zip(part, self._sample(rows, [requests[i] for i in part], nucleus), strict=True):
+                rows, nucleus = filter_logits(
+                    logits[part], [requests[i].sampling_params for i in part]
+                )
+                for i, token in zip(
+                    part, self._sample(rows, [requests[i] for i in part], nucleus), strict=True
+                ):
                     tokens[i] = token
         results = []
         for i, request in enumerate(requests):
             result = SampledToken(tokens[i])
             if request.sampling_params.logprobs is not None:
-                result.logprobs = _top_logprobs(raw_logprobs[i], tokens[i], request.sampling_params.logprobs)
+                result.logprobs = _top_logprobs(
+                    raw_logprobs[i], tokens[i], request.sampling_params.logprobs
+                )
             results.append(result)
         return results
 
-    def _sample(self, rows: torch.Tensor, requests: list[Request], nucleus: list[float]) -> list[int]:
+    def _sample(
+        self, rows: torch.Tensor, requests: list[Request], nucleus: list[float]
+    ) -> list[int]:
         """One token per row of filtered logits, by inverse transform: a uniform draw per row,
         found in the row's cumulative distribution. A seeded request draws from its own generator,
         the others from the engine's, all on the host (one number a row and draw), so a seeded
@@ -192,7 +220,9 @@ class Sampler:
             return tokens
         index = torch.tensor(pending, device=weights.device)
         drawn, candidates = drawn[index], weights[index]
-        top_p = torch.tensor([nucleus[i] for i in pending], dtype=weights.dtype, device=weights.device)
+        top_p = torch.tensor(
+            [nucleus[i] for i in pending], dtype=weights.dtype, device=weights.device
+        )
         limit = top_p * candidates.sum(dim=-1)
         while pending:
             chosen = candidates.gather(1, drawn[:, None])
@@ -205,16 +235,24 @@ class Sampler:
                 candidates, limit = candidates[keep_index], limit[keep_index]
                 # no token as likely as the rejected one, or less, is in the nucleus
                 floor = chosen[keep_index]
-                drawn = self._draw(torch.where(candidates > floor, candidates, 0.0), [requests[i] for i in pending])
+                drawn = self._draw(
+                    torch.where(candidates > floor, candidates, 0.0), [requests[i] for i in pending]
+                )
                 for i, token in zip(pending, drawn.tolist(), strict=True):
                     tokens[i] = token
         return tokens
 
     def _draw(self, weights: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A token per row of unnormalised probabilities, from one host uniform per row."""
-        shared = iter(torch.rand(sum(r.generator is None for r in requests), generator=self.generator).tolist())
-        draws = [next(shared) if r.generator is None else float(torch.rand((), generator=r.generator))
-                 for r in requests]
+        shared = iter(
+            torch.rand(
+                sum(r.generator is None for r in requests), generator=self.generator
+            ).tolist()
+        )
+        draws = [
+            next(shared) if r.generator is None else float(torch.rand((), generator=r.generator))
+            for r in requests
+        ]
         cdf = torch.cumsum(weights, dim=-1)
         total = cdf[:, -1:].contiguous()
         target = torch.tensor(draws, dtype=cdf.dtype, device=cdf.device)[:, None] * total

@@ -175,8 +175,10 @@ async def _watch_engine(app: FastAPI, state: ServerState) -> None:
             continue
         if state.settings.keep_alive_on_engine_death:
             continue
-        logger.error("the engine is dead (%s); shutting the server down",
-                     state.load_error or getattr(state.engine, "dead_error", None))
+        logger.error(
+            "the engine is dead (%s); shutting the server down",
+            state.load_error or getattr(state.engine, "dead_error", None),
+        )
         uvicorn_server = getattr(app.state, "uvicorn_server", None)
         if uvicorn_server is not None:
             uvicorn_server.should_exit = True
@@ -254,7 +256,9 @@ def _configure_logging(settings: FrontendSettings, logging_settings: LoggingSett
 def _cache_config_labels(config: Any) -> dict[str, Any]:
     grouped = config.grouped() if hasattr(config, "grouped") else {}
     cache = grouped.get("CacheConfig", {}) if isinstance(grouped, dict) else {}
-    return {key: value for key, value in cache.items() if not isinstance(value, dict | list | tuple)}
+    return {
+        key: value for key, value in cache.items() if not isinstance(value, dict | list | tuple)
+    }
 
 
 class QuietProbesWhileLoading(logging.Filter):
@@ -278,13 +282,17 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     """The server's socket, bound before anything loads: a busy port is exit 1 at once, naming
     it (uvicorn binds only after the app's startup, which begins loading the model)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         listener = socket.socket(family, kind, proto)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(address)
     except OSError as exc:
-        print(f"infernetes serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        print(
+            f"infernetes serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from exc
     return listener
 
@@ -308,8 +316,9 @@ def run_server(config: Any) -> None:
     def load() -> Any:
         from infernetes.runtime.engine.async_engine import AsyncEngine, core_process_enabled
 
-        return AsyncEngine.from_config(config, stat_loggers=[state.stat_fanout],
-                                       multiprocess=core_process_enabled())
+        return AsyncEngine.from_config(
+            config, stat_loggers=[state.stat_fanout], multiprocess=core_process_enabled()
+        )
 
     app = build_app(state, engine_loader=load)
     server = DrainingServer(uvicorn_config(app, settings), app.state.drain)

@@ -67,8 +67,12 @@ def _text_of_parts(parts: list[dict[str, Any]], param: str) -> str:
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
         else:
-            raise APIError(f"{param}[{i}]: content part type {kind!r} is not supported "
-                           "(this model takes text parts only)", 400, param)
+            raise APIError(
+                f"{param}[{i}]: content part type {kind!r} is not supported "
+                "(this model takes text parts only)",
+                400,
+                param,
+            )
     return "\n".join(texts)
 
 
@@ -81,7 +85,9 @@ def normalize_messages(messages: list[Any], content_format: str) -> list[dict[st
         param = f"messages[{i}].content"
         if isinstance(content, list):
             text = _text_of_parts(content, param)
-            item["content"] = [{"type": "text", "text": text}] if content_format == "openai" else text
+            item["content"] = (
+                [{"type": "text", "text": text}] if content_format == "openai" else text
+            )
         elif content is None:
             item["content"] = [] if content_format == "openai" else ""
         elif content_format == "openai":
@@ -102,9 +108,14 @@ class ChatRenderer:
     A template sent in a request is refused unless ``trust_request_templates``
     (``--trust-request-chat-template``); then it renders in a ``TemplateSandbox`` process."""
 
-    def __init__(self, tokenizer: Any, template: str | None, content_format: str,
-                 trust_request_templates: bool = False,
-                 default_template_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: str | None,
+        content_format: str,
+        trust_request_templates: bool = False,
+        default_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         # What every template gets unless the request's chat_template_kwargs say otherwise.
         self.default_template_kwargs = dict(default_template_kwargs or {})
@@ -124,35 +135,55 @@ class ChatRenderer:
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         if template is not None and self.sandbox is None:
-            raise APIError("chat_template in a request is refused: this server renders only its own "
-                           "template (start it with --trust-request-chat-template to allow request "
-                           "templates)", 400, "chat_template")
+            raise APIError(
+                "chat_template in a request is refused: this server renders only its own "
+                "template (start it with --trust-request-chat-template to allow request "
+                "templates)",
+                400,
+                "chat_template",
+            )
         chosen = template or self.default_template
         if not chosen:
-            raise APIError("this model's tokenizer has no chat template; start the server with "
-                           "--chat-template or pass chat_template in the request", 400,
-                           "chat_template")
+            raise APIError(
+                "this model's tokenizer has no chat template; start the server with "
+                "--chat-template or pass chat_template in the request",
+                400,
+                "chat_template",
+            )
         if isinstance(chosen, dict):  # some tokenizers keep several named templates
             chosen = chosen.get("default") or next(iter(chosen.values()))
         content_format = resolve_content_format(self.content_format, chosen)
         conversation = normalize_messages(messages, content_format)
         if continue_final_message and conversation[-1].get("role") != "assistant":
-            raise APIError("continue_final_message needs the last message to be from the assistant",
-                           400, "continue_final_message")
+            raise APIError(
+                "continue_final_message needs the last message to be from the assistant",
+                400,
+                "continue_final_message",
+            )
         kwargs = {**self.default_template_kwargs, **(template_kwargs or {})}
         for reserved in ("conversation", "messages", "tokenize", "chat_template", "tools"):
             kwargs.pop(reserved, None)
-        kwargs.update(chat_template=chosen, tools=tools, documents=documents,
-                      add_generation_prompt=add_generation_prompt,
-                      continue_final_message=continue_final_message)
+        kwargs.update(
+            chat_template=chosen,
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
         if template is not None:
             try:
                 return self.sandbox.render(conversation, **kwargs)
             except TemplateRenderError as exc:
-                raise APIError(f"the request's chat template failed on these messages: {exc}", 400,
-                               "chat_template") from exc
+                raise APIError(
+                    f"the request's chat template failed on these messages: {exc}",
+                    400,
+                    "chat_template",
+                ) from exc
         try:
             return self.tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
         except Exception as exc:  # whatever the template raises, these messages made it raise
-            raise APIError(f"chat template failed on these messages: {type(exc).__name__}: {exc}",
-                           400, "messages") from exc
+            raise APIError(
+                f"chat template failed on these messages: {type(exc).__name__}: {exc}",
+                400,
+                "messages",
+            ) from exc

@@ -39,10 +39,18 @@ def _announce_when_ready(base: str) -> None:
             time.sleep(0.5)
     else:
         return
-    body = json.dumps({"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hello!"}],
-                       "max_tokens": 16})
-    print(f"\nThe demo model is up. Try:\n\n  curl {base}/v1/chat/completions "
-          f"-H 'Content-Type: application/json' -d '{body}'\n", flush=True)
+    body = json.dumps(
+        {
+            "model": SERVED_NAME,
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 16,
+        }
+    )
+    print(
+        f"\nThe demo model is up. Try:\n\n  curl {base}/v1/chat/completions "
+        f"-H 'Content-Type: application/json' -d '{body}'\n",
+        flush=True,
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -53,10 +61,21 @@ def main(argv: list[str]) -> None:
     directory = Path(argv[0] if argv and not argv[0].startswith("-") else DEFAULT_DIR)
     options = argv[1:] if argv and not argv[0].startswith("-") else argv
     ensure_demo_model(directory)
-    config = parse_serve_args([str(directory), "--served-model-name", SERVED_NAME,
-                               "--host", "127.0.0.1", "--port", "8000", *options])
-    threading.Thread(target=_announce_when_ready, args=(f"http://localhost:{config.port}",),
-                     daemon=True).start()
+    config = parse_serve_args(
+        [
+            str(directory),
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "8000",
+            *options,
+        ]
+    )
+    threading.Thread(
+        target=_announce_when_ready, args=(f"http://localhost:{config.port}",), daemon=True
+    ).start()
     run_server(config)
 
 

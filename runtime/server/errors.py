@@ -62,9 +62,12 @@ class _AsciiJSONResponse(JSONResponse):
         return json.dumps(content, separators=(",", ":")).encode()
 
 
-def error_response(message: str, status: int, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return _AsciiJSONResponse(error_body(message, status, param), status_code=status, headers=headers)
+def error_response(
+    message: str, status: int, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return _AsciiJSONResponse(
+        error_body(message, status, param), status_code=status, headers=headers
+    )
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -54,30 +54,38 @@ class LogprobFormatter:
                 text = self.token_text(token_id, getattr(chosen, "decoded_token", None))
                 out.tokens.append(text)
                 out.token_logprobs.append(_finite(chosen.logprob) if chosen else None)
-                out.top_logprobs.append({
-                    self.token_text(tid, lp.decoded_token): _finite(lp.logprob)
-                    for tid, lp in self._top(position, count)
-                } if count else {})
+                out.top_logprobs.append(
+                    {
+                        self.token_text(tid, lp.decoded_token): _finite(lp.logprob)
+                        for tid, lp in self._top(position, count)
+                    }
+                    if count
+                    else {}
+                )
             out.text_offset.append(offset)
             offset += len(text)
         return out
 
-    def chat(self, token_ids: list[int], logprobs: list[dict[int, Any]], count: int) -> list[ChatTokenLogprob]:
+    def chat(
+        self, token_ids: list[int], logprobs: list[dict[int, Any]], count: int
+    ) -> list[ChatTokenLogprob]:
         content = []
         for token_id, position in zip(token_ids, logprobs, strict=False):
             chosen = position.get(token_id)
             text = self.token_text(token_id, getattr(chosen, "decoded_token", None))
-            content.append(ChatTokenLogprob(
-                token=text,
-                logprob=_finite(chosen.logprob) if chosen else -9999.0,
-                bytes=list(text.encode("utf-8", errors="replace")),
-                top_logprobs=[
-                    TopLogprob(
-                        token=(t := self.token_text(tid, lp.decoded_token)),
-                        logprob=_finite(lp.logprob),
-                        bytes=list(t.encode("utf-8", errors="replace")),
-                    )
-                    for tid, lp in self._top(position, count)
-                ],
-            ))
+            content.append(
+                ChatTokenLogprob(
+                    token=text,
+                    logprob=_finite(chosen.logprob) if chosen else -9999.0,
+                    bytes=list(text.encode("utf-8", errors="replace")),
+                    top_logprobs=[
+                        TopLogprob(
+                            token=(t := self.token_text(tid, lp.decoded_token)),
+                            logprob=_finite(lp.logprob),
+                            bytes=list(t.encode("utf-8", errors="replace")),
+                        )
+                        for tid, lp in self._top(position, count)
+                    ],
+                )
+            )
         return content

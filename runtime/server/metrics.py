@@ -19,12 +19,74 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # Version in which the deprecated metrics of reference chapter 7 were deprecated.
 DEPRECATED_IN = "0.8"
 
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-TOKEN_LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-                         5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+TTFT_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+TOKEN_LATENCY_BUCKETS = [
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+REQUEST_LATENCY_BUCKETS = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 MILLISECOND_BUCKETS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
 FINISH_REASONS = ("stop", "length", "abort")
@@ -81,57 +143,161 @@ class PrometheusStatLogger:
 
         tokens = token_count_buckets(max_model_len)
         m = model_name
-        self.running = gauge("vllm:num_requests_running", "Number of requests currently running.").labels(m)
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.").labels(m)
+        self.running = gauge(
+            "vllm:num_requests_running", "Number of requests currently running."
+        ).labels(m)
+        self.waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        ).labels(m)
         self.lora_info = Gauge(
-            "vllm:lora_requests_info", "Running stats on LoRA requests.",
-            ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=reg,
+            "vllm:lora_requests_info",
+            "Running stats on LoRA requests.",
+            ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+            registry=reg,
         ).labels("", "", "0")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.").labels(m)
-        self.gpu_cache_usage = gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.").labels(m)
-        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.").labels(m)
-        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.").labels(m)
-        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.").labels(m)
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(m)
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.").labels(m)
-        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Histogram of the number of tokens per engine step.", ITERATION_TOKEN_BUCKETS).labels(m)
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS).labels(m)
-        self.tpot = histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", TOKEN_LATENCY_BUCKETS).labels(m)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKEN_LATENCY_BUCKETS).labels(m)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.", REQUEST_LATENCY_BUCKETS).labels(m)
-        self.queue_time = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in the WAITING phase for a request.", REQUEST_LATENCY_BUCKETS).labels(m)
-        self.inference_time = histogram("vllm:request_inference_time_seconds", "Histogram of time spent in the RUNNING phase for a request.", REQUEST_LATENCY_BUCKETS).labels(m)
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in the PREFILL phase for a request.", REQUEST_LATENCY_BUCKETS).labels(m)
-        self.decode_time = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in the DECODE phase for a request.", REQUEST_LATENCY_BUCKETS).labels(m)
-        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed, per request.", tokens).labels(m)
-        self.request_generation_tokens = histogram("vllm:request_generation_tokens", "Number of generation tokens processed, per request.", tokens).labels(m)
-        self.request_max_generation_tokens = histogram("vllm:request_max_num_generation_tokens", "Maximum number of requested generation tokens.", tokens).labels(m)
-        self.request_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20]).labels(m)
-        self.request_max_tokens = histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens).labels(m)
-        success = counter("vllm:request_success", "Count of successfully processed requests.", ["finished_reason"])
+        self.kv_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        ).labels(m)
+        self.gpu_cache_usage = gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage."
+        ).labels(m)
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."
+        ).labels(m)
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in tokens."
+        ).labels(m)
+        self.preemptions = counter(
+            "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
+        ).labels(m)
+        self.prompt_tokens = counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed."
+        ).labels(m)
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        ).labels(m)
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of the number of tokens per engine step.",
+            ITERATION_TOKEN_BUCKETS,
+        ).labels(m)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        ).labels(m)
+        self.tpot = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds.",
+            TOKEN_LATENCY_BUCKETS,
+        ).labels(m)
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            TOKEN_LATENCY_BUCKETS,
+        ).labels(m)
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end-to-end request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(m)
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in the WAITING phase for a request.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(m)
+        self.inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in the RUNNING phase for a request.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(m)
+        self.prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in the PREFILL phase for a request.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(m)
+        self.decode_time = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in the DECODE phase for a request.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(m)
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed, per request.", tokens
+        ).labels(m)
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed, per request.",
+            tokens,
+        ).labels(m)
+        self.request_max_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Maximum number of requested generation tokens.",
+            tokens,
+        ).labels(m)
+        self.request_n = histogram(
+            "vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20]
+        ).labels(m)
+        self.request_max_tokens = histogram(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            tokens,
+        ).labels(m)
+        success = counter(
+            "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
+        )
         self.success = {reason: success.labels(m, reason) for reason in FINISH_REASONS}
         # No speculative decoding yet: the series exist (dashboards expect them) and stay 0.
-        gauge("vllm:spec_decode_draft_acceptance_rate", "Speculative token acceptance rate.").labels(m)
+        gauge(
+            "vllm:spec_decode_draft_acceptance_rate", "Speculative token acceptance rate."
+        ).labels(m)
         gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.").labels(m)
         counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.").labels(m)
         counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(m)
         counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.").labels(m)
         info = {k: str(v) for k, v in (cache_config or {}).items()}
-        cache_info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
-                           sorted(info), registry=reg)
+        cache_info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig.",
+            sorted(info),
+            registry=reg,
+        )
         (cache_info.labels(**info) if info else cache_info).set(1)
         self.lora_info.set(time.time())
 
         self.hidden: dict[str, Any] = {}
         if self.show_hidden:
             self.hidden = {
-                "swapped": gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU. Deprecated: KV cache offloading is not used.").labels(m),
-                "cpu_cache": gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. Deprecated: KV cache offloading is not used.").labels(m),
-                "cpu_prefix_rate": gauge("vllm:cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate. Deprecated: KV cache offloading is not used.").labels(m),
-                "gpu_prefix_rate": gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate. Deprecated: use vllm:prefix_cache_queries and vllm:prefix_cache_hits.").labels(m),
-                "time_in_queue": histogram("vllm:time_in_queue_requests", "Time the request spent in the queue in seconds. Deprecated: use vllm:request_queue_time_seconds.", REQUEST_LATENCY_BUCKETS).labels(m),
-                "forward_ms": histogram("vllm:model_forward_time_milliseconds", "Time spent in the model forward pass in milliseconds. Deprecated: use prefill/decode/inference time metrics.", MILLISECOND_BUCKETS).labels(m),
-                "execute_ms": histogram("vllm:model_execute_time_milliseconds", "Time spent in the model execute function in milliseconds. Deprecated: use prefill/decode/inference time metrics.", MILLISECOND_BUCKETS).labels(m),
+                "swapped": gauge(
+                    "vllm:num_requests_swapped",
+                    "Number of requests swapped to CPU. Deprecated: KV cache offloading is not used.",
+                ).labels(m),
+                "cpu_cache": gauge(
+                    "vllm:cpu_cache_usage_perc",
+                    "CPU KV-cache usage. Deprecated: KV cache offloading is not used.",
+                ).labels(m),
+                "cpu_prefix_rate": gauge(
+                    "vllm:cpu_prefix_cache_hit_rate",
+                    "CPU prefix cache block hit rate. Deprecated: KV cache offloading is not used.",
+                ).labels(m),
+                "gpu_prefix_rate": gauge(
+                    "vllm:gpu_prefix_cache_hit_rate",
+                    "GPU prefix cache block hit rate. Deprecated: use vllm:prefix_cache_queries and vllm:prefix_cache_hits.",
+                ).labels(m),
+                "time_in_queue": histogram(
+                    "vllm:time_in_queue_requests",
+                    "Time the request spent in the queue in seconds. Deprecated: use vllm:request_queue_time_seconds.",
+                    REQUEST_LATENCY_BUCKETS,
+                ).labels(m),
+                "forward_ms": histogram(
+                    "vllm:model_forward_time_milliseconds",
+                    "Time spent in the model forward pass in milliseconds. Deprecated: use prefill/decode/inference time metrics.",
+                    MILLISECOND_BUCKETS,
+                ).labels(m),
+                "execute_ms": histogram(
+                    "vllm:model_execute_time_milliseconds",
+                    "Time spent in the model execute function in milliseconds. Deprecated: use prefill/decode/inference time metrics.",
+                    MILLISECOND_BUCKETS,
+                ).labels(m),
             }
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:

@@ -27,8 +27,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Routes that stay open with --api-key: probes, version, metrics and the API docs.
 OPEN_PATHS = frozenset(
-    {"/health", "/ping", "/version", "/metrics", "/load", "/docs", "/redoc", "/openapi.json",
-     "/docs/oauth2-redirect"}
+    {
+        "/health",
+        "/ping",
+        "/version",
+        "/metrics",
+        "/load",
+        "/docs",
+        "/redoc",
+        "/openapi.json",
+        "/docs/oauth2-redirect",
+    }
 )
 # Routes whose in-flight count is the server load (--enable-server-load-tracking).
 INFERENCE_PATHS = frozenset(
@@ -45,18 +54,23 @@ def _route_path(scope: Scope) -> str:
     path = scope.get("path", "")
     root = scope.get("root_path", "")
     if root and path.startswith(root):
-        path = path[len(root):] or "/"
+        path = path[len(root) :] or "/"
     return path.rstrip("/") or "/"
 
 
 async def _send_error(send: Send, message: str, status: int, headers: Iterable = ()) -> None:
     body = json.dumps(error_body(message, status)).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()), *headers],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -86,9 +100,12 @@ class APIKeyMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        await _send_error(send, "Unauthorized: a valid API key is required "
-                                "(header 'Authorization: Bearer <key>')", 401,
-                          [(b"www-authenticate", b"Bearer")])
+        await _send_error(
+            send,
+            "Unauthorized: a valid API key is required (header 'Authorization: Bearer <key>')",
+            401,
+            [(b"www-authenticate", b"Bearer")],
+        )
 
 
 class RequestIdMiddleware:
@@ -120,8 +137,9 @@ class RequestBodyMiddleware:
     connection is closed). A slow or stalled client so holds no ``--max-concurrency`` slot and no
     handler while its body trickles in; the app then reads the body from memory."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES,
-                 timeout_s: float = BODY_TIMEOUT_S) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
@@ -132,18 +150,31 @@ class RequestBodyMiddleware:
             return
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await _send_error(send, f"request body of {int(value)} bytes exceeds the limit "
-                                        f"of {self.max_bytes} bytes", 413, [(b"connection", b"close")])
+                await _send_error(
+                    send,
+                    f"request body of {int(value)} bytes exceeds the limit "
+                    f"of {self.max_bytes} bytes",
+                    413,
+                    [(b"connection", b"close")],
+                )
                 return
         try:
             body = await asyncio.wait_for(self._read(receive), self.timeout_s)
         except _BodyTooLarge:
-            await _send_error(send, f"request body exceeds the limit of {self.max_bytes} bytes", 413,
-                              [(b"connection", b"close")])
+            await _send_error(
+                send,
+                f"request body exceeds the limit of {self.max_bytes} bytes",
+                413,
+                [(b"connection", b"close")],
+            )
             return
         except TimeoutError:
-            await _send_error(send, f"the request body did not arrive within {self.timeout_s:g} s",
-                              408, [(b"connection", b"close")])
+            await _send_error(
+                send,
+                f"the request body did not arrive within {self.timeout_s:g} s",
+                408,
+                [(b"connection", b"close")],
+            )
             return
         except _ClientGone:
             return
@@ -215,15 +246,21 @@ class ConcurrencyLimitMiddleware:
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or scope.get("method") != "POST"
-                or _route_path(scope) not in GENERATION_PATHS):
+        if (
+            scope["type"] != "http"
+            or scope.get("method") != "POST"
+            or _route_path(scope) not in GENERATION_PATHS
+        ):
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.limit:
             await _send_error(
-                send, f"Too many concurrent requests: the server processes at most {self.limit} "
-                      f"at once (--max-concurrency {self.limit}); retry later", 429,
-                [(b"retry-after", b"1")])
+                send,
+                f"Too many concurrent requests: the server processes at most {self.limit} "
+                f"at once (--max-concurrency {self.limit}); retry later",
+                429,
+                [(b"retry-after", b"1")],
+            )
             return
         # No await between the check and the increment: the event loop cannot interleave them.
         self.in_flight += 1

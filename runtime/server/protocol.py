@@ -55,8 +55,10 @@ class RequestBody(OpenAIBase):
         if isinstance(data, dict):
             found = _first_lone_surrogate(data)
             if found:
-                raise ValueError(f"{found[:200]}: the text holds a lone UTF-16 surrogate "
-                                 "(\\ud800-\\udfff), which is not valid Unicode")
+                raise ValueError(
+                    f"{found[:200]}: the text holds a lone UTF-16 surrogate "
+                    "(\\ud800-\\udfff), which is not valid Unicode"
+                )
         return data
 
 
@@ -96,8 +98,12 @@ class ResponseFormat(OpenAIBase):
 
     @model_validator(mode="after")
     def _schema_present(self) -> ResponseFormat:
-        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.json_schema is None):
-            raise ValueError("response_format.json_schema.schema is required when type is 'json_schema'")
+        if self.type == "json_schema" and (
+            self.json_schema is None or self.json_schema.json_schema is None
+        ):
+            raise ValueError(
+                "response_format.json_schema.schema is required when type is 'json_schema'"
+            )
         return self
 
 

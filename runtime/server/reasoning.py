@@ -31,7 +31,7 @@ class ReasoningParser:
         stripped = text.lstrip()
         opened = stripped.startswith(THINK_START)
         if opened:
-            stripped = stripped[len(THINK_START):]
+            stripped = stripped[len(THINK_START) :]
         elif not self.starts_in_reasoning:
             return ReasoningSplit(None, text)
         reasoning, closed, content = stripped.partition(THINK_END)
@@ -70,7 +70,7 @@ class ReasoningStream:
                 return "", ""  # may still become <think>
             self.opening_checked = True
             if stripped.startswith(THINK_START):
-                self.pending = stripped[len(THINK_START):]
+                self.pending = stripped[len(THINK_START) :]
                 self.in_reasoning = True
         if not self.in_reasoning or self.done_reasoning:
             content, self.pending = self.pending, ""
@@ -81,7 +81,10 @@ class ReasoningStream:
             self.pending = ""
             return reasoning, content
         keep = partial_marker_len(self.pending, (THINK_END,))
-        reasoning, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+        reasoning, self.pending = (
+            self.pending[: len(self.pending) - keep],
+            self.pending[len(self.pending) - keep :],
+        )
         return reasoning, ""
 
     def finish(self) -> tuple[str, str]:
@@ -99,6 +102,8 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
 
 def make_reasoning_parser(name: str) -> ReasoningParser:
     if name not in REASONING_PARSERS:
-        raise ValueError(f"--reasoning-parser {name!r} is not supported yet; supported: "
-                         f"{', '.join(sorted(REASONING_PARSERS))}")
+        raise ValueError(
+            f"--reasoning-parser {name!r} is not supported yet; supported: "
+            f"{', '.join(sorted(REASONING_PARSERS))}"
+        )
     return REASONING_PARSERS[name]()

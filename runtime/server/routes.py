@@ -30,7 +30,8 @@ from infernetes import __version__
 
 # What the OpenAPI document says every route can answer besides 200: OpenAI error JSON.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description} for status, description in (
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
         (400, "Bad request: malformed JSON, or a field is invalid (the error's param names it)"),
         (401, "A valid API key is required (--api-key)"),
         (404, "Unknown model or route"),
@@ -62,8 +63,9 @@ async def _answer(request: Request, work: Any) -> Response:
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     if inspect.isasyncgen(result) or isinstance(result, AsyncIterator):
-        return StreamingResponse(result, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
     return _json(result)
 
 
@@ -75,7 +77,9 @@ async def health(request: Request) -> Response:
     state = server(request)
     if state.healthy:
         return Response(status_code=200)
-    reason = "loading" if state.engine is None and state.load_error is None else "engine not running"
+    reason = (
+        "loading" if state.engine is None and state.load_error is None else "engine not running"
+    )
     return error_response(f"unhealthy: {reason}", 503)
 
 
@@ -110,8 +114,10 @@ async def metrics(request: Request) -> Response:
 async def models(request: Request) -> JSONResponse:
     state = server(request)
     max_len = getattr(state.engine, "max_model_len", None)
-    cards = [ModelCard(id=name, root=state.settings.model, max_model_len=max_len)
-             for name in state.settings.served_model_names]
+    cards = [
+        ModelCard(id=name, root=state.settings.model, max_model_len=max_len)
+        for name in state.settings.served_model_names
+    ]
     return _json(ModelList(data=cards))
 
 
@@ -140,7 +146,9 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request) -> JSONResponse:
+async def tokenize(
+    body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request
+) -> JSONResponse:
     state = server(request)
     state.require_engine()
     return _json(await off_loop(state.tokenization.tokenize_request, body))

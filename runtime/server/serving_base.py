@@ -59,26 +59,35 @@ class ServingBase:
     def check_model(self, name: str | None) -> None:
         if name is None or name in self.settings.served_model_names:
             return
-        raise APIError(f"The model `{name}` does not exist. Served models: "
-                       f"{', '.join(self.settings.served_model_names)}", 404, "model")
+        raise APIError(
+            f"The model `{name}` does not exist. Served models: "
+            f"{', '.join(self.settings.served_model_names)}",
+            404,
+            "model",
+        )
 
     def check_engine(self) -> None:
         if getattr(self.engine, "errored", False):
-            raise APIError(f"the engine has stopped: {getattr(self.engine, 'dead_error', None)}", 503)
+            raise APIError(
+                f"the engine has stopped: {getattr(self.engine, 'dead_error', None)}", 503
+            )
         if getattr(self.engine, "is_sleeping", False):
             raise APIError("the engine is sleeping; POST /wake_up first", 503)
 
     # ------------------------------------------------------------ prompts
 
-    def tokenize(self, text: str, add_special_tokens: bool, truncate: int | None = None) -> list[int]:
+    def tokenize(
+        self, text: str, add_special_tokens: bool, truncate: int | None = None
+    ) -> list[int]:
         ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
         return ids[-truncate:] if truncate else ids
 
     def check_token_ids(self, ids: list[int], param: str) -> list[int]:
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
-            raise APIError(f"{param}: token ids must be in [0, {self.vocab_size}), got {bad[:5]}",
-                           400, param)
+            raise APIError(
+                f"{param}: token ids must be in [0, {self.vocab_size}), got {bad[:5]}", 400, param
+            )
         return ids
 
     def resolve_max_tokens(self, prompt_len: int, requested: int | None, what: str) -> int:
@@ -91,7 +100,9 @@ class ServingBase:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {asked} tokens ({prompt_len} in the {what}, {requested or 0} in "
                 f"the completion). Please reduce the length of the {what} or completion.",
-                400, "max_tokens" if requested else "messages" if what == "messages" else "prompt")
+                400,
+                "max_tokens" if requested else "messages" if what == "messages" else "prompt",
+            )
         return requested if requested is not None else self.max_model_len - prompt_len
 
     # ------------------------------------------------------------ sampling
@@ -109,8 +120,9 @@ class ServingBase:
         cap = self.settings.max_logprobs
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and cap >= 0 and value > cap:
-                raise APIError(f"{name} must be at most {cap} (--max-logprobs), got {value}",
-                               400, name)
+                raise APIError(
+                    f"{name} must be at most {cap} (--max-logprobs), got {value}", 400, name
+                )
         fields: dict[str, Any] = {
             "n": request.n,
             "presence_penalty": request.presence_penalty or 0.0,
@@ -122,7 +134,9 @@ class ServingBase:
             "max_tokens": max_tokens,
             "min_tokens": request.min_tokens,
             "logprobs": logprobs,
-            "prompt_logprobs": prompt_logprobs if prompt_logprobs is not None else request.prompt_logprobs,
+            "prompt_logprobs": prompt_logprobs
+            if prompt_logprobs is not None
+            else request.prompt_logprobs,
             "skip_special_tokens": request.skip_special_tokens,
             "spaces_between_special_tokens": request.spaces_between_special_tokens,
             "include_stop_str_in_output": request.include_stop_str_in_output,
@@ -139,7 +153,9 @@ class ServingBase:
             try:
                 fields["logit_bias"] = {int(k): float(v) for k, v in request.logit_bias.items()}
             except ValueError as exc:
-                raise APIError(f"logit_bias keys must be token ids: {exc}", 400, "logit_bias") from exc
+                raise APIError(
+                    f"logit_bias keys must be token ids: {exc}", 400, "logit_bias"
+                ) from exc
             self.check_token_ids(list(fields["logit_bias"]), "logit_bias")
         if guide is not None:
             fields["logits_processors"] = [self.logits_processor(guide, request)]
@@ -153,8 +169,10 @@ class ServingBase:
         getter = getattr(self.engine, "default_sampling_params", None)
         defaults = getter() if callable(getter) else getter
         if isinstance(defaults, SamplingParams):
-            return {k: getattr(defaults, k) for k in ("temperature", "top_p", "top_k", "min_p",
-                                                      "repetition_penalty")}
+            return {
+                k: getattr(defaults, k)
+                for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+            }
         return dict(defaults or {})
 
     def logits_processor(self, guide: Guide, request: SamplingFields) -> Any:
@@ -162,7 +180,9 @@ class ServingBase:
             check_backend(self.settings.guided_decoding_backend, "--guided-decoding-backend")
             check_backend(request.guided_decoding_backend)
             return make_logits_processor(
-                guide, self.tokenizer, self.vocab_size,
+                guide,
+                self.tokenizer,
+                self.vocab_size,
                 compact_json=self.settings.guided_decoding_disable_any_whitespace,
             )
         except GuideError as exc:

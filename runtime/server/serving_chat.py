@@ -86,8 +86,14 @@ def parse_required_calls(text: str) -> list[ToolCall] | None:
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             return None
-        calls.append(ToolCall(function=FunctionCall(
-            name=item["name"], arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False))))
+        calls.append(
+            ToolCall(
+                function=FunctionCall(
+                    name=item["name"],
+                    arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False),
+                )
+            )
+        )
     return calls
 
 
@@ -103,8 +109,13 @@ class ChoiceState:
 
 
 class ChatServing(ServingBase):
-    def __init__(self, engine: Any, settings: Any, renderer: ChatRenderer,
-                 reasoning_parser: ReasoningParser | None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        settings: Any,
+        renderer: ChatRenderer,
+        reasoning_parser: ReasoningParser | None,
+    ) -> None:
         super().__init__(engine, settings)
         self.renderer = renderer
         self.reasoning_parser = reasoning_parser
@@ -123,15 +134,24 @@ class ChatServing(ServingBase):
         if choice is None and not auto_ready:
             return ToolMode("none")
         if not auto_ready:
-            raise APIError('"auto" tool choice requires --enable-auto-tool-choice and '
-                           "--tool-call-parser to be set", 400, "tool_choice")
-        return ToolMode("auto", parser=make_tool_parser(self.settings.tool_call_parser, request.tools))
+            raise APIError(
+                '"auto" tool choice requires --enable-auto-tool-choice and '
+                "--tool-call-parser to be set",
+                400,
+                "tool_choice",
+            )
+        return ToolMode(
+            "auto", parser=make_tool_parser(self.settings.tool_call_parser, request.tools)
+        )
 
     def _guide(self, request: ChatCompletionRequest, mode: ToolMode) -> Guide | None:
         guide = guide_from_request(request)
         if mode.kind in ("named", "required") and guide is not None:
-            raise APIError(f"tool_choice {mode.kind!r} cannot be combined with {guide.param}",
-                           400, "tool_choice")
+            raise APIError(
+                f"tool_choice {mode.kind!r} cannot be combined with {guide.param}",
+                400,
+                "tool_choice",
+            )
         if mode.kind == "named":
             tool = next(t for t in request.tools or [] if t.function.name == mode.function)
             return Guide("json", tool.function.parameters or {"type": "object"}, "tools")
@@ -140,8 +160,11 @@ class ChatServing(ServingBase):
         return guide
 
     def _prompt(self, request: ChatCompletionRequest, mode: ToolMode) -> list[int]:
-        tools = ([t.model_dump(exclude_none=True) for t in request.tools]
-                 if request.tools and mode.kind != "none" else None)
+        tools = (
+            [t.model_dump(exclude_none=True) for t in request.tools]
+            if request.tools and mode.kind != "none"
+            else None
+        )
         text = self.renderer.render(
             request.messages,
             template=request.chat_template,
@@ -154,24 +177,36 @@ class ChatServing(ServingBase):
         add_special = bool(request.add_special_tokens)
         return self.tokenize(text, add_special, request.truncate_prompt_tokens)
 
-    def _prepare(self, request: ChatCompletionRequest) -> tuple[ToolMode, list[int], SamplingParams]:
+    def _prepare(
+        self, request: ChatCompletionRequest
+    ) -> tuple[ToolMode, list[int], SamplingParams]:
         self.check_model(request.model)
         self.check_engine()
         mode = self._tool_mode(request)
         guide = self._guide(request, mode)
         prompt_ids = self._prompt(request, mode)
-        max_tokens = self.resolve_max_tokens(len(prompt_ids), request.effective_max_tokens, "messages")
+        max_tokens = self.resolve_max_tokens(
+            len(prompt_ids), request.effective_max_tokens, "messages"
+        )
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        params = self.sampling_params(request, max_tokens=max_tokens, logprobs=logprobs,
-                                      stream=bool(request.stream), guide=guide)
+        params = self.sampling_params(
+            request,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            stream=bool(request.stream),
+            guide=guide,
+        )
         return mode, prompt_ids, params
 
-    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[bytes]:
+    async def create(
+        self, request: ChatCompletionRequest
+    ) -> ChatCompletionResponse | AsyncIterator[bytes]:
         mode, prompt_ids, params = await off_loop(self._prepare, request)
         request_id = random_id("chatcmpl")
         self.log_request(request_id, prompt_ids, params)
         stream = engine_stream(
-            self.engine.generate(prompt_ids, params, request_id, priority=request.priority))
+            self.engine.generate(prompt_ids, params, request_id, priority=request.priority)
+        )
         if request.stream:
             return self._stream(request, request_id, prompt_ids, mode, stream)
         return await self._whole(request, request_id, prompt_ids, mode, stream)
@@ -180,11 +215,17 @@ class ChatServing(ServingBase):
 
     def _echo_prefix(self, request: ChatCompletionRequest) -> str:
         last = request.messages[-1]
-        if request.echo and last.role == self.settings.response_role and isinstance(last.content, str):
+        if (
+            request.echo
+            and last.role == self.settings.response_role
+            and isinstance(last.content, str)
+        ):
             return last.content
         return ""
 
-    def _message(self, request: ChatCompletionRequest, mode: ToolMode, text: str) -> tuple[ChatMessageOut, bool]:
+    def _message(
+        self, request: ChatCompletionRequest, mode: ToolMode, text: str
+    ) -> tuple[ChatMessageOut, bool]:
         reasoning = None
         content: str | None = text
         if self.reasoning_parser is not None:
@@ -193,24 +234,38 @@ class ChatServing(ServingBase):
         role = self.settings.response_role
         if mode.kind == "named":
             call = ToolCall(function=FunctionCall(name=mode.function, arguments=content or ""))
-            return ChatMessageOut(role=role, content="", reasoning_content=reasoning,
-                                  tool_calls=[call]), False
+            return ChatMessageOut(
+                role=role, content="", reasoning_content=reasoning, tool_calls=[call]
+            ), False
         if mode.kind == "required":
             calls = parse_required_calls(content or "")
             if calls:
-                return ChatMessageOut(role=role, content=None, reasoning_content=reasoning,
-                                      tool_calls=calls), True
+                return ChatMessageOut(
+                    role=role, content=None, reasoning_content=reasoning, tool_calls=calls
+                ), True
         if mode.kind == "auto" and mode.parser is not None and content:
             extracted = mode.parser.extract(content)
             if extracted.tools_called:
-                return ChatMessageOut(role=role, content=extracted.content,
-                                      reasoning_content=reasoning,
-                                      tool_calls=extracted.tool_calls), True
-        return ChatMessageOut(role=role, content=self._echo_prefix(request) + (content or ""),
-                              reasoning_content=reasoning), False
+                return ChatMessageOut(
+                    role=role,
+                    content=extracted.content,
+                    reasoning_content=reasoning,
+                    tool_calls=extracted.tool_calls,
+                ), True
+        return ChatMessageOut(
+            role=role,
+            content=self._echo_prefix(request) + (content or ""),
+            reasoning_content=reasoning,
+        ), False
 
-    async def _whole(self, request: ChatCompletionRequest, request_id: str, prompt_ids: list[int],
-                     mode: ToolMode, stream: AsyncIterator[Any]) -> ChatCompletionResponse:
+    async def _whole(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        prompt_ids: list[int],
+        mode: ToolMode,
+        stream: AsyncIterator[Any],
+    ) -> ChatCompletionResponse:
         final = None
         async for output in stream:
             final = output
@@ -223,18 +278,36 @@ class ChatServing(ServingBase):
             finish = "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
             logprobs = None
             if request.logprobs:
-                logprobs = ChatChoiceLogprobs(content=formatter.chat(
-                    list(out.token_ids), list(out.logprobs or []), request.top_logprobs or 0))
-            choices.append(ChatChoice(index=out.index, message=message, logprobs=logprobs,
-                                      finish_reason=finish, stop_reason=out.stop_reason))
+                logprobs = ChatChoiceLogprobs(
+                    content=formatter.chat(
+                        list(out.token_ids), list(out.logprobs or []), request.top_logprobs or 0
+                    )
+                )
+            choices.append(
+                ChatChoice(
+                    index=out.index,
+                    message=message,
+                    logprobs=logprobs,
+                    finish_reason=finish,
+                    stop_reason=out.stop_reason,
+                )
+            )
             completion_tokens += len(out.token_ids)
-        usage = UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
-                          total_tokens=len(prompt_ids) + completion_tokens)
+        usage = UsageInfo(
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=completion_tokens,
+            total_tokens=len(prompt_ids) + completion_tokens,
+        )
         if self.settings.enable_prompt_tokens_details:
             usage.prompt_tokens_details = PromptTokensDetails(
-                cached_tokens=getattr(final, "num_cached_tokens", 0) or 0)
-        return ChatCompletionResponse(id=request_id, model=request.model or self.settings.model_name,
-                                      choices=choices, usage=usage)
+                cached_tokens=getattr(final, "num_cached_tokens", 0) or 0
+            )
+        return ChatCompletionResponse(
+            id=request_id,
+            model=request.model or self.settings.model_name,
+            choices=choices,
+            usage=usage,
+        )
 
     # ------------------------------------------------------------ streaming
 
@@ -244,7 +317,9 @@ class ChatServing(ServingBase):
             tools=mode.parser.stream() if mode.kind == "auto" and mode.parser else None,
         )
 
-    def _deltas(self, state: ChoiceState, mode: ToolMode, piece: str, final: bool) -> list[dict[str, Any]]:
+    def _deltas(
+        self, state: ChoiceState, mode: ToolMode, piece: str, final: bool
+    ) -> list[dict[str, Any]]:
         """The delta objects for one piece of output (and, if final, for the rest)."""
         reasoning, content = "", piece
         if state.reasoning is not None:
@@ -259,9 +334,18 @@ class ChatServing(ServingBase):
         if mode.kind == "named":
             if not state.sent_named_header:
                 state.sent_named_header = True
-                deltas.append({"tool_calls": [{"index": 0, "id": random_id("chatcmpl-tool"),
-                                               "type": "function",
-                                               "function": {"name": mode.function, "arguments": ""}}]})
+                deltas.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": random_id("chatcmpl-tool"),
+                                "type": "function",
+                                "function": {"name": mode.function, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
             if content:
                 deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": content}}]})
             return deltas
@@ -271,8 +355,13 @@ class ChatServing(ServingBase):
                 calls = parse_required_calls(state.raw_text)
                 if calls:
                     state.tool_calls_sent = len(calls)
-                    deltas.append({"tool_calls": [{"index": i, **call.model_dump()}
-                                                  for i, call in enumerate(calls)]})
+                    deltas.append(
+                        {
+                            "tool_calls": [
+                                {"index": i, **call.model_dump()} for i, call in enumerate(calls)
+                            ]
+                        }
+                    )
                 elif state.raw_text:
                     deltas.append({"content": state.raw_text})
             return deltas
@@ -291,8 +380,14 @@ class ChatServing(ServingBase):
             deltas.append({"content": content})
         return deltas
 
-    async def _stream(self, request: ChatCompletionRequest, request_id: str, prompt_ids: list[int],
-                      mode: ToolMode, stream: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    async def _stream(
+        self,
+        request: ChatCompletionRequest,
+        request_id: str,
+        prompt_ids: list[int],
+        mode: ToolMode,
+        stream: AsyncIterator[Any],
+    ) -> AsyncIterator[bytes]:
         created = int(time.time())
         model = request.model or self.settings.model_name
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
@@ -304,18 +399,34 @@ class ChatServing(ServingBase):
         prompt_tokens = len(prompt_ids)
         echo = self._echo_prefix(request)
 
-        def chunk(index: int, delta: dict[str, Any], finish: str | None = None,
-                  logprobs: Any = None, stop_reason: Any = None) -> bytes:
+        def chunk(
+            index: int,
+            delta: dict[str, Any],
+            finish: str | None = None,
+            logprobs: Any = None,
+            stop_reason: Any = None,
+        ) -> bytes:
             body: dict[str, Any] = {
-                "id": request_id, "object": "chat.completion.chunk", "created": created,
+                "id": request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
                 "model": model,
-                "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                             "finish_reason": finish, **({"stop_reason": stop_reason} if finish else {})}],
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": delta,
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                        **({"stop_reason": stop_reason} if finish else {}),
+                    }
+                ],
             }
             if include_usage and continuous:
-                body["usage"] = {"prompt_tokens": prompt_tokens,
-                                 "completion_tokens": completion_tokens,
-                                 "total_tokens": prompt_tokens + completion_tokens}
+                body["usage"] = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                }
             return sse(body)
 
         try:
@@ -331,8 +442,16 @@ class ChatServing(ServingBase):
                     deltas = self._deltas(state, mode, out.text, finished)
                     logprobs = None
                     if request.logprobs and out.token_ids:
-                        logprobs = {"content": [lp.model_dump() for lp in formatter.chat(
-                            list(out.token_ids), list(out.logprobs or []), request.top_logprobs or 0)]}
+                        logprobs = {
+                            "content": [
+                                lp.model_dump()
+                                for lp in formatter.chat(
+                                    list(out.token_ids),
+                                    list(out.logprobs or []),
+                                    request.top_logprobs or 0,
+                                )
+                            ]
+                        }
                     for i, delta in enumerate(deltas):
                         yield chunk(out.index, delta, logprobs=logprobs if i == 0 else None)
                     if logprobs and not deltas:
@@ -343,13 +462,23 @@ class ChatServing(ServingBase):
                             reason = "tool_calls"
                         yield chunk(out.index, {}, finish=reason, stop_reason=out.stop_reason)
             if include_usage:
-                usage: dict[str, Any] = {"prompt_tokens": prompt_tokens,
-                                         "completion_tokens": completion_tokens,
-                                         "total_tokens": prompt_tokens + completion_tokens}
+                usage: dict[str, Any] = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                }
                 if self.settings.enable_prompt_tokens_details:
                     usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-                yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
-                           "model": model, "choices": [], "usage": usage})
+                yield sse(
+                    {
+                        "id": request_id,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                )
         except APIError as exc:
             yield sse(error_body(exc.message, exc.status, exc.param))
         yield DONE

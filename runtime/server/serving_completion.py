@@ -32,9 +32,15 @@ def _prompt_logprobs(positions: list[Any] | None) -> list[dict[int, Any] | None]
     """vLLM's ``prompt_logprobs``: per prompt position ``{token_id: {logprob, rank, decoded_token}}``."""
     if positions is None:
         return None
-    return [None if p is None else {
-        tid: {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
-        for tid, lp in p.items()} for p in positions]
+    return [
+        None
+        if p is None
+        else {
+            tid: {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for tid, lp in p.items()
+        }
+        for p in positions
+    ]
 
 
 class PreparedPrompt:
@@ -56,7 +62,7 @@ class CompletionServing(ServingBase):
             else:
                 ids = self.check_token_ids(list(item), param)
                 if request.truncate_prompt_tokens:
-                    ids = ids[-request.truncate_prompt_tokens:]
+                    ids = ids[-request.truncate_prompt_tokens :]
                 prompts.append(PreparedPrompt(None, ids))
         return prompts
 
@@ -71,23 +77,32 @@ class CompletionServing(ServingBase):
         guide = guide_from_request(request)
         params_list = []
         for prompt in prompts:
-            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens, "prompt")
-            params_list.append(self.sampling_params(
-                request,
-                max_tokens=max_tokens,
-                logprobs=request.logprobs,
-                stream=bool(request.stream),
-                guide=guide,
-                prompt_logprobs=request.logprobs if request.echo and request.logprobs is not None else None,
-            ))
+            max_tokens = self.resolve_max_tokens(
+                len(prompt.token_ids), request.max_tokens, "prompt"
+            )
+            params_list.append(
+                self.sampling_params(
+                    request,
+                    max_tokens=max_tokens,
+                    logprobs=request.logprobs,
+                    stream=bool(request.stream),
+                    guide=guide,
+                    prompt_logprobs=request.logprobs
+                    if request.echo and request.logprobs is not None
+                    else None,
+                )
+            )
         return prompts, params_list
 
-    def _generators(self, request_id: str, prompts: list[PreparedPrompt], params_list: list[Any],
-                    priority: int) -> list[AsyncIterator[Any]]:
+    def _generators(
+        self, request_id: str, prompts: list[PreparedPrompt], params_list: list[Any], priority: int
+    ) -> list[AsyncIterator[Any]]:
         generators = []
         for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
             sub_id = f"{request_id}-{i}"
-            self.log_request(sub_id, prompt.text if prompt.text is not None else prompt.token_ids, params)
+            self.log_request(
+                sub_id, prompt.text if prompt.text is not None else prompt.token_ids, params
+            )
             stream = self.engine.generate(prompt.token_ids, params, sub_id, priority=priority)
             generators.append(engine_stream(stream))
         return generators
@@ -105,8 +120,13 @@ class CompletionServing(ServingBase):
             return self._stream(request, request_id, prompts, generators)
         return await self._whole(request, request_id, prompts, generators)
 
-    async def _whole(self, request: CompletionRequest, request_id: str, prompts: list[PreparedPrompt],
-                     generators: list[AsyncIterator[Any]]) -> CompletionResponse:
+    async def _whole(
+        self,
+        request: CompletionRequest,
+        request_id: str,
+        prompts: list[PreparedPrompt],
+        generators: list[AsyncIterator[Any]],
+    ) -> CompletionResponse:
         finals: list[Any] = [None] * len(prompts)
         async for index, output in merge(generators):
             finals[index] = output
@@ -126,30 +146,43 @@ class CompletionServing(ServingBase):
                     if request.echo:
                         logprobs = formatter.completion(
                             prompt.token_ids + token_ids,
-                            list(final.prompt_logprobs or [None] * len(prompt.token_ids)) + list(logprobs_list or []),
-                            request.logprobs)
+                            list(final.prompt_logprobs or [None] * len(prompt.token_ids))
+                            + list(logprobs_list or []),
+                            request.logprobs,
+                        )
                     else:
-                        logprobs = formatter.completion(token_ids, logprobs_list or [], request.logprobs)
-                choices.append(CompletionChoice(
-                    index=p_index * request.n + out.index,
-                    text=echo_text + text,
-                    logprobs=logprobs,
-                    finish_reason=out.finish_reason,
-                    stop_reason=out.stop_reason,
-                    prompt_logprobs=_prompt_logprobs(final.prompt_logprobs)
-                    if request.prompt_logprobs is not None else None,
-                ))
+                        logprobs = formatter.completion(
+                            token_ids, logprobs_list or [], request.logprobs
+                        )
+                choices.append(
+                    CompletionChoice(
+                        index=p_index * request.n + out.index,
+                        text=echo_text + text,
+                        logprobs=logprobs,
+                        finish_reason=out.finish_reason,
+                        stop_reason=out.stop_reason,
+                        prompt_logprobs=_prompt_logprobs(final.prompt_logprobs)
+                        if request.prompt_logprobs is not None
+                        else None,
+                    )
+                )
                 usage.completion_tokens += len(token_ids)
             if self.settings.enable_prompt_tokens_details:
                 details = usage.prompt_tokens_details or PromptTokensDetails()
                 details.cached_tokens += cached
                 usage.prompt_tokens_details = details
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-        return CompletionResponse(id=request_id, model=self._model_name(request), choices=choices,
-                                  usage=usage)
+        return CompletionResponse(
+            id=request_id, model=self._model_name(request), choices=choices, usage=usage
+        )
 
-    async def _stream(self, request: CompletionRequest, request_id: str, prompts: list[PreparedPrompt],
-                      generators: list[AsyncIterator[Any]]) -> AsyncIterator[bytes]:
+    async def _stream(
+        self,
+        request: CompletionRequest,
+        request_id: str,
+        prompts: list[PreparedPrompt],
+        generators: list[AsyncIterator[Any]],
+    ) -> AsyncIterator[bytes]:
         created = int(time.time())
         model = self._model_name(request)
         formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
@@ -161,8 +194,15 @@ class CompletionServing(ServingBase):
         offsets: dict[int, int] = {}
         prompt_tokens = sum(len(p.token_ids) for p in prompts)
         # Every chunk shares its head; serialising it once keeps the per-token cost to the text.
-        head = ('data: {"id":' + json.dumps(request_id) + ',"object":"text_completion","created":'
-                + str(created) + ',"model":' + json.dumps(model) + ',"choices":[{"index":')
+        head = (
+            'data: {"id":'
+            + json.dumps(request_id)
+            + ',"object":"text_completion","created":'
+            + str(created)
+            + ',"model":'
+            + json.dumps(model)
+            + ',"choices":[{"index":'
+        )
         # One prompt (the common case) skips the merging task machinery.
         source = merge(generators) if len(generators) > 1 else _tagged(generators[0])
         try:
@@ -181,35 +221,60 @@ class CompletionServing(ServingBase):
                         text = self._echo_text(prompt) + text
                         if request.logprobs is not None:
                             token_ids = prompt.token_ids + list(token_ids)
-                            logprobs_list = [*(output.prompt_logprobs or [None] * len(prompt.token_ids)),
-                                             *logprobs_list]
+                            logprobs_list = [
+                                *(output.prompt_logprobs or [None] * len(prompt.token_ids)),
+                                *logprobs_list,
+                            ]
                     completion_tokens += len(out.token_ids)
                     if not text and not token_ids and out.finish_reason is None:
                         continue
                     logprobs = None
                     if request.logprobs is not None:
-                        logprobs = formatter.completion(token_ids, logprobs_list, request.logprobs,
-                                                        offsets.get(index, 0))
+                        logprobs = formatter.completion(
+                            token_ids, logprobs_list, request.logprobs, offsets.get(index, 0)
+                        )
                         offsets[index] = offsets.get(index, 0) + len(text)
-                    parts = [head, str(index), ',"text":', json.dumps(text, ensure_ascii=False),
-                             ',"logprobs":', json.dumps(logprobs.model_dump()) if logprobs else "null",
-                             ',"finish_reason":', json.dumps(out.finish_reason),
-                             ',"stop_reason":', json.dumps(out.stop_reason), "}]"]
+                    parts = [
+                        head,
+                        str(index),
+                        ',"text":',
+                        json.dumps(text, ensure_ascii=False),
+                        ',"logprobs":',
+                        json.dumps(logprobs.model_dump()) if logprobs else "null",
+                        ',"finish_reason":',
+                        json.dumps(out.finish_reason),
+                        ',"stop_reason":',
+                        json.dumps(out.stop_reason),
+                        "}]",
+                    ]
                     if include_usage and continuous:
-                        parts += [',"usage":', json.dumps(self._usage(prompt_tokens, completion_tokens, None))]
+                        parts += [
+                            ',"usage":',
+                            json.dumps(self._usage(prompt_tokens, completion_tokens, None)),
+                        ]
                     parts.append("}\n\n")
                     yield "".join(parts).encode()
             if include_usage:
-                yield sse({"id": request_id, "object": "text_completion", "created": created,
-                           "model": model, "choices": [],
-                           "usage": self._usage(prompt_tokens, completion_tokens, cached_tokens)})
+                yield sse(
+                    {
+                        "id": request_id,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": self._usage(prompt_tokens, completion_tokens, cached_tokens),
+                    }
+                )
         except APIError as exc:
             yield sse(error_body(exc.message, exc.status, exc.param))
         yield DONE
 
     def _usage(self, prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict:
-        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                 "total_tokens": prompt_tokens + completion_tokens}
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
         if cached is not None and self.settings.enable_prompt_tokens_details:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage

@@ -31,10 +31,13 @@ class EmbeddingServing(ServingBase):
             if not ids:
                 raise APIError(f"{param} must not be empty", 400, param)
             if len(ids) > self.max_model_len:
-                raise APIError(f"This model's maximum context length is {self.max_model_len} "
-                               f"tokens. However, you requested {len(ids)} tokens in the input "
-                               "for embedding generation. Please reduce the length of the input.",
-                               400, param)
+                raise APIError(
+                    f"This model's maximum context length is {self.max_model_len} "
+                    f"tokens. However, you requested {len(ids)} tokens in the input "
+                    "for embedding generation. Please reduce the length of the input.",
+                    400,
+                    param,
+                )
             token_lists.append(ids)
         return token_lists
 
@@ -44,9 +47,9 @@ class EmbeddingServing(ServingBase):
         token_lists = await off_loop(self._inputs, request)
         request_id = random_id("embd")
         try:
-            results = await asyncio.gather(*[
-                self.engine.encode(ids, f"{request_id}-{i}") for i, ids in enumerate(token_lists)
-            ])
+            results = await asyncio.gather(
+                *[self.engine.encode(ids, f"{request_id}-{i}") for i, ids in enumerate(token_lists)]
+            )
         except (ValueError, TypeError) as exc:
             raise APIError(str(exc), 400) from exc
         except RuntimeError as exc:  # EngineDeadError and the like
@@ -56,15 +59,22 @@ class EmbeddingServing(ServingBase):
             vector = np.asarray(result.outputs.embedding, dtype=np.float32)
             if request.dimensions is not None:
                 if request.dimensions > vector.shape[-1]:
-                    raise APIError(f"dimensions must be at most {vector.shape[-1]}, got "
-                                   f"{request.dimensions}", 400, "dimensions")
+                    raise APIError(
+                        f"dimensions must be at most {vector.shape[-1]}, got {request.dimensions}",
+                        400,
+                        "dimensions",
+                    )
                 vector = vector[: request.dimensions]
             embedding: list[float] | str = (
                 base64.b64encode(vector.tobytes()).decode()
-                if request.encoding_format == "base64" else vector.tolist()
+                if request.encoding_format == "base64"
+                else vector.tolist()
             )
             data.append(EmbeddingData(index=i, embedding=embedding))
         prompt_tokens = sum(len(ids) for ids in token_lists)
-        return EmbeddingResponse(id=request_id, model=request.model or self.settings.model_name,
-                                 data=data, usage=UsageInfo(prompt_tokens=prompt_tokens,
-                                                            total_tokens=prompt_tokens))
+        return EmbeddingResponse(
+            id=request_id,
+            model=request.model or self.settings.model_name,
+            data=data,
+            usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+        )

@@ -21,13 +21,17 @@ class TokenizationServing(ServingBase):
         super().__init__(engine, settings)
         self.renderer = renderer
 
-    def tokenize_request(self, request: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
+    def tokenize_request(
+        self, request: TokenizeCompletionRequest | TokenizeChatRequest
+    ) -> TokenizeResponse:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
             text = self.renderer.render(
                 request.messages,
                 template=request.chat_template,
-                tools=[t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None,
+                tools=[t.model_dump(exclude_none=True) for t in request.tools]
+                if request.tools
+                else None,
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message,
                 template_kwargs=request.chat_template_kwargs,

@@ -140,7 +140,8 @@ class FrontendSettings:
             reasoning_effort=get("reasoning_effort"),
             guided_decoding_backend=str(get("guided_decoding_backend", "auto")),
             guided_decoding_disable_any_whitespace=bool(
-                get("guided_decoding_disable_any_whitespace", False)),
+                get("guided_decoding_disable_any_whitespace", False)
+            ),
             show_hidden_metrics_for_version=get("show_hidden_metrics_for_version"),
             max_logprobs=int(get("max_logprobs", 20)),
             task=str(get("task", "auto")),

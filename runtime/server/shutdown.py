@@ -99,15 +99,23 @@ class Drain:
         loop = asyncio.get_running_loop()
         began = loop.time()
         at_start = self.in_flight
-        logger.info("%s: draining %d request(s) in flight for at most %g s (--shutdown-timeout), "
-                    "then aborting the rest; new requests get 503", self._signal_name or "shutdown",
-                    at_start, self.timeout_s)
+        logger.info(
+            "%s: draining %d request(s) in flight for at most %g s (--shutdown-timeout), "
+            "then aborting the rest; new requests get 503",
+            self._signal_name or "shutdown",
+            at_start,
+            self.timeout_s,
+        )
         await _first_of([self._idle, self._cut_short], self.timeout_s)
         left = self.in_flight
         if left:
             await self._abort_all(engine)
-        logger.info("drain over after %.1f s: %d request(s) finished, %d aborted",
-                    loop.time() - began, at_start - left, left)
+        logger.info(
+            "drain over after %.1f s: %d request(s) finished, %d aborted",
+            loop.time() - began,
+            at_start - left,
+            left,
+        )
 
     async def _abort_all(self, engine: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -142,8 +150,11 @@ class DrainGate:
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
-            response = error_response("the server is shutting down; retry on another replica", 503,
-                                      headers={"connection": "close"})
+            response = error_response(
+                "the server is shutting down; retry on another replica",
+                503,
+                headers={"connection": "close"},
+            )
             await response(scope, receive, send)
             return
         self.drain.enter()

@@ -47,25 +47,35 @@ class ServerState:
     def attach_engine(self, engine: Any) -> None:
         """Builds the serving objects on a loaded engine; the routes answer from then on."""
         settings = self.settings
-        renderer = ChatRenderer(engine.tokenizer, load_chat_template(settings.chat_template),
-                                settings.chat_template_content_format,
-                                settings.trust_request_chat_template,
-                                settings.default_chat_template_kwargs)
-        reasoning = make_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
+        renderer = ChatRenderer(
+            engine.tokenizer,
+            load_chat_template(settings.chat_template),
+            settings.chat_template_content_format,
+            settings.trust_request_chat_template,
+            settings.default_chat_template_kwargs,
+        )
+        reasoning = (
+            make_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None
+        )
         self.metrics = PrometheusStatLogger(
-            settings.model_name, engine.max_model_len, self.cache_config,
+            settings.model_name,
+            engine.max_model_len,
+            self.cache_config,
             settings.show_hidden_metrics_for_version,
         )
         self.stat_fanout.loggers.append(self.metrics)
         for stat_logger in self.stat_fanout.loggers:
             if isinstance(stat_logger, LoggingStatLogger):
-                stat_logger.cache_label = "CPU" if getattr(engine, "device", "cuda") == "cpu" else "GPU"
+                stat_logger.cache_label = (
+                    "CPU" if getattr(engine, "device", "cuda") == "cpu" else "GPU"
+                )
         self.completion = CompletionServing(engine, settings)
         self.chat = ChatServing(engine, settings, renderer, reasoning)
         self.embedding = EmbeddingServing(engine, settings)
         self.tokenization = TokenizationServing(engine, settings, renderer)
         self.is_embedding_model = settings.task in ("embed", "embedding") or bool(
-            getattr(engine, "is_pooling", False))
+            getattr(engine, "is_pooling", False)
+        )
         self.engine = engine
 
     @property
@@ -78,16 +88,25 @@ class ServerState:
         if self.engine is None:
             raise APIError("the model is still loading; retry shortly", 503)
         if getattr(self.engine, "errored", False):
-            raise APIError(f"the engine has stopped: {getattr(self.engine, 'dead_error', None)}", 503)
+            raise APIError(
+                f"the engine has stopped: {getattr(self.engine, 'dead_error', None)}", 503
+            )
 
     def require_generation(self) -> None:
         self.require_engine()
         if self.is_embedding_model:
-            raise APIError("this model is served for embeddings (--task embed); it has no "
-                           "completions or chat", 400, "model")
+            raise APIError(
+                "this model is served for embeddings (--task embed); it has no completions or chat",
+                400,
+                "model",
+            )
 
     def require_embedding(self) -> None:
         self.require_engine()
         if not self.is_embedding_model:
-            raise APIError("this model does not support embeddings; serve an embedding model "
-                           "with --task embed", 400, "model")
+            raise APIError(
+                "this model does not support embeddings; serve an embedding model "
+                "with --task embed",
+                400,
+                "model",
+            )

@@ -58,7 +58,10 @@ def _schema_with_options(schema: Any, param: str, compact: bool) -> dict:
     if not isinstance(schema, dict):
         raise GuideError(f"{param} must be a JSON object (a JSON schema)", param)
     if compact:
-        schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), "whitespace_flexible": False}}
+        schema = {
+            **schema,
+            "x-guidance": {**schema.get("x-guidance", {}), "whitespace_flexible": False},
+        }
     return schema
 
 
@@ -69,7 +72,8 @@ def grammar_for(guide: Guide, compact_json: bool = False) -> str:
         if guide.kind in ("json", "json_object"):
             schema = {"type": "object"} if guide.kind == "json_object" else guide.spec
             grammar = matcher.grammar_from_json_schema(
-                _schema_with_options(schema, guide.param, compact_json))
+                _schema_with_options(schema, guide.param, compact_json)
+            )
         elif guide.kind == "regex":
             grammar = matcher.grammar_from_regex(guide.spec)
         elif guide.kind == "choice":
@@ -85,8 +89,9 @@ def grammar_for(guide: Guide, compact_json: bool = False) -> str:
         raise GuideError(f"{guide.param}: invalid constraint: {exc}", guide.param) from exc
     is_error, messages = matcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise GuideError(f"{guide.param}: invalid constraint: {'; '.join(map(str, messages))}",
-                         guide.param)
+        raise GuideError(
+            f"{guide.param}: invalid constraint: {'; '.join(map(str, messages))}", guide.param
+        )
     return grammar
 
 
@@ -113,8 +118,14 @@ class GrammarLogitsProcessor:
     preempted sequence recomputed from scratch finds its state again.
     """
 
-    def __init__(self, ll_tokenizer: Any, grammar: str, vocab_size: int, eos_token_id: int | None,
-                 tokenizer_source: str | None = None) -> None:
+    def __init__(
+        self,
+        ll_tokenizer: Any,
+        grammar: str,
+        vocab_size: int,
+        eos_token_id: int | None,
+        tokenizer_source: str | None = None,
+    ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.grammar = grammar
@@ -128,7 +139,10 @@ class GrammarLogitsProcessor:
     def __reduce__(self) -> tuple:
         # Crossing to the engine-core process: the grammar goes, the matchers are rebuilt there
         # on the engine's own tokenizer.
-        return (_rebuild_processor, (self.grammar, self.vocab_size, self.eos_token_id, self.tokenizer_source))
+        return (
+            _rebuild_processor,
+            (self.grammar, self.vocab_size, self.eos_token_id, self.tokenizer_source),
+        )
 
     def _matcher_for(self, tokens: tuple[int, ...]) -> Any:
         if tokens in self.states:
@@ -164,8 +178,9 @@ class GrammarLogitsProcessor:
         return masked.squeeze(0).to(logits.dtype)
 
 
-def _rebuild_processor(grammar: str, vocab_size: int, eos_token_id: int | None,
-                       tokenizer_source: str | None) -> GrammarLogitsProcessor:
+def _rebuild_processor(
+    grammar: str, vocab_size: int, eos_token_id: int | None, tokenizer_source: str | None
+) -> GrammarLogitsProcessor:
     from infernetes.runtime.engine.core_client import process_tokenizer
 
     tokenizer = process_tokenizer()
@@ -174,15 +189,22 @@ def _rebuild_processor(grammar: str, vocab_size: int, eos_token_id: int | None,
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
     try:
-        return GrammarLogitsProcessor(TokenizerIndex.get(tokenizer, vocab_size), grammar, vocab_size,
-                                      eos_token_id, tokenizer_source)
+        return GrammarLogitsProcessor(
+            TokenizerIndex.get(tokenizer, vocab_size),
+            grammar,
+            vocab_size,
+            eos_token_id,
+            tokenizer_source,
+        )
     except GuideError as exc:  # a plain ValueError pickles back to the API side
         raise ValueError(str(exc)) from None
 
 
-def make_logits_processor(guide: Guide, tokenizer: Any, vocab_size: int,
-                          compact_json: bool = False) -> GrammarLogitsProcessor:
+def make_logits_processor(
+    guide: Guide, tokenizer: Any, vocab_size: int, compact_json: bool = False
+) -> GrammarLogitsProcessor:
     grammar = grammar_for(guide, compact_json)
     index = TokenizerIndex.get(tokenizer, vocab_size)
-    return GrammarLogitsProcessor(index, grammar, vocab_size, tokenizer.eos_token_id,
-                                  getattr(tokenizer, "name_or_path", None))
+    return GrammarLogitsProcessor(
+        index, grammar, vocab_size, tokenizer.eos_token_id, getattr(tokenizer, "name_or_path", None)
+    )

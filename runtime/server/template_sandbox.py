@@ -40,8 +40,13 @@ def _child_main(conn: Connection, tokenizer_blob: bytes) -> None:
         try:
             text = tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
             if len(text) > MAX_RENDERED_CHARS:
-                conn.send(("error", f"the chat template produced {len(text)} characters, more than "
-                                    f"the {MAX_RENDERED_CHARS} allowed"))
+                conn.send(
+                    (
+                        "error",
+                        f"the chat template produced {len(text)} characters, more than "
+                        f"the {MAX_RENDERED_CHARS} allowed",
+                    )
+                )
             else:
                 conn.send(("ok", text))
         except MemoryError:
@@ -68,15 +73,18 @@ class TemplateSandbox:
         self._process: Any = None
         self._conn: Connection | None = None
 
-    def render(self, conversation: list[dict[str, Any]], timeout_s: float = RENDER_TIMEOUT_S,
-               **kwargs: Any) -> str:
+    def render(
+        self, conversation: list[dict[str, Any]], timeout_s: float = RENDER_TIMEOUT_S, **kwargs: Any
+    ) -> str:
         """The rendered prompt; raises TemplateRenderError. Blocks: call it off the event loop."""
         with self._lock:
             conn = self._started()
             conn.send((conversation, kwargs))
             if not conn.poll(timeout_s):
                 self._stop()
-                raise TemplateRenderError(f"the chat template did not finish within {timeout_s:g} s")
+                raise TemplateRenderError(
+                    f"the chat template did not finish within {timeout_s:g} s"
+                )
             try:
                 status, value = conn.recv()
             except EOFError:  # killed, e.g. by the memory ceiling in C code
@@ -96,8 +104,12 @@ class TemplateSandbox:
         self._stop()
         context = multiprocessing.get_context("spawn")  # no copy of the server's threads or locks
         parent, child = context.Pipe()
-        self._process = context.Process(target=_child_main, args=(child, self._tokenizer_blob),
-                                        name="chat-template-sandbox", daemon=True)
+        self._process = context.Process(
+            target=_child_main,
+            args=(child, self._tokenizer_blob),
+            name="chat-template-sandbox",
+            daemon=True,
+        )
         self._process.start()
         child.close()
         self._conn = parent

@@ -19,7 +19,9 @@ def get_tokenizer(
     from transformers import AutoTokenizer
 
     if mode not in TOKENIZER_MODES:
-        raise ValueError(f"tokenizer_mode must be one of {', '.join(TOKENIZER_MODES)}; got {mode!r}")
+        raise ValueError(
+            f"tokenizer_mode must be one of {', '.join(TOKENIZER_MODES)}; got {mode!r}"
+        )
     if mode in ("mistral", "custom"):
         raise ValueError(f"tokenizer_mode={mode!r} is not supported yet; use 'auto' or 'slow'")
     try:

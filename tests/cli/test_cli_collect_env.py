@@ -7,12 +7,24 @@ from infernetes.cli.collect_env import MASK, format_report, relevant_env
 
 
 def test_relevant_env_masks_secrets():
-    env = {"VLLM_API_KEY": "sk-123", "HF_TOKEN": "hf_abc", "VLLM_LOGGING_LEVEL": "DEBUG",
-           "VLLM_CUSTOM_PASSWORD": "x", "CUDA_VISIBLE_DEVICES": "0,1", "HOME": "/root",
-           "S3_SECRET_ACCESS_KEY": "s3"}
+    env = {
+        "VLLM_API_KEY": "sk-123",
+        "HF_TOKEN": "hf_abc",
+        "VLLM_LOGGING_LEVEL": "DEBUG",
+        "VLLM_CUSTOM_PASSWORD": "x",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "HOME": "/root",
+        "S3_SECRET_ACCESS_KEY": "s3",
+    }
     report = relevant_env(env)
-    assert report == {"CUDA_VISIBLE_DEVICES": "0,1", "HF_TOKEN": MASK, "S3_SECRET_ACCESS_KEY": MASK,
-                      "VLLM_API_KEY": MASK, "VLLM_CUSTOM_PASSWORD": MASK, "VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert report == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "HF_TOKEN": MASK,
+        "S3_SECRET_ACCESS_KEY": MASK,
+        "VLLM_API_KEY": MASK,
+        "VLLM_CUSTOM_PASSWORD": MASK,
+        "VLLM_LOGGING_LEVEL": "DEBUG",
+    }
 
 
 def test_full_report(capsys, monkeypatch):

@@ -34,8 +34,17 @@ def test_missing_subcommand_modules_are_skipped(monkeypatch):
     assert cli_main._available() == ["serve", "config"]
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["serve", "--help"], ["serve", "--help=CacheConfig"],
-                                  ["config", "--help"], ["collect-env", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["--version"],
+        ["serve", "--help"],
+        ["serve", "--help=CacheConfig"],
+        ["config", "--help"],
+        ["collect-env", "--help"],
+    ],
+)
 def test_help_imports_nothing_heavy(argv):
     code = (
         "import sys\n"
@@ -43,7 +52,9 @@ def test_help_imports_nothing_heavy(argv):
         f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
         f"print([m for m in sys.modules if m.split('.')[0] in {HEAVY!r}], file=sys.stderr)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().splitlines()[-1] == "[]"
 
@@ -62,7 +73,9 @@ def test_every_subcommand_help_imports_nothing_heavy():
 
 
 def test_config_prints_grouped_json(capsys):
-    assert cli_main.main(["config", "org/model", "--max-num-seqs", "8", "--max_model_len", "1k"]) == 0
+    assert (
+        cli_main.main(["config", "org/model", "--max-num-seqs", "8", "--max_model_len", "1k"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["SchedulerConfig"]["max_num_seqs"] == 8
     assert out["ModelConfig"]["max_model_len"] == 1000
@@ -82,11 +95,15 @@ def test_config_rejects_bad_input_with_exit_2(capsys):
         cli_main.main(["config", "m", "--block-size", "7"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "infernetes config: error: argument --block-size" in err and "1, 8, 16, 32, 64, 128" in err
+    assert (
+        "infernetes config: error: argument --block-size" in err and "1, 8, 16, 32, 64, 128" in err
+    )
 
 
 def test_config_resolves_the_local_model(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512, "torch_dtype": "bfloat16"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"max_position_embeddings": 512, "torch_dtype": "bfloat16"})
+    )
     assert cli_main.main(["config", str(tmp_path)]) == 0
     model = json.loads(capsys.readouterr().out)["ModelConfig"]
     assert (model["max_model_len"], model["dtype"]) == (512, "bfloat16")
@@ -118,8 +135,12 @@ def test_serve_bad_flag_exits_2(capsys):
 
 
 def test_console_script_runs():
-    result = subprocess.run([sys.executable, "-m", "infernetes.cli.main", "config", "m", "--seed", "3"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "infernetes.cli.main", "config", "m", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["ModelConfig"]["seed"] == 3
 

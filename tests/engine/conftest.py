@@ -11,7 +11,6 @@ import torch
 torch.set_num_threads(1)  # the machine's two cores are shared with other test runs
 
 
-
 @pytest.fixture(scope="session")
 def model_factory(tmp_path_factory):
     """``model_factory(architecture, **config_overrides) -> path``, one folder per arguments."""

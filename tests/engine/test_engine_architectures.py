@@ -12,15 +12,22 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 ROPE_SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 2.0},
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
 }
 
 
 def _assert_exact(llm, path, hf_greedy, prompts=SAMPLE_PROMPTS, max_tokens=10):
     tokenizer = llm.get_tokenizer()
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    outputs = llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    )
     for prompt, output in zip(prompts, outputs, strict=True):
         ids = tokenizer(prompt).input_ids
         assert output.outputs[0].token_ids == hf_greedy(path, ids, max_tokens), prompt
@@ -28,16 +35,28 @@ def _assert_exact(llm, path, hf_greedy, prompts=SAMPLE_PROMPTS, max_tokens=10):
 
 @pytest.mark.parametrize(
     "architecture",
-    ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-     "OPTForCausalLM", "GPT2LMHeadModel"],
+    [
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "OPTForCausalLM",
+        "GPT2LMHeadModel",
+    ],
 )
 def test_architecture_matches_transformers(model_factory, hf_greedy, architecture):
     path = model_factory(architecture)
     llm = LLM(path, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8)
     _assert_exact(llm, path, hf_greedy)
     # chunked prefill and a prefix-cache hit on the same model stay exact
-    chunked = LLM(path, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8,
-                  max_num_batched_tokens=8)
+    chunked = LLM(
+        path,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        block_size=8,
+        max_num_batched_tokens=8,
+    )
     prompts = [SAMPLE_PROMPTS[1], SAMPLE_PROMPTS[1] + " again"]
     _assert_exact(chunked, path, hf_greedy, prompts)
     assert chunked.generate(prompts[1], GREEDY)[0].num_cached_tokens > 0
@@ -45,6 +64,8 @@ def test_architecture_matches_transformers(model_factory, hf_greedy, architectur
 
 @pytest.mark.parametrize("variant", sorted(ROPE_SCALINGS))
 def test_llama_rope_scaling_matches_transformers(model_factory, hf_greedy, variant):
-    path = model_factory("LlamaForCausalLM", rope_parameters={**ROPE_SCALINGS[variant], "rope_theta": 10000.0})
+    path = model_factory(
+        "LlamaForCausalLM", rope_parameters={**ROPE_SCALINGS[variant], "rope_theta": 10000.0}
+    )
     llm = LLM(path, dtype="float32", max_model_len=256, num_gpu_blocks_override=64, block_size=8)
     _assert_exact(llm, path, hf_greedy, SAMPLE_PROMPTS[:2])

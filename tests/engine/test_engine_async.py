@@ -23,8 +23,13 @@ class Recorder:
 @pytest.fixture
 async def engine_and_stats(tiny_llama):
     recorder = Recorder()
-    config = build_config(model=tiny_llama, dtype="float32", max_model_len=128,
-                          num_gpu_blocks_override=64, block_size=8)
+    config = build_config(
+        model=tiny_llama,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        block_size=8,
+    )
     engine = AsyncEngine.from_config(config, stat_loggers=[recorder])
     yield engine, recorder
     await engine.shutdown()
@@ -63,10 +68,15 @@ async def test_delta_and_final_only_kinds(engine_and_stats):
     engine, _ = engine_and_stats
     base = dict(temperature=0.0, max_tokens=8, ignore_eos=True)
     cumulative = await _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(**base), "c")
-    delta = await _collect(engine, SAMPLE_PROMPTS[0],
-                           SamplingParams(**base, output_kind=RequestOutputKind.DELTA), "d")
-    final = await _collect(engine, SAMPLE_PROMPTS[0],
-                           SamplingParams(**base, output_kind=RequestOutputKind.FINAL_ONLY), "f")
+    delta = await _collect(
+        engine, SAMPLE_PROMPTS[0], SamplingParams(**base, output_kind=RequestOutputKind.DELTA), "d"
+    )
+    final = await _collect(
+        engine,
+        SAMPLE_PROMPTS[0],
+        SamplingParams(**base, output_kind=RequestOutputKind.FINAL_ONLY),
+        "f",
+    )
     full = cumulative[-1].outputs[0]
     assert [t for o in delta for t in o.outputs[0].token_ids] == full.token_ids
     assert "".join(o.outputs[0].text for o in delta) == full.text
@@ -91,20 +101,34 @@ async def test_abort_frees_blocks_and_prefix_cache_stats(engine_and_stats):
             break
         await asyncio.sleep(0.01)
     assert engine.engine.block_manager.num_free_blocks == engine.engine.num_blocks
-    assert recorder.records[-1][0].kv_cache_usage == 0.0 and recorder.records[-1][0].num_running_reqs == 0
-    aborted = [f for _, it in recorder.records for f in it.finished_requests if f.finish_reason == "abort"]
+    assert (
+        recorder.records[-1][0].kv_cache_usage == 0.0
+        and recorder.records[-1][0].num_running_reqs == 0
+    )
+    aborted = [
+        f for _, it in recorder.records for f in it.finished_requests if f.finish_reason == "abort"
+    ]
     assert sorted(f.request_id for f in aborted) == ["closed", "long"]
     # the same long prompt again hits the prefix cache
-    await _collect(engine, SAMPLE_PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=2), "again")
+    await _collect(
+        engine, SAMPLE_PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=2), "again"
+    )
     stats = [s.prefix_cache_stats for s, _ in recorder.records]
-    assert sum(s.hits for s in stats) > 0 and sum(s.queries for s in stats) >= sum(s.hits for s in stats)
+    assert sum(s.hits for s in stats) > 0 and sum(s.queries for s in stats) >= sum(
+        s.hits for s in stats
+    )
     assert await engine.reset_prefix_cache() is True
 
 
 async def test_bad_requests_fail_alone(engine_and_stats):
     engine, _ = engine_and_stats
     good = asyncio.ensure_future(
-        _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), "ok")
+        _collect(
+            engine,
+            SAMPLE_PROMPTS[0],
+            SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+            "ok",
+        )
     )
     with pytest.raises(ValueError, match="maximum context length is 128"):
         await _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(max_tokens=1000), "too-long")
@@ -132,7 +156,9 @@ async def test_sleep_and_wake_up(engine_and_stats):
 async def test_engine_death_reaches_every_stream(tiny_llama):
     from infernetes.runtime.engine.async_engine import EngineDeadError
 
-    config = build_config(model=tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=32)
+    config = build_config(
+        model=tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=32
+    )
     engine = AsyncEngine.from_config(config)
 
     def explode(batch):
@@ -151,7 +177,9 @@ async def test_encode_embeddings(model_factory):
     config = build_config(model=model_factory("BertModel"), dtype="float32", max_model_len=64)
     engine = AsyncEngine.from_config(config)
     try:
-        outputs = await asyncio.gather(*(engine.encode(p, f"e{i}") for i, p in enumerate(SAMPLE_PROMPTS)))
+        outputs = await asyncio.gather(
+            *(engine.encode(p, f"e{i}") for i, p in enumerate(SAMPLE_PROMPTS))
+        )
         assert [o.request_id for o in outputs] == ["e0", "e1", "e2", "e3"]
         assert all(len(o.outputs.embedding) == 64 and o.finished for o in outputs)
         with pytest.raises(ValueError, match="longer than the maximum model length of 64"):

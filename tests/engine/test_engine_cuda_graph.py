@@ -59,11 +59,20 @@ def test_bad_sizes_name_the_argument(sizes):
 def test_settings_from_serve_arguments(caplog):
     cfg = build_config("m", cuda_graph_sizes=[8], max_seq_len_to_capture=100)
     settings = decode_graph_settings(cfg, CompilationSettings(), max_num_seqs=16, max_model_len=64)
-    assert settings == DecodeGraphSettings(sizes=(1, 2, 4, 8), max_seq_len=64)  # capped at max_model_len
-    settings = decode_graph_settings(cfg, CompilationSettings(), max_num_seqs=16, max_model_len=4096)
+    assert settings == DecodeGraphSettings(
+        sizes=(1, 2, 4, 8), max_seq_len=64
+    )  # capped at max_model_len
+    settings = decode_graph_settings(
+        cfg, CompilationSettings(), max_num_seqs=16, max_model_len=4096
+    )
     assert settings.max_seq_len == 100
     with caplog.at_level(logging.INFO, logger=cuda_graph.__name__):
-        assert decode_graph_settings(build_config("m", enforce_eager=True), CompilationSettings(), 16, 64) is None
+        assert (
+            decode_graph_settings(
+                build_config("m", enforce_eager=True), CompilationSettings(), 16, 64
+            )
+            is None
+        )
         off = parse_compilation_config({"cudagraph_mode": "NONE"})
         assert decode_graph_settings(build_config("m"), off, 16, 64) is None
     assert "CUDA graphs are off (--enforce-eager)" in caplog.text
@@ -91,9 +100,17 @@ def test_compilation_config_levels_and_keys(caplog):
     assert parse_compilation_config({}) == CompilationSettings()
     assert parse_compilation_config({"level": 3}).level == 3
     assert parse_compilation_config({"mode": 2}).level == 2
-    settings = parse_compilation_config({"level": 1, "use_inductor": False, "cudagraph_capture_sizes": [1, 2],
-                                         "max_capture_size": 2})
-    assert settings == CompilationSettings(level=1, backend="eager", capture_sizes=(1, 2), max_capture_size=2)
+    settings = parse_compilation_config(
+        {
+            "level": 1,
+            "use_inductor": False,
+            "cudagraph_capture_sizes": [1, 2],
+            "max_capture_size": 2,
+        }
+    )
+    assert settings == CompilationSettings(
+        level=1, backend="eager", capture_sizes=(1, 2), max_capture_size=2
+    )
     with caplog.at_level(logging.WARNING):
         parse_compilation_config({"level": 3, "splitting_ops": ["x"]})
     assert "splitting_ops have no effect" in caplog.text
@@ -105,7 +122,10 @@ def test_compilation_config_levels_and_keys(caplog):
         ({"level": 4}, "compilation_config.level .-O. must be one of 0, 1, 2, 3"),
         ({"level": "3"}, "compilation_config.level must be an integer"),
         ({"levle": 3}, "compilation_config has unknown key.s. levle"),
-        ({"backend": "no-such-backend"}, "compilation_config.backend 'no-such-backend' is not a torch.compile backend"),
+        (
+            {"backend": "no-such-backend"},
+            "compilation_config.backend 'no-such-backend' is not a torch.compile backend",
+        ),
         ({"cudagraph_mode": "SOMETIMES"}, "compilation_config.cudagraph_mode must be one of NONE"),
         ({"cudagraph_capture_sizes": 4}, "cudagraph_capture_sizes must be a list"),
     ],
@@ -137,11 +157,16 @@ class RecordingForward:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         meta = get_attention_metadata()
-        self.calls.append({
-            "input_ids": input_ids.tolist(), "positions": positions.tolist(),
-            "slots": meta.slot_mapping.tolist(), "seq_lens": meta.seq_lens.tolist(),
-            "cu": meta.cu_seqlens_q.tolist(), "tables": meta.block_tables.tolist(),
-        })
+        self.calls.append(
+            {
+                "input_ids": input_ids.tolist(),
+                "positions": positions.tolist(),
+                "slots": meta.slot_mapping.tolist(),
+                "seq_lens": meta.seq_lens.tolist(),
+                "cu": meta.cu_seqlens_q.tolist(),
+                "tables": meta.block_tables.tolist(),
+            }
+        )
         return torch.stack([input_ids.float(), positions.float()], dim=1)
 
 
@@ -156,7 +181,9 @@ def _decode_meta(slots, seq_lens, tables, query_tokens=None):
 
 
 def _graphs(forward, sizes=(1, 2, 4, 8), max_seq_len=64):
-    graphs = DecodeGraphs(forward, DecodeGraphSettings(sizes, max_seq_len), 16, torch.device("cpu"), RerunBackend())
+    graphs = DecodeGraphs(
+        forward, DecodeGraphSettings(sizes, max_seq_len), 16, torch.device("cpu"), RerunBackend()
+    )
     graphs.capture()
     return graphs
 
@@ -177,7 +204,9 @@ def test_replay_pads_to_the_next_size_with_rows_that_write_and_read_nothing():
     assert graphs.replays == {4: 1}
     # a smaller batch later: the rows it no longer uses become padding again
     graphs.run(torch.tensor([21]), torch.tensor([9]), _decode_meta([9], [10], [[0]]))
-    graphs.run(torch.tensor([21, 22]), torch.tensor([9, 3]), _decode_meta([9, 40], [10, 4], [[0], [2]]))
+    graphs.run(
+        torch.tensor([21, 22]), torch.tensor([9, 3]), _decode_meta([9, 40], [10, 4], [[0], [2]])
+    )
     assert forward.calls[-1]["slots"] == [9, 40] and graphs.replays == {4: 1, 1: 1, 2: 1}
 
 
@@ -229,22 +258,36 @@ def eager_run(tiny_llama):
     from infernetes import LLM
 
     llm = LLM(tiny_llama, num_gpu_blocks_override=64, enforce_eager=True, seed=0)
-    return _generate(llm), [layer.k_cache.clone() for layer in llm.llm_engine.runner.attention_layers]
+    return _generate(llm), [
+        layer.k_cache.clone() for layer in llm.llm_engine.runner.attention_layers
+    ]
 
 
-def test_graph_replay_gives_the_eager_tokens_for_several_batch_sizes(tiny_llama, rerun_graphs, eager_run, caplog):
+def test_graph_replay_gives_the_eager_tokens_for_several_batch_sizes(
+    tiny_llama, rerun_graphs, eager_run, caplog
+):
     from infernetes import LLM
 
     with caplog.at_level(logging.INFO, logger=cuda_graph.__name__):
-        llm = LLM(tiny_llama, num_gpu_blocks_override=64, cuda_graph_sizes=[1, 2, 4, 8], max_num_seqs=8, seed=0)
-    assert "Capturing CUDA graphs for 4 batch sizes (1, 2, 4, 8) with the rerun backend" in caplog.text
+        llm = LLM(
+            tiny_llama,
+            num_gpu_blocks_override=64,
+            cuda_graph_sizes=[1, 2, 4, 8],
+            max_num_seqs=8,
+            seed=0,
+        )
+    assert (
+        "Capturing CUDA graphs for 4 batch sizes (1, 2, 4, 8) with the rerun backend" in caplog.text
+    )
     tokens, eager_caches = eager_run
     assert _generate(llm) == tokens
     graphs = llm.llm_engine.runner.decode_graphs
     # two decode steps each of 6, 5, 4, 3, 2 and 1 rows: 6 and 5 padded to 8, 3 to 4
     assert graphs.replays == {8: 4, 4: 4, 2: 2, 1: 2}
     # padding rows wrote nowhere: the caches hold exactly what the eager run wrote
-    for eager_cache, layer in zip(eager_caches, llm.llm_engine.runner.attention_layers, strict=True):
+    for eager_cache, layer in zip(
+        eager_caches, llm.llm_engine.runner.attention_layers, strict=True
+    ):
         torch.testing.assert_close(layer.k_cache, eager_cache, rtol=1e-5, atol=1e-5)
 
 
@@ -252,20 +295,33 @@ def test_long_sequences_and_large_batches_fall_back_to_eager(tiny_llama, rerun_g
     from infernetes import LLM, SamplingParams
 
     # graphs only up to 2 rows and 16 tokens: the 6-row steps run eagerly
-    llm = LLM(tiny_llama, num_gpu_blocks_override=64, cuda_graph_sizes=[1, 2], max_seq_len_to_capture=16, seed=0)
+    llm = LLM(
+        tiny_llama,
+        num_gpu_blocks_override=64,
+        cuda_graph_sizes=[1, 2],
+        max_seq_len_to_capture=16,
+        seed=0,
+    )
     assert _generate(llm) == eager_run[0]
     graphs = llm.llm_engine.runner.decode_graphs
     assert graphs.max_blocks == 1 and set(graphs.replays) <= {1, 2}
     # two short prompts growing past 16 tokens: replayed while they fit one block, eager after
-    prompts, params = [[5, 7, 9], [11, 12]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    prompts, params = (
+        [[5, 7, 9], [11, 12]],
+        SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+    )
     graphs.replays.clear()
     replayed = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert graphs.replays == {2: 13}  # steps with seq_len 4 .. 16 fit one block; 17 .. 22 run eagerly
+    assert graphs.replays == {
+        2: 13
+    }  # steps with seq_len 4 .. 16 fit one block; 17 .. 22 run eagerly
     eager = LLM(tiny_llama, num_gpu_blocks_override=64, enforce_eager=True, seed=0)
     assert replayed == [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
 
 
-def test_sleep_drops_the_graphs_and_wake_up_captures_them_again(tiny_llama, rerun_graphs, eager_run):
+def test_sleep_drops_the_graphs_and_wake_up_captures_them_again(
+    tiny_llama, rerun_graphs, eager_run
+):
     from infernetes import LLM
 
     llm = LLM(tiny_llama, num_gpu_blocks_override=64, cuda_graph_sizes=[8], max_num_seqs=8, seed=0)
@@ -285,12 +341,21 @@ def test_compiled_forward_on_the_cpu_with_the_eager_backend(tiny_llama, rerun_gr
     attention layers, and the graphs replay the compiled forward. (Kept small: tracing is slow.)"""
     from infernetes import LLM, SamplingParams
 
-    prompts, params = [[5, 7, 9], [11, 12, 13, 14, 15]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompts, params = (
+        [[5, 7, 9], [11, 12, 13, 14, 15]],
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+    )
     eager = LLM(tiny_llama, num_gpu_blocks_override=64, enforce_eager=True, seed=0)
     expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     torch._dynamo.reset()
-    llm = LLM(tiny_llama, num_gpu_blocks_override=64, compilation_config={"level": 3, "backend": "eager"},
-              cuda_graph_sizes=[2], max_num_seqs=2, seed=0)
+    llm = LLM(
+        tiny_llama,
+        num_gpu_blocks_override=64,
+        compilation_config={"level": 3, "backend": "eager"},
+        cuda_graph_sizes=[2],
+        max_num_seqs=2,
+        seed=0,
+    )
     runner = llm.llm_engine.runner
     assert isinstance(runner.run_model, torch._dynamo.eval_frame.OptimizedModule)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
@@ -312,7 +377,10 @@ def test_gpu_cuda_graphs_give_the_eager_tokens(tiny_llama, caplog):
     eager = _generate(LLM(tiny_llama, enforce_eager=True, **common), prompts)
     with caplog.at_level(logging.INFO, logger=cuda_graph.__name__):
         llm = LLM(tiny_llama, **common)
-    assert "Capturing CUDA graphs for 5 batch sizes (1, 2, 4, 8, 16) with the cuda backend" in caplog.text
+    assert (
+        "Capturing CUDA graphs for 5 batch sizes (1, 2, 4, 8, 16) with the cuda backend"
+        in caplog.text
+    )
     assert _generate(llm, prompts) == eager
     graphs = llm.llm_engine.runner.decode_graphs
     assert isinstance(graphs.backend, cuda_graph.CudaGraphBackend)
@@ -326,7 +394,13 @@ def test_gpu_graph_step_matches_the_eager_step(tiny_llama, dtype):
     """One padded decode step, replayed from a real CUDA graph and run eagerly on the same inputs."""
     from infernetes import LLM
 
-    llm = LLM(tiny_llama, dtype=dtype, max_num_seqs=8, cuda_graph_sizes=[1, 2, 4, 8], num_gpu_blocks_override=128)
+    llm = LLM(
+        tiny_llama,
+        dtype=dtype,
+        max_num_seqs=8,
+        cuda_graph_sizes=[1, 2, 4, 8],
+        num_gpu_blocks_override=128,
+    )
     runner = llm.llm_engine.runner
     graphs = runner.decode_graphs
     n, device = 3, runner.device
@@ -334,7 +408,9 @@ def test_gpu_graph_step_matches_the_eager_step(tiny_llama, dtype):
     tables = torch.tensor([[0, 0, 0], [1, 2, 0], [3, 4, 5]], dtype=torch.int32, device=device)
     last = (seq_lens - 1).long()
     slots = tables.gather(1, (last // 16)[:, None]).squeeze(1).long() * 16 + last % 16
-    meta = AttentionMetadata(slots, tables, torch.arange(n + 1, dtype=torch.int32, device=device), seq_lens)
+    meta = AttentionMetadata(
+        slots, tables, torch.arange(n + 1, dtype=torch.int32, device=device), seq_lens
+    )
     ids = torch.tensor([7, 8, 9], device=device)
     for layer in runner.attention_layers:  # a random cache, so attention reads something
         layer.k_cache.normal_()

@@ -31,7 +31,9 @@ def test_minilm_matches_sentence_transformers(minilm_path):
     assert llm.llm_engine.max_model_len == 256  # from sentence_bert_config.json
     outputs = llm.embed(SENTENCES)
     ours = torch.tensor([o.outputs.embedding for o in outputs])
-    reference = SentenceTransformer(minilm_path, device="cpu").encode(SENTENCES, convert_to_tensor=True)
+    reference = SentenceTransformer(minilm_path, device="cpu").encode(
+        SENTENCES, convert_to_tensor=True
+    )
     assert ours.shape == reference.shape == (4, 384)
     assert torch.allclose(ours, reference.float(), atol=1e-5)
     assert torch.allclose(ours.norm(dim=-1), torch.ones(4), atol=1e-5)

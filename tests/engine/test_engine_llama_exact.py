@@ -32,19 +32,35 @@ def test_batch_of_different_lengths_matches_transformers(hf_greedy, tiny_llama):
 
 def test_chunked_prefill_matches_transformers(hf_greedy, tiny_llama):
     # A budget of 8 tokens per step splits every prompt into chunks mixed with decodes.
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64,
-              max_num_batched_tokens=8, enable_chunked_prefill=True, block_size=8)
+    llm = LLM(
+        tiny_llama,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        max_num_batched_tokens=8,
+        enable_chunked_prefill=True,
+        block_size=8,
+    )
     _check_exact(hf_greedy, llm, tiny_llama, llm.generate(PROMPTS, GREEDY))
 
 
 def test_long_prefill_threshold_and_partial_prefill_limits(hf_greedy, tiny_llama):
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64,
-              long_prefill_token_threshold=5, max_num_partial_prefills=2, max_long_partial_prefills=1)
+    llm = LLM(
+        tiny_llama,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        long_prefill_token_threshold=5,
+        max_num_partial_prefills=2,
+        max_long_partial_prefills=1,
+    )
     _check_exact(hf_greedy, llm, tiny_llama, llm.generate(PROMPTS, GREEDY))
 
 
 def test_prefix_cache_hit_is_exact(hf_greedy, tiny_llama):
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8)
+    llm = LLM(
+        tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8
+    )
     shared = PROMPTS[3]
     first = llm.generate(shared + " One", GREEDY)
     second = llm.generate(shared + " Two", GREEDY)
@@ -53,7 +69,9 @@ def test_prefix_cache_hit_is_exact(hf_greedy, tiny_llama):
     _check_exact(hf_greedy, llm, tiny_llama, first + second, [shared + " One", shared + " Two"])
 
 
-@pytest.mark.parametrize(("policy", "caching"), [("fcfs", False), ("priority", False), ("fcfs", True)])
+@pytest.mark.parametrize(
+    ("policy", "caching"), [("fcfs", False), ("priority", False), ("fcfs", True)]
+)
 def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy, caching):
     preemptions = []
 
@@ -61,8 +79,15 @@ def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy, caching
         def record(self, scheduler_stats, iteration_stats):
             preemptions.append(scheduler_stats.num_preemptions)
 
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=64, num_gpu_blocks_override=10,
-              block_size=8, scheduling_policy=policy, enable_prefix_caching=caching)
+    llm = LLM(
+        tiny_llama,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=10,
+        block_size=8,
+        scheduling_policy=policy,
+        enable_prefix_caching=caching,
+    )
     llm.llm_engine.stat_loggers.append(Counter())
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, priority=[0, 1, 2, 3] if policy == "priority" else None)
@@ -72,7 +97,9 @@ def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy, caching
 
 
 def test_abort_mid_generation_frees_blocks(hf_greedy, tiny_llama):
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=40, block_size=8)
+    llm = LLM(
+        tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=40, block_size=8
+    )
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS):
@@ -93,4 +120,6 @@ def test_abort_mid_generation_frees_blocks(hf_greedy, tiny_llama):
     tokenizer = llm.get_tokenizer()
     for request_id in ("r1", "r3"):
         prompt = PROMPTS[int(request_id[1])]
-        assert finished[request_id].outputs[0].token_ids == hf_greedy(tiny_llama, tokenizer(prompt).input_ids, 30)
+        assert finished[request_id].outputs[0].token_ids == hf_greedy(
+            tiny_llama, tokenizer(prompt).input_ids, 30
+        )

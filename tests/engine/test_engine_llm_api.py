@@ -10,7 +10,9 @@ from infernetes import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    return LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8)
+    return LLM(
+        tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8
+    )
 
 
 def test_prompt_forms_give_the_same_tokens(llm):
@@ -20,12 +22,16 @@ def test_prompt_forms_give_the_same_tokens(llm):
     by_ids = llm.generate([ids], params)[0]
     by_dict = llm.generate({"prompt_token_ids": ids}, params)[0]
     assert by_text.prompt == SAMPLE_PROMPTS[0] and by_ids.prompt is None
-    assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids == by_dict.outputs[0].token_ids
+    assert (
+        by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids == by_dict.outputs[0].token_ids
+    )
 
 
 def test_per_prompt_params_n_and_metrics(llm):
-    params = [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
-              SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=4, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+        SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=4, ignore_eos=True),
+    ]
     first, second = llm.generate(SAMPLE_PROMPTS[:2], params)
     assert len(first.outputs) == 1 and len(first.outputs[0].token_ids) == 3
     assert len(second.outputs) == 2 and all(len(c.token_ids) == 4 for c in second.outputs)

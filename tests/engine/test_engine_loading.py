@@ -63,10 +63,16 @@ def test_corrupt_safetensors_is_named(tmp_path, tiny_llama):
 def test_unknown_architecture_and_remote_code(tmp_path, tiny_llama):
     path = _copy(tiny_llama, tmp_path / "unknown")
     config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "architectures": ["FancyNewForCausalLM"]}))
+    (path / "config.json").write_text(
+        json.dumps({**config, "architectures": ["FancyNewForCausalLM"]})
+    )
     with pytest.raises(ValueError, match=r"FancyNewForCausalLM.*not supported.*LlamaForCausalLM"):
         LLM(str(path), **SMALL)
-    remote = {**config, "architectures": ["FancyNewForCausalLM"], "auto_map": {"AutoConfig": "x.Config"}}
+    remote = {
+        **config,
+        "architectures": ["FancyNewForCausalLM"],
+        "auto_map": {"AutoConfig": "x.Config"},
+    }
     (path / "config.json").write_text(json.dumps(remote))
     with pytest.raises(ValueError, match="trust-remote-code"):
         LLM(str(path), **SMALL)
@@ -85,7 +91,12 @@ def test_max_model_len_checked_against_the_model(tiny_llama, monkeypatch):
 def test_hf_overrides_replace_values_and_merge_dicts(tmp_path, tiny_llama):
     from infernetes.runtime.model_executor.loader import load_hf_config
 
-    llm = LLM(tiny_llama, dtype="float32", num_gpu_blocks_override=64, hf_overrides={"max_position_embeddings": 64})
+    llm = LLM(
+        tiny_llama,
+        dtype="float32",
+        num_gpu_blocks_override=64,
+        hf_overrides={"max_position_embeddings": 64},
+    )
     assert llm.llm_engine.max_model_len == 64  # derived from the overridden config
     with pytest.raises(ValueError, match="maximum model length of 64"):
         llm.generate([list(range(3, 70))], GREEDY)
@@ -93,7 +104,9 @@ def test_hf_overrides_replace_values_and_merge_dicts(tmp_path, tiny_llama):
     config = json.loads((path / "config.json").read_text())
     scaling = {"rope_type": "linear", "factor": 2.0}
     (path / "config.json").write_text(json.dumps({**config, "rope_scaling": scaling}))
-    merged = load_hf_config(path, hf_overrides={"rope_scaling": {"factor": 4.0}, "rms_norm_eps": 1e-3})
+    merged = load_hf_config(
+        path, hf_overrides={"rope_scaling": {"factor": 4.0}, "rms_norm_eps": 1e-3}
+    )
     assert merged.rope_scaling["rope_type"] == "linear" and merged.rope_scaling["factor"] == 4.0
     assert merged.rms_norm_eps == 1e-3
 
@@ -113,7 +126,9 @@ def test_cpu_kv_cache_space_and_memory_bytes(tiny_llama, monkeypatch):
 
 
 def test_generation_config_defaults_and_overrides(tmp_path):
-    path = make_tiny_model(tmp_path / "gen", generation_config={"temperature": 0.0, "max_new_tokens": 5})
+    path = make_tiny_model(
+        tmp_path / "gen", generation_config={"temperature": 0.0, "max_new_tokens": 5}
+    )
     llm = LLM(str(path), **SMALL)
     defaults = llm.get_default_sampling_params()
     assert defaults.temperature == 0.0 and defaults.max_tokens == 5
@@ -153,12 +168,20 @@ def test_bad_requests_name_the_problem(tiny_llama):
     llm = LLM(tiny_llama, **SMALL)
     cases = [
         (SAMPLE_PROMPTS[0], SamplingParams(max_tokens=500), "maximum context length is 128"),
-        (list(range(200)), SamplingParams(max_tokens=1), "longer than the maximum model length of 128"),
+        (
+            list(range(200)),
+            SamplingParams(max_tokens=1),
+            "longer than the maximum model length of 128",
+        ),
         (SAMPLE_PROMPTS[0], SamplingParams(logprobs=50), "greater than the maximum allowed"),
         (SAMPLE_PROMPTS[0], SamplingParams(prompt_logprobs=50), "prompt_logprobs of 50"),
         ([1, 2, 100000], SamplingParams(), "Token id 100000 is out of vocabulary"),
         ({"prompt_token_ids": []}, SamplingParams(), "cannot be empty"),
-        (SAMPLE_PROMPTS[0], SamplingParams(logit_bias={99999: 1.0}), "logit_bias contains token id 99999"),
+        (
+            SAMPLE_PROMPTS[0],
+            SamplingParams(logit_bias={99999: 1.0}),
+            "logit_bias contains token id 99999",
+        ),
     ]
     for prompt, params, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -186,7 +209,9 @@ def test_dtype_rules():
     bf16_model = SimpleNamespace(dtype="bfloat16")
     assert resolve_dtype(fp32_model, "auto", gpu) == torch.float16
     assert resolve_dtype(bf16_model, "auto", gpu) == torch.bfloat16
-    assert resolve_dtype(fp32_model, "auto", cpu) == (torch.bfloat16 if cpu_has_fast_bf16() else torch.float32)
+    assert resolve_dtype(fp32_model, "auto", cpu) == (
+        torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    )
     assert resolve_dtype(bf16_model, "half", cpu) == torch.float16
     with pytest.raises(ValueError, match="dtype must be one of auto"):
         resolve_dtype(fp32_model, "float8", cpu)

@@ -65,14 +65,18 @@ class FakeDevice:
 
 
 def test_budget_is_total_times_utilization_minus_the_rest():
-    profile = MemoryProfile(total=80 * GiB, weights=15 * GiB, activation_peak=3 * GiB, non_torch=GiB)
+    profile = MemoryProfile(
+        total=80 * GiB, weights=15 * GiB, activation_peak=3 * GiB, non_torch=GiB
+    )
     budget = kv_cache_budget(profile, 0.9)
     assert budget.requested == int(80 * GiB * 0.9)
     assert budget.kv_bytes == int(80 * GiB * 0.9) - 19 * GiB
 
 
 def test_no_room_for_the_cache_names_the_flag_and_the_numbers():
-    profile = MemoryProfile(total=80 * GiB, weights=15 * GiB, activation_peak=3 * GiB, non_torch=GiB)
+    profile = MemoryProfile(
+        total=80 * GiB, weights=15 * GiB, activation_peak=3 * GiB, non_torch=GiB
+    )
     with pytest.raises(ValueError) as err:
         kv_cache_budget(profile, 0.2)
     message = str(err.value)
@@ -108,7 +112,11 @@ def test_profile_separates_weights_cache_activations_and_non_torch():
 
     profile = profile_memory(device, setup, step, teardown)
     assert device.events == ["setup", "reset_peak", "step", "teardown"]
-    assert (profile.total, profile.weights, profile.activation_peak) == (40 * GiB, 10 * GiB, 4 * GiB)
+    assert (profile.total, profile.weights, profile.activation_peak) == (
+        40 * GiB,
+        10 * GiB,
+        4 * GiB,
+    )
     assert profile.non_torch == GiB // 2  # used minus reserved, after the cache was given back
     assert kv_cache_budget(profile, 0.5).kv_bytes == 20 * GiB - 10 * GiB - 4 * GiB - GiB // 2
 
@@ -145,15 +153,19 @@ def test_teardown_runs_when_the_step_fails():
 
 
 def test_log_lines(caplog):
-    profile = MemoryProfile(total=80 * GiB, weights=15 * GiB, activation_peak=3 * GiB, non_torch=GiB, seconds=1.5)
+    profile = MemoryProfile(
+        total=80 * GiB, weights=15 * GiB, activation_peak=3 * GiB, non_torch=GiB, seconds=1.5
+    )
     with caplog.at_level(logging.INFO, logger="infernetes.runtime.model_executor.memory_profile"):
         log_kv_cache_budget(kv_cache_budget(profile, 0.9))
         log_kv_cache_capacity("GPU", 1000, 16, 8192)
     text = caplog.text
     assert "Memory profiling takes 1.50 seconds" in text
     assert "total_gpu_memory (80.00 GiB) x gpu_memory_utilization (0.90) = 72.00 GiB" in text
-    assert "model weights take 15.00 GiB; non_torch_memory takes 1.00 GiB; PyTorch activation peak memory " \
-           "takes 3.00 GiB; the rest of the memory reserved for KV Cache is 53.00 GiB." in text
+    assert (
+        "model weights take 15.00 GiB; non_torch_memory takes 1.00 GiB; PyTorch activation peak memory "
+        "takes 3.00 GiB; the rest of the memory reserved for KV Cache is 53.00 GiB." in text
+    )
     assert "Available KV cache memory: 53.00 GiB" in text
     assert "GPU KV cache size: 16,000 tokens" in text
     assert "Maximum concurrency for 8,192 tokens per request: 1.95x" in text
@@ -174,7 +186,9 @@ class TensorBytesProbe:
 
     def _live(self) -> int:
         params = sum(p.numel() * p.element_size() for p in self.runner.model.parameters())
-        caches = sum(a.k_cache.numel() * a.k_cache.element_size() * 2 for a in self.runner.attention_layers)
+        caches = sum(
+            a.k_cache.numel() * a.k_cache.element_size() * 2 for a in self.runner.attention_layers
+        )
         return params + caches
 
     def total(self) -> int:
@@ -206,7 +220,9 @@ def runner(tiny_llama):
     from infernetes.runtime.model_executor.model_runner import ModelRunner
 
     path = Path(tiny_llama)
-    info = inspect_model(path, load_hf_config(path, False, {}, None, None), "auto", 64, torch.device("cpu"))
+    info = inspect_model(
+        path, load_hf_config(path, False, {}, None, None), "auto", 64, torch.device("cpu")
+    )
     return ModelRunner(info, torch.device("cpu"), block_size=16, use_tqdm_on_load=False, seed=0)
 
 
@@ -214,7 +230,9 @@ def test_dummy_batch_splits_the_token_budget_by_max_model_len(runner):
     batch = runner._dummy_prefill_batch(150, max_num_seqs=8)
     assert batch.num_new_tokens == [64, 64, 22]
     assert [len(r.block_ids) for r in batch.requests] == [4, 4, 2]
-    assert sorted(b for r in batch.requests for b in r.block_ids) == list(range(10))  # no block shared
+    assert sorted(b for r in batch.requests for b in r.block_ids) == list(
+        range(10)
+    )  # no block shared
     assert runner._dummy_prefill_batch(1000, max_num_seqs=2).num_new_tokens == [64, 64]
 
 
@@ -232,6 +250,7 @@ def test_runner_profiles_a_real_dummy_step(runner):
 
 
 # -- on a GPU ------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
@@ -259,4 +278,6 @@ def test_gpu_utilization_too_low_is_a_clear_error(tiny_llama):
     from infernetes import LLM
 
     with pytest.raises(ValueError, match="--gpu-memory-utilization"):
-        LLM(tiny_llama, gpu_memory_utilization=1e-6, enforce_eager=True)  # ~100 KB: below the weights
+        LLM(
+            tiny_llama, gpu_memory_utilization=1e-6, enforce_eager=True
+        )  # ~100 KB: below the weights

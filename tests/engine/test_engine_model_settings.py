@@ -15,8 +15,12 @@ from infernetes.runtime.testing import SAMPLE_PROMPTS, make_tiny_model
 from infernetes import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-SMALL = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=32, block_size=8, device="cpu")
-DERIVED_LEN = dict(dtype="float32", num_gpu_blocks_override=64, block_size=8, device="cpu")  # 512 tokens
+SMALL = dict(
+    dtype="float32", max_model_len=128, num_gpu_blocks_override=32, block_size=8, device="cpu"
+)
+DERIVED_LEN = dict(
+    dtype="float32", num_gpu_blocks_override=64, block_size=8, device="cpu"
+)  # 512 tokens
 
 
 def _tokens(llm: LLM) -> list[int]:
@@ -39,7 +43,9 @@ def test_attention_backend_flag_overrides_the_variable(tiny_llama, monkeypatch):
 
 def test_unavailable_attention_backend_fails_before_the_model_loads(tiny_llama, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(backend.BackendError, match="--attention-backend TRITON_ATTN needs a CUDA device"):
+    with pytest.raises(
+        backend.BackendError, match="--attention-backend TRITON_ATTN needs a CUDA device"
+    ):
         LLM(tiny_llama, attention_backend="TRITON_ATTN", **SMALL)
 
 
@@ -80,22 +86,36 @@ def test_ignore_patterns_leave_matching_weight_files_unread(tiny_llama, tmp_path
 
 def test_ignore_patterns_default_and_fallback(tmp_path):
     (tmp_path / "original").mkdir()
-    for name in ("model.safetensors", "extra.safetensors", "original/consolidated.safetensors", "model.bin"):
+    for name in (
+        "model.safetensors",
+        "extra.safetensors",
+        "original/consolidated.safetensors",
+        "model.bin",
+    ):
         (tmp_path / name).write_bytes(b"")
-    assert weight_files(tmp_path, "auto") == [tmp_path / "extra.safetensors", tmp_path / "model.safetensors"]
+    assert weight_files(tmp_path, "auto") == [
+        tmp_path / "extra.safetensors",
+        tmp_path / "model.safetensors",
+    ]
     assert weight_files(tmp_path, "auto", ["extra.*"]) == [tmp_path / "model.safetensors"]
-    assert weight_files(tmp_path, "auto", ["*.safetensors"]) == [tmp_path / "model.bin"]  # as if absent
+    assert weight_files(tmp_path, "auto", ["*.safetensors"]) == [
+        tmp_path / "model.bin"
+    ]  # as if absent
     with pytest.raises(ModelLoadError, match=r"ignoring \*"):
         weight_files(tmp_path, "auto", ["*"])
 
 
 @pytest.fixture(scope="module")
 def sliding_mistral(tmp_path_factory):
-    return str(make_tiny_model(tmp_path_factory.mktemp("sliding"), "MistralForCausalLM", sliding_window=64))
+    return str(
+        make_tiny_model(tmp_path_factory.mktemp("sliding"), "MistralForCausalLM", sliding_window=64)
+    )
 
 
 def test_sliding_window_model_is_refused_past_its_window(sliding_mistral):
-    with pytest.raises(ModelLoadError, match=r"sliding window of 64 tokens.*--disable-sliding-window"):
+    with pytest.raises(
+        ModelLoadError, match=r"sliding window of 64 tokens.*--disable-sliding-window"
+    ):
         LLM(sliding_mistral, **DERIVED_LEN)
     assert LLM(sliding_mistral, max_model_len=64, **DERIVED_LEN).llm_engine.max_model_len == 64
 
@@ -105,7 +125,9 @@ def test_disable_sliding_window_caps_the_context_at_the_window(sliding_mistral, 
     assert llm.llm_engine.max_model_len == 64
     prompt_ids = llm.llm_engine.tokenizer(SAMPLE_PROMPTS[1]).input_ids
     assert _tokens(llm) == hf_greedy(sliding_mistral, prompt_ids, 4)  # within the window: the same
-    with pytest.raises(ModelLoadError, match=r"64 tokens \(its sliding window, with --disable-sliding-window\)"):
+    with pytest.raises(
+        ModelLoadError, match=r"64 tokens \(its sliding window, with --disable-sliding-window\)"
+    ):
         LLM(sliding_mistral, disable_sliding_window=True, max_model_len=128, **DERIVED_LEN)
 
 

@@ -26,17 +26,28 @@ def hub_cache(tiny_llama, tmp_path, monkeypatch):
         (repo / "refs").mkdir(parents=True, exist_ok=True)
         (repo / "refs" / ref).write_text(commit)
     tokenizer_config = repo / "snapshots" / TAGGED / "tokenizer_config.json"
-    tokenizer_config.write_text(json.dumps({**json.loads(tokenizer_config.read_text()), "model_max_length": 77}))
+    tokenizer_config.write_text(
+        json.dumps({**json.loads(tokenizer_config.read_text()), "model_max_length": 77})
+    )
     return tmp_path / "hub"
 
 
 def test_download_dir_and_tokenizer_revision(hub_cache):
-    settings = resolve_settings(build_config("acme/tiny", download_dir=str(hub_cache), device="cpu"),
-                                environ={})
+    settings = resolve_settings(
+        build_config("acme/tiny", download_dir=str(hub_cache), device="cpu"), environ={}
+    )
     assert settings.info.path.name == MAIN
     assert settings.tokenizer.model_max_length != 77
-    tagged = resolve_settings(build_config("acme/tiny", download_dir=str(hub_cache), tokenizer="acme/tiny",
-                                           tokenizer_revision="v2", device="cpu"), environ={})
+    tagged = resolve_settings(
+        build_config(
+            "acme/tiny",
+            download_dir=str(hub_cache),
+            tokenizer="acme/tiny",
+            tokenizer_revision="v2",
+            device="cpu",
+        ),
+        environ={},
+    )
     assert tagged.info.path.name == MAIN and tagged.tokenizer.model_max_length == 77
 
 
@@ -64,7 +75,11 @@ def test_tokenizer_mode_slow_asks_transformers_for_a_slow_tokenizer(tiny_llama, 
 
 
 def test_model_impl_vllm_is_the_native_implementation_and_transformers_is_refused(tiny_llama):
-    settings = resolve_settings(build_config(tiny_llama, model_impl="vllm", device="cpu"), environ={})
+    settings = resolve_settings(
+        build_config(tiny_llama, model_impl="vllm", device="cpu"), environ={}
+    )
     assert settings.info.architecture == "LlamaForCausalLM"
     with pytest.raises(ValueError, match="--model-impl transformers is not supported"):
-        resolve_settings(build_config(tiny_llama, model_impl="transformers", device="cpu"), environ={})
+        resolve_settings(
+            build_config(tiny_llama, model_impl="transformers", device="cpu"), environ={}
+        )

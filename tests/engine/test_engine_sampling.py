@@ -13,8 +13,14 @@ from infernetes import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    return LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=96,
-               block_size=8, seed=0)
+    return LLM(
+        tiny_llama,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=96,
+        block_size=8,
+        seed=0,
+    )
 
 
 def _greedy(llm, prompt, n=12, **kw):
@@ -24,18 +30,28 @@ def _greedy(llm, prompt, n=12, **kw):
 
 @pytest.mark.parametrize("top_k", [50, 0])  # top_p among the top-k candidates, or by rejection
 def test_seeded_sampling_is_independent_of_the_batch(llm, top_k):
-    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=top_k, seed=1234, max_tokens=16, ignore_eos=True)
+    params = SamplingParams(
+        temperature=1.0, top_p=0.9, top_k=top_k, seed=1234, max_tokens=16, ignore_eos=True
+    )
     alone = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0].token_ids
-    busy = [SamplingParams(temperature=0.8, top_p=0.7 if i % 2 else 1.0, max_tokens=24, ignore_eos=True, seed=i)
-            for i in range(5)]
+    busy = [
+        SamplingParams(
+            temperature=0.8, top_p=0.7 if i % 2 else 1.0, max_tokens=24, ignore_eos=True, seed=i
+        )
+        for i in range(5)
+    ]
     busy += [SamplingParams(temperature=1.2, max_tokens=20, ignore_eos=True)] * 3
     prompts = [SAMPLE_PROMPTS[i % 4] for i in range(8)]
     # The seeded request sits in the middle of a busy batch of other sampled requests.
-    outputs = llm.generate([*prompts[:4], SAMPLE_PROMPTS[0], *prompts[4:]], [*busy[:4], params, *busy[4:]])
+    outputs = llm.generate(
+        [*prompts[:4], SAMPLE_PROMPTS[0], *prompts[4:]], [*busy[:4], params, *busy[4:]]
+    )
     assert outputs[4].outputs[0].token_ids == alone
     again = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0].token_ids
     assert again == alone
-    other_seed = SamplingParams(temperature=1.0, top_p=0.9, top_k=top_k, seed=99, max_tokens=16, ignore_eos=True)
+    other_seed = SamplingParams(
+        temperature=1.0, top_p=0.9, top_k=top_k, seed=99, max_tokens=16, ignore_eos=True
+    )
     assert llm.generate(SAMPLE_PROMPTS[0], other_seed)[0].outputs[0].token_ids != alone
 
 
@@ -45,7 +61,9 @@ def test_n_samples_with_seed(llm):
     assert [c.index for c in output.outputs] == [0, 1, 2]
     samples = [tuple(c.token_ids) for c in output.outputs]
     assert len(set(samples)) == 3
-    assert [tuple(c.token_ids) for c in llm.generate(SAMPLE_PROMPTS[1], params)[0].outputs] == samples
+    assert [
+        tuple(c.token_ids) for c in llm.generate(SAMPLE_PROMPTS[1], params)[0].outputs
+    ] == samples
 
 
 def test_filters_that_reduce_to_greedy(llm):
@@ -60,7 +78,9 @@ def test_logprobs_match_transformers(llm, tiny_llama):
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     prompt = SAMPLE_PROMPTS[3]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2
+    )
     [output] = llm.generate(prompt, params)
     completion = output.outputs[0]
     ids = output.prompt_token_ids + completion.token_ids
@@ -86,8 +106,14 @@ def test_logprobs_match_transformers(llm, tiny_llama):
 
 
 def test_prompt_logprobs_under_chunked_prefill(tiny_llama, llm):
-    chunked = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=32,
-                  block_size=8, max_num_batched_tokens=8)
+    chunked = LLM(
+        tiny_llama,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=32,
+        block_size=8,
+        max_num_batched_tokens=8,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=0)
     expected = llm.generate(SAMPLE_PROMPTS[1], params)[0].prompt_logprobs
     got = chunked.generate(SAMPLE_PROMPTS[1], params)[0].prompt_logprobs
@@ -124,7 +150,9 @@ def test_eos_stops_unless_ignored(llm):
     out = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0]
     assert out.token_ids == [eos] and out.finish_reason == "stop" and out.stop_reason is None
     assert out.text == ""
-    ignored = SamplingParams(temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}, ignore_eos=True)
+    ignored = SamplingParams(
+        temperature=0.0, max_tokens=10, logit_bias={eos: 100.0}, ignore_eos=True
+    )
     assert llm.generate(SAMPLE_PROMPTS[0], ignored)[0].outputs[0].token_ids == [eos] * 10
 
 
@@ -153,9 +181,15 @@ def test_repetition_penalty_matches_transformers(llm, tiny_llama):
     ids = llm.get_tokenizer()(SAMPLE_PROMPTS[3]).input_ids
     ours = _greedy(llm, SAMPLE_PROMPTS[3], n=12, repetition_penalty=1.5).token_ids
     with torch.inference_mode():
-        ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                          repetition_penalty=1.5, pad_token_id=0)[0, len(ids):].tolist()
+        ref = hf.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=12,
+            min_new_tokens=12,
+            do_sample=False,
+            repetition_penalty=1.5,
+            pad_token_id=0,
+        )[0, len(ids) :].tolist()
     assert ours == ref
 
 
@@ -163,7 +197,9 @@ def test_frequency_and_presence_penalties():
     from infernetes.runtime.engine.request import Request
     from infernetes.runtime.model_executor.sampler import Sampler
 
-    params = SamplingParams(temperature=0.0, frequency_penalty=1.0, presence_penalty=0.5, max_tokens=5)
+    params = SamplingParams(
+        temperature=0.0, frequency_penalty=1.0, presence_penalty=0.5, max_tokens=5
+    )
     request = Request("r", [0, 1], params)
     for token in (3, 3, 4):
         request.append_token(token)
@@ -190,8 +226,12 @@ def test_incremental_detokenization_keeps_multibyte_characters(llm):
         logits[target[len(output_ids)]] = 0.0
         return logits
 
-    params = SamplingParams(temperature=0.0, max_tokens=len(target), logits_processors=[spell],
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=len(target),
+        logits_processors=[spell],
+        output_kind=RequestOutputKind.DELTA,
+    )
     engine.add_request("mb", "Hello", params)
     pieces = []
     while engine.has_unfinished_requests():
@@ -207,8 +247,13 @@ def test_stop_string_is_never_streamed(llm):
 
     full = _greedy(llm, SAMPLE_PROMPTS[2], n=20).text
     stop = full[6:10]
-    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=[stop],
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=20,
+        ignore_eos=True,
+        stop=[stop],
+        output_kind=RequestOutputKind.DELTA,
+    )
     engine = llm.llm_engine
     engine.add_request("s", SAMPLE_PROMPTS[2], params)
     streamed = ""
@@ -228,7 +273,9 @@ def test_failing_logits_processor_ends_only_its_request(llm):
         SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
     ]
     bad, good = llm.generate(SAMPLE_PROMPTS[:2], params)
-    assert bad.outputs[0].finish_reason == "abort" and "grammar exploded" in bad.outputs[0].stop_reason
+    assert (
+        bad.outputs[0].finish_reason == "abort" and "grammar exploded" in bad.outputs[0].stop_reason
+    )
     assert good.outputs[0].token_ids == _greedy(llm, SAMPLE_PROMPTS[1], n=6).token_ids
     assert llm.llm_engine.block_manager.num_free_blocks == llm.llm_engine.num_blocks
 
@@ -260,10 +307,15 @@ def test_batched_filters_keep_each_rows_own_tokens():
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(7, 60, generator=gen) * 3
-    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_k=5),
-              SamplingParams(temperature=1.3, top_p=0.6), SamplingParams(temperature=0.9, min_p=0.2),
-              SamplingParams(temperature=1.0, top_k=12, top_p=0.8), SamplingParams(temperature=0.5, top_k=1),
-              SamplingParams(temperature=2.0, min_p=0.05, top_k=30, top_p=0.9)]
+    params = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=1.3, top_p=0.6),
+        SamplingParams(temperature=0.9, min_p=0.2),
+        SamplingParams(temperature=1.0, top_k=12, top_p=0.8),
+        SamplingParams(temperature=0.5, top_k=1),
+        SamplingParams(temperature=2.0, min_p=0.05, top_k=30, top_p=0.9),
+    ]
     for only_some in (params, params[1:2] + params[4:6]):  # with and without a row of no top_k
         rows = [params.index(p) for p in only_some]
         filtered, nucleus = filter_logits(logits[rows], only_some)
@@ -272,8 +324,11 @@ def test_batched_filters_keep_each_rows_own_tokens():
             # top_p without top_k is left to the draw: the filter passes its top_p on
             has_top_k = params[i].top_k > 0
             assert top_p == (1.0 if has_top_k else params[i].top_p)
-            definition = params[i] if has_top_k else SamplingParams(temperature=params[i].temperature,
-                                                                    min_p=params[i].min_p)
+            definition = (
+                params[i]
+                if has_top_k
+                else SamplingParams(temperature=params[i].temperature, min_p=params[i].min_p)
+            )
             assert kept == _allowed_by_definition(logits[i], definition), params[i]
             assert torch.equal(out[sorted(kept)], logits[i][sorted(kept)] / params[i].temperature)
 
@@ -285,11 +340,13 @@ def test_sampling_draws_by_the_filtered_probabilities():
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
     logits = probs.log().repeat(4000, 1)
     # top_p keeps a token while the probability ranked above it is at most top_p
-    for params, expected in ((SamplingParams(temperature=1.0), probs),
-                             (SamplingParams(temperature=1.0, top_k=2), torch.tensor([0, 0, 3 / 7, 4 / 7])),
-                             (SamplingParams(temperature=1.0, top_p=0.5), torch.tensor([0, 0, 3 / 7, 4 / 7])),
-                             (SamplingParams(temperature=1.0, top_p=0.75), torch.tensor([0, 2 / 9, 3 / 9, 4 / 9])),
-                             (SamplingParams(temperature=1.0, top_k=3, top_p=0.5), torch.tensor([0, 0, 3 / 7, 4 / 7]))):
+    for params, expected in (
+        (SamplingParams(temperature=1.0), probs),
+        (SamplingParams(temperature=1.0, top_k=2), torch.tensor([0, 0, 3 / 7, 4 / 7])),
+        (SamplingParams(temperature=1.0, top_p=0.5), torch.tensor([0, 0, 3 / 7, 4 / 7])),
+        (SamplingParams(temperature=1.0, top_p=0.75), torch.tensor([0, 2 / 9, 3 / 9, 4 / 9])),
+        (SamplingParams(temperature=1.0, top_k=3, top_p=0.5), torch.tensor([0, 0, 3 / 7, 4 / 7])),
+    ):
         requests = [Request(f"r{i}", [1], params) for i in range(len(logits))]
         tokens = torch.tensor([s.token_id for s in Sampler(0)(logits, requests)])
         frequencies = torch.bincount(tokens, minlength=4) / len(tokens)
@@ -302,8 +359,12 @@ def test_cpu_row_groups_draw_what_one_batch_draws(monkeypatch):
     from infernetes.runtime.model_executor import sampler
 
     logits = torch.randn(20, 50, generator=torch.Generator().manual_seed(3))
-    params = [SamplingParams(temperature=0.9, top_p=0.8, seed=i) if i % 2 else
-              SamplingParams(temperature=1.1, top_k=7, seed=i) for i in range(20)]
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.8, seed=i)
+        if i % 2
+        else SamplingParams(temperature=1.1, top_k=7, seed=i)
+        for i in range(20)
+    ]
 
     def draw() -> list[int]:
         requests = [Request(f"r{i}", [1], p) for i, p in enumerate(params)]

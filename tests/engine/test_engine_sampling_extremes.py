@@ -19,9 +19,16 @@ VOCAB = 40
 F32 = torch.finfo(torch.float32)
 EXTREMES = [math.nan, math.inf, -math.inf, F32.max, F32.min, 1e30, -1e30, 0.0, 1e-45]
 
-DEVICES = [pytest.param("cpu"),
-           pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                          reason="needs a CUDA GPU")])]
+DEVICES = [
+    pytest.param("cpu"),
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ],
+    ),
+]
 
 logit_values = st.one_of(st.sampled_from(EXTREMES), st.floats(-50, 50, width=32))
 rows = st.lists(logit_values, min_size=VOCAB, max_size=VOCAB)
@@ -35,10 +42,17 @@ params = st.builds(
     repetition_penalty=st.sampled_from([5e-324, 1e-300, 1e-30, 1.0, 1e30, 1e300]),
     frequency_penalty=st.sampled_from([-2.0, 0.0, 2.0]),
     presence_penalty=st.sampled_from([-2.0, 0.0, 2.0]),
-    logit_bias=st.one_of(st.none(), st.dictionaries(
-        st.integers(0, VOCAB - 1), st.sampled_from([math.inf, -math.inf, 1e308, -1e308, -100.0, 100.0]),
-        max_size=VOCAB)),
-    allowed_token_ids=st.one_of(st.none(), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=4)),
+    logit_bias=st.one_of(
+        st.none(),
+        st.dictionaries(
+            st.integers(0, VOCAB - 1),
+            st.sampled_from([math.inf, -math.inf, 1e308, -1e308, -100.0, 100.0]),
+            max_size=VOCAB,
+        ),
+    ),
+    allowed_token_ids=st.one_of(
+        st.none(), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=4)
+    ),
     min_tokens=st.sampled_from([0, 5]),
     seed=st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1)),
     logprobs=st.sampled_from([None, 0, 3]),
@@ -69,10 +83,14 @@ def test_nan_is_never_chosen_and_infinity_takes_the_row(device):
     """Sampled rows, and greedy rows with a bias or penalty, read NaN as -inf; +inf tokens share
     their row. (A greedy row straight from the model takes its argmax as it is: in the vocabulary.)"""
     nan, inf = math.nan, math.inf
-    logits = torch.tensor([[nan, 1.0, nan, 0.5], [0.0, inf, 3.0, inf], [nan] * 4, [-inf] * 4],
-                          device=device)
-    for sampling in (dict(temperature=1.0), dict(temperature=0.0, logit_bias={3: -0.25}),
-                     dict(temperature=0.5, repetition_penalty=2.0)):
+    logits = torch.tensor(
+        [[nan, 1.0, nan, 0.5], [0.0, inf, 3.0, inf], [nan] * 4, [-inf] * 4], device=device
+    )
+    for sampling in (
+        dict(temperature=1.0),
+        dict(temperature=0.0, logit_bias={3: -0.25}),
+        dict(temperature=0.5, repetition_penalty=2.0),
+    ):
         requests = [_request(i, SamplingParams(seed=i, **sampling)) for i in range(4)]
         for _ in range(20):
             first, second, *others = [s.token_id for s in Sampler()(logits, requests)]
@@ -85,9 +103,13 @@ def test_extreme_bias_and_penalty_stay_in_the_vocabulary():
     """The request shapes that killed the server: a bias of NaN, inf or 1e308 on a token or on
     every token, and a repetition penalty of 5e-324."""
     logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(0))
-    cases = [dict(logit_bias={3: math.inf}), dict(logit_bias={3: 1e308}),
-             dict(logit_bias=dict.fromkeys(range(VOCAB), -1e308)), dict(repetition_penalty=5e-324),
-             dict(repetition_penalty=1e-300)]
+    cases = [
+        dict(logit_bias={3: math.inf}),
+        dict(logit_bias={3: 1e308}),
+        dict(logit_bias=dict.fromkeys(range(VOCAB), -1e308)),
+        dict(repetition_penalty=5e-324),
+        dict(repetition_penalty=1e-300),
+    ]
     for case in cases:
         for temperature in (0.0, 0.7):
             request = _request(0, SamplingParams(temperature=temperature, **case))
@@ -99,8 +121,14 @@ def test_extreme_bias_and_penalty_stay_in_the_vocabulary():
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_sampling_params_refuse_meaningless_numbers(value):
-    for field in ("temperature", "repetition_penalty", "top_p", "min_p", "presence_penalty",
-                  "frequency_penalty"):
+    for field in (
+        "temperature",
+        "repetition_penalty",
+        "top_p",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+    ):
         if field == "temperature" and value == -math.inf:
             continue
         with pytest.raises(ValueError, match=field):

@@ -12,7 +12,9 @@ from infernetes.runtime.engine.scheduler import Scheduler, SchedulerLimits
 from infernetes.runtime.sampling_params import SamplingParams
 
 
-def _check_invariants(scheduler: Scheduler, manager: BlockManager, batch, limits: SchedulerLimits) -> None:
+def _check_invariants(
+    scheduler: Scheduler, manager: BlockManager, batch, limits: SchedulerLimits
+) -> None:
     assert batch.total_tokens <= limits.max_num_batched_tokens
     assert len(scheduler.running) <= limits.max_num_seqs
     held: dict[int, int] = {}
@@ -69,8 +71,11 @@ def test_random_traffic_keeps_block_accounting_exact(
             if len(prompt) + max_tokens <= max_model_len:
                 request_id = f"r{step}"
                 params = SamplingParams(max_tokens=max_tokens)
-                scheduler.add_request(Request(request_id, prompt, params, priority=rng.randint(0, 3),
-                                              arrival_order=step))
+                scheduler.add_request(
+                    Request(
+                        request_id, prompt, params, priority=rng.randint(0, 3), arrival_order=step
+                    )
+                )
                 wanted[request_id] = len(prompt) + max_tokens
         if rng.random() < 0.05 and scheduler.requests:
             scheduler.abort_requests([rng.choice(sorted(scheduler.requests))])
@@ -78,7 +83,10 @@ def test_random_traffic_keeps_block_accounting_exact(
         _check_invariants(scheduler, manager, batch, limits)
         scheduler.update_after_step(batch)
         for request in batch.requests:
-            if request.status == RequestStatus.RUNNING and request.num_computed_tokens == request.num_tokens:
+            if (
+                request.status == RequestStatus.RUNNING
+                and request.num_computed_tokens == request.num_tokens
+            ):
                 request.append_token(rng.randrange(50))
                 if request.num_tokens >= wanted[request.request_id]:
                     scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)

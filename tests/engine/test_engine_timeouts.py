@@ -18,8 +18,13 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 @pytest.fixture
 def config(tiny_llama):
-    return build_config(model=tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=32,
-                        block_size=8)
+    return build_config(
+        model=tiny_llama,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=32,
+        block_size=8,
+    )
 
 
 async def _generate(engine: AsyncEngine, request_id: str) -> list[int]:
@@ -62,9 +67,10 @@ async def test_an_unanswered_maintenance_call_fails_the_engine(config, monkeypat
     engine = AsyncEngine.from_config(config)
     engine.engine.reset_prefix_cache = lambda: time.sleep(2)
     started = time.monotonic()
-    with pytest.raises(EngineDeadError, match="did not answer reset_prefix_cache within VLLM_RPC_TIMEOUT=300 ms"):
+    with pytest.raises(
+        EngineDeadError, match="did not answer reset_prefix_cache within VLLM_RPC_TIMEOUT=300 ms"
+    ):
         await engine.reset_prefix_cache()
     assert time.monotonic() - started < 1.5
     assert engine.errored
     await engine.shutdown()
-

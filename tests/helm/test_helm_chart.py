@@ -200,13 +200,21 @@ def test_bad_values_are_rejected_with_the_field(helm_bin: Path, flag: str, messa
 
 def spec_values(tmp_path: Path, spec: dict) -> str:
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump({"inferenceServices": [{"name": "isvc", "spec": {"model": "m", **spec}}]}))
+    path.write_text(
+        yaml.safe_dump({"inferenceServices": [{"name": "isvc", "spec": {"model": "m", **spec}}]})
+    )
     return str(path)
 
 
 def test_inference_service_specs_meet_the_crd_schema(helm_bin: Path, tmp_path: Path):
-    bad = {"replicas": -1, "gpu": {"vendor": "intel"}, "engine": {"maxModelLength": 5, "dtype": "float128"}}
-    result = helm(helm_bin, "lint", "--strict", str(CHART), "-f", spec_values(tmp_path, bad), check=False)
+    bad = {
+        "replicas": -1,
+        "gpu": {"vendor": "intel"},
+        "engine": {"maxModelLength": 5, "dtype": "float128"},
+    }
+    result = helm(
+        helm_bin, "lint", "--strict", str(CHART), "-f", spec_values(tmp_path, bad), check=False
+    )
     assert result.returncode != 0
     for path in ("spec/replicas", "spec/gpu/vendor", "spec/engine/dtype"):
         assert f"/inferenceServices/0/{path}'" in result.stdout + result.stderr, path
@@ -229,7 +237,12 @@ def test_every_setting_the_runtime_refuses_fails_helm_template(helm_bin: Path, t
 
 def test_settings_without_effect_and_allowed_values_pass(helm_bin: Path, tmp_path: Path):
     spec = {
-        "engine": {"swapSpace": 8, "tensorParallelSize": 1, "enableLora": False, "quantization": "fp8"},
+        "engine": {
+            "swapSpace": 8,
+            "tensorParallelSize": 1,
+            "enableLora": False,
+            "quantization": "fp8",
+        },
         "engineEnv": {"VLLM_NO_USAGE_STATS": True, "VLLM_USE_V1": True},
     }
     docs = template(helm_bin, "-f", spec_values(tmp_path, spec))
@@ -239,7 +252,9 @@ def test_settings_without_effect_and_allowed_values_pass(helm_bin: Path, tmp_pat
 
 def test_values_schema_is_generated_from_the_crd():
     target = "helm/infernetes/values.schema.json"
-    assert (CHART / "values.schema.json").read_text() == generate.render(target), f"{target} is stale: make generate"
+    assert (CHART / "values.schema.json").read_text() == generate.render(target), (
+        f"{target} is stale: make generate"
+    )
 
 
 def test_service_monitor_without_its_service_fails_with_a_reason(helm_bin: Path):

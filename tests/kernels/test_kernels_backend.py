@@ -29,7 +29,9 @@ def test_environment_value_unknown_to_the_schema_is_rejected(monkeypatch):
 
 
 def test_unknown_backend_names_the_allowed_values():
-    with pytest.raises(ValueError, match=r"VLLM_ATTENTION_BACKEND='BOGUS'.*TRITON_ATTN, TORCH_SDPA"):
+    with pytest.raises(
+        ValueError, match=r"VLLM_ATTENTION_BACKEND='BOGUS'.*TRITON_ATTN, TORCH_SDPA"
+    ):
         backend.resolve_backend("BOGUS", "cpu")
 
 
@@ -59,21 +61,29 @@ def no_selected_backend():
 def test_attention_backend_flag_wins_over_the_variable(caplog):
     environ = {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}
     assert backend.startup_backend("TORCH_SDPA", "cuda", environ) == backend.TORCH_SDPA
-    assert "--attention-backend TORCH_SDPA overrides VLLM_ATTENTION_BACKEND=TRITON_ATTN" in caplog.text
+    assert (
+        "--attention-backend TORCH_SDPA overrides VLLM_ATTENTION_BACKEND=TRITON_ATTN" in caplog.text
+    )
     assert backend.startup_backend("auto", "cuda", environ) == backend.TRITON_ATTN
     assert backend.startup_backend(None, "cpu", {}) == backend.TORCH_SDPA
 
 
 def test_unavailable_attention_backend_flag_fails_at_startup_naming_the_flag(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(backend.BackendError, match=r"--attention-backend TRITON_ATTN needs a CUDA device.*"
-                                                   r"--attention-backend TORCH_SDPA"):
+    with pytest.raises(
+        backend.BackendError,
+        match=r"--attention-backend TRITON_ATTN needs a CUDA device.*"
+        r"--attention-backend TORCH_SDPA",
+    ):
         backend.startup_backend("TRITON_ATTN", "cpu", {})
 
 
 def test_foreign_attention_backend_flag_warns_and_uses_the_default(caplog):
     assert backend.startup_backend("FLASHINFER", "cpu", {}) == backend.TORCH_SDPA
-    assert "--attention-backend FLASHINFER is a vLLM backend that infernetes does not implement" in caplog.text
+    assert (
+        "--attention-backend FLASHINFER is a vLLM backend that infernetes does not implement"
+        in caplog.text
+    )
 
 
 def test_ops_follow_the_selected_attention_backend(monkeypatch, no_selected_backend):

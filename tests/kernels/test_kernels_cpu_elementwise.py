@@ -66,7 +66,9 @@ def test_silu_and_mul_matches_the_reference(dtype):
     if dtype == torch.float32:  # expf and torch's vectorised exp may differ in the last bit
         torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
     else:
-        torch.testing.assert_close(out.float(), expected.float(), atol=0, rtol=torch.finfo(dtype).eps)
+        torch.testing.assert_close(
+            out.float(), expected.float(), atol=0, rtol=torch.finfo(dtype).eps
+        )
 
 
 def test_ops_use_the_c_kernels_on_a_cpu_and_fall_back_without_them(monkeypatch):
@@ -86,5 +88,7 @@ def test_ops_use_the_c_kernels_on_a_cpu_and_fall_back_without_them(monkeypatch):
 def test_unsupported_shapes_take_the_reference():
     x = torch.randn(2, 3, 64)  # 3-D: the reference handles it
     weight = torch.ones(64)
-    torch.testing.assert_close(elementwise.rms_norm(x, weight, 1e-6), norm.rms_norm(x, weight, 1e-6))
+    torch.testing.assert_close(
+        elementwise.rms_norm(x, weight, 1e-6), norm.rms_norm(x, weight, 1e-6)
+    )
     torch.testing.assert_close(elementwise.silu_and_mul(x), activation.silu_and_mul(x))

@@ -34,10 +34,14 @@ def _needs_the_kernel():
         pytest.skip("no C compiler: the CPU path runs the torch reference")
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[1]}-{c[2]}x{c[3]}-d{c[4]}-b{c[5]}-{c[6]}-{c[7]}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c[1]}-{c[2]}x{c[3]}-d{c[4]}-b{c[5]}-{c[6]}-{c[7]}"
+)
 def test_native_decode_matches_the_reference(case):
     q_lens, seq_lens, heads, kv_heads, head_dim, block_size, dtype, cache_dtype = case
-    batch = random_paged_batch(q_lens, seq_lens, heads, kv_heads, head_dim, block_size, dtype, cache_dtype)
+    batch = random_paged_batch(
+        q_lens, seq_lens, heads, kv_heads, head_dim, block_size, dtype, cache_dtype
+    )
     out = cpu_attention.paged_attention(*batch.args())
     expected = reference.paged_attention(*batch.args())
     tol = TOL[dtype] * (4 if cache_dtype else 1)
@@ -49,7 +53,9 @@ def test_native_decode_matches_the_reference(case):
 
 def test_native_decode_reads_a_strided_query_and_never_stale_slots():
     batch = random_paged_batch([1, 1, 1], [9, 25, 3], 4, 2, 16, 8)
-    fused = torch.randn(3, 8, 16)  # q sits in the first 4 heads of a wider row, as after a qkv split
+    fused = torch.randn(
+        3, 8, 16
+    )  # q sits in the first 4 heads of a wider row, as after a qkv split
     fused[:, :4] = batch.query
     batch.query = fused[:, :4]
     expected = reference.paged_attention(*batch.args())
@@ -58,7 +64,9 @@ def test_native_decode_reads_a_strided_query_and_never_stale_slots():
             blocks = batch.block_tables[b].long()
             cache[blocks[n // 8], n % 8 :] = float("nan")
             cache[blocks[n // 8 + 1 :]] = float("nan")
-    torch.testing.assert_close(cpu_attention.paged_attention(*batch.args()), expected, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(
+        cpu_attention.paged_attention(*batch.args()), expected, atol=2e-5, rtol=2e-5
+    )
 
 
 def test_padding_rows_give_zeros():
@@ -86,7 +94,9 @@ def test_ops_dispatch_to_the_cpu_path(monkeypatch):
 def test_falls_back_to_the_reference_without_the_kernel(monkeypatch):
     batch = random_paged_batch([1, 3], [7, 19], 4, 2, 16, 8)
     monkeypatch.setattr(native, "load", lambda name: None)
-    torch.testing.assert_close(cpu_attention.paged_attention(*batch.args()), reference.paged_attention(*batch.args()))
+    torch.testing.assert_close(
+        cpu_attention.paged_attention(*batch.args()), reference.paged_attention(*batch.args())
+    )
 
 
 def test_kernel_is_built_once_into_the_cache(tmp_path, monkeypatch):

@@ -12,7 +12,8 @@ from infernetes.kernels.cpu import native, packed_linear
 from infernetes.runtime.model_executor.layers.linear import RowParallelLinear
 
 needs_onednn = pytest.mark.skipif(
-    packed_linear.pack_weight(torch.ones(4, 4, dtype=torch.bfloat16)) is None, reason="no oneDNN packing here"
+    packed_linear.pack_weight(torch.ones(4, 4, dtype=torch.bfloat16)) is None,
+    reason="no oneDNN packing here",
 )
 
 
@@ -29,7 +30,9 @@ def test_packed_linear_matches_f_linear(dtype, rows):
         pytest.skip(f"oneDNN cannot pack {dtype} weights on this CPU")
     for b in (None, bias):
         # one unit in the last place of the 16-bit result: only the summation order may differ
-        torch.testing.assert_close(packed_linear.linear(x, packed, b), F.linear(x, weight, b), rtol=2**-7, atol=1e-2)
+        torch.testing.assert_close(
+            packed_linear.linear(x, packed, b), F.linear(x, weight, b), rtol=2**-7, atol=1e-2
+        )
     assert packed_linear.linear(x.view(1, rows, 40), packed, None).shape == (1, rows, 96)
 
 
@@ -97,7 +100,13 @@ def test_engine_tokens_are_the_same_with_cpu_kernels_on_and_off(tmp_path, monkey
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
     def generate() -> list[list[int]]:
-        llm = LLM(str(path), dtype="bfloat16", skip_tokenizer_init=True, num_gpu_blocks_override=64, block_size=8)
+        llm = LLM(
+            str(path),
+            dtype="bfloat16",
+            skip_tokenizer_init=True,
+            num_gpu_blocks_override=64,
+            block_size=8,
+        )
         return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
     with_kernels = generate()

@@ -26,7 +26,10 @@ def tiny_llama(tmp_path_factory):
 def triton_attn(monkeypatch):
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
     # the engine runs on the GPU where there is one (compiled kernels), else interpreted on the CPU
-    assert backend.attention_backend("cuda" if torch.cuda.is_available() else "cpu") == backend.TRITON_ATTN
+    assert (
+        backend.attention_backend("cuda" if torch.cuda.is_available() else "cpu")
+        == backend.TRITON_ATTN
+    )
 
 
 @functools.cache
@@ -37,8 +40,14 @@ def _hf_model(path: str):
 def _hf_greedy(path: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
     ids = torch.tensor([prompt_ids])
     with torch.inference_mode():
-        out = _hf_model(path).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                       min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+        out = _hf_model(path).generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
     return out[0, len(prompt_ids) :].tolist()
 
 
@@ -51,8 +60,15 @@ def _assert_matches_transformers(llm: LLM, path: str, prompts: list[str], output
 
 def test_triton_greedy_batch_with_chunked_prefill_matches_transformers(tiny_llama, triton_attn):
     # A budget of 8 tokens per step chunks the prompts and mixes them with decodes.
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8,
-              max_num_batched_tokens=8, enable_chunked_prefill=True)
+    llm = LLM(
+        tiny_llama,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        block_size=8,
+        max_num_batched_tokens=8,
+        enable_chunked_prefill=True,
+    )
     prompts = SAMPLE_PROMPTS[:3]
     _assert_matches_transformers(llm, tiny_llama, prompts, llm.generate(prompts, GREEDY))
 
@@ -65,12 +81,16 @@ def test_triton_greedy_qwen3_matches_transformers(tmp_path, triton_attn):
 
 
 def test_triton_prefix_cache_hit_matches_transformers(tiny_llama, triton_attn):
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8)
+    llm = LLM(
+        tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8
+    )
     shared = SAMPLE_PROMPTS[3]
     first = llm.generate(shared + " One", GREEDY)
     second = llm.generate(shared + " Two", GREEDY)
     assert second[0].num_cached_tokens >= 16
-    _assert_matches_transformers(llm, tiny_llama, [shared + " One", shared + " Two"], first + second)
+    _assert_matches_transformers(
+        llm, tiny_llama, [shared + " One", shared + " Two"], first + second
+    )
 
 
 def test_triton_fp8_kv_cache_generates_like_the_reference(tiny_llama, monkeypatch):
@@ -78,7 +98,13 @@ def test_triton_fp8_kv_cache_generates_like_the_reference(tiny_llama, monkeypatc
     results = {}
     for name in (backend.TORCH_SDPA, backend.TRITON_ATTN):
         monkeypatch.setenv("VLLM_ATTENTION_BACKEND", name)
-        llm = LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=32, block_size=8,
-                  kv_cache_dtype="fp8")
+        llm = LLM(
+            tiny_llama,
+            dtype="float32",
+            max_model_len=128,
+            num_gpu_blocks_override=32,
+            block_size=8,
+            kv_cache_dtype="fp8",
+        )
         results[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     assert results[backend.TRITON_ATTN] == results[backend.TORCH_SDPA]

@@ -31,8 +31,13 @@ def tiny_llama(tmp_path_factory):
 def triton_graphs(monkeypatch):
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
     # the engine runs on the GPU where there is one (compiled kernels), else interpreted on the CPU
-    assert backend.attention_backend("cuda" if torch.cuda.is_available() else "cpu") == backend.TRITON_ATTN
-    monkeypatch.setattr(cuda_graph, "select_graph_backend", lambda device: cuda_graph.RerunBackend())
+    assert (
+        backend.attention_backend("cuda" if torch.cuda.is_available() else "cpu")
+        == backend.TRITON_ATTN
+    )
+    monkeypatch.setattr(
+        cuda_graph, "select_graph_backend", lambda device: cuda_graph.RerunBackend()
+    )
 
 
 @functools.cache
@@ -40,8 +45,14 @@ def _hf_greedy(path: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor([prompt])
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                             min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
     return out[0, len(prompt) :].tolist()
 
 
@@ -50,8 +61,16 @@ def test_triton_graph_replay_matches_transformers(tiny_llama, triton_graphs):
 
     # block_size 8 and --max-seq-len-to-capture 512: a static table 64 blocks wide, while the
     # eager tables of these sequences are 1-2 blocks wide; the small graphs split K
-    llm = LLM(tiny_llama, dtype="float32", max_model_len=512, num_gpu_blocks_override=64, block_size=8,
-              max_num_seqs=4, cuda_graph_sizes=[1, 2, 4], max_seq_len_to_capture=512)
+    llm = LLM(
+        tiny_llama,
+        dtype="float32",
+        max_model_len=512,
+        num_gpu_blocks_override=64,
+        block_size=8,
+        max_num_seqs=4,
+        cuda_graph_sizes=[1, 2, 4],
+        max_seq_len_to_capture=512,
+    )
     kv_heads = llm.llm_engine.runner.attention_layers[0].num_kv_heads
     assert num_decode_splits(1, kv_heads, 512, torch.device("cpu")) > 1
     assert num_decode_splits(1, kv_heads, 16, torch.device("cpu")) == 1  # eager: no split
@@ -61,15 +80,23 @@ def test_triton_graph_replay_matches_transformers(tiny_llama, triton_graphs):
     # decode steps of 4, 3, 2 and 1 rows (two each); 3 rows are padded to 4
     assert graphs.replays == {4: 3, 2: 2, 1: 2}
     for prompt, params, output in zip(PROMPTS, PARAMS, outputs, strict=True):
-        assert output.outputs[0].token_ids == _hf_greedy(tiny_llama, tuple(prompt), params.max_tokens)
+        assert output.outputs[0].token_ids == _hf_greedy(
+            tiny_llama, tuple(prompt), params.max_tokens
+        )
 
 
 class NoHostSync(TorchDispatchMode):
     """Fails on the ops that would make a CUDA stream wait for the host, or pick a shape from
     device values: a forward that runs clean under it can be recorded as a CUDA graph."""
 
-    SYNCING = {torch.ops.aten._local_scalar_dense, torch.ops.aten.is_nonzero, torch.ops.aten.nonzero,
-               torch.ops.aten.masked_select, torch.ops.aten.unique_consecutive, torch.ops.aten._unique2}
+    SYNCING = {
+        torch.ops.aten._local_scalar_dense,
+        torch.ops.aten.is_nonzero,
+        torch.ops.aten.nonzero,
+        torch.ops.aten.masked_select,
+        torch.ops.aten.unique_consecutive,
+        torch.ops.aten._unique2,
+    }
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket in self.SYNCING:
@@ -103,8 +130,14 @@ def test_graph_forward_never_waits_for_the_host(tiny_llama, monkeypatch, attenti
     decode; fp8 cache and weights too) is free of host syncs; the TORCH_SDPA ops are not (they
     plan each step on the host), which is why TORCH_SDPA decode is never captured."""
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", attention)
-    common = dict(dtype="float32", max_model_len=512, num_gpu_blocks_override=64, block_size=8, max_num_seqs=4,
-                  **engine_args)
+    common = dict(
+        dtype="float32",
+        max_model_len=512,
+        num_gpu_blocks_override=64,
+        block_size=8,
+        max_num_seqs=4,
+        **engine_args,
+    )
     greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     prompts = PROMPTS[:3]
     monkeypatch.setattr(cuda_graph, "select_graph_backend", lambda device: NoHostSyncBackend())
@@ -113,7 +146,10 @@ def test_graph_forward_never_waits_for_the_host(tiny_llama, monkeypatch, attenti
         with pytest.raises(AssertionError, match="host sync in a graph-captured forward"):
             llm.generate(prompts, greedy)
         return
-    eager = [o.outputs[0].token_ids for o in LLM(tiny_llama, enforce_eager=True, **common).generate(prompts, greedy)]
+    eager = [
+        o.outputs[0].token_ids
+        for o in LLM(tiny_llama, enforce_eager=True, **common).generate(prompts, greedy)
+    ]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == eager
     assert llm.llm_engine.runner.decode_graphs.replays == {4: 2}
     if not engine_args:

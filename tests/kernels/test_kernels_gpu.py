@@ -28,27 +28,45 @@ def test_gpu_decode_attention_llama_shapes(cache_dtype):
     from infernetes.kernels import triton_backend as tk
 
     seq_lens = [1, 15, 16, 17, 300, 2048, 4000, 777]
-    batch = random_paged_batch([1] * len(seq_lens), seq_lens, **LLAMA_8B, block_size=16,
-                               dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda")
+    batch = random_paged_batch(
+        [1] * len(seq_lens),
+        seq_lens,
+        **LLAMA_8B,
+        block_size=16,
+        dtype=torch.bfloat16,
+        cache_dtype=cache_dtype,
+        device="cuda",
+    )
     out = tk.paged_attention(*batch.args())
-    torch.testing.assert_close(out, ref_attention.paged_attention(*batch.args()), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        out, ref_attention.paged_attention(*batch.args()), atol=2e-2, rtol=2e-2
+    )
 
 
 def test_gpu_prefill_attention_with_cached_prefix():
     from infernetes.kernels import triton_backend as tk
 
-    batch = random_paged_batch([1000, 1, 37, 512], [1000, 90, 1037, 2000], **LLAMA_8B, block_size=16,
-                               dtype=torch.bfloat16, device="cuda")
+    batch = random_paged_batch(
+        [1000, 1, 37, 512],
+        [1000, 90, 1037, 2000],
+        **LLAMA_8B,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
     out = tk.paged_attention(*batch.args())
-    torch.testing.assert_close(out, ref_attention.paged_attention(*batch.args()), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        out, ref_attention.paged_attention(*batch.args()), atol=2e-2, rtol=2e-2
+    )
 
 
 def test_gpu_decode_step_replays_in_a_cuda_graph():
     """store_kv + paged_attention captured once, replayed with new block tables and lengths."""
     from infernetes.kernels import triton_backend as tk
 
-    batch = random_paged_batch([1] * 4, [40, 200, 7, 129], **LLAMA_8B, block_size=16,
-                               dtype=torch.bfloat16, device="cuda")
+    batch = random_paged_batch(
+        [1] * 4, [40, 200, 7, 129], **LLAMA_8B, block_size=16, dtype=torch.bfloat16, device="cuda"
+    )
     key = torch.randn(4, 8, 128, device="cuda", dtype=torch.bfloat16)
     value = torch.randn_like(key)
     slots = torch.zeros(4, dtype=torch.int64, device="cuda")
@@ -66,7 +84,9 @@ def test_gpu_decode_step_replays_in_a_cuda_graph():
     # New values in the same buffers: other lengths, other slots.
     batch.seq_lens.copy_(torch.tensor([41, 201, 8, 130], device="cuda"))
     tables, lens = batch.block_tables, batch.seq_lens
-    slots.copy_(tables.long().gather(1, ((lens - 1) // 16).long()[:, None])[:, 0] * 16 + (lens - 1) % 16)
+    slots.copy_(
+        tables.long().gather(1, ((lens - 1) // 16).long()[:, None])[:, 0] * 16 + (lens - 1) % 16
+    )
     key.normal_()
     value.normal_()
     graph.replay()

@@ -32,14 +32,19 @@ def test_reference_paged_attention_matches_oracle(block_size, num_heads, num_kv_
     )
     out = attention.paged_attention(*batch.args())
     assert out.dtype == dtype and out.shape == batch.query.shape
-    torch.testing.assert_close(out.double(), naive_paged_attention(batch), atol=TOL[dtype] * 5, rtol=0)
+    torch.testing.assert_close(
+        out.double(), naive_paged_attention(batch), atol=TOL[dtype] * 5, rtol=0
+    )
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_reference_paged_attention_fp8_cache(cache_dtype):
     batch = random_paged_batch([1, 6], [13, 6], 4, 2, 8, 4, torch.float32, cache_dtype=cache_dtype)
     torch.testing.assert_close(
-        attention.paged_attention(*batch.args()).double(), naive_paged_attention(batch), atol=1e-5, rtol=0
+        attention.paged_attention(*batch.args()).double(),
+        naive_paged_attention(batch),
+        atol=1e-5,
+        rtol=0,
     )
 
 
@@ -60,8 +65,12 @@ def test_store_kv_fp8_quantises_with_scale(cache_dtype):
     k_scale, v_scale = torch.tensor(0.25), torch.tensor(0.01)
     cache.store_kv(key, value, k_cache, v_cache, torch.tensor([0, 5]), k_scale, v_scale)
     rel = 0.07 if cache_dtype == torch.float8_e4m3fn else 0.13
-    torch.testing.assert_close(k_cache[1, 1].float() * k_scale, key[1], rtol=rel, atol=k_scale.item())
-    torch.testing.assert_close(v_cache[0, 0].float() * v_scale, value[0], rtol=rel, atol=v_scale.item())
+    torch.testing.assert_close(
+        k_cache[1, 1].float() * k_scale, key[1], rtol=rel, atol=k_scale.item()
+    )
+    torch.testing.assert_close(
+        v_cache[0, 0].float() * v_scale, value[0], rtol=rel, atol=v_scale.item()
+    )
     with pytest.raises(ValueError, match="k_scale"):
         cache.store_kv(key, value, k_cache, v_cache, torch.tensor([0, 5]))
 
@@ -79,7 +88,9 @@ def test_rms_norm_matches_transformers(dtype):
 
 def test_silu_and_mul():
     x = torch.randn(3, 2, 10)
-    torch.testing.assert_close(activation.silu_and_mul(x), torch.nn.functional.silu(x[..., :5]) * x[..., 5:])
+    torch.testing.assert_close(
+        activation.silu_and_mul(x), torch.nn.functional.silu(x[..., :5]) * x[..., 5:]
+    )
 
 
 def _llama_rope(rope_parameters, max_position_embeddings=64, head_dim=16):
@@ -153,7 +164,9 @@ def test_rotary_neox_matches_transformers(dtype):
     q_hf, k_hf = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
     cache_ = build_cos_sin_cache(16, 64, 10000.0)
     q_out, k_out = rotary.rotary_embedding(positions, q, k, cache_, is_neox=True)
-    assert torch.equal(q_out, q_hf[0].transpose(0, 1)) and torch.equal(k_out, k_hf[0].transpose(0, 1))
+    assert torch.equal(q_out, q_hf[0].transpose(0, 1)) and torch.equal(
+        k_out, k_hf[0].transpose(0, 1)
+    )
 
 
 def test_rotary_gptj_rotates_pairs_and_partial_dims():
@@ -162,7 +175,10 @@ def test_rotary_gptj_rotates_pairs_and_partial_dims():
     q, k = torch.randn(2, 3, 12), torch.randn(2, 1, 12)
     q_out, _ = rotary.rotary_embedding(positions, q, k, cache_, is_neox=False)
     angles = positions[:, None].float() * (1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8))
-    pairs = torch.complex(q[..., 0:8:2], q[..., 1:8:2]) * torch.polar(torch.ones_like(angles), angles)[:, None]
+    pairs = (
+        torch.complex(q[..., 0:8:2], q[..., 1:8:2])
+        * torch.polar(torch.ones_like(angles), angles)[:, None]
+    )
     expected = torch.stack((pairs.real, pairs.imag), dim=-1).flatten(-2)
     torch.testing.assert_close(q_out[..., :8], expected, atol=1e-5, rtol=0)
     assert torch.equal(q_out[..., 8:], q[..., 8:])
@@ -199,7 +215,9 @@ def test_fp8_linear_matches_dequantised_weight(per_channel):
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
 def test_reference_paged_attention_ignores_nan_garbage_past_the_end(cache_dtype):
     """Unwritten cache slots may hold NaN bit patterns; they must not reach the output."""
-    batch = random_paged_batch([1, 1, 3], [5, 13, 6], 4, 2, 8, 8, torch.float32, cache_dtype=cache_dtype)
+    batch = random_paged_batch(
+        [1, 1, 3], [5, 13, 6], 4, 2, 8, 8, torch.float32, cache_dtype=cache_dtype
+    )
     expected = naive_paged_attention(batch)
     nan = 0x7F if cache_dtype != torch.float32 else float("nan")  # 0x7F is NaN in e4m3fn
     for kv_cache in (batch.k_cache, batch.v_cache):

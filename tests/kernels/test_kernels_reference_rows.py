@@ -8,7 +8,9 @@ import torch
 from infernetes.kernels.reference import attention, cache
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.uint8])  # fp8 caches go as uint8
+@pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, torch.float16, torch.float32, torch.uint8]
+)  # fp8 caches go as uint8
 @pytest.mark.parametrize("row_shape", [(2, 4), (1, 3)])  # 4-byte words, and a fallback size
 def test_take_rows_and_copy_rows_are_bitwise(dtype, row_shape):
     table = torch.randint(0, 100, (20, *row_shape)).to(dtype)
@@ -31,8 +33,12 @@ def test_plan_is_rebuilt_when_the_metadata_changes():
     query = torch.randn(2, 2, 8)
     tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
     cu = torch.tensor([0, 1, 2], dtype=torch.int32)
-    first = attention.paged_attention(query, k_cache, v_cache, tables, cu, torch.tensor([5, 3], dtype=torch.int32), 0.3)
-    second = attention.paged_attention(query, k_cache, v_cache, tables, cu, torch.tensor([2, 8], dtype=torch.int32), 0.3)
+    first = attention.paged_attention(
+        query, k_cache, v_cache, tables, cu, torch.tensor([5, 3], dtype=torch.int32), 0.3
+    )
+    second = attention.paged_attention(
+        query, k_cache, v_cache, tables, cu, torch.tensor([2, 8], dtype=torch.int32), 0.3
+    )
     k = k_cache[tables[1].long()].reshape(-1, 2, 8)  # row 1 now sees all 8 tokens of its 2 blocks
     v = v_cache[tables[1].long()].reshape(-1, 2, 8)
     weights = torch.softmax(torch.einsum("hd,lhd->hl", query[1], k) * 0.3, dim=-1)

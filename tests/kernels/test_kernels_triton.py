@@ -28,7 +28,17 @@ ATTENTION_CASES = [
     ([1, 1, 1], [3, 20, 41], 4, 2, 16, 4, torch.float32, E4M3, 2),
     ([1, 1], [12, 30], 4, 1, 16, 16, torch.float16, E5M2, None),
     ([6], [6], 4, 4, 16, 4, torch.float32, None, None),  # plain prefill
-    ([1, 7, 5, 1], [9, 7, 19, 16], 4, 2, 16, 4, torch.float32, None, None),  # mixed + chunked prefill
+    (
+        [1, 7, 5, 1],
+        [9, 7, 19, 16],
+        4,
+        2,
+        16,
+        4,
+        torch.float32,
+        None,
+        None,
+    ),  # mixed + chunked prefill
     ([20, 3], [45, 3], 8, 2, 16, 1, torch.float16, None, None),  # prefix hit, block_size 1
     ([17, 1], [17, 30], 4, 4, 32, 16, torch.bfloat16, None, None),
     ([5, 2], [21, 9], 4, 2, 16, 8, torch.float32, E4M3, None),
@@ -37,7 +47,17 @@ ATTENTION_CASES = [
 
 
 @pytest.mark.parametrize(
-    ("q_lens", "seq_lens", "heads", "kv_heads", "head_dim", "block_size", "dtype", "cache_dtype", "splits"),
+    (
+        "q_lens",
+        "seq_lens",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "block_size",
+        "dtype",
+        "cache_dtype",
+        "splits",
+    ),
     ATTENTION_CASES,
 )
 def test_triton_paged_attention_matches_reference(
@@ -72,13 +92,17 @@ def test_triton_store_kv_matches_reference(cache_dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize(("rows", "hidden"), [(5, 64), (5, 72), (37, 16)])  # 37 x 16: per-head q/k norm
+@pytest.mark.parametrize(
+    ("rows", "hidden"), [(5, 64), (5, 72), (37, 16)]
+)  # 37 x 16: per-head q/k norm
 def test_triton_rms_norm_matches_reference(dtype, rows, hidden):
     x = torch.randn(rows, hidden, device=DEVICE).to(dtype)
     residual = torch.randn(rows, hidden, device=DEVICE).to(dtype)
     weight = torch.randn(hidden, device=DEVICE).to(dtype)
     tol = TOL[dtype]
-    torch.testing.assert_close(tk.rms_norm(x, weight, 1e-6), norm.rms_norm(x, weight, 1e-6), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        tk.rms_norm(x, weight, 1e-6), norm.rms_norm(x, weight, 1e-6), atol=tol, rtol=tol
+    )
     out, summed = tk.rms_norm(x, weight, 1e-6, residual)
     ref_out, ref_summed = norm.rms_norm(x, weight, 1e-6, residual)
     torch.testing.assert_close(summed, ref_summed, atol=tol, rtol=tol)
@@ -86,10 +110,14 @@ def test_triton_rms_norm_matches_reference(dtype, rows, hidden):
 
 
 @pytest.mark.parametrize("is_neox", [True, False])
-@pytest.mark.parametrize(("dtype", "rotary_dim", "head_dim"), [(torch.float32, 16, 16), (torch.bfloat16, 8, 12),
-                                                               (torch.float16, 32, 32)])
+@pytest.mark.parametrize(
+    ("dtype", "rotary_dim", "head_dim"),
+    [(torch.float32, 16, 16), (torch.bfloat16, 8, 12), (torch.float16, 32, 32)],
+)
 def test_triton_rotary_matches_reference(is_neox, dtype, rotary_dim, head_dim):
-    cos_sin = build_cos_sin_cache(rotary_dim, 128, 10000.0, {"rope_type": "linear", "factor": 2.0}, device=DEVICE)
+    cos_sin = build_cos_sin_cache(
+        rotary_dim, 128, 10000.0, {"rope_type": "linear", "factor": 2.0}, device=DEVICE
+    )
     positions = torch.tensor([0, 7, 127, 64, 3], device=DEVICE)
     q = torch.randn(5, 4, head_dim, device=DEVICE).to(dtype)
     k = torch.randn(5, 2, head_dim, device=DEVICE).to(dtype)
@@ -102,7 +130,9 @@ def test_triton_rotary_matches_reference(is_neox, dtype, rotary_dim, head_dim):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_triton_silu_and_mul_matches_reference(dtype):
     x = (torch.randn(3, 2, 80, device=DEVICE) * 3).to(dtype)
-    torch.testing.assert_close(tk.silu_and_mul(x), activation.silu_and_mul(x), atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(
+        tk.silu_and_mul(x), activation.silu_and_mul(x), atol=TOL[dtype], rtol=TOL[dtype]
+    )
 
 
 @pytest.mark.parametrize("dtype", [E4M3, E5M2])
@@ -141,7 +171,9 @@ def test_triton_paged_attention_ignores_nan_garbage_past_the_end(q_lens):
             blocks = batch.block_tables[b].long()
             raw[blocks[n // 8], n % 8 :] = 0x7F  # NaN in e4m3fn
             raw[blocks[n // 8 + 1 :]] = 0x7F
-    torch.testing.assert_close(tk.paged_attention(*batch.args(), num_splits=2), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        tk.paged_attention(*batch.args(), num_splits=2), expected, atol=1e-4, rtol=1e-4
+    )
 
 
 def test_triton_decode_padding_rows_give_zeros():
@@ -151,9 +183,15 @@ def test_triton_decode_padding_rows_give_zeros():
     out = tk.paged_attention(*batch.args(), num_splits=2)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert torch.equal(attention.paged_attention(*batch.args())[1], out[1])
-    expected = attention.paged_attention(batch.query[[0, 2]], batch.k_cache, batch.v_cache,
-                                         batch.block_tables[[0, 2]], batch.cu_seqlens_q[:3],
-                                         batch.seq_lens[[0, 2]], batch.scale)
+    expected = attention.paged_attention(
+        batch.query[[0, 2]],
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables[[0, 2]],
+        batch.cu_seqlens_q[:3],
+        batch.seq_lens[[0, 2]],
+        batch.scale,
+    )
     torch.testing.assert_close(out[[0, 2]], expected, atol=2e-5, rtol=2e-5)
 
 
@@ -161,7 +199,10 @@ def test_triton_decode_padding_rows_give_zeros():
 def test_triton_per_token_quant_rows_have_their_own_scale(dtype):
     from infernetes.kernels.triton_backend.fp8 import quant_per_token
 
-    x = torch.randn(4, 2500, device=DEVICE) * torch.tensor([0.01, 1.0, 30.0, 500.0], device=DEVICE)[:, None]
+    x = (
+        torch.randn(4, 2500, device=DEVICE)
+        * torch.tensor([0.01, 1.0, 30.0, 500.0], device=DEVICE)[:, None]
+    )
     q, scales = quant_per_token(x, dtype)  # 2500 columns: two passes of 2048
     assert scales.shape == (4, 1)
     for row in range(4):

@@ -72,7 +72,9 @@ def test_settings_without_effect_or_with_a_fallback_are_not_refused() -> None:
 def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
     by_field = {item.field: item for item in engine_refusals(ARGS)}
     tp = by_field["tensorParallelSize"].message
-    assert tp.startswith("--tensor-parallel-size is not supported with this value: one GPU per engine")
+    assert tp.startswith(
+        "--tensor-parallel-size is not supported with this value: one GPU per engine"
+    )
     assert tp.endswith("supported: 1")
     assert by_field["enableLora"].message.endswith("only false is accepted")
     assert by_field["kvTransferConfig"].message.endswith("leave it unset")
@@ -85,9 +87,15 @@ def test_the_crd_checks_allowed_values_on_the_field_and_unset_ones_on_the_object
     assert tp["x-kubernetes-validations"][-1]["rule"] == "self == 1"
     assert tp["description"].startswith("--tensor-parallel-size is not supported with this value")
     parser = engine["properties"]["toolCallParser"]["x-kubernetes-validations"][-1]["rule"]
-    assert parser == "self in ['hermes', 'llama3_json', 'llama4_json', 'mistral', 'pythonic', 'qwen']"
-    (unset,) = [r for r in engine["x-kubernetes-validations"] if r.get("fieldPath") == ".speculativeConfig"]
-    assert unset["rule"] == "!has(self.speculativeConfig)" and unset["reason"] == "FieldValueForbidden"
+    assert (
+        parser == "self in ['hermes', 'llama3_json', 'llama4_json', 'mistral', 'pythonic', 'qwen']"
+    )
+    (unset,) = [
+        r for r in engine["x-kubernetes-validations"] if r.get("fieldPath") == ".speculativeConfig"
+    ]
+    assert (
+        unset["rule"] == "!has(self.speculativeConfig)" and unset["reason"] == "FieldValueForbidden"
+    )
     env = spec()["properties"]["engineEnv"]["properties"]
     assert env["VLLM_USE_V1"]["x-kubernetes-validations"][-1]["rule"] == "self == true"
 
@@ -95,12 +103,18 @@ def test_the_crd_checks_allowed_values_on_the_field_and_unset_ones_on_the_object
 def test_cel_strings_are_quoted() -> None:
     schema = {"type": "object", "properties": {"f": {"type": "string"}}}
     narrow_with_cel(schema, [Refusal("f", ("it's", "a\\b"), "m")])
-    assert schema["properties"]["f"]["x-kubernetes-validations"][0]["rule"] == "self in ['it\\'s', 'a\\\\b']"
+    assert (
+        schema["properties"]["f"]["x-kubernetes-validations"][0]["rule"]
+        == "self in ['it\\'s', 'a\\\\b']"
+    )
     assert "x-kubernetes-validations" not in schema
 
 
 def test_json_schema_form_is_an_enum_or_nothing_at_all() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "integer", "enum": [1, 2]}, "b": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "enum": [1, 2]}, "b": {"type": "string"}},
+    }
     narrow_with_enums(schema, [Refusal("a", (1,), "m"), Refusal("b", (), "m")])
     assert schema["properties"]["a"]["enum"] == [1]
     assert schema["properties"]["b"]["not"] == {}

@@ -131,7 +131,9 @@ def test_cpu_sample_through_infernetes_config() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    flat = {key: value for group in json.loads(result.stdout).values() for key, value in group.items()}
+    flat = {
+        key: value for group in json.loads(result.stdout).values() for key, value in group.items()
+    }
     assert flat["device"] == "cpu"
     assert flat["max_model_len"] == 512
     assert flat["max_num_seqs"] == 4

@@ -57,7 +57,10 @@ def write(tmp_path: Path, text: str) -> str:
     ("text", "message"),
     [
         ("kind: Deployment\napiVersion: apps/v1\n", "expected kind InferenceService"),
-        ("apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\nspec: {}\n", "spec.model"),
+        (
+            "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\nspec: {}\n",
+            "spec.model",
+        ),
         (
             "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\n"
             "spec: {model: m, engine: {maxModelLength: 4}}\n",
@@ -73,7 +76,10 @@ def test_render_errors_exit_2(tmp_path: Path, text: str, message: str) -> None:
 
 
 def test_render_bad_flags(tmp_path: Path) -> None:
-    path = write(tmp_path, "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\nspec: {model: m}\n")
+    path = write(
+        tmp_path,
+        "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\nspec: {model: m}\n",
+    )
     code, _, err = run("operator", "render", "-f", path, "--api-versions", "nonsense")
     assert code == 2 and "group/version" in err
     code, _, err = run("operator", "render", "-f", path, "--spare-gpus", "8")
@@ -83,7 +89,10 @@ def test_render_bad_flags(tmp_path: Path) -> None:
 
 
 def test_render_uses_namespace_flag(tmp_path: Path) -> None:
-    path = write(tmp_path, "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\nspec: {model: m}\n")
+    path = write(
+        tmp_path,
+        "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\nspec: {model: m}\n",
+    )
     code, out, _ = run("operator", "render", "-f", path, "-n", "team")
     assert code == 0
     assert {doc["metadata"]["namespace"] for doc in yaml.safe_load_all(out)} == {"team"}
@@ -98,5 +107,7 @@ def test_help_does_not_import_heavy_modules() -> None:
         "try:\n    main(['operator', 'render', '--help'])\nexcept SystemExit: pass\n"
         "print(sorted(m for m in ('kopf', 'kubernetes', 'torch') if m in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip().splitlines()[-1] == "[]"

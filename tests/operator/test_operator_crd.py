@@ -35,14 +35,20 @@ def walk(schema: dict[str, Any], path: str = ""):
 
 
 def test_checked_in_files_are_current() -> None:
-    assert (ROOT / "crds/inferenceservices.infernetes.io.yaml").read_text() == crd_yaml(), "run make generate"
-    assert (ROOT / "crds/kopf-peerings.kopf.dev.yaml").read_text() == peering_yaml(), "run make generate"
+    assert (ROOT / "crds/inferenceservices.infernetes.io.yaml").read_text() == crd_yaml(), (
+        "run make generate"
+    )
+    assert (ROOT / "crds/kopf-peerings.kopf.dev.yaml").read_text() == peering_yaml(), (
+        "run make generate"
+    )
 
 
 def test_schema_is_structural() -> None:
     for path, node in walk(version()["schema"]["openAPIV3Schema"]):
-        typed = "type" in node or node.get("x-kubernetes-int-or-string") or node.get(
-            "x-kubernetes-preserve-unknown-fields"
+        typed = (
+            "type" in node
+            or node.get("x-kubernetes-int-or-string")
+            or node.get("x-kubernetes-preserve-unknown-fields")
         )
         assert typed, f"{path} has no type"
         if node.get("x-kubernetes-int-or-string"):
@@ -72,7 +78,12 @@ def test_every_current_argument_is_an_engine_field_except_owned_and_secret() -> 
             assert field not in engine, field
     for field in ("host", "port", "model", "apiKey", "hfToken", "servedModelName"):
         assert field not in engine
-    assert {"tensorParallelSize", "maxModelLen", "gpuMemoryUtilization", "speculativeConfig"} <= set(engine)
+    assert {
+        "tensorParallelSize",
+        "maxModelLen",
+        "gpuMemoryUtilization",
+        "speculativeConfig",
+    } <= set(engine)
 
 
 def test_engine_field_types_follow_the_schema() -> None:
@@ -82,7 +93,9 @@ def test_engine_field_types_follow_the_schema() -> None:
     assert engine["gpuMemoryUtilization"]["maximum"] == 1
     assert engine["tensorParallelSize"]["minimum"] == 1
     assert engine["maxModelLen"]["x-kubernetes-int-or-string"] is True
-    assert re.match(engine["maxModelLen"]["pattern"], "25.6k") and re.match(engine["maxModelLen"]["pattern"], "auto")
+    assert re.match(engine["maxModelLen"]["pattern"], "25.6k") and re.match(
+        engine["maxModelLen"]["pattern"], "auto"
+    )
     assert "llama3_json" in engine["toolCallParser"]["enum"]
     assert engine["enforceEager"]["type"] == "boolean"
     assert engine["loraModules"]["type"] == "array"
@@ -96,7 +109,9 @@ def test_engine_env_is_typed_and_keeps_operator_variables_out() -> None:
     assert all(name.startswith("VLLM_") for name in env)
     for owned in ("VLLM_PORT", "VLLM_HOST_IP", "VLLM_API_KEY", "VLLM_TARGET_DEVICE"):
         assert owned not in env
-    runtime_vars = [v for v in ENV_VARS if v.name.startswith("VLLM_") and not v.build_time and not v.secret]
+    runtime_vars = [
+        v for v in ENV_VARS if v.name.startswith("VLLM_") and not v.build_time and not v.secret
+    ]
     assert len(env) == len(runtime_vars) - 2  # VLLM_PORT and VLLM_HOST_IP
     assert env["VLLM_ATTENTION_BACKEND"]["enum"]
 
@@ -115,8 +130,15 @@ def test_cel_rules_reference_existing_fields() -> None:
 
 def test_shutdown_timeout_must_end_before_the_grace_period() -> None:
     schema = spec_schema()
-    (drain,) = [r for r in schema["x-kubernetes-validations"] if r.get("fieldPath") == ".engine.shutdownTimeout"]
-    assert "self.engine.shutdownTimeout < " in drain["rule"] and "self.terminationGracePeriodSeconds" in drain["rule"]
+    (drain,) = [
+        r
+        for r in schema["x-kubernetes-validations"]
+        if r.get("fieldPath") == ".engine.shutdownTimeout"
+    ]
+    assert (
+        "self.engine.shutdownTimeout < " in drain["rule"]
+        and "self.terminationGracePeriodSeconds" in drain["rule"]
+    )
     assert "terminationGracePeriodSeconds" in drain["message"]
     assert schema["properties"]["terminationGracePeriodSeconds"]["default"] == 60
     assert schema["properties"]["engine"]["properties"]["shutdownTimeout"]["minimum"] == 0

@@ -11,7 +11,10 @@ from infernetes.operator.render import plan
 
 from infernetes.cli.main import main
 
-QUIET = {"model": "m", "engine": {"device": "cpu", "maxModelLen": "8k", "enablePrefixCaching": True}}
+QUIET = {
+    "model": "m",
+    "engine": {"device": "cpu", "maxModelLen": "8k", "enablePrefixCaching": True},
+}
 NOISY = {
     "model": "m",
     "engine": {"device": "cpu", "swapSpace": 8, "schedulerDelayFactor": 0.5, "enableLora": False},
@@ -36,14 +39,20 @@ def test_each_setting_without_effect_is_named_by_its_field_and_why() -> None:
 
 
 def test_defaults_written_out_are_not_notes() -> None:
-    notes = review_engine({"engine": {"swapSpace": 4, "enableLora": False, "tensorParallelSize": 1}})
+    notes = review_engine(
+        {"engine": {"swapSpace": 4, "enableLora": False, "tensorParallelSize": 1}}
+    )
     assert notes.ignored == [] and notes.refused == []
 
 
 def test_refused_settings_are_notes_of_their_own() -> None:
-    notes = review_engine({"engine": {"tensorParallelSize": 2}, "engineEnv": {"VLLM_USE_V1": False}})
+    notes = review_engine(
+        {"engine": {"tensorParallelSize": 2}, "engineEnv": {"VLLM_USE_V1": False}}
+    )
     assert notes.ignored == []
-    assert notes.refused[0].startswith("spec.engine.tensorParallelSize: argument --tensor-parallel-size/-tp 2 is not")
+    assert notes.refused[0].startswith(
+        "spec.engine.tensorParallelSize: argument --tensor-parallel-size/-tp 2 is not"
+    )
     assert notes.refused[1].startswith("spec.engineEnv.VLLM_USE_V1: VLLM_USE_V1=0 is not supported")
 
 
@@ -68,7 +77,11 @@ def test_render_prints_them_on_stderr(tmp_path: Path) -> None:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         assert main(["operator", "render", "-f", str(manifest)]) == 0
     lines = err.getvalue().splitlines()
-    assert lines[0].startswith("warning: noisy: spec.engine.swapSpace: argument --swap-space 8.0 has no effect")
-    assert lines[1].startswith("warning: noisy: spec.engine.tensorParallelSize: argument --tensor-parallel-size")
+    assert lines[0].startswith(
+        "warning: noisy: spec.engine.swapSpace: argument --swap-space 8.0 has no effect"
+    )
+    assert lines[1].startswith(
+        "warning: noisy: spec.engine.tensorParallelSize: argument --tensor-parallel-size"
+    )
     assert lines[1].endswith("kubectl apply will reject it")
     assert "kind: Deployment" in out.getvalue()

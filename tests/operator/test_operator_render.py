@@ -22,7 +22,9 @@ def pod(spec: dict) -> dict:
 
 def test_render_is_pure_and_deterministic() -> None:
     spec = {"model": "x", "engine": {"tensorParallelSize": 2}}
-    assert render(spec, FACTS, name="m", namespace="ns") == render(spec, FACTS, name="m", namespace="ns")
+    assert render(spec, FACTS, name="m", namespace="ns") == render(
+        spec, FACTS, name="m", namespace="ns"
+    )
     assert spec == {"model": "x", "engine": {"tensorParallelSize": 2}}
 
 
@@ -65,13 +67,20 @@ def test_pod_hygiene() -> None:
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
-    assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 1800
+    assert (
+        container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"]
+        >= 1800
+    )
 
 
 def test_user_env_wins_and_names_stay_unique() -> None:
-    env = pod({"model": "x", "modelCache": {"claimName": "c"}, "env": [{"name": "HF_HOME", "value": "/x"}]})[
-        "containers"
-    ][0]["env"]
+    env = pod(
+        {
+            "model": "x",
+            "modelCache": {"claimName": "c"},
+            "env": [{"name": "HF_HOME", "value": "/x"}],
+        }
+    )["containers"][0]["env"]
     assert [e for e in env if e["name"] == "HF_HOME"] == [{"name": "HF_HOME", "value": "/x"}]
 
 
@@ -90,20 +99,29 @@ def test_service_name_collision_rule() -> None:
 def test_owner_references_when_uid_known() -> None:
     for manifest in render({"model": "x"}, FACTS, name="m", namespace="ns", uid="u-1"):
         (ref,) = manifest["metadata"]["ownerReferences"]
-        assert ref["uid"] == "u-1" and ref["controller"] is True and ref["kind"] == "InferenceService"
+        assert (
+            ref["uid"] == "u-1" and ref["controller"] is True and ref["kind"] == "InferenceService"
+        )
 
 
 def test_monitoring_choice() -> None:
-    kinds = lambda facts, mode="auto": [m["kind"] for m in render(  # noqa: E731
-        {"model": "x", "monitoring": {"mode": mode}}, facts, name="m", namespace="ns")]
+    def kinds(facts: ClusterFacts, mode: str = "auto") -> list[str]:
+        spec = {"model": "x", "monitoring": {"mode": mode}}
+        return [m["kind"] for m in render(spec, facts, name="m", namespace="ns")]
+
     both = ClusterFacts.from_api_versions(["monitoring.coreos.com/v1"])
     assert kinds(both) == ["Deployment", "Service", "ServiceMonitor"]
     assert kinds(ClusterFacts.from_api_versions(["monitoring.coreos.com/v1/PodMonitor"])) == [
-        "Deployment", "Service", "PodMonitor"]
+        "Deployment",
+        "Service",
+        "PodMonitor",
+    ]
     assert kinds(FACTS) == ["Deployment", "Service"]
     assert kinds(both, "none") == ["Deployment", "Service"]
     assert kinds(both, "podMonitor")[-1] == "PodMonitor"
-    result = plan({"model": "x", "monitoring": {"mode": "serviceMonitor"}}, FACTS, name="m", namespace="ns")
+    result = plan(
+        {"model": "x", "monitoring": {"mode": "serviceMonitor"}}, FACTS, name="m", namespace="ns"
+    )
     assert "does not serve" in result.warnings[0]
     annotations = result.manifests[0]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
@@ -126,14 +144,19 @@ def test_rollout_strategy(spec: dict, spare: dict | None, expected: str) -> None
 
 def test_auto_rollout_without_room_keeps_replicas_serving() -> None:
     strategy = rollout_strategy({"model": "x", "replicas": 3}, ClusterFacts(spare_gpus={}))
-    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
 
 
 def test_spare_gpus() -> None:
     nodes = {"a": {"nvidia.com/gpu": 8}, "b": {"nvidia.com/gpu": 8}}
     used = {"a": [{"nvidia.com/gpu": 8}], "b": [{"nvidia.com/gpu": 4}, {"nvidia.com/gpu": 2}]}
     assert spare_gpus(nodes, used) == {"nvidia.com/gpu": 2}
-    assert pod_gpus({"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}, {}]}) == {"nvidia.com/gpu": 2}
+    assert pod_gpus({"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}, {}]}) == {
+        "nvidia.com/gpu": 2
+    }
 
 
 def test_pvc_model_is_mounted_and_named_by_its_path() -> None:
@@ -141,7 +164,9 @@ def test_pvc_model_is_mounted_and_named_by_its_path() -> None:
     container = result.manifests[0]["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][0] == "--model=/mnt/models/org/model"
     assert result.model_name == "org/model"
-    assert {"name": "model", "mountPath": "/mnt/models", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "model", "mountPath": "/mnt/models", "readOnly": True} in container[
+        "volumeMounts"
+    ]
 
 
 def test_facts_from_api_versions() -> None:
@@ -159,7 +184,11 @@ def test_facts_from_api_versions() -> None:
         ({"model": "x", "terminationGracePeriodSeconds": 300}, 300, "--shutdown-timeout=290"),
         ({"model": "x", "terminationGracePeriodSeconds": 5}, 5, "--shutdown-timeout=0"),
         (
-            {"model": "x", "terminationGracePeriodSeconds": 120, "engine": {"shutdownTimeout": 100}},
+            {
+                "model": "x",
+                "terminationGracePeriodSeconds": 120,
+                "engine": {"shutdownTimeout": 100},
+            },
             120,
             "--shutdown-timeout=100",
         ),

@@ -8,8 +8,12 @@ NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
 
 
-def deployment(ready: int = 0, replicas: int = 1, available: str = "False", generation: int = 1, **extra: Any) -> dict:
-    conditions = [{"type": "Available", "status": available, "reason": "MinimumReplicas", "message": "m"}]
+def deployment(
+    ready: int = 0, replicas: int = 1, available: str = "False", generation: int = 1, **extra: Any
+) -> dict:
+    conditions = [
+        {"type": "Available", "status": available, "reason": "MinimumReplicas", "message": "m"}
+    ]
     conditions += extra.pop("conditions", [])
     return {
         "metadata": {"generation": generation},
@@ -24,24 +28,54 @@ def deployment(ready: int = 0, replicas: int = 1, available: str = "False", gene
     }
 
 
-def pod(name: str = "p-1", scheduled: bool = True, message: str = "", waiting: dict | None = None, last: dict | None = None) -> dict:
+def pod(
+    name: str = "p-1",
+    scheduled: bool = True,
+    message: str = "",
+    waiting: dict | None = None,
+    last: dict | None = None,
+) -> dict:
     conditions = [
         {"type": "PodScheduled", "status": "True"}
         if scheduled
-        else {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        else {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+        }
     ]
     statuses = []
     if waiting is not None:
-        statuses.append({"name": "server", "state": {"waiting": waiting}, "lastState": {"terminated": last or {}}, "restartCount": 4})
-    return {"metadata": {"name": name}, "status": {"conditions": conditions, "containerStatuses": statuses}}
+        statuses.append(
+            {
+                "name": "server",
+                "state": {"waiting": waiting},
+                "lastState": {"terminated": last or {}},
+                "restartCount": 4,
+            }
+        )
+    return {
+        "metadata": {"name": name},
+        "status": {"conditions": conditions, "containerStatuses": statuses},
+    }
 
 
 def conditions(status: dict) -> dict[str, dict]:
     return {c["type"]: c for c in status["conditions"]}
 
 
-def derive(dep: dict | None, pods: list[dict], previous=None, desired: int = 1, now: str = NOW) -> dict:
-    return derive_status(generation=3, desired_replicas=desired, deployment=dep, pods=pods, previous=previous, now=now)
+def derive(
+    dep: dict | None, pods: list[dict], previous=None, desired: int = 1, now: str = NOW
+) -> dict:
+    return derive_status(
+        generation=3,
+        desired_replicas=desired,
+        deployment=dep,
+        pods=pods,
+        previous=previous,
+        now=now,
+    )
 
 
 def test_ready_when_deployment_available() -> None:
@@ -77,14 +111,21 @@ def test_crash_loop_is_degraded_with_the_termination_message() -> None:
 
 
 def test_progress_deadline_is_degraded() -> None:
-    stuck = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "too slow"}
+    stuck = {
+        "type": "Progressing",
+        "status": "False",
+        "reason": "ProgressDeadlineExceeded",
+        "message": "too slow",
+    }
     c = conditions(derive(deployment(conditions=[stuck]), [pod()]))
     assert c["Degraded"]["reason"] == "ProgressDeadlineExceeded"
     assert c["Progressing"]["status"] == "False"
 
 
 def test_rollout_in_progress() -> None:
-    c = conditions(derive(deployment(ready=1, available="True", replicas=2, updated=1), [pod()], desired=1))
+    c = conditions(
+        derive(deployment(ready=1, available="True", replicas=2, updated=1), [pod()], desired=1)
+    )
     assert c["Progressing"]["status"] == "True" and c["Progressing"]["reason"] == "RollingOut"
     c = conditions(derive(deployment(ready=1, available="True", generation=2, observed=1), [pod()]))
     assert c["Progressing"]["status"] == "True"
@@ -107,7 +148,9 @@ def test_transition_time_kept_while_status_unchanged() -> None:
     first = derive(deployment(), [pod()])
     second = derive(deployment(), [pod()], previous=first["conditions"], now=LATER)
     assert conditions(second)["Ready"]["lastTransitionTime"] == NOW
-    third = derive(deployment(ready=1, available="True"), [pod()], previous=second["conditions"], now=LATER)
+    third = derive(
+        deployment(ready=1, available="True"), [pod()], previous=second["conditions"], now=LATER
+    )
     assert conditions(third)["Ready"]["lastTransitionTime"] == LATER
     assert same_status(first, second)
     assert not same_status(second, third)
@@ -115,18 +158,29 @@ def test_transition_time_kept_while_status_unchanged() -> None:
 
 def test_transitions_emit_user_events() -> None:
     before = derive(deployment(), [pod()])
-    unschedulable = derive(deployment(), [pod(scheduled=False, message="no GPUs")], previous=before["conditions"])
+    unschedulable = derive(
+        deployment(), [pod(scheduled=False, message="no GPUs")], previous=before["conditions"]
+    )
     events = transitions(before["conditions"], unschedulable["conditions"])
     assert ("Warning", "Unschedulable") in [(kind, reason) for kind, reason, _ in events]
-    ready = derive(deployment(ready=1, available="True"), [pod()], previous=unschedulable["conditions"])
-    assert [e[:2] for e in transitions(unschedulable["conditions"], ready["conditions"])] == [("Normal", "Ready")]
+    ready = derive(
+        deployment(ready=1, available="True"), [pod()], previous=unschedulable["conditions"]
+    )
+    assert [e[:2] for e in transitions(unschedulable["conditions"], ready["conditions"])] == [
+        ("Normal", "Ready")
+    ]
     assert transitions(ready["conditions"], ready["conditions"]) == []
 
 
 def test_settings_without_effect_make_a_warning_condition() -> None:
     ignored = ["spec.engine.swapSpace: argument --swap-space 8.0 has no effect here: never swapped"]
     status = derive_status(
-        generation=3, desired_replicas=1, deployment=deployment(), pods=[pod()], previous=None, now=NOW,
+        generation=3,
+        desired_replicas=1,
+        deployment=deployment(),
+        pods=[pod()],
+        previous=None,
+        now=NOW,
         ignored_settings=ignored,
     )
     c = conditions(status)["SettingsIgnored"]
@@ -140,7 +194,13 @@ def test_settings_without_effect_make_a_warning_condition() -> None:
 def test_a_long_list_of_ignored_settings_fits_a_condition_message() -> None:
     ignored = [f"spec.engineEnv.VLLM_X{i}: " + "x" * 500 for i in range(100)]
     status = derive_status(
-        generation=1, desired_replicas=1, deployment=None, pods=[], previous=None, now=NOW, ignored_settings=ignored
+        generation=1,
+        desired_replicas=1,
+        deployment=None,
+        pods=[],
+        previous=None,
+        now=NOW,
+        ignored_settings=ignored,
     )
     message = conditions(status)["SettingsIgnored"]["message"]
     assert len(message) == MESSAGE_MAX and message.endswith("...")

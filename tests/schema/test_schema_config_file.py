@@ -27,16 +27,29 @@ def test_file_values_fill_in(config_file):
         "tensor-parallel-size: 2\n"
     )
     config = parse_serve_args(["--config", path])
-    assert config.model == "org/model" and config.max_num_seqs == 16 and config.max_model_len == 4000
+    assert (
+        config.model == "org/model" and config.max_num_seqs == 16 and config.max_model_len == 4000
+    )
     assert config.enforce_eager is True and config.enable_prefix_caching is False
     assert config.served_model_name == ["a", "b"] and config.hf_overrides == {"rope_theta": 1000000}
     assert config.tensor_parallel_size == 2
 
 
 def test_command_line_wins_over_file(config_file):
-    path = config_file("max-num-seqs: 16\nport: 9000\nserved-model-name: [a, b]\nenforce-eager: true\n")
-    config = parse_serve_args(["m", f"--config={path}", "--max-num-seqs", "4", "--served-model-name", "c",
-                               "--no-enforce-eager"])
+    path = config_file(
+        "max-num-seqs: 16\nport: 9000\nserved-model-name: [a, b]\nenforce-eager: true\n"
+    )
+    config = parse_serve_args(
+        [
+            "m",
+            f"--config={path}",
+            "--max-num-seqs",
+            "4",
+            "--served-model-name",
+            "c",
+            "--no-enforce-eager",
+        ]
+    )
     assert config.max_num_seqs == 4 and config.served_model_name == ["c"]
     assert config.enforce_eager is False
     assert config.port == 9000
@@ -58,10 +71,12 @@ def test_deprecated_keys_in_file_warn_and_map(config_file):
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("no-such-arg: 1\n", "unknown argument 'no-such-arg'"),
-     ("max-num-seqs: lots\n", "--max-num-seqs"),
-     ("- a\n- b\n", "must hold a mapping"),
-     ("key: [unclosed\n", "not valid YAML")],
+    [
+        ("no-such-arg: 1\n", "unknown argument 'no-such-arg'"),
+        ("max-num-seqs: lots\n", "--max-num-seqs"),
+        ("- a\n- b\n", "must hold a mapping"),
+        ("key: [unclosed\n", "not valid YAML"),
+    ],
 )
 def test_bad_files_exit_2(capsys, config_file, text, message):
     with pytest.raises(SystemExit) as exc:

@@ -12,10 +12,16 @@ def test_defaults_when_unset_or_empty():
 
 
 def test_typed_values():
-    env = {"VLLM_ENGINE_ITERATION_TIMEOUT_S": "120", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-           "VLLM_RAY_PER_WORKER_GPUS": "0.5", "VLLM_DISABLED_KERNELS": "a, b,,c",
-           "VLLM_FUSED_MOE_CHUNK_SIZE": "64K", "VLLM_LOGGING_LEVEL": "debug",
-           "VLLM_ATTENTION_BACKEND": "triton_attn", "VLLM_CACHE_ROOT": "~/cache"}
+    env = {
+        "VLLM_ENGINE_ITERATION_TIMEOUT_S": "120",
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        "VLLM_RAY_PER_WORKER_GPUS": "0.5",
+        "VLLM_DISABLED_KERNELS": "a, b,,c",
+        "VLLM_FUSED_MOE_CHUNK_SIZE": "64K",
+        "VLLM_LOGGING_LEVEL": "debug",
+        "VLLM_ATTENTION_BACKEND": "triton_attn",
+        "VLLM_CACHE_ROOT": "~/cache",
+    }
     assert read_env("VLLM_ENGINE_ITERATION_TIMEOUT_S", env) == 120
     assert read_env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", env) is True
     assert read_env("VLLM_RAY_PER_WORKER_GPUS", env) == 0.5
@@ -28,8 +34,12 @@ def test_typed_values():
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("VLLM_RPC_TIMEOUT", "soon"), ("VLLM_USE_V1", "maybe"), ("VLLM_WORKER_MULTIPROC_METHOD", "thread"),
-     ("VLLM_FLASH_ATTN_VERSION", "4")],
+    [
+        ("VLLM_RPC_TIMEOUT", "soon"),
+        ("VLLM_USE_V1", "maybe"),
+        ("VLLM_WORKER_MULTIPROC_METHOD", "thread"),
+        ("VLLM_FLASH_ATTN_VERSION", "4"),
+    ],
 )
 def test_bad_values_name_the_variable(name, value):
     with pytest.raises(ValueError, match=name):

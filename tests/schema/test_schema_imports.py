@@ -13,6 +13,8 @@ def test_schema_modules_import_nothing_heavy():
         + "print(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'torch', 'numpy', 'transformers', 'yaml', 'kopf', 'kubernetes', 'pydantic', 'fastapi'}))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

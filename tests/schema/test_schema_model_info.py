@@ -31,7 +31,9 @@ def test_fp32_models_run_in_fp16_under_auto(tmp_path):
 
 def test_explicit_values_are_kept(tmp_path):
     model = write_model(tmp_path / "tiny", max_position_embeddings=2048, torch_dtype="bfloat16")
-    config = resolve_model_defaults(build_config(str(model), max_model_len=1024, dtype="float32"), environ={})
+    config = resolve_model_defaults(
+        build_config(str(model), max_model_len=1024, dtype="float32"), environ={}
+    )
     assert (config.max_model_len, config.dtype) == (1024, "float32")
 
 
@@ -61,8 +63,15 @@ def test_unresolvable_models_stay_auto(tmp_path):
 
 def test_context_length_rules():
     assert derived_max_model_len({"max_position_embeddings": 4096, "seq_length": 2048}) == 2048
-    assert derived_max_model_len({"max_position_embeddings": 4096,
-                                  "rope_scaling": {"rope_type": "linear", "factor": 2.0}}) == 8192
+    assert (
+        derived_max_model_len(
+            {
+                "max_position_embeddings": 4096,
+                "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+            }
+        )
+        == 8192
+    )
     assert derived_max_model_len({"text_config": {"max_position_embeddings": 512}}) == 512
     assert derived_max_model_len({}) is None
 

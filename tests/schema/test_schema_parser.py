@@ -47,7 +47,13 @@ def test_booleans_with_explicit_values():
 
 
 def test_underscores_work_as_dashes():
-    config = parse("--max_num_seqs", "8", "--speculative_config", '{"method": "ngram"}', "--preemption_mode=swap")
+    config = parse(
+        "--max_num_seqs",
+        "8",
+        "--speculative_config",
+        '{"method": "ngram"}',
+        "--preemption_mode=swap",
+    )
     assert config.max_num_seqs == 8
     assert config.speculative_config == {"method": "ngram"}
     assert config.preemption_mode == "swap"
@@ -55,7 +61,11 @@ def test_underscores_work_as_dashes():
 
 def test_short_aliases():
     config = parse("-tp", "2", "-pp", "2", "-dp", "2", "-q", "awq", "-asc", "3")
-    assert (config.tensor_parallel_size, config.pipeline_parallel_size, config.data_parallel_size) == (2, 2, 2)
+    assert (
+        config.tensor_parallel_size,
+        config.pipeline_parallel_size,
+        config.data_parallel_size,
+    ) == (2, 2, 2)
     assert config.quantization == "awq" and config.api_server_count == 3
 
 
@@ -83,19 +93,35 @@ def test_kv_cache_memory_bytes_takes_sizes():
 
 
 def test_json_argument_whole():
-    assert parse("--hf-overrides", '{"rope_theta": 1000000}').hf_overrides == {"rope_theta": 1000000}
+    assert parse("--hf-overrides", '{"rope_theta": 1000000}').hf_overrides == {
+        "rope_theta": 1000000
+    }
 
 
 def test_json_argument_by_keys():
-    config = parse("--hf-overrides.rope_theta", "1e6", "--hf-overrides.rope_scaling.factor=2",
-                   "--hf-overrides.rope_scaling.rope_type", "dynamic", "--hf-overrides.name", "x")
-    assert config.hf_overrides == {"rope_theta": 1e6, "rope_scaling": {"factor": 2, "rope_type": "dynamic"},
-                                   "name": "x"}
+    config = parse(
+        "--hf-overrides.rope_theta",
+        "1e6",
+        "--hf-overrides.rope_scaling.factor=2",
+        "--hf-overrides.rope_scaling.rope_type",
+        "dynamic",
+        "--hf-overrides.name",
+        "x",
+    )
+    assert config.hf_overrides == {
+        "rope_theta": 1e6,
+        "rope_scaling": {"factor": 2, "rope_type": "dynamic"},
+        "name": "x",
+    }
 
 
 def test_json_keys_merge_onto_a_whole_value():
-    config = parse("--override-generation-config", '{"temperature": 0.5}',
-                   "--override-generation-config.top_p", "0.9")
+    config = parse(
+        "--override-generation-config",
+        '{"temperature": 0.5}',
+        "--override-generation-config.top_p",
+        "0.9",
+    )
     assert config.override_generation_config == {"temperature": 0.5, "top_p": 0.9}
 
 
@@ -125,10 +151,16 @@ def test_repeatable_list_argument_accumulates():
 
 
 def test_lora_modules_in_both_forms():
-    config = parse("--enable-lora", "--lora-modules", "a=/p1", "b=/p2",
-                   '{"name": "c", "path": "/p3", "base_model_name": "m"}')
+    config = parse(
+        "--enable-lora",
+        "--lora-modules",
+        "a=/p1",
+        "b=/p2",
+        '{"name": "c", "path": "/p3", "base_model_name": "m"}',
+    )
     assert config.lora_modules == [
-        {"name": "a", "path": "/p1"}, {"name": "b", "path": "/p2"},
+        {"name": "a", "path": "/p1"},
+        {"name": "b", "path": "/p2"},
         {"name": "c", "path": "/p3", "base_model_name": "m"},
     ]
 
@@ -140,15 +172,21 @@ def test_model_after_a_list_argument_needs_its_own_place():
 
 @pytest.mark.parametrize(
     "argv",
-    [["--limit-mm-per-prompt", "image=4"], ["--limit-mm-per-prompt", '{"image": 4}'],
-     ["--limit-mm-per-prompt.image", "4"]],
+    [
+        ["--limit-mm-per-prompt", "image=4"],
+        ["--limit-mm-per-prompt", '{"image": 4}'],
+        ["--limit-mm-per-prompt.image", "4"],
+    ],
 )
 def test_limit_mm_per_prompt_forms(argv):
     assert parse(*argv).limit_mm_per_prompt == {"image": 4}
 
 
 def test_limit_mm_per_prompt_several_modalities():
-    assert parse("--limit-mm-per-prompt", "image=16,video=2").limit_mm_per_prompt == {"image": 16, "video": 2}
+    assert parse("--limit-mm-per-prompt", "image=16,video=2").limit_mm_per_prompt == {
+        "image": 16,
+        "video": 2,
+    }
 
 
 def test_choices_are_case_insensitive():

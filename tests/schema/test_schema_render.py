@@ -31,7 +31,9 @@ def sample(arg: Arg):
         "size": 4096,
         "float": 0.5,
         "str": "some value",
-        "json": {"key": [1, {"nested": "v"}], "flag": True} if arg.default != ["*"] else ["https://a.example"],
+        "json": {"key": [1, {"nested": "v"}], "flag": True}
+        if arg.default != ["*"]
+        else ["https://a.example"],
         "name_path": {"name": "b", "path": "/q", "base_model_name": "m"},
         "token": "hf_secret",
     }[arg.kind]
@@ -42,7 +44,9 @@ def sample(arg: Arg):
 
 @pytest.mark.parametrize("arg", CURRENT_ARGS, ids=lambda a: a.name)
 def test_round_trip_of_each_argument(arg):
-    config = build_config(**{"model": "org/model", arg.dest: sample(arg), **COMPANIONS.get(arg.dest, {})})
+    config = build_config(
+        **{"model": "org/model", arg.dest: sample(arg), **COMPANIONS.get(arg.dest, {})}
+    )
     assert config.non_defaults()[arg.dest] is not None
     assert parse_serve_args(to_argv(config)) == config
 
@@ -57,9 +61,19 @@ def test_round_trip_of_many_arguments_at_once():
     values = {}
     for arg in CURRENT_ARGS:
         values[arg.dest] = sample(arg)
-    values.update({"max_num_partial_prefills": 4, "data_parallel_size": 4, "max_num_batched_tokens": 8192,
-                   "enable_lora": True, "enable_prompt_adapter": True, "enable_chunked_prefill": True,
-                   "max_cpu_loras": 4, "tool_call_parser": "hermes", "otlp_traces_endpoint": "http://c:4317"})
+    values.update(
+        {
+            "max_num_partial_prefills": 4,
+            "data_parallel_size": 4,
+            "max_num_batched_tokens": 8192,
+            "enable_lora": True,
+            "enable_prompt_adapter": True,
+            "enable_chunked_prefill": True,
+            "max_cpu_loras": 4,
+            "tool_call_parser": "hermes",
+            "otlp_traces_endpoint": "http://c:4317",
+        }
+    )
     config = build_config(**values)
     assert parse_serve_args(to_argv(config)) == config
 

@@ -10,7 +10,10 @@ RULES = [
     (dict(enable_lora=True, max_loras=4, max_cpu_loras=2), "--max-cpu-loras"),
     (dict(lora_modules=["a=/p"]), "--enable-lora"),
     (dict(prompt_adapters=["a=/p"]), "--enable-prompt-adapter"),
-    (dict(enable_chunked_prefill=False, max_model_len=8192, max_num_batched_tokens=2048), "--max-num-batched-tokens"),
+    (
+        dict(enable_chunked_prefill=False, max_model_len=8192, max_num_batched_tokens=2048),
+        "--max-num-batched-tokens",
+    ),
     (dict(max_num_batched_tokens=16, max_num_seqs=32), "--max-num-seqs"),
     (dict(max_num_partial_prefills=2, max_long_partial_prefills=3), "--max-long-partial-prefills"),
     (dict(enable_chunked_prefill=False, max_num_partial_prefills=2), "--max-num-partial-prefills"),

@@ -12,13 +12,19 @@ from infernetes.schema.config import ConfigError, ServeConfig, build_config
 def test_attributes_by_dest():
     config = build_config("org/model", max_num_seqs=8, block_size=16, enable_prefix_caching=True)
     assert (config.model, config.max_num_seqs, config.block_size, config.enable_prefix_caching) == (
-        "org/model", 8, 16, True)
+        "org/model",
+        8,
+        16,
+        True,
+    )
     with pytest.raises(AttributeError):
         _ = config.no_such_argument
 
 
 def test_strings_are_converted_like_the_command_line():
-    config = build_config("m", max_num_seqs="8", max_model_len="2k", enforce_eager="true", cuda_graph_sizes="8")
+    config = build_config(
+        "m", max_num_seqs="8", max_model_len="2k", enforce_eager="true", cuda_graph_sizes="8"
+    )
     assert (config.max_num_seqs, config.max_model_len, config.enforce_eager) == (8, 2000, True)
     assert config.cuda_graph_sizes == [8]
 
@@ -42,7 +48,12 @@ def test_grouped():
 def test_replace_validates_and_leaves_the_original():
     config = build_config("m", max_num_seqs=8)
     changed = config.replace(max_num_seqs=16, enforce_eager=True)
-    assert (config.max_num_seqs, changed.max_num_seqs, changed.enforce_eager, changed.model) == (8, 16, True, "m")
+    assert (config.max_num_seqs, changed.max_num_seqs, changed.enforce_eager, changed.model) == (
+        8,
+        16,
+        True,
+        "m",
+    )
     with pytest.raises(ConfigError, match="--max-num-seqs"):
         config.replace(max_num_seqs=0)
 

@@ -37,9 +37,12 @@ def _non_default(arg: Arg, avoid: tuple = ()) -> object:
 
 
 # Settings that the cross-field rules require beside a value (each itself refused or no-effect).
-COMPANIONS = {"lora_modules": {"enable_lora": True}, "prompt_adapters": {"enable_prompt_adapter": True},
-              "data_parallel_size_local": {"data_parallel_size": 2},
-              "collect_detailed_traces": {"otlp_traces_endpoint": "http://collector:4317"}}
+COMPANIONS = {
+    "lora_modules": {"enable_lora": True},
+    "prompt_adapters": {"enable_prompt_adapter": True},
+    "data_parallel_size_local": {"data_parallel_size": 2},
+    "collect_detailed_traces": {"otlp_traces_endpoint": "http://collector:4317"},
+}
 
 
 def _config(arg: Arg, value: object):
@@ -61,8 +64,9 @@ def test_partial_values_are_values_the_argument_takes():
             assert set(support.values) <= set(arg.choices), arg.dest
 
 
-@pytest.mark.parametrize("arg", [a for a in CURRENT_ARGS if ARG_SUPPORT[a.dest].kind != "honoured"],
-                         ids=lambda a: a.dest)
+@pytest.mark.parametrize(
+    "arg", [a for a in CURRENT_ARGS if ARG_SUPPORT[a.dest].kind != "honoured"], ids=lambda a: a.dest
+)
 def test_refused_values_exit_2_and_no_effect_values_warn(arg, capsys):
     support = ARG_SUPPORT[arg.dest]
     value = _non_default(arg, avoid=support.values)
@@ -84,14 +88,21 @@ def test_refused_values_exit_2_and_no_effect_values_warn(arg, capsys):
 def _env_value(var: EnvVar, avoid: tuple) -> str:
     if var.choices:
         return str(next(c for c in var.choices if c != var.default and c not in avoid))
-    return {"bool": "0" if var.default else "1", "int": "7", "float": "7.5", "list": "1,2"}.get(var.kind, "/x")
+    return {"bool": "0" if var.default else "1", "int": "7", "float": "7.5", "list": "1,2"}.get(
+        var.kind, "/x"
+    )
 
 
-@pytest.mark.parametrize("var", [v for v in ENV_VARS if v.name.startswith("VLLM_")
-                                 and ENV_SUPPORT[v.name].kind != "honoured"], ids=lambda v: v.name)
+@pytest.mark.parametrize(
+    "var",
+    [v for v in ENV_VARS if v.name.startswith("VLLM_") and ENV_SUPPORT[v.name].kind != "honoured"],
+    ids=lambda v: v.name,
+)
 def test_vllm_variables_set_without_effect_warn_and_refused_ones_fail(var):
     support = ENV_SUPPORT[var.name]
-    report = check_support(build_config("some/model"), environ={var.name: _env_value(var, support.values)})
+    report = check_support(
+        build_config("some/model"), environ={var.name: _env_value(var, support.values)}
+    )
     if support.kind == "refused" or (support.kind == "partial" and support.others == "refused"):
         assert any(e.startswith(f"{var.name}=") for e in report.errors), report.errors
     else:
@@ -111,14 +122,31 @@ def test_defaults_and_unset_variables_say_nothing():
 
 def test_serve_refuses_before_loading_anything():
     """The CLI exits 2 at once, naming the flag: no torch import, no model lookup."""
-    result = subprocess.run([sys.executable, "-m", "infernetes.cli.main", "serve", "no/such-model",
-                             "--tensor-parallel-size", "2", "--swap-space", "8"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infernetes.cli.main",
+            "serve",
+            "no/such-model",
+            "--tensor-parallel-size",
+            "2",
+            "--swap-space",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "error: argument --tensor-parallel-size/-tp 2 is not supported" in result.stderr
     assert "warning: argument --swap-space 8.0 has no effect here" in result.stderr
-    config = subprocess.run([sys.executable, "-m", "infernetes.cli.main", "config", "no/such-model",
-                             "--enable-lora"], capture_output=True, text=True, timeout=60)
+    config = subprocess.run(
+        [sys.executable, "-m", "infernetes.cli.main", "config", "no/such-model", "--enable-lora"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert config.returncode == 2 and "argument --enable-lora is not supported" in config.stderr
 
 
@@ -137,10 +165,16 @@ def test_every_honoured_argument_has_a_test_that_names_it():
     for arg in CURRENT_ARGS:
         support = ARG_SUPPORT[arg.dest]
         exercised = support.kind == "honoured" or (
-            support.kind == "partial" and any(v != arg.default for v in support.values))
+            support.kind == "partial" and any(v != arg.default for v in support.values)
+        )
         if exercised and not _tests_naming(arg.flag, arg.dest, *arg.aliases):
             untested.append(arg.flag)
-    honoured_vars = [v.name for v in ENV_VARS if v.name.startswith("VLLM_") and ENV_SUPPORT[v.name].kind != "no_effect"
-                     and ENV_SUPPORT[v.name].kind != "refused"]
+    honoured_vars = [
+        v.name
+        for v in ENV_VARS
+        if v.name.startswith("VLLM_")
+        and ENV_SUPPORT[v.name].kind != "no_effect"
+        and ENV_SUPPORT[v.name].kind != "refused"
+    ]
     untested += [name for name in honoured_vars if not _tests_naming(name)]
     assert untested == []

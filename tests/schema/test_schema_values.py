@@ -7,8 +7,18 @@ from infernetes.schema.values import parse_bool, parse_json, parse_name_path, pa
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("2048", 2048), ("1k", 1000), ("1K", 1024), ("25.6k", 25600), ("1m", 10**6), ("2M", 2 * 2**20),
-     ("4G", 4 * 2**30), ("1.5g", 1_500_000_000), (" 8k ", 8000), (512, 512)],
+    [
+        ("2048", 2048),
+        ("1k", 1000),
+        ("1K", 1024),
+        ("25.6k", 25600),
+        ("1m", 10**6),
+        ("2M", 2 * 2**20),
+        ("4G", 4 * 2**30),
+        ("1.5g", 1_500_000_000),
+        (" 8k ", 8000),
+        (512, 512),
+    ],
 )
 def test_sizes(text, expected):
     assert parse_size(text) == expected

@@ -28,16 +28,33 @@ def free_port() -> int:
 class ServerProcess:
     """``infernetes serve <args>`` until stopped; ``url`` is its base URL."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, scheme: str = "http",
-                 log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        scheme: str = "http",
+        log_path: Path | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = log_path
-        command = [sys.executable, "-m", "infernetes.cli.main", "serve", *args,
-                   "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [
+            sys.executable,
+            "-m",
+            "infernetes.cli.main",
+            "serve",
+            *args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         self.log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            command, env={**os.environ, **(env or {})}, stdout=self.log, stderr=subprocess.STDOUT,
+            command,
+            env={**os.environ, **(env or {})},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     def wait_ready(self, verify: bool | str = True) -> None:
@@ -79,19 +96,28 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 # The main test server: auth, two served names, hermes tools, compact JSON, CORS for one origin,
 # dev routes, and a KV cache small enough that heavy load preempts.
 MAIN_ARGS = [
-    "--api-key", API_KEY,
-    "--served-model-name", "tiny", "tiny-alias",
-    "--max-model-len", "256",
-    "--num-gpu-blocks-override", "48",
-    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    "--api-key",
+    API_KEY,
+    "--served-model-name",
+    "tiny",
+    "tiny-alias",
+    "--max-model-len",
+    "256",
+    "--num-gpu-blocks-override",
+    "48",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
     "--guided-decoding-disable-any-whitespace",
     "--enable-prompt-tokens-details",
     "--enable-request-id-headers",
     "--enable-server-load-tracking",
-    "--allowed-origins", '["http://allowed.example"]',
+    "--allowed-origins",
+    '["http://allowed.example"]',
     "--disable-log-requests",
     "--disable-uvicorn-access-log",
-    "--seed", "0",
+    "--seed",
+    "0",
 ]
 
 
@@ -100,8 +126,12 @@ def server_process_factory(tmp_path_factory):
     """``start(args, env=None, scheme="http", log_name=...)`` -> a started ServerProcess."""
     logs = tmp_path_factory.mktemp("server-logs")
 
-    def start(args: list[str], env: dict[str, str] | None = None, scheme: str = "http",
-              log_name: str = "server.log") -> ServerProcess:
+    def start(
+        args: list[str],
+        env: dict[str, str] | None = None,
+        scheme: str = "http",
+        log_name: str = "server.log",
+    ) -> ServerProcess:
         return ServerProcess(args, env=env, scheme=scheme, log_path=logs / log_name)
 
     return start
@@ -109,8 +139,11 @@ def server_process_factory(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def main_server(tiny_llama_dir, server_process_factory):
-    server = server_process_factory([str(tiny_llama_dir), *MAIN_ARGS],
-                                    env={"VLLM_SERVER_DEV_MODE": "1"}, log_name="main-server.log")
+    server = server_process_factory(
+        [str(tiny_llama_dir), *MAIN_ARGS],
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+        log_name="main-server.log",
+    )
     server.api_key = API_KEY
     try:
         server.wait_ready()

@@ -44,8 +44,9 @@ async def test_dead_engine_fails_health_and_requests():
     dead = SimpleNamespace(errored=True, dead_error=RuntimeError("boom"), max_model_len=16)
     async with client_for(FrontendSettings(), engine=dead) as client:
         assert (await client.get("/health")).status_code == 503
-        response = await client.post("/v1/chat/completions",
-                                     json={"messages": [{"role": "user", "content": "x"}]})
+        response = await client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+        )
         assert response.status_code == 503 and "boom" in response.json()["error"]["message"]
 
 
@@ -63,13 +64,17 @@ async def test_engine_death_stops_the_server_unless_kept_alive(monkeypatch, keep
 
 
 async def test_api_key_from_flag_or_environment():
-    settings = FrontendSettings.from_config(SimpleNamespace(api_key=None), environ={"VLLM_API_KEY": "env-key"})
+    settings = FrontendSettings.from_config(
+        SimpleNamespace(api_key=None), environ={"VLLM_API_KEY": "env-key"}
+    )
     assert settings.api_keys == ("env-key",)
     async with client_for(settings) as client:
         assert (await client.get("/v1/models")).status_code == 401
         wrong = await client.get("/v1/models", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == 401
-        assert (await client.get("/v1/models", headers={"Authorization": "Bearer env-key"})).status_code == 200
+        assert (
+            await client.get("/v1/models", headers={"Authorization": "Bearer env-key"})
+        ).status_code == 200
         assert (await client.get("/health")).status_code == 503  # open, just not ready
         assert (await client.get("/metrics")).status_code == 200
 
@@ -86,7 +91,9 @@ async def test_body_size_limit_answers_413():
         await send({"type": "http.response.body", "body": body})
 
     app = RequestBodyMiddleware(echo, max_bytes=10)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t"
+    ) as client:
         assert (await client.post("/", content=b"small")).status_code == 200
         big = await client.post("/", content=b"x" * 100)
         assert big.status_code == 413 and "100 bytes" in big.json()["error"]["message"]

@@ -19,8 +19,10 @@ from infernetes.runtime.server.state import ServerState
 from infernetes.schema.config import build_config
 
 # Loops over the parts of each message: wants the "openai" content format.
-PARTS_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{% for part in m['content'] %}"
-                  "{{ part['text'] }}{% endfor %}{% endfor %}{% if add_generation_prompt %}[go]{% endif %}")
+PARTS_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}]{% for part in m['content'] %}"
+    "{{ part['text'] }}{% endfor %}{% endfor %}{% if add_generation_prompt %}[go]{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +35,26 @@ def engine(tiny_llama_dir):
 def client(engine, **settings) -> httpx.AsyncClient:
     state = ServerState(FrontendSettings(model="tiny", served_model_names=("tiny",), **settings))
     state.attach_engine(engine)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(state)), base_url="http://t")
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=build_app(state)), base_url="http://t"
+    )
 
 
 def chat_body(**extra):
-    return {"model": "tiny", "messages": [{"role": "user", "content": "Think first."}], "max_tokens": 40,
-            "temperature": 0, **extra}
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Think first."}],
+        "max_tokens": 40,
+        "temperature": 0,
+        **extra,
+    }
 
 
 async def _stream_deltas(http: httpx.AsyncClient, body: dict) -> list[dict]:
     deltas = []
-    async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+    async with http.stream(
+        "POST", "/v1/chat/completions", json={**body, "stream": True}
+    ) as response:
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
                 event = json.loads(line[6:])
@@ -55,7 +66,9 @@ async def _stream_deltas(http: httpx.AsyncClient, body: dict) -> list[dict]:
 async def test_reasoning_content_is_split_whole_and_streamed(engine, parser):
     body = chat_body(guided_regex=r"<think>plan it</think>The answer\.")
     async with client(engine, reasoning_parser=parser) as http:
-        message = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]["message"]
+        message = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0][
+            "message"
+        ]
         assert message["reasoning_content"] == "plan it"
         assert message["content"] == "The answer."
         deltas = await _stream_deltas(http, body)
@@ -68,7 +81,9 @@ async def test_chat_template_options(engine, tiny_llama_dir, tmp_path):
     template_file.write_text(PARTS_TEMPLATE)
     assert resolve_content_format("auto", PARTS_TEMPLATE) == "openai"
     async with client(engine, chat_template=str(template_file)) as http:
-        tokens = (await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})).json()
+        tokens = (
+            await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
+        ).json()
         text = (await http.post("/detokenize", json={"tokens": tokens["tokens"]})).json()["prompt"]
         assert text == "[user]hi[go]"
     inline = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
@@ -77,7 +92,9 @@ async def test_chat_template_options(engine, tiny_llama_dir, tmp_path):
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template"
         assert "--trust-request-chat-template" in refused.json()["error"]["message"]
     async with client(engine, response_role="bot", trust_request_chat_template=True) as http:
-        response = await http.post("/v1/chat/completions", json=chat_body(chat_template=inline, max_tokens=3))
+        response = await http.post(
+            "/v1/chat/completions", json=chat_body(chat_template=inline, max_tokens=3)
+        )
         assert response.json()["choices"][0]["message"]["role"] == "bot"
         broken = await http.post("/v1/chat/completions", json=chat_body(chat_template="{% for %}"))
         assert broken.status_code == 400 and "chat template" in broken.json()["error"]["message"]
@@ -85,17 +102,37 @@ async def test_chat_template_options(engine, tiny_llama_dir, tmp_path):
 
 async def test_echo_continue_and_token_ids(engine):
     async with client(engine) as http:
-        body = chat_body(messages=[{"role": "user", "content": "Hi"},
-                                   {"role": "assistant", "content": "Well,"}],
-                         continue_final_message=True, echo=True, max_tokens=3)
-        message = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]["message"]
+        body = chat_body(
+            messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Well,"}],
+            continue_final_message=True,
+            echo=True,
+            max_tokens=3,
+        )
+        message = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0][
+            "message"
+        ]
         assert message["content"].startswith("Well,")
-        completion = (await http.post("/v1/completions", json={
-            "model": "tiny", "prompt": "Hello", "max_tokens": 3, "logprobs": 1,
-            "return_tokens_as_token_ids": True})).json()
-        assert all(t.startswith("token_id:") for t in completion["choices"][0]["logprobs"]["tokens"])
-        scored = (await http.post("/v1/completions", json={
-            "model": "tiny", "prompt": [5, 6, 7], "max_tokens": 1, "prompt_logprobs": 2})).json()
+        completion = (
+            await http.post(
+                "/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": "Hello",
+                    "max_tokens": 3,
+                    "logprobs": 1,
+                    "return_tokens_as_token_ids": True,
+                },
+            )
+        ).json()
+        assert all(
+            t.startswith("token_id:") for t in completion["choices"][0]["logprobs"]["tokens"]
+        )
+        scored = (
+            await http.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 1, "prompt_logprobs": 2},
+            )
+        ).json()
         positions = scored["choices"][0]["prompt_logprobs"]
         assert positions[0] is None and len(positions) == 3
         assert "6" in positions[1] and len(positions[1]) >= 2  # the actual token and the top 2
@@ -106,9 +143,15 @@ def test_periodic_stats_line(caplog):
 
     stats_logger = LoggingStatLogger(interval_s=0.0)
     with caplog.at_level(logging.INFO, logger="infernetes.runtime.server.stats"):
-        stats_logger.record(SchedulerStats(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.5,
-                                           prefix_cache_stats=PrefixCacheStats(queries=10, hits=5)),
-                            IterationStats(num_prompt_tokens=8, num_generation_tokens=2))
+        stats_logger.record(
+            SchedulerStats(
+                num_running_reqs=2,
+                num_waiting_reqs=1,
+                kv_cache_usage=0.5,
+                prefix_cache_stats=PrefixCacheStats(queries=10, hits=5),
+            ),
+            IterationStats(num_prompt_tokens=8, num_generation_tokens=2),
+        )
     line = caplog.records[-1].getMessage()
     assert "Running: 2 reqs, Waiting: 1 reqs" in line
     assert "GPU KV cache usage: 50.0%" in line and "Prefix cache hit rate: 50.0%" in line

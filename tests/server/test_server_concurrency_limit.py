@@ -103,8 +103,12 @@ async def test_middleware_leaves_other_routes_alone():
 
     limited = ConcurrencyLimitMiddleware(ok_app, limit=1)
     limited.in_flight = 1  # full
-    for scope in (_scope("/v1/models", "GET"), _scope("/health", "GET"), _scope("/tokenize"),
-                  _scope("/v1/completions", "OPTIONS")):
+    for scope in (
+        _scope("/v1/models", "GET"),
+        _scope("/health", "GET"),
+        _scope("/tokenize"),
+        _scope("/v1/completions", "OPTIONS"),
+    ):
         sent = _Sent()
         await limited(scope, _receive, sent)
         assert sent.status == 200, scope
@@ -121,10 +125,20 @@ def test_middleware_rejects_a_limit_below_one():
 @pytest.fixture(scope="module")
 def limited_server(tiny_llama_dir, server_process_factory):
     server = server_process_factory(
-        [str(tiny_llama_dir), "--max-concurrency", str(LIMIT), "--max-model-len", "4096",
-         "--disable-log-requests", "--disable-uvicorn-access-log", "--disable-log-stats"],
+        [
+            str(tiny_llama_dir),
+            "--max-concurrency",
+            str(LIMIT),
+            "--max-model-len",
+            "4096",
+            "--disable-log-requests",
+            "--disable-uvicorn-access-log",
+            "--disable-log-stats",
+        ],
         # Past the tiny model's 512 positions, so a stream outlasts the checks made during it.
-        env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}, log_name="limited-server.log")
+        env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+        log_name="limited-server.log",
+    )
     try:
         server.wait_ready()
         yield server
@@ -133,8 +147,13 @@ def limited_server(tiny_llama_dir, server_process_factory):
 
 
 def _stream_body(model: str, index: int, max_tokens: int = LONG_STREAM_TOKENS) -> dict:
-    return {"model": model, "prompt": f"Slow {index}", "stream": True, "max_tokens": max_tokens,
-            "ignore_eos": True}
+    return {
+        "model": model,
+        "prompt": f"Slow {index}",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
 
 
 async def _until_admitted(send) -> httpx.Response:
@@ -149,11 +168,13 @@ async def _until_admitted(send) -> httpx.Response:
         await asyncio.sleep(0.05)
 
 
-async def _open_stream(stack: contextlib.AsyncExitStack, client: httpx.AsyncClient,
-                       body: dict) -> httpx.Response:
+async def _open_stream(
+    stack: contextlib.AsyncExitStack, client: httpx.AsyncClient, body: dict
+) -> httpx.Response:
     """Opens a stream and reads its first event: from then on the request is in flight."""
     response = await _until_admitted(
-        lambda: stack.enter_async_context(client.stream("POST", "/v1/completions", json=body)))
+        lambda: stack.enter_async_context(client.stream("POST", "/v1/completions", json=body))
+    )
     assert response.status_code == 200, await response.aread()
     lines = response.aiter_lines()
     async for line in lines:
@@ -176,13 +197,18 @@ async def test_server_admits_n_streams_refuses_the_next_and_frees_slots(limited_
     short = {"model": model, "prompt": "Hi", "max_tokens": 2}
     async with httpx.AsyncClient(base_url=limited_server.url, timeout=120) as client:
         async with contextlib.AsyncExitStack() as open_streams:
-            streams = [await _open_stream(open_streams, client, _stream_body(model, i))
-                       for i in range(LIMIT)]
+            streams = [
+                await _open_stream(open_streams, client, _stream_body(model, i))
+                for i in range(LIMIT)
+            ]
 
             # Full: every inference route refuses at once, with OpenAI error JSON.
             await _refused(client, "/v1/completions", short)
-            await _refused(client, "/v1/chat/completions",
-                           {"model": model, "messages": [{"role": "user", "content": "Hi"}]})
+            await _refused(
+                client,
+                "/v1/chat/completions",
+                {"model": model, "messages": [{"role": "user", "content": "Hi"}]},
+            )
             await _refused(client, "/v1/embeddings", {"model": model, "input": "Hi"})
             # Other routes are not limited.
             assert (await client.get("/v1/models")).status_code == 200
@@ -197,17 +223,23 @@ async def test_server_admits_n_streams_refuses_the_next_and_frees_slots(limited_
         # Leaving the block cut the other streams too.
 
         # Failed requests give their slots back: too long, unknown model, bad field.
-        for bad in ({"model": model, "prompt": "x", "max_tokens": 9000},
-                    {"model": "nope", "prompt": "x"},
-                    {"model": model, "prompt": "x", "temperature": "hot"}):
-            response = await _until_admitted(lambda bad=bad: client.post("/v1/completions", json=bad))
+        for bad in (
+            {"model": model, "prompt": "x", "max_tokens": 9000},
+            {"model": "nope", "prompt": "x"},
+            {"model": model, "prompt": "x", "temperature": "hot"},
+        ):
+            response = await _until_admitted(
+                lambda bad=bad: client.post("/v1/completions", json=bad)
+            )
             assert response.status_code in (400, 404, 422), response.text
 
         # Streams that finish on their own give their slots back: N at once, then N again.
         for _ in range(2):
             async with contextlib.AsyncExitStack() as stack:
-                finishing = [await _open_stream(stack, client, _stream_body(model, i, max_tokens=3))
-                             for i in range(LIMIT)]
+                finishing = [
+                    await _open_stream(stack, client, _stream_body(model, i, max_tokens=3))
+                    for i in range(LIMIT)
+                ]
                 for stream in finishing:
                     assert "data: [DONE]" in [line async for line in stream.lines]
         admitted = await _until_admitted(lambda: client.post("/v1/completions", json=short))

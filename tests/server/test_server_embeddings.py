@@ -19,8 +19,17 @@ def bert_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embed_server(server_process_factory, bert_dir):
-    server = server_process_factory([str(bert_dir), "--task", "embed", "--served-model-name", "embedder",
-                                     "--disable-log-requests"], log_name="embed-server.log")
+    server = server_process_factory(
+        [
+            str(bert_dir),
+            "--task",
+            "embed",
+            "--served-model-name",
+            "embedder",
+            "--disable-log-requests",
+        ],
+        log_name="embed-server.log",
+    )
     server.wait_ready()
     yield server
     server.stop()
@@ -38,9 +47,12 @@ def test_embeddings_match_offline_engine(embed_server, bert_dir):
         np.testing.assert_allclose(data.embedding, expected.outputs.embedding, atol=1e-5)
     assert response.usage.prompt_tokens == sum(len(o.prompt_token_ids) for o in offline)
 
-    raw = client.embeddings.with_raw_response.create(model="embedder", input="hello world",
-                                                      encoding_format="base64", dimensions=8)
-    vector = np.frombuffer(base64.b64decode(raw.http_response.json()["data"][0]["embedding"]), dtype=np.float32)
+    raw = client.embeddings.with_raw_response.create(
+        model="embedder", input="hello world", encoding_format="base64", dimensions=8
+    )
+    vector = np.frombuffer(
+        base64.b64decode(raw.http_response.json()["data"][0]["embedding"]), dtype=np.float32
+    )
     np.testing.assert_allclose(vector, offline[0].outputs.embedding[:8], atol=1e-5)
 
 

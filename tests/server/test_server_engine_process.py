@@ -11,8 +11,16 @@ import httpx
 import psutil
 import pytest
 
-ARGS = ["--max-model-len", "128", "--num-gpu-blocks-override", "16", "--disable-log-requests",
-        "--disable-uvicorn-access-log", "--served-model-name", "tiny"]
+ARGS = [
+    "--max-model-len",
+    "128",
+    "--num-gpu-blocks-override",
+    "16",
+    "--disable-log-requests",
+    "--disable-uvicorn-access-log",
+    "--served-model-name",
+    "tiny",
+]
 BODY = {"model": "tiny", "prompt": "Hello there", "max_tokens": 4, "temperature": 0}
 
 
@@ -67,7 +75,9 @@ def test_core_death_fails_health_and_stops_the_server(start):
 
 
 def test_core_death_with_keep_alive_answers_503(start):
-    server = start(env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}, log_name="engine-process-keep-alive.log")
+    server = start(
+        env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}, log_name="engine-process-keep-alive.log"
+    )
     _core_process(server).kill()
     assert _wait_until(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503)
     response = httpx.post(f"{server.url}/v1/completions", json=BODY, timeout=30)
@@ -91,10 +101,28 @@ def test_output_codec_round_trip_sends_the_prompt_once():
     from infernetes.runtime.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
     def output(step: int, finished: bool) -> RequestOutput:
-        completions = [CompletionOutput(i, f"t{step}", [step, i], -0.5 * step, [{step: Logprob(-0.5, 1, "x")}],
-                                        "length" if finished else None, None) for i in range(2)]
-        return RequestOutput("req", "a prompt", [5, 6, 7], None, completions, finished,
-                             RequestMetrics(1.0, 2.0 + step, 1.5, 1.7, 0.1, 3.0 if finished else None, 2), 2)
+        completions = [
+            CompletionOutput(
+                i,
+                f"t{step}",
+                [step, i],
+                -0.5 * step,
+                [{step: Logprob(-0.5, 1, "x")}],
+                "length" if finished else None,
+                None,
+            )
+            for i in range(2)
+        ]
+        return RequestOutput(
+            "req",
+            "a prompt",
+            [5, 6, 7],
+            None,
+            completions,
+            finished,
+            RequestMetrics(1.0, 2.0 + step, 1.5, 1.7, 0.1, 3.0 if finished else None, 2),
+            2,
+        )
 
     sender, receiver = OutputCodec(), OutputCodec()
     steps = [output(0, False), output(1, False), output(2, True)]

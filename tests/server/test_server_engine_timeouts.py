@@ -12,8 +12,15 @@ import httpx
 import psutil
 import pytest
 
-ARGS = ["--max-model-len", "256", "--num-gpu-blocks-override", "32", "--disable-log-requests",
-        "--served-model-name", "tiny"]
+ARGS = [
+    "--max-model-len",
+    "256",
+    "--num-gpu-blocks-override",
+    "32",
+    "--disable-log-requests",
+    "--served-model-name",
+    "tiny",
+]
 
 
 @pytest.fixture
@@ -44,7 +51,13 @@ def _exits(server, timeout: float = 60) -> int | None:
 
 def test_a_stuck_step_fails_the_server(hung_core):
     server, core = hung_core({"VLLM_ENGINE_ITERATION_TIMEOUT_S": "2"}, "iteration-timeout.log")
-    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": "Hello",
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: {"))
@@ -58,7 +71,11 @@ def test_a_stuck_step_fails_the_server(hung_core):
 
 
 def test_an_unanswered_maintenance_call_fails_health(hung_core):
-    env = {"VLLM_RPC_TIMEOUT": "1000", "VLLM_SERVER_DEV_MODE": "1", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
+    env = {
+        "VLLM_RPC_TIMEOUT": "1000",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1",
+    }
     server, core = hung_core(env, "rpc-timeout.log")
     core.send_signal(signal.SIGSTOP)
     started = time.monotonic()

@@ -28,9 +28,13 @@ def test_uvicorn_gets_log_level_tls_logging_config_and_keep_alive(tmp_path):
     log_config = {"version": 1, "disable_existing_loggers": False}
     path = tmp_path / "logging.json"
     path.write_text(json.dumps(log_config))
-    settings = _settings({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "17"}, uvicorn_log_level="debug",
-                         ssl_ca_certs="/certs/ca.pem", ssl_cert_reqs=ssl.CERT_REQUIRED,
-                         log_config_file=str(path))
+    settings = _settings(
+        {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "17"},
+        uvicorn_log_level="debug",
+        ssl_ca_certs="/certs/ca.pem",
+        ssl_cert_reqs=ssl.CERT_REQUIRED,
+        log_config_file=str(path),
+    )
     config = uvicorn_config(build_app(ServerState(settings)), settings)
     assert config.log_level == "debug"
     assert (config.ssl_ca_certs, config.ssl_cert_reqs) == ("/certs/ca.pem", ssl.CERT_REQUIRED)
@@ -39,19 +43,30 @@ def test_uvicorn_gets_log_level_tls_logging_config_and_keep_alive(tmp_path):
 
 
 async def test_cors_credentials_and_allowed_headers():
-    settings = _settings(allowed_origins=["http://ui.example"], allow_credentials=True,
-                         allowed_headers=["x-tenant"])
+    settings = _settings(
+        allowed_origins=["http://ui.example"], allow_credentials=True, allowed_headers=["x-tenant"]
+    )
     transport = httpx.ASGITransport(app=build_app(ServerState(settings)))
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        preflight = await client.options("/v1/models", headers={
-            "Origin": "http://ui.example", "Access-Control-Request-Method": "GET",
-            "Access-Control-Request-Headers": "x-tenant"})
+        preflight = await client.options(
+            "/v1/models",
+            headers={
+                "Origin": "http://ui.example",
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "x-tenant",
+            },
+        )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-credentials"] == "true"
         assert "x-tenant" in preflight.headers["access-control-allow-headers"]
-        refused = await client.options("/v1/models", headers={
-            "Origin": "http://ui.example", "Access-Control-Request-Method": "GET",
-            "Access-Control-Request-Headers": "x-other"})
+        refused = await client.options(
+            "/v1/models",
+            headers={
+                "Origin": "http://ui.example",
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "x-other",
+            },
+        )
         assert refused.status_code == 400
 
 
@@ -63,7 +78,9 @@ def test_chat_template_content_format_shapes_the_messages():
 
 
 def test_max_log_len_cuts_the_logged_prompt(caplog):
-    engine = SimpleNamespace(tokenizer=[0] * 10, max_model_len=64, model_config=SimpleNamespace(vocab_size=10))
+    engine = SimpleNamespace(
+        tokenizer=[0] * 10, max_model_len=64, model_config=SimpleNamespace(vocab_size=10)
+    )
     serving = ServingBase(engine, _settings(max_log_len=5))
     with caplog.at_level(logging.INFO, logger="infernetes.runtime.server"):
         serving.log_request("r1", "abcdefghijklmnop", SamplingParams())
@@ -77,8 +94,15 @@ def test_probe_access_lines_are_quiet_while_the_model_loads():
     quiet = QuietProbesWhileLoading(state)
 
     def line(path: str, status: int) -> logging.LogRecord:
-        return logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
-                                 ("127.0.0.1:5", "GET", path, "1.1", status), None)
+        return logging.LogRecord(
+            "uvicorn.access",
+            logging.INFO,
+            __file__,
+            1,
+            '%s - "%s %s HTTP/%s" %d',
+            ("127.0.0.1:5", "GET", path, "1.1", status),
+            None,
+        )
 
     assert not quiet.filter(line("/health", 503)) and not quiet.filter(line("/ping", 503))
     assert quiet.filter(line("/v1/models", 503))
@@ -93,9 +117,16 @@ def test_stats_line_names_the_engines_device(caplog):
     state = ServerState(_settings())
     stats_logger = LoggingStatLogger(interval_s=0.0)
     state.stat_fanout.loggers.append(stats_logger)
-    engine = SimpleNamespace(tokenizer=[0] * 10, max_model_len=64, model_config=SimpleNamespace(vocab_size=10),
-                             device="cpu", is_pooling=False)
+    engine = SimpleNamespace(
+        tokenizer=[0] * 10,
+        max_model_len=64,
+        model_config=SimpleNamespace(vocab_size=10),
+        device="cpu",
+        is_pooling=False,
+    )
     state.attach_engine(engine)
     with caplog.at_level(logging.INFO, logger="infernetes.runtime.server.stats"):
-        stats_logger.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.25), None)
+        stats_logger.record(
+            SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.25), None
+        )
     assert "CPU KV cache usage: 25.0%" in caplog.records[-1].getMessage()

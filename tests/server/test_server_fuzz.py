@@ -11,16 +11,27 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
     | st.text(max_size=12),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=8,
 )
 # Values of plausible types, so that many requests pass the schema and reach the semantic checks.
 TYPED_VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-10, 600), st.floats(-3, 3), st.text(max_size=10),
-    st.lists(st.text(max_size=5), max_size=3), st.lists(st.integers(-5, 600), max_size=4),
-    st.just({"type": "json_object"}), st.just({"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}),
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 600),
+    st.floats(-3, 3),
+    st.text(max_size=10),
+    st.lists(st.text(max_size=5), max_size=3),
+    st.lists(st.integers(-5, 600), max_size=4),
+    st.just({"type": "json_object"}),
+    st.just({"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}),
     st.just([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
     st.just([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
     st.just({"type": "function", "function": {"name": "missing"}}),
@@ -28,22 +39,68 @@ TYPED_VALUES = st.one_of(
 # Small or nonsensical values for the fields that decide how much work a request is.
 WORK_LIMITS = st.one_of(st.integers(-3, 6), JSON_VALUES)
 
-COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "n", "temperature", "top_p", "top_k", "min_p",
-                     "stop", "seed", "logprobs", "echo", "stream", "stream_options", "logit_bias",
-                     "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-                     "ignore_eos", "stop_token_ids", "guided_json", "guided_regex", "guided_choice",
-                     "guided_grammar", "response_format", "prompt_logprobs", "truncate_prompt_tokens",
-                     "priority", "best_of", "suffix", "user", "skip_special_tokens"]
+COMPLETION_FIELDS = [
+    "model",
+    "prompt",
+    "max_tokens",
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stop",
+    "seed",
+    "logprobs",
+    "echo",
+    "stream",
+    "stream_options",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "stop_token_ids",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "response_format",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+    "priority",
+    "best_of",
+    "suffix",
+    "user",
+    "skip_special_tokens",
+]
 CHAT_FIELDS = [f for f in COMPLETION_FIELDS if f not in ("prompt", "echo", "suffix", "best_of")] + [
-    "messages", "tools", "tool_choice", "top_logprobs", "max_completion_tokens", "chat_template",
-    "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "parallel_tool_calls"]
+    "messages",
+    "tools",
+    "tool_choice",
+    "top_logprobs",
+    "max_completion_tokens",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "parallel_tool_calls",
+]
 
 ENDPOINTS = {
     "/v1/completions": ({"model": "tiny", "prompt": "fuzz", "max_tokens": 2}, COMPLETION_FIELDS),
-    "/v1/chat/completions": ({"model": "tiny", "messages": [{"role": "user", "content": "fuzz"}],
-                              "max_tokens": 2}, CHAT_FIELDS),
-    "/v1/embeddings": ({"model": "tiny", "input": "fuzz"}, ["model", "input", "encoding_format", "dimensions"]),
-    "/tokenize": ({"model": "tiny", "prompt": "fuzz"}, ["model", "prompt", "messages", "add_special_tokens"]),
+    "/v1/chat/completions": (
+        {"model": "tiny", "messages": [{"role": "user", "content": "fuzz"}], "max_tokens": 2},
+        CHAT_FIELDS,
+    ),
+    "/v1/embeddings": (
+        {"model": "tiny", "input": "fuzz"},
+        ["model", "input", "encoding_format", "dimensions"],
+    ),
+    "/tokenize": (
+        {"model": "tiny", "prompt": "fuzz"},
+        ["model", "prompt", "messages", "add_special_tokens"],
+    ),
     "/detokenize": ({"model": "tiny", "tokens": [1, 2]}, ["model", "tokens"]),
 }
 
@@ -67,18 +124,25 @@ def mutated_bodies(draw, values=JSON_VALUES):
 @st.composite
 def raw_bodies(draw):
     path = draw(st.sampled_from(sorted(ENDPOINTS)))
-    payload = draw(st.one_of(st.binary(max_size=64), JSON_VALUES.map(lambda v: json.dumps(v).encode())))
+    payload = draw(
+        st.one_of(st.binary(max_size=64), JSON_VALUES.map(lambda v: json.dumps(v).encode()))
+    )
     return path, payload
 
 
 @pytest.fixture(scope="module")
 def http(main_server):
-    with httpx.Client(base_url=main_server.url, timeout=60,
-                      headers={"Authorization": f"Bearer {main_server.api_key}"}) as client:
+    with httpx.Client(
+        base_url=main_server.url,
+        timeout=60,
+        headers={"Authorization": f"Bearer {main_server.api_key}"},
+    ) as client:
         yield client
 
 
-def _check(http: httpx.Client, path: str, payload: bytes, content_type: str = "application/json") -> None:
+def _check(
+    http: httpx.Client, path: str, payload: bytes, content_type: str = "application/json"
+) -> None:
     response = http.post(path, content=payload, headers={"Content-Type": content_type})
     assert response.status_code < 500, (path, payload, response.status_code, response.text)
     if response.status_code >= 400:
@@ -86,8 +150,12 @@ def _check(http: httpx.Client, path: str, payload: bytes, content_type: str = "a
         assert isinstance(error["message"], str) and error["code"] == response.status_code
 
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @FUZZ
@@ -109,6 +177,8 @@ def test_garbage_bodies_never_5xx(http, case, content_type):
 
 
 def test_server_still_serves_after_fuzzing(http):
-    response = http.post("/v1/completions", json={"model": "tiny", "prompt": "still there?", "max_tokens": 3})
+    response = http.post(
+        "/v1/completions", json={"model": "tiny", "prompt": "still there?", "max_tokens": 3}
+    )
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
     assert http.get("/health").status_code == 200

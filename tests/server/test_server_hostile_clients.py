@@ -18,17 +18,33 @@ from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.state import ServerState
 
 STALL_TIMEOUT_S = 2
-GUARDED_ARGS = ["--served-model-name", "tiny", "--max-model-len", "256", "--num-gpu-blocks-override", "48",
-                "--max-concurrency", "2", "--trust-request-chat-template", "--disable-log-requests",
-                "--disable-uvicorn-access-log", "--seed", "0"]
+GUARDED_ARGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-model-len",
+    "256",
+    "--num-gpu-blocks-override",
+    "48",
+    "--max-concurrency",
+    "2",
+    "--trust-request-chat-template",
+    "--disable-log-requests",
+    "--disable-uvicorn-access-log",
+    "--seed",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
 def guarded_server(tiny_llama_dir, server_process_factory):
     server = server_process_factory(
-        [str(tiny_llama_dir), *GUARDED_ARGS], log_name="guarded-server.log",
-        env={"INFERNETES_HTTP_BODY_TIMEOUT_S": str(STALL_TIMEOUT_S),
-             "INFERNETES_HTTP_HEADER_TIMEOUT_S": str(STALL_TIMEOUT_S)})
+        [str(tiny_llama_dir), *GUARDED_ARGS],
+        log_name="guarded-server.log",
+        env={
+            "INFERNETES_HTTP_BODY_TIMEOUT_S": str(STALL_TIMEOUT_S),
+            "INFERNETES_HTTP_HEADER_TIMEOUT_S": str(STALL_TIMEOUT_S),
+        },
+    )
     try:
         server.wait_ready()
         yield server
@@ -43,14 +59,19 @@ def http(guarded_server):
 
 
 def _serves_normally(http: httpx.Client) -> None:
-    response = http.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 3})
+    response = http.post(
+        "/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 3}
+    )
     assert response.status_code == 200, response.text
     assert http.get("/health").status_code == 200
 
 
 def _raw_post(http: httpx.Client, path: str, body: str) -> httpx.Response:
-    return http.post(path, content=body.encode("utf-8", "surrogatepass"),
-                     headers={"content-type": "application/json"})
+    return http.post(
+        path,
+        content=body.encode("utf-8", "surrogatepass"),
+        headers={"content-type": "application/json"},
+    )
 
 
 COMPLETION = '{"model": "tiny", "prompt": "Hi", "max_tokens": 4, "temperature": 0.8, %s}'
@@ -58,32 +79,62 @@ CHAT = '{"model": "tiny", "max_tokens": 4, "messages": %s}'
 EVERY_TOKEN = json.dumps({str(t): -1e308 for t in range(500)})
 HOSTILE = {
     "logit_bias NaN": ("/v1/completions", COMPLETION % '"logit_bias": {"5": NaN}', "logit_bias"),
-    "logit_bias Infinity": ("/v1/completions", COMPLETION % '"logit_bias": {"5": Infinity}', "logit_bias"),
-    "logit_bias 1e308": ("/v1/completions", COMPLETION % '"logit_bias": {"5": 1e308}', "logit_bias"),
-    "logit_bias -1e308 everywhere": ("/v1/completions", COMPLETION % f'"logit_bias": {EVERY_TOKEN}', "logit_bias"),
-    "repetition_penalty 1e-300": ("/v1/completions", COMPLETION % '"repetition_penalty": 1e-300',
-                                  "repetition_penalty"),
-    "empty prompt, repetition_penalty 5e-324": ("/v1/completions",
-                                                '{"prompt": "", "repetition_penalty": 5e-324}',
-                                                "repetition_penalty"),
+    "logit_bias Infinity": (
+        "/v1/completions",
+        COMPLETION % '"logit_bias": {"5": Infinity}',
+        "logit_bias",
+    ),
+    "logit_bias 1e308": (
+        "/v1/completions",
+        COMPLETION % '"logit_bias": {"5": 1e308}',
+        "logit_bias",
+    ),
+    "logit_bias -1e308 everywhere": (
+        "/v1/completions",
+        COMPLETION % f'"logit_bias": {EVERY_TOKEN}',
+        "logit_bias",
+    ),
+    "repetition_penalty 1e-300": (
+        "/v1/completions",
+        COMPLETION % '"repetition_penalty": 1e-300',
+        "repetition_penalty",
+    ),
+    "empty prompt, repetition_penalty 5e-324": (
+        "/v1/completions",
+        '{"prompt": "", "repetition_penalty": 5e-324}',
+        "repetition_penalty",
+    ),
     "temperature NaN": ("/v1/completions", COMPLETION % '"temperature": NaN', "temperature"),
     "top_p Infinity": ("/v1/completions", COMPLETION % '"top_p": Infinity', "top_p"),
-    "lone surrogate in chat": ("/v1/chat/completions", CHAT % '[{"role": "user", "content": "\\ud800"}]',
-                               "messages[0].content"),
+    "lone surrogate in chat": (
+        "/v1/chat/completions",
+        CHAT % '[{"role": "user", "content": "\\ud800"}]',
+        "messages[0].content",
+    ),
     "lone surrogate in completions": ("/v1/completions", '{"prompt": "a\\udfffb"}', "prompt"),
     "lone surrogate in /tokenize": ("/tokenize", '{"prompt": "\\ud800"}', "prompt"),
     "tool_calls function a string": (
         "/v1/chat/completions",
-        CHAT % '[{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"function": "x"}]}]',
-        "tool_calls"),
+        CHAT
+        % '[{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"function": "x"}]}]',
+        "tool_calls",
+    ),
     "tool_calls not a list": (
-        "/v1/chat/completions", CHAT % '[{"role": "assistant", "tool_calls": "call it"}]', "tool_calls"),
+        "/v1/chat/completions",
+        CHAT % '[{"role": "assistant", "tool_calls": "call it"}]',
+        "tool_calls",
+    ),
     "template range(10**6)": (
         "/v1/chat/completions",
         '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
-        '"chat_template": "{% for i in range(10**6) %}{% endfor %}"}', "chat_template"),
-    "nested 100000 deep": ("/v1/completions", '{"prompt": "x", "extra": ' + "[" * 100000 + "]" * 100000 + "}",
-                           None),
+        '"chat_template": "{% for i in range(10**6) %}{% endfor %}"}',
+        "chat_template",
+    ),
+    "nested 100000 deep": (
+        "/v1/completions",
+        '{"prompt": "x", "extra": ' + "[" * 100000 + "]" * 100000 + "}",
+        None,
+    ),
 }
 
 
@@ -139,12 +190,27 @@ class HealthProbe:
 
 def test_health_stays_fast_while_heavy_requests_are_prepared(guarded_server, http):
     heavy = [
-        ("/v1/completions", {"model": "tiny", "prompt": "hello world, it is a test. " * 370_000}),  # 10 MB
-        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                  "chat_template": "{{ 'x' * 30000000 }}"}),
-        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                  "chat_template": "{% for i in range(100000) %}{% for j in range(100000) %}"
-                                                   "{% endfor %}{% endfor %}"}),
+        (
+            "/v1/completions",
+            {"model": "tiny", "prompt": "hello world, it is a test. " * 370_000},
+        ),  # 10 MB
+        (
+            "/v1/chat/completions",
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "chat_template": "{{ 'x' * 30000000 }}",
+            },
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "chat_template": "{% for i in range(100000) %}{% for j in range(100000) %}"
+                "{% endfor %}{% endfor %}",
+            },
+        ),
     ]
     for path, body in heavy:
         with HealthProbe(guarded_server.url) as probe:
@@ -161,8 +227,10 @@ def test_stalled_clients_hold_no_concurrency_slot(guarded_server, http):
     stalled_bodies, stalled_headers = [], []
     for _ in range(8):  # more than --max-concurrency 2: each sent its headers, then stalls
         sock = socket.create_connection((host, port))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000\r\n\r\n{\"prompt\": ")
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"prompt": '
+        )
         stalled_bodies.append(sock)
     for _ in range(4):  # these never finish their headers
         sock = socket.create_connection((host, port))

@@ -29,8 +29,15 @@ def gauges(url: str) -> dict[str, float]:
 
 
 async def _stream_tokens(client: httpx.AsyncClient, index: int) -> tuple[int, int, str]:
-    body = {"model": "tiny", "prompt": f"Load {index}", "max_tokens": TOKENS, "stream": True,
-            "ignore_eos": True, "temperature": 0, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": f"Load {index}",
+        "max_tokens": TOKENS,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     chunks = usage = 0
     finish = ""
     async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -48,8 +55,13 @@ async def _stream_tokens(client: httpx.AsyncClient, index: int) -> tuple[int, in
 
 
 async def _cut_stream(client: httpx.AsyncClient, index: int) -> None:
-    body = {"model": "tiny", "prompt": f"Cancel {index}", "max_tokens": 200, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": "tiny",
+        "prompt": f"Cancel {index}",
+        "max_tokens": 200,
+        "stream": True,
+        "ignore_eos": True,
+    }
     async with client.stream("POST", "/v1/completions", json=body) as response:
         async for line in response.aiter_lines():
             if line.startswith("data: "):
@@ -58,14 +70,18 @@ async def _cut_stream(client: httpx.AsyncClient, index: int) -> None:
 
 def _client(server) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        base_url=server.url, headers={"Authorization": f"Bearer {server.api_key}"},
-        limits=httpx.Limits(max_connections=CONCURRENT_STREAMS + 8), timeout=300,
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {server.api_key}"},
+        limits=httpx.Limits(max_connections=CONCURRENT_STREAMS + 8),
+        timeout=300,
     )
 
 
 async def test_concurrent_streams_complete_with_exact_counts(main_server):
     async with _client(main_server) as client:
-        results = await asyncio.gather(*[_stream_tokens(client, i) for i in range(CONCURRENT_STREAMS)])
+        results = await asyncio.gather(
+            *[_stream_tokens(client, i) for i in range(CONCURRENT_STREAMS)]
+        )
     assert all(usage == TOKENS for _, usage, _ in results), results
     assert all(finish == "length" for _, _, finish in results)
     assert all(1 <= chunks <= TOKENS for chunks, _, _ in results)
@@ -81,7 +97,9 @@ async def test_cut_streams_free_their_blocks(main_server):
             await asyncio.sleep(0.1)
             if httpx.get(f"{main_server.url}/load").json()["server_load"] == 0:
                 break
-        done = await client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
+        done = await client.post(
+            "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1}
+        )
         assert done.status_code == 200
     after = gauges(main_server.url)
     assert after["vllm:num_requests_running"] == 0
@@ -97,7 +115,9 @@ async def test_outgrowing_the_cache_preempts_and_still_completes(main_server):
     before = gauges(main_server.url)
     body = {"model": "tiny", "prompt": "Grow", "max_tokens": 120, "ignore_eos": True}
     async with _client(main_server) as client:
-        responses = await asyncio.gather(*[client.post("/v1/completions", json=body) for _ in range(8)])
+        responses = await asyncio.gather(
+            *[client.post("/v1/completions", json=body) for _ in range(8)]
+        )
     assert all(r.json()["usage"]["completion_tokens"] == 120 for r in responses)
     after = gauges(main_server.url)
     assert after["vllm:num_preemptions_total"] > before["vllm:num_preemptions_total"]

@@ -34,7 +34,9 @@ def test_defaults_configure_info_without_prefix():
 def test_level_and_prefix_shape_every_line(restored_logging, monkeypatch):
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
-    settings = LoggingSettings.from_env({"VLLM_LOGGING_LEVEL": "debug", "VLLM_LOGGING_PREFIX": "[pod-a] "})
+    settings = LoggingSettings.from_env(
+        {"VLLM_LOGGING_LEVEL": "debug", "VLLM_LOGGING_PREFIX": "[pod-a] "}
+    )
     configure_logging(settings, tag="core pid 7")
     logging.getLogger("infernetes.runtime.engine").debug("step %d", 1)
     logging.getLogger("somelibrary").info("library chatter stays out")
@@ -48,7 +50,9 @@ def test_warning_level_hides_info(restored_logging, monkeypatch):
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
     configure_logging(LoggingSettings.from_env({"VLLM_LOGGING_LEVEL": "WARNING"}))
-    configure_logging(LoggingSettings.from_env({"VLLM_LOGGING_LEVEL": "WARNING"}))  # again: one handler
+    configure_logging(
+        LoggingSettings.from_env({"VLLM_LOGGING_LEVEL": "WARNING"})
+    )  # again: one handler
     logging.getLogger("infernetes.x").info("hidden")
     logging.getLogger("infernetes.x").warning("shown")
     assert stream.getvalue().count("shown") == 1
@@ -57,27 +61,43 @@ def test_warning_level_hides_info(restored_logging, monkeypatch):
 
 def test_configure_logging_0_leaves_logging_alone(restored_logging):
     before = (list(logging.getLogger().handlers), logging.getLogger("infernetes").level)
-    configure_logging(LoggingSettings.from_env({"VLLM_CONFIGURE_LOGGING": "0", "VLLM_LOGGING_LEVEL": "DEBUG"}))
+    configure_logging(
+        LoggingSettings.from_env({"VLLM_CONFIGURE_LOGGING": "0", "VLLM_LOGGING_LEVEL": "DEBUG"})
+    )
     assert (list(logging.getLogger().handlers), logging.getLogger("infernetes").level) == before
 
 
 def test_config_path_is_applied_as_dict_config(restored_logging, tmp_path):
     path = tmp_path / "logging.json"
-    path.write_text(json.dumps({
-        "version": 1, "disable_existing_loggers": False,
-        "loggers": {"infernetes": {"level": "ERROR"}},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "disable_existing_loggers": False,
+                "loggers": {"infernetes": {"level": "ERROR"}},
+            }
+        )
+    )
     settings = LoggingSettings.from_env({"VLLM_LOGGING_CONFIG_PATH": str(path)})
     configure_logging(settings)
     assert logging.getLogger("infernetes").level == logging.ERROR
 
 
-@pytest.mark.parametrize(("environ", "message"), [
-    ({"VLLM_LOGGING_CONFIG_PATH": "/nonexistent/logging.json"}, "VLLM_LOGGING_CONFIG_PATH=/nonexistent/logging.json: no such file"),
-    ({"VLLM_LOGGING_CONFIG_PATH": "{here}", "VLLM_CONFIGURE_LOGGING": "0"}, "VLLM_CONFIGURE_LOGGING=0"),
-    ({"VLLM_LOGGING_CONFIG_PATH": "{list}"}, "expected a JSON object"),
-    ({"VLLM_LOGGING_LEVEL": "LOUD"}, "VLLM_LOGGING_LEVEL"),
-])
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"VLLM_LOGGING_CONFIG_PATH": "/nonexistent/logging.json"},
+            "VLLM_LOGGING_CONFIG_PATH=/nonexistent/logging.json: no such file",
+        ),
+        (
+            {"VLLM_LOGGING_CONFIG_PATH": "{here}", "VLLM_CONFIGURE_LOGGING": "0"},
+            "VLLM_CONFIGURE_LOGGING=0",
+        ),
+        ({"VLLM_LOGGING_CONFIG_PATH": "{list}"}, "expected a JSON object"),
+        ({"VLLM_LOGGING_LEVEL": "LOUD"}, "VLLM_LOGGING_LEVEL"),
+    ],
+)
 def test_bad_logging_variables_are_errors_naming_them(tmp_path, environ, message):
     here = tmp_path / "config.json"
     here.write_text("{}")
@@ -92,7 +112,9 @@ def test_serve_exits_2_on_a_missing_logging_config(tiny_llama_dir, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "infernetes.cli.main", "serve", str(tiny_llama_dir)],
         env={**os.environ, "VLLM_LOGGING_CONFIG_PATH": str(tmp_path / "missing.json")},
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert "VLLM_LOGGING_CONFIG_PATH" in result.stderr and "no such file" in result.stderr
@@ -101,8 +123,11 @@ def test_serve_exits_2_on_a_missing_logging_config(tiny_llama_dir, tmp_path):
 def test_prefix_and_level_reach_the_engine_core_process(tiny_llama_dir, server_process_factory):
     server = server_process_factory(
         [str(tiny_llama_dir), "--max-model-len", "128", "--num-gpu-blocks-override", "16"],
-        env={"VLLM_LOGGING_PREFIX": "<<pfx>> ", "VLLM_LOGGING_LEVEL": "DEBUG",
-             "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+        env={
+            "VLLM_LOGGING_PREFIX": "<<pfx>> ",
+            "VLLM_LOGGING_LEVEL": "DEBUG",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        },
         log_name="logging-prefix.log",
     )
     try:

@@ -25,9 +25,12 @@ async def test_memory_is_released_after_large_bodies_only(monkeypatch):
     async def echo_size(request: Request) -> PlainTextResponse:
         return PlainTextResponse(str(len(await request.body())))
 
-    app = memory.ReleaseMemoryMiddleware(Starlette(routes=[Route("/", echo_size, methods=["POST"])]),
-                                         threshold=1000)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+    app = memory.ReleaseMemoryMiddleware(
+        Starlette(routes=[Route("/", echo_size, methods=["POST"])]), threshold=1000
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t"
+    ) as client:
         assert (await client.post("/", content=b"x" * 999)).text == "999"
         assert releases == []
         assert (await client.post("/", content=b"x" * 1000)).text == "1000"
@@ -48,6 +51,8 @@ def test_api_process_rss_returns_near_baseline_after_a_large_prompt(main_server,
         assert client.post("/v1/completions", json=normal).status_code == 200
     # The release runs after the response is sent: give it a moment to finish (no timing asserted).
     deadline = time.monotonic() + 20
-    while (grown := api_process.memory_info().rss - baseline) >= 100 * MB and time.monotonic() < deadline:
+    while (
+        grown := api_process.memory_info().rss - baseline
+    ) >= 100 * MB and time.monotonic() < deadline:
         time.sleep(0.2)
     assert grown < 100 * MB, f"the API process kept {grown / MB:.0f} MB"

@@ -51,7 +51,8 @@ def test_every_current_metric_is_exposed_with_model_name():
 
 def test_hidden_metrics_come_back_for_their_version():
     assert not {n for n in NAMES["chapter7_deprecated"]} & family_names(
-        PrometheusStatLogger("tiny", 512, show_hidden_metrics_for_version="0.7"))
+        PrometheusStatLogger("tiny", 512, show_hidden_metrics_for_version="0.7")
+    )
     names = family_names(PrometheusStatLogger("tiny", 512, show_hidden_metrics_for_version="0.8"))
     for name in NAMES["chapter7_deprecated"]:
         assert name in names, name
@@ -59,15 +60,33 @@ def test_hidden_metrics_come_back_for_their_version():
 
 def test_record_moves_counters_and_gauges():
     logger = PrometheusStatLogger("tiny", 512, show_hidden_metrics_for_version="0.8")
-    scheduler = SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.25,
-                               prefix_cache_stats=PrefixCacheStats(queries=32, hits=16),
-                               num_preemptions=2)
-    iteration = IterationStats(num_prompt_tokens=20, num_generation_tokens=4,
-                               time_to_first_tokens_iter=[0.05], inter_token_latencies_iter=[0.01, 0.02],
-                               finished_requests=[FinishedRequestStats(
-                                   "r1", "length", e2e_latency=0.5, num_prompt_tokens=20,
-                                   num_generation_tokens=4, max_tokens_param=4, queued_time=0.01,
-                                   prefill_time=0.05, inference_time=0.4, decode_time=0.35)])
+    scheduler = SchedulerStats(
+        num_running_reqs=3,
+        num_waiting_reqs=1,
+        kv_cache_usage=0.25,
+        prefix_cache_stats=PrefixCacheStats(queries=32, hits=16),
+        num_preemptions=2,
+    )
+    iteration = IterationStats(
+        num_prompt_tokens=20,
+        num_generation_tokens=4,
+        time_to_first_tokens_iter=[0.05],
+        inter_token_latencies_iter=[0.01, 0.02],
+        finished_requests=[
+            FinishedRequestStats(
+                "r1",
+                "length",
+                e2e_latency=0.5,
+                num_prompt_tokens=20,
+                num_generation_tokens=4,
+                max_tokens_param=4,
+                queued_time=0.01,
+                prefill_time=0.05,
+                inference_time=0.4,
+                decode_time=0.35,
+            )
+        ],
+    )
     logger.record(scheduler, iteration)
     logger.record(SchedulerStats(prefix_cache_stats=PrefixCacheStats(queries=16, hits=16)), None)
     m = exposed(logger)
@@ -79,7 +98,10 @@ def test_record_moves_counters_and_gauges():
     assert m["vllm:prefix_cache_hits_total"][label] == 32
     assert m["vllm:gpu_prefix_cache_hit_rate"][label] == 32 / 48
     assert m["vllm:num_preemptions_total"][label] == 2
-    assert m["vllm:request_success_total"][(("finished_reason", "length"), ("model_name", "tiny"))] == 1
+    assert (
+        m["vllm:request_success_total"][(("finished_reason", "length"), ("model_name", "tiny"))]
+        == 1
+    )
     assert m["vllm:time_to_first_token_seconds_count"][label] == 1
     assert m["vllm:inter_token_latency_seconds_count"][label] == 2
     assert m["vllm:e2e_request_latency_seconds_sum"][label] == 0.5

@@ -27,7 +27,7 @@ def test_stream_matches_split(name, text, reasoning, content, piece):
     stream = make_reasoning_parser(name).stream()
     got_reasoning = got_content = ""
     for i in range(0, len(text), piece):
-        r, c = stream.feed(text[i:i + piece])
+        r, c = stream.feed(text[i : i + piece])
         got_reasoning += r
         got_content += c
     r, c = stream.finish()

@@ -29,16 +29,27 @@ def _client(engine, template_file, config_args: dict) -> httpx.AsyncClient:
     config = build_config("tiny", chat_template=str(template_file), **config_args)
     state = ServerState(FrontendSettings.from_config(config, environ={}))
     state.attach_engine(engine)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(state)), base_url="http://t")
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=build_app(state)), base_url="http://t"
+    )
 
 
 async def _rendered(http: httpx.AsyncClient, **extra) -> str:
-    tokens = (await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}], **extra})).json()
+    tokens = (
+        await http.post(
+            "/tokenize", json={"messages": [{"role": "user", "content": "hi"}], **extra}
+        )
+    ).json()
     return (await http.post("/detokenize", json={"tokens": tokens["tokens"]})).json()["prompt"]
 
 
 async def _prompt_tokens(http: httpx.AsyncClient, **extra) -> int:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **extra}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        **extra,
+    }
     response = await http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     return response.json()["usage"]["prompt_tokens"]
@@ -55,15 +66,25 @@ async def test_reasoning_effort_flag_reaches_the_chat_template(engine, tmp_path)
         assert (await _rendered(http)).endswith("[effort=]")  # unset: the template gets nothing
 
 
-async def test_request_reasoning_effort_beats_the_flag_and_loses_to_template_kwargs(engine, tmp_path):
+async def test_request_reasoning_effort_beats_the_flag_and_loses_to_template_kwargs(
+    engine, tmp_path
+):
     template_file = tmp_path / "long-when-high.jinja"
-    template_file.write_text("{{ messages[0]['content'] }}"
-                             "{% if reasoning_effort == 'high' %}{% for i in range(40) %} x{% endfor %}{% endif %}")
+    template_file.write_text(
+        "{{ messages[0]['content'] }}"
+        "{% if reasoning_effort == 'high' %}{% for i in range(40) %} x{% endfor %}{% endif %}"
+    )
     async with _client(engine, template_file, {"reasoning_effort": "high"}) as http:
         high = await _prompt_tokens(http)
         assert await _prompt_tokens(http, reasoning_effort="low") < high - 30
         kwargs = {"reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}
         assert await _prompt_tokens(http, **kwargs) == high
-        bad = await http.post("/v1/chat/completions", json={
-            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "max"})
+        bad = await http.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "reasoning_effort": "max",
+            },
+        )
         assert bad.status_code == 400 and "reasoning_effort" in bad.text

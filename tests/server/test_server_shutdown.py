@@ -27,19 +27,37 @@ SHUTDOWN_TIMEOUT_S = 2
 def long_context_model(tmp_path_factory):
     from infernetes.runtime.testing import make_tiny_llama
 
-    return make_tiny_llama(tmp_path_factory.mktemp("long-llama"), max_position_embeddings=LONG_CONTEXT)
+    return make_tiny_llama(
+        tmp_path_factory.mktemp("long-llama"), max_position_embeddings=LONG_CONTEXT
+    )
 
 
 def start(factory, model, extra: list[str], log_name: str):
-    server = factory([str(model), "--max-model-len", str(LONG_CONTEXT), "--num-gpu-blocks-override", "1100",
-                      "--disable-log-requests", *extra], log_name=log_name)
+    server = factory(
+        [
+            str(model),
+            "--max-model-len",
+            str(LONG_CONTEXT),
+            "--num-gpu-blocks-override",
+            "1100",
+            "--disable-log-requests",
+            *extra,
+        ],
+        log_name=log_name,
+    )
     server.wait_ready()
     return server
 
 
 def stream_body(model, max_tokens: int) -> dict:
-    return {"model": str(model), "prompt": "Drain", "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    return {
+        "model": str(model),
+        "prompt": "Drain",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 def data_lines(lines) -> list[str]:
@@ -70,29 +88,44 @@ def wait_running(server, count: int) -> None:
 
 
 def test_sigterm_aborts_what_outlasts_the_timeout(server_process_factory, long_context_model):
-    server = start(server_process_factory, long_context_model,
-                   ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)], "shutdown-deadline.log")
+    server = start(
+        server_process_factory,
+        long_context_model,
+        ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
+        "shutdown-deadline.log",
+    )
     try:
         body = stream_body(long_context_model, LONG_CONTEXT - 16)
         whole_body = {**body, "stream": False, "stream_options": None}
-        with httpx.Client(timeout=60) as http, ThreadPoolExecutor(1) as pool, \
-                http.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        with (
+            httpx.Client(timeout=60) as http,
+            ThreadPoolExecutor(1) as pool,
+            http.stream("POST", f"{server.url}/v1/completions", json=body) as response,
+        ):
             lines = response.iter_lines()
             first = next(line for line in lines if line.startswith("data: {"))
             assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
-            whole = pool.submit(httpx.post, f"{server.url}/v1/completions", json=whole_body, timeout=60)
+            whole = pool.submit(
+                httpx.post, f"{server.url}/v1/completions", json=whole_body, timeout=60
+            )
             wait_running(server, 2)
             children = engine_children(server)
             signalled = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
             time.sleep(0.3)
-            refused = httpx.post(f"{server.url}/v1/completions", timeout=10,
-                                 json={"model": str(long_context_model), "prompt": "late", "max_tokens": 2})
+            refused = httpx.post(
+                f"{server.url}/v1/completions",
+                timeout=10,
+                json={"model": str(long_context_model), "prompt": "late", "max_tokens": 2},
+            )
             health = httpx.get(f"{server.url}/health", timeout=10)
             rest = data_lines(lines)
             ended_after = time.monotonic() - signalled
         assert refused.status_code == 503
-        assert refused.json()["error"]["code"] == 503 and "shutting down" in refused.json()["error"]["message"]
+        assert (
+            refused.json()["error"]["code"] == 503
+            and "shutting down" in refused.json()["error"]["message"]
+        )
         assert refused.headers["connection"] == "close"
         assert health.status_code == 503
         assert rest[-1] == "[DONE]"
@@ -118,8 +151,10 @@ def test_sigterm_lets_a_short_request_finish(server_process_factory, long_contex
     server = start(server_process_factory, long_context_model, [], "shutdown-short.log")
     try:
         body = stream_body(long_context_model, 40)
-        with httpx.Client(timeout=60) as http, \
-                http.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream("POST", f"{server.url}/v1/completions", json=body) as response,
+        ):
             lines = response.iter_lines()
             next(line for line in lines if line.startswith("data: {"))
             children = engine_children(server)

@@ -29,7 +29,10 @@ def sandbox(tokenizer):
 
 
 def _messages() -> list[ChatMessageIn]:
-    return [ChatMessageIn(role="system", content="be brief"), ChatMessageIn(role="user", content="hi")]
+    return [
+        ChatMessageIn(role="system", content="be brief"),
+        ChatMessageIn(role="user", content="hi"),
+    ]
 
 
 def test_request_templates_are_refused_unless_trusted(tokenizer):
@@ -46,20 +49,25 @@ def test_sandbox_renders_what_the_tokenizer_renders(tokenizer):
         template = tokenizer.chat_template or LOOP
         for continue_final in (False, True):
             messages = [*_messages(), ChatMessageIn(role="assistant", content="Well,")]
-            kwargs = dict(add_generation_prompt=not continue_final, continue_final_message=continue_final)
+            kwargs = dict(
+                add_generation_prompt=not continue_final, continue_final_message=continue_final
+            )
             expected = ChatRenderer(tokenizer, template, "auto").render(messages, **kwargs)
             assert trusted.render(messages, template=template, **kwargs) == expected
     finally:
         trusted.sandbox.close()
 
 
-@pytest.mark.parametrize(("template", "message"), [
-    ("{{ 'x' * 30000000 }}", "characters"),
-    ("{{ 'x' * 10**10 }}", "memory"),
-    ("{% for i in range(10**6) %}{% endfor %}", "OverflowError"),
-    ("{{ raise_exception('no system messages, please') }}", "no system messages"),
-    ("{% for %}", "TemplateSyntaxError"),
-])
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("{{ 'x' * 30000000 }}", "characters"),
+        ("{{ 'x' * 10**10 }}", "memory"),
+        ("{% for i in range(10**6) %}{% endfor %}", "OverflowError"),
+        ("{{ raise_exception('no system messages, please') }}", "no system messages"),
+        ("{% for %}", "TemplateSyntaxError"),
+    ],
+)
 def test_hostile_templates_fail_with_a_reason(sandbox, template, message):
     with pytest.raises(TemplateRenderError, match=message):
         sandbox.render([{"role": "user", "content": "hi"}], chat_template=template)

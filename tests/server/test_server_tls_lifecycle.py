@@ -25,16 +25,28 @@ def write_self_signed(directory) -> tuple[str, str]:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     key_path, cert_path = directory / "key.pem", directory / "cert.pem"
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return str(key_path), str(cert_path)
 
@@ -43,9 +55,21 @@ def write_self_signed(directory) -> tuple[str, str]:
 def tls_server(server_process_factory, tiny_llama_dir, tmp_path_factory):
     directory = tmp_path_factory.mktemp("tls")
     key, cert = write_self_signed(directory)
-    server = server_process_factory([str(tiny_llama_dir), "--ssl-keyfile", key, "--ssl-certfile", cert,
-                             "--max-model-len", "256", "--disable-log-requests", "--enable-ssl-refresh"],
-                                    scheme="https", log_name="tls-server.log")
+    server = server_process_factory(
+        [
+            str(tiny_llama_dir),
+            "--ssl-keyfile",
+            key,
+            "--ssl-certfile",
+            cert,
+            "--max-model-len",
+            "256",
+            "--disable-log-requests",
+            "--enable-ssl-refresh",
+        ],
+        scheme="https",
+        log_name="tls-server.log",
+    )
     server.ssl = ssl.create_default_context(cafile=cert)
     server.directory = directory
     server.wait_ready(verify=ssl.create_default_context(cafile=cert))
@@ -55,10 +79,12 @@ def tls_server(server_process_factory, tiny_llama_dir, tmp_path_factory):
 
 def test_tls_with_generated_certificate(tls_server):
     with httpx.Client(verify=tls_server.ssl) as http:
-        client = openai.OpenAI(base_url=f"{tls_server.url}/v1", api_key="unused", http_client=http,
-                               max_retries=0)
-        response = client.completions.create(model=client.models.list().data[0].id, prompt="Hello",
-                                             max_tokens=3)
+        client = openai.OpenAI(
+            base_url=f"{tls_server.url}/v1", api_key="unused", http_client=http, max_retries=0
+        )
+        response = client.completions.create(
+            model=client.models.list().data[0].id, prompt="Hello", max_tokens=3
+        )
         assert response.usage.completion_tokens == 3
     with pytest.raises(httpx.ConnectError):  # an unverified certificate is refused
         httpx.get(f"{tls_server.url}/health")
@@ -83,11 +109,19 @@ def test_certificate_refresh(tls_server):
 
 def test_sigterm_drains_in_flight_streams(tls_server):
     model = httpx.get(f"{tls_server.url}/v1/models", verify=tls_server.ssl).json()["data"][0]["id"]
-    body = {"model": model, "prompt": "Drain", "max_tokens": 200, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": "Drain",
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     usage = None
-    with httpx.Client(verify=tls_server.ssl, timeout=120) as http, \
-            http.stream("POST", f"{tls_server.url}/v1/completions", json=body) as response:
+    with (
+        httpx.Client(verify=tls_server.ssl, timeout=120) as http,
+        http.stream("POST", f"{tls_server.url}/v1/completions", json=body) as response,
+    ):
         lines = response.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert json.loads(first[6:])["choices"]
@@ -111,9 +145,22 @@ def test_a_busy_port_is_exit_1_before_anything_loads(tiny_llama_dir):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "infernetes.cli.main", "serve", str(tiny_llama_dir),
-                                 "--host", "127.0.0.1", "--port", str(port)],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "infernetes.cli.main",
+                "serve",
+                str(tiny_llama_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "loading" not in result.stderr.lower() and "Loading weights" not in result.stderr

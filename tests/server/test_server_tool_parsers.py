@@ -12,11 +12,18 @@ from infernetes.runtime.server.tool_parsers import (
     make_tool_parser,
 )
 
-WEATHER = ChatTool.model_validate({"type": "function", "function": {
-    "name": "get_weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                     "days": {"type": "integer"}}},
-}})
+WEATHER = ChatTool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            },
+        },
+    }
+)
 
 CASES = {
     "hermes": (
@@ -68,7 +75,7 @@ def _stream_pieces(name: str, text: str, size: int):
     content = ""
     pieces = []
     for at in range(0, len(text), size):
-        delta = stream.feed(text[at:at + size])
+        delta = stream.feed(text[at : at + size])
         content += delta.content
         pieces += delta.tool_calls
     final = stream.finish()
@@ -113,7 +120,8 @@ def test_mistral_name_args_format_streams_in_pieces():
     _, pieces, _ = _stream_pieces("mistral", text, 2)
     assert [p.name for p in pieces if p.name] == ["get_weather", "get_weather"]
     assert ["".join(p.arguments for p in pieces if p.index == i) for i in (0, 1)] == [
-        c.function.arguments for c in whole]
+        c.function.arguments for c in whole
+    ]
     assert len([p for p in pieces if p.index == 0 and p.arguments]) > 3
 
 
@@ -124,7 +132,7 @@ def test_pythonic_streams_a_long_string_argument_in_pieces(size):
     note = r"It's \"quoted\", a tab\t, a new line\n and \u00e9t\xe9 café " * 4
     text = f"[get_weather(city='Paris', note=\"{note}\", days=2), get_weather(city='Oslo')]"
     whole = make_tool_parser("pythonic", [WEATHER]).extract(text).tool_calls
-    assert json.loads(whole[0].function.arguments)["note"].startswith("It's \"quoted\", a tab\t, ")
+    assert json.loads(whole[0].function.arguments)["note"].startswith('It\'s "quoted", a tab\t, ')
     _, pieces, _ = _stream_pieces("pythonic", text, size)
     first = [p.arguments for p in pieces if p.index == 0]
     assert "".join(first) == whole[0].function.arguments
@@ -156,8 +164,12 @@ def test_plain_text_is_content(name):
 
 @pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral", "pythonic"])
 def test_malformed_calls_stay_content(name):
-    broken = {"hermes": "<tool_call>{not json</tool_call>", "llama3_json": '{"name": 3}',
-              "mistral": "[TOOL_CALLS][{oops", "pythonic": "[get_weather(city=)]"}[name]
+    broken = {
+        "hermes": "<tool_call>{not json</tool_call>",
+        "llama3_json": '{"name": 3}',
+        "mistral": "[TOOL_CALLS][{oops",
+        "pythonic": "[get_weather(city=)]",
+    }[name]
     result = make_tool_parser(name, [WEATHER]).extract(broken)
     assert not result.tools_called and result.content == broken
 
@@ -177,8 +189,15 @@ def test_mistral_name_args_format():
 
 
 def test_qwen_keeps_string_typed_values_as_text():
-    tool = ChatTool.model_validate({"type": "function", "function": {
-        "name": "echo", "parameters": {"properties": {"text": {"type": "string"}}}}})
+    tool = ChatTool.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "echo",
+                "parameters": {"properties": {"text": {"type": "string"}}},
+            },
+        }
+    )
     text = "<tool_call><function=echo><parameter=text>\n123\n</parameter></function></tool_call>"
     calls = make_tool_parser("qwen", [tool]).extract(text).tool_calls
     assert json.loads(calls[0].function.arguments) == {"text": "123"}

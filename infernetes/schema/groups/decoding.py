@@ -6,15 +6,41 @@ from infernetes.schema.declare import Arg
 G = "DecodingConfig"
 
 ARGS = (
-    Arg("guided-decoding-backend", "str", "auto", G,
+    Arg(
+        "guided-decoding-backend",
+        "str",
+        "auto",
+        G,
         "Default engine for structured output (JSON schema, regex, grammar); auto chooses per request.",
-        choices=("auto", "guidance", "lm-format-enforcer", "outlines", "xgrammar")),
-    Arg("guided-decoding-disable-fallback", "bool", False, G, "Fail instead of falling back to another backend."),
-    Arg("guided-decoding-disable-any-whitespace", "bool", False, G,
-        "Forbid free whitespace in structured output (xgrammar and guidance)."),
-    Arg("guided-decoding-disable-additional-properties", "bool", False, G,
-        "guidance backend: do not use additionalProperties in JSON schemas."),
-    Arg("reasoning-parser", "str", None, G,
+        choices=("auto", "guidance", "lm-format-enforcer", "outlines", "xgrammar"),
+    ),
+    Arg(
+        "guided-decoding-disable-fallback",
+        "bool",
+        False,
+        G,
+        "Fail instead of falling back to another backend.",
+    ),
+    Arg(
+        "guided-decoding-disable-any-whitespace",
+        "bool",
+        False,
+        G,
+        "Forbid free whitespace in structured output (xgrammar and guidance).",
+    ),
+    Arg(
+        "guided-decoding-disable-additional-properties",
+        "bool",
+        False,
+        G,
+        "guidance backend: do not use additionalProperties in JSON schemas.",
+    ),
+    Arg(
+        "reasoning-parser",
+        "str",
+        None,
+        G,
         "Parser that splits reasoning content from the answer; setting it turns reasoning mode on.",
-        choices=REASONING_PARSERS),
+        choices=REASONING_PARSERS,
+    ),
 )

@@ -5,6 +5,11 @@ from infernetes.schema.declare import Arg
 G = "SpeculativeConfig"
 
 ARGS = (
-    Arg("speculative-config", "json", None, G,
-        'Speculative decoding settings as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}.'),
+    Arg(
+        "speculative-config",
+        "json",
+        None,
+        G,
+        'Speculative decoding settings as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}.',
+    ),
 )

@@ -40,7 +40,9 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if meta.calculate_kv_scales and self.k_scale is not None:
             self._measure_scales(k, v)
-        ops.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        ops.store_kv(
+            k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale
+        )
         out = ops.paged_attention(
             q,
             self.k_cache,

@@ -20,12 +20,16 @@ POOLING_TYPES = ("CLS", "MEAN", "LAST")
 class Pooler:
     def __init__(self, pooling_type: str = "CLS", normalize: bool = True) -> None:
         if pooling_type not in POOLING_TYPES:
-            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}; got {pooling_type!r}")
+            raise ValueError(
+                f"pooling_type must be one of {', '.join(POOLING_TYPES)}; got {pooling_type!r}"
+            )
         self.pooling_type = pooling_type
         self.normalize = normalize
 
     @classmethod
-    def for_model(cls, path: Path, default_type: str = "CLS", overrides: dict[str, Any] | None = None) -> Pooler:
+    def for_model(
+        cls, path: Path, default_type: str = "CLS", overrides: dict[str, Any] | None = None
+    ) -> Pooler:
         pooling_type, normalize = default_type, True
         modules_file = path / "modules.json"
         if modules_file.is_file():
@@ -41,9 +45,13 @@ class Pooler:
                     elif config.get("pooling_mode_lasttoken"):
                         pooling_type = "LAST"
                     else:
-                        raise ValueError(f"{path}: only CLS, mean and last-token pooling are supported")
+                        raise ValueError(
+                            f"{path}: only CLS, mean and last-token pooling are supported"
+                        )
         overrides = overrides or {}
-        return cls(overrides.get("pooling_type", pooling_type), overrides.get("normalize", normalize))
+        return cls(
+            overrides.get("pooling_type", pooling_type), overrides.get("normalize", normalize)
+        )
 
     def __call__(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         bounds = cu_seqlens.tolist()

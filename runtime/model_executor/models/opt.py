@@ -80,13 +80,21 @@ class OPTDecoder(nn.Module):
         super().__init__()
         hidden, embed_dim = config.hidden_size, config.word_embed_proj_dim
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, embed_dim)
-        self.embed_positions = nn.Embedding(config.max_position_embeddings + _POSITION_OFFSET, hidden)
+        self.embed_positions = nn.Embedding(
+            config.max_position_embeddings + _POSITION_OFFSET, hidden
+        )
         self.project_in = ReplicatedLinear(embed_dim, hidden) if embed_dim != hidden else None
         self.project_out = ReplicatedLinear(hidden, embed_dim) if embed_dim != hidden else None
-        use_final_norm = config.do_layer_norm_before and not getattr(config, "_remove_final_layer_norm", False)
+        use_final_norm = config.do_layer_norm_before and not getattr(
+            config, "_remove_final_layer_norm", False
+        )
         affine = getattr(config, "layer_norm_elementwise_affine", True)
-        self.final_layer_norm = nn.LayerNorm(hidden, elementwise_affine=affine) if use_final_norm else None
-        self.layers = nn.ModuleList(OPTDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.final_layer_norm = (
+            nn.LayerNorm(hidden, elementwise_affine=affine) if use_final_norm else None
+        )
+        self.layers = nn.ModuleList(
+            OPTDecoderLayer(config) for _ in range(config.num_hidden_layers)
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -109,7 +117,11 @@ class OPTModel(nn.Module):
 
 
 class OPTForCausalLM(nn.Module):
-    stacked_params = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v")]
+    stacked_params = [
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+    ]
 
     def __init__(self, config: Any, max_position: int) -> None:
         super().__init__()
@@ -129,6 +141,8 @@ class OPTForCausalLM(nn.Module):
             # Some checkpoints (e.g. facebook/opt-125m) name the decoder without "model.".
             return name if name.startswith(("model.", "lm_head.")) else "model." + name
 
-        loaded = load_stacked_weights(self, weights, self.stacked_params, ("lm_head.weight",), rename)
+        loaded = load_stacked_weights(
+            self, weights, self.stacked_params, ("lm_head.weight",), rename
+        )
         loaded.add("lm_head.weight")
         return loaded

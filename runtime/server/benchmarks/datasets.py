@@ -17,8 +17,15 @@ class BenchRequest:
     output_len: int
 
 
-def random_requests(num: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int,
-                    seed: int, special_ids: set[int] | None = None) -> list[BenchRequest]:
+def random_requests(
+    num: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    vocab_size: int,
+    seed: int,
+    special_ids: set[int] | None = None,
+) -> list[BenchRequest]:
     """Prompts of random token ids; lengths uniform in ``len * [1 - ratio, 1 + ratio]``."""
     if not 0 <= range_ratio < 1:
         raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
@@ -32,12 +39,20 @@ def random_requests(num: int, input_len: int, output_len: int, range_ratio: floa
     requests = []
     for _ in range(num):
         n_in = length(input_len)
-        requests.append(BenchRequest([rng.choice(allowed) for _ in range(n_in)], n_in, length(output_len)))
+        requests.append(
+            BenchRequest([rng.choice(allowed) for _ in range(n_in)], n_in, length(output_len))
+        )
     return requests
 
 
-def sharegpt_requests(path: str, num: int, tokenizer: Any, seed: int,
-                      output_len: int | None = None, max_len: int | None = None) -> list[BenchRequest]:
+def sharegpt_requests(
+    path: str,
+    num: int,
+    tokenizer: Any,
+    seed: int,
+    output_len: int | None = None,
+    max_len: int | None = None,
+) -> list[BenchRequest]:
     with open(path) as handle:
         conversations = json.load(handle)
     rng = random.Random(seed)

@@ -19,8 +19,12 @@ def load_engine(config: Any) -> Any:
 def _params(output_len: int, ignore_eos: bool) -> Any:
     from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 
-    return SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=ignore_eos,
-                          output_kind=RequestOutputKind.FINAL_ONLY)
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=output_len,
+        ignore_eos=ignore_eos,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
 
 
 def run_until_done(engine: Any) -> list[Any]:
@@ -30,11 +34,15 @@ def run_until_done(engine: Any) -> list[Any]:
     return finished
 
 
-def throughput(engine: Any, requests: list[BenchRequest], ignore_eos: bool = True) -> dict[str, Any]:
+def throughput(
+    engine: Any, requests: list[BenchRequest], ignore_eos: bool = True
+) -> dict[str, Any]:
     """All requests at once, as fast as the engine goes: requests/s and tokens/s."""
     start = time.perf_counter()
     for index, request in enumerate(requests):
-        engine.add_request(f"bench-{index}", request.prompt, _params(request.output_len, ignore_eos))
+        engine.add_request(
+            f"bench-{index}", request.prompt, _params(request.output_len, ignore_eos)
+        )
     outputs = run_until_done(engine)
     elapsed = time.perf_counter() - start
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
@@ -50,8 +58,11 @@ def throughput(engine: Any, requests: list[BenchRequest], ignore_eos: bool = Tru
     }
 
 
-def latency(engine: Any, batch: list[BenchRequest], warmup_iters: int, iters: int) -> dict[str, Any]:
+def latency(
+    engine: Any, batch: list[BenchRequest], warmup_iters: int, iters: int
+) -> dict[str, Any]:
     """Time to finish one batch, repeated: mean and percentiles in seconds."""
+
     def one_batch(tag: str) -> float:
         start = time.perf_counter()
         for index, request in enumerate(batch):

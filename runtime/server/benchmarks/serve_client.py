@@ -32,15 +32,26 @@ def _has_text(line: bytes, key: bytes) -> bool:
     at = line.find(key)
     if at < 0:
         return False
-    value = line[at + len(key):].lstrip()
+    value = line[at + len(key) :].lstrip()
     return value.startswith(b'"') and not value.startswith(b'""')
 
 
-async def _send(session: aiohttp.ClientSession, url: str, model: str, request: BenchRequest,
-                chat: bool, ignore_eos: bool, headers: dict[str, str]) -> RequestResult:
+async def _send(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    request: BenchRequest,
+    chat: bool,
+    ignore_eos: bool,
+    headers: dict[str, str],
+) -> RequestResult:
     body: dict[str, Any] = {
-        "model": model, "max_tokens": request.output_len, "stream": True, "temperature": 0.0,
-        "ignore_eos": ignore_eos, "stream_options": {"include_usage": True},
+        "model": model,
+        "max_tokens": request.output_len,
+        "stream": True,
+        "temperature": 0.0,
+        "ignore_eos": ignore_eos,
+        "stream_options": {"include_usage": True},
     }
     if chat:
         prompt = request.prompt if isinstance(request.prompt, str) else None
@@ -96,10 +107,18 @@ async def _arrivals(count: int, request_rate: float, seed: int):
             await asyncio.sleep(rng.expovariate(request_rate))
 
 
-async def run_benchmark(base_url: str, endpoint: str, model: str, requests: list[BenchRequest], *,
-                        request_rate: float = float("inf"), max_concurrency: int | None = None,
-                        ignore_eos: bool = True, api_key: str | None = None,
-                        seed: int = 0) -> tuple[list[RequestResult], float]:
+async def run_benchmark(
+    base_url: str,
+    endpoint: str,
+    model: str,
+    requests: list[BenchRequest],
+    *,
+    request_rate: float = float("inf"),
+    max_concurrency: int | None = None,
+    ignore_eos: bool = True,
+    api_key: str | None = None,
+    seed: int = 0,
+) -> tuple[list[RequestResult], float]:
     url = base_url.rstrip("/") + endpoint
     chat = endpoint.endswith("/chat/completions")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -123,7 +142,9 @@ async def run_benchmark(base_url: str, endpoint: str, model: str, requests: list
     return list(results), duration
 
 
-def summarize(results: list[RequestResult], duration: float, percentiles: list[float]) -> dict[str, Any]:
+def summarize(
+    results: list[RequestResult], duration: float, percentiles: list[float]
+) -> dict[str, Any]:
     ok = [r for r in results if r.success]
     summary: dict[str, Any] = {
         "completed": len(ok),
@@ -135,7 +156,10 @@ def summarize(results: list[RequestResult], duration: float, percentiles: list[f
     summary["request_throughput"] = len(ok) / duration if duration else 0.0
     summary["output_throughput"] = summary["total_output_tokens"] / duration if duration else 0.0
     summary["total_token_throughput"] = (
-        (summary["total_input_tokens"] + summary["total_output_tokens"]) / duration if duration else 0.0)
+        (summary["total_input_tokens"] + summary["total_output_tokens"]) / duration
+        if duration
+        else 0.0
+    )
     series = {
         "ttft": [r.ttft for r in ok],
         "tpot": [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1],
@@ -153,15 +177,21 @@ def summarize(results: list[RequestResult], duration: float, percentiles: list[f
     return summary
 
 
-TITLES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
-          "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+TITLES = {
+    "ttft": "Time to First Token",
+    "tpot": "Time per Output Token (excl. 1st token)",
+    "itl": "Inter-token Latency",
+    "e2el": "End-to-end Latency",
+}
 
 
 def format_report(summary: dict[str, Any], percentiles: list[float], metrics: list[str]) -> str:
     lines = ["{s:{c}^50}".format(s=" Serving Benchmark Result ", c="=")]
 
     def row(label: str, value: Any) -> None:
-        lines.append(f"{label:<40}{value:<10.2f}" if isinstance(value, float) else f"{label:<40}{value:<10}")
+        lines.append(
+            f"{label:<40}{value:<10.2f}" if isinstance(value, float) else f"{label:<40}{value:<10}"
+        )
 
     row("Successful requests:", summary["completed"])
     row("Failed requests:", summary["failed"])

@@ -60,8 +60,9 @@ def write_output(location: str, lines: list[str], tmp_dir: str | None) -> None:
             with open(location, "w", encoding="utf-8") as handle:
                 handle.write(payload)
         return
-    with tempfile.NamedTemporaryFile("w", dir=tmp_dir, suffix=".jsonl", delete=False,
-                                     encoding="utf-8") as handle:
+    with tempfile.NamedTemporaryFile(
+        "w", dir=tmp_dir, suffix=".jsonl", delete=False, encoding="utf-8"
+    ) as handle:
         handle.write(payload)
         staged = handle.name
     try:
@@ -76,28 +77,46 @@ def write_output(location: str, lines: list[str], tmp_dir: str | None) -> None:
 
 
 def _record(custom_id: Any, status: int | None, body: Any, error: Any = None) -> str:
-    response = None if status is None else {
-        "status_code": status, "request_id": f"vllm-batch-{uuid.uuid4().hex}", "body": body}
-    return json.dumps({"id": f"vllm-{uuid.uuid4().hex}", "custom_id": custom_id,
-                       "response": response, "error": error}, ensure_ascii=False)
+    response = (
+        None
+        if status is None
+        else {"status_code": status, "request_id": f"vllm-batch-{uuid.uuid4().hex}", "body": body}
+    )
+    return json.dumps(
+        {
+            "id": f"vllm-{uuid.uuid4().hex}",
+            "custom_id": custom_id,
+            "response": response,
+            "error": error,
+        },
+        ensure_ascii=False,
+    )
 
 
 async def run_line(state: ServerState, line: str) -> str:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as exc:
-        return _record(None, None, None, {"code": "invalid_json", "message": f"line is not JSON: {exc}"})
+        return _record(
+            None, None, None, {"code": "invalid_json", "message": f"line is not JSON: {exc}"}
+        )
     if not isinstance(item, dict):
-        return _record(None, None, None, {"code": "invalid_line", "message": "a line must be a JSON object"})
+        return _record(
+            None, None, None, {"code": "invalid_line", "message": "a line must be a JSON object"}
+        )
     custom_id = item.get("custom_id")
     url, method = item.get("url"), str(item.get("method", "POST")).upper()
     if method != "POST" or url not in ROUTES:
-        message = (f"unsupported request {method} {url!r}; supported: POST "
-                   f"{', '.join(sorted(ROUTES))}")
+        message = (
+            f"unsupported request {method} {url!r}; supported: POST {', '.join(sorted(ROUTES))}"
+        )
         return _record(custom_id, 400, error_body(message, 400, "url"))
     try:
-        request = ROUTES[url].model_validate({**(item.get("body") or {}), "stream": False}
-                                            if url != "/v1/embeddings" else item.get("body") or {})
+        request = ROUTES[url].model_validate(
+            {**(item.get("body") or {}), "stream": False}
+            if url != "/v1/embeddings"
+            else item.get("body") or {}
+        )
         if url == "/v1/embeddings":
             state.require_embedding()
             result = await state.embedding.create(request)
@@ -113,15 +132,21 @@ async def run_line(state: ServerState, line: str) -> str:
     return _record(custom_id, 200, result.model_dump(mode="json"))
 
 
-async def run_batch(config: Any, input_location: str, output_location: str, output_tmp_dir: str | None,
-                    metrics_address: tuple[str, int] | None = None) -> int:
+async def run_batch(
+    config: Any,
+    input_location: str,
+    output_location: str,
+    output_tmp_dir: str | None,
+    metrics_address: tuple[str, int] | None = None,
+) -> int:
     """Runs every line; returns how many lines failed."""
     from infernetes.runtime.engine.async_engine import AsyncEngine, core_process_enabled
 
     lines = read_input(input_location)
     state = ServerState(FrontendSettings.from_config(config))
-    engine = await asyncio.to_thread(AsyncEngine.from_config, config, [state.stat_fanout],
-                                     core_process_enabled())
+    engine = await asyncio.to_thread(
+        AsyncEngine.from_config, config, [state.stat_fanout], core_process_enabled()
+    )
     try:
         state.attach_engine(engine)
         if metrics_address is not None:
@@ -133,5 +158,8 @@ async def run_batch(config: Any, input_location: str, output_location: str, outp
     finally:
         await engine.shutdown()
     write_output(output_location, list(results), output_tmp_dir)
-    return sum(1 for r in results if json.loads(r)["response"] is None
-               or json.loads(r)["response"]["status_code"] != 200)
+    return sum(
+        1
+        for r in results
+        if json.loads(r)["response"] is None or json.loads(r)["response"]["status_code"] != 200
+    )

@@ -30,8 +30,14 @@ def _lines(prompt: str, read: Callable[[str], str]) -> Any:
         yield line
 
 
-def chat(client: openai.OpenAI, model: str, system_prompt: str | None, quick: str | None,
-         read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> None:
+def chat(
+    client: openai.OpenAI,
+    model: str,
+    system_prompt: str | None,
+    quick: str | None,
+    read: Callable[[str], str] = input,
+    out: TextIO = sys.stdout,
+) -> None:
     messages: list[dict[str, str]] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
@@ -49,12 +55,19 @@ def chat(client: openai.OpenAI, model: str, system_prompt: str | None, quick: st
         messages.append({"role": "assistant", "content": reply})
 
 
-def complete(client: openai.OpenAI, model: str, quick: str | None, max_tokens: int | None = None,
-             read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> None:
+def complete(
+    client: openai.OpenAI,
+    model: str,
+    quick: str | None,
+    max_tokens: int | None = None,
+    read: Callable[[str], str] = input,
+    out: TextIO = sys.stdout,
+) -> None:
     inputs = [quick] if quick is not None else _lines("> ", read)
     for prompt in inputs:
-        for chunk in client.completions.create(model=model, prompt=prompt, stream=True,
-                                               max_tokens=max_tokens):
+        for chunk in client.completions.create(
+            model=model, prompt=prompt, stream=True, max_tokens=max_tokens
+        ):
             if chunk.choices and chunk.choices[0].text:
                 out.write(chunk.choices[0].text)
                 out.flush()

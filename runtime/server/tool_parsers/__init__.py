@@ -28,8 +28,14 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 }
 
 # Parser names vLLM knows that are not implemented here: refused with a clear message.
-KNOWN_UNSUPPORTED = ("deepseek_v3", "granite-20b-fc", "granite", "internlm", "jamba",
-                     "phi4_mini_json")
+KNOWN_UNSUPPORTED = (
+    "deepseek_v3",
+    "granite-20b-fc",
+    "granite",
+    "internlm",
+    "jamba",
+    "phi4_mini_json",
+)
 
 
 def check_tool_parser_name(name: str) -> None:
@@ -38,7 +44,9 @@ def check_tool_parser_name(name: str) -> None:
         return
     supported = ", ".join(sorted(TOOL_PARSERS))
     if name in KNOWN_UNSUPPORTED:
-        raise ValueError(f"--tool-call-parser {name!r} is not supported yet; supported: {supported}")
+        raise ValueError(
+            f"--tool-call-parser {name!r} is not supported yet; supported: {supported}"
+        )
     raise ValueError(f"--tool-call-parser {name!r} is unknown; supported: {supported}")
 
 

@@ -43,8 +43,12 @@ class ToolCallDelta:
         function: dict[str, Any] = {"arguments": self.arguments}
         if self.name is None:
             return {"index": self.index, "function": function}
-        return {"index": self.index, "id": self.id, "type": "function",
-                "function": {"name": self.name, **function}}
+        return {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, **function},
+        }
 
 
 @dataclass
@@ -117,7 +121,9 @@ def scan_json_value(text: str, start: int = 0) -> tuple[int, bool]:
 
 
 # ``{"name": "...", "arguments": `` (or "parameters") at the start of a call object.
-CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+CALL_HEAD = re.compile(
+    r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+)
 
 
 def raw_arguments(text: str) -> tuple[str, str, bool] | None:
@@ -144,7 +150,9 @@ def partial_from_object_text(text: str) -> PartialCall | None:
     return PartialCall(found[0], found[1])
 
 
-def call_from_dict(obj: Any, arguments_key: str = "arguments", raw: str | None = None) -> FunctionCall | None:
+def call_from_dict(
+    obj: Any, arguments_key: str = "arguments", raw: str | None = None
+) -> FunctionCall | None:
     """``{"name": ..., "arguments"|"parameters": {...}}`` -> FunctionCall, None if not that shape.
 
     With ``raw`` (the text ``obj`` was decoded from), the arguments are the model's own text of
@@ -232,10 +240,10 @@ class ToolCallStream:
             start = self.parser.section_start(self.text)
             if start is None:
                 safe = len(self.text) - self.parser.hold_back(self.text)
-                delta.content = self.text[self.content_sent:safe]
+                delta.content = self.text[self.content_sent : safe]
                 self.content_sent = max(self.content_sent, safe)
                 return delta
-            delta.content = self.text[self.content_sent:start]
+            delta.content = self.text[self.content_sent : start]
             self.content_sent = start
             self.section_at = start
         delta.tool_calls = self._advance(final=False)
@@ -248,12 +256,12 @@ class ToolCallStream:
             delta.tool_calls = self._advance(final=True)
             if self.tools_called:
                 return delta
-        delta.content = self.text[self.content_sent:]
+        delta.content = self.text[self.content_sent :]
         self.content_sent = len(self.text)
         return delta
 
     def _advance(self, final: bool) -> list[ToolCallDelta]:
-        section = self.text[self.section_at:]
+        section = self.text[self.section_at :]
         calls = self.parser.parse_section(section, final=final) or []
         out: list[ToolCallDelta] = []
         for index in range(self.calls_done, len(calls)):
@@ -261,10 +269,12 @@ class ToolCallStream:
             if self.open_id is not None:
                 # The rest of the call sent in pieces; its text only grew, so what was sent is
                 # a prefix of the whole arguments.
-                out.append(ToolCallDelta(index, call.arguments[len(self.open_sent):]))
+                out.append(ToolCallDelta(index, call.arguments[len(self.open_sent) :]))
                 self.open_id, self.open_sent = None, ""
             else:
-                out.append(ToolCallDelta(index, call.arguments, call.name, random_id("chatcmpl-tool")))
+                out.append(
+                    ToolCallDelta(index, call.arguments, call.name, random_id("chatcmpl-tool"))
+                )
         self.calls_done = max(self.calls_done, len(calls))
         if not final:
             partial = self.parser.partial_call(section, self.calls_done)
@@ -277,8 +287,10 @@ class ToolCallStream:
         if self.open_id is None:
             self.open_id, self.open_sent = random_id("chatcmpl-tool"), ""
             out.append(ToolCallDelta(self.calls_done, "", partial.name, self.open_id))
-        if len(partial.arguments) > len(self.open_sent) and partial.arguments.startswith(self.open_sent):
-            out.append(ToolCallDelta(self.calls_done, partial.arguments[len(self.open_sent):]))
+        if len(partial.arguments) > len(self.open_sent) and partial.arguments.startswith(
+            self.open_sent
+        ):
+            out.append(ToolCallDelta(self.calls_done, partial.arguments[len(self.open_sent) :]))
             self.open_sent = partial.arguments
         return out
 

@@ -34,7 +34,7 @@ class Llama3JsonToolParser(ToolParser):
     @staticmethod
     def _body(section: str) -> str:
         body = section.strip()
-        return body[len(PYTHON_TAG):] if body.startswith(PYTHON_TAG) else body
+        return body[len(PYTHON_TAG) :] if body.startswith(PYTHON_TAG) else body
 
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
         values, rest = decode_json_spans(self._body(section))

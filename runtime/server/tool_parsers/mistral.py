@@ -33,7 +33,7 @@ class MistralToolParser(ToolParser):
     markers = (TOOL_CALLS,)
 
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
-        body = section[len(TOOL_CALLS):]
+        body = section[len(TOOL_CALLS) :]
         if ARGS in body:
             return self._parse_name_args(body, final)
         items, rest, in_list = _list_items(body)
@@ -50,7 +50,7 @@ class MistralToolParser(ToolParser):
         return calls
 
     def partial_call(self, section: str, complete: int) -> PartialCall | None:
-        body = section[len(TOOL_CALLS):]
+        body = section[len(TOOL_CALLS) :]
         if ARGS in body:
             chunks = body.split(TOOL_CALLS)
             if len(chunks) != complete + 1:
@@ -81,6 +81,10 @@ class MistralToolParser(ToolParser):
             if final and text[end:].strip():
                 return None
             value, raw = values[0]
-            calls.append(FunctionCall(name=name.strip(),
-                                      arguments=raw if isinstance(value, dict) else arguments_json(value)))
+            calls.append(
+                FunctionCall(
+                    name=name.strip(),
+                    arguments=raw if isinstance(value, dict) else arguments_json(value),
+                )
+            )
         return calls

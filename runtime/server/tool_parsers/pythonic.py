@@ -65,7 +65,7 @@ def _open_string(source: str, quote: str) -> str | None:
     not written yet; an escape cut mid-way is left out. None if it cannot be read."""
     for cut in range(min(LONGEST_ESCAPE, len(source)) + 1):
         try:
-            value = ast.literal_eval(quote + source[:len(source) - cut] + quote)
+            value = ast.literal_eval(quote + source[: len(source) - cut] + quote)
         except (ValueError, SyntaxError):
             continue
         return value if isinstance(value, str) else None
@@ -119,7 +119,9 @@ class PythonicToolParser(ToolParser):
             return None
         if element.args or len(arguments) != len(element.keywords):
             return None
-        return FunctionCall(name=element.func.id, arguments=json.dumps(arguments, ensure_ascii=False))
+        return FunctionCall(
+            name=element.func.id, arguments=json.dumps(arguments, ensure_ascii=False)
+        )
 
     def _complete_calls(self, body: str) -> list[FunctionCall]:
         if not body.startswith("["):
@@ -146,7 +148,7 @@ class PythonicToolParser(ToolParser):
         head = CALL_NAME.match(elements[complete])
         if head is None:
             return None
-        keywords, call_closed = split_top_level(elements[complete][head.end():])
+        keywords, call_closed = split_top_level(elements[complete][head.end() :])
         if call_closed:
             return None  # complete: it goes out whole with the next parse
         try:
@@ -161,7 +163,7 @@ class PythonicToolParser(ToolParser):
             return None
         writing = STRING_KEYWORD.match(keywords[-1])
         if writing is not None and writing.group(1) not in arguments:
-            value = _open_string(keywords[-1][writing.end():], writing.group(2))
+            value = _open_string(keywords[-1][writing.end() :], writing.group(2))
             if value is not None:
                 # Without the closing quote and brace: '{"city": "Par'.
                 arguments[writing.group(1)] = value

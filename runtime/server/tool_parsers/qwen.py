@@ -54,11 +54,13 @@ class QwenToolParser(ToolParser):
         if head is None:
             return None
         name = head.group(1).strip()
-        return PartialCall(name, self._arguments(name, blocks[complete][head.end():])[:-1])
+        return PartialCall(name, self._arguments(name, blocks[complete][head.end() :])[:-1])
 
     def _arguments(self, name: str, body: str) -> str:
-        arguments = {key.strip(): self._convert(name, key.strip(), value)
-                     for key, value in PARAMETER.findall(body)}
+        arguments = {
+            key.strip(): self._convert(name, key.strip(), value)
+            for key, value in PARAMETER.findall(body)
+        }
         return json.dumps(arguments, ensure_ascii=False)
 
     def _param_type(self, function: str, parameter: str) -> str | None:
