@@ -4,23 +4,23 @@ The exact inverse of the schema's parser: parsing the rendered argv gives back t
 (tests check parse(render(spec)) == spec through infernetes.schema).
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from infernetes.operator.engine_schema import camel, engine_args, engine_env_vars
+
+from infernetes.schema.args import ARGS
+from infernetes.schema.env import ENV_VARS
+from infernetes.schema.render import render_arg
 
 
 class EngineSpecError(ValueError):
     """A spec.engine / spec.engineEnv field the schema does not know (the CRD would prune it)."""
 
 
-def engine_argv(engine: Mapping[str, Any], args: Iterable[Any] | None = None) -> list[str]:
+def engine_argv(engine: Mapping[str, Any]) -> list[str]:
     """Flags for every field set in spec.engine, in the schema's table order."""
-    from infernetes.schema.render import render_arg
-
-    if args is None:
-        from infernetes.schema.args import ARGS as args
-    by_field = {camel(arg.dest): arg for arg in engine_args(args)}
+    by_field = {camel(arg.dest): arg for arg in engine_args(ARGS)}
     unknown = sorted(set(engine) - set(by_field))
     if unknown:
         raise EngineSpecError(f"spec.engine: unknown field(s) {', '.join(unknown)}")
@@ -43,15 +43,9 @@ def env_value(value: Any) -> str:
     return str(value)
 
 
-def engine_env(
-    engine_env_spec: Mapping[str, Any], env_vars: Iterable[Any] | None = None
-) -> list[dict[str, str]]:
+def engine_env(engine_env_spec: Mapping[str, Any]) -> list[dict[str, str]]:
     """Container env entries for spec.engineEnv, in the schema's table order."""
-    if not engine_env_spec:
-        return []
-    if env_vars is None:
-        from infernetes.schema.env import ENV_VARS as env_vars
-    known = [var.name for var in engine_env_vars(env_vars)]
+    known = [var.name for var in engine_env_vars(ENV_VARS)]
     unknown = sorted(set(engine_env_spec) - set(known))
     if unknown:
         raise EngineSpecError(

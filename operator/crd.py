@@ -18,7 +18,8 @@ from infernetes.operator.spec_schema import (
 )
 from infernetes.operator.status import MESSAGE_MAX
 
-CONDITION_TYPES = ["Ready", "Available", "Progressing", "Degraded", "Scheduled", "SettingsIgnored"]
+from infernetes.schema.args import ARGS
+from infernetes.schema.env import ENV_VARS
 
 
 def condition_schema() -> Schema:
@@ -103,11 +104,11 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
     return rules
 
 
-def spec_schema(args: Any, env_vars: Any) -> Schema:
-    engine = engine_schema(args)
-    narrow_with_cel(engine, engine_refusals(args))
-    engine_env = engine_env_schema(env_vars)
-    narrow_with_cel(engine_env, env_refusals(env_vars))
+def spec_schema() -> Schema:
+    engine = engine_schema(ARGS)
+    narrow_with_cel(engine, engine_refusals(ARGS))
+    engine_env = engine_env_schema(ENV_VARS)
+    narrow_with_cel(engine_env, env_refusals(ENV_VARS))
     properties = {**platform_properties(), "engine": engine, "engineEnv": engine_env}
     return obj(properties, required=["model"], rules=spec_rules(engine["properties"]))
 
@@ -133,18 +134,14 @@ def printer_columns() -> list[dict[str, Any]]:
     ]
 
 
-def build_crd(args: Any = None, env_vars: Any = None) -> dict[str, Any]:
-    """The CRD as a dict; the schema tables are read from infernetes.schema unless given."""
-    if args is None:
-        from infernetes.schema.args import ARGS as args
-    if env_vars is None:
-        from infernetes.schema.env import ENV_VARS as env_vars
+def build_crd() -> dict[str, Any]:
+    """The CRD as a dict, from the schema tables of infernetes.schema."""
     root = obj(
         {
             "apiVersion": string(),
             "kind": string(),
             "metadata": {"type": "object"},
-            "spec": spec_schema(args, env_vars),
+            "spec": spec_schema(),
             "status": status_schema(),
         },
         required=["spec"],

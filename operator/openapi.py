@@ -9,9 +9,8 @@ QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
-# DNS-1123 subdomain / label, for names of Secrets, claims and classes.
+# DNS-1123 subdomain, for names of Secrets, claims and classes.
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 def obj(
@@ -47,22 +46,19 @@ def integer(description: str | None = None, **extra: Any) -> Schema:
     return schema
 
 
-def boolean(description: str | None = None) -> Schema:
-    schema: Schema = {"type": "boolean"}
-    if description:
-        schema["description"] = description
-    return schema
+def boolean() -> Schema:
+    return {"type": "boolean"}
 
 
 def enum(values: list[str], description: str | None = None, **extra: Any) -> Schema:
     return string(description, enum=list(values), **extra)
 
 
-def string_map(description: str | None = None, max_properties: int = 64) -> Schema:
+def string_map(description: str | None = None) -> Schema:
     schema: Schema = {
         "type": "object",
         "additionalProperties": {"type": "string", "maxLength": 4096},
-        "maxProperties": max_properties,
+        "maxProperties": 64,
     }
     if description:
         schema["description"] = description

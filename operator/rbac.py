@@ -44,9 +44,7 @@ def cluster_rules() -> list[dict[str, Any]]:
     ]
 
 
-def rbac_manifests(
-    *, namespace: str, service_account: str, peering: str = "infernetes"
-) -> list[dict[str, Any]]:
+def rbac_manifests(*, namespace: str, service_account: str) -> list[dict[str, Any]]:
     role_name = "infernetes-operator"
     labels = {names.LABEL_NAME: "infernetes", names.LABEL_COMPONENT: "operator"}
     return [
@@ -74,5 +72,5 @@ def rbac_manifests(
                 {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
             ],
         },
-        cluster_peering(peering),
+        cluster_peering("infernetes"),
     ]

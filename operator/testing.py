@@ -99,9 +99,9 @@ def wait_until(
         time.sleep(interval)
 
 
-def install_crds(kubectl: Callable[..., Any], *, monitoring: bool = True) -> None:
+def install_crds(kubectl: Callable[..., Any]) -> None:
     """Apply our CRD (and kopf's peering CRDs, and the monitoring stand-ins) and wait for them."""
-    documents = [build_crd(), *peering_crds(), *(MONITORING_CRDS if monitoring else [])]
+    documents = [build_crd(), *peering_crds(), *MONITORING_CRDS]
     kubectl(
         "apply",
         "--server-side",

@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def collect(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    environ = os.environ if environ is None else environ
+def collect() -> dict[str, Any]:
     return {
         "system": _system(),
         "python": {
@@ -82,7 +81,7 @@ def collect(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         "torch": _torch(),
         "nvidia_smi": _nvidia_smi(),
         "packages": {name: _version(name) for name in PACKAGES},
-        "environment": relevant_env(environ),
+        "environment": relevant_env(os.environ),
     }
 
 

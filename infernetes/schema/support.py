@@ -449,11 +449,3 @@ ENV_SUPPORT: dict[str, Support] = {
         )
     },
 }
-
-
-def arg_support(dest: str) -> Support:
-    return ARG_SUPPORT[dest]
-
-
-def env_support(name: str) -> Support:
-    return ENV_SUPPORT[name]

@@ -10,19 +10,19 @@ from typing import Any
 
 from infernetes.operator import names
 
+from infernetes.schema.env import ENV_VARS
+
 RENAME_PREFIX = "infsvc-"
 
 
-def service_link_variables(
-    service_name: str, port: int, port_name: str = names.PORT_NAME
-) -> list[str]:
-    """The variables Kubernetes injects for a Service with one TCP port."""
+def service_link_variables(service_name: str, port: int) -> list[str]:
+    """The variables Kubernetes injects for a Service with one TCP port (named names.PORT_NAME)."""
     prefix = service_name.upper().replace("-", "_")
     port_prefix = f"{prefix}_PORT_{port}_TCP"
     return [
         f"{prefix}_SERVICE_HOST",
         f"{prefix}_SERVICE_PORT",
-        f"{prefix}_SERVICE_PORT_{port_name.upper().replace('-', '_')}",
+        f"{prefix}_SERVICE_PORT_{names.PORT_NAME.upper().replace('-', '_')}",
         f"{prefix}_PORT",
         port_prefix,
         f"{port_prefix}_PROTO",
@@ -37,20 +37,13 @@ def service_name_for(name: str) -> tuple[str, str | None]:
     if not any(var.startswith("VLLM_") for var in injected):
         return name, None
     renamed = RENAME_PREFIX + name
-    colliding = [var for var in injected if var in _known_engine_env()] or injected[:1]
+    known = {var.name for var in ENV_VARS}
+    colliding = [var for var in injected if var in known] or injected[:1]
     reason = (
         f"Service is named {renamed!r}, not {name!r}: a Service named {name!r} would inject "
         f"{', '.join(colliding)} into the namespace's pods, which the server reads as its own settings"
     )
     return renamed, reason
-
-
-def _known_engine_env() -> set[str]:
-    try:
-        from infernetes.schema.env import ENV_VARS
-    except ImportError:  # the table is optional for this message only
-        return {"VLLM_PORT", "VLLM_HOST_IP"}
-    return {var.name for var in ENV_VARS}
 
 
 def service_manifest(
