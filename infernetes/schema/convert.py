@@ -55,19 +55,19 @@ def _convert_one(arg: Arg, value: Any, open_choices: bool) -> Any:
     except ValueError as exc:
         raise ConfigError(f"argument {arg.flag}: {exc}", arg.dest) from None
     if arg.choices is not None and not open_choices:
-        converted = _in_choices(arg, converted)
+        converted = _in_choices(arg, arg.choices, converted)
     _in_range(arg, converted)
     return converted
 
 
-def _in_choices(arg: Arg, value: Any) -> Any:
-    if value in arg.choices:
+def _in_choices(arg: Arg, choices: tuple[Any, ...], value: Any) -> Any:
+    if value in choices:
         return value
     if isinstance(value, str):
-        for choice in arg.choices:
+        for choice in choices:
             if isinstance(choice, str) and choice.lower() == value.lower():
                 return choice
-    allowed = ", ".join(str(c) for c in arg.choices)
+    allowed = ", ".join(str(c) for c in choices)
     raise ConfigError(
         f"argument {arg.flag}: invalid choice {value!r} (choose from {allowed})", arg.dest
     )

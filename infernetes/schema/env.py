@@ -468,6 +468,7 @@ def read_env(name: str, environ: Mapping[str, str] | None = None) -> Any:
 
 
 def _convert(var: EnvVar, raw: str) -> Any:
+    value: int | str | tuple[str, ...]
     if var.kind == "bool":
         return parse_bool(raw)
     if var.kind == "float":

@@ -11,8 +11,8 @@ class FrozenDict(dict):
     def _immutable(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("configuration values are immutable; use ServeConfig.replace()")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable  # type: ignore[assignment]
-    __ior__ = _immutable  # type: ignore[assignment]
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable
+    __ior__ = _immutable
 
     def __reduce__(self) -> tuple:
         return (FrozenDict, (dict(self),))
@@ -27,8 +27,8 @@ class FrozenList(list):
     def _immutable(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("configuration values are immutable; use ServeConfig.replace()")
 
-    __setitem__ = __delitem__ = append = extend = insert = pop = remove = clear = _immutable  # type: ignore[assignment]
-    sort = reverse = __iadd__ = __imul__ = _immutable  # type: ignore[assignment]
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = clear = _immutable
+    sort = reverse = __iadd__ = __imul__ = _immutable
 
     def __reduce__(self) -> tuple:
         return (FrozenList, (list(self),))

@@ -79,11 +79,8 @@ def _read(path: Path) -> str | None:
 
 def derived_max_model_len(hf_config: dict[str, Any]) -> int | None:
     """The context length a HF config allows (nested text_config for multimodal models)."""
-    text = (
-        hf_config.get("text_config")
-        if isinstance(hf_config.get("text_config"), dict)
-        else hf_config
-    )
+    nested = hf_config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else hf_config
     lengths = [text[key] for key in _LENGTH_KEYS if isinstance(text.get(key), int)]
     if not lengths:
         return None

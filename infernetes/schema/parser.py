@@ -192,8 +192,8 @@ def _bool_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
                 value = parse_bool(raw)
             except ValueError:
                 parser.error(f"argument {flag}: expected true or false, got {raw!r}")
-        elif token.lower() in _BOOL_WORDS and out and _bool_arg(out[-1]) is not None:
-            flag, arg, value = out[-1], _bool_arg(out[-1]), _BOOL_WORDS[token.lower()]
+        elif token.lower() in _BOOL_WORDS and out and (arg := _bool_arg(out[-1])) is not None:
+            flag, value = out[-1], _BOOL_WORDS[token.lower()]
             out.pop()
         else:
             out.append(token)
