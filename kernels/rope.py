@@ -146,10 +146,11 @@ def build_cos_sin_cache(
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
     rope_type = rope_type_of(rope_scaling)
+    scaling = rope_scaling or {}  # empty only for the default type, which reads nothing from it
     positions = torch.arange(max_position, device=device)
     attention_factor = 1.0
     if rope_type == "dynamic":
-        (factor,) = _require(rope_scaling, "factor")
+        (factor,) = _require(scaling, "factor")
         if max_position_embeddings is None:
             raise ValueError("dynamic rope_scaling needs max_position_embeddings")
         freqs = _dynamic_freqs(rotary_dim, base, factor, max_position_embeddings, positions)
@@ -157,13 +158,13 @@ def build_cos_sin_cache(
         if rope_type == "default":
             inv_freq = _default_inv_freq(rotary_dim, base, device)
         elif rope_type == "linear":
-            (factor,) = _require(rope_scaling, "factor")
+            (factor,) = _require(scaling, "factor")
             inv_freq = _default_inv_freq(rotary_dim, base, device) / factor
         elif rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(rotary_dim, base, rope_scaling, device)
+            inv_freq = _llama3_inv_freq(rotary_dim, base, scaling, device)
         else:  # yarn
             inv_freq, attention_factor = _yarn_inv_freq(
-                rotary_dim, base, rope_scaling, max_position_embeddings, device
+                rotary_dim, base, scaling, max_position_embeddings, device
             )
         freqs = torch.outer(positions.float(), inv_freq)
     return torch.cat((freqs.cos() * attention_factor, freqs.sin() * attention_factor), dim=-1)

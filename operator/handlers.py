@@ -32,6 +32,9 @@ from infernetes.operator.status import derive_status, same_status, transitions
 ISVC = (names.GROUP, names.VERSION, names.PLURAL)
 OWNED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 Key = tuple[str, str]
+# NAMESPACED: kopf's callback protocols type `namespace` as `str | None`, None being for
+# cluster-scoped resources; every resource whose handlers take a namespace here is namespaced, so
+# they take `namespace: str`, and mypy is told so where each handler is registered.
 # How long child events of one resource are gathered before its status is re-derived.
 REFRESH_DELAY_SECONDS = 0.3
 
@@ -55,13 +58,15 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def reference(name: str, namespace: str, uid: str) -> dict[str, Any]:
+def reference(name: str, namespace: str, uid: str) -> kopf.Body:
     """What kopf needs to post an event about an object it is not handling right now."""
-    return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
-    }
+    return kopf.Body(
+        {
+            "apiVersion": names.API_VERSION,
+            "kind": names.KIND,
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        }
+    )
 
 
 # --- start-up ---------------------------------------------------------------------------------
@@ -69,7 +74,7 @@ def reference(name: str, namespace: str, uid: str) -> dict[str, Any]:
 
 @kopf.on.startup()
 async def configure(
-    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     options = memo.options
     memo.loop = asyncio.get_running_loop()
@@ -109,7 +114,7 @@ def optional_apis(memo: kopf.Memo, **_: Any) -> list[str]:
 # --- indices ----------------------------------------------------------------------------------
 
 
-@kopf.index(*ISVC)
+@kopf.index(*ISVC)  # type: ignore[arg-type]  # namespace: see NAMESPACED
 def inference_services(
     namespace: str, name: str, uid: str, meta: Mapping, spec: Mapping, status: Mapping, **_: Any
 ) -> dict[Key, dict]:
@@ -124,11 +129,11 @@ def inference_services(
     }
 
 
-@kopf.index("apps", "v1", "deployments", labels=OWNED)
+@kopf.index("apps", "v1", "deployments", labels=OWNED)  # type: ignore[arg-type]  # namespace: see NAMESPACED
 def owned_deployments(
     namespace: str,
     name: str,
-    labels: Mapping,
+    labels: Mapping[str, str],
     meta: Mapping,
     spec: Mapping,
     status: Mapping,
@@ -143,7 +148,7 @@ def owned_deployments(
     }
 
 
-@kopf.index("", "v1", "pods", labels=OWNED)
+@kopf.index("", "v1", "pods", labels=OWNED)  # type: ignore[arg-type]  # namespace: see NAMESPACED
 def owned_pods(
     namespace: str, name: str, labels: Mapping, meta: Mapping, status: Mapping, **_: Any
 ) -> dict:
@@ -212,7 +217,7 @@ def apply_plan(
 
 @kopf.on.resume(*ISVC)
 @kopf.on.create(*ISVC)
-@kopf.on.update(*ISVC)
+@kopf.on.update(*ISVC)  # type: ignore[arg-type]  # namespace: see NAMESPACED
 def reconcile(
     body: kopf.Body,
     spec: Mapping,
@@ -383,21 +388,21 @@ def restore_deployment(
     apply_plan(memo, result, name=name, namespace=namespace, uid=owner["uid"])
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=OWNED)
+@kopf.on.event("apps", "v1", "deployments", labels=OWNED)  # type: ignore[arg-type]  # namespace: see NAMESPACED
 async def deployment_changed(
     type: str,
     namespace: str,
-    labels: Mapping,
+    labels: Mapping[str, str],
     memo: kopf.Memo,
     inference_services: Any,
     owned_deployments: Any,
     owned_pods: Any,
     gpu_nodes: Any,
     gpu_pods: Any,
-    logger: logging.Logger,
+    logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    key = (namespace, labels.get(names.LABEL_INSTANCE))
+    key = (namespace, labels.get(names.LABEL_INSTANCE, ""))  # "": no owner has that name
     owner = first(inference_services.get(key))
     if type == "DELETED" and owner is not None and not owner["deleting"]:
         # Someone deleted our Deployment while its owner lives: put it back (level-based).
@@ -409,15 +414,15 @@ async def deployment_changed(
     schedule_refresh(memo, key, inference_services, owned_deployments, owned_pods)
 
 
-@kopf.on.event("", "v1", "pods", labels=OWNED)
+@kopf.on.event("", "v1", "pods", labels=OWNED)  # type: ignore[arg-type]  # namespace: see NAMESPACED
 async def pod_changed(
     namespace: str,
-    labels: Mapping,
+    labels: Mapping[str, str],
     memo: kopf.Memo,
     inference_services: Any,
     owned_deployments: Any,
     owned_pods: Any,
     **_: Any,
 ) -> None:
-    key = (namespace, labels.get(names.LABEL_INSTANCE))
+    key = (namespace, labels.get(names.LABEL_INSTANCE, ""))  # "": no owner has that name
     schedule_refresh(memo, key, inference_services, owned_deployments, owned_pods)

@@ -84,11 +84,18 @@ def free_object(description: str | None = None) -> Schema:
     return schema
 
 
-def array(items: Schema, *, max_items: int, description: str | None = None, **extra: Any) -> Schema:
+def array(
+    items: Schema,
+    *,
+    max_items: int,
+    description: str | None = None,
+    rules: list[Schema] | None = None,
+) -> Schema:
     schema: Schema = {"type": "array", "items": items, "maxItems": max_items}
     if description:
         schema["description"] = description
-    schema.update(extra)
+    if rules:
+        schema["x-kubernetes-validations"] = rules
     return schema
 
 

@@ -201,18 +201,16 @@ def env_list_schema() -> Schema:
         env_var_schema(),
         max_items=128,
         description="Other environment variables (VLLM_* ones are typed fields in engineEnv).",
-        **{
-            "x-kubernetes-validations": [
-                rule(
-                    "self.all(e, !e.name.startsWith('VLLM_'))",
-                    "VLLM_* variables are typed fields under spec.engineEnv, not spec.env",
-                ),
-                rule(
-                    f"self.all(e, !({secret_names}))",
-                    "the Hugging Face token comes only from spec.hfTokenSecretRef",
-                ),
-            ]
-        },
+        rules=[
+            rule(
+                "self.all(e, !e.name.startsWith('VLLM_'))",
+                "VLLM_* variables are typed fields under spec.engineEnv, not spec.env",
+            ),
+            rule(
+                f"self.all(e, !({secret_names}))",
+                "the Hugging Face token comes only from spec.hfTokenSecretRef",
+            ),
+        ],
     )
 
 
@@ -220,14 +218,12 @@ def env_from_list_schema() -> Schema:
     return array(
         env_from_schema(),
         max_items=16,
-        **{
-            "x-kubernetes-validations": [
-                rule(
-                    "self.all(e, !has(e.prefix) || !e.prefix.startsWith('VLLM_'))",
-                    "VLLM_* variables are typed fields under spec.engineEnv, not spec.envFrom",
-                )
-            ]
-        },
+        rules=[
+            rule(
+                "self.all(e, !has(e.prefix) || !e.prefix.startsWith('VLLM_'))",
+                "VLLM_* variables are typed fields under spec.engineEnv, not spec.envFrom",
+            )
+        ],
     )
 
 
