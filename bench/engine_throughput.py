@@ -118,7 +118,7 @@ def run_infernetes(path: str, requests, args) -> float:
     assert produced == sum(n for _, n in requests), (
         "every request must produce its requested tokens"
     )
-    return elapsed, str(llm.llm_engine.settings.info.dtype).removeprefix("torch.")
+    return elapsed, str(llm.llm_engine.engine_core.config.model.info.dtype).removeprefix("torch.")
 
 
 def run_transformers(path: str, requests, args, dtype: str) -> float:

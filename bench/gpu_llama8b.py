@@ -223,7 +223,7 @@ def part_decode(args: argparse.Namespace, **overrides) -> dict:
     [out] = llm.generate([prompt], params)
     m = out.metrics
     decode_s = m.finished_time - m.first_token_time
-    graphs = llm.llm_engine.runner.decode_graphs
+    graphs = llm.llm_engine.engine_core.executor.driver_worker.model_runner.decode_graphs
     return {
         "decode_tokens_per_s": (len(out.outputs[0].token_ids) - 1) / decode_s,
         "ttft_s": m.first_token_time - m.arrival_time,

@@ -1,6 +1,6 @@
 """AsyncEngine: the asyncio front of the engine core.
 
-The core (``engine_core.EngineCore``, owning the LLMEngine) runs in a process of its own by default
+The core (``engine_core.EngineCore`` served by ``core_loop.CoreLoop``) runs in a process of its own by default
 (``VLLM_ENABLE_V1_MULTIPROCESSING``, as in vLLM V1) or in a thread of this process
 (``core_client``). This side keeps one asyncio queue per request stream, sends commands (add,
 abort, maintenance calls) and turns the core's messages back into stream items: each step's
@@ -23,13 +23,24 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from infernetes.runtime.engine.engine_core import Message
+from infernetes.runtime.engine.engine_core import StatLogger
+from infernetes.runtime.engine.messages import (
+    AbortRequests,
+    AddRequest,
+    EngineCoreRequest,
+    EngineDead,
+    EngineMessage,
+    StepOutputs,
+    UtilityCall,
+    UtilityReply,
+)
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import SamplingParams
 
+from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
 
 logger = logging.getLogger(__name__)
@@ -49,7 +60,10 @@ class _Stream:
 
 class AsyncEngine:
     def __init__(
-        self, config: Any, stat_loggers: Sequence[Any] = (), multiprocess: bool = False
+        self,
+        config: ServeConfig,
+        stat_loggers: Sequence[StatLogger] = (),
+        multiprocess: bool = False,
     ) -> None:
         from infernetes.runtime.engine.core_client import CoreProcess, CoreThread
 
@@ -65,16 +79,15 @@ class AsyncEngine:
         self._rpc_timeout_ms: int = read_env("VLLM_RPC_TIMEOUT")
         self._last_heard = time.monotonic()  # when the core last spoke, or last got work while idle
         self.core = (CoreProcess if multiprocess else CoreThread)(config, self._on_message)
-        # The LLMEngine itself when it runs in this process (tests reach into it), else None.
+        # The EngineCore itself when it runs in this process (tests reach into it), else None.
         self.engine = getattr(self.core, "engine", None)
         info = self.core.info
-        self.tokenizer = info["tokenizer"]
-        self.max_model_len: int = info["max_model_len"]
-        self.model_config = info["model_config"]
-        self.config = info["config"]
-        self.is_pooling: bool = info["is_pooling"]
-        self.device: str = info["device"]  # "cuda" or "cpu"
-        self.default_sampling_params: dict[str, Any] = info["default_sampling_params"]
+        self.tokenizer = info.tokenizer
+        self.max_model_len = info.max_model_len
+        self.model_config = info.model_config
+        self.is_pooling = info.is_pooling
+        self.device = info.device  # "cuda" or "cpu"
+        self.default_sampling_params = info.default_sampling_params
         self._watchdog = threading.Thread(
             target=self._watch_steps, name="infernetes-engine-watchdog", daemon=True
         )
@@ -82,7 +95,10 @@ class AsyncEngine:
 
     @classmethod
     def from_config(
-        cls, config: Any, stat_loggers: Sequence[Any] = (), multiprocess: bool = False
+        cls,
+        config: ServeConfig,
+        stat_loggers: Sequence[StatLogger] = (),
+        multiprocess: bool = False,
     ) -> AsyncEngine:
         """Load the model and start serving: the core in its own process when ``multiprocess``
         (what the server does, per VLLM_ENABLE_V1_MULTIPROCESSING; see ``core_process_enabled``),
@@ -113,28 +129,25 @@ class AsyncEngine:
 
     # -- messages from the core (on the core's thread or the pipe reader's) ---------------------
 
-    def _on_message(self, message: Message) -> None:
+    def _on_message(self, message: EngineMessage) -> None:
         self._last_heard = time.monotonic()
-        kind = message[0]
-        if kind == "step":
-            _, outputs, stats = message
-            if outputs:
-                self._deliver(outputs)
-            for scheduler_stats, iteration_stats in stats:
-                self._record(scheduler_stats, iteration_stats)
-        elif kind == "reply":
-            _, call_id, ok, value = message
-            future = self._calls.pop(call_id, None)
-            if future is not None and not future.done():
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-        elif kind == "dead" and self.dead_error is None:
-            error = message[1]
-            logger.error("the engine core died: %r", error)
-            self.dead_error = error
-            self._fail_all(EngineDeadError(f"the engine has stopped: {error!r}"))
+        match message:
+            case StepOutputs(outputs=outputs, stats=stats):
+                if outputs:
+                    self._deliver(outputs)
+                for scheduler_stats, iteration_stats in stats:
+                    self._record(scheduler_stats, iteration_stats)
+            case UtilityReply(call_id=call_id, ok=ok, value=value):
+                future = self._calls.pop(call_id, None)
+                if future is not None and not future.done():
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+            case EngineDead(error=error) if self.dead_error is None:
+                logger.error("the engine core died: %r", error)
+                self.dead_error = error
+                self._fail_all(EngineDeadError(f"the engine has stopped: {error!r}"))
 
     def _watch_steps(self) -> None:
         """Fails the engine when it has had requests in flight and said nothing for longer than
@@ -145,12 +158,11 @@ class AsyncEngine:
             silent = time.monotonic() - self._last_heard
             if self._streams and not self._sleeping and silent > limit:
                 self._on_message(
-                    (
-                        "dead",
+                    EngineDead(
                         TimeoutError(
                             f"an engine step took longer than VLLM_ENGINE_ITERATION_TIMEOUT_S={limit} s "
                             f"(the engine core has sent nothing for {silent:.1f} s with requests in flight)"
-                        ),
+                        )
                     )
                 )
 
@@ -189,34 +201,38 @@ class AsyncEngine:
 
     # -- commands to the core ------------------------------------------------------------------
 
-    async def _call(self, op: str, args: Any) -> Any:
-        """Send a command and await the core's reply; a maintenance call unanswered within
+    async def _call(
+        self, command: Callable[[int], AddRequest | AbortRequests | UtilityCall]
+    ) -> Any:
+        """Send ``command(call_id)`` and await the core's reply; a utility call unanswered within
         VLLM_RPC_TIMEOUT fails the engine (the core is hung; its state is unknown from now on)."""
         self._check_alive()
         call_id = next(self._call_ids)
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._calls[call_id] = future
+        sent = command(call_id)
         try:
-            self.core.send((op, call_id, args))
+            self.core.send(sent)
         except OSError as error:  # the pipe is gone: the reader reports the death
             self._calls.pop(call_id, None)
             raise EngineDeadError(f"the engine has stopped: {error!r}") from error
         if self.dead_error is not None:  # died between the check and the registration
             self._calls.pop(call_id, None)
             self._check_alive()
-        if op != "call":  # adds and aborts wait behind a step, which the watchdog bounds
+        if not isinstance(sent, UtilityCall):  # adds and aborts wait behind a step (watchdog)
             return await asyncio.wrap_future(future)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self._rpc_timeout_ms / 1000)
         except TimeoutError:
             self._calls.pop(call_id, None)
             error = TimeoutError(
-                f"the engine core did not answer {args[0]} within VLLM_RPC_TIMEOUT={self._rpc_timeout_ms} ms"
+                f"the engine core did not answer {sent.method} within VLLM_RPC_TIMEOUT={self._rpc_timeout_ms} ms"
             )
-            self._on_message(("dead", error))
+            self._on_message(EngineDead(error))
             raise EngineDeadError(f"the engine has stopped: {error!r}") from error
 
-    async def _open(self, request_id: str, args: tuple) -> _Stream:
+    async def _open(self, request: EngineCoreRequest) -> _Stream:
+        request_id = request.request_id
         self._check_alive()
         stream = _Stream(asyncio.get_running_loop())
         with self._streams_lock:
@@ -226,7 +242,7 @@ class AsyncEngine:
                 self._last_heard = time.monotonic()
             self._streams[request_id] = stream
         try:
-            await self._call("add", args)
+            await self._call(lambda call_id: AddRequest(call_id, request))
         except asyncio.CancelledError:
             # The client left while the request was being queued: it may be queued by now.
             self._abort_soon(request_id)
@@ -247,7 +263,7 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come (cumulative, delta or final, per
         ``params.output_kind``). Closing the iterator early aborts the request."""
-        stream = await self._open(request_id, (request_id, prompt, params, priority))
+        stream = await self._open(EngineCoreRequest(request_id, prompt, params, priority))
         finished = False
         try:
             while True:
@@ -264,7 +280,7 @@ class AsyncEngine:
 
     async def encode(self, prompt: str | list[int], request_id: str) -> PoolingRequestOutput:
         """The embedding of one prompt (an embedding model)."""
-        stream = await self._open(request_id, (request_id, prompt, None, 0))
+        stream = await self._open(EngineCoreRequest(request_id, prompt, None))
         finished = False
         try:
             item = await stream.queue.get()
@@ -281,7 +297,7 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
         if self.dead_error is None and not self._stopping:
             with contextlib.suppress(OSError):
-                self.core.send(("abort", None, [request_id]))
+                self.core.send(AbortRequests(None, [request_id]))
 
     def request_ids(self) -> list[str]:
         """Ids of the requests whose output streams are open (what a server shutdown aborts)."""
@@ -294,19 +310,19 @@ class AsyncEngine:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         if self.dead_error is not None:
             return
-        await self._call("abort", ids)
+        await self._call(lambda call_id: AbortRequests(call_id, ids))
 
     # -- maintenance ---------------------------------------------------------------------------
 
     async def reset_prefix_cache(self) -> bool:
-        return await self._call("call", ("reset_prefix_cache", ()))
+        return await self._call(lambda call_id: UtilityCall(call_id, "reset_prefix_cache"))
 
     async def sleep(self, level: int = 1) -> None:
-        await self._call("call", ("sleep", (level,)))
+        await self._call(lambda call_id: UtilityCall(call_id, "sleep", (level,)))
         self._sleeping = True
 
     async def wake_up(self) -> None:
-        await self._call("call", ("wake_up", ()))
+        await self._call(lambda call_id: UtilityCall(call_id, "wake_up"))
         self._sleeping = False
 
     async def check_health(self) -> None:

@@ -51,10 +51,6 @@ class BlockManager:
         enable_caching: bool = True,
         hash_algo: str = "builtin",
     ) -> None:
-        if hash_algo not in HASH_FUNCTIONS:
-            raise ValueError(
-                f"prefix_caching_hash_algo must be one of {sorted(HASH_FUNCTIONS)}, got {hash_algo!r}"
-            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching

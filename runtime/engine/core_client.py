@@ -4,9 +4,10 @@ model, and the two use separate cores and separate GILs) or ``CoreThread`` (a th
 process; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
 
 Both take commands with ``send(command)`` and hand every message of the core to ``on_message``
-(called from one thread of theirs, never the event loop's). The process variant pickles both ways
-over one duplex pipe; a reader thread turns the core's messages into ``on_message`` calls and
-reports the process's death (the pipe closes) as a ``("dead", error)`` message.
+(called from one thread of theirs, never the event loop's); both kinds are ``messages``' types.
+The process variant pickles both ways over one duplex pipe; a reader thread turns the core's
+messages into ``on_message`` calls and reports the process's death (the pipe closes) as an
+``EngineDead`` message.
 """
 
 from __future__ import annotations
@@ -20,17 +21,25 @@ import queue
 import signal
 import threading
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
-from infernetes.runtime.engine.engine_core import (
-    Command,
-    EngineCore,
-    Message,
-    StatsBuffer,
-    engine_info,
+from infernetes.runtime.engine.core_loop import CoreLoop, StatsBuffer, portable_error
+from infernetes.runtime.engine.messages import (
+    AddRequest,
+    EngineCommand,
+    EngineDead,
+    EngineInfo,
+    EngineMessage,
+    EngineReady,
+    LoadFailed,
+    Shutdown,
+    StepOutputs,
 )
 from infernetes.runtime.logging_config import LoggingSettings, configure_logging
 from infernetes.runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+from infernetes.schema.config import ServeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -50,29 +59,29 @@ def process_tokenizer() -> Any:
 class CoreThread:
     """The engine core in a thread of this process."""
 
-    def __init__(self, config: Any, on_message: Callable[[Message], None]) -> None:
-        from infernetes.runtime.engine.llm_engine import LLMEngine
+    def __init__(self, config: ServeConfig, on_message: Callable[[EngineMessage], None]) -> None:
+        from infernetes.runtime.engine.engine_core import EngineCore
 
         stats = StatsBuffer()
-        self.engine = LLMEngine.from_config(config, stat_loggers=[stats])
-        self.info = engine_info(self.engine)
-        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self._core = EngineCore(self.engine, stats, on_message)
+        self.engine = EngineCore(config, stat_loggers=[stats])
+        self.info = self.engine.info()
+        self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
+        self._loop = CoreLoop(self.engine, stats, on_message)
         self._thread = threading.Thread(
             target=self._run, name="infernetes-engine-core", daemon=True
         )
         self._thread.start()
 
-    def _next_command(self, timeout: float | None) -> Command | None:
+    def _next_command(self, timeout: float | None) -> EngineCommand | None:
         try:
             return self._commands.get(block=timeout != 0, timeout=timeout)
         except queue.Empty:
             return None
 
     def _run(self) -> None:
-        self._core.run(self._next_command)
+        self._loop.run(self._next_command)
 
-    def send(self, command: Command) -> None:
+    def send(self, command: EngineCommand) -> None:
         self._commands.put(command)
 
     @property
@@ -80,14 +89,14 @@ class CoreThread:
         return self._thread.is_alive()
 
     def stop(self) -> None:
-        self.send(("shutdown", None, None))
+        self.send(Shutdown())
         self._thread.join(JOIN_TIMEOUT_S)
 
 
 class CoreProcess:
     """The engine core in a child process (spawned: a clean interpreter, no forked threads)."""
 
-    def __init__(self, config: Any, on_message: Callable[[Message], None]) -> None:
+    def __init__(self, config: ServeConfig, on_message: Callable[[EngineMessage], None]) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
@@ -107,20 +116,23 @@ class CoreProcess:
         )
         self._reader.start()
 
-    def _wait_ready(self) -> dict[str, Any]:
+    def _wait_ready(self) -> EngineInfo:
         try:
             if not self._conn.poll(READY_TIMEOUT_S):
                 raise RuntimeError("the engine core process did not start in time")
-            kind, value = pickle.loads(self._conn.recv_bytes())
+            message = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError) as error:
             self._process.join(JOIN_TIMEOUT_S)
             raise RuntimeError(
                 f"the engine core process exited while loading (exit code {self._process.exitcode})"
             ) from error
-        if kind == "load_failed":
-            self._process.join(JOIN_TIMEOUT_S)
-            raise value
-        return value
+        match message:
+            case EngineReady(info=info):
+                return info
+            case LoadFailed(error=error):
+                self._process.join(JOIN_TIMEOUT_S)
+                raise error
+        raise RuntimeError(f"the engine core process sent {message!r} before it was ready")
 
     def _read(self) -> None:
         on_message = self._on_message
@@ -132,20 +144,17 @@ class CoreProcess:
             pass
         if not self._stopping:
             self._process.join(JOIN_TIMEOUT_S)
+            exit_code = self._process.exitcode
             on_message(
-                (
-                    "dead",
-                    RuntimeError(
-                        f"the engine core process exited (exit code {self._process.exitcode})"
-                    ),
-                )
+                EngineDead(RuntimeError(f"the engine core process exited (exit code {exit_code})"))
             )
 
-    def send(self, command: Command) -> None:
-        op, call_id, args = command
-        if op == "add":  # a request that fails to unpickle over there fails alone
-            args = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
-        data = pickle.dumps((op, call_id, args), protocol=pickle.HIGHEST_PROTOCOL)
+    def send(self, command: EngineCommand) -> None:
+        if isinstance(command, AddRequest):  # a request that fails to unpickle there fails alone
+            command = command._replace(
+                request=pickle.dumps(command.request, protocol=pickle.HIGHEST_PROTOCOL)
+            )
+        data = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
             self._conn.send_bytes(data)
 
@@ -160,7 +169,7 @@ class CoreProcess:
     def stop(self) -> None:
         self._stopping = True
         with contextlib.suppress(OSError):  # already gone
-            self.send(("shutdown", None, None))
+            self.send(Shutdown())
         self._process.join(JOIN_TIMEOUT_S)
         if self._process.is_alive():
             self._process.kill()
@@ -238,18 +247,20 @@ class OutputCodec:
             num_cached,
         )
 
-    def pack_message(self, message: Message) -> Message:
-        if message[0] == "step" and message[1]:
-            return ("step", [self.pack(o) for o in message[1]], message[2])
+    def pack_message(self, message: EngineMessage) -> EngineMessage:
+        if isinstance(message, StepOutputs) and message.outputs:
+            return StepOutputs([self.pack(o) for o in message.outputs], message.stats)
         return message
 
-    def unpack_message(self, message: Message) -> Message:
-        if message[0] == "step" and message[1]:
-            return ("step", [self.unpack(o) for o in message[1]], message[2])
+    def unpack_message(self, message: EngineMessage) -> EngineMessage:
+        if isinstance(message, StepOutputs) and message.outputs:
+            return StepOutputs([self.unpack(o) for o in message.outputs], message.stats)
         return message
 
 
-def run_core_process(config: Any, conn: Any, logging_settings: LoggingSettings) -> None:
+def run_core_process(
+    config: ServeConfig, conn: Connection, logging_settings: LoggingSettings
+) -> None:
     """The core process's main: load the engine, say ready (or why not), then serve commands
     until shutdown or until the API process goes away (the pipe closes)."""
     global _process_tokenizer
@@ -261,26 +272,25 @@ def run_core_process(config: Any, conn: Any, logging_settings: LoggingSettings) 
 
     codec = OutputCodec()
 
-    def emit(message: Message) -> None:
+    def emit(message: EngineMessage) -> None:
         conn.send_bytes(pickle.dumps(codec.pack_message(message), protocol=pickle.HIGHEST_PROTOCOL))
 
-    from infernetes.runtime.engine.engine_core import portable_error
-    from infernetes.runtime.engine.llm_engine import LLMEngine
+    from infernetes.runtime.engine.engine_core import EngineCore
 
     stats = StatsBuffer()
     try:
-        engine = LLMEngine.from_config(config, stat_loggers=[stats])
+        engine = EngineCore(config, stat_loggers=[stats])
     except BaseException as error:
         logger.exception("the engine failed to load")
-        emit(("load_failed", portable_error(error)))
+        emit(LoadFailed(portable_error(error)))
         return
     _process_tokenizer = engine.tokenizer
-    emit(("ready", engine_info(engine)))
+    emit(EngineReady(engine.info()))
 
-    def next_command(timeout: float | None) -> Command | None:
+    def next_command(timeout: float | None) -> EngineCommand | None:
         if not conn.poll(timeout):
             return None
         return pickle.loads(conn.recv_bytes())
 
     with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
-        EngineCore(engine, stats, emit).run(next_command)
+        CoreLoop(engine, stats, emit).run(next_command)

@@ -1,20 +1,29 @@
 """Settling a ServeConfig against the model: the values the schema leaves open (context length,
-dtype, block size, scheduler limits, generation-config defaults) are decided here, once."""
+dtype, block size, scheduler limits, generation-config defaults) are decided here, once, into the
+typed ``RuntimeConfig`` the engine reads (``runtime/config.py``)."""
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from infernetes.kernels.backend import startup_backend
-from infernetes.runtime.engine.scheduler import SchedulerLimits
+from infernetes.runtime.config import (
+    CacheConfig,
+    DeviceConfig,
+    LoadConfig,
+    ModelConfig,
+    ParallelConfig,
+    RuntimeConfig,
+    SchedulerConfig,
+)
+from infernetes.runtime.model_executor.compilation import parse_compilation_config
+from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
 from infernetes.runtime.model_executor.loader import (
     DEFAULT_IGNORE_PATTERNS,
-    ModelInfo,
     inspect_model,
     load_hf_config,
     read_json,
@@ -22,6 +31,7 @@ from infernetes.runtime.model_executor.loader import (
 )
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
 
+from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
 from infernetes.schema.support_check import refuse_unsupported
 
@@ -40,21 +50,7 @@ _GENERATION_FIELDS = {
 }
 
 
-@dataclass
-class EngineSettings:
-    info: ModelInfo
-    tokenizer: Any
-    device: torch.device
-    block_size: int
-    limits: SchedulerLimits
-    enable_prefix_caching: bool
-    cpu_kv_cache_gib: int
-    default_sampling_params: dict[str, Any] = field(default_factory=dict)
-    eos_token_id: int | None = None
-    extra_eos_token_ids: set[int] = field(default_factory=set)
-
-
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str | None) -> torch.device:
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -64,7 +60,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _generation_config(config: Any, model_path: Path) -> dict[str, Any]:
+def _generation_config(config: ServeConfig, model_path: Path) -> dict[str, Any]:
     """The model's generation_config.json per ``--generation-config`` (auto | vllm | a folder)."""
     choice = config.generation_config
     if choice == "vllm":
@@ -73,7 +69,9 @@ def _generation_config(config: Any, model_path: Path) -> dict[str, Any]:
     return read_json(folder / "generation_config.json") or {}
 
 
-def _sampling_defaults(generation: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def _sampling_defaults(
+    generation: dict[str, Any], overrides: dict[str, Any] | None
+) -> dict[str, Any]:
     defaults = {
         name: generation[key]
         for key, name in _GENERATION_FIELDS.items()
@@ -92,9 +90,9 @@ def _sampling_defaults(generation: dict[str, Any], overrides: dict[str, Any]) ->
     return defaults
 
 
-def _scheduler_limits(
-    config: Any, max_model_len: int, device: torch.device, pooling: bool
-) -> SchedulerLimits:
+def _scheduler_config(
+    config: ServeConfig, max_model_len: int, device: torch.device, pooling: bool
+) -> SchedulerConfig:
     chunked = config.enable_chunked_prefill
     chunked = (not pooling) if chunked is None else bool(chunked) and not pooling
     max_num_seqs = config.max_num_seqs or DEFAULT_MAX_NUM_SEQS
@@ -109,7 +107,7 @@ def _scheduler_limits(
             "every prompt must fit in one step when chunked prefill is disabled; raise "
             "--max-num-batched-tokens, lower --max-model-len or --enable-chunked-prefill"
         )
-    return SchedulerLimits(
+    return SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
@@ -121,7 +119,7 @@ def _scheduler_limits(
     )
 
 
-def _config_source(config: Any, model_path: Path) -> Path:
+def _config_source(config: ServeConfig, model_path: Path) -> Path:
     """Where config.json comes from: ``--hf-config-path`` (a folder, a JSON file or a hub id whose
     JSON files are fetched alone), else the model's folder."""
     name = config.hf_config_path
@@ -134,7 +132,49 @@ def _config_source(config: Any, model_path: Path) -> Path:
     )
 
 
-def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> EngineSettings:
+def _load_tokenizer(config: ServeConfig, model_path: Path) -> Any:
+    if config.skip_tokenizer_init:
+        return None
+    tokenizer_path = config.tokenizer or str(model_path)
+    if config.tokenizer is not None and not Path(config.tokenizer).is_dir():
+        tokenizer_path = str(
+            resolve_model_path(
+                config.tokenizer, config.tokenizer_revision, config.download_dir, config.hf_token
+            )
+        )
+    return get_tokenizer(
+        tokenizer_path,
+        config.tokenizer_mode,
+        None,
+        config.trust_remote_code,
+        config.download_dir,
+        config.hf_token,
+    )
+
+
+def _eos_token_ids(
+    tokenizer: Any, hf_config: Any, generation: dict[str, Any]
+) -> tuple[int | None, frozenset[int]]:
+    """The EOS token (the tokenizer's, else the model's) and the other ids that also stop a
+    request (generation_config.json's ``eos_token_id`` list, a list in config.json)."""
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    extra_eos = generation.get("eos_token_id")
+    extra = set(
+        extra_eos if isinstance(extra_eos, list) else [extra_eos] if extra_eos is not None else []
+    )
+    if isinstance(eos, list):
+        extra |= set(eos[1:])
+        eos = eos[0] if eos else None
+    extra.discard(eos)
+    return eos, frozenset(extra)
+
+
+def resolve_config(
+    config: ServeConfig, environ: dict[str, str] | None = None
+) -> tuple[RuntimeConfig, Any]:
+    """The runtime configuration and the tokenizer (None with ``--skip-tokenizer-init``)."""
     environ = dict(os.environ) if environ is None else environ
     if config.model is None:
         raise ValueError("model is required: a local folder or a Hugging Face model id")
@@ -168,53 +208,54 @@ def resolve_settings(config: Any, environ: dict[str, str] | None = None) -> Engi
         if wanted_pooling != info.is_pooling:
             kind = "an embedding" if info.is_pooling else "a generative"
             raise ValueError(f"task={config.task!r} does not fit {info.architecture}, {kind} model")
-    tokenizer = None
-    if not config.skip_tokenizer_init:
-        tokenizer_path = config.tokenizer or str(path)
-        if config.tokenizer is not None and not Path(config.tokenizer).is_dir():
-            tokenizer_path = str(
-                resolve_model_path(
-                    config.tokenizer,
-                    config.tokenizer_revision,
-                    config.download_dir,
-                    config.hf_token,
-                )
-            )
-        tokenizer = get_tokenizer(
-            tokenizer_path,
-            config.tokenizer_mode,
-            None,
-            config.trust_remote_code,
-            config.download_dir,
-            config.hf_token,
-        )
+    tokenizer = _load_tokenizer(config, path)
     generation = _generation_config(config, path)
-    eos = tokenizer.eos_token_id if tokenizer is not None else None
-    if eos is None:
-        eos = getattr(hf_config, "eos_token_id", None)
-    extra_eos = generation.get("eos_token_id")
-    extra = set(
-        extra_eos if isinstance(extra_eos, list) else [extra_eos] if extra_eos is not None else []
-    )
-    if isinstance(eos, list):
-        extra |= set(eos[1:])
-        eos = eos[0] if eos else None
-    extra.discard(eos)
+    eos, extra_eos = _eos_token_ids(tokenizer, hf_config, generation)
+    scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
+    compilation = parse_compilation_config(config.compilation_config)
     prefix_caching = config.enable_prefix_caching
-    return EngineSettings(
-        info=info,
-        tokenizer=tokenizer,
-        device=device,
-        block_size=config.block_size or DEFAULT_BLOCK_SIZE,
-        limits=_scheduler_limits(config, info.max_model_len, device, info.is_pooling),
-        enable_prefix_caching=(not info.is_pooling)
-        if prefix_caching is None
-        else bool(prefix_caching),
-        cpu_kv_cache_gib=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4),
-        default_sampling_params=_sampling_defaults(generation, config.override_generation_config),
-        eos_token_id=eos,
-        extra_eos_token_ids=extra,
+    runtime = RuntimeConfig(
+        model=ModelConfig(
+            info=info,
+            max_logprobs=config.max_logprobs,
+            seed=config.seed,
+            quantization=config.quantization,
+            default_sampling_params=_sampling_defaults(
+                generation, config.override_generation_config
+            ),
+            eos_token_id=eos,
+            extra_eos_token_ids=extra_eos,
+        ),
+        cache=CacheConfig(
+            block_size=config.block_size or DEFAULT_BLOCK_SIZE,
+            enable_prefix_caching=(not info.is_pooling)
+            if prefix_caching is None
+            else bool(prefix_caching),
+            prefix_caching_hash_algo=config.prefix_caching_hash_algo,
+            kv_cache_dtype=config.kv_cache_dtype,
+            calculate_kv_scales=bool(config.calculate_kv_scales),
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            num_gpu_blocks_override=config.num_gpu_blocks_override,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            cpu_kv_cache_bytes=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4) << 30,
+        ),
+        scheduler=scheduler,
+        parallel=ParallelConfig(
+            tensor_parallel_size=config.tensor_parallel_size,
+            pipeline_parallel_size=config.pipeline_parallel_size,
+        ),
+        device=DeviceConfig(device=device, attention_backend=config.attention_backend),
+        load=LoadConfig(
+            load_format=config.load_format,
+            ignore_patterns=tuple(ignore),
+            use_tqdm_on_load=bool(config.use_tqdm_on_load),
+        ),
+        compilation=compilation,
+        decode_graphs=decode_graph_settings(
+            config, compilation, scheduler.max_num_seqs, info.max_model_len
+        ),
     )
+    return runtime, tokenizer
 
 
-__all__ = ["EngineSettings", "resolve_settings"]
+__all__ = ["resolve_config", "resolve_device"]

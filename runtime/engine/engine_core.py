@@ -1,137 +1,203 @@
-"""EngineCore: the loop that owns one LLMEngine, wherever it runs (a thread of the API process
-or a process of its own, see ``core_client``).
+"""EngineCore: the scheduler and the executor, stepping together.
 
-It takes commands, steps while there is work and emits messages; it never touches asyncio, so the
-same loop serves both places. Commands are tuples ``(op, call_id, args)``:
-
-- ``("add", call_id, (request_id, prompt, params, priority))``: queue a request (``args`` may be
-  the pickled tuple, so a request that cannot be unpickled fails alone, as a reply);
-- ``("abort", call_id | None, request_ids)``: abort; the final outputs go out as a step message;
-- ``("call", call_id, (method, args))``: one of ``MAINTENANCE_METHODS``;
-- ``("shutdown", None, None)``: leave the loop.
-
-Messages out: ``("step", outputs, stats)`` with the outputs that changed and the
-``(SchedulerStats, IterationStats)`` pairs recorded since the last message (stat loggers run on
-the receiving side); ``("reply", call_id, ok, value)`` answers a command that has a call id;
-``("dead", error)`` once a step raised (the loop then returns).
+``step() = scheduler.schedule() -> executor.execute_model() -> scheduler.update_from_output()``,
+then the output processor turns the requests that changed into RequestOutputs. Requests come in
+through the input processor (validation, tokenization, ``n`` fan-out). Unlike vLLM V1, whose
+client detokenizes, this core detokenizes itself: a stop string then ends its request in the
+step that produced it, with no round trip. It is synchronous and never touches asyncio; it runs
+under the offline ``LLMEngine`` or under ``core_loop.CoreLoop`` (a thread or its own process).
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
-from infernetes.runtime.engine.llm_engine import LLMEngine
+from infernetes.runtime.config import RuntimeConfig
+from infernetes.runtime.engine.block_manager import BlockManager
+from infernetes.runtime.engine.engine_config import resolve_config
+from infernetes.runtime.engine.input_processor import InputProcessor, Prompt
+from infernetes.runtime.engine.messages import EngineInfo
+from infernetes.runtime.engine.output_processor import OutputProcessor
+from infernetes.runtime.engine.request import RequestStatus
+from infernetes.runtime.engine.scheduler import Scheduler
+from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
+from infernetes.runtime.executor.abstract import Executor
+from infernetes.runtime.executor.uniproc_executor import UniProcExecutor
+from infernetes.runtime.model_executor.memory_profile import (
+    kv_cache_num_blocks,
+    log_kv_cache_capacity,
+)
+from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
+from infernetes.runtime.sampling_params import SamplingParams
+
+from infernetes.schema.config import ServeConfig
 
 logger = logging.getLogger(__name__)
 
-MAINTENANCE_METHODS = frozenset({"reset_prefix_cache", "sleep", "wake_up"})
-
-Command = tuple[str, int | None, Any]
-Message = tuple
+EngineOutput = RequestOutput | PoolingRequestOutput
 
 
-class StatsBuffer:
-    """A stat logger that keeps what the engine records until the core ships it."""
+class StatLogger(Protocol):
+    """What receives each step's statistics (the server's Prometheus and log loggers)."""
 
-    def __init__(self) -> None:
-        self.pending: list[tuple[Any, Any]] = []
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        self.pending.append((scheduler_stats, iteration_stats))
-
-    def take(self) -> list[tuple[Any, Any]]:
-        taken, self.pending = self.pending, []
-        return taken
-
-
-def engine_info(engine: LLMEngine) -> dict[str, Any]:
-    """What the API side needs to know about the loaded engine (all picklable)."""
-    return {
-        "tokenizer": engine.tokenizer,
-        "max_model_len": engine.max_model_len,
-        "model_config": engine.model_config,
-        "config": engine.config,
-        "is_pooling": engine.is_pooling,
-        "device": engine.settings.device.type,
-        "default_sampling_params": dict(engine.default_sampling_params),
-    }
-
-
-def portable_error(error: BaseException) -> BaseException:
-    """``error`` if it survives pickling, else a RuntimeError carrying its text."""
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
-    return error
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None: ...
 
 
 class EngineCore:
     def __init__(
-        self, engine: LLMEngine, stats: StatsBuffer, emit: Callable[[Message], None]
+        self,
+        serve_config: ServeConfig,
+        stat_loggers: Sequence[StatLogger] = (),
+        executor_class: type[Executor] = UniProcExecutor,
     ) -> None:
-        self.engine = engine
-        self.stats = stats
-        self.emit = emit
-        self.pending_outputs: list[Any] = []
+        self.config: RuntimeConfig
+        self.config, self.tokenizer = resolve_config(serve_config)
+        model = self.config.model
+        self.executor = executor_class(self.config)
+        self.num_blocks = self._initialize_kv_cache()
+        cache = self.config.cache
+        self.block_manager = BlockManager(
+            self.num_blocks,
+            cache.block_size,
+            cache.enable_prefix_caching,
+            cache.prefix_caching_hash_algo,
+        )
+        self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
+        self.input_processor = InputProcessor(model, self.config.scheduler.policy, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.stat_loggers = list(stat_loggers)
+        self.sleep_level = 0
 
-    def run(self, next_command: Callable[[float | None], Command | None]) -> None:
-        """Serve commands until shutdown; ``next_command(timeout)`` returns None when none came
-        within ``timeout`` seconds (``None``: wait as long as it takes)."""
-        engine = self.engine
-        while True:
-            busy = engine.has_unfinished_requests() and not engine.is_sleeping
-            command = next_command(0 if busy else None)
-            while command is not None:
-                if not self.handle(command):
-                    return
-                command = next_command(0)
-            self._flush()
-            if engine.has_unfinished_requests() and not engine.is_sleeping:
-                try:
-                    outputs = engine.step()
-                except BaseException as error:
-                    logger.exception("the engine loop failed")
-                    self.emit(("dead", portable_error(error)))
-                    return
-                self.pending_outputs.extend(outputs)
-                self._flush()
+    def info(self) -> EngineInfo:
+        model = self.config.model
+        return EngineInfo(
+            tokenizer=self.tokenizer,
+            max_model_len=model.max_model_len,
+            model_config=model.info.hf_config,
+            is_pooling=model.is_pooling,
+            device=self.config.device.device.type,
+            default_sampling_params=dict(model.default_sampling_params),
+        )
 
-    def _flush(self) -> None:
-        stats = self.stats.take()
-        if self.pending_outputs or stats:
-            outputs, self.pending_outputs = self.pending_outputs, []
-            self.emit(("step", outputs, stats))
+    # -- KV cache ------------------------------------------------------------------------------
 
-    def handle(self, command: Command) -> bool:
-        """Run one command; False for shutdown."""
-        op, call_id, args = command
-        if op == "shutdown":
-            return False
-        try:
-            if op == "add":
-                request_id, prompt, params, priority = (
-                    pickle.loads(args) if isinstance(args, bytes) else args
-                )
-                result = self.engine.add_request(request_id, prompt, params, priority=priority)
-            elif op == "abort":
-                self.pending_outputs.extend(self.engine.abort_request(args))
-                self._flush()  # the final outputs go before the reply
-                result = None
-            elif op == "call" and args[0] in MAINTENANCE_METHODS:
-                method, method_args = args
-                result = getattr(self.engine, method)(*method_args)
-            else:
-                raise ValueError(f"unknown engine command {op!r}")
-        except Exception as error:
-            if call_id is None:
-                logger.exception("engine command %r failed", op)
-            else:
-                self.emit(("reply", call_id, False, portable_error(error)))
-            return True
-        if call_id is not None:
-            self.emit(("reply", call_id, True, result))
-        return True
+    def _initialize_kv_cache(self) -> int:
+        config, cache = self.config, self.config.cache
+        max_model_len = config.model.max_model_len
+        if config.model.is_pooling:
+            # Encoders keep no KV cache; blocks only count tokens for the scheduler.
+            return config.scheduler.max_num_seqs * -(-max_model_len // cache.block_size)
+        available = 0
+        if not cache.num_gpu_blocks_override:  # the override needs no profiling
+            available = self.executor.determine_available_memory()
+        num_blocks = kv_cache_num_blocks(
+            available,
+            self.executor.kv_cache_block_bytes(),
+            cache.block_size,
+            max_model_len,
+            cache.num_gpu_blocks_override,
+        )
+        self.executor.initialize_cache(num_blocks)
+        device = "GPU" if config.device.device.type == "cuda" else "CPU"
+        log_kv_cache_capacity(device, num_blocks, cache.block_size, max_model_len)
+        return num_blocks
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Validate and queue a request; raises ValueError naming the problem (nothing is queued)."""
+        if request_id in self.output_processor.parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        parent = self.input_processor.process(request_id, prompt, params, priority, arrival_time)
+        self.output_processor.add(parent)
+        for child in parent.children:
+            self.scheduler.add_request(child)
+
+    def abort_requests(self, request_ids: str | Sequence[str]) -> list[EngineOutput]:
+        """Abort requests at any point; their blocks are freed now. Returns their final outputs."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        outputs = []
+        for request_id in request_ids:
+            parent = self.output_processor.pop(request_id)
+            if parent is None:
+                continue
+            for child in parent.children:
+                self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+            output = self.output_processor.build(parent, force_final=True)
+            if output is not None:
+                outputs.append(output)
+        finished = self.scheduler.take_finished_stats()
+        if finished:
+            # Report now: the engine may go idle, and the gauges must show the freed blocks.
+            self._record_stats(IterationStats(finished_requests=finished))
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.output_processor.parents)
+
+    # -- a step --------------------------------------------------------------------------------
+
+    def step(self) -> list[EngineOutput]:
+        if self.sleep_level:
+            return []
+        scheduler_output = self.scheduler.schedule()
+        if not scheduler_output:
+            self._record_stats(
+                IterationStats(finished_requests=self.scheduler.take_finished_stats())
+            )
+            return []
+        model_output = self.executor.execute_model(scheduler_output)
+        updated, iteration = self.scheduler.update_from_output(scheduler_output, model_output)
+        outputs = self.output_processor.process(updated)
+        self._record_stats(iteration)
+        return outputs
+
+    def _record_stats(self, iteration: IterationStats) -> None:
+        usage = 0.0 if self.config.model.is_pooling else self.block_manager.usage
+        stats = self.scheduler.make_stats(usage)
+        for stat_logger in self.stat_loggers:
+            try:
+                stat_logger.record(stats, iteration)
+            except Exception:  # a broken logger must not stop generation
+                logger.exception("stat logger %r failed", stat_logger)
+
+    # -- maintenance ---------------------------------------------------------------------------
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_manager.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (level 1) and the weights too (level 2); running requests are
+        preempted and recompute after ``wake_up``."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if self.sleep_level:
+            return
+        self.scheduler.preempt_all()
+        self.block_manager.reset_prefix_cache()
+        self.executor.collective_rpc("sleep", (level,))
+        self.sleep_level = level
+
+    def wake_up(self) -> None:
+        if not self.sleep_level:
+            return
+        self.executor.collective_rpc("wake_up", (self.num_blocks,))
+        self.sleep_level = 0
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.sleep_level > 0

@@ -1,8 +1,10 @@
-"""Turning request state into RequestOutputs: cumulative, delta (streaming) or final-only, with the
-``n`` samples of a request gathered under the user's request id."""
+"""OutputProcessor: request state becomes RequestOutputs: cumulative, delta (streaming) or
+final-only, with the ``n`` samples of a request gathered under the user's request id. It owns the
+user's requests (``ParentRequest``) from when they are queued until their final output."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,9 @@ class ParentRequest:
     children: list[Request]
     sent: dict[int, _Sent] = field(default_factory=dict)
     prompt_logprobs_sent: bool = False
+    # The children's logprobs as vLLM's dicts, converted once as they arrive (by child index).
+    logprobs: dict[int, list[dict[int, Logprob]]] = field(default_factory=dict)
+    prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -62,10 +67,37 @@ def _metrics(request: Request) -> RequestMetrics:
     )
 
 
-class OutputBuilder:
+class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self.parents: dict[str, ParentRequest] = {}
         self._decoded: dict[int, str] = {}
+
+    def add(self, parent: ParentRequest) -> None:
+        self.parents[parent.request_id] = parent
+
+    def has_unfinished(self) -> bool:
+        return bool(self.parents)
+
+    def process(self, updated: Sequence[Request]) -> list[RequestOutput | PoolingRequestOutput]:
+        """The outputs of the user's requests that ``updated`` (requests with something new this
+        step) belong to; a request whose samples have all finished is handed over for good."""
+        touched: dict[str, ParentRequest] = {}
+        for request in updated:
+            parent = self.parents.get(request.parent_id)
+            if parent is not None:
+                touched[parent.request_id] = parent
+        outputs = []
+        for parent in touched.values():
+            output = self.build(parent)
+            if output is not None:
+                outputs.append(output)
+            if parent.finished:
+                del self.parents[parent.request_id]
+        return outputs
+
+    def pop(self, request_id: str) -> ParentRequest | None:
+        return self.parents.pop(request_id, None)
 
     def decode_token(self, token_id: int) -> str | None:
         if self.tokenizer is None:
@@ -93,10 +125,9 @@ class OutputBuilder:
         if first.pooling:
             if not first.is_finished:
                 return None
-            data = first.pooled if first.pooled is not None else None
             return PoolingRequestOutput(
                 parent.request_id,
-                PoolingOutput(data),
+                PoolingOutput(first.pooled),
                 parent.prompt_token_ids,
                 True,
                 parent.prompt,
@@ -115,7 +146,7 @@ class OutputBuilder:
                 completions.append(completion)
         if not completions and not finished:
             return None
-        prompt_logprobs = first.prompt_logprobs
+        prompt_logprobs = self._prompt_logprobs(parent, first)
         if kind == RequestOutputKind.DELTA:
             if parent.prompt_logprobs_sent:
                 prompt_logprobs = None
@@ -131,13 +162,30 @@ class OutputBuilder:
             num_cached_tokens=max(first.num_cached_tokens, 0),
         )
 
+    def _logprobs(self, parent: ParentRequest, child: Request) -> list[dict[int, Logprob]] | None:
+        if child.logprobs is None:
+            return None
+        converted = parent.logprobs.setdefault(child.index, [])
+        converted.extend(self.logprob_dict(top) for top in child.logprobs[len(converted) :])
+        return converted
+
+    def _prompt_logprobs(
+        self, parent: ParentRequest, first: Request
+    ) -> list[dict[int, Logprob] | None] | None:
+        if first.prompt_logprobs is None:
+            return None
+        converted = parent.prompt_logprobs
+        for top in first.prompt_logprobs[len(converted) :]:
+            converted.append(None if top is None else self.logprob_dict(top))  # the first is None
+        return converted
+
     def _completion(
         self, parent: ParentRequest, child: Request, delta: bool, force: bool
     ) -> CompletionOutput | None:
         finished = child.is_finished
         text = child.detokenizer.text(finished) if child.detokenizer is not None else ""
         tokens = child.output_token_ids
-        logprobs = child.logprobs
+        logprobs = self._logprobs(parent, child)
         if delta:
             sent = parent.sent.setdefault(child.index, _Sent())
             new_finish = finished and not sent.finished

@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from infernetes.runtime.outputs import Logprob
+from infernetes.runtime.model_executor.sampler import TopLogprobs
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
 
 
 class RequestStatus(enum.Enum):
@@ -86,15 +87,13 @@ class Request:
         self.block_hashes: list[Any] = []
         self.num_hashed_blocks = 0
 
-        # Sampling state.
-        self.generator: Any = None  # torch.Generator when the params carry a seed
+        # What it produced besides tokens (the output processor turns them into vLLM's dicts).
         self.cumulative_logprob = 0.0
-        self.logprobs: list[dict[int, Logprob]] | None = None
-        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-        self.pooled: Any = None
-        self.error: Exception | None = None  # set when its logits processor failed
+        self.logprobs: list[TopLogprobs] | None = None  # when params.logprobs is set
+        self.prompt_logprobs: list[TopLogprobs | None] | None = None  # the first is None
+        self.pooled: Any = None  # a pooling request's embedding
 
-        self.detokenizer: Any = None
+        self.detokenizer: IncrementalDetokenizer | None = None  # text and stop strings
         self.times = RequestTimes()
 
     @property

@@ -1,10 +1,12 @@
-"""Scheduler: continuous batching under a token budget, chunked prefill and preemption.
+"""Scheduler: owns every request's state, from queued to finished.
 
-Every step each request is given some of the tokens it still has to compute (``num_tokens -
-num_computed_tokens``): one for a decode, the rest of the prompt (or a chunk of it) for a prefill.
-Running requests go first, in order; when the KV cache runs out, the lowest-priority running
-request is preempted (its blocks freed, recomputed later). Waiting requests join while the budget,
-``max_num_seqs`` and the free blocks allow.
+There is no prefill phase and no decode phase: each request simply has tokens it still has to
+compute (``num_tokens - num_computed_tokens``), one for a decode, the rest of the prompt (or a
+chunk of it) for a prefill, and each step gives some of them to as many requests as the token
+budget, ``max_num_seqs`` and the KV cache allow. ``schedule()`` decides a step; the workers run
+it; ``update_from_output()`` appends the sampled tokens, checks the stop conditions and finishes
+requests (their blocks freed at once). When the KV cache runs out, the lowest-priority running
+request is preempted: its blocks are freed and it is recomputed later.
 """
 
 from __future__ import annotations
@@ -12,40 +14,27 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
+from infernetes.runtime.config import SchedulerConfig
 from infernetes.runtime.engine.block_manager import BlockManager
+from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.request import Request, RequestStatus
-from infernetes.runtime.engine.stats import PrefixCacheStats
-
-
-@dataclass(frozen=True)
-class SchedulerLimits:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    enable_chunked_prefill: bool = True
-    max_num_partial_prefills: int = 1
-    max_long_partial_prefills: int = 1
-    long_prefill_token_threshold: int = 0  # 0: no cap on a prefill chunk
-    policy: str = "fcfs"
-
-
-@dataclass
-class ScheduledBatch:
-    """What one step computes: each request with the number of new tokens it gets."""
-
-    requests: list[Request] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    def __bool__(self) -> bool:
-        return bool(self.requests)
+from infernetes.runtime.engine.scheduler_output import (
+    CachedRequestData,
+    NewRequestData,
+    SchedulerOutput,
+)
+from infernetes.runtime.engine.stats import (
+    FinishedRequestStats,
+    IterationStats,
+    PrefixCacheStats,
+    SchedulerStats,
+    finished_request_stats,
+)
+from infernetes.runtime.engine.stop_checker import check_stop
+from infernetes.runtime.model_executor.sampler import SampledToken
 
 
 class _FCFSQueue:
@@ -70,7 +59,7 @@ class _FCFSQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Request]:
         return iter(self._items)
 
 
@@ -96,25 +85,33 @@ class _PriorityQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Request]:
         return (item[1] for item in self._heap)
 
 
+@dataclass
+class _StepBudget:
+    """What is left of one step while it is being scheduled."""
+
+    tokens: int
+    partial_prefills: int = 0  # prefills that will not finish this step
+    long_partial_prefills: int = 0
+
+
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, block_manager: BlockManager) -> None:
-        if limits.policy not in ("fcfs", "priority"):
-            raise ValueError(
-                f"scheduling_policy must be 'fcfs' or 'priority', got {limits.policy!r}"
-            )
-        self.limits = limits
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
         self.block_manager = block_manager
         self.waiting: _FCFSQueue | _PriorityQueue = (
-            _PriorityQueue() if limits.policy == "priority" else _FCFSQueue()
+            _PriorityQueue() if config.policy == "priority" else _FCFSQueue()
         )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.num_preemptions_step = 0
+        # Requests that ended since the last step: the workers drop their state.
+        self._finished_req_ids: set[str] = set()
+        self._finished_stats: list[FinishedRequestStats] = []  # not yet reported
 
     # -- request lifecycle ---------------------------------------------------------------------
 
@@ -136,6 +133,8 @@ class Scheduler:
         request.times.finished = time.monotonic()
         self.block_manager.free(request)
         self.requests.pop(request.request_id, None)
+        self._finished_req_ids.add(request.request_id)
+        self._finished_stats.append(finished_request_stats(request))
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
         aborted = []
@@ -163,7 +162,150 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.running) or bool(self.waiting)
 
+    def take_finished_stats(self) -> list[FinishedRequestStats]:
+        taken, self._finished_stats = self._finished_stats, []
+        return taken
+
+    def make_stats(self, kv_cache_usage: float) -> SchedulerStats:
+        return SchedulerStats(
+            num_running_reqs=self.num_running,
+            num_waiting_reqs=self.num_waiting,
+            kv_cache_usage=kv_cache_usage,
+            prefix_cache_stats=self.prefix_cache_stats.take(),
+            num_preemptions=self.num_preemptions_step,
+        )
+
     # -- scheduling ----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput()
+        budget = _StepBudget(self.config.max_num_batched_tokens)
+        self.num_preemptions_step = 0
+        # First, the RUNNING requests, in order, preempting the last to arrive when blocks run out.
+        self._schedule_running(output, budget)
+        # Next, the WAITING requests (new or preempted), only when nothing had to be preempted.
+        if not self.num_preemptions_step:
+            self._schedule_waiting(output, budget)
+        output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
+        return output
+
+    def _schedule_running(self, output: SchedulerOutput, budget: _StepBudget) -> None:
+        i = 0
+        while i < len(self.running) and budget.tokens > 0:
+            request = self.running[i]
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_new = self._prefill_chunk(remaining, budget.tokens)
+            num_blocks_before = len(request.block_ids)
+            while not self.block_manager.allocate_slots(request, num_new):
+                victim = self._pick_victim(i)
+                self.running.remove(victim)
+                self._preempt(victim)
+                if victim is request:
+                    break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted itself; self.running[i] is now the next request
+            self._count_partial(budget, remaining, num_new)
+            data = CachedRequestData(
+                request.request_id,
+                request.block_ids[num_blocks_before:],
+                request.num_computed_tokens,
+            )
+            output.add(data, num_new)
+            budget.tokens -= num_new
+            i += 1
+
+    def _schedule_waiting(self, output: SchedulerOutput, budget: _StepBudget) -> None:
+        skipped: list[Request] = []
+        while (
+            len(self.waiting) and budget.tokens > 0 and len(self.running) < self.config.max_num_seqs
+        ):
+            request = self.waiting.peek()
+            cached: list[int] = []
+            if request.num_computed_tokens == 0 and not _wants_prompt_logprobs(request):
+                cached = self.block_manager.find_cached_prefix(request)
+            remaining = request.num_tokens - len(cached) * self.block_manager.block_size
+            if not self.config.enable_chunked_prefill and remaining > budget.tokens:
+                break
+            chunk = self._prefill_chunk(remaining, budget.tokens)
+            if chunk < remaining and not self._may_start_partial(budget, remaining):
+                # Another partial prefill is not allowed: let a shorter request go instead.
+                skipped.append(self.waiting.pop())
+                continue
+            if not self.block_manager.allocate_slots(request, chunk, cached):
+                break
+            self.waiting.pop()
+            output.add(self._admit(request, len(cached) * self.block_manager.block_size), chunk)
+            self._count_partial(budget, remaining, chunk)
+            budget.tokens -= chunk
+        for request in reversed(skipped):
+            self.waiting.add_front(request)
+
+    def _admit(
+        self, request: Request, num_cached_tokens: int
+    ) -> NewRequestData | CachedRequestData:
+        """Move ``request`` (its blocks allocated) from the queue to the running requests; what
+        the workers need to know of it: all of it the first time, its blocks after a preemption."""
+        data: NewRequestData | CachedRequestData
+        if request.times.scheduled is None:
+            data = NewRequestData(
+                request.request_id,
+                list(request.token_ids),
+                request.num_prompt_tokens,
+                request.sampling_params,
+                request.eos_token_id,
+                list(request.block_ids),
+                request.num_computed_tokens,
+            )
+        else:
+            data = CachedRequestData(
+                request.request_id,
+                list(request.block_ids),
+                request.num_computed_tokens,
+                resumed_from_preemption=True,
+            )
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_cached_tokens
+        self.prefix_cache_stats.queries += request.num_tokens
+        self.prefix_cache_stats.hits += num_cached_tokens
+        request.status = RequestStatus.RUNNING
+        if request.times.scheduled is None:
+            request.times.scheduled = time.monotonic()
+        self.running.append(request)
+        return data
+
+    # -- the long-prefill rule, in one place ---------------------------------------------------
+
+    @property
+    def _threshold(self) -> int:
+        """The cap on one prefill chunk; only with chunked prefill (0: no cap)."""
+        config = self.config
+        return config.long_prefill_token_threshold if config.enable_chunked_prefill else 0
+
+    def _is_long(self, remaining: int) -> bool:
+        return 0 < self._threshold < remaining
+
+    def _prefill_chunk(self, remaining: int, budget: int) -> int:
+        """Tokens a request with ``remaining`` to compute gets: capped by the long-prefill
+        threshold and by the budget."""
+        if self._is_long(remaining):
+            remaining = self._threshold
+        return min(remaining, budget)
+
+    def _may_start_partial(self, budget: _StepBudget, remaining: int) -> bool:
+        """Whether one more prefill may stop short of its end this step."""
+        if budget.partial_prefills >= self.config.max_num_partial_prefills:
+            return False
+        return not (
+            self._is_long(remaining)
+            and budget.long_partial_prefills >= self.config.max_long_partial_prefills
+        )
+
+    def _count_partial(self, budget: _StepBudget, remaining: int, num_new: int) -> None:
+        if num_new < remaining:
+            budget.partial_prefills += 1
+            budget.long_partial_prefills += self._is_long(remaining)
+
+    # -- preemption ----------------------------------------------------------------------------
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request)
@@ -177,108 +319,82 @@ class Scheduler:
         """The request to preempt: among those not yet scheduled this step (the current one
         included), the last to arrive (fcfs) or the lowest priority."""
         candidates = self.running[first_unscheduled:]
-        if self.limits.policy == "priority":
+        if self.config.policy == "priority":
             return max(candidates, key=lambda r: r.sort_key)
         return candidates[-1]
 
-    @property
-    def _threshold(self) -> int:
-        """The cap on one prefill chunk; only with chunked prefill (0: no cap)."""
-        return self.limits.long_prefill_token_threshold if self.limits.enable_chunked_prefill else 0
+    # -- after the step ------------------------------------------------------------------------
 
-    def _chunk(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens - request.num_computed_tokens
-        threshold = self._threshold
-        if threshold > 0 and num_new > threshold:
-            num_new = threshold
-        return min(num_new, budget)
-
-    def _is_long(self, request: Request) -> bool:
-        threshold = self._threshold
-        return threshold > 0 and request.num_tokens - request.num_computed_tokens > threshold
-
-    def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
-        budget = self.limits.max_num_batched_tokens
-        self.num_preemptions_step = 0
-        partial = 0  # prefills that will not finish this step
-        partial_long = 0
-
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = self._chunk(request, budget)
-            while not self.block_manager.allocate_slots(request, num_new):
-                victim = self._pick_victim(i)
-                self.running.remove(victim)
-                self._preempt(victim)
-                batch.preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status != RequestStatus.RUNNING:
-                continue  # preempted itself; self.running[i] is now the next request
-            if request.num_computed_tokens + num_new < request.num_tokens:
-                partial += 1
-                partial_long += self._is_long(request)
-            batch.requests.append(request)
-            batch.num_new_tokens.append(num_new)
-            budget -= num_new
-            i += 1
-
-        # New and preempted requests join only when nothing had to be preempted this step.
-        skipped: list[Request] = []
-        while (
-            not batch.preempted
-            and len(self.waiting)
-            and budget > 0
-            and len(self.running) < self.limits.max_num_seqs
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput
+    ) -> tuple[list[Request], IterationStats]:
+        """Advance each scheduled request past this step's tokens, append its sampled token, check
+        its stop conditions, finish it if done. Returns the requests with something new (a token,
+        prompt logprobs, an embedding, an end) in batch order, and the step's statistics."""
+        iteration = IterationStats()
+        updated: list[Request] = []
+        now = time.monotonic()
+        for i, (request_id, num_new) in enumerate(
+            zip(scheduler_output.request_ids, scheduler_output.num_scheduled_tokens, strict=True)
         ):
-            request = self.waiting.peek()
-            cached: list[int] = []
-            if request.num_computed_tokens == 0 and not self._wants_prompt_logprobs(request):
-                cached = self.block_manager.find_cached_prefix(request)
-            remaining = request.num_tokens - len(cached) * self.block_manager.block_size
-            if not self.limits.enable_chunked_prefill and remaining > budget:
-                break
-            threshold = self._threshold
-            chunk = min(remaining, threshold if threshold > 0 else remaining, budget)
-            if chunk < remaining:
-                is_long = threshold > 0 and remaining > threshold
-                if partial >= self.limits.max_num_partial_prefills or (
-                    is_long and partial_long >= self.limits.max_long_partial_prefills
-                ):
-                    # Another partial prefill is not allowed: let a shorter request go instead.
-                    skipped.append(self.waiting.pop())
-                    continue
-            if not self.block_manager.allocate_slots(request, chunk, cached):
-                break
-            self.waiting.pop()
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = len(cached) * self.block_manager.block_size
-            self.prefix_cache_stats.requests += 1
-            self.prefix_cache_stats.queries += request.num_tokens
-            self.prefix_cache_stats.hits += len(cached) * self.block_manager.block_size
-            if chunk < remaining:
-                partial += 1
-                partial_long += threshold > 0 and remaining > threshold
-            request.status = RequestStatus.RUNNING
-            if request.times.scheduled is None:
-                request.times.scheduled = time.monotonic()
-            self.running.append(request)
-            batch.requests.append(request)
-            batch.num_new_tokens.append(chunk)
-            budget -= chunk
-        for request in reversed(skipped):
-            self.waiting.add_front(request)
-        return batch
+            request = self.requests.get(request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens += num_new
+            chunk_logprobs = model_output.prompt_logprobs[i]
+            if chunk_logprobs is not None and request.prompt_logprobs is not None:
+                request.prompt_logprobs.extend(chunk_logprobs)
+            if request.pooling:
+                pooled = model_output.pooled[i]
+                if pooled is not None:
+                    request.pooled = pooled
+                    self._first_token(request, now, iteration)
+                    self.finish_request(request, RequestStatus.FINISHED_STOPPED)
+                    updated.append(request)
+                continue
+            sampled = model_output.sampled[i]
+            if sampled is None:
+                continue  # a prefill chunk that does not reach the end of the prompt
+            error = model_output.errors.get(request_id)
+            self._append_token(request, sampled, error, now, iteration)
+            updated.append(request)
+        iteration.finished_requests = self.take_finished_stats()
+        return updated, iteration
 
-    @staticmethod
-    def _wants_prompt_logprobs(request: Request) -> bool:
-        params = request.sampling_params
-        return params is not None and params.prompt_logprobs is not None
+    def _first_token(self, request: Request, now: float, iteration: IterationStats) -> None:
+        request.times.first_token = request.times.last_token = now
+        iteration.num_prompt_tokens += request.num_prompt_tokens
+        iteration.time_to_first_tokens_iter.append(now - request.times.arrival)
 
-    def update_after_step(self, batch: ScheduledBatch) -> None:
-        """Advance each scheduled request past the tokens computed this step."""
-        for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
-            if request.status == RequestStatus.RUNNING:
-                request.num_computed_tokens += num_new
+    def _append_token(
+        self,
+        request: Request,
+        sampled: SampledToken,
+        error: str | None,
+        now: float,
+        iteration: IterationStats,
+    ) -> None:
+        request.append_token(sampled.token_id)
+        iteration.num_generation_tokens += 1
+        if request.times.first_token is None:
+            self._first_token(request, now, iteration)
+        else:
+            iteration.inter_token_latencies_iter.append(now - request.times.last_token)
+            request.times.last_token = now
+        if sampled.logprobs is not None and request.logprobs is not None:
+            request.cumulative_logprob += sampled.logprobs.logprob
+            request.logprobs.append(sampled.logprobs)
+        if error is not None:
+            # Its logits processor raised: end this request alone; the batch goes on.
+            request.stop_reason = f"error: {error}"
+            self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+            return
+        status, stop_reason = check_stop(request, sampled.token_id, self.config.max_model_len)
+        if status is not None:
+            request.stop_reason = stop_reason
+            self.finish_request(request, status)
+
+
+def _wants_prompt_logprobs(request: Request) -> bool:
+    params = request.sampling_params
+    return params is not None and params.prompt_logprobs is not None

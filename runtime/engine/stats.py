@@ -10,20 +10,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from infernetes.runtime.engine.request import Request
+
 
 @dataclass
 class PrefixCacheStats:
     """Prefix-cache lookups since the last snapshot: ``queries`` tokens looked up, ``hits`` found."""
 
-    reset: bool = False
-    requests: int = 0
     queries: int = 0
     hits: int = 0
 
     def take(self) -> PrefixCacheStats:
         """Return the counts gathered so far and start again from zero."""
-        taken = PrefixCacheStats(self.reset, self.requests, self.queries, self.hits)
-        self.reset, self.requests, self.queries, self.hits = False, 0, 0, 0
+        taken = PrefixCacheStats(self.queries, self.hits)
+        self.queries, self.hits = 0, 0
         return taken
 
 
@@ -34,12 +34,6 @@ class SchedulerStats:
     kv_cache_usage: float = 0.0  # fraction in [0, 1]
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     num_preemptions: int = 0  # preemptions in this step
-    num_kv_cache_blocks: int = 0
-    block_size: int = 0
-
-    @property
-    def gpu_cache_usage(self) -> float:  # vLLM v0's name
-        return self.kv_cache_usage
 
 
 @dataclass
@@ -54,25 +48,36 @@ class FinishedRequestStats:
     prefill_time: float = 0.0
     inference_time: float = 0.0
     decode_time: float = 0.0
-    mean_time_per_output_token: float = 0.0
     n_param: int = 1
-    num_cached_tokens: int = 0
 
 
 @dataclass
 class IterationStats:
-    iteration_timestamp: float = field(default_factory=time.time)
-    num_prompt_tokens: int = 0  # prompt tokens computed this step (prefill chunks)
+    num_prompt_tokens: int = 0  # prompt tokens of the requests that got their first token
     num_generation_tokens: int = 0  # tokens sampled this step
-    num_preempted_reqs: int = 0
     time_to_first_tokens_iter: list[float] = field(default_factory=list)
     inter_token_latencies_iter: list[float] = field(default_factory=list)
-    time_per_output_tokens_iter: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
-    n_params_iter: list[int] = field(default_factory=list)  # n of requests that got a first token
-    max_num_generation_tokens_iter: list[int] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        """Tokens this iteration processed (``vllm:iteration_tokens_total``)."""
-        return self.num_prompt_tokens + self.num_generation_tokens
+
+def finished_request_stats(request: Request) -> FinishedRequestStats:
+    """The per-request histograms' values, when ``request`` ends (in any way)."""
+    t = request.times
+    end = t.finished or time.monotonic()
+    scheduled = t.scheduled or end
+    first = t.first_token or end
+    last = t.last_token or end
+    params = request.sampling_params
+    return FinishedRequestStats(
+        request_id=request.request_id,
+        finish_reason=request.status.finish_reason or "abort",
+        e2e_latency=end - t.arrival,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_generation_tokens=request.num_output_tokens,
+        max_tokens_param=params.max_tokens if params else None,
+        queued_time=scheduled - (t.queued or t.arrival),
+        prefill_time=first - scheduled,
+        inference_time=last - scheduled,
+        decode_time=last - first,
+        n_param=params.n if params else 1,
+    )

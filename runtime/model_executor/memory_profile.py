@@ -131,6 +131,27 @@ def log_kv_cache_capacity(
     )
 
 
+def kv_cache_num_blocks(
+    available_bytes: int,
+    bytes_per_block: int,
+    block_size: int,
+    max_model_len: int,
+    num_blocks_override: int | None = None,
+) -> int:
+    """How many KV blocks the cache gets: ``--num-gpu-blocks-override``, else as many as fit in
+    ``available_bytes``. Raises ValueError when one request of ``max_model_len`` would not fit."""
+    num_blocks = num_blocks_override or available_bytes // bytes_per_block
+    capacity = num_blocks * block_size
+    if capacity < max_model_len:
+        raise ValueError(
+            f"The model's max seq len ({max_model_len}) is larger than the maximum number of "
+            f"tokens that can be stored in KV cache ({capacity}). Try increasing the KV cache "
+            "(--gpu-memory-utilization, --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, "
+            "--num-gpu-blocks-override) or decreasing --max-model-len."
+        )
+    return num_blocks
+
+
 class MemoryProbe(Protocol):
     """Memory readings of one device, in bytes."""
 
@@ -231,6 +252,7 @@ __all__ = [
     "MemoryProfile",
     "MemorySnapshot",
     "kv_cache_budget",
+    "kv_cache_num_blocks",
     "log_kv_cache_budget",
     "log_kv_cache_capacity",
     "memory_snapshot",

@@ -12,13 +12,33 @@ in the batch; the per-row work on the device is none, whatever the batch holds.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
-from infernetes.runtime.engine.request import Request
 from infernetes.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+class SamplingRequest(Protocol):
+    """What the sampler reads of a request (a worker's request state; the engine's Request)."""
+
+    request_id: str
+    sampling_params: SamplingParams | None
+    generator: Any  # torch.Generator when the params carry a seed
+    eos_token_id: int | None
+    error: Exception | None  # set here when its logits processor raises
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def output_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
 @dataclass
@@ -49,7 +69,9 @@ def _top_logprobs(logprobs_row: torch.Tensor, token_id: int, k: int) -> TopLogpr
     return TopLogprobs(token_id, float(chosen), rank, top_ids, top_values)
 
 
-def _apply_penalties(row: torch.Tensor, request: Request, params: SamplingParams) -> torch.Tensor:
+def _apply_penalties(
+    row: torch.Tensor, request: SamplingRequest, params: SamplingParams
+) -> torch.Tensor:
     vocab = row.shape[-1]
     output = torch.tensor(request.output_token_ids, dtype=torch.long, device=row.device)
     output = output[output < vocab]
@@ -75,7 +97,7 @@ def _apply_penalties(row: torch.Tensor, request: Request, params: SamplingParams
     return row
 
 
-def _process(row: torch.Tensor, request: Request) -> torch.Tensor:
+def _process(row: torch.Tensor, request: SamplingRequest) -> torch.Tensor:
     params = request.sampling_params
     if params.logit_bias:
         ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row.device)
@@ -161,7 +183,9 @@ class Sampler:
         else:
             self.generator.manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampledToken]:
+    def __call__(
+        self, logits: torch.Tensor, requests: Sequence[SamplingRequest]
+    ) -> list[SampledToken]:
         logits = logits.float()
         wants_logprobs = any(r.sampling_params.logprobs is not None for r in requests)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
@@ -201,7 +225,7 @@ class Sampler:
         return results
 
     def _sample(
-        self, rows: torch.Tensor, requests: list[Request], nucleus: list[float]
+        self, rows: torch.Tensor, requests: Sequence[SamplingRequest], nucleus: list[float]
     ) -> list[int]:
         """One token per row of filtered logits, by inverse transform: a uniform draw per row,
         found in the row's cumulative distribution. A seeded request draws from its own generator,
@@ -242,7 +266,7 @@ class Sampler:
                     tokens[i] = token
         return tokens
 
-    def _draw(self, weights: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def _draw(self, weights: torch.Tensor, requests: Sequence[SamplingRequest]) -> torch.Tensor:
         """A token per row of unnormalised probabilities, from one host uniform per row."""
         shared = iter(
             torch.rand(
@@ -274,7 +298,7 @@ def _row_groups(rows: list[int], logits: torch.Tensor) -> list[list[int]]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def _needs_processing(request: Request) -> bool:
+def _needs_processing(request: SamplingRequest) -> bool:
     params = request.sampling_params
     return bool(
         params.logit_bias

@@ -1,9 +1,11 @@
-"""ModelRunner: turns a scheduled batch into flat tensors, runs the model, samples.
+"""ModelRunner: turns a scheduled step into flat tensors, runs the model, samples.
 
-All tokens of the step are concatenated (``[T]`` input ids and positions); each new token has a
-slot in the paged cache (``block * block_size + offset``); each request has a row in the block
-table. Only rows that produce a token (a request whose computed tokens reach its end) go through
-the LM head. The shapes are the ones a CUDA graph would capture for decode.
+It keeps each running request's state (``request_state.CachedRequestState``) across steps from
+what the ``SchedulerOutput`` says changed. All tokens of the step are concatenated (``[T]`` input
+ids and positions); each new token has a slot in the paged cache (``block * block_size +
+offset``); each request has a row in the block table. Only rows that produce a token (a request
+whose computed tokens reach its end) go through the LM head. The shapes are the ones a CUDA graph
+would capture for decode.
 """
 
 from __future__ import annotations
@@ -11,18 +13,22 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from infernetes.runtime.engine.request import Request
-from infernetes.runtime.engine.scheduler import ScheduledBatch
+from infernetes.runtime.config import RuntimeConfig
+from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
+from infernetes.runtime.engine.scheduler_output import (
+    CachedRequestData,
+    NewRequestData,
+    SchedulerOutput,
+)
 from infernetes.runtime.model_executor import cuda_graph
-from infernetes.runtime.model_executor.compilation import CompilationSettings, compile_forward
+from infernetes.runtime.model_executor.compilation import compile_forward
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
-from infernetes.runtime.model_executor.cuda_graph import DecodeGraphs, DecodeGraphSettings
+from infernetes.runtime.model_executor.cuda_graph import DecodeGraphs
 from infernetes.runtime.model_executor.layers.attention import Attention
-from infernetes.runtime.model_executor.loader import ModelInfo, build_model
+from infernetes.runtime.model_executor.loader import build_model
 from infernetes.runtime.model_executor.memory_profile import (
     CudaMemoryProbe,
     KVCacheBudget,
@@ -32,13 +38,9 @@ from infernetes.runtime.model_executor.memory_profile import (
     memory_snapshot,
     profile_memory,
 )
-from infernetes.runtime.model_executor.sampler import (
-    SampledToken,
-    Sampler,
-    TopLogprobs,
-    prompt_logprobs,
-)
+from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.worker.request_state import CachedRequestState
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -50,61 +52,41 @@ KV_CACHE_DTYPES = {
 }
 
 
-@dataclass
-class StepOutput:
-    """Per scheduled request: its new token (None for a prefill chunk that does not finish),
-    prompt logprobs computed in this chunk, and (pooling models) its embedding."""
-
-    sampled: list[SampledToken | None] = field(default_factory=list)
-    prompt_logprobs: list[list[TopLogprobs] | None] = field(default_factory=list)
-    pooled: list[torch.Tensor | None] = field(default_factory=list)
-
-
 class ModelRunner:
-    def __init__(
-        self,
-        info: ModelInfo,
-        device: torch.device,
-        block_size: int,
-        kv_cache_dtype: str = "auto",
-        load_format: str = "auto",
-        ignore_patterns: Sequence[str] | None = None,
-        use_tqdm_on_load: bool = True,
-        seed: int | None = None,
-        calculate_kv_scales: bool = False,
-        quantization: str | None = None,
-        compilation: CompilationSettings | None = None,
-        decode_graphs: DecodeGraphSettings | None = None,
-    ) -> None:
-        self.info = info
-        self.device = device
-        self.block_size = block_size
-        self._load_format = load_format
-        self._ignore_patterns = ignore_patterns
-        self._seed = seed or 0
-        self._quantization = quantization
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+        self.info = info = config.model.info
+        self.device = device = config.device.device
+        self.block_size = config.cache.block_size
         # Device memory before the weights: what other processes hold is not this engine's
         self._memory_baseline = (
             memory_snapshot(CudaMemoryProbe(device)) if device.type == "cuda" else None
         )
-        self.model: nn.Module | None = build_model(
-            info, device, load_format, use_tqdm_on_load, self._seed, quantization, ignore_patterns
+        self.model: nn.Module | None = None
+        self.load_model(config.load.use_tqdm_on_load)
+        self.decode_graphs: DecodeGraphs | None = None  # captured by capture_decode_graphs()
+        self.kv_cache_dtype = KV_CACHE_DTYPES.get(config.cache.kv_cache_dtype, info.dtype)
+        self.calculate_kv_scales = (
+            config.cache.calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
+        )
+        self.sampler = Sampler(config.model.seed)
+        self.num_blocks = 0
+        self.requests: dict[str, CachedRequestState] = {}
+
+    def load_model(self, use_tqdm: bool = False) -> None:
+        """Build the model and read its weights (again after ``release_weights``)."""
+        config = self.config
+        self.model = build_model(
+            self.info,
+            self.device,
+            config.load.load_format,
+            use_tqdm,
+            config.model.seed or 0,
+            config.model.quantization,
+            config.load.ignore_patterns,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self._compilation = compilation or CompilationSettings()
-        self.run_model = compile_forward(self.model, self._compilation, device)
-        self._graph_settings = decode_graphs
-        self.decode_graphs: DecodeGraphs | None = None  # captured by capture_decode_graphs()
-        if kv_cache_dtype != "auto" and kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be one of auto, {', '.join(KV_CACHE_DTYPES)}; got {kv_cache_dtype!r}"
-            )
-        self.kv_cache_dtype = KV_CACHE_DTYPES.get(kv_cache_dtype, info.dtype)
-        self.calculate_kv_scales = (
-            calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
-        )
-        self.sampler = Sampler(seed)
-        self.num_blocks = 0
+        self.run_model = compile_forward(self.model, config.compilation, self.device)
 
     # -- KV cache ------------------------------------------------------------------------------
 
@@ -151,84 +133,113 @@ class ModelRunner:
         (sequences up to ``max_model_len`` each, at most ``max_num_seqs`` of them) and the sampler
         on ``max_num_seqs`` rows, measured by ``probe`` against ``baseline`` (by default the
         snapshot taken before the weights loaded). Raises ValueError when nothing is left."""
-        batch = self._dummy_prefill_batch(max_num_batched_tokens, max_num_seqs)
-        blocks = sum(len(r.block_ids) for r in batch.requests)
+        states, lengths = self._dummy_prefill(max_num_batched_tokens, max_num_seqs)
+        blocks = sum(len(r.block_ids) for r in states)
+        assert self.model is not None
 
         @torch.inference_mode()
         def step() -> None:
-            hidden, _ = self._forward(batch)
+            hidden, _ = self._forward(states, lengths)
             rows = torch.arange(max_num_seqs, device=hidden.device) % hidden.shape[0]
             logits = self.model.compute_logits(hidden[rows])
             # min_p and top_p without top_k keep the most full-vocabulary buffers alive in the
             # sampler; own generators keep the engine's seeded sampling stream untouched
             params = SamplingParams(temperature=1.0, min_p=0.01, top_p=0.9, seed=0)
-            requests = []
-            for i in range(max_num_seqs):
-                request = Request(f"profile-sampler-{i}", [0], params)
-                request.generator = torch.Generator().manual_seed(i)
-                requests.append(request)
+            requests = [
+                CachedRequestState(
+                    f"profile-sampler-{i}",
+                    [0],
+                    1,
+                    params,
+                    None,
+                    [],
+                    0,
+                    torch.Generator().manual_seed(i),
+                )
+                for i in range(max_num_seqs)
+            ]
             self.sampler(logits, requests)
 
         if probe is None:
             probe, baseline = CudaMemoryProbe(self.device), baseline or self._memory_baseline
         profile = profile_memory(
-            probe, lambda: self.allocate_kv_cache(blocks), step, self.release_kv_cache, baseline
+            probe,
+            lambda: self.allocate_kv_cache(blocks),
+            step,
+            self.release_kv_cache,
+            baseline,
         )
         return kv_cache_budget(profile, utilization)
 
-    def _dummy_prefill_batch(self, num_tokens: int, max_num_seqs: int) -> ScheduledBatch:
-        requests, lengths, next_block = [], [], 0
-        while num_tokens > 0 and len(requests) < max_num_seqs:
+    def _dummy_prefill(
+        self, num_tokens: int, max_num_seqs: int
+    ) -> tuple[list[CachedRequestState], list[int]]:
+        states: list[CachedRequestState] = []
+        lengths: list[int] = []
+        next_block = 0
+        while num_tokens > 0 and len(states) < max_num_seqs:
             length = min(num_tokens, self.info.max_model_len)
-            request = Request(f"profile-{len(requests)}", [0] * length, None)
             blocks = -(-length // self.block_size)
-            request.block_ids = list(range(next_block, next_block + blocks))
+            block_ids = list(range(next_block, next_block + blocks))
+            states.append(
+                CachedRequestState(
+                    f"profile-{len(states)}", [0] * length, length, None, None, block_ids, 0
+                )
+            )
             next_block += blocks
-            requests.append(request)
             lengths.append(length)
             num_tokens -= length
-        return ScheduledBatch(requests, lengths)
+        return states, lengths
 
     def release_weights(self) -> None:
-        """Drop the weights (sleep level 2); ``reload_weights`` reads them from disk again."""
+        """Drop the weights (sleep level 2); ``load_model`` reads them from disk again."""
         self.model = None
         self.run_model = None
         self.decode_graphs = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def reload_weights(self) -> None:
-        self.model = build_model(
-            self.info,
-            self.device,
-            self._load_format,
-            False,
-            self._seed,
-            self._quantization,
-            self._ignore_patterns,
-        )
-        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.run_model = compile_forward(self.model, self._compilation, self.device)
-
     def capture_decode_graphs(self) -> None:
         """Capture the decode graphs over the allocated KV cache (after ``allocate_kv_cache``;
         again after waking up). A no-op, with the reason logged, where graphs are off."""
         self.decode_graphs = None
-        if self._graph_settings is None or self.info.is_pooling:
+        settings = self.config.decode_graphs
+        if settings is None or self.info.is_pooling:
             return
         backend = cuda_graph.select_graph_backend(self.device)  # module lookup: tests swap it
         if backend is None:
             return
-        graphs = DecodeGraphs(
-            self.run_model, self._graph_settings, self.block_size, self.device, backend
-        )
+        graphs = DecodeGraphs(self.run_model, settings, self.block_size, self.device, backend)
         graphs.capture()
         self.decode_graphs = graphs
 
     # -- a step --------------------------------------------------------------------------------
 
+    def _update_states(self, scheduler_output: SchedulerOutput) -> list[CachedRequestState]:
+        """Bring the request states up to this step; the batch's states, in order."""
+        for request_id in scheduler_output.finished_req_ids:
+            self.requests.pop(request_id, None)
+        batch = []
+        for data in scheduler_output.scheduled_reqs:
+            if isinstance(data, NewRequestData):
+                state = CachedRequestState.from_new(data)
+                self.requests[data.request_id] = state
+            else:
+                state = self._update_cached(data)
+            batch.append(state)
+        return batch
+
+    def _update_cached(self, data: CachedRequestData) -> CachedRequestState:
+        state = self.requests[data.request_id]
+        if data.resumed_from_preemption:
+            state.block_ids = list(data.new_block_ids)
+        elif data.new_block_ids:
+            state.block_ids.extend(data.new_block_ids)
+        state.num_computed_tokens = data.num_computed_tokens
+        return state
+
     def _prepare(
-        self, batch: ScheduledBatch
+        self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         input_ids: list[int] = []
         positions: list[int] = []
@@ -236,13 +247,9 @@ class ModelRunner:
         cu_seqlens = [0]
         seq_lens: list[int] = []
         size = self.block_size
-        max_blocks = max((len(r.block_ids) for r in batch.requests), default=0)
-        tables = np.zeros(
-            (len(batch.requests), max_blocks), dtype=np.int32
-        )  # rows padded with block 0
-        for row, (request, num_new) in enumerate(
-            zip(batch.requests, batch.num_new_tokens, strict=True)
-        ):
+        max_blocks = max((len(r.block_ids) for r in batch), default=0)
+        tables = np.zeros((len(batch), max_blocks), dtype=np.int32)  # rows padded with block 0
+        for row, (request, num_new) in enumerate(zip(batch, num_scheduled, strict=True)):
             start = request.num_computed_tokens
             end = start + num_new
             blocks = request.block_ids
@@ -272,8 +279,10 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def _forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
-        input_ids, positions, meta = self._prepare(batch)
+    def _forward(
+        self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata]:
+        input_ids, positions, meta = self._prepare(batch, num_scheduled)
         hidden = (
             None
             if self.decode_graphs is None
@@ -290,50 +299,50 @@ class ModelRunner:
         return hidden, meta
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> StepOutput:
-        hidden, meta = self._forward(batch)
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        batch = self._update_states(scheduler_output)
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        output = ModelRunnerOutput.empty(len(batch))
+        if not batch:
+            return output
+        assert self.model is not None
+        hidden, meta = self._forward(batch, num_scheduled)
         if self.info.is_pooling:
-            pooled = self.model.pool(hidden, meta.cu_seqlens_q)
-            return StepOutput(
-                sampled=[None] * len(batch.requests),
-                prompt_logprobs=[None] * len(batch.requests),
-                pooled=list(pooled.float().cpu()),
-            )
+            output.pooled = list(self.model.pool(hidden, meta.cu_seqlens_q).float().cpu())
+            return output
         # from the host's own counts: reading cu_seqlens_q back would wait for the forward to finish
-        starts = [0, *itertools.accumulate(batch.num_new_tokens)]
+        starts = [0, *itertools.accumulate(num_scheduled)]
         sample_rows: list[int] = []
-        sampling: list[Request] = []
-        prompt_rows: list[tuple[int, list[int], list[int]]] = []  # (batch index, rows, next tokens)
-        for i, (request, num_new) in enumerate(
-            zip(batch.requests, batch.num_new_tokens, strict=True)
-        ):
+        sampling: list[int] = []  # batch indices of the requests that sample
+        prompt_rows: list[tuple[int, list[int], list[int]]] = []  # (index, rows, next tokens)
+        for i, (request, num_new) in enumerate(zip(batch, num_scheduled, strict=True)):
             end = request.num_computed_tokens + num_new
             if end == request.num_tokens:
                 sample_rows.append(starts[i + 1] - 1)
-                sampling.append(request)
+                sampling.append(i)
             params = request.sampling_params
+            assert params is not None
             if (
                 params.prompt_logprobs is not None
                 and request.num_computed_tokens < request.num_prompt_tokens
             ):
                 first = request.num_computed_tokens
-                last = min(
-                    end, request.num_prompt_tokens - 1
-                )  # positions whose next token is a prompt token
+                # positions whose next token is a prompt token
+                last = min(end, request.num_prompt_tokens - 1)
                 rows = list(range(starts[i], starts[i] + max(last - first, 0)))
                 prompt_rows.append((i, rows, request.token_ids[first + 1 : last + 1]))
-        output = StepOutput(
-            sampled=[None] * len(batch.requests),
-            prompt_logprobs=[None] * len(batch.requests),
-            pooled=[None] * len(batch.requests),
-        )
         if sampling:
             logits = self.model.compute_logits(hidden[sample_rows])
-            tokens = self.sampler(logits, sampling)
-            by_request = {id(r): t for r, t in zip(sampling, tokens, strict=True)}
-            output.sampled = [by_request.get(id(r)) for r in batch.requests]
+            requests = [batch[i] for i in sampling]
+            for i, request, token in zip(
+                sampling, requests, self.sampler(logits, requests), strict=True
+            ):
+                output.sampled[i] = token
+                request.token_ids.append(token.token_id)  # the next step's input
+                if request.error is not None:
+                    output.errors[request.request_id] = str(request.error)
         for i, rows, next_tokens in prompt_rows:
-            k = batch.requests[i].sampling_params.prompt_logprobs
+            k = batch[i].sampling_params.prompt_logprobs
             logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
             output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
         return output

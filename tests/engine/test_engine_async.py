@@ -164,7 +164,7 @@ async def test_engine_death_reaches_every_stream(tiny_llama):
     def explode(batch):
         raise RuntimeError("device lost")
 
-    engine.engine.runner.execute = explode
+    engine.engine.executor.driver_worker.model_runner.execute_model = explode
     with pytest.raises(EngineDeadError, match="device lost"):
         await _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(max_tokens=3), "doomed")
     assert engine.errored and "device lost" in repr(engine.dead_error)

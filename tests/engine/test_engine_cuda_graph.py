@@ -259,7 +259,8 @@ def eager_run(tiny_llama):
 
     llm = LLM(tiny_llama, num_gpu_blocks_override=64, enforce_eager=True, seed=0)
     return _generate(llm), [
-        layer.k_cache.clone() for layer in llm.llm_engine.runner.attention_layers
+        layer.k_cache.clone()
+        for layer in llm.llm_engine.engine_core.executor.driver_worker.model_runner.attention_layers
     ]
 
 
@@ -281,12 +282,14 @@ def test_graph_replay_gives_the_eager_tokens_for_several_batch_sizes(
     )
     tokens, eager_caches = eager_run
     assert _generate(llm) == tokens
-    graphs = llm.llm_engine.runner.decode_graphs
+    graphs = llm.llm_engine.engine_core.executor.driver_worker.model_runner.decode_graphs
     # two decode steps each of 6, 5, 4, 3, 2 and 1 rows: 6 and 5 padded to 8, 3 to 4
     assert graphs.replays == {8: 4, 4: 4, 2: 2, 1: 2}
     # padding rows wrote nowhere: the caches hold exactly what the eager run wrote
     for eager_cache, layer in zip(
-        eager_caches, llm.llm_engine.runner.attention_layers, strict=True
+        eager_caches,
+        llm.llm_engine.engine_core.executor.driver_worker.model_runner.attention_layers,
+        strict=True,
     ):
         torch.testing.assert_close(layer.k_cache, eager_cache, rtol=1e-5, atol=1e-5)
 
@@ -303,7 +306,7 @@ def test_long_sequences_and_large_batches_fall_back_to_eager(tiny_llama, rerun_g
         seed=0,
     )
     assert _generate(llm) == eager_run[0]
-    graphs = llm.llm_engine.runner.decode_graphs
+    graphs = llm.llm_engine.engine_core.executor.driver_worker.model_runner.decode_graphs
     assert graphs.max_blocks == 1 and set(graphs.replays) <= {1, 2}
     # two short prompts growing past 16 tokens: replayed while they fit one block, eager after
     prompts, params = (
@@ -325,7 +328,7 @@ def test_sleep_drops_the_graphs_and_wake_up_captures_them_again(
     from infernetes import LLM
 
     llm = LLM(tiny_llama, num_gpu_blocks_override=64, cuda_graph_sizes=[8], max_num_seqs=8, seed=0)
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
     first = runner.decode_graphs
     for level in (1, 2):
         llm.sleep(level)
@@ -356,7 +359,7 @@ def test_compiled_forward_on_the_cpu_with_the_eager_backend(tiny_llama, rerun_gr
         max_num_seqs=2,
         seed=0,
     )
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
     assert isinstance(runner.run_model, torch._dynamo.eval_frame.OptimizedModule)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
     assert runner.decode_graphs.replays == {2: 3}
@@ -382,7 +385,7 @@ def test_gpu_cuda_graphs_give_the_eager_tokens(tiny_llama, caplog):
         in caplog.text
     )
     assert _generate(llm, prompts) == eager
-    graphs = llm.llm_engine.runner.decode_graphs
+    graphs = llm.llm_engine.engine_core.executor.driver_worker.model_runner.decode_graphs
     assert isinstance(graphs.backend, cuda_graph.CudaGraphBackend)
     assert set(graphs.replays) == {1, 2, 4, 8}
 
@@ -401,7 +404,7 @@ def test_gpu_graph_step_matches_the_eager_step(tiny_llama, dtype):
         cuda_graph_sizes=[1, 2, 4, 8],
         num_gpu_blocks_override=128,
     )
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
     graphs = runner.decode_graphs
     n, device = 3, runner.device
     seq_lens = torch.tensor([5, 17, 40], dtype=torch.int32, device=device)

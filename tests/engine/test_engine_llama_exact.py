@@ -88,12 +88,12 @@ def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy, caching
         scheduling_policy=policy,
         enable_prefix_caching=caching,
     )
-    llm.llm_engine.stat_loggers.append(Counter())
+    llm.llm_engine.engine_core.stat_loggers.append(Counter())
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, priority=[0, 1, 2, 3] if policy == "priority" else None)
     assert sum(preemptions) > 0
     _check_exact(hf_greedy, llm, tiny_llama, outputs, max_tokens=24)
-    assert llm.llm_engine.block_manager.num_free_blocks == 10
+    assert llm.llm_engine.engine_core.block_manager.num_free_blocks == 10
 
 
 def test_abort_mid_generation_frees_blocks(hf_greedy, tiny_llama):
@@ -106,7 +106,7 @@ def test_abort_mid_generation_frees_blocks(hf_greedy, tiny_llama):
         engine.add_request(f"r{i}", prompt, params)
     for _ in range(3):
         engine.step()
-    assert engine.block_manager.num_free_blocks < 40
+    assert engine.engine_core.block_manager.num_free_blocks < 40
     aborted = engine.abort_request(["r0", "r2"])
     assert [o.outputs[0].finish_reason for o in aborted] == ["abort", "abort"]
     finished = {}
@@ -115,8 +115,8 @@ def test_abort_mid_generation_frees_blocks(hf_greedy, tiny_llama):
             if output.finished:
                 finished[output.request_id] = output
     assert set(finished) == {"r1", "r3"}
-    assert engine.block_manager.num_free_blocks == 40
-    assert engine.scheduler.num_running == engine.scheduler.num_waiting == 0
+    assert engine.engine_core.block_manager.num_free_blocks == 40
+    assert engine.engine_core.scheduler.num_running == engine.engine_core.scheduler.num_waiting == 0
     tokenizer = llm.get_tokenizer()
     for request_id in ("r1", "r3"):
         prompt = PROMPTS[int(request_id[1])]

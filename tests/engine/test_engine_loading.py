@@ -119,10 +119,16 @@ def test_kv_cache_smaller_than_one_sequence_is_refused(tiny_llama):
 def test_cpu_kv_cache_space_and_memory_bytes(tiny_llama, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     llm = LLM(tiny_llama, dtype="float32", max_model_len=128)
-    engine = llm.llm_engine
-    assert engine.num_blocks == (1 << 30) // engine.runner.bytes_per_block
+    engine = llm.llm_engine.engine_core
+    assert (
+        engine.num_blocks == (1 << 30) // engine.executor.driver_worker.model_runner.bytes_per_block
+    )
     by_bytes = LLM(tiny_llama, dtype="float32", max_model_len=128, kv_cache_memory_bytes=1 << 20)
-    assert by_bytes.llm_engine.num_blocks == (1 << 20) // by_bytes.llm_engine.runner.bytes_per_block
+    assert (
+        by_bytes.llm_engine.engine_core.num_blocks
+        == (1 << 20)
+        // by_bytes.llm_engine.engine_core.executor.driver_worker.model_runner.bytes_per_block
+    )
 
 
 def test_generation_config_defaults_and_overrides(tmp_path):
@@ -153,7 +159,7 @@ def test_skip_tokenizer_init_takes_token_ids(tiny_llama, reference_tokens):
 def test_fp8_kv_cache_and_sha256_prefix_hashing(tiny_llama, reference_tokens):
     for kv_dtype in ("fp8", "fp8_e5m2"):
         llm = LLM(tiny_llama, kv_cache_dtype=kv_dtype, calculate_kv_scales=True, **SMALL)
-        layer = llm.llm_engine.runner.attention_layers[0]
+        layer = llm.llm_engine.engine_core.executor.driver_worker.model_runner.attention_layers[0]
         assert layer.k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
         tokens = _tokens(llm)
         assert len(tokens) == 8
@@ -195,7 +201,7 @@ def test_bad_requests_name_the_problem(tiny_llama):
     with pytest.raises(ValueError, match="unknown argument 'not_an_arg'"):
         LLM(tiny_llama, not_an_arg=1)
     # nothing leaked and the engine still serves
-    assert llm.llm_engine.block_manager.num_free_blocks == 32
+    assert llm.llm_engine.engine_core.block_manager.num_free_blocks == 32
     assert _tokens(llm) == _tokens(LLM(tiny_llama, **SMALL))
 
 
@@ -241,7 +247,9 @@ def test_separate_tokenizer_folder(tmp_path, tiny_llama, reference_tokens):
 
 def test_fp8_weight_quantization(tiny_llama):
     llm = LLM(tiny_llama, quantization="fp8", **SMALL)
-    qkv = llm.llm_engine.runner.model.model.layers[0].self_attn.qkv_proj
+    qkv = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model.model.layers[
+        0
+    ].self_attn.qkv_proj
     assert qkv.weight.dtype == torch.float8_e4m3fn and qkv.weight_scale.numel() == 1
     assert len(_tokens(llm)) == 8
     with pytest.raises(ValueError, match="--quantization/-q awq is not supported"):

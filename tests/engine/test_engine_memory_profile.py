@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import logging
-from pathlib import Path
 
 import pytest
 import torch
@@ -216,24 +215,23 @@ class TensorBytesProbe:
 
 @pytest.fixture(scope="module")
 def runner(tiny_llama):
-    from infernetes.runtime.model_executor.loader import inspect_model, load_hf_config
-    from infernetes.runtime.model_executor.model_runner import ModelRunner
+    from infernetes.runtime.engine.engine_config import resolve_config
+    from infernetes.runtime.worker.model_runner import ModelRunner
 
-    path = Path(tiny_llama)
-    info = inspect_model(
-        path, load_hf_config(path, False, {}, None, None), "auto", 64, torch.device("cpu")
+    from infernetes.schema.config import build_config
+
+    serve_config = build_config(
+        tiny_llama, max_model_len=64, block_size=16, device="cpu", seed=0, use_tqdm_on_load=False
     )
-    return ModelRunner(info, torch.device("cpu"), block_size=16, use_tqdm_on_load=False, seed=0)
+    return ModelRunner(resolve_config(serve_config, environ={})[0])
 
 
 def test_dummy_batch_splits_the_token_budget_by_max_model_len(runner):
-    batch = runner._dummy_prefill_batch(150, max_num_seqs=8)
-    assert batch.num_new_tokens == [64, 64, 22]
-    assert [len(r.block_ids) for r in batch.requests] == [4, 4, 2]
-    assert sorted(b for r in batch.requests for b in r.block_ids) == list(
-        range(10)
-    )  # no block shared
-    assert runner._dummy_prefill_batch(1000, max_num_seqs=2).num_new_tokens == [64, 64]
+    states, lengths = runner._dummy_prefill(150, max_num_seqs=8)
+    assert lengths == [64, 64, 22]
+    assert [len(r.block_ids) for r in states] == [4, 4, 2]
+    assert sorted(b for r in states for b in r.block_ids) == list(range(10))  # no block shared
+    assert runner._dummy_prefill(1000, max_num_seqs=2)[1] == [64, 64]
 
 
 def test_runner_profiles_a_real_dummy_step(runner):
@@ -261,9 +259,9 @@ def test_gpu_cache_fills_the_utilization_budget(tiny_llama, caplog):
     torch.cuda.empty_cache()
     with caplog.at_level(logging.INFO):
         llm = LLM(tiny_llama, gpu_memory_utilization=0.3, enforce_eager=True, max_num_seqs=8)
-    engine = llm.llm_engine
+    engine = llm.llm_engine.engine_core
     total = torch.cuda.mem_get_info()[1]
-    cache_bytes = engine.num_blocks * engine.runner.bytes_per_block
+    cache_bytes = engine.num_blocks * engine.executor.driver_worker.model_runner.bytes_per_block
     assert "Available KV cache memory:" in caplog.text and "Maximum concurrency for" in caplog.text
     # everything this process holds on the device now stays under total * utilization
     assert cache_bytes > 0

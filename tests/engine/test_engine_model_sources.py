@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from infernetes.runtime.engine.engine_config import resolve_settings
+from infernetes.runtime.engine.engine_config import resolve_config
 
 from infernetes.schema.config import build_config
 
@@ -33,12 +33,12 @@ def hub_cache(tiny_llama, tmp_path, monkeypatch):
 
 
 def test_download_dir_and_tokenizer_revision(hub_cache):
-    settings = resolve_settings(
+    config, tokenizer = resolve_config(
         build_config("acme/tiny", download_dir=str(hub_cache), device="cpu"), environ={}
     )
-    assert settings.info.path.name == MAIN
-    assert settings.tokenizer.model_max_length != 77
-    tagged = resolve_settings(
+    assert config.model.info.path.name == MAIN
+    assert tokenizer.model_max_length != 77
+    tagged, tagged_tokenizer = resolve_config(
         build_config(
             "acme/tiny",
             download_dir=str(hub_cache),
@@ -48,13 +48,13 @@ def test_download_dir_and_tokenizer_revision(hub_cache):
         ),
         environ={},
     )
-    assert tagged.info.path.name == MAIN and tagged.tokenizer.model_max_length == 77
+    assert tagged.model.info.path.name == MAIN and tagged_tokenizer.model_max_length == 77
 
 
 def test_without_download_dir_the_cache_is_not_found(hub_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "elsewhere"))
     with pytest.raises(Exception, match="acme/tiny"):
-        resolve_settings(build_config("acme/tiny", device="cpu"), environ={})
+        resolve_config(build_config("acme/tiny", device="cpu"), environ={})
 
 
 def test_tokenizer_mode_slow_asks_transformers_for_a_slow_tokenizer(tiny_llama, monkeypatch):
@@ -68,18 +68,18 @@ def test_tokenizer_mode_slow_asks_transformers_for_a_slow_tokenizer(tiny_llama, 
         return original(name, **kwargs)
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
-    resolve_settings(build_config(tiny_llama, tokenizer_mode="slow", device="cpu"), environ={})
+    resolve_config(build_config(tiny_llama, tokenizer_mode="slow", device="cpu"), environ={})
     assert asked["use_fast"] is False
-    resolve_settings(build_config(tiny_llama, device="cpu"), environ={})
+    resolve_config(build_config(tiny_llama, device="cpu"), environ={})
     assert asked["use_fast"] is True
 
 
 def test_model_impl_vllm_is_the_native_implementation_and_transformers_is_refused(tiny_llama):
-    settings = resolve_settings(
+    config, _ = resolve_config(
         build_config(tiny_llama, model_impl="vllm", device="cpu"), environ={}
     )
-    assert settings.info.architecture == "LlamaForCausalLM"
+    assert config.model.info.architecture == "LlamaForCausalLM"
     with pytest.raises(ValueError, match="--model-impl transformers is not supported"):
-        resolve_settings(
+        resolve_config(
             build_config(tiny_llama, model_impl="transformers", device="cpu"), environ={}
         )

@@ -194,15 +194,13 @@ def test_repetition_penalty_matches_transformers(llm, tiny_llama):
 
 
 def test_frequency_and_presence_penalties():
-    from infernetes.runtime.engine.request import Request
     from infernetes.runtime.model_executor.sampler import Sampler
+    from infernetes.runtime.worker.request_state import CachedRequestState
 
     params = SamplingParams(
         temperature=0.0, frequency_penalty=1.0, presence_penalty=0.5, max_tokens=5
     )
-    request = Request("r", [0, 1], params)
-    for token in (3, 3, 4):
-        request.append_token(token)
+    request = CachedRequestState("r", [0, 1, 3, 3, 4], 2, params, None, [], 0)  # 3, 3, 4 sampled
     logits = torch.zeros(1, 6)
     logits[0, 3] = 2.4  # 2.4 - 2*1.0 - 0.5 = -0.1 < 0
     logits[0, 4] = 1.4  # 1.4 - 1.0 - 0.5 = -0.1
@@ -277,7 +275,10 @@ def test_failing_logits_processor_ends_only_its_request(llm):
         bad.outputs[0].finish_reason == "abort" and "grammar exploded" in bad.outputs[0].stop_reason
     )
     assert good.outputs[0].token_ids == _greedy(llm, SAMPLE_PROMPTS[1], n=6).token_ids
-    assert llm.llm_engine.block_manager.num_free_blocks == llm.llm_engine.num_blocks
+    assert (
+        llm.llm_engine.engine_core.block_manager.num_free_blocks
+        == llm.llm_engine.engine_core.num_blocks
+    )
 
 
 def _allowed_by_definition(row: torch.Tensor, params: SamplingParams) -> set[int]:
@@ -334,8 +335,8 @@ def test_batched_filters_keep_each_rows_own_tokens():
 
 
 def test_sampling_draws_by_the_filtered_probabilities():
-    from infernetes.runtime.engine.request import Request
     from infernetes.runtime.model_executor.sampler import Sampler
+    from infernetes.runtime.worker.request_state import CachedRequestState
 
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
     logits = probs.log().repeat(4000, 1)
@@ -347,7 +348,9 @@ def test_sampling_draws_by_the_filtered_probabilities():
         (SamplingParams(temperature=1.0, top_p=0.75), torch.tensor([0, 2 / 9, 3 / 9, 4 / 9])),
         (SamplingParams(temperature=1.0, top_k=3, top_p=0.5), torch.tensor([0, 0, 3 / 7, 4 / 7])),
     ):
-        requests = [Request(f"r{i}", [1], params) for i in range(len(logits))]
+        requests = [
+            CachedRequestState(f"r{i}", [1], 1, params, None, [], 0) for i in range(len(logits))
+        ]
         tokens = torch.tensor([s.token_id for s in Sampler(0)(logits, requests)])
         frequencies = torch.bincount(tokens, minlength=4) / len(tokens)
         torch.testing.assert_close(frequencies, expected, atol=0.03, rtol=0)
@@ -355,8 +358,8 @@ def test_sampling_draws_by_the_filtered_probabilities():
 
 
 def test_cpu_row_groups_draw_what_one_batch_draws(monkeypatch):
-    from infernetes.runtime.engine.request import Request
     from infernetes.runtime.model_executor import sampler
+    from infernetes.runtime.worker.request_state import CachedRequestState
 
     logits = torch.randn(20, 50, generator=torch.Generator().manual_seed(3))
     params = [
@@ -367,9 +370,12 @@ def test_cpu_row_groups_draw_what_one_batch_draws(monkeypatch):
     ]
 
     def draw() -> list[int]:
-        requests = [Request(f"r{i}", [1], p) for i, p in enumerate(params)]
-        for request, p in zip(requests, params, strict=True):
-            request.generator = torch.Generator().manual_seed(p.seed)
+        requests = [
+            CachedRequestState(
+                f"r{i}", [1], 1, p, None, [], 0, torch.Generator().manual_seed(p.seed)
+            )
+            for i, p in enumerate(params)
+        ]
         return [s.token_id for s in sampler.Sampler(0)(logits, requests)]
 
     whole = draw()

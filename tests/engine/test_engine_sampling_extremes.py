@@ -10,8 +10,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from infernetes.runtime.engine.request import Request
 from infernetes.runtime.model_executor.sampler import Sampler
+from infernetes.runtime.worker.request_state import CachedRequestState
 
 from infernetes import SamplingParams
 
@@ -59,13 +59,10 @@ params = st.builds(
 )
 
 
-def _request(i: int, sampling: SamplingParams) -> Request:
-    request = Request(f"r{i}", [1, 2, 3], sampling, eos_token_id=0)
-    for token in (4, 4, 5):  # output tokens for the penalties to weigh
-        request.append_token(token)
-    if sampling.seed is not None:
-        request.generator = torch.Generator().manual_seed(sampling.seed)
-    return request
+def _request(i: int, sampling: SamplingParams) -> CachedRequestState:
+    # prompt 1, 2, 3; output tokens 4, 4, 5 for the penalties to weigh
+    generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
+    return CachedRequestState(f"r{i}", [1, 2, 3, 4, 4, 5], 3, sampling, 0, [], 0, generator)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -6,16 +6,20 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from infernetes.runtime.config import SchedulerConfig
 from infernetes.runtime.engine.block_manager import BlockManager
+from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.request import Request, RequestStatus
-from infernetes.runtime.engine.scheduler import Scheduler, SchedulerLimits
+from infernetes.runtime.engine.scheduler import Scheduler
+from infernetes.runtime.engine.scheduler_output import NewRequestData, SchedulerOutput
+from infernetes.runtime.model_executor.sampler import SampledToken
 from infernetes.runtime.sampling_params import SamplingParams
 
 
 def _check_invariants(
-    scheduler: Scheduler, manager: BlockManager, batch, limits: SchedulerLimits
+    scheduler: Scheduler, manager: BlockManager, batch: SchedulerOutput, limits: SchedulerConfig
 ) -> None:
-    assert batch.total_tokens <= limits.max_num_batched_tokens
+    assert batch.total_num_scheduled_tokens <= limits.max_num_batched_tokens
     assert len(scheduler.running) <= limits.max_num_seqs
     held: dict[int, int] = {}
     for request in scheduler.running:
@@ -26,9 +30,52 @@ def _check_invariants(
         assert (block.ref_count == 0) == (block.block_id in manager.free_queue)
     for block_hash, block_id in manager.cached.items():
         assert manager.blocks[block_id].block_hash == block_hash
-    for request, num_new in zip(batch.requests, batch.num_new_tokens, strict=True):
+    scheduled = [scheduler.requests[request_id] for request_id in batch.request_ids]
+    for request, num_new in zip(scheduled, batch.num_scheduled_tokens, strict=True):
         assert num_new >= 1
         assert len(request.block_ids) * manager.block_size >= request.num_computed_tokens + num_new
+
+
+class _WorkerView:
+    """What a worker knows of each request, built only from the SchedulerOutputs."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, list[int]] = {}
+        self.computed: dict[str, int] = {}
+
+    def apply(self, batch: SchedulerOutput) -> None:
+        for request_id in batch.finished_req_ids:
+            self.blocks.pop(request_id, None)
+        for data in batch.scheduled_reqs:
+            if isinstance(data, NewRequestData):
+                assert data.request_id not in self.blocks
+                self.blocks[data.request_id] = list(data.block_ids)
+            elif data.resumed_from_preemption:
+                self.blocks[data.request_id] = list(data.new_block_ids)
+            else:
+                self.blocks[data.request_id].extend(data.new_block_ids)
+            self.computed[data.request_id] = data.num_computed_tokens
+
+    def check(self, scheduler: Scheduler, batch: SchedulerOutput) -> None:
+        """The deltas add up to the scheduler's own block tables and computed counts."""
+        for request_id in batch.request_ids:
+            request = scheduler.requests[request_id]
+            assert self.blocks[request_id] == request.block_ids
+            assert self.computed[request_id] == request.num_computed_tokens
+
+
+def _made_up_tokens(
+    scheduler: Scheduler, batch: SchedulerOutput, rng: random.Random
+) -> ModelRunnerOutput:
+    """A token for every request whose prompt (or last token) is computed after this step."""
+    output = ModelRunnerOutput.empty(len(batch.scheduled_reqs))
+    for i, (request_id, num_new) in enumerate(
+        zip(batch.request_ids, batch.num_scheduled_tokens, strict=True)
+    ):
+        request = scheduler.requests[request_id]
+        if request.num_computed_tokens + num_new == request.num_tokens:
+            output.sampled[i] = SampledToken(rng.randrange(50))
+    return output
 
 
 @settings(max_examples=40, deadline=None)
@@ -50,7 +97,7 @@ def test_random_traffic_keeps_block_accounting_exact(
     max_model_len = num_blocks * block_size
     if not chunked:  # every prompt must fit one step, as the engine enforces
         budget = max(budget, max_model_len)
-    limits = SchedulerLimits(
+    limits = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
@@ -61,6 +108,7 @@ def test_random_traffic_keeps_block_accounting_exact(
     )
     manager = BlockManager(num_blocks, block_size, enable_caching=caching)
     scheduler = Scheduler(limits, manager)
+    worker = _WorkerView()
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(1, 12))] for _ in range(3)]
     finished_lengths: dict[str, int] = {}
     wanted: dict[str, int] = {}
@@ -81,16 +129,13 @@ def test_random_traffic_keeps_block_accounting_exact(
             scheduler.abort_requests([rng.choice(sorted(scheduler.requests))])
         batch = scheduler.schedule()
         _check_invariants(scheduler, manager, batch, limits)
-        scheduler.update_after_step(batch)
-        for request in batch.requests:
-            if (
-                request.status == RequestStatus.RUNNING
-                and request.num_computed_tokens == request.num_tokens
-            ):
-                request.append_token(rng.randrange(50))
-                if request.num_tokens >= wanted[request.request_id]:
-                    scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
-                    finished_lengths[request.request_id] = request.num_tokens
+        worker.apply(batch)
+        worker.check(scheduler, batch)
+        updated, _ = scheduler.update_from_output(batch, _made_up_tokens(scheduler, batch, rng))
+        for request in updated:
+            if request.is_finished:
+                assert request.status == RequestStatus.FINISHED_LENGTH
+                finished_lengths[request.request_id] = request.num_tokens
         if step >= 200 and not scheduler.has_unfinished():
             break
     assert not scheduler.has_unfinished(), "every request finishes once arrivals stop"

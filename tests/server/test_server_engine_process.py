@@ -98,6 +98,7 @@ def test_output_codec_round_trip_sends_the_prompt_once():
     import pickle
 
     from infernetes.runtime.engine.core_client import OutputCodec
+    from infernetes.runtime.engine.messages import StepOutputs
     from infernetes.runtime.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
     def output(step: int, finished: bool) -> RequestOutput:
@@ -126,8 +127,8 @@ def test_output_codec_round_trip_sends_the_prompt_once():
 
     sender, receiver = OutputCodec(), OutputCodec()
     steps = [output(0, False), output(1, False), output(2, True)]
-    packed = [pickle.dumps(sender.pack_message(("step", [o], []))) for o in steps]
+    packed = [pickle.dumps(sender.pack_message(StepOutputs([o], []))) for o in steps]
     assert b"a prompt" in packed[0] and b"a prompt" not in packed[1]
-    received = [receiver.unpack_message(pickle.loads(p))[1][0] for p in packed]
+    received = [receiver.unpack_message(pickle.loads(p)).outputs[0] for p in packed]
     assert received == steps
     assert sender.prompts == {} and receiver.prompts == {}

@@ -1,0 +1,107 @@
+"""The runtime's one resolved configuration: what the engine runs with, typed and frozen.
+
+``ServeConfig`` (the schema's) is the user's word, validated once by the parser; the runtime
+never reads it past ``engine_config.resolve_config``, which settles what it leaves open (context
+length, dtype, block size, scheduler limits, sampling defaults) against the model and returns a
+``RuntimeConfig``. Each part of the engine takes the piece it needs, as vLLM's ``VllmConfig``
+hands out ``model_config``, ``cache_config`` and the rest. No component re-validates a schema
+choice: the schema's choices and ranges already did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from infernetes.runtime.model_executor.compilation import CompilationSettings
+from infernetes.runtime.model_executor.cuda_graph import DecodeGraphSettings
+from infernetes.runtime.model_executor.loader import ModelInfo
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    info: ModelInfo  # path, HF config, architecture, dtype, max_model_len, pooling
+    max_logprobs: int
+    seed: int | None
+    quantization: str | None
+    default_sampling_params: Mapping[str, Any] = field(default_factory=dict)
+    eos_token_id: int | None = None
+    extra_eos_token_ids: frozenset[int] = frozenset()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.hf_config.vocab_size
+
+    @property
+    def is_pooling(self) -> bool:
+        return self.info.is_pooling
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int
+    enable_prefix_caching: bool
+    prefix_caching_hash_algo: str
+    kv_cache_dtype: str  # "auto" or an fp8 name
+    calculate_kv_scales: bool
+    gpu_memory_utilization: float
+    num_gpu_blocks_override: int | None
+    kv_cache_memory_bytes: int | None
+    cpu_kv_cache_bytes: int  # VLLM_CPU_KVCACHE_SPACE
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool = True
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    long_prefill_token_threshold: int = 0  # 0: no cap on a prefill chunk
+    policy: str = "fcfs"  # or "priority"
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How many ranks the model runs on (one today; the support table refuses more)."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: torch.device
+    attention_backend: (
+        str | None
+    )  # --attention-backend; None: VLLM_ATTENTION_BACKEND or the default
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    load_format: str
+    ignore_patterns: tuple[str, ...]
+    use_tqdm_on_load: bool
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    parallel: ParallelConfig
+    device: DeviceConfig
+    load: LoadConfig
+    compilation: CompilationSettings
+    decode_graphs: DecodeGraphSettings | None  # None: CUDA graphs off

@@ -1,0 +1,86 @@
+"""What crosses the engine-core boundary (a queue in this process, or the pipe to the core
+process), one small type per kind, dispatched with ``match``. NamedTuples: they pickle as a tuple
+plus a class reference, as cheap as the bare tuples they replace.
+
+API side -> core: ``AddRequest``, ``AbortRequests``, ``UtilityCall`` (one of
+``UTILITY_METHODS``), ``Shutdown``. Core -> API side: ``EngineReady`` or ``LoadFailed`` once, then
+``StepOutputs`` (the outputs that changed and the stats recorded since the last message),
+``UtilityReply`` (answers a command with a call id) and ``EngineDead`` (the loop has stopped).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
+from infernetes.runtime.sampling_params import SamplingParams
+
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "wake_up"})
+
+
+class EngineCoreRequest(NamedTuple):
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams | None  # None: a pooling request, or the model's defaults
+    priority: int = 0
+
+
+class AddRequest(NamedTuple):
+    call_id: int
+    # Pickled on its own over the pipe, so a request that cannot be unpickled fails alone.
+    request: EngineCoreRequest | bytes
+
+
+class AbortRequests(NamedTuple):
+    call_id: int | None  # None: nobody waits for the reply
+    request_ids: list[str]
+
+
+class UtilityCall(NamedTuple):
+    call_id: int
+    method: str
+    args: tuple[Any, ...] = ()
+
+
+class Shutdown(NamedTuple):
+    pass
+
+
+EngineCommand = AddRequest | AbortRequests | UtilityCall | Shutdown
+
+
+class EngineInfo(NamedTuple):
+    """What the API side needs to know of the loaded engine (all picklable)."""
+
+    tokenizer: Any
+    max_model_len: int
+    model_config: Any  # the HF config
+    is_pooling: bool
+    device: str  # "cuda" or "cpu"
+    default_sampling_params: dict[str, Any]
+
+
+class EngineReady(NamedTuple):
+    info: EngineInfo
+
+
+class LoadFailed(NamedTuple):
+    error: BaseException
+
+
+class StepOutputs(NamedTuple):
+    outputs: list[Any]  # RequestOutput | PoolingRequestOutput (packed tuples over the pipe)
+    stats: list[tuple[SchedulerStats, IterationStats]]
+
+
+class UtilityReply(NamedTuple):
+    call_id: int
+    ok: bool
+    value: Any  # the result, or the exception when not ok
+
+
+class EngineDead(NamedTuple):
+    error: BaseException
+
+
+EngineMessage = EngineReady | LoadFailed | StepOutputs | UtilityReply | EngineDead

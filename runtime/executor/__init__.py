@@ -1,0 +1,1 @@
+"""The executor: how the engine core reaches its workers (one per rank)."""

@@ -1,0 +1,39 @@
+"""Executor: the engine core's one handle on its workers, whatever their number and place.
+
+The core calls ``execute_model``, ``determine_available_memory``, ``initialize_cache`` and, for
+anything else, ``collective_rpc(method, args)``, which runs a ``Worker`` method on every rank and
+returns their answers in rank order. ``UniProcExecutor`` holds one worker in this process; an
+executor with one worker process per rank implements ``collective_rpc`` and inherits the rest.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from infernetes.runtime.config import RuntimeConfig
+from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
+from infernetes.runtime.engine.scheduler_output import SchedulerOutput
+
+
+class Executor(ABC):
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Call ``Worker.<method>(*args)`` on every rank; their results, in rank order."""
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step; every rank takes part, the first rank's output is the step's."""
+        return self.collective_rpc("execute_model", (scheduler_output,))[0]
+
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache on the most constrained rank (every rank holds the same blocks)."""
+        return min(self.collective_rpc("determine_available_memory"))
+
+    def kv_cache_block_bytes(self) -> int:
+        return max(self.collective_rpc("kv_cache_block_bytes"))
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.collective_rpc("initialize_cache", (num_blocks,))

@@ -1,0 +1,58 @@
+"""A worker's own state of each request it runs, kept across steps (vLLM V1's
+``CachedRequestState``): the scheduler sends only what changed, and the sampled tokens are
+appended here as they are drawn, so the next step's input is at hand without a round trip."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from infernetes.runtime.engine.scheduler_output import NewRequestData
+from infernetes.runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    request_id: str
+    token_ids: list[int]  # the prompt, then every token sampled so far
+    num_prompt_tokens: int
+    sampling_params: SamplingParams | None
+    eos_token_id: int | None
+    block_ids: list[int]
+    num_computed_tokens: int
+    generator: Any = None  # torch.Generator of a seeded request: its own random stream
+    error: Exception | None = field(default=None)  # its logits processor raised
+
+    @classmethod
+    def from_new(cls, data: NewRequestData) -> CachedRequestState:
+        params = data.sampling_params
+        generator = None
+        if params is not None and params.seed is not None:
+            generator = torch.Generator().manual_seed(params.seed)
+        return cls(
+            data.request_id,
+            list(data.token_ids),
+            data.num_prompt_tokens,
+            params,
+            data.eos_token_id,
+            list(data.block_ids),
+            data.num_computed_tokens,
+            generator,
+        )
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
