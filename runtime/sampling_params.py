@@ -141,13 +141,13 @@ class SamplingParams:
             self.prompt_logprobs,
         )
         check(
-            all(isinstance(s, str) and s for s in self.stop),
+            all(isinstance(s, str) and s for s in self.stop or ()),
             "stop",
             "a non-empty string or a list of non-empty strings",
             self.stop,
         )
         check(
-            all(isinstance(t, int) for t in self.stop_token_ids),
+            all(isinstance(t, int) for t in self.stop_token_ids or ()),
             "stop_token_ids",
             "a list of integers",
             self.stop_token_ids,

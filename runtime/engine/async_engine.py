@@ -225,11 +225,11 @@ class AsyncEngine:
             return await asyncio.wait_for(asyncio.wrap_future(future), self._rpc_timeout_ms / 1000)
         except TimeoutError:
             self._calls.pop(call_id, None)
-            error = TimeoutError(
+            hung = TimeoutError(
                 f"the engine core did not answer {sent.method} within VLLM_RPC_TIMEOUT={self._rpc_timeout_ms} ms"
             )
-            self._on_message(EngineDead(error))
-            raise EngineDeadError(f"the engine has stopped: {error!r}") from error
+            self._on_message(EngineDead(hung))
+            raise EngineDeadError(f"the engine has stopped: {hung!r}") from hung
 
     async def _open(self, request: EngineCoreRequest) -> _Stream:
         request_id = request.request_id

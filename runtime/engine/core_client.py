@@ -129,9 +129,9 @@ class CoreProcess:
         match message:
             case EngineReady(info=info):
                 return info
-            case LoadFailed(error=error):
+            case LoadFailed(error=failure):
                 self._process.join(JOIN_TIMEOUT_S)
-                raise error
+                raise failure
         raise RuntimeError(f"the engine core process sent {message!r} before it was ready")
 
     def _read(self) -> None:

@@ -30,6 +30,7 @@ from infernetes.runtime.model_executor.loader import (
     resolve_model_path,
 )
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
+from transformers import PretrainedConfig
 
 from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
@@ -153,7 +154,7 @@ def _load_tokenizer(config: ServeConfig, model_path: Path) -> Any:
 
 
 def _eos_token_ids(
-    tokenizer: Any, hf_config: Any, generation: dict[str, Any]
+    tokenizer: Any, hf_config: PretrainedConfig, generation: dict[str, Any]
 ) -> tuple[int | None, frozenset[int]]:
     """The EOS token (the tokenizer's, else the model's) and the other ids that also stop a
     request (generation_config.json's ``eos_token_id`` list, a list in config.json)."""

@@ -196,7 +196,7 @@ class InputProcessor:
             child.detokenizer = IncrementalDetokenizer(
                 self.tokenizer,
                 ids,
-                params.stop,
+                list(params.stop or ()),
                 params.include_stop_str_in_output,
                 params.skip_special_tokens,
                 params.spaces_between_special_tokens,

@@ -133,6 +133,7 @@ class OutputProcessor:
                 parent.prompt,
                 _metrics(first),
             )
+        assert parent.params is not None  # a generative request
         kind = parent.params.output_kind
         finished = parent.finished
         if kind == RequestOutputKind.FINAL_ONLY and not finished:

@@ -376,10 +376,11 @@ class Scheduler:
     ) -> None:
         request.append_token(sampled.token_id)
         iteration.num_generation_tokens += 1
-        if request.times.first_token is None:
+        last_token = request.times.last_token
+        if last_token is None:
             self._first_token(request, now, iteration)
         else:
-            iteration.inter_token_latencies_iter.append(now - request.times.last_token)
+            iteration.inter_token_latencies_iter.append(now - last_token)
             request.times.last_token = now
         if sampled.logprobs is not None and request.logprobs is not None:
             request.cumulative_logprob += sampled.logprobs.logprob

@@ -10,7 +10,7 @@ StopResult = tuple[RequestStatus | None, int | str | None]  # (finished status, 
 def check_stop_token(request: Request, token_id: int, max_model_len: int) -> StopResult:
     """Length, EOS and stop tokens, after ``token_id`` was appended."""
     params = request.sampling_params
-    assert params is not None  # pooling requests never sample
+    assert params is not None and params.max_tokens is not None  # settled by the input processor
     if request.num_output_tokens >= params.max_tokens or request.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH, None
     if request.num_output_tokens < params.min_tokens:

@@ -13,12 +13,12 @@ the decode CUDA graphs (``cuda_graph.py``). Keys vLLM knows that have no effect 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from infernetes.runtime.model_executor.models.interfaces import ModelForward, ServableModel
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +129,8 @@ def parse_compilation_config(value: Mapping[str, Any] | None) -> CompilationSett
 
 
 def compile_forward(
-    model: nn.Module, settings: CompilationSettings, device: torch.device
-) -> Callable:
+    model: ServableModel, settings: CompilationSettings, device: torch.device
+) -> ModelForward:
     """The callable that runs the model forward ``(input_ids, positions) -> hidden``."""
     if settings.level == 0:
         return model
@@ -150,7 +150,7 @@ def compile_forward(
 
     for module in model.modules():
         if isinstance(module, Attention):
-            module.forward = torch.compiler.disable(module.forward, recursive=True)
+            module.forward = torch.compiler.disable(module.forward, recursive=True)  # type: ignore[method-assign]  # runs eagerly between the compiled pieces
     logger.info(
         "compilation level %d: the model forward runs through torch.compile (backend %s, dynamic "
         "batch size)%s; each new shape compiles on its first step",

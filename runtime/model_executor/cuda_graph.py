@@ -16,24 +16,24 @@ the padding and static-buffer logic is tested on the CPU.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from infernetes.kernels import backend as attention_backends
 from infernetes.runtime.model_executor.compilation import CompilationSettings
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
+from infernetes.runtime.model_executor.models.interfaces import ModelForward
+
+from infernetes.schema.config import ServeConfig
 
 logger = logging.getLogger(__name__)
-
-ModelForward = Callable[
-    [torch.Tensor, torch.Tensor], torch.Tensor
-]  # (input_ids, positions) -> hidden
 
 
 def capture_sizes(
@@ -78,7 +78,7 @@ class DecodeGraphSettings:
 
 
 def decode_graph_settings(
-    config: Any,
+    config: ServeConfig,
     compilation: CompilationSettings,
     max_num_seqs: int,
     max_model_len: int,
@@ -140,8 +140,7 @@ class CudaGraphBackend:
             graph.replay()
             return output
 
-        replay.graph = graph  # keeps the graph alive as long as its replay
-        return replay
+        return replay  # its closure keeps the graph alive
 
 
 class RerunBackend:
@@ -223,7 +222,7 @@ class DecodeGraphs:
         start = time.perf_counter()
         free_before = _free_device_memory(self.input_ids.device)
         for size in reversed(self.sizes):
-            self._replays[size] = self.backend.capture(lambda size=size: self._run_static(size))
+            self._replays[size] = self.backend.capture(functools.partial(self._run_static, size))
         self.capture_seconds = time.perf_counter() - start
         self.capture_bytes = free_before - _free_device_memory(self.input_ids.device)
         logger.info(

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 from infernetes.runtime.model_executor.models import POOLING, model_class
+from infernetes.runtime.model_executor.models.interfaces import ServableModel
 from torch import nn
+from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class ModelInfo:
     """What the engine needs to know about the model once it is resolved."""
 
     path: Path
-    hf_config: Any
+    hf_config: PretrainedConfig
     architecture: str
     dtype: torch.dtype
     max_model_len: int
@@ -133,14 +135,14 @@ def load_hf_config(
     return config
 
 
-def _apply_overrides(config: Any, overrides: dict[str, Any]) -> None:
+def _apply_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> None:
     """``--hf-overrides`` as vLLM applies them: a dict given for a dict or a sub-config (such as
     ``text_config``) updates it key by key; anything else replaces the attribute."""
     for key, value in overrides.items():
         current = getattr(config, key, None)
         if isinstance(value, dict) and isinstance(current, dict):
             setattr(config, key, {**current, **value})
-        elif isinstance(value, dict) and hasattr(current, "to_dict"):
+        elif isinstance(value, dict) and isinstance(current, PretrainedConfig):
             _apply_overrides(current, value)
         else:
             setattr(config, key, value)
@@ -160,7 +162,7 @@ def cpu_has_fast_bf16() -> bool:
         return False
 
 
-def resolve_dtype(hf_config: Any, requested: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(hf_config: PretrainedConfig, requested: str, device: torch.device) -> torch.dtype:
     """vLLM's rules for ``auto``: on a GPU, bf16/fp16 models keep their dtype and fp32 models run
     in fp16; on a CPU everything runs in bf16 (vLLM's CPU default) when the CPU computes bf16
     natively, else in fp32 (there are no fast fp16 CPU kernels)."""
@@ -179,7 +181,7 @@ def resolve_dtype(hf_config: Any, requested: str, device: torch.device) -> torch
     return torch.float16 if model_dtype == torch.float32 else model_dtype
 
 
-def derived_max_model_len(hf_config: Any, path: Path | None = None) -> int:
+def derived_max_model_len(hf_config: PretrainedConfig, path: Path | None = None) -> int:
     """The longest context the model supports, from its config (and sentence-transformers)."""
     lengths = [
         getattr(hf_config, key)
@@ -204,7 +206,7 @@ def derived_max_model_len(hf_config: Any, path: Path | None = None) -> int:
     return length
 
 
-def sliding_window(hf_config: Any) -> int | None:
+def sliding_window(hf_config: PretrainedConfig) -> int | None:
     """The attention window of a model whose layers attend only to the last N tokens, else None."""
     window = getattr(hf_config, "sliding_window", None)
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
@@ -218,7 +220,7 @@ def sliding_window(hf_config: Any) -> int | None:
 
 
 def resolve_max_model_len(
-    hf_config: Any,
+    hf_config: PretrainedConfig,
     requested: int | None,
     path: Path | None,
     allow_long: bool,
@@ -250,7 +252,7 @@ def resolve_max_model_len(
 
 def inspect_model(
     path: Path,
-    hf_config: Any,
+    hf_config: PretrainedConfig,
     dtype: str,
     max_model_len: int | None,
     device: torch.device,
@@ -345,14 +347,14 @@ def build_model(
     seed: int = 0,
     quantization: str | None = None,
     ignore_patterns: Sequence[str] | None = None,
-) -> nn.Module:
+) -> ServableModel:
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
     _, cls = model_class([info.architecture])
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(info.dtype)
     try:
         with torch.device(device):
-            model = cls(info.hf_config, max_position=max(info.max_model_len, 1))
+            model: Any = cls(info.hf_config, max_position=max(info.max_model_len, 1))
     finally:
         torch.set_default_dtype(default_dtype)
     if info.is_pooling:
@@ -377,8 +379,9 @@ def build_model(
                 module.quantize_fp8()
     if device.type == "cpu":  # after quantisation: fp8 weights are not packed
         for module in model.modules():
-            if hasattr(module, "pack_for_cpu"):
-                module.pack_for_cpu()
+            pack = getattr(module, "pack_for_cpu", None)
+            if pack is not None:
+                pack()
     return model.eval()
 
 

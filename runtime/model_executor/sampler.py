@@ -35,7 +35,7 @@ class SamplingRequest(Protocol):
     def prompt_token_ids(self) -> Sequence[int]: ...
 
     @property
-    def output_token_ids(self) -> Sequence[int]: ...
+    def output_token_ids(self) -> list[int]: ...
 
     @property
     def num_output_tokens(self) -> int: ...
@@ -97,8 +97,14 @@ def _apply_penalties(
     return row
 
 
-def _process(row: torch.Tensor, request: SamplingRequest) -> torch.Tensor:
+def _params(request: SamplingRequest) -> SamplingParams:
     params = request.sampling_params
+    assert params is not None, "a pooling request never reaches the sampler"
+    return params
+
+
+def _process(row: torch.Tensor, request: SamplingRequest) -> torch.Tensor:
+    params = _params(request)
     if params.logit_bias:
         ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row.device)
         bias = torch.tensor(list(params.logit_bias.values()), dtype=row.dtype, device=row.device)
@@ -187,7 +193,7 @@ class Sampler:
         self, logits: torch.Tensor, requests: Sequence[SamplingRequest]
     ) -> list[SampledToken]:
         logits = logits.float()
-        wants_logprobs = any(r.sampling_params.logprobs is not None for r in requests)
+        wants_logprobs = any(_params(r).logprobs is not None for r in requests)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
         processed = [i for i, r in enumerate(requests) if _needs_processing(r)]
         if processed:  # the rare per-request processing, row by row; then the batch goes on as one
@@ -197,7 +203,7 @@ class Sampler:
                 logits[i] = _process(logits[i], requests[i]).nan_to_num(
                     nan=float("-inf"), posinf=float("inf"), neginf=float("-inf")
                 )
-        greedy = [i for i, r in enumerate(requests) if r.sampling_params.greedy]
+        greedy = [i for i, r in enumerate(requests) if _params(r).greedy]
         if len(greedy) == len(requests):  # the common all-greedy batch: no row copy
             tokens = logits.argmax(dim=-1).tolist()
         else:
@@ -205,11 +211,9 @@ class Sampler:
             if greedy:
                 for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
                     tokens[i] = token
-            sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+            sampled = [i for i, r in enumerate(requests) if not _params(r).greedy]
             for part in _row_groups(sampled, logits):
-                rows, nucleus = filter_logits(
-                    logits[part], [requests[i].sampling_params for i in part]
-                )
+                rows, nucleus = filter_logits(logits[part], [_params(requests[i]) for i in part])
                 for i, token in zip(
                     part, self._sample(rows, [requests[i] for i in part], nucleus), strict=True
                 ):
@@ -217,10 +221,10 @@ class Sampler:
         results = []
         for i, request in enumerate(requests):
             result = SampledToken(tokens[i])
-            if request.sampling_params.logprobs is not None:
-                result.logprobs = _top_logprobs(
-                    raw_logprobs[i], tokens[i], request.sampling_params.logprobs
-                )
+            k = _params(request).logprobs
+            if k is not None:
+                assert raw_logprobs is not None
+                result.logprobs = _top_logprobs(raw_logprobs[i], tokens[i], k)
             results.append(result)
         return results
 
@@ -299,7 +303,7 @@ def _row_groups(rows: list[int], logits: torch.Tensor) -> list[list[int]]:
 
 
 def _needs_processing(request: SamplingRequest) -> bool:
-    params = request.sampling_params
+    params = _params(request)
     return bool(
         params.logit_bias
         or params.allowed_token_ids is not None

@@ -38,10 +38,10 @@ from infernetes.runtime.model_executor.memory_profile import (
     memory_snapshot,
     profile_memory,
 )
+from infernetes.runtime.model_executor.models.interfaces import ModelForward, ServableModel
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.worker.request_state import CachedRequestState
-from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class ModelRunner:
         self._memory_baseline = (
             memory_snapshot(CudaMemoryProbe(device)) if device.type == "cuda" else None
         )
-        self.model: nn.Module | None = None
+        self.model: ServableModel | None = None
+        self.run_model: ModelForward | None = None
         self.load_model(config.load.use_tqdm_on_load)
         self.decode_graphs: DecodeGraphs | None = None  # captured by capture_decode_graphs()
         self.kv_cache_dtype = KV_CACHE_DTYPES.get(config.cache.kv_cache_dtype, info.dtype)
@@ -135,13 +136,14 @@ class ModelRunner:
         snapshot taken before the weights loaded). Raises ValueError when nothing is left."""
         states, lengths = self._dummy_prefill(max_num_batched_tokens, max_num_seqs)
         blocks = sum(len(r.block_ids) for r in states)
-        assert self.model is not None
+        model = self.model
+        assert model is not None
 
         @torch.inference_mode()
         def step() -> None:
             hidden, _ = self._forward(states, lengths)
             rows = torch.arange(max_num_seqs, device=hidden.device) % hidden.shape[0]
-            logits = self.model.compute_logits(hidden[rows])
+            logits = model.compute_logits(hidden[rows])
             # min_p and top_p without top_k keep the most full-vocabulary buffers alive in the
             # sampler; own generators keep the engine's seeded sampling stream untouched
             params = SamplingParams(temperature=1.0, min_p=0.01, top_p=0.9, seed=0)
@@ -209,6 +211,7 @@ class ModelRunner:
         backend = cuda_graph.select_graph_backend(self.device)  # module lookup: tests swap it
         if backend is None:
             return
+        assert self.run_model is not None
         graphs = DecodeGraphs(self.run_model, settings, self.block_size, self.device, backend)
         graphs.capture()
         self.decode_graphs = graphs
@@ -289,6 +292,7 @@ class ModelRunner:
             else self.decode_graphs.run(input_ids, positions, meta)
         )
         if hidden is None:  # not a decode batch a graph holds: eager (or compiled) forward
+            assert self.run_model is not None
             set_attention_metadata(meta)
             try:
                 hidden = self.run_model(input_ids, positions)
@@ -314,7 +318,8 @@ class ModelRunner:
         starts = [0, *itertools.accumulate(num_scheduled)]
         sample_rows: list[int] = []
         sampling: list[int] = []  # batch indices of the requests that sample
-        prompt_rows: list[tuple[int, list[int], list[int]]] = []  # (index, rows, next tokens)
+        # (index, rows, next tokens, k) of the requests that want prompt logprobs
+        prompt_rows: list[tuple[int, list[int], list[int], int]] = []
         for i, (request, num_new) in enumerate(zip(batch, num_scheduled, strict=True)):
             end = request.num_computed_tokens + num_new
             if end == request.num_tokens:
@@ -330,7 +335,8 @@ class ModelRunner:
                 # positions whose next token is a prompt token
                 last = min(end, request.num_prompt_tokens - 1)
                 rows = list(range(starts[i], starts[i] + max(last - first, 0)))
-                prompt_rows.append((i, rows, request.token_ids[first + 1 : last + 1]))
+                next_tokens = request.token_ids[first + 1 : last + 1]
+                prompt_rows.append((i, rows, next_tokens, params.prompt_logprobs))
         if sampling:
             logits = self.model.compute_logits(hidden[sample_rows])
             requests = [batch[i] for i in sampling]
@@ -341,8 +347,7 @@ class ModelRunner:
                 request.token_ids.append(token.token_id)  # the next step's input
                 if request.error is not None:
                     output.errors[request.request_id] = str(request.error)
-        for i, rows, next_tokens in prompt_rows:
-            k = batch[i].sampling_params.prompt_logprobs
+        for i, rows, next_tokens, k in prompt_rows:
             logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
             output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
         return output

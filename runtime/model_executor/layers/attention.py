@@ -29,6 +29,7 @@ class Attention(nn.Module):
 
     def _measure_scales(self, k: torch.Tensor, v: torch.Tensor) -> None:
         fp8_max = torch.finfo(self.k_cache.dtype).max
+        assert self.k_scale is not None and self.v_scale is not None  # fp8 caches carry scales
         self.k_scale.copy_((k.abs().max().float() / fp8_max).clamp(min=1e-6))
         self.v_scale.copy_((v.abs().max().float() / fp8_max).clamp(min=1e-6))
 

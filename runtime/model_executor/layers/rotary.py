@@ -9,9 +9,12 @@ import torch
 from infernetes.kernels import ops
 from infernetes.kernels.rope import build_cos_sin_cache
 from torch import nn
+from transformers import PretrainedConfig
 
 
 class RotaryEmbedding(nn.Module):
+    cos_sin_cache: torch.Tensor  # a buffer: it follows the module to its device
+
     def __init__(
         self,
         head_dim: int,
@@ -70,7 +73,7 @@ def get_rope(
     return _cache[key]
 
 
-def rope_from_config(config: Any) -> tuple[float, dict[str, Any] | None]:
+def rope_from_config(config: PretrainedConfig) -> tuple[float, dict[str, Any] | None]:
     """``(rope_theta, rope_scaling)`` from an HF config, old (``rope_scaling``) or new
     (transformers 5's ``rope_parameters``) spelling; scaling is None for the plain rope."""
     params = dict(getattr(config, "rope_parameters", None) or {})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +20,11 @@ from infernetes.runtime.model_executor.layers.pooler import Pooler
 from infernetes.runtime.model_executor.models.utils import load_stacked_weights
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
+from transformers import PretrainedConfig
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
@@ -40,7 +40,7 @@ class BertEmbeddings(nn.Module):
 class BertSelfAttention(nn.Module):
     """Encoder attention: every token sees every token of its own prompt."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         hidden, heads = config.hidden_size, config.num_attention_heads
         self.head_dim = hidden // heads
@@ -60,7 +60,7 @@ class BertSelfAttention(nn.Module):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         hidden, inner = config.hidden_size, config.intermediate_size
         self.attention = BertSelfAttention(config)
@@ -91,7 +91,7 @@ class BertModel(nn.Module):
         ("output.LayerNorm", "output_norm"),
     )
 
-    def __init__(self, config: Any, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)

@@ -4,7 +4,6 @@ transposed (``[in, out]``), so they are flipped on load."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,12 +21,13 @@ from infernetes.runtime.model_executor.layers.linear import (
 from infernetes.runtime.model_executor.models.utils import default_weight_loader
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
+from transformers import PretrainedConfig
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
         heads = config.num_attention_heads
@@ -44,7 +44,7 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
         inner = config.n_inner or 4 * hidden
@@ -61,7 +61,7 @@ class GPT2Block(nn.Module):
 
 
 class GPT2Model(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
@@ -76,7 +76,7 @@ class GPT2Model(nn.Module):
 
 
 class GPT2LMHeadModel(nn.Module):
-    def __init__(self, config: Any, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
         self.transformer = GPT2Model(config)
@@ -106,7 +106,7 @@ class GPT2LMHeadModel(nn.Module):
             param = params[target]
             if ".attn.c_attn." in target:
                 for shard_id, part in zip("qkv", tensor.chunk(3, dim=0), strict=True):
-                    param.weight_loader(param, part, shard_id)
+                    param.weight_loader(param, part, shard_id)  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
             else:
                 getattr(param, "weight_loader", default_weight_loader)(param, tensor)
             loaded.add(target)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from infernetes.runtime.model_executor.layers.activation import SiluAndMul
@@ -22,10 +21,11 @@ from infernetes.runtime.model_executor.layers.rotary import get_rope, rope_from_
 from infernetes.runtime.model_executor.models.utils import load_stacked_weights
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
+from transformers import PretrainedConfig
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         hidden = config.hidden_size
         total_heads = config.num_attention_heads
@@ -64,7 +64,7 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
@@ -80,7 +80,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, max_position)
         self.mlp = LlamaMLP(config)
@@ -101,7 +101,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: Any, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
@@ -129,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     ]
 
-    def __init__(self, config: Any, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, max_position)
@@ -145,7 +145,11 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        skip = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+        skip: tuple[str, ...] = (
+            "rotary_emb.inv_freq",
+            "rotary_emb.cos_cached",
+            "rotary_emb.sin_cached",
+        )
         if self.tie_word_embeddings:
             skip += ("lm_head.weight",)
         loaded = load_stacked_weights(self, weights, self.stacked_params, skip)

@@ -4,7 +4,6 @@ input/output projections when the embedding width differs from the hidden size."
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,13 +22,14 @@ from infernetes.runtime.model_executor.layers.linear import (
 from infernetes.runtime.model_executor.models.utils import load_stacked_weights
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
+from transformers import PretrainedConfig
 
 # OPT's learned position table starts two rows in (a fairseq convention).
 _POSITION_OFFSET = 2
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
         heads = config.num_attention_heads
@@ -46,7 +46,7 @@ class OPTAttention(nn.Module):
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         hidden = config.hidden_size
         bias = getattr(config, "enable_bias", True)
@@ -76,7 +76,7 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         hidden, embed_dim = config.hidden_size, config.word_embed_proj_dim
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, embed_dim)
@@ -111,7 +111,7 @@ class OPTDecoder(nn.Module):
 
 
 class OPTModel(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.decoder = OPTDecoder(config)
 
@@ -123,7 +123,7 @@ class OPTForCausalLM(nn.Module):
         ("qkv_proj", "v_proj", "v"),
     ]
 
-    def __init__(self, config: Any, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
         self.model = OPTModel(config)

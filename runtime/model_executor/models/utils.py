@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -17,7 +17,7 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=No
 def load_stacked_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, torch.Tensor]],
-    stacked: list[tuple[str, str, object]],
+    stacked: Sequence[tuple[str, str, object]],
     skip: tuple[str, ...] = (),
     rename=lambda name: name,
 ) -> set[str]:
@@ -35,7 +35,7 @@ def load_stacked_weights(
                 target = name.replace(part, fused)
                 if target in params:
                     param = params[target]
-                    param.weight_loader(param, tensor, shard_id)
+                    param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
                     loaded.add(target)
                     break
         else:
