@@ -35,6 +35,8 @@ from infernetes.runtime.engine.messages import (
     LoadFailed,
     Shutdown,
     StepOutputs,
+    from_wire,
+    to_wire,
 )
 from infernetes.runtime.logging_config import LoggingSettings, configure_logging
 from infernetes.runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -120,7 +122,7 @@ class CoreProcess:
         try:
             if not self._conn.poll(READY_TIMEOUT_S):
                 raise RuntimeError("the engine core process did not start in time")
-            message = pickle.loads(self._conn.recv_bytes())
+            message = from_wire(pickle.loads(self._conn.recv_bytes()))
         except (EOFError, OSError) as error:
             self._process.join(JOIN_TIMEOUT_S)
             raise RuntimeError(
@@ -139,7 +141,8 @@ class CoreProcess:
         codec = OutputCodec()
         try:
             while True:
-                on_message(codec.unpack_message(pickle.loads(self._conn.recv_bytes())))
+                message = from_wire(pickle.loads(self._conn.recv_bytes()))
+                on_message(codec.unpack_message(message))
         except (EOFError, OSError):
             pass
         if not self._stopping:
@@ -154,7 +157,7 @@ class CoreProcess:
             command = command._replace(
                 request=pickle.dumps(command.request, protocol=pickle.HIGHEST_PROTOCOL)
             )
-        data = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(to_wire(command), protocol=pickle.HIGHEST_PROTOCOL)
         with self._send_lock:
             self._conn.send_bytes(data)
 
@@ -273,7 +276,8 @@ def run_core_process(
     codec = OutputCodec()
 
     def emit(message: EngineMessage) -> None:
-        conn.send_bytes(pickle.dumps(codec.pack_message(message), protocol=pickle.HIGHEST_PROTOCOL))
+        wire = to_wire(codec.pack_message(message))
+        conn.send_bytes(pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL))
 
     from infernetes.runtime.engine.engine_core import EngineCore
 
@@ -290,7 +294,7 @@ def run_core_process(
     def next_command(timeout: float | None) -> EngineCommand | None:
         if not conn.poll(timeout):
             return None
-        return pickle.loads(conn.recv_bytes())
+        return from_wire(pickle.loads(conn.recv_bytes()))
 
     with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
         CoreLoop(engine, stats, emit).run(next_command)

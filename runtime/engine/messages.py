@@ -84,3 +84,28 @@ class EngineDead(NamedTuple):
 
 
 EngineMessage = EngineReady | LoadFailed | StepOutputs | UtilityReply | EngineDead
+
+
+# Over the pipe a message travels as a bare tuple, its type's index first: pickling a NamedTuple
+# looks its class up by name both ways (about 5 us a message, ten times a tuple's).
+_WIRE_TYPES: tuple[type, ...] = (
+    AddRequest,
+    AbortRequests,
+    UtilityCall,
+    Shutdown,
+    EngineReady,
+    LoadFailed,
+    StepOutputs,
+    UtilityReply,
+    EngineDead,
+)
+_WIRE_TAGS = {cls: tag for tag, cls in enumerate(_WIRE_TYPES)}
+
+
+def to_wire(message: EngineCommand | EngineMessage) -> tuple[Any, ...]:
+    return (_WIRE_TAGS[type(message)], *message)
+
+
+def from_wire(data: tuple[Any, ...]) -> Any:
+    """The command or message ``to_wire`` made ``data`` from."""
+    return _WIRE_TYPES[data[0]]._make(data[1:])

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
 
 logger = logging.getLogger("infernetes.runtime.server.stats")
 
@@ -33,15 +36,16 @@ class LoggingStatLogger:
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
+    ) -> None:
         if scheduler_stats is not None:
             self.running = scheduler_stats.num_running_reqs
             self.waiting = scheduler_stats.num_waiting_reqs
             self.kv_usage = scheduler_stats.kv_cache_usage
-            prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
-            if prefix is not None:
-                self.prefix_queries += prefix.queries
-                self.prefix_hits += prefix.hits
+            prefix = scheduler_stats.prefix_cache_stats
+            self.prefix_queries += prefix.queries
+            self.prefix_hits += prefix.hits
         if iteration_stats is not None:
             self.prompt_tokens += iteration_stats.num_prompt_tokens
             self.generation_tokens += iteration_stats.num_generation_tokens

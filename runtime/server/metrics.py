@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
 
 # Version in which the deprecated metrics of reference chapter 7 were deprecated.
 DEPRECATED_IN = "0.8"
@@ -300,28 +303,29 @@ class PrometheusStatLogger:
                 ).labels(m),
             }
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
+    ) -> None:
         if scheduler_stats is not None:
             self._record_scheduler(scheduler_stats)
         if iteration_stats is not None:
             self._record_iteration(iteration_stats)
 
-    def _record_scheduler(self, stats: Any) -> None:
+    def _record_scheduler(self, stats: SchedulerStats) -> None:
         self.running.set(stats.num_running_reqs)
         self.waiting.set(stats.num_waiting_reqs)
         self.kv_usage.set(stats.kv_cache_usage)
         self.gpu_cache_usage.set(stats.kv_cache_usage)
-        self.preemptions.inc(getattr(stats, "num_preemptions", 0) or 0)
-        prefix = getattr(stats, "prefix_cache_stats", None)
-        if prefix is not None:
-            self.prefix_queries.inc(prefix.queries)
-            self.prefix_hits.inc(prefix.hits)
-            self._prefix_queries_seen += prefix.queries
-            self._prefix_hits_seen += prefix.hits
+        self.preemptions.inc(stats.num_preemptions)
+        prefix = stats.prefix_cache_stats
+        self.prefix_queries.inc(prefix.queries)
+        self.prefix_hits.inc(prefix.hits)
+        self._prefix_queries_seen += prefix.queries
+        self._prefix_hits_seen += prefix.hits
         if self.hidden and self._prefix_queries_seen:
             self.hidden["gpu_prefix_rate"].set(self._prefix_hits_seen / self._prefix_queries_seen)
 
-    def _record_iteration(self, stats: Any) -> None:
+    def _record_iteration(self, stats: IterationStats) -> None:
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.generation_tokens.inc(stats.num_generation_tokens)
         step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
@@ -345,7 +349,7 @@ class PrometheusStatLogger:
             self.request_max_generation_tokens.observe(finished.num_generation_tokens)
             if finished.max_tokens_param is not None:
                 self.request_max_tokens.observe(finished.max_tokens_param)
-            self.request_n.observe(getattr(finished, "n_param", 1) or 1)
+            self.request_n.observe(finished.n_param)
             if self.hidden:
                 self.hidden["time_in_queue"].observe(finished.queued_time)
 
