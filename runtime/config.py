@@ -75,10 +75,6 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
 
-    @property
-    def world_size(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
-
 
 @dataclass(frozen=True)
 class DeviceConfig:

@@ -146,9 +146,6 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished()
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.output_processor.parents)
-
     # -- a step --------------------------------------------------------------------------------
 
     def step(self) -> list[EngineOutput]:

@@ -80,7 +80,6 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit on first scheduling; -1 until then
-        self.num_preemptions = 0
 
         # KV cache bookkeeping (owned by the BlockManager).
         self.block_ids: list[int] = []

@@ -311,7 +311,6 @@ class Scheduler:
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.num_preemptions += 1
         self.num_preemptions_step += 1
         self.waiting.add_front(request)
 
