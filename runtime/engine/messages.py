@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
 from infernetes.runtime.sampling_params import SamplingParams
+from transformers import PretrainedConfig
 
 UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "wake_up"})
 
@@ -54,7 +55,7 @@ class EngineInfo(NamedTuple):
 
     tokenizer: Any
     max_model_len: int
-    model_config: Any  # the HF config
+    model_config: PretrainedConfig
     is_pooling: bool
     device: str  # "cuda" or "cpu"
     default_sampling_params: dict[str, Any]
