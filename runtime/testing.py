@@ -84,11 +84,12 @@ def _tiny_config(
     import transformers
 
     bos, eos, pad = special["bos"], special["eos"], special["pad"]
-    common = dict(vocab_size=tokenizer_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
-    overrides = dict(overrides)
+    common: dict[str, Any] = dict(
+        vocab_size=tokenizer_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad
+    )
     # A larger vocabulary than the tokenizer's is allowed (benchmarks feed token ids directly).
     common.update({key: overrides.pop(key) for key in list(overrides) if key in common})
-    decoder = dict(
+    decoder: dict[str, Any] = dict(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -99,6 +100,7 @@ def _tiny_config(
         initializer_range=0.1,
     )
     decoder.update(overrides)
+    config: transformers.PretrainedConfig
     if architecture == "LlamaForCausalLM":
         config = transformers.LlamaConfig(**common, **decoder)
     elif architecture == "MistralForCausalLM":

@@ -103,7 +103,8 @@ def build_app(
         tasks.append(asyncio.create_task(_drain_on_signal(app, state)))
         uvicorn_server = getattr(app.state, "uvicorn_server", None)
         if settings.enable_ssl_refresh and settings.ssl_certfile and uvicorn_server is not None:
-            tasks.append(asyncio.create_task(_watch_certificates(uvicorn_server, settings)))
+            watch = _watch_certificates(uvicorn_server, settings.ssl_certfile, settings)
+            tasks.append(asyncio.create_task(watch))
         try:
             yield
         finally:
@@ -193,7 +194,9 @@ async def _drain_on_signal(app: FastAPI, state: ServerState) -> None:
         uvicorn_server.should_exit = True
 
 
-async def _watch_certificates(uvicorn_server: Any, settings: FrontendSettings) -> None:
+async def _watch_certificates(
+    uvicorn_server: Any, certfile: str, settings: FrontendSettings
+) -> None:
     """--enable-ssl-refresh: reload the certificate chain into the live context on change."""
     paths = [p for p in (settings.ssl_certfile, settings.ssl_keyfile, settings.ssl_ca_certs) if p]
 
@@ -211,7 +214,7 @@ async def _watch_certificates(uvicorn_server: Any, settings: FrontendSettings) -
         if context is None:
             continue
         try:
-            context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+            context.load_cert_chain(certfile, settings.ssl_keyfile)
             if settings.ssl_ca_certs:
                 context.load_verify_locations(settings.ssl_ca_certs)
             logger.info("reloaded the TLS certificate")

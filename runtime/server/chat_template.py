@@ -47,8 +47,9 @@ def _loops_over_content(template: str) -> bool:
         nodes = [loop.iter, *loop.iter.find_all((jinja2.nodes.Getattr, jinja2.nodes.Getitem))]
         for node in nodes:
             key = getattr(node, "attr", None)
-            if key is None and isinstance(getattr(node, "arg", None), jinja2.nodes.Const):
-                key = node.arg.value
+            arg = getattr(node, "arg", None)
+            if key is None and isinstance(arg, jinja2.nodes.Const):
+                key = arg.value
             if key == "content":
                 return True
     return False
@@ -170,7 +171,7 @@ class ChatRenderer:
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
         )
-        if template is not None:
+        if template is not None and self.sandbox is not None:  # None was refused above
             try:
                 return self.sandbox.render(conversation, **kwargs)
             except TemplateRenderError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -63,7 +64,7 @@ class _AsciiJSONResponse(JSONResponse):
 
 
 def error_response(
-    message: str, status: int, param: str | None = None, headers: dict[str, str] | None = None
+    message: str, status: int, param: str | None = None, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
     return _AsciiJSONResponse(
         error_body(message, status, param), status_code=status, headers=headers

@@ -4,6 +4,7 @@ shapes. Tokens print as text, or as ``token_id:<id>`` with --return-tokens-as-to
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from infernetes.runtime.server.protocol import (
@@ -36,8 +37,8 @@ class LogprobFormatter:
 
     def completion(
         self,
-        token_ids: list[int],
-        logprobs: list[dict[int, Any] | None],
+        token_ids: Sequence[int],
+        logprobs: Sequence[dict[int, Any] | None],
         count: int,
         text_offset_start: int = 0,
     ) -> CompletionLogprobs:

@@ -281,7 +281,8 @@ def import_user_middleware(app: FastAPI, qualified_names: Iterable[str]) -> None
         if target is None:
             raise ValueError(f"--middleware {qualified!r}: module has no attribute {attr!r}")
         if inspect.isclass(target):
-            app.add_middleware(target)
+            # A user's class: nothing is known of its signature until starlette builds it.
+            app.add_middleware(target)  # type: ignore[arg-type]
         elif inspect.iscoroutinefunction(target):
             app.middleware("http")(target)
         else:

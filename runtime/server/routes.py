@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -62,7 +61,7 @@ async def _answer(request: Request, work: Any) -> Response:
         result = await until_disconnected(request, work)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
-    if inspect.isasyncgen(result) or isinstance(result, AsyncIterator):
+    if isinstance(result, AsyncIterator):  # async generators are too
         return StreamingResponse(
             result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
@@ -126,39 +125,34 @@ async def models(request: Request) -> JSONResponse:
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    state = server(request)
-    state.require_generation()
-    return await _answer(request, state.completion.create(body))
+    servings = server(request).require_generation()
+    return await _answer(request, servings.completion.create(body))
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    state = server(request)
-    state.require_generation()
-    return await _answer(request, state.chat.create(body))
+    servings = server(request).require_generation()
+    return await _answer(request, servings.chat.create(body))
 
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-    state = server(request)
-    state.require_embedding()
-    return await _answer(request, state.embedding.create(body))
+    servings = server(request).require_embedding()
+    return await _answer(request, servings.embedding.create(body))
 
 
 @router.post("/tokenize")
 async def tokenize(
     body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request
 ) -> JSONResponse:
-    state = server(request)
-    state.require_engine()
-    return _json(await off_loop(state.tokenization.tokenize_request, body))
+    servings = server(request).require_engine()
+    return _json(await off_loop(servings.tokenization.tokenize_request, body))
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
-    state = server(request)
-    state.require_engine()
-    return _json(await off_loop(state.tokenization.detokenize_request, body))
+    servings = server(request).require_engine()
+    return _json(await off_loop(servings.tokenization.detokenize_request, body))
 
 
 # ---------------------------------------------------------------- dev mode

@@ -30,7 +30,7 @@ def batch_items(raw: Any) -> list[Any]:
 def guide_from_request(request: SamplingFields) -> Guide | None:
     """The one structured-output constraint a request asks for, if any."""
     fmt = request.response_format
-    if fmt is not None and fmt.type == "json_schema":
+    if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
         return Guide("json", fmt.json_schema.json_schema, "response_format.json_schema.schema")
     if fmt is not None and fmt.type == "json_object":
         return Guide("json_object", None, "response_format")

@@ -34,6 +34,7 @@ from infernetes.runtime.server.protocol import (
 )
 from infernetes.runtime.server.reasoning import ReasoningParser, ReasoningStream
 from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
+from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.streaming import DONE, engine_stream, sse
 from infernetes.runtime.server.structured_output import Guide
 from infernetes.runtime.server.tool_parsers import ToolCallStream, ToolParser, make_tool_parser
@@ -43,7 +44,7 @@ from infernetes.runtime.server.tool_parsers import ToolCallStream, ToolParser, m
 class ToolMode:
     kind: str  # none | auto | required | named
     parser: ToolParser | None = None
-    function: str | None = None
+    function: str = ""  # the tool's name when kind is "named"
 
 
 def required_calls_schema(request: ChatCompletionRequest) -> dict[str, Any]:
@@ -112,7 +113,7 @@ class ChatServing(ServingBase):
     def __init__(
         self,
         engine: Any,
-        settings: Any,
+        settings: FrontendSettings,
         renderer: ChatRenderer,
         reasoning_parser: ReasoningParser | None,
     ) -> None:
@@ -130,19 +131,17 @@ class ChatServing(ServingBase):
             return ToolMode("named", function=choice.function.name)
         if choice == "required":
             return ToolMode("required")
-        auto_ready = self.settings.enable_auto_tool_choice and self.settings.tool_call_parser
-        if choice is None and not auto_ready:
+        parser = self.settings.tool_call_parser if self.settings.enable_auto_tool_choice else None
+        if choice is None and not parser:
             return ToolMode("none")
-        if not auto_ready:
+        if not parser:
             raise APIError(
                 '"auto" tool choice requires --enable-auto-tool-choice and '
                 "--tool-call-parser to be set",
                 400,
                 "tool_choice",
             )
-        return ToolMode(
-            "auto", parser=make_tool_parser(self.settings.tool_call_parser, request.tools)
-        )
+        return ToolMode("auto", parser=make_tool_parser(parser, request.tools))
 
     def _guide(self, request: ChatCompletionRequest, mode: ToolMode) -> Guide | None:
         guide = guide_from_request(request)

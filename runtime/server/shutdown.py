@@ -36,8 +36,9 @@ ABORT_GRACE_S = 3.0
 # A request still being tokenized at the deadline reaches the engine after the first abort;
 # the abort is repeated at this interval until no HTTP request is left.
 ABORT_RETRY_S = 0.2
-# uvicorn's own limit once the drain is over (a client that stopped reading its stream).
-EXIT_GRACE_S = 2.0
+# uvicorn's own limit once the drain is over (a client that stopped reading its stream); uvicorn
+# takes whole seconds.
+EXIT_GRACE_S = 2
 
 
 class Drain:

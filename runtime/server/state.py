@@ -30,6 +30,16 @@ class StatLoggerFanout:
             logger.record(scheduler_stats, iteration_stats)
 
 
+@dataclass(frozen=True)
+class Servings:
+    """The serving objects built on a loaded engine, one per kind of endpoint."""
+
+    completion: CompletionServing
+    chat: ChatServing
+    embedding: EmbeddingServing
+    tokenization: TokenizationServing
+
+
 @dataclass
 class ServerState:
     settings: FrontendSettings
@@ -38,10 +48,7 @@ class ServerState:
     engine: Any = None
     load_error: BaseException | None = None
     metrics: PrometheusStatLogger | None = None
-    completion: CompletionServing | None = None
-    chat: ChatServing | None = None
-    embedding: EmbeddingServing | None = None
-    tokenization: TokenizationServing | None = None
+    servings: Servings | None = None
     is_embedding_model: bool = False
 
     def attach_engine(self, engine: Any) -> None:
@@ -69,10 +76,12 @@ class ServerState:
                 stat_logger.cache_label = (
                     "CPU" if getattr(engine, "device", "cuda") == "cpu" else "GPU"
                 )
-        self.completion = CompletionServing(engine, settings)
-        self.chat = ChatServing(engine, settings, renderer, reasoning)
-        self.embedding = EmbeddingServing(engine, settings)
-        self.tokenization = TokenizationServing(engine, settings, renderer)
+        self.servings = Servings(
+            completion=CompletionServing(engine, settings),
+            chat=ChatServing(engine, settings, renderer, reasoning),
+            embedding=EmbeddingServing(engine, settings),
+            tokenization=TokenizationServing(engine, settings, renderer),
+        )
         self.is_embedding_model = settings.task in ("embed", "embedding") or bool(
             getattr(engine, "is_pooling", False)
         )
@@ -82,7 +91,8 @@ class ServerState:
     def healthy(self) -> bool:
         return self.engine is not None and not getattr(self.engine, "errored", False)
 
-    def require_engine(self) -> None:
+    def require_engine(self) -> Servings:
+        """The serving objects, or the API error that says why there are none to answer with."""
         if self.load_error is not None:
             raise APIError(f"the model failed to load: {self.load_error}", 503)
         if self.engine is None:
@@ -91,18 +101,22 @@ class ServerState:
             raise APIError(
                 f"the engine has stopped: {getattr(self.engine, 'dead_error', None)}", 503
             )
+        if self.servings is None:  # attach_engine sets it with the engine
+            raise APIError("the model is still loading; retry shortly", 503)
+        return self.servings
 
-    def require_generation(self) -> None:
-        self.require_engine()
+    def require_generation(self) -> Servings:
+        servings = self.require_engine()
         if self.is_embedding_model:
             raise APIError(
                 "this model is served for embeddings (--task embed); it has no completions or chat",
                 400,
                 "model",
             )
+        return servings
 
-    def require_embedding(self) -> None:
-        self.require_engine()
+    def require_embedding(self) -> Servings:
+        servings = self.require_engine()
         if not self.is_embedding_model:
             raise APIError(
                 "this model does not support embeddings; serve an embedding model "
@@ -110,3 +124,4 @@ class ServerState:
                 400,
                 "model",
             )
+        return servings

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -91,7 +91,7 @@ class ClientDisconnected(Exception):
     """The client went away before its answer was ready."""
 
 
-async def engine_stream(stream: AsyncIterator[T]) -> AsyncIterator[T]:
+async def engine_stream(stream: AsyncGenerator[T, None]) -> AsyncIterator[T]:
     """Yields from an engine output stream and always closes it, so a request whose client went
     away (or that failed) is aborted in the engine at once, not when the GC gets to it. Engine
     errors become API errors: bad input (ValueError) 400, a dead engine 503."""

@@ -99,7 +99,7 @@ class TemplateSandbox:
             self._stop()
 
     def _started(self) -> Connection:
-        if self._process is not None and self._process.is_alive():
+        if self._conn is not None and self._process is not None and self._process.is_alive():
             return self._conn
         self._stop()
         context = multiprocessing.get_context("spawn")  # no copy of the server's threads or locks

@@ -28,7 +28,7 @@ def _params(output_len: int, ignore_eos: bool) -> Any:
 
 
 def run_until_done(engine: Any) -> list[Any]:
-    finished = []
+    finished: list[Any] = []
     while engine.has_unfinished_requests():
         finished.extend(o for o in engine.step() if o.finished)
     return finished

@@ -28,11 +28,7 @@ from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.state import ServerState
 from pydantic import ValidationError
 
-ROUTES = {
-    "/v1/chat/completions": ChatCompletionRequest,
-    "/v1/completions": CompletionRequest,
-    "/v1/embeddings": EmbeddingRequest,
-}
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 
 def _is_url(location: str) -> bool:
@@ -111,19 +107,18 @@ async def run_line(state: ServerState, line: str) -> str:
             f"unsupported request {method} {url!r}; supported: POST {', '.join(sorted(ROUTES))}"
         )
         return _record(custom_id, 400, error_body(message, 400, "url"))
+    body = item.get("body") or {}
     try:
-        request = ROUTES[url].model_validate(
-            {**(item.get("body") or {}), "stream": False}
-            if url != "/v1/embeddings"
-            else item.get("body") or {}
-        )
+        result: Any  # a response model: create() streams only when the request says so
         if url == "/v1/embeddings":
-            state.require_embedding()
-            result = await state.embedding.create(request)
+            embedding = EmbeddingRequest.model_validate(body)
+            result = await state.require_embedding().embedding.create(embedding)
+        elif url == "/v1/chat/completions":
+            chat = ChatCompletionRequest.model_validate({**body, "stream": False})
+            result = await state.require_generation().chat.create(chat)
         else:
-            state.require_generation()
-            serving = state.chat if url == "/v1/chat/completions" else state.completion
-            result = await serving.create(request)
+            completion = CompletionRequest.model_validate({**body, "stream": False})
+            result = await state.require_generation().completion.create(completion)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return _record(custom_id, 400, error_body(problems, 400))
@@ -153,6 +148,7 @@ async def run_batch(
             import prometheus_client
 
             host, port = metrics_address
+            assert state.metrics is not None  # attach_engine made it
             prometheus_client.start_http_server(port, addr=host, registry=state.metrics.registry)
         results = await asyncio.gather(*[run_line(state, line) for line in lines])
     finally:

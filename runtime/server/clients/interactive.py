@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 
 def connect(url: str, api_key: str | None, model_name: str | None) -> tuple[openai.OpenAI, str]:
@@ -38,7 +39,7 @@ def chat(
     read: Callable[[str], str] = input,
     out: TextIO = sys.stdout,
 ) -> None:
-    messages: list[dict[str, str]] = []
+    messages: list[ChatCompletionMessageParam] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
     inputs = [quick] if quick is not None else _lines("> ", read)

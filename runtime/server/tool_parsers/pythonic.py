@@ -127,7 +127,7 @@ class PythonicToolParser(ToolParser):
         if not body.startswith("["):
             return []
         elements, _ = split_top_level(body[1:])
-        calls = []
+        calls: list[FunctionCall] = []
         for element in elements[:-1]:  # the last one is still being written
             try:
                 call = self._call(ast.parse(element.strip(), mode="eval").body)
@@ -155,7 +155,11 @@ class PythonicToolParser(ToolParser):
             done = ast.parse(f"f({','.join(keywords[:-1])})", mode="eval").body
         except SyntaxError:
             return None
-        if done.args or any(kw.arg is None for kw in done.keywords):
+        if (
+            not isinstance(done, ast.Call)
+            or done.args
+            or any(kw.arg is None for kw in done.keywords)
+        ):
             return None
         try:
             arguments = {kw.arg: _literal(kw.value) for kw in done.keywords}
