@@ -33,9 +33,12 @@ cluster: setup
 cluster-down: setup
 	$(BIN)/python cluster/localcluster.py down
 
+# The same checks as .pre-commit-config.yaml; mypy through infernetes.typecheck (runtime/ is
+# checked as infernetes.runtime, and so on; see that module).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m infernetes.typecheck
 	$(BIN)/hadolint Containerfile
 
 generate: setup
