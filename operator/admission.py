@@ -14,6 +14,8 @@ from typing import Any
 from infernetes.operator.engine_schema import camel, engine_args, engine_env_vars
 from infernetes.operator.openapi import Schema, rule
 
+from infernetes.schema.declare import Arg
+from infernetes.schema.env import EnvVar
 from infernetes.schema.support import ARG_SUPPORT, ENV_SUPPORT, Support
 
 
@@ -67,7 +69,7 @@ def refusal(field: str, name: str, kind: str, default: Any, support: Support) ->
     return None
 
 
-def engine_refusals(args: Iterable[Any]) -> list[Refusal]:
+def engine_refusals(args: Iterable[Arg]) -> list[Refusal]:
     found = (
         refusal(camel(arg.dest), arg.flag, arg.kind, arg.default, ARG_SUPPORT[arg.dest])
         for arg in engine_args(args)
@@ -75,7 +77,7 @@ def engine_refusals(args: Iterable[Any]) -> list[Refusal]:
     return [item for item in found if item is not None]
 
 
-def env_refusals(env_vars: Iterable[Any]) -> list[Refusal]:
+def env_refusals(env_vars: Iterable[EnvVar]) -> list[Refusal]:
     found = (
         refusal(var.name, var.name, var.kind, var.default, ENV_SUPPORT[var.name])
         for var in engine_env_vars(env_vars)

@@ -50,11 +50,10 @@ def prune(
     owner_uid: str,
     keep: Iterable[Mapping[str, Any]],
     served: Iterable[tuple[str, str]],
-) -> list[str]:
+) -> None:
     """Delete objects this resource owns that the current render no longer produces."""
     kept = {(m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in keep}
     selector = ",".join(f"{key}={value}" for key, value in names.common_labels(name).items())
-    deleted = []
     for api_version, kind in served:
         listing = request(
             api,
@@ -75,5 +74,3 @@ def prune(
                 except KubeError as exc:
                     if exc.status != 404:
                         raise
-                deleted.append(f"{kind}/{meta['name']}")
-    return deleted

@@ -7,9 +7,11 @@ name (a top-level field). Defaults stay with the runtime: an unset field is an a
 """
 
 from collections.abc import Iterable
-from typing import Any
 
 from infernetes.operator.openapi import Schema, free_object, rule
+
+from infernetes.schema.declare import Arg
+from infernetes.schema.env import EnvVar
 
 # Arguments that have a top-level spec field instead of an engine field.
 TOP_LEVEL_ARGS = frozenset({"model", "served-model-name"})
@@ -28,7 +30,7 @@ def camel(dest: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-def engine_args(args: Iterable[Any]) -> list[Any]:
+def engine_args(args: Iterable[Arg]) -> list[Arg]:
     """The arguments that appear as spec.engine fields, in table order."""
     return [
         arg
@@ -39,7 +41,7 @@ def engine_args(args: Iterable[Any]) -> list[Any]:
     ]
 
 
-def _value_schema(arg: Any) -> Schema:
+def _value_schema(arg: Arg) -> Schema:
     """The schema of one value of the argument (lists wrap it in an array)."""
     kind = arg.kind
     schema: Schema
@@ -87,7 +89,7 @@ def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
 
-def arg_schema(arg: Any) -> Schema:
+def arg_schema(arg: Arg) -> Schema:
     value = _value_schema(arg)
     schema: Schema = {"type": "array", "items": value, "maxItems": 64} if arg.is_list else value
     flag = f"--{arg.name}"
@@ -184,7 +186,7 @@ ENGINE_RULES: list[tuple[tuple[str, ...], Schema]] = [
 ]
 
 
-def engine_schema(args: Iterable[Any]) -> Schema:
+def engine_schema(args: Iterable[Arg]) -> Schema:
     properties = {camel(arg.dest): arg_schema(arg) for arg in engine_args(args)}
     rules = [
         validation for fields, validation in ENGINE_RULES if all(f in properties for f in fields)
@@ -199,20 +201,20 @@ def engine_schema(args: Iterable[Any]) -> Schema:
     return schema
 
 
-def engine_env_vars(env_vars: Iterable[Any]) -> list[Any]:
+def engine_env_vars(env_vars: Iterable[EnvVar]) -> list[EnvVar]:
     """The VLLM_* run-time variables a user may set (secrets and build-time ones excluded)."""
     return [
         var
         for var in env_vars
         if var.name.startswith("VLLM_")
         and var.name not in OPERATOR_ENV
-        and not getattr(var, "secret", False)
-        and not getattr(var, "build_time", False)
+        and not var.secret
+        and not var.build_time
     ]
 
 
-def env_var_schema(var: Any) -> Schema:
-    kind = getattr(var, "kind", "str")
+def env_var_schema(var: EnvVar) -> Schema:
+    kind = var.kind
     schema: Schema
     if kind == "bool":
         schema = {"type": "boolean"}
@@ -225,19 +227,14 @@ def env_var_schema(var: Any) -> Schema:
         schema = {"type": "array", "items": {"type": "string", "maxLength": 1024}, "maxItems": 256}
     else:
         schema = {"type": "string", "maxLength": STRING_MAX}
-    choices = getattr(var, "choices", None)
-    if choices:
+    if var.choices:
         target = schema["items"] if kind == "list" else schema
-        target["enum"] = list(choices)
-    for bound in ("minimum", "maximum"):
-        value = getattr(var, bound, None)
-        if value is not None:
-            schema[bound] = _number(value)
-    schema["description"] = getattr(var, "help", "") or getattr(var, "meaning", "") or var.name
+        target["enum"] = list(var.choices)
+    schema["description"] = var.help or var.name
     return schema
 
 
-def engine_env_schema(env_vars: Iterable[Any]) -> Schema:
+def engine_env_schema(env_vars: Iterable[EnvVar]) -> Schema:
     return {
         "type": "object",
         "description": "VLLM_* environment variables of the server, as typed fields named as the variable.",

@@ -1,7 +1,7 @@
 """ClusterFacts: what `render` needs to know about the cluster, as a plain value (no I/O here)."""
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from infernetes.operator.names import DEFAULT_IMAGE
 
@@ -21,13 +21,14 @@ class ClusterFacts:
     apis: frozenset[str] = frozenset()
     spare_gpus: Mapping[str, int] | None = None
     default_image: str = DEFAULT_IMAGE
-    notes: tuple[str, ...] = field(default=())
 
     def serves(self, group_version: str, kind: str) -> bool:
         return f"{group_version}/{kind}" in self.apis
 
     @classmethod
-    def from_api_versions(cls, entries: Iterable[str], **kwargs: object) -> "ClusterFacts":
+    def from_api_versions(
+        cls, entries: Iterable[str], spare_gpus: Mapping[str, int] | None = None
+    ) -> "ClusterFacts":
         """Build from `--api-versions` entries: "group/version" or "group/version/Kind"."""
         apis: set[str] = set()
         for entry in entries:
@@ -43,4 +44,4 @@ class ClusterFacts:
                 raise ValueError(
                     f"--api-versions: expected group/version or group/version/Kind, got {entry!r}"
                 )
-        return cls(apis=frozenset(apis), **kwargs)  # type: ignore[arg-type]
+        return cls(apis=frozenset(apis), spare_gpus=spare_gpus)

@@ -21,7 +21,7 @@ class KubeError(Exception):
         self.message = message
 
 
-def make_client(pool_size: int = 32) -> Any:
+def make_client() -> Any:
     """An ApiClient for the in-cluster service account, else the current kubeconfig."""
     from kubernetes import client, config
 
@@ -30,7 +30,7 @@ def make_client(pool_size: int = 32) -> Any:
     except config.ConfigException:
         config.load_kube_config()
     configuration = client.Configuration.get_default_copy()
-    configuration.connection_pool_maxsize = pool_size
+    configuration.connection_pool_maxsize = 32
     return client.ApiClient(configuration)
 
 

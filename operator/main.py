@@ -20,7 +20,7 @@ class OperatorOptions:
 def run_operator(options: OperatorOptions) -> int:
     """Run until SIGINT/SIGTERM; several replicas with the same peering name take turns."""
     import kopf
-    from infernetes.operator import handlers  # registers the handlers with kopf
+    from infernetes.operator import handlers  # noqa: F401  (importing it registers the handlers)
 
     kopf.configure(verbose=options.verbose, log_prefix=True)
     liveness = (
@@ -38,5 +38,4 @@ def run_operator(options: OperatorOptions) -> int:
         liveness_endpoint=liveness,
         memo=kopf.Memo(options=options),
     )
-    _ = handlers
     return 0

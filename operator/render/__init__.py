@@ -55,9 +55,7 @@ def plan(
     service_name, rename_reason = service_name_for(name)
     if rename_reason:
         warnings.append(rename_reason)
-    scrape = scrape_config(
-        spec, cluster_facts, name=name, namespace=namespace, service_port_name=names.PORT_NAME
-    )
+    scrape = scrape_config(spec, cluster_facts, name=name, namespace=namespace)
     warnings.extend(scrape.warnings)
     deployment = deployment_manifest(
         spec, cluster_facts, name=name, namespace=namespace, pod_annotations=scrape.pod_annotations

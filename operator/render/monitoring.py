@@ -37,7 +37,6 @@ def scrape_config(
     *,
     name: str,
     namespace: str,
-    service_port_name: str,
 ) -> ScrapeConfig:
     monitoring = spec.get("monitoring") or {}
     mode, warning = _choose(monitoring.get("mode", "auto"), facts)
@@ -45,7 +44,7 @@ def scrape_config(
     interval = monitoring.get("interval", "30s")
     labels = {**(monitoring.get("labels") or {}), **names.common_labels(name)}
     metadata = {"name": name, "namespace": namespace, "labels": labels}
-    endpoint = {"port": service_port_name, "path": METRICS_PATH, "interval": interval}
+    endpoint = {"port": names.PORT_NAME, "path": METRICS_PATH, "interval": interval}
     if mode == "serviceMonitor":
         result.manifests.append(
             {
