@@ -71,7 +71,9 @@ def test_triton_graph_replay_matches_transformers(tiny_llama, triton_graphs):
         cuda_graph_sizes=[1, 2, 4],
         max_seq_len_to_capture=512,
     )
-    kv_heads = llm.llm_engine.engine_core.executor.driver_worker.model_runner.attention_layers[0].num_kv_heads
+    kv_heads = llm.llm_engine.engine_core.executor.driver_worker.model_runner.attention_layers[
+        0
+    ].num_kv_heads
     assert num_decode_splits(1, kv_heads, 512, torch.device("cpu")) > 1
     assert num_decode_splits(1, kv_heads, 16, torch.device("cpu")) == 1  # eager: no split
     outputs = llm.generate(PROMPTS, PARAMS)
@@ -151,7 +153,9 @@ def test_graph_forward_never_waits_for_the_host(tiny_llama, monkeypatch, attenti
         for o in LLM(tiny_llama, enforce_eager=True, **common).generate(prompts, greedy)
     ]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == eager
-    assert llm.llm_engine.engine_core.executor.driver_worker.model_runner.decode_graphs.replays == {4: 2}
+    assert llm.llm_engine.engine_core.executor.driver_worker.model_runner.decode_graphs.replays == {
+        4: 2
+    }
     if not engine_args:
         for prompt, tokens in zip(prompts, eager, strict=True):
             assert tokens == _hf_greedy(tiny_llama, tuple(prompt), 3)
