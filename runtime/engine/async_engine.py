@@ -23,7 +23,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from infernetes.runtime.engine.engine_core import StatLogger
@@ -260,7 +260,7 @@ class AsyncEngine:
         request_id: str,
         *,
         priority: int = 0,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Outputs of one request as they come (cumulative, delta or final, per
         ``params.output_kind``). Closing the iterator early aborts the request."""
         stream = await self._open(EngineCoreRequest(request_id, prompt, params, priority))

@@ -47,6 +47,7 @@ from infernetes.runtime.server.state import ServerState
 from infernetes.runtime.server.tool_parsers import check_tool_parser_name
 
 from infernetes import __version__
+from infernetes.schema.config import ServeConfig
 
 logger = logging.getLogger("infernetes.runtime.server")
 
@@ -71,7 +72,7 @@ def check_frontend_settings(settings: FrontendSettings) -> None:
         raise ValueError(str(exc)) from exc
 
 
-def check_engine_settings(config: Any) -> None:
+def check_engine_settings(config: ServeConfig) -> None:
     """What would fail the engine once its process has started, checked before (ValueError)."""
     from infernetes.kernels.backend import BackendError, startup_backend
     from infernetes.runtime.engine.engine_config import resolve_device
@@ -256,9 +257,8 @@ def _configure_logging(settings: FrontendSettings, logging_settings: LoggingSett
             logging.config.dictConfig(json.load(handle))
 
 
-def _cache_config_labels(config: Any) -> dict[str, Any]:
-    grouped = config.grouped() if hasattr(config, "grouped") else {}
-    cache = grouped.get("CacheConfig", {}) if isinstance(grouped, dict) else {}
+def _cache_config_labels(config: ServeConfig) -> dict[str, Any]:
+    cache = config.grouped().get("CacheConfig", {})
     return {
         key: value for key, value in cache.items() if not isinstance(value, dict | list | tuple)
     }
@@ -300,7 +300,7 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return listener
 
 
-def run_server(config: Any) -> None:
+def run_server(config: ServeConfig) -> None:
     """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death."""
     settings = FrontendSettings.from_config(config)
     try:

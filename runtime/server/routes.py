@@ -160,17 +160,13 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
 
 @dev_router.post("/reset_prefix_cache")
 async def reset_prefix_cache(request: Request) -> Response:
-    state = server(request)
-    state.require_engine()
-    await state.engine.reset_prefix_cache()
+    await server(request).require_engine().engine.reset_prefix_cache()
     return Response(status_code=200)
 
 
 @dev_router.post("/sleep")
 async def sleep(request: Request, level: int = Query(1, ge=1, le=2)) -> Response:
-    state = server(request)
-    state.require_engine()
-    await state.engine.sleep(level)
+    await server(request).require_engine().engine.sleep(level)
     return Response(status_code=200)
 
 

@@ -4,7 +4,7 @@ request -> SamplingParams, the structured-output guide, and engine-health checks
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 from infernetes.runtime.server.errors import APIError
@@ -16,6 +16,9 @@ from infernetes.runtime.server.structured_output import (
     check_backend,
     make_logits_processor,
 )
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger("infernetes.runtime.server")
 
@@ -46,7 +49,7 @@ def guide_from_request(request: SamplingFields) -> Guide | None:
 
 
 class ServingBase:
-    def __init__(self, engine: Any, settings: FrontendSettings) -> None:
+    def __init__(self, engine: AsyncEngine, settings: FrontendSettings) -> None:
         self.engine = engine
         self.settings = settings
         self.tokenizer = engine.tokenizer

@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.server.chat_template import ChatRenderer
@@ -38,6 +38,9 @@ from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.streaming import DONE, engine_stream, sse
 from infernetes.runtime.server.structured_output import Guide
 from infernetes.runtime.server.tool_parsers import ToolCallStream, ToolParser, make_tool_parser
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.async_engine import AsyncEngine
 
 
 @dataclass
@@ -112,7 +115,7 @@ class ChoiceState:
 class ChatServing(ServingBase):
     def __init__(
         self,
-        engine: Any,
+        engine: AsyncEngine,
         settings: FrontendSettings,
         renderer: ChatRenderer,
         reasoning_parser: ReasoningParser | None,

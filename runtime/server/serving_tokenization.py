@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.server.chat_template import ChatRenderer
 from infernetes.runtime.server.errors import APIError
@@ -15,9 +15,12 @@ from infernetes.runtime.server.protocol import (
 )
 from infernetes.runtime.server.serving_base import ServingBase
 
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.async_engine import AsyncEngine
+
 
 class TokenizationServing(ServingBase):
-    def __init__(self, engine: Any, settings: Any, renderer: ChatRenderer) -> None:
+    def __init__(self, engine: AsyncEngine, settings: Any, renderer: ChatRenderer) -> None:
         super().__init__(engine, settings)
         self.renderer = renderer
 

@@ -7,9 +7,11 @@ keeps the server's dependencies on argument names in one place.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
 
 TRUE_VALUES = {"1", "true", "yes", "on"}
@@ -88,7 +90,9 @@ class FrontendSettings:
         return self.served_model_names[0]
 
     @classmethod
-    def from_config(cls, config: Any, environ: Any = None) -> FrontendSettings:
+    def from_config(
+        cls, config: ServeConfig, environ: Mapping[str, str] | None = None
+    ) -> FrontendSettings:
         environ = os.environ if environ is None else environ
 
         def get(dest: str, default: Any = None) -> Any:

@@ -24,10 +24,13 @@ import logging
 import signal
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from infernetes.runtime.server.errors import error_response
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger("infernetes.runtime.server")
 
@@ -92,7 +95,7 @@ class Drain:
         await self._started.wait()
         await self.drain(engine_of())
 
-    async def drain(self, engine: Any) -> None:
+    async def drain(self, engine: AsyncEngine) -> None:
         self.draining = True  # from here on in_flight only goes down
         self._idle = asyncio.Event()
         if self.in_flight == 0:
@@ -118,7 +121,7 @@ class Drain:
             left,
         )
 
-    async def _abort_all(self, engine: Any) -> None:
+    async def _abort_all(self, engine: AsyncEngine) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + ABORT_GRACE_S
         while self.in_flight and loop.time() < give_up:

@@ -4,7 +4,7 @@ objects built on it, the metrics, and the lifecycle flags."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.server.chat_template import ChatRenderer, load_chat_template
 from infernetes.runtime.server.errors import APIError
@@ -16,6 +16,9 @@ from infernetes.runtime.server.serving_completion import CompletionServing
 from infernetes.runtime.server.serving_embedding import EmbeddingServing
 from infernetes.runtime.server.serving_tokenization import TokenizationServing
 from infernetes.runtime.server.settings import FrontendSettings
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.async_engine import AsyncEngine
 
 
 class StatLoggerFanout:
@@ -34,6 +37,7 @@ class StatLoggerFanout:
 class Servings:
     """The serving objects built on a loaded engine, one per kind of endpoint."""
 
+    engine: AsyncEngine
     completion: CompletionServing
     chat: ChatServing
     embedding: EmbeddingServing
@@ -45,13 +49,13 @@ class ServerState:
     settings: FrontendSettings
     stat_fanout: StatLoggerFanout = field(default_factory=StatLoggerFanout)
     cache_config: dict[str, Any] = field(default_factory=dict)
-    engine: Any = None
+    engine: AsyncEngine | None = None
     load_error: BaseException | None = None
     metrics: PrometheusStatLogger | None = None
     servings: Servings | None = None
     is_embedding_model: bool = False
 
-    def attach_engine(self, engine: Any) -> None:
+    def attach_engine(self, engine: AsyncEngine) -> None:
         """Builds the serving objects on a loaded engine; the routes answer from then on."""
         settings = self.settings
         renderer = ChatRenderer(
@@ -77,6 +81,7 @@ class ServerState:
                     "CPU" if getattr(engine, "device", "cuda") == "cpu" else "GPU"
                 )
         self.servings = Servings(
+            engine=engine,
             completion=CompletionServing(engine, settings),
             chat=ChatServing(engine, settings, renderer, reasoning),
             embedding=EmbeddingServing(engine, settings),

@@ -4,13 +4,18 @@ kind of prompts as ``bench serve``."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from infernetes.runtime.server.benchmarks.datasets import BenchRequest
 
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.llm_engine import LLMEngine
 
-def load_engine(config: Any) -> Any:
+    from infernetes.schema.config import ServeConfig
+
+
+def load_engine(config: ServeConfig) -> LLMEngine:
     from infernetes.runtime.engine.llm_engine import LLMEngine
 
     return LLMEngine.from_config(config)
@@ -27,7 +32,7 @@ def _params(output_len: int, ignore_eos: bool) -> Any:
     )
 
 
-def run_until_done(engine: Any) -> list[Any]:
+def run_until_done(engine: LLMEngine) -> list[Any]:
     finished: list[Any] = []
     while engine.has_unfinished_requests():
         finished.extend(o for o in engine.step() if o.finished)
@@ -35,7 +40,7 @@ def run_until_done(engine: Any) -> list[Any]:
 
 
 def throughput(
-    engine: Any, requests: list[BenchRequest], ignore_eos: bool = True
+    engine: LLMEngine, requests: list[BenchRequest], ignore_eos: bool = True
 ) -> dict[str, Any]:
     """All requests at once, as fast as the engine goes: requests/s and tokens/s."""
     start = time.perf_counter()
@@ -59,7 +64,7 @@ def throughput(
 
 
 def latency(
-    engine: Any, batch: list[BenchRequest], warmup_iters: int, iters: int
+    engine: LLMEngine, batch: list[BenchRequest], warmup_iters: int, iters: int
 ) -> dict[str, Any]:
     """Time to finish one batch, repeated: mean and percentiles in seconds."""
 

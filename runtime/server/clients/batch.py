@@ -28,6 +28,8 @@ from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.state import ServerState
 from pydantic import ValidationError
 
+from infernetes.schema.config import ServeConfig
+
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 
@@ -128,7 +130,7 @@ async def run_line(state: ServerState, line: str) -> str:
 
 
 async def run_batch(
-    config: Any,
+    config: ServeConfig,
     input_location: str,
     output_location: str,
     output_tmp_dir: str | None,
