@@ -1,5 +1,6 @@
-"""Tensor-parallel rank and size. One process today; layers shard by these so that running under
-torch.distributed later is an addition, not a rewrite."""
+"""Tensor-parallel rank and size: those of the torch.distributed group when one is initialized,
+else rank 0 of 1. The layers shard by these (tests/engine/test_engine_tensor_parallel.py runs
+ranks in a gloo group); an executor that starts the ranks is the parallelism issue's."""
 
 from __future__ import annotations
 

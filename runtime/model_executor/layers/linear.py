@@ -1,4 +1,4 @@
-"""Linear layers split for tensor parallelism (world size 1 today), as in nano-vllm.
+"""Linear layers split for tensor parallelism, as in nano-vllm.
 
 Column-parallel layers split the output features, row-parallel ones the input features and sum the
 partial results. Fused layers (QKV, gate+up) load several checkpoint tensors into one weight; each
@@ -15,9 +15,11 @@ from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_s
 from torch import nn
 
 
-def _divide(numerator: int, denominator: int) -> int:
+def _divide(numerator: int, denominator: int, what: str = "the layer size") -> int:
     if numerator % denominator:
-        raise ValueError(f"{numerator} is not divisible by the tensor-parallel size {denominator}")
+        raise ValueError(
+            f"{what} ({numerator}) is not divisible by the tensor-parallel size ({denominator})"
+        )
     return numerator // denominator
 
 
@@ -92,18 +94,27 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         target.copy_(loaded.narrow(0, self.tp_rank * size, size))
 
 
-class QKVParallelLinear(ColumnParallelLinear):
-    """Query, key and value projections in one weight; key/value heads may be fewer (GQA)."""
+class QKVParallelLinear(LinearBase):
+    """Query, key and value projections in one weight; key/value heads may be fewer (GQA). Each
+    rank holds its share of the query heads; with fewer KV heads than ranks, each KV head is
+    replicated on ``tp / num_kv_heads`` ranks, as in vLLM."""
 
     def __init__(
         self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False
     ) -> None:
         size = tp_size()
         self.head_dim = head_dim
-        self.num_heads = _divide(num_heads, size)
-        self.num_kv_heads = max(1, num_kv_heads // size)
-        output = (num_heads + 2 * num_kv_heads) * head_dim
-        super().__init__(hidden_size, output, bias)
+        self.num_heads = _divide(num_heads, size, "the number of attention heads")
+        if num_kv_heads >= size:
+            self.num_kv_heads = _divide(num_kv_heads, size, "the number of key/value heads")
+            self.kv_replicas = 1
+        else:
+            self.num_kv_heads = 1
+            self.kv_replicas = _divide(
+                size, num_kv_heads, "the tensor-parallel size over the KV heads"
+            )
+        output = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        super().__init__(hidden_size, output, bias, 0)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str = "q") -> None:
         q_size = self.num_heads * self.head_dim
@@ -111,8 +122,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[
             shard_id
         ]
-        target = param.data.narrow(0, offset, size)
-        target.copy_(loaded.narrow(0, self.tp_rank * size, size))
+        shard = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, shard * size, size))
 
 
 class RowParallelLinear(LinearBase):

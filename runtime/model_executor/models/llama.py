@@ -19,7 +19,6 @@ from infernetes.runtime.model_executor.layers.linear import (
 from infernetes.runtime.model_executor.layers.norm import RMSNorm
 from infernetes.runtime.model_executor.layers.rotary import get_rope, rope_from_config
 from infernetes.runtime.model_executor.models.utils import load_stacked_weights
-from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -31,16 +30,16 @@ class LlamaAttention(nn.Module):
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = getattr(config, "head_dim", None) or hidden // total_heads
-        self.num_heads = total_heads // tp_size()
-        self.num_kv_heads = max(1, total_kv_heads // tp_size())
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
         # Qwen2 always has a QKV bias and no output bias; the others follow attention_bias.
         is_qwen2 = config.model_type == "qwen2"
         attention_bias = bool(getattr(config, "attention_bias", False)) and not is_qwen2
         self.qkv_proj = QKVParallelLinear(
             hidden, self.head_dim, total_heads, total_kv_heads, attention_bias or is_qwen2
         )
+        self.num_heads = self.qkv_proj.num_heads  # this rank's share
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, attention_bias)
         base, scaling = rope_from_config(config)
         rotary_dim = int(self.head_dim * getattr(config, "partial_rotary_factor", 1.0))
