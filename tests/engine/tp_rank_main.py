@@ -19,6 +19,7 @@ def main(spec: dict) -> None:
     dist.init_process_group("gloo")
     from infernetes.runtime.engine.llm_engine import LLMEngine
     from infernetes.runtime.sampling_params import SamplingParams
+
     from infernetes.schema.config import build_config
 
     counts = {"preemptions": 0, "prefix_hits": 0}
@@ -41,7 +42,8 @@ def main(spec: dict) -> None:
             if output.finished:
                 completion = output.outputs[0]
                 logprobs = [
-                    entry[t].logprob for t, entry in zip(completion.token_ids, completion.logprobs)
+                    entry[t].logprob
+                    for t, entry in zip(completion.token_ids, completion.logprobs, strict=True)
                 ]
                 results[output.request_id] = {"tokens": completion.token_ids, "logprobs": logprobs}
     layer = engine.engine_core.executor.driver_worker.model_runner.attention_layers[0]
