@@ -1,7 +1,7 @@
 """The tensor-parallel layers for real: each rank a process of its own in a gloo group, holding
-its shard of a tiny Llama (attention heads split, KV heads split or replicated, vocabulary-parallel
-embedding and LM head, row-parallel all-reduce), must produce transformers' greedy tokens, and
-every rank the same ones. The executor that starts the ranks is the parallelism issue's; here the
+its shard of a tiny model of every supported architecture (attention heads split, KV heads split
+or replicated, vocabulary-parallel embedding and LM head, row-parallel all-reduce), must produce
+transformers' greedy tokens, and every rank the same ones. The executor that starts the ranks is the parallelism issue's; here the
 test starts them."""
 
 from __future__ import annotations
@@ -70,15 +70,24 @@ ENGINE = {
 }
 
 
+@pytest.mark.slow  # two processes per case, about ten seconds each
 @pytest.mark.parametrize(
-    ("world_size", "kv_heads", "heads_per_rank"),
-    [(2, 2, [2, 1]), (2, 1, [2, 1])],  # 4 query heads; 2 KV heads split, or 1 replicated
+    ("architecture", "overrides", "heads_per_rank"),
+    [
+        ("LlamaForCausalLM", {}, [2, 1]),  # 4 query heads, 2 KV heads: one each
+        ("LlamaForCausalLM", {"num_key_value_heads": 1}, [2, 1]),  # 1 KV head, replicated
+        ("MistralForCausalLM", {}, [2, 1]),
+        ("Qwen2ForCausalLM", {}, [2, 1]),
+        ("Qwen3ForCausalLM", {}, [2, 1]),
+        ("OPTForCausalLM", {}, [2, 2]),
+        ("GPT2LMHeadModel", {}, [2, 2]),
+    ],
 )
 def test_tensor_parallel_ranks_match_transformers(
-    model_factory, hf_greedy, world_size, kv_heads, heads_per_rank
+    model_factory, hf_greedy, architecture, overrides, heads_per_rank
 ):
-    model = model_factory("LlamaForCausalLM", num_key_value_heads=kv_heads)
-    ranks = _run_ranks(model, world_size, ENGINE)
+    model = model_factory(architecture, **overrides)
+    ranks = _run_ranks(model, 2, ENGINE)
     assert ranks[0]["preemptions"] > 0 and ranks[0]["prefix_hits"] > 0
     for rank in ranks:
         assert rank["heads"] == heads_per_rank
