@@ -13,6 +13,8 @@ FIELD_MANAGER = "infernetes"
 # The image the operator runs when spec.image is not set; the chart pins the same tag.
 DEFAULT_IMAGE = "ghcr.io/infernetes/infernetes:0.1.0"
 CONTAINER_NAME = "server"
+# The uid the runtime image runs as (Containerfile: USER); the pods run as it, and as its gid.
+RUNTIME_UID = 1001
 # The server always listens on this port inside the pod; spec.service.port is the Service's.
 SERVER_PORT = 8000
 PORT_NAME = "http"

@@ -4,6 +4,7 @@ The engine parts come from the server-argument schema (engine_schema.py); this m
 Kubernetes-facing fields: what to run, where, how big, how it is reached and scraped.
 """
 
+from infernetes.operator import names
 from infernetes.operator.openapi import (
     DNS_SUBDOMAIN_PATTERN,
     Schema,
@@ -130,6 +131,69 @@ def model_cache_schema() -> Schema:
             "readOnly": boolean(),
         },
         required=["claimName"],
+    )
+
+
+def profile_schema() -> Schema:
+    """A seccompProfile or an appArmorProfile."""
+    return obj(
+        {
+            "type": enum(["RuntimeDefault", "Localhost", "Unconfined"]),
+            "localhostProfile": string(maxLength=4096),
+        },
+        required=["type"],
+    )
+
+
+def se_linux_options_schema() -> Schema:
+    return obj({field: string(maxLength=253) for field in ("user", "role", "type", "level")})
+
+
+def _ids() -> dict[str, Schema]:
+    """The identity fields a pod and a container security context share."""
+    return {
+        "runAsUser": integer(format="int64", minimum=0),
+        "runAsGroup": integer(format="int64", minimum=0),
+        "runAsNonRoot": boolean(),
+        "seccompProfile": profile_schema(),
+        "appArmorProfile": profile_schema(),
+        "seLinuxOptions": se_linux_options_schema(),
+    }
+
+
+def pod_security_context_schema() -> Schema:
+    sysctl = obj(
+        {"name": string(minLength=1, maxLength=253), "value": string(maxLength=4096)},
+        required=["name", "value"],
+    )
+    return obj(
+        {
+            **_ids(),
+            "fsGroup": integer(format="int64", minimum=0),
+            "fsGroupChangePolicy": enum(["OnRootMismatch", "Always"]),
+            "supplementalGroups": array(integer(format="int64", minimum=0), max_items=32),
+            "sysctls": array(sysctl, max_items=32),
+        },
+        description="The pod's securityContext, merged field by field over the operator's "
+        f"(uid/gid/fsGroup {names.RUNTIME_UID}, runAsNonRoot, seccomp RuntimeDefault: "
+        "the restricted Pod Security Standard).",
+    )
+
+
+def container_security_context_schema() -> Schema:
+    capability_list = array(string(minLength=1, maxLength=64), max_items=64)
+    return obj(
+        {
+            **_ids(),
+            "allowPrivilegeEscalation": boolean(),
+            "privileged": boolean(),
+            "readOnlyRootFilesystem": boolean(),
+            "procMount": enum(["Default", "Unmasked"]),
+            "capabilities": obj({"add": capability_list, "drop": capability_list}),
+        },
+        description="The server container's securityContext, merged field by field over the "
+        "operator's (no privilege escalation, all capabilities dropped, read-only root "
+        "filesystem with writable /tmp, home and cache volumes).",
     )
 
 
@@ -267,6 +331,13 @@ def platform_properties() -> dict[str, Schema]:
         "runtimeClassName": _name("RuntimeClass of the pods."),
         "serviceAccountName": _name("ServiceAccount the pods run as."),
         "podAnnotations": string_map(),
+        "podSecurityContext": pod_security_context_schema(),
+        "securityContext": container_security_context_schema(),
+        "imagePullSecrets": array(
+            obj({"name": _name("Name of a docker-registry Secret.")}, required=["name"]),
+            max_items=16,
+            description="Secrets to pull the image with.",
+        ),
         "podLabels": string_map(),
         "apiKeySecretRef": secret_key_ref(
             "Secret holding the API key clients must send.", "api-key"

@@ -16,6 +16,12 @@ from infernetes.operator.spec_schema import (
 
 MODEL_MOUNT = "/mnt/models"
 CACHE_MOUNT = "/var/cache/huggingface"
+# The root filesystem is read-only; what the runtime writes goes to emptyDirs: /tmp (tempfile,
+# torch inductor's /tmp/torchinductor_<user>, the CPU kernels' build folder) and the home
+# (the runtime image's, Containerfile --home-dir): ~/.cache/infernetes/kernels (compiled CPU
+# kernels while VLLM_CACHE_ROOT is unset), ~/.triton/cache (Triton's compiled kernels), ~/.cache.
+TMP_MOUNT = "/tmp"
+HOME_MOUNT = "/home/infernetes"
 HEALTH_PATH = "/health"
 # Extra time a rollout may take beyond the startup budget before the Deployment reports it stuck.
 PROGRESS_MARGIN_SECONDS = 300
@@ -89,8 +95,9 @@ def _env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
         env.append(_secret_env("VLLM_API_KEY", spec["apiKeySecretRef"], "api-key"))
     if spec.get("hfTokenSecretRef"):
         env.append(_secret_env("HF_TOKEN", spec["hfTokenSecretRef"], "token"))
-    if spec.get("modelCache"):
-        env.append({"name": "HF_HOME", "value": CACHE_MOUNT})
+    # Both are writable volumes whatever the image's defaults (another image's home, HF cache).
+    env.append({"name": "HF_HOME", "value": CACHE_MOUNT})
+    env.append({"name": "HOME", "value": HOME_MOUNT})
     # The user's variables win over ours (one entry per name: server-side apply keys env by name).
     user = [dict(item) for item in spec.get("env") or []]
     user_names = {item["name"] for item in user}
@@ -139,8 +146,14 @@ def _volumes(
             }
         )
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    volumes += [{"name": "tmp", "emptyDir": {}}, {"name": "home", "emptyDir": {}}]
+    mounts += [{"name": "tmp", "mountPath": TMP_MOUNT}, {"name": "home", "mountPath": HOME_MOUNT}]
     cache = spec.get("modelCache")
-    if cache:
+    if not cache:
+        # Downloads land here for the pod's life; spec.modelCache keeps them across pods.
+        volumes.append({"name": "hf-cache", "emptyDir": {}})
+        mounts.append({"name": "hf-cache", "mountPath": CACHE_MOUNT})
+    else:
         read_only = bool(cache.get("readOnly", False))
         volumes.append(
             {
@@ -157,6 +170,41 @@ def _volumes(
             mount["subPath"] = cache["subPath"]
         mounts.append(mount)
     return volumes, mounts
+
+
+def merged(defaults: Mapping[str, Any], override: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`override` over `defaults` field by field, one level into objects (capabilities.add keeps
+    the default capabilities.drop)."""
+    result = dict(defaults)
+    for key, value in (override or {}).items():
+        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = {**result[key], **value}
+        else:
+            result[key] = value
+    return result
+
+
+def pod_security_context(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The restricted Pod Security Standard as the runtime image's user, then spec's overrides."""
+    defaults = {
+        "runAsNonRoot": True,
+        "runAsUser": names.RUNTIME_UID,
+        "runAsGroup": names.RUNTIME_UID,
+        "fsGroup": names.RUNTIME_UID,
+        # A model cache claim holds many files: chown them only when its root is not ours yet.
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    return merged(defaults, spec.get("podSecurityContext"))
+
+
+def container_security_context(spec: Mapping[str, Any]) -> dict[str, Any]:
+    defaults = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
+    return merged(defaults, spec.get("securityContext"))
 
 
 def grace_period(spec: Mapping[str, Any]) -> int:
@@ -189,6 +237,7 @@ def container(
         **_probes(spec),
         # The last lines of a crash end up in the pod's status, which the operator reports as Degraded.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(spec),
     }
     env = _env(spec)
     if env:
@@ -213,8 +262,11 @@ def pod_spec(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, Any]:
         # Service links would put <SERVICE>_PORT variables (VLLM_PORT for a Service named vllm) in the env.
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace_period(spec),
+        "securityContext": pod_security_context(spec),
         "containers": [container(spec, facts, mounts, gpus)],
     }
+    if spec.get("imagePullSecrets"):
+        pod["imagePullSecrets"] = [{"name": item["name"]} for item in spec["imagePullSecrets"]]
     node_selector = dict(spec.get("nodeSelector") or {})
     gpu = spec.get("gpu") or {}
     if gpus and gpu.get("product"):

@@ -49,11 +49,12 @@ def test_gpus_per_replica(spec: dict, gpus: int) -> None:
 
 def test_cpu_has_no_gpu_toleration_and_no_shm() -> None:
     spec = pod({"model": "x", "engine": {"device": "cpu"}})
-    assert "tolerations" not in spec and "volumes" not in spec
+    assert "tolerations" not in spec
+    assert "dshm" not in {volume["name"] for volume in spec["volumes"]}
 
 
 def test_shm_only_for_several_gpus_unless_asked() -> None:
-    assert "volumes" not in pod({"model": "x"})
+    assert "dshm" not in {volume["name"] for volume in pod({"model": "x"})["volumes"]}
     volumes = pod({"model": "x", "engine": {"tensorParallelSize": 2}})["volumes"]
     assert volumes[0]["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}
     volumes = pod({"model": "x", "shmSize": "1Gi"})["volumes"]

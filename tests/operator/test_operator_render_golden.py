@@ -29,6 +29,7 @@ CASES = {
     "recreate": [],
     "model-cache": [],
     "hf-token": [],
+    "security": [],
 }
 
 
