@@ -2,7 +2,10 @@
 with writable volumes wherever the runtime writes; spec.podSecurityContext / spec.securityContext
 merge over that, and spec.imagePullSecrets reach the pod."""
 
-import tempfile
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -122,15 +125,15 @@ def on_writable_volume(path: str | Path, pod_spec: dict[str, Any]) -> bool:
         {"model": "x", "modelCache": {"claimName": "hf"}},
     ],
 )
-def test_what_the_runtime_writes_lands_on_a_writable_volume(
-    spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_what_the_runtime_writes_lands_on_a_writable_volume(spec: dict[str, Any]) -> None:
     """Each cache folder the runtime resolves under the container's env is on an emptyDir or a
-    writable claim: the root filesystem is read-only."""
+    writable claim: the root filesystem is read-only. Resolved in a fresh interpreter started with
+    that env, as the container starts (triton reads HOME once, when it is imported)."""
+    pytest.importorskip("triton")
     rendered = pod(spec)
     container = rendered["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    for name in (
+    cleared = {
         "TMPDIR",
         "XDG_CACHE_HOME",
         "VLLM_CACHE_ROOT",
@@ -138,30 +141,34 @@ def test_what_the_runtime_writes_lands_on_a_writable_volume(
         "TRITON_HOME",
         "TRITON_CACHE_DIR",
         "TORCHINDUCTOR_CACHE_DIR",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    for item in container["env"]:
-        if "value" in item:
-            monkeypatch.setenv(item["name"], item["value"])
-    monkeypatch.setattr(tempfile, "tempdir", None)
-    env = {item["name"]: item.get("value") for item in container["env"]}
-
-    from infernetes.kernels.cpu import native
-
-    paths = {
-        "HF_HOME": env["HF_HOME"],
-        "tempfile": tempfile.gettempdir(),
-        "CPU kernels": native.cache_dir(),
     }
-    triton = pytest.importorskip("triton")
-    paths["triton"] = triton.knobs.cache.dir
-    pytest.importorskip("torch")
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    paths["inductor"] = default_cache_dir()
+    env = {name: value for name, value in os.environ.items() if name not in cleared}
+    env.update({item["name"]: item["value"] for item in container["env"] if "value" in item})
+    resolved = subprocess.run(
+        [sys.executable, "-c", RESOLVE_CACHE_DIRS], env=env, capture_output=True, text=True
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    paths = json.loads(resolved.stdout)
+    assert paths["HF_HOME"] == env["HF_HOME"]
     assert {
         what: path for what, path in paths.items() if not on_writable_volume(path, rendered)
     } == {}
+
+
+# Where the runtime writes, as each library resolves it from the environment.
+RESOLVE_CACHE_DIRS = """
+import json, os, tempfile
+import triton
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+from infernetes.kernels.cpu import native
+print(json.dumps({
+    "HF_HOME": os.environ["HF_HOME"],
+    "tempfile": tempfile.gettempdir(),
+    "CPU kernels": str(native.cache_dir()),
+    "triton": triton.knobs.cache.dir,
+    "inductor": default_cache_dir(),
+}))
+"""
 
 
 def test_overrides_merge_field_by_field() -> None:
