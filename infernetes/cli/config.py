@@ -1,7 +1,7 @@
 """``infernetes config [serve arguments]``: print the resolved configuration as JSON, start nothing.
 
 Every group, defaults filled in, model-dependent values resolved when the model's config.json is
-on local disk. Secret values (``--api-key``, ``--hf-token``) print as ``***`` unless
+on local disk (the dtype by the rule the engine applies, on the device it would run on). Secret values (``--api-key``, ``--hf-token``) print as ``***`` unless
 ``--show-secrets`` is given. Deprecations go to stderr; bad input exits 2 naming the argument.
 """
 
@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 from infernetes.schema.args import CURRENT_ARGS
-from infernetes.schema.config import ConfigError, ServeConfig
-from infernetes.schema.model_info import resolve_model_defaults
+from infernetes.schema.config import ServeConfig
+from infernetes.schema.model_info import find_config_json, resolve_model_defaults
 from infernetes.schema.parser import parse_serve_args
 from infernetes.schema.support_check import report_support
 
@@ -37,12 +37,23 @@ def run(args: argparse.Namespace) -> int:
     config = parse_serve_args(argv, prog="infernetes config")
     report_support(config, "infernetes config")
     try:
-        config = resolve_model_defaults(config)
-    except ConfigError as exc:
+        host = engine_host(config.device) if find_config_json(config) else None
+        config = resolve_model_defaults(config, host=host)
+    except ValueError as exc:  # ConfigError, or a device that is not there
         print(f"infernetes config: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(render(config, show_secrets=SHOW_SECRETS in args.argv), indent=2))
     return 0
+
+
+def engine_host(device: str | None) -> tuple[str, bool]:
+    """The device type the engine would run on and whether that CPU computes bf16 natively, by
+    the engine's own probes (this imports torch), so the dtype printed is the one served."""
+    from infernetes.runtime.engine.engine_config import resolve_device
+    from infernetes.runtime.model_executor.loader import cpu_has_fast_bf16
+
+    device_type = resolve_device(device).type
+    return device_type, device_type == "cpu" and cpu_has_fast_bf16()
 
 
 def render(config: ServeConfig, *, show_secrets: bool = False) -> dict[str, dict[str, Any]]:

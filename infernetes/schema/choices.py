@@ -26,6 +26,7 @@ TOOL_CALL_PARSERS = (
     "phi4_mini_json",
     "pythonic",
     "qwen",
+    "qwen3_coder",
     "step3p5",
     "xlam",
 )

@@ -28,12 +28,13 @@ _LENGTH_KEYS = (
 )
 # RoPE scaling types whose factor stretches the usable context.
 _STRETCHING_ROPE = ("linear", "dynamic", "yarn")
-_AUTO_DTYPE = {
-    "float16": "float16",
+# --dtype spellings and the dtype each names.
+DTYPE_NAMES = {
     "half": "float16",
+    "float16": "float16",
     "bfloat16": "bfloat16",
-    "float32": "float16",
-    "float": "float16",
+    "float": "float32",
+    "float32": "float32",
 }
 
 
@@ -93,9 +94,13 @@ def derived_max_model_len(hf_config: dict[str, Any]) -> int | None:
 
 
 def resolve_model_defaults(
-    config: ServeConfig, environ: dict[str, str] | None = None
+    config: ServeConfig,
+    environ: dict[str, str] | None = None,
+    host: tuple[str, bool] | None = None,
 ) -> ServeConfig:
-    """Fills ``max_model_len`` and ``dtype`` from the local config.json when there is one.
+    """Fills ``max_model_len`` from the local config.json when there is one, and ``dtype`` too
+    when ``host`` (the device type the engine would use and whether its CPU computes bf16
+    natively) is given: the dtype the engine resolves, by ``resolve_dtype_name``.
 
     Raises ConfigError when ``--max-model-len`` exceeds what the model allows (unless
     ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set), as vLLM does.
@@ -124,8 +129,30 @@ def resolve_model_defaults(
             "from its config.json); set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to force it",
             "max_model_len",
         )
-    if config.dtype == "auto":
+    if host is not None:
         model_dtype = hf_config.get("torch_dtype") or hf_config.get("dtype")
-        if model_dtype in _AUTO_DTYPE:
-            changes["dtype"] = _AUTO_DTYPE[model_dtype]
+        device_type, cpu_fast_bf16 = host
+        changes["dtype"] = resolve_dtype_name(config.dtype, model_dtype, device_type, cpu_fast_bf16)
     return config.replace(**changes) if changes else config
+
+
+def resolve_dtype_name(
+    requested: str, model_dtype: str | None, device_type: str, cpu_fast_bf16: bool
+) -> str:
+    """The dtype the engine runs in (``float16``, ``bfloat16`` or ``float32``): the one rule that
+    ``serve`` (the model loader) and ``config`` both apply. vLLM's rules for ``auto``: on a GPU,
+    bf16/fp16 models keep their dtype and fp32 models run in fp16; on a CPU everything runs in
+    bf16 (vLLM's CPU default) when the CPU computes bf16 natively, else in fp32 (there are no
+    fast fp16 CPU kernels). Raises ConfigError for a name that is not a dtype."""
+    if requested != "auto":
+        if requested not in DTYPE_NAMES:
+            raise ConfigError(
+                f"argument --dtype must be one of auto, {', '.join(DTYPE_NAMES)}; "
+                f"got {requested!r}",
+                "dtype",
+            )
+        return DTYPE_NAMES[requested]
+    if device_type == "cpu":
+        return "bfloat16" if cpu_fast_bf16 else "float32"
+    model = DTYPE_NAMES.get(str(model_dtype).removeprefix("torch."), "float32")
+    return "float16" if model == "float32" else model

@@ -261,6 +261,23 @@ class OutputCodec:
         return message
 
 
+PARENT_WATCH_INTERVAL_S = 1.0
+
+
+def _exit_with_parent() -> None:
+    """Exits this process once the API process is gone, whatever killed it (a SIGKILL runs no
+    handler there): while the model loads, nothing reads the pipe that would tell us."""
+    parent = multiprocessing.parent_process()
+    parent_pid = parent.pid if parent is not None else os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:  # an orphan is re-parented
+            threading.Event().wait(PARENT_WATCH_INTERVAL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="infernetes-parent-watch", daemon=True).start()
+
+
 def run_core_process(
     config: ServeConfig, conn: Connection, logging_settings: LoggingSettings
 ) -> None:
@@ -270,6 +287,7 @@ def run_core_process(
     # The API process owns the signals: SIGTERM drains there first, then it stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _exit_with_parent()
     configure_logging(logging_settings, tag=f"core pid {os.getpid()}")
     logger.debug("engine core process started; loading %s", config.model)
 

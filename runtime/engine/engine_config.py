@@ -204,6 +204,13 @@ def resolve_config(
         allow_long=bool(read_env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", environ)),
         disable_sliding_window=config.disable_sliding_window,
     )
+    logger.info(
+        "Model %s: dtype %s on %s, max_model_len %d",
+        info.architecture,
+        str(info.dtype).removeprefix("torch."),
+        device,
+        info.max_model_len,
+    )
     if config.task not in ("auto", None):
         wanted_pooling = config.task in ("embed", "embedding", "classify", "score", "reward")
         if wanted_pooling != info.is_pooling:

@@ -17,6 +17,9 @@ from infernetes.runtime.model_executor.models.interfaces import ServableModel
 from torch import nn
 from transformers import PretrainedConfig
 
+from infernetes.schema.errors import ConfigError
+from infernetes.schema.model_info import resolve_dtype_name
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {
@@ -163,22 +166,14 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def resolve_dtype(hf_config: PretrainedConfig, requested: str, device: torch.device) -> torch.dtype:
-    """vLLM's rules for ``auto``: on a GPU, bf16/fp16 models keep their dtype and fp32 models run
-    in fp16; on a CPU everything runs in bf16 (vLLM's CPU default) when the CPU computes bf16
-    natively, else in fp32 (there are no fast fp16 CPU kernels)."""
-    if requested != "auto":
-        if requested not in _DTYPES:
-            raise ModelLoadError(
-                f"dtype must be one of auto, {', '.join(_DTYPES)}; got {requested!r}"
-            )
-        return _DTYPES[requested]
+    """The dtype to run in, by the schema's rule (``infernetes config`` applies the same one)."""
     model_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-    if isinstance(model_dtype, str):
-        model_dtype = _DTYPES.get(model_dtype, torch.float32)
-    model_dtype = model_dtype or torch.float32
-    if device.type == "cpu":
-        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
-    return torch.float16 if model_dtype == torch.float32 else model_dtype
+    fast_bf16 = device.type == "cpu" and cpu_has_fast_bf16()
+    try:
+        name = resolve_dtype_name(requested, str(model_dtype), device.type, fast_bf16)
+    except ConfigError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    return _DTYPES[name]
 
 
 def derived_max_model_len(hf_config: PretrainedConfig, path: Path | None = None) -> int:

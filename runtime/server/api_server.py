@@ -16,10 +16,12 @@ import contextlib
 import json
 import logging
 import logging.config
+import multiprocessing
 import os
 import socket
 import ssl
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -53,6 +55,7 @@ logger = logging.getLogger("infernetes.runtime.server")
 
 ENGINE_WATCH_INTERVAL_S = 0.5
 SSL_WATCH_INTERVAL_S = 2.0
+CHILD_JOIN_S = 10.0
 
 
 def check_frontend_settings(settings: FrontendSettings) -> None:
@@ -116,6 +119,8 @@ def build_app(
                     await task
             if state.engine is not None and engine_loader is not None:
                 await state.engine.shutdown()
+            elif engine_loader is not None:
+                _stop_loading_children()
 
     app = FastAPI(
         title="infernetes OpenAI-compatible API",
@@ -160,12 +165,47 @@ def build_app(
 
 async def _load_engine(state: ServerState, loader: Callable[[], Any]) -> None:
     try:
-        engine = await asyncio.to_thread(loader)
+        engine = await _in_daemon_thread(loader)
         state.attach_engine(engine)
         logger.info("model loaded; serving %s", ", ".join(state.settings.served_model_names))
     except Exception as exc:
         logger.exception("the model failed to load")
         state.load_error = exc
+
+
+def _in_daemon_thread(work: Callable[[], Any]) -> asyncio.Future:
+    """``work()`` in a daemon thread: a shutdown while the model loads neither waits for the load
+    to finish (asyncio.to_thread's executor is joined at exit) nor keeps the process alive."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            result, error = work(), None
+        except BaseException as exc:  # handed to the awaiting task
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="infernetes-engine-load", daemon=True).start()
+    return future
+
+
+def _stop_loading_children() -> None:
+    """A shutdown before the engine is up: the engine-core process is still loading and nothing
+    owns it yet, so it is killed here (it ignores SIGTERM: the API process owns the signals)."""
+    for child in multiprocessing.active_children():
+        logger.info("stopping %s (pid %s) while it loads", child.name, child.pid)
+        child.kill()
+        child.join(CHILD_JOIN_S)
 
 
 async def _watch_engine(app: FastAPI, state: ServerState) -> None:
@@ -312,6 +352,8 @@ def run_server(config: ServeConfig) -> None:
         raise SystemExit(2) from exc
     _configure_logging(settings, logging_settings)
     listener = _listening_socket(settings.host or "0.0.0.0", settings.port)
+    scheme = "https" if settings.ssl_certfile else "http"
+    logger.info("listening on %s://%s:%d", scheme, settings.host or "0.0.0.0", settings.port)
     state = ServerState(settings, cache_config=_cache_config_labels(config))
     if not settings.disable_log_stats:
         state.stat_fanout.loggers.append(LoggingStatLogger())

@@ -8,6 +8,7 @@ from infernetes.schema.config import ConfigError, build_config
 from infernetes.schema.model_info import (
     derived_max_model_len,
     find_config_json,
+    resolve_dtype_name,
     resolve_model_defaults,
 )
 
@@ -18,15 +19,50 @@ def write_model(folder, **config):
     return folder
 
 
+GPU = ("cuda", False)
+
+
 def test_resolves_from_a_local_folder(tmp_path):
     model = write_model(tmp_path / "tiny", max_position_embeddings=2048, torch_dtype="bfloat16")
-    config = resolve_model_defaults(build_config(str(model)), environ={})
+    config = resolve_model_defaults(build_config(str(model)), environ={}, host=GPU)
     assert (config.max_model_len, config.dtype) == (2048, "bfloat16")
 
 
-def test_fp32_models_run_in_fp16_under_auto(tmp_path):
+def test_without_the_host_the_dtype_stays_auto(tmp_path):
+    model = write_model(tmp_path / "tiny", max_position_embeddings=128, torch_dtype="bfloat16")
+    assert resolve_model_defaults(build_config(str(model)), environ={}).dtype == "auto"
+
+
+def test_fp32_models_run_in_fp16_under_auto_on_a_gpu(tmp_path):
     model = write_model(tmp_path / "tiny", max_position_embeddings=128, torch_dtype="float32")
-    assert resolve_model_defaults(build_config(str(model)), environ={}).dtype == "float16"
+    assert resolve_model_defaults(build_config(str(model)), environ={}, host=GPU).dtype == "float16"
+
+
+@pytest.mark.parametrize(
+    ("requested", "model_dtype", "device", "fast_bf16", "expected"),
+    [
+        ("auto", "float32", "cuda", False, "float16"),
+        ("auto", "float16", "cuda", False, "float16"),
+        ("auto", "bfloat16", "cuda", False, "bfloat16"),
+        ("auto", None, "cuda", False, "float16"),
+        ("auto", "torch.bfloat16", "cuda", False, "bfloat16"),
+        ("auto", "float16", "cpu", True, "bfloat16"),
+        ("auto", "float32", "cpu", True, "bfloat16"),
+        ("auto", "bfloat16", "cpu", False, "float32"),
+        ("half", "bfloat16", "cpu", True, "float16"),
+        ("float", "bfloat16", "cuda", False, "float32"),
+        ("float32", "float16", "cuda", False, "float32"),
+        ("bfloat16", "float32", "cpu", False, "bfloat16"),
+        ("float16", "float32", "cpu", False, "float16"),
+    ],
+)
+def test_the_dtype_rule(requested, model_dtype, device, fast_bf16, expected):
+    assert resolve_dtype_name(requested, model_dtype, device, fast_bf16) == expected
+
+
+def test_an_unknown_dtype_names_the_argument():
+    with pytest.raises(ConfigError, match="--dtype"):
+        resolve_dtype_name("fp8", None, "cuda", False)
 
 
 def test_explicit_values_are_kept(tmp_path):
