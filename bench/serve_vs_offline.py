@@ -134,7 +134,6 @@ def serve_round(
                 "127.0.0.1",
                 "--port",
                 str(port),
-                "--disable-log-requests",
                 "--disable-uvicorn-access-log",
             ),
             stdout=log_file,

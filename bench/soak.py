@@ -213,7 +213,6 @@ def main(argv: list[str]) -> int:
                     "127.0.0.1",
                     "--port",
                     str(port),
-                    "--disable-log-requests",
                     "--disable-uvicorn-access-log",
                 ),
                 stdout=log_file,

@@ -4,12 +4,47 @@ from __future__ import annotations
 
 from typing import Any
 
+from infernetes.schema.choices import REASONING_PARSERS
 from infernetes.schema.errors import ConfigError
+
+# --structured-outputs-config's keys (vLLM's StructuredOutputsConfig) and the values each takes.
+STRUCTURED_OUTPUTS_KEYS: dict[str, tuple[type, tuple[Any, ...] | None]] = {
+    "backend": (str, ("auto", "guidance", "lm-format-enforcer", "outlines", "xgrammar")),
+    "disable_fallback": (bool, None),
+    "disable_any_whitespace": (bool, None),
+    "disable_additional_properties": (bool, None),
+    "reasoning_parser": (str, ("", *REASONING_PARSERS)),
+    "enable_in_reasoning": (bool, None),
+}
+
+
+def _check_structured_outputs(config: dict[str, Any]) -> None:
+    for key, value in config.items():
+        flag = f"--structured-outputs-config.{key}"
+        if key not in STRUCTURED_OUTPUTS_KEYS:
+            raise ConfigError(
+                f"argument --structured-outputs-config: unknown key {key!r} "
+                f"(allowed: {', '.join(STRUCTURED_OUTPUTS_KEYS)})",
+                "structured_outputs_config",
+            )
+        kind, allowed = STRUCTURED_OUTPUTS_KEYS[key]
+        if not isinstance(value, kind):
+            raise ConfigError(
+                f"argument {flag}: expected a {kind.__name__}, got {value!r}",
+                "structured_outputs_config",
+            )
+        if allowed is not None and value not in allowed:
+            shown = ", ".join(repr(a) if a == "" else str(a) for a in allowed)
+            raise ConfigError(
+                f"argument {flag}: invalid choice {value!r} (choose from {shown})",
+                "structured_outputs_config",
+            )
 
 
 def check_rules(values: dict[str, Any]) -> None:
     """Raises ConfigError for the first rule the values break."""
     v = values
+    _check_structured_outputs(v["structured_outputs_config"] or {})
     if v["enable_auto_tool_choice"] and not v["tool_call_parser"]:
         raise ConfigError(
             "--enable-auto-tool-choice requires --tool-call-parser", "tool_call_parser"

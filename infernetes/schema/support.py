@@ -107,7 +107,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "disable_fastapi_docs": HONOURED,
     "enable_prompt_tokens_details": HONOURED,
     "enable_server_load_tracking": HONOURED,
-    "disable_log_requests": HONOURED,
+    "enable_log_requests": HONOURED,
     "max_concurrency": HONOURED,
     "shutdown_timeout": HONOURED,
     "reasoning_effort": HONOURED,
@@ -195,6 +195,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "guided_decoding_disable_additional_properties": refused(
         "not supported by the guidance backend here yet"
     ),
+    "structured_outputs_config": HONOURED,  # key by key: KEY_SUPPORT
     "reasoning_parser": partial(
         ("deepseek_r1", "qwen3"), "the other reasoning parsers are not built yet"
     ),
@@ -280,11 +281,36 @@ ARG_SUPPORT: dict[str, Support] = {
         "every layer shares one KV cache layout: there is no hybrid manager"
     ),
     "cuda_graph_sizes": HONOURED,
+    "async_scheduling": refused(
+        "asynchronous scheduling (the next step scheduled while the device runs this one) is "
+        "not built yet"
+    ),
     # ---------------------------------------------------------------- VllmConfig
     "kv_transfer_config": refused("disaggregated prefill (KV transfer) is not supported"),
     "kv_events_config": refused("KV cache events are not published"),
     "compilation_config": HONOURED,
     "additional_config": no_effect("platform plugins read it; there are none here"),
+}
+
+# Keys of JSON arguments, as "dest.key": judged like arguments when the key is given.
+KEY_SUPPORT: dict[str, Support] = {
+    "structured_outputs_config.backend": partial(
+        ("auto", "guidance"), "structured output runs on llguidance (guidance)"
+    ),
+    "structured_outputs_config.disable_fallback": no_effect(
+        "there is one backend (guidance), so nothing to fall back from"
+    ),
+    "structured_outputs_config.disable_any_whitespace": HONOURED,
+    "structured_outputs_config.disable_additional_properties": refused(
+        "not supported by the guidance backend here yet"
+    ),
+    "structured_outputs_config.reasoning_parser": partial(
+        ("", "deepseek_r1", "qwen3"), "the other reasoning parsers are not built yet"
+    ),
+    "structured_outputs_config.enable_in_reasoning": refused(
+        "constraining the reasoning section is not built yet: the grammar applies from the "
+        "first generated token"
+    ),
 }
 
 ENV_SUPPORT: dict[str, Support] = {

@@ -13,7 +13,7 @@ from typing import Any
 
 from infernetes.schema.args import CURRENT_ARGS, Arg
 from infernetes.schema.env import ENV_VARS, read_env
-from infernetes.schema.support import ARG_SUPPORT, ENV_SUPPORT, Support
+from infernetes.schema.support import ARG_SUPPORT, ENV_SUPPORT, KEY_SUPPORT, Support
 
 
 @dataclass
@@ -74,6 +74,12 @@ def check_support(config: Any, environ: Mapping[str, str] | None = None) -> Supp
         value = getattr(config, arg.dest, arg.default)
         if not _is_default(value, arg.default):
             _judge(ARG_SUPPORT[arg.dest], _flag_text(arg, value), value, report)
+    for path, support in KEY_SUPPORT.items():
+        dest, key = path.split(".", 1)
+        given = getattr(config, dest, None) or {}
+        if key in given and not _is_default(given[key], None):
+            what = f"argument --{dest.replace('_', '-')}.{key} {_shown(given[key])}"
+            _judge(support, what, given[key], report)
     environ = os.environ if environ is None else environ
     for var in ENV_VARS:
         raw = environ.get(var.name)

@@ -193,11 +193,19 @@ class ServingBase:
 
     # ------------------------------------------------------------ logging
 
-    def log_request(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
-        if self.settings.disable_log_requests:
+    def log_request(
+        self, request_id: str, prompt: str | None, token_ids: list[int], params: Any
+    ) -> None:
+        """vLLM's request log (--enable-log-requests): the id and parameters at INFO; the prompt
+        and its token ids, each cut to --max-log-len, at DEBUG."""
+        if not self.settings.enable_log_requests:
             return
-        shown = prompt
-        limit = self.settings.max_log_len
-        if limit is not None and isinstance(shown, str | list):
-            shown = shown[:limit]
-        logger.info("Received request %s: prompt: %r, params: %s", request_id, shown, params)
+        if logger.isEnabledFor(logging.DEBUG):
+            limit = self.settings.max_log_len
+            logger.debug(
+                "Request %s details: prompt: %r, prompt_token_ids: %s",
+                request_id,
+                prompt if limit is None or prompt is None else prompt[:limit],
+                token_ids if limit is None else token_ids[:limit],
+            )
+        logger.info("Received request %s: params: %s", request_id, params)

@@ -205,7 +205,7 @@ class ChatServing(ServingBase):
     ) -> ChatCompletionResponse | AsyncIterator[bytes]:
         mode, prompt_ids, params = await off_loop(self._prepare, request)
         request_id = random_id("chatcmpl")
-        self.log_request(request_id, prompt_ids, params)
+        self.log_request(request_id, None, prompt_ids, params)
         stream = engine_stream(
             self.engine.generate(prompt_ids, params, request_id, priority=request.priority)
         )

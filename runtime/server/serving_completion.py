@@ -100,9 +100,7 @@ class CompletionServing(ServingBase):
         generators = []
         for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
             sub_id = f"{request_id}-{i}"
-            self.log_request(
-                sub_id, prompt.text if prompt.text is not None else prompt.token_ids, params
-            )
+            self.log_request(sub_id, prompt.text, prompt.token_ids, params)
             stream = self.engine.generate(prompt.token_ids, params, sub_id, priority=priority)
             generators.append(engine_stream(stream))
         return generators

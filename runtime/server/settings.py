@@ -50,7 +50,7 @@ class FrontendSettings:
     enable_ssl_refresh: bool = False
     enable_request_id_headers: bool = False
     max_log_len: int | None = None
-    disable_log_requests: bool = False
+    enable_log_requests: bool = False
     disable_uvicorn_access_log: bool = False
     middleware: tuple[str, ...] = ()
     return_tokens_as_token_ids: bool = False
@@ -104,6 +104,8 @@ class FrontendSettings:
         api_keys = tuple(_as_list(get("api_key"))) or tuple(
             k for k in [environ.get("VLLM_API_KEY")] if k
         )
+        # --structured-outputs-config's keys, where given, over the older --guided-decoding-*
+        structured = dict(get("structured_outputs_config", {}))
         return cls(
             model=model,
             served_model_names=names,
@@ -123,7 +125,7 @@ class FrontendSettings:
             enable_ssl_refresh=bool(get("enable_ssl_refresh", False)),
             enable_request_id_headers=bool(get("enable_request_id_headers", False)),
             max_log_len=get("max_log_len"),
-            disable_log_requests=bool(get("disable_log_requests", False)),
+            enable_log_requests=bool(get("enable_log_requests", False)),
             disable_uvicorn_access_log=bool(get("disable_uvicorn_access_log", False)),
             middleware=tuple(_as_list(get("middleware"))),
             return_tokens_as_token_ids=bool(get("return_tokens_as_token_ids", False)),
@@ -140,11 +142,15 @@ class FrontendSettings:
             response_role=str(get("response_role", "assistant")),
             enable_auto_tool_choice=bool(get("enable_auto_tool_choice", False)),
             tool_call_parser=get("tool_call_parser"),
-            reasoning_parser=get("reasoning_parser"),
+            reasoning_parser=get("reasoning_parser") or structured.get("reasoning_parser") or None,
             reasoning_effort=get("reasoning_effort"),
-            guided_decoding_backend=str(get("guided_decoding_backend", "auto")),
+            guided_decoding_backend=str(
+                structured.get("backend") or get("guided_decoding_backend", "auto")
+            ),
             guided_decoding_disable_any_whitespace=bool(
-                get("guided_decoding_disable_any_whitespace", False)
+                structured.get(
+                    "disable_any_whitespace", get("guided_decoding_disable_any_whitespace", False)
+                )
             ),
             show_hidden_metrics_for_version=get("show_hidden_metrics_for_version"),
             max_logprobs=int(get("max_logprobs", 20)),

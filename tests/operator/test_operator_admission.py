@@ -87,8 +87,9 @@ def test_the_crd_checks_allowed_values_on_the_field_and_unset_ones_on_the_object
     assert tp["x-kubernetes-validations"][-1]["rule"] == "self == 1"
     assert tp["description"].startswith("--tensor-parallel-size is not supported with this value")
     parser = engine["properties"]["toolCallParser"]["x-kubernetes-validations"][-1]["rule"]
-    assert (
-        parser == "self in ['hermes', 'llama3_json', 'llama4_json', 'mistral', 'pythonic', 'qwen']"
+    assert parser == (
+        "self in ['hermes', 'llama3_json', 'llama4_json', 'mistral', 'pythonic', 'qwen', "
+        "'qwen3_coder']"
     )
     (unset,) = [
         r for r in engine["x-kubernetes-validations"] if r.get("fieldPath") == ".speculativeConfig"

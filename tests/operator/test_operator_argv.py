@@ -48,6 +48,8 @@ def sample_value(arg: Any) -> Any:
         value = 0.5 if arg.maximum is not None and arg.maximum <= 1 else 2.5
     elif arg.kind == "size":
         value = "2k"
+    elif arg.dest == "structured_outputs_config":  # its keys are checked
+        value = {"backend": "guidance", "disable_any_whitespace": True}
     elif arg.kind == "json":
         value = ["x", "y"] if isinstance(arg.default, list) else {"key": 1, "nested": {"a": [1, 2]}}
     elif arg.kind == "name_path":

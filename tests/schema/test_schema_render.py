@@ -19,8 +19,14 @@ COMPANIONS = {
 }
 
 
+# JSON arguments whose keys are checked.
+SAMPLES = {"structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True}}
+
+
 def sample(arg: Arg):
     """A valid value different from the default."""
+    if arg.dest in SAMPLES:
+        return SAMPLES[arg.dest]
     if arg.kind == "bool":
         return not arg.default
     if arg.choices is not None:

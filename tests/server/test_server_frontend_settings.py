@@ -77,14 +77,35 @@ def test_chat_template_content_format_shapes_the_messages():
     assert normalize_messages(messages, "string")[0]["content"] == "hi"
 
 
-def test_max_log_len_cuts_the_logged_prompt(caplog):
+def _serving(**flags) -> ServingBase:
     engine = SimpleNamespace(
         tokenizer=[0] * 10, max_model_len=64, model_config=SimpleNamespace(vocab_size=10)
     )
-    serving = ServingBase(engine, _settings(max_log_len=5))
+    return ServingBase(engine, _settings(**flags))
+
+
+def test_requests_are_not_logged_by_default(caplog):
+    with caplog.at_level(logging.DEBUG, logger="infernetes.runtime.server"):
+        _serving().log_request("r1", "secret prompt", [1, 2, 3], SamplingParams())
+    assert not caplog.records
+
+
+def test_enable_log_requests_logs_parameters_and_max_log_len_cuts_the_prompt(caplog):
+    serving = _serving(enable_log_requests=True, max_log_len=5)
     with caplog.at_level(logging.INFO, logger="infernetes.runtime.server"):
-        serving.log_request("r1", "abcdefghijklmnop", SamplingParams())
+        serving.log_request("r1", "abcdefghijklmnop", list(range(100, 120)), SamplingParams())
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["Received request r1"]
+    assert "abcde" not in caplog.text  # the prompt is a DEBUG detail, as in vLLM
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="infernetes.runtime.server"):
+        serving.log_request("r2", "abcdefghijklmnop", list(range(100, 120)), SamplingParams())
     assert "'abcde'" in caplog.text and "abcdef" not in caplog.text
+    assert "[100, 101, 102, 103, 104]" in caplog.text and "105" not in caplog.text
+
+
+def test_disable_log_requests_is_deprecated_and_changes_nothing(capsys):
+    settings = _settings(disable_log_requests=True)
+    assert settings.enable_log_requests is False
 
 
 def test_probe_access_lines_are_quiet_while_the_model_loads():

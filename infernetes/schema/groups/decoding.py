@@ -36,6 +36,17 @@ ARGS = (
         "guidance backend: do not use additionalProperties in JSON schemas.",
     ),
     Arg(
+        "structured-outputs-config",
+        "json",
+        {},
+        G,
+        "Structured output settings as JSON (vLLM's newer form of the --guided-decoding-* flags), "
+        "whole or by key: backend (auto, guidance, lm-format-enforcer, outlines, xgrammar), "
+        "disable_fallback, disable_any_whitespace, disable_additional_properties, "
+        "reasoning_parser, enable_in_reasoning; e.g. "
+        "--structured-outputs-config.disable_any_whitespace true.",
+    ),
+    Arg(
         "reasoning-parser",
         "str",
         None,

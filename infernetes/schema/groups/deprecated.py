@@ -49,6 +49,13 @@ ARGS = (
         replaced_by="distributed_executor_backend=ray",
     ),
     _removed(
+        "disable-log-requests",
+        "bool",
+        "frontend",
+        "Did not log each request.",
+        "since v0.10.2; requests are not logged by default: --enable-log-requests logs them",
+    ),
+    _removed(
         "engine-use-ray",
         "bool",
         "ParallelConfig",

@@ -163,7 +163,7 @@ ARGS = (
         "int",
         None,
         G,
-        "Log at most this many prompt characters or token ids per request.",
+        "Log at most this many prompt characters or token ids per request (--enable-log-requests).",
         minimum=0,
     ),
     Arg(
@@ -175,7 +175,14 @@ ARGS = (
     ),
     Arg("enable-prompt-tokens-details", "bool", False, G, "Report prompt_tokens_details in usage."),
     Arg("enable-server-load-tracking", "bool", False, G, "Track the number of in-flight requests."),
-    Arg("disable-log-requests", "bool", False, G, "Do not log each request."),
+    Arg(
+        "enable-log-requests",
+        "bool",
+        False,
+        G,
+        "Log each request: its id and sampling parameters at INFO, its prompt (cut to "
+        "--max-log-len) at DEBUG.",
+    ),
     Arg(
         "max-concurrency",
         "int",

@@ -115,4 +115,12 @@ ARGS = (
         G,
         "Give every attention layer the same KV-cache size, even sliding-window ones.",
     ),
+    Arg(
+        "async-scheduling",
+        "bool",
+        False,
+        G,
+        "Schedule the next step while the device runs the current one, hiding the CPU's "
+        "scheduling time.",
+    ),
 )

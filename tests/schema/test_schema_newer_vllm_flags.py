@@ -1,0 +1,84 @@
+"""Flags newer vLLM releases added: --async-scheduling (refused until built),
+--enable-log-requests (--disable-log-requests deprecated) and --structured-outputs-config with its
+keys, whole or dotted."""
+
+from __future__ import annotations
+
+import pytest
+
+from infernetes.schema.config import ConfigError, build_config
+from infernetes.schema.parser import parse_with_notices
+from infernetes.schema.support_check import check_support, report_support
+
+
+def test_async_scheduling_parses_and_is_refused_by_the_support_table(capsys):
+    config, _ = parse_with_notices(["m", "--async-scheduling"])
+    assert config.async_scheduling is True
+    with pytest.raises(SystemExit) as info:
+        report_support(config, "infernetes serve", environ={})
+    assert info.value.code == 2
+    assert "argument --async-scheduling is not supported" in capsys.readouterr().err
+
+
+def test_enable_log_requests_and_the_deprecated_disable_flag():
+    config, notices = parse_with_notices(["m", "--enable-log-requests"])
+    assert config.enable_log_requests is True and not notices
+    config, notices = parse_with_notices(["m", "--disable-log-requests"])
+    assert config.enable_log_requests is False
+    assert any("--disable-log-requests is deprecated" in n for n in notices)
+    assert "--enable-log-requests" in " ".join(notices)
+
+
+def test_structured_outputs_config_whole_and_dotted():
+    whole, _ = parse_with_notices(
+        ["m", "--structured-outputs-config", '{"backend": "guidance", "disable_fallback": true}']
+    )
+    assert whole.structured_outputs_config == {"backend": "guidance", "disable_fallback": True}
+    dotted, _ = parse_with_notices(
+        [
+            "m",
+            "--structured-outputs-config.backend",
+            "guidance",
+            "--structured-outputs-config.disable_any_whitespace",
+            "true",
+        ]
+    )
+    assert dotted.structured_outputs_config == {
+        "backend": "guidance",
+        "disable_any_whitespace": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"backends": "guidance"}, "unknown key 'backends'"),
+        ({"backend": "nope"}, "--structured-outputs-config.backend: invalid choice 'nope'"),
+        ({"disable_fallback": "yes"}, "expected a bool"),
+        ({"reasoning_parser": "nope"}, "invalid choice 'nope'"),
+    ],
+)
+def test_structured_outputs_config_keys_are_checked(value, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config("m", structured_outputs_config=value)
+
+
+@pytest.mark.parametrize(
+    ("value", "verdict"),
+    [
+        ({"backend": "guidance"}, None),
+        ({"backend": "auto", "disable_any_whitespace": True}, None),
+        ({"backend": "xgrammar"}, "error"),
+        ({"disable_additional_properties": True}, "error"),
+        ({"enable_in_reasoning": True}, "error"),
+        ({"reasoning_parser": "granite"}, "error"),
+        ({"reasoning_parser": "qwen3"}, None),
+        ({"disable_fallback": True}, "warning"),
+    ],
+)
+def test_structured_outputs_config_keys_go_through_the_support_table(value, verdict):
+    report = check_support(build_config("m", structured_outputs_config=value), environ={})
+    key = next(iter(value if verdict is None else [k for k, v in value.items() if v]))
+    errors = [e for e in report.errors if f"--structured-outputs-config.{key}" in e]
+    warnings = [w for w in report.warnings if f"--structured-outputs-config.{key}" in w]
+    assert (bool(errors), bool(warnings)) == (verdict == "error", verdict == "warning")
