@@ -181,9 +181,15 @@ class CompletionRequest(SamplingFields):
     prompt: PromptInput
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=16, ge=1)
+    # 0 only with echo: score the prompt (its logprobs), generate nothing, as vLLM allows.
+    max_tokens: int | None = Field(default=16, ge=0)
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
+
+    @property
+    def scores_prompt_only(self) -> bool:
+        """``max_tokens: 0`` with ``echo``: the prompt and its logprobs, nothing generated."""
+        return self.max_tokens == 0
 
     @field_validator("prompt")
     @classmethod

@@ -71,15 +71,22 @@ class CompletionServing(ServingBase):
         self.check_engine()
         if request.suffix is not None:
             raise APIError("suffix is not supported", 400, "suffix")
+        if request.max_tokens == 0 and not request.echo:
+            raise APIError(
+                "max_tokens must be at least 1 (0 only scores the prompt, with echo)",
+                400,
+                "max_tokens",
+            )
         if request.best_of is not None and request.best_of != request.n:
             raise APIError("best_of other than n is not supported", 400, "best_of")
         prompts = self._prompts(request)
         guide = guide_from_request(request)
         params_list = []
         for prompt in prompts:
-            max_tokens = self.resolve_max_tokens(
-                len(prompt.token_ids), request.max_tokens, "prompt"
-            )
+            # Scoring alone still runs one step (the engine samples at least one token), which
+            # is dropped from the answer.
+            wanted = 1 if request.scores_prompt_only else request.max_tokens
+            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), wanted, "prompt")
             params_list.append(
                 self.sampling_params(
                     request,
@@ -135,9 +142,10 @@ class CompletionServing(ServingBase):
             usage.prompt_tokens += len(prompt.token_ids)
             cached = getattr(final, "num_cached_tokens", 0) or 0
             for out in sorted(final.outputs, key=lambda o: o.index):
-                text = out.text
-                token_ids = list(out.token_ids)
-                logprobs_list = out.logprobs
+                scoring = request.scores_prompt_only
+                text = "" if scoring else out.text
+                token_ids = [] if scoring else list(out.token_ids)
+                logprobs_list = [] if scoring else out.logprobs
                 echo_text = self._echo_text(prompt) if request.echo else ""
                 logprobs = None
                 if request.logprobs is not None:
@@ -210,10 +218,12 @@ class CompletionServing(ServingBase):
                     cached_tokens += getattr(output, "num_cached_tokens", 0) or 0
                 for out in output.outputs:
                     index = p_index * request.n + out.index
-                    text = out.text
+                    scoring = request.scores_prompt_only
+                    text = "" if scoring else out.text
                     # The engine's sequences as they are: copied only when echo prepends to them.
-                    token_ids = out.token_ids
-                    logprobs_list = out.logprobs or ()
+                    token_ids = () if scoring else out.token_ids
+                    logprobs_list = () if scoring else (out.logprobs or ())
+                    generated = len(token_ids)
                     if request.echo and index not in echoed:
                         echoed.add(index)
                         text = self._echo_text(prompt) + text
@@ -223,7 +233,7 @@ class CompletionServing(ServingBase):
                                 *(output.prompt_logprobs or [None] * len(prompt.token_ids)),
                                 *logprobs_list,
                             ]
-                    completion_tokens += len(out.token_ids)
+                    completion_tokens += generated
                     if not text and not token_ids and out.finish_reason is None:
                         continue
                     logprobs = None
