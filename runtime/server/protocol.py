@@ -2,17 +2,20 @@
 
 Requests validate the shape (types, ranges); checks that need the model (context length,
 logprob cap) happen in the serving classes. Unknown fields are accepted and ignored, as OpenAI
-and vLLM do, so newer clients keep working.
+and vLLM do, so newer clients keep working; each such name is logged once at warning level.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+logger = logging.getLogger("infernetes.runtime.server")
 
 
 def random_id(prefix: str) -> str:
@@ -46,8 +49,32 @@ def _first_lone_surrogate(value: Any) -> str | None:
     return None
 
 
+# Unknown request fields warned of so far: each name once per process, as vLLM does.
+_WARNED_FIELDS: set[str] = set()
+_WARNED_FIELDS_LIMIT = 1024  # a client sending random names cannot grow this without bound
+
+
+def _warn_ignored(body: str, names: list[str]) -> None:
+    new = [n for n in names if n not in _WARNED_FIELDS]
+    if not new or len(_WARNED_FIELDS) >= _WARNED_FIELDS_LIMIT:
+        return
+    _WARNED_FIELDS.update(new)
+    logger.warning(
+        "%s: the request fields %s are not known here and were ignored (warned once per name)",
+        body,
+        ", ".join(sorted(new)),
+    )
+
+
 class RequestBody(OpenAIBase):
-    """A whole request body: its text must be valid Unicode."""
+    """A whole request body: its text must be valid Unicode; fields this server does not know
+    are accepted (newer clients keep working) and logged, once per name."""
+
+    @model_validator(mode="after")
+    def _log_ignored_fields(self) -> RequestBody:
+        if self.model_extra:
+            _warn_ignored(type(self).__name__, [name[:100] for name in self.model_extra])
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -107,6 +134,49 @@ class ResponseFormat(OpenAIBase):
         return self
 
 
+class StructuredOutputs(OpenAIBase):
+    """vLLM's ``structured_outputs`` request field: one constraint, and how to apply it."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
+
+    # "json" shadows a BaseModel attribute, hence the alias.
+    json_schema: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    @property
+    def constraints(self) -> list[str]:
+        """The constraints given, by their request names."""
+        given = {
+            "json": self.json_schema is not None,
+            "regex": self.regex is not None,
+            "choice": self.choice is not None,
+            "grammar": self.grammar is not None,
+            "json_object": bool(self.json_object),
+            "structural_tag": self.structural_tag is not None,
+        }
+        return [name for name, present in given.items() if present]
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> StructuredOutputs:
+        given = self.constraints
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of json, regex, choice, grammar, json_object, structural_tag; "
+                f"got {given or 'none'}"
+            )
+        if self.choice is not None and not self.choice:
+            raise ValueError("choice must list at least one choice")
+        return self
+
+
 class SamplingFields(RequestBody):
     """Fields common to completions and chat: OpenAI's plus vLLM's extras."""
 
@@ -148,6 +218,8 @@ class SamplingFields(RequestBody):
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
+    # structured output, current vLLM's spelling
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop")
     @classmethod
@@ -165,6 +237,8 @@ class SamplingFields(RequestBody):
         ]
         if self.response_format is not None and self.response_format.type != "text":
             guides.append("response_format")
+        if self.structured_outputs is not None:
+            guides.append("structured_outputs")
         if len(guides) > 1:
             raise ValueError(f"only one kind of structured output per request, got {guides}")
         if self.guided_choice is not None and not self.guided_choice:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 from infernetes.runtime.server.errors import APIError
-from infernetes.runtime.server.protocol import SamplingFields
+from infernetes.runtime.server.protocol import SamplingFields, StructuredOutputs
 from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.structured_output import (
     Guide,
@@ -32,6 +32,8 @@ def batch_items(raw: Any) -> list[Any]:
 
 def guide_from_request(request: SamplingFields) -> Guide | None:
     """The one structured-output constraint a request asks for, if any."""
+    if request.structured_outputs is not None:
+        return _structured_outputs_guide(request.structured_outputs)
     fmt = request.response_format
     if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
         return Guide("json", fmt.json_schema.json_schema, "response_format.json_schema.schema")
@@ -46,6 +48,33 @@ def guide_from_request(request: SamplingFields) -> Guide | None:
     if request.guided_grammar is not None:
         return Guide("grammar", request.guided_grammar, "guided_grammar")
     return None
+
+
+def _structured_outputs_guide(fields: StructuredOutputs) -> Guide:
+    (kind,) = fields.constraints  # the request model allows exactly one
+    param = f"structured_outputs.{kind}"
+    if kind == "structural_tag":
+        raise APIError(
+            "structured_outputs.structural_tag is not supported by the guidance backend here; "
+            "use json, regex, choice, grammar or json_object",
+            400,
+            param,
+        )
+    if fields.disable_additional_properties:
+        raise APIError(
+            "structured_outputs.disable_additional_properties is not supported by the guidance "
+            "backend here yet",
+            400,
+            "structured_outputs.disable_additional_properties",
+        )
+    spec = {
+        "json": fields.json_schema,
+        "regex": fields.regex,
+        "choice": fields.choice,
+        "grammar": fields.grammar,
+        "json_object": None,
+    }[kind]
+    return Guide(kind, spec, param, compact=fields.disable_any_whitespace or None)
 
 
 class ServingBase:
@@ -182,11 +211,12 @@ class ServingBase:
         try:
             check_backend(self.settings.guided_decoding_backend, "--guided-decoding-backend")
             check_backend(request.guided_decoding_backend)
+            compact = self.settings.guided_decoding_disable_any_whitespace
             return make_logits_processor(
                 guide,
                 self.tokenizer,
                 self.vocab_size,
-                compact_json=self.settings.guided_decoding_disable_any_whitespace,
+                compact_json=compact if guide.compact is None else guide.compact,
             )
         except GuideError as exc:
             raise APIError(str(exc), 400, exc.param) from exc

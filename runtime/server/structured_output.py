@@ -36,6 +36,7 @@ class Guide:
     kind: str
     spec: Any
     param: str
+    compact: bool | None = None  # the request's disable_any_whitespace; None: the server's
 
 
 def check_backend(name: str | None, param: str = "guided_decoding_backend") -> None:
