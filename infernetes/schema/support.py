@@ -107,6 +107,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "disable_fastapi_docs": HONOURED,
     "enable_prompt_tokens_details": HONOURED,
     "enable_server_load_tracking": HONOURED,
+    "enable_tokenizer_info_endpoint": HONOURED,
     "enable_log_requests": HONOURED,
     "max_concurrency": HONOURED,
     "shutdown_timeout": HONOURED,

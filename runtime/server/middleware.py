@@ -40,11 +40,11 @@ OPEN_PATHS = frozenset(
     }
 )
 # Routes whose in-flight count is the server load (--enable-server-load-tracking).
-INFERENCE_PATHS = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize", "/detokenize"}
-)
 # Routes that occupy the engine, counted against --max-concurrency.
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+GENERATION_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/pooling", "/invocations"}
+)
+INFERENCE_PATHS = GENERATION_PATHS | {"/tokenize", "/detokenize"}
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # Time for a whole request body to arrive: 32 MB at ~1 MB/s, with room to spare.
 BODY_TIMEOUT_S = float(os.environ.get("INFERNETES_HTTP_BODY_TIMEOUT_S", 60))

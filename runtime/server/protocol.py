@@ -487,6 +487,29 @@ class EmbeddingResponse(BaseModel):
     usage: UsageInfo
 
 
+# ---------------------------------------------------------------- pooling
+
+
+class PoolingRequest(EmbeddingRequest):
+    """POST /pooling (vLLM): the pooled output of each input; for an embedding model, its
+    embedding."""
+
+
+class PoolingData(BaseModel):
+    index: int
+    object: Literal["pooling"] = "pooling"
+    data: list[float] | str
+
+
+class PoolingResponse(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("pool"))
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[PoolingData]
+    usage: UsageInfo
+
+
 # ---------------------------------------------------------------- tokenizer routes
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from infernetes.runtime.server.errors import APIError, error_response
 from infernetes.runtime.server.off_loop import off_loop
@@ -18,12 +20,15 @@ from infernetes.runtime.server.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    PoolingRequest,
+    RequestBody,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
 from infernetes.runtime.server.state import ServerState
 from infernetes.runtime.server.streaming import ClientDisconnected, until_disconnected
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 
 from infernetes import __version__
 
@@ -141,12 +146,67 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     return await _answer(request, servings.embedding.create(body))
 
 
+@router.post("/pooling")
+async def pooling(body: PoolingRequest, request: Request) -> Response:
+    servings = server(request).require_embedding()
+    return await _answer(request, servings.embedding.pool(body))
+
+
+# /invocations (SageMaker's one route): the payload's shape picks the endpoint, as vLLM does.
+_INVOKED_BY_KEY: tuple[tuple[str, type[RequestBody]], ...] = (
+    ("messages", ChatCompletionRequest),
+    ("prompt", CompletionRequest),
+    ("input", EmbeddingRequest),
+)
+
+
+@router.post("/invocations")
+async def invocations(request: Request) -> Response:
+    try:
+        payload = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(f"the request body is not valid JSON: {exc}", 400) from exc
+    model = next(
+        (model for key, model in _INVOKED_BY_KEY if isinstance(payload, dict) and key in payload),
+        None,
+    )
+    if model is None:
+        raise APIError(
+            "/invocations routes by the payload: messages (chat completions), prompt "
+            "(completions) or input (embeddings); none of them is in this body",
+            400,
+        )
+    try:
+        body = model.model_validate(payload)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from exc
+    match body:
+        case ChatCompletionRequest():
+            return await chat_completions(body, request)
+        case CompletionRequest():
+            return await completions(body, request)
+        case EmbeddingRequest():
+            return await embeddings(body, request)
+    raise AssertionError(f"unrouted body {type(body).__name__}")
+
+
 @router.post("/tokenize")
 async def tokenize(
     body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request
 ) -> JSONResponse:
     servings = server(request).require_engine()
     return _json(await off_loop(servings.tokenization.tokenize_request, body))
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> JSONResponse:
+    state = server(request)
+    if not state.settings.enable_tokenizer_info_endpoint:
+        raise APIError(
+            "/tokenizer_info is off; start the server with --enable-tokenizer-info-endpoint", 404
+        )
+    servings = state.require_engine()
+    return JSONResponse(servings.tokenization.tokenizer_info())
 
 
 @router.post("/detokenize")

@@ -1,4 +1,4 @@
-"""POST /v1/embeddings, for models served with ``--task embed``."""
+"""POST /v1/embeddings and /pooling, for models served with ``--task embed``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from infernetes.runtime.server.protocol import (
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
+    PoolingData,
+    PoolingRequest,
+    PoolingResponse,
     UsageInfo,
     random_id,
 )
@@ -77,4 +80,15 @@ class EmbeddingServing(ServingBase):
             model=request.model or self.settings.model_name,
             data=data,
             usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+        )
+
+    async def pool(self, request: PoolingRequest) -> PoolingResponse:
+        """vLLM's /pooling: what the model's pooler gives, the embedding for embedding models."""
+        embedded = await self.create(request)
+        return PoolingResponse(
+            id=embedded.id.replace("embd-", "pool-", 1),
+            created=embedded.created,
+            model=embedded.model,
+            data=[PoolingData(index=item.index, data=item.embedding) for item in embedded.data],
+            usage=embedded.usage,
         )

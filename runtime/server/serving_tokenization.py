@@ -1,4 +1,4 @@
-"""POST /tokenize and /detokenize (vLLM's tokenizer routes)."""
+"""POST /tokenize and /detokenize, GET /tokenizer_info (vLLM's tokenizer routes)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,23 @@ from infernetes.runtime.server.serving_base import ServingBase
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.async_engine import AsyncEngine
+
+
+# init_kwargs naming files on the server's disk: nothing a client can use.
+_LOCAL_KEYS = frozenset(
+    {"name_or_path", "vocab_file", "merges_file", "tokenizer_file", "special_tokens_map_file"}
+)
+
+
+def _plain(value: Any) -> Any:
+    """A tokenizer setting as JSON: AddedTokens as their text, anything else unknown as str."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(getattr(value, "content", value))
 
 
 class TokenizationServing(ServingBase):
@@ -43,6 +60,24 @@ class TokenizationServing(ServingBase):
             text = request.prompt
         tokens = self.tokenize(text, request.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's /tokenizer_info: the tokenizer's class, its settings (special tokens as their
+        text) and the chat template the server renders with, for clients that tokenize remotely
+        (lm-eval's ``tokenizer_backend=remote``)."""
+        info = {
+            key: _plain(value)
+            for key, value in getattr(self.tokenizer, "init_kwargs", {}).items()
+            if not key.startswith("_") and key not in _LOCAL_KEYS
+        }
+        for name in ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token"):
+            value = getattr(self.tokenizer, name, None)
+            if value is not None:
+                info[name] = str(value)
+        info["tokenizer_class"] = type(self.tokenizer).__name__
+        if self.renderer.default_template:
+            info["chat_template"] = self.renderer.default_template
+        return info
 
     def detokenize_request(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.check_model(request.model)

@@ -56,6 +56,7 @@ class FrontendSettings:
     return_tokens_as_token_ids: bool = False
     enable_prompt_tokens_details: bool = False
     enable_server_load_tracking: bool = False
+    enable_tokenizer_info_endpoint: bool = False
     max_concurrency: int | None = None
     shutdown_timeout: int = 30
     log_config_file: str | None = None
@@ -131,6 +132,7 @@ class FrontendSettings:
             return_tokens_as_token_ids=bool(get("return_tokens_as_token_ids", False)),
             enable_prompt_tokens_details=bool(get("enable_prompt_tokens_details", False)),
             enable_server_load_tracking=bool(get("enable_server_load_tracking", False)),
+            enable_tokenizer_info_endpoint=bool(get("enable_tokenizer_info_endpoint", False)),
             max_concurrency=get("max_concurrency"),
             shutdown_timeout=int(get("shutdown_timeout", 30)),
             log_config_file=get("log_config_file"),

@@ -176,6 +176,14 @@ ARGS = (
     Arg("enable-prompt-tokens-details", "bool", False, G, "Report prompt_tokens_details in usage."),
     Arg("enable-server-load-tracking", "bool", False, G, "Track the number of in-flight requests."),
     Arg(
+        "enable-tokenizer-info-endpoint",
+        "bool",
+        False,
+        G,
+        "Serve GET /tokenizer_info (the tokenizer's class, special tokens, settings and chat "
+        "template), which remote-tokenizer clients such as lm-eval read.",
+    ),
+    Arg(
         "enable-log-requests",
         "bool",
         False,
