@@ -118,9 +118,9 @@ ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- ModelConfig
     "model": HONOURED,
     "task": partial(
-        ("auto", "generate", "embedding", "embed"),
-        "generation and embeddings are served; classify, score, reward, transcription "
-        "and draft models are not yet",
+        ("auto", "generate", "embedding", "embed", "classify", "score"),
+        "generation, embeddings and cross-encoders (classify, score) are served; reward, "
+        "transcription and draft models are not yet",
     ),
     "tokenizer": HONOURED,
     "hf_config_path": HONOURED,

@@ -217,6 +217,9 @@ def resolve_config(
             kind = "an embedding" if info.is_pooling else "a generative"
             raise ValueError(f"task={config.task!r} does not fit {info.architecture}, {kind} model")
     tokenizer = _load_tokenizer(config, path)
+    if info.is_pooling and getattr(info.hf_config, "sep_token_id", None) is None:
+        # a cross-encoder finds the pair's boundary by it (models/bert.py: pair_token_types)
+        info.hf_config.sep_token_id = getattr(tokenizer, "sep_token_id", None)
     generation = _generation_config(config, path)
     eos, extra_eos = _eos_token_ids(tokenizer, hf_config, generation)
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)

@@ -42,7 +42,19 @@ OPEN_PATHS = frozenset(
 # Routes whose in-flight count is the server load (--enable-server-load-tracking).
 # Routes that occupy the engine, counted against --max-concurrency.
 GENERATION_PATHS = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/pooling", "/invocations"}
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/pooling",
+        "/invocations",
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/classify",
+    }
 )
 INFERENCE_PATHS = GENERATION_PATHS | {"/tokenize", "/detokenize"}
 MAX_BODY_BYTES = 32 * 1024 * 1024

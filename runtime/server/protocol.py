@@ -510,6 +510,98 @@ class PoolingResponse(BaseModel):
     usage: UsageInfo
 
 
+# ---------------------------------------------------------------- cross-encoders
+
+
+class ScoreRequest(RequestBody):
+    """POST /score (vLLM): ``text_1`` against each ``text_2`` (one to many, or pairwise)."""
+
+    model: str | None = None
+    text_1: str | list[str]
+    text_2: str | list[str]
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("score"))
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ScoreData]
+    usage: UsageInfo
+
+
+class RerankRequest(RequestBody):
+    """POST /rerank (Jina's and Cohere's shape, v1 and v2): documents ordered by relevance."""
+
+    model: str | None = None
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int | None = Field(default=None, ge=0)
+    return_documents: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1)
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    document: RerankDocument | None = None
+    relevance_score: float
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("rerank"))
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class ClassificationRequest(RequestBody):
+    """POST /classify (vLLM): each input's class probabilities and most likely label."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _input_not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must not be an empty list")
+        return value
+
+
+class ClassificationData(BaseModel):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(BaseModel):
+    id: str = Field(default_factory=lambda: random_id("classify"))
+    object: Literal["list"] = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[ClassificationData]
+    usage: UsageInfo
+
+
 # ---------------------------------------------------------------- tokenizer routes
 
 

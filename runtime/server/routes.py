@@ -14,6 +14,7 @@ from infernetes.runtime.server.errors import APIError, error_response
 from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
     ChatCompletionRequest,
+    ClassificationRequest,
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
@@ -22,6 +23,8 @@ from infernetes.runtime.server.protocol import (
     ModelList,
     PoolingRequest,
     RequestBody,
+    RerankRequest,
+    ScoreRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
@@ -152,10 +155,33 @@ async def pooling(body: PoolingRequest, request: Request) -> Response:
     return await _answer(request, servings.embedding.pool(body))
 
 
+@router.post("/score")
+@router.post("/v1/score")
+async def score(body: ScoreRequest, request: Request) -> Response:
+    servings = server(request).require_cross_encoder()
+    return await _answer(request, servings.score.score(body))
+
+
+@router.post("/rerank")
+@router.post("/v1/rerank")
+@router.post("/v2/rerank")
+async def rerank(body: RerankRequest, request: Request) -> Response:
+    servings = server(request).require_cross_encoder()
+    return await _answer(request, servings.score.rerank(body))
+
+
+@router.post("/classify")
+async def classify(body: ClassificationRequest, request: Request) -> Response:
+    servings = server(request).require_cross_encoder()
+    return await _answer(request, servings.score.classify(body))
+
+
 # /invocations (SageMaker's one route): the payload's shape picks the endpoint, as vLLM does.
 _INVOKED_BY_KEY: tuple[tuple[str, type[RequestBody]], ...] = (
     ("messages", ChatCompletionRequest),
     ("prompt", CompletionRequest),
+    ("text_1", ScoreRequest),
+    ("query", RerankRequest),
     ("input", EmbeddingRequest),
 )
 
@@ -173,7 +199,8 @@ async def invocations(request: Request) -> Response:
     if model is None:
         raise APIError(
             "/invocations routes by the payload: messages (chat completions), prompt "
-            "(completions) or input (embeddings); none of them is in this body",
+            "(completions), text_1 (score), query (rerank) or input (embeddings, or classify on "
+            "a cross-encoder); none of them is in this body",
             400,
         )
     try:
@@ -185,6 +212,13 @@ async def invocations(request: Request) -> Response:
             return await chat_completions(body, request)
         case CompletionRequest():
             return await completions(body, request)
+        case ScoreRequest():
+            return await score(body, request)
+        case RerankRequest():
+            return await rerank(body, request)
+        case EmbeddingRequest() if server(request).is_cross_encoder:
+            as_classification = ClassificationRequest.model_validate(payload)
+            return await classify(as_classification, request)
         case EmbeddingRequest():
             return await embeddings(body, request)
     raise AssertionError(f"unrouted body {type(body).__name__}")

@@ -14,6 +14,7 @@ from infernetes.runtime.server.reasoning import make_reasoning_parser
 from infernetes.runtime.server.serving_chat import ChatServing
 from infernetes.runtime.server.serving_completion import CompletionServing
 from infernetes.runtime.server.serving_embedding import EmbeddingServing
+from infernetes.runtime.server.serving_score import ScoreServing
 from infernetes.runtime.server.serving_tokenization import TokenizationServing
 from infernetes.runtime.server.settings import FrontendSettings
 
@@ -41,6 +42,7 @@ class Servings:
     completion: CompletionServing
     chat: ChatServing
     embedding: EmbeddingServing
+    score: ScoreServing
     tokenization: TokenizationServing
 
 
@@ -54,6 +56,7 @@ class ServerState:
     metrics: PrometheusStatLogger | None = None
     servings: Servings | None = None
     is_embedding_model: bool = False
+    is_cross_encoder: bool = False
 
     def attach_engine(self, engine: AsyncEngine) -> None:
         """Builds the serving objects on a loaded engine; the routes answer from then on."""
@@ -85,10 +88,16 @@ class ServerState:
             completion=CompletionServing(engine, settings),
             chat=ChatServing(engine, settings, renderer, reasoning),
             embedding=EmbeddingServing(engine, settings),
+            score=ScoreServing(engine, settings),
             tokenization=TokenizationServing(engine, settings, renderer),
         )
-        self.is_embedding_model = settings.task in ("embed", "embedding") or bool(
-            getattr(engine, "is_pooling", False)
+        pooling = bool(getattr(engine, "is_pooling", False))
+        architectures = getattr(getattr(engine, "model_config", None), "architectures", None)
+        self.is_cross_encoder = pooling and any(
+            name.endswith("ForSequenceClassification") for name in architectures or []
+        )
+        self.is_embedding_model = not self.is_cross_encoder and (
+            settings.task in ("embed", "embedding") or pooling
         )
         self.engine = engine
 
@@ -112,6 +121,12 @@ class ServerState:
 
     def require_generation(self) -> Servings:
         servings = self.require_engine()
+        if self.is_cross_encoder:
+            raise APIError(
+                "this model is a cross-encoder; it answers /score, /rerank and /classify",
+                400,
+                "model",
+            )
         if self.is_embedding_model:
             raise APIError(
                 "this model is served for embeddings (--task embed); it has no completions or chat",
@@ -126,6 +141,17 @@ class ServerState:
             raise APIError(
                 "this model does not support embeddings; serve an embedding model "
                 "with --task embed",
+                400,
+                "model",
+            )
+        return servings
+
+    def require_cross_encoder(self) -> Servings:
+        servings = self.require_engine()
+        if not self.is_cross_encoder:
+            raise APIError(
+                "this model is not a cross-encoder (a *ForSequenceClassification model): "
+                "it has no /score, /rerank or /classify",
                 400,
                 "model",
             )

@@ -37,7 +37,15 @@ GENERATIVE = {
     "OPTForCausalLM": _opt,
     "GPT2LMHeadModel": _gpt2,
 }
-POOLING = {"BertModel": _bert}
+
+
+def _bert_classifier() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.bert import BertForSequenceClassification
+
+    return BertForSequenceClassification
+
+
+POOLING = {"BertModel": _bert, "BertForSequenceClassification": _bert_classifier}
 ARCHITECTURES = {**GENERATIVE, **POOLING}
 
 

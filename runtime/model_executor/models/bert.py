@@ -1,6 +1,7 @@
 """BERT encoder for embeddings (``--task embed``): bidirectional attention over each whole prompt,
 post-LayerNorm, then the pooler the model folder declares. No KV cache: a prompt is encoded in one
-step."""
+step. ``BertForSequenceClassification`` is the same encoder over a text pair (a cross-encoder),
+its CLS state through BERT's pooler and a classifier: one row of logits per prompt."""
 
 from __future__ import annotations
 
@@ -31,10 +32,31 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        token_types: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         hidden = self.word_embeddings(input_ids) + self.position_embeddings(positions)
-        hidden = hidden + self.token_type_embeddings.weight[0]  # one segment: token type 0
+        if token_types is None:
+            hidden = hidden + self.token_type_embeddings.weight[0]  # one segment: token type 0
+        else:
+            hidden = hidden + self.token_type_embeddings(token_types)
         return self.LayerNorm(hidden)
+
+
+def pair_token_types(
+    input_ids: torch.Tensor, sep_token_id: int, cu_seqlens: torch.Tensor
+) -> torch.Tensor:
+    """BERT's segment ids of pairs packed ``[CLS] a [SEP] b [SEP]`` (what its tokenizer writes):
+    0 up to and including each sequence's first [SEP], 1 after it. The engine passes token ids
+    only; the segments follow from them."""
+    is_sep = (input_ids == sep_token_id).long()
+    seps_before = torch.cumsum(is_sep, 0) - is_sep
+    starts = cu_seqlens[:-1].long()
+    in_earlier_sequences = torch.repeat_interleave(seps_before[starts], cu_seqlens.diff().long())
+    return (seps_before > in_earlier_sequences).long()
 
 
 class BertSelfAttention(nn.Module):
@@ -98,8 +120,13 @@ class BertModel(nn.Module):
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.pooler = Pooler("CLS", normalize=True)  # replaced by the loader from the model folder
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embeddings(input_ids, positions)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        token_types: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden = self.embeddings(input_ids, positions, token_types)
         for layer in self.layers:
             hidden = layer(hidden)
         return hidden
@@ -120,3 +147,44 @@ class BertModel(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_stacked_weights(self, weights, self.stacked_params, rename=self._rename)
+
+
+class BertForSequenceClassification(nn.Module):
+    """A cross-encoder: ``pool`` gives each prompt's classifier logits, raw (the server applies
+    the activation its route asks for). The engine's pooler, set by the loader, is not used."""
+
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
+        super().__init__()
+        self.bert = BertModel(config, max_position)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, int(config.num_labels or 1))
+        # set from the tokenizer when config.json has none (engine_config)
+        self.sep_token_id: int | None = getattr(config, "sep_token_id", None)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        token_types = None
+        if self.sep_token_id is not None:
+            cu_seqlens = get_attention_metadata().cu_seqlens_q
+            token_types = pair_token_types(input_ids, self.sep_token_id, cu_seqlens)
+        return self.bert(input_ids, positions, token_types)
+
+    def pool(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        first_tokens = hidden[cu_seqlens[:-1].long()]
+        return self.classifier(torch.tanh(self.dense(first_tokens)))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+
+        def encoder_weights() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                own = name.replace("bert.pooler.dense.", "dense.")
+                if own.startswith(("dense.", "classifier.")):
+                    with torch.no_grad():
+                        params[own].copy_(tensor)
+                    loaded.add(own)
+                else:
+                    yield name, tensor
+
+        loaded |= {f"bert.{name}" for name in self.bert.load_weights(encoder_weights())}
+        return loaded
