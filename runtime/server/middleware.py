@@ -46,6 +46,7 @@ GENERATION_PATHS = frozenset(
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/embeddings",
+        "/v1/responses",
         "/pooling",
         "/invocations",
         "/score",

@@ -602,6 +602,62 @@ class ClassificationResponse(BaseModel):
     usage: UsageInfo
 
 
+# ---------------------------------------------------------------- responses
+
+
+class ResponsesTextFormat(OpenAIBase):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    description: str | None = None
+    # "schema" shadows a BaseModel attribute, hence the alias.
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponsesText(OpenAIBase):
+    format: ResponsesTextFormat | None = None
+
+
+class ResponsesFunctionTool(OpenAIBase):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponsesNamedToolChoice(OpenAIBase):
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesReasoning(OpenAIBase):
+    effort: Literal["low", "medium", "high"] | None = None
+
+
+class ResponsesRequest(RequestBody):
+    """POST /v1/responses (OpenAI's Responses API, as vLLM serves it)."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    stream: bool = False
+    tools: list[ResponsesFunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesNamedToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    text: ResponsesText | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    reasoning: ResponsesReasoning | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+
+
 # ---------------------------------------------------------------- tokenizer routes
 
 

@@ -24,6 +24,7 @@ from infernetes.runtime.server.protocol import (
     PoolingRequest,
     RequestBody,
     RerankRequest,
+    ResponsesRequest,
     ScoreRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
@@ -141,6 +142,26 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     servings = server(request).require_generation()
     return await _answer(request, servings.chat.create(body))
+
+
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request) -> Response:
+    servings = server(request).require_generation()
+    work = servings.responses.create(body)
+    try:
+        result = await until_disconnected(request, work)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    if isinstance(result, AsyncIterator):
+        return StreamingResponse(
+            result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+    return JSONResponse(result)
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> JSONResponse:
+    return JSONResponse(server(request).require_generation().responses.get(response_id))
 
 
 @router.post("/v1/embeddings")

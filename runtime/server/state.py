@@ -14,6 +14,7 @@ from infernetes.runtime.server.reasoning import make_reasoning_parser
 from infernetes.runtime.server.serving_chat import ChatServing
 from infernetes.runtime.server.serving_completion import CompletionServing
 from infernetes.runtime.server.serving_embedding import EmbeddingServing
+from infernetes.runtime.server.serving_responses import ResponsesServing
 from infernetes.runtime.server.serving_score import ScoreServing
 from infernetes.runtime.server.serving_tokenization import TokenizationServing
 from infernetes.runtime.server.settings import FrontendSettings
@@ -41,6 +42,7 @@ class Servings:
     engine: AsyncEngine
     completion: CompletionServing
     chat: ChatServing
+    responses: ResponsesServing
     embedding: EmbeddingServing
     score: ScoreServing
     tokenization: TokenizationServing
@@ -83,10 +85,12 @@ class ServerState:
                 stat_logger.cache_label = (
                     "CPU" if getattr(engine, "device", "cuda") == "cpu" else "GPU"
                 )
+        chat = ChatServing(engine, settings, renderer, reasoning)
         self.servings = Servings(
             engine=engine,
             completion=CompletionServing(engine, settings),
-            chat=ChatServing(engine, settings, renderer, reasoning),
+            chat=chat,
+            responses=ResponsesServing(chat),
             embedding=EmbeddingServing(engine, settings),
             score=ScoreServing(engine, settings),
             tokenization=TokenizationServing(engine, settings, renderer),
