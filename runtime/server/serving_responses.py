@@ -25,6 +25,7 @@ from infernetes.runtime.server.protocol import (
 )
 from infernetes.runtime.server.serving_chat import ChatServing
 from infernetes.runtime.server.streaming import engine_stream, sse
+from pydantic import ValidationError
 
 # Responses kept for GET and previous_response_id; the oldest goes first.
 STORE_LIMIT = 1024
@@ -200,9 +201,19 @@ class ResponsesServing:
         system = (
             [{"role": "system", "content": request.instructions}] if request.instructions else []
         )
-        chat_request = ChatCompletionRequest.model_validate(
-            {**_chat_fields(request), "messages": system + conversation, "stream": request.stream}
-        )
+        try:
+            chat_request = ChatCompletionRequest.model_validate(
+                {
+                    **_chat_fields(request),
+                    "messages": system + conversation,
+                    "stream": request.stream,
+                }
+            )
+        except ValidationError as exc:  # what the input items became cannot be a chat
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            param = "input" if where.startswith("messages") else where or None
+            raise APIError(f"{param or 'body'}: {first.get('msg', 'invalid')}", 400, param) from exc
         return conversation, chat_request
 
     def _response(

@@ -255,7 +255,14 @@ SCHEMA.config.generation.update(modes=list(schemathesis.GenerationMode))
 
 
 # Fields that set how much work a valid request is: capped so the run stays bounded in time.
-WORK_CAPS = {"max_tokens": 8, "max_completion_tokens": 8, "min_tokens": 8, "n": 2, "best_of": 2}
+WORK_CAPS = {
+    "max_tokens": 8,
+    "max_completion_tokens": 8,
+    "max_output_tokens": 8,
+    "min_tokens": 8,
+    "n": 2,
+    "best_of": 2,
+}
 
 
 @SCHEMA.parametrize()
