@@ -1,4 +1,5 @@
-"""/tokenizer_info (--enable-tokenizer-info-endpoint) describes the served tokenizer, and lm-eval's
+"""What a plainly started server logs (address, model dtype and device, KV cache size, maximum
+concurrency); /tokenizer_info (--enable-tokenizer-info-endpoint) describes the served tokenizer, and lm-eval's
 ``local-completions`` model with ``tokenizer_backend=remote`` (which tokenizes through
 /tokenizer_info, /tokenize and /detokenize) runs a loglikelihood task against the server: a tiny
 local multiple-choice task, its scores equal to the prompt logprobs the server returns itself."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import httpx
 import pytest
@@ -23,6 +25,18 @@ def info_server(server_process_factory, tiny_llama_dir):
         yield server
     finally:
         server.stop()
+
+
+def test_startup_logs_the_resolved_settings(info_server):
+    log = info_server.log_path.read_text(errors="replace")
+    assert f"listening on http://127.0.0.1:{info_server.port}" in log
+    assert re.search(
+        r"Model LlamaForCausalLM: dtype (bfloat16|float16|float32) on (cpu|cuda), max_model_len \d+",
+        log,
+    )
+    assert re.search(r"(CPU|GPU) KV cache size: [\d,]+ tokens", log)
+    assert re.search(r"Maximum concurrency for [\d,]+ tokens per request: [\d.]+x", log)
+    assert "Received request" not in log  # request logging is off by default
 
 
 def test_tokenizer_info_describes_the_tokenizer(info_server, tiny_llama_dir):
