@@ -93,6 +93,7 @@ class CoreThread:
     def stop(self) -> None:
         self.send(Shutdown())
         self._thread.join(JOIN_TIMEOUT_S)
+        self.engine.shutdown()
 
 
 class CoreProcess:
@@ -296,5 +297,8 @@ def run_core_process(
             return None
         return from_wire(pickle.loads(conn.recv_bytes()))
 
-    with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
-        CoreLoop(engine, stats, emit).run(next_command)
+    try:
+        with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
+            CoreLoop(engine, stats, emit).run(next_command)
+    finally:
+        engine.shutdown()

@@ -120,6 +120,17 @@ def _scheduler_config(
     )
 
 
+def _parallel_config(config: ServeConfig) -> ParallelConfig:
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    backend = config.distributed_executor_backend or ("mp" if tp * pp > 1 else "uni")
+    if backend == "uni" and tp * pp > 1:
+        raise ValueError(
+            f"distributed_executor_backend='uni' runs one rank, but tensor_parallel_size x "
+            f"pipeline_parallel_size is {tp * pp}; use 'mp' (the default) for more ranks"
+        )
+    return ParallelConfig(tp, pp, backend)
+
+
 def _config_source(config: ServeConfig, model_path: Path) -> Path:
     """Where config.json comes from: ``--hf-config-path`` (a folder, a JSON file or a hub id whose
     JSON files are fetched alone), else the model's folder."""
@@ -241,10 +252,7 @@ def resolve_config(
             cpu_kv_cache_bytes=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4) << 30,
         ),
         scheduler=scheduler,
-        parallel=ParallelConfig(
-            tensor_parallel_size=config.tensor_parallel_size,
-            pipeline_parallel_size=config.pipeline_parallel_size,
-        ),
+        parallel=_parallel_config(config),
         device=DeviceConfig(device=device, attention_backend=config.attention_backend),
         load=LoadConfig(
             load_format=config.load_format,

@@ -67,3 +67,7 @@ class LLMEngine:
     @property
     def is_sleeping(self) -> bool:
         return self.engine_core.is_sleeping
+
+    def shutdown(self) -> None:
+        """Stop the worker processes now (otherwise when the engine is collected, or at exit)."""
+        self.engine_core.shutdown()

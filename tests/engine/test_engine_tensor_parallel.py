@@ -1,64 +1,26 @@
-"""The tensor-parallel layers for real: each rank a process of its own in a gloo group, holding
-its shard of a tiny model of every supported architecture (attention heads split, KV heads split
-or replicated, vocabulary-parallel embedding and LM head, row-parallel all-reduce), must produce
-transformers' greedy tokens, and every rank the same ones. The executor that starts the ranks is the parallelism issue's; here the
-test starts them."""
+"""Tensor parallelism end to end on the CPU: the engine starts one worker process per rank
+(``MultiprocExecutor``, gloo), each holding its shard of a tiny model (attention heads split, KV
+heads split or replicated, vocabulary-parallel embedding and LM head, row-parallel all-reduce).
+Greedy tokens must equal transformers' and TP 1's, logprobs TP 1's within float tolerance, under
+chunked prefill, prefix-cache hits and preemption; each rank reads only its shard of the
+checkpoint; a worker that dies fails the engine."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import pytest
+from infernetes.runtime.engine.llm_engine import LLMEngine
+from infernetes.runtime.executor.multiproc_executor import WorkerDiedError
+from infernetes.runtime.sampling_params import SamplingParams
 
-RANK_MAIN = Path(__file__).with_name("tp_rank_main.py")
+from infernetes.schema.config import build_config
+
 LONG = [1, 5, 9, 200, 17, 3, 44, 8, 91, 12, 7, 300, 5, 5, 60, 2, 33]
 PROMPTS = [LONG, [1, 77, 4, 150, 6], [*LONG[:16], 9, 9]]  # the third shares two blocks
 MAX_TOKENS = 12
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _run_ranks(model: str, world_size: int, engine: dict) -> list[dict]:
-    spec = json.dumps(
-        {"model": model, "prompts": PROMPTS, "max_tokens": MAX_TOKENS, "engine": engine}
-    )
-    port = _free_port()
-    ranks = []
-    for rank in range(world_size):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        ranks.append(
-            subprocess.Popen(
-                [sys.executable, str(RANK_MAIN), spec],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outputs = []
-    for process in ranks:
-        out, err = process.communicate(timeout=600)
-        assert process.returncode == 0, err[-3000:]
-        outputs.append(json.loads(out.strip().splitlines()[-1]))
-    return outputs
-
-
 ENGINE = {
     "dtype": "float32",
     "max_model_len": 40,
@@ -70,27 +32,102 @@ ENGINE = {
 }
 
 
-@pytest.mark.slow  # two processes per case, about ten seconds each
+class Counter:
+    def __init__(self) -> None:
+        self.preemptions = 0
+        self.prefix_hits = 0
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        self.preemptions += scheduler_stats.num_preemptions
+        self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
+
+
+def _generate(engine: LLMEngine) -> dict[str, tuple[list[int], list[float]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, params)
+    results = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                completion = output.outputs[0]
+                logprobs = [
+                    entry[t].logprob
+                    for t, entry in zip(completion.token_ids, completion.logprobs, strict=True)
+                ]
+                results[output.request_id] = (completion.token_ids, logprobs)
+    return results
+
+
+def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngine:
+    config = build_config(model, device="cpu", **{**ENGINE, **overrides})
+    return LLMEngine(config, stat_loggers=[counter] if counter else [])
+
+
+@pytest.mark.slow  # a worker process per rank, about ten seconds a case
 @pytest.mark.parametrize(
-    ("architecture", "overrides", "heads_per_rank"),
+    ("architecture", "overrides", "tp", "heads_per_rank"),
     [
-        ("LlamaForCausalLM", {}, [2, 1]),  # 4 query heads, 2 KV heads: one each
-        ("LlamaForCausalLM", {"num_key_value_heads": 1}, [2, 1]),  # 1 KV head, replicated
-        ("MistralForCausalLM", {}, [2, 1]),
-        ("Qwen2ForCausalLM", {}, [2, 1]),
-        ("Qwen3ForCausalLM", {}, [2, 1]),
-        ("OPTForCausalLM", {}, [2, 2]),
-        ("GPT2LMHeadModel", {}, [2, 2]),
+        ("LlamaForCausalLM", {}, 2, (2, 1)),  # 4 query heads, 2 KV heads: one each
+        ("LlamaForCausalLM", {"num_key_value_heads": 1}, 2, (2, 1)),  # 1 KV head, replicated
+        ("LlamaForCausalLM", {}, 4, (1, 1)),  # 2 KV heads on 4 ranks: each replicated twice
+        ("MistralForCausalLM", {}, 2, (2, 1)),
+        ("Qwen2ForCausalLM", {}, 2, (2, 1)),
+        ("Qwen3ForCausalLM", {}, 2, (2, 1)),
+        ("OPTForCausalLM", {}, 2, (2, 2)),
+        ("GPT2LMHeadModel", {}, 2, (2, 2)),
     ],
 )
-def test_tensor_parallel_ranks_match_transformers(
-    model_factory, hf_greedy, architecture, overrides, heads_per_rank
+def test_tensor_parallel_matches_tp1_and_transformers(
+    model_factory, hf_greedy, architecture, overrides, tp, heads_per_rank
 ):
     model = model_factory(architecture, **overrides)
-    ranks = _run_ranks(model, 2, ENGINE)
-    assert ranks[0]["preemptions"] > 0 and ranks[0]["prefix_hits"] > 0
-    for rank in ranks:
-        assert rank["heads"] == heads_per_rank
-        assert rank["results"] == ranks[0]["results"]  # every rank samples the same tokens
+    single = _engine(model)
+    expected = _generate(single)
+    counter = Counter()
+    engine = _engine(model, counter, tensor_parallel_size=tp)
+    try:
+        reports = engine.engine_core.executor.collective_rpc("report")
+        assert [(r["attention_heads"], r["kv_heads"]) for r in reports] == [heads_per_rank] * tp
+        results = _generate(engine)
+    finally:
+        engine.shutdown()
+    assert counter.preemptions > 0 and counter.prefix_hits > 0
     for i, prompt in enumerate(PROMPTS):
-        assert ranks[0]["results"][str(i)]["tokens"] == hf_greedy(model, prompt, MAX_TOKENS)
+        tokens, logprobs = results[str(i)]
+        assert tokens == hf_greedy(model, prompt, MAX_TOKENS) == expected[str(i)][0]
+        assert logprobs == pytest.approx(expected[str(i)][1], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_each_rank_reads_only_its_shard(model_factory):
+    model = model_factory("LlamaForCausalLM", tie_word_embeddings=False)
+    total = sum(f.stat().st_size for f in Path(model).glob("*.safetensors"))
+    engine = _engine(model, tensor_parallel_size=2)
+    try:
+        reads = [
+            r["checkpoint_bytes_read"] for r in engine.engine_core.executor.collective_rpc("report")
+        ]
+    finally:
+        engine.shutdown()
+    # Every weight of the tiny Llama is split in two but the norms (a few hundred bytes).
+    for read in reads:
+        assert 0.45 * total < read < 0.55 * total, (read, total)
+
+
+@pytest.mark.slow
+def test_a_dead_worker_fails_the_engine(tiny_llama):
+    engine = _engine(tiny_llama, tensor_parallel_size=2)
+    executor = engine.engine_core.executor
+    pids = [worker.process.pid for worker in executor.workers]
+    try:
+        os.kill(pids[1], signal.SIGKILL)
+        executor.workers[1].process.wait(30)
+        with pytest.raises(WorkerDiedError, match="rank 1"):
+            engine.engine_core.check_health()
+        engine.add_request("0", PROMPTS[0], SamplingParams(max_tokens=4))
+        with pytest.raises(WorkerDiedError, match="rank 1"):
+            engine.step()
+    finally:
+        engine.shutdown()
+    assert all(worker.process.poll() is not None for worker in executor.workers)

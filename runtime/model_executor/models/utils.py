@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import torch
+from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from torch import nn
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"weight shape {tuple(loaded.shape)} does not fit {tuple(param.shape)}")
-    param.data.copy_(loaded)
+    param.data.copy_(as_tensor(loaded))
 
 
 def load_stacked_weights(
