@@ -6,7 +6,6 @@ runtime refuses (infernetes.schema.support) is refused here too, with the field 
 """
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -262,7 +261,9 @@ def test_setting_the_runtime_refuses_is_rejected_with_field_and_reason(
 def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(
     cluster: Any, crds: None, namespace: str
 ) -> None:
-    resource = variant({"engine.pipelineParallelSize": 2, "engine.enableLora": True}, name="refused")
+    resource = variant(
+        {"engine.pipelineParallelSize": 2, "engine.enableLora": True}, name="refused"
+    )
     result = cluster.apply(resource, namespace=namespace, check=False)
     assert result.returncode != 0
     assert (

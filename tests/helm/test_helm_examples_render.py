@@ -72,4 +72,3 @@ def test_model_cache_example_mounts_its_claim_as_hf_home():
     assert {"name": "HF_HOME", "value": CACHE_MOUNT} in container["env"]
     volume = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
     assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-
