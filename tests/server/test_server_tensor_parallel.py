@@ -1,0 +1,108 @@
+"""``infernetes serve --tensor-parallel-size 2`` on the CPU: the engine core starts a worker
+process per rank (gloo); the official openai client gets transformers' greedy tokens; a killed
+worker fails /health and stops the server; SIGTERM leaves no process behind."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import openai
+import psutil
+import pytest
+import torch
+
+ARGS = [
+    "--tensor-parallel-size",
+    "2",
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "128",
+    "--num-gpu-blocks-override",
+    "16",
+    "--disable-log-requests",
+    "--served-model-name",
+    "tiny",
+]
+PROMPT = [1, 5, 9, 200, 17, 3, 44, 8, 91, 12]
+
+
+def _workers(server) -> list[psutil.Process]:
+    descendants = psutil.Process(server.process.pid).children(recursive=True)
+    return [p for p in descendants if "infernetes.runtime.worker.worker_process" in p.cmdline()]
+
+
+def _wait_until(condition, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _gone(process: psutil.Process) -> bool:
+    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+
+
+def _hf_greedy(model_dir, prompt: list[int], max_tokens: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture
+def tp_server(tiny_llama_dir, server_process_factory, request):
+    server = server_process_factory(
+        [str(tiny_llama_dir), *ARGS], log_name=f"tensor-parallel-{request.node.name}.log"
+    )
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_openai_client_gets_transformers_tokens_and_sigterm_leaves_nothing(
+    tp_server, tiny_llama_dir
+):
+    workers = _workers(tp_server)
+    assert len(workers) == 2
+    client = openai.OpenAI(base_url=f"{tp_server.url}/v1", api_key="unused")
+    completion = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        logprobs=1,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+    )
+    tokens = [int(t.removeprefix("token_id:")) for t in completion.choices[0].logprobs.tokens]
+    assert tokens == _hf_greedy(tiny_llama_dir, PROMPT, 8)
+    everyone = psutil.Process(tp_server.process.pid).children(recursive=True)
+    assert tp_server.stop(signal.SIGTERM) == 0
+    assert _wait_until(lambda: all(_gone(p) for p in everyone)), [p.cmdline() for p in everyone]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_fails_health_and_stops_the_server(tp_server):
+    _workers(tp_server)[1].kill()
+    assert _wait_until(lambda: tp_server.process.poll() is not None), tp_server.tail()
+    assert tp_server.process.returncode == 1
+    assert "worker rank 1" in tp_server.tail()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{tp_server.url}/health", timeout=2)
