@@ -76,6 +76,7 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str = "uni"
+    layer_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION: layers per stage
 
     @property
     def world_size(self) -> int:

@@ -48,8 +48,7 @@ def refused(reason: str) -> Support:
 
 
 # Reasons shared by several entries.
-PP_PLANNED = "pipeline parallelism is planned, not built yet (tensor parallelism is)"
-DP_PLANNED = "data parallelism is planned, not built yet (tensor parallelism is)"
+DP_PLANNED = "data parallelism is planned, not built yet (tensor and pipeline parallelism are)"
 ONE_NODE = "multi-node serving is planned, not built yet: every rank runs on this host"
 LORA_PLANNED = "LoRA adapters are planned, not built yet"
 LORA_OFF = "LoRA adapters are planned; without --enable-lora vLLM ignores it too"
@@ -208,7 +207,7 @@ ARG_SUPPORT: dict[str, Support] = {
         "mp starts one worker process per rank, uni runs one rank in the engine's process; "
         + NO_RAY,
     ),
-    "pipeline_parallel_size": partial((1,), PP_PLANNED),
+    "pipeline_parallel_size": HONOURED,
     "tensor_parallel_size": HONOURED,
     "data_parallel_size": partial((1,), DP_PLANNED),
     "data_parallel_size_local": refused(DP_PLANNED),
@@ -342,7 +341,7 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_WORKER_MULTIPROC_METHOD": no_effect(
         "workers are always fresh interpreters (as with spawn), never forks"
     ),
-    "VLLM_PP_LAYER_PARTITION": no_effect(PP_PLANNED),
+    "VLLM_PP_LAYER_PARTITION": HONOURED,
     "VLLM_SKIP_P2P_CHECK": no_effect("there is no custom all-reduce whose P2P check to skip"),
     "VLLM_DISABLE_CUSTOM_ALL_REDUCE": no_effect(
         "there is no custom all-reduce here: torch.distributed's (NCCL, gloo) always runs"

@@ -29,6 +29,7 @@ from infernetes.runtime.model_executor.loader import (
     read_json,
     resolve_model_path,
 )
+from infernetes.runtime.model_executor.parallel import stage_layers
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
 from transformers import PretrainedConfig
 
@@ -120,7 +121,9 @@ def _scheduler_config(
     )
 
 
-def _parallel_config(config: ServeConfig) -> ParallelConfig:
+def _parallel_config(
+    config: ServeConfig, hf_config: PretrainedConfig, pooling: bool, environ: dict[str, str]
+) -> ParallelConfig:
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     backend = config.distributed_executor_backend or ("mp" if tp * pp > 1 else "uni")
     if backend == "uni" and tp * pp > 1:
@@ -128,7 +131,22 @@ def _parallel_config(config: ServeConfig) -> ParallelConfig:
             f"distributed_executor_backend='uni' runs one rank, but tensor_parallel_size x "
             f"pipeline_parallel_size is {tp * pp}; use 'mp' (the default) for more ranks"
         )
-    return ParallelConfig(tp, pp, backend)
+    if pp > 1 and pooling:
+        raise ValueError(
+            "pipeline_parallel_size above 1 is for generative models, not pooling ones"
+        )
+    text = read_env("VLLM_PP_LAYER_PARTITION", environ)
+    partition = None
+    if text:
+        try:
+            partition = tuple(int(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(
+                f"VLLM_PP_LAYER_PARTITION={text!r} must be comma-separated layer counts, e.g. 12,20"
+            ) from None
+    if pp > 1:  # the stages must cover the model's layers: say so now, not in a worker
+        stage_layers(hf_config.num_hidden_layers, partition, pp)
+    return ParallelConfig(tp, pp, backend, partition)
 
 
 def _config_source(config: ServeConfig, model_path: Path) -> Path:
@@ -252,7 +270,7 @@ def resolve_config(
             cpu_kv_cache_bytes=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4) << 30,
         ),
         scheduler=scheduler,
-        parallel=_parallel_config(config),
+        parallel=_parallel_config(config, hf_config, info.is_pooling, environ),
         device=DeviceConfig(device=device, attention_backend=config.attention_backend),
         load=LoadConfig(
             load_format=config.load_format,

@@ -120,8 +120,8 @@ class MultiprocExecutor(Executor):
         logger.info("Started %d worker processes (%s)", world_size, _layout(config))
         for report in self.collective_rpc("report"):
             logger.info(
-                "Rank %(rank)d on %(device)s: %(attention_heads)d attention heads, %(kv_heads)d "
-                "KV heads a layer; %(checkpoint_bytes_read)d checkpoint bytes read",
+                "Rank %(rank)d on %(device)s: %(attention_layers)d layers of %(attention_heads)d "
+                "attention and %(kv_heads)d KV heads; %(checkpoint_bytes_read)d checkpoint bytes read",
                 report,
             )
 

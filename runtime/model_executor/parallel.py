@@ -22,6 +22,7 @@ class ParallelState:
     pp_size: int
     tp_group: dist.ProcessGroup | None  # None when tp_size == 1
     pp_ranks: tuple[int, ...]  # the global ranks of this rank's pipeline, first stage first
+    layer_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION, else even
 
     @property
     def tp_rank(self) -> int:
@@ -31,12 +32,30 @@ class ParallelState:
     def pp_rank(self) -> int:
         return self.rank // self.tp_size
 
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def output_rank(self) -> int:
+        """The rank whose sampled tokens are the step's: the first of the last stage."""
+        return self.world_size - self.tp_size
+
 
 _STATE = ParallelState(0, 1, 1, 1, None, (0,))
 
 
 def init_distributed(
-    rank: int, tp_size: int, pp_size: int, init_method: str, backend: str
+    rank: int,
+    tp_size: int,
+    pp_size: int,
+    init_method: str,
+    backend: str,
+    layer_partition: tuple[int, ...] | None = None,
 ) -> ParallelState:
     """Join the world group and build the tensor-parallel groups (one per pipeline stage)."""
     global _STATE
@@ -49,7 +68,7 @@ def init_distributed(
         if rank in ranks and isinstance(group, dist.ProcessGroup):
             tp_group = group
     pp_ranks = tuple(range(rank % tp_size, world_size, tp_size))
-    _STATE = ParallelState(rank, world_size, tp_size, pp_size, tp_group, pp_ranks)
+    _STATE = ParallelState(rank, world_size, tp_size, pp_size, tp_group, pp_ranks, layer_partition)
     return _STATE
 
 
@@ -86,3 +105,55 @@ def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(_STATE.tp_size)]
     dist.all_gather(parts, x.contiguous(), group=_STATE.tp_group)
     return torch.cat(parts, dim=-1)
+
+
+# -- pipeline parallel ---------------------------------------------------------------------------
+
+
+def stage_layers(num_layers: int, partition: tuple[int, ...] | None, pp_size: int) -> list[int]:
+    """Layers per stage: ``partition`` when given, else an even split whose remainder goes to the
+    stages before the last (the first holds the embedding, the last the LM head)."""
+    if partition is not None:
+        if len(partition) != pp_size or sum(partition) != num_layers or min(partition) < 1:
+            raise ValueError(
+                f"VLLM_PP_LAYER_PARTITION={','.join(map(str, partition))} must give each of the "
+                f"{pp_size} pipeline stages at least one layer, {num_layers} in all"
+            )
+        return list(partition)
+    if num_layers < pp_size:
+        raise ValueError(
+            f"pipeline_parallel_size {pp_size} is more than the model's {num_layers} layers"
+        )
+    counts = [num_layers // pp_size] * pp_size
+    for stage in range(num_layers % pp_size):
+        counts[-2 - stage if pp_size > 1 else 0] += 1
+    return counts
+
+
+def pp_layer_range(num_layers: int) -> tuple[int, int]:
+    """The layers ``[start, end)`` this rank's stage holds."""
+    counts = stage_layers(num_layers, _STATE.layer_partition, _STATE.pp_size)
+    start = sum(counts[: _STATE.pp_rank])
+    return start, start + counts[_STATE.pp_rank]
+
+
+def send_to_next_stage(tensors: list[torch.Tensor]) -> None:
+    peer = _STATE.pp_ranks[_STATE.pp_rank + 1]
+    for tensor in tensors:
+        dist.send(tensor.contiguous(), peer)
+
+
+def recv_from_previous_stage(
+    count: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> list[torch.Tensor]:
+    peer = _STATE.pp_ranks[_STATE.pp_rank - 1]
+    tensors = [torch.empty(shape, dtype=dtype, device=device) for _ in range(count)]
+    for tensor in tensors:
+        dist.recv(tensor, peer)
+    return tensors
+
+
+def broadcast_from_output_rank(tensor: torch.Tensor) -> torch.Tensor:
+    """The output rank's ``tensor`` on every rank (the sampled tokens, for the other stages)."""
+    dist.broadcast(tensor, _STATE.output_rank)
+    return tensor

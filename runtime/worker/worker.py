@@ -35,6 +35,7 @@ class Worker:
             "device": str(self.device),
             "attention_heads": layer.num_heads if layer else 0,
             "kv_heads": layer.num_kv_heads if layer else 0,
+            "attention_layers": len(runner.attention_layers),
             "checkpoint_bytes_read": getattr(runner.model, "checkpoint_bytes_read", 0),
         }
 

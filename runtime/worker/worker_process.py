@@ -71,6 +71,7 @@ def serve(conn: Connection, init: WorkerInit) -> None:
             config.parallel.pipeline_parallel_size,
             init.init_method,
             backend,
+            config.parallel.layer_partition,
         )
         worker = Worker(config, rank)
     except BaseException as error:

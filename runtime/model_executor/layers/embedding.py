@@ -47,7 +47,8 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.register_parameter("bias", None)
         self.packed_weight: torch.Tensor | None = None
 
-    def tie(self, embedding: VocabParallelEmbedding) -> None:
+    def tie(self, embedding: nn.Module) -> None:
+        assert isinstance(embedding, VocabParallelEmbedding)  # the models pass theirs untyped
         self.weight = embedding.weight
 
     def pack_for_cpu(self) -> None:

@@ -1,9 +1,11 @@
-"""Tensor parallelism end to end on the CPU: the engine starts one worker process per rank
-(``MultiprocExecutor``, gloo), each holding its shard of a tiny model (attention heads split, KV
-heads split or replicated, vocabulary-parallel embedding and LM head, row-parallel all-reduce).
-Greedy tokens must equal transformers' and TP 1's, logprobs TP 1's within float tolerance, under
-chunked prefill, prefix-cache hits and preemption; each rank reads only its shard of the
-checkpoint; a worker that dies fails the engine."""
+"""Tensor and pipeline parallelism end to end on the CPU: the engine starts one worker process
+per rank (``MultiprocExecutor``, gloo). Tensor parallel ranks hold a shard of every layer
+(attention heads split, KV heads split or replicated, vocabulary-parallel embedding and LM head,
+row-parallel all-reduce); pipeline stages hold consecutive layers and pass the hidden states on,
+the last stage's sampled tokens coming back to the others. Greedy tokens must equal transformers'
+and TP 1's, logprobs TP 1's within float tolerance, under chunked prefill, prefix-cache hits and
+preemption; each rank reads only its shard of the checkpoint; a worker that dies fails the
+engine."""
 
 from __future__ import annotations
 
@@ -66,29 +68,38 @@ def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngin
 
 @pytest.mark.slow  # a worker process per rank, about ten seconds a case
 @pytest.mark.parametrize(
-    ("architecture", "overrides", "tp", "heads_per_rank"),
+    ("architecture", "overrides", "tp", "pp", "heads_per_rank"),
     [
-        ("LlamaForCausalLM", {}, 2, (2, 1)),  # 4 query heads, 2 KV heads: one each
-        ("LlamaForCausalLM", {"num_key_value_heads": 1}, 2, (2, 1)),  # 1 KV head, replicated
-        ("LlamaForCausalLM", {}, 4, (1, 1)),  # 2 KV heads on 4 ranks: each replicated twice
-        ("MistralForCausalLM", {}, 2, (2, 1)),
-        ("Qwen2ForCausalLM", {}, 2, (2, 1)),
-        ("Qwen3ForCausalLM", {}, 2, (2, 1)),
-        ("OPTForCausalLM", {}, 2, (2, 2)),
-        ("GPT2LMHeadModel", {}, 2, (2, 2)),
+        ("LlamaForCausalLM", {}, 2, 1, (2, 1)),  # 4 query heads, 2 KV heads: one each
+        ("LlamaForCausalLM", {"num_key_value_heads": 1}, 2, 1, (2, 1)),  # 1 KV head, replicated
+        ("LlamaForCausalLM", {}, 4, 1, (1, 1)),  # 2 KV heads on 4 ranks: each replicated twice
+        ("MistralForCausalLM", {}, 2, 1, (2, 1)),
+        ("Qwen2ForCausalLM", {}, 2, 1, (2, 1)),
+        ("Qwen3ForCausalLM", {}, 2, 1, (2, 1)),
+        ("OPTForCausalLM", {}, 2, 1, (2, 2)),
+        ("GPT2LMHeadModel", {}, 2, 1, (2, 2)),
+        # a tied LM head on the last stage, the embedding on the first
+        ("LlamaForCausalLM", {"tie_word_embeddings": True}, 1, 2, (4, 2)),
+        ("MistralForCausalLM", {}, 1, 2, (4, 2)),
+        ("Qwen2ForCausalLM", {}, 1, 2, (4, 2)),
+        ("Qwen3ForCausalLM", {}, 1, 2, (4, 2)),
+        ("OPTForCausalLM", {}, 1, 2, (4, 4)),
+        ("GPT2LMHeadModel", {}, 1, 2, (4, 4)),
+        ("LlamaForCausalLM", {}, 2, 2, (2, 1)),
     ],
 )
-def test_tensor_parallel_matches_tp1_and_transformers(
-    model_factory, hf_greedy, architecture, overrides, tp, heads_per_rank
+def test_parallel_matches_tp1_and_transformers(
+    model_factory, hf_greedy, architecture, overrides, tp, pp, heads_per_rank
 ):
     model = model_factory(architecture, **overrides)
-    single = _engine(model)
-    expected = _generate(single)
+    expected = _generate(_engine(model))
     counter = Counter()
-    engine = _engine(model, counter, tensor_parallel_size=tp)
+    engine = _engine(model, counter, tensor_parallel_size=tp, pipeline_parallel_size=pp)
     try:
         reports = engine.engine_core.executor.collective_rpc("report")
-        assert [(r["attention_heads"], r["kv_heads"]) for r in reports] == [heads_per_rank] * tp
+        heads = [(r["attention_heads"], r["kv_heads"]) for r in reports]
+        assert heads == [heads_per_rank] * tp * pp
+        assert sum(r["attention_layers"] for r in reports) == 2 * tp  # each stage one of two
         results = _generate(engine)
     finally:
         engine.shutdown()
@@ -97,6 +108,23 @@ def test_tensor_parallel_matches_tp1_and_transformers(
         tokens, logprobs = results[str(i)]
         assert tokens == hf_greedy(model, prompt, MAX_TOKENS) == expected[str(i)][0]
         assert logprobs == pytest.approx(expected[str(i)][1], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_pp_layer_partition_is_honoured(model_factory, hf_greedy, monkeypatch):
+    model = model_factory("LlamaForCausalLM", num_hidden_layers=3)
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "1,2")
+    engine = _engine(model, pipeline_parallel_size=2)
+    try:
+        reports = engine.engine_core.executor.collective_rpc("report")
+        results = _generate(engine)
+    finally:
+        engine.shutdown()
+    assert [r["attention_layers"] for r in reports] == [1, 2]
+    assert results["0"][0] == hf_greedy(model, PROMPTS[0], MAX_TOKENS)
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "2,2")
+    with pytest.raises(ValueError, match="VLLM_PP_LAYER_PARTITION=2,2 must give each of the 2"):
+        _engine(model, pipeline_parallel_size=2)
 
 
 @pytest.mark.slow
