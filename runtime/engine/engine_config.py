@@ -131,6 +131,14 @@ def _parallel_config(
             f"distributed_executor_backend='uni' runs one rank, but tensor_parallel_size x "
             f"pipeline_parallel_size is {tp * pp}; use 'mp' (the default) for more ranks"
         )
+    heads = getattr(hf_config, "num_attention_heads", 0)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads % tp or (kv_heads % tp and tp % kv_heads):
+        raise ValueError(
+            f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
+            f"and {kv_heads} key/value heads (each rank holds an equal share; with fewer KV heads "
+            "than ranks, the ranks must be a multiple of them)"
+        )
     if pp > 1 and pooling:
         raise ValueError(
             "pipeline_parallel_size above 1 is for generative models, not pooling ones"

@@ -159,3 +159,8 @@ def test_a_dead_worker_fails_the_engine(tiny_llama):
     finally:
         engine.shutdown()
     assert all(worker.process.poll() is not None for worker in executor.workers)
+
+
+def test_head_counts_that_do_not_divide_fail_before_any_worker_starts(tiny_llama):
+    with pytest.raises(ValueError, match="tensor_parallel_size 3 does not divide the model's 4"):
+        _engine(tiny_llama, tensor_parallel_size=3)
