@@ -77,6 +77,8 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str = "uni"
     layer_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION: layers per stage
+    data_parallel_size: int = 1  # engine cores, each with world_size devices of its own
+    data_parallel_rank: int = 0  # this engine core's index among them
 
     @property
     def world_size(self) -> int:

@@ -48,7 +48,10 @@ def refused(reason: str) -> Support:
 
 
 # Reasons shared by several entries.
-DP_PLANNED = "data parallelism is planned, not built yet (tensor and pipeline parallelism are)"
+DP_PLANNED = (
+    "multi-node data parallelism is planned, not built yet: --data-parallel-size runs its engine "
+    "cores on this node"
+)
 ONE_NODE = "multi-node serving is planned, not built yet: every rank runs on this host"
 LORA_PLANNED = "LoRA adapters are planned, not built yet"
 LORA_OFF = "LoRA adapters are planned; without --enable-lora vLLM ignores it too"
@@ -209,7 +212,7 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "pipeline_parallel_size": HONOURED,
     "tensor_parallel_size": HONOURED,
-    "data_parallel_size": partial((1,), DP_PLANNED),
+    "data_parallel_size": HONOURED,
     "data_parallel_size_local": refused(DP_PLANNED),
     "data_parallel_address": refused(DP_PLANNED),
     "data_parallel_rpc_port": refused(DP_PLANNED),

@@ -61,11 +61,16 @@ def process_tokenizer() -> Any:
 class CoreThread:
     """The engine core in a thread of this process."""
 
-    def __init__(self, config: ServeConfig, on_message: Callable[[EngineMessage], None]) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        on_message: Callable[[EngineMessage], None],
+        data_parallel_rank: int = 0,
+    ) -> None:
         from infernetes.runtime.engine.engine_core import EngineCore
 
         stats = StatsBuffer()
-        self.engine = EngineCore(config, stat_loggers=[stats])
+        self.engine = EngineCore(config, [stats], data_parallel_rank)
         self.info = self.engine.info()
         self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._loop = CoreLoop(self.engine, stats, on_message)
@@ -99,12 +104,17 @@ class CoreThread:
 class CoreProcess:
     """The engine core in a child process (spawned: a clean interpreter, no forked threads)."""
 
-    def __init__(self, config: ServeConfig, on_message: Callable[[EngineMessage], None]) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        on_message: Callable[[EngineMessage], None],
+        data_parallel_rank: int = 0,
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
             target=run_core_process,
-            args=(config, child_conn, LoggingSettings.from_env()),
+            args=(config, child_conn, LoggingSettings.from_env(), data_parallel_rank),
             name="infernetes-engine-core",
             daemon=True,
         )
@@ -263,7 +273,10 @@ class OutputCodec:
 
 
 def run_core_process(
-    config: ServeConfig, conn: Connection, logging_settings: LoggingSettings
+    config: ServeConfig,
+    conn: Connection,
+    logging_settings: LoggingSettings,
+    data_parallel_rank: int = 0,
 ) -> None:
     """The core process's main: load the engine, say ready (or why not), then serve commands
     until shutdown or until the API process goes away (the pipe closes)."""
@@ -271,7 +284,8 @@ def run_core_process(
     # The API process owns the signals: SIGTERM drains there first, then it stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    configure_logging(logging_settings, tag=f"core pid {os.getpid()}")
+    engine_tag = f"core {data_parallel_rank} " if config.data_parallel_size > 1 else "core "
+    configure_logging(logging_settings, tag=f"{engine_tag}pid {os.getpid()}")
     logger.debug("engine core process started; loading %s", config.model)
 
     codec = OutputCodec()
@@ -284,7 +298,7 @@ def run_core_process(
 
     stats = StatsBuffer()
     try:
-        engine = EngineCore(config, stat_loggers=[stats])
+        engine = EngineCore(config, [stats], data_parallel_rank)
     except BaseException as error:
         logger.exception("the engine failed to load")
         emit(LoadFailed(portable_error(error)))

@@ -122,7 +122,11 @@ def _scheduler_config(
 
 
 def _parallel_config(
-    config: ServeConfig, hf_config: PretrainedConfig, pooling: bool, environ: dict[str, str]
+    config: ServeConfig,
+    hf_config: PretrainedConfig,
+    pooling: bool,
+    environ: dict[str, str],
+    data_parallel_rank: int,
 ) -> ParallelConfig:
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     backend = config.distributed_executor_backend or ("mp" if tp * pp > 1 else "uni")
@@ -154,7 +158,7 @@ def _parallel_config(
             ) from None
     if pp > 1:  # the stages must cover the model's layers: say so now, not in a worker
         stage_layers(hf_config.num_hidden_layers, partition, pp)
-    return ParallelConfig(tp, pp, backend, partition)
+    return ParallelConfig(tp, pp, backend, partition, config.data_parallel_size, data_parallel_rank)
 
 
 def _config_source(config: ServeConfig, model_path: Path) -> Path:
@@ -210,9 +214,10 @@ def _eos_token_ids(
 
 
 def resolve_config(
-    config: ServeConfig, environ: dict[str, str] | None = None
+    config: ServeConfig, environ: dict[str, str] | None = None, data_parallel_rank: int = 0
 ) -> tuple[RuntimeConfig, Any]:
-    """The runtime configuration and the tokenizer (None with ``--skip-tokenizer-init``)."""
+    """The runtime configuration and the tokenizer (None with ``--skip-tokenizer-init``), for
+    data-parallel engine core ``data_parallel_rank``."""
     environ = dict(os.environ) if environ is None else environ
     if config.model is None:
         raise ValueError("model is required: a local folder or a Hugging Face model id")
@@ -278,7 +283,7 @@ def resolve_config(
             cpu_kv_cache_bytes=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4) << 30,
         ),
         scheduler=scheduler,
-        parallel=_parallel_config(config, hf_config, info.is_pooling, environ),
+        parallel=_parallel_config(config, hf_config, info.is_pooling, environ, data_parallel_rank),
         device=DeviceConfig(device=device, attention_backend=config.attention_backend),
         load=LoadConfig(
             load_format=config.load_format,

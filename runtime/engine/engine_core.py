@@ -49,9 +49,12 @@ class EngineCore:
         self,
         serve_config: ServeConfig,
         stat_loggers: Sequence[StatLogger] = (),
+        data_parallel_rank: int = 0,
     ) -> None:
         self.config: RuntimeConfig
-        self.config, self.tokenizer = resolve_config(serve_config)
+        self.config, self.tokenizer = resolve_config(
+            serve_config, data_parallel_rank=data_parallel_rank
+        )
         model = self.config.model
         self.executor = select_executor(self.config)(self.config)
         try:
@@ -168,6 +171,7 @@ class EngineCore:
     def _record_stats(self, iteration: IterationStats) -> None:
         usage = 0.0 if self.config.model.is_pooling else self.block_manager.usage
         stats = self.scheduler.make_stats(usage)
+        stats.engine_index = self.config.parallel.data_parallel_rank
         for stat_logger in self.stat_loggers:
             try:
                 stat_logger.record(stats, iteration)

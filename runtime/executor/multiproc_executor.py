@@ -93,10 +93,11 @@ class MultiprocExecutor(Executor):
         super().__init__(config)
         parallel = config.parallel
         world_size = parallel.world_size
-        if config.device.device.type == "cuda" and torch.cuda.device_count() < world_size:
+        needed = world_size * parallel.data_parallel_size
+        if config.device.device.type == "cuda" and torch.cuda.device_count() < needed:
             raise ValueError(
-                f"tensor_parallel_size x pipeline_parallel_size is {world_size}, but "
-                f"{torch.cuda.device_count()} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)"
+                f"data_parallel_size x tensor_parallel_size x pipeline_parallel_size is {needed}, "
+                f"but {torch.cuda.device_count()} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)"
             )
         if config.model.seed is None:
             # Every rank samples each step (the same logits) and must draw the same numbers.

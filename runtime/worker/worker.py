@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 from infernetes.kernels.backend import select_backend
@@ -18,6 +19,7 @@ class Worker:
     def __init__(self, config: RuntimeConfig, rank: int = 0) -> None:
         self.rank = rank
         self.config = config = _rank_device(config, rank)
+        _share_cpu_cores(config)
         self.device = config.device.device
         # The first rank of the last pipeline stage returns the sampled tokens; the others
         # sample the same ones (same logits, same seed) and keep them for their own inputs.
@@ -82,18 +84,30 @@ class Worker:
         self.initialize_cache(num_blocks)  # the old graphs went with the old cache
 
 
+def _share_cpu_cores(config: RuntimeConfig) -> None:
+    """Ranks and data-parallel engines on one CPU share its cores (oversubscribed OpenMP threads
+    spin against each other), unless OMP_NUM_THREADS says otherwise."""
+    parallel = config.parallel
+    ranks = parallel.world_size * parallel.data_parallel_size
+    if config.device.device.type == "cpu" and ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+
+
 def _rank_device(config: RuntimeConfig, rank: int) -> RuntimeConfig:
-    """On CUDA each rank of this host takes the visible device of its index
-    (``CUDA_VISIBLE_DEVICES`` decides which those are); a CPU is shared by all."""
-    device = config.device.device
-    if device.type != "cuda" or config.parallel.world_size == 1:
+    """On CUDA each rank of this host takes the visible device of its index, data-parallel
+    engines one block of ``world_size`` devices each (``CUDA_VISIBLE_DEVICES`` decides which
+    those are); a CPU is shared by all."""
+    device, parallel = config.device.device, config.parallel
+    if device.type != "cuda" or parallel.world_size * parallel.data_parallel_size == 1:
         return config
+    index = parallel.data_parallel_rank * parallel.world_size + rank
     visible = torch.cuda.device_count()
-    if rank >= visible:
+    if index >= visible:
         raise ValueError(
-            f"tensor_parallel_size x pipeline_parallel_size is {config.parallel.world_size}, "
-            f"but {visible} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)"
+            f"data_parallel_size x tensor_parallel_size x pipeline_parallel_size is "
+            f"{parallel.data_parallel_size * parallel.world_size}, but {visible} CUDA device(s) "
+            "are visible (CUDA_VISIBLE_DEVICES)"
         )
-    local = torch.device("cuda", rank)
+    local = torch.device("cuda", index)
     torch.cuda.set_device(local)
     return dataclasses.replace(config, device=dataclasses.replace(config.device, device=local))

@@ -55,14 +55,10 @@ def _portable(error: BaseException) -> BaseException:
 
 
 def serve(conn: Connection, init: WorkerInit) -> None:
-    import torch
     from infernetes.runtime.model_executor import parallel
     from infernetes.runtime.worker.worker import Worker
 
     config, rank = init.config, init.rank
-    if config.device.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # The ranks share the host's cores; oversubscribed threads spin against each other.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.parallel.world_size))
     backend = "nccl" if config.device.device.type == "cuda" else "gloo"
     try:
         parallel.init_distributed(

@@ -1,6 +1,8 @@
-"""``infernetes serve --tensor-parallel-size 2`` on the CPU: the engine core starts a worker
+"""Parallel serving on the CPU. ``--tensor-parallel-size 2``: the engine core starts a worker
 process per rank (gloo); the official openai client gets transformers' greedy tokens; a killed
-worker fails /health and stops the server; SIGTERM leaves no process behind."""
+worker fails /health and stops the server; SIGTERM leaves no process behind.
+``--data-parallel-size 2``: two engine-core processes behind one API server, each with its
+``engine`` series in /metrics."""
 
 from __future__ import annotations
 
@@ -106,3 +108,39 @@ def test_a_killed_worker_fails_health_and_stops_the_server(tp_server):
     assert "worker rank 1" in tp_server.tail()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{tp_server.url}/health", timeout=2)
+
+
+@pytest.mark.slow
+def test_data_parallel_serves_from_two_cores(tiny_llama_dir, server_process_factory):
+    args = [a for a in ARGS if a not in ("--tensor-parallel-size", "2")]
+    server = server_process_factory(
+        [str(tiny_llama_dir), *args, "--data-parallel-size", "2"], log_name="data-parallel.log"
+    )
+    try:
+        server.wait_ready()
+        cores = [
+            p
+            for p in psutil.Process(server.process.pid).children()
+            if "spawn_main" in " ".join(p.cmdline())
+        ]
+        assert len(cores) == 2
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        for _ in range(4):
+            completion = client.completions.create(
+                model="tiny",
+                prompt=PROMPT,
+                max_tokens=8,
+                temperature=0,
+                extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+                logprobs=1,
+            )
+            tokens = [
+                int(t.removeprefix("token_id:")) for t in completion.choices[0].logprobs.tokens
+            ]
+            assert tokens == _hf_greedy(tiny_llama_dir, PROMPT, 8)
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+        assert 'vllm:num_requests_running{engine="1",model_name="tiny"}' in metrics
+        assert server.stop(signal.SIGTERM) == 0
+        assert _wait_until(lambda: all(_gone(p) for p in cores))
+    finally:
+        server.stop()
