@@ -117,7 +117,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "max_concurrency": HONOURED,
     "shutdown_timeout": HONOURED,
     "reasoning_effort": HONOURED,
-    "api_server_count": partial((1,), "one API server process per engine"),
+    "api_server_count": partial((1,), "one API server process serves every engine core"),
     "headless": refused("multi-node data parallelism is planned, not built yet"),
     "data_parallel_start_rank": refused(DP_PLANNED),
     # ---------------------------------------------------------------- ModelConfig
