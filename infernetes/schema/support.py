@@ -208,7 +208,8 @@ ARG_SUPPORT: dict[str, Support] = {
     "distributed_executor_backend": partial(
         ("mp", "uni"),
         "mp starts one worker process per rank, uni runs one rank in the engine's process; "
-        + NO_RAY,
+        "there is no Ray executor here, and ranks are never started by an external launcher "
+        "(torchrun)",
     ),
     "pipeline_parallel_size": HONOURED,
     "tensor_parallel_size": HONOURED,
