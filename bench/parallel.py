@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 
-from bench.engine_throughput import make_requests
+from bench.engine_throughput import make_requests, write_llama
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -134,7 +134,6 @@ def all_reduce_s(rows: int, hidden: int, calls: int = 200) -> float:
 
 def main(argv: list[str]) -> int:
     import torch
-    from infernetes.runtime.testing import make_tiny_model
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)  # TP 1's rank runs in this process
@@ -142,21 +141,7 @@ def main(argv: list[str]) -> int:
     requests = make_requests(args)
     output_tokens = sum(n for _, n in requests)
     with tempfile.TemporaryDirectory(prefix="infernetes-bench-") as folder:
-        heads = max(args.hidden // 64, 2)
-        path = str(
-            make_tiny_model(
-                folder,
-                "LlamaForCausalLM",
-                hidden_size=args.hidden,
-                intermediate_size=args.hidden * 11 // 4,
-                num_hidden_layers=args.layers,
-                num_attention_heads=heads,
-                num_key_value_heads=heads,
-                max_position_embeddings=2048,
-                vocab_size=args.vocab,
-                initializer_range=0.02,
-            )
-        )
+        path = write_llama(folder, args.layers, args.hidden, args.vocab)
         print(
             f"model: Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}, float32; "
             f"{len(requests)} prompts, {output_tokens} output tokens; {os.cpu_count()} cores",

@@ -13,7 +13,7 @@ import httpx
 import openai
 import psutil
 import pytest
-import torch
+from infernetes.runtime.testing import hf_greedy_tokens
 
 ARGS = [
     "--tensor-parallel-size",
@@ -49,23 +49,6 @@ def _gone(process: psutil.Process) -> bool:
     return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
 
 
-def _hf_greedy(model_dir, prompt: list[int], max_tokens: int) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 @pytest.fixture
 def tp_server(tiny_llama_dir, server_process_factory, request):
     server = server_process_factory(
@@ -94,7 +77,7 @@ def test_openai_client_gets_transformers_tokens_and_sigterm_leaves_nothing(
         extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
     )
     tokens = [int(t.removeprefix("token_id:")) for t in completion.choices[0].logprobs.tokens]
-    assert tokens == _hf_greedy(tiny_llama_dir, PROMPT, 8)
+    assert tokens == hf_greedy_tokens(tiny_llama_dir, PROMPT, 8)
     everyone = psutil.Process(tp_server.process.pid).children(recursive=True)
     assert tp_server.stop(signal.SIGTERM) == 0
     assert _wait_until(lambda: all(_gone(p) for p in everyone)), [p.cmdline() for p in everyone]
@@ -137,7 +120,7 @@ def test_data_parallel_serves_from_two_cores(tiny_llama_dir, server_process_fact
             tokens = [
                 int(t.removeprefix("token_id:")) for t in completion.choices[0].logprobs.tokens
             ]
-            assert tokens == _hf_greedy(tiny_llama_dir, PROMPT, 8)
+            assert tokens == hf_greedy_tokens(tiny_llama_dir, PROMPT, 8)
         metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
         assert 'vllm:num_requests_running{engine="1",model_name="tiny"}' in metrics
         assert server.stop(signal.SIGTERM) == 0

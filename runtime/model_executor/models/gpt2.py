@@ -25,6 +25,7 @@ from infernetes.runtime.model_executor.models.utils import (
     on_first_stage,
     on_last_stage,
     stage_layers,
+    tie_on_this_stage,
 )
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
@@ -104,12 +105,7 @@ class GPT2LMHeadModel(nn.Module):
         self.transformer = GPT2Model(config)
         self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
         # GPT-2 ties its LM head to the token embedding, which may sit on another stage.
-        self.shared_embedding = not any(
-            isinstance(m, PPMissingLayer) for m in (self.lm_head, self.transformer.wte)
-        )
-        if self.shared_embedding:
-            assert isinstance(self.lm_head, ParallelLMHead)
-            self.lm_head.tie(self.transformer.wte)
+        self.shared_embedding = tie_on_this_stage(self.lm_head, self.transformer.wte)
 
     def forward(
         self,

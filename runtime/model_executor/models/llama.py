@@ -25,6 +25,7 @@ from infernetes.runtime.model_executor.models.utils import (
     on_first_stage,
     on_last_stage,
     stage_layers,
+    tie_on_this_stage,
 )
 from torch import nn
 from transformers import PretrainedConfig
@@ -156,12 +157,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         # With pipeline stages, a tied LM head and the embedding may sit on different ranks.
-        self.shared_embedding = self.tie_word_embeddings and not any(
-            isinstance(m, PPMissingLayer) for m in (self.lm_head, self.model.embed_tokens)
+        self.shared_embedding = self.tie_word_embeddings and tie_on_this_stage(
+            self.lm_head, self.model.embed_tokens
         )
-        if self.shared_embedding:
-            assert isinstance(self.lm_head, ParallelLMHead)
-            self.lm_head.tie(self.model.embed_tokens)
 
     def forward(
         self,

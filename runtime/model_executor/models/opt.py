@@ -26,6 +26,7 @@ from infernetes.runtime.model_executor.models.utils import (
     on_first_stage,
     on_last_stage,
     stage_layers,
+    tie_on_this_stage,
 )
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
@@ -160,13 +161,7 @@ class OPTForCausalLM(nn.Module):
             lambda: ParallelLMHead(config.vocab_size, config.word_embed_proj_dim)
         )
         # OPT always ties the output embedding, which may sit on another pipeline stage.
-        embedding = self.model.decoder.embed_tokens
-        self.shared_embedding = not any(
-            isinstance(m, PPMissingLayer) for m in (self.lm_head, embedding)
-        )
-        if self.shared_embedding:
-            assert isinstance(self.lm_head, ParallelLMHead)
-            self.lm_head.tie(embedding)
+        self.shared_embedding = tie_on_this_stage(self.lm_head, self.model.decoder.embed_tokens)
 
     def forward(
         self,

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from infernetes.runtime.model_executor import parallel
+from infernetes.runtime.model_executor.layers.embedding import ParallelLMHead
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from torch import nn
 
@@ -38,6 +39,16 @@ def on_first_stage(build: Callable[[], nn.Module]) -> nn.Module:
 
 def on_last_stage(build: Callable[[], nn.Module]) -> nn.Module:
     return build() if parallel.state().is_last_stage else PPMissingLayer()
+
+
+def tie_on_this_stage(lm_head: nn.Module, embedding: nn.Module) -> bool:
+    """Tie the LM head to the token embedding when this stage holds both; whether it did (a
+    stage holding only the head loads the embedding's checkpoint tensor into it instead)."""
+    if isinstance(lm_head, PPMissingLayer) or isinstance(embedding, PPMissingLayer):
+        return False
+    assert isinstance(lm_head, ParallelLMHead)
+    lm_head.tie(embedding)
+    return True
 
 
 def missing_prefixes(model: nn.Module) -> tuple[str, ...]:
