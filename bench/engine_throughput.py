@@ -159,9 +159,29 @@ def run_transformers(path: str, requests, args, dtype: str) -> float:
         return time.perf_counter() - start
 
 
+def write_llama(folder: str, layers: int, hidden: int, vocab: int) -> str:
+    """A Llama-shaped model with random weights (64-wide heads, at least two) in ``folder``."""
+    from infernetes.runtime.testing import make_tiny_model
+
+    heads = max(hidden // 64, 2)
+    return str(
+        make_tiny_model(
+            folder,
+            "LlamaForCausalLM",
+            hidden_size=hidden,
+            intermediate_size=hidden * 11 // 4,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=2048,
+            vocab_size=vocab,
+            initializer_range=0.02,
+        )
+    )
+
+
 def main(argv: list[str]) -> int:
     import torch
-    from infernetes.runtime.testing import make_tiny_model
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -169,21 +189,7 @@ def main(argv: list[str]) -> int:
     output_tokens = sum(n for _, n in requests)
     prompt_tokens = sum(len(p) for p, _ in requests)
     with tempfile.TemporaryDirectory(prefix="infernetes-bench-") as folder:
-        heads = max(args.hidden // 64, 1)
-        path = str(
-            make_tiny_model(
-                folder,
-                "LlamaForCausalLM",
-                hidden_size=args.hidden,
-                intermediate_size=args.hidden * 11 // 4,
-                num_hidden_layers=args.layers,
-                num_attention_heads=heads,
-                num_key_value_heads=heads,
-                max_position_embeddings=2048,
-                vocab_size=args.vocab,
-                initializer_range=0.02,
-            )
-        )
+        path = write_llama(folder, args.layers, args.hidden, args.vocab)
         print(
             f"model: Llama {args.layers} layers, hidden {args.hidden}, vocab {args.vocab} (float32 checkpoint); "
             f"{len(requests)} prompts, {prompt_tokens} prompt tokens, {output_tokens} output tokens; "

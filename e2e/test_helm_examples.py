@@ -1,6 +1,5 @@
 """Every sample in examples/ is accepted by the API server (real CRD schema and CEL admission),
-and a sample broken in one field is rejected with that field's path. The samples in
-examples/planned/ are not applied: they show what the runtime does not do yet."""
+and a sample broken in one field is rejected with that field's path."""
 
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ def test_there_are_examples_for_each_documented_use():
         "monitoring-servicemonitor",
         "hf-token-secret",
         "model-cache-pvc",
+        "tensor-parallel",
     }
 
 

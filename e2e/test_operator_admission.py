@@ -6,7 +6,6 @@ runtime refuses (infernetes.schema.support) is refused here too, with the field 
 """
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -262,29 +261,14 @@ def test_setting_the_runtime_refuses_is_rejected_with_field_and_reason(
 def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(
     cluster: Any, crds: None, namespace: str
 ) -> None:
-    resource = variant({"engine.tensorParallelSize": 2, "engine.enableLora": True}, name="refused")
+    resource = variant({"engine.apiServerCount": 2, "engine.enableLora": True}, name="refused")
     result = cluster.apply(resource, namespace=namespace, check=False)
     assert result.returncode != 0
     assert (
-        "spec.engine.tensorParallelSize" in result.stderr and "one GPU per engine" in result.stderr
+        "spec.engine.apiServerCount" in result.stderr
+        and "one API server process serves every engine core" in result.stderr
     )
     assert (
         "spec.engine.enableLora" in result.stderr and "LoRA adapters are planned" in result.stderr
     )
     assert cluster.kubectl("get", "infsvc", "refused", "-n", namespace, check=False).returncode != 0
-
-
-def test_the_planned_tensor_parallel_example_is_refused_until_the_runtime_has_it(
-    cluster: Any, crds: None, namespace: str
-) -> None:
-    example = Path(__file__).resolve().parents[1] / "examples" / "planned" / "tensor-parallel.yaml"
-    resources = [
-        doc
-        for doc in yaml.safe_load_all(example.read_text())
-        if doc and doc["kind"] == "InferenceService"
-    ]
-    result = dry_run(cluster, namespace, resources[0])
-    assert result.returncode != 0
-    assert (
-        "spec.engine.tensorParallelSize" in result.stderr and "one GPU per engine" in result.stderr
-    )

@@ -70,10 +70,19 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """How many ranks the model runs on (one today; the support table refuses more)."""
+    """How many ranks the model runs on, and what starts them: ``uni`` runs the one rank in the
+    engine core's process, ``mp`` one worker process per rank (the default above one rank)."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    distributed_executor_backend: str = "uni"
+    layer_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION: layers per stage
+    data_parallel_size: int = 1  # engine cores, each with world_size devices of its own
+    data_parallel_rank: int = 0  # this engine core's index among them
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ every call with the same arguments writes the same files.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,29 @@ def make_tiny_model(
 def make_tiny_llama(directory: str | Path, **kwargs: Any) -> Path:
     """The default tiny model: a Llama with GQA, used by most engine tests and the demo."""
     return make_tiny_model(directory, "LlamaForCausalLM", **kwargs)
+
+
+@functools.cache
+def _hf_causal_lm(path: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_greedy_tokens(path: str | Path, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """Transformers' greedy continuation of ``prompt_ids`` in float32 (EOS ignored): what the
+    tests compare the engine with."""
+    import torch
+
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        out = _hf_causal_lm(str(path)).generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt_ids) :].tolist()

@@ -48,14 +48,20 @@ def refused(reason: str) -> Support:
 
 
 # Reasons shared by several entries.
-ONE_GPU = "one GPU per engine for now (tensor, pipeline and data parallelism are planned)"
+DP_PLANNED = (
+    "multi-node data parallelism is planned, not built yet: --data-parallel-size runs its engine "
+    "cores on this node"
+)
+ONE_NODE = "multi-node serving is planned, not built yet: every rank runs on this host"
 LORA_PLANNED = "LoRA adapters are planned, not built yet"
 LORA_OFF = "LoRA adapters are planned; without --enable-lora vLLM ignores it too"
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
 TEXT_ONLY = "the models served here take text only: there are no images, audio or video to process"
 V0_ONLY = "a vLLM V0 scheduler setting; V1, which this engine follows, ignores it too"
 NO_RAY = "there is no Ray executor here"
-SINGLE_PROCESS = "the model runs in one worker process: there is nothing to distribute"
+WORKER_PROCESSES = (
+    "worker processes start from the engine core with a rendezvous on 127.0.0.1 and a free port"
+)
 NO_KERNEL = "it selects a kernel this engine does not have (its own Triton kernels run instead)"
 OTHER_HARDWARE = (
     "it only matters on hardware this engine does not target (TPU, HPU, Neuron, OpenVINO, ROCm)"
@@ -112,9 +118,9 @@ ARG_SUPPORT: dict[str, Support] = {
     "max_concurrency": HONOURED,
     "shutdown_timeout": HONOURED,
     "reasoning_effort": HONOURED,
-    "api_server_count": partial((1,), "one API server process per engine"),
+    "api_server_count": partial((1,), "one API server process serves every engine core"),
     "headless": refused("multi-node data parallelism is planned, not built yet"),
-    "data_parallel_start_rank": refused(ONE_GPU),
+    "data_parallel_start_rank": refused(DP_PLANNED),
     # ---------------------------------------------------------------- ModelConfig
     "model": HONOURED,
     "task": partial(
@@ -202,21 +208,28 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     # ---------------------------------------------------------------- ParallelConfig
     "distributed_executor_backend": partial(
-        ("mp", "uni"), "with one worker, mp and uni are the same; " + NO_RAY
+        ("mp", "uni"),
+        "mp starts one worker process per rank, uni runs one rank in the engine's process; "
+        "there is no Ray executor here, and ranks are never started by an external launcher "
+        "(torchrun)",
     ),
-    "pipeline_parallel_size": partial((1,), ONE_GPU),
-    "tensor_parallel_size": partial((1,), ONE_GPU),
-    "data_parallel_size": partial((1,), ONE_GPU),
-    "data_parallel_size_local": refused(ONE_GPU),
-    "data_parallel_address": refused(ONE_GPU),
-    "data_parallel_rpc_port": refused(ONE_GPU),
+    "pipeline_parallel_size": HONOURED,
+    "tensor_parallel_size": HONOURED,
+    "data_parallel_size": HONOURED,
+    "data_parallel_size_local": refused(DP_PLANNED),
+    "data_parallel_address": refused(DP_PLANNED),
+    "data_parallel_rpc_port": refused(DP_PLANNED),
     "data_parallel_backend": partial(("mp",), NO_RAY),
     "enable_expert_parallel": refused("mixture-of-experts models are planned, not built yet"),
     "enable_eplb": refused("mixture-of-experts models are planned, not built yet"),
     "enable_multimodal_encoder_data_parallel": no_effect(TEXT_ONLY),
-    "max_parallel_loading_workers": no_effect(SINGLE_PROCESS),
+    "max_parallel_loading_workers": no_effect(
+        "each rank reads only its own shard, all ranks at once"
+    ),
     "ray_workers_use_nsight": refused(NO_RAY),
-    "disable_custom_all_reduce": no_effect("one GPU: there is no all-reduce"),
+    "disable_custom_all_reduce": no_effect(
+        "there is no custom all-reduce here: torch.distributed's (NCCL, gloo) always runs"
+    ),
     "worker_cls": refused("custom worker classes are not loaded"),
     "worker_extension_cls": refused("worker extensions are not loaded"),
     # ---------------------------------------------------------------- CacheConfig
@@ -334,7 +347,7 @@ ENV_SUPPORT: dict[str, Support] = {
     "CUDA_VISIBLE_DEVICES": HONOURED,
     "OMP_NUM_THREADS": HONOURED,
     "LD_LIBRARY_PATH": HONOURED,
-    "LOCAL_RANK": no_effect(SINGLE_PROCESS),
+    "LOCAL_RANK": no_effect("each worker's rank is given to it by the engine core"),
     # Paths.
     "VLLM_CONFIG_ROOT": no_effect("nothing here reads configuration from it"),
     "VLLM_CACHE_ROOT": HONOURED,
@@ -350,20 +363,24 @@ ENV_SUPPORT: dict[str, Support] = {
     "S3_ENDPOINT_URL": no_effect("there is no S3 model loader (runai_streamer) here"),
     "VLLM_CI_USE_S3": no_effect(VLLM_TESTS),
     # Distributed execution.
-    "VLLM_HOST_IP": no_effect(SINGLE_PROCESS),
-    "VLLM_PORT": no_effect(SINGLE_PROCESS),
-    "VLLM_NCCL_SO_PATH": no_effect(SINGLE_PROCESS),
+    "VLLM_HOST_IP": no_effect(WORKER_PROCESSES),
+    "VLLM_PORT": no_effect(WORKER_PROCESSES),
+    "VLLM_NCCL_SO_PATH": no_effect("torch.distributed loads the NCCL that PyTorch ships"),
     "VLLM_CUDART_SO_PATH": no_effect(
         "there is no custom all-reduce that loads the CUDA runtime itself"
     ),
-    "VLLM_WORKER_MULTIPROC_METHOD": no_effect(SINGLE_PROCESS),
-    "VLLM_PP_LAYER_PARTITION": no_effect(ONE_GPU),
-    "VLLM_SKIP_P2P_CHECK": no_effect(SINGLE_PROCESS),
-    "VLLM_DISABLE_CUSTOM_ALL_REDUCE": no_effect(SINGLE_PROCESS),
-    "VLLM_DP_RANK": refused(ONE_GPU),
-    "VLLM_DP_SIZE": refused(ONE_GPU),
-    "VLLM_DP_MASTER_IP": refused(ONE_GPU),
-    "VLLM_DP_MASTER_PORT": refused(ONE_GPU),
+    "VLLM_WORKER_MULTIPROC_METHOD": no_effect(
+        "workers are always fresh interpreters (as with spawn), never forks"
+    ),
+    "VLLM_PP_LAYER_PARTITION": HONOURED,
+    "VLLM_SKIP_P2P_CHECK": no_effect("there is no custom all-reduce whose P2P check to skip"),
+    "VLLM_DISABLE_CUSTOM_ALL_REDUCE": no_effect(
+        "there is no custom all-reduce here: torch.distributed's (NCCL, gloo) always runs"
+    ),
+    "VLLM_DP_RANK": refused(DP_PLANNED),
+    "VLLM_DP_SIZE": refused(DP_PLANNED),
+    "VLLM_DP_MASTER_IP": refused(DP_PLANNED),
+    "VLLM_DP_MASTER_PORT": refused(DP_PLANNED),
     **{
         name: no_effect(NO_RAY)
         for name in (

@@ -8,6 +8,11 @@ outputs go to their streams' event loops in one callback per loop, its statistic
 loggers, replies to the awaiting calls. When the core dies, every open stream gets the error,
 ``errored`` turns true and ``dead_error`` says why.
 
+With ``--data-parallel-size N`` there are N cores, each with its own devices; a new request goes
+to the one with the fewest open streams (its running and waiting requests, as this side counts
+them), an abort to the one that holds the request, a maintenance call to all; each core's
+statistics carry its index (``SchedulerStats.engine_index``), and one dead core fails the engine.
+
 A hung core counts as dead, so probes fail instead of requests hanging: while requests are in
 flight the core speaks after every step, and silence longer than VLLM_ENGINE_ITERATION_TIMEOUT_S
 means a step is stuck (a watchdog thread checks); a maintenance call (sleep, wake_up,
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -51,11 +57,12 @@ class EngineDeadError(RuntimeError):
 
 
 class _Stream:
-    __slots__ = ("loop", "queue")
+    __slots__ = ("core", "loop", "queue")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, core: int) -> None:
         self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.core = core  # the index of the engine core that serves it
 
 
 class AsyncEngine:
@@ -65,8 +72,6 @@ class AsyncEngine:
         stat_loggers: Sequence[StatLogger] = (),
         multiprocess: bool = False,
     ) -> None:
-        from infernetes.runtime.engine.core_client import CoreProcess, CoreThread
-
         self.stat_loggers = list(stat_loggers)
         self.dead_error: BaseException | None = None
         self._streams: dict[str, _Stream] = {}
@@ -77,11 +82,14 @@ class AsyncEngine:
         self._sleeping = False
         self._iteration_timeout_s: int = read_env("VLLM_ENGINE_ITERATION_TIMEOUT_S")
         self._rpc_timeout_ms: int = read_env("VLLM_RPC_TIMEOUT")
-        self._last_heard = time.monotonic()  # when the core last spoke, or last got work while idle
-        self.core = (CoreProcess if multiprocess else CoreThread)(config, self._on_message)
-        # The EngineCore itself when it runs in this process (tests reach into it), else None.
-        self.engine = getattr(self.core, "engine", None)
-        info = self.core.info
+        size = config.data_parallel_size
+        # Per core: when it last spoke (or last got work while idle), and its open streams.
+        self._last_heard = [time.monotonic()] * size
+        self._load = [0] * size
+        self.cores = _start_cores(config, multiprocess, self._on_message)
+        # The first EngineCore itself when it runs in this process (tests reach into it).
+        self.engine = getattr(self.cores[0], "engine", None)
+        info = self.cores[0].info
         self.tokenizer = info.tokenizer
         self.max_model_len = info.max_model_len
         self.model_config = info.model_config
@@ -113,7 +121,8 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return self.core.alive and not self.errored and not self._stopping
+        alive = all(core.alive for core in self.cores)
+        return alive and not self.errored and not self._stopping
 
     @property
     def is_sleeping(self) -> bool:
@@ -129,8 +138,8 @@ class AsyncEngine:
 
     # -- messages from the core (on the core's thread or the pipe reader's) ---------------------
 
-    def _on_message(self, message: EngineMessage) -> None:
-        self._last_heard = time.monotonic()
+    def _on_message(self, message: EngineMessage, core: int = 0) -> None:
+        self._last_heard[core] = time.monotonic()
         match message:
             case StepOutputs(outputs=outputs, stats=stats):
                 if outputs:
@@ -155,8 +164,9 @@ class AsyncEngine:
         limit = self._iteration_timeout_s
         while self.dead_error is None and not self._stopping:
             time.sleep(min(1.0, limit / 4))
-            silent = time.monotonic() - self._last_heard
-            if self._streams and not self._sleeping and silent > limit:
+            busy = [c for c, load in enumerate(self._load) if load]
+            silent = max((time.monotonic() - self._last_heard[c] for c in busy), default=0.0)
+            if busy and not self._sleeping and silent > limit:
                 self._on_message(
                     EngineDead(
                         TimeoutError(
@@ -182,6 +192,7 @@ class AsyncEngine:
                     continue
                 if output.finished:
                     del self._streams[output.request_id]
+                    self._load[stream.core] -= 1
                 by_loop.setdefault(stream.loop, []).append((stream.queue, output))
         for loop, items in by_loop.items():
             # RuntimeError: that event loop is closed; nobody is listening any more.
@@ -191,6 +202,7 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         with self._streams_lock:
             streams, self._streams = list(self._streams.values()), {}
+            self._load = [0] * len(self.cores)
         for stream in streams:
             with contextlib.suppress(RuntimeError):
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
@@ -202,17 +214,18 @@ class AsyncEngine:
     # -- commands to the core ------------------------------------------------------------------
 
     async def _call(
-        self, command: Callable[[int], AddRequest | AbortRequests | UtilityCall]
+        self, command: Callable[[int], AddRequest | AbortRequests | UtilityCall], core: int = 0
     ) -> Any:
-        """Send ``command(call_id)`` and await the core's reply; a utility call unanswered within
-        VLLM_RPC_TIMEOUT fails the engine (the core is hung; its state is unknown from now on)."""
+        """Send ``command(call_id)`` to core ``core`` and await its reply; a utility call
+        unanswered within VLLM_RPC_TIMEOUT fails the engine (the core is hung; its state is
+        unknown from now on)."""
         self._check_alive()
         call_id = next(self._call_ids)
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._calls[call_id] = future
         sent = command(call_id)
         try:
-            self.core.send(sent)
+            self.cores[core].send(sent)
         except OSError as error:  # the pipe is gone: the reader reports the death
             self._calls.pop(call_id, None)
             raise EngineDeadError(f"the engine has stopped: {error!r}") from error
@@ -234,23 +247,30 @@ class AsyncEngine:
     async def _open(self, request: EngineCoreRequest) -> _Stream:
         request_id = request.request_id
         self._check_alive()
-        stream = _Stream(asyncio.get_running_loop())
         with self._streams_lock:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
-            if not self._streams:  # an idle core owes no step yet: the watchdog's clock starts now
-                self._last_heard = time.monotonic()
-            self._streams[request_id] = stream
+            core = min(range(len(self.cores)), key=self._load.__getitem__)  # the least loaded
+            if not self._load[core]:  # an idle core owes no step yet: the watchdog's clock starts
+                self._last_heard[core] = time.monotonic()
+            stream = self._streams[request_id] = _Stream(asyncio.get_running_loop(), core)
+            self._load[core] += 1
         try:
-            await self._call(lambda call_id: AddRequest(call_id, request))
+            await self._call(lambda call_id: AddRequest(call_id, request), core)
         except asyncio.CancelledError:
             # The client left while the request was being queued: it may be queued by now.
             self._abort_soon(request_id)
             raise
         except BaseException:
-            with self._streams_lock:
-                self._streams.pop(request_id, None)
+            self._close_stream(request_id)
             raise
+        return stream
+
+    def _close_stream(self, request_id: str) -> _Stream | None:
+        with self._streams_lock:
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                self._load[stream.core] -= 1
         return stream
 
     async def generate(
@@ -293,11 +313,10 @@ class AsyncEngine:
                 self._abort_soon(request_id)
 
     def _abort_soon(self, request_id: str) -> None:
-        with self._streams_lock:
-            self._streams.pop(request_id, None)
-        if self.dead_error is None and not self._stopping:
+        stream = self._close_stream(request_id)
+        if stream is not None and self.dead_error is None and not self._stopping:
             with contextlib.suppress(OSError):
-                self.core.send(AbortRequests(None, [request_id]))
+                self.cores[stream.core].send(AbortRequests(None, [request_id]))
 
     def request_ids(self) -> list[str]:
         """Ids of the requests whose output streams are open (what a server shutdown aborts)."""
@@ -310,19 +329,39 @@ class AsyncEngine:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         if self.dead_error is not None:
             return
-        await self._call(lambda call_id: AbortRequests(call_id, ids))
+        by_core: dict[int, list[str]] = {}
+        with self._streams_lock:
+            for rid in ids:
+                stream = self._streams.get(rid)
+                if stream is not None:  # no stream: it has finished already
+                    by_core.setdefault(stream.core, []).append(rid)
+        await asyncio.gather(
+            *(
+                self._call(functools.partial(AbortRequests, request_ids=held), core)
+                for core, held in by_core.items()
+            )
+        )
 
     # -- maintenance ---------------------------------------------------------------------------
 
+    async def _call_all(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """A maintenance call on every core; their results in core order."""
+        return await asyncio.gather(
+            *(
+                self._call(lambda call_id: UtilityCall(call_id, method, args), core)
+                for core in range(len(self.cores))
+            )
+        )
+
     async def reset_prefix_cache(self) -> bool:
-        return await self._call(lambda call_id: UtilityCall(call_id, "reset_prefix_cache"))
+        return all(await self._call_all("reset_prefix_cache"))
 
     async def sleep(self, level: int = 1) -> None:
-        await self._call(lambda call_id: UtilityCall(call_id, "sleep", (level,)))
+        await self._call_all("sleep", (level,))
         self._sleeping = True
 
     async def wake_up(self) -> None:
-        await self._call(lambda call_id: UtilityCall(call_id, "wake_up"))
+        await self._call_all("wake_up")
         self._sleeping = False
 
     async def check_health(self) -> None:
@@ -336,8 +375,44 @@ class AsyncEngine:
         if self._stopping:
             return
         self._stopping = True
-        await asyncio.get_running_loop().run_in_executor(None, self.core.stop)
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, core.stop) for core in self.cores))
         self._fail_all(EngineDeadError("the engine was shut down"))
+
+
+def _start_cores(
+    config: ServeConfig, multiprocess: bool, on_message: Callable[[EngineMessage, int], None]
+) -> list[Any]:
+    """The ``--data-parallel-size`` engine cores, loading side by side; if one fails to load,
+    the others are stopped and its error raised."""
+    from infernetes.runtime.engine.core_client import CoreProcess, CoreThread
+
+    client: type[CoreProcess] | type[CoreThread] = CoreProcess if multiprocess else CoreThread
+    size = config.data_parallel_size
+    if size > 1 and not multiprocess:  # a process holds one model's state (attention metadata...)
+        raise ValueError(
+            "data_parallel_size above 1 needs each engine core in a process of its own "
+            "(VLLM_ENABLE_V1_MULTIPROCESSING=1, the default)"
+        )
+    with concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="infernetes-load") as pool:
+        futures: list[concurrent.futures.Future[CoreProcess | CoreThread]] = [
+            pool.submit(client, config, functools.partial(_tagged, on_message, rank), rank)
+            for rank in range(size)
+        ]
+        concurrent.futures.wait(futures)
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        for future in futures:
+            if future.exception() is None:
+                future.result().stop()
+        raise failed[0]  # type: ignore[misc]
+    return [future.result() for future in futures]
+
+
+def _tagged(
+    on_message: Callable[[EngineMessage, int], None], core: int, message: EngineMessage
+) -> None:
+    on_message(message, core)
 
 
 def core_process_enabled() -> bool:

@@ -61,11 +61,16 @@ def process_tokenizer() -> Any:
 class CoreThread:
     """The engine core in a thread of this process."""
 
-    def __init__(self, config: ServeConfig, on_message: Callable[[EngineMessage], None]) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        on_message: Callable[[EngineMessage], None],
+        data_parallel_rank: int = 0,
+    ) -> None:
         from infernetes.runtime.engine.engine_core import EngineCore
 
         stats = StatsBuffer()
-        self.engine = EngineCore(config, stat_loggers=[stats])
+        self.engine = EngineCore(config, [stats], data_parallel_rank)
         self.info = self.engine.info()
         self._commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
         self._loop = CoreLoop(self.engine, stats, on_message)
@@ -93,17 +98,23 @@ class CoreThread:
     def stop(self) -> None:
         self.send(Shutdown())
         self._thread.join(JOIN_TIMEOUT_S)
+        self.engine.shutdown()
 
 
 class CoreProcess:
     """The engine core in a child process (spawned: a clean interpreter, no forked threads)."""
 
-    def __init__(self, config: ServeConfig, on_message: Callable[[EngineMessage], None]) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        on_message: Callable[[EngineMessage], None],
+        data_parallel_rank: int = 0,
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=True)
         self._process = context.Process(
             target=run_core_process,
-            args=(config, child_conn, LoggingSettings.from_env()),
+            args=(config, child_conn, LoggingSettings.from_env(), data_parallel_rank),
             name="infernetes-engine-core",
             daemon=True,
         )
@@ -279,7 +290,10 @@ def _exit_with_parent() -> None:
 
 
 def run_core_process(
-    config: ServeConfig, conn: Connection, logging_settings: LoggingSettings
+    config: ServeConfig,
+    conn: Connection,
+    logging_settings: LoggingSettings,
+    data_parallel_rank: int = 0,
 ) -> None:
     """The core process's main: load the engine, say ready (or why not), then serve commands
     until shutdown or until the API process goes away (the pipe closes)."""
@@ -288,7 +302,8 @@ def run_core_process(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
-    configure_logging(logging_settings, tag=f"core pid {os.getpid()}")
+    engine_tag = f"core {data_parallel_rank} " if config.data_parallel_size > 1 else "core "
+    configure_logging(logging_settings, tag=f"{engine_tag}pid {os.getpid()}")
     logger.debug("engine core process started; loading %s", config.model)
 
     codec = OutputCodec()
@@ -301,7 +316,7 @@ def run_core_process(
 
     stats = StatsBuffer()
     try:
-        engine = EngineCore(config, stat_loggers=[stats])
+        engine = EngineCore(config, [stats], data_parallel_rank)
     except BaseException as error:
         logger.exception("the engine failed to load")
         emit(LoadFailed(portable_error(error)))
@@ -314,5 +329,8 @@ def run_core_process(
             return None
         return from_wire(pickle.loads(conn.recv_bytes()))
 
-    with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
-        CoreLoop(engine, stats, emit).run(next_command)
+    try:
+        with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
+            CoreLoop(engine, stats, emit).run(next_command)
+    finally:
+        engine.shutdown()

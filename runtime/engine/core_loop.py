@@ -27,6 +27,9 @@ from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
 
 logger = logging.getLogger(__name__)
 
+# While idle the loop wakes this often to see that its workers are still there.
+HEALTH_CHECK_INTERVAL_S = 1.0
+
 
 class StatsBuffer:
     """A stat logger that keeps what the engine records until the loop ships it."""
@@ -66,21 +69,22 @@ class CoreLoop:
         engine = self.engine
         while True:
             busy = engine.has_unfinished_requests() and not engine.is_sleeping
-            command = next_command(0 if busy else None)
+            command = next_command(0 if busy else HEALTH_CHECK_INTERVAL_S)
             while command is not None:
                 if not self.handle(command):
                     return
                 command = next_command(0)
             self._flush()
-            if engine.has_unfinished_requests() and not engine.is_sleeping:
-                try:
-                    outputs = engine.step()
-                except BaseException as error:
-                    logger.exception("the engine loop failed")
-                    self.emit(EngineDead(portable_error(error)))
-                    return
-                self.pending_outputs.extend(outputs)
-                self._flush()
+            try:
+                if engine.has_unfinished_requests() and not engine.is_sleeping:
+                    self.pending_outputs.extend(engine.step())
+                else:
+                    engine.check_health()
+            except BaseException as error:
+                logger.exception("the engine loop failed")
+                self.emit(EngineDead(portable_error(error)))
+                return
+            self._flush()
 
     def _flush(self) -> None:
         stats = self.stats.take()

@@ -29,6 +29,7 @@ from infernetes.runtime.model_executor.loader import (
     read_json,
     resolve_model_path,
 )
+from infernetes.runtime.model_executor.parallel import stage_layers
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
 from transformers import PretrainedConfig
 
@@ -120,6 +121,46 @@ def _scheduler_config(
     )
 
 
+def _parallel_config(
+    config: ServeConfig,
+    hf_config: PretrainedConfig,
+    pooling: bool,
+    environ: dict[str, str],
+    data_parallel_rank: int,
+) -> ParallelConfig:
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    backend = config.distributed_executor_backend or ("mp" if tp * pp > 1 else "uni")
+    if backend == "uni" and tp * pp > 1:
+        raise ValueError(
+            f"distributed_executor_backend='uni' runs one rank, but tensor_parallel_size x "
+            f"pipeline_parallel_size is {tp * pp}; use 'mp' (the default) for more ranks"
+        )
+    heads = getattr(hf_config, "num_attention_heads", 0)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads % tp or (kv_heads % tp and tp % kv_heads):
+        raise ValueError(
+            f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
+            f"and {kv_heads} key/value heads (each rank holds an equal share; with fewer KV heads "
+            "than ranks, the ranks must be a multiple of them)"
+        )
+    if pp > 1 and pooling:
+        raise ValueError(
+            "pipeline_parallel_size above 1 is for generative models, not pooling ones"
+        )
+    text = read_env("VLLM_PP_LAYER_PARTITION", environ)
+    partition = None
+    if text:
+        try:
+            partition = tuple(int(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(
+                f"VLLM_PP_LAYER_PARTITION={text!r} must be comma-separated layer counts, e.g. 12,20"
+            ) from None
+    if pp > 1:  # the stages must cover the model's layers: say so now, not in a worker
+        stage_layers(hf_config.num_hidden_layers, partition, pp)
+    return ParallelConfig(tp, pp, backend, partition, config.data_parallel_size, data_parallel_rank)
+
+
 def _config_source(config: ServeConfig, model_path: Path) -> Path:
     """Where config.json comes from: ``--hf-config-path`` (a folder, a JSON file or a hub id whose
     JSON files are fetched alone), else the model's folder."""
@@ -173,9 +214,10 @@ def _eos_token_ids(
 
 
 def resolve_config(
-    config: ServeConfig, environ: dict[str, str] | None = None
+    config: ServeConfig, environ: dict[str, str] | None = None, data_parallel_rank: int = 0
 ) -> tuple[RuntimeConfig, Any]:
-    """The runtime configuration and the tokenizer (None with ``--skip-tokenizer-init``)."""
+    """The runtime configuration and the tokenizer (None with ``--skip-tokenizer-init``), for
+    data-parallel engine core ``data_parallel_rank``."""
     environ = dict(os.environ) if environ is None else environ
     if config.model is None:
         raise ValueError("model is required: a local folder or a Hugging Face model id")
@@ -251,10 +293,7 @@ def resolve_config(
             cpu_kv_cache_bytes=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4) << 30,
         ),
         scheduler=scheduler,
-        parallel=ParallelConfig(
-            tensor_parallel_size=config.tensor_parallel_size,
-            pipeline_parallel_size=config.pipeline_parallel_size,
-        ),
+        parallel=_parallel_config(config, hf_config, info.is_pooling, environ, data_parallel_rank),
         device=DeviceConfig(device=device, attention_backend=config.attention_backend),
         load=LoadConfig(
             load_format=config.load_format,

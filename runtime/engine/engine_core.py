@@ -23,8 +23,7 @@ from infernetes.runtime.engine.output_processor import OutputProcessor
 from infernetes.runtime.engine.request import RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
 from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
-from infernetes.runtime.executor.abstract import Executor
-from infernetes.runtime.executor.uniproc_executor import UniProcExecutor
+from infernetes.runtime.executor.abstract import select_executor
 from infernetes.runtime.model_executor.memory_profile import (
     kv_cache_num_blocks,
     log_kv_cache_capacity,
@@ -50,13 +49,19 @@ class EngineCore:
         self,
         serve_config: ServeConfig,
         stat_loggers: Sequence[StatLogger] = (),
-        executor_class: type[Executor] = UniProcExecutor,
+        data_parallel_rank: int = 0,
     ) -> None:
         self.config: RuntimeConfig
-        self.config, self.tokenizer = resolve_config(serve_config)
+        self.config, self.tokenizer = resolve_config(
+            serve_config, data_parallel_rank=data_parallel_rank
+        )
         model = self.config.model
-        self.executor = executor_class(self.config)
-        self.num_blocks = self._initialize_kv_cache()
+        self.executor = select_executor(self.config)(self.config)
+        try:
+            self.num_blocks = self._initialize_kv_cache()
+        except BaseException:
+            self.executor.shutdown()
+            raise
         cache = self.config.cache
         self.block_manager = BlockManager(
             self.num_blocks,
@@ -166,6 +171,7 @@ class EngineCore:
     def _record_stats(self, iteration: IterationStats) -> None:
         usage = 0.0 if self.config.model.is_pooling else self.block_manager.usage
         stats = self.scheduler.make_stats(usage)
+        stats.engine_index = self.config.parallel.data_parallel_rank
         for stat_logger in self.stat_loggers:
             try:
                 stat_logger.record(stats, iteration)
@@ -198,3 +204,10 @@ class EngineCore:
     @property
     def is_sleeping(self) -> bool:
         return self.sleep_level > 0
+
+    def check_health(self) -> None:
+        """Raise when the workers cannot go on (one has died)."""
+        self.executor.check_health()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

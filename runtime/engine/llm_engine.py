@@ -16,6 +16,11 @@ from infernetes.schema.config import ServeConfig
 
 class LLMEngine:
     def __init__(self, config: ServeConfig, stat_loggers: Sequence[StatLogger] = ()) -> None:
+        if config.data_parallel_size > 1:
+            raise ValueError(
+                "data_parallel_size above 1 runs several engine cores behind the server "
+                "(infernetes serve, AsyncEngine); the offline engine runs one"
+            )
         self.engine_core = EngineCore(config, stat_loggers)
         info = self.engine_core.info()
         self.tokenizer = info.tokenizer
@@ -67,3 +72,7 @@ class LLMEngine:
     @property
     def is_sleeping(self) -> bool:
         return self.engine_core.is_sleeping
+
+    def shutdown(self) -> None:
+        """Stop the worker processes now (otherwise when the engine is collected, or at exit)."""
+        self.engine_core.shutdown()

@@ -34,6 +34,7 @@ class SchedulerStats:
     kv_cache_usage: float = 0.0  # fraction in [0, 1]
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     num_preemptions: int = 0  # preemptions in this step
+    engine_index: int = 0  # which data-parallel engine core (the metrics' engine label)
 
 
 @dataclass

@@ -37,3 +37,22 @@ class Executor(ABC):
 
     def initialize_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_cache", (num_blocks,))
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise when a worker has gone (the engine core then dies with it)."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the workers; nothing runs after it."""
+
+
+def select_executor(config: RuntimeConfig) -> type[Executor]:
+    """The executor ``--distributed-executor-backend`` names (``uni`` or ``mp``)."""
+    if config.parallel.distributed_executor_backend == "mp":
+        from infernetes.runtime.executor.multiproc_executor import MultiprocExecutor
+
+        return MultiprocExecutor
+    from infernetes.runtime.executor.uniproc_executor import UniProcExecutor
+
+    return UniProcExecutor

@@ -16,3 +16,9 @@ class UniProcExecutor(Executor):
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return [getattr(self.driver_worker, method)(*args)]
+
+    def check_health(self) -> None:
+        pass  # the worker lives and dies with this process
+
+    def shutdown(self) -> None:
+        pass  # nothing runs outside this process

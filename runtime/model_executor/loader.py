@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from infernetes.runtime.model_executor.lazy_weight import LazyWeight, ReadCounter
 from infernetes.runtime.model_executor.models import POOLING, model_class
 from infernetes.runtime.model_executor.models.interfaces import ServableModel
+from infernetes.runtime.model_executor.parallel import tp_rank, tp_size
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -314,10 +316,16 @@ def _indexed(path: Path, index_name: str) -> list[Path]:
     ]
 
 
-def iter_weights(files: list[Path], use_tqdm: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(
+    files: list[Path], use_tqdm: bool = True, counter: ReadCounter | None = None
+) -> Iterator[tuple[str, torch.Tensor | LazyWeight]]:
+    """Each checkpoint tensor by name. Safetensors come as ``LazyWeight``s that the loaders read
+    only in part (a rank's shard); PyTorch files are memory-mapped, so narrowing them reads only
+    what is copied too."""
     from safetensors import SafetensorError, safe_open
     from tqdm.auto import tqdm
 
+    counter = counter or ReadCounter()
     progress = tqdm(
         files, desc="Loading weights", unit="file", disable=not use_tqdm or len(files) < 1
     )
@@ -326,9 +334,9 @@ def iter_weights(files: list[Path], use_tqdm: bool = True) -> Iterator[tuple[str
             if file.suffix == ".safetensors":
                 with safe_open(str(file), framework="pt") as handle:
                     for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                        yield name, handle.get_tensor(name)
+                        yield name, LazyWeight(handle.get_slice(name), counter)
             else:
-                state = torch.load(str(file), map_location="cpu", weights_only=True)
+                state = torch.load(str(file), map_location="cpu", weights_only=True, mmap=True)
                 yield from state.items()
         except (SafetensorError, OSError, RuntimeError, ValueError, EOFError) as error:
             raise ModelLoadError(f"cannot read weights from {file}: {error}") from error
@@ -360,7 +368,17 @@ def build_model(
         _dummy_weights(model, seed)
     else:
         files = weight_files(info.path, load_format, ignore_patterns)
-        loaded = model.load_weights(iter_weights(files, use_tqdm))
+        counter = ReadCounter()
+        loaded = model.load_weights(iter_weights(files, use_tqdm, counter))
+        model.checkpoint_bytes_read = counter.bytes
+        if tp_size() > 1:
+            total = sum(f.stat().st_size for f in files if f.suffix == ".safetensors")
+            logger.info(
+                "Rank %d read %.1f MiB of the checkpoint's %.1f MiB (its shard)",
+                tp_rank(),
+                counter.bytes / 2**20,
+                total / 2**20,
+            )
         missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
         if missing:
             raise ModelLoadError(

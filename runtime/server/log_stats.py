@@ -3,7 +3,8 @@
 ``Avg prompt throughput: 12.0 tokens/s, Avg generation throughput: 40.1 tokens/s, Running: 3
 reqs, Waiting: 0 reqs, GPU KV cache usage: 4.2%, Prefix cache hit rate: 50.0%``
 
-("CPU KV cache usage" when the engine runs on the CPU.)
+("CPU KV cache usage" when the engine runs on the CPU.) With several data-parallel engine cores
+the line sums their running and waiting requests and averages their KV-cache usage.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ class LoggingStatLogger:
     def __init__(self, interval_s: float = LOG_INTERVAL_S) -> None:
         self.interval_s = interval_s
         self._reset(time.monotonic())
-        self.running = 0
-        self.waiting = 0
-        self.kv_usage = 0.0
+        # The last snapshot of each engine core, by its index.
+        self.snapshots: dict[int, tuple[int, int, float]] = {}
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.cache_label = "GPU"  # set to the engine's device once it has loaded
@@ -40,9 +40,11 @@ class LoggingStatLogger:
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
     ) -> None:
         if scheduler_stats is not None:
-            self.running = scheduler_stats.num_running_reqs
-            self.waiting = scheduler_stats.num_waiting_reqs
-            self.kv_usage = scheduler_stats.kv_cache_usage
+            self.snapshots[scheduler_stats.engine_index] = (
+                scheduler_stats.num_running_reqs,
+                scheduler_stats.num_waiting_reqs,
+                scheduler_stats.kv_cache_usage,
+            )
             prefix = scheduler_stats.prefix_cache_stats
             self.prefix_queries += prefix.queries
             self.prefix_hits += prefix.hits
@@ -53,6 +55,19 @@ class LoggingStatLogger:
         if now - self.window_start >= self.interval_s:
             logger.info(self.line(now))
             self._reset(now)
+
+    @property
+    def running(self) -> int:
+        return sum(running for running, _, _ in self.snapshots.values())
+
+    @property
+    def waiting(self) -> int:
+        return sum(waiting for _, waiting, _ in self.snapshots.values())
+
+    @property
+    def kv_usage(self) -> float:
+        usages = [usage for _, _, usage in self.snapshots.values()]
+        return sum(usages) / len(usages) if usages else 0.0
 
     def line(self, now: float) -> str:
         elapsed = max(now - self.window_start, 1e-9)

@@ -1,7 +1,9 @@
 """Prometheus export of the engine's stats under vLLM's ``vllm:`` metric names.
 
 ``PrometheusStatLogger`` implements the engine's stat-logger seam: every engine step calls
-``record(scheduler_stats, iteration_stats)``. Metrics live in a registry of their own so several
+``record(scheduler_stats, iteration_stats)``. Every series carries vLLM's ``model_name`` and
+``engine`` labels; with ``--data-parallel-size`` each engine core's statistics go to its own
+series (``SchedulerStats.engine_index``). Metrics live in a registry of their own so several
 servers (tests) can run in one process. Deprecated metrics are registered only when
 ``--show-hidden-metrics-for-version`` names the version that deprecated them (vLLM's rule: a
 metric deprecated in X.Y is hidden from X.Y+1 on, and ``=X.Y`` shows it again).
@@ -119,6 +121,8 @@ def show_hidden_metrics(requested_version: str | None) -> bool:
 
 
 class PrometheusStatLogger:
+    """The series of every engine core, made as its statistics first arrive."""
+
     def __init__(
         self,
         model_name: str,
@@ -126,143 +130,172 @@ class PrometheusStatLogger:
         cache_config: Mapping[str, Any] | None = None,
         show_hidden_metrics_for_version: str | None = None,
         registry: CollectorRegistry | None = None,
+        engines: int = 1,
     ) -> None:
         self.registry = registry or CollectorRegistry()
+        self._settings = (model_name, max_model_len, cache_config, show_hidden_metrics_for_version)
+        self._families: dict[str, Any] = {}
+        # Every engine core's series exist from the start, at zero until it reports.
+        self.engines = {index: EngineSeries(self, index) for index in range(engines)}
+
+    def family(self, kind: type, name: str, doc: str, labels: list[str], **kwargs: Any) -> Any:
+        """The metric family ``name``, made once for all engines."""
+        if name not in self._families:
+            self._families[name] = kind(name, doc, labels, registry=self.registry, **kwargs)
+        return self._families[name]
+
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
+    ) -> None:
+        index = scheduler_stats.engine_index if scheduler_stats is not None else 0
+        if index not in self.engines:
+            self.engines[index] = EngineSeries(self, index)
+        self.engines[index].record(scheduler_stats, iteration_stats)
+
+    def exposition(self) -> bytes:
+        return prometheus_client.generate_latest(self.registry)
+
+
+class EngineSeries:
+    """One engine core's series (its ``engine`` label)."""
+
+    def __init__(self, logger: PrometheusStatLogger, engine_index: int) -> None:
+        model_name, max_model_len, cache_config, show_hidden_version = logger._settings
         self.model_name = model_name
-        self.show_hidden = show_hidden_metrics(show_hidden_metrics_for_version)
+        self.show_hidden = show_hidden_metrics(show_hidden_version)
         self._prefix_queries_seen = 0
         self._prefix_hits_seen = 0
-        labels = ["model_name"]
-        reg = self.registry
+        labels = ["model_name", "engine"]
+        family = logger.family
 
         def gauge(name: str, doc: str, extra_labels: Iterable[str] = ()) -> Gauge:
-            return Gauge(name, doc, [*labels, *extra_labels], registry=reg)
+            return family(Gauge, name, doc, [*labels, *extra_labels])
 
         def counter(name: str, doc: str, extra_labels: Iterable[str] = ()) -> Counter:
-            return Counter(name, doc, [*labels, *extra_labels], registry=reg)
+            return family(Counter, name, doc, [*labels, *extra_labels])
 
         def histogram(name: str, doc: str, buckets: list) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=reg)
+            return family(Histogram, name, doc, labels, buckets=buckets)
 
         tokens = token_count_buckets(max_model_len)
-        m = model_name
+        m = (model_name, str(engine_index))
         self.running = gauge(
             "vllm:num_requests_running", "Number of requests currently running."
-        ).labels(m)
+        ).labels(*m)
         self.waiting = gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed."
-        ).labels(m)
-        self.lora_info = Gauge(
+        ).labels(*m)
+        self.lora_info = family(
+            Gauge,
             "vllm:lora_requests_info",
             "Running stats on LoRA requests.",
             ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
-            registry=reg,
         ).labels("", "", "0")
         self.kv_usage = gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
-        ).labels(m)
+        ).labels(*m)
         self.gpu_cache_usage = gauge(
             "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage."
-        ).labels(m)
+        ).labels(*m)
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."
-        ).labels(m)
+        ).labels(*m)
         self.prefix_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in tokens."
-        ).labels(m)
+        ).labels(*m)
         self.preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
-        ).labels(m)
+        ).labels(*m)
         self.prompt_tokens = counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed."
-        ).labels(m)
+        ).labels(*m)
         self.generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
-        ).labels(m)
+        ).labels(*m)
         self.iteration_tokens = histogram(
             "vllm:iteration_tokens_total",
             "Histogram of the number of tokens per engine step.",
             ITERATION_TOKEN_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.tpot = histogram(
             "vllm:time_per_output_token_seconds",
             "Histogram of time per output token in seconds.",
             TOKEN_LATENCY_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.itl = histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             TOKEN_LATENCY_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of end-to-end request latency in seconds.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.queue_time = histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in the WAITING phase for a request.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.inference_time = histogram(
             "vllm:request_inference_time_seconds",
             "Histogram of time spent in the RUNNING phase for a request.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.prefill_time = histogram(
             "vllm:request_prefill_time_seconds",
             "Histogram of time spent in the PREFILL phase for a request.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.decode_time = histogram(
             "vllm:request_decode_time_seconds",
             "Histogram of time spent in the DECODE phase for a request.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(m)
+        ).labels(*m)
         self.request_prompt_tokens = histogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed, per request.", tokens
-        ).labels(m)
+        ).labels(*m)
         self.request_generation_tokens = histogram(
             "vllm:request_generation_tokens",
             "Number of generation tokens processed, per request.",
             tokens,
-        ).labels(m)
+        ).labels(*m)
         self.request_max_generation_tokens = histogram(
             "vllm:request_max_num_generation_tokens",
             "Maximum number of requested generation tokens.",
             tokens,
-        ).labels(m)
+        ).labels(*m)
         self.request_n = histogram(
             "vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20]
-        ).labels(m)
+        ).labels(*m)
         self.request_max_tokens = histogram(
             "vllm:request_params_max_tokens",
             "Histogram of the max_tokens request parameter.",
             tokens,
-        ).labels(m)
+        ).labels(*m)
         success = counter(
             "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
         )
-        self.success = {reason: success.labels(m, reason) for reason in FINISH_REASONS}
+        self.success = {reason: success.labels(*m, reason) for reason in FINISH_REASONS}
         # No speculative decoding yet: the series exist (dashboards expect them) and stay 0.
         gauge(
             "vllm:spec_decode_draft_acceptance_rate", "Speculative token acceptance rate."
-        ).labels(m)
-        gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.").labels(m)
-        counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.").labels(m)
-        counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(m)
-        counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.").labels(m)
+        ).labels(*m)
+        gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.").labels(*m)
+        counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.").labels(*m)
+        counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(*m)
+        counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.").labels(*m)
         info = {k: str(v) for k, v in (cache_config or {}).items()}
-        cache_info = Gauge(
+        cache_info = family(
+            Gauge,
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig.",
             sorted(info),
-            registry=reg,
         )
         (cache_info.labels(**info) if info else cache_info).set(1)
         self.lora_info.set(time.time())
@@ -273,34 +306,34 @@ class PrometheusStatLogger:
                 "swapped": gauge(
                     "vllm:num_requests_swapped",
                     "Number of requests swapped to CPU. Deprecated: KV cache offloading is not used.",
-                ).labels(m),
+                ).labels(*m),
                 "cpu_cache": gauge(
                     "vllm:cpu_cache_usage_perc",
                     "CPU KV-cache usage. Deprecated: KV cache offloading is not used.",
-                ).labels(m),
+                ).labels(*m),
                 "cpu_prefix_rate": gauge(
                     "vllm:cpu_prefix_cache_hit_rate",
                     "CPU prefix cache block hit rate. Deprecated: KV cache offloading is not used.",
-                ).labels(m),
+                ).labels(*m),
                 "gpu_prefix_rate": gauge(
                     "vllm:gpu_prefix_cache_hit_rate",
                     "GPU prefix cache block hit rate. Deprecated: use vllm:prefix_cache_queries and vllm:prefix_cache_hits.",
-                ).labels(m),
+                ).labels(*m),
                 "time_in_queue": histogram(
                     "vllm:time_in_queue_requests",
                     "Time the request spent in the queue in seconds. Deprecated: use vllm:request_queue_time_seconds.",
                     REQUEST_LATENCY_BUCKETS,
-                ).labels(m),
+                ).labels(*m),
                 "forward_ms": histogram(
                     "vllm:model_forward_time_milliseconds",
                     "Time spent in the model forward pass in milliseconds. Deprecated: use prefill/decode/inference time metrics.",
                     MILLISECOND_BUCKETS,
-                ).labels(m),
+                ).labels(*m),
                 "execute_ms": histogram(
                     "vllm:model_execute_time_milliseconds",
                     "Time spent in the model execute function in milliseconds. Deprecated: use prefill/decode/inference time metrics.",
                     MILLISECOND_BUCKETS,
-                ).labels(m),
+                ).labels(*m),
             }
 
     def record(
@@ -352,6 +385,3 @@ class PrometheusStatLogger:
             self.request_n.observe(finished.n_param)
             if self.hidden:
                 self.hidden["time_in_queue"].observe(finished.queued_time)
-
-    def exposition(self) -> bytes:
-        return prometheus_client.generate_latest(self.registry)

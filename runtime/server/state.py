@@ -78,6 +78,7 @@ class ServerState:
             engine.max_model_len,
             self.cache_config,
             settings.show_hidden_metrics_for_version,
+            engines=len(engine.cores),
         )
         self.stat_fanout.loggers.append(self.metrics)
         for stat_logger in self.stat_fanout.loggers:

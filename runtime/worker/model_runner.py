@@ -23,7 +23,7 @@ from infernetes.runtime.engine.scheduler_output import (
     NewRequestData,
     SchedulerOutput,
 )
-from infernetes.runtime.model_executor import cuda_graph
+from infernetes.runtime.model_executor import cuda_graph, parallel
 from infernetes.runtime.model_executor.compilation import compile_forward
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
 from infernetes.runtime.model_executor.cuda_graph import DecodeGraphs
@@ -39,6 +39,7 @@ from infernetes.runtime.model_executor.memory_profile import (
     profile_memory,
 )
 from infernetes.runtime.model_executor.models.interfaces import ModelForward, ServableModel
+from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.worker.request_state import CachedRequestState
@@ -141,7 +142,12 @@ class ModelRunner:
 
         @torch.inference_mode()
         def step() -> None:
-            hidden, _ = self._forward(states, lengths)
+            # Each stage alone: a later one starts from zeros instead of its predecessor's output.
+            hidden, _ = self._forward(
+                states, lengths, self._intermediate(sum(lengths), receive=False)
+            )
+            if not isinstance(hidden, torch.Tensor):
+                return  # not the last pipeline stage: no logits here
             rows = torch.arange(max_num_seqs, device=hidden.device) % hidden.shape[0]
             logits = model.compute_logits(hidden[rows])
             # min_p and top_p without top_k keep the most full-vocabulary buffers alive in the
@@ -207,6 +213,9 @@ class ModelRunner:
         self.decode_graphs = None
         settings = self.config.decode_graphs
         if settings is None or self.info.is_pooling:
+            return
+        if parallel.state().pp_size > 1:
+            logger.info("CUDA graphs are not captured across pipeline stages; decode runs eagerly")
             return
         backend = cuda_graph.select_graph_backend(self.device)  # module lookup: tests swap it
         if backend is None:
@@ -281,10 +290,28 @@ class ModelRunner:
             meta,
         )
 
+    def _intermediate(self, num_tokens: int, receive: bool) -> IntermediateTensors | None:
+        """What this pipeline stage starts from: None on the first stage, else the previous
+        stage's hidden states (``receive``), or zeros of their shape for a dummy run."""
+        if parallel.state().is_first_stage:
+            return None
+        names = self.model.intermediate_names  # type: ignore[union-attr]
+        shape = (num_tokens, self.info.hf_config.hidden_size)
+        if receive:
+            tensors = parallel.recv_from_previous_stage(
+                len(names), shape, self.info.dtype, self.device
+            )
+        else:
+            tensors = [torch.zeros(shape, dtype=self.info.dtype, device=self.device) for _ in names]
+        return dict(zip(names, tensors, strict=True))
+
     @torch.inference_mode()
     def _forward(
-        self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
-    ) -> tuple[torch.Tensor, AttentionMetadata]:
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        intermediate: IntermediateTensors | None = None,
+    ) -> tuple[torch.Tensor | IntermediateTensors, AttentionMetadata]:
         input_ids, positions, meta = self._prepare(batch, num_scheduled)
         hidden = (
             None
@@ -295,7 +322,10 @@ class ModelRunner:
             assert self.run_model is not None
             set_attention_metadata(meta)
             try:
-                hidden = self.run_model(input_ids, positions)
+                if intermediate is None:
+                    hidden = self.run_model(input_ids, positions)
+                else:  # a later pipeline stage: the models take its input third
+                    hidden = self.run_model(input_ids, positions, intermediate)  # type: ignore[call-arg]
             finally:
                 set_attention_metadata(None)
         if meta.calculate_kv_scales:
@@ -310,7 +340,14 @@ class ModelRunner:
         if not batch:
             return output
         assert self.model is not None
-        hidden, meta = self._forward(batch, num_scheduled)
+        stage = parallel.state()
+        hidden, meta = self._forward(
+            batch, num_scheduled, self._intermediate(sum(num_scheduled), receive=True)
+        )
+        if not isinstance(hidden, torch.Tensor):  # a pipeline stage before the last
+            parallel.send_to_next_stage([hidden[name] for name in self.model.intermediate_names])  # type: ignore[attr-defined]
+            self._receive_sampled_tokens(batch, num_scheduled)
+            return output
         if self.info.is_pooling:
             output.pooled = list(self.model.pool(hidden, meta.cu_seqlens_q).float().cpu())
             return output
@@ -350,4 +387,24 @@ class ModelRunner:
         for i, rows, next_tokens, k in prompt_rows:
             logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
             output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
+        if stage.pp_size > 1 and sampling:  # the earlier stages need them as the next inputs
+            sampled = [output.sampled[i].token_id for i in sampling]  # type: ignore[union-attr]
+            parallel.broadcast_from_output_rank(torch.tensor(sampled, device=self.device))
         return output
+
+    def _receive_sampled_tokens(
+        self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
+    ) -> None:
+        """On a stage before the last: append the tokens the last stage sampled this step."""
+        sampling = [
+            request
+            for request, num_new in zip(batch, num_scheduled, strict=True)
+            if request.num_computed_tokens + num_new == request.num_tokens
+        ]
+        if not sampling:
+            return
+        tokens = torch.empty(len(sampling), dtype=torch.long, device=self.device)
+        for request, token in zip(
+            sampling, parallel.broadcast_from_output_rank(tokens).tolist(), strict=True
+        ):
+            request.token_ids.append(token)

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
+import torch
 from infernetes.kernels.backend import select_backend
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
@@ -13,11 +17,29 @@ from infernetes.runtime.worker.model_runner import ModelRunner
 
 class Worker:
     def __init__(self, config: RuntimeConfig, rank: int = 0) -> None:
-        self.config = config
         self.rank = rank
+        self.config = config = _rank_device(config, rank)
+        _share_cpu_cores(config)
         self.device = config.device.device
+        # The first rank of the last pipeline stage returns the sampled tokens; the others
+        # sample the same ones (same logits, same seed) and keep them for their own inputs.
+        parallel = config.parallel
+        self.returns_output = rank == parallel.world_size - parallel.tensor_parallel_size
         select_backend(config.device.attention_backend)  # the ops of this process follow the flag
         self.model_runner = ModelRunner(config)
+
+    def report(self) -> dict[str, object]:
+        """What this rank holds, for the startup log (and the tests)."""
+        runner = self.model_runner
+        layer = runner.attention_layers[0] if runner.attention_layers else None
+        return {
+            "rank": self.rank,
+            "device": str(self.device),
+            "attention_heads": layer.num_heads if layer else 0,
+            "kv_heads": layer.num_kv_heads if layer else 0,
+            "attention_layers": len(runner.attention_layers),
+            "checkpoint_bytes_read": getattr(runner.model, "checkpoint_bytes_read", 0),
+        }
 
     def determine_available_memory(self) -> int:
         """Bytes this rank can give the KV cache: ``--kv-cache-memory-bytes``, on a CPU
@@ -45,8 +67,9 @@ class Worker:
         self.model_runner.allocate_kv_cache(num_blocks)
         self.model_runner.capture_decode_graphs()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        output = self.model_runner.execute_model(scheduler_output)
+        return output if self.returns_output else None
 
     def sleep(self, level: int) -> None:
         """Free the KV cache (level 1) and the weights too (level 2)."""
@@ -59,3 +82,32 @@ class Worker:
         if self.model_runner.model is None:
             self.model_runner.load_model()
         self.initialize_cache(num_blocks)  # the old graphs went with the old cache
+
+
+def _share_cpu_cores(config: RuntimeConfig) -> None:
+    """Ranks and data-parallel engines on one CPU share its cores (oversubscribed OpenMP threads
+    spin against each other), unless OMP_NUM_THREADS says otherwise."""
+    parallel = config.parallel
+    ranks = parallel.world_size * parallel.data_parallel_size
+    if config.device.device.type == "cpu" and ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+
+
+def _rank_device(config: RuntimeConfig, rank: int) -> RuntimeConfig:
+    """On CUDA each rank of this host takes the visible device of its index, data-parallel
+    engines one block of ``world_size`` devices each (``CUDA_VISIBLE_DEVICES`` decides which
+    those are); a CPU is shared by all."""
+    device, parallel = config.device.device, config.parallel
+    if device.type != "cuda" or parallel.world_size * parallel.data_parallel_size == 1:
+        return config
+    index = parallel.data_parallel_rank * parallel.world_size + rank
+    visible = torch.cuda.device_count()
+    if index >= visible:
+        raise ValueError(
+            f"data_parallel_size x tensor_parallel_size x pipeline_parallel_size is "
+            f"{parallel.data_parallel_size * parallel.world_size}, but {visible} CUDA device(s) "
+            "are visible (CUDA_VISIBLE_DEVICES)"
+        )
+    local = torch.device("cuda", index)
+    torch.cuda.set_device(local)
+    return dataclasses.replace(config, device=dataclasses.replace(config.device, device=local))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
@@ -33,29 +32,9 @@ def tiny_llama(model_factory):
     return model_factory("LlamaForCausalLM")
 
 
-@functools.cache
-def _hf_model(path: str):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
 @pytest.fixture(scope="session")
 def hf_greedy():
-    return _hf_greedy
+    """Transformers' greedy continuation, the reference (``runtime.testing.hf_greedy_tokens``)."""
+    from infernetes.runtime.testing import hf_greedy_tokens
 
-
-def _hf_greedy(path: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """Transformers' greedy continuation of ``prompt_ids`` (EOS ignored), the reference."""
-    model = _hf_model(path)
-    ids = torch.tensor([prompt_ids])
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt_ids) :].tolist()
+    return hf_greedy_tokens

@@ -254,5 +254,5 @@ def test_fp8_weight_quantization(tiny_llama):
     assert len(_tokens(llm)) == 8
     with pytest.raises(ValueError, match="--quantization/-q awq is not supported"):
         LLM(tiny_llama, quantization="awq", **SMALL)
-    with pytest.raises(ValueError, match="--tensor-parallel-size/-tp 2 is not supported"):
-        LLM(tiny_llama, tensor_parallel_size=2, **SMALL)
+    with pytest.raises(ValueError, match="--api-server-count/-asc 2 is not supported"):
+        LLM(tiny_llama, api_server_count=2, **SMALL)

@@ -1,7 +1,6 @@
 """The samples in examples/ mean what their comments say: rendered by the operator (as
 `infernetes operator render` does), each gives the workload it promises. The e2e tests check
-that the API server accepts them. examples/planned/ holds samples of what the runtime does not
-do yet; each says so first."""
+that the API server accepts them."""
 
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ def test_cpu_example_requests_no_gpu():
 def test_gpu_examples_request_their_gpus():
     _, container = server(rendered("gpu-single"))
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-    pod, container = server(rendered("planned/tensor-parallel"))
+    pod, container = server(rendered("tensor-parallel"))
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
     assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["volumes"])
@@ -73,9 +72,3 @@ def test_model_cache_example_mounts_its_claim_as_hf_home():
     assert {"name": "HF_HOME", "value": CACHE_MOUNT} in container["env"]
     volume = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
     assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-
-
-@pytest.mark.parametrize("example", sorted(p.stem for p in (EXAMPLES / "planned").glob("*.yaml")))
-def test_planned_examples_say_so_first(example: str):
-    text = (EXAMPLES / "planned" / f"{example}.yaml").read_text()
-    assert text.startswith("# PLANNED, does not run yet:")

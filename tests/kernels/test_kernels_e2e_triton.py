@@ -2,13 +2,15 @@
 transformers token for token on tiny models (Llama; Qwen3 with its q/k RMSNorm), through prefill,
 chunked prefill mixed with decodes, and a prefix-cache hit."""
 
-import functools
-
 import pytest
 import torch
 from infernetes.kernels import backend
-from infernetes.runtime.testing import SAMPLE_PROMPTS, make_tiny_llama, make_tiny_model
-from transformers import AutoModelForCausalLM
+from infernetes.runtime.testing import (
+    SAMPLE_PROMPTS,
+    hf_greedy_tokens,
+    make_tiny_llama,
+    make_tiny_model,
+)
 
 from infernetes import LLM, SamplingParams
 
@@ -32,30 +34,11 @@ def triton_attn(monkeypatch):
     )
 
 
-@functools.cache
-def _hf_model(path: str):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def _hf_greedy(path: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt_ids])
-    with torch.inference_mode():
-        out = _hf_model(path).generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt_ids) :].tolist()
-
-
 def _assert_matches_transformers(llm: LLM, path: str, prompts: list[str], outputs) -> None:
     tokenizer = llm.get_tokenizer()
     for prompt, output in zip(prompts, outputs, strict=True):
         ids = tokenizer(prompt).input_ids
-        assert output.outputs[0].token_ids == _hf_greedy(path, ids, GREEDY.max_tokens), prompt
+        assert output.outputs[0].token_ids == hf_greedy_tokens(path, ids, GREEDY.max_tokens), prompt
 
 
 def test_triton_greedy_batch_with_chunked_prefill_matches_transformers(tiny_llama, triton_attn):

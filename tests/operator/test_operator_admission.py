@@ -32,7 +32,7 @@ def test_every_refused_engine_field_and_no_other_is_narrowed() -> None:
     narrowed = {item.field for item in engine_refusals(ARGS)}
     expected = {camel(arg.dest) for arg in engine_args(ARGS) if refuses(ARG_SUPPORT[arg.dest])}
     assert narrowed == expected
-    assert {"tensorParallelSize", "enableLora", "speculativeConfig", "quantization"} <= narrowed
+    assert {"apiServerCount", "enableLora", "speculativeConfig", "quantization"} <= narrowed
     assert not narrowed & {"swapSpace", "attentionBackend", "maxModelLen"}  # no effect / honoured
 
 
@@ -71,11 +71,11 @@ def test_settings_without_effect_or_with_a_fallback_are_not_refused() -> None:
 
 def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
     by_field = {item.field: item for item in engine_refusals(ARGS)}
-    tp = by_field["tensorParallelSize"].message
-    assert tp.startswith(
-        "--tensor-parallel-size is not supported with this value: one GPU per engine"
+    count = by_field["apiServerCount"].message
+    assert count.startswith(
+        "--api-server-count is not supported with this value: one API server process serves"
     )
-    assert tp.endswith("supported: 1")
+    assert count.endswith("supported: 1")
     assert by_field["enableLora"].message.endswith("only false is accepted")
     assert by_field["kvTransferConfig"].message.endswith("leave it unset")
     assert by_field["cpuOffloadGb"].message.endswith("only 0 is accepted")
@@ -83,9 +83,9 @@ def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
 
 def test_the_crd_checks_allowed_values_on_the_field_and_unset_ones_on_the_object() -> None:
     engine = spec()["properties"]["engine"]
-    tp = engine["properties"]["tensorParallelSize"]
-    assert tp["x-kubernetes-validations"][-1]["rule"] == "self == 1"
-    assert tp["description"].startswith("--tensor-parallel-size is not supported with this value")
+    count = engine["properties"]["apiServerCount"]
+    assert count["x-kubernetes-validations"][-1]["rule"] == "self == 1"
+    assert count["description"].startswith("--api-server-count is not supported with this value")
     parser = engine["properties"]["toolCallParser"]["x-kubernetes-validations"][-1]["rule"]
     assert parser == (
         "self in ['hermes', 'llama3_json', 'llama4_json', 'mistral', 'pythonic', 'qwen', "

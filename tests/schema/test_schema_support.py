@@ -129,7 +129,7 @@ def test_serve_refuses_before_loading_anything():
             "infernetes.cli.main",
             "serve",
             "no/such-model",
-            "--tensor-parallel-size",
+            "--api-server-count",
             "2",
             "--swap-space",
             "8",
@@ -139,7 +139,7 @@ def test_serve_refuses_before_loading_anything():
         timeout=60,
     )
     assert result.returncode == 2
-    assert "error: argument --tensor-parallel-size/-tp 2 is not supported" in result.stderr
+    assert "error: argument --api-server-count/-asc 2 is not supported" in result.stderr
     assert "warning: argument --swap-space 8.0 has no effect here" in result.stderr
     config = subprocess.run(
         [sys.executable, "-m", "infernetes.cli.main", "config", "no/such-model", "--enable-lora"],

@@ -221,7 +221,10 @@ def test_run_batch_over_urls_with_metrics(tiny_llama_dir, tmp_path, file_server)
     assert results[None]["error"]["code"] == "invalid_json"
     assert list(tmp_path.iterdir()) == []  # the staged file was uploaded and removed
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    assert 'vllm:request_success_total{finished_reason="length",model_name="tiny"} 2.0' in metrics
+    assert (
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 2.0'
+        in metrics
+    )
 
 
 def test_run_batch_cli_local_files(tiny_llama_dir, tmp_path):

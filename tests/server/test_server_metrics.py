@@ -44,7 +44,7 @@ def test_every_current_metric_is_exposed_with_model_name():
     for name in NAMES["chapter7_deprecated"]:
         assert name not in names, name
     running = exposed(logger)["vllm:num_requests_running"]
-    assert (("model_name", "tiny"),) in running
+    assert (("engine", "0"), ("model_name", "tiny")) in running
     cache_info = exposed(logger)["vllm:cache_config_info"]
     assert any(("block_size", "16") in labels for labels in cache_info)
 
@@ -90,7 +90,7 @@ def test_record_moves_counters_and_gauges():
     logger.record(scheduler, iteration)
     logger.record(SchedulerStats(prefix_cache_stats=PrefixCacheStats(queries=16, hits=16)), None)
     m = exposed(logger)
-    label = (("model_name", "tiny"),)
+    label = (("engine", "0"), ("model_name", "tiny"))
     assert m["vllm:num_requests_running"][label] == 0  # the last snapshot
     assert m["vllm:prompt_tokens_total"][label] == 20
     assert m["vllm:generation_tokens_total"][label] == 4
@@ -99,7 +99,9 @@ def test_record_moves_counters_and_gauges():
     assert m["vllm:gpu_prefix_cache_hit_rate"][label] == 32 / 48
     assert m["vllm:num_preemptions_total"][label] == 2
     assert (
-        m["vllm:request_success_total"][(("finished_reason", "length"), ("model_name", "tiny"))]
+        m["vllm:request_success_total"][
+            (("engine", "0"), ("finished_reason", "length"), ("model_name", "tiny"))
+        ]
         == 1
     )
     assert m["vllm:time_to_first_token_seconds_count"][label] == 1
@@ -110,3 +112,14 @@ def test_record_moves_counters_and_gauges():
 
 def test_token_buckets():
     assert token_count_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
+
+
+def test_each_data_parallel_engine_has_its_own_series():
+    from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
+
+    logger = PrometheusStatLogger("tiny", 512)
+    logger.record(SchedulerStats(num_running_reqs=1, engine_index=0), IterationStats())
+    logger.record(SchedulerStats(num_running_reqs=3, engine_index=1), IterationStats())
+    running = exposed(logger)["vllm:num_requests_running"]
+    assert running[(("engine", "0"), ("model_name", "tiny"))] == 1
+    assert running[(("engine", "1"), ("model_name", "tiny"))] == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from infernetes.kernels.cpu import packed_linear
+from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.parallel import (
     all_gather_last_dim,
     all_reduce,
@@ -26,7 +27,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         shard = loaded[self.start : self.start + self.shard_size]
-        param.data[: shard.shape[0]].copy_(shard)
+        param.data[: shard.shape[0]].copy_(as_tensor(shard))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -46,7 +47,8 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.register_parameter("bias", None)
         self.packed_weight: torch.Tensor | None = None
 
-    def tie(self, embedding: VocabParallelEmbedding) -> None:
+    def tie(self, embedding: nn.Module) -> None:
+        assert isinstance(embedding, VocabParallelEmbedding)  # the models pass theirs untyped
         self.weight = embedding.weight
 
     def pack_for_cpu(self) -> None:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from infernetes.kernels import ops
 from infernetes.kernels.cpu import packed_linear
+from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
 from torch import nn
 
@@ -42,7 +43,7 @@ class LinearBase(nn.Module):
         if self.tp_dim is not None and param.dim() > self.tp_dim and self.tp_size > 1:
             size = param.shape[self.tp_dim]
             loaded = loaded.narrow(self.tp_dim, self.tp_rank * size, size)
-        param.data.copy_(loaded)
+        param.data.copy_(as_tensor(loaded))
 
     def quantize_fp8(self) -> None:
         """Online fp8 quantisation (``--quantization fp8``): the weight is stored in fp8 with a
@@ -91,7 +92,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         target = param.data.narrow(0, offset, size)
-        target.copy_(loaded.narrow(0, self.tp_rank * size, size))
+        target.copy_(as_tensor(loaded.narrow(0, self.tp_rank * size, size)))
 
 
 class QKVParallelLinear(LinearBase):
@@ -123,7 +124,7 @@ class QKVParallelLinear(LinearBase):
             shard_id
         ]
         shard = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, shard * size, size))
+        param.data.narrow(0, offset, size).copy_(as_tensor(loaded.narrow(0, shard * size, size)))
 
 
 class RowParallelLinear(LinearBase):

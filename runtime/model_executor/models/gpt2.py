@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from infernetes.runtime.model_executor.layers.activation import get_activation
 from infernetes.runtime.model_executor.layers.attention import Attention
 from infernetes.runtime.model_executor.layers.embedding import (
@@ -18,7 +17,16 @@ from infernetes.runtime.model_executor.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from infernetes.runtime.model_executor.models.utils import default_weight_loader
+from infernetes.runtime.model_executor.models.utils import (
+    IntermediateTensors,
+    PPMissingLayer,
+    default_weight_loader,
+    missing_prefixes,
+    on_first_stage,
+    on_last_stage,
+    stage_layers,
+    tie_on_this_stage,
+)
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
 from transformers import PretrainedConfig
@@ -63,40 +71,66 @@ class GPT2Block(nn.Module):
 class GPT2Model(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
-        self.wte = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.h = nn.ModuleList(GPT2Block(config) for _ in range(config.num_hidden_layers))
-        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        hidden = config.hidden_size
+        self.wte = on_first_stage(lambda: VocabParallelEmbedding(config.vocab_size, hidden))
+        self.wpe = on_first_stage(lambda: nn.Embedding(config.max_position_embeddings, hidden))
+        self.start, self.end, self.h = stage_layers(
+            config.num_hidden_layers, lambda _: GPT2Block(config)
+        )
+        self.ln_f = on_last_stage(lambda: nn.LayerNorm(hidden, eps=config.layer_norm_epsilon))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.wte(input_ids) + F.embedding(positions, self.wpe.weight)
-        for block in self.h:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        if intermediate is None:
+            hidden = self.wte(input_ids) + self.wpe(positions)
+        else:
+            hidden = intermediate["hidden"]
+        for block in self.h[self.start : self.end]:
             hidden = block(hidden)
+        if isinstance(self.ln_f, PPMissingLayer):
+            return {"hidden": hidden}
         return self.ln_f(hidden)
 
 
 class GPT2LMHeadModel(nn.Module):
+    intermediate_names = ("hidden",)
+
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
         self.transformer = GPT2Model(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        self.lm_head.tie(self.transformer.wte)
+        self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
+        # GPT-2 ties its LM head to the token embedding, which may sit on another stage.
+        self.shared_embedding = tie_on_this_stage(self.lm_head, self.transformer.wte)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.transformer(input_ids, positions)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.transformer(input_ids, positions, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())
-        loaded: set[str] = {"lm_head.weight"}
+        elsewhere = missing_prefixes(self)  # held by other pipeline stages
+        loaded: set[str] = {"lm_head.weight"} if self.shared_embedding else set()
         for name, tensor in weights:
             if name.startswith("lm_head.") or name.endswith((".attn.bias", ".attn.masked_bias")):
                 continue
             if not name.startswith("transformer."):
                 name = "transformer." + name
+            if name == "transformer.wte.weight" and not self.shared_embedding:
+                name = "lm_head.weight" if "lm_head.weight" in params else name
+            if name.startswith(elsewhere):
+                continue
             if name.endswith(_CONV1D):
                 tensor = tensor.t()
             # The MLP's Conv1D layers sit on the block here (c_fc / c_proj without "mlp.").

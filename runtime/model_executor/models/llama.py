@@ -18,7 +18,15 @@ from infernetes.runtime.model_executor.layers.linear import (
 )
 from infernetes.runtime.model_executor.layers.norm import RMSNorm
 from infernetes.runtime.model_executor.layers.rotary import get_rope, rope_from_config
-from infernetes.runtime.model_executor.models.utils import load_stacked_weights
+from infernetes.runtime.model_executor.models.utils import (
+    IntermediateTensors,
+    PPMissingLayer,
+    load_stacked_weights,
+    on_first_stage,
+    on_last_stage,
+    stage_layers,
+    tie_on_this_stage,
+)
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -102,17 +110,29 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, max_position) for _ in range(config.num_hidden_layers)
+        self.embed_tokens = on_first_stage(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.start, self.end, self.layers = stage_layers(
+            config.num_hidden_layers, lambda _: LlamaDecoderLayer(config, max_position)
+        )
+        self.norm = on_last_stage(lambda: RMSNorm(config.hidden_size, config.rms_norm_eps))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        if intermediate is None:
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:  # a later pipeline stage goes on from the previous one's
+            hidden, residual = intermediate["hidden"], intermediate["residual"]
+        for layer in self.layers[self.start : self.end]:
             hidden, residual = layer(positions, hidden, residual)
+        if isinstance(self.norm, PPMissingLayer):
+            assert residual is not None
+            return {"hidden": hidden, "residual": residual}
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -128,17 +148,26 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     ]
 
+    intermediate_names = ("hidden", "residual")
+
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, max_position)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
-            self.lm_head.tie(self.model.embed_tokens)
+        # With pipeline stages, a tied LM head and the embedding may sit on different ranks.
+        self.shared_embedding = self.tie_word_embeddings and tie_on_this_stage(
+            self.lm_head, self.model.embed_tokens
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)
@@ -149,9 +178,20 @@ class LlamaForCausalLM(nn.Module):
             "rotary_emb.cos_cached",
             "rotary_emb.sin_cached",
         )
-        if self.tie_word_embeddings:
-            skip += ("lm_head.weight",)
-        loaded = load_stacked_weights(self, weights, self.stacked_params, skip)
-        if self.tie_word_embeddings:
+        if self.shared_embedding:
+            skip += ("lm_head.weight",)  # the embedding's tensor is the LM head's
+
+        def rename(name: str) -> str:
+            # A tied LM head on a pipeline stage without the embedding loads the embedding's tensor.
+            if (
+                self.tie_word_embeddings
+                and name == "model.embed_tokens.weight"
+                and isinstance(self.model.embed_tokens, PPMissingLayer)
+            ):
+                return "lm_head.weight"
+            return name
+
+        loaded = load_stacked_weights(self, weights, self.stacked_params, skip, rename)
+        if self.shared_embedding:
             loaded.add("lm_head.weight")
         return loaded

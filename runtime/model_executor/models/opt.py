@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
+from infernetes.runtime.model_executor import parallel
 from infernetes.runtime.model_executor.layers.activation import get_activation
 from infernetes.runtime.model_executor.layers.attention import Attention
 from infernetes.runtime.model_executor.layers.embedding import (
@@ -19,7 +19,15 @@ from infernetes.runtime.model_executor.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from infernetes.runtime.model_executor.models.utils import load_stacked_weights
+from infernetes.runtime.model_executor.models.utils import (
+    IntermediateTensors,
+    PPMissingLayer,
+    load_stacked_weights,
+    on_first_stage,
+    on_last_stage,
+    stage_layers,
+    tie_on_this_stage,
+)
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
 from transformers import PretrainedConfig
@@ -79,30 +87,50 @@ class OPTDecoder(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         hidden, embed_dim = config.hidden_size, config.word_embed_proj_dim
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, embed_dim)
-        self.embed_positions = nn.Embedding(
-            config.max_position_embeddings + _POSITION_OFFSET, hidden
+        projected = embed_dim != hidden
+        self.embed_tokens = on_first_stage(
+            lambda: VocabParallelEmbedding(config.vocab_size, embed_dim)
         )
-        self.project_in = ReplicatedLinear(embed_dim, hidden) if embed_dim != hidden else None
-        self.project_out = ReplicatedLinear(hidden, embed_dim) if embed_dim != hidden else None
+        self.embed_positions = on_first_stage(
+            lambda: nn.Embedding(config.max_position_embeddings + _POSITION_OFFSET, hidden)
+        )
+        self.project_in = (
+            on_first_stage(lambda: ReplicatedLinear(embed_dim, hidden)) if projected else None
+        )
+        self.project_out = (
+            on_last_stage(lambda: ReplicatedLinear(hidden, embed_dim)) if projected else None
+        )
         use_final_norm = config.do_layer_norm_before and not getattr(
             config, "_remove_final_layer_norm", False
         )
         affine = getattr(config, "layer_norm_elementwise_affine", True)
         self.final_layer_norm = (
-            nn.LayerNorm(hidden, elementwise_affine=affine) if use_final_norm else None
+            on_last_stage(lambda: nn.LayerNorm(hidden, elementwise_affine=affine))
+            if use_final_norm
+            else None
         )
-        self.layers = nn.ModuleList(
-            OPTDecoderLayer(config) for _ in range(config.num_hidden_layers)
+        self.start, self.end, self.layers = stage_layers(
+            config.num_hidden_layers, lambda _: OPTDecoderLayer(config)
         )
+        self.is_last_stage = parallel.state().is_last_stage
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        if self.project_in is not None:
-            hidden = self.project_in(hidden)
-        hidden = hidden + F.embedding(positions + _POSITION_OFFSET, self.embed_positions.weight)
-        for layer in self.layers:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        if intermediate is None:
+            hidden = self.embed_tokens(input_ids)
+            if self.project_in is not None:
+                hidden = self.project_in(hidden)
+            hidden = hidden + self.embed_positions(positions + _POSITION_OFFSET)
+        else:
+            hidden = intermediate["hidden"]
+        for layer in self.layers[self.start : self.end]:
             hidden = layer(hidden)
+        if not self.is_last_stage:
+            return {"hidden": hidden}
         if self.final_layer_norm is not None:
             hidden = self.final_layer_norm(hidden)
         if self.project_out is not None:
@@ -123,26 +151,42 @@ class OPTForCausalLM(nn.Module):
         ("qkv_proj", "v_proj", "v"),
     ]
 
+    intermediate_names = ("hidden",)
+
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
         self.model = OPTModel(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.word_embed_proj_dim)
-        self.lm_head.tie(self.model.decoder.embed_tokens)  # OPT always ties the output embedding
+        self.lm_head = on_last_stage(
+            lambda: ParallelLMHead(config.vocab_size, config.word_embed_proj_dim)
+        )
+        # OPT always ties the output embedding, which may sit on another pipeline stage.
+        self.shared_embedding = tie_on_this_stage(self.lm_head, self.model.decoder.embed_tokens)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model.decoder(input_ids, positions)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.model.decoder(input_ids, positions, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        embedding_elsewhere = isinstance(self.model.decoder.embed_tokens, PPMissingLayer)
+
         def rename(name: str) -> str:
             # Some checkpoints (e.g. facebook/opt-125m) name the decoder without "model.".
-            return name if name.startswith(("model.", "lm_head.")) else "model." + name
+            name = name if name.startswith(("model.", "lm_head.")) else "model." + name
+            if name == "model.decoder.embed_tokens.weight" and embedding_elsewhere:
+                return "lm_head.weight"  # the tied head on a stage without the embedding
+            return name
 
-        loaded = load_stacked_weights(
-            self, weights, self.stacked_params, ("lm_head.weight",), rename
-        )
-        loaded.add("lm_head.weight")
+        # OPT's LM head is the embedding: a checkpoint's own copy of it is not read.
+        weights = ((n, t) for n, t in weights if not n.startswith("lm_head."))
+        loaded = load_stacked_weights(self, weights, self.stacked_params, (), rename)
+        if self.shared_embedding:
+            loaded.add("lm_head.weight")
         return loaded

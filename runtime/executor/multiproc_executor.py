@@ -1,0 +1,171 @@
+"""The executor of one worker process per rank (``--distributed-executor-backend mp``).
+
+Each rank is a ``python -m infernetes.runtime.worker.worker_process`` child of the engine core's
+process with one end of a socket pair (``multiprocessing.connection`` framing, pickled calls).
+A call is pickled once and sent to every rank; the replies are gathered as they come, so a rank
+that fails or dies is seen at once even while the others wait in a collective for it. Workers are
+plain subprocesses, not ``multiprocessing`` children: the engine core's own process is daemonic,
+and a daemonic process may not start ``multiprocessing`` children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import pickle
+import secrets
+import socket
+import subprocess
+import sys
+import weakref
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+from infernetes.runtime.config import RuntimeConfig
+from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
+from infernetes.runtime.engine.scheduler_output import SchedulerOutput
+from infernetes.runtime.executor.abstract import Executor
+from infernetes.runtime.logging_config import LoggingSettings
+from infernetes.runtime.worker.worker_process import STOP, WorkerInit
+
+logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 10.0
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited while the engine needed it."""
+
+
+class WorkerProcess:
+    """One rank's process and the connection to it."""
+
+    def __init__(self, init: WorkerInit) -> None:
+        self.rank = init.rank
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "infernetes.runtime.worker.worker_process",
+                    str(theirs.fileno()),
+                ],
+                pass_fds=(theirs.fileno(),),
+            )
+        self.conn = Connection(ours.detach())
+        self.conn.send_bytes(pickle.dumps(init, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def died(self) -> WorkerDiedError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(1.0)
+        return WorkerDiedError(
+            f"worker rank {self.rank} (pid {self.process.pid}) exited "
+            f"(exit code {self.process.returncode})"
+        )
+
+    def stop(self, timeout: float) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send_bytes(pickle.dumps((STOP, ())))
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.conn.close()
+
+
+def _stop_workers(workers: list[WorkerProcess]) -> None:
+    for worker in workers:
+        worker.stop(STOP_TIMEOUT_S)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MultiprocExecutor(Executor):
+    def __init__(self, config: RuntimeConfig) -> None:
+        super().__init__(config)
+        parallel = config.parallel
+        world_size = parallel.world_size
+        needed = world_size * parallel.data_parallel_size
+        if config.device.device.type == "cuda" and torch.cuda.device_count() < needed:
+            raise ValueError(
+                f"data_parallel_size x tensor_parallel_size x pipeline_parallel_size is {needed}, "
+                f"but {torch.cuda.device_count()} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)"
+            )
+        if config.model.seed is None:
+            # Every rank samples each step (the same logits) and must draw the same numbers.
+            model = dataclasses.replace(config.model, seed=secrets.randbits(63))
+            config = dataclasses.replace(config, model=model)
+        # The first rank of the last pipeline stage returns the step's sampled tokens.
+        self.output_rank = world_size - parallel.tensor_parallel_size
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        logging_settings = LoggingSettings.from_env()
+        self.workers = [
+            WorkerProcess(WorkerInit(config, rank, init_method, logging_settings))
+            for rank in range(world_size)
+        ]
+        # Stopped with the executor, or at interpreter exit at the latest.
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers)
+        try:
+            self._gather()  # each rank says ready once its shard is loaded
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("Started %d worker processes (%s)", world_size, _layout(config))
+        for report in self.collective_rpc("report"):
+            logger.info(
+                "Rank %(rank)d on %(device)s: %(attention_layers)d layers of %(attention_heads)d "
+                "attention and %(kv_heads)d KV heads; %(checkpoint_bytes_read)d checkpoint bytes read",
+                report,
+            )
+
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        call = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        for worker in self.workers:
+            try:
+                worker.conn.send_bytes(call)
+            except OSError:
+                raise worker.died() from None
+        return self._gather()
+
+    def _gather(self) -> list[Any]:
+        """Every rank's reply, in rank order; the first failure or death raises."""
+        pending = {worker.conn: worker for worker in self.workers}
+        results: dict[int, Any] = {}
+        while pending:
+            for conn in wait(list(pending)):
+                worker = pending.pop(conn)  # type: ignore[call-overload]  # wait returns what it was given
+                try:
+                    ok, value = pickle.loads(worker.conn.recv_bytes())
+                except (EOFError, OSError):
+                    raise worker.died() from None
+                if not ok:
+                    raise value
+                results[worker.rank] = value
+        return [results[rank] for rank in range(len(self.workers))]
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.collective_rpc("execute_model", (scheduler_output,))[self.output_rank]
+
+    def check_health(self) -> None:
+        for worker in self.workers:
+            if worker.process.poll() is not None:
+                raise worker.died()
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+def _layout(config: RuntimeConfig) -> str:
+    parallel = config.parallel
+    return (
+        f"tensor parallel {parallel.tensor_parallel_size}, "
+        f"pipeline parallel {parallel.pipeline_parallel_size}, on {config.device.device.type}"
+    )
