@@ -18,6 +18,7 @@ from infernetes.runtime.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from infernetes.runtime.model_executor.layers.pooler import Pooler
+from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.models.utils import load_stacked_weights
 from infernetes.runtime.model_executor.parallel import tp_size
 from torch import nn
@@ -181,7 +182,7 @@ class BertForSequenceClassification(nn.Module):
                 own = name.replace("bert.pooler.dense.", "dense.")
                 if own.startswith(("dense.", "classifier.")):
                     with torch.no_grad():
-                        params[own].copy_(tensor)
+                        params[own].copy_(as_tensor(tensor))
                     loaded.add(own)
                 else:
                     yield name, tensor
