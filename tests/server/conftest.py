@@ -114,7 +114,6 @@ MAIN_ARGS = [
     "--enable-server-load-tracking",
     "--allowed-origins",
     '["http://allowed.example"]',
-    "--disable-log-requests",
     "--disable-uvicorn-access-log",
     "--seed",
     "0",

@@ -131,7 +131,6 @@ def limited_server(tiny_llama_dir, server_process_factory):
             str(LIMIT),
             "--max-model-len",
             "4096",
-            "--disable-log-requests",
             "--disable-uvicorn-access-log",
             "--disable-log-stats",
         ],

@@ -26,7 +26,6 @@ def embed_server(server_process_factory, bert_dir):
             "embed",
             "--served-model-name",
             "embedder",
-            "--disable-log-requests",
         ],
         log_name="embed-server.log",
     )

@@ -16,7 +16,6 @@ ARGS = [
     "128",
     "--num-gpu-blocks-override",
     "16",
-    "--disable-log-requests",
     "--disable-uvicorn-access-log",
     "--served-model-name",
     "tiny",

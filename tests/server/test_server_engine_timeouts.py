@@ -17,7 +17,6 @@ ARGS = [
     "256",
     "--num-gpu-blocks-override",
     "32",
-    "--disable-log-requests",
     "--served-model-name",
     "tiny",
 ]

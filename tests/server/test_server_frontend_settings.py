@@ -144,6 +144,7 @@ def test_stats_line_names_the_engines_device(caplog):
         model_config=SimpleNamespace(vocab_size=10),
         device="cpu",
         is_pooling=False,
+        cores=[None],  # one engine core
     )
     state.attach_engine(engine)
     with caplog.at_level(logging.INFO, logger="infernetes.runtime.server.stats"):

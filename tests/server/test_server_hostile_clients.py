@@ -28,7 +28,6 @@ GUARDED_ARGS = [
     "--max-concurrency",
     "2",
     "--trust-request-chat-template",
-    "--disable-log-requests",
     "--disable-uvicorn-access-log",
     "--seed",
     "0",

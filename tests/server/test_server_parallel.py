@@ -24,7 +24,6 @@ ARGS = [
     "128",
     "--num-gpu-blocks-override",
     "16",
-    "--disable-log-requests",
     "--served-model-name",
     "tiny",
 ]

@@ -40,7 +40,6 @@ def start(factory, model, extra: list[str], log_name: str):
             str(LONG_CONTEXT),
             "--num-gpu-blocks-override",
             "1100",
-            "--disable-log-requests",
             *extra,
         ],
         log_name=log_name,

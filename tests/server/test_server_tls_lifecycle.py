@@ -64,7 +64,6 @@ def tls_server(server_process_factory, tiny_llama_dir, tmp_path_factory):
             cert,
             "--max-model-len",
             "256",
-            "--disable-log-requests",
             "--enable-ssl-refresh",
         ],
         scheme="https",
