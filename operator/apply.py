@@ -1,6 +1,6 @@
-"""Server-side apply of rendered objects under one field manager, and pruning of stale ones."""
+"""Server-side apply of rendered objects under one field manager, and deletion of stale ones."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from infernetes.operator import names
@@ -13,11 +13,6 @@ PLURALS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
 }
-# Kinds a change of spec can make unnecessary (the Deployment and Service always exist).
-PRUNABLE = [
-    ("monitoring.coreos.com/v1", "ServiceMonitor"),
-    ("monitoring.coreos.com/v1", "PodMonitor"),
-]
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
@@ -42,35 +37,10 @@ def apply(api: Any, manifest: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def prune(
-    api: Any,
-    *,
-    name: str,
-    namespace: str,
-    owner_uid: str,
-    keep: Iterable[Mapping[str, Any]],
-    served: Iterable[tuple[str, str]],
-) -> None:
-    """Delete objects this resource owns that the current render no longer produces."""
-    kept = {(m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in keep}
-    selector = ",".join(f"{key}={value}" for key, value in names.common_labels(name).items())
-    for api_version, kind in served:
-        listing = request(
-            api,
-            "GET",
-            collection_path(api_version, kind, namespace),
-            query=[("labelSelector", selector)],
-        )
-        for item in (listing or {}).get("items", []):
-            meta = item["metadata"]
-            owned = any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or ())
-            if owned and (api_version, kind, meta["name"]) not in kept:
-                try:
-                    request(
-                        api,
-                        "DELETE",
-                        f"{collection_path(api_version, kind, namespace)}/{meta['name']}",
-                    )
-                except KubeError as exc:
-                    if exc.status != 404:
-                        raise
+def delete(api: Any, manifest: Mapping[str, Any]) -> None:
+    """Delete the object `manifest` names; one already gone is fine."""
+    try:
+        request(api, "DELETE", object_path(manifest))
+    except KubeError as exc:
+        if exc.status != 404:
+            raise

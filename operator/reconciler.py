@@ -1,0 +1,449 @@
+"""The reconciler: one level-based pass per InferenceService, from whatever event woke it.
+
+A pass renders the desired children, compares them with the newest copies the operator holds
+(`drift.stale_fields`), applies only those that differ (server-side apply), deletes owned children
+the render no longer produces, then derives the status and writes it when it changed. Any event
+(the resource, a child changed or deleted, a pod, optional APIs appearing) queues the same pass,
+so repairing drift and following the spec are one code path. The kopf handlers only feed the
+caches and the queue (handlers.py).
+
+Failures: a spec that cannot be rendered, or a child the API server refuses, sets Degraded
+(reason InvalidSpec / ReconcileError, the API's message) and Ready False; the apply is retried
+with exponential backoff (1 s doubling to 5 min) unless the spec changes; `observedGeneration`
+stays at the last generation whose children were all applied.
+"""
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from infernetes.operator import metrics, names
+from infernetes.operator.apply import apply, delete
+from infernetes.operator.argv import EngineSpecError
+from infernetes.operator.cache import Children, GpuLedger, Key, Newest, child_id
+from infernetes.operator.discovery import discover_apis
+from infernetes.operator.drift import differences, scaled_by_others, stale_fields, with_hash
+from infernetes.operator.engine_support import review_engine
+from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.kube import MERGE_PATCH, KubeError, request
+from infernetes.operator.render import Plan, plan
+from infernetes.operator.render.workload import gpu_resource
+from infernetes.operator.status import Observed, derive_status, same_status, transitions
+
+log = logging.getLogger("infernetes.operator")
+
+WORKERS = 8
+API_THREADS = 16
+BACKOFF_FIRST_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 300.0
+# Child events are gathered this long before a pass (a rollout makes many).
+CHILD_DELAY_SECONDS = 0.2
+# At start-up, the first listing of the resources waits this long for the children's listings.
+STARTUP_DELAY_SECONDS = 1.0
+REDISCOVER_SECONDS = 60.0
+# The same event (reason and message) about the same resource is told once in this window.
+EVENT_WINDOW_SECONDS = 600.0
+LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Retry:
+    generation: int
+    at: float  # loop time
+    delay: float
+    error: tuple[str, str]
+
+
+class Reconciler:
+    def __init__(self, api: Any, *, default_image: str | None) -> None:
+        self.api = api
+        self.default_image = default_image
+        self.resources = Newest()
+        self.children = Children()
+        self.gpus = GpuLedger()
+        self.headroom = asyncio.Lock()
+        self.apis: frozenset[str] = frozenset()
+        self.failures: dict[Key, int] = {}
+        self.retries: dict[Key, Retry] = {}
+        self.told: dict[tuple, float] = {}
+        self.queue: Any = None
+        self.pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api")
+        self.tasks: list[asyncio.Task] = []
+        self._rediscover: asyncio.TimerHandle | None = None
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from infernetes.operator.workqueue import WorkQueue
+
+        self.queue = WorkQueue()
+        self.apis = await self.call(discover_apis, self.api)
+        log.info("optional APIs served: %s", ", ".join(sorted(self.apis)) or "none")
+        self.tasks = [asyncio.create_task(self._work()) for _ in range(WORKERS)]
+        self.tasks.append(asyncio.create_task(self._rediscover_periodically()))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, lambda: function(*args, **kwargs))
+
+    # --- events (from the kopf handlers) ------------------------------------------------------
+
+    def resource_event(self, event: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if event == "DELETED":
+            self.resources.remove(key, body)
+            self.forget(key)
+            return
+        self.resources.observe(key, body)
+        metrics.MANAGED.set(len(self.resources))
+        self.queue.add(key, STARTUP_DELAY_SECONDS if event is None else 0.0)
+
+    def child_event(self, event: str | None, body: dict[str, Any]) -> None:
+        key = self.children.observe(body, deleted=event == "DELETED")
+        if self.resources.get(key) is not None:
+            self.queue.add(key, CHILD_DELAY_SECONDS)
+
+    def pod_event(self, event: str | None, body: dict[str, Any]) -> None:
+        deleted = event == "DELETED"
+        self.gpus.observe_pod(body, deleted)
+        labels = body["metadata"].get("labels") or {}
+        if labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY:
+            key = self.children.observe_pod(body, deleted)
+            if self.resources.get(key) is not None:
+                self.queue.add(key, CHILD_DELAY_SECONDS)
+
+    def node_event(self, event: str | None, body: dict[str, Any]) -> None:
+        self.gpus.observe_node(body, deleted=event == "DELETED")
+
+    def api_changed(self) -> None:
+        """An optional API's CRD changed: discover again once the burst of events is over."""
+        if self._rediscover is not None:
+            self._rediscover.cancel()
+        loop = asyncio.get_running_loop()
+        self._rediscover = loop.call_later(1.0, lambda: asyncio.ensure_future(self.rediscover()))
+
+    def forget(self, key: Key) -> None:
+        self.children.forget(key)
+        self.gpus.reserved.pop(key, None)
+        self.failures.pop(key, None)
+        self.retries.pop(key, None)
+        self.queue.forget(key)
+
+    # --- discovery ----------------------------------------------------------------------------
+
+    async def rediscover(self) -> None:
+        try:
+            apis = await self.call(discover_apis, self.api)
+        except KubeError as exc:
+            log.warning("discovery failed: %s", exc)
+            return
+        if apis == self.apis:
+            return
+        log.info("optional APIs served: %s", ", ".join(sorted(apis)) or "none")
+        self.apis = apis
+        for key in self.resources:
+            self.queue.add(key)
+
+    async def _rediscover_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(REDISCOVER_SECONDS)
+            await self.rediscover()
+
+    # --- the pass -----------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile(key)
+            except Exception:
+                log.exception("reconcile of %s/%s failed", *key)
+                self.queue.add(key, self._backoff(key))
+            finally:
+                self.queue.done(key)
+
+    def _backoff(self, key: Key) -> float:
+        failures = self.failures.get(key, 0)
+        self.failures[key] = failures + 1
+        return min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2**failures)
+
+    def facts(self, spare: Mapping[str, int] | None) -> ClusterFacts:
+        kwargs: dict[str, Any] = {"apis": self.apis, "spare_gpus": spare}
+        if self.default_image:
+            kwargs["default_image"] = self.default_image
+        return ClusterFacts(**kwargs)
+
+    async def desired(self, key: Key, resource: Mapping[str, Any]) -> Plan:
+        """The render, with the Deployment's rollout strategy decided only when its pod template
+        changes (then under the headroom lock, reserving a surge pod's GPUs)."""
+        namespace, name = key
+        spec, uid = resource.get("spec") or {}, resource["metadata"]["uid"]
+        live = self.children.of(key).get(("apps/v1", "Deployment", name))
+        result = plan(spec, self.facts(self.gpus.spare()), name=name, namespace=namespace, uid=uid)
+        deployment = result.manifests[0]
+        if live is not None and not differences(
+            deployment["spec"]["template"], live["spec"]["template"]
+        ):
+            # No rollout is coming: keep the strategy decided when the last one started.
+            deployment["spec"]["strategy"] = live["spec"].get("strategy")
+        elif live is not None and result.gpus_per_replica:
+            async with self.headroom:
+                spare = self.gpus.spare(excluding=key)
+                result = plan(spec, self.facts(spare), name=name, namespace=namespace, uid=uid)
+                deployment = result.manifests[0]
+                strategy = deployment["spec"]["strategy"]
+                surge = (strategy.get("rollingUpdate") or {}).get("maxSurge", 0)
+                if strategy["type"] == "RollingUpdate" and surge:
+                    self.gpus.reserved[key] = {gpu_resource(spec): result.gpus_per_replica}
+                else:
+                    self.gpus.reserved.pop(key, None)
+        if live is not None and scaled_by_others(live):
+            # An HPA (or KEDA, or `kubectl scale`) owns replicas through the scale subresource.
+            del deployment["spec"]["replicas"]
+        result.manifests = [with_hash(manifest) for manifest in result.manifests]
+        return result
+
+    async def reconcile(self, key: Key) -> None:
+        resource = self.resources.get(key)
+        if resource is None or resource["metadata"].get("deletionTimestamp"):
+            return
+        started = time.monotonic()
+        await self._drop_legacy_finalizer(key, resource)
+        error: tuple[str, str] | None = None
+        try:
+            result: Plan | None = await self.desired(key, resource)
+        except (EngineSpecError, KeyError, TypeError, ValueError) as exc:
+            result, error = None, ("InvalidSpec", f"cannot render the spec: {exc}")
+            metrics.RECONCILES.labels("invalid").inc()
+        applied = False
+        if result is not None:
+            applied, error = await self._converge(key, resource, result)
+        self._release_headroom(key)
+        await self.write_status(key, resource, result if applied else None, error)
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+    async def _converge(
+        self, key: Key, resource: Mapping[str, Any], result: Plan
+    ) -> tuple[bool, tuple[str, str] | None]:
+        """Apply what differs and prune what is no longer rendered: (applied, error)."""
+        generation = resource["metadata"].get("generation", 0)
+        uid = resource["metadata"]["uid"]
+        live = self.children.of(key)
+        wanted = {child_id(m): m for m in result.manifests}
+        work = [
+            (m, why) for m in result.manifests if (why := stale_fields(m, live.get(child_id(m))))
+        ]
+        extra = [
+            obj
+            for cid, obj in live.items()
+            if cid not in wanted
+            and any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ())
+        ]
+        if not work and not extra:
+            self.failures.pop(key, None)
+            self.retries.pop(key, None)
+            metrics.RECONCILES.labels("unchanged").inc()
+            return True, None
+        retry = self.retries.get(key)
+        loop = asyncio.get_running_loop()
+        if retry is not None and retry.generation == generation and loop.time() < retry.at:
+            return False, retry.error  # backing off: the queue holds the retry
+        observed = (resource.get("status") or {}).get("observedGeneration")
+        drifted = [
+            f"{m['kind']} {m['metadata']['name']}: " + ", ".join(why[:3])
+            for m, why in work
+            if why != ["render changed"]
+        ]
+        if drifted and observed == generation:
+            log.info("%s/%s: repairing %s", *key, "; ".join(drifted))
+            await self.write_status(key, resource, None, None, stale=drifted)
+        target: Mapping[str, Any] = {}
+        try:
+            for target, _ in work:
+                response = await self.call(apply, self.api, target)
+                metrics.API_WRITES.labels(target["kind"], "apply").inc()
+                self.children.observe(response)
+            for target in extra:
+                await self.call(delete, self.api, target)
+                metrics.API_WRITES.labels(target["kind"], "delete").inc()
+                self.children.observe(target, deleted=True)
+        except KubeError as exc:
+            what = f"{target['kind']} {target['metadata']['name']}"
+            delay = self._backoff(key)
+            # The message stays the same from one attempt to the next: one status write, one event.
+            error = ("ReconcileError", f"applying {what}: {exc.message}")
+            self.retries[key] = Retry(generation, loop.time() + delay, delay, error)
+            self.queue.add(key, delay)
+            metrics.RECONCILES.labels("error").inc()
+            log.warning("%s/%s: %s (retry in %.0fs)", *key, error[1], delay)
+            if exc.status == 404:
+                await self.rediscover()  # an optional API may have gone
+            return False, error
+        self.failures.pop(key, None)
+        self.retries.pop(key, None)
+        metrics.RECONCILES.labels("applied").inc()
+        log.info("reconciled %s/%s generation %s", *key, generation)
+        return True, None
+
+    def _release_headroom(self, key: Key) -> None:
+        """A rollout that finished no longer needs the GPUs promised to its surge pod."""
+        if key not in self.gpus.reserved:
+            return
+        _, name = key
+        live = self.children.of(key).get(("apps/v1", "Deployment", name))
+        if live is None:
+            self.gpus.reserved.pop(key, None)
+            return
+        seen = Observed(live["spec"].get("replicas", 1), live, ())
+        replicas = seen.count("replicas")
+        if (
+            seen.deployment_current
+            and seen.count("updatedReplicas") == replicas == seen.desired_replicas
+        ):
+            self.gpus.reserved.pop(key, None)
+
+    async def _drop_legacy_finalizer(self, key: Key, resource: Mapping[str, Any]) -> None:
+        """Earlier releases put a finalizer on every resource; nothing needs it any more."""
+        finalizers = resource["metadata"].get("finalizers") or []
+        if LEGACY_FINALIZER not in finalizers:
+            return
+        namespace, name = key
+        body = {
+            "metadata": {
+                "finalizers": [f for f in finalizers if f != LEGACY_FINALIZER],
+                "resourceVersion": resource["metadata"]["resourceVersion"],
+            }
+        }
+        path = f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{name}"
+        response = await self.call(
+            request, self.api, "PATCH", path, body=body, content_type=MERGE_PATCH
+        )
+        self.resources.observe(key, response)
+
+    # --- status and events --------------------------------------------------------------------
+
+    async def write_status(
+        self,
+        key: Key,
+        resource: Mapping[str, Any],
+        applied: Plan | None,
+        error: tuple[str, str] | None,
+        stale: list[str] | None = None,
+    ) -> None:
+        """Derive the status; write it only when something a user sees changed."""
+        namespace, name = key
+        current = self.resources.get(key) or resource
+        status = dict(current.get("status") or {})
+        generation = current["metadata"].get("generation", 0)
+        spec = current.get("spec") or {}
+        deployment = self.children.of(key).get(("apps/v1", "Deployment", name))
+        desired_replicas = spec.get("replicas", 1)
+        if deployment is not None and scaled_by_others(deployment):
+            desired_replicas = deployment["spec"].get("replicas", desired_replicas)
+        new: dict[str, Any] = {}
+        if applied is not None:
+            new = {
+                "observedGeneration": generation,
+                "url": applied.url,
+                "modelName": applied.model_name,
+                "gpusPerReplica": applied.gpus_per_replica,
+                "serviceName": applied.service_name,
+                "selector": applied.selector,
+                "warnings": applied.warnings or None,
+            }
+        new.update(
+            derive_status(
+                generation=generation,
+                desired_replicas=desired_replicas,
+                deployment=deployment,
+                pods=self.children.pods(key),
+                previous=status.get("conditions"),
+                now=now(),
+                ignored_settings=review_engine(spec).ignored,
+                reconcile_error=error,
+                stale_children=stale or (),
+            )
+        )
+        unchanged = same_status(status, new) and all(
+            status.get(field) == value for field, value in new.items() if field != "conditions"
+        )
+        if unchanged:
+            return
+        path = f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{name}/status"
+        try:
+            response = await self.call(
+                request, self.api, "PATCH", path, body={"status": new}, content_type=MERGE_PATCH
+            )
+        except KubeError as exc:
+            if exc.status == 404:
+                return
+            raise
+        metrics.API_WRITES.labels(names.KIND, "status").inc()
+        metrics.STATUS_UPDATES.inc()
+        self.resources.observe(key, response)
+        told = (
+            []
+            if applied is None
+            else [w for w in applied.warnings if w not in (status.get("warnings") or ())]
+        )
+        for warning in told:
+            reason = "SettingIgnored" if warning in applied.ignored else "Adjusted"  # type: ignore[union-attr]
+            await self.event(current, "Warning", reason, warning)
+        for kind, reason, message in transitions(status.get("conditions"), new["conditions"]):
+            await self.event(current, kind, reason, message)
+
+    async def event(
+        self, resource: Mapping[str, Any], kind: str, reason: str, message: str
+    ) -> None:
+        """Post an event, once per reason and message in EVENT_WINDOW_SECONDS."""
+        meta = resource["metadata"]
+        told_key = (meta["namespace"], meta["name"], reason, message)
+        stamp = time.monotonic()
+        if stamp - self.told.get(told_key, -EVENT_WINDOW_SECONDS) < EVENT_WINDOW_SECONDS:
+            return
+        self.told = {k: t for k, t in self.told.items() if stamp - t < EVENT_WINDOW_SECONDS}
+        self.told[told_key] = stamp
+        timestamp = now()
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": names.API_VERSION,
+                "kind": names.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": names.FIELD_MANAGER},
+            "firstTimestamp": timestamp,
+            "lastTimestamp": timestamp,
+            "count": 1,
+        }
+        try:
+            await self.call(
+                request,
+                self.api,
+                "POST",
+                f"/api/v1/namespaces/{meta['namespace']}/events",
+                body=body,
+            )
+        except KubeError as exc:
+            log.warning("could not post event %s: %s", reason, exc)
