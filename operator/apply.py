@@ -12,6 +12,7 @@ PLURALS = {
     ("v1", "Service"): "services",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
 }
 
 

@@ -6,7 +6,7 @@ never waits behind another. Only event handlers are registered: kopf keeps no ha
 finalizer or last-handled annotation on the resources (no writes of its own).
 
 Watched: InferenceServices; what the operator creates (Deployments, Services, ServiceMonitors,
-PodMonitors, by the managed-by label); pods (status, and GPU headroom) and nodes (GPU
+PodMonitors, PodDisruptionBudgets, by the managed-by label); pods (status, and GPU headroom) and nodes (GPU
 headroom); CRDs of the optional API groups (their appearance and removal, re-discovered).
 """
 
@@ -27,6 +27,7 @@ CHILD_RESOURCES = [
     ("", "v1", "services"),
     ("monitoring.coreos.com", "v1", "servicemonitors"),
     ("monitoring.coreos.com", "v1", "podmonitors"),
+    ("policy", "v1", "poddisruptionbudgets"),
 ]
 
 
@@ -78,6 +79,7 @@ async def resource_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 @kopf.on.event("", "v1", "services", labels=OWNED)
 @kopf.on.event("monitoring.coreos.com", "v1", "servicemonitors", labels=OWNED)
 @kopf.on.event("monitoring.coreos.com", "v1", "podmonitors", labels=OWNED)
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
 async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.child_event(type, plain(body))
 
