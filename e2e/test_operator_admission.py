@@ -224,7 +224,7 @@ INVALID = [
     (
         "plaintext-secret-in-env",
         variant({"env": [{"name": "OPENAI_API_KEY", "value": "sk-live"}]}),
-        ("spec.env: Invalid value", "OPENAI_API_KEY looks like a secret", "secretKeyRef"),
+        ("spec.env[0]: Invalid value", "OPENAI_API_KEY looks like a secret", "secretKeyRef"),
     ),
     (
         "shm-too-small-for-gpus",
@@ -296,7 +296,14 @@ def test_invalid_resource_is_rejected_with_field_path(
     assert result.returncode != 0, f"accepted: {yaml.safe_dump(resource['spec'])}"
     for text in (expected,) if isinstance(expected, str) else expected:
         assert text in result.stderr, result.stderr
-    assert "<nil>" not in result.stderr, result.stderr  # every message names its field
+    # Every message names its field (the API server's own note that it skipped the CEL rules of
+    # an object already invalid has no field).
+    unnamed = [
+        line
+        for line in result.stderr.splitlines()
+        if "<nil>" in line and "some validation rules were not checked" not in line
+    ]
+    assert not unnamed, result.stderr
 
 
 REFUSALS = [("engine", item) for item in engine_refusals(ARGS)] + [

@@ -70,7 +70,7 @@ MIN_SHM_MULTI_GPU = "1Gi"
 
 def _gpu_limit_rules(gpus_needed: str, gpu_free_device: str) -> list[Schema]:
     """A GPU limit in spec.resources must cover the parallel sizes; a device without GPUs holds
-    none (quantities compared as quantities: "4", 4 and "4000m" alike)."""
+    none (limits read as quantities: "4" and 4 alike)."""
     rules = []
     for resource in GPU_VENDORS.values():
         limit = f"self.resources.limits['{resource}']"
@@ -78,7 +78,7 @@ def _gpu_limit_rules(gpus_needed: str, gpu_free_device: str) -> list[Schema]:
         rules.append(
             rule(
                 f"!({has_limit}) || {gpu_free_device} || "
-                f"quantity(string({limit})).compareTo(quantity(string({gpus_needed}))) >= 0",
+                f"quantity(string({limit})).asInteger() >= {gpus_needed}",
                 f"resources.limits {resource} must cover tensorParallelSize x "
                 "pipelineParallelSize x dataParallelSize",
                 field_path=".resources.limits",
@@ -197,7 +197,8 @@ def build_crd() -> dict[str, Any]:
         {
             "apiVersion": string(),
             "kind": string(),
-            "metadata": {"type": "object"},
+            # Declared so that the name rule can report its field path (metadata.name).
+            "metadata": {"type": "object", "properties": {"name": string(maxLength=253)}},
             "spec": spec_schema(),
             "status": status_schema(),
         },

@@ -277,8 +277,16 @@ def rollout_schema() -> Schema:
 
 def env_list_schema() -> Schema:
     secret_names = " || ".join(f"e.name == '{name}'" for name in SECRET_ONLY_ENV)
+    item = env_var_schema()
+    item["x-kubernetes-validations"] = [
+        {
+            "rule": f"!has(self.value) || !self.name.matches('{SECRET_NAME_PATTERN}')",
+            "messageExpression": "'variable ' + self.name + ' looks like a secret: set it with "
+            "valueFrom.secretKeyRef, not a plain value'",
+        }
+    ]
     return array(
-        env_var_schema(),
+        item,
         max_items=128,
         description="Other environment variables (VLLM_* ones are typed fields in engineEnv).",
         rules=[
@@ -290,12 +298,6 @@ def env_list_schema() -> Schema:
                 f"self.all(e, !({secret_names}))",
                 "the Hugging Face token comes only from spec.hfTokenSecretRef",
             ),
-            {
-                "rule": f"self.all(e, !has(e.value) || !e.name.matches('{SECRET_NAME_PATTERN}'))",
-                "messageExpression": "'variable ' + self.filter(e, has(e.value) && "
-                f"e.name.matches('{SECRET_NAME_PATTERN}'))[0].name + ' looks like a secret: "
-                "set it with valueFrom.secretKeyRef, not a plain value'",
-            },
         ],
     )
 
@@ -400,5 +402,6 @@ ROOT_RULES = [
         "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
         f"metadata.name must be a DNS-1035 label of at most {SERVICE_NAME_MAX} characters "
         "(it names the Service)",
+        field_path=".metadata.name",
     )
 ]
