@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infernetes.operator import names
-from infernetes.operator.kube import APPLY_PATCH, KubeError, request
+from infernetes.operator.kube import APPLY_PATCH, MERGE_PATCH, KubeError, request
 
 # The kinds the operator creates, with their REST collection names.
 PLURALS = {
@@ -35,6 +35,22 @@ def apply(api: Any, manifest: Mapping[str, Any]) -> dict[str, Any]:
         query=[("fieldManager", names.FIELD_MANAGER), ("force", "true")],
         body=manifest,
         content_type=APPLY_PATCH,
+    )
+
+
+def overwrite_spec(api: Any, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Put `manifest`'s spec over the live one with a JSON merge patch, which replaces lists whole.
+
+    For an edit that server-side apply cannot undo: apply merges lists by key, so a Service port
+    someone renumbered stays beside ours, and the two clash on their name.
+    """
+    return request(
+        api,
+        "PATCH",
+        object_path(manifest),
+        query=[("fieldManager", names.FIELD_MANAGER)],
+        body={"spec": manifest["spec"]},
+        content_type=MERGE_PATCH,
     )
 
 

@@ -45,6 +45,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     options = memo.options
     # kopf's own log lines become events only when they matter; ours are posted explicitly.
     settings.posting.level = logging.WARNING
+    # A line per watch event ("Handler 'pod_event' succeeded") would drown the reconciler's.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = 300
     # Watch scopes the API server applies: what the operator made, by its label; pods that may
     # hold GPUs (not finished ones).

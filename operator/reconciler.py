@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infernetes.operator import metrics, names
-from infernetes.operator.apply import apply, delete
+from infernetes.operator.apply import apply, delete, overwrite_spec
 from infernetes.operator.argv import EngineSpecError
 from infernetes.operator.cache import Children, GpuLedger, Key, Newest, child_id
 from infernetes.operator.discovery import discover_apis
@@ -275,10 +275,8 @@ class Reconciler:
             await self.write_status(key, resource, None, None, stale=drifted)
         target: Mapping[str, Any] = {}
         try:
-            for target, _ in work:
-                response = await self.call(apply, self.api, target)
-                metrics.API_WRITES.labels(target["kind"], "apply").inc()
-                self.children.observe(response)
+            for target, why in work:
+                self.children.observe(await self._apply(target, edited=why[0].startswith(".")))
             for target in extra:
                 await self.call(delete, self.api, target)
                 metrics.API_WRITES.labels(target["kind"], "delete").inc()
@@ -300,6 +298,27 @@ class Reconciler:
         metrics.RECONCILES.labels("applied").inc()
         log.info("reconciled %s/%s generation %s", *key, generation)
         return True, None
+
+    async def _apply(self, manifest: Mapping[str, Any], *, edited: bool) -> dict[str, Any]:
+        """Server-side apply; an edited child whose edit apply cannot merge back (the API server
+        refuses the merge) gets its spec overwritten first."""
+        kind = manifest["kind"]
+        try:
+            response = await self.call(apply, self.api, manifest)
+        except KubeError as exc:
+            if not (edited and exc.status == 422):
+                raise
+            log.info(
+                "%s %s: apply refused (%s); overwriting its spec",
+                kind,
+                manifest["metadata"]["name"],
+                exc.message,
+            )
+            await self.call(overwrite_spec, self.api, manifest)
+            metrics.API_WRITES.labels(kind, "overwrite").inc()
+            response = await self.call(apply, self.api, manifest)
+        metrics.API_WRITES.labels(kind, "apply").inc()
+        return response
 
     def _release_headroom(self, key: Key) -> None:
         """A rollout that finished no longer needs the GPUs promised to its surge pod."""
