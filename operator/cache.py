@@ -60,6 +60,7 @@ class Children:
 
     def __init__(self) -> None:
         self._objects: dict[Key, Newest] = {}
+        self._deleted: dict[Key, set[ChildId]] = {}
         self._pods: dict[Key, dict[str, dict[str, Any]]] = {}
 
     def observe(self, obj: dict[str, Any], deleted: bool = False) -> Key:
@@ -67,9 +68,15 @@ class Children:
         store = self._objects.setdefault(key, Newest())
         if deleted:
             store.remove(child_id(obj), obj)
+            self._deleted.setdefault(key, set()).add(child_id(obj))
         else:
             store.observe(child_id(obj), obj)
+            self._deleted.get(key, set()).discard(child_id(obj))
         return key
+
+    def deleted(self, key: Key) -> set[ChildId]:
+        """Children seen deleted (by someone else, or by the operator) and not seen since."""
+        return self._deleted.get(key, set())
 
     def of(self, key: Key) -> dict[ChildId, dict[str, Any]]:
         store = self._objects.get(key)
@@ -99,6 +106,7 @@ class Children:
 
     def forget(self, key: Key) -> None:
         self._objects.pop(key, None)
+        self._deleted.pop(key, None)
         self._pods.pop(key, None)
 
 

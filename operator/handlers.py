@@ -101,5 +101,5 @@ def _optional_group(spec: Mapping, **_: Any) -> bool:
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_group)
-async def crd_event(memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.api_changed()
+async def crd_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.crd_event(type, plain(body))

@@ -26,7 +26,7 @@ from infernetes.operator import metrics, names
 from infernetes.operator.apply import apply, delete, overwrite_spec
 from infernetes.operator.argv import EngineSpecError
 from infernetes.operator.cache import Children, GpuLedger, Key, Newest, child_id
-from infernetes.operator.discovery import discover_apis
+from infernetes.operator.discovery import OPTIONAL_GROUP_VERSIONS, discover_apis
 from infernetes.operator.drift import differences, scaled_by_others, stale_fields, with_hash
 from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import ClusterFacts
@@ -46,6 +46,7 @@ CHILD_DELAY_SECONDS = 0.2
 # At start-up, the first listing of the resources waits this long for the children's listings.
 STARTUP_DELAY_SECONDS = 1.0
 REDISCOVER_SECONDS = 60.0
+REDISCOVER_AFTER_CRD_SECONDS = (1.0, 4.0)
 # The same event (reason and message) about the same resource is told once in this window.
 EVENT_WINDOW_SECONDS = 600.0
 LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
@@ -71,14 +72,15 @@ class Reconciler:
         self.children = Children()
         self.gpus = GpuLedger()
         self.headroom = asyncio.Lock()
-        self.apis: frozenset[str] = frozenset()
+        self.discovered: frozenset[str] = frozenset()
+        self.withdrawn: set[str] = set()
         self.failures: dict[Key, int] = {}
         self.retries: dict[Key, Retry] = {}
         self.told: dict[tuple, float] = {}
         self.queue: Any = None
         self.pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api")
         self.tasks: list[asyncio.Task] = []
-        self._rediscover: asyncio.TimerHandle | None = None
+        self._rediscover: asyncio.Task | None = None
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -86,15 +88,16 @@ class Reconciler:
         from infernetes.operator.workqueue import WorkQueue
 
         self.queue = WorkQueue()
-        self.apis = await self.call(discover_apis, self.api)
+        self.discovered = await self.call(discover_apis, self.api)
         log.info("optional APIs served: %s", ", ".join(sorted(self.apis)) or "none")
         self.tasks = [asyncio.create_task(self._work()) for _ in range(WORKERS)]
         self.tasks.append(asyncio.create_task(self._rediscover_periodically()))
 
     async def stop(self) -> None:
-        for task in self.tasks:
+        tasks = [*self.tasks, *([self._rediscover] if self._rediscover else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -131,12 +134,29 @@ class Reconciler:
     def node_event(self, event: str | None, body: dict[str, Any]) -> None:
         self.gpus.observe_node(body, deleted=event == "DELETED")
 
-    def api_changed(self) -> None:
-        """An optional API's CRD changed: discover again once the burst of events is over."""
+    def crd_event(self, event: str | None, body: dict[str, Any]) -> None:
+        """A CRD of an optional group changed: one being deleted stops counting at once (the API
+        server refuses new objects of it while it is served still); discover again once the
+        burst of events is over, and once more a little later."""
+        spec = body.get("spec") or {}
+        kinds = {
+            f"{spec.get('group')}/{version.get('name')}/{(spec.get('names') or {}).get('kind')}"
+            for version in spec.get("versions") or ()
+        }
+        if body["metadata"].get("deletionTimestamp") and not kinds <= self.withdrawn:
+            self.withdrawn |= kinds
+            self._served_changed()
+        elif not body["metadata"].get("deletionTimestamp") and event != "DELETED":
+            self.withdrawn -= kinds
         if self._rediscover is not None:
             self._rediscover.cancel()
-        loop = asyncio.get_running_loop()
-        self._rediscover = loop.call_later(1.0, lambda: asyncio.ensure_future(self.rediscover()))
+
+        async def later() -> None:
+            for delay in REDISCOVER_AFTER_CRD_SECONDS:
+                await asyncio.sleep(delay)
+                await self.rediscover()
+
+        self._rediscover = asyncio.create_task(later())
 
     def forget(self, key: Key) -> None:
         self.children.forget(key)
@@ -147,16 +167,23 @@ class Reconciler:
 
     # --- discovery ----------------------------------------------------------------------------
 
+    @property
+    def apis(self) -> frozenset[str]:
+        """Optional APIs served ("group/version/Kind"), less those whose CRD is being deleted."""
+        return self.discovered - self.withdrawn
+
     async def rediscover(self) -> None:
         try:
-            apis = await self.call(discover_apis, self.api)
+            discovered = await self.call(discover_apis, self.api)
         except KubeError as exc:
             log.warning("discovery failed: %s", exc)
             return
-        if apis == self.apis:
-            return
-        log.info("optional APIs served: %s", ", ".join(sorted(apis)) or "none")
-        self.apis = apis
+        if discovered != self.discovered:
+            self.discovered = discovered
+            self._served_changed()
+
+    def _served_changed(self) -> None:
+        log.info("optional APIs served: %s", ", ".join(sorted(self.apis)) or "none")
         for key in self.resources:
             self.queue.add(key)
 
@@ -265,10 +292,13 @@ class Reconciler:
         if retry is not None and retry.generation == generation and loop.time() < retry.at:
             return False, retry.error  # backing off: the queue holds the retry
         observed = (resource.get("status") or {}).get("observedGeneration")
+        # Drift: a child someone deleted or edited (not a new render, not a child appearing
+        # because an optional API did).
+        deleted = self.children.deleted(key)
         drifted = [
             f"{m['kind']} {m['metadata']['name']}: " + ", ".join(why[:3])
             for m, why in work
-            if why != ["render changed"]
+            if why != ["render changed"] and (why != ["missing"] or child_id(m) in deleted)
         ]
         if drifted and observed == generation:
             log.info("%s/%s: repairing %s", *key, "; ".join(drifted))
@@ -282,6 +312,9 @@ class Reconciler:
                 metrics.API_WRITES.labels(target["kind"], "delete").inc()
                 self.children.observe(target, deleted=True)
         except KubeError as exc:
+            if target["apiVersion"] in OPTIONAL_GROUP_VERSIONS and await self._gone(target):
+                self.queue.add(key)  # render again without it: not an error
+                return False, None
             what = f"{target['kind']} {target['metadata']['name']}"
             delay = self._backoff(key)
             # The message stays the same from one attempt to the next: one status write, one event.
@@ -290,14 +323,20 @@ class Reconciler:
             self.queue.add(key, delay)
             metrics.RECONCILES.labels("error").inc()
             log.warning("%s/%s: %s (retry in %.0fs)", *key, error[1], delay)
-            if exc.status == 404:
-                await self.rediscover()  # an optional API may have gone
             return False, error
         self.failures.pop(key, None)
         self.retries.pop(key, None)
         metrics.RECONCILES.labels("applied").inc()
         log.info("reconciled %s/%s generation %s", *key, generation)
         return True, None
+
+    async def _gone(self, manifest: Mapping[str, Any]) -> bool:
+        """After a failed write: has the kind's optional API gone (its CRD deleted or being so)?"""
+        kind = f"{manifest['apiVersion']}/{manifest['kind']}"
+        if kind not in self.apis:
+            return True
+        await self.rediscover()
+        return kind not in self.apis
 
     async def _apply(self, manifest: Mapping[str, Any], *, edited: bool) -> dict[str, Any]:
         """Server-side apply; an edited child whose edit apply cannot merge back (the API server
