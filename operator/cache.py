@@ -74,6 +74,12 @@ class Children:
             self._deleted.get(key, set()).discard(child_id(obj))
         return key
 
+    def drop(self, obj: Mapping[str, Any]) -> None:
+        """Forget a child that went with its kind (its CRD deleted): not a deletion to repair."""
+        store = self._objects.get(owner_key(obj))
+        if store is not None:
+            store.remove(child_id(obj))
+
     def deleted(self, key: Key) -> set[ChildId]:
         """Children seen deleted (by someone else, or by the operator) and not seen since."""
         return self._deleted.get(key, set())

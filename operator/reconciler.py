@@ -37,12 +37,16 @@ from infernetes.operator.status import Observed, derive_status, same_status, tra
 
 log = logging.getLogger("infernetes.operator")
 
-WORKERS = 8
-API_THREADS = 16
+WORKERS = 16
+STATUS_WORKERS = 4
+API_THREADS = 32
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 300.0
 # Child events are gathered this long before a pass (a rollout makes many).
 CHILD_DELAY_SECONDS = 0.2
+# A pass's status is written this long after it, off the path that creates children, once for
+# the passes of a burst.
+STATUS_DELAY_SECONDS = 0.5
 # At start-up, the first listing of the resources waits this long for the children's listings.
 STARTUP_DELAY_SECONDS = 1.0
 REDISCOVER_SECONDS = 60.0
@@ -54,6 +58,14 @@ LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the last pass did, for the status written after it."""
+
+    applied: Plan | None  # the render, when all of its children were applied
+    error: tuple[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,9 @@ class Reconciler:
         self.retries: dict[Key, Retry] = {}
         self.told: dict[tuple, float] = {}
         self.queue: Any = None
+        self.status_queue: Any = None
+        self.outcomes: dict[Key, Outcome] = {}
+        self.status_locks: dict[Key, asyncio.Lock] = {}
         self.pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api")
         self.tasks: list[asyncio.Task] = []
         self._rediscover: asyncio.Task | None = None
@@ -87,10 +102,16 @@ class Reconciler:
     async def start(self) -> None:
         from infernetes.operator.workqueue import WorkQueue
 
-        self.queue = WorkQueue()
+        self.queue, self.status_queue = WorkQueue(), WorkQueue()
         self.discovered = await self.call(discover_apis, self.api)
         log.info("optional APIs served: %s", ", ".join(sorted(self.apis)) or "none")
-        self.tasks = [asyncio.create_task(self._work()) for _ in range(WORKERS)]
+        self.tasks = [
+            *(asyncio.create_task(self._work(self.queue, self.reconcile)) for _ in range(WORKERS)),
+            *(
+                asyncio.create_task(self._work(self.status_queue, self.refresh_status))
+                for _ in range(STATUS_WORKERS)
+            ),
+        ]
         self.tasks.append(asyncio.create_task(self._rediscover_periodically()))
 
     async def stop(self) -> None:
@@ -164,6 +185,9 @@ class Reconciler:
         self.failures.pop(key, None)
         self.retries.pop(key, None)
         self.queue.forget(key)
+        self.status_queue.forget(key)
+        self.outcomes.pop(key, None)
+        self.status_locks.pop(key, None)
 
     # --- discovery ----------------------------------------------------------------------------
 
@@ -194,16 +218,16 @@ class Reconciler:
 
     # --- the pass -----------------------------------------------------------------------------
 
-    async def _work(self) -> None:
+    async def _work(self, queue: Any, handle: Any) -> None:
         while True:
-            key = await self.queue.get()
+            key = await queue.get()
             try:
-                await self.reconcile(key)
+                await handle(key)
             except Exception:
-                log.exception("reconcile of %s/%s failed", *key)
-                self.queue.add(key, self._backoff(key))
+                log.exception("%s of %s/%s failed", handle.__name__, *key)
+                queue.add(key, self._backoff(key))
             finally:
-                self.queue.done(key)
+                queue.done(key)
 
     def _backoff(self, key: Key) -> float:
         failures = self.failures.get(key, 0)
@@ -262,8 +286,16 @@ class Reconciler:
         if result is not None:
             applied, error = await self._converge(key, resource, result)
         self._release_headroom(key)
-        await self.write_status(key, resource, result if applied else None, error)
+        self.outcomes[key] = Outcome(result if applied else None, error)
+        self.status_queue.add(key, STATUS_DELAY_SECONDS)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+    async def refresh_status(self, key: Key) -> None:
+        """Write the status the last pass and the children's current state call for."""
+        resource, outcome = self.resources.get(key), self.outcomes.get(key)
+        if resource is None or outcome is None or resource["metadata"].get("deletionTimestamp"):
+            return
+        await self.write_status(key, resource, outcome.applied, outcome.error)
 
     async def _converge(
         self, key: Key, resource: Mapping[str, Any], result: Plan
@@ -276,6 +308,14 @@ class Reconciler:
         work = [
             (m, why) for m in result.manifests if (why := stale_fields(m, live.get(child_id(m))))
         ]
+        for cid, obj in list(live.items()):
+            if (
+                obj["apiVersion"] in OPTIONAL_GROUP_VERSIONS
+                and f"{obj['apiVersion']}/{obj['kind']}" not in self.apis
+            ):
+                # Deleted with its CRD; the watch of its kind has ended without saying so.
+                self.children.drop(obj)
+                del live[cid]
         extra = [
             obj
             for cid, obj in live.items()
@@ -313,7 +353,9 @@ class Reconciler:
                 self.children.observe(target, deleted=True)
         except KubeError as exc:
             if target["apiVersion"] in OPTIONAL_GROUP_VERSIONS and await self._gone(target):
-                self.queue.add(key)  # render again without it: not an error
+                # Its objects go with its CRD (no watch event will say so): render again.
+                self.children.drop(target)
+                self.queue.add(key)
                 return False, None
             what = f"{target['kind']} {target['metadata']['name']}"
             delay = self._backoff(key)
@@ -405,6 +447,17 @@ class Reconciler:
         stale: list[str] | None = None,
     ) -> None:
         """Derive the status; write it only when something a user sees changed."""
+        async with self.status_locks.setdefault(key, asyncio.Lock()):
+            await self._write_status(key, resource, applied, error, stale)
+
+    async def _write_status(
+        self,
+        key: Key,
+        resource: Mapping[str, Any],
+        applied: Plan | None,
+        error: tuple[str, str] | None,
+        stale: list[str] | None,
+    ) -> None:
         namespace, name = key
         current = self.resources.get(key) or resource
         status = dict(current.get("status") or {})

@@ -94,11 +94,12 @@ def run(api: FakeApi, *steps: Any) -> Reconciler:
 
     async def main() -> Reconciler:
         reconciler = Reconciler(None, default_image=None)
-        reconciler.queue = WorkQueue()
+        reconciler.queue, reconciler.status_queue = WorkQueue(), WorkQueue()
         for step in steps:
             step(reconciler)
             reconciler.resources.observe(KEY, copy.deepcopy(api.resource))
             await reconciler.reconcile(KEY)
+            await reconciler.refresh_status(KEY)
         return reconciler
 
     return asyncio.run(main())
