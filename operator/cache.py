@@ -15,6 +15,15 @@ Key = tuple[str, str]  # namespace, InferenceService name
 ChildId = tuple[str, str, str]  # apiVersion, kind, name
 
 
+def plain(value: Any) -> Any:
+    """A deep copy made of dicts and lists (kopf hands out read-only views)."""
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    return value
+
+
 def _version(obj: Mapping[str, Any]) -> int:
     text = str((obj.get("metadata") or {}).get("resourceVersion") or "0")
     return int(text) if text.isdigit() else 0
@@ -101,8 +110,8 @@ class Children:
                     "deletionTimestamp": meta.get("deletionTimestamp"),
                 },
                 "status": {
-                    "conditions": status.get("conditions"),
-                    "containerStatuses": status.get("containerStatuses"),
+                    "conditions": plain(status.get("conditions")),
+                    "containerStatuses": plain(status.get("containerStatuses")),
                 },
             }
         return key

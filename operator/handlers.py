@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 from infernetes.operator import metrics, names
+from infernetes.operator.cache import plain
 from infernetes.operator.discovery import OPTIONAL_GROUPS
 from infernetes.operator.kube import make_client
 from infernetes.operator.reconciler import Reconciler
@@ -29,15 +30,6 @@ CHILD_RESOURCES = [
     ("monitoring.coreos.com", "v1", "podmonitors"),
     ("policy", "v1", "poddisruptionbudgets"),
 ]
-
-
-def plain(value: Any) -> Any:
-    """A deep copy made of dicts and lists (kopf hands out read-only views)."""
-    if isinstance(value, Mapping):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(item) for item in value]
-    return value
 
 
 @kopf.on.startup()
@@ -86,14 +78,15 @@ async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: A
     memo.reconciler.child_event(type, plain(body))
 
 
+# Pods and nodes are only read from (cache.py keeps summaries): no copy of the whole body.
 @kopf.on.event("", "v1", "pods")
 async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.pod_event(type, plain(body))
+    memo.reconciler.pod_event(type, body)
 
 
 @kopf.on.event("", "v1", "nodes")
 async def node_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.node_event(type, plain(body))
+    memo.reconciler.node_event(type, body)
 
 
 def _optional_group(spec: Mapping, **_: Any) -> bool:

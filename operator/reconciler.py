@@ -34,6 +34,7 @@ from infernetes.operator.kube import MERGE_PATCH, KubeError, request
 from infernetes.operator.render import Plan, plan
 from infernetes.operator.render.workload import gpu_resource
 from infernetes.operator.status import Observed, derive_status, same_status, transitions
+from infernetes.operator.workqueue import WorkQueue
 
 log = logging.getLogger("infernetes.operator")
 
@@ -66,6 +67,7 @@ class Outcome:
 
     applied: Plan | None  # the render, when all of its children were applied
     error: tuple[str, str] | None
+    ignored: list[str]  # engine settings without effect (engine_support.review_engine)
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ class Reconciler:
         self.failures: dict[Key, int] = {}
         self.retries: dict[Key, Retry] = {}
         self.told: dict[tuple, float] = {}
-        self.queue: Any = None
-        self.status_queue: Any = None
+        self.queue = WorkQueue()
+        self.status_queue = WorkQueue()
         self.outcomes: dict[Key, Outcome] = {}
         self.status_locks: dict[Key, asyncio.Lock] = {}
         self.pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api")
@@ -100,9 +102,6 @@ class Reconciler:
     # --- life cycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from infernetes.operator.workqueue import WorkQueue
-
-        self.queue, self.status_queue = WorkQueue(), WorkQueue()
         self.discovered = await self.call(discover_apis, self.api)
         log.info("optional APIs served: %s", ", ".join(sorted(self.apis)) or "none")
         self.tasks = [
@@ -133,17 +132,17 @@ class Reconciler:
         if event == "DELETED":
             self.resources.remove(key, body)
             self.forget(key)
-            return
-        self.resources.observe(key, body)
+        else:
+            self.resources.observe(key, body)
+            self.queue.add(key, STARTUP_DELAY_SECONDS if event is None else 0.0)
         metrics.MANAGED.set(len(self.resources))
-        self.queue.add(key, STARTUP_DELAY_SECONDS if event is None else 0.0)
 
     def child_event(self, event: str | None, body: dict[str, Any]) -> None:
         key = self.children.observe(body, deleted=event == "DELETED")
         if self.resources.get(key) is not None:
             self.queue.add(key, CHILD_DELAY_SECONDS)
 
-    def pod_event(self, event: str | None, body: dict[str, Any]) -> None:
+    def pod_event(self, event: str | None, body: Mapping[str, Any]) -> None:
         deleted = event == "DELETED"
         self.gpus.observe_pod(body, deleted)
         labels = body["metadata"].get("labels") or {}
@@ -152,7 +151,7 @@ class Reconciler:
             if self.resources.get(key) is not None:
                 self.queue.add(key, CHILD_DELAY_SECONDS)
 
-    def node_event(self, event: str | None, body: dict[str, Any]) -> None:
+    def node_event(self, event: str | None, body: Mapping[str, Any]) -> None:
         self.gpus.observe_node(body, deleted=event == "DELETED")
 
     def crd_event(self, event: str | None, body: dict[str, Any]) -> None:
@@ -286,7 +285,8 @@ class Reconciler:
         if result is not None:
             applied, error = await self._converge(key, resource, result)
         self._release_headroom(key)
-        self.outcomes[key] = Outcome(result if applied else None, error)
+        ignored = result.ignored if result else review_engine(resource.get("spec") or {}).ignored
+        self.outcomes[key] = Outcome(result if applied else None, error, ignored)
         self.status_queue.add(key, STATUS_DELAY_SECONDS)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
@@ -295,7 +295,7 @@ class Reconciler:
         resource, outcome = self.resources.get(key), self.outcomes.get(key)
         if resource is None or outcome is None or resource["metadata"].get("deletionTimestamp"):
             return
-        await self.write_status(key, resource, outcome.applied, outcome.error)
+        await self.write_status(key, resource, outcome)
 
     async def _converge(
         self, key: Key, resource: Mapping[str, Any], result: Plan
@@ -342,7 +342,8 @@ class Reconciler:
         ]
         if drifted and observed == generation:
             log.info("%s/%s: repairing %s", *key, "; ".join(drifted))
-            await self.write_status(key, resource, None, None, stale=drifted)
+            outcome = Outcome(None, None, result.ignored)
+            await self.write_status(key, resource, outcome, stale=drifted)
         target: Mapping[str, Any] = {}
         try:
             for target, why in work:
@@ -442,22 +443,17 @@ class Reconciler:
         self,
         key: Key,
         resource: Mapping[str, Any],
-        applied: Plan | None,
-        error: tuple[str, str] | None,
+        outcome: Outcome,
         stale: list[str] | None = None,
     ) -> None:
         """Derive the status; write it only when something a user sees changed."""
         async with self.status_locks.setdefault(key, asyncio.Lock()):
-            await self._write_status(key, resource, applied, error, stale)
+            await self._write_status(key, resource, outcome, stale or [])
 
     async def _write_status(
-        self,
-        key: Key,
-        resource: Mapping[str, Any],
-        applied: Plan | None,
-        error: tuple[str, str] | None,
-        stale: list[str] | None,
+        self, key: Key, resource: Mapping[str, Any], outcome: Outcome, stale: list[str]
     ) -> None:
+        applied, error = outcome.applied, outcome.error
         namespace, name = key
         current = self.resources.get(key) or resource
         status = dict(current.get("status") or {})
@@ -486,9 +482,9 @@ class Reconciler:
                 pods=self.children.pods(key),
                 previous=status.get("conditions"),
                 now=now(),
-                ignored_settings=review_engine(spec).ignored,
+                ignored_settings=outcome.ignored,
                 reconcile_error=error,
-                stale_children=stale or (),
+                stale_children=stale,
             )
         )
         unchanged = same_status(status, new) and all(

@@ -12,7 +12,6 @@ from infernetes.operator import reconciler as module
 from infernetes.operator.cache import child_id
 from infernetes.operator.kube import KubeError
 from infernetes.operator.reconciler import Reconciler
-from infernetes.operator.workqueue import WorkQueue
 
 KEY = ("ns", "llama")
 
@@ -94,7 +93,6 @@ def run(api: FakeApi, *steps: Any) -> Reconciler:
 
     async def main() -> Reconciler:
         reconciler = Reconciler(None, default_image=None)
-        reconciler.queue, reconciler.status_queue = WorkQueue(), WorkQueue()
         for step in steps:
             step(reconciler)
             reconciler.resources.observe(KEY, copy.deepcopy(api.resource))
