@@ -32,6 +32,15 @@ CHILD_RESOURCES = [
 ]
 
 
+class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds every event's "essence" (a deep copy of the whole body, some milliseconds for
+    a Deployment) to diff it for create/update handlers. There are none here, only event
+    handlers, so there is nothing to diff and nothing to copy."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     options = memo.options
@@ -40,6 +49,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # A line per watch event ("Handler 'pod_event' succeeded") would drown the reconciler's.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = 300
+    settings.persistence.diffbase_storage = NoDiffBase(prefix=names.GROUP)
     # Watch scopes the API server applies: what the operator made, by its label; pods that may
     # hold GPUs (not finished ones).
     for resource in CHILD_RESOURCES:
