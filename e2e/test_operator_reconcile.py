@@ -499,6 +499,36 @@ def test_apply_error_is_a_condition_with_backoff(
     assert condition(get(cluster, ns, "infsvc", "refused"), "Degraded")["status"] == "False"
 
 
+def test_a_claim_several_replicas_cannot_share_is_reported(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "single-node-cache"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    cluster.apply(claim, namespace=ns)
+    spec = {
+        "replicas": 3,
+        "engine": {"device": "cpu"},
+        "modelCache": {"claimName": claim["metadata"]["name"]},
+    }
+    cluster.apply(isvc("cached", **spec), namespace=ns)
+    resource = wait_condition(cluster, ns, "cached", "ClaimsShared", "False")
+    message = condition(resource, "ClaimsShared")["message"]
+    assert condition(resource, "ClaimsShared")["reason"] == "ReadWriteOnce"
+    assert message.startswith("spec.modelCache.claimName: PersistentVolumeClaim single-node-cache")
+    assert "3 replicas" in message
+    wait_until(
+        lambda: events_of(cluster, ns, "cached", "ReadWriteOnce"), timeout=TIMEOUT, what="an event"
+    )
+    cluster.kubectl(
+        "patch", "infsvc", "cached", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":1}}'
+    )
+    wait_condition(cluster, ns, "cached", "ClaimsShared", "True")
+
+
 def test_deleting_the_resource_removes_everything(
     cluster: Any, ns: str, operator: OperatorProcess
 ) -> None:

@@ -9,7 +9,8 @@ burst of child events causes no write storm. Two checks:
 - someone else changed it: every value of the desired manifest must still be in the live object
   (the live one has more: server defaults, other managers' fields). Lists of named items are
   matched by name (server-side apply merges containers, env, ports, volumes by key), other lists
-  as wholes; quantities compare by value ("1" == 1, "1000m" == "1").
+  as wholes; quantities compare by value ("1" == 1, "1000m" == "1"); a zero value (false, 0, "")
+  the API server left out counts as present.
 
 Fields another controller takes through the scale subresource (an HPA or KEDA setting a
 Deployment's replicas) are left to it: `scaled_by_others` tells the reconciler to omit them.
@@ -24,6 +25,7 @@ from typing import Any
 from infernetes.operator import names
 
 DESIRED_HASH = f"{names.GROUP}/desired-hash"
+ZERO_VALUES = (False, 0, "")
 # Keys that identify the items of the lists the operator renders (server-side apply's list keys).
 LIST_KEYS = ("name", "mountPath", "containerPort", "port")
 SUFFIXES: dict[str, int | Decimal] = {
@@ -123,6 +125,8 @@ def differences(desired: Any, live: Any, path: str = "") -> list[str]:
         for index, (want, have) in enumerate(zip(desired, live, strict=True)):
             found += differences(want, have, f"{path}[{index}]")
         return found
+    if live is None and desired in ZERO_VALUES:
+        return []  # the API server omits zero values (omitempty): readOnly false reads back absent
     return [] if _same_scalar(desired, live) else [path]
 
 

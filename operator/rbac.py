@@ -30,6 +30,8 @@ def cluster_rules() -> list[dict[str, Any]]:
         },
         # Read-only views for status (pods) and for GPU headroom (nodes, pods).
         {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": READ},
+        # The access modes of the claims a resource mounts (ClaimsShared).
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
         # Events for the user, and kopf's own bookkeeping.
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},

@@ -32,7 +32,7 @@ from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
 from infernetes.operator.render import Plan, plan
-from infernetes.operator.render.workload import gpu_resource
+from infernetes.operator.render.workload import gpu_resource, model_source
 from infernetes.operator.status import Observed, derive_status, same_status, transitions
 from infernetes.operator.workqueue import WorkQueue
 
@@ -55,6 +55,9 @@ REDISCOVER_AFTER_CRD_SECONDS = (1.0, 4.0)
 # The same event (reason and message) about the same resource is told once in this window.
 EVENT_WINDOW_SECONDS = 600.0
 LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
+# Access modes that let one node (or one pod) mount a claim; a claim's are asked again after this.
+SINGLE_NODE_ACCESS = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
+CLAIM_CHECK_SECONDS = 60.0
 
 
 def now() -> str:
@@ -68,6 +71,7 @@ class Outcome:
     applied: Plan | None  # the render, when all of its children were applied
     error: tuple[str, str] | None
     ignored: list[str]  # engine settings without effect (engine_support.review_engine)
+    unshared: list[str]  # claims the replicas cannot mount together (unshared_claims)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class Reconciler:
         self.status_queue = WorkQueue()
         self.outcomes: dict[Key, Outcome] = {}
         self.status_locks: dict[Key, asyncio.Lock] = {}
+        self.claims: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
         self.pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api")
         self.tasks: list[asyncio.Task] = []
         self._rediscover: asyncio.Task | None = None
@@ -281,12 +286,20 @@ class Reconciler:
         except (EngineSpecError, KeyError, TypeError, ValueError) as exc:
             result, error = None, ("InvalidSpec", f"cannot render the spec: {exc}")
             metrics.RECONCILES.labels("invalid").inc()
+        spec = resource.get("spec") or {}
+        notes = Outcome(
+            None,
+            None,
+            result.ignored if result else review_engine(spec).ignored,
+            await self.unshared_claims(key, spec) if result else [],
+        )
         applied = False
         if result is not None:
-            applied, error = await self._converge(key, resource, result)
+            applied, error = await self._converge(key, resource, result, notes)
         self._release_headroom(key)
-        ignored = result.ignored if result else review_engine(resource.get("spec") or {}).ignored
-        self.outcomes[key] = Outcome(result if applied else None, error, ignored)
+        self.outcomes[key] = Outcome(
+            result if applied else None, error, notes.ignored, notes.unshared
+        )
         self.status_queue.add(key, STATUS_DELAY_SECONDS)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
@@ -298,9 +311,10 @@ class Reconciler:
         await self.write_status(key, resource, outcome)
 
     async def _converge(
-        self, key: Key, resource: Mapping[str, Any], result: Plan
+        self, key: Key, resource: Mapping[str, Any], result: Plan, notes: Outcome
     ) -> tuple[bool, tuple[str, str] | None]:
-        """Apply what differs and prune what is no longer rendered: (applied, error)."""
+        """Apply what differs and prune what is no longer rendered: (applied, error); `notes`
+        are for the status written before a repair."""
         generation = resource["metadata"].get("generation", 0)
         uid = resource["metadata"]["uid"]
         live = self.children.of(key)
@@ -342,8 +356,7 @@ class Reconciler:
         ]
         if drifted and observed == generation:
             log.info("%s/%s: repairing %s", *key, "; ".join(drifted))
-            outcome = Outcome(None, None, result.ignored)
-            await self.write_status(key, resource, outcome, stale=drifted)
+            await self.write_status(key, resource, notes, stale=drifted)
         target: Mapping[str, Any] = {}
         try:
             for target, why in work:
@@ -372,6 +385,45 @@ class Reconciler:
         metrics.RECONCILES.labels("applied").inc()
         log.info("reconciled %s/%s generation %s", *key, generation)
         return True, None
+
+    async def unshared_claims(self, key: Key, spec: Mapping[str, Any]) -> list[str]:
+        """The claims of a resource with several replicas that only one node can attach
+        (ReadWriteOnce, ReadWriteOncePod): admission cannot see a claim's access modes."""
+        replicas = spec.get("replicas", 1)
+        if replicas <= 1:
+            return []
+        namespace, _ = key
+        claims = [("spec.model", model_source(spec).claim)]
+        claims.append(
+            ("spec.modelCache.claimName", (spec.get("modelCache") or {}).get("claimName"))
+        )
+        notes = []
+        for field, claim in claims:
+            modes = await self._access_modes(namespace, claim) if claim else None
+            if modes and set(modes) <= SINGLE_NODE_ACCESS:
+                notes.append(
+                    f"{field}: PersistentVolumeClaim {claim} is {', '.join(modes)}: the {replicas} "
+                    "replicas can only mount it on one node; use a ReadWriteMany or ReadOnlyMany "
+                    "claim, or one replica"
+                )
+        return notes
+
+    async def _access_modes(self, namespace: str, claim: str) -> list[str] | None:
+        """A claim's access modes, asked again after CLAIM_CHECK_SECONDS (None: no such claim)."""
+        now = asyncio.get_running_loop().time()
+        checked = self.claims.get((namespace, claim))
+        if checked is not None and now - checked[0] < CLAIM_CHECK_SECONDS:
+            return checked[1]
+        path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}"
+        try:
+            found = await self.call(request, self.api, "GET", path)
+            modes = list((found.get("spec") or {}).get("accessModes") or [])
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            modes = None
+        self.claims[(namespace, claim)] = (now, modes)
+        return modes
 
     async def _gone(self, manifest: Mapping[str, Any]) -> bool:
         """After a failed write: has the kind's optional API gone (its CRD deleted or being so)?"""
@@ -483,6 +535,7 @@ class Reconciler:
                 previous=status.get("conditions"),
                 now=now(),
                 ignored_settings=outcome.ignored,
+                unshared_claims=outcome.unshared,
                 reconcile_error=error,
                 stale_children=stale,
             )

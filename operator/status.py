@@ -80,6 +80,14 @@ def _settings_ignored(ignored: Sequence[str]) -> tuple[str, str, str]:
     )
 
 
+def claims_shared_condition(unshared: Sequence[str]) -> tuple[str, str, str]:
+    """ClaimsShared: False while several replicas mount a claim that only one node (or one pod)
+    can attach, so all but the replicas on that node stay Pending."""
+    if not unshared:
+        return "True", "Shareable", "the replicas can mount every claim they use"
+    return "False", "ReadWriteOnce", "; ".join(unshared)
+
+
 def _fit(message: str) -> str:
     return message if len(message) <= MESSAGE_MAX else message[: MESSAGE_MAX - 3] + "..."
 
@@ -201,11 +209,13 @@ def derive_status(
     ignored_settings: Sequence[str] = (),
     reconcile_error: tuple[str, str] | None = None,
     stale_children: Sequence[str] = (),
+    unshared_claims: Sequence[str] = (),
 ) -> dict[str, Any]:
     """`conditions`, `replicas` and `readyReplicas` for the InferenceService's status;
     `ignored_settings` are the notes of `engine_support.review_engine(spec).ignored`;
     `reconcile_error` is why this generation could not be applied, `stale_children` what is
-    being repaired (each makes Ready False)."""
+    being repaired (each makes Ready False); `unshared_claims` the claims several replicas
+    cannot mount together."""
     seen = Observed(desired_replicas, deployment, pods, reconcile_error, tuple(stale_children))
     available = available_condition(seen)
     scheduled = _scheduled(pods)
@@ -217,6 +227,7 @@ def derive_status(
         "Degraded": degraded,
         "Scheduled": scheduled,
         "SettingsIgnored": _settings_ignored(ignored_settings),
+        "ClaimsShared": claims_shared_condition(unshared_claims),
     }
     conditions = []
     for kind, (status, reason, message) in computed.items():
@@ -256,6 +267,7 @@ def transitions(
             (kind == "Scheduled" and status == "False")
             or (kind == "Degraded" and status == "True")
             or (kind == "Progressing" and cond["reason"] == "Repairing")
+            or (kind == "ClaimsShared" and status == "False")
         ):
             events.append(("Warning", cond["reason"], cond["message"]))
     return events

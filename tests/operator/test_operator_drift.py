@@ -76,6 +76,16 @@ def test_lists_of_named_items_match_by_name_and_others_as_wholes() -> None:
     assert differences({"tolerations": [{"key": "a"}]}, {"tolerations": []}) == [".tolerations"]
 
 
+def test_zero_values_the_api_server_leaves_out_are_not_drift() -> None:
+    # A write storm seen on the control plane: readOnly false never reads back.
+    desired = {
+        "volumes": [{"name": "c", "persistentVolumeClaim": {"claimName": "c", "readOnly": False}}]
+    }
+    live = {"volumes": [{"name": "c", "persistentVolumeClaim": {"claimName": "c"}}]}
+    assert differences(desired, live) == []
+    assert differences({"readOnly": True}, {}) == [".readOnly"]
+
+
 def test_quantities_compare_by_value() -> None:
     assert quantity_value("2Gi") == 2 * 2**30
     assert quantity_value("500m") * 2 == 1

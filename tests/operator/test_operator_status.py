@@ -239,3 +239,24 @@ def test_a_missing_child_makes_ready_false_while_it_is_repaired() -> None:
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ChildrenStale")
     assert c["Ready"]["message"] == "Service llama: missing"
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "Repairing")
+
+
+def test_a_claim_the_replicas_cannot_share_is_a_condition_and_an_event() -> None:
+    note = "spec.modelCache.claimName: PersistentVolumeClaim cache is ReadWriteOnce: ..."
+    status = derive_status(
+        generation=1,
+        desired_replicas=3,
+        deployment=deployment(),
+        pods=[pod()],
+        previous=None,
+        now=NOW,
+        unshared_claims=[note],
+    )
+    claims = conditions(status)["ClaimsShared"]
+    assert (claims["status"], claims["reason"], claims["message"]) == (
+        "False",
+        "ReadWriteOnce",
+        note,
+    )
+    assert ("Warning", "ReadWriteOnce") in [e[:2] for e in transitions(None, status["conditions"])]
+    assert conditions(derive(deployment(), [pod()]))["ClaimsShared"]["status"] == "True"
