@@ -67,6 +67,12 @@ class FakeApi:
         if path.endswith("/events"):
             self.events.append((body["reason"], body["message"]))
             return body
+        if path.endswith("/llama"):  # the resource itself: only its finalizers
+            self.writes.append("finalizers")
+            self.resource = copy.deepcopy(self.resource)
+            self.resource["metadata"]["finalizers"] = body["metadata"]["finalizers"]
+            self.resource["metadata"]["resourceVersion"] = str(next(self.versions))
+            return copy.deepcopy(self.resource)
         assert method == "PATCH" and path.endswith("/llama/status"), path
         self.writes.append("status")
         self.resource = copy.deepcopy(self.resource)
@@ -214,3 +220,10 @@ def test_a_spec_that_cannot_render_is_reported(api: FakeApi) -> None:
     run(api, nothing, break_spec)
     assert condition(api, "Degraded")["reason"] == "InvalidSpec"
     assert api.resource["status"]["observedGeneration"] == 1
+
+
+def test_the_finalizer_of_earlier_releases_is_removed_once(api: FakeApi) -> None:
+    api.resource["metadata"]["finalizers"] = ["infernetes.io/finalizer", "other.io/keep"]
+    run(api, nothing, nothing)
+    assert api.resource["metadata"]["finalizers"] == ["other.io/keep"]
+    assert api.writes.count("finalizers") == 1
