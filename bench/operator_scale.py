@@ -1,7 +1,9 @@
 """200 InferenceServices created at once on a private local control plane.
 
 Reports, for the operator: p50/p99 from create to its Deployment existing, the time until every
-resource is Ready, and the operator's peak RSS. Baseline, measured in the same run on the same
+resource is Ready, the Deployments created more than once (a second uid under one name), the
+operator's API writes per resource (its infernetes_operator_api_writes_total, by kind and verb)
+and its peak RSS. Baseline, measured in the same run on the same
 cluster: the same 200 Deployments (rendered by `render`, so the same pods) created directly, with
 no operator; ratios compare the two.
 
@@ -36,6 +38,7 @@ class DeploymentWatcher:
         self.namespace = namespace
         self.created: dict[str, float] = {}
         self.available: dict[str, float] = {}
+        self.uids: dict[str, set[str]] = {}
         self._watch = watch.Watch()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -49,15 +52,21 @@ class DeploymentWatcher:
                 time.sleep(0.2)
 
     def _stream(self) -> None:
+        # Plain JSON (deserialize=False): the client's model classes take milliseconds per
+        # event, and a backlog of them would be counted as the operator's latency.
         for event in self._watch.stream(
-            self.apps.list_namespaced_deployment, self.namespace, timeout_seconds=3600
+            self.apps.list_namespaced_deployment,
+            self.namespace,
+            timeout_seconds=3600,
+            deserialize=False,
         ):
             now = time.monotonic()
             deployment = event["object"]
-            name = deployment.metadata.name
+            name = deployment["metadata"]["name"]
             self.created.setdefault(name, now)
-            conditions = (deployment.status and deployment.status.conditions) or []
-            if any(c.type == "Available" and c.status == "True" for c in conditions):
+            self.uids.setdefault(name, set()).add(deployment["metadata"]["uid"])
+            conditions = (deployment.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Available" and c["status"] == "True" for c in conditions):
                 self.available.setdefault(name, now)
 
     def stop(self) -> None:
@@ -80,6 +89,19 @@ def create_all(
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, bodies))
     return stamps
+
+
+def api_writes(metrics: str) -> dict[tuple[str, str], float]:
+    """infernetes_operator_api_writes_total by (kind, verb), from the operator's /metrics."""
+    writes = {}
+    for line in metrics.splitlines():
+        if line.startswith("infernetes_operator_api_writes_total{"):
+            labels, value = line.rsplit(" ", 1)
+            fields = dict(
+                item.split("=", 1) for item in labels[labels.index("{") + 1 : -1].split(",")
+            )
+            writes[(fields["kind"].strip('"'), fields["verb"].strip('"'))] = float(value)
+    return writes
 
 
 def wait(condition: Any, timeout: float, what: str) -> None:
@@ -132,6 +154,7 @@ def main(argv: list[str]) -> int:
             bodies,
             lambda ns, body: apps.create_namespaced_deployment(ns, body),
         )
+        baseline_creates = time.monotonic() - started
         wait(
             lambda: len(watcher.available) == args.count,
             args.timeout,
@@ -196,6 +219,8 @@ def main(argv: list[str]) -> int:
         wait(all_ready, args.timeout, "every InferenceService Ready")
         operator_all = time.monotonic() - started
         peak_rss = operator.peak_rss_bytes()
+        writes = api_writes(operator.metrics())
+        twice = sorted(name for name, uids in watcher.uids.items() if len(uids) > 1)
         watcher.stop()
     finally:
         if operator is not None:
@@ -208,7 +233,16 @@ def main(argv: list[str]) -> int:
     )
     print(f"all Ready (operator):        {operator_all:.1f}s")
     print(f"all Available (baseline, Deployments created directly): {baseline_all:.1f}s")
+    print(
+        f"baseline: the API server took {baseline_creates:.1f}s to accept the {args.count} creates"
+    )
     print(f"ratio operator / baseline time to all ready: {operator_all / baseline_all:.2f}x")
+    print(f"Deployments created more than once: {len(twice)} {' '.join(twice)}".rstrip())
+    per_object = sum(writes.values()) / args.count
+    detail = ", ".join(
+        f"{kind} {verb} {n / args.count:.2f}" for (kind, verb), n in sorted(writes.items())
+    )
+    print(f"operator API writes per resource: {per_object:.2f} ({detail})")
     print(
         f"operator peak RSS: {peak_rss / 2**20:.0f} MiB (idle after start-up {idle_rss / 2**20:.0f} MiB)"
     )

@@ -36,7 +36,7 @@ def ready(cluster: Any, ns: str, name: str) -> bool:
 
 def handled(operator: OperatorProcess, name: str) -> bool:
     return any(
-        "Handler 'reconcile' succeeded" in line and f"/{name}]" in line
+        "reconciled " in line and f"/{name} generation" in line
         for line in operator.log().splitlines()
     )
 

@@ -363,6 +363,172 @@ def test_deleted_child_is_recreated(cluster: Any, ns: str, operator: OperatorPro
     )
 
 
+def uid_of(cluster: Any, ns: str, kind: str, name: str) -> str | None:
+    return ((get(cluster, ns, kind, name) or {}).get("metadata") or {}).get("uid")
+
+
+def events_of(cluster: Any, ns: str, name: str, reason: str) -> list[dict]:
+    listed = get(cluster, ns, "events", "--field-selector", f"involvedObject.name={name}")
+    return [e for e in listed["items"] if e["reason"] == reason]
+
+
+def test_every_child_is_restored_after_delete_or_edit(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    cluster.apply(isvc("drift", replicas=2, engine={"device": "cpu"}), namespace=ns)
+    wait_condition(cluster, ns, "drift", "Ready", "True")
+    children = ["deployment", "service", "servicemonitor", "poddisruptionbudget"]
+    for kind in children:
+        old = uid_of(cluster, ns, kind, "drift")
+        assert old, kind
+        cluster.kubectl("delete", kind, "drift", "-n", ns)
+        wait_until(
+            lambda kind=kind, old=old: uid_of(cluster, ns, kind, "drift") not in (None, old),
+            timeout=TIMEOUT,
+            what=f"a new {kind}",
+        )
+    # Edits by another manager (kubectl's merge patch is an update of the whole object).
+    edits = {
+        "deployment": '{"spec":{"replicas":5,"template":{"spec":{"containers":[{"name":"server","image":"evil:1"}]}}}}',
+        "service": '{"spec":{"ports":[{"name":"http","port":9999,"targetPort":"http"}]}}',
+    }
+    for kind, patch in edits.items():
+        cluster.kubectl("patch", kind, "drift", "-n", ns, "--type=merge", "-p", patch)
+
+    def restored() -> bool:
+        deployment = get(cluster, ns, "deployment", "drift")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        port = get(cluster, ns, "service", "drift")["spec"]["ports"][0]["port"]
+        return (
+            deployment["spec"]["replicas"] == 2 and container["image"] != "evil:1" and port == 8000
+        )
+
+    wait_until(restored, timeout=TIMEOUT, what="the edited Deployment and Service restored")
+    wait_condition(cluster, ns, "drift", "Ready", "True")
+    # The user was told, once per repair (the status said Ready False meanwhile: unit tests).
+    repairs = events_of(cluster, ns, "drift", "Repairing")
+    assert repairs and all(e["type"] == "Warning" for e in repairs)
+    assert any("Service drift: missing" in e["message"] for e in repairs)
+
+
+def test_replicas_set_through_the_scale_subresource_are_left_alone(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    """An HPA or KEDA scales the Deployment through /scale; the operator leaves replicas to it."""
+    cluster.apply(isvc("autoscaled", engine={"device": "cpu", "maxNumSeqs": 8}), namespace=ns)
+    wait_condition(cluster, ns, "autoscaled", "Ready", "True")
+    cluster.kubectl("scale", "deployment", "autoscaled", "-n", ns, "--replicas=3")
+    cluster.kubectl(
+        "patch",
+        "infsvc",
+        "autoscaled",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"engine":{"maxNumSeqs":16}}}',
+    )
+
+    def rolled() -> Any:
+        deployment = get(cluster, ns, "deployment", "autoscaled")
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return deployment if "--max-num-seqs=16" in args else None
+
+    deployment = wait_until(rolled, timeout=TIMEOUT, what="the new argv")
+    assert deployment["spec"]["replicas"] == 3
+    resource = wait_until(
+        lambda: (
+            (r := get(cluster, ns, "infsvc", "autoscaled"))["status"].get("readyReplicas") == 3
+            and r
+        ),
+        timeout=TIMEOUT,
+        what="3 ready replicas reported",
+    )
+    assert resource["status"]["observedGeneration"] == resource["metadata"]["generation"]
+
+
+def test_apply_error_is_a_condition_with_backoff(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    cluster.apply(isvc("refused", engine={"device": "cpu"}), namespace=ns)
+    wait_condition(cluster, ns, "refused", "Ready", "True")
+    # The CRD keeps affinity free-form; the Deployment's own validation refuses this one.
+    bad = '{"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[]}}}}}'
+    cluster.kubectl("patch", "infsvc", "refused", "-n", ns, "--type=merge", "-p", bad)
+    resource = wait_condition(cluster, ns, "refused", "Degraded", "True")
+    degraded = condition(resource, "Degraded")
+    assert degraded["reason"] == "ReconcileError"
+    assert "applying Deployment refused:" in degraded["message"]
+    assert "nodeSelectorTerms" in degraded["message"]  # the API server's own words
+    assert condition(resource, "Ready")["status"] == "False"
+    assert condition(resource, "Ready")["observedGeneration"] == 2
+    assert resource["status"]["observedGeneration"] == 1
+    # Retried with growing delays, told once.
+    wait_until(
+        lambda: (
+            "refused: applying Deployment refused" in operator.log()
+            and "(retry in 4s)" in operator.log()
+        ),
+        timeout=TIMEOUT,
+        what="three attempts",
+    )
+    retries = [
+        line.rsplit("(retry in ", 1)[1].rstrip(")")
+        for line in operator.log().splitlines()
+        if "/refused: applying Deployment refused" in line
+    ]
+    assert retries[:3] == ["1s", "2s", "4s"]
+    assert len(events_of(cluster, ns, "refused", "ReconcileError")) == 1
+    cluster.kubectl(
+        "patch",
+        "infsvc",
+        "refused",
+        "-n",
+        ns,
+        "--type=json",
+        "-p",
+        '[{"op":"remove","path":"/spec/affinity"}]',
+    )
+
+    def recovered() -> Any:
+        resource = get(cluster, ns, "infsvc", "refused")
+        ready = condition(resource, "Ready")
+        return ready.get("status") == "True" and resource["status"]["observedGeneration"] == 3
+
+    wait_until(recovered, timeout=TIMEOUT, what="Ready again at generation 3")
+    assert condition(get(cluster, ns, "infsvc", "refused"), "Degraded")["status"] == "False"
+
+
+def test_a_claim_several_replicas_cannot_share_is_reported(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "single-node-cache"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    cluster.apply(claim, namespace=ns)
+    spec = {
+        "replicas": 3,
+        "engine": {"device": "cpu"},
+        "modelCache": {"claimName": claim["metadata"]["name"]},
+    }
+    cluster.apply(isvc("cached", **spec), namespace=ns)
+    resource = wait_condition(cluster, ns, "cached", "ClaimsShared", "False")
+    message = condition(resource, "ClaimsShared")["message"]
+    assert condition(resource, "ClaimsShared")["reason"] == "ReadWriteOnce"
+    assert message.startswith("spec.modelCache.claimName: PersistentVolumeClaim single-node-cache")
+    assert "3 replicas" in message
+    wait_until(
+        lambda: events_of(cluster, ns, "cached", "ReadWriteOnce"), timeout=TIMEOUT, what="an event"
+    )
+    cluster.kubectl(
+        "patch", "infsvc", "cached", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":1}}'
+    )
+    wait_condition(cluster, ns, "cached", "ClaimsShared", "True")
+
+
 def test_deleting_the_resource_removes_everything(
     cluster: Any, ns: str, operator: OperatorProcess
 ) -> None:
@@ -428,11 +594,23 @@ def test_kill_mid_reconcile_converges_without_orphans(
     )
 
 
+def writes(operator: OperatorProcess) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in operator.metrics().splitlines()
+        if line.startswith("infernetes_operator_api_writes_total{")
+    )
+
+
 def test_status_survives_an_idle_period(cluster: Any, ns: str, operator: OperatorProcess) -> None:
     # Level-based and idempotent: with nothing changing, the operator writes nothing.
     before = get(cluster, ns, "infsvc", "llama")["metadata"]["resourceVersion"]
+    deployment = get(cluster, ns, "deployment", "llama")["metadata"]["resourceVersion"]
+    written = writes(operator)
     time.sleep(3)
     assert get(cluster, ns, "infsvc", "llama")["metadata"]["resourceVersion"] == before
+    assert get(cluster, ns, "deployment", "llama")["metadata"]["resourceVersion"] == deployment
+    assert writes(operator) == written
 
 
 def test_operator_log_has_no_permission_errors(operator: OperatorProcess) -> None:

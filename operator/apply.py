@@ -1,10 +1,10 @@
-"""Server-side apply of rendered objects under one field manager, and pruning of stale ones."""
+"""Server-side apply of rendered objects under one field manager, and deletion of stale ones."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from infernetes.operator import names
-from infernetes.operator.kube import APPLY_PATCH, KubeError, request
+from infernetes.operator.kube import APPLY_PATCH, MERGE_PATCH, KubeError, request
 
 # The kinds the operator creates, with their REST collection names.
 PLURALS = {
@@ -12,12 +12,8 @@ PLURALS = {
     ("v1", "Service"): "services",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
 }
-# Kinds a change of spec can make unnecessary (the Deployment and Service always exist).
-PRUNABLE = [
-    ("monitoring.coreos.com/v1", "ServiceMonitor"),
-    ("monitoring.coreos.com/v1", "PodMonitor"),
-]
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
@@ -42,35 +38,26 @@ def apply(api: Any, manifest: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def prune(
-    api: Any,
-    *,
-    name: str,
-    namespace: str,
-    owner_uid: str,
-    keep: Iterable[Mapping[str, Any]],
-    served: Iterable[tuple[str, str]],
-) -> None:
-    """Delete objects this resource owns that the current render no longer produces."""
-    kept = {(m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in keep}
-    selector = ",".join(f"{key}={value}" for key, value in names.common_labels(name).items())
-    for api_version, kind in served:
-        listing = request(
-            api,
-            "GET",
-            collection_path(api_version, kind, namespace),
-            query=[("labelSelector", selector)],
-        )
-        for item in (listing or {}).get("items", []):
-            meta = item["metadata"]
-            owned = any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or ())
-            if owned and (api_version, kind, meta["name"]) not in kept:
-                try:
-                    request(
-                        api,
-                        "DELETE",
-                        f"{collection_path(api_version, kind, namespace)}/{meta['name']}",
-                    )
-                except KubeError as exc:
-                    if exc.status != 404:
-                        raise
+def overwrite_spec(api: Any, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Put `manifest`'s spec over the live one with a JSON merge patch, which replaces lists whole.
+
+    For an edit that server-side apply cannot undo: apply merges lists by key, so a Service port
+    someone renumbered stays beside ours, and the two clash on their name.
+    """
+    return request(
+        api,
+        "PATCH",
+        object_path(manifest),
+        query=[("fieldManager", names.FIELD_MANAGER)],
+        body={"spec": manifest["spec"]},
+        content_type=MERGE_PATCH,
+    )
+
+
+def delete(api: Any, manifest: Mapping[str, Any]) -> None:
+    """Delete the object `manifest` names; one already gone is fine."""
+    try:
+        request(api, "DELETE", object_path(manifest))
+    except KubeError as exc:
+        if exc.status != 404:
+            raise

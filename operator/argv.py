@@ -4,12 +4,14 @@ The exact inverse of the schema's parser: parsing the rendered argv gives back t
 (tests check parse(render(spec)) == spec through infernetes.schema).
 """
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from infernetes.operator.engine_schema import camel, engine_args, engine_env_vars
 
 from infernetes.schema.args import ARGS
+from infernetes.schema.declare import Arg
 from infernetes.schema.env import ENV_VARS
 from infernetes.schema.render import render_arg
 
@@ -18,9 +20,15 @@ class EngineSpecError(ValueError):
     """A spec.engine / spec.engineEnv field the schema does not know (the CRD would prune it)."""
 
 
+@functools.cache
+def engine_fields() -> dict[str, Arg]:
+    """spec.engine's fields (camelCase) and their arguments, in the schema's table order."""
+    return {camel(arg.dest): arg for arg in engine_args(ARGS)}
+
+
 def engine_argv(engine: Mapping[str, Any]) -> list[str]:
     """Flags for every field set in spec.engine, in the schema's table order."""
-    by_field = {camel(arg.dest): arg for arg in engine_args(ARGS)}
+    by_field = engine_fields()
     unknown = sorted(set(engine) - set(by_field))
     if unknown:
         raise EngineSpecError(f"spec.engine: unknown field(s) {', '.join(unknown)}")

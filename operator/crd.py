@@ -12,6 +12,7 @@ from infernetes.operator.admission import engine_refusals, env_refusals, narrow_
 from infernetes.operator.engine_schema import engine_env_schema, engine_schema
 from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
 from infernetes.operator.spec_schema import (
+    GPU_VENDORS,
     ROOT_RULES,
     TERMINATION_GRACE_SECONDS,
     platform_properties,
@@ -63,34 +64,90 @@ def status_schema() -> Schema:
     )
 
 
+# Below this, NCCL's buffers between the GPUs of one replica do not fit in /dev/shm.
+MIN_SHM_MULTI_GPU = "1Gi"
+
+
+def _gpu_limit_rules(gpus_needed: str, gpu_free_device: str) -> list[Schema]:
+    """A GPU limit in spec.resources must cover the parallel sizes; a device without GPUs holds
+    none (limits read as quantities: "4" and 4 alike)."""
+    rules = []
+    for resource in GPU_VENDORS.values():
+        limit = f"self.resources.limits['{resource}']"
+        has_limit = f"has(self.resources) && has(self.resources.limits) && '{resource}' in self.resources.limits"
+        rules.append(
+            rule(
+                f"!({has_limit}) || {gpu_free_device} || "
+                f"quantity(string({limit})).asInteger() >= {gpus_needed}",
+                f"resources.limits {resource} must cover tensorParallelSize x "
+                "pipelineParallelSize x dataParallelSize",
+                field_path=".resources.limits",
+            )
+        )
+    held = " || ".join(
+        f"(has(self.resources.{section}) && '{res}' in self.resources.{section})"
+        for res in GPU_VENDORS.values()
+        for section in ("limits", "requests")
+    )
+    rules.append(
+        rule(
+            f"!{gpu_free_device} || !has(self.resources) || !({held})",
+            "engine.device cpu runs without GPUs: resources must not request any",
+            field_path=".resources",
+        )
+    )
+    return rules
+
+
 def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
-    """Rules across spec.gpu and spec.engine (only when the engine fields exist)."""
+    """Rules across spec.gpu, spec.resources, spec.shmSize and spec.engine (only when the engine
+    fields exist)."""
     rules: list[Schema] = []
     parallel = [
         f
         for f in ("tensorParallelSize", "pipelineParallelSize", "dataParallelSize")
         if f in engine_properties
     ]
-    if parallel:
-        product = " * ".join(
+    product = (
+        " * ".join(
             f"(has(self.engine) && has(self.engine.{f}) ? self.engine.{f} : 1)" for f in parallel
         )
-        rules.append(
-            rule(
-                f"!has(self.gpu) || !has(self.gpu.count) || self.gpu.count == 0 || self.gpu.count >= {product}",
-                "gpu.count must cover tensorParallelSize x pipelineParallelSize x dataParallelSize",
-                field_path=".gpu.count",
-            )
+        or "1"
+    )
+    # Devices that take no GPU: cpu (the others the support table refuses, should one be allowed).
+    gpu_free_device = (
+        "(has(self.engine) && has(self.engine.device) && !(self.engine.device in ['auto', 'cuda']))"
+        if "device" in engine_properties
+        else "false"
+    )
+    rules.append(
+        rule(
+            f"!has(self.gpu) || !has(self.gpu.count) || self.gpu.count >= {product}"
+            f" || (self.gpu.count == 0 && {gpu_free_device})",
+            "gpu.count must cover tensorParallelSize x pipelineParallelSize x dataParallelSize "
+            "(0 only with engine.device cpu)",
+            field_path=".gpu.count",
         )
+    )
     if "device" in engine_properties:
         rules.append(
             rule(
-                "!(has(self.engine) && has(self.engine.device) && self.engine.device == 'cpu')"
-                " || !has(self.gpu) || !has(self.gpu.count) || self.gpu.count == 0",
+                f"!{gpu_free_device} || !has(self.gpu) || !has(self.gpu.count) || self.gpu.count == 0",
                 "engine.device cpu runs without GPUs: gpu.count must be 0 or unset",
                 field_path=".gpu.count",
             )
         )
+    rules += _gpu_limit_rules(product, gpu_free_device)
+    gpus = f"(has(self.gpu) && has(self.gpu.count) ? self.gpu.count : {product})"
+    rules.append(
+        rule(
+            f"!has(self.shmSize) || {gpu_free_device} || {gpus} <= 1 || "
+            f"quantity(string(self.shmSize)).compareTo(quantity('{MIN_SHM_MULTI_GPU}')) >= 0",
+            f"shmSize must be at least {MIN_SHM_MULTI_GPU} when a replica has more than one GPU "
+            "(NCCL's buffers between them live in /dev/shm)",
+            field_path=".shmSize",
+        )
+    )
     if "shutdownTimeout" in engine_properties:
         grace = f"(has(self.terminationGracePeriodSeconds) ? self.terminationGracePeriodSeconds : {TERMINATION_GRACE_SECONDS})"
         rules.append(
@@ -140,7 +197,8 @@ def build_crd() -> dict[str, Any]:
         {
             "apiVersion": string(),
             "kind": string(),
-            "metadata": {"type": "object"},
+            # Declared so that the name rule can report its field path (metadata.name).
+            "metadata": {"type": "object", "properties": {"name": string(maxLength=253)}},
             "spec": spec_schema(),
             "status": status_schema(),
         },

@@ -1,4 +1,5 @@
-"""Which optional APIs the cluster serves, asked once at start-up."""
+"""Which optional APIs the cluster serves (asked at start-up, when their CRDs change and every
+minute: reconciler.py)."""
 
 from typing import Any
 
@@ -6,6 +7,7 @@ from infernetes.operator.facts import MONITORING_GV
 from infernetes.operator.kube import KubeError, request
 
 OPTIONAL_GROUP_VERSIONS = (MONITORING_GV,)
+OPTIONAL_GROUPS = frozenset(gv.split("/")[0] for gv in OPTIONAL_GROUP_VERSIONS)
 
 
 def discover_apis(api: Any) -> frozenset[str]:

@@ -67,7 +67,18 @@ def _value_schema(arg: Arg) -> Schema:
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "x-kubernetes-int-or-string": True,
             "pattern": SIZE_PATTERN,
+            "maxLength": 32,
         }
+        if arg.minimum is not None:
+            # minimum binds integers only; a string ("0", "0k") is held to it here.
+            low = _number(arg.minimum)
+            op = ">" if arg.exclusive_minimum else ">="
+            schema["x-kubernetes-validations"] = [
+                rule(
+                    f"type(self) == int || self == 'auto' || {size_value('self')} {op} {float(low)}",
+                    f"must be {'greater than' if op == '>' else 'at least'} {low}",
+                )
+            ]
     elif kind == "int":
         schema = {"type": "integer"}
     elif kind == "float":
@@ -97,11 +108,35 @@ def arg_schema(arg: Arg) -> Schema:
     return schema
 
 
+# Multipliers of the size suffixes (infernetes.schema.values.parse_size): k/m/g/t decimal,
+# K/M/G/T binary.
+SIZE_SUFFIXES = {
+    **{suffix: 1000.0**power for power, suffix in enumerate("kmgt", start=1)},
+    **{suffix: 1024.0**power for power, suffix in enumerate("KMGT", start=1)},
+}
+
+
+def size_value(value: str) -> str:
+    """CEL for the number a size field holds (an int, "2048", "25.6k", "1K"), as a double."""
+    suffixes = ", ".join(f"'{suffix}': {scale!r}" for suffix, scale in SIZE_SUFFIXES.items())
+    return (
+        f"(type({value}) == int ? double({value}) : {value}.matches('^[0-9.]+$') ? double({value})"
+        f" : double({value}.substring(0, {value}.size() - 1))"
+        f" * {{{suffixes}}}[{value}.substring({value}.size() - 1)])"
+    )
+
+
 # Cross-field rules the runtime enforces too (infernetes.schema.rules), checked at admission so a
 # bad resource never reaches a pod. Each names the fields it reads; a test checks they all exist.
-# Size fields may hold "8k"-style strings; those are compared by the runtime, not here.
-def _ints(*fields: str) -> str:
-    return " && ".join(f"has(self.{f}) && type(self.{f}) == int" for f in fields)
+# Size fields may hold "8k"-style strings: they are compared by value; "auto" is left to the runtime.
+def _sizes(*fields: str) -> str:
+    return " && ".join(
+        f"has(self.{f}) && (type(self.{f}) == int || self.{f} != 'auto')" for f in fields
+    )
+
+
+def _size(field: str) -> str:
+    return size_value(f"self.{field}")
 
 
 ENGINE_RULES: list[tuple[tuple[str, ...], Schema]] = [
@@ -142,8 +177,8 @@ ENGINE_RULES: list[tuple[tuple[str, ...], Schema]] = [
         ("enableChunkedPrefill", "maxNumBatchedTokens", "maxModelLen"),
         rule(
             "!(has(self.enableChunkedPrefill) && !self.enableChunkedPrefill && "
-            + _ints("maxNumBatchedTokens", "maxModelLen")
-            + ") || self.maxNumBatchedTokens >= self.maxModelLen",
+            + _sizes("maxNumBatchedTokens", "maxModelLen")
+            + f") || {_size('maxNumBatchedTokens')} >= {_size('maxModelLen')}",
             "maxNumBatchedTokens must be at least maxModelLen when enableChunkedPrefill is false",
             field_path=".maxNumBatchedTokens",
         ),
@@ -151,8 +186,8 @@ ENGINE_RULES: list[tuple[tuple[str, ...], Schema]] = [
     (
         ("maxNumBatchedTokens", "maxNumSeqs"),
         rule(
-            "!(" + _ints("maxNumBatchedTokens") + " && has(self.maxNumSeqs))"
-            " || self.maxNumBatchedTokens >= self.maxNumSeqs",
+            "!(" + _sizes("maxNumBatchedTokens") + " && has(self.maxNumSeqs))"
+            f" || {_size('maxNumBatchedTokens')} >= double(self.maxNumSeqs)",
             "maxNumBatchedTokens must be at least maxNumSeqs",
             field_path=".maxNumBatchedTokens",
         ),

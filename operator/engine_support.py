@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from infernetes.operator.argv import env_value
-from infernetes.operator.engine_schema import camel, engine_args, engine_env_vars
+from infernetes.operator.argv import engine_fields, env_value
+from infernetes.operator.engine_schema import engine_env_vars
 
-from infernetes.schema.args import ARGS
 from infernetes.schema.convert import convert
 from infernetes.schema.env import ENV_VARS
 from infernetes.schema.errors import ConfigError
@@ -39,8 +38,7 @@ def review_engine(spec: Mapping[str, Any]) -> SupportNotes:
     """Notes on every field set in spec.engine and spec.engineEnv, in the schema's table order."""
     notes = SupportNotes()
     engine = spec.get("engine") or {}
-    for arg in engine_args(ARGS):
-        name = camel(arg.dest)
+    for name, arg in engine_fields().items():
         if engine.get(name) is None:
             continue
         try:

@@ -32,15 +32,26 @@ def pod_gpus(pod_spec: Mapping[str, Any]) -> dict[str, int]:
 
 
 def spare_gpus(
-    nodes: Mapping[str, Mapping[str, int]], used_by_node: Mapping[str, Iterable[Mapping[str, int]]]
+    nodes: Mapping[str, Mapping[str, int]],
+    used_by_node: Mapping[str, Iterable[Mapping[str, int]]],
+    reserved: Iterable[Mapping[str, int]] = (),
 ) -> dict[str, int]:
-    """The most GPUs of each resource free on any one node."""
-    spare: dict[str, int] = {}
+    """The most GPUs of each resource free on any one node, after `reserved` surge pods (each
+    placed, largest first, on the node with the most free) have taken theirs."""
+    free: dict[str, dict[str, int]] = {}
     for node, capacity in nodes.items():
         used: dict[str, int] = {}
         for pod in used_by_node.get(node, ()):
             for res, count in pod.items():
                 used[res] = used.get(res, 0) + count
-        for res, count in capacity.items():
-            spare[res] = max(spare.get(res, 0), count - used.get(res, 0))
+        free[node] = {res: count - used.get(res, 0) for res, count in capacity.items()}
+    for claim in sorted(reserved, key=lambda c: -sum(c.values())):
+        for res, count in claim.items():
+            best = max(free, key=lambda n: free[n].get(res, 0), default=None)
+            if best is not None and free[best].get(res, 0) >= count:
+                free[best][res] -= count
+    spare: dict[str, int] = {}
+    for per_node in free.values():
+        for res, count in per_node.items():
+            spare[res] = max(spare.get(res, 0), count)
     return spare

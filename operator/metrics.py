@@ -9,10 +9,13 @@ RECONCILES = Counter(
 )
 RECONCILE_SECONDS = Histogram(
     "infernetes_operator_reconcile_duration_seconds",
-    "Time to render and apply one InferenceService.",
+    "Time of one reconcile pass (render, apply what differs, status).",
 )
-STATUS_UPDATES = Counter(
-    "infernetes_operator_status_updates_total", "Status writes derived from child objects."
+STATUS_UPDATES = Counter("infernetes_operator_status_updates_total", "Status writes.")
+API_WRITES = Counter(
+    "infernetes_operator_api_writes_total",
+    "Writes to the API server, by kind (InferenceService for its status) and verb.",
+    ["kind", "verb"],
 )
 MANAGED = Gauge(
     "infernetes_operator_inference_services", "InferenceServices the operator currently sees."

@@ -69,6 +69,7 @@ def quantity(description: str | None = None) -> Schema:
     schema: Schema = {
         "anyOf": [{"type": "integer"}, {"type": "string"}],
         "pattern": QUANTITY_PATTERN,
+        "maxLength": 64,
         "x-kubernetes-int-or-string": True,
     }
     if description:

@@ -18,9 +18,11 @@ def cluster_rules() -> list[dict[str, Any]]:
             "resources": [f"{names.PLURAL}/status"],
             "verbs": ["get", "patch"],
         },
-        # What it creates (server-side apply is a patch that may create; prune deletes).
+        # What it creates (server-side apply is a patch that may create; what is no longer rendered
+        # is deleted).
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": CHILD_VERBS},
         {"apiGroups": [""], "resources": ["services"], "verbs": CHILD_VERBS},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": CHILD_VERBS},
         {
             "apiGroups": ["monitoring.coreos.com"],
             "resources": ["servicemonitors", "podmonitors"],
@@ -28,6 +30,8 @@ def cluster_rules() -> list[dict[str, Any]]:
         },
         # Read-only views for status (pods) and for GPU headroom (nodes, pods).
         {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": READ},
+        # The access modes of the claims a resource mounts (ClaimsShared).
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]},
         # Events for the user, and kopf's own bookkeeping.
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},

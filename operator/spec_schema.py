@@ -26,8 +26,15 @@ ROLLOUT_STRATEGIES = ["Auto", "RollingUpdate", "Recreate"]
 SERVICE_TYPES = ["ClusterIP", "NodePort", "LoadBalancer"]
 # Variables only a Secret reference may set.
 SECRET_ONLY_ENV = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]
+# Names of variables that hold secrets (OPENAI_API_KEY, WANDB_TOKEN, DB_PASSWORD, ...): a plain
+# value would sit in the resource and the pod spec for anyone who can read them.
+SECRET_NAME_PATTERN = r"(?i)(^|_)(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)$"
 PVC_MODEL_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^/].*$"
 TERMINATION_GRACE_SECONDS = 60
+# What a GPU pod requests of its host per GPU unless spec.resources says otherwise
+# (render.workload.host_requests says why).
+CPU_PER_GPU = 4
+MEMORY_PER_GPU_GIB = 16
 # How much of the grace period the server's drain leaves for aborting what is left, stopping the
 # engine and exiting, when spec.engine.shutdownTimeout is unset.
 SHUTDOWN_MARGIN_SECONDS = 10
@@ -98,7 +105,16 @@ def resources_schema() -> Schema:
     }
     return obj(
         {"requests": quantities, "limits": quantities},
-        description="Container resources; merged over what the operator computes (GPUs, shm).",
+        description="Container resources, merged over what the operator computes: the GPUs, and "
+        f"for a GPU pod requests of {CPU_PER_GPU} CPUs and {MEMORY_PER_GPU_GIB}Gi of memory per GPU.",
+        rules=[
+            rule(
+                "!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits)"
+                " || quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)",
+                "a request must not exceed its limit",
+                field_path=".requests",
+            )
+        ],
     )
 
 
@@ -261,8 +277,16 @@ def rollout_schema() -> Schema:
 
 def env_list_schema() -> Schema:
     secret_names = " || ".join(f"e.name == '{name}'" for name in SECRET_ONLY_ENV)
+    item = env_var_schema()
+    item["x-kubernetes-validations"] = [
+        {
+            "rule": f"!has(self.value) || !self.name.matches('{SECRET_NAME_PATTERN}')",
+            "messageExpression": "'variable ' + self.name + ' looks like a secret: set it with "
+            "valueFrom.secretKeyRef, not a plain value'",
+        }
+    ]
     return array(
-        env_var_schema(),
+        item,
         max_items=128,
         description="Other environment variables (VLLM_* ones are typed fields in engineEnv).",
         rules=[
@@ -327,6 +351,14 @@ def platform_properties() -> dict[str, Schema]:
         "nodeSelector": string_map(),
         "tolerations": array(toleration_schema(), max_items=32),
         "affinity": free_object("A Kubernetes Affinity."),
+        "topologySpreadConstraints": array(
+            free_object(
+                "A Kubernetes TopologySpreadConstraint; without a labelSelector it spreads this "
+                "resource's pods."
+            ),
+            max_items=8,
+            description="How the replicas spread across nodes or zones.",
+        ),
         "priorityClassName": _name("PriorityClass of the pods."),
         "runtimeClassName": _name("RuntimeClass of the pods."),
         "serviceAccountName": _name("ServiceAccount the pods run as."),
@@ -370,5 +402,6 @@ ROOT_RULES = [
         "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
         f"metadata.name must be a DNS-1035 label of at most {SERVICE_NAME_MAX} characters "
         "(it names the Service)",
+        field_path=".metadata.name",
     )
 ]

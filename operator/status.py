@@ -6,6 +6,7 @@ with lastTransitionTime kept while a condition's status does not change.
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # Waiting reasons that mean the pod will not start without a change from the user.
@@ -72,10 +73,129 @@ def _settings_ignored(ignored: Sequence[str]) -> tuple[str, str, str]:
     """SettingsIgnored: True while spec.engine/engineEnv hold settings the runtime ignores."""
     if not ignored:
         return "False", "AllSettingsTakeEffect", "no engine setting is known to be without effect"
-    message = f"{len(ignored)} engine setting(s) have no effect: " + "; ".join(ignored)
-    if len(message) > MESSAGE_MAX:
-        message = message[: MESSAGE_MAX - 3] + "..."
-    return "True", "NoEffect", message
+    return (
+        "True",
+        "NoEffect",
+        f"{len(ignored)} engine setting(s) have no effect: " + "; ".join(ignored),
+    )
+
+
+def claims_shared_condition(unshared: Sequence[str]) -> tuple[str, str, str]:
+    """ClaimsShared: False while several replicas mount a claim that only one node (or one pod)
+    can attach, so all but the replicas on that node stay Pending."""
+    if not unshared:
+        return "True", "Shareable", "the replicas can mount every claim they use"
+    return "False", "ReadWriteOnce", "; ".join(unshared)
+
+
+def _fit(message: str) -> str:
+    return message if len(message) <= MESSAGE_MAX else message[: MESSAGE_MAX - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one reconcile saw, the input of every condition."""
+
+    desired_replicas: int
+    deployment: Mapping[str, Any] | None
+    pods: Sequence[Mapping[str, Any]]
+    # (reason, message) when the spec could not be rendered or a child could not be applied.
+    reconcile_error: tuple[str, str] | None = None
+    # Children found missing or changed by someone else, "Service llama: missing" (being repaired).
+    stale_children: Sequence[str] = ()
+
+    @property
+    def dep_status(self) -> Mapping[str, Any]:
+        return (self.deployment or {}).get("status") or {}
+
+    def count(self, field: str) -> int:
+        return int(self.dep_status.get(field) or 0)
+
+    def dep_condition(self, kind: str) -> Mapping[str, Any]:
+        return _condition(self.dep_status.get("conditions"), kind)
+
+    @property
+    def deployment_current(self) -> bool:
+        """The Deployment controller has seen the Deployment's latest spec."""
+        generation = (self.deployment or {}).get("metadata", {}).get("generation", 0)
+        return self.deployment is not None and self.count("observedGeneration") >= generation
+
+    @property
+    def deadline_exceeded(self) -> bool:
+        return self.dep_condition("Progressing").get("reason") == "ProgressDeadlineExceeded"
+
+
+Verdict = tuple[str, str, str]  # status, reason, message
+
+
+def available_condition(seen: Observed) -> Verdict:
+    if seen.deployment is None:
+        return "False", "DeploymentMissing", "the Deployment does not exist"
+    cond = seen.dep_condition("Available")
+    return (
+        cond.get("status", "Unknown"),
+        cond.get("reason") or "Unknown",
+        cond.get("message")
+        or f"{seen.count('availableReplicas')}/{seen.desired_replicas} replicas available",
+    )
+
+
+def degraded_condition(seen: Observed) -> Verdict:
+    if seen.reconcile_error:
+        return "True", *seen.reconcile_error
+    crash = _crash(seen.pods)
+    if crash:
+        return "True", crash[0], crash[1]
+    if seen.deadline_exceeded:
+        return (
+            "True",
+            "ProgressDeadlineExceeded",
+            seen.dep_condition("Progressing").get("message", ""),
+        )
+    failure = seen.dep_condition("ReplicaFailure")
+    if failure.get("status") == "True":
+        return "True", failure.get("reason") or "ReplicaFailure", failure.get("message", "")
+    return "False", "AsExpected", "no replica is failing"
+
+
+def progressing_condition(seen: Observed) -> Verdict:
+    desired = seen.desired_replicas
+    updated, available = seen.count("updatedReplicas"), seen.count("availableReplicas")
+    counts = f"{updated}/{desired} updated, {available}/{desired} available"
+    if seen.stale_children:
+        return "True", "Repairing", "re-applying " + "; ".join(seen.stale_children)
+    if seen.deployment is None:
+        return "True", "Creating", "creating the Deployment"
+    if seen.deadline_exceeded:
+        return (
+            "False",
+            "ProgressDeadlineExceeded",
+            seen.dep_condition("Progressing").get("message", ""),
+        )
+    rolling = (
+        not seen.deployment_current
+        or updated < desired
+        or available < desired
+        or seen.count("replicas") > updated
+    )
+    return ("True", "RollingOut", counts) if rolling else ("False", "RolloutComplete", counts)
+
+
+def ready_condition(
+    seen: Observed, available: Verdict, scheduled: Verdict, degraded: Verdict
+) -> Verdict:
+    ready, desired = seen.count("readyReplicas"), seen.desired_replicas
+    if seen.reconcile_error:
+        return "False", *seen.reconcile_error
+    if seen.stale_children:
+        return "False", "ChildrenStale", "; ".join(seen.stale_children)
+    if available[0] == "True" and seen.deployment_current and (ready > 0 or desired == 0):
+        return "True", "Ready", f"{ready}/{desired} replicas ready"
+    if scheduled[0] == "False":
+        return "False", "Unschedulable", scheduled[2]
+    if degraded[0] == "True":
+        return "False", degraded[1], degraded[2]
+    return "False", "NotReady", f"{ready}/{desired} replicas ready"
 
 
 def derive_status(
@@ -87,80 +207,27 @@ def derive_status(
     previous: Sequence[Mapping[str, Any]] | None,
     now: str,
     ignored_settings: Sequence[str] = (),
+    reconcile_error: tuple[str, str] | None = None,
+    stale_children: Sequence[str] = (),
+    unshared_claims: Sequence[str] = (),
 ) -> dict[str, Any]:
     """`conditions`, `replicas` and `readyReplicas` for the InferenceService's status;
-    `ignored_settings` are the notes of `engine_support.review_engine(spec).ignored`."""
-    dep_status = (deployment or {}).get("status") or {}
-    dep_conditions = dep_status.get("conditions")
-    ready = int(dep_status.get("readyReplicas") or 0)
-    updated = int(dep_status.get("updatedReplicas") or 0)
-    available = int(dep_status.get("availableReplicas") or 0)
-    total = int(dep_status.get("replicas") or 0)
-    dep_generation = (deployment or {}).get("metadata", {}).get("generation", 0)
-    dep_observed = int(dep_status.get("observedGeneration") or 0)
-
+    `ignored_settings` are the notes of `engine_support.review_engine(spec).ignored`;
+    `reconcile_error` is why this generation could not be applied, `stale_children` what is
+    being repaired (each makes Ready False); `unshared_claims` the claims several replicas
+    cannot mount together."""
+    seen = Observed(desired_replicas, deployment, pods, reconcile_error, tuple(stale_children))
+    available = available_condition(seen)
     scheduled = _scheduled(pods)
-    crash = _crash(pods)
-    progressing_cond = _condition(dep_conditions, "Progressing")
-    deadline_exceeded = progressing_cond.get("reason") == "ProgressDeadlineExceeded"
-    replica_failure = _condition(dep_conditions, "ReplicaFailure")
-
-    if deployment is None:
-        available_c = ("False", "DeploymentMissing", "the Deployment does not exist yet")
-    else:
-        cond = _condition(dep_conditions, "Available")
-        available_c = (
-            cond.get("status", "Unknown"),
-            cond.get("reason") or "Unknown",
-            cond.get("message") or f"{available}/{desired_replicas} replicas available",
-        )
-
-    if crash:
-        degraded = ("True", crash[0], crash[1])
-    elif deadline_exceeded:
-        degraded = ("True", "ProgressDeadlineExceeded", progressing_cond.get("message", ""))
-    elif replica_failure.get("status") == "True":
-        degraded = (
-            "True",
-            replica_failure.get("reason") or "ReplicaFailure",
-            replica_failure.get("message", ""),
-        )
-    else:
-        degraded = ("False", "AsExpected", "no replica is failing")
-
-    rolling = deployment is not None and (
-        dep_observed < dep_generation
-        or updated < desired_replicas
-        or available < desired_replicas
-        or total > updated
-    )
-    counts = f"{updated}/{desired_replicas} updated, {available}/{desired_replicas} available"
-    if deployment is None:
-        progressing = ("True", "Creating", "creating the Deployment")
-    elif deadline_exceeded:
-        progressing = ("False", "ProgressDeadlineExceeded", progressing_cond.get("message", ""))
-    elif rolling:
-        progressing = ("True", "RollingOut", counts)
-    else:
-        progressing = ("False", "RolloutComplete", counts)
-
-    up_to_date = deployment is not None and dep_observed >= dep_generation
-    if available_c[0] == "True" and up_to_date and (ready > 0 or desired_replicas == 0):
-        ready_c = ("True", "Ready", f"{ready}/{desired_replicas} replicas ready")
-    elif scheduled[0] == "False":
-        ready_c = ("False", "Unschedulable", scheduled[2])
-    elif degraded[0] == "True":
-        ready_c = ("False", degraded[1], degraded[2])
-    else:
-        ready_c = ("False", "NotReady", f"{ready}/{desired_replicas} replicas ready")
-
+    degraded = degraded_condition(seen)
     computed = {
-        "Ready": ready_c,
-        "Available": available_c,
-        "Progressing": progressing,
+        "Ready": ready_condition(seen, available, scheduled, degraded),
+        "Available": available,
+        "Progressing": progressing_condition(seen),
         "Degraded": degraded,
         "Scheduled": scheduled,
         "SettingsIgnored": _settings_ignored(ignored_settings),
+        "ClaimsShared": claims_shared_condition(unshared_claims),
     }
     conditions = []
     for kind, (status, reason, message) in computed.items():
@@ -170,14 +237,18 @@ def derive_status(
                 "type": kind,
                 "status": status,
                 "reason": reason,
-                "message": message,
+                "message": _fit(message),
                 "observedGeneration": generation,
                 "lastTransitionTime": old.get("lastTransitionTime")
                 if old.get("status") == status and old.get("lastTransitionTime")
                 else now,
             }
         )
-    return {"conditions": conditions, "replicas": total, "readyReplicas": ready}
+    return {
+        "conditions": conditions,
+        "replicas": seen.count("replicas"),
+        "readyReplicas": seen.count("readyReplicas"),
+    }
 
 
 def transitions(
@@ -192,8 +263,11 @@ def transitions(
         kind, status = cond["type"], cond["status"]
         if kind == "Ready" and status == "True":
             events.append(("Normal", "Ready", cond["message"]))
-        elif (kind == "Scheduled" and status == "False") or (
-            kind == "Degraded" and status == "True"
+        elif (
+            (kind == "Scheduled" and status == "False")
+            or (kind == "Degraded" and status == "True")
+            or (kind == "Progressing" and cond["reason"] == "Repairing")
+            or (kind == "ClaimsShared" and status == "False")
         ):
             events.append(("Warning", cond["reason"], cond["message"]))
     return events

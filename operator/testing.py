@@ -251,3 +251,18 @@ class OperatorProcess:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
         return 0
+
+
+def start_operator(cluster: Any, namespace: str, workdir: Path) -> OperatorProcess:
+    """Our CRDs, the operator's ServiceAccount and RBAC, and the operator watching `namespace`
+    with that account's token (what each e2e module of the operator needs)."""
+    install_crds(cluster.kubectl)
+    kubeconfig = service_account_kubeconfig(
+        cluster.kubectl, namespace=namespace, path=workdir / "kubeconfig"
+    )
+    return OperatorProcess(
+        kubeconfig=kubeconfig,
+        log_path=workdir / "operator.log",
+        namespaces=[namespace],
+        env=cluster.env,
+    ).start()

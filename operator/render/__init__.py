@@ -10,6 +10,7 @@ from typing import Any
 from infernetes.operator import names
 from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.render.disruption import disruption_budget
 from infernetes.operator.render.monitoring import scrape_config
 from infernetes.operator.render.service import service_manifest, service_name_for
 from infernetes.operator.render.workload import deployment_manifest, gpus_per_replica
@@ -65,6 +66,7 @@ def plan(
         service_manifest(spec, name=name, namespace=namespace, service_name=service_name),
     ]
     manifests.extend(scrape.manifests)
+    manifests.extend(disruption_budget(spec, name=name, namespace=namespace))
     if uid:
         for manifest in manifests:
             manifest["metadata"]["ownerReferences"] = [owner_reference(name, uid)]

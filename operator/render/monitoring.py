@@ -1,4 +1,11 @@
-"""Scrape configuration: ServiceMonitor, else PodMonitor, else prometheus.io annotations."""
+"""Scrape configuration: ServiceMonitor, else PodMonitor, else prometheus.io annotations.
+
+The pods carry the prometheus.io annotations whatever the mode (but `none`): the choice between a
+ServiceMonitor, a PodMonitor and annotations follows the APIs the cluster serves, and those may
+appear or go while pods run; with the annotations always there, that choice never changes the pod
+template, so it never restarts a GPU pod. A Prometheus that scrapes by annotation and by
+ServiceMonitor alike should drop one of the two (its relabelling decides).
+"""
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,7 +76,7 @@ def scrape_config(
                 },
             }
         )
-    elif mode == "annotations":
+    if mode != "none":
         result.pod_annotations = {
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(names.SERVER_PORT),

@@ -9,7 +9,9 @@ from infernetes.operator import names
 from infernetes.operator.argv import engine_argv, engine_env
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.spec_schema import (
+    CPU_PER_GPU,
     GPU_VENDORS,
+    MEMORY_PER_GPU_GIB,
     SHUTDOWN_MARGIN_SECONDS,
     TERMINATION_GRACE_SECONDS,
 )
@@ -71,11 +73,27 @@ def gpus_per_replica(spec: Mapping[str, Any]) -> int:
     return int(count) if count is not None else parallel_size(engine)
 
 
+def host_requests(gpus: int) -> dict[str, str]:
+    """CPU and memory a GPU pod requests unless spec.resources.requests says otherwise.
+
+    Per GPU: CPU_PER_GPU cores (the HTTP side, tokenization, the scheduler loop and, with
+    tensor parallelism, one worker process per GPU) and MEMORY_PER_GPU of host memory (weights
+    pass through it while loading). Requests only: a CPU limit would throttle the loop that
+    feeds the GPU, and host memory peaks while loading. A CPU-only pod requests nothing by
+    default (its needs follow the model; set spec.resources).
+    """
+    if not gpus:
+        return {}
+    return {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_PER_GPU_GIB * gpus}Gi"}
+
+
 def _resources(spec: Mapping[str, Any], gpus: int) -> dict[str, Any]:
     override = spec.get("resources") or {}
     resources: dict[str, Any] = {}
     for section in ("requests", "limits"):
         values: dict[str, Any] = {gpu_resource(spec): gpus} if gpus else {}
+        if section == "requests":
+            values.update(host_requests(gpus))
         values.update(override.get(section) or {})
         if values:
             resources[section] = values
@@ -254,7 +272,17 @@ def container(
     return result
 
 
-def pod_spec(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, Any]:
+def topology_spread(spec: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
+    """spec.topologySpreadConstraints; one without a labelSelector spreads this resource's pods."""
+    constraints = []
+    for item in spec["topologySpreadConstraints"]:
+        constraint = dict(item)
+        constraint.setdefault("labelSelector", {"matchLabels": names.selector_labels(name)})
+        constraints.append(constraint)
+    return constraints
+
+
+def pod_spec(spec: Mapping[str, Any], facts: ClusterFacts, name: str) -> dict[str, Any]:
     source = model_source(spec)
     gpus = gpus_per_replica(spec)
     volumes, mounts = _volumes(spec, source, gpus)
@@ -283,6 +311,8 @@ def pod_spec(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, Any]:
     for field in ("affinity", "priorityClassName", "runtimeClassName", "serviceAccountName"):
         if spec.get(field):
             pod[field] = spec[field]
+    if spec.get("topologySpreadConstraints"):
+        pod["topologySpreadConstraints"] = topology_spread(spec, name)
     if volumes:
         pod["volumes"] = volumes
     return pod
@@ -333,6 +363,6 @@ def deployment_manifest(
             "strategy": rollout_strategy(spec, facts),
             "progressDeadlineSeconds": startup_budget + PROGRESS_MARGIN_SECONDS,
             "revisionHistoryLimit": 3,
-            "template": {"metadata": template_metadata, "spec": pod_spec(spec, facts)},
+            "template": {"metadata": template_metadata, "spec": pod_spec(spec, facts, name)},
         },
     }

@@ -203,3 +203,60 @@ def test_drain_ends_before_the_grace_period(spec: dict, grace: int, flag: str) -
     args = rendered["containers"][0]["args"]
     assert [arg for arg in args if arg.startswith("--shutdown-timeout")] == [flag]
     assert parse_serve_args(args).shutdown_timeout < max(grace, 1)
+
+
+def test_gpu_pods_request_host_cpu_and_memory_per_gpu_unless_overridden() -> None:
+    def requests(spec: dict) -> dict:
+        deployment = render(spec, ClusterFacts(), name="m", namespace="ns")[0]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        return container.get("resources", {}).get("requests", {})
+
+    assert requests({"model": "m", "gpu": {"count": 2}}) == {
+        "nvidia.com/gpu": 2,
+        "cpu": "8",
+        "memory": "32Gi",
+    }
+    assert requests(
+        {"model": "m", "gpu": {"count": 1}, "resources": {"requests": {"cpu": "1"}}}
+    ) == {
+        "nvidia.com/gpu": 1,
+        "cpu": "1",
+        "memory": "16Gi",
+    }
+    assert requests({"model": "m", "engine": {"device": "cpu"}}) == {}
+
+
+def test_a_disruption_budget_only_with_more_than_one_replica() -> None:
+    def kinds(replicas: int) -> list[str]:
+        spec = {"model": "m", "replicas": replicas}
+        return [m["kind"] for m in render(spec, ClusterFacts(), name="m", namespace="ns")]
+
+    assert "PodDisruptionBudget" not in kinds(1)
+    (budget,) = [
+        m
+        for m in render({"model": "m", "replicas": 3}, ClusterFacts(), name="m", namespace="ns")
+        if m["kind"] == "PodDisruptionBudget"
+    ]
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "m"
+
+
+def test_topology_spread_defaults_its_selector_to_the_resources_pods() -> None:
+    spread = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+        },
+        {
+            "maxSkew": 1,
+            "topologyKey": "zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {},
+        },
+    ]
+    spec = {"model": "m", "topologySpreadConstraints": spread}
+    pod = render(spec, ClusterFacts(), name="m", namespace="ns")[0]["spec"]["template"]["spec"]
+    first, second = pod["topologySpreadConstraints"]
+    assert first["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "m"
+    assert second["labelSelector"] == {}

@@ -204,3 +204,59 @@ def test_a_long_list_of_ignored_settings_fits_a_condition_message() -> None:
     )
     message = conditions(status)["SettingsIgnored"]["message"]
     assert len(message) == MESSAGE_MAX and message.endswith("...")
+
+
+def test_a_reconcile_error_is_degraded_and_not_ready() -> None:
+    error = ("ReconcileError", "applying Deployment x: spec.template.spec.affinity: Invalid value")
+    status = derive_status(
+        generation=4,
+        desired_replicas=1,
+        deployment=deployment(ready=1, available="True"),
+        pods=[pod()],
+        previous=None,
+        now=NOW,
+        reconcile_error=error,
+    )
+    c = conditions(status)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "ReconcileError")
+    assert c["Degraded"]["message"] == error[1]
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReconcileError")
+    assert c["Available"]["status"] == "True"  # the old generation still serves
+    assert ("Warning", "ReconcileError") in [e[:2] for e in transitions(None, status["conditions"])]
+
+
+def test_a_missing_child_makes_ready_false_while_it_is_repaired() -> None:
+    status = derive_status(
+        generation=1,
+        desired_replicas=1,
+        deployment=deployment(ready=1, available="True"),
+        pods=[pod()],
+        previous=None,
+        now=NOW,
+        stale_children=["Service llama: missing"],
+    )
+    c = conditions(status)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ChildrenStale")
+    assert c["Ready"]["message"] == "Service llama: missing"
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "Repairing")
+
+
+def test_a_claim_the_replicas_cannot_share_is_a_condition_and_an_event() -> None:
+    note = "spec.modelCache.claimName: PersistentVolumeClaim cache is ReadWriteOnce: ..."
+    status = derive_status(
+        generation=1,
+        desired_replicas=3,
+        deployment=deployment(),
+        pods=[pod()],
+        previous=None,
+        now=NOW,
+        unshared_claims=[note],
+    )
+    claims = conditions(status)["ClaimsShared"]
+    assert (claims["status"], claims["reason"], claims["message"]) == (
+        "False",
+        "ReadWriteOnce",
+        note,
+    )
+    assert ("Warning", "ReadWriteOnce") in [e[:2] for e in transitions(None, status["conditions"])]
+    assert conditions(derive(deployment(), [pod()]))["ClaimsShared"]["status"] == "True"

@@ -1,0 +1,117 @@
+"""Optional APIs that come and go while the operator runs (issue 20, part 3): the Prometheus
+operator's CRDs installed, then removed. The ServiceMonitor follows; the pods never restart; a
+reconcile after the removal succeeds."""
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from infernetes.operator.testing import MONITORING_CRDS, OperatorProcess, start_operator, wait_until
+
+TIMEOUT = 90
+NAMES = [crd["metadata"]["name"] for crd in MONITORING_CRDS]
+
+
+def install_monitoring(cluster: Any) -> None:
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(MONITORING_CRDS))
+    for name in NAMES:
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+
+
+def remove_monitoring(cluster: Any) -> None:
+    cluster.kubectl("delete", "crd", *NAMES, "--ignore-not-found", "--wait=true")
+
+
+@pytest.fixture
+def ns(cluster: Any) -> Iterator[str]:
+    name = f"e2e-discovery-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def operator(cluster: Any, ns: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    process = start_operator(cluster, ns, tmp_path)  # installs the monitoring CRDs too
+    yield process
+    process.stop()
+    install_monitoring(cluster)  # as the other modules expect them
+    print(f"operator log: {process.log_path}")
+
+
+def get(cluster: Any, ns: str, *what: str) -> Any:
+    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
+    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
+
+
+def ready_at(cluster: Any, ns: str, name: str, generation: int) -> bool:
+    resource = get(cluster, ns, "infsvc", name) or {}
+    status = resource.get("status") or {}
+    ready = [c for c in status.get("conditions") or () if c["type"] == "Ready"]
+    return (
+        status.get("observedGeneration") == generation
+        and bool(ready)
+        and ready[0]["status"] == "True"
+        and ready[0]["observedGeneration"] == generation
+    )
+
+
+def pods(cluster: Any, ns: str) -> dict[str, int]:
+    items = get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=watched")["items"]
+    return {
+        p["metadata"]["uid"]: sum(
+            s.get("restartCount", 0) for s in p["status"].get("containerStatuses") or ()
+        )
+        for p in items
+    }
+
+
+def test_monitoring_apis_appearing_and_going_never_restart_pods(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    remove_monitoring(cluster)
+    wait_until(
+        lambda: operator.log().count("optional APIs served: none") >= 1,
+        timeout=TIMEOUT,
+        what="the operator to see the monitoring APIs gone",
+    )
+    resource = {
+        "apiVersion": "infernetes.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "watched"},
+        "spec": {"model": "tiny/model", "replicas": 2, "engine": {"device": "cpu"}},
+    }
+    cluster.apply(resource, namespace=ns)
+    wait_until(lambda: ready_at(cluster, ns, "watched", 1), timeout=TIMEOUT, what="Ready")
+    before = pods(cluster, ns)
+    template = get(cluster, ns, "deployment", "watched")["spec"]["template"]
+    assert get(cluster, ns, "servicemonitor", "watched") is None
+
+    install_monitoring(cluster)
+    monitor = wait_until(
+        lambda: get(cluster, ns, "servicemonitor", "watched"),
+        timeout=TIMEOUT,
+        what="a ServiceMonitor once the API is served",
+    )
+    assert monitor["metadata"]["ownerReferences"][0]["name"] == "watched"
+
+    remove_monitoring(cluster)
+    wait_until(
+        lambda: operator.log().count("optional APIs served: none") >= 2,
+        timeout=TIMEOUT,
+        what="the operator to see the monitoring APIs gone again",
+    )
+    assert get(cluster, ns, "deployment", "watched")["spec"]["template"] == template
+    assert pods(cluster, ns) == before  # the same pods, never restarted
+
+    # A reconcile without the API: no ServiceMonitor to apply, none to look for, no error.
+    cluster.kubectl(
+        "patch", "infsvc", "watched", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":3}}'
+    )
+    wait_until(lambda: ready_at(cluster, ns, "watched", 2), timeout=TIMEOUT, what="generation 2")
+    # (kopf's own watchers of the vanished kinds log their 404s; ours log no failure.)
+    ours = [line for line in operator.log().splitlines() if "infernetes.operator" in line]
+    assert not [line for line in ours if "WARNING" in line or "ERROR" in line], ours

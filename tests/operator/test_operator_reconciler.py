@@ -1,0 +1,229 @@
+"""The reconciler's passes against an in-memory API (the e2e tests run it against a real one):
+writes only what differs, repairs drift, leaves replicas to an autoscaler, reports apply errors
+with backoff and keeps observedGeneration at the last generation applied."""
+
+import asyncio
+import copy
+import itertools
+from typing import Any
+
+import pytest
+from infernetes.operator import reconciler as module
+from infernetes.operator.cache import child_id
+from infernetes.operator.kube import KubeError
+from infernetes.operator.reconciler import Reconciler
+
+KEY = ("ns", "llama")
+
+
+class FakeApi:
+    """Objects by (apiVersion, kind, name); counts writes; refuses what `refuse` says."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple, dict] = {}
+        self.versions = itertools.count(10)
+        self.writes: list[str] = []
+        self.events: list[tuple[str, str]] = []
+        self.refuse: Any = None
+        self.ready_when_applied: list[str | None] = []
+        self.resource = {
+            "apiVersion": "infernetes.io/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {
+                "name": "llama",
+                "namespace": "ns",
+                "uid": "u-1",
+                "generation": 1,
+                "resourceVersion": "1",
+            },
+            "spec": {"model": "m", "gpu": {"count": 1}},
+        }
+
+    def apply(self, api: Any, manifest: dict) -> dict:
+        if self.refuse and self.refuse(manifest):
+            raise KubeError(422, self.refuse(manifest))
+        self.writes.append(f"apply {manifest['kind']}")
+        ready = [
+            c for c in self.resource.get("status", {}).get("conditions", ()) if c["type"] == "Ready"
+        ]
+        self.ready_when_applied.append(ready[0]["reason"] if ready else None)
+        live = copy.deepcopy(manifest)
+        old = self.objects.get(child_id(manifest))
+        if old is not None and "replicas" in old.get("spec", {}):
+            live["spec"].setdefault("replicas", old["spec"]["replicas"])  # fields another owns
+        live["metadata"]["managedFields"] = (old or {}).get("metadata", {}).get(
+            "managedFields"
+        ) or [{"manager": "infernetes", "operation": "Apply"}]
+        live["metadata"]["resourceVersion"] = str(next(self.versions))
+        self.objects[child_id(manifest)] = live
+        return copy.deepcopy(live)
+
+    def delete(self, api: Any, manifest: dict) -> None:
+        self.writes.append(f"delete {manifest['kind']}")
+        self.objects.pop(child_id(manifest), None)
+
+    def request(self, api: Any, method: str, path: str, **kwargs: Any) -> Any:
+        body = kwargs.get("body")
+        if path.endswith("/events"):
+            self.events.append((body["reason"], body["message"]))
+            return body
+        if path.endswith("/llama"):  # the resource itself: only its finalizers
+            self.writes.append("finalizers")
+            self.resource = copy.deepcopy(self.resource)
+            self.resource["metadata"]["finalizers"] = body["metadata"]["finalizers"]
+            self.resource["metadata"]["resourceVersion"] = str(next(self.versions))
+            return copy.deepcopy(self.resource)
+        assert method == "PATCH" and path.endswith("/llama/status"), path
+        self.writes.append("status")
+        self.resource = copy.deepcopy(self.resource)
+        self.resource["status"] = {
+            key: value
+            for key, value in {**self.resource.get("status", {}), **body["status"]}.items()
+            if value is not None
+        }
+        self.resource["metadata"]["resourceVersion"] = str(next(self.versions))
+        return copy.deepcopy(self.resource)
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
+    fake = FakeApi()
+    monkeypatch.setattr(module, "apply", fake.apply)
+    monkeypatch.setattr(module, "delete", fake.delete)
+    monkeypatch.setattr(module, "request", fake.request)
+    return fake
+
+
+def run(api: FakeApi, *steps: Any) -> Reconciler:
+    """A reconciler fed with the resource, then one pass after each step."""
+
+    async def main() -> Reconciler:
+        reconciler = Reconciler(None, default_image=None)
+        for step in steps:
+            step(reconciler)
+            reconciler.resources.observe(KEY, copy.deepcopy(api.resource))
+            await reconciler.reconcile(KEY)
+            await reconciler.refresh_status(KEY)
+        return reconciler
+
+    return asyncio.run(main())
+
+
+def condition(api: FakeApi, kind: str) -> dict:
+    return next(c for c in api.resource["status"]["conditions"] if c["type"] == kind)
+
+
+def nothing(reconciler: Reconciler) -> None:
+    pass
+
+
+def test_create_writes_each_child_once_and_a_second_pass_writes_nothing(api: FakeApi) -> None:
+    run(api, nothing, nothing, nothing)
+    assert api.writes == ["apply Deployment", "apply Service", "status"]
+    assert api.resource["status"]["observedGeneration"] == 1
+
+
+def test_a_deleted_child_is_applied_again_and_status_tells_meanwhile(api: FakeApi) -> None:
+    def delete_service(reconciler: Reconciler) -> None:
+        service = api.objects.pop(("v1", "Service", "llama"))
+        reconciler.child_event("DELETED", service)
+
+    run(api, nothing, delete_service)
+    assert api.writes[3:] == ["status", "apply Service", "status"]
+    assert ("v1", "Service", "llama") in api.objects
+    assert ("Repairing", "re-applying Service llama: missing") in api.events
+    assert api.ready_when_applied[-1] == "ChildrenStale"
+    assert condition(api, "Ready")["reason"] != "ChildrenStale"
+
+
+def test_an_edited_deployment_is_restored(api: FakeApi) -> None:
+    def edit(reconciler: Reconciler) -> None:
+        live = copy.deepcopy(api.objects[("apps/v1", "Deployment", "llama")])
+        live["spec"]["template"]["spec"]["containers"][0]["image"] = "other:1"
+        live["metadata"]["resourceVersion"] = str(next(api.versions))
+        api.objects[child_id(live)] = live
+        reconciler.child_event("MODIFIED", live)
+
+    run(api, nothing, edit, nothing)
+    assert api.writes[3:] == ["status", "apply Deployment", "status"]
+    image = api.objects[("apps/v1", "Deployment", "llama")]["spec"]["template"]["spec"]
+    assert image["containers"][0]["image"] != "other:1"
+
+
+def test_replicas_scaled_by_an_autoscaler_are_left_to_it(api: FakeApi) -> None:
+    def autoscale(reconciler: Reconciler) -> None:
+        live = copy.deepcopy(api.objects[("apps/v1", "Deployment", "llama")])
+        live["spec"]["replicas"] = 4
+        live["metadata"]["resourceVersion"] = str(next(api.versions))
+        live["metadata"]["managedFields"].append(
+            {
+                "manager": "kube-controller-manager",
+                "operation": "Update",
+                "subresource": "scale",
+                "fieldsV1": {"f:spec": {"f:replicas": {}}},
+            }
+        )
+        api.objects[child_id(live)] = live
+        reconciler.child_event("MODIFIED", live)
+
+    def change_spec(reconciler: Reconciler) -> None:
+        api.resource["metadata"]["generation"] = 2
+        api.resource["spec"]["engine"] = {"maxNumSeqs": 4}
+
+    run(api, nothing, autoscale, change_spec)
+    deployment = api.objects[("apps/v1", "Deployment", "llama")]
+    assert deployment["spec"]["replicas"] == 4  # the apply carried no replicas
+    assert "--max-num-seqs=4" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_apply_error_is_a_condition_with_backoff_and_keeps_observed_generation(
+    api: FakeApi,
+) -> None:
+    delays: list[float] = []
+
+    def break_spec(reconciler: Reconciler) -> None:
+        api.resource["metadata"]["generation"] = 2
+        api.resource["spec"]["affinity"] = {"nodeAffinity": {}}
+        api.refuse = lambda m: (
+            "spec.template.spec.affinity: Invalid value" if m["kind"] == "Deployment" else None
+        )
+
+    def retry_now(reconciler: Reconciler) -> None:
+        retry = reconciler.retries[KEY]
+        delays.append(retry.delay)
+        reconciler.retries[KEY] = module.Retry(retry.generation, 0.0, retry.delay, retry.error)
+
+    reconciler = run(api, nothing, break_spec, retry_now, retry_now, nothing)
+    delays.append(reconciler.retries[KEY].delay)
+    assert api.resource["status"]["observedGeneration"] == 1
+    degraded = condition(api, "Degraded")
+    assert degraded["reason"] == "ReconcileError"
+    assert (
+        "applying Deployment llama: spec.template.spec.affinity: Invalid value"
+        in (degraded["message"])
+    )
+    assert condition(api, "Ready")["status"] == "False"
+    assert condition(api, "Ready")["observedGeneration"] == 2
+    # Three attempts, each followed by a longer wait; the last pass came before its retry was
+    # due and did not try again.
+    assert delays == [1.0, 2.0, 4.0]
+    assert reconciler.failures[KEY] == 3
+    # One event for the failure, although it failed three times.
+    assert [reason for reason, _ in api.events].count("ReconcileError") == 1
+
+
+def test_a_spec_that_cannot_render_is_reported(api: FakeApi) -> None:
+    def break_spec(reconciler: Reconciler) -> None:
+        api.resource["metadata"]["generation"] = 2
+        api.resource["spec"]["engine"] = {"noSuchField": 1}
+
+    run(api, nothing, break_spec)
+    assert condition(api, "Degraded")["reason"] == "InvalidSpec"
+    assert api.resource["status"]["observedGeneration"] == 1
+
+
+def test_the_finalizer_of_earlier_releases_is_removed_once(api: FakeApi) -> None:
+    api.resource["metadata"]["finalizers"] = ["infernetes.io/finalizer", "other.io/keep"]
+    run(api, nothing, nothing)
+    assert api.resource["metadata"]["finalizers"] == ["other.io/keep"]
+    assert api.writes.count("finalizers") == 1
