@@ -15,6 +15,20 @@ def _count(value: Any) -> int:
         return 0
 
 
+def too_large_for_any_node(
+    nodes: Mapping[str, Mapping[str, int]], resource: str, per_replica: int
+) -> str | None:
+    """Why one replica cannot be placed on any node (its GPUs must share a node until multi-node
+    serving is built), or None when some node is large enough or no GPU node is known yet."""
+    largest = max((gpus.get(resource, 0) for gpus in nodes.values()), default=0)
+    if not largest or per_replica <= largest:
+        return None
+    return (
+        f"a replica needs {per_replica} {resource} (tensor x pipeline x data parallel size) on "
+        f"one node, but the largest node has {largest}; serving across nodes is planned"
+    )
+
+
 def node_gpus(allocatable: Mapping[str, Any]) -> dict[str, int]:
     return {res: _count(allocatable[res]) for res in GPU_RESOURCES if res in allocatable}
 

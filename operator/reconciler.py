@@ -30,6 +30,7 @@ from infernetes.operator.discovery import OPTIONAL_GROUP_VERSIONS, discover_apis
 from infernetes.operator.drift import differences, scaled_by_others, stale_fields, with_hash
 from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.gpus import too_large_for_any_node
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
 from infernetes.operator.render import Plan, plan
 from infernetes.operator.render.workload import gpu_resource, model_source
@@ -58,6 +59,7 @@ LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
 # Access modes that let one node (or one pod) mount a claim; a claim's are asked again after this.
 SINGLE_NODE_ACCESS = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
 CLAIM_CHECK_SECONDS = 60.0
+TOO_LARGE = "TooLargeForAnyNode"  # a replica needs more GPUs than any node has
 
 
 def now() -> str:
@@ -158,6 +160,9 @@ class Reconciler:
 
     def node_event(self, event: str | None, body: Mapping[str, Any]) -> None:
         self.gpus.observe_node(body, deleted=event == "DELETED")
+        for key, outcome in self.outcomes.items():
+            if outcome.error and outcome.error[0] == TOO_LARGE:  # a node may fit it now
+                self.queue.add(key, CHILD_DELAY_SECONDS)
 
     def crd_event(self, event: str | None, body: dict[str, Any]) -> None:
         """A CRD of an optional group changed: one being deleted stops counting at once (the API
@@ -281,12 +286,20 @@ class Reconciler:
         started = time.monotonic()
         await self._drop_legacy_finalizer(key, resource)
         error: tuple[str, str] | None = None
+        spec = resource.get("spec") or {}
         try:
             result: Plan | None = await self.desired(key, resource)
         except (EngineSpecError, KeyError, TypeError, ValueError) as exc:
             result, error = None, ("InvalidSpec", f"cannot render the spec: {exc}")
             metrics.RECONCILES.labels("invalid").inc()
-        spec = resource.get("spec") or {}
+        if result is not None and (
+            why := too_large_for_any_node(
+                self.gpus.nodes, gpu_resource(spec), result.gpus_per_replica
+            )
+        ):
+            # Rather than a pod that stays Pending: nothing is applied until a node fits.
+            result, error = None, (TOO_LARGE, why)
+            metrics.RECONCILES.labels("invalid").inc()
         notes = Outcome(
             None,
             None,

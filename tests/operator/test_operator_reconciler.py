@@ -227,3 +227,39 @@ def test_the_finalizer_of_earlier_releases_is_removed_once(api: FakeApi) -> None
     run(api, nothing, nothing)
     assert api.resource["metadata"]["finalizers"] == ["other.io/keep"]
     assert api.writes.count("finalizers") == 1
+
+
+def test_a_replica_larger_than_any_node_is_reported_not_rendered(api: FakeApi) -> None:
+    """Until serving spans nodes, a replica's GPUs must share one node: 16 GPUs on 8-GPU nodes
+    is a condition, not a Deployment that stays Pending; a node that fits brings it in."""
+    api.resource["spec"] = {"model": "m", "engine": {"tensorParallelSize": 16}}
+    eight = {"status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+
+    def eight_gpu_nodes(reconciler: Reconciler) -> None:
+        for name in ("a", "b"):
+            reconciler.node_event("ADDED", {"metadata": {"name": name}, **eight})
+
+    seen: dict[str, Any] = {}
+
+    def check_and_add_a_larger_node(reconciler: Reconciler) -> None:
+        seen["degraded"] = condition(api, "Degraded")
+        seen["writes"] = list(api.writes)
+        sixteen = {"status": {"allocatable": {"nvidia.com/gpu": "16"}}}
+        reconciler.node_event("ADDED", {"metadata": {"name": "c"}, **sixteen})
+        seen["queued"] = len(reconciler.queue)
+
+    run(api, eight_gpu_nodes, check_and_add_a_larger_node)
+    degraded = seen["degraded"]
+    assert degraded["reason"] == "TooLargeForAnyNode"
+    assert "needs 16 nvidia.com/gpu" in degraded["message"]
+    assert "largest node has 8" in degraded["message"]
+    assert not any(write.startswith("apply") for write in seen["writes"])
+    assert seen["queued"] == 1  # the new node brings it back
+    assert "apply Deployment" in api.writes
+    assert condition(api, "Degraded")["status"] == "False"
+
+
+def test_no_known_gpu_node_is_no_reason_to_hold_back(api: FakeApi) -> None:
+    api.resource["spec"] = {"model": "m", "engine": {"tensorParallelSize": 16}}
+    run(api, nothing)
+    assert "apply Deployment" in api.writes
