@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-from infernetes.runtime.server import api_server
 from infernetes.runtime.server.reasoning import REASONING_PARSERS
 from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.tool_parsers import KNOWN_UNSUPPORTED, TOOL_PARSERS
@@ -31,6 +30,9 @@ def config_accepts(argv: list[str]) -> bool:
 def serve_accepts(argv: list[str], monkeypatch) -> bool:
     """``serve`` up to the moment it would start loading: the support table, then the server's
     own checks of the frontend settings (run_server's first step)."""
+    # Imported here, not at collection: the server pulls in Triton, which fixes interpreter or
+    # compiler when first imported, before tests/kernels/conftest.py can choose the interpreter.
+    from infernetes.runtime.server import api_server
 
     def checks_only(config):
         api_server.check_frontend_settings(FrontendSettings.from_config(config))

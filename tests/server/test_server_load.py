@@ -20,7 +20,7 @@ def gauges(url: str) -> dict[str, float]:
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            extra = sample.labels.keys() - {"model_name"}
+            extra = sample.labels.keys() - {"model_name", "engine"}  # one engine core
             if not extra:
                 out[sample.name] = sample.value
             elif extra == {"finished_reason"}:

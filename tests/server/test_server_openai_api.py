@@ -54,7 +54,9 @@ def metrics(url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = ",".join(
-                f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name"
+                f"{k}={v}"
+                for k, v in sorted(sample.labels.items())
+                if k not in ("model_name", "engine")  # one engine core
             )
             out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
     return out
