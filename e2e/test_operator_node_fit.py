@@ -19,7 +19,8 @@ def ns(cluster: Any) -> Iterator[str]:
     name = f"e2e-node-fit-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
     yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # Waited for: the 8-GPU pod must not hold its GPUs into the next modules' tests.
+    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
 
 
 @pytest.fixture

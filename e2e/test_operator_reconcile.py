@@ -215,11 +215,15 @@ def test_kubectl_scale(cluster: Any, ns: str, operator: OperatorProcess) -> None
     )
 
 
-def test_too_many_gpus_is_unschedulable(cluster: Any, ns: str, operator: OperatorProcess) -> None:
-    cluster.apply(isvc("huge", gpu={"count": 16}), namespace=ns)
+def test_a_pod_no_node_takes_is_unschedulable(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    # A GPU product no node has: the pod is created and stays Pending (a replica larger than
+    # any node is not rendered at all: test_operator_node_fit.py).
+    cluster.apply(isvc("huge", gpu={"count": 1, "product": "NVIDIA-B200"}), namespace=ns)
     resource = wait_condition(cluster, ns, "huge", "Scheduled", "False")
     message = condition(resource, "Scheduled")["message"]
-    assert "Insufficient nvidia.com/gpu" in message
+    assert "node affinity/selector" in message
     assert condition(resource, "Ready")["status"] == "False"
     assert condition(resource, "Ready")["reason"] == "Unschedulable"
     events = cluster.kubectl(
