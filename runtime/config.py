@@ -84,6 +84,11 @@ class ParallelConfig:
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @property
+    def output_rank(self) -> int:
+        """The rank whose sampled tokens are the step's: the first of the last pipeline stage."""
+        return self.world_size - self.tensor_parallel_size
+
 
 @dataclass(frozen=True)
 class DeviceConfig:

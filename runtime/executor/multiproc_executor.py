@@ -103,8 +103,6 @@ class MultiprocExecutor(Executor):
             # Every rank samples each step (the same logits) and must draw the same numbers.
             model = dataclasses.replace(config.model, seed=secrets.randbits(63))
             config = dataclasses.replace(config, model=model)
-        # The first rank of the last pipeline stage returns the step's sampled tokens.
-        self.output_rank = world_size - parallel.tensor_parallel_size
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         logging_settings = LoggingSettings.from_env()
         self.workers = [
@@ -152,7 +150,9 @@ class MultiprocExecutor(Executor):
         return [results[rank] for rank in range(len(self.workers))]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (scheduler_output,))[self.output_rank]
+        return self.collective_rpc("execute_model", (scheduler_output,))[
+            self.config.parallel.output_rank
+        ]
 
     def check_health(self) -> None:
         for worker in self.workers:

@@ -125,8 +125,8 @@ def stage_layers(num_layers: int, partition: tuple[int, ...] | None, pp_size: in
             f"pipeline_parallel_size {pp_size} is more than the model's {num_layers} layers"
         )
     counts = [num_layers // pp_size] * pp_size
-    for stage in range(num_layers % pp_size):
-        counts[-2 - stage if pp_size > 1 else 0] += 1
+    for stage in range(num_layers % pp_size):  # no remainder with one stage
+        counts[-2 - stage] += 1
     return counts
 
 

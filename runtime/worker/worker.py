@@ -23,8 +23,7 @@ class Worker:
         self.device = config.device.device
         # The first rank of the last pipeline stage returns the sampled tokens; the others
         # sample the same ones (same logits, same seed) and keep them for their own inputs.
-        parallel = config.parallel
-        self.returns_output = rank == parallel.world_size - parallel.tensor_parallel_size
+        self.returns_output = rank == config.parallel.output_rank
         select_backend(config.device.attention_backend)  # the ops of this process follow the flag
         self.model_runner = ModelRunner(config)
 
