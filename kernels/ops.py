@@ -15,17 +15,20 @@ from infernetes.kernels.reference import activation as _ref_activation
 from infernetes.kernels.reference import attention as _ref_attention
 from infernetes.kernels.reference import cache as _ref_cache
 from infernetes.kernels.reference import fp8 as _ref_fp8
+from infernetes.kernels.reference import moe as _ref_moe
 from infernetes.kernels.reference import norm as _ref_norm
 from infernetes.kernels.reference import rotary as _ref_rotary
 from infernetes.kernels.reference.fp8 import quantize_weight_fp8
 
 __all__ = [
     "fp8_linear",
+    "fused_moe",
     "paged_attention",
     "quantize_weight_fp8",
     "rms_norm",
     "rotary_embedding",
     "scaled_fp8_quant",
+    "select_experts",
     "silu_and_mul",
     "store_kv",
 ]
@@ -145,3 +148,27 @@ def fp8_linear(
     (one element) or per-channel (`[N]`)."""
     impl = _triton().fp8_linear if _use_triton(x) else _ref_fp8.fp8_linear
     return impl(x, qweight, weight_scale, bias)
+
+
+def select_experts(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax routing: the `top_k` experts of each token, `(weights [T, k] float32, ids [T, k]
+    int32)`, the weights renormalised to sum to one when `renormalize`."""
+    return _ref_moe.select_experts(router_logits, top_k, renormalize)
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The routed experts of `hidden` `[T, H]` summed by their weights -> `[T, H]`; `w13`
+    `[E, 2I, H]` (gate then up), `w2` `[E, H, I]`, fp8 with scales `[E]` or `[E, N]` (see
+    `infernetes.kernels.reference.moe`)."""
+    impl = _triton().fused_moe if _use_triton(hidden) else _ref_moe.fused_moe
+    return impl(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)

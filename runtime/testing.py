@@ -110,6 +110,20 @@ def _tiny_config(
         config = transformers.Qwen2Config(**common, **{**decoder, "tie_word_embeddings": True})
     elif architecture == "Qwen3ForCausalLM":
         config = transformers.Qwen3Config(**common, **decoder, head_dim=32)
+    elif architecture == "Qwen2MoeForCausalLM":  # layer 1 dense, as mlp_only_layers allows
+        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+        config = transformers.Qwen2MoeConfig(
+            **common,
+            **{**decoder, **moe, "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]},
+        )
+    elif architecture == "Qwen3MoeForCausalLM":
+        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+        config = transformers.Qwen3MoeConfig(
+            **common, **{**decoder, **moe, "head_dim": 32, "norm_topk_prob": True}
+        )
+    elif architecture == "MixtralForCausalLM":
+        moe = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32)
+        config = transformers.MixtralConfig(**common, **{"sliding_window": None, **decoder, **moe})
     elif architecture == "OPTForCausalLM":
         config = transformers.OPTConfig(
             **common,
@@ -208,16 +222,17 @@ def _hf_causal_lm(path: str) -> Any:
 
 def hf_greedy_tokens(path: str | Path, prompt_ids: list[int], max_tokens: int) -> list[int]:
     """Transformers' greedy continuation of ``prompt_ids`` in float32 (EOS ignored): what the
-    tests compare the engine with."""
+    tests compare the engine with. EOS is neither a stop nor forbidden (``min_new_tokens`` would
+    mask it out of the logits), as with ``ignore_eos``."""
     import torch
 
     ids = torch.tensor([prompt_ids])
     with torch.inference_mode():
         out = _hf_causal_lm(str(path)).generate(
             ids,
+            eos_token_id=[],  # no stop token
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens,
             do_sample=False,
             pad_token_id=0,
         )

@@ -385,10 +385,11 @@ def build_model(
                 f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}"
             )
     if quantization == "fp8":
+        from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
         from infernetes.runtime.model_executor.layers.linear import LinearBase
 
         for module in model.modules():
-            if isinstance(module, LinearBase):
+            if isinstance(module, LinearBase | FusedMoE):
                 module.quantize_fp8()
     if device.type == "cpu":  # after quantisation: fp8 weights are not packed
         for module in model.modules():

@@ -78,6 +78,10 @@ def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngin
         ("Qwen3ForCausalLM", {}, 2, 1, (2, 1)),
         ("OPTForCausalLM", {}, 2, 1, (2, 2)),
         ("GPT2LMHeadModel", {}, 2, 1, (2, 2)),
+        # experts sharded by intermediate size; Qwen2-MoE's shared expert and dense layer too
+        ("Qwen2MoeForCausalLM", {}, 2, 1, (2, 1)),
+        ("Qwen3MoeForCausalLM", {}, 2, 1, (2, 1)),
+        ("MixtralForCausalLM", {}, 2, 1, (2, 1)),
         # a tied LM head on the last stage, the embedding on the first
         ("LlamaForCausalLM", {"tie_word_embeddings": True}, 1, 2, (4, 2)),
         ("MistralForCausalLM", {}, 1, 2, (4, 2)),
@@ -85,6 +89,7 @@ def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngin
         ("Qwen3ForCausalLM", {}, 1, 2, (4, 2)),
         ("OPTForCausalLM", {}, 1, 2, (4, 4)),
         ("GPT2LMHeadModel", {}, 1, 2, (4, 4)),
+        ("Qwen2MoeForCausalLM", {}, 1, 2, (4, 2)),
         ("LlamaForCausalLM", {}, 2, 2, (2, 1)),
     ],
 )

@@ -11,6 +11,18 @@ def _llama() -> type[nn.Module]:
     return LlamaForCausalLM
 
 
+def _qwen_moe() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.moe import Qwen2MoeForCausalLM
+
+    return Qwen2MoeForCausalLM
+
+
+def _mixtral() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.moe import MixtralForCausalLM
+
+    return MixtralForCausalLM
+
+
 def _opt() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.opt import OPTForCausalLM
 
@@ -34,6 +46,9 @@ GENERATIVE = {
     "MistralForCausalLM": _llama,
     "Qwen2ForCausalLM": _llama,
     "Qwen3ForCausalLM": _llama,
+    "Qwen2MoeForCausalLM": _qwen_moe,
+    "Qwen3MoeForCausalLM": _qwen_moe,
+    "MixtralForCausalLM": _mixtral,
     "OPTForCausalLM": _opt,
     "GPT2LMHeadModel": _gpt2,
 }

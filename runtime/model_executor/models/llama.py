@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from infernetes.runtime.model_executor.layers.activation import SiluAndMul
@@ -31,6 +31,17 @@ from torch import nn
 from transformers import PretrainedConfig
 
 
+def _attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
+    """Whether the QKV and the output projections have biases: Qwen2 always has a QKV bias
+    (Qwen2-MoE as its ``qkv_bias`` says) and no output bias; the others follow attention_bias."""
+    if config.model_type == "qwen2":
+        return True, False
+    if config.model_type == "qwen2_moe":
+        return bool(getattr(config, "qkv_bias", True)), False
+    bias = bool(getattr(config, "attention_bias", False))
+    return bias, bias
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
@@ -38,24 +49,22 @@ class LlamaAttention(nn.Module):
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = getattr(config, "head_dim", None) or hidden // total_heads
-        # Qwen2 always has a QKV bias and no output bias; the others follow attention_bias.
-        is_qwen2 = config.model_type == "qwen2"
-        attention_bias = bool(getattr(config, "attention_bias", False)) and not is_qwen2
+        qkv_bias, output_bias = _attention_biases(config)
         self.qkv_proj = QKVParallelLinear(
-            hidden, self.head_dim, total_heads, total_kv_heads, attention_bias or is_qwen2
+            hidden, self.head_dim, total_heads, total_kv_heads, qkv_bias
         )
         self.num_heads = self.qkv_proj.num_heads  # this rank's share
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, attention_bias)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, output_bias)
         base, scaling = rope_from_config(config)
         rotary_dim = int(self.head_dim * getattr(config, "partial_rotary_factor", 1.0))
         self.rotary_emb = get_rope(
             self.head_dim, rotary_dim, max_position, base, scaling, config.max_position_embeddings
         )
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads)
-        self.qk_norm = config.model_type == "qwen3"
+        self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -71,13 +80,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act {act!r} is not supported by this model; only 'silu'")
         bias = getattr(config, "mlp_bias", False)
-        size = config.intermediate_size
+        size = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [size, size], bias)
         self.down_proj = RowParallelLinear(size, config.hidden_size, bias)
         self.act_fn = SiluAndMul()
@@ -87,10 +96,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int, mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, max_position)
-        self.mlp = LlamaMLP(config)
+        self.mlp = mlp  # dense, or a mixture of experts
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -108,13 +117,15 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, max_position: int, mlp: Callable[[int], nn.Module]
+    ) -> None:
         super().__init__()
         self.embed_tokens = on_first_stage(
             lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         )
         self.start, self.end, self.layers = stage_layers(
-            config.num_hidden_layers, lambda _: LlamaDecoderLayer(config, max_position)
+            config.num_hidden_layers, lambda i: LlamaDecoderLayer(config, max_position, mlp(i))
         )
         self.norm = on_last_stage(lambda: RMSNorm(config.hidden_size, config.rms_norm_eps))
 
@@ -153,13 +164,17 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, max_position)
+        self.model = LlamaModel(config, max_position, self.mlp)
         self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         # With pipeline stages, a tied LM head and the embedding may sit on different ranks.
         self.shared_embedding = self.tie_word_embeddings and tie_on_this_stage(
             self.lm_head, self.model.embed_tokens
         )
+
+    def mlp(self, layer: int) -> nn.Module:
+        """The feed-forward block of decoder layer ``layer``."""
+        return LlamaMLP(self.config)
 
     def forward(
         self,

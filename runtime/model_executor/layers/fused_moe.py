@@ -1,0 +1,97 @@
+"""The routed experts of a mixture-of-experts block, stacked as the kernels want them.
+
+A checkpoint stores each expert's gate, up and down projections as separate tensors
+(``experts.3.gate_proj.weight``, or Mixtral's ``w1``/``w3``/``w2``); they load into ``w13_weight``
+``[E, 2 * I, H]`` and ``w2_weight`` ``[E, H, I]``. Under tensor parallelism every rank holds every
+expert with a slice of its intermediate size (column-parallel gate/up, row-parallel down), and the
+partial outputs are summed across ranks, as vLLM does without expert parallelism.
+"""
+
+from __future__ import annotations
+
+import torch
+from infernetes.kernels import ops
+from infernetes.runtime.model_executor.lazy_weight import as_tensor
+from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
+from torch import nn
+
+# Checkpoint names of an expert's projections -> this layer's shard ids.
+EXPERT_PROJECTIONS = {
+    "gate_proj": "w1",
+    "up_proj": "w3",
+    "down_proj": "w2",
+    "w1": "w1",
+    "w3": "w3",
+    "w2": "w2",
+}
+
+
+class FusedMoE(nn.Module):
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        renormalize: bool,
+    ) -> None:
+        super().__init__()
+        if intermediate_size % tp_size():
+            raise ValueError(
+                f"the experts' intermediate size ({intermediate_size}) is not divisible by the "
+                f"tensor-parallel size ({tp_size()})"
+            )
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok {top_k} must be in 1..{num_experts}")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.shard = intermediate_size // tp_size()
+        self.tp_rank = tp_rank()
+        self.w13_weight = nn.Parameter(
+            torch.empty(num_experts, 2 * self.shard, hidden_size), requires_grad=False
+        )
+        self.w2_weight = nn.Parameter(
+            torch.empty(num_experts, hidden_size, self.shard), requires_grad=False
+        )
+        for param in (self.w13_weight, self.w2_weight):
+            param.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
+        self.w13_scale: torch.Tensor | None = None
+        self.w2_scale: torch.Tensor | None = None
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str, expert_id: int
+    ) -> None:
+        """Load one expert's ``w1`` (gate), ``w3`` (up) or ``w2`` (down) projection."""
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"expert {expert_id} is outside the model's {self.num_experts}")
+        start = self.tp_rank * self.shard
+        if shard_id == "w2":
+            target = param.data[expert_id]
+            source = loaded.narrow(1, start, self.shard)
+        else:
+            offset = 0 if shard_id == "w1" else self.shard
+            target = param.data[expert_id].narrow(0, offset, self.shard)
+            source = loaded.narrow(0, start, self.shard)
+        if tuple(source.shape) != tuple(target.shape):
+            raise ValueError(
+                f"expert {expert_id} {shard_id} weight {tuple(loaded.shape)} does not fit "
+                f"the layer's {tuple(param.shape)}"
+            )
+        target.copy_(as_tensor(source))
+
+    def quantize_fp8(self) -> None:
+        """Online fp8 (``--quantization fp8``): each expert's weights with a per-expert scale."""
+        for name in ("w13", "w2"):
+            weight = getattr(self, f"{name}_weight").data
+            pairs = [ops.quantize_weight_fp8(weight[e]) for e in range(self.num_experts)]
+            qweight = torch.stack([q for q, _ in pairs])
+            setattr(self, f"{name}_weight", nn.Parameter(qweight, requires_grad=False))
+            setattr(self, f"{name}_scale", torch.stack([s.reshape(()).float() for _, s in pairs]))
+
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = ops.select_experts(router_logits, self.top_k, self.renormalize)
+        out = ops.fused_moe(
+            hidden, self.w13_weight, self.w2_weight, weights, ids, self.w13_scale, self.w2_scale
+        )
+        return all_reduce(out)
