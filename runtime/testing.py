@@ -78,6 +78,33 @@ def build_tokenizer(directory: str | Path, vocab_size: int = 512, add_bos: bool 
     return hf_tokenizer
 
 
+QWEN_EXPERTS: dict[str, Any] = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+
+# Architectures without a native implementation here: their config class and what makes each
+# family's tiny model exercise its own differences (multipliers, partial rotary, biases).
+FALLBACK_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "GraniteForCausalLM": (
+        "GraniteConfig",
+        dict(
+            embedding_multiplier=2.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.2,
+            logits_scaling=4.0,
+        ),
+    ),
+    "Olmo2ForCausalLM": ("Olmo2Config", {}),
+    "Starcoder2ForCausalLM": ("Starcoder2Config", dict(sliding_window=None, use_bias=True)),
+    "Phi3ForCausalLM": ("Phi3Config", dict(partial_rotary_factor=0.5)),
+    "GemmaForCausalLM": ("GemmaConfig", dict(head_dim=16)),
+    # local (sliding) and global layers with their own rope bases; the window is longer than
+    # the tests' contexts (a longer context is refused: the attention has no window)
+    "Gemma3ForCausalLM": (
+        "Gemma3TextConfig",
+        dict(head_dim=16, sliding_window=256, query_pre_attn_scalar=24, rope_local_base_freq=100.0),
+    ),
+}
+
+
 def _tiny_config(
     architecture: str, tokenizer_size: int, special: dict[str, int], **overrides: Any
 ) -> Any:
@@ -111,19 +138,23 @@ def _tiny_config(
     elif architecture == "Qwen3ForCausalLM":
         config = transformers.Qwen3Config(**common, **decoder, head_dim=32)
     elif architecture == "Qwen2MoeForCausalLM":  # layer 1 dense, as mlp_only_layers allows
-        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
         config = transformers.Qwen2MoeConfig(
             **common,
-            **{**decoder, **moe, "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]},
+            **{**decoder, **QWEN_EXPERTS, "shared_expert_intermediate_size": 48},
+            mlp_only_layers=[1],
         )
     elif architecture == "Qwen3MoeForCausalLM":
-        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
         config = transformers.Qwen3MoeConfig(
-            **common, **{**decoder, **moe, "head_dim": 32, "norm_topk_prob": True}
+            **common, **{**decoder, **QWEN_EXPERTS, "head_dim": 32, "norm_topk_prob": True}
         )
     elif architecture == "MixtralForCausalLM":
-        moe = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32)
-        config = transformers.MixtralConfig(**common, **{"sliding_window": None, **decoder, **moe})
+        experts = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32)
+        config = transformers.MixtralConfig(
+            **common, **{"sliding_window": None, **decoder, **experts}
+        )
+    elif architecture in FALLBACK_CONFIGS:  # families served through the transformers fallback
+        config_class, extra = FALLBACK_CONFIGS[architecture]
+        config = getattr(transformers, config_class)(**common, **{**decoder, **extra})
     elif architecture == "OPTForCausalLM":
         config = transformers.OPTConfig(
             **common,

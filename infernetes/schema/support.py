@@ -171,7 +171,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_sleep_mode": no_effect(
         "sleep and wake_up are always available here (VLLM_SERVER_DEV_MODE routes)"
     ),
-    "model_impl": partial(("auto", "vllm"), "the transformers fallback is planned, not built yet"),
+    "model_impl": HONOURED,
     "enable_prompt_embeds": refused("prompt embeddings are not supported yet"),
     "disable_async_output_proc": no_effect(
         "V1 has no async output processor to disable; vLLM V1 ignores it too"

@@ -98,9 +98,9 @@ def sort_rows_by_expert(
     ends = padded.cumsum(0)
     order = torch.argsort(flat, stable=True)
     experts_in_order = flat[order]
-    rank_in_expert = torch.arange(num_rows, device=flat.device) - (counts.cumsum(0) - counts)[
-        experts_in_order
-    ]
+    rank_in_expert = (
+        torch.arange(num_rows, device=flat.device) - (counts.cumsum(0) - counts)[experts_in_order]
+    )
     capacity = triton.cdiv(num_rows + num_experts * (block_m - 1), block_m) * block_m
     sorted_rows = torch.full((capacity,), num_rows, dtype=torch.int32, device=flat.device)
     sorted_rows[(ends - padded)[experts_in_order] + rank_in_expert] = order.to(torch.int32)
@@ -122,7 +122,7 @@ def _scale_mode(weight: torch.Tensor, scale: torch.Tensor | None) -> tuple[int, 
 def _grouped_gemm(
     a, weight, scale, routing_weights, sorted_rows, block_expert, num_rows, a_row_div, block_m
 ) -> torch.Tensor:
-    experts, n, k = weight.shape
+    _, n, k = weight.shape
     out = torch.empty(num_rows, n, dtype=a.dtype, device=a.device)
     mode, scale = _scale_mode(weight, scale)
     dtype = dot_dtype(a.dtype)
@@ -174,7 +174,15 @@ def fused_moe(
     sorted_rows, block_expert = sort_rows_by_expert(topk_ids, w13.shape[0], block_m)
     num_rows = tokens * top_k
     gate_up = _grouped_gemm(
-        hidden, w13.contiguous(), w13_scale, None, sorted_rows, block_expert, num_rows, top_k, block_m
+        hidden,
+        w13.contiguous(),
+        w13_scale,
+        None,
+        sorted_rows,
+        block_expert,
+        num_rows,
+        top_k,
+        block_m,
     )
     down = _grouped_gemm(
         silu_and_mul(gate_up),

@@ -245,10 +245,20 @@ def resolve_config(
         device,
         allow_long=bool(read_env("VLLM_ALLOW_LONG_MAX_MODEL_LEN", environ)),
         disable_sliding_window=config.disable_sliding_window,
+        model_impl=config.model_impl,
     )
+    if info.implementation == "transformers" and (
+        config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1
+    ):
+        raise ValueError(
+            f"{info.architecture} runs through the transformers fallback, which runs on one rank: "
+            "--tensor-parallel-size and --pipeline-parallel-size above 1 need a native "
+            "implementation (for the fallback they are planned)"
+        )
     logger.info(
-        "Model %s: dtype %s on %s, max_model_len %d",
+        "Model %s (%s implementation): dtype %s on %s, max_model_len %d",
         info.architecture,
+        info.implementation,
         str(info.dtype).removeprefix("torch."),
         device,
         info.max_model_len,

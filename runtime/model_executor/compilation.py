@@ -134,6 +134,9 @@ def compile_forward(
     """The callable that runs the model forward ``(input_ids, positions) -> hidden``."""
     if settings.level == 0:
         return model
+    if getattr(model, "eager_only", False):
+        logger.info("compilation level %d is not applied: this model runs eagerly", settings.level)
+        return model
     if device.type != "cuda" and settings.backend is None:
         logger.info(
             "compilation level %d (%s) is not applied on %s: inductor's compile time outweighs its "

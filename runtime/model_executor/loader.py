@@ -60,6 +60,8 @@ class ModelInfo:
     max_model_len: int
     is_pooling: bool
     pooler_overrides: dict[str, Any] | None = None
+    # "native" (this engine's implementation) or "transformers" (the fallback), by --model-impl
+    implementation: str = "native"
 
 
 def resolve_model_path(
@@ -255,8 +257,11 @@ def inspect_model(
     device: torch.device,
     allow_long: bool = False,
     disable_sliding_window: bool = False,
+    model_impl: str = "auto",
 ) -> ModelInfo:
-    architecture, _ = model_class(list(getattr(hf_config, "architectures", None) or []))
+    architecture, cls = model_class(
+        list(getattr(hf_config, "architectures", None) or []), model_impl
+    )
     return ModelInfo(
         path=path,
         hf_config=hf_config,
@@ -266,6 +271,7 @@ def inspect_model(
             hf_config, max_model_len, path, allow_long, disable_sliding_window
         ),
         is_pooling=architecture in POOLING,
+        implementation="transformers" if cls.__name__ == "TransformersForCausalLM" else "native",
     )
 
 
@@ -352,7 +358,8 @@ def build_model(
     ignore_patterns: Sequence[str] | None = None,
 ) -> ServableModel:
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
-    _, cls = model_class([info.architecture])
+    impl = "transformers" if info.implementation == "transformers" else "vllm"
+    _, cls = model_class([info.architecture], impl)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(info.dtype)
     try:

@@ -217,6 +217,9 @@ class ModelRunner:
         if parallel.state().pp_size > 1:
             logger.info("CUDA graphs are not captured across pipeline stages; decode runs eagerly")
             return
+        if getattr(self.model, "eager_only", False):
+            logger.info("CUDA graphs are not captured for this model; decode runs eagerly")
+            return
         backend = cuda_graph.select_graph_backend(self.device)  # module lookup: tests swap it
         if backend is None:
             return

@@ -27,7 +27,9 @@ def _by_token_loop(hidden, w13, w2, weights, ids):
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
             gate, up = (w13[e].double() @ hidden[t].double()).chunk(2)
-            out[t] += weights[t, j].double() * (w2[e].double() @ (torch.nn.functional.silu(gate) * up))
+            out[t] += weights[t, j].double() * (
+                w2[e].double() @ (torch.nn.functional.silu(gate) * up)
+            )
     return out
 
 

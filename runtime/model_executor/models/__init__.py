@@ -64,12 +64,45 @@ POOLING = {"BertModel": _bert, "BertForSequenceClassification": _bert_classifier
 ARCHITECTURES = {**GENERATIVE, **POOLING}
 
 
-def model_class(architectures: list[str]) -> tuple[str, type[nn.Module]]:
-    """The first supported architecture of ``architectures`` and its class."""
+MODEL_IMPLS = ("auto", "vllm", "transformers")
+
+
+def model_class(architectures: list[str], impl: str = "auto") -> tuple[str, type[nn.Module]]:
+    """The architecture to run and its class, by ``--model-impl``: ``vllm`` (this engine's own
+    implementation), ``transformers`` (the transformers fallback) or ``auto`` (our own when we
+    have it, else the fallback)."""
+    if impl not in MODEL_IMPLS:
+        raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}; got {impl!r}")
+    if impl != "transformers":
+        for name in architectures:
+            if name in ARCHITECTURES:
+                return name, ARCHITECTURES[name]()
+    if impl == "vllm" or not architectures:
+        raise ValueError(
+            f"Model architectures {architectures} are not supported. "
+            f"Supported architectures: {sorted(ARCHITECTURES)}"
+            + (
+                "; --model-impl auto or transformers may run it through transformers"
+                if architectures
+                else ""
+            )
+        )
+    from infernetes.runtime.model_executor.models.transformers_fallback import (
+        FallbackUnsupported,
+        TransformersForCausalLM,
+        fallback_class,
+    )
+
+    reasons = []
     for name in architectures:
-        if name in ARCHITECTURES:
-            return name, ARCHITECTURES[name]()
+        try:
+            fallback_class(name)
+        except FallbackUnsupported as error:
+            reasons.append(str(error))
+            continue
+        return name, TransformersForCausalLM
     raise ValueError(
-        f"Model architectures {architectures} are not supported. "
-        f"Supported architectures: {sorted(ARCHITECTURES)}"
+        f"Model architectures {architectures} are not supported: this engine has no "
+        f"implementation of them (it has {sorted(ARCHITECTURES)}) and the transformers fallback "
+        f"cannot run them ({'; '.join(reasons)})"
     )

@@ -1,0 +1,98 @@
+"""The transformers fallback: architectures with no native implementation here run through
+transformers' modelling code with this engine's paged attention, and give transformers' tokens."""
+
+from __future__ import annotations
+
+import pytest
+from infernetes.runtime.testing import FALLBACK_CONFIGS, SAMPLE_PROMPTS
+
+from infernetes import LLM, SamplingParams
+
+SMALL = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8)
+
+
+def _assert_exact(llm, path, hf_greedy, prompts, max_tokens=10):
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for prompt, output in zip(prompts, llm.generate(prompts, params), strict=True):
+        ids = tokenizer(prompt).input_ids
+        assert output.outputs[0].token_ids == hf_greedy(path, ids, max_tokens), prompt
+
+
+def _model(llm):
+    return llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+
+
+@pytest.mark.parametrize("architecture", sorted(FALLBACK_CONFIGS))
+def test_fallback_matches_transformers(model_factory, hf_greedy, architecture):
+    path = model_factory(architecture)
+    llm = LLM(path, **SMALL)
+    assert type(_model(llm)).__name__ == "TransformersForCausalLM"
+    _assert_exact(llm, path, hf_greedy, SAMPLE_PROMPTS)
+    # chunked prefill, a prefix-cache hit and preemption (8 blocks for 3 requests of 6)
+    tight = LLM(
+        path,
+        **{**SMALL, "max_model_len": 64, "num_gpu_blocks_override": 8, "max_num_batched_tokens": 8},
+    )
+    prompts = [SAMPLE_PROMPTS[1], SAMPLE_PROMPTS[1] + " again", SAMPLE_PROMPTS[3]]
+    _assert_exact(tight, path, hf_greedy, prompts, max_tokens=12)
+
+
+def test_model_impl_transformers_runs_a_native_architecture_through_the_fallback(
+    model_factory, hf_greedy
+):
+    path = model_factory("Qwen3ForCausalLM")
+    llm = LLM(path, model_impl="transformers", **SMALL)
+    assert type(_model(llm)).__name__ == "TransformersForCausalLM"
+    _assert_exact(llm, path, hf_greedy, SAMPLE_PROMPTS[:2])
+
+
+def test_model_impl_vllm_refuses_an_architecture_only_the_fallback_runs(model_factory):
+    path = model_factory("Olmo2ForCausalLM")
+    with pytest.raises(ValueError, match=r"Olmo2ForCausalLM.*not supported.*--model-impl auto"):
+        LLM(path, model_impl="vllm", **SMALL)
+
+
+def test_an_architecture_neither_path_runs_is_named(model_factory, tmp_path):
+    import json
+    import shutil
+
+    shutil.copytree(model_factory("LlamaForCausalLM"), tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"NoSuchModelForCausalLM.*transformers fallback cannot"):
+        LLM(str(tmp_path / "m"), **SMALL)
+
+
+def test_fallback_refuses_tensor_parallelism(model_factory):
+    with pytest.raises(ValueError, match="transformers fallback, which runs on one rank"):
+        LLM(model_factory("Olmo2ForCausalLM"), tensor_parallel_size=2, **SMALL)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "reason"),
+    [
+        ("StableLmForCausalLM", "does not route its attention through transformers' attention"),
+        ("Gemma2ForCausalLM", "soft-caps its attention logits"),
+    ],
+)
+def test_what_the_fallback_cannot_run_is_refused_with_its_reason(tmp_path, architecture, reason):
+    import transformers
+    from infernetes.runtime.testing import build_tokenizer
+
+    build_tokenizer(tmp_path)
+    config_class = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+    config = config_class(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    config.architectures = [architecture]
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=reason):
+        LLM(str(tmp_path), load_format="dummy", **SMALL)
