@@ -16,6 +16,7 @@ from pathlib import Path
 GENERATORS: dict[str, str] = {
     "docs/reference/serve-arguments.md": "infernetes.schema.reference:render_args_markdown",
     "docs/reference/environment-variables.md": "infernetes.schema.reference:render_env_markdown",
+    "docs/reference/models.md": "infernetes.runtime.model_executor.models.catalog:render_models_markdown",
     "crds/inferenceservices.infernetes.io.yaml": "infernetes.operator.crd:crd_yaml",
     "crds/kopf-peerings.kopf.dev.yaml": "infernetes.operator.generated:peering_yaml",
     "helm/infernetes/crds/inferenceservices.infernetes.io.yaml": "infernetes.operator.crd:crd_yaml",

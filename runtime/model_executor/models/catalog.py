@@ -1,0 +1,72 @@
+"""docs/reference/models.md: the supported architectures, generated from the registry
+(``make generate`` writes it; a test fails when it is stale)."""
+
+from __future__ import annotations
+
+from infernetes.runtime.model_executor.models import ARCHITECTURES, GENERATIVE, POOLING
+from infernetes.runtime.testing import FALLBACK_CONFIGS  # what the tests run through the fallback
+from torch import nn
+
+
+def _is_moe(cls: type[nn.Module]) -> bool:
+    from infernetes.runtime.model_executor.models.moe import MoeForCausalLM
+
+    return issubclass(cls, MoeForCausalLM)
+
+
+def _row(architecture: str) -> str:
+    cls = ARCHITECTURES[architecture]()
+    generative = architecture in GENERATIVE
+    task = "generate" if generative else ("score" if "Classification" in architecture else "embed")
+    # The generative models are tested under TP and PP against transformers; the pooling models'
+    # layers are the same parallel layers, but no test runs them on several ranks yet.
+    cells = [
+        f"`{architecture}`",
+        task,
+        f"`{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}`",
+        "yes" if generative else "untested",
+        "yes" if generative else "no",
+        "yes" if generative else "untested",
+        "yes (experts sliced by TP)" if _is_moe(cls) else "",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def render_models_markdown() -> str:
+    header = (
+        "| architecture | task | implementation | tensor parallel | pipeline parallel "
+        "| `--quantization fp8` | mixture of experts |\n|---|---|---|---|---|---|---|"
+    )
+    rows = "\n".join(_row(name) for name in sorted(ARCHITECTURES, key=lambda n: (n in POOLING, n)))
+    tested = ", ".join(f"`{name}`" for name in sorted(FALLBACK_CONFIGS))
+    return f"""# Supported models
+
+Generated from the model registry (`runtime/model_executor/models/__init__.py`) by
+`make generate`; do not edit by hand.
+
+## Native implementations
+
+`--model-impl auto` (the default) and `--model-impl vllm` run these with this engine's own
+layers, kernels, CUDA graphs and torch.compile.
+
+{header}
+{rows}
+
+A model whose config has a sliding window (Mistral, Qwen2, Mixtral, Gemma) runs with full
+attention, which gives the model's own results within the window: a longer `--max-model-len` is
+refused unless `--disable-sliding-window` caps the context at the window, as vLLM does. Attention
+that slides within longer contexts is planned.
+
+## The transformers fallback
+
+`--model-impl transformers`, and `auto` for an architecture that has no native implementation,
+run any decoder-only causal language model that the installed transformers can build and whose
+attention goes through transformers' attention interface, with transformers' own modelling code
+and this engine's paged KV cache, scheduler and sampler. It runs on one rank and eagerly (no
+torch.compile, no CUDA graphs; tensor and pipeline parallelism are refused), and refuses models
+that soft-cap their attention logits (Gemma 2). Tested against transformers, token for token:
+{tested}. An architecture neither path can run is refused at startup with the reason.
+
+Planned: Gemma 2 (attention soft-capping), gpt-oss, DeepSeek-V2/V3, expert parallelism, and the
+fallback under tensor parallelism.
+"""
