@@ -86,8 +86,12 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of `query` `[T, H, D]` over the paged cache -> `[T, H, D]`."""
+    """Causal attention of `query` `[T, H, D]` over the paged cache -> `[T, H, D]`. With
+    `sliding_window` a query sees only the last `sliding_window` positions (itself included);
+    with `softcap` scores are soft-capped, `softcap * tanh(score / softcap)`."""
     if _use_triton(query):
         impl = _triton().paged_attention
     elif query.device.type == "cpu":
@@ -95,7 +99,17 @@ def paged_attention(
     else:
         impl = _ref_attention.paged_attention
     return impl(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, k_scale, v_scale
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        scale,
+        k_scale,
+        v_scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
     )
 
 

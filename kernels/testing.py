@@ -98,7 +98,9 @@ def _dequant(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return x * scale.double() if scale is not None else x
 
 
-def naive_paged_attention(batch: PagedBatch) -> torch.Tensor:
+def naive_paged_attention(
+    batch: PagedBatch, sliding_window: int | None = None, softcap: float | None = None
+) -> torch.Tensor:
     """Token by token in float64: the oracle the reference and the kernels are checked against."""
     k_all, v_all = _dequant(batch.k_cache, batch.k_scale), _dequant(batch.v_cache, batch.v_scale)
     block_size, num_kv_heads = batch.k_cache.shape[1], batch.k_cache.shape[2]
@@ -116,8 +118,11 @@ def naive_paged_attention(batch: PagedBatch) -> torch.Tensor:
         for i in range(q_len):
             pos = kv_len - q_len + i
             q = batch.query[cu[b] + i].double()  # [H, D]
-            kk = k[: pos + 1].repeat_interleave(group, dim=1)  # [P, H, D]
-            vv = v[: pos + 1].repeat_interleave(group, dim=1)
+            first = max(pos + 1 - sliding_window, 0) if sliding_window else 0
+            kk = k[first : pos + 1].repeat_interleave(group, dim=1)  # [P, H, D]
+            vv = v[first : pos + 1].repeat_interleave(group, dim=1)
             scores = torch.einsum("hd,phd->hp", q, kk) * batch.scale
+            if softcap:
+                scores = torch.tanh(scores / softcap) * softcap
             out[cu[b] + i] = torch.einsum("hp,phd->hd", scores.softmax(-1), vv)
     return out

@@ -96,8 +96,18 @@ FALLBACK_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Starcoder2ForCausalLM": ("Starcoder2Config", dict(sliding_window=None, use_bias=True)),
     "Phi3ForCausalLM": ("Phi3Config", dict(partial_rotary_factor=0.5)),
     "GemmaForCausalLM": ("GemmaConfig", dict(head_dim=16)),
-    # local (sliding) and global layers with their own rope bases; the window is longer than
-    # the tests' contexts (a longer context is refused: the attention has no window)
+    # soft-capped attention and final logits, caps small enough to bite on a tiny model
+    "Gemma2ForCausalLM": (
+        "Gemma2Config",
+        dict(
+            head_dim=16,
+            sliding_window=256,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=1.5,
+        ),
+    ),
+    # local (sliding) and global layers with their own rope bases
     "Gemma3ForCausalLM": (
         "Gemma3TextConfig",
         dict(head_dim=16, sliding_window=256, query_pre_attn_scalar=24, rope_local_base_freq=100.0),

@@ -55,12 +55,30 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Same contract as `infernetes.kernels.ops.paged_attention`, for CPU tensors."""
+    """Same contract as `infernetes.kernels.ops.paged_attention`, for CPU tensors. Sliding
+    windows and soft-capping go through the reference (the C kernel attends to every key)."""
     library = native.load("paged_decode")
-    if library is None or not _native_decode_ok(query, k_cache, v_cache, block_tables, seq_lens):
+    if (
+        library is None
+        or sliding_window
+        or softcap
+        or not _native_decode_ok(query, k_cache, v_cache, block_tables, seq_lens)
+    ):
         return reference.paged_attention(
-            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, k_scale, v_scale
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            cu_seqlens_q,
+            seq_lens,
+            scale,
+            k_scale,
+            v_scale,
+            sliding_window,
+            softcap,
         )
     plan = reference.step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
     out = torch.empty(query.shape, dtype=query.dtype)

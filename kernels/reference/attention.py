@@ -18,15 +18,39 @@ import torch.nn.functional as F
 from infernetes.kernels.reference.fp8 import FP8_DTYPES
 
 
-def _sdpa_prefill(q, k, v, mask, scale):
+def attend(q, k, v, mask, scale, softcap=None):
+    """Softmax attention; `mask` True where a key is visible (None: plain causal). With
+    `softcap`, scores become `softcap * tanh(scores / softcap)` before the softmax (Gemma 2),
+    which torch's fused attention cannot do, so that case is written out."""
+    if not softcap:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale
+        )
+    scores = (q @ k.transpose(-1, -2)).float() * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(dim=-1).to(v.dtype) @ v).to(q.dtype)
+
+
+def _prefill_mask(plan: _PrefillPlan, sliding_window: int | None) -> torch.Tensor | None:
+    """The plan's causal mask, narrowed to the last `sliding_window` positions of each query."""
+    kv_len, q_len = plan.slots.shape[0], plan.end - plan.start
+    if not sliding_window or kv_len <= sliding_window:
+        return plan.mask
+    pos = torch.arange(kv_len, device=plan.slots.device)
+    q_pos = pos[kv_len - q_len :, None]
+    return (pos[None, :] <= q_pos) & (pos[None, :] > q_pos - sliding_window)
+
+
+def _prefill(q, k, v, mask, scale, softcap=None):
     """q `[1, H, Lq, D]`, k/v `[1, Hkv, Lk, D]`; `mask` None means plain causal."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale
-    )
+    return attend(q, k, v, mask, scale, softcap)
 
 
 def paged_attention(
@@ -39,24 +63,42 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     out = torch.empty_like(query)
     plan = step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
     if plan.padding_rows is not None:  # padding rows: nothing to attend to
         out[plan.padding_rows] = 0
     for group in plan.decode_groups:
-        _decode(query, k_cache, v_cache, group, scale, k_scale, v_scale, out)
-    attend_prefills(query, k_cache, v_cache, plan, scale, k_scale, v_scale, out)
+        _decode(
+            query, k_cache, v_cache, group, scale, k_scale, v_scale, out, sliding_window, softcap
+        )
+    attend_prefills(
+        query, k_cache, v_cache, plan, scale, k_scale, v_scale, out, sliding_window, softcap
+    )
     return out
 
 
-def attend_prefills(query, k_cache, v_cache, plan: _StepPlan, scale, k_scale, v_scale, out) -> None:
+def attend_prefills(
+    query,
+    k_cache,
+    v_cache,
+    plan: _StepPlan,
+    scale,
+    k_scale,
+    v_scale,
+    out,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> None:
     """The rows of prefill and chunked-prefill sequences of `plan`, written into `out`."""
     for seq in plan.prefills:
         k = _gather_tokens(k_cache, seq.slots, k_scale, query.dtype).transpose(0, 1).unsqueeze(0)
         v = _gather_tokens(v_cache, seq.slots, v_scale, query.dtype).transpose(0, 1).unsqueeze(0)
         q = query[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
-        out[seq.start : seq.end] = _sdpa_prefill(q, k, v, seq.mask, scale)[0].transpose(0, 1)
+        mask = _prefill_mask(seq, sliding_window)
+        out[seq.start : seq.end] = _prefill(q, k, v, mask, scale, softcap)[0].transpose(0, 1)
 
 
 @dataclass
@@ -210,7 +252,18 @@ def _gather_tokens(
     return take_rows(flat, slots).to(dtype)
 
 
-def _decode(query, k_cache, v_cache, plan: _DecodePlan, scale, k_scale, v_scale, out):
+def _decode(
+    query,
+    k_cache,
+    v_cache,
+    plan: _DecodePlan,
+    scale,
+    k_scale,
+    v_scale,
+    out,
+    sliding_window=None,
+    softcap=None,
+):
     n_kv_heads, head_dim = k_cache.shape[2:]
     n_seqs, n_heads = plan.token_rows.shape[0], query.shape[1]
     k = _gather_tokens(k_cache, plan.slots, k_scale, query.dtype)
@@ -222,5 +275,10 @@ def _decode(query, k_cache, v_cache, plan: _DecodePlan, scale, k_scale, v_scale,
     q = query.index_select(0, plan.token_rows).view(
         n_seqs, n_kv_heads, n_heads // n_kv_heads, head_dim
     )
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.valid, scale=scale)
+    valid = plan.valid
+    if sliding_window and plan.longest > sliding_window:  # only the last sliding_window keys
+        kv_lens = valid.sum(dim=-1, keepdim=True)
+        pos = torch.arange(plan.longest, device=valid.device)
+        valid = valid & (pos >= kv_lens - sliding_window)
+    o = attend(q, k, v, valid, scale, softcap)
     out[plan.token_rows] = o.reshape(n_seqs, n_heads, head_dim)

@@ -18,6 +18,7 @@ from infernetes.kernels.triton_backend.common import check_fp8_supported, dot_dt
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 32
+NO_WINDOW = 1 << 30
 # Fewer tokens than this per split is not worth a separate program.
 MIN_TOKENS_PER_SPLIT = 128
 
@@ -48,6 +49,8 @@ def paged_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """`num_splits` overrides the decode split count (tests use it to cover the merge)."""
@@ -76,7 +79,12 @@ def paged_attention(
     block_d = next_pow2(head_dim, 16)
     dtype = dot_dtype(query.dtype)
     precision = "ieee" if dtype == tl.float32 else "tf32"
-    common = dict(FP8=fp8, DOT_DTYPE=dtype, PRECISION=precision, BLOCK_D=block_d)
+    common = dict(
+        FP8=fp8, SOFTCAP=bool(softcap), DOT_DTYPE=dtype, PRECISION=precision, BLOCK_D=block_d
+    )
+    # In the scores' log2 domain; a window past any context stands for "no window" (one code path).
+    softcap_log2 = (softcap or 0.0) * LOG2E
+    window = sliding_window or NO_WINDOW
     cache_strides = (
         k_cache.stride(0),
         k_cache.stride(1),
@@ -87,7 +95,7 @@ def paged_attention(
     )
 
     if tokens == num_seqs:  # every sequence has exactly one query token: a decode step
-        max_kv_len = block_tables.shape[1] * block_size
+        max_kv_len = min(block_tables.shape[1] * block_size, window)
         splits = num_splits or num_decode_splits(num_seqs, num_kv_heads, max_kv_len, query.device)
         # split partials (unused, one element, when there is a single split)
         parts = (num_seqs, num_heads, splits) if splits > 1 else (1, 1, 1)
@@ -107,6 +115,8 @@ def paged_attention(
             part_l,
             out,
             scale * LOG2E,
+            softcap_log2,
+            window,
             group,
             head_dim,
             block_size,
@@ -149,6 +159,8 @@ def paged_attention(
         seq_lens,
         out,
         scale * LOG2E,
+        softcap_log2,
+        window,
         num_seqs,
         group,
         head_dim,

@@ -27,6 +27,8 @@ def decode_split_kernel(
     part_l_ptr,
     out_ptr,
     qk_scale,
+    softcap,
+    window,
     group,
     head_dim,
     block_size,
@@ -43,6 +45,7 @@ def decode_split_kernel(
     stride_oh,
     NUM_SPLITS: tl.constexpr,
     FP8: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -55,8 +58,11 @@ def decode_split_kernel(
     num_heads = tl.num_programs(1) * group
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    first = tl.maximum(
+        seq_len - window, 0
+    )  # the oldest key the query sees (window is huge without one)
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -111,7 +117,18 @@ def decode_split_kernel(
             DOT_DTYPE,
         )
         m_i, l_i, acc = online_softmax_step(
-            q, k, v, mask_n[None, :], m_i, l_i, acc, score_scale, DOT_DTYPE, PRECISION
+            q,
+            k,
+            v,
+            mask_n[None, :],
+            m_i,
+            l_i,
+            acc,
+            score_scale,
+            softcap,
+            DOT_DTYPE,
+            PRECISION,
+            SOFTCAP,
         )
 
     if NUM_SPLITS == 1:  # nothing to merge (l is 0 only for a padding row: output 0)

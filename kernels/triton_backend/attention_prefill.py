@@ -41,6 +41,8 @@ def prefill_kernel(
     seq_lens_ptr,
     out_ptr,
     qk_scale,
+    softcap,
+    window,
     num_seqs,
     group,
     head_dim,
@@ -57,6 +59,7 @@ def prefill_kernel(
     stride_vt,
     stride_vh,
     FP8: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -100,7 +103,9 @@ def prefill_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         table_row = tables_ptr + seq.to(tl.int64) * stride_tables
         kv_end = tl.minimum(seq_len, context + (local_tile + 1) * BLOCK_Q)
-        for n0 in range(0, kv_end, BLOCK_N):
+        # The tile's first query sees `window` positions back at most (window is huge without one).
+        kv_start = tl.maximum(context + local_tile * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
+        for n0 in range(kv_start, kv_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < kv_end
             k = load_kv_tile(
@@ -131,9 +136,24 @@ def prefill_kernel(
                 stride_vh,
                 DOT_DTYPE,
             )
-            visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            visible = (
+                mask_n[None, :]
+                & (offs_n[None, :] <= q_pos[:, None])
+                & (offs_n[None, :] > q_pos[:, None] - window)
+            )
             m_i, l_i, acc = online_softmax_step(
-                q, k, v, visible, m_i, l_i, acc, score_scale, DOT_DTYPE, PRECISION
+                q,
+                k,
+                v,
+                visible,
+                m_i,
+                l_i,
+                acc,
+                score_scale,
+                softcap,
+                DOT_DTYPE,
+                PRECISION,
+                SOFTCAP,
             )
 
         out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

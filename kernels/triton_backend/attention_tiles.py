@@ -38,11 +38,25 @@ def load_kv_tile(
 
 @triton.jit
 def online_softmax_step(
-    q, k, v, valid, m_i, l_i, acc, score_scale, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr
+    q,
+    k,
+    v,
+    valid,
+    m_i,
+    l_i,
+    acc,
+    score_scale,
+    softcap,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Fold one KV tile into the running max `m_i`, sum `l_i` and output `acc` of each row.
-    `q`, `k`, `v` are in DOT_DTYPE; `score_scale` = softmax scale * log2(e) * k_scale."""
+    `q`, `k`, `v` are in DOT_DTYPE; `score_scale` = softmax scale * log2(e) * k_scale; with
+    SOFTCAP, `softcap` is the cap times log2(e) (the scores' domain)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * score_scale
+    if SOFTCAP:  # cap * tanh(s / cap), tanh(y) = 1 - 2 / (e^2y + 1): saturates without NaN
+        s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
     s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # Rows with nothing visible yet keep m = -inf; use 0 there so exp2 gives 0, not NaN.

@@ -16,6 +16,7 @@ from infernetes.runtime.model_executor.lazy_weight import LazyWeight, ReadCounte
 from infernetes.runtime.model_executor.models import POOLING, model_class
 from infernetes.runtime.model_executor.models.interfaces import ServableModel
 from infernetes.runtime.model_executor.parallel import tp_rank, tp_size
+from infernetes.runtime.model_executor.sliding_window import sliding_window
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -205,19 +206,6 @@ def derived_max_model_len(hf_config: PretrainedConfig, path: Path | None = None)
     return length
 
 
-def sliding_window(hf_config: PretrainedConfig) -> int | None:
-    """The attention window of a model whose layers attend only to the last N tokens, else None."""
-    window = getattr(hf_config, "sliding_window", None)
-    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return None
-    if getattr(hf_config, "use_sliding_window", True) is False:
-        return None
-    layer_types = getattr(hf_config, "layer_types", None)
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    return window
-
-
 def resolve_max_model_len(
     hf_config: PretrainedConfig,
     requested: int | None,
@@ -225,9 +213,8 @@ def resolve_max_model_len(
     allow_long: bool,
     disable_sliding_window: bool = False,
 ) -> int:
-    """The context length. This engine attends to every token (no sliding window), which gives
-    the model's own results only within the window: ``--disable-sliding-window`` caps the length
-    at the window as vLLM does, and without it a longer context is refused."""
+    """The context length. ``--disable-sliding-window`` caps it at the model's sliding window
+    (the layers then attend to every token, as in vLLM)."""
     derived = derived_max_model_len(hf_config, path)
     window = sliding_window(hf_config)
     source = "from its config.json"
@@ -238,15 +225,7 @@ def resolve_max_model_len(
             f"max_model_len={requested} is longer than the model's maximum context length of "
             f"{derived} tokens ({source}); set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to force it"
         )
-    length = derived if requested is None else requested
-    if window is not None and not disable_sliding_window and length > window:
-        raise ModelLoadError(
-            f"the model attends through a sliding window of {window} tokens, which this engine does not "
-            f"implement: a context of {length} tokens would attend to every token instead. Pass "
-            f"--disable-sliding-window (full attention, the context capped at {window} tokens) or "
-            f"--max-model-len {window} or less"
-        )
-    return length
+    return derived if requested is None else requested
 
 
 def inspect_model(
@@ -262,14 +241,17 @@ def inspect_model(
     architecture, cls = model_class(
         list(getattr(hf_config, "architectures", None) or []), model_impl
     )
+    max_len = resolve_max_model_len(
+        hf_config, max_model_len, path, allow_long, disable_sliding_window
+    )
+    if disable_sliding_window and sliding_window(hf_config) is not None:
+        hf_config.sliding_window = None  # every layer (ours or transformers') attends to all
     return ModelInfo(
         path=path,
         hf_config=hf_config,
         architecture=architecture,
         dtype=resolve_dtype(hf_config, dtype, device),
-        max_model_len=resolve_max_model_len(
-            hf_config, max_model_len, path, allow_long, disable_sliding_window
-        ),
+        max_model_len=max_len,
         is_pooling=architecture in POOLING,
         implementation="transformers" if cls.__name__ == "TransformersForCausalLM" else "native",
     )

@@ -72,3 +72,36 @@ def test_llama_rope_scaling_matches_transformers(model_factory, hf_greedy, varia
     )
     llm = LLM(path, dtype="float32", max_model_len=256, num_gpu_blocks_override=64, block_size=8)
     _assert_exact(llm, path, hf_greedy, SAMPLE_PROMPTS[:2])
+
+
+# Prompts longer than the window, generation that goes on past it; chunked prefill (a chunk's
+# queries see different windows) and a prefix-cache hit on the long prompt.
+LONG_PROMPTS = [" ".join(SAMPLE_PROMPTS) * 2, SAMPLE_PROMPTS[1] * 3]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "overrides"),
+    [
+        ("MistralForCausalLM", {"sliding_window": 16}),
+        ("Qwen2ForCausalLM", {"sliding_window": 16, "use_sliding_window": True}),
+        ("MixtralForCausalLM", {"sliding_window": 16}),
+        # Gemma 3's local layers slide, its global ones do not (a fallback architecture)
+        ("Gemma3ForCausalLM", {"sliding_window": 16}),
+        ("Gemma2ForCausalLM", {"sliding_window": 16}),
+    ],
+)
+def test_sliding_window_past_the_window_matches_transformers(
+    model_factory, hf_greedy, architecture, overrides
+):
+    path = model_factory(architecture, **overrides)
+    for budget in (None, 8):
+        llm = LLM(
+            path,
+            dtype="float32",
+            max_model_len=256,
+            num_gpu_blocks_override=96,
+            block_size=8,
+            max_num_batched_tokens=budget,
+        )
+        assert len(llm.get_tokenizer()(LONG_PROMPTS[0]).input_ids) > 3 * 16
+        _assert_exact(llm, path, hf_greedy, [*LONG_PROMPTS, LONG_PROMPTS[0]], max_tokens=24)

@@ -112,12 +112,8 @@ def sliding_mistral(tmp_path_factory):
     )
 
 
-def test_sliding_window_model_is_refused_past_its_window(sliding_mistral):
-    with pytest.raises(
-        ModelLoadError, match=r"sliding window of 64 tokens.*--disable-sliding-window"
-    ):
-        LLM(sliding_mistral, **DERIVED_LEN)
-    assert LLM(sliding_mistral, max_model_len=64, **DERIVED_LEN).llm_engine.max_model_len == 64
+def test_sliding_window_model_serves_its_whole_context(sliding_mistral):
+    assert LLM(sliding_mistral, **DERIVED_LEN).llm_engine.max_model_len == 512
 
 
 def test_disable_sliding_window_caps_the_context_at_the_window(sliding_mistral, hf_greedy):

@@ -74,12 +74,14 @@ def test_tokenizer_mode_slow_asks_transformers_for_a_slow_tokenizer(tiny_llama, 
     assert asked["use_fast"] is True
 
 
-def test_model_impl_vllm_is_the_native_implementation_and_transformers_is_refused(tiny_llama):
-    config, _ = resolve_config(
-        build_config(tiny_llama, model_impl="vllm", device="cpu"), environ={}
-    )
-    assert config.model.info.architecture == "LlamaForCausalLM"
-    with pytest.raises(ValueError, match="--model-impl transformers is not supported"):
-        resolve_config(
-            build_config(tiny_llama, model_impl="transformers", device="cpu"), environ={}
+def test_model_impl_picks_the_native_implementation_or_the_transformers_fallback(tiny_llama):
+    for impl, implementation in (
+        ("vllm", "native"),
+        ("auto", "native"),
+        ("transformers", "transformers"),
+    ):
+        config, _ = resolve_config(
+            build_config(tiny_llama, model_impl=impl, device="cpu"), environ={}
         )
+        assert config.model.info.architecture == "LlamaForCausalLM"
+        assert config.model.info.implementation == implementation

@@ -74,7 +74,7 @@ def test_fallback_refuses_tensor_parallelism(model_factory):
     ("architecture", "reason"),
     [
         ("StableLmForCausalLM", "does not route its attention through transformers' attention"),
-        ("Gemma2ForCausalLM", "soft-caps its attention logits"),
+        ("FalconForCausalLM", "does not route its attention through transformers' attention"),
     ],
 )
 def test_what_the_fallback_cannot_run_is_refused_with_its_reason(tmp_path, architecture, reason):

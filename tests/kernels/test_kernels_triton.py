@@ -72,6 +72,28 @@ def test_triton_paged_attention_matches_reference(
     torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize(
+    ("q_lens", "seq_lens", "window", "softcap", "dtype", "splits"),
+    [
+        ([1, 1, 12, 5], [30, 4, 12, 21], 6, None, torch.float32, None),  # mixed batch
+        ([1, 1, 1], [300, 40, 9], 70, None, torch.float32, 3),  # split decode inside the window
+        ([1, 1, 12, 5], [30, 4, 12, 21], None, 5.0, torch.float32, None),
+        ([1, 1], [300, 17], None, 5.0, torch.float16, 2),
+        ([40, 1], [90, 33], 16, 8.0, torch.bfloat16, None),  # a long chunk, both at once
+    ],
+)
+def test_triton_sliding_window_and_softcap_match_reference(
+    q_lens, seq_lens, window, softcap, dtype, splits
+):
+    batch = random_paged_batch(q_lens, seq_lens, 4, 2, 16, 8, dtype, device=DEVICE)
+    batch.query.mul_(4)  # scores large enough for the cap to matter
+    out = tk.paged_attention(
+        *batch.args(), sliding_window=window, softcap=softcap, num_splits=splits
+    )
+    expected = attention.paged_attention(*batch.args(), sliding_window=window, softcap=softcap)
+    torch.testing.assert_close(out.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, E4M3, E5M2])
 def test_triton_store_kv_matches_reference(cache_dtype):
     gen = torch.Generator().manual_seed(1)

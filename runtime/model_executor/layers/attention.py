@@ -15,12 +15,22 @@ from torch import nn
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window  # attend to the last N positions only
+        self.softcap = softcap  # Gemma 2's attention logit soft-capping
         self.k_cache = torch.tensor([])
         self.v_cache = torch.tensor([])
         # fp8 caches store x / scale; 1.0 unless --calculate-kv-scales measures them.
@@ -54,5 +64,7 @@ class Attention(nn.Module):
             self.scale,
             self.k_scale,
             self.v_scale,
+            self.sliding_window,
+            self.softcap,
         )
         return out.reshape(-1, self.num_heads * self.head_dim)

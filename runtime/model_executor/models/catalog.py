@@ -52,10 +52,10 @@ layers, kernels, CUDA graphs and torch.compile.
 {header}
 {rows}
 
-A model whose config has a sliding window (Mistral, Qwen2, Mixtral, Gemma) runs with full
-attention, which gives the model's own results within the window: a longer `--max-model-len` is
-refused unless `--disable-sliding-window` caps the context at the window, as vLLM does. Attention
-that slides within longer contexts is planned.
+Sliding windows are honoured per layer (all layers for Mistral and Mixtral, those `layer_types`
+marks `sliding_attention` for Qwen2 and Gemma) by the attention kernels; the KV cache still keeps
+every block of a request (freeing blocks that left every layer's window is planned).
+`--disable-sliding-window` caps the context at the window and attends to all of it, as in vLLM.
 
 ## The transformers fallback
 
@@ -63,10 +63,12 @@ that slides within longer contexts is planned.
 run any decoder-only causal language model that the installed transformers can build and whose
 attention goes through transformers' attention interface, with transformers' own modelling code
 and this engine's paged KV cache, scheduler and sampler. It runs on one rank and eagerly (no
-torch.compile, no CUDA graphs; tensor and pipeline parallelism are refused), and refuses models
-that soft-cap their attention logits (Gemma 2). Tested against transformers, token for token:
+torch.compile, no CUDA graphs; tensor and pipeline parallelism are refused); each layer's sliding
+window and attention soft-capping go to the kernels, and the final-logit scalings of Granite,
+Cohere and Gemma are applied. Tested against transformers, token for token:
 {tested}. An architecture neither path can run is refused at startup with the reason.
 
-Planned: Gemma 2 (attention soft-capping), gpt-oss, DeepSeek-V2/V3, expert parallelism, and the
-fallback under tensor parallelism.
+Planned: native Gemma 2/3 and Phi-3 (tensor parallel, CUDA graphs), gpt-oss (attention sinks,
+MXFP4 experts), DeepSeek-V2/V3 (multi-head latent attention), expert parallelism, and the fallback
+under tensor parallelism.
 """

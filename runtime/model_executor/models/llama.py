@@ -21,6 +21,7 @@ from infernetes.runtime.model_executor.layers.rotary import get_rope, rope_from_
 from infernetes.runtime.model_executor.models.utils import (
     IntermediateTensors,
     PPMissingLayer,
+    layer_sliding_window,
     load_stacked_weights,
     on_first_stage,
     on_last_stage,
@@ -43,7 +44,7 @@ def _attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int, layer: int) -> None:
         super().__init__()
         hidden = config.hidden_size
         total_heads = config.num_attention_heads
@@ -63,7 +64,13 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = get_rope(
             self.head_dim, rotary_dim, max_position, base, scaling, config.max_position_embeddings
         )
-        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads)
+        self.attn = Attention(
+            self.num_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            self.num_kv_heads,
+            layer_sliding_window(config, layer),
+        )
         self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -96,9 +103,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_position: int, mlp: nn.Module) -> None:
+    def __init__(
+        self, config: PretrainedConfig, max_position: int, layer: int, mlp: nn.Module
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, max_position)
+        self.self_attn = LlamaAttention(config, max_position, layer)
         self.mlp = mlp  # dense, or a mixture of experts
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -125,7 +134,7 @@ class LlamaModel(nn.Module):
             lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         )
         self.start, self.end, self.layers = stage_layers(
-            config.num_hidden_layers, lambda i: LlamaDecoderLayer(config, max_position, mlp(i))
+            config.num_hidden_layers, lambda i: LlamaDecoderLayer(config, max_position, i, mlp(i))
         )
         self.norm = on_last_stage(lambda: RMSNorm(config.hidden_size, config.rms_norm_eps))
 

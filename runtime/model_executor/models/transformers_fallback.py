@@ -8,8 +8,8 @@ attention modules calls ``paged_attention_forward`` below with its rotated queri
 values, which goes to this engine's ``Attention`` for that layer: store into the paged cache,
 attend per request as the step's metadata says. transformers builds no mask and keeps no cache.
 
-It runs on one rank, eagerly (no torch.compile, no CUDA graphs), and refuses what its attention
-cannot honour (attention logit soft-capping, attention sinks).
+It runs on one rank, eagerly (no torch.compile, no CUDA graphs). Sliding windows and attention
+soft-capping are passed to the kernels; what the attention cannot honour (attention sinks) fails.
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ def paged_attention_forward(
     """transformers' attention-function contract: ``query [1, H, T, D]``, ``key``/``value``
     ``[1, Hkv, T, D]`` -> ``([1, T, H, D], no weights)``."""
     attention: Attention = module.paged_attention  # type: ignore[assignment]  # bound by the fallback
+    # transformers passes each layer's window and cap with the call (Mistral reads its config
+    # there, Gemma its layer type); the layer's Attention takes them as given.
+    attention.sliding_window = kwargs.get("sliding_window")
+    attention.softcap = kwargs.get("softcap")
+    if kwargs.get("s_aux") is not None:
+        raise FallbackUnsupported("attention sinks (s_aux) are not supported")
     tokens = query.shape[2]
     q = query[0].transpose(0, 1).reshape(tokens, -1)
     k = key[0].transpose(0, 1).reshape(tokens, -1)
@@ -79,11 +85,6 @@ def fallback_class(architecture: str) -> type[nn.Module]:
 
 
 def _check_supported(config: PretrainedConfig) -> None:
-    if getattr(config, "attn_logit_softcapping", None):
-        raise FallbackUnsupported(
-            f"{(config.architectures or ['the model'])[0]} soft-caps its attention logits "
-            "(attn_logit_softcapping), which this engine's attention kernels do not implement"
-        )
     if getattr(config, "is_encoder_decoder", False):
         raise FallbackUnsupported("encoder-decoder models are not supported")
     state = parallel.state()

@@ -9,7 +9,9 @@ import torch
 from infernetes.runtime.model_executor import parallel
 from infernetes.runtime.model_executor.layers.embedding import ParallelLMHead
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
+from infernetes.runtime.model_executor.sliding_window import sliding_window
 from torch import nn
+from transformers import PretrainedConfig
 
 # What one pipeline stage hands the next: the hidden states (and the residual, for models that
 # carry it between layers), by name.
@@ -49,6 +51,17 @@ def tie_on_this_stage(lm_head: nn.Module, embedding: nn.Module) -> bool:
     assert isinstance(lm_head, ParallelLMHead)
     lm_head.tie(embedding)
     return True
+
+
+def layer_sliding_window(config: PretrainedConfig, layer: int) -> int | None:
+    """The attention window of decoder layer ``layer``: the config's ``sliding_window`` for the
+    layers its ``layer_types`` mark ``sliding_attention`` (every layer when it has no
+    ``layer_types``), else None (full attention)."""
+    window = sliding_window(config)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and layer_types[layer] != "sliding_attention"):
+        return None
+    return window
 
 
 def missing_prefixes(model: nn.Module) -> tuple[str, ...]:
