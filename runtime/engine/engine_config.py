@@ -247,13 +247,11 @@ def resolve_config(
         disable_sliding_window=config.disable_sliding_window,
         model_impl=config.model_impl,
     )
-    if info.implementation == "transformers" and (
-        config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1
-    ):
+    if info.implementation == "transformers" and config.pipeline_parallel_size > 1:
         raise ValueError(
-            f"{info.architecture} runs through the transformers fallback, which runs on one rank: "
-            "--tensor-parallel-size and --pipeline-parallel-size above 1 need a native "
-            "implementation (for the fallback they are planned)"
+            f"{info.architecture} runs through the transformers fallback, which runs as one "
+            "pipeline stage: --pipeline-parallel-size above 1 needs a native implementation (for "
+            "the fallback it is planned)"
         )
     logger.info(
         "Model %s (%s implementation): dtype %s on %s, max_model_len %d",

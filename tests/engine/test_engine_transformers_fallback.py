@@ -65,9 +65,49 @@ def test_an_architecture_neither_path_runs_is_named(model_factory, tmp_path):
         LLM(str(tmp_path / "m"), **SMALL)
 
 
-def test_fallback_refuses_tensor_parallelism(model_factory):
-    with pytest.raises(ValueError, match="transformers fallback, which runs on one rank"):
-        LLM(model_factory("Olmo2ForCausalLM"), tensor_parallel_size=2, **SMALL)
+def test_fallback_refuses_pipeline_parallelism(model_factory):
+    with pytest.raises(ValueError, match="transformers fallback, which runs as one pipeline stage"):
+        LLM(model_factory("Olmo2ForCausalLM"), pipeline_parallel_size=2, **SMALL)
+
+
+@pytest.mark.slow  # a worker process per rank
+@pytest.mark.parametrize(
+    ("architecture", "heads_per_rank"),
+    [
+        ("GraniteForCausalLM", 2),  # every projection split
+        ("Olmo2ForCausalLM", 4),  # attention replicated (its q/k norms span all heads); MLP split
+        ("Gemma2ForCausalLM", 2),  # soft-capping and windows on split heads
+    ],
+)
+def test_fallback_under_tensor_parallelism_matches_transformers(
+    model_factory, hf_greedy, architecture, heads_per_rank
+):
+    from pathlib import Path
+
+    from infernetes.runtime.engine.llm_engine import LLMEngine
+
+    from infernetes.schema.config import build_config
+
+    path = model_factory(architecture)
+    engine = LLMEngine(build_config(path, device="cpu", tensor_parallel_size=2, **SMALL))
+    try:
+        reports = engine.engine_core.executor.collective_rpc("report")
+        prompts = [[0, 398, 340, 321, 455, 80, 72], [0, 37], list(range(5, 40))]
+        params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        results = {}
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    results[output.request_id] = output.outputs[0].token_ids
+    finally:
+        engine.shutdown()
+    assert [r["attention_heads"] for r in reports] == [heads_per_rank] * 2
+    checkpoint = (Path(path) / "model.safetensors").stat().st_size
+    assert all(r["checkpoint_bytes_read"] < 0.9 * checkpoint for r in reports)  # its slices
+    for i, prompt in enumerate(prompts):
+        assert results[str(i)] == hf_greedy(path, prompt, 10)
 
 
 @pytest.mark.parametrize(

@@ -62,13 +62,17 @@ every block of a request (freeing blocks that left every layer's window is plann
 `--model-impl transformers`, and `auto` for an architecture that has no native implementation,
 run any decoder-only causal language model that the installed transformers can build and whose
 attention goes through transformers' attention interface, with transformers' own modelling code
-and this engine's paged KV cache, scheduler and sampler. It runs on one rank and eagerly (no
-torch.compile, no CUDA graphs; tensor and pipeline parallelism are refused); each layer's sliding
+and this engine's paged KV cache, scheduler and sampler. It runs eagerly (no torch.compile, no
+CUDA graphs) and as one pipeline stage (`--pipeline-parallel-size` above 1 is refused). Under
+tensor parallelism the linear layers that transformers' `base_model_tp_plan` splits plainly
+(`colwise`, `rowwise`) become this engine's parallel layers, each rank reading its slice; layers
+of other styles stay replicated (correct, not split); key/value heads must divide by the
+tensor-parallel size. Each layer's sliding
 window and attention soft-capping go to the kernels, and the final-logit scalings of Granite,
 Cohere and Gemma are applied. Tested against transformers, token for token:
 {tested}. An architecture neither path can run is refused at startup with the reason.
 
 Planned: native Gemma 2/3 and Phi-3 (tensor parallel, CUDA graphs), gpt-oss (attention sinks,
 MXFP4 experts), DeepSeek-V2/V3 (multi-head latent attention), expert parallelism, and the fallback
-under tensor parallelism.
+across pipeline stages.
 """

@@ -8,19 +8,23 @@ attention modules calls ``paged_attention_forward`` below with its rotated queri
 values, which goes to this engine's ``Attention`` for that layer: store into the paged cache,
 attend per request as the step's metadata says. transformers builds no mask and keeps no cache.
 
-It runs on one rank, eagerly (no torch.compile, no CUDA graphs). Sliding windows and attention
+It runs eagerly (no torch.compile, no CUDA graphs), as one pipeline stage; under tensor
+parallelism the linear layers transformers' ``base_model_tp_plan`` splits are swapped for this
+engine's parallel layers. Sliding windows and attention
 soft-capping are passed to the kernels; what the attention cannot honour (attention sinks) fails.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 
 import torch
 import transformers
 from infernetes.runtime.model_executor import parallel
 from infernetes.runtime.model_executor.layers.attention import Attention
+from infernetes.runtime.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
@@ -87,12 +91,35 @@ def fallback_class(architecture: str) -> type[nn.Module]:
 def _check_supported(config: PretrainedConfig) -> None:
     if getattr(config, "is_encoder_decoder", False):
         raise FallbackUnsupported("encoder-decoder models are not supported")
-    state = parallel.state()
-    if state.tp_size > 1 or state.pp_size > 1:
+    if parallel.state().pp_size > 1:
         raise FallbackUnsupported(
-            "the transformers fallback runs on one rank; tensor and pipeline parallelism need a "
-            "native implementation (for the fallback they are planned)"
+            "the transformers fallback runs as one pipeline stage; pipeline parallelism needs a "
+            "native implementation (for the fallback it is planned)"
         )
+
+
+def _plan_pattern(key: str) -> re.Pattern[str]:
+    # "layers.*.self_attn.q_proj": the star stands for a layer number
+    return re.compile(re.escape(key).replace(r"\*", r"\d+") + "$")
+
+
+def shard_linear_layers(model: nn.Module, plan: dict[str, str]) -> int:
+    """Under tensor parallelism, swap the ``nn.Linear`` layers that transformers'
+    ``base_model_tp_plan`` splits plainly (``colwise``, ``rowwise``) for this engine's parallel
+    layers (same parameter names; each rank loads its slice). Other styles (a norm over the whole
+    projection, gathered outputs) stay replicated: correct, only not split. Returns how many."""
+    patterns = [(_plan_pattern(key), style) for key, style in plan.items()]
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        style = next((style for pattern, style in patterns if pattern.match(name)), None)
+        if style not in ("colwise", "rowwise") or type(module) is not nn.Linear:
+            continue
+        parallel_class = ColumnParallelLinear if style == "colwise" else RowParallelLinear
+        layer = parallel_class(module.in_features, module.out_features, module.bias is not None)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, layer)
+        swapped += 1
+    return swapped
 
 
 class TransformersForCausalLM(nn.Module):
@@ -113,10 +140,17 @@ class TransformersForCausalLM(nn.Module):
                 dtype=torch.get_default_dtype(),
             )
         self.config = config
+        if parallel.tp_size() > 1:
+            plan = getattr(config, "base_model_tp_plan", None) or {}
+            if not shard_linear_layers(self.hf.base_model, plan):
+                raise FallbackUnsupported(
+                    f"transformers' {architecture} has no tensor-parallel plan this engine can "
+                    "apply (base_model_tp_plan with colwise/rowwise layers)"
+                )
         self._bind_attention(config)
         logger.info(
             "%s runs through the transformers fallback (transformers' modelling code, this "
-            "engine's paged attention); eagerly, on one rank",
+            "engine's paged attention), eagerly",
             type(self.hf).__name__,
         )
 
@@ -133,9 +167,20 @@ class TransformersForCausalLM(nn.Module):
                 f"found {len(modules)} attention modules in {type(self.hf).__name__}, expected one "
                 f"per layer ({config.num_hidden_layers})"
             )
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        tp = parallel.tp_size()
         for module in modules:
+            # A layer whose projections were split holds its share of the heads.
+            split = any(isinstance(child, ColumnParallelLinear) for child in module.children())
+            if split and (total_heads % tp or total_kv_heads % tp):
+                raise FallbackUnsupported(
+                    f"{total_heads} attention heads and {total_kv_heads} key/value heads do not "
+                    f"divide by the tensor-parallel size {tp} (the fallback does not replicate "
+                    "key/value heads)"
+                )
+            heads = total_heads // tp if split else total_heads
+            kv_heads = total_kv_heads // tp if split else total_kv_heads
             head_dim = (
                 getattr(module, "head_dim", None)
                 or getattr(config, "head_dim", None)
@@ -180,6 +225,11 @@ class TransformersForCausalLM(nn.Module):
                     f"{type(self.hf).__name__}"
                 )
             param = params[name]
+            loader = getattr(param, "weight_loader", None)
+            if loader is not None:  # a parallel layer's: it takes this rank's slice
+                loader(param, tensor)
+                loaded.add(f"hf.{name}")
+                continue
             tensor = as_tensor(tensor)
             if tuple(tensor.shape) != tuple(param.shape):
                 raise ValueError(
