@@ -79,6 +79,8 @@ class ParallelConfig:
     layer_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION: layers per stage
     data_parallel_size: int = 1  # engine cores, each with world_size devices of its own
     data_parallel_rank: int = 0  # this engine core's index among them
+    # --enable-expert-parallel: whole experts per tensor-parallel rank instead of slices of all
+    expert_parallel: bool = False
 
     @property
     def world_size(self) -> int:

@@ -220,10 +220,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "data_parallel_address": refused(DP_PLANNED),
     "data_parallel_rpc_port": refused(DP_PLANNED),
     "data_parallel_backend": partial(("mp",), NO_RAY),
-    "enable_expert_parallel": refused(
-        "expert parallelism (whole experts per rank) is planned; under tensor parallelism each "
-        "rank holds a slice of every expert"
-    ),
+    "enable_expert_parallel": HONOURED,
     "enable_eplb": refused("expert parallelism and its load balancer are planned, not built yet"),
     "enable_multimodal_encoder_data_parallel": no_effect(TEXT_ONLY),
     "max_parallel_loading_workers": no_effect(

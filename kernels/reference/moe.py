@@ -67,13 +67,16 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden[t])`` -> ``[T, H]``.
+    """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden[t])`` -> ``[T, H]``; an id of
+    -1 (an expert another rank holds, under expert parallelism) adds nothing.
 
     One pass per expert that has tokens: its tokens are gathered, go through the expert as two
     matmuls, and are added back weighted, in float32."""
     check_moe_shapes(hidden, w13, w2, topk_weights, topk_ids)
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     for expert in topk_ids.unique().tolist():
+        if expert < 0:
+            continue
         tokens, slots = (topk_ids == expert).nonzero(as_tuple=True)
         x = hidden.index_select(0, tokens)
         gate_up = x @ expert_weight(w13, w13_scale, expert, hidden.dtype).T

@@ -90,10 +90,12 @@ def sort_rows_by_expert(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sorted_rows, block_expert)``: the rows (flat indices into ``topk_ids``) grouped by
     expert, each group padded with ``topk_ids.numel()`` to a multiple of ``block_m``, and the
-    expert of each block (-1 past the last). Sized for the worst case, so no host sync."""
+    expert of each block (-1 past the last, and for the rows of id -1: another rank's experts,
+    grouped last). Sized for the worst case, so no host sync."""
     flat = topk_ids.reshape(-1).long()
+    flat = torch.where(flat < 0, num_experts, flat)
     num_rows = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = torch.bincount(flat, minlength=num_experts + 1)
     padded = (counts + block_m - 1) // block_m * block_m
     ends = padded.cumsum(0)
     order = torch.argsort(flat, stable=True)
@@ -101,7 +103,7 @@ def sort_rows_by_expert(
     rank_in_expert = (
         torch.arange(num_rows, device=flat.device) - (counts.cumsum(0) - counts)[experts_in_order]
     )
-    capacity = triton.cdiv(num_rows + num_experts * (block_m - 1), block_m) * block_m
+    capacity = triton.cdiv(num_rows + (num_experts + 1) * (block_m - 1), block_m) * block_m
     sorted_rows = torch.full((capacity,), num_rows, dtype=torch.int32, device=flat.device)
     sorted_rows[(ends - padded)[experts_in_order] + rank_in_expert] = order.to(torch.int32)
     block_starts = torch.arange(0, capacity, block_m, device=flat.device)
@@ -123,7 +125,9 @@ def _grouped_gemm(
     a, weight, scale, routing_weights, sorted_rows, block_expert, num_rows, a_row_div, block_m
 ) -> torch.Tensor:
     _, n, k = weight.shape
-    out = torch.empty(num_rows, n, dtype=a.dtype, device=a.device)
+    # Zeroed for the weighted output: rows of id -1 (another rank's experts) stay unwritten.
+    alloc = torch.empty if routing_weights is None else torch.zeros
+    out = alloc(num_rows, n, dtype=a.dtype, device=a.device)
     mode, scale = _scale_mode(weight, scale)
     dtype = dot_dtype(a.dtype)
     grid = (block_expert.numel(), triton.cdiv(n, 64))

@@ -158,7 +158,15 @@ def _parallel_config(
             ) from None
     if pp > 1:  # the stages must cover the model's layers: say so now, not in a worker
         stage_layers(hf_config.num_hidden_layers, partition, pp)
-    return ParallelConfig(tp, pp, backend, partition, config.data_parallel_size, data_parallel_rank)
+    return ParallelConfig(
+        tp,
+        pp,
+        backend,
+        partition,
+        config.data_parallel_size,
+        data_parallel_rank,
+        expert_parallel=config.enable_expert_parallel,
+    )
 
 
 def _config_source(config: ServeConfig, model_path: Path) -> Path:

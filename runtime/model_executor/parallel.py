@@ -23,6 +23,7 @@ class ParallelState:
     tp_group: dist.ProcessGroup | None  # None when tp_size == 1
     pp_ranks: tuple[int, ...]  # the global ranks of this rank's pipeline, first stage first
     layer_partition: tuple[int, ...] | None = None  # VLLM_PP_LAYER_PARTITION, else even
+    expert_parallel: bool = False  # MoE experts placed whole across the tensor-parallel ranks
 
     @property
     def tp_rank(self) -> int:
@@ -56,6 +57,7 @@ def init_distributed(
     init_method: str,
     backend: str,
     layer_partition: tuple[int, ...] | None = None,
+    expert_parallel: bool = False,
 ) -> ParallelState:
     """Join the world group and build the tensor-parallel groups (one per pipeline stage)."""
     global _STATE
@@ -68,7 +70,9 @@ def init_distributed(
         if rank in ranks and isinstance(group, dist.ProcessGroup):
             tp_group = group
     pp_ranks = tuple(range(rank % tp_size, world_size, tp_size))
-    _STATE = ParallelState(rank, world_size, tp_size, pp_size, tp_group, pp_ranks, layer_partition)
+    _STATE = ParallelState(
+        rank, world_size, tp_size, pp_size, tp_group, pp_ranks, layer_partition, expert_parallel
+    )
     return _STATE
 
 

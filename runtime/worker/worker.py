@@ -11,6 +11,7 @@ from infernetes.kernels.backend import select_backend
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
+from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
 from infernetes.runtime.model_executor.memory_profile import log_kv_cache_budget
 from infernetes.runtime.worker.model_runner import ModelRunner
 
@@ -31,6 +32,8 @@ class Worker:
         """What this rank holds, for the startup log (and the tests)."""
         runner = self.model_runner
         layer = runner.attention_layers[0] if runner.attention_layers else None
+        modules = runner.model.modules() if runner.model is not None else ()
+        experts = next((m for m in modules if isinstance(m, FusedMoE)), None)
         return {
             "rank": self.rank,
             "device": str(self.device),
@@ -38,6 +41,12 @@ class Worker:
             "kv_heads": layer.num_kv_heads if layer else 0,
             "attention_layers": len(runner.attention_layers),
             "checkpoint_bytes_read": getattr(runner.model, "checkpoint_bytes_read", 0),
+            # the first MoE layer's experts on this rank: [first, end)
+            "local_experts": (
+                (experts.first_expert, experts.first_expert + experts.num_local_experts)
+                if experts is not None
+                else None
+            ),
         }
 
     def determine_available_memory(self) -> int:

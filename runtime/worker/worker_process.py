@@ -68,6 +68,7 @@ def serve(conn: Connection, init: WorkerInit) -> None:
             init.init_method,
             backend,
             config.parallel.layer_partition,
+            config.parallel.expert_parallel,
         )
         worker = Worker(config, rank)
     except BaseException as error:

@@ -116,6 +116,25 @@ def test_parallel_matches_tp1_and_transformers(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("architecture", ["Qwen2MoeForCausalLM", "MixtralForCausalLM"])
+def test_expert_parallel_matches_tp1_and_transformers(model_factory, hf_greedy, architecture):
+    model = model_factory(architecture)
+    expected = _generate(_engine(model))
+    engine = _engine(model, tensor_parallel_size=2, enable_expert_parallel=True)
+    try:
+        experts = engine.engine_core.executor.collective_rpc("report")
+        results = _generate(engine)
+    finally:
+        engine.shutdown()
+    halves = [(0, 4), (4, 8)] if architecture == "Qwen2MoeForCausalLM" else [(0, 2), (2, 4)]
+    assert [r["local_experts"] for r in experts] == halves
+    for i, prompt in enumerate(PROMPTS):
+        tokens, logprobs = results[str(i)]
+        assert tokens == hf_greedy(model, prompt, MAX_TOKENS) == expected[str(i)][0]
+        assert logprobs == pytest.approx(expected[str(i)][1], abs=1e-4)
+
+
+@pytest.mark.slow
 def test_pp_layer_partition_is_honoured(model_factory, hf_greedy, monkeypatch):
     model = model_factory("LlamaForCausalLM", num_hidden_layers=3)
     monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "1,2")

@@ -108,6 +108,21 @@ def test_triton_fused_moe_fp8_weights(per_channel):
     assert (got - exact).abs().max() < 0.1 * exact.abs().max()
 
 
+def test_ids_of_minus_one_add_nothing():
+    """Expert parallelism: experts another rank holds come as -1 and are skipped."""
+    w13, w2 = _weights(4, 32, 16, torch.float32)
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    weights, ids = _routing(9, 8, 2)  # 8 experts routed, this rank holds 4..7
+    local = torch.where(ids >= 4, ids - 4, -1).to(torch.int32)
+    assert (local == -1).any() and (local >= 0).any()
+    kept = torch.where(local >= 0, weights, 0.0)
+    expected = moe.fused_moe(x, w13, w2, kept, torch.where(local >= 0, local, 0).to(torch.int32))
+    torch.testing.assert_close(moe.fused_moe(x, w13, w2, weights, local), expected)
+    torch.testing.assert_close(
+        tk.fused_moe(x, w13, w2, weights, local), expected, atol=1e-4, rtol=1e-4
+    )
+
+
 def test_sort_rows_by_expert_groups_and_pads():
     ids = torch.tensor([[2, 0], [2, 1], [0, 2]], dtype=torch.int32, device=DEVICE)
     rows, blocks = tk.moe.sort_rows_by_expert(ids, num_experts=4, block_m=2)

@@ -4,15 +4,18 @@ A checkpoint stores each expert's gate, up and down projections as separate tens
 (``experts.3.gate_proj.weight``, or Mixtral's ``w1``/``w3``/``w2``); they load into ``w13_weight``
 ``[E, 2 * I, H]`` and ``w2_weight`` ``[E, H, I]``. Under tensor parallelism every rank holds every
 expert with a slice of its intermediate size (column-parallel gate/up, row-parallel down), and the
-partial outputs are summed across ranks, as vLLM does without expert parallelism.
+partial outputs are summed across ranks, as vLLM does without expert parallelism. With
+``--enable-expert-parallel`` each rank holds ``E / tp`` whole experts instead; a token's routed
+experts run on the ranks that hold them (the others skip them) and the same sum combines them.
 """
 
 from __future__ import annotations
 
 import torch
 from infernetes.kernels import ops
+from infernetes.runtime.model_executor import parallel
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
-from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
+from infernetes.runtime.model_executor.parallel import all_reduce
 from torch import nn
 
 # Checkpoint names of an expert's projections -> this layer's shard ids.
@@ -36,23 +39,35 @@ class FusedMoE(nn.Module):
         renormalize: bool,
     ) -> None:
         super().__init__()
-        if intermediate_size % tp_size():
-            raise ValueError(
-                f"the experts' intermediate size ({intermediate_size}) is not divisible by the "
-                f"tensor-parallel size ({tp_size()})"
-            )
         if not 0 < top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok {top_k} must be in 1..{num_experts}")
+        state = parallel.state()
         self.num_experts = num_experts
         self.top_k = top_k
         self.renormalize = renormalize
-        self.shard = intermediate_size // tp_size()
-        self.tp_rank = tp_rank()
+        # Either every expert with a slice of its intermediate size (tensor parallel), or whole
+        # experts, a contiguous range of them per rank (expert parallel).
+        self.expert_parallel = state.expert_parallel and state.tp_size > 1
+        slices, groups = (1, state.tp_size) if self.expert_parallel else (state.tp_size, 1)
+        if intermediate_size % slices or num_experts % groups:
+            what, size = (
+                ("experts", num_experts)
+                if self.expert_parallel
+                else ("intermediate size", intermediate_size)
+            )
+            raise ValueError(
+                f"the MoE layer's {what} ({size}) is not divisible by the tensor-parallel size "
+                f"({state.tp_size})"
+            )
+        self.shard = intermediate_size // slices
+        self.slice_rank = 0 if self.expert_parallel else state.tp_rank
+        self.num_local_experts = num_experts // groups
+        self.first_expert = state.tp_rank * self.num_local_experts if self.expert_parallel else 0
         self.w13_weight = nn.Parameter(
-            torch.empty(num_experts, 2 * self.shard, hidden_size), requires_grad=False
+            torch.empty(self.num_local_experts, 2 * self.shard, hidden_size), requires_grad=False
         )
         self.w2_weight = nn.Parameter(
-            torch.empty(num_experts, hidden_size, self.shard), requires_grad=False
+            torch.empty(self.num_local_experts, hidden_size, self.shard), requires_grad=False
         )
         for param in (self.w13_weight, self.w2_weight):
             param.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
@@ -65,13 +80,16 @@ class FusedMoE(nn.Module):
         """Load one expert's ``w1`` (gate), ``w3`` (up) or ``w2`` (down) projection."""
         if not 0 <= expert_id < self.num_experts:
             raise ValueError(f"expert {expert_id} is outside the model's {self.num_experts}")
-        start = self.tp_rank * self.shard
+        local = expert_id - self.first_expert
+        if not 0 <= local < self.num_local_experts:
+            return  # another rank's expert
+        start = self.slice_rank * self.shard
         if shard_id == "w2":
-            target = param.data[expert_id]
+            target = param.data[local]
             source = loaded.narrow(1, start, self.shard)
         else:
             offset = 0 if shard_id == "w1" else self.shard
-            target = param.data[expert_id].narrow(0, offset, self.shard)
+            target = param.data[local].narrow(0, offset, self.shard)
             source = loaded.narrow(0, start, self.shard)
         if tuple(source.shape) != tuple(target.shape):
             raise ValueError(
@@ -84,13 +102,16 @@ class FusedMoE(nn.Module):
         """Online fp8 (``--quantization fp8``): each expert's weights with a per-expert scale."""
         for name in ("w13", "w2"):
             weight = getattr(self, f"{name}_weight").data
-            pairs = [ops.quantize_weight_fp8(weight[e]) for e in range(self.num_experts)]
+            pairs = [ops.quantize_weight_fp8(weight[e]) for e in range(self.num_local_experts)]
             qweight = torch.stack([q for q, _ in pairs])
             setattr(self, f"{name}_weight", nn.Parameter(qweight, requires_grad=False))
             setattr(self, f"{name}_scale", torch.stack([s.reshape(()).float() for _, s in pairs]))
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = ops.select_experts(router_logits, self.top_k, self.renormalize)
+        if self.expert_parallel:  # this rank's experts by local index, the others' skipped (-1)
+            ids = ids - self.first_expert
+            ids = torch.where((ids >= 0) & (ids < self.num_local_experts), ids, -1)
         out = ops.fused_moe(
             hidden, self.w13_weight, self.w2_weight, weights, ids, self.w13_scale, self.w2_scale
         )

@@ -27,7 +27,9 @@ def _row(architecture: str) -> str:
         "yes" if generative else "untested",
         "yes" if generative else "no",
         "yes" if generative else "untested",
-        "yes (experts sliced by TP)" if _is_moe(cls) else "",
+        "yes (TP slices every expert; `--enable-expert-parallel` spreads whole experts)"
+        if _is_moe(cls)
+        else "",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -73,6 +75,6 @@ Cohere and Gemma are applied. Tested against transformers, token for token:
 {tested}. An architecture neither path can run is refused at startup with the reason.
 
 Planned: native Gemma 2/3 and Phi-3 (tensor parallel, CUDA graphs), gpt-oss (attention sinks,
-MXFP4 experts), DeepSeek-V2/V3 (multi-head latent attention), expert parallelism, and the fallback
-across pipeline stages.
+MXFP4 experts), DeepSeek-V2/V3 (multi-head latent attention), expert-parallel load balancing
+(`--enable-eplb`), and the fallback across pipeline stages.
 """
