@@ -88,10 +88,12 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of `query` `[T, H, D]` over the paged cache -> `[T, H, D]`. With
     `sliding_window` a query sees only the last `sliding_window` positions (itself included);
-    with `softcap` scores are soft-capped, `softcap * tanh(score / softcap)`."""
+    with `softcap` scores are soft-capped, `softcap * tanh(score / softcap)`; `sinks` `[H]` are a
+    logit per head that joins each softmax's denominator without a value (attention sinks)."""
     if _use_triton(query):
         impl = _triton().paged_attention
     elif query.device.type == "cpu":
@@ -110,6 +112,7 @@ def paged_attention(
         v_scale,
         sliding_window=sliding_window,
         softcap=softcap,
+        sinks=sinks,
     )
 
 

@@ -99,7 +99,10 @@ def _dequant(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
 
 
 def naive_paged_attention(
-    batch: PagedBatch, sliding_window: int | None = None, softcap: float | None = None
+    batch: PagedBatch,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token by token in float64: the oracle the reference and the kernels are checked against."""
     k_all, v_all = _dequant(batch.k_cache, batch.k_scale), _dequant(batch.v_cache, batch.v_scale)
@@ -124,5 +127,10 @@ def naive_paged_attention(
             scores = torch.einsum("hd,phd->hp", q, kk) * batch.scale
             if softcap:
                 scores = torch.tanh(scores / softcap) * softcap
-            out[cu[b] + i] = torch.einsum("hp,phd->hd", scores.softmax(-1), vv)
+            if sinks is not None:  # one more logit per head, whose weight is dropped
+                scores = torch.cat([scores, sinks.double().view(-1, 1)], dim=-1)
+                probs = scores.softmax(-1)[:, :-1]
+            else:
+                probs = scores.softmax(-1)
+            out[cu[b] + i] = torch.einsum("hp,phd->hd", probs, vv)
     return out

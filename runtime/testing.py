@@ -107,6 +107,18 @@ FALLBACK_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             final_logit_softcapping=1.5,
         ),
     ),
+    # attention sinks, alternating sliding/full layers, MoE experts with biases (unquantised)
+    "GptOssForCausalLM": (
+        "GptOssConfig",
+        dict(
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+            sliding_window=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
     # local (sliding) and global layers with their own rope bases
     "Gemma3ForCausalLM": (
         "Gemma3TextConfig",

@@ -57,14 +57,16 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `infernetes.kernels.ops.paged_attention`, for CPU tensors. Sliding
-    windows and soft-capping go through the reference (the C kernel attends to every key)."""
+    windows, soft-capping and sinks go through the reference (the C kernel has none of them)."""
     library = native.load("paged_decode")
     if (
         library is None
         or sliding_window
         or softcap
+        or sinks is not None
         or not _native_decode_ok(query, k_cache, v_cache, block_tables, seq_lens)
     ):
         return reference.paged_attention(
@@ -79,6 +81,7 @@ def paged_attention(
             v_scale,
             sliding_window,
             softcap,
+            sinks,
         )
     plan = reference.step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
     out = torch.empty(query.shape, dtype=query.dtype)

@@ -18,20 +18,27 @@ import torch.nn.functional as F
 from infernetes.kernels.reference.fp8 import FP8_DTYPES
 
 
-def attend(q, k, v, mask, scale, softcap=None):
+def attend(q, k, v, mask, scale, softcap=None, sinks=None):
     """Softmax attention; `mask` True where a key is visible (None: plain causal). With
-    `softcap`, scores become `softcap * tanh(scores / softcap)` before the softmax (Gemma 2),
-    which torch's fused attention cannot do, so that case is written out."""
-    if not softcap:
+    `softcap`, scores become `softcap * tanh(scores / softcap)` before the softmax (Gemma 2);
+    `sinks` (broadcast to the scores' rows) are one more logit per head in the softmax's
+    denominator with no value (gpt-oss). Torch's fused attention does neither: written out."""
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale
         )
     scores = (q @ k.transpose(-1, -2)).float() * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(dim=-1).to(v.dtype) @ v).to(q.dtype)
+    if sinks is None:
+        probs = scores.softmax(dim=-1)
+    else:
+        sink = sinks.float().expand(*scores.shape[:-1], 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return (probs.to(v.dtype) @ v).to(q.dtype)
 
 
 def _prefill_mask(plan: _PrefillPlan, sliding_window: int | None) -> torch.Tensor | None:
@@ -44,13 +51,13 @@ def _prefill_mask(plan: _PrefillPlan, sliding_window: int | None) -> torch.Tenso
     return (pos[None, :] <= q_pos) & (pos[None, :] > q_pos - sliding_window)
 
 
-def _prefill(q, k, v, mask, scale, softcap=None):
+def _prefill(q, k, v, mask, scale, softcap=None, sinks=None):
     """q `[1, H, Lq, D]`, k/v `[1, Hkv, Lk, D]`; `mask` None means plain causal."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    return attend(q, k, v, mask, scale, softcap)
+    return attend(q, k, v, mask, scale, softcap, None if sinks is None else sinks.view(1, -1, 1, 1))
 
 
 def paged_attention(
@@ -65,6 +72,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     out = torch.empty_like(query)
     plan = step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
@@ -72,10 +80,20 @@ def paged_attention(
         out[plan.padding_rows] = 0
     for group in plan.decode_groups:
         _decode(
-            query, k_cache, v_cache, group, scale, k_scale, v_scale, out, sliding_window, softcap
+            query,
+            k_cache,
+            v_cache,
+            group,
+            scale,
+            k_scale,
+            v_scale,
+            out,
+            sliding_window,
+            softcap,
+            sinks,
         )
     attend_prefills(
-        query, k_cache, v_cache, plan, scale, k_scale, v_scale, out, sliding_window, softcap
+        query, k_cache, v_cache, plan, scale, k_scale, v_scale, out, sliding_window, softcap, sinks
     )
     return out
 
@@ -91,6 +109,7 @@ def attend_prefills(
     out,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """The rows of prefill and chunked-prefill sequences of `plan`, written into `out`."""
     for seq in plan.prefills:
@@ -98,7 +117,7 @@ def attend_prefills(
         v = _gather_tokens(v_cache, seq.slots, v_scale, query.dtype).transpose(0, 1).unsqueeze(0)
         q = query[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
         mask = _prefill_mask(seq, sliding_window)
-        out[seq.start : seq.end] = _prefill(q, k, v, mask, scale, softcap)[0].transpose(0, 1)
+        out[seq.start : seq.end] = _prefill(q, k, v, mask, scale, softcap, sinks)[0].transpose(0, 1)
 
 
 @dataclass
@@ -263,6 +282,7 @@ def _decode(
     out,
     sliding_window=None,
     softcap=None,
+    sinks=None,
 ):
     n_kv_heads, head_dim = k_cache.shape[2:]
     n_seqs, n_heads = plan.token_rows.shape[0], query.shape[1]
@@ -280,5 +300,7 @@ def _decode(
         kv_lens = valid.sum(dim=-1, keepdim=True)
         pos = torch.arange(plan.longest, device=valid.device)
         valid = valid & (pos >= kv_lens - sliding_window)
-    o = attend(q, k, v, valid, scale, softcap)
+    if sinks is not None:  # the query rows are (kv head, head in its group)
+        sinks = sinks.view(1, n_kv_heads, n_heads // n_kv_heads, 1)
+    o = attend(q, k, v, valid, scale, softcap, sinks)
     out[plan.token_rows] = o.reshape(n_seqs, n_heads, head_dim)

@@ -51,6 +51,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """`num_splits` overrides the decode split count (tests use it to cover the merge)."""
@@ -80,8 +81,15 @@ def paged_attention(
     dtype = dot_dtype(query.dtype)
     precision = "ieee" if dtype == tl.float32 else "tf32"
     common = dict(
-        FP8=fp8, SOFTCAP=bool(softcap), DOT_DTYPE=dtype, PRECISION=precision, BLOCK_D=block_d
+        FP8=fp8,
+        SOFTCAP=bool(softcap),
+        SINKS=sinks is not None,
+        DOT_DTYPE=dtype,
+        PRECISION=precision,
+        BLOCK_D=block_d,
     )
+    # sinks in the scores' log2 domain (a device op: no sync, graph safe); else a placeholder
+    sinks_log2 = (sinks.float() * LOG2E).contiguous() if sinks is not None else seq_lens
     # In the scores' log2 domain; a window past any context stands for "no window" (one code path).
     softcap_log2 = (softcap or 0.0) * LOG2E
     window = sliding_window or NO_WINDOW
@@ -114,6 +122,7 @@ def paged_attention(
             part_m,
             part_l,
             out,
+            sinks_log2,
             scale * LOG2E,
             softcap_log2,
             window,
@@ -137,9 +146,11 @@ def paged_attention(
                 part_m,
                 part_l,
                 out,
+                sinks_log2,
                 head_dim,
                 out.stride(0),
                 out.stride(1),
+                SINKS=sinks is not None,
                 NUM_SPLITS=splits,
                 BLOCK_S=next_pow2(splits),
                 BLOCK_D=block_d,
@@ -158,6 +169,7 @@ def paged_attention(
         cu_seqlens_q,
         seq_lens,
         out,
+        sinks_log2,
         scale * LOG2E,
         softcap_log2,
         window,

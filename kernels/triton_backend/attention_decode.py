@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from infernetes.kernels.triton_backend.attention_tiles import load_kv_tile, online_softmax_step
+from infernetes.kernels.triton_backend.attention_tiles import (
+    fold_in_sinks,
+    load_kv_tile,
+    online_softmax_step,
+)
 
 
 @triton.jit
@@ -26,6 +30,7 @@ def decode_split_kernel(
     part_m_ptr,
     part_l_ptr,
     out_ptr,
+    sinks_ptr,
     qk_scale,
     softcap,
     window,
@@ -46,6 +51,7 @@ def decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     FP8: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -132,6 +138,8 @@ def decode_split_kernel(
         )
 
     if NUM_SPLITS == 1:  # nothing to merge (l is 0 only for a padding row: output 0)
+        if SINKS:
+            m_i, l_i, acc = fold_in_sinks(sinks_ptr, heads, mask_g, m_i, l_i, acc)
         out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -156,9 +164,11 @@ def decode_merge_kernel(
     part_m_ptr,
     part_l_ptr,
     out_ptr,
+    sinks_ptr,
     head_dim,
     stride_ot,
     stride_oh,
+    SINKS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -175,9 +185,13 @@ def decode_merge_kernel(
         part_acc_ptr + part[:, None] * BLOCK_D + offs_d[None, :], mask=mask_s[:, None], other=0.0
     )
     m_max = tl.max(m, axis=0)
+    if SINKS:  # the sink joins the denominator once, here
+        m_max = tl.maximum(m_max, tl.load(sinks_ptr + head))
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty (a padding row)
     weight = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
     total = tl.sum(weight * l_part, axis=0)
+    if SINKS:
+        total += tl.exp2(tl.load(sinks_ptr + head) - m_max)
     # A padding row (seq_len 0, as in a padded CUDA-graph batch) has no keys: output 0, not NaN.
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
     tl.store(

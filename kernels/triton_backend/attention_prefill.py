@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from infernetes.kernels.triton_backend.attention_tiles import load_kv_tile, online_softmax_step
+from infernetes.kernels.triton_backend.attention_tiles import (
+    fold_in_sinks,
+    load_kv_tile,
+    online_softmax_step,
+)
 
 
 @triton.jit
@@ -40,6 +44,7 @@ def prefill_kernel(
     cu_q_ptr,
     seq_lens_ptr,
     out_ptr,
+    sinks_ptr,
     qk_scale,
     softcap,
     window,
@@ -60,6 +65,7 @@ def prefill_kernel(
     stride_vh,
     FP8: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -156,6 +162,8 @@ def prefill_kernel(
                 SOFTCAP,
             )
 
+        if SINKS:
+            m_i, l_i, acc = fold_in_sinks(sinks_ptr, heads, mask_m, m_i, l_i, acc)
         out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],

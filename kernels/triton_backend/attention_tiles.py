@@ -37,6 +37,16 @@ def load_kv_tile(
 
 
 @triton.jit
+def fold_in_sinks(sinks_ptr, heads, mask, m_i, l_i, acc):
+    """Attention sinks: one more logit per head (log2 domain) in the softmax's denominator,
+    with no value to add to the output."""
+    sink = tl.load(sinks_ptr + heads, mask=mask, other=0.0)
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.exp2(m_i - m_new)
+    return m_new, l_i * alpha + tl.exp2(sink - m_new), acc * alpha[:, None]
+
+
+@triton.jit
 def online_softmax_step(
     q,
     k,

@@ -261,6 +261,15 @@ def resolve_config(
             "pipeline stage: --pipeline-parallel-size above 1 needs a native implementation (for "
             "the fallback it is planned)"
         )
+    if (
+        info.implementation == "transformers"
+        and config.tensor_parallel_size > 1
+        and not getattr(hf_config, "base_model_tp_plan", None)
+    ):
+        raise ValueError(
+            f"transformers' {info.architecture} has no tensor-parallel plan "
+            "(base_model_tp_plan), so the transformers fallback cannot split it across ranks"
+        )
     logger.info(
         "Model %s (%s implementation): dtype %s on %s, max_model_len %d",
         info.architecture,

@@ -88,6 +88,7 @@ LONG_PROMPTS = [" ".join(SAMPLE_PROMPTS) * 2, SAMPLE_PROMPTS[1] * 3]
         # Gemma 3's local layers slide, its global ones do not (a fallback architecture)
         ("Gemma3ForCausalLM", {"sliding_window": 16}),
         ("Gemma2ForCausalLM", {"sliding_window": 16}),
+        ("GptOssForCausalLM", {"sliding_window": 16}),  # and attention sinks
     ],
 )
 def test_sliding_window_past_the_window_matches_transformers(

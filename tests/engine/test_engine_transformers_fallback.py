@@ -65,6 +65,12 @@ def test_an_architecture_neither_path_runs_is_named(model_factory, tmp_path):
         LLM(str(tmp_path / "m"), **SMALL)
 
 
+def test_fallback_refuses_tensor_parallelism_without_a_plan(model_factory):
+    # transformers gives gpt-oss no base_model_tp_plan: refused before any worker starts
+    with pytest.raises(ValueError, match="GptOssForCausalLM has no tensor-parallel plan"):
+        LLM(model_factory("GptOssForCausalLM"), tensor_parallel_size=2, **SMALL)
+
+
 def test_fallback_refuses_pipeline_parallelism(model_factory):
     with pytest.raises(ValueError, match="transformers fallback, which runs as one pipeline stage"):
         LLM(model_factory("Olmo2ForCausalLM"), pipeline_parallel_size=2, **SMALL)

@@ -234,16 +234,31 @@ def test_reference_paged_attention_ignores_nan_garbage_past_the_end(cache_dtype)
 WINDOW_BATCH = dict(q_lens=[1, 1, 12, 5], seq_lens=[30, 4, 12, 21], head_dim=16, block_size=4)
 
 
-@pytest.mark.parametrize(("window", "softcap"), [(6, None), (None, 5.0), (6, 5.0), (40, None)])
+SINKS = torch.tensor([0.5, -1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap", "sinks"),
+    [
+        (6, None, None),
+        (None, 5.0, None),
+        (6, 5.0, None),
+        (40, None, None),
+        (None, None, SINKS),
+        (6, 5.0, SINKS),
+    ],
+)
 @pytest.mark.parametrize("path", ["reference", "cpu"])
-def test_sliding_window_and_softcap_match_the_oracle(window, softcap, path):
+def test_sliding_window_softcap_and_sinks_match_the_oracle(window, softcap, sinks, path):
     from infernetes.kernels.cpu import attention as cpu_attention
 
     batch = random_paged_batch(num_heads=4, num_kv_heads=2, **WINDOW_BATCH)
     batch.query.mul_(4)  # scores large enough for the cap to matter
     impl = attention if path == "reference" else cpu_attention
-    out = impl.paged_attention(*batch.args(), sliding_window=window, softcap=softcap)
-    expected = naive_paged_attention(batch, window, softcap)
+    out = impl.paged_attention(*batch.args(), sliding_window=window, softcap=softcap, sinks=sinks)
+    expected = naive_paged_attention(batch, window, softcap, sinks)
     torch.testing.assert_close(out.double(), expected, atol=5e-5, rtol=0)
     if window == 6:  # the window changes the result (the test can fail)
-        assert not torch.allclose(out.double(), naive_paged_attention(batch, None, softcap))
+        assert not torch.allclose(out.double(), naive_paged_attention(batch, None, softcap, sinks))
+    if sinks is not None:
+        assert not torch.allclose(out.double(), naive_paged_attention(batch, window, softcap))

@@ -73,24 +73,30 @@ def test_triton_paged_attention_matches_reference(
 
 
 @pytest.mark.parametrize(
-    ("q_lens", "seq_lens", "window", "softcap", "dtype", "splits"),
+    ("q_lens", "seq_lens", "window", "softcap", "sinks", "dtype", "splits"),
     [
-        ([1, 1, 12, 5], [30, 4, 12, 21], 6, None, torch.float32, None),  # mixed batch
-        ([1, 1, 1], [300, 40, 9], 70, None, torch.float32, 3),  # split decode inside the window
-        ([1, 1, 12, 5], [30, 4, 12, 21], None, 5.0, torch.float32, None),
-        ([1, 1], [300, 17], None, 5.0, torch.float16, 2),
-        ([40, 1], [90, 33], 16, 8.0, torch.bfloat16, None),  # a long chunk, both at once
+        ([1, 1, 12, 5], [30, 4, 12, 21], 6, None, False, torch.float32, None),  # mixed batch
+        ([1, 1, 1], [300, 40, 9], 70, None, False, torch.float32, 3),  # split decode in a window
+        ([1, 1, 12, 5], [30, 4, 12, 21], None, 5.0, False, torch.float32, None),
+        ([1, 1], [300, 17], None, 5.0, False, torch.float16, 2),
+        ([40, 1], [90, 33], 16, 8.0, False, torch.bfloat16, None),  # a long chunk, both at once
+        ([1, 1, 12, 5], [30, 4, 12, 21], None, None, True, torch.float32, None),  # sinks: prefill
+        ([1, 1, 1], [300, 40, 9], 70, None, True, torch.float32, 3),  # and the split merge
+        ([1, 1], [60, 17], None, None, True, torch.bfloat16, None),  # and one split
     ],
 )
-def test_triton_sliding_window_and_softcap_match_reference(
-    q_lens, seq_lens, window, softcap, dtype, splits
+def test_triton_sliding_window_softcap_and_sinks_match_reference(
+    q_lens, seq_lens, window, softcap, sinks, dtype, splits
 ):
     batch = random_paged_batch(q_lens, seq_lens, 4, 2, 16, 8, dtype, device=DEVICE)
     batch.query.mul_(4)  # scores large enough for the cap to matter
-    out = tk.paged_attention(
-        *batch.args(), sliding_window=window, softcap=softcap, num_splits=splits
+    features = dict(
+        sliding_window=window,
+        softcap=softcap,
+        sinks=torch.tensor([0.5, -1.0, 2.0, 3.0], device=DEVICE) if sinks else None,
     )
-    expected = attention.paged_attention(*batch.args(), sliding_window=window, softcap=softcap)
+    out = tk.paged_attention(*batch.args(), **features, num_splits=splits)
+    expected = attention.paged_attention(*batch.args(), **features)
     torch.testing.assert_close(out.float(), expected.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
 

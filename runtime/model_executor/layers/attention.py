@@ -31,6 +31,7 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window  # attend to the last N positions only
         self.softcap = softcap  # Gemma 2's attention logit soft-capping
+        self.sinks: torch.Tensor | None = None  # gpt-oss: a logit per head, no value
         self.k_cache = torch.tensor([])
         self.v_cache = torch.tensor([])
         # fp8 caches store x / scale; 1.0 unless --calculate-kv-scales measures them.
@@ -66,5 +67,6 @@ class Attention(nn.Module):
             self.v_scale,
             self.sliding_window,
             self.softcap,
+            self.sinks,
         )
         return out.reshape(-1, self.num_heads * self.head_dim)

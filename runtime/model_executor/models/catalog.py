@@ -69,12 +69,15 @@ CUDA graphs) and as one pipeline stage (`--pipeline-parallel-size` above 1 is re
 tensor parallelism the linear layers that transformers' `base_model_tp_plan` splits plainly
 (`colwise`, `rowwise`) become this engine's parallel layers, each rank reading its slice; layers
 of other styles stay replicated (correct, not split); key/value heads must divide by the
-tensor-parallel size. Each layer's sliding
-window and attention soft-capping go to the kernels, and the final-logit scalings of Granite,
+tensor-parallel size; an architecture without a plan (gpt-oss) is refused above one rank. Each
+layer's sliding window, attention soft-capping and attention sinks go to the kernels, and the final-logit scalings of Granite,
 Cohere and Gemma are applied. Tested against transformers, token for token:
 {tested}. An architecture neither path can run is refused at startup with the reason.
 
-Planned: native Gemma 2/3 and Phi-3 (tensor parallel, CUDA graphs), gpt-oss (attention sinks,
-MXFP4 experts), DeepSeek-V2/V3 (multi-head latent attention), expert-parallel load balancing
+gpt-oss runs through the fallback from unquantised (bf16) checkpoints, its attention sinks in the
+kernels and its experts in transformers' own code; its MXFP4 checkpoints are not read yet.
+
+Planned: native Gemma 2/3, Phi-3 and gpt-oss (CUDA graphs, torch.compile), gpt-oss's MXFP4
+checkpoints, DeepSeek-V2/V3 (multi-head latent attention), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.
 """

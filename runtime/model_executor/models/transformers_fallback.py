@@ -10,8 +10,8 @@ attend per request as the step's metadata says. transformers builds no mask and 
 
 It runs eagerly (no torch.compile, no CUDA graphs), as one pipeline stage; under tensor
 parallelism the linear layers transformers' ``base_model_tp_plan`` splits are swapped for this
-engine's parallel layers. Sliding windows and attention
-soft-capping are passed to the kernels; what the attention cannot honour (attention sinks) fails.
+engine's parallel layers. Each layer's sliding window, soft-cap and attention sinks come with
+transformers' call and go to the kernels.
 """
 
 from __future__ import annotations
@@ -56,8 +56,10 @@ def paged_attention_forward(
     # there, Gemma its layer type); the layer's Attention takes them as given.
     attention.sliding_window = kwargs.get("sliding_window")
     attention.softcap = kwargs.get("softcap")
-    if kwargs.get("s_aux") is not None:
-        raise FallbackUnsupported("attention sinks (s_aux) are not supported")
+    sinks = kwargs.get("s_aux")  # gpt-oss's per-head sink logits, for all heads
+    if sinks is not None and sinks.numel() != attention.num_heads:  # this rank's heads
+        sinks = sinks.narrow(0, parallel.tp_rank() * attention.num_heads, attention.num_heads)
+    attention.sinks = sinks
     tokens = query.shape[2]
     q = query[0].transpose(0, 1).reshape(tokens, -1)
     k = key[0].transpose(0, 1).reshape(tokens, -1)
