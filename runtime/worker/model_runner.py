@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
+from infernetes.runtime.lora.manager import LoRAManager
 from infernetes.runtime.engine.scheduler_output import (
     CachedRequestData,
     NewRequestData,
@@ -65,6 +66,7 @@ class ModelRunner:
         )
         self.model: ServableModel | None = None
         self.run_model: ModelForward | None = None
+        self.lora: LoRAManager | None = None  # with --enable-lora
         self.load_model(config.load.use_tqdm_on_load)
         self.decode_graphs: DecodeGraphs | None = None  # captured by capture_decode_graphs()
         self.kv_cache_dtype = KV_CACHE_DTYPES.get(config.cache.kv_cache_dtype, info.dtype)
@@ -88,6 +90,8 @@ class ModelRunner:
             config.load.ignore_patterns,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        if config.lora is not None:  # wraps the linear layers: before compiling the forward
+            self.lora = LoRAManager(self.model, config.lora, self.info.dtype, self.device)
         self.run_model = compile_forward(self.model, config.compilation, self.device)
 
     # -- KV cache ------------------------------------------------------------------------------
@@ -313,9 +317,13 @@ class ModelRunner:
         intermediate: IntermediateTensors | None = None,
     ) -> tuple[torch.Tensor | IntermediateTensors, AttentionMetadata]:
         input_ids, positions, meta = self._prepare(batch, num_scheduled)
+        lora_active = False
+        if self.lora is not None:
+            self.lora.prepare([r.lora_request for r in batch], num_scheduled)
+            lora_active = self.lora.batch.indices is not None
         hidden = (
             None
-            if self.decode_graphs is None
+            if self.decode_graphs is None or lora_active  # graphs hold the base path only
             else self.decode_graphs.run(input_ids, positions, meta)
         )
         if hidden is None:  # not a decode batch a graph holds: eager (or compiled) forward
