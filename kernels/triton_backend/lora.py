@@ -33,18 +33,19 @@ def lora_shrink_kernel(
     token = tl.program_id(0).to(tl.int64)
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     slot = tl.load(idx_ptr + token).to(tl.int64)
-    active = slot >= 0
+    active = (slot >= 0).to(tl.float32)  # 0 for a token of the base model
     slot = tl.maximum(slot, 0)
     acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + token * stride_xt + k, mask=(k < K) & active, other=0.0)
+        x = tl.load(x_ptr + token * stride_xt + k, mask=k < K, other=0.0)
         a = tl.load(
             a_ptr + slot * stride_as + r[:, None] * stride_ar + k[None, :],
-            mask=(r[:, None] < R) & (k[None, :] < K) & active,
+            mask=(r[:, None] < R) & (k[None, :] < K),
             other=0.0,
         )
         acc += tl.sum(a.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    acc = acc * active
     tl.store(out_ptr + token * stride_ot + r, acc.to(out_ptr.dtype.element_ty), mask=r < R)
 
 
@@ -67,22 +68,20 @@ def lora_expand_kernel(
     token = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     slot = tl.load(idx_ptr + token).to(tl.int64)
-    active = slot >= 0
-    slot = tl.maximum(slot, 0)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for r0 in range(0, R, BLOCK_R):
-        r = r0 + tl.arange(0, BLOCK_R)
-        s = tl.load(s_ptr + token * stride_st + r, mask=(r < R) & active, other=0.0)
-        b = tl.load(
-            b_ptr + slot * stride_bs + n[:, None] * stride_bn + r[None, :],
-            mask=(n[:, None] < N) & (r[None, :] < R) & active,
-            other=0.0,
-        )
-        acc += tl.sum(b.to(tl.float32) * s.to(tl.float32)[None, :], axis=1)
-    target = out_ptr + token * stride_ot + offset + n
-    mask = (n < N) & active
-    current = tl.load(target, mask=mask, other=0.0).to(tl.float32)
-    tl.store(target, (current + acc).to(out_ptr.dtype.element_ty), mask=mask)
+    if slot >= 0:  # a token of the base model keeps its output as it is
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for r0 in range(0, R, BLOCK_R):
+            r = r0 + tl.arange(0, BLOCK_R)
+            s = tl.load(s_ptr + token * stride_st + r, mask=r < R, other=0.0)
+            b = tl.load(
+                b_ptr + slot * stride_bs + n[:, None] * stride_bn + r[None, :],
+                mask=(n[:, None] < N) & (r[None, :] < R),
+                other=0.0,
+            )
+            acc += tl.sum(b.to(tl.float32) * s.to(tl.float32)[None, :], axis=1)
+        target = out_ptr + token * stride_ot + offset + n
+        current = tl.load(target, mask=n < N, other=0.0).to(tl.float32)
+        tl.store(target, (current + acc).to(out_ptr.dtype.element_ty), mask=n < N)
 
 
 def lora_shrink(x: torch.Tensor, a_stack: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
