@@ -90,3 +90,72 @@ def test_mixed_adapters_match_peft(adapters, architecture, hf_greedy):
         a.outputs[0].token_ids != b.outputs[0].token_ids
         for a, b in zip(base_only, outputs[:3], strict=True)
     )
+
+
+def test_one_slot_queues_adapters_and_reloads_from_disk(adapters):
+    """--max-loras 1 --max-cpu-loras 1: requests of different adapters never share a step (the
+    scheduler holds the others back), the slot and the CPU cache are evicted and read again,
+    and every request still gets its own adapter's tokens."""
+    from infernetes.runtime.testing import hf_peft_greedy_tokens
+
+    base, paths = adapters("LlamaForCausalLM")
+    loras = _mixed_batch(paths) * 2  # each adapter comes back after the others
+    prompts = PROMPTS * 2
+    llm = _llm(base, max_loras=1, max_cpu_loras=1)
+    seen_together: list[int] = []
+    runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner  # this process's
+    original = runner.lora.prepare
+
+    def spy(requests, num_scheduled):
+        seen_together.append(len({r.lora_int_id for r in requests if r is not None}))
+        return original(requests, num_scheduled)
+
+    runner.lora.prepare = spy
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = llm.generate(prompts, params, lora_request=loras)
+    assert max(seen_together) == 1
+    assert len(runner.lora.cpu_cache) == 1
+    for prompt, lora, output in zip(prompts, loras, outputs, strict=True):
+        if lora is not None:
+            expected = hf_peft_greedy_tokens(base, lora.lora_path, prompt, MAX_TOKENS)
+            assert output.outputs[0].token_ids == expected, lora
+
+
+def test_prefix_cache_keeps_adapters_apart(adapters, hf_greedy):
+    """The same prompt under an adapter and under the base model: the prefix-cache hashes
+    include the adapter, so neither reuses the other's KV blocks."""
+    from infernetes.runtime.testing import hf_peft_greedy_tokens
+
+    base, paths = adapters("LlamaForCausalLM")
+    prompt = [1, *range(20, 40)]  # two full blocks and more
+    lora = LoRARequest("attn", 1, paths["attn"])
+    llm = _llm(base, enable_prefix_caching=True)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    first = llm.generate([prompt], params, lora_request=lora)[0]
+    plain = llm.generate([prompt], params)[0]
+    again = llm.generate([prompt], params, lora_request=lora)[0]
+    assert plain.outputs[0].token_ids == hf_greedy(base, prompt, MAX_TOKENS)
+    expected = hf_peft_greedy_tokens(base, paths["attn"], prompt, MAX_TOKENS)
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids == expected
+    assert plain.num_cached_tokens == 0  # nothing shared with the adapter's blocks
+    assert again.num_cached_tokens > 0  # but the adapter's own are reused
+
+
+def test_bad_adapters_are_refused_by_name(adapters, tmp_path):
+    from infernetes.runtime.testing import make_tiny_lora
+
+    base, paths = adapters("LlamaForCausalLM")
+    llm = _llm(base, max_lora_rank=8)
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(ValueError, match="LoRA rank 16 .* greater than --max-lora-rank 8"):
+        llm.generate([PROMPTS[0]], params, lora_request=LoRARequest("all", 3, paths["all"]))
+    with pytest.raises(ValueError, match="no adapter_config.json|cannot be read"):
+        llm.generate([PROMPTS[0]], params, lora_request=LoRARequest("x", 4, str(tmp_path)))
+    head = make_tiny_lora(base, tmp_path / "head", target_modules=["lm_head"])
+    with pytest.raises(ValueError, match="lm_head"):
+        llm.generate([PROMPTS[0]], params, lora_request=LoRARequest("head", 5, str(head)))
+    # the engine goes on serving
+    assert llm.generate([PROMPTS[0]], params)[0].outputs[0].token_ids
+    without = _llm(base, enable_lora=False, max_loras=1, max_lora_rank=16)
+    with pytest.raises(ValueError, match="without --enable-lora"):
+        without.generate([PROMPTS[0]], params, lora_request=LoRARequest("attn", 1, paths["attn"]))
