@@ -159,3 +159,36 @@ def test_bad_adapters_are_refused_by_name(adapters, tmp_path):
     without = _llm(base, enable_lora=False, max_loras=1, max_lora_rank=16)
     with pytest.raises(ValueError, match="without --enable-lora"):
         without.generate([PROMPTS[0]], params, lora_request=LoRARequest("attn", 1, paths["attn"]))
+
+
+@pytest.mark.slow  # a worker process per rank
+@pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 1}])
+def test_tensor_parallel_adapters_match_peft(model_factory, tmp_path, overrides):
+    """TP 2: column-parallel layers hold their rows of B, row-parallel ones their columns of A
+    (the shrink summed over the ranks); with one KV head it is replicated, and so is its B."""
+    from infernetes.runtime.engine.llm_engine import LLMEngine
+    from infernetes.runtime.testing import hf_peft_greedy_tokens, make_tiny_lora
+
+    base = model_factory("LlamaForCausalLM", **overrides)
+    paths = {
+        name: str(make_tiny_lora(base, tmp_path / name, seed=seed, **spec))
+        for seed, (name, spec) in enumerate(ADAPTERS.items())
+    }
+    loras = _mixed_batch(paths)
+    engine = LLMEngine(build_config(base, device="cpu", tensor_parallel_size=2, **ENGINE))
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    try:
+        for i, (prompt, lora) in enumerate(zip(PROMPTS, loras, strict=True)):
+            engine.add_request(str(i), prompt, params, lora_request=lora)
+        results = {}
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    results[output.request_id] = output.outputs[0].token_ids
+    finally:
+        engine.shutdown()
+    for i, (prompt, lora) in enumerate(zip(PROMPTS, loras, strict=True)):
+        if lora is not None:
+            assert results[str(i)] == hf_peft_greedy_tokens(
+                base, lora.lora_path, prompt, MAX_TOKENS
+            ), lora
