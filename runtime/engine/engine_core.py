@@ -24,6 +24,7 @@ from infernetes.runtime.engine.request import RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
 from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
 from infernetes.runtime.executor.abstract import select_executor
+from infernetes.runtime.lora.adapter import LoRAAdapterError
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.memory_profile import (
     kv_cache_num_blocks,
@@ -194,7 +195,9 @@ class EngineCore:
                 f"LoRA adapter {lora_request.lora_name!r} requested, but the engine runs without "
                 "--enable-lora"
             )
-        self.executor.collective_rpc("add_lora", (lora_request,))
+        for problem in self.executor.collective_rpc("add_lora", (lora_request,)):
+            if problem is not None:
+                raise LoRAAdapterError(problem)
         self.loras[lora_request.lora_int_id] = lora_request
         return True
 

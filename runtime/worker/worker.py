@@ -71,11 +71,16 @@ class Worker:
         output = self.model_runner.execute_model(scheduler_output)
         return output if self.returns_output else None
 
-    def add_lora(self, lora_request: LoRARequest) -> bool:
+    def add_lora(self, lora_request: LoRARequest) -> str | None:
+        """Read and check an adapter; what is wrong with it, or None. Returned, not raised: every
+        rank answers, so no reply is left unread when one rank's check fails."""
         if self.model_runner.lora is None:
-            raise ValueError("LoRA adapters need --enable-lora")
-        self.model_runner.lora.add_lora(lora_request)
-        return True
+            return "LoRA adapters need --enable-lora"
+        try:
+            self.model_runner.lora.add_lora(lora_request)
+        except ValueError as error:
+            return str(error)
+        return None
 
     def remove_lora(self, lora_int_id: int) -> bool:
         if self.model_runner.lora is not None:
