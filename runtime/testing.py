@@ -230,7 +230,7 @@ def make_tiny_lora(
     directory: str | Path,
     *,
     rank: int = 8,
-    alpha: float = 16,
+    alpha: int = 16,
     target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
     use_rslora: bool = False,
     seed: int = 0,

@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from infernetes.runtime.model_executor.loader import ModelLoadError, resolve_model_path
@@ -38,7 +39,7 @@ class AdapterConfig:
 
 
 # (the config field, the value that means "not used", what PEFT feature it is)
-_UNSUPPORTED = (
+_UNSUPPORTED: tuple[tuple[str, Any, str], ...] = (
     ("use_dora", False, "DoRA adapters"),
     ("bias", "none", "trained biases (bias != 'none')"),
     ("modules_to_save", None, "extra trained modules (modules_to_save)"),
@@ -97,9 +98,7 @@ def read_adapter_weights(folder: Path) -> dict[str, tuple[torch.Tensor, torch.Te
     elif (folder / "adapter_model.bin").is_file():
         tensors = torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True)
     else:
-        raise LoRAAdapterError(
-            f"{folder} has no adapter_model.safetensors or adapter_model.bin"
-        )
+        raise LoRAAdapterError(f"{folder} has no adapter_model.safetensors or adapter_model.bin")
     halves: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
         match = _TENSOR_NAME.match(name)

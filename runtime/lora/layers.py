@@ -89,10 +89,13 @@ class LoRALinear(nn.Module):
         self.max_rank = max_rank
         self.row_parallel = isinstance(base, RowParallelLinear)
         self.input_size = base.input_size  # this rank's (a row-parallel layer's share)
-        zeros = {"dtype": dtype, "device": device}
         # A of every slice stacked along the rank: one shrink for the whole layer
-        self.a_stack = torch.zeros(max_loras, len(slices) * max_rank, self.input_size, **zeros)
-        self.b_stacks = [torch.zeros(max_loras, s.size, max_rank, **zeros) for s in slices]
+        self.a_stack = torch.zeros(
+            max_loras, len(slices) * max_rank, self.input_size, dtype=dtype, device=device
+        )
+        self.b_stacks = [
+            torch.zeros(max_loras, s.size, max_rank, dtype=dtype, device=device) for s in slices
+        ]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+
 import torch
 from infernetes.runtime.config import LoRAConfig
 from infernetes.runtime.lora.adapter import (
@@ -163,7 +164,9 @@ def _wrap_linear_layers(
         if isinstance(module, QKVParallelLinear | MergedColumnParallelLinear) and leaf not in fused:
             continue
         slices = layer_slices(module, leaf, fused)
-        layer = LoRALinear(module, slices, batch, config.max_loras, config.max_lora_rank, dtype, device)
+        layer = LoRALinear(
+            module, slices, batch, config.max_loras, config.max_lora_rank, dtype, device
+        )
         setattr(model.get_submodule(parent_name), leaf, layer)
         wrapped[name] = layer
     if not wrapped:

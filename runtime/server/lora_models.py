@@ -30,7 +30,9 @@ class LoRAModels:
         """The ``--lora-modules`` at startup; a bad one stops the server (ValueError)."""
         for module in modules:
             try:
-                await self.load(engine, module["name"], module["path"], module.get("base_model_name"))
+                await self.load(
+                    engine, module["name"], module["path"], module.get("base_model_name")
+                )
             except APIError as error:
                 raise ValueError(f"--lora-modules {module['name']}: {error.message}") from None
 

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
-from infernetes.runtime.lora.manager import LoRAManager
 from infernetes.runtime.engine.scheduler_output import (
     CachedRequestData,
     NewRequestData,
     SchedulerOutput,
 )
+from infernetes.runtime.lora.manager import LoRAManager
 from infernetes.runtime.model_executor import cuda_graph, parallel
 from infernetes.runtime.model_executor.compilation import compile_forward
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
@@ -91,7 +91,7 @@ class ModelRunner:
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         if config.lora is not None:  # wraps the linear layers: before compiling the forward
-            self.lora = LoRAManager(self.model, config.lora, self.info.dtype, self.device)
+            self.lora = LoRAManager(self.model, config.lora, self.info.dtype, self.device)  # type: ignore[arg-type]  # every servable model is an nn.Module
         self.run_model = compile_forward(self.model, config.compilation, self.device)
 
     # -- KV cache ------------------------------------------------------------------------------

@@ -147,9 +147,9 @@ def test_bad_adapters_are_refused_by_name(adapters, tmp_path):
     base, paths = adapters("LlamaForCausalLM")
     llm = _llm(base, max_lora_rank=8)
     params = SamplingParams(max_tokens=2)
-    with pytest.raises(ValueError, match="LoRA rank 16 .* greater than --max-lora-rank 8"):
+    with pytest.raises(ValueError, match=r"LoRA rank 16 .* greater than --max-lora-rank 8"):
         llm.generate([PROMPTS[0]], params, lora_request=LoRARequest("all", 3, paths["all"]))
-    with pytest.raises(ValueError, match="no adapter_config.json|cannot be read"):
+    with pytest.raises(ValueError, match=r"no adapter_config\.json|cannot be read"):
         llm.generate([PROMPTS[0]], params, lora_request=LoRARequest("x", 4, str(tmp_path)))
     head = make_tiny_lora(base, tmp_path / "head", target_modules=["lm_head"])
     with pytest.raises(ValueError, match="lm_head"):

@@ -189,7 +189,9 @@ def test_lora_requests_info_names_the_running_adapter(lora_server):
     ), labels
 
 
-def test_runtime_updates_need_the_variable_and_lora(tiny_llama_dir, adapters, server_process_factory):
+def test_runtime_updates_need_the_variable_and_lora(
+    tiny_llama_dir, adapters, server_process_factory
+):
     server = server_process_factory(
         [str(tiny_llama_dir), "--max-model-len", "128", "--num-gpu-blocks-override", "16"],
         log_name="no-lora-server.log",
