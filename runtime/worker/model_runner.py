@@ -225,7 +225,10 @@ class ModelRunner:
         if backend is None:
             return
         assert self.run_model is not None
-        graphs = DecodeGraphs(self.run_model, settings, self.block_size, self.device, backend)
+        lora = None if self.lora is None else self.lora.batch
+        graphs = DecodeGraphs(
+            self.run_model, settings, self.block_size, self.device, backend, lora
+        )
         graphs.capture()
         self.decode_graphs = graphs
 
@@ -317,14 +320,14 @@ class ModelRunner:
         intermediate: IntermediateTensors | None = None,
     ) -> tuple[torch.Tensor | IntermediateTensors, AttentionMetadata]:
         input_ids, positions, meta = self._prepare(batch, num_scheduled)
-        lora_active = False
+        lora_indices = None
         if self.lora is not None:
             self.lora.prepare([r.lora_request for r in batch], num_scheduled)
-            lora_active = self.lora.batch.indices is not None
+            lora_indices = self.lora.batch.indices
         hidden = (
             None
-            if self.decode_graphs is None or lora_active  # graphs hold the base path only
-            else self.decode_graphs.run(input_ids, positions, meta)
+            if self.decode_graphs is None
+            else self.decode_graphs.run(input_ids, positions, meta, lora_indices)
         )
         if hidden is None:  # not a decode batch a graph holds: eager (or compiled) forward
             assert self.run_model is not None

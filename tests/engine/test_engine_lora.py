@@ -192,3 +192,28 @@ def test_tensor_parallel_adapters_match_peft(model_factory, tmp_path, overrides)
             assert results[str(i)] == hf_peft_greedy_tokens(
                 base, lora.lora_path, prompt, MAX_TOKENS
             ), lora
+
+
+def test_decode_graphs_replay_a_step_mixing_adapters(adapters, hf_greedy, monkeypatch):
+    """With decode graphs on (the RerunBackend replays them on the CPU), decode steps mixing
+    adapters and the base model replay from the static slot buffer and give peft's tokens."""
+    from infernetes.runtime.model_executor import cuda_graph
+    from infernetes.runtime.testing import hf_peft_greedy_tokens
+
+    monkeypatch.setattr(
+        cuda_graph, "select_graph_backend", lambda device: cuda_graph.RerunBackend()
+    )
+    base, paths = adapters("LlamaForCausalLM")
+    loras = _mixed_batch(paths)
+    llm = _llm(base, cuda_graph_sizes=[1, 2, 4], max_num_seqs=4)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, params, lora_request=loras)
+    graphs = llm.llm_engine.engine_core.executor.driver_worker.model_runner.decode_graphs
+    assert graphs.replays[4] >= MAX_TOKENS - 1  # every decode step of the four replayed
+    for prompt, lora, output in zip(PROMPTS, loras, outputs, strict=True):
+        expected = (
+            hf_greedy(base, prompt, MAX_TOKENS)
+            if lora is None
+            else hf_peft_greedy_tokens(base, lora.lora_path, prompt, MAX_TOKENS)
+        )
+        assert output.outputs[0].token_ids == expected, lora
