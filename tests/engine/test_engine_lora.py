@@ -162,10 +162,14 @@ def test_bad_adapters_are_refused_by_name(adapters, tmp_path):
 
 
 @pytest.mark.slow  # a worker process per rank
-@pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 1}])
-def test_tensor_parallel_adapters_match_peft(model_factory, tmp_path, overrides):
+@pytest.mark.parametrize(
+    ("overrides", "tp", "pp"),
+    [({}, 2, 1), ({"num_key_value_heads": 1}, 2, 1), ({}, 1, 2)],
+)
+def test_parallel_adapters_match_peft(model_factory, tmp_path, overrides, tp, pp):
     """TP 2: column-parallel layers hold their rows of B, row-parallel ones their columns of A
-    (the shrink summed over the ranks); with one KV head it is replicated, and so is its B."""
+    (the shrink summed over the ranks); with one KV head it is replicated, and so is its B.
+    PP 2: each stage reads the adapter's tensors of its own layers."""
     from infernetes.runtime.engine.llm_engine import LLMEngine
     from infernetes.runtime.testing import hf_peft_greedy_tokens, make_tiny_lora
 
@@ -175,7 +179,11 @@ def test_tensor_parallel_adapters_match_peft(model_factory, tmp_path, overrides)
         for seed, (name, spec) in enumerate(ADAPTERS.items())
     }
     loras = _mixed_batch(paths)
-    engine = LLMEngine(build_config(base, device="cpu", tensor_parallel_size=2, **ENGINE))
+    engine = LLMEngine(
+        build_config(
+            base, device="cpu", tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE
+        )
+    )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     try:
         for i, (prompt, lora) in enumerate(zip(PROMPTS, loras, strict=True)):
