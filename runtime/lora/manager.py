@@ -128,7 +128,9 @@ class LoRAManager:
         ]
         self.batch.indices = torch.tensor(slots, dtype=torch.long, device=self.device)
 
-    def _ensure_slot(self, lora_id: int, request: LoRARequest, needed: dict) -> None:
+    def _ensure_slot(
+        self, lora_id: int, request: LoRARequest, needed: dict[int, LoRARequest]
+    ) -> None:
         if lora_id in self.slot_of:
             self.slot_of.move_to_end(lora_id)
             return
@@ -144,12 +146,13 @@ class LoRAManager:
             layer.set_slot(slot, adapter.get(name, [None] * len(layer.slices)))
         self.slot_of[lora_id] = slot
 
-    def clear_step(self) -> None:
-        self.batch.indices = None
-
 
 def _wrap_linear_layers(
-    model: nn.Module, batch: LoRABatch, config: LoRAConfig, dtype: torch.dtype, device
+    model: nn.Module,
+    batch: LoRABatch,
+    config: LoRAConfig,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> dict[str, LoRALinear]:
     """Replace every linear layer LoRA can target with a ``LoRALinear`` around it; a fused layer
     only when the model says which projections it holds (``stacked_params``)."""
