@@ -46,6 +46,9 @@ _UNSUPPORTED: tuple[tuple[str, Any, str], ...] = (
     ("rank_pattern", {}, "per-module ranks (rank_pattern)"),
     ("alpha_pattern", {}, "per-module alphas (alpha_pattern)"),
     ("fan_in_fan_out", False, "transposed (fan_in_fan_out) weights"),
+    ("lora_bias", False, "trained lora_B biases (lora_bias)"),
+    ("target_parameters", None, "LoRA on parameters (target_parameters)"),
+    ("layer_replication", None, "replicated layers (layer_replication)"),
 )
 
 

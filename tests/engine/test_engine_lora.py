@@ -225,3 +225,33 @@ def test_decode_graphs_replay_a_step_mixing_adapters(adapters, hf_greedy, monkey
             else hf_peft_greedy_tokens(base, lora.lora_path, prompt, MAX_TOKENS)
         )
         assert output.outputs[0].token_ids == expected, lora
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("use_dora", True, "DoRA adapters are not supported"),
+        ("bias", "lora_only", "trained biases"),
+        ("modules_to_save", ["lm_head"], "modules_to_save"),
+        ("rank_pattern", {"q_proj": 4}, "rank_pattern"),
+        ("peft_type", "IA3", "peft_type 'IA3' is not served"),
+        ("r", 0, "positive integer 'r'"),
+    ],
+)
+def test_unsupported_peft_features_are_refused_naming_the_field(
+    adapters, tmp_path, field, value, message
+):
+    import json
+    import shutil
+
+    from infernetes.runtime.lora.adapter import LoRAAdapterError, read_adapter_config
+
+    _, paths = adapters("LlamaForCausalLM")
+    folder = tmp_path / "adapter"
+    shutil.copytree(paths["attn"], folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert read_adapter_config(folder, 16).scaling == config["lora_alpha"] / config["r"]
+    config[field] = value
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(LoRAAdapterError, match=message):
+        read_adapter_config(folder, 16)

@@ -226,3 +226,30 @@ def test_a_bad_lora_module_stops_the_server(tiny_llama_dir, adapters, server_pro
     server.stop()
     assert "--lora-modules wide" in server.tail()
     assert "greater than --max-lora-rank 16" in server.tail()
+
+
+def test_lora_requests_info_keeps_one_series_of_the_current_adapters():
+    from infernetes.runtime.engine.stats import SchedulerStats
+    from infernetes.runtime.server.metrics import PrometheusStatLogger
+    from prometheus_client.parser import text_string_to_metric_families
+
+    logger = PrometheusStatLogger("tiny", 512, max_loras=2)
+
+    def series() -> list[dict[str, str]]:
+        text = logger.exposition().decode()
+        return [
+            sample.labels
+            for family in text_string_to_metric_families(text)
+            if family.name == "vllm:lora_requests_info"
+            for sample in family.samples
+        ]
+
+    logger.record(
+        SchedulerStats(running_lora_adapters={"b": 2, "a": 1}, waiting_lora_adapters={"c": 1}),
+        None,
+    )
+    assert series() == [
+        {"running_lora_adapters": "a,b", "waiting_lora_adapters": "c", "max_lora": "2"}
+    ]
+    logger.record(SchedulerStats(), None)
+    assert series() == [{"running_lora_adapters": "", "waiting_lora_adapters": "", "max_lora": "2"}]
