@@ -226,9 +226,7 @@ class ModelRunner:
             return
         assert self.run_model is not None
         lora = None if self.lora is None else self.lora.batch
-        graphs = DecodeGraphs(
-            self.run_model, settings, self.block_size, self.device, backend, lora
-        )
+        graphs = DecodeGraphs(self.run_model, settings, self.block_size, self.device, backend, lora)
         graphs.capture()
         self.decode_graphs = graphs
 
