@@ -327,7 +327,9 @@ def test_setting_the_runtime_refuses_is_rejected_with_field_and_reason(
 def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(
     cluster: Any, crds: None, namespace: str
 ) -> None:
-    resource = variant({"engine.apiServerCount": 2, "engine.enableLora": True}, name="refused")
+    resource = variant(
+        {"engine.apiServerCount": 2, "engine.fullyShardedLoras": True}, name="refused"
+    )
     result = cluster.apply(resource, namespace=namespace, check=False)
     assert result.returncode != 0
     assert (
@@ -335,6 +337,7 @@ def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(
         and "one API server process serves every engine core" in result.stderr
     )
     assert (
-        "spec.engine.enableLora" in result.stderr and "LoRA adapters are planned" in result.stderr
+        "spec.engine.fullyShardedLoras" in result.stderr
+        and "the fully sharded LoRA path is not built" in result.stderr
     )
     assert cluster.kubectl("get", "infsvc", "refused", "-n", namespace, check=False).returncode != 0

@@ -15,6 +15,7 @@ from infernetes.kernels.reference import activation as _ref_activation
 from infernetes.kernels.reference import attention as _ref_attention
 from infernetes.kernels.reference import cache as _ref_cache
 from infernetes.kernels.reference import fp8 as _ref_fp8
+from infernetes.kernels.reference import lora as _ref_lora
 from infernetes.kernels.reference import moe as _ref_moe
 from infernetes.kernels.reference import norm as _ref_norm
 from infernetes.kernels.reference import rotary as _ref_rotary
@@ -23,6 +24,8 @@ from infernetes.kernels.reference.fp8 import quantize_weight_fp8
 __all__ = [
     "fp8_linear",
     "fused_moe",
+    "lora_expand",
+    "lora_shrink",
     "paged_attention",
     "quantize_weight_fp8",
     "rms_norm",
@@ -189,3 +192,19 @@ def fused_moe(
     `infernetes.kernels.reference.moe`)."""
     impl = _triton().fused_moe if _use_triton(hidden) else _ref_moe.fused_moe
     return impl(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+
+
+def lora_shrink(x: torch.Tensor, a_stack: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Per-token LoRA down projection: `x` `[T, K]`, `a_stack` `[slots, R, K]`, `indices` `[T]`
+    (`-1`: no adapter, a zero row) -> `[T, R]`."""
+    impl = _triton().lora_shrink if _use_triton(x) else _ref_lora.lora_shrink
+    return impl(x, a_stack, indices)
+
+
+def lora_expand(
+    s: torch.Tensor, b_stack: torch.Tensor, indices: torch.Tensor, out: torch.Tensor, offset: int
+) -> None:
+    """Per-token LoRA up projection added in place: `out[t, offset : offset + N] +=
+    s[t] @ b_stack[indices[t]].T`; `b_stack` `[slots, N, R]`; rows with index `-1` untouched."""
+    impl = _triton().lora_expand if _use_triton(s) else _ref_lora.lora_expand
+    impl(s, b_stack, indices, out, offset)

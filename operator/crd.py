@@ -148,6 +148,7 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
             field_path=".shmSize",
         )
     )
+    rules += _lora_rules()
     if "shutdownTimeout" in engine_properties:
         grace = f"(has(self.terminationGracePeriodSeconds) ? self.terminationGracePeriodSeconds : {TERMINATION_GRACE_SECONDS})"
         rules.append(
@@ -159,6 +160,35 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
             )
         )
     return rules
+
+
+def _lora_rules() -> list[Schema]:
+    """spec.lora against the engine's own LoRA fields and the model cache."""
+    return [
+        rule(
+            "!has(self.lora) || !has(self.engine) || !has(self.engine.loraModules)",
+            "list adapters in spec.lora or in spec.engine.loraModules, not both",
+            field_path=".lora",
+        ),
+        rule(
+            "!has(self.lora) || !has(self.engine) || !has(self.engine.enableLora) || "
+            "self.engine.enableLora",
+            "spec.lora serves adapters: engine.enableLora must not be false",
+            field_path=".engine.enableLora",
+        ),
+        rule(
+            "!has(self.lora) || !has(self.lora.maxRank) || !has(self.engine) || "
+            "!has(self.engine.maxLoraRank)",
+            "set the adapters' rank limit in lora.maxRank or engine.maxLoraRank, not both",
+            field_path=".lora.maxRank",
+        ),
+        rule(
+            "!has(self.lora) || has(self.modelCache) || "
+            "!self.lora.adapters.exists(a, a.source.startsWith('cache://'))",
+            "a cache:// adapter source needs spec.modelCache (the volume it is read from)",
+            field_path=".lora.adapters",
+        ),
+    ]
 
 
 def spec_schema() -> Schema:

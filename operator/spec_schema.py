@@ -30,6 +30,12 @@ SECRET_ONLY_ENV = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]
 # value would sit in the resource and the pod spec for anyone who can read them.
 SECRET_NAME_PATTERN = r"(?i)(^|_)(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|ACCESS_KEY|PRIVATE_KEY)$"
 PVC_MODEL_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^/].*$"
+# A LoRA adapter's source: a Hugging Face id, or cache://<path inside spec.modelCache's volume>
+LORA_HUB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+LORA_CACHE_PATTERN = r"^cache://[^/].*$"
+LORA_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+LORA_RANKS = [1, 8, 16, 32, 64, 128, 256, 320, 512]  # --max-lora-rank's choices
+MAX_LORA_ADAPTERS = 64
 TERMINATION_GRACE_SECONDS = 60
 # What a GPU pod requests of its host per GPU unless spec.resources says otherwise
 # (render.workload.host_requests says why).
@@ -147,6 +153,55 @@ def model_cache_schema() -> Schema:
             "readOnly": boolean(),
         },
         required=["claimName"],
+    )
+
+
+def lora_schema() -> Schema:
+    adapter = obj(
+        {
+            "name": string(
+                "The name clients send as the request's model.",
+                minLength=1,
+                maxLength=128,
+                pattern=LORA_NAME_PATTERN,
+            ),
+            "source": string(
+                "A Hugging Face id (org/name, downloaded into the model cache at startup) or "
+                "cache://<path inside spec.modelCache's volume>.",
+                minLength=1,
+                maxLength=512,
+            ),
+        },
+        required=["name", "source"],
+        rules=[
+            rule(
+                f"self.source.matches('{LORA_HUB_PATTERN}') || "
+                f"self.source.matches('{LORA_CACHE_PATTERN}')",
+                "source must be a Hugging Face id (org/name) or cache://<path inside the model "
+                "cache volume>",
+                field_path=".source",
+            )
+        ],
+    )
+    adapters = array(
+        adapter,
+        max_items=MAX_LORA_ADAPTERS,
+        description="The adapters every replica serves (--lora-modules); changing the list "
+        "rolls the pods.",
+    )
+    adapters["x-kubernetes-list-type"] = "map"  # names are unique
+    adapters["x-kubernetes-list-map-keys"] = ["name"]
+    return obj(
+        {
+            "adapters": adapters,
+            "maxRank": integer(
+                "Largest adapter rank served (--max-lora-rank; the runtime's default 16).",
+                enum=LORA_RANKS,
+            ),
+        },
+        required=["adapters"],
+        description="LoRA adapters served beside the model (--enable-lora, --lora-modules, "
+        "--max-loras as many as adapters, --max-lora-rank).",
     )
 
 
@@ -378,6 +433,7 @@ def platform_properties() -> dict[str, Schema]:
             "Secret holding the Hugging Face token (HF_TOKEN).", "token"
         ),
         "modelCache": model_cache_schema(),
+        "lora": lora_schema(),
         "probes": probes_schema(),
         "service": service_schema(),
         "monitoring": monitoring_schema(),

@@ -66,6 +66,7 @@ class SchedulerConfig:
     max_long_partial_prefills: int = 1
     long_prefill_token_threshold: int = 0  # 0: no cap on a prefill chunk
     policy: str = "fcfs"  # or "priority"
+    max_loras: int = 0  # distinct adapters among the running requests (0: LoRA off)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,13 @@ class LoadConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    max_loras: int  # device slots: most adapters in one step
+    max_lora_rank: int
+    max_cpu_loras: int  # adapters kept read on the CPU
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelConfig
     cache: CacheConfig
@@ -117,3 +125,4 @@ class RuntimeConfig:
     load: LoadConfig
     compilation: CompilationSettings
     decode_graphs: DecodeGraphSettings | None  # None: CUDA graphs off
+    lora: LoRAConfig | None = None  # None: without --enable-lora

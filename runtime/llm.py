@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from infernetes.runtime.engine.llm_engine import LLMEngine
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 
@@ -63,7 +64,10 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
+        """Generate for each prompt; ``lora_request`` is one adapter for all of them, or one
+        (or None, the base model) per prompt."""
         if self.llm_engine.is_pooling:
             raise ValueError("this is an embedding model: use LLM.embed(), not generate()")
         prompt_list = _normalise_prompts(prompts)
@@ -78,7 +82,16 @@ class LLM:
                     f"got {len(params_list)} sampling params for {len(prompt_list)} prompts; "
                     "give one, or one per prompt"
                 )
-        return self._run(prompt_list, params_list, priority, use_tqdm)
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompt_list)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompt_list):
+                raise ValueError(
+                    f"got {len(loras)} LoRA requests for {len(prompt_list)} prompts; give one, "
+                    "or one per prompt"
+                )
+        return self._run(prompt_list, params_list, priority, use_tqdm, loras)
 
     def chat(
         self,
@@ -115,7 +128,7 @@ class LLM:
 
     encode = embed
 
-    def _run(self, prompts, params_list, priority, use_tqdm) -> list:
+    def _run(self, prompts, params_list, priority, use_tqdm, loras=None) -> list:
         engine = self.llm_engine
         request_ids = []
         try:
@@ -125,7 +138,11 @@ class LLM:
                     params = params.clone()  # offline callers want only the final output
                     params.output_kind = RequestOutputKind.FINAL_ONLY
                 engine.add_request(
-                    request_id, prompt, params, priority=priority[i] if priority else 0
+                    request_id,
+                    prompt,
+                    params,
+                    priority=priority[i] if priority else 0,
+                    lora_request=loras[i] if loras else None,
                 )
                 request_ids.append(request_id)
         except Exception:

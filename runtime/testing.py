@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +287,64 @@ def hf_greedy_tokens(path: str | Path, prompt_ids: list[int], max_tokens: int) -
             eos_token_id=[],  # no stop token
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def make_tiny_lora(
+    base: str | Path,
+    directory: str | Path,
+    *,
+    rank: int = 8,
+    alpha: int = 16,
+    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    use_rslora: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Write a PEFT LoRA adapter for the tiny model at ``base`` into ``directory`` with peft
+    itself (random A and B, so the adapter changes the outputs)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        _fresh_causal_lm(str(base)),
+        LoraConfig(
+            r=rank,
+            lora_alpha=alpha,
+            target_modules=list(target_modules),
+            use_rslora=use_rslora,
+            init_lora_weights=False,
+        ),
+    )
+    model.save_pretrained(str(directory))
+    return Path(directory)
+
+
+def _fresh_causal_lm(path: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_peft_greedy_tokens(
+    base: str | Path, adapter: str | Path, prompt_ids: list[int], max_tokens: int
+) -> list[int]:
+    """Transformers + peft's greedy continuation with ``adapter`` applied (float32, EOS ignored)."""
+    import torch
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(_fresh_causal_lm(str(base)), str(adapter)).eval()
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
             do_sample=False,
             pad_token_id=0,
         )

@@ -53,8 +53,6 @@ DP_PLANNED = (
     "cores on this node"
 )
 ONE_NODE = "multi-node serving is planned, not built yet: every rank runs on this host"
-LORA_PLANNED = "LoRA adapters are planned, not built yet"
-LORA_OFF = "LoRA adapters are planned; without --enable-lora vLLM ignores it too"
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
 TEXT_ONLY = "the models served here take text only: there are no images, audio or video to process"
 V0_ONLY = "a vLLM V0 scheduler setting; V1, which this engine follows, ignores it too"
@@ -81,7 +79,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "allowed_methods": HONOURED,
     "allowed_headers": HONOURED,
     "api_key": HONOURED,
-    "lora_modules": refused(LORA_PLANNED),
+    "lora_modules": HONOURED,
     "prompt_adapters": refused(PROMPT_ADAPTERS),
     "chat_template": HONOURED,
     "trust_request_chat_template": HONOURED,
@@ -251,15 +249,26 @@ ARG_SUPPORT: dict[str, Support] = {
     "mm_processor_kwargs": no_effect(TEXT_ONLY),
     "disable_mm_preprocessor_cache": no_effect(TEXT_ONLY),
     # ---------------------------------------------------------------- LoRAConfig
-    "enable_lora": refused(LORA_PLANNED),
-    "enable_lora_bias": no_effect(LORA_OFF),
-    "max_loras": no_effect(LORA_OFF),
-    "max_lora_rank": no_effect(LORA_OFF),
-    "lora_extra_vocab_size": no_effect(LORA_OFF),
-    "lora_dtype": no_effect(LORA_OFF),
-    "long_lora_scaling_factors": no_effect(LORA_OFF),
-    "max_cpu_loras": no_effect(LORA_OFF),
-    "fully_sharded_loras": no_effect(LORA_OFF),
+    "enable_lora": HONOURED,
+    "enable_lora_bias": refused(
+        "adapters with trained biases are not served (one with bias other than 'none' is refused "
+        "when it loads)"
+    ),
+    "max_loras": HONOURED,
+    "max_lora_rank": HONOURED,
+    "lora_extra_vocab_size": no_effect(
+        "adapters that add vocabulary are not served (one with embedding weights is refused when "
+        "it loads)"
+    ),
+    "lora_dtype": no_effect("adapter weights are kept in the model's dtype"),
+    "long_lora_scaling_factors": refused(
+        "long-context LoRA adapters (rope scaling per adapter) are not served"
+    ),
+    "max_cpu_loras": HONOURED,
+    "fully_sharded_loras": refused(
+        "the fully sharded LoRA path is not built; under tensor parallelism adapters shard as "
+        "vLLM's default does (A whole on column-parallel layers, B whole on row-parallel ones)"
+    ),
     # ---------------------------------------------------------------- PromptAdapterConfig
     "enable_prompt_adapter": refused(PROMPT_ADAPTERS),
     "max_prompt_adapters": no_effect(PROMPT_ADAPTERS),
@@ -401,7 +410,7 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": HONOURED,
     "VLLM_SERVER_DEV_MODE": HONOURED,
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": no_effect(LORA_PLANNED),
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
     "VLLM_IMAGE_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
     "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
     "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(TEXT_ONLY),

@@ -7,6 +7,7 @@ from infernetes.kernels.triton_backend.activation import silu_and_mul
 from infernetes.kernels.triton_backend.attention import paged_attention
 from infernetes.kernels.triton_backend.cache import store_kv
 from infernetes.kernels.triton_backend.fp8 import fp8_linear, scaled_fp8_quant
+from infernetes.kernels.triton_backend.lora import lora_expand, lora_shrink
 from infernetes.kernels.triton_backend.moe import fused_moe
 from infernetes.kernels.triton_backend.norm import rms_norm
 from infernetes.kernels.triton_backend.rotary import rotary_embedding
@@ -14,6 +15,8 @@ from infernetes.kernels.triton_backend.rotary import rotary_embedding
 __all__ = [
     "fp8_linear",
     "fused_moe",
+    "lora_expand",
+    "lora_shrink",
     "paged_attention",
     "rms_norm",
     "rotary_embedding",

@@ -8,6 +8,7 @@ from typing import Any
 from infernetes.operator import names
 from infernetes.operator.argv import engine_argv, engine_env
 from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.render.lora import lora_args
 from infernetes.operator.spec_schema import (
     CPU_PER_GPU,
     GPU_VENDORS,
@@ -240,7 +241,7 @@ def container_args(spec: Mapping[str, Any]) -> list[str]:
         # The drain must end before the kubelet's SIGKILL at the end of the grace period (a
         # shutdownTimeout the user sets is checked against it at admission).
         args.append(f"--shutdown-timeout={max(0, grace_period(spec) - SHUTDOWN_MARGIN_SECONDS)}")
-    return args + engine_argv(engine)
+    return args + lora_args(spec, CACHE_MOUNT) + engine_argv(engine)
 
 
 def container(

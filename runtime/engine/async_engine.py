@@ -43,6 +43,7 @@ from infernetes.runtime.engine.messages import (
     UtilityCall,
     UtilityReply,
 )
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import SamplingParams
 
@@ -280,10 +281,14 @@ class AsyncEngine:
         request_id: str,
         *,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Outputs of one request as they come (cumulative, delta or final, per
-        ``params.output_kind``). Closing the iterator early aborts the request."""
-        stream = await self._open(EngineCoreRequest(request_id, prompt, params, priority))
+        ``params.output_kind``), with the adapter ``lora_request`` if given. Closing the
+        iterator early aborts the request."""
+        stream = await self._open(
+            EngineCoreRequest(request_id, prompt, params, priority, lora_request)
+        )
         finished = False
         try:
             while True:
@@ -352,6 +357,16 @@ class AsyncEngine:
                 for core in range(len(self.cores))
             )
         )
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter on every core; a ValueError names what is wrong with it."""
+        return all(await self._call_all("add_lora", (lora_request,)))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        return any(await self._call_all("remove_lora", (lora_int_id,)))
+
+    async def list_loras(self) -> set[int]:
+        return set().union(*await self._call_all("list_loras"))
 
     async def reset_prefix_cache(self) -> bool:
         return all(await self._call_all("reset_prefix_cache"))

@@ -84,7 +84,7 @@ class BlockManager:
         hashes = request.block_hashes
         while (len(hashes) + 1) * size <= num_tokens:
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else request.hash_seed
             hashes.append(self._hash(parent, tuple(request.token_ids[i * size : (i + 1) * size])))
 
     def find_cached_prefix(self, request: Request) -> list[int]:

@@ -117,7 +117,11 @@ class CoreLoop:
                 if not isinstance(request, EngineCoreRequest):
                     raise TypeError(f"not an engine request: {type(request).__name__}")
                 self.engine.add_request(
-                    request.request_id, request.prompt, request.params, priority=request.priority
+                    request.request_id,
+                    request.prompt,
+                    request.params,
+                    priority=request.priority,
+                    lora_request=request.lora_request,
                 )
                 return None
             case AbortRequests(request_ids=request_ids):

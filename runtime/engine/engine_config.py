@@ -15,6 +15,7 @@ from infernetes.runtime.config import (
     CacheConfig,
     DeviceConfig,
     LoadConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     RuntimeConfig,
@@ -118,6 +119,7 @@ def _scheduler_config(
         max_long_partial_prefills=config.max_long_partial_prefills,
         long_prefill_token_threshold=config.long_prefill_token_threshold or 0,
         policy=config.scheduling_policy,
+        max_loras=config.max_loras if config.enable_lora else 0,
     )
 
 
@@ -329,8 +331,21 @@ def resolve_config(
         decode_graphs=decode_graph_settings(
             config, compilation, scheduler.max_num_seqs, info.max_model_len
         ),
+        lora=_lora_config(config, info.is_pooling),
     )
     return runtime, tokenizer
+
+
+def _lora_config(config: ServeConfig, pooling: bool) -> LoRAConfig | None:
+    if not config.enable_lora:
+        return None
+    if pooling:
+        raise ValueError("--enable-lora serves generative models; this is a pooling model")
+    return LoRAConfig(
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
+        max_cpu_loras=config.max_cpu_loras or config.max_loras,
+    )
 
 
 __all__ = ["resolve_config", "resolve_device"]

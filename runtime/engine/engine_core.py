@@ -24,6 +24,8 @@ from infernetes.runtime.engine.request import RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
 from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
 from infernetes.runtime.executor.abstract import select_executor
+from infernetes.runtime.lora.adapter import LoRAAdapterError
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.memory_profile import (
     kv_cache_num_blocks,
     log_kv_cache_capacity,
@@ -74,6 +76,7 @@ class EngineCore:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers)
         self.sleep_level = 0
+        self.loras: dict[int, LoRARequest] = {}  # adapters the workers have read and checked
 
     def info(self) -> EngineInfo:
         model = self.config.model
@@ -119,11 +122,16 @@ class EngineCore:
         *,
         priority: int = 0,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate and queue a request; raises ValueError naming the problem (nothing is queued)."""
         if request_id in self.output_processor.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
-        parent = self.input_processor.process(request_id, prompt, params, priority, arrival_time)
+        if lora_request is not None and lora_request.lora_int_id not in self.loras:
+            self.add_lora(lora_request)
+        parent = self.input_processor.process(
+            request_id, prompt, params, priority, arrival_time, lora_request
+        )
         self.output_processor.add(parent)
         for child in parent.children:
             self.scheduler.add_request(child)
@@ -177,6 +185,35 @@ class EngineCore:
                 stat_logger.record(stats, iteration)
             except Exception:  # a broken logger must not stop generation
                 logger.exception("stat logger %r failed", stat_logger)
+
+    # -- LoRA adapters -------------------------------------------------------------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Have every worker read and check the adapter (a ValueError names what is wrong)."""
+        if self.config.lora is None:
+            raise ValueError(
+                f"LoRA adapter {lora_request.lora_name!r} requested, but the engine runs without "
+                "--enable-lora"
+            )
+        for problem in self.executor.collective_rpc("add_lora", (lora_request,)):
+            if problem is not None:
+                raise LoRAAdapterError(problem)
+        self.loras[lora_request.lora_int_id] = lora_request
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter; requests already running with it finish with it."""
+        if self.loras.pop(lora_int_id, None) is None:
+            return False
+        if not any(
+            r.lora_request is not None and r.lora_request.lora_int_id == lora_int_id
+            for r in self.scheduler.requests.values()
+        ):
+            self.executor.collective_rpc("remove_lora", (lora_int_id,))
+        return True
+
+    def list_loras(self) -> set[int]:
+        return set(self.loras)
 
     # -- maintenance ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 from infernetes.runtime.config import ModelConfig
 from infernetes.runtime.engine.output_processor import ParentRequest
 from infernetes.runtime.engine.request import Request
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
 
@@ -38,13 +39,14 @@ class InputProcessor:
         params: SamplingParams | None,
         priority: int = 0,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> ParentRequest:
         if self.scheduling_policy != "priority" and priority != 0:
             raise ValueError("priority is only allowed with --scheduling-policy priority")
         text, ids = self._tokenize(prompt)
         self._check_prompt(ids)
         if self.model.is_pooling:
-            children = [self._request(request_id, ids, None, text, priority)]
+            children = [self._request(request_id, ids, None, text, priority, lora=lora_request)]
             parent = ParentRequest(request_id, text, ids, None, children)
         else:
             if params is None:
@@ -55,7 +57,7 @@ class InputProcessor:
                 )
             params = self._check_params(params, len(ids))
             children = [
-                self._child(request_id, index, ids, params, text, priority)
+                self._child(request_id, index, ids, params, text, priority, lora_request)
                 for index in range(params.n)
             ]
             parent = ParentRequest(request_id, text, ids, params, children)
@@ -158,6 +160,7 @@ class InputProcessor:
         priority: int,
         parent_id: str | None = None,
         index: int = 0,
+        lora: LoRARequest | None = None,
     ) -> Request:
         return Request(
             request_id,
@@ -170,6 +173,7 @@ class InputProcessor:
             parent_id=parent_id,
             index=index,
             pooling=params is None,
+            lora_request=lora,
         )
 
     def _child(
@@ -180,6 +184,7 @@ class InputProcessor:
         params: SamplingParams,
         text: str | None,
         priority: int,
+        lora: LoRARequest | None = None,
     ) -> Request:
         """Sample ``index`` of ``n``: its own id and seed; prompt logprobs come with the first."""
         if params.n > 1:
@@ -191,7 +196,7 @@ class InputProcessor:
                     params.seed += index
         else:
             parent_id = request_id
-        child = self._request(request_id, ids, params, text, priority, parent_id, index)
+        child = self._request(request_id, ids, params, text, priority, parent_id, index, lora)
         if self.tokenizer is not None and params.detokenize:
             child.detokenizer = IncrementalDetokenizer(
                 self.tokenizer,

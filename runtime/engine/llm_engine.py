@@ -9,6 +9,7 @@ from typing import Any
 
 from infernetes.runtime.engine.engine_core import EngineCore, EngineOutput, StatLogger
 from infernetes.runtime.engine.input_processor import Prompt
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 
 from infernetes.schema.config import ServeConfig
@@ -44,10 +45,16 @@ class LLMEngine:
         *,
         priority: int = 0,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate and queue a request; raises ValueError naming the problem (nothing is queued)."""
         self.engine_core.add_request(
-            request_id, prompt, params, priority=priority, arrival_time=arrival_time
+            request_id,
+            prompt,
+            params,
+            priority=priority,
+            arrival_time=arrival_time,
+            lora_request=lora_request,
         )
 
     def abort_request(self, request_ids: str | Sequence[str]) -> list[EngineOutput]:

@@ -13,10 +13,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 from transformers import PretrainedConfig
 
-UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "wake_up"})
+UTILITY_METHODS = frozenset(
+    {"reset_prefix_cache", "sleep", "wake_up", "add_lora", "remove_lora", "list_loras"}
+)
 
 
 class EngineCoreRequest(NamedTuple):
@@ -24,6 +27,7 @@ class EngineCoreRequest(NamedTuple):
     prompt: str | list[int]
     params: SamplingParams | None  # None: a pooling request, or the model's defaults
     priority: int = 0
+    lora_request: LoRARequest | None = None
 
 
 class AddRequest(NamedTuple):

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.sampler import TopLogprobs
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
@@ -62,6 +63,7 @@ class Request:
         parent_id: str | None = None,
         index: int = 0,
         pooling: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -73,6 +75,7 @@ class Request:
         self.parent_id = parent_id or request_id  # the user's request id (n > 1 has children)
         self.index = index
         self.pooling = pooling
+        self.lora_request = lora_request
 
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -115,6 +118,16 @@ class Request:
     def sort_key(self) -> tuple[int, int]:
         """Priority order: lower ``priority`` first, then earlier arrival (vLLM's convention)."""
         return (self.priority, self.arrival_order)
+
+    @property
+    def lora_name(self) -> str | None:
+        return None if self.lora_request is None else self.lora_request.lora_name
+
+    @property
+    def hash_seed(self) -> int | None:
+        """What its first block's prefix-cache hash starts from: its adapter, so the same tokens
+        under another adapter (or none) never share KV blocks."""
+        return None if self.lora_request is None else self.lora_request.lora_int_id
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

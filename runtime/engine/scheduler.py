@@ -173,6 +173,8 @@ class Scheduler:
             kv_cache_usage=kv_cache_usage,
             prefix_cache_stats=self.prefix_cache_stats.take(),
             num_preemptions=self.num_preemptions_step,
+            running_lora_adapters=_count_adapters(self.running),
+            waiting_lora_adapters=_count_adapters(self.waiting),
         )
 
     # -- scheduling ----------------------------------------------------------------------------
@@ -226,6 +228,9 @@ class Scheduler:
             remaining = request.num_tokens - len(cached) * self.block_manager.block_size
             if not self.config.enable_chunked_prefill and remaining > budget.tokens:
                 break
+            if not self._lora_fits(request):
+                skipped.append(self.waiting.pop())  # its adapter would be one too many
+                continue
             chunk = self._prefill_chunk(remaining, budget.tokens)
             if chunk < remaining and not self._may_start_partial(budget, remaining):
                 # Another partial prefill is not allowed: let a shorter request go instead.
@@ -239,6 +244,15 @@ class Scheduler:
             budget.tokens -= chunk
         for request in reversed(skipped):
             self.waiting.add_front(request)
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Whether ``request`` may run beside the running requests: their distinct adapters stay
+        within ``--max-loras`` (the workers' device slots)."""
+        lora = request.lora_request
+        if lora is None:
+            return True
+        running = {r.lora_request.lora_int_id for r in self.running if r.lora_request}
+        return lora.lora_int_id in running or len(running) < self.config.max_loras
 
     def _admit(
         self, request: Request, num_cached_tokens: int
@@ -255,6 +269,7 @@ class Scheduler:
                 request.eos_token_id,
                 list(request.block_ids),
                 request.num_computed_tokens,
+                request.lora_request,
             )
         else:
             data = CachedRequestData(
@@ -393,6 +408,15 @@ class Scheduler:
         if status is not None:
             request.stop_reason = stop_reason
             self.finish_request(request, status)
+
+
+def _count_adapters(requests: Iterable[Request]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for request in requests:
+        name = request.lora_name
+        if name is not None:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _wants_prompt_logprobs(request: Request) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 
 
@@ -23,6 +24,7 @@ class NewRequestData:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int  # prefix-cache hits count as computed
+    lora_request: LoRARequest | None = None  # the adapter it runs with
 
 
 @dataclass(frozen=True)

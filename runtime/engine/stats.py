@@ -35,6 +35,9 @@ class SchedulerStats:
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     num_preemptions: int = 0  # preemptions in this step
     engine_index: int = 0  # which data-parallel engine core (the metrics' engine label)
+    # requests per adapter name (vLLM's LoRAStats), for vllm:lora_requests_info
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

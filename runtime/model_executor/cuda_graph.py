@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from infernetes.kernels import backend as attention_backends
@@ -32,6 +32,9 @@ from infernetes.runtime.model_executor.context import AttentionMetadata, set_att
 from infernetes.runtime.model_executor.models.interfaces import ModelForward
 
 from infernetes.schema.config import ServeConfig
+
+if TYPE_CHECKING:
+    from infernetes.runtime.lora.layers import LoRABatch
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +185,12 @@ class DecodeGraphs:
         block_size: int,
         device: torch.device,
         backend: GraphBackend,
+        lora: LoRABatch | None = None,
     ) -> None:
         self.forward = forward
+        # With --enable-lora every graph runs the LoRA layers on a static slot buffer (-1 for
+        # tokens of the base model), so a step mixing adapters replays as well.
+        self.lora = lora
         self.sizes = settings.sizes
         self.backend = backend
         self.max_batch = settings.sizes[-1]
@@ -203,6 +210,7 @@ class DecodeGraphs:
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((n, self.max_blocks), dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)  # one token each
+        self.lora_indices = torch.full((n,), -1, dtype=torch.long, device=device)
 
     def _run_static(self, size: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -212,10 +220,14 @@ class DecodeGraphs:
             seq_lens=self.seq_lens[:size],
         )
         set_attention_metadata(meta)
+        if self.lora is not None:
+            self.lora.indices = self.lora_indices[:size]
         try:
             return self.forward(self.input_ids[:size], self.positions[:size])
         finally:
             set_attention_metadata(None)
+            if self.lora is not None:
+                self.lora.indices = None
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -240,10 +252,15 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        lora_indices: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """The step's hidden states ``[B, hidden]`` by replay, or None when the batch must run
-        eagerly (not pure decode, too large, too long, or measuring fp8 scales)."""
+        eagerly (not pure decode, too large, too long, or measuring fp8 scales).
+        ``lora_indices`` are the tokens' adapter slots (None: the base model for all)."""
         num_seqs, width = meta.block_tables.shape
         if input_ids.shape[0] != num_seqs or meta.calculate_kv_scales or width > self.max_blocks:
             return None
@@ -255,6 +272,11 @@ class DecodeGraphs:
         self.slot_mapping[:num_seqs].copy_(meta.slot_mapping)
         self.seq_lens[:num_seqs].copy_(meta.seq_lens)
         self.block_tables[:num_seqs, :width].copy_(meta.block_tables)
+        if lora_indices is None:
+            self.lora_indices[:size].fill_(-1)
+        else:
+            self.lora_indices[:num_seqs].copy_(lora_indices)
+            self.lora_indices[num_seqs:size].fill_(-1)
         if size > num_seqs:  # padding rows: write nowhere, attend to nothing
             self.input_ids[num_seqs:size].zero_()
             self.positions[num_seqs:size].zero_()

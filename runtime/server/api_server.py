@@ -100,6 +100,7 @@ def build_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = []
         if engine is not None:
+            await state.load_lora_modules(engine)
             state.attach_engine(engine)
         elif engine_loader is not None:
             tasks.append(asyncio.create_task(_load_engine(state, engine_loader)))
@@ -166,6 +167,7 @@ def build_app(
 async def _load_engine(state: ServerState, loader: Callable[[], Any]) -> None:
     try:
         engine = await _in_daemon_thread(loader)
+        await state.load_lora_modules(engine)
         state.attach_engine(engine)
         logger.info("model loaded; serving %s", ", ".join(state.settings.served_model_names))
     except Exception as exc:

@@ -131,8 +131,10 @@ class PrometheusStatLogger:
         show_hidden_metrics_for_version: str | None = None,
         registry: CollectorRegistry | None = None,
         engines: int = 1,
+        max_loras: int = 0,
     ) -> None:
         self.registry = registry or CollectorRegistry()
+        self.max_loras = max_loras  # the lora_requests_info gauge's max_lora label
         self._settings = (model_name, max_model_len, cache_config, show_hidden_metrics_for_version)
         self._families: dict[str, Any] = {}
         # Every engine core's series exist from the start, at zero until it reports.
@@ -185,12 +187,16 @@ class EngineSeries:
         self.waiting = gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed."
         ).labels(*m)
-        self.lora_info = family(
+        # One series, labelled by the adapters of the running and waiting requests (vLLM's);
+        # its value is when it was last set.
+        self.lora_family = family(
             Gauge,
             "vllm:lora_requests_info",
             "Running stats on LoRA requests.",
             ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
-        ).labels("", "", "0")
+        )
+        self.lora_labels = ("", "", str(logger.max_loras))
+        self.lora_info = self.lora_family.labels(*self.lora_labels)
         self.kv_usage = gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         ).labels(*m)
@@ -350,6 +356,7 @@ class EngineSeries:
         self.kv_usage.set(stats.kv_cache_usage)
         self.gpu_cache_usage.set(stats.kv_cache_usage)
         self.preemptions.inc(stats.num_preemptions)
+        self._record_lora(stats)
         prefix = stats.prefix_cache_stats
         self.prefix_queries.inc(prefix.queries)
         self.prefix_hits.inc(prefix.hits)
@@ -357,6 +364,18 @@ class EngineSeries:
         self._prefix_hits_seen += prefix.hits
         if self.hidden and self._prefix_queries_seen:
             self.hidden["gpu_prefix_rate"].set(self._prefix_hits_seen / self._prefix_queries_seen)
+
+    def _record_lora(self, stats: SchedulerStats) -> None:
+        labels = (
+            ",".join(sorted(stats.running_lora_adapters)),
+            ",".join(sorted(stats.waiting_lora_adapters)),
+            self.lora_labels[2],
+        )
+        if labels != self.lora_labels:
+            self.lora_family.remove(*self.lora_labels)
+            self.lora_labels = labels
+            self.lora_info = self.lora_family.labels(*labels)
+        self.lora_info.set(time.time())
 
     def _record_iteration(self, stats: IterationStats) -> None:
         self.prompt_tokens.inc(stats.num_prompt_tokens)

@@ -687,6 +687,16 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
 
 
+class LoadLoRAAdapterRequest(RequestBody):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(RequestBody):
+    lora_name: str
+    lora_int_id: int | None = None
+
+
 class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from infernetes.runtime.server.errors import APIError, error_response
 from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
@@ -19,6 +19,7 @@ from infernetes.runtime.server.protocol import (
     DetokenizeRequest,
     EmbeddingRequest,
     ErrorResponse,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
     PoolingRequest,
@@ -28,6 +29,7 @@ from infernetes.runtime.server.protocol import (
     ScoreRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    UnloadLoRAAdapterRequest,
 )
 from infernetes.runtime.server.state import ServerState
 from infernetes.runtime.server.streaming import ClientDisconnected, until_disconnected
@@ -126,7 +128,41 @@ async def models(request: Request) -> JSONResponse:
         ModelCard(id=name, root=state.settings.model, max_model_len=max_len)
         for name in state.settings.served_model_names
     ]
+    cards += [
+        ModelCard(id=name, root=lora.lora_path, parent=lora.base_model_name, max_model_len=max_len)
+        for name, lora in state.loras.adapters.items()
+    ]
     return _json(ModelList(data=cards))
+
+
+# ---------------------------------------------------------------- LoRA adapters at run time
+
+
+def _runtime_lora_updating(state: ServerState) -> None:
+    if not state.settings.allow_runtime_lora_updating:
+        raise APIError(
+            "loading and unloading LoRA adapters at run time is off; set "
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True to allow it",
+            404,
+        )
+
+
+@router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> Response:
+    state = server(request)
+    _runtime_lora_updating(state)
+    servings = state.require_generation()
+    await state.loras.load(servings.engine, body.lora_name, body.lora_path)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> Response:
+    state = server(request)
+    _runtime_lora_updating(state)
+    servings = state.require_generation()
+    await state.loras.unload(servings.engine, body.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 # ---------------------------------------------------------------- OpenAI endpoints

@@ -19,6 +19,8 @@ from infernetes.runtime.server.structured_output import (
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.async_engine import AsyncEngine
+    from infernetes.runtime.lora.request import LoRARequest
+    from infernetes.runtime.server.lora_models import LoRAModels
 
 logger = logging.getLogger("infernetes.runtime.server")
 
@@ -78,6 +80,8 @@ def _structured_outputs_guide(fields: StructuredOutputs) -> Guide:
 
 
 class ServingBase:
+    loras: LoRAModels | None = None  # the server's adapters (ServerState.attach_engine sets it)
+
     def __init__(self, engine: AsyncEngine, settings: FrontendSettings) -> None:
         self.engine = engine
         self.settings = settings
@@ -88,12 +92,18 @@ class ServingBase:
 
     # ------------------------------------------------------------ checks
 
-    def check_model(self, name: str | None) -> None:
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """The adapter ``name`` selects (None: the base model); 404 for a name not served."""
         if name is None or name in self.settings.served_model_names:
-            return
+            return None
+        lora = self.loras.resolve(name) if self.loras is not None else None
+        if lora is not None:
+            return lora
+        served = [*self.settings.served_model_names]
+        if self.loras is not None:
+            served += self.loras.adapters
         raise APIError(
-            f"The model `{name}` does not exist. Served models: "
-            f"{', '.join(self.settings.served_model_names)}",
+            f"The model `{name}` does not exist. Served models: {', '.join(served)}",
             404,
             "model",
         )

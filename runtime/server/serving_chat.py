@@ -207,7 +207,13 @@ class ChatServing(ServingBase):
         request_id = random_id("chatcmpl")
         self.log_request(request_id, None, prompt_ids, params)
         stream = engine_stream(
-            self.engine.generate(prompt_ids, params, request_id, priority=request.priority)
+            self.engine.generate(
+                prompt_ids,
+                params,
+                request_id,
+                priority=request.priority,
+                lora_request=self.check_model(request.model),
+            )
         )
         if request.stream:
             return self._stream(request, request_id, prompt_ids, mode, stream)

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.server.errors import APIError, error_body
 from infernetes.runtime.server.logprobs_format import LogprobFormatter
 from infernetes.runtime.server.off_loop import off_loop
@@ -102,13 +103,20 @@ class CompletionServing(ServingBase):
         return prompts, params_list
 
     def _generators(
-        self, request_id: str, prompts: list[PreparedPrompt], params_list: list[Any], priority: int
+        self,
+        request_id: str,
+        prompts: list[PreparedPrompt],
+        params_list: list[Any],
+        priority: int,
+        lora: LoRARequest | None,
     ) -> list[AsyncIterator[Any]]:
         generators = []
         for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
             sub_id = f"{request_id}-{i}"
             self.log_request(sub_id, prompt.text, prompt.token_ids, params)
-            stream = self.engine.generate(prompt.token_ids, params, sub_id, priority=priority)
+            stream = self.engine.generate(
+                prompt.token_ids, params, sub_id, priority=priority, lora_request=lora
+            )
             generators.append(engine_stream(stream))
         return generators
 
@@ -120,7 +128,9 @@ class CompletionServing(ServingBase):
     async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[bytes]:
         prompts, params_list = await off_loop(self._prepare, request)
         request_id = random_id("cmpl")
-        generators = self._generators(request_id, prompts, params_list, request.priority)
+        generators = self._generators(
+            request_id, prompts, params_list, request.priority, self.check_model(request.model)
+        )
         if request.stream:
             return self._stream(request, request_id, prompts, generators)
         return await self._whole(request, request_id, prompts, generators)

@@ -319,7 +319,13 @@ class ResponsesServing:
             mode, prompt_ids, params = await off_loop(self.chat._prepare, chat_request)
             self.chat.log_request(response_id, None, prompt_ids, params)
             stream = engine_stream(
-                self.chat.engine.generate(prompt_ids, params, response_id, priority=0)
+                self.chat.engine.generate(
+                    prompt_ids,
+                    params,
+                    response_id,
+                    priority=0,
+                    lora_request=self.chat.check_model(chat_request.model),
+                )
             )
             state = self.chat._new_state(mode)
             message: dict[str, Any] | None = None

@@ -78,6 +78,10 @@ class FrontendSettings:
     dev_mode: bool = False
     keep_alive_on_engine_death: bool = False
     http_keep_alive_s: int = 5
+    enable_lora: bool = False
+    max_loras: int = 0  # with --enable-lora (the lora_requests_info gauge's max_lora)
+    lora_modules: tuple[Mapping[str, Any], ...] = ()  # loaded at startup
+    allow_runtime_lora_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
@@ -160,4 +164,8 @@ class FrontendSettings:
             dev_mode=env_flag("VLLM_SERVER_DEV_MODE", environ),
             keep_alive_on_engine_death=env_flag("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", environ),
             http_keep_alive_s=read_env("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", environ),
+            enable_lora=bool(get("enable_lora", False)),
+            max_loras=int(get("max_loras", 1)) if get("enable_lora", False) else 0,
+            lora_modules=tuple(dict(m) for m in get("lora_modules", [])),
+            allow_runtime_lora_updating=env_flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING", environ),
         )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from infernetes.runtime.server.chat_template import ChatRenderer, load_chat_template
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.log_stats import LoggingStatLogger
+from infernetes.runtime.server.lora_models import LoRAModels
 from infernetes.runtime.server.metrics import PrometheusStatLogger
 from infernetes.runtime.server.reasoning import make_reasoning_parser
 from infernetes.runtime.server.serving_chat import ChatServing
@@ -59,6 +60,14 @@ class ServerState:
     servings: Servings | None = None
     is_embedding_model: bool = False
     is_cross_encoder: bool = False
+    loras: LoRAModels = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loras = LoRAModels(self.settings)
+
+    async def load_lora_modules(self, engine: AsyncEngine) -> None:
+        """Load ``--lora-modules`` before the routes answer: a request may name one at once."""
+        await self.loras.load_modules(engine, self.settings.lora_modules)
 
     def attach_engine(self, engine: AsyncEngine) -> None:
         """Builds the serving objects on a loaded engine; the routes answer from then on."""
@@ -79,6 +88,7 @@ class ServerState:
             self.cache_config,
             settings.show_hidden_metrics_for_version,
             engines=len(engine.cores),
+            max_loras=settings.max_loras,
         )
         self.stat_fanout.loggers.append(self.metrics)
         for stat_logger in self.stat_fanout.loggers:
@@ -96,6 +106,14 @@ class ServerState:
             score=ScoreServing(engine, settings),
             tokenization=TokenizationServing(engine, settings, renderer),
         )
+        for serving in (
+            self.servings.completion,
+            chat,
+            self.servings.embedding,
+            self.servings.score,
+            self.servings.tokenization,
+        ):
+            serving.loras = self.loras
         pooling = bool(getattr(engine, "is_pooling", False))
         architectures = getattr(getattr(engine, "model_config", None), "architectures", None)
         self.is_cross_encoder = pooling and any(

@@ -23,6 +23,7 @@ from infernetes.runtime.engine.scheduler_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from infernetes.runtime.lora.manager import LoRAManager
 from infernetes.runtime.model_executor import cuda_graph, parallel
 from infernetes.runtime.model_executor.compilation import compile_forward
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
@@ -65,6 +66,7 @@ class ModelRunner:
         )
         self.model: ServableModel | None = None
         self.run_model: ModelForward | None = None
+        self.lora: LoRAManager | None = None  # with --enable-lora
         self.load_model(config.load.use_tqdm_on_load)
         self.decode_graphs: DecodeGraphs | None = None  # captured by capture_decode_graphs()
         self.kv_cache_dtype = KV_CACHE_DTYPES.get(config.cache.kv_cache_dtype, info.dtype)
@@ -88,6 +90,8 @@ class ModelRunner:
             config.load.ignore_patterns,
         )
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        if config.lora is not None:  # wraps the linear layers: before compiling the forward
+            self.lora = LoRAManager(self.model, config.lora, self.info.dtype, self.device)  # type: ignore[arg-type]  # every servable model is an nn.Module
         self.run_model = compile_forward(self.model, config.compilation, self.device)
 
     # -- KV cache ------------------------------------------------------------------------------
@@ -224,7 +228,8 @@ class ModelRunner:
         if backend is None:
             return
         assert self.run_model is not None
-        graphs = DecodeGraphs(self.run_model, settings, self.block_size, self.device, backend)
+        lora = None if self.lora is None else self.lora.batch
+        graphs = DecodeGraphs(self.run_model, settings, self.block_size, self.device, backend, lora)
         graphs.capture()
         self.decode_graphs = graphs
 
@@ -316,10 +321,14 @@ class ModelRunner:
         intermediate: IntermediateTensors | None = None,
     ) -> tuple[torch.Tensor | IntermediateTensors, AttentionMetadata]:
         input_ids, positions, meta = self._prepare(batch, num_scheduled)
+        lora_indices = None
+        if self.lora is not None:
+            self.lora.prepare([r.lora_request for r in batch], num_scheduled)
+            lora_indices = self.lora.batch.indices
         hidden = (
             None
             if self.decode_graphs is None
-            else self.decode_graphs.run(input_ids, positions, meta)
+            else self.decode_graphs.run(input_ids, positions, meta, lora_indices)
         )
         if hidden is None:  # not a decode batch a graph holds: eager (or compiled) forward
             assert self.run_model is not None

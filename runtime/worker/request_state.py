@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from infernetes.runtime.engine.scheduler_output import NewRequestData
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 
 
@@ -23,6 +24,7 @@ class CachedRequestState:
     num_computed_tokens: int
     generator: Any = None  # torch.Generator of a seeded request: its own random stream
     error: Exception | None = field(default=None)  # its logits processor raised
+    lora_request: LoRARequest | None = None
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> CachedRequestState:
@@ -39,6 +41,7 @@ class CachedRequestState:
             list(data.block_ids),
             data.num_computed_tokens,
             generator,
+            lora_request=data.lora_request,
         )
 
     @property

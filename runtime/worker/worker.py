@@ -11,6 +11,7 @@ from infernetes.kernels.backend import select_backend
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
+from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
 from infernetes.runtime.model_executor.memory_profile import log_kv_cache_budget
 from infernetes.runtime.worker.model_runner import ModelRunner
@@ -78,6 +79,22 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         output = self.model_runner.execute_model(scheduler_output)
         return output if self.returns_output else None
+
+    def add_lora(self, lora_request: LoRARequest) -> str | None:
+        """Read and check an adapter; what is wrong with it, or None. Returned, not raised: every
+        rank answers, so no reply is left unread when one rank's check fails."""
+        if self.model_runner.lora is None:
+            return "LoRA adapters need --enable-lora"
+        try:
+            self.model_runner.lora.add_lora(lora_request)
+        except ValueError as error:
+            return str(error)
+        return None
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        if self.model_runner.lora is not None:
+            self.model_runner.lora.remove_lora(lora_int_id)
+        return True
 
     def sleep(self, level: int) -> None:
         """Free the KV cache (level 1) and the weights too (level 2)."""

@@ -91,3 +91,50 @@ def test_triton_fp8_kv_cache_generates_like_the_reference(tiny_llama, monkeypatc
         )
         results[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     assert results[backend.TRITON_ATTN] == results[backend.TORCH_SDPA]
+
+
+def test_triton_lora_batch_mixing_adapters_matches_peft(
+    tiny_llama, triton_attn, tmp_path, monkeypatch
+):
+    """The LoRA layers on the Triton shrink/expand kernels, in a chunked batch mixing two adapters
+    (attention only; MLP with rslora) and the base model."""
+    from infernetes.kernels import triton_backend
+    from infernetes.runtime.lora.request import LoRARequest
+    from infernetes.runtime.testing import hf_peft_greedy_tokens, make_tiny_lora
+
+    launches = []
+    shrink = triton_backend.lora_shrink
+    monkeypatch.setattr(
+        triton_backend, "lora_shrink", lambda *args: launches.append(1) or shrink(*args)
+    )
+
+    attn = make_tiny_lora(tiny_llama, tmp_path / "attn", rank=8, seed=1)
+    mlp = make_tiny_lora(
+        tiny_llama,
+        tmp_path / "mlp",
+        rank=4,
+        use_rslora=True,
+        target_modules=["gate_proj", "up_proj", "down_proj"],
+        seed=2,
+    )
+    loras = [LoRARequest("attn", 1, str(attn)), LoRARequest("mlp", 2, str(mlp)), None]
+    llm = LLM(
+        tiny_llama,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=64,
+        block_size=8,
+        max_num_batched_tokens=16,
+        enable_lora=True,
+        max_loras=2,
+    )
+    prompts = [[1, 5, 9, 200, 17, 3, 44, 8, 91, 12], [1, 77, 4, 150, 6], [1, 8, 8, 31, 2]]
+    outputs = llm.generate(prompts, GREEDY, lora_request=loras)
+    assert launches  # the Triton kernels ran, not the reference
+    for prompt, lora, output in zip(prompts, loras, outputs, strict=True):
+        expected = (
+            hf_greedy_tokens(tiny_llama, prompt, GREEDY.max_tokens)
+            if lora is None
+            else hf_peft_greedy_tokens(tiny_llama, lora.lora_path, prompt, GREEDY.max_tokens)
+        )
+        assert output.outputs[0].token_ids == expected, lora

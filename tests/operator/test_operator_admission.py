@@ -32,7 +32,7 @@ def test_every_refused_engine_field_and_no_other_is_narrowed() -> None:
     narrowed = {item.field for item in engine_refusals(ARGS)}
     expected = {camel(arg.dest) for arg in engine_args(ARGS) if refuses(ARG_SUPPORT[arg.dest])}
     assert narrowed == expected
-    assert {"apiServerCount", "enableLora", "speculativeConfig", "quantization"} <= narrowed
+    assert {"apiServerCount", "fullyShardedLoras", "speculativeConfig", "quantization"} <= narrowed
     assert not narrowed & {"swapSpace", "attentionBackend", "maxModelLen"}  # no effect / honoured
 
 
@@ -76,7 +76,7 @@ def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
         "--api-server-count is not supported with this value: one API server process serves"
     )
     assert count.endswith("supported: 1")
-    assert by_field["enableLora"].message.endswith("only false is accepted")
+    assert by_field["fullyShardedLoras"].message.endswith("only false is accepted")
     assert by_field["kvTransferConfig"].message.endswith("leave it unset")
     assert by_field["cpuOffloadGb"].message.endswith("only 0 is accepted")
 

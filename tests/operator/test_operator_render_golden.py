@@ -30,6 +30,7 @@ CASES = {
     "model-cache": [],
     "hf-token": [],
     "security": [],
+    "lora": [],
 }
 
 

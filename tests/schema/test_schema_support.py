@@ -142,12 +142,20 @@ def test_serve_refuses_before_loading_anything():
     assert "error: argument --api-server-count/-asc 2 is not supported" in result.stderr
     assert "warning: argument --swap-space 8.0 has no effect here" in result.stderr
     config = subprocess.run(
-        [sys.executable, "-m", "infernetes.cli.main", "config", "no/such-model", "--enable-lora"],
+        [
+            sys.executable,
+            "-m",
+            "infernetes.cli.main",
+            "config",
+            "no/such-model",
+            "--fully-sharded-loras",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert config.returncode == 2 and "argument --enable-lora is not supported" in config.stderr
+    assert config.returncode == 2
+    assert "argument --fully-sharded-loras is not supported" in config.stderr
 
 
 def _tests_naming(*needles: str) -> bool:

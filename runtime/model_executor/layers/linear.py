@@ -30,6 +30,7 @@ class LinearBase(nn.Module):
         self.tp_dim = tp_dim
         self.tp_rank = tp_rank()
         self.tp_size = tp_size()
+        self.input_size, self.output_size = input_size, output_size  # this rank's share
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
         if bias:
