@@ -13,6 +13,11 @@ A paged engine needs a function of the position alone, so position `p` uses the 
 sequence of length `max(p + 1, max_position_embeddings)`. That equals transformers for every
 position below `max_position_embeddings` and for each decoded token; prompt tokens beyond it
 differ slightly (transformers uses the prompt's full length for all of them).
+
+LongRoPE (Phi-3; `su` is its old name) is the same kind of switch: transformers takes the long
+factors once a forward pass reaches past `original_max_position_embeddings`; here position `p`
+takes them from that position on. Equal to transformers for prompts within the original length
+and every token decoded after them; a prompt longer than it differs in its first part.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 import torch
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "su")
 
 
 def rope_type_of(rope_scaling: Mapping[str, Any] | None) -> str:
@@ -111,6 +116,35 @@ def _yarn_inv_freq(
     return inv_freq, float(attention_factor)
 
 
+def _longrope_freqs(
+    rotary_dim: int,
+    base: float,
+    rs: Mapping[str, Any],
+    max_position_embeddings: int | None,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, float]:
+    """Per-position angles (short factors below the original length, long from it on) and the
+    attention factor (see the module doc)."""
+    short, long, original = _require(
+        rs, "short_factor", "long_factor", "original_max_position_embeddings"
+    )
+    if len(short) != rotary_dim // 2 or len(long) != rotary_dim // 2:
+        raise ValueError(
+            f"longrope short_factor/long_factor need {rotary_dim // 2} values each (rotary_dim / 2)"
+        )
+    factor = rs.get("factor") or (max_position_embeddings or original) / original
+    attention_factor = rs.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    scaled = base ** _exponents(rotary_dim, positions.device)
+    inv_short = 1.0 / (torch.tensor(short, dtype=torch.float32, device=positions.device) * scaled)
+    inv_long = 1.0 / (torch.tensor(long, dtype=torch.float32, device=positions.device) * scaled)
+    inv_freq = torch.where(positions[:, None] >= original, inv_long, inv_short)
+    return positions.float()[:, None] * inv_freq, float(attention_factor)
+
+
 def _dynamic_freqs(
     rotary_dim: int,
     base: float,
@@ -154,6 +188,10 @@ def build_cos_sin_cache(
         if max_position_embeddings is None:
             raise ValueError("dynamic rope_scaling needs max_position_embeddings")
         freqs = _dynamic_freqs(rotary_dim, base, factor, max_position_embeddings, positions)
+    elif rope_type in ("longrope", "su"):
+        freqs, attention_factor = _longrope_freqs(
+            rotary_dim, base, scaling, max_position_embeddings, positions
+        )
     else:
         if rope_type == "default":
             inv_freq = _default_inv_freq(rotary_dim, base, device)

@@ -81,9 +81,10 @@ def build_tokenizer(directory: str | Path, vocab_size: int = 512, add_bos: bool 
 
 QWEN_EXPERTS: dict[str, Any] = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 
-# Architectures without a native implementation here: their config class and what makes each
-# family's tiny model exercise its own differences (multipliers, partial rotary, biases).
-FALLBACK_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+# Families made from their transformers config class: the class, and what makes each family's
+# tiny model exercise its own differences (multipliers, partial rotary, biases, caps, sinks).
+# The transformers fallback is tested on all of them (native or not).
+FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "GraniteForCausalLM": (
         "GraniteConfig",
         dict(
@@ -175,8 +176,8 @@ def _tiny_config(
         config = transformers.MixtralConfig(
             **common, **{"sliding_window": None, **decoder, **experts}
         )
-    elif architecture in FALLBACK_CONFIGS:  # families served through the transformers fallback
-        config_class, extra = FALLBACK_CONFIGS[architecture]
+    elif architecture in FAMILY_CONFIGS:
+        config_class, extra = FAMILY_CONFIGS[architecture]
         config = getattr(transformers, config_class)(**common, **{**decoder, **extra})
     elif architecture == "OPTForCausalLM":
         config = transformers.OPTConfig(

@@ -43,6 +43,10 @@ def _assert_exact(llm, path, hf_greedy, prompts=SAMPLE_PROMPTS, max_tokens=10):
         "Qwen2MoeForCausalLM",
         "Qwen3MoeForCausalLM",
         "MixtralForCausalLM",
+        "GemmaForCausalLM",
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Phi3ForCausalLM",
         "OPTForCausalLM",
         "GPT2LMHeadModel",
     ],
@@ -106,3 +110,37 @@ def test_sliding_window_past_the_window_matches_transformers(
         )
         assert len(llm.get_tokenizer()(LONG_PROMPTS[0]).input_ids) > 3 * 16
         _assert_exact(llm, path, hf_greedy, [*LONG_PROMPTS, LONG_PROMPTS[0]], max_tokens=24)
+
+
+def test_phi3_longrope_matches_transformers(model_factory, hf_greedy):
+    """Within the original length the short factors and the attention factor give transformers'
+    tokens; from it on each position's rotation uses the long factors, as transformers' rotary
+    module does. (At the switch transformers' Phi-3 recomputes its whole KV cache with the long
+    factors; a paged engine keeps the keys it has, as vLLM does, so tokens past the switch are
+    not compared.)"""
+    import torch
+    from infernetes.kernels.rope import build_cos_sin_cache
+    from infernetes.runtime.model_executor.layers.rotary import rope_from_config
+    from transformers import AutoModelForCausalLM
+
+    path = model_factory(
+        "Phi3ForCausalLM",
+        original_max_position_embeddings=32,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.5, 2.0, 3.0],
+            "long_factor": [2.0, 4.0, 8.0, 16.0],
+            "original_max_position_embeddings": 32,
+        },
+    )
+    llm = LLM(path, dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=8)
+    prompts = [SAMPLE_PROMPTS[0], SAMPLE_PROMPTS[2]]
+    assert all(len(llm.get_tokenizer()(p).input_ids) + 20 < 32 for p in prompts)
+    _assert_exact(llm, path, hf_greedy, prompts, max_tokens=20)
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    base, scaling = rope_from_config(hf.config)
+    cache = build_cos_sin_cache(8, 64, base, scaling, hf.config.max_position_embeddings)
+    for position in (5, 31, 32, 50):
+        cos, sin = hf.model.rotary_emb(torch.zeros(1, 1, 8), torch.tensor([[position]]))
+        torch.testing.assert_close(cache[position], torch.cat([cos[0, 0, :4], sin[0, 0, :4]]))

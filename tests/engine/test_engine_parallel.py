@@ -82,6 +82,9 @@ def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngin
         ("Qwen2MoeForCausalLM", {}, 2, 1, (2, 1)),
         ("Qwen3MoeForCausalLM", {}, 2, 1, (2, 1)),
         ("MixtralForCausalLM", {}, 2, 1, (2, 1)),
+        ("Gemma2ForCausalLM", {}, 2, 1, (2, 1)),
+        ("Gemma3ForCausalLM", {}, 2, 1, (2, 1)),
+        ("Phi3ForCausalLM", {}, 2, 1, (2, 1)),  # the fused checkpoint tensors cut per rank
         # a tied LM head on the last stage, the embedding on the first
         ("LlamaForCausalLM", {"tie_word_embeddings": True}, 1, 2, (4, 2)),
         ("MistralForCausalLM", {}, 1, 2, (4, 2)),
@@ -90,6 +93,7 @@ def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngin
         ("OPTForCausalLM", {}, 1, 2, (4, 4)),
         ("GPT2LMHeadModel", {}, 1, 2, (4, 4)),
         ("Qwen2MoeForCausalLM", {}, 1, 2, (4, 2)),
+        ("Gemma3ForCausalLM", {}, 1, 2, (4, 2)),
         ("LlamaForCausalLM", {}, 2, 2, (2, 1)),
     ],
 )

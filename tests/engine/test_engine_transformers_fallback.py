@@ -4,7 +4,7 @@ transformers' modelling code with this engine's paged attention, and give transf
 from __future__ import annotations
 
 import pytest
-from infernetes.runtime.testing import FALLBACK_CONFIGS, SAMPLE_PROMPTS
+from infernetes.runtime.testing import FAMILY_CONFIGS, SAMPLE_PROMPTS
 
 from infernetes import LLM, SamplingParams
 
@@ -23,15 +23,16 @@ def _model(llm):
     return llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
 
 
-@pytest.mark.parametrize("architecture", sorted(FALLBACK_CONFIGS))
+@pytest.mark.parametrize("architecture", sorted(FAMILY_CONFIGS))
 def test_fallback_matches_transformers(model_factory, hf_greedy, architecture):
     path = model_factory(architecture)
-    llm = LLM(path, **SMALL)
+    llm = LLM(path, model_impl="transformers", **SMALL)
     assert type(_model(llm)).__name__ == "TransformersForCausalLM"
     _assert_exact(llm, path, hf_greedy, SAMPLE_PROMPTS)
     # chunked prefill, a prefix-cache hit and preemption (8 blocks for 3 requests of 6)
     tight = LLM(
         path,
+        model_impl="transformers",
         **{**SMALL, "max_model_len": 64, "num_gpu_blocks_override": 8, "max_num_batched_tokens": 8},
     )
     prompts = [SAMPLE_PROMPTS[1], SAMPLE_PROMPTS[1] + " again", SAMPLE_PROMPTS[3]]
@@ -95,7 +96,9 @@ def test_fallback_under_tensor_parallelism_matches_transformers(
     from infernetes.schema.config import build_config
 
     path = model_factory(architecture)
-    engine = LLMEngine(build_config(path, device="cpu", tensor_parallel_size=2, **SMALL))
+    engine = LLMEngine(
+        build_config(path, device="cpu", tensor_parallel_size=2, model_impl="transformers", **SMALL)
+    )
     try:
         reports = engine.engine_core.executor.collective_rpc("report")
         prompts = [[0, 398, 340, 321, 455, 80, 72], [0, 37], list(range(5, 40))]

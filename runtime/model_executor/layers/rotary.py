@@ -80,4 +80,7 @@ def rope_from_config(config: PretrainedConfig) -> tuple[float, dict[str, Any] | 
     scaling = dict(getattr(config, "rope_scaling", None) or {}) or params
     base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    original = getattr(config, "original_max_position_embeddings", None)
+    if original and "original_max_position_embeddings" not in scaling:  # Phi-3 keeps it outside
+        scaling["original_max_position_embeddings"] = original
     return float(base), (scaling if rope_type != "default" else None)

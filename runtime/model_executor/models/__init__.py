@@ -23,6 +23,18 @@ def _mixtral() -> type[nn.Module]:
     return MixtralForCausalLM
 
 
+def _gemma() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.gemma import GemmaForCausalLM
+
+    return GemmaForCausalLM
+
+
+def _phi3() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llama import Phi3ForCausalLM
+
+    return Phi3ForCausalLM
+
+
 def _opt() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.opt import OPTForCausalLM
 
@@ -49,6 +61,10 @@ GENERATIVE = {
     "Qwen2MoeForCausalLM": _qwen_moe,
     "Qwen3MoeForCausalLM": _qwen_moe,
     "MixtralForCausalLM": _mixtral,
+    "Phi3ForCausalLM": _phi3,
+    "GemmaForCausalLM": _gemma,
+    "Gemma2ForCausalLM": _gemma,
+    "Gemma3ForCausalLM": _gemma,
     "OPTForCausalLM": _opt,
     "GPT2LMHeadModel": _gpt2,
 }

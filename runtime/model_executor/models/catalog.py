@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from infernetes.runtime.model_executor.models import ARCHITECTURES, GENERATIVE, POOLING
-from infernetes.runtime.testing import FALLBACK_CONFIGS  # what the tests run through the fallback
+from infernetes.runtime.testing import FAMILY_CONFIGS  # what the tests run through the fallback
 from torch import nn
 
 
@@ -40,7 +40,7 @@ def render_models_markdown() -> str:
         "| `--quantization fp8` | mixture of experts |\n|---|---|---|---|---|---|---|"
     )
     rows = "\n".join(_row(name) for name in sorted(ARCHITECTURES, key=lambda n: (n in POOLING, n)))
-    tested = ", ".join(f"`{name}`" for name in sorted(FALLBACK_CONFIGS))
+    tested = ", ".join(f"`{name}`" for name in sorted(FAMILY_CONFIGS))
     return f"""# Supported models
 
 Generated from the model registry (`runtime/model_executor/models/__init__.py`) by
@@ -77,7 +77,11 @@ Cohere and Gemma are applied. Tested against transformers, token for token:
 gpt-oss runs through the fallback from unquantised (bf16) checkpoints, its attention sinks in the
 kernels and its experts in transformers' own code; its MXFP4 checkpoints are not read yet.
 
-Planned: native Gemma 2/3, Phi-3 and gpt-oss (CUDA graphs, torch.compile), gpt-oss's MXFP4
-checkpoints, DeepSeek-V2/V3 (multi-head latent attention), expert-parallel load balancing
+LongRoPE (Phi-3): each position takes the short or the long factors by itself; transformers'
+Phi-3 recomputes its whole KV cache with the long factors when a sequence crosses
+`original_max_position_embeddings`, which a paged engine does not do (nor does vLLM), so tokens
+after that point may differ from transformers'.
+
+Planned: native gpt-oss (CUDA graphs, torch.compile) and its MXFP4 checkpoints, DeepSeek-V2/V3 (multi-head latent attention), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.
 """

@@ -60,7 +60,10 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, output_bias)
         base, scaling = rope_from_config(config)
-        rotary_dim = int(self.head_dim * getattr(config, "partial_rotary_factor", 1.0))
+        partial = getattr(config, "partial_rotary_factor", None) or (
+            getattr(config, "rope_parameters", None) or {}
+        ).get("partial_rotary_factor", 1.0)
+        rotary_dim = int(self.head_dim * partial)
         self.rotary_emb = get_rope(
             self.head_dim, rotary_dim, max_position, base, scaling, config.max_position_embeddings
         )
@@ -168,18 +171,22 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     ]
 
-    intermediate_names = ("hidden", "residual")
+    intermediate_names: tuple[str, ...] = ("hidden", "residual")
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, max_position, self.mlp)
+        self.model = self.build_model(config, max_position)
         self.lm_head = on_last_stage(lambda: ParallelLMHead(config.vocab_size, config.hidden_size))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         # With pipeline stages, a tied LM head and the embedding may sit on different ranks.
+        embedding: nn.Module = self.model.embed_tokens  # type: ignore[assignment]  # every family names it so
         self.shared_embedding = self.tie_word_embeddings and tie_on_this_stage(
-            self.lm_head, self.model.embed_tokens
+            self.lm_head, embedding
         )
+
+    def build_model(self, config: PretrainedConfig, max_position: int) -> nn.Module:
+        return LlamaModel(config, max_position, self.mlp)
 
     def mlp(self, layer: int) -> nn.Module:
         """The feed-forward block of decoder layer ``layer``."""
@@ -219,3 +226,34 @@ class LlamaForCausalLM(nn.Module):
         if self.shared_embedding:
             loaded.add("lm_head.weight")
         return loaded
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    """Phi-3 and Phi-4: Llama's layers, with the checkpoint's projections already fused
+    (``qkv_proj``, ``gate_up_proj``) and LongRoPE scaling. The fused tensors are cut into their
+    parts, so each rank's loader takes its own slice of each part."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        config = self.config
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        q = config.num_attention_heads * head_dim
+        kv = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * head_dim
+
+        def split(items):
+            for name, tensor in items:
+                if name.endswith("qkv_proj.weight"):
+                    prefix = name.removesuffix("qkv_proj.weight")
+                    yield prefix + "q_proj.weight", tensor.narrow(0, 0, q)
+                    yield prefix + "k_proj.weight", tensor.narrow(0, q, kv)
+                    yield prefix + "v_proj.weight", tensor.narrow(0, q + kv, kv)
+                elif name.endswith("gate_up_proj.weight"):
+                    prefix = name.removesuffix("gate_up_proj.weight")
+                    gate, up = tensor.chunk(2, 0)
+                    yield prefix + "gate_proj.weight", gate
+                    yield prefix + "up_proj.weight", up
+                else:
+                    yield name, tensor
+
+        return super().load_weights(split(weights))
