@@ -74,14 +74,15 @@ layer's sliding window, attention soft-capping and attention sinks go to the ker
 Cohere and Gemma are applied. Tested against transformers, token for token:
 {tested}. An architecture neither path can run is refused at startup with the reason.
 
-gpt-oss runs through the fallback from unquantised (bf16) checkpoints, its attention sinks in the
-kernels and its experts in transformers' own code; its MXFP4 checkpoints are not read yet.
+gpt-oss runs through the fallback, its attention sinks in the kernels and its experts in
+transformers' own code; its MXFP4 checkpoints (`*_blocks`, `*_scales`) are dequantised to the
+model dtype at load (an MXFP4 kernel is planned).
 
 LongRoPE (Phi-3): each position takes the short or the long factors by itself; transformers'
 Phi-3 recomputes its whole KV cache with the long factors when a sequence crosses
 `original_max_position_embeddings`, which a paged engine does not do (nor does vLLM), so tokens
 after that point may differ from transformers'.
 
-Planned: native gpt-oss (CUDA graphs, torch.compile) and its MXFP4 checkpoints, DeepSeek-V2/V3 (multi-head latent attention), expert-parallel load balancing
+Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), DeepSeek-V2/V3 (multi-head latent attention), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.
 """

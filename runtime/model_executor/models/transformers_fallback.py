@@ -26,6 +26,7 @@ from infernetes.runtime.model_executor import parallel
 from infernetes.runtime.model_executor.layers.attention import Attention
 from infernetes.runtime.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
+from infernetes.runtime.model_executor.mxfp4 import dequantize_mxfp4
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.initialization import no_init_weights
@@ -124,6 +125,27 @@ def shard_linear_layers(model: nn.Module, plan: dict[str, str]) -> int:
     return swapped
 
 
+def dequantized_mxfp4(
+    weights: Iterable[tuple[str, torch.Tensor]], params: dict[str, nn.Parameter]
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """gpt-oss's MXFP4 experts (``<name>_blocks`` and ``<name>_scales``, ``[E, out, G, 16]``
+    and ``[E, out, G]``) as the ``<name>`` ``[E, in, out]`` transformers' experts hold; every
+    other tensor as it comes."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in weights:
+        base, _, part = name.rpartition("_")
+        if part not in ("blocks", "scales") or base not in params:
+            yield name, tensor
+            continue
+        pending.setdefault(base, {})[part] = as_tensor(tensor)
+        if len(pending[base]) == 2:
+            parts = pending.pop(base)
+            dense = dequantize_mxfp4(parts["blocks"], parts["scales"], params[base].dtype)
+            yield base, dense.transpose(-1, -2)
+    if pending:
+        raise ValueError(f"MXFP4 tensors without their other half: {sorted(pending)}")
+
+
 class TransformersForCausalLM(nn.Module):
     """A transformers causal LM behind the engine's model interface."""
 
@@ -218,7 +240,7 @@ class TransformersForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.hf.named_parameters(remove_duplicate=False))  # tied: both names
         loaded: set[str] = set()
-        for name, tensor in weights:
+        for name, tensor in dequantized_mxfp4(weights, params):
             if name not in params:
                 if "rotary_emb." in name:  # buffers some checkpoints carry
                     continue
