@@ -17,6 +17,7 @@ from infernetes.kernels.reference import cache as _ref_cache
 from infernetes.kernels.reference import fp8 as _ref_fp8
 from infernetes.kernels.reference import norm as _ref_norm
 from infernetes.kernels.reference import rotary as _ref_rotary
+from infernetes.kernels.reference import wna16 as _ref_wna16
 from infernetes.kernels.reference.fp8 import quantize_weight_fp8
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "scaled_fp8_quant",
     "silu_and_mul",
     "store_kv",
+    "wna16_linear",
 ]
 
 
@@ -145,3 +147,18 @@ def fp8_linear(
     (one element) or per-channel (`[N]`)."""
     impl = _triton().fp8_linear if _use_triton(x) else _ref_fp8.fp8_linear
     return impl(x, qweight, weight_scale, bias)
+
+
+def wna16_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    g_idx: torch.Tensor,
+    bits: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W.T + bias` with `W` a 4- or 8-bit packed weight (layout in
+    `infernetes.kernels.reference.wna16`): the Triton GEMM unpacks it tile by tile."""
+    impl = _triton().wna16_linear if _use_triton(x) else _ref_wna16.wna16_linear
+    return impl(x, qweight, scales, zeros, g_idx, bits, bias)

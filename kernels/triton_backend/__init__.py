@@ -9,6 +9,7 @@ from infernetes.kernels.triton_backend.cache import store_kv
 from infernetes.kernels.triton_backend.fp8 import fp8_linear, scaled_fp8_quant
 from infernetes.kernels.triton_backend.norm import rms_norm
 from infernetes.kernels.triton_backend.rotary import rotary_embedding
+from infernetes.kernels.triton_backend.wna16 import wna16_linear
 
 __all__ = [
     "fp8_linear",
@@ -18,4 +19,5 @@ __all__ = [
     "scaled_fp8_quant",
     "silu_and_mul",
     "store_kv",
+    "wna16_linear",
 ]
