@@ -20,7 +20,9 @@ SUPPORTED_BITS = (4, 8)
 
 def check_bits(bits: int) -> int:
     if bits not in SUPPORTED_BITS:
-        raise ValueError(f"weight-only integer quantisation supports {SUPPORTED_BITS} bits, not {bits}")
+        raise ValueError(
+            f"weight-only integer quantisation supports {SUPPORTED_BITS} bits, not {bits}"
+        )
     return 32 // bits
 
 

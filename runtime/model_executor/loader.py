@@ -353,6 +353,7 @@ def build_model(
 ) -> ServableModel:
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
     _, cls = model_class([info.architecture])
+    quantized_checkpoint = quantization_config(info)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(info.dtype)
     try:
@@ -369,7 +370,7 @@ def build_model(
     else:
         files = weight_files(info.path, load_format, ignore_patterns)
         counter = ReadCounter()
-        loaded = model.load_weights(iter_weights(files, use_tqdm, counter))
+        loaded = _load_checkpoint(model, info, iter_weights(files, use_tqdm, counter))
         model.checkpoint_bytes_read = counter.bytes
         if tp_size() > 1:
             total = sum(f.stat().st_size for f in files if f.suffix == ".safetensors")
@@ -384,7 +385,7 @@ def build_model(
             raise ModelLoadError(
                 f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}"
             )
-    if quantization == "fp8":
+    if quantization == "fp8" and quantized_checkpoint is None:  # online, of full weights
         from infernetes.runtime.model_executor.layers.linear import LinearBase
 
         for module in model.modules():
@@ -396,6 +397,38 @@ def build_model(
             if pack is not None:
                 pack()
     return model.eval()
+
+
+def quantization_config(info: ModelInfo) -> dict[str, Any] | None:
+    from infernetes.runtime.model_executor.layers.quantization import checkpoint_quant_config
+
+    try:
+        return checkpoint_quant_config(info.path, info.hf_config)
+    except ConfigError as error:
+        raise ModelLoadError(str(error)) from error
+
+
+def _load_checkpoint(
+    model: Any, info: ModelInfo, weights: Iterator[tuple[str, torch.Tensor | LazyWeight]]
+) -> set[str]:
+    """Load the checkpoint's tensors, a quantized checkpoint's dequantised on the way
+    (layers/quantization), and hand the attention layers any KV-cache scales it carries."""
+    from infernetes.runtime.model_executor.layers import quantization
+    from infernetes.runtime.model_executor.layers.quantization.checkpoint import CheckpointError
+    from infernetes.runtime.model_executor.layers.quantization.kv_scales import attach_kv_scales
+
+    config = quantization_config(info)
+    kv_scales: dict[str, dict[str, float]] = {}
+    try:
+        fmt = quantization.checkpoint_format(config) if config is not None else None
+        loaded = model.load_weights(
+            quantization.dequantized_weights(weights, fmt, info.dtype, kv_scales)
+        )
+    except (CheckpointError, ConfigError) as error:
+        raise ModelLoadError(f"cannot load {info.path}: {error}") from error
+    if kv_scales:
+        logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
+    return loaded
 
 
 def _dummy_weights(model: nn.Module, seed: int) -> None:

@@ -18,7 +18,9 @@ def _random_layer(k: int, n: int, bits: int, group: int, reorder: bool, asym: bo
     values = torch.randint(0, 2**bits, (k, n), generator=gen)
     groups = k // group
     scales = torch.rand(groups, n, generator=gen) * 0.02 + 0.001
-    zeros = torch.randint(0, 2**bits, (groups, n), generator=gen, dtype=torch.int32) if asym else None
+    zeros = (
+        torch.randint(0, 2**bits, (groups, n), generator=gen, dtype=torch.int32) if asym else None
+    )
     g_idx = torch.arange(k, dtype=torch.int32) // group
     if reorder:  # desc_act: the features' groups follow an activation order, not their position
         g_idx = g_idx[torch.randperm(k, generator=gen)]
