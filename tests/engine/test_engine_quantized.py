@@ -9,6 +9,7 @@ with the checkpoint."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -386,3 +387,136 @@ def test_compressed_tensors_int8(tmp_path, base, hf_greedy):
         weights=weights,
         input_activations=inputs,
     )
+
+
+# -- KV-cache scales ------------------------------------------------------------------------------
+
+
+def test_checkpoint_kv_scales_feed_an_fp8_cache(tmp_path, base, caplog):
+    scales = {0: (0.011, 0.013), 1: (0.017, 0.019)}
+    quantized, _ = write_fp8_static(base, tmp_path / "scaled", kv_scales=scales)
+    llm = LLM(str(quantized), kv_cache_dtype="fp8", **SMALL)
+    runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
+    got = [s for a in runner.attention_layers for s in (float(a.k_scale), float(a.v_scale))]
+    assert got == pytest.approx([*scales[0], *scales[1]])
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(max_tokens=4))
+    assert len(output.outputs[0].token_ids) == 4
+    # Without an fp8 cache the scales are read and left unused; without scales, 1.0 and a warning.
+    assert len(LLM(str(quantized), **SMALL).generate({"prompt_token_ids": PROMPT})) == 1
+    plain, _ = write_fp8_static(base, tmp_path / "unscaled")
+    with caplog.at_level(logging.WARNING):
+        llm = LLM(str(plain), kv_cache_dtype="fp8", **SMALL)
+    runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
+    assert [float(a.k_scale) for a in runner.attention_layers] == [1.0, 1.0]
+    assert "carries no k_scale/v_scale for 2 attention layers" in caplog.text
+
+
+# -- what does not fit ----------------------------------------------------------------------------
+
+
+def _config(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+def _set_quant_config(path: Path, quant_config: dict) -> None:
+    config = _config(path)
+    config["quantization_config"] = quant_config
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def test_tensors_that_do_not_fit_the_declared_method(tmp_path, base):
+    gptq, _ = write_gptq(base, tmp_path / "gptq")
+    # compressed-tensors' config over GPTQ's tensors
+    _set_quant_config(
+        gptq,
+        {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {
+                "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "strategy": "group"}}
+            },
+        },
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.layers\.0\..*\.(qweight|qzeros|scales|g_idx)' "
+        r"is not part of the compressed-tensors format",
+    ):
+        LLM(str(gptq), **SMALL)
+    # GPTQ's tensors declared 8-bit: the packed shapes do not fit
+    _set_quant_config(gptq, {"quant_method": "gptq", "bits": 8, "group_size": 32})
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.layers\.\d\..*' has shape .* \(quantization "
+        r"method gptq \(8-bit, group size 32\)\)",
+    ):
+        LLM(str(gptq), **SMALL)
+    # block-wise fp8 declared over a plain float checkpoint
+    plain = shutil.copytree(base, tmp_path / "plain")
+    _set_quant_config(plain, {"quant_method": "fp8", "weight_block_size": [32, 32]})
+    with pytest.raises(ValueError, match="declares quantization method fp8 .* none of its tensors"):
+        LLM(str(plain), **SMALL)
+    # an fp8 weight whose scale is missing
+    fp8, _ = write_fp8_static(base, tmp_path / "fp8")
+    state = load_file(str(fp8 / "model.safetensors"))
+    del state["model.layers.1.mlp.down_proj.weight_scale"]
+    save_file(state, str(fp8 / "model.safetensors"))
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.layers\.1\.mlp\.down_proj\.weight' is quantized "
+        r"but the layer has no scale \(weight_scale\) \(quantization method fp8",
+    ):
+        LLM(str(fp8), **SMALL)
+
+
+def test_quantization_flag_must_agree_with_the_checkpoint(tmp_path, base):
+    gptq, _ = write_gptq(base, tmp_path / "gptq")
+    with pytest.raises(ValueError, match="--quantization awq contradicts the checkpoint .* gptq"):
+        LLM(str(gptq), quantization="awq", **SMALL)
+    with pytest.raises(ValueError, match="--quantization fp8 contradicts"):
+        LLM(str(gptq), quantization="fp8", **SMALL)
+    with pytest.raises(ValueError, match="needs a checkpoint quantized with gptq"):
+        LLM(base, quantization="gptq_marlin", **SMALL)
+    _set_quant_config(gptq, {"quant_method": "bitsandbytes"})
+    with pytest.raises(ValueError, match="'bitsandbytes' .* not supported; supported: awq"):
+        LLM(str(gptq), **SMALL)
+    _set_quant_config(gptq, {"quant_method": "gptq", "bits": 3})
+    with pytest.raises(ValueError, match="supports \\(4, 8\\) bits, not 3"):
+        LLM(str(gptq), **SMALL)
+    _set_quant_config(gptq, {"quant_method": "awq", "version": "gemv"})
+    with pytest.raises(ValueError, match="only the GEMM packing"):
+        LLM(str(gptq), **SMALL)
+
+
+# -- tensor parallel ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a worker process per rank
+@pytest.mark.parametrize("writer", ["gptq", "compressed-tensors"])
+def test_tensor_parallel_quantized(tmp_path, base, hf_greedy, writer):
+    """Each rank dequantises the layers and keeps its shard, through the layers' own loaders."""
+    from infernetes.runtime.engine.llm_engine import LLMEngine
+
+    from infernetes.schema.config import build_config
+
+    if writer == "gptq":
+        quantized, dense = write_gptq(base, tmp_path / "q", desc_act=True, sym=False)
+    else:
+        weights = dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=32)
+        quantized, dense = write_compressed_tensors(
+            base, tmp_path / "q", fmt="pack-quantized", weights=weights
+        )
+    dense_dir = write_dense(base, tmp_path / "dense", dense)
+    config = build_config(str(quantized), device="cpu", tensor_parallel_size=2, **SMALL)
+    engine = LLMEngine(config, stat_loggers=[])
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        engine.add_request("0", PROMPT, params)
+        tokens = None
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    tokens = list(output.outputs[0].token_ids)
+    finally:
+        engine.shutdown()
+    assert tokens == hf_greedy(dense_dir, PROMPT, MAX_TOKENS)

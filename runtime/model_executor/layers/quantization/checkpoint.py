@@ -146,12 +146,14 @@ def _unquantized(
 ) -> Iterator[tuple[str, Weight]]:
     """A layer the method left in full precision (its ``ignore`` list): only a float weight."""
     weight = group.get("weight")
+    if weight is not None and not _is_float(weight):
+        raise fmt.error(
+            f"{prefix}.weight", f"is quantized but the layer has no scale ({fmt.marker})"
+        )
     extra = sorted(set(group) - {"weight"})
     if weight is None or extra:
         name = f"{prefix}.{extra[0] if extra else 'weight'}"
         raise fmt.error(name, f"comes without the layer's '{fmt.marker}' tensor")
-    if not _is_float(weight):
-        raise fmt.error(f"{prefix}.weight", "is quantized but the layer has no scale")
     yield prefix + ".weight", weight
 
 
