@@ -454,7 +454,9 @@ def test_tensors_that_do_not_fit_the_declared_method(tmp_path, base):
     # block-wise fp8 declared over a plain float checkpoint
     plain = shutil.copytree(base, tmp_path / "plain")
     _set_quant_config(plain, {"quant_method": "fp8", "weight_block_size": [32, 32]})
-    with pytest.raises(ValueError, match="declares quantization method fp8 .* none of its tensors"):
+    with pytest.raises(
+        ValueError, match=r"declares quantization method fp8 .* none of its tensors"
+    ):
         LLM(str(plain), **SMALL)
     # an fp8 weight whose scale is missing
     fp8, _ = write_fp8_static(base, tmp_path / "fp8")
@@ -471,14 +473,14 @@ def test_tensors_that_do_not_fit_the_declared_method(tmp_path, base):
 
 def test_quantization_flag_must_agree_with_the_checkpoint(tmp_path, base):
     gptq, _ = write_gptq(base, tmp_path / "gptq")
-    with pytest.raises(ValueError, match="--quantization awq contradicts the checkpoint .* gptq"):
+    with pytest.raises(ValueError, match=r"--quantization awq contradicts the checkpoint .* gptq"):
         LLM(str(gptq), quantization="awq", **SMALL)
     with pytest.raises(ValueError, match="--quantization fp8 contradicts"):
         LLM(str(gptq), quantization="fp8", **SMALL)
     with pytest.raises(ValueError, match="needs a checkpoint quantized with gptq"):
         LLM(base, quantization="gptq_marlin", **SMALL)
     _set_quant_config(gptq, {"quant_method": "bitsandbytes"})
-    with pytest.raises(ValueError, match="'bitsandbytes' .* not supported; supported: awq"):
+    with pytest.raises(ValueError, match=r"'bitsandbytes' .* not supported; supported: awq"):
         LLM(str(gptq), **SMALL)
     _set_quant_config(gptq, {"quant_method": "gptq", "bits": 3})
     with pytest.raises(ValueError, match="supports \\(4, 8\\) bits, not 3"):

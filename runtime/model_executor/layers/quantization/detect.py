@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def checkpoint_format(config: dict[str, Any]) -> CheckpointFormat:
         gptq,
     )
 
-    builders = {
+    builders: dict[str, Callable[[dict[str, Any]], CheckpointFormat]] = {
         "awq": awq.AWQFormat,
         "compressed-tensors": compressed_tensors.CompressedTensorsFormat,
         "fp8": fp8.Fp8Format,
