@@ -367,10 +367,16 @@ def build_model(
         model.pooler = Pooler.for_model(info.path, overrides=info.pooler_overrides)
     if load_format == "dummy":
         _dummy_weights(model, seed)
+        if quantized_checkpoint is not None:
+            from infernetes.runtime.model_executor.layers.quantization.loading import (
+                dummy_quantized,
+            )
+
+            dummy_quantized(model, quantized_checkpoint, info.dtype, device, seed)
     else:
         files = weight_files(info.path, load_format, ignore_patterns)
         counter = ReadCounter()
-        loaded = _load_checkpoint(model, info, iter_weights(files, use_tqdm, counter))
+        loaded = _load_checkpoint(model, info, iter_weights(files, use_tqdm, counter), device)
         model.checkpoint_bytes_read = counter.bytes
         if tp_size() > 1:
             total = sum(f.stat().st_size for f in files if f.suffix == ".safetensors")
@@ -409,26 +415,20 @@ def quantization_config(info: ModelInfo) -> dict[str, Any] | None:
 
 
 def _load_checkpoint(
-    model: Any, info: ModelInfo, weights: Iterator[tuple[str, torch.Tensor | LazyWeight]]
+    model: Any,
+    info: ModelInfo,
+    weights: Iterator[tuple[str, torch.Tensor | LazyWeight]],
+    device: torch.device,
 ) -> set[str]:
-    """Load the checkpoint's tensors, a quantized checkpoint's dequantised on the way
-    (layers/quantization), and hand the attention layers any KV-cache scales it carries."""
-    from infernetes.runtime.model_executor.layers import quantization
+    """Load the checkpoint's tensors, a quantized checkpoint's through its method
+    (layers/quantization)."""
     from infernetes.runtime.model_executor.layers.quantization.checkpoint import CheckpointError
-    from infernetes.runtime.model_executor.layers.quantization.kv_scales import attach_kv_scales
+    from infernetes.runtime.model_executor.layers.quantization.loading import load_quantized
 
-    config = quantization_config(info)
-    kv_scales: dict[str, dict[str, float]] = {}
     try:
-        fmt = quantization.checkpoint_format(config) if config is not None else None
-        loaded = model.load_weights(
-            quantization.dequantized_weights(weights, fmt, info.dtype, kv_scales)
-        )
+        return load_quantized(model, weights, quantization_config(info), info.dtype, device)
     except (CheckpointError, ConfigError) as error:
         raise ModelLoadError(f"cannot load {info.path}: {error}") from error
-    if kv_scales:
-        logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
-    return loaded
 
 
 def _dummy_weights(model: nn.Module, seed: int) -> None:

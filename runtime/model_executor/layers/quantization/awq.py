@@ -8,13 +8,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from infernetes.kernels.reference.wna16 import dequantize_wna16, pack_along_k
+from infernetes.kernels.reference.wna16 import pack_along_k
 from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     CheckpointFormat,
     check_dtype,
     check_shape,
     require,
 )
+from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 
 # Column j of a group of eight sits at nibble AWQ_NIBBLE[j] of its word.
 AWQ_NIBBLE = (0, 4, 1, 5, 2, 6, 3, 7)
@@ -46,9 +47,15 @@ class AWQFormat(CheckpointFormat):
     def describe(self) -> str:
         return f"awq (4-bit, group size {self.group_size})"
 
+    def dummy_layout(self) -> tuple[int, int]:
+        return 4, self.group_size if self.group_size > 0 else 128
+
     def dequantize(
         self, prefix: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype
     ) -> torch.Tensor:
+        return self.packed(prefix, tensors).dequantize(dtype)
+
+    def packed(self, prefix: str, tensors: dict[str, torch.Tensor]) -> PackedInt:
         qweight = tensors["qweight"]
         check_dtype(self, f"{prefix}.qweight", qweight, torch.int32)
         k, n = qweight.shape[0], qweight.shape[1] * 8
@@ -63,6 +70,4 @@ class AWQFormat(CheckpointFormat):
         check_dtype(self, f"{prefix}.qzeros", qzeros, torch.int32)
         check_shape(self, f"{prefix}.qzeros", qzeros, (k // group, n // 8))
         g_idx = torch.arange(k, dtype=torch.int32) // group
-        return dequantize_wna16(
-            pack_along_k(unpack_awq(qweight), 4), scales, unpack_awq(qzeros), g_idx, 4, dtype
-        )
+        return PackedInt(pack_along_k(unpack_awq(qweight), 4), scales, unpack_awq(qzeros), g_idx, 4)

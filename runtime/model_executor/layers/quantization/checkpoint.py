@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from infernetes.runtime.model_executor.lazy_weight import LazyWeight, as_tensor
+
+if TYPE_CHECKING:
+    from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 
 Weight = torch.Tensor | LazyWeight
 
@@ -67,6 +70,14 @@ class CheckpointFormat(ABC):
     ) -> torch.Tensor:
         """The ``[out, in]`` weight of layer ``prefix`` in ``dtype`` from its parts (read)."""
 
+    def packed(self, prefix: str, tensors: dict[str, torch.Tensor]) -> PackedInt | None:
+        """The layer as a weight-only int4/int8 packed weight, when this format is one."""
+        return None
+
+    def dummy_layout(self) -> tuple[int, int] | None:
+        """``(bits, group size)`` of a weight-only integer format, for ``--load-format dummy``."""
+        return None
+
     def error(self, name: str, problem: str) -> CheckpointError:
         return CheckpointError(
             f"checkpoint tensor {name!r} {problem} (quantization method {self.describe()})"
@@ -95,10 +106,12 @@ def dequantized_weights(
     fmt: CheckpointFormat | None,
     dtype: torch.dtype,
     kv_scales: dict[str, dict[str, float]],
+    packed: dict[str, PackedInt] | None = None,
 ) -> Iterator[tuple[str, Weight]]:
     """The checkpoint's tensors with each quantized layer's parts replaced by its dense
     ``prefix.weight`` in ``dtype``. ``kv_scales`` receives ``{attention prefix: {"k": s, "v":
-    s}}``. Without ``fmt`` (an unquantised checkpoint) only the KV scales are taken out."""
+    s}}``. Without ``fmt`` (an unquantised checkpoint) only the KV scales are taken out. With
+    ``packed``, weight-only integer layers are also kept there in their packed form, by prefix."""
     groups: dict[str, dict[str, Weight]] = {}
     parts = fmt.parts if fmt is not None else frozenset()
     first_plain: str | None = None
@@ -131,7 +144,12 @@ def dequantized_weights(
             continue
         quantized += 1
         read = {suffix: as_tensor(tensor) for suffix, tensor in group.items()}
-        yield prefix + ".weight", fmt.dequantize(prefix, read, dtype)
+        layer = fmt.packed(prefix, read) if packed is not None else None
+        if layer is not None and packed is not None:
+            packed[prefix] = layer
+            yield prefix + ".weight", layer.dequantize(dtype)
+        else:
+            yield prefix + ".weight", fmt.dequantize(prefix, read, dtype)
     if not quantized:
         first_plain = first_plain or next((p + ".weight" for p in groups), None)
         example = f"; e.g. {first_plain!r} is a plain weight" if first_plain else ""

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from infernetes.kernels.reference.wna16 import pack_along_k
 from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     CheckpointFormat,
     check_dtype,
     check_shape,
     require,
 )
+from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 from infernetes.runtime.model_executor.layers.quantization.scales import (
     per_block,
     per_group,
@@ -112,6 +114,8 @@ class CompressedTensorsFormat(CheckpointFormat):
         self.ignore = tuple(config.get("ignore") or ())
 
     def scheme(self, prefix: str) -> WeightScheme:
+        if any(_matches(prefix, t) for t in self.ignore if t != "Linear"):
+            raise self.error(f"{prefix}.weight_scale", "is quantized but the layer is in ignore")
         for scheme in self.schemes:
             if any(_matches(prefix, t) for t in scheme.targets):
                 return scheme
@@ -120,8 +124,6 @@ class CompressedTensorsFormat(CheckpointFormat):
     def dequantize(
         self, prefix: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype
     ) -> torch.Tensor:
-        if any(_matches(prefix, t) for t in self.ignore if t != "Linear"):
-            raise self.error(f"{prefix}.weight_scale", "is quantized but the layer is in ignore")
         scheme = self.scheme(prefix)
         values = self._values(prefix, tensors, scheme)
         n, k = values.shape
@@ -149,6 +151,44 @@ class CompressedTensorsFormat(CheckpointFormat):
                 )
             spread = per_tensor_or_channel(scale, n)
         return ((values.float() - zero) * spread).to(dtype)
+
+    def dummy_layout(self) -> tuple[int, int] | None:
+        scheme = self.schemes[0]
+        if scheme.format != "pack-quantized":
+            return None
+        return scheme.num_bits, scheme.group_size or 128
+
+    def packed(self, prefix: str, tensors: dict[str, torch.Tensor]) -> PackedInt | None:
+        """Group- and channel-wise pack-quantized layers in the GEMM's layout (values and zero
+        points offset back to unsigned)."""
+        scheme = self.scheme(prefix)
+        if scheme.format != "pack-quantized" or scheme.strategy not in ("group", "channel"):
+            return None
+        bits, offset = scheme.num_bits, 2 ** (scheme.num_bits - 1)
+        values = self._values(prefix, tensors, scheme)
+        n, k = values.shape
+        if k % (32 // bits):
+            return None
+        scale = tensors["weight_scale"].reshape(n, -1)
+        if scheme.strategy == "group":
+            size = scheme.group_size or k
+            check_shape(self, f"{prefix}.weight_scale", scale, (n, -(-k // size)))
+            g_idx = tensors.get("weight_g_idx")
+            g_idx = torch.arange(k) // size if g_idx is None else g_idx
+        else:
+            check_shape(self, f"{prefix}.weight_scale", scale, (n, 1))
+            g_idx = torch.zeros(k, dtype=torch.int32)
+        zeros = None
+        if "weight_zero_point" in tensors:
+            zero = self._zero_point(prefix, tensors, scheme, n).expand(n, scale.shape[1])
+            zeros = (zero + offset).round().to(torch.int32).t().contiguous()
+        return PackedInt(
+            qweight=pack_along_k((values + offset).t(), bits),
+            scales=scale.t().contiguous(),
+            zeros=zeros,
+            g_idx=g_idx.to(torch.int32),
+            bits=bits,
+        )
 
     def _values(
         self, prefix: str, tensors: dict[str, torch.Tensor], scheme: WeightScheme

@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from infernetes.kernels.reference.wna16 import check_bits, dequantize_wna16
+from infernetes.kernels.reference.wna16 import check_bits
 from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     CheckpointFormat,
     check_dtype,
     check_shape,
     require,
 )
+from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 
 
 def unpack_along_n(packed: torch.Tensor, bits: int) -> torch.Tensor:
@@ -48,9 +49,15 @@ class GPTQFormat(CheckpointFormat):
     def describe(self) -> str:
         return f"gptq ({self.bits}-bit, group size {self.group_size})"
 
+    def dummy_layout(self) -> tuple[int, int]:
+        return self.bits, self.group_size if self.group_size > 0 else 128
+
     def dequantize(
         self, prefix: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype
     ) -> torch.Tensor:
+        return self.packed(prefix, tensors).dequantize(dtype)
+
+    def packed(self, prefix: str, tensors: dict[str, torch.Tensor]) -> PackedInt:
         pack = 32 // self.bits
         qweight = tensors["qweight"]
         check_dtype(self, f"{prefix}.qweight", qweight, torch.int32)
@@ -71,4 +78,4 @@ class GPTQFormat(CheckpointFormat):
             check_shape(self, f"{prefix}.g_idx", g_idx, (k,))
             if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
                 raise self.error(f"{prefix}.g_idx", f"names groups outside 0..{groups - 1}")
-        return dequantize_wna16(qweight, scales, zeros, g_idx, self.bits, dtype)
+        return PackedInt(qweight, scales, zeros, g_idx.to(torch.int32), self.bits)

@@ -1,0 +1,70 @@
+"""Weight-only int4/int8 checkpoints on the Triton path (interpreted on a CPU): the linear layers
+keep the packed weights and run the dequantising GEMM, fused layers (QKV, gate/up) included, and
+greedy tokens equal transformers' on the model with the dequantised weights."""
+
+import pytest
+import torch
+from infernetes.kernels import backend
+from infernetes.runtime.testing import hf_greedy_tokens, make_tiny_llama
+from infernetes.runtime.testing_quantized import (
+    write_awq,
+    write_compressed_tensors,
+    write_dense,
+    write_gptq,
+)
+
+from infernetes import LLM, SamplingParams
+
+pytest.importorskip("triton")  # no Triton wheels outside Linux
+
+PROMPT = [1, 5, 9, 200, 17, 3, 44, 8]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return str(make_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture
+def triton_attn(monkeypatch):
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    assert backend.attention_backend(DEVICE) == backend.TRITON_ATTN
+
+
+CASES = {
+    "gptq-4bit-desc-act": (write_gptq, dict(bits=4, group=32, desc_act=True, sym=False)),
+    "gptq-8bit": (write_gptq, dict(bits=8, group=64, desc_act=False, sym=True)),
+    "awq": (write_awq, dict(group=32)),
+    "compressed-tensors-w4a16-asym": (
+        write_compressed_tensors,
+        dict(
+            fmt="pack-quantized",
+            weights=dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=32),
+        ),
+    ),
+    "compressed-tensors-w8a16-channel": (
+        write_compressed_tensors,
+        dict(
+            fmt="pack-quantized",
+            weights=dict(num_bits=8, type="int", symmetric=True, strategy="channel"),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_packed_weights_run_the_wna16_gemm(tmp_path, base, triton_attn, case):
+    writer, options = CASES[case]
+    quantized, dense = writer(base, tmp_path / "q", **options)
+    dense_dir = write_dense(base, tmp_path / "dense", dense)
+    llm = LLM(
+        str(quantized), dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    layer = model.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj):
+        assert linear.quant_method is not None and linear.weight.numel() == 0
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
