@@ -1,6 +1,7 @@
-"""Weight-only int4/int8 checkpoints on the Triton path (interpreted on a CPU): the linear layers
-keep the packed weights and run the dequantising GEMM, fused layers (QKV, gate/up) included, and
-greedy tokens equal transformers' on the model with the dequantised weights."""
+"""Quantized checkpoints on the Triton path (interpreted on a CPU): weight-only int4/int8 linear
+layers keep the packed weights and run the dequantising GEMM, per-tensor and per-channel fp8 ones
+keep their fp8 weights (a scale per output), fused layers (QKV, gate/up) included, and greedy
+tokens equal transformers' on the model with the dequantised weights."""
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from infernetes.runtime.testing_quantized import (
     write_awq,
     write_compressed_tensors,
     write_dense,
+    write_fp8_blockwise,
+    write_fp8_static,
     write_gptq,
 )
 
@@ -51,6 +54,15 @@ CASES = {
             weights=dict(num_bits=8, type="int", symmetric=True, strategy="channel"),
         ),
     ),
+    "fp8-per-tensor": (write_fp8_static, {}),
+    "compressed-tensors-fp8-channel": (
+        write_compressed_tensors,
+        dict(
+            fmt="float-quantized",
+            weights=dict(num_bits=8, type="float", symmetric=True, strategy="channel"),
+        ),
+    ),
+    "fp8-block-wise": (write_fp8_blockwise, {}),  # no kernel takes blocks: dense
 }
 
 
@@ -65,6 +77,12 @@ def test_packed_weights_run_the_wna16_gemm(tmp_path, base, triton_attn, case):
     model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
     layer = model.model.layers[0]
     for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj):
-        assert linear.quant_method is not None and linear.weight.numel() == 0
+        if "fp8" not in case:
+            assert linear.quant_method is not None and linear.weight.numel() == 0
+        elif "block" in case:
+            assert linear.weight.dtype == torch.float32
+        else:  # fused parts' per-tensor scales become one per output
+            assert linear.weight.dtype == torch.float8_e4m3fn
+            assert linear.weight_scale.shape == (linear.weight.shape[0],)
     [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
     assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)

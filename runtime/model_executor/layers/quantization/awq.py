@@ -53,9 +53,9 @@ class AWQFormat(CheckpointFormat):
     def dequantize(
         self, prefix: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype
     ) -> torch.Tensor:
-        return self.packed(prefix, tensors).dequantize(dtype)
+        return self.kept(prefix, tensors).dequantize(dtype)
 
-    def packed(self, prefix: str, tensors: dict[str, torch.Tensor]) -> PackedInt:
+    def kept(self, prefix: str, tensors: dict[str, torch.Tensor]) -> PackedInt:
         qweight = tensors["qweight"]
         check_dtype(self, f"{prefix}.qweight", qweight, torch.int32)
         k, n = qweight.shape[0], qweight.shape[1] * 8

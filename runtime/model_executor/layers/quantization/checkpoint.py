@@ -17,7 +17,7 @@ import torch
 from infernetes.runtime.model_executor.lazy_weight import LazyWeight, as_tensor
 
 if TYPE_CHECKING:
-    from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
+    from infernetes.runtime.model_executor.layers.quantization.kept import KeptWeight
 
 Weight = torch.Tensor | LazyWeight
 
@@ -70,8 +70,9 @@ class CheckpointFormat(ABC):
     ) -> torch.Tensor:
         """The ``[out, in]`` weight of layer ``prefix`` in ``dtype`` from its parts (read)."""
 
-    def packed(self, prefix: str, tensors: dict[str, torch.Tensor]) -> PackedInt | None:
-        """The layer as a weight-only int4/int8 packed weight, when this format is one."""
+    def kept(self, prefix: str, tensors: dict[str, torch.Tensor]) -> KeptWeight | None:
+        """The layer in a form the GPU kernels take as stored (packed int4/int8, fp8 with one
+        scale per output), when this format and layer have one."""
         return None
 
     def dummy_layout(self) -> tuple[int, int] | None:
@@ -106,12 +107,12 @@ def dequantized_weights(
     fmt: CheckpointFormat | None,
     dtype: torch.dtype,
     kv_scales: dict[str, dict[str, float]],
-    packed: dict[str, PackedInt] | None = None,
+    kept: dict[str, KeptWeight] | None = None,
 ) -> Iterator[tuple[str, Weight]]:
     """The checkpoint's tensors with each quantized layer's parts replaced by its dense
     ``prefix.weight`` in ``dtype``. ``kv_scales`` receives ``{attention prefix: {"k": s, "v":
     s}}``. Without ``fmt`` (an unquantised checkpoint) only the KV scales are taken out. With
-    ``packed``, weight-only integer layers are also kept there in their packed form, by prefix."""
+    ``kept``, layers the GPU kernels take as stored are also kept there, by prefix."""
     groups: dict[str, dict[str, Weight]] = {}
     parts = fmt.parts if fmt is not None else frozenset()
     first_plain: str | None = None
@@ -144,9 +145,9 @@ def dequantized_weights(
             continue
         quantized += 1
         read = {suffix: as_tensor(tensor) for suffix, tensor in group.items()}
-        layer = fmt.packed(prefix, read) if packed is not None else None
-        if layer is not None and packed is not None:
-            packed[prefix] = layer
+        layer = fmt.kept(prefix, read) if kept is not None else None
+        if layer is not None and kept is not None:
+            kept[prefix] = layer
             yield prefix + ".weight", layer.dequantize(dtype)
         else:
             yield prefix + ".weight", fmt.dequantize(prefix, read, dtype)

@@ -29,6 +29,7 @@ from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     check_shape,
     require,
 )
+from infernetes.runtime.model_executor.layers.quantization.kept import KeptWeight, fp8_per_output
 from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 from infernetes.runtime.model_executor.layers.quantization.scales import (
     per_block,
@@ -158,10 +159,13 @@ class CompressedTensorsFormat(CheckpointFormat):
             return None
         return scheme.num_bits, scheme.group_size or 128
 
-    def packed(self, prefix: str, tensors: dict[str, torch.Tensor]) -> PackedInt | None:
-        """Group- and channel-wise pack-quantized layers in the GEMM's layout (values and zero
-        points offset back to unsigned)."""
+    def kept(self, prefix: str, tensors: dict[str, torch.Tensor]) -> KeptWeight | None:
+        """fp8 tensor- and channel-wise layers as stored; group- and channel-wise pack-quantized
+        ones in the GEMM's layout (values and zero points offset back to unsigned)."""
         scheme = self.scheme(prefix)
+        if scheme.format == "float-quantized" and scheme.strategy in ("tensor", "channel"):
+            self.dequantize(prefix, tensors, torch.float32)  # the checks
+            return fp8_per_output(tensors["weight"], tensors["weight_scale"])
         if scheme.format != "pack-quantized" or scheme.strategy not in ("group", "channel"):
             return None
         bits, offset = scheme.num_bits, 2 ** (scheme.num_bits - 1)

@@ -3,8 +3,9 @@
 format of DeepSeek-V3 and Qwen3-FP8) or a per-tensor / per-channel ``weight_scale``, and with
 ``activation_scheme: static`` an ``input_scale`` per layer. ``W = weight * scale``.
 
-Activations run in the model dtype: the weight is dequantised at load (the input scales are
-checked, not applied)."""
+The input scales are checked, not applied: on the CPU the weight is dequantised at load and
+activations run in the model dtype; where the Triton kernels run, per-tensor and per-channel
+weights stay fp8 (kept.py) and the fp8 linear quantises the activations dynamically."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     check_shape,
     require,
 )
+from infernetes.runtime.model_executor.layers.quantization.kept import KeptWeight, fp8_per_output
 from infernetes.runtime.model_executor.layers.quantization.scales import (
     per_block,
     per_tensor_or_channel,
@@ -81,3 +83,10 @@ class Fp8Format(CheckpointFormat):
                 (1,),
             )
         return (weight.float() * per_tensor_or_channel(scale, n)).to(dtype)
+
+    def kept(self, prefix: str, tensors: dict[str, torch.Tensor]) -> KeptWeight | None:
+        """Per-tensor and per-channel layers stay fp8 (the block-wise ones are dense)."""
+        if self.block:
+            return None
+        self.dequantize(prefix, tensors, torch.float32)  # the checks; cheap next to loading
+        return fp8_per_output(tensors["weight"], tensors["weight_scale"])

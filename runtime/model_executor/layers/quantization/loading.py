@@ -1,6 +1,5 @@
 """The loader's entry to quantized checkpoints: the tensors go through the method's format on
-their way into the model, and weight-only integer layers go back to their packed form where the
-Triton GEMM runs (one rank: ``--attention-backend TRITON_ATTN``, the GPU default)."""
+their way into the model, and layers the GPU kernels take as stored keep that form (kept.py)."""
 
 from __future__ import annotations
 
@@ -15,18 +14,20 @@ from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     dequantized_weights,
 )
 from infernetes.runtime.model_executor.layers.quantization.detect import checkpoint_format
+from infernetes.runtime.model_executor.layers.quantization.kept import (
+    KeptWeight,
+    keep_linear_layers,
+)
 from infernetes.runtime.model_executor.layers.quantization.kv_scales import attach_kv_scales
 from infernetes.runtime.model_executor.layers.quantization.packed_int import (
-    PackedInt,
     dummy_pack_linear_layers,
-    pack_linear_layers,
 )
 from infernetes.runtime.model_executor.parallel import tp_size
 
 logger = logging.getLogger(__name__)
 
 
-def keeps_packed(device: torch.device) -> bool:
+def keeps_stored(device: torch.device) -> bool:
     return backend.use_triton(device) and tp_size() == 1
 
 
@@ -42,14 +43,17 @@ def load_quantized(
     Raises CheckpointError or ConfigError naming what does not fit."""
     fmt = checkpoint_format(config) if config is not None else None
     kv_scales: dict[str, dict[str, float]] = {}
-    packed: dict[str, PackedInt] | None = {} if keeps_packed(device) else None
-    loaded = model.load_weights(dequantized_weights(weights, fmt, dtype, kv_scales, packed))
+    kept: dict[str, KeptWeight] | None = {} if keeps_stored(device) else None
+    loaded = model.load_weights(dequantized_weights(weights, fmt, dtype, kv_scales, kept))
     if kv_scales:
         logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
-    if packed:
-        count = pack_linear_layers(model, packed, device, dtype)
-        bits = next(iter(packed.values())).bits
-        logger.info("%d linear layers run the packed int%d GEMM", count, bits)
+    if kept:
+        held = keep_linear_layers(model, kept, device, dtype)
+        loaded |= held
+        kind = type(next(iter(kept.values()))).__name__
+        logger.info(
+            "Linear layers keep their checkpoint's stored weights (%s, %d tensors)", kind, len(held)
+        )
     return loaded
 
 
@@ -58,5 +62,5 @@ def dummy_quantized(
 ) -> None:
     """``--load-format dummy`` of a weight-only integer model: random packed weights."""
     layout = checkpoint_format(config).dummy_layout()
-    if layout is not None and keeps_packed(device):
+    if layout is not None and keeps_stored(device):
         dummy_pack_linear_layers(model, *layout, device, dtype, seed)
