@@ -86,3 +86,39 @@ def test_packed_weights_run_the_wna16_gemm(tmp_path, base, triton_attn, case):
             assert linear.weight_scale.shape == (linear.weight.shape[0],)
     [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
     assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
+
+
+@pytest.mark.parametrize(
+    "quant_config",
+    [
+        {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True},
+        {"quant_method": "fp8", "activation_scheme": "dynamic"},
+    ],
+)
+def test_dummy_weights_of_a_quantized_model_keep_the_stored_form(
+    tmp_path, base, triton_attn, quant_config
+):
+    """What ``bench gpu_llama8b --parts w4a16,fp8`` measures: --load-format dummy of a model whose
+    config declares the method fills the stored forms."""
+    import json
+    import shutil
+
+    path = shutil.copytree(base, tmp_path / "dummy")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant_config}))
+    llm = LLM(
+        str(path),
+        load_format="dummy",
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=8,
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    if quant_config["quant_method"] == "gptq":
+        assert qkv.quant_method is not None and qkv.quant_method.bits == 4
+    else:
+        assert qkv.weight.dtype == torch.float8_e4m3fn
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert len(output.outputs[0].token_ids) == 5

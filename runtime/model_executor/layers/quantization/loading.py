@@ -8,13 +8,16 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from infernetes.kernels import backend
+from infernetes.kernels import backend, ops
+from infernetes.runtime.model_executor.layers.linear import LinearBase
 from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     Weight,
     dequantized_weights,
 )
 from infernetes.runtime.model_executor.layers.quantization.detect import checkpoint_format
+from infernetes.runtime.model_executor.layers.quantization.fp8 import Fp8Format
 from infernetes.runtime.model_executor.layers.quantization.kept import (
+    Fp8Weight,
     KeptWeight,
     keep_linear_layers,
 )
@@ -60,7 +63,16 @@ def load_quantized(
 def dummy_quantized(
     model: Any, config: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int
 ) -> None:
-    """``--load-format dummy`` of a weight-only integer model: random packed weights."""
-    layout = checkpoint_format(config).dummy_layout()
-    if layout is not None and keeps_stored(device):
+    """``--load-format dummy`` of a quantized model where the stored forms are kept: random
+    packed int weights, or the dummy weights in fp8 with a scale per output (benchmarks)."""
+    if not keeps_stored(device):
+        return
+    fmt = checkpoint_format(config)
+    layout = fmt.dummy_layout()
+    if layout is not None:
         dummy_pack_linear_layers(model, *layout, device, dtype, seed)
+    elif isinstance(fmt, Fp8Format) and fmt.block is None:
+        for module in model.modules():
+            if isinstance(module, LinearBase):
+                qweight, scale = ops.quantize_weight_fp8(module.weight.data, per_channel=True)
+                Fp8Weight(qweight, scale).install(module, device, dtype)
