@@ -2,8 +2,10 @@
 become the weights of the model's linear layers (one module per method, each a
 ``CheckpointFormat`` that ``checkpoint.dequantized_weights`` drives over the checkpoint's tensors).
 
-Weight-only formats are unpacked at load to the model dtype; fp8 and int8 weights are dequantised
-the same way, so every linear layer runs as it does for an unquantised checkpoint.
+Every quantized layer is dequantised at load to the model dtype, so the layers' own loaders shard
+it as any weight; where the Triton kernels run on one rank, packed int4/int8 and per-tensor or
+per-channel fp8 layers then keep their stored form instead (kept.py). docs/quantization.md has
+the table of what each method supports.
 """
 
 from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
@@ -11,14 +13,12 @@ from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     dequantized_weights,
 )
 from infernetes.runtime.model_executor.layers.quantization.detect import (
-    CHECKPOINT_METHODS,
     checkpoint_format,
     checkpoint_quant_config,
     resolve_quantization,
 )
 
 __all__ = [
-    "CHECKPOINT_METHODS",
     "CheckpointFormat",
     "checkpoint_format",
     "checkpoint_quant_config",

@@ -10,10 +10,7 @@ from typing import Any
 from infernetes.runtime.model_executor.layers.quantization.checkpoint import CheckpointFormat
 
 from infernetes.schema.errors import ConfigError
-
-# vLLM's names for kernels of the same on-disk format map onto the format.
-ALIASES = {"gptq_marlin": "gptq", "awq_marlin": "awq", "compressed_tensors": "compressed-tensors"}
-CHECKPOINT_METHODS = ("awq", "compressed-tensors", "fp8", "gptq")
+from infernetes.schema.quantization import canonical, settle_quantization
 
 
 def checkpoint_quant_config(path: Path, hf_config: Any) -> dict[str, Any] | None:
@@ -32,38 +29,16 @@ def checkpoint_quant_config(path: Path, hf_config: Any) -> dict[str, Any] | None
     return None
 
 
-def _method(config: dict[str, Any]) -> str:
-    name = str(config.get("quant_method", "")).lower()
-    return ALIASES.get(name, name)
-
-
 def resolve_quantization(requested: str | None, path: Path, hf_config: Any) -> str | None:
-    """The method to load with: the checkpoint's, which ``requested`` may name (or an alias of);
-    ``fp8`` alone quantises an unquantised checkpoint online. Raises ConfigError naming
-    ``--quantization`` when the two disagree or the method is not supported."""
+    """The method to load with (`infernetes.schema.quantization.settle_quantization`), once the
+    declared variant is known to load."""
     config = checkpoint_quant_config(path, hf_config)
-    wanted = ALIASES.get(requested, requested) if requested else None
+    method = settle_quantization(requested, config, str(path))
     if config is None:
-        if wanted in (None, "fp8"):
-            return wanted
-        raise ConfigError(
-            f"--quantization {requested} needs a checkpoint quantized with {wanted}, but {path} "
-            "has no quantization_config in its config.json (only fp8 quantises an unquantised "
-            "checkpoint online)"
-        )
-    method = _method(config)
-    if method not in CHECKPOINT_METHODS:
-        raise ConfigError(
-            f"the checkpoint in {path} is quantized with {method or 'an unnamed method'!r} "
-            f"(quantization_config.quant_method), which is not supported; supported: "
-            f"{', '.join(CHECKPOINT_METHODS)}"
-        )
-    if wanted is not None and wanted != method:
-        raise ConfigError(
-            f"--quantization {requested} contradicts the checkpoint in {path}, quantized with "
-            f"{method} (quantization_config.quant_method); pass --quantization {method} or leave "
-            "it unset"
-        )
+        return method
+    if "GPT2LMHeadModel" in (getattr(hf_config, "architectures", None) or []):
+        # Its Conv1D weights are stored transposed; the quantized layouts are read as Linear's.
+        raise ConfigError(f"pre-quantized GPT-2 checkpoints ({method}) are not supported")
     checkpoint_format(config)  # a declared variant we cannot load is refused now, not at load
     return method
 
@@ -84,7 +59,7 @@ def checkpoint_format(config: dict[str, Any]) -> CheckpointFormat:
         "gptq": gptq.GPTQFormat,
     }
     try:
-        return builders[_method(config)](config)
+        return builders[canonical(str(config.get("quant_method", "")))](config)
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(
             f"quantization_config {json.dumps(config, default=str)[:300]} cannot be loaded: {error}"
