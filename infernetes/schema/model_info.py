@@ -116,12 +116,13 @@ def resolve_model_defaults(
     natively) is given: the dtype the engine resolves, by ``resolve_dtype_name``.
 
     Raises ConfigError when ``--max-model-len`` exceeds what the model allows (unless
-    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set), as vLLM does.
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set), as vLLM does, or when ``--quantization``
+    contradicts the checkpoint's ``quantization_config`` (which fills it when unset).
     """
     environ = dict(os.environ) if environ is None else environ
     path = find_config_json(config, environ)
     text = _read(path) if path else None
-    if text is None:
+    if path is None or text is None:
         return config
     try:
         hf_config = {**json.loads(text), **config.hf_overrides}
