@@ -313,3 +313,25 @@ def test_tensor_parallel_quantized(tmp_path, base, hf_greedy, writer):
     finally:
         engine.shutdown()
     assert tokens == hf_greedy(dense_dir, PROMPT, MAX_TOKENS)
+
+
+def test_compressed_tensors_groups_by_name_win_over_the_class_target():
+    from infernetes.runtime.model_executor.layers.quantization.compressed_tensors import (
+        CompressedTensorsFormat,
+    )
+
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}
+    fmt = CompressedTensorsFormat(
+        {
+            "format": "pack-quantized",
+            "config_groups": {
+                "all": {"targets": ["Linear"], "weights": weights},
+                "down": {"targets": ["re:.*down_proj$"], "weights": {**weights, "num_bits": 8}},
+            },
+            "ignore": ["lm_head"],
+        }
+    )
+    assert fmt.scheme("model.layers.0.mlp.down_proj").num_bits == 8
+    assert fmt.scheme("model.layers.0.mlp.up_proj").num_bits == 4
+    with pytest.raises(ValueError, match=r"'lm_head\.weight_scale' is quantized but the layer is in"):
+        fmt.scheme("lm_head")

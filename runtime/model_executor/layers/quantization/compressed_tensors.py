@@ -117,9 +117,12 @@ class CompressedTensorsFormat(CheckpointFormat):
     def scheme(self, prefix: str) -> WeightScheme:
         if any(_matches(prefix, t) for t in self.ignore if t != "Linear"):
             raise self.error(f"{prefix}.weight_scale", "is quantized but the layer is in ignore")
-        for scheme in self.schemes:
-            if any(_matches(prefix, t) for t in scheme.targets):
-                return scheme
+        # A group naming the layer (its name or a regular expression) wins over a class target.
+        for by_class in (False, True):
+            for scheme in self.schemes:
+                targets = [t for t in scheme.targets if (t == "Linear") == by_class]
+                if any(_matches(prefix, t) for t in targets):
+                    return scheme
         raise self.error(f"{prefix}.weight_scale", "belongs to no config_groups target")
 
     def dequantize(
