@@ -24,6 +24,7 @@ def wna16_matmul_kernel(
     M,
     N,
     K,
+    K_PER_SPLIT,
     stride_xm,
     stride_om,
     BITS: tl.constexpr,
@@ -40,9 +41,14 @@ def wna16_matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # Split-K: program (.., .., s) covers K_PER_SPLIT input features and writes its partial sums
+    # to slice s of the output (summed by the caller); one split writes the result itself.
+    k_start = tl.program_id(2) * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    out_ptr += tl.program_id(2).to(tl.int64) * M * stride_om
+    for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + offs_k
-        mask_k = kk < K
+        mask_k = kk < k_end
         x = tl.load(
             x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + kk[None, :],
             mask=(offs_m[:, None] < M) & mask_k[None, :],
@@ -89,29 +95,48 @@ def wna16_linear(
     n = qweight.shape[1]
     if qweight.shape[0] * pack != k:
         raise ValueError(f"packed weight {tuple(qweight.shape)} does not fit {k} input features")
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m:
-        block_m = 16 if m <= 16 else 64
-        grid = (triton.cdiv(m, block_m), triton.cdiv(n, 64))
-        wna16_matmul_kernel[grid](
-            x2,
-            qweight.contiguous(),
-            scales.contiguous(),
-            zeros.contiguous() if zeros is not None else scales,
-            g_idx.to(torch.int32).contiguous(),
-            bias if bias is not None else scales,
-            out,
-            m,
-            n,
-            k,
-            x2.stride(0),
-            out.stride(0),
-            BITS=bits,
-            HAS_ZEROS=zeros is not None,
-            HAS_BIAS=bias is not None,
-            DOT_DTYPE=dot_dtype(x.dtype),
-            BLOCK_M=block_m,
-            BLOCK_N=64,
-            BLOCK_K=64,
-        )
-    return out.reshape(*x.shape[:-1], n)
+    if not m:
+        return x.new_empty(*x.shape[:-1], n)
+    block_m, block_n, block_k = (16 if m <= 16 else 64), 64, 64
+    splits = _k_splits(m, n, k, block_n, block_k)
+    k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
+    splits = triton.cdiv(k, k_per_split)
+    out = torch.empty(
+        splits, m, n, dtype=x.dtype if splits == 1 else torch.float32, device=x.device
+    )
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), splits)
+    wna16_matmul_kernel[grid](
+        x2,
+        qweight.contiguous(),
+        scales.contiguous(),
+        zeros.contiguous() if zeros is not None else scales,
+        g_idx.to(torch.int32).contiguous(),
+        bias if bias is not None else scales,
+        out,
+        m,
+        n,
+        k,
+        k_per_split,
+        x2.stride(0),
+        out.stride(1),
+        BITS=bits,
+        HAS_ZEROS=zeros is not None,
+        HAS_BIAS=bias is not None and splits == 1,
+        DOT_DTYPE=dot_dtype(x.dtype),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+    )
+    result = out[0] if splits == 1 else out.sum(0).to(x.dtype)
+    if bias is not None and splits > 1:
+        result = result + bias
+    return result.reshape(*x.shape[:-1], n)
+
+
+def _k_splits(m: int, n: int, k: int, block_n: int, block_k: int) -> int:
+    """How many K ranges small batches (decode) split into, so the weight stream is read by
+    enough programs to fill the GPU: about 256 programs, each at least 4 tiles of K."""
+    if m > 16:
+        return 1
+    programs = triton.cdiv(n, block_n)
+    return max(1, min(256 // programs, k // (4 * block_k)))

@@ -8,6 +8,7 @@ pytest.importorskip("triton")  # no Triton wheels outside Linux
 
 from infernetes.kernels import triton_backend as tk
 from infernetes.kernels.reference import wna16
+from infernetes.kernels.triton_backend import wna16 as wna16_kernel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -59,18 +60,21 @@ def test_packing_matches_a_bit_by_bit_unpacker(bits):
         (8, 128, False, True, torch.bfloat16),
     ],
 )
-def test_triton_wna16_linear_matches_reference(bits, group, reorder, asym, dtype):
-    k, n = 256, 80
+@pytest.mark.parametrize("rows", [21, 1])  # one row: a decode step, split along K
+def test_triton_wna16_linear_matches_reference(bits, group, reorder, asym, dtype, rows):
+    k, n = 512, 80
+    if rows == 1:  # the decode step really splits
+        assert wna16_kernel._k_splits(rows, n, k, 64, 64) > 1
     values, scales, zeros, g_idx = _random_layer(k, n, bits, group, reorder, asym, bits + group)
     qweight = wna16.pack_along_k(values, bits).to(DEVICE)
     scales = scales.to(DEVICE, dtype)
     zeros = zeros.to(DEVICE) if zeros is not None else None
     g_idx = g_idx.to(DEVICE)
-    x = torch.randn(3, 7, k, device=DEVICE).to(dtype)
+    x = torch.randn(rows, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype)
     want = wna16.wna16_linear(x, qweight, scales, zeros, g_idx, bits, bias)
     got = tk.wna16_linear(x, qweight, scales, zeros, g_idx, bits, bias)
-    assert got.shape == (3, 7, n) and got.dtype == dtype
+    assert got.shape == (rows, n) and got.dtype == dtype
     torch.testing.assert_close(got, want, atol=TOL[dtype] * 10, rtol=TOL[dtype])
     # The dequantised weight is the formula of the layout, written out once more by hand.
     zero = 2 ** (bits - 1) if zeros is None else zeros.cpu().long()[g_idx.long()]
