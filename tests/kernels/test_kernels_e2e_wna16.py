@@ -122,3 +122,38 @@ def test_dummy_weights_of_a_quantized_model_keep_the_stored_form(
         assert qkv.weight.dtype == torch.float8_e4m3fn
     [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
     assert len(output.outputs[0].token_ids) == 5
+
+
+@pytest.mark.slow  # a worker process per rank, interpreted
+@pytest.mark.parametrize("case", ["gptq-4bit-desc-act", "fp8-per-tensor"])
+def test_tensor_parallel_ranks_keep_their_share(tmp_path, base, triton_attn, case):
+    """Each rank keeps its share of the stored weights (QKV's replicated KV head, the merged
+    gate/up, the row-parallel inputs with every group's scales) and greedy tokens still equal
+    transformers'."""
+    from infernetes.runtime.engine.llm_engine import LLMEngine
+
+    from infernetes.schema.config import build_config
+
+    writer, options = CASES[case]
+    quantized, dense = writer(base, tmp_path / "q", **options)
+    dense_dir = write_dense(base, tmp_path / "dense", dense)
+    config = build_config(
+        str(quantized),
+        device="cpu",
+        tensor_parallel_size=2,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=8,
+    )
+    engine = LLMEngine(config, stat_loggers=[])
+    try:
+        engine.add_request("0", PROMPT, GREEDY)
+        tokens = None
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    tokens = list(output.outputs[0].token_ids)
+    finally:
+        engine.shutdown()
+    assert tokens == hf_greedy_tokens(dense_dir, PROMPT, 5)

@@ -6,8 +6,9 @@
 The loader still loads every layer dense (the layers' own tensor-parallel loaders stay as they
 are); the formats hand over each checkpoint layer's stored form on the side, and once loading is
 done every linear layer whose parts are all there takes them (a fused layer such as QKV joins
-its parts along the outputs) in place of the dense weight. Elsewhere (the CPU's own kernels,
-tensor parallelism) the layers stay dense."""
+its parts along the outputs) in place of the dense weight; with tensor parallelism, its rank's
+share, found by running the layer's own loaders over index tensors. On the CPU's own kernels the
+layers stay dense."""
 
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ class Fp8Weight:
             return None
         return Fp8Weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]))
 
+    @property
+    def outputs(self) -> int:
+        return self.qweight.shape[0]
+
+    def select_outputs(self, rows: torch.Tensor) -> Fp8Weight:
+        return Fp8Weight(self.qweight[rows], self.scale[rows])
+
+    def select_inputs(self, start: int, length: int) -> Fp8Weight:
+        return Fp8Weight(self.qweight[:, start : start + length], self.scale)
+
     def install(self, layer: Any, device: torch.device, dtype: torch.dtype) -> None:
         layer.weight = nn.Parameter(self.qweight.to(device), requires_grad=False)
         layer.weight_scale = nn.Parameter(self.scale.to(device, torch.float32), requires_grad=False)
@@ -51,20 +62,54 @@ def fp8_per_output(qweight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
     return Fp8Weight(qweight, scale.float().reshape(-1).expand(rows).contiguous())
 
 
-def _checkpoint_parts(name: str, stacked: list[tuple[str, str, object]]) -> list[str]:
-    """The checkpoint layers a model layer is made of, in the order the fused weight holds them."""
-    fused = [part for fused_name, part, _ in stacked if name.endswith("." + fused_name)]
+def _checkpoint_parts(name: str, stacked: list[tuple[str, str, Any]]) -> list[tuple[str, Any]]:
+    """The checkpoint layers a model layer is made of with their shard ids, in the order the
+    fused weight holds them."""
+    fused = [
+        (part, shard) for fused_name, part, shard in stacked if name.endswith("." + fused_name)
+    ]
     if not fused:
-        return [name]
+        return [(name, None)]
     base = name.rpartition(".")[0]
-    return [f"{base}.{part}" for part in fused]
+    return [(f"{base}.{part}", shard) for part, shard in fused]
+
+
+def _load_indices(layer: Any, shape: tuple[int, int], parts: list[tuple[torch.Tensor, Any]]):
+    """What the layer's own weight loaders put where: each part is a tensor of global indices
+    shaped like the checkpoint weight along the sharded dimension; the result holds, at each of
+    this rank's positions, the index loaded there."""
+    target = torch.full(shape, -1.0, dtype=torch.float64)
+    for indices, shard in parts:
+        if shard is None:
+            layer.weight_loader(target, indices)
+        else:
+            layer.weight_loader(target, indices, shard)
+    return target.long()
+
+
+def _rank_share(layer: Any, joined: KeptWeight, pieces: list[KeptWeight], shards: list[Any]):
+    """This rank's share of the joined stored weight, found by running the layer's loaders on
+    index tensors (so the QKV replication and merged offsets are the loaders' own), or None."""
+    if layer.tp_size == 1 or layer.tp_dim is None:
+        return joined
+    rows, cols = layer.weight.shape
+    if layer.tp_dim == 0:  # column-parallel: which of the joined outputs this rank holds
+        parts, offset = [], 0
+        for piece, shard in zip(pieces, shards, strict=True):
+            ids = torch.arange(offset, offset + piece.outputs, dtype=torch.float64)
+            parts.append((ids.reshape(-1, 1), shard))  # one column stands for the row
+            offset += piece.outputs
+        return joined.select_outputs(_load_indices(layer, (rows, 1), parts)[:, 0])
+    ids = torch.arange(cols * layer.tp_size, dtype=torch.float64).reshape(1, -1)
+    first = int(_load_indices(layer, (1, cols), [(ids, None)])[0, 0])
+    return joined.select_inputs(first, cols)  # row-parallel: a range of the inputs
 
 
 def keep_linear_layers(
     model: nn.Module, kept: dict[str, KeptWeight], device: torch.device, dtype: torch.dtype
 ) -> set[str]:
-    """Give each linear layer the stored form of its checkpoint parts; returns the names of the
-    parameters they hold now (loaded with them)."""
+    """Give each linear layer (this rank's share of) the stored form of its checkpoint parts;
+    returns the names of the parameters they hold now (loaded with them)."""
     from infernetes.runtime.model_executor.layers.linear import LinearBase
 
     stacked = list(getattr(model, "stacked_params", []))
@@ -72,7 +117,8 @@ def keep_linear_layers(
     for name, module in model.named_modules():
         if not isinstance(module, LinearBase):
             continue
-        found = [kept.get(part) for part in _checkpoint_parts(name, stacked)]
+        parts = _checkpoint_parts(name, stacked)
+        found = [kept.get(part) for part, _ in parts]
         pieces = [p for p in found if p is not None]
         if len(pieces) != len(found):
             continue
@@ -81,6 +127,8 @@ def keep_linear_layers(
             joined = PackedInt.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
         elif all(isinstance(p, Fp8Weight) for p in pieces):
             joined = Fp8Weight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
+        if joined is not None:
+            joined = _rank_share(module, joined, pieces, [shard for _, shard in parts])
         if joined is None:
             logger.info("%s stays dense: its parts are stored differently", name)
             continue

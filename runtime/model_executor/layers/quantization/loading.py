@@ -25,13 +25,12 @@ from infernetes.runtime.model_executor.layers.quantization.kv_scales import atta
 from infernetes.runtime.model_executor.layers.quantization.packed_int import (
     dummy_pack_linear_layers,
 )
-from infernetes.runtime.model_executor.parallel import tp_size
 
 logger = logging.getLogger(__name__)
 
 
 def keeps_stored(device: torch.device) -> bool:
-    return backend.use_triton(device) and tp_size() == 1
+    return backend.use_triton(device)
 
 
 def load_quantized(

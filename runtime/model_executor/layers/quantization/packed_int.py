@@ -64,6 +64,28 @@ class PackedInt:
             bits=first.bits,
         )
 
+    @property
+    def outputs(self) -> int:
+        return self.qweight.shape[1]
+
+    def select_outputs(self, rows: torch.Tensor) -> PackedInt:
+        zeros = self.zeros[:, rows] if self.zeros is not None else None
+        return replace(
+            self, qweight=self.qweight[:, rows], scales=self.scales[:, rows], zeros=zeros
+        )
+
+    def select_inputs(self, start: int, length: int) -> PackedInt | None:
+        """Input features ``start .. start + length`` (a row-parallel rank's), or None when they
+        do not fall on whole packed words. Every group's scales stay: g_idx may name any."""
+        pack = 32 // self.bits
+        if start % pack or length % pack:
+            return None
+        return replace(
+            self,
+            qweight=self.qweight[start // pack : (start + length) // pack],
+            g_idx=self.g_idx[start : start + length],
+        )
+
     def install(self, layer: LinearBase, device: torch.device, dtype: torch.dtype) -> None:
         layer.quant_method = self.to(device, dtype)
         layer.weight.data = layer.weight.data.new_empty(0)  # the dense copy is not used
