@@ -1,5 +1,5 @@
 """Linear layers that run on the checkpoint's own quantized weights where the Triton kernels run
-(``--attention-backend TRITON_ATTN``, the GPU default) on one rank: packed int4/int8
+(``--attention-backend TRITON_ATTN``, the GPU default): packed int4/int8
 (``packed_int.PackedInt``, the dequantising GEMM) and fp8 with a scale per output
 (``Fp8Weight``, the fp8 linear of `infernetes.kernels.ops`).
 
