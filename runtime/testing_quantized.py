@@ -48,7 +48,7 @@ def _pack(values: torch.Tensor, bits: int, axis: int, order=None) -> torch.Tenso
     """Unsigned ``bits``-bit values packed into int32 along ``axis``; the value at position
     ``order[i]`` of each run of 32 / bits goes to bits ``i * bits`` (default: in order)."""
     pack = 32 // bits
-    v = values.numpy().astype(np.uint64)
+    v = values.numpy().astype(np.int64).astype(np.uint64) & np.uint64(2**bits - 1)
     v = np.moveaxis(v, axis, -1)
     v = v.reshape(*v.shape[:-1], -1, pack)
     order = list(order or range(pack))
@@ -99,7 +99,10 @@ def read_state(base: str) -> dict[str, torch.Tensor]:
     return load_file(str(Path(base) / "model.safetensors"))
 
 
-def write_gptq(base, out, bits=4, group=32, desc_act=False, sym=True, legacy=False, seed=0):
+def write_gptq(
+    base, out, bits=4, group=32, desc_act=False, sym=True, legacy=False, v2=False, seed=0
+):
+    """GPTQ; ``v2``: GPTQModel's "gptq_v2" checkpoint format (zero points stored as they are)."""
     state, dense = read_state(base), read_state(base)
     gen = torch.Generator().manual_seed(seed)
     orders: dict[str, torch.Tensor] = {}
@@ -117,15 +120,16 @@ def write_gptq(base, out, bits=4, group=32, desc_act=False, sym=True, legacy=Fal
             w, bits, g_idx, k // group, sym
         )
         state[name + ".qweight"] = _pack(values, bits, axis=0)
-        state[name + ".qzeros"] = _pack(zeros - 1, bits, axis=1)  # v1 stores zero - 1
+        stored_zeros = zeros if v2 else zeros - 1  # v1 stores zero - 1
+        state[name + ".qzeros"] = _pack(stored_zeros, bits, axis=1)
         state[name + ".scales"] = scales
         state[name + ".g_idx"] = g_idx
         if i == 0:
             assert torch.equal(unpack_bitwise(state[name + ".qweight"], bits, 0), values)
-            assert torch.equal(unpack_bitwise(state[name + ".qzeros"], bits, 1), zeros - 1)
+            assert torch.equal(unpack_bitwise(state[name + ".qzeros"], bits, 1), stored_zeros)
     config = {"bits": bits, "group_size": group, "desc_act": desc_act, "sym": sym}
     if not legacy:
-        config |= {"quant_method": "gptq", "checkpoint_format": "gptq"}
+        config |= {"quant_method": "gptq", "checkpoint_format": "gptq_v2" if v2 else "gptq"}
     return _write(base, out, state, config, legacy), dense
 
 
@@ -147,6 +151,7 @@ def write_awq(base, out, group=32):
         if i == 0:
             unpacked = unpack_bitwise(state[name + ".qweight"], 4, 1, AWQ_ORDER)
             assert torch.equal(unpacked, values)
+            assert torch.equal(unpack_bitwise(state[name + ".qzeros"], 4, 1, AWQ_ORDER), zeros)
     config = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True}
     return _write(base, out, state, config | {"version": "gemm"}), dense
 

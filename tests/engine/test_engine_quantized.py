@@ -86,6 +86,7 @@ def wide_base(model_factory):
         dict(bits=8, group=32, desc_act=True, sym=True),
         dict(bits=8, group=64, desc_act=False, sym=False),
         dict(bits=4, group=32, legacy=True),  # quantize_config.json, no quant_method
+        dict(bits=4, group=32, sym=False, v2=True),  # zero points stored as they are
     ],
 )
 def test_gptq(tmp_path, base, hf_greedy, options):
@@ -333,5 +334,7 @@ def test_compressed_tensors_groups_by_name_win_over_the_class_target():
     )
     assert fmt.scheme("model.layers.0.mlp.down_proj").num_bits == 8
     assert fmt.scheme("model.layers.0.mlp.up_proj").num_bits == 4
-    with pytest.raises(ValueError, match=r"'lm_head\.weight_scale' is quantized but the layer is in"):
+    with pytest.raises(
+        ValueError, match=r"'lm_head\.weight_scale' is quantized but the layer is in"
+    ):
         fmt.scheme("lm_head")
