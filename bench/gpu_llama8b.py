@@ -1,6 +1,6 @@
 """A Llama-3.1-8B-shaped model (`--load-format dummy`, bf16) on one NVIDIA GPU.
 
-    python -m bench gpu_llama8b [--parts decode,throughput,kernels] [--requests 256] [--hf-requests 64]
+    python -m bench gpu_llama8b [--parts decode,throughput,kernels,w4a16,fp8] [--requests 256]
     python -m bench.gpu_llama8b --smoke      # the same code on tiny shapes, on the CPU (a dry run)
 
 Three measurements, each against a baseline taken in the same run on the same device:
@@ -14,6 +14,10 @@ Three measurements, each against a baseline taken in the same run on the same de
 3. kernels: paged decode attention (Triton) bandwidth against the copy bandwidth.
 4. profile (opt-in, ``--parts profile``): the GPU kernels of single-stream decode steps, by time
    per step, to see where a step goes (on an H100 the cuBLAS products took ~5.5 of ~6.8 ms).
+5. w4a16 and fp8 (opt-in, ``--parts w4a16,fp8``): the same model as a pre-quantized checkpoint
+   (its config.json declares GPTQ 4-bit with groups of 128, or fp8; ``--load-format dummy`` fills
+   the packed int4 or fp8 weights), single-stream decode against the bytes bound of the quantized
+   weights and offline throughput, each beside bf16's decode and throughput from the same run.
 
 Each part runs in its own process so one model's memory does not shape the next one's. Without a
 GPU (and without --smoke) the benchmark says so and exits 0.
@@ -80,7 +84,12 @@ TINY = {
 # Nominal HBM bandwidth (bytes/s) by device name, for the limit the issue states.
 NOMINAL_BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12, "L40S": 0.864e12}
 
-PARTS = ("decode", "throughput", "kernels", "profile")
+PARTS = ("decode", "throughput", "kernels", "profile", "w4a16", "fp8")
+# The quantization_config each quantized variant's config.json declares.
+QUANTIZED = {
+    "w4a16": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
+    "fp8": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+}
 DEFAULT_PARTS = ("decode", "throughput", "kernels")
 
 
@@ -136,9 +145,12 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def write_model_dir(directory: Path, smoke: bool) -> Path:
+def write_model_dir(directory: Path, smoke: bool, quantization: str | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(TINY if smoke else LLAMA_31_8B, indent=2))
+    config = dict(TINY if smoke else LLAMA_31_8B)
+    if quantization is not None:
+        config["quantization_config"] = QUANTIZED[quantization]
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
 
 
@@ -195,14 +207,18 @@ def copy_bandwidth(num_bytes: int = 1 << 30, iters: int = 20) -> float:
     return 2 * num_bytes * iters / (time.perf_counter() - start)
 
 
-def _weight_bytes_per_token(config: dict) -> int:
-    """Bytes of weights a decode step reads: every matrix but the embedding table (one row)."""
+def _weight_bytes_per_token(config: dict, quantization: str | None = None) -> int:
+    """Bytes of weights a decode step reads: every matrix but the embedding table (one row). A
+    quantized variant's linear layers read 4 bits a weight and a 2-byte scale per group of 128
+    (w4a16) or a byte a weight (fp8); norms and the LM head stay in the model dtype."""
     h, i, n = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
     kv = config["num_key_value_heads"] * config["head_dim"]
     q = config["num_attention_heads"] * config["head_dim"]
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+    linear = h * q + 2 * h * kv + q * h + 3 * h * i
     bytes_per_param = 2 if config["torch_dtype"] == "bfloat16" else 4
-    return (n * per_layer + h + config["vocab_size"] * h) * bytes_per_param
+    per_linear_param = {None: bytes_per_param, "w4a16": 0.5 + 2 / 128, "fp8": 1.0}[quantization]
+    rest = n * 2 * h + h + config["vocab_size"] * h
+    return int(n * linear * per_linear_param + rest * bytes_per_param)
 
 
 # ---- parts (each in its own process) -------------------------------------------------------
@@ -411,12 +427,18 @@ PART_FUNCTIONS = {
 # ---- driver ---------------------------------------------------------------------------------
 
 
-def _run_part(part: str, argv: list[str], model_dir: Path, smoke: bool) -> dict:
+def _run_part(
+    part: str, argv: list[str], model_dir: Path, smoke: bool, triton: bool = False
+) -> dict:
+    """``triton``: with --smoke, on the Triton path (interpreted), where quantized layers keep
+    their stored weights as they do on a GPU."""
     env = None
-    if smoke and part == "kernels":
+    if smoke and (part == "kernels" or triton):
         import os
 
         env = {**os.environ, "TRITON_INTERPRET": "1"}
+        if triton:
+            env["VLLM_ATTENTION_BACKEND"] = "TRITON_ATTN"
     cmd = [
         sys.executable,
         "-m",
@@ -437,6 +459,23 @@ def _run_part(part: str, argv: list[str], model_dir: Path, smoke: bool) -> dict:
         f"{part}: {json.dumps(result)}", file=sys.stderr, flush=True
     )  # progress, and the raw figures
     return result
+
+
+def _run_quantized(
+    variant: str, argv: list[str], tmp: Path, bf16_dir: Path, smoke: bool, results: dict
+) -> None:
+    """The variant's decode and throughput, and bf16's where this run has not measured them."""
+    if "copy_bandwidth" not in results:
+        results["copy_bandwidth"] = copy_bandwidth(1 << 20 if smoke else 1 << 30)
+    if "decode" not in results:
+        results["decode"] = _run_part("decode", argv, bf16_dir, smoke)
+    if "throughput-engine" not in results:
+        results["throughput-engine"] = _run_part("throughput-engine", argv, bf16_dir, smoke)
+    model_dir = write_model_dir(tmp / f"llama-3.1-8b-shape-{variant}", smoke, variant)
+    results[f"decode-{variant}"] = _run_part("decode", argv, model_dir, smoke, triton=True)
+    results[f"throughput-{variant}"] = _run_part(
+        "throughput-engine", argv, model_dir, smoke, triton=True
+    )
 
 
 def _report(device_name: str, parts: list[str], results: dict) -> None:
@@ -476,6 +515,9 @@ def _report(device_name: str, parts: list[str], results: dict) -> None:
         print(
             f"  ratio infernetes / transformers: {ours['output_tokens_per_s'] / hf['output_tokens_per_s']:.2f}x"
         )
+    for variant in QUANTIZED:
+        if variant in parts:
+            _report_quantized(variant, config, results)
     if "kernels" in parts:
         k = results["kernels"]
         print(f"kernels: device copy bandwidth {k['copy_bandwidth_GBps']:.0f} GB/s")
@@ -484,6 +526,23 @@ def _report(device_name: str, parts: list[str], results: dict) -> None:
                 f"  decode attention {row['seqs']} seqs x {row['kv_len']} tokens: {row['us']:.0f} us, "
                 f"{row['bandwidth_GBps']:.0f} GB/s = {row['fraction_of_copy']:.1%} of copy"
             )
+
+
+def _report_quantized(variant: str, config: dict, results: dict) -> None:
+    decode = results[f"decode-{variant}"]["decode_tokens_per_s"]
+    per_token = _weight_bytes_per_token(config, variant)
+    limit = results["copy_bandwidth"] / per_token
+    bf16 = results["decode"]["decode_tokens_per_s"]
+    print(
+        f"{variant}: decode {decode:.1f} tok/s single stream; weights read per token "
+        f"{per_token / 1e9:.2f} GB; vs copy-bandwidth limit {limit:.1f} tok/s: {decode / limit:.1%}"
+    )
+    print(f"  beside bf16 decode {bf16:.1f} tok/s: {decode / bf16:.2f}x")
+    ours, base = results[f"throughput-{variant}"], results["throughput-engine"]
+    print(
+        f"  throughput {ours['output_tokens_per_s']:.0f} output tok/s beside bf16 "
+        f"{base['output_tokens_per_s']:.0f}: {ours['output_tokens_per_s'] / base['output_tokens_per_s']:.2f}x"
+    )
 
 
 def _report_profile(profile: dict) -> None:
@@ -528,6 +587,9 @@ def main(argv: list[str]) -> int:
             results["throughput-hf"] = _run_part(
                 "throughput-hf", passthrough, model_dir, args.smoke
             )
+        for variant in QUANTIZED:
+            if variant in parts:
+                _run_quantized(variant, passthrough, Path(tmp), model_dir, args.smoke, results)
     _report(device_name, parts, results)
     if "profile" in results:
         _report_profile(results["profile"])

@@ -19,6 +19,7 @@ from infernetes.kernels.reference import lora as _ref_lora
 from infernetes.kernels.reference import moe as _ref_moe
 from infernetes.kernels.reference import norm as _ref_norm
 from infernetes.kernels.reference import rotary as _ref_rotary
+from infernetes.kernels.reference import wna16 as _ref_wna16
 from infernetes.kernels.reference.fp8 import quantize_weight_fp8
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "select_experts",
     "silu_and_mul",
     "store_kv",
+    "wna16_linear",
 ]
 
 
@@ -208,3 +210,18 @@ def lora_expand(
     s[t] @ b_stack[indices[t]].T`; `b_stack` `[slots, N, R]`; rows with index `-1` untouched."""
     impl = _triton().lora_expand if _use_triton(s) else _ref_lora.lora_expand
     impl(s, b_stack, indices, out, offset)
+
+
+def wna16_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    g_idx: torch.Tensor,
+    bits: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W.T + bias` with `W` a 4- or 8-bit packed weight (layout in
+    `infernetes.kernels.reference.wna16`): the Triton GEMM unpacks it tile by tile."""
+    impl = _triton().wna16_linear if _use_triton(x) else _ref_wna16.wna16_linear
+    return impl(x, qweight, scales, zeros, g_idx, bits, bias)

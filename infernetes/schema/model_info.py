@@ -14,6 +14,7 @@ from typing import Any
 from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
 from infernetes.schema.errors import ConfigError
+from infernetes.schema.quantization import settle_quantization
 
 # The config keys different model families use for their context length; vLLM takes the smallest.
 _LENGTH_KEYS = (
@@ -93,6 +94,18 @@ def derived_max_model_len(hf_config: dict[str, Any]) -> int | None:
     return length
 
 
+def _quantization_config(hf_config: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """config.json's ``quantization_config``, else an older GPTQ's ``quantize_config.json``."""
+    declared = hf_config.get("quantization_config")
+    if isinstance(declared, dict):
+        return declared
+    legacy = _read(path.parent / "quantize_config.json")
+    try:
+        return {"quant_method": "gptq", **json.loads(legacy)} if legacy else None
+    except (json.JSONDecodeError, TypeError):
+        return None
+
+
 def resolve_model_defaults(
     config: ServeConfig,
     environ: dict[str, str] | None = None,
@@ -103,12 +116,13 @@ def resolve_model_defaults(
     natively) is given: the dtype the engine resolves, by ``resolve_dtype_name``.
 
     Raises ConfigError when ``--max-model-len`` exceeds what the model allows (unless
-    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set), as vLLM does.
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set), as vLLM does, or when ``--quantization``
+    contradicts the checkpoint's ``quantization_config`` (which fills it when unset).
     """
     environ = dict(os.environ) if environ is None else environ
     path = find_config_json(config, environ)
     text = _read(path) if path else None
-    if text is None:
+    if path is None or text is None:
         return config
     try:
         hf_config = {**json.loads(text), **config.hf_overrides}
@@ -129,6 +143,11 @@ def resolve_model_defaults(
             "from its config.json); set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to force it",
             "max_model_len",
         )
+    quantization = settle_quantization(
+        config.quantization, _quantization_config(hf_config, path), str(path.parent)
+    )
+    if quantization != config.quantization:
+        changes["quantization"] = quantization
     if host is not None:
         model_dtype = hf_config.get("torch_dtype") or hf_config.get("dtype")
         device_type, cpu_fast_bf16 = host

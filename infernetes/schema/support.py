@@ -150,9 +150,11 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "disable_log_stats": HONOURED,
     "quantization": partial(
-        ("fp8",),
-        "only --quantization fp8 of an unquantised checkpoint is built; "
-        "pre-quantized checkpoints are planned",
+        ("awq", "awq_marlin", "compressed-tensors", "fp8", "gptq", "gptq_marlin"),
+        "pre-quantized checkpoints of these methods load (the method is read from the "
+        "checkpoint's quantization_config; a different --quantization is refused); their weights "
+        "are dequantised to the model dtype at load (gpt-oss's mxfp4 checkpoints too); fp8 of an "
+        "unquantised checkpoint quantises it online",
     ),
     "rope_scaling": HONOURED,
     "rope_theta": HONOURED,

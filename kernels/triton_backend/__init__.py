@@ -11,6 +11,7 @@ from infernetes.kernels.triton_backend.lora import lora_expand, lora_shrink
 from infernetes.kernels.triton_backend.moe import fused_moe
 from infernetes.kernels.triton_backend.norm import rms_norm
 from infernetes.kernels.triton_backend.rotary import rotary_embedding
+from infernetes.kernels.triton_backend.wna16 import wna16_linear
 
 __all__ = [
     "fp8_linear",
@@ -23,4 +24,5 @@ __all__ = [
     "scaled_fp8_quant",
     "silu_and_mul",
     "store_kv",
+    "wna16_linear",
 ]

@@ -23,6 +23,7 @@ from infernetes.runtime.config import (
 )
 from infernetes.runtime.model_executor.compilation import parse_compilation_config
 from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
+from infernetes.runtime.model_executor.layers.quantization import resolve_quantization
 from infernetes.runtime.model_executor.loader import (
     DEFAULT_IGNORE_PATTERNS,
     inspect_model,
@@ -299,7 +300,7 @@ def resolve_config(
             info=info,
             max_logprobs=config.max_logprobs,
             seed=config.seed,
-            quantization=config.quantization,
+            quantization=resolve_quantization(config.quantization, path, hf_config),
             default_sampling_params=_sampling_defaults(
                 generation, config.override_generation_config
             ),

@@ -38,6 +38,11 @@ class LazyWeight:
         sizes = [stop - start for start, stop in self._bounds]
         return torch.Size(reversed(sizes) if self._transposed else sizes)
 
+    @property
+    def stored_dtype(self) -> str:
+        """The dtype as safetensors names it (``"F32"``, ``"BF16"``, ``"F8_E4M3"``, ``"I32"``)."""
+        return str(self._source.get_dtype())
+
     def dim(self) -> int:
         return len(self._bounds)
 

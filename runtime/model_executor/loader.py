@@ -342,6 +342,7 @@ def build_model(
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
     impl = "transformers" if info.implementation == "transformers" else "vllm"
     _, cls = model_class([info.architecture], impl)
+    quantized_checkpoint = quantization_config(info)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(info.dtype)
     try:
@@ -355,10 +356,16 @@ def build_model(
         model.pooler = Pooler.for_model(info.path, overrides=info.pooler_overrides)
     if load_format == "dummy":
         _dummy_weights(model, seed)
+        if quantized_checkpoint is not None:
+            from infernetes.runtime.model_executor.layers.quantization.loading import (
+                dummy_quantized,
+            )
+
+            dummy_quantized(model, quantized_checkpoint, info.dtype, device, seed)
     else:
         files = weight_files(info.path, load_format, ignore_patterns)
         counter = ReadCounter()
-        loaded = model.load_weights(iter_weights(files, use_tqdm, counter))
+        loaded = _load_checkpoint(model, info, iter_weights(files, use_tqdm, counter), device)
         model.checkpoint_bytes_read = counter.bytes
         if tp_size() > 1:
             total = sum(f.stat().st_size for f in files if f.suffix == ".safetensors")
@@ -373,7 +380,7 @@ def build_model(
             raise ModelLoadError(
                 f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}"
             )
-    if quantization == "fp8":
+    if quantization == "fp8" and quantized_checkpoint is None:  # online, of full weights
         from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
         from infernetes.runtime.model_executor.layers.linear import LinearBase
 
@@ -386,6 +393,38 @@ def build_model(
             if pack is not None:
                 pack()
     return model.eval()
+
+
+def quantization_config(info: ModelInfo) -> dict[str, Any] | None:
+    """The checkpoint's quantization_config, None when there is none or the model reads the
+    quantized tensors itself."""
+    from infernetes.runtime.model_executor.layers.quantization.detect import (
+        checkpoint_quant_config,
+        read_by_model,
+    )
+
+    try:
+        config = checkpoint_quant_config(info.path, info.hf_config)
+    except ConfigError as error:
+        raise ModelLoadError(str(error)) from error
+    return None if read_by_model(config) else config
+
+
+def _load_checkpoint(
+    model: Any,
+    info: ModelInfo,
+    weights: Iterator[tuple[str, torch.Tensor | LazyWeight]],
+    device: torch.device,
+) -> set[str]:
+    """Load the checkpoint's tensors, a quantized checkpoint's through its method
+    (layers/quantization)."""
+    from infernetes.runtime.model_executor.layers.quantization.checkpoint import CheckpointError
+    from infernetes.runtime.model_executor.layers.quantization.loading import load_quantized
+
+    try:
+        return load_quantized(model, weights, quantization_config(info), info.dtype, device)
+    except (CheckpointError, ConfigError) as error:
+        raise ModelLoadError(f"cannot load {info.path}: {error}") from error
 
 
 def _dummy_weights(model: nn.Module, seed: int) -> None:

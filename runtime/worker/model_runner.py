@@ -114,9 +114,21 @@ class ModelRunner:
             shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
             layer.k_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-            if fp8:
-                layer.k_scale = torch.ones((), dtype=torch.float32, device=self.device)
-                layer.v_scale = torch.ones((), dtype=torch.float32, device=self.device)
+            if fp8:  # the checkpoint's scales, else 1.0 (vLLM's fallback) or measured ones
+                layer.k_scale = self._scale(layer.checkpoint_k_scale)
+                layer.v_scale = self._scale(layer.checkpoint_v_scale)
+        unscaled = [a for a in self.attention_layers if a.checkpoint_k_scale is None]
+        if fp8 and unscaled and not self.config.cache.calculate_kv_scales:
+            logger.warning(
+                "--kv-cache-dtype %s: the checkpoint carries no k_scale/v_scale for %d attention "
+                "layers, which use scale 1.0 and may lose accuracy (--calculate-kv-scales "
+                "measures them from the first batch)",
+                self.config.cache.kv_cache_dtype,
+                len(unscaled),
+            )
+
+    def _scale(self, value: float | None) -> torch.Tensor:
+        return torch.tensor(value or 1.0, dtype=torch.float32, device=self.device)
 
     def release_kv_cache(self) -> None:
         self.decode_graphs = None  # they hold the old caches' addresses

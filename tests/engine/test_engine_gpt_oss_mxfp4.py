@@ -70,3 +70,14 @@ def test_mxfp4_checkpoint_matches_transformers_on_the_dequantised_weights(
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     tokens = llm.generate({"prompt_token_ids": ids}, params)[0].outputs[0].token_ids
     assert tokens == hf_greedy(str(dequantized), ids, 10)
+
+
+def test_mxfp4_is_read_for_gpt_oss_only(model_factory, tmp_path):
+    import pytest
+
+    shutil.copytree(model_factory("LlamaForCausalLM"), tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="mxfp4 checkpoints are read for GptOssForCausalLM only"):
+        LLM(str(tmp_path / "m"), dtype="float32", max_model_len=64, num_gpu_blocks_override=16)

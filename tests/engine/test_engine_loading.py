@@ -252,7 +252,9 @@ def test_fp8_weight_quantization(tiny_llama):
     ].self_attn.qkv_proj
     assert qkv.weight.dtype == torch.float8_e4m3fn and qkv.weight_scale.numel() == 1
     assert len(_tokens(llm)) == 8
-    with pytest.raises(ValueError, match="--quantization/-q awq is not supported"):
+    with pytest.raises(ValueError, match="--quantization/-q bitsandbytes is not supported"):
+        LLM(tiny_llama, quantization="bitsandbytes", **SMALL)
+    with pytest.raises(ValueError, match="--quantization awq needs a checkpoint quantized with"):
         LLM(tiny_llama, quantization="awq", **SMALL)
     with pytest.raises(ValueError, match="--api-server-count/-asc 2 is not supported"):
         LLM(tiny_llama, api_server_count=2, **SMALL)

@@ -116,3 +116,22 @@ def test_hf_overrides_apply_before_deriving(tmp_path):
     model = write_model(tmp_path / "tiny", max_position_embeddings=2048)
     config = build_config(str(model), hf_overrides={"max_position_embeddings": 8192})
     assert resolve_model_defaults(config, environ={}).max_model_len == 8192
+
+
+def test_the_checkpoint_decides_the_quantization_method(tmp_path):
+    gptq = write_model(tmp_path / "gptq", quantization_config={"quant_method": "gptq", "bits": 4})
+    assert resolve_model_defaults(build_config(str(gptq)), environ={}).quantization == "gptq"
+    marlin = build_config(str(gptq), quantization="gptq_marlin")  # vLLM's kernel for the format
+    assert resolve_model_defaults(marlin, environ={}).quantization == "gptq"
+    with pytest.raises(ConfigError, match="--quantization awq contradicts the checkpoint"):
+        resolve_model_defaults(build_config(str(gptq), quantization="awq"), environ={})
+    legacy = write_model(tmp_path / "legacy", max_position_embeddings=128)
+    (legacy / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
+    assert resolve_model_defaults(build_config(str(legacy)), environ={}).quantization == "gptq"
+    plain = write_model(tmp_path / "plain", max_position_embeddings=128)
+    assert resolve_model_defaults(build_config(str(plain), quantization="fp8"), environ={})
+    with pytest.raises(ConfigError, match="needs a checkpoint quantized with awq"):
+        resolve_model_defaults(build_config(str(plain), quantization="awq_marlin"), environ={})
+    other = write_model(tmp_path / "bnb", quantization_config={"quant_method": "bitsandbytes"})
+    with pytest.raises(ConfigError, match=r"'bitsandbytes' .* not supported; supported: awq"):
+        resolve_model_defaults(build_config(str(other)), environ={})

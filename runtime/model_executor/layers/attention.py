@@ -37,6 +37,9 @@ class Attention(nn.Module):
         # fp8 caches store x / scale; 1.0 unless --calculate-kv-scales measures them.
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
+        # Scales a quantized checkpoint carries for this layer (layers/quantization/kv_scales.py).
+        self.checkpoint_k_scale: float | None = None
+        self.checkpoint_v_scale: float | None = None
 
     def _measure_scales(self, k: torch.Tensor, v: torch.Tensor) -> None:
         fp8_max = torch.finfo(self.k_cache.dtype).max

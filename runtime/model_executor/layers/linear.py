@@ -7,6 +7,8 @@ parameter carries a ``weight_loader(param, loaded, shard_id=None)`` that knows w
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from infernetes.kernels import ops
@@ -39,6 +41,8 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.packed_weight: torch.Tensor | None = None
+        # A quantized weight's own matmul (layers/quantization/packed_int.py), set after loading.
+        self.quant_method: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if self.tp_dim is not None and param.dim() > self.tp_dim and self.tp_size > 1:
@@ -62,6 +66,8 @@ class LinearBase(nn.Module):
             self.weight.data = self.weight.data.new_empty(0)
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method(x, bias)
         if self.packed_weight is not None:
             return packed_linear.linear(x, self.packed_weight, bias)
         if self.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):

@@ -1,0 +1,137 @@
+"""Linear layers that run on the checkpoint's own quantized weights where the Triton kernels run
+(``--attention-backend TRITON_ATTN``, the GPU default): packed int4/int8
+(``packed_int.PackedInt``, the dequantising GEMM) and fp8 with a scale per output
+(``Fp8Weight``, the fp8 linear of `infernetes.kernels.ops`).
+
+The loader still loads every layer dense (the layers' own tensor-parallel loaders stay as they
+are); the formats hand over each checkpoint layer's stored form on the side, and once loading is
+done every linear layer whose parts are all there takes them (a fused layer such as QKV joins
+its parts along the outputs) in place of the dense weight; with tensor parallelism, its rank's
+share, found by running the layer's own loaders over index tensors. On the CPU's own kernels the
+layers stay dense."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Fp8Weight:
+    qweight: torch.Tensor  # float8 [N, K]
+    scale: torch.Tensor  # float32 [N]
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return (self.qweight.float() * self.scale.reshape(-1, 1)).to(dtype)
+
+    @staticmethod
+    def concat_outputs(parts: list[Fp8Weight]) -> Fp8Weight | None:
+        # Per-tensor scales of fused parts become per-output ones: the stored values stay exact.
+        if len({p.qweight.dtype for p in parts}) > 1:
+            return None
+        return Fp8Weight(torch.cat([p.qweight for p in parts]), torch.cat([p.scale for p in parts]))
+
+    @property
+    def outputs(self) -> int:
+        return self.qweight.shape[0]
+
+    def select_outputs(self, rows: torch.Tensor) -> Fp8Weight:
+        return Fp8Weight(self.qweight[rows], self.scale[rows])
+
+    def select_inputs(self, start: int, length: int) -> Fp8Weight:
+        return Fp8Weight(self.qweight[:, start : start + length], self.scale)
+
+    def install(self, layer: Any, device: torch.device, dtype: torch.dtype) -> None:
+        layer.weight = nn.Parameter(self.qweight.to(device), requires_grad=False)
+        layer.weight_scale = nn.Parameter(self.scale.to(device, torch.float32), requires_grad=False)
+
+
+KeptWeight = PackedInt | Fp8Weight
+
+
+def fp8_per_output(qweight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
+    """An fp8 ``[N, K]`` weight with one scale or one per output row."""
+    rows = qweight.shape[0]
+    return Fp8Weight(qweight, scale.float().reshape(-1).expand(rows).contiguous())
+
+
+def _checkpoint_parts(name: str, stacked: list[tuple[str, str, Any]]) -> list[tuple[str, Any]]:
+    """The checkpoint layers a model layer is made of with their shard ids, in the order the
+    fused weight holds them."""
+    fused = [
+        (part, shard) for fused_name, part, shard in stacked if name.endswith("." + fused_name)
+    ]
+    if not fused:
+        return [(name, None)]
+    base = name.rpartition(".")[0]
+    return [(f"{base}.{part}", shard) for part, shard in fused]
+
+
+def _load_indices(layer: Any, shape: tuple[int, int], parts: list[tuple[torch.Tensor, Any]]):
+    """What the layer's own weight loaders put where: each part is a tensor of global indices
+    shaped like the checkpoint weight along the sharded dimension; the result holds, at each of
+    this rank's positions, the index loaded there."""
+    target = torch.full(shape, -1.0, dtype=torch.float64)
+    for indices, shard in parts:
+        if shard is None:
+            layer.weight_loader(target, indices)
+        else:
+            layer.weight_loader(target, indices, shard)
+    return target.long()
+
+
+def _rank_share(layer: Any, joined: KeptWeight, pieces: list[KeptWeight], shards: list[Any]):
+    """This rank's share of the joined stored weight, found by running the layer's loaders on
+    index tensors (so the QKV replication and merged offsets are the loaders' own), or None."""
+    if layer.tp_size == 1 or layer.tp_dim is None:
+        return joined
+    rows, cols = layer.weight.shape
+    if layer.tp_dim == 0:  # column-parallel: which of the joined outputs this rank holds
+        parts, offset = [], 0
+        for piece, shard in zip(pieces, shards, strict=True):
+            ids = torch.arange(offset, offset + piece.outputs, dtype=torch.float64)
+            parts.append((ids.reshape(-1, 1), shard))  # one column stands for the row
+            offset += piece.outputs
+        return joined.select_outputs(_load_indices(layer, (rows, 1), parts)[:, 0])
+    ids = torch.arange(cols * layer.tp_size, dtype=torch.float64).reshape(1, -1)
+    first = int(_load_indices(layer, (1, cols), [(ids, None)])[0, 0])
+    return joined.select_inputs(first, cols)  # row-parallel: a range of the inputs
+
+
+def keep_linear_layers(
+    model: nn.Module, kept: dict[str, KeptWeight], device: torch.device, dtype: torch.dtype
+) -> set[str]:
+    """Give each linear layer (this rank's share of) the stored form of its checkpoint parts;
+    returns the names of the parameters they hold now (loaded with them)."""
+    from infernetes.runtime.model_executor.layers.linear import LinearBase
+
+    stacked = list(getattr(model, "stacked_params", []))
+    held: set[str] = set()
+    for name, module in model.named_modules():
+        if not isinstance(module, LinearBase):
+            continue
+        parts = _checkpoint_parts(name, stacked)
+        found = [kept.get(part) for part, _ in parts]
+        pieces = [p for p in found if p is not None]
+        if len(pieces) != len(found):
+            continue
+        joined: KeptWeight | None = None
+        if all(isinstance(p, PackedInt) for p in pieces):
+            joined = PackedInt.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
+        elif all(isinstance(p, Fp8Weight) for p in pieces):
+            joined = Fp8Weight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
+        if joined is not None:
+            joined = _rank_share(module, joined, pieces, [shard for _, shard in parts])
+        if joined is None:
+            logger.info("%s stays dense: its parts are stored differently", name)
+            continue
+        joined.install(module, device, dtype)
+        held |= {f"{name}.{param}" for param, _ in module.named_parameters()}
+    return held

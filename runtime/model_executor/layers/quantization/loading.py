@@ -1,0 +1,77 @@
+"""The loader's entry to quantized checkpoints: the tensors go through the method's format on
+their way into the model, and layers the GPU kernels take as stored keep that form (kept.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from infernetes.kernels import backend, ops
+from infernetes.runtime.model_executor.layers.linear import LinearBase
+from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
+    Weight,
+    dequantized_weights,
+)
+from infernetes.runtime.model_executor.layers.quantization.detect import checkpoint_format
+from infernetes.runtime.model_executor.layers.quantization.fp8 import Fp8Format
+from infernetes.runtime.model_executor.layers.quantization.kept import (
+    Fp8Weight,
+    KeptWeight,
+    keep_linear_layers,
+)
+from infernetes.runtime.model_executor.layers.quantization.kv_scales import attach_kv_scales
+from infernetes.runtime.model_executor.layers.quantization.packed_int import (
+    dummy_pack_linear_layers,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def keeps_stored(device: torch.device) -> bool:
+    return backend.use_triton(device)
+
+
+def load_quantized(
+    model: Any,
+    weights: Iterable[tuple[str, Weight]],
+    config: dict[str, Any] | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> set[str]:
+    """``model.load_weights`` over the checkpoint's tensors as its method (``config``, None for
+    an unquantised checkpoint) reads them; the attention layers get any KV-cache scales.
+    Raises CheckpointError or ConfigError naming what does not fit."""
+    fmt = checkpoint_format(config) if config is not None else None
+    kv_scales: dict[str, dict[str, float]] = {}
+    kept: dict[str, KeptWeight] | None = {} if keeps_stored(device) else None
+    loaded = model.load_weights(dequantized_weights(weights, fmt, dtype, kv_scales, kept))
+    if kv_scales:
+        logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
+    if kept:
+        held = keep_linear_layers(model, kept, device, dtype)
+        loaded |= held
+        kind = type(next(iter(kept.values()))).__name__
+        logger.info(
+            "Linear layers keep their checkpoint's stored weights (%s, %d tensors)", kind, len(held)
+        )
+    return loaded
+
+
+def dummy_quantized(
+    model: Any, config: dict[str, Any], dtype: torch.dtype, device: torch.device, seed: int
+) -> None:
+    """``--load-format dummy`` of a quantized model where the stored forms are kept: random
+    packed int weights, or the dummy weights in fp8 with a scale per output (benchmarks)."""
+    if not keeps_stored(device):
+        return
+    fmt = checkpoint_format(config)
+    layout = fmt.dummy_layout()
+    if layout is not None:
+        dummy_pack_linear_layers(model, *layout, device, dtype, seed)
+    elif isinstance(fmt, Fp8Format) and fmt.block is None:
+        for module in model.modules():
+            if isinstance(module, LinearBase):
+                qweight, scale = ops.quantize_weight_fp8(module.weight.data, per_channel=True)
+                Fp8Weight(qweight, scale).install(module, device, dtype)

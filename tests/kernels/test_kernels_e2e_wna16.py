@@ -1,0 +1,159 @@
+"""Quantized checkpoints on the Triton path (interpreted on a CPU): weight-only int4/int8 linear
+layers keep the packed weights and run the dequantising GEMM, per-tensor and per-channel fp8 ones
+keep their fp8 weights (a scale per output), fused layers (QKV, gate/up) included, and greedy
+tokens equal transformers' on the model with the dequantised weights."""
+
+import pytest
+import torch
+from infernetes.kernels import backend
+from infernetes.runtime.testing import hf_greedy_tokens, make_tiny_llama
+from infernetes.runtime.testing_quantized import (
+    write_awq,
+    write_compressed_tensors,
+    write_dense,
+    write_fp8_blockwise,
+    write_fp8_static,
+    write_gptq,
+)
+
+from infernetes import LLM, SamplingParams
+
+pytest.importorskip("triton")  # no Triton wheels outside Linux
+
+PROMPT = [1, 5, 9, 200, 17, 3, 44, 8]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return str(make_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture
+def triton_attn(monkeypatch):
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    assert backend.attention_backend(DEVICE) == backend.TRITON_ATTN
+
+
+CASES = {
+    "gptq-4bit-desc-act": (write_gptq, dict(bits=4, group=32, desc_act=True, sym=False)),
+    "gptq-8bit": (write_gptq, dict(bits=8, group=64, desc_act=False, sym=True)),
+    "awq": (write_awq, dict(group=32)),
+    "compressed-tensors-w4a16-asym": (
+        write_compressed_tensors,
+        dict(
+            fmt="pack-quantized",
+            weights=dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=32),
+        ),
+    ),
+    "compressed-tensors-w8a16-channel": (
+        write_compressed_tensors,
+        dict(
+            fmt="pack-quantized",
+            weights=dict(num_bits=8, type="int", symmetric=True, strategy="channel"),
+        ),
+    ),
+    "fp8-per-tensor": (write_fp8_static, {}),
+    "compressed-tensors-fp8-channel": (
+        write_compressed_tensors,
+        dict(
+            fmt="float-quantized",
+            weights=dict(num_bits=8, type="float", symmetric=True, strategy="channel"),
+        ),
+    ),
+    "fp8-block-wise": (write_fp8_blockwise, {}),  # no kernel takes blocks: dense
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_packed_weights_run_the_wna16_gemm(tmp_path, base, triton_attn, case):
+    writer, options = CASES[case]
+    quantized, dense = writer(base, tmp_path / "q", **options)
+    dense_dir = write_dense(base, tmp_path / "dense", dense)
+    llm = LLM(
+        str(quantized), dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    layer = model.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj):
+        if "fp8" not in case:
+            assert linear.quant_method is not None and linear.weight.numel() == 0
+        elif "block" in case:
+            assert linear.weight.dtype == torch.float32
+        else:  # fused parts' per-tensor scales become one per output
+            assert linear.weight.dtype == torch.float8_e4m3fn
+            assert linear.weight_scale.shape == (linear.weight.shape[0],)
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
+
+
+@pytest.mark.parametrize(
+    "quant_config",
+    [
+        {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True},
+        {"quant_method": "fp8", "activation_scheme": "dynamic"},
+    ],
+)
+def test_dummy_weights_of_a_quantized_model_keep_the_stored_form(
+    tmp_path, base, triton_attn, quant_config
+):
+    """What ``bench gpu_llama8b --parts w4a16,fp8`` measures: --load-format dummy of a model whose
+    config declares the method fills the stored forms."""
+    import json
+    import shutil
+
+    path = shutil.copytree(base, tmp_path / "dummy")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant_config}))
+    llm = LLM(
+        str(path),
+        load_format="dummy",
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=8,
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    if quant_config["quant_method"] == "gptq":
+        assert qkv.quant_method is not None and qkv.quant_method.bits == 4
+    else:
+        assert qkv.weight.dtype == torch.float8_e4m3fn
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert len(output.outputs[0].token_ids) == 5
+
+
+@pytest.mark.slow  # a worker process per rank, interpreted
+@pytest.mark.parametrize("case", ["gptq-4bit-desc-act", "fp8-per-tensor"])
+def test_tensor_parallel_ranks_keep_their_share(tmp_path, base, triton_attn, case):
+    """Each rank keeps its share of the stored weights (QKV's replicated KV head, the merged
+    gate/up, the row-parallel inputs with every group's scales) and greedy tokens still equal
+    transformers'."""
+    from infernetes.runtime.engine.llm_engine import LLMEngine
+
+    from infernetes.schema.config import build_config
+
+    writer, options = CASES[case]
+    quantized, dense = writer(base, tmp_path / "q", **options)
+    dense_dir = write_dense(base, tmp_path / "dense", dense)
+    config = build_config(
+        str(quantized),
+        device="cpu",
+        tensor_parallel_size=2,
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=8,
+    )
+    engine = LLMEngine(config, stat_loggers=[])
+    try:
+        engine.add_request("0", PROMPT, GREEDY)
+        tokens = None
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    tokens = list(output.outputs[0].token_ids)
+    finally:
+        engine.shutdown()
+    assert tokens == hf_greedy_tokens(dense_dir, PROMPT, 5)
