@@ -34,7 +34,13 @@ from infernetes.operator.gpus import too_large_for_any_node
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
 from infernetes.operator.render import Plan, plan
 from infernetes.operator.render.workload import gpu_resource, model_source
-from infernetes.operator.status import Observed, derive_status, same_status, transitions
+from infernetes.operator.status import (
+    Observed,
+    Verdict,
+    derive_status,
+    same_status,
+    transitions,
+)
 from infernetes.operator.workqueue import WorkQueue
 
 log = logging.getLogger("infernetes.operator")
@@ -74,6 +80,7 @@ class Outcome:
     error: tuple[str, str] | None
     ignored: list[str]  # engine settings without effect (engine_support.review_engine)
     unshared: list[str]  # claims the replicas cannot mount together (unshared_claims)
+    autoscaling: Verdict | None = None  # the Autoscaling condition (render.autoscaling)
 
 
 @dataclass(frozen=True)
@@ -311,7 +318,11 @@ class Reconciler:
             applied, error = await self._converge(key, resource, result, notes)
         self._release_headroom(key)
         self.outcomes[key] = Outcome(
-            result if applied else None, error, notes.ignored, notes.unshared
+            result if applied else None,
+            error,
+            notes.ignored,
+            notes.unshared,
+            result.autoscaling if result else None,
         )
         self.status_queue.add(key, STATUS_DELAY_SECONDS)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
@@ -549,6 +560,7 @@ class Reconciler:
                 now=now(),
                 ignored_settings=outcome.ignored,
                 unshared_claims=outcome.unshared,
+                autoscaling=outcome.autoscaling,
                 reconcile_error=error,
                 stale_children=stale,
             )

@@ -210,12 +210,14 @@ def derive_status(
     reconcile_error: tuple[str, str] | None = None,
     stale_children: Sequence[str] = (),
     unshared_claims: Sequence[str] = (),
+    autoscaling: Verdict | None = None,
 ) -> dict[str, Any]:
     """`conditions`, `replicas` and `readyReplicas` for the InferenceService's status;
     `ignored_settings` are the notes of `engine_support.review_engine(spec).ignored`;
     `reconcile_error` is why this generation could not be applied, `stale_children` what is
     being repaired (each makes Ready False); `unshared_claims` the claims several replicas
-    cannot mount together."""
+    cannot mount together; `autoscaling` the Autoscaling condition (only with spec.autoscaling:
+    render.autoscaling says which autoscaler, or why none)."""
     seen = Observed(desired_replicas, deployment, pods, reconcile_error, tuple(stale_children))
     available = available_condition(seen)
     scheduled = _scheduled(pods)
@@ -229,6 +231,8 @@ def derive_status(
         "SettingsIgnored": _settings_ignored(ignored_settings),
         "ClaimsShared": claims_shared_condition(unshared_claims),
     }
+    if autoscaling is not None:
+        computed["Autoscaling"] = autoscaling
     conditions = []
     for kind, (status, reason, message) in computed.items():
         old = _condition(previous, kind)
@@ -268,6 +272,7 @@ def transitions(
             or (kind == "Degraded" and status == "True")
             or (kind == "Progressing" and cond["reason"] == "Repairing")
             or (kind == "ClaimsShared" and status == "False")
+            or (kind == "Autoscaling" and status == "False")
         ):
             events.append(("Warning", cond["reason"], cond["message"]))
     return events

@@ -182,6 +182,9 @@ def _render(args: argparse.Namespace) -> int:
             output.extend(result.manifests)
             for warning in result.warnings:
                 print(f"warning: {metadata['name']}: {warning}", file=sys.stderr)
+            if result.autoscaling and result.autoscaling[0] == "False":
+                _, reason, message = result.autoscaling
+                print(f"warning: {metadata['name']}: {reason}: {message}", file=sys.stderr)
             for refused in result.refused:
                 print(
                     f"warning: {metadata['name']}: {refused}; kubectl apply will reject it",
