@@ -112,7 +112,9 @@ def condition(cluster: Any, ns: str, name: str, kind: str) -> dict:
 
 
 def hpa_condition(hpa: dict | None, kind: str) -> dict:
-    found = [c for c in ((hpa or {}).get("status") or {}).get("conditions") or () if c["type"] == kind]
+    found = [
+        c for c in ((hpa or {}).get("status") or {}).get("conditions") or () if c["type"] == kind
+    ]
     return found[0] if found else {}
 
 
@@ -125,7 +127,13 @@ def test_invalid_autoscaling_is_refused_naming_the_field(cluster: Any, ns: str) 
     ]
     for autoscaling, expected in cases:
         result = cluster.kubectl(
-            "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(isvc("bad", **autoscaling)), check=False
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(isvc("bad", **autoscaling)),
+            check=False,
         )
         assert result.returncode != 0, autoscaling
         assert "spec.autoscaling" in result.stderr and expected in result.stderr, result.stderr
@@ -135,7 +143,13 @@ def test_without_keda_an_hpa_on_the_scale_subresource(
     cluster: Any, ns: str, operator: OperatorProcess
 ) -> None:
     cluster.apply(
-        isvc("hpa", minReplicas=1, maxReplicas=3, targetQueuedRequests=4, targetKVCacheUsagePercent=80),
+        isvc(
+            "hpa",
+            minReplicas=1,
+            maxReplicas=3,
+            targetQueuedRequests=4,
+            targetKVCacheUsagePercent=80,
+        ),
         namespace=ns,
     )
     hpa = wait_until(
@@ -159,8 +173,9 @@ def test_without_keda_an_hpa_on_the_scale_subresource(
     )
     assert hpa_condition(hpa, "AbleToScale")["status"] == "True", hpa["status"]
     assert wait_until(
-        lambda: condition(cluster, ns, "hpa", "Autoscaling").get("reason")
-        == "HorizontalPodAutoscaler",
+        lambda: (
+            condition(cluster, ns, "hpa", "Autoscaling").get("reason") == "HorizontalPodAutoscaler"
+        ),
         timeout=TIMEOUT,
         what="the Autoscaling condition",
     )
@@ -186,8 +201,9 @@ def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
         namespace=ns,
     )
     wait_until(
-        lambda: condition(cluster, ns, "zero", "Autoscaling").get("reason")
-        == "ScaleToZeroNeedsKEDA",
+        lambda: (
+            condition(cluster, ns, "zero", "Autoscaling").get("reason") == "ScaleToZeroNeedsKEDA"
+        ),
         timeout=TIMEOUT,
         what="ScaleToZeroNeedsKEDA",
     )
@@ -222,8 +238,14 @@ def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
 
     # Autoscaling removed: the ScaledObject goes, and so does the condition.
     cluster.kubectl(
-        "patch", "infsvc", "zero", "-n", ns, "--type=json",
-        "-p", '[{"op":"remove","path":"/spec/autoscaling"}]',
+        "patch",
+        "infsvc",
+        "zero",
+        "-n",
+        ns,
+        "--type=json",
+        "-p",
+        '[{"op":"remove","path":"/spec/autoscaling"}]',
     )
     wait_until(
         lambda: get(cluster, ns, "scaledobject", "zero") is None,

@@ -398,8 +398,7 @@ def autoscaling_schema() -> Schema:
             ),
             rule(
                 "has(self.targetQueuedRequests) || has(self.targetKVCacheUsagePercent)",
-                "autoscaling needs a target: targetQueuedRequests and/or "
-                "targetKVCacheUsagePercent",
+                "autoscaling needs a target: targetQueuedRequests and/or targetKVCacheUsagePercent",
                 field_path=".targetQueuedRequests",
             ),
             rule(

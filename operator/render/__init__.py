@@ -71,9 +71,7 @@ def plan(
     manifests.extend(scrape.manifests)
     manifests.extend(disruption_budget(spec, name=name, namespace=namespace))
     model_name = resolve_model(spec).served_name
-    scaling = autoscaler(
-        spec, cluster_facts, name=name, namespace=namespace, model_name=model_name
-    )
+    scaling = autoscaler(spec, cluster_facts, name=name, namespace=namespace, model_name=model_name)
     manifests.extend(scaling.manifests)
     if uid:
         for manifest in manifests:

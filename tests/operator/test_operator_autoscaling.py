@@ -69,7 +69,9 @@ def test_keda_served_and_set_renders_a_scaled_object_on_the_scale_subresource() 
     }
     assert "metricType" not in queue  # AverageValue: the target is per replica
     assert kv["metricType"] == "Value"
-    assert kv["metadata"]["query"] == 'avg(vllm:kv_cache_usage_perc{namespace="ns",model_name="chat"})'
+    assert (
+        kv["metadata"]["query"] == 'avg(vllm:kv_cache_usage_perc{namespace="ns",model_name="chat"})'
+    )
     assert kv["metadata"]["threshold"] == "0.9"
     assert "cooldownPeriod" not in body  # only scaling to zero waits for it
     assert result.autoscaling is not None
@@ -188,7 +190,7 @@ def test_crd_types_and_documents_spec_autoscaling() -> None:
 def test_crd_rules_name_the_field_they_refuse() -> None:
     rules = {r["fieldPath"]: r for r in autoscaling_schema()["x-kubernetes-validations"][:3]}
     assert set(rules) == {".maxReplicas", ".targetQueuedRequests", ".minReplicas"}
-    assert "self.maxReplicas >= self.minReplicas" == rules[".maxReplicas"]["rule"]
+    assert rules[".maxReplicas"]["rule"] == "self.maxReplicas >= self.minReplicas"
     assert "keda" in rules[".minReplicas"]["rule"]
     messages = [r["message"] for r in autoscaling_schema()["x-kubernetes-validations"]]
     assert all(message.startswith("autoscaling") for message in messages)
