@@ -172,13 +172,21 @@ def test_without_keda_an_hpa_on_the_scale_subresource(
         what="the HPA controller to look at its target",
     )
     assert hpa_condition(hpa, "AbleToScale")["status"] == "True", hpa["status"]
-    assert wait_until(
-        lambda: (
-            condition(cluster, ns, "hpa", "Autoscaling").get("reason") == "HorizontalPodAutoscaler"
-        ),
+    # No custom-metrics API here: the HPA controller says it cannot get the pods' metric, and
+    # the Autoscaling condition passes that on.
+    active = wait_until(
+        lambda: hpa_condition(get(cluster, ns, "hpa", "hpa"), "ScalingActive"),
         timeout=TIMEOUT,
-        what="the Autoscaling condition",
+        what="the HPA controller to try the metrics",
     )
+    assert active["status"] == "False", active
+    told = wait_until(
+        lambda: (c := condition(cluster, ns, "hpa", "Autoscaling")).get("status") == "False" and c,
+        timeout=TIMEOUT,
+        what="the Autoscaling condition to tell the HPA cannot scale",
+    )
+    assert told["reason"] == active["reason"]
+    assert told["message"].startswith("HorizontalPodAutoscaler hpa:")
     # What an autoscaler does, through the scale subresource: the Deployment follows.
     cluster.kubectl("scale", "infsvc", "hpa", "-n", ns, "--replicas=2")
     wait_until(

@@ -29,7 +29,7 @@ from infernetes.operator.cache import Children, GpuLedger, Key, Newest, child_id
 from infernetes.operator.discovery import OPTIONAL_GROUP_VERSIONS, discover_apis
 from infernetes.operator.drift import differences, scaled_by_others, stale_fields, with_hash
 from infernetes.operator.engine_support import review_engine
-from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.facts import KEDA_GV, ClusterFacts
 from infernetes.operator.gpus import too_large_for_any_node
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
 from infernetes.operator.render import Plan, plan
@@ -561,6 +561,7 @@ class Reconciler:
                 ignored_settings=outcome.ignored,
                 unshared_claims=outcome.unshared,
                 autoscaling=outcome.autoscaling,
+                autoscaler=self._autoscaler(key, outcome),
                 reconcile_error=error,
                 stale_children=stale,
             )
@@ -592,6 +593,17 @@ class Reconciler:
             await self.event(current, "Warning", reason, warning)
         for kind, reason, message in transitions(status.get("conditions"), new["conditions"]):
             await self.event(current, kind, reason, message)
+
+    def _autoscaler(self, key: Key, outcome: Outcome) -> dict[str, Any] | None:
+        """The live autoscaler the last render chose (its reason names its kind)."""
+        if outcome.autoscaling is None:
+            return None
+        kind = outcome.autoscaling[1]
+        api_version = {
+            "ScaledObject": KEDA_GV,
+            "HorizontalPodAutoscaler": "autoscaling/v2",
+        }.get(kind)
+        return self.children.of(key).get((api_version, kind, key[1])) if api_version else None
 
     async def event(
         self, resource: Mapping[str, Any], kind: str, reason: str, message: str

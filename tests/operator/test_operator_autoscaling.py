@@ -10,7 +10,7 @@ from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.rbac import CHILD_VERBS, cluster_rules
 from infernetes.operator.render import plan
 from infernetes.operator.render.autoscaling import promql
-from infernetes.operator.status import derive_status, transitions
+from infernetes.operator.status import autoscaling_condition, derive_status, transitions
 
 KEDA = ClusterFacts.from_api_versions(["keda.sh/v1alpha1"])
 NO_KEDA = ClusterFacts()
@@ -204,3 +204,44 @@ def test_rbac_covers_exactly_the_autoscalers() -> None:
     ):
         (found,) = [r for r in rules if r["apiGroups"] == [group]]
         assert found == {"apiGroups": [group], "resources": [resource], "verbs": CHILD_VERBS}
+
+
+def test_an_autoscaler_that_cannot_scale_makes_the_condition_false() -> None:
+    rendered = ("True", "HorizontalPodAutoscaler", "an HPA scales 1 to 3 replicas")
+    hpa = {
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "svc"},
+        "status": {
+            "conditions": [
+                {"type": "AbleToScale", "status": "True", "reason": "SucceededGetScale"},
+                {
+                    "type": "ScalingActive",
+                    "status": "False",
+                    "reason": "FailedGetPodsMetric",
+                    "message": "unable to get metric vllm_num_requests_waiting",
+                },
+            ]
+        },
+    }
+    assert autoscaling_condition(rendered, hpa) == (
+        "False",
+        "FailedGetPodsMetric",
+        "HorizontalPodAutoscaler svc: unable to get metric vllm_num_requests_waiting",
+    )
+    assert autoscaling_condition(rendered, {**hpa, "status": {}}) == rendered
+    assert autoscaling_condition(rendered, None) == rendered
+    scaled = {
+        "kind": "ScaledObject",
+        "metadata": {"name": "svc"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "ScaledObjectCheckFailed",
+                    "message": "bad query",
+                }
+            ]
+        },
+    }
+    assert autoscaling_condition(rendered, scaled)[:2] == ("False", "ScaledObjectCheckFailed")
