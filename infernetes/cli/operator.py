@@ -53,7 +53,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="GROUP/VERSION[/KIND]",
-        help="Optional APIs the cluster serves, e.g. monitoring.coreos.com/v1 (comma-separated or repeated).",
+        help="Optional APIs the cluster serves, e.g. monitoring.coreos.com/v1 or keda.sh/v1alpha1 "
+        "(comma-separated or repeated).",
     )
     render.add_argument(
         "--spare-gpus",
