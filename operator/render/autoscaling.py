@@ -24,6 +24,9 @@ from infernetes.operator.status import Verdict
 QUEUE_METRIC = "vllm:num_requests_waiting"
 KV_METRIC = "vllm:kv_cache_usage_perc"
 DEFAULT_SCALE_DOWN_SECONDS = 300
+# KEDA copies a ScaledObject's labels onto the HPA it creates; ours would make that HPA look like
+# one of the operator's children (the watch selects them by label), so it is told to leave them.
+KEDA_EXCLUDED_LABELS = "scaledobject.keda.sh/hpa-excluded-labels"
 
 
 @dataclass
@@ -108,10 +111,16 @@ def scaled_object(
         spec["cooldownPeriod"] = autoscaling.get(
             "scaleDownStabilizationSeconds", DEFAULT_SCALE_DOWN_SECONDS
         )
+    labels = names.common_labels(name)
     return {
         "apiVersion": KEDA_GV,
         "kind": "ScaledObject",
-        "metadata": {"name": name, "namespace": namespace, "labels": names.common_labels(name)},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {KEDA_EXCLUDED_LABELS: ",".join(labels)},
+        },
         "spec": spec,
     }
 

@@ -51,6 +51,9 @@ def test_keda_served_and_set_renders_a_scaled_object_on_the_scale_subresource() 
     scaled = autoscaler_of(result)
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     assert scaled["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    # KEDA's own HPA must not carry the labels the operator watches its children by.
+    excluded = scaled["metadata"]["annotations"]["scaledobject.keda.sh/hpa-excluded-labels"]
+    assert set(excluded.split(",")) == set(scaled["metadata"]["labels"])
     body = scaled["spec"]
     assert body["scaleTargetRef"] == {
         "apiVersion": "infernetes.io/v1alpha1",
