@@ -27,6 +27,7 @@ def test_there_are_examples_for_each_documented_use():
         "hf-token-secret",
         "model-cache-pvc",
         "tensor-parallel",
+        "autoscaling",
     }
 
 

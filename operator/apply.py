@@ -13,6 +13,8 @@ PLURALS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
 }
 
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from infernetes.operator.names import DEFAULT_IMAGE
 
 MONITORING_GV = "monitoring.coreos.com/v1"
+KEDA_GV = "keda.sh/v1alpha1"
 # Kinds a bare group/version stands for (like `helm template --api-versions`).
-KNOWN_KINDS = {MONITORING_GV: ("ServiceMonitor", "PodMonitor")}
+KNOWN_KINDS = {MONITORING_GV: ("ServiceMonitor", "PodMonitor"), KEDA_GV: ("ScaledObject",)}
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ never waits behind another. Only event handlers are registered: kopf keeps no ha
 finalizer or last-handled annotation on the resources (no writes of its own).
 
 Watched: InferenceServices; what the operator creates (Deployments, Services, ServiceMonitors,
-PodMonitors, PodDisruptionBudgets, by the managed-by label); pods (status, and GPU headroom) and nodes (GPU
+PodMonitors, PodDisruptionBudgets, ScaledObjects, HorizontalPodAutoscalers, by the managed-by
+label); pods (status, and GPU headroom) and nodes (GPU
 headroom); CRDs of the optional API groups (their appearance and removal, re-discovered).
 """
 
@@ -29,6 +30,8 @@ CHILD_RESOURCES = [
     ("monitoring.coreos.com", "v1", "servicemonitors"),
     ("monitoring.coreos.com", "v1", "podmonitors"),
     ("policy", "v1", "poddisruptionbudgets"),
+    ("keda.sh", "v1alpha1", "scaledobjects"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
 ]
 
 
@@ -84,6 +87,8 @@ async def resource_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 @kopf.on.event("monitoring.coreos.com", "v1", "servicemonitors", labels=OWNED)
 @kopf.on.event("monitoring.coreos.com", "v1", "podmonitors", labels=OWNED)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
+@kopf.on.event("keda.sh", "v1alpha1", "scaledobjects", labels=OWNED)
+@kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=OWNED)
 async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.child_event(type, plain(body))
 

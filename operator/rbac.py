@@ -28,6 +28,12 @@ def cluster_rules() -> list[dict[str, Any]]:
             "resources": ["servicemonitors", "podmonitors"],
             "verbs": CHILD_VERBS,
         },
+        {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": CHILD_VERBS},
+        {
+            "apiGroups": ["autoscaling"],
+            "resources": ["horizontalpodautoscalers"],
+            "verbs": CHILD_VERBS,
+        },
         # Read-only views for status (pods) and for GPU headroom (nodes, pods).
         {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": READ},
         # The access modes of the claims a resource mounts (ClaimsShared).

@@ -29,12 +29,18 @@ from infernetes.operator.cache import Children, GpuLedger, Key, Newest, child_id
 from infernetes.operator.discovery import OPTIONAL_GROUP_VERSIONS, discover_apis
 from infernetes.operator.drift import differences, scaled_by_others, stale_fields, with_hash
 from infernetes.operator.engine_support import review_engine
-from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.facts import KEDA_GV, ClusterFacts
 from infernetes.operator.gpus import too_large_for_any_node
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
 from infernetes.operator.render import Plan, plan
 from infernetes.operator.render.workload import gpu_resource, model_source
-from infernetes.operator.status import Observed, derive_status, same_status, transitions
+from infernetes.operator.status import (
+    Observed,
+    Verdict,
+    derive_status,
+    same_status,
+    transitions,
+)
 from infernetes.operator.workqueue import WorkQueue
 
 log = logging.getLogger("infernetes.operator")
@@ -74,6 +80,7 @@ class Outcome:
     error: tuple[str, str] | None
     ignored: list[str]  # engine settings without effect (engine_support.review_engine)
     unshared: list[str]  # claims the replicas cannot mount together (unshared_claims)
+    autoscaling: Verdict | None = None  # the Autoscaling condition (render.autoscaling)
 
 
 @dataclass(frozen=True)
@@ -311,7 +318,11 @@ class Reconciler:
             applied, error = await self._converge(key, resource, result, notes)
         self._release_headroom(key)
         self.outcomes[key] = Outcome(
-            result if applied else None, error, notes.ignored, notes.unshared
+            result if applied else None,
+            error,
+            notes.ignored,
+            notes.unshared,
+            result.autoscaling if result else None,
         )
         self.status_queue.add(key, STATUS_DELAY_SECONDS)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
@@ -549,6 +560,8 @@ class Reconciler:
                 now=now(),
                 ignored_settings=outcome.ignored,
                 unshared_claims=outcome.unshared,
+                autoscaling=outcome.autoscaling,
+                autoscaler=self._autoscaler(key, outcome),
                 reconcile_error=error,
                 stale_children=stale,
             )
@@ -580,6 +593,17 @@ class Reconciler:
             await self.event(current, "Warning", reason, warning)
         for kind, reason, message in transitions(status.get("conditions"), new["conditions"]):
             await self.event(current, kind, reason, message)
+
+    def _autoscaler(self, key: Key, outcome: Outcome) -> dict[str, Any] | None:
+        """The live autoscaler the last render chose (its reason names its kind)."""
+        if outcome.autoscaling is None:
+            return None
+        kind = outcome.autoscaling[1]
+        api_version = {
+            "ScaledObject": KEDA_GV,
+            "HorizontalPodAutoscaler": "autoscaling/v2",
+        }.get(kind)
+        return self.children.of(key).get((api_version, kind, key[1])) if api_version else None
 
     async def event(
         self, resource: Mapping[str, Any], kind: str, reason: str, message: str

@@ -318,6 +318,105 @@ def monitoring_schema() -> Schema:
     )
 
 
+AUTOSCALING_MAX_WINDOW_SECONDS = 3600  # the HPA's own limit on a stabilization window
+# A Prometheus server's base URL, as KEDA's prometheus trigger takes it.
+PROMETHEUS_ADDRESS_PATTERN = r"^https?://[^\s/]+(/[^\s]*)?$"
+
+
+def keda_schema() -> Schema:
+    return obj(
+        {
+            "prometheusServerAddress": string(
+                "Base URL of the Prometheus server KEDA queries (e.g. "
+                "http://prometheus-operated.monitoring.svc:9090).",
+                maxLength=512,
+                pattern=PROMETHEUS_ADDRESS_PATTERN,
+            ),
+            "activationQueuedRequests": integer(
+                "With minReplicas 0: the service scales up from zero once more requests than "
+                "this wait in its engines (vllm:num_requests_waiting summed over the replicas).",
+                minimum=0,
+                maximum=100000,
+                default=0,
+            ),
+        },
+        required=["prometheusServerAddress"],
+        description="Used when the cluster serves KEDA's ScaledObject API (keda.sh/v1alpha1): a "
+        "ScaledObject with Prometheus triggers then scales the service, down to zero if "
+        "minReplicas is 0.",
+    )
+
+
+def autoscaling_schema() -> Schema:
+    return obj(
+        {
+            "minReplicas": integer(
+                "Fewest replicas; 0 (scale to zero) needs keda and targetQueuedRequests.",
+                minimum=0,
+                maximum=1000,
+                default=1,
+            ),
+            "maxReplicas": integer("Most replicas.", minimum=1, maximum=1000),
+            "targetQueuedRequests": integer(
+                "Target of vllm:num_requests_waiting per replica (requests queued in each "
+                "engine, on average).",
+                minimum=1,
+                maximum=100000,
+            ),
+            "targetKVCacheUsagePercent": integer(
+                "Target of vllm:kv_cache_usage_perc averaged over the replicas, in percent.",
+                minimum=1,
+                maximum=100,
+            ),
+            "scaleUpStabilizationSeconds": integer(
+                "Scale up to the highest replica count recommended over this window.",
+                minimum=0,
+                maximum=AUTOSCALING_MAX_WINDOW_SECONDS,
+                default=0,
+            ),
+            "scaleDownStabilizationSeconds": integer(
+                "Scale down to the highest replica count recommended over this window (with "
+                "KEDA and minReplicas 0 also the wait before scaling to zero).",
+                minimum=0,
+                maximum=AUTOSCALING_MAX_WINDOW_SECONDS,
+                default=300,
+            ),
+            "keda": keda_schema(),
+        },
+        required=["maxReplicas"],
+        description="Scale the replicas on the engines' queue and KV-cache usage: a KEDA "
+        "ScaledObject when the cluster serves KEDA's API and keda is set, else an autoscaling/v2 "
+        "HorizontalPodAutoscaler on the pods' custom metrics (vllm_num_requests_waiting, "
+        "vllm_kv_cache_usage_perc, as prometheus-adapter exposes them). Either one targets this "
+        "resource's scale subresource and so writes spec.replicas: leave spec.replicas out of "
+        "applied manifests, as with a Deployment under an HPA.",
+        rules=[
+            rule(
+                "self.maxReplicas >= self.minReplicas",
+                "autoscaling.maxReplicas must be at least autoscaling.minReplicas",
+                field_path=".maxReplicas",
+            ),
+            rule(
+                "has(self.targetQueuedRequests) || has(self.targetKVCacheUsagePercent)",
+                "autoscaling needs a target: targetQueuedRequests and/or targetKVCacheUsagePercent",
+                field_path=".targetQueuedRequests",
+            ),
+            rule(
+                "self.minReplicas > 0 || has(self.keda)",
+                "autoscaling.minReplicas 0 (scale to zero) needs autoscaling.keda: an HPA cannot "
+                "scale to zero",
+                field_path=".minReplicas",
+            ),
+            rule(
+                "self.minReplicas > 0 || has(self.targetQueuedRequests)",
+                "autoscaling.minReplicas 0 needs targetQueuedRequests: the service scales up "
+                "from zero on queued requests",
+                field_path=".targetQueuedRequests",
+            ),
+        ],
+    )
+
+
 def rollout_schema() -> Schema:
     return obj(
         {
@@ -391,7 +490,13 @@ def platform_properties() -> dict[str, Schema]:
             minLength=1,
             maxLength=256,
         ),
-        "replicas": integer(minimum=0, maximum=1000, default=1),
+        "replicas": integer(
+            "Replicas; with spec.autoscaling the autoscaler sets it (through the scale "
+            "subresource) and a value applied here lasts until its next decision.",
+            minimum=0,
+            maximum=1000,
+            default=1,
+        ),
         "image": string(
             "Container image (default: the operator's own release).", minLength=1, maxLength=512
         ),
@@ -438,6 +543,7 @@ def platform_properties() -> dict[str, Schema]:
         "service": service_schema(),
         "monitoring": monitoring_schema(),
         "rollout": rollout_schema(),
+        "autoscaling": autoscaling_schema(),
         "terminationGracePeriodSeconds": integer(
             "Time a pod has to stop before it is killed. The server drains in-flight requests for "
             f"engine.shutdownTimeout seconds, by default this minus {SHUTDOWN_MARGIN_SECONDS}, "

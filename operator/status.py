@@ -198,6 +198,31 @@ def ready_condition(
     return "False", "NotReady", f"{ready}/{desired} replicas ready"
 
 
+# The autoscaler's own conditions that, when False, mean it is not scaling (the HPA controller's;
+# KEDA's Ready).
+AUTOSCALER_HEALTH = {
+    "HorizontalPodAutoscaler": ("AbleToScale", "ScalingActive"),
+    "ScaledObject": ("Ready",),
+}
+
+
+def autoscaling_condition(
+    rendered: Verdict | None, autoscaler: Mapping[str, Any] | None
+) -> Verdict | None:
+    """Autoscaling: the render's verdict, made False with the autoscaler's own reason while the
+    live HPA or ScaledObject reports it cannot scale (no custom-metrics API, a failing query)."""
+    if rendered is None or rendered[0] != "True" or autoscaler is None:
+        return rendered
+    kind, name = autoscaler["kind"], autoscaler["metadata"]["name"]
+    conditions = (autoscaler.get("status") or {}).get("conditions")
+    for kind_of_condition in AUTOSCALER_HEALTH.get(kind, ()):
+        found = _condition(conditions, kind_of_condition)
+        if found.get("status") == "False":
+            reason = found.get("reason") or f"Not{kind_of_condition}"
+            return "False", reason, f"{kind} {name}: {found.get('message', '')}".strip()
+    return rendered
+
+
 def derive_status(
     *,
     generation: int,
@@ -210,12 +235,16 @@ def derive_status(
     reconcile_error: tuple[str, str] | None = None,
     stale_children: Sequence[str] = (),
     unshared_claims: Sequence[str] = (),
+    autoscaling: Verdict | None = None,
+    autoscaler: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`conditions`, `replicas` and `readyReplicas` for the InferenceService's status;
     `ignored_settings` are the notes of `engine_support.review_engine(spec).ignored`;
     `reconcile_error` is why this generation could not be applied, `stale_children` what is
     being repaired (each makes Ready False); `unshared_claims` the claims several replicas
-    cannot mount together."""
+    cannot mount together; `autoscaling` the Autoscaling condition (only with spec.autoscaling:
+    render.autoscaling says which autoscaler, or why none) and `autoscaler` the live HPA or
+    ScaledObject, whose own conditions may say it cannot scale."""
     seen = Observed(desired_replicas, deployment, pods, reconcile_error, tuple(stale_children))
     available = available_condition(seen)
     scheduled = _scheduled(pods)
@@ -229,6 +258,9 @@ def derive_status(
         "SettingsIgnored": _settings_ignored(ignored_settings),
         "ClaimsShared": claims_shared_condition(unshared_claims),
     }
+    verdict = autoscaling_condition(autoscaling, autoscaler)
+    if verdict is not None:
+        computed["Autoscaling"] = verdict
     conditions = []
     for kind, (status, reason, message) in computed.items():
         old = _condition(previous, kind)
@@ -268,6 +300,7 @@ def transitions(
             or (kind == "Degraded" and status == "True")
             or (kind == "Progressing" and cond["reason"] == "Repairing")
             or (kind == "ClaimsShared" and status == "False")
+            or (kind == "Autoscaling" and status == "False")
         ):
             events.append(("Warning", cond["reason"], cond["message"]))
     return events

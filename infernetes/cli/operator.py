@@ -53,7 +53,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="GROUP/VERSION[/KIND]",
-        help="Optional APIs the cluster serves, e.g. monitoring.coreos.com/v1 (comma-separated or repeated).",
+        help="Optional APIs the cluster serves, e.g. monitoring.coreos.com/v1 or keda.sh/v1alpha1 "
+        "(comma-separated or repeated).",
     )
     render.add_argument(
         "--spare-gpus",
@@ -182,6 +183,9 @@ def _render(args: argparse.Namespace) -> int:
             output.extend(result.manifests)
             for warning in result.warnings:
                 print(f"warning: {metadata['name']}: {warning}", file=sys.stderr)
+            if result.autoscaling and result.autoscaling[0] == "False":
+                _, reason, message = result.autoscaling
+                print(f"warning: {metadata['name']}: {reason}: {message}", file=sys.stderr)
             for refused in result.refused:
                 print(
                     f"warning: {metadata['name']}: {refused}; kubectl apply will reject it",

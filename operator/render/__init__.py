@@ -10,11 +10,13 @@ from typing import Any
 from infernetes.operator import names
 from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.render.autoscaling import autoscaler
 from infernetes.operator.render.disruption import disruption_budget
 from infernetes.operator.render.monitoring import scrape_config
 from infernetes.operator.render.service import service_manifest, service_name_for
 from infernetes.operator.render.workload import deployment_manifest, gpus_per_replica
 from infernetes.operator.render.workload import model_source as resolve_model
+from infernetes.operator.status import Verdict
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # those engine settings alone
     refused: list[str] = field(default_factory=list)  # settings the CRD and the runtime refuse
+    autoscaling: Verdict | None = None  # the Autoscaling condition; None without spec.autoscaling
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -67,6 +70,9 @@ def plan(
     ]
     manifests.extend(scrape.manifests)
     manifests.extend(disruption_budget(spec, name=name, namespace=namespace))
+    model_name = resolve_model(spec).served_name
+    scaling = autoscaler(spec, cluster_facts, name=name, namespace=namespace, model_name=model_name)
+    manifests.extend(scaling.manifests)
     if uid:
         for manifest in manifests:
             manifest["metadata"]["ownerReferences"] = [owner_reference(name, uid)]
@@ -79,13 +85,14 @@ def plan(
     return Plan(
         manifests=manifests,
         service_name=service_name,
-        model_name=resolve_model(spec).served_name,
+        model_name=model_name,
         url=f"http://{service_name}.{namespace}.svc:{port}/v1",
         gpus_per_replica=gpus_per_replica(spec),
         selector=selector,
         warnings=warnings,
         ignored=support.ignored,
         refused=support.refused,
+        autoscaling=scaling.verdict,
     )
 
 

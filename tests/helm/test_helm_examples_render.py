@@ -72,3 +72,11 @@ def test_model_cache_example_mounts_its_claim_as_hf_home():
     assert {"name": "HF_HOME", "value": CACHE_MOUNT} in container["env"]
     volume = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
     assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+
+
+def test_autoscaling_example_scales_to_zero_with_keda():
+    keda = ClusterFacts.from_api_versions(["keda.sh/v1alpha1"])
+    scaled = rendered("autoscaling", keda)["ScaledObject"]
+    assert scaled["spec"]["minReplicaCount"] == 0
+    assert scaled["spec"]["triggers"][0]["metadata"]["activationThreshold"] == "0"
+    assert "HorizontalPodAutoscaler" not in rendered("autoscaling", MONITORING)

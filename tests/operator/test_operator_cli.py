@@ -111,3 +111,18 @@ def test_help_does_not_import_heavy_modules() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_render_warns_when_scale_to_zero_needs_keda(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\n"
+        "spec: {model: m, autoscaling: {minReplicas: 0, maxReplicas: 2, targetQueuedRequests: 1,"
+        " keda: {prometheusServerAddress: 'http://p:9090'}}}\n",
+    )
+    code, out, err = run("operator", "render", "-f", path)
+    assert code == 0 and "ScaleToZeroNeedsKEDA" in err
+    assert "ScaledObject" not in out and "HorizontalPodAutoscaler" not in out
+    code, out, err = run("operator", "render", "-f", path, "--api-versions", "keda.sh/v1alpha1")
+    assert code == 0 and not err
+    assert [doc["kind"] for doc in yaml.safe_load_all(out)][-1] == "ScaledObject"

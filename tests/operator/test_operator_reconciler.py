@@ -263,3 +263,41 @@ def test_no_known_gpu_node_is_no_reason_to_hold_back(api: FakeApi) -> None:
     api.resource["spec"] = {"model": "m", "engine": {"tensorParallelSize": 16}}
     run(api, nothing)
     assert "apply Deployment" in api.writes
+
+
+def test_the_autoscaler_follows_the_served_apis_and_goes_with_spec_autoscaling(
+    api: FakeApi,
+) -> None:
+    """An HPA without KEDA; a ScaledObject in its place once KEDA's API is served; nothing once
+    spec.autoscaling is removed. The Autoscaling condition says which, then goes."""
+    api.resource["spec"]["autoscaling"] = {
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "targetQueuedRequests": 2,
+        "keda": {"prometheusServerAddress": "http://prometheus:9090"},
+    }
+    seen: dict[str, Any] = {}
+
+    def keda_appears(reconciler: Reconciler) -> None:
+        seen["first"] = (list(api.writes), condition(api, "Autoscaling")["reason"])
+        api.writes.clear()
+        reconciler.discovered = frozenset({"keda.sh/v1alpha1/ScaledObject"})
+
+    def autoscaling_removed(reconciler: Reconciler) -> None:
+        seen["keda"] = (list(api.writes), condition(api, "Autoscaling")["reason"])
+        api.writes.clear()
+        api.resource["metadata"]["generation"] = 2
+        del api.resource["spec"]["autoscaling"]
+
+    run(api, nothing, keda_appears, autoscaling_removed)
+    assert seen["first"] == (
+        ["apply Deployment", "apply Service", "apply HorizontalPodAutoscaler", "status"],
+        "HorizontalPodAutoscaler",
+    )
+    assert seen["keda"] == (
+        ["apply ScaledObject", "delete HorizontalPodAutoscaler", "status"],
+        "ScaledObject",
+    )
+    assert api.writes == ["delete ScaledObject", "status"]  # the pods never notice
+    assert "Autoscaling" not in [c["type"] for c in api.resource["status"]["conditions"]]
+    assert ("keda.sh/v1alpha1", "ScaledObject", "llama") not in api.objects

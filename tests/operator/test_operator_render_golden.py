@@ -31,6 +31,8 @@ CASES = {
     "hf-token": [],
     "security": [],
     "lora": [],
+    "autoscaling-keda": ["--api-versions", "keda.sh/v1alpha1"],
+    "autoscaling-hpa": [],
 }
 
 

@@ -1,0 +1,267 @@
+"""spec.autoscaling on the local control plane (issue 21, part 1): without KEDA's CRDs an
+autoscaling/v2 HPA that the real HPA controller resolves through the InferenceService's scale
+subresource; with KEDA's CRDs (from its Go module, cluster/keda-crds.sh; no KEDA operator) a
+ScaledObject the API server validates against KEDA's own schema, minReplicas 0 with activation;
+the HPA replaced when KEDA appears; removing autoscaling deletes the object; invalid settings are
+refused at admission naming the field."""
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from infernetes.operator.testing import (
+    REPO,
+    OperatorProcess,
+    install_crds,
+    service_account_kubeconfig,
+    wait_until,
+)
+
+TIMEOUT = 90
+PROMETHEUS = "http://prometheus.monitoring.svc:9090"
+
+
+def keda_crds() -> list[dict]:
+    out = subprocess.run(
+        [str(REPO / "cluster" / "keda-crds.sh")], stdout=subprocess.PIPE, text=True, check=True
+    ).stdout
+    directory = Path(out.strip().splitlines()[-1])
+    return [yaml.safe_load(path.read_text()) for path in sorted(directory.glob("keda.sh_*.yaml"))]
+
+
+def install_keda(cluster: Any, crds: list[dict]) -> None:
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+
+
+def remove_keda(cluster: Any, crds: list[dict]) -> None:
+    names = [crd["metadata"]["name"] for crd in crds]
+    cluster.kubectl("delete", "crd", *names, "--ignore-not-found", "--wait=true")
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: Any) -> Iterator[list[dict]]:
+    found = keda_crds()
+    remove_keda(cluster, found)  # start without KEDA whatever ran before
+    yield found
+    remove_keda(cluster, found)
+
+
+@pytest.fixture(scope="module")
+def ns(cluster: Any) -> Iterator[str]:
+    name = f"e2e-autoscaling-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_until(
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+            == 0
+        ),
+        timeout=60,
+        what="the default ServiceAccount",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Any, ns: str, crds: list[dict], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    install_crds(cluster.kubectl)
+    workdir = tmp_path_factory.mktemp("operator-autoscaling")
+    kubeconfig = service_account_kubeconfig(
+        cluster.kubectl, namespace=ns, path=workdir / "kubeconfig"
+    )
+    process = OperatorProcess(
+        kubeconfig=kubeconfig, log_path=workdir / "operator.log", namespaces=[ns], env=cluster.env
+    )
+    process.start()
+    yield process
+    process.stop()
+    print(f"operator log: {process.log_path}")
+
+
+def isvc(name: str, **autoscaling: Any) -> dict:
+    return {
+        "apiVersion": "infernetes.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": "tiny/model",
+            "engine": {"device": "cpu"},
+            "autoscaling": autoscaling,
+        },
+    }
+
+
+def get(cluster: Any, ns: str, *what: str) -> Any:
+    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
+    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
+
+
+def condition(cluster: Any, ns: str, name: str, kind: str) -> dict:
+    status = (get(cluster, ns, "infsvc", name) or {}).get("status") or {}
+    found = [c for c in status.get("conditions") or () if c["type"] == kind]
+    return found[0] if found else {}
+
+
+def hpa_condition(hpa: dict | None, kind: str) -> dict:
+    found = [
+        c for c in ((hpa or {}).get("status") or {}).get("conditions") or () if c["type"] == kind
+    ]
+    return found[0] if found else {}
+
+
+def test_invalid_autoscaling_is_refused_naming_the_field(cluster: Any, ns: str) -> None:
+    install_crds(cluster.kubectl)
+    cases = [
+        ({"minReplicas": 3, "maxReplicas": 2, "targetQueuedRequests": 1}, "maxReplicas"),
+        ({"maxReplicas": 2}, "needs a target"),
+        ({"minReplicas": 0, "maxReplicas": 2, "targetQueuedRequests": 1}, "needs autoscaling.keda"),
+    ]
+    for autoscaling, expected in cases:
+        result = cluster.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(isvc("bad", **autoscaling)),
+            check=False,
+        )
+        assert result.returncode != 0, autoscaling
+        assert "spec.autoscaling" in result.stderr and expected in result.stderr, result.stderr
+
+
+def test_without_keda_an_hpa_on_the_scale_subresource(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    cluster.apply(
+        isvc(
+            "hpa",
+            minReplicas=1,
+            maxReplicas=3,
+            targetQueuedRequests=4,
+            targetKVCacheUsagePercent=80,
+        ),
+        namespace=ns,
+    )
+    hpa = wait_until(
+        lambda: get(cluster, ns, "hpa", "hpa"), timeout=TIMEOUT, what="the HorizontalPodAutoscaler"
+    )
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "infernetes.io/v1alpha1",
+        "kind": "InferenceService",
+        "name": "hpa",
+    }
+    assert [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]] == [
+        "vllm_num_requests_waiting",
+        "vllm_kv_cache_usage_perc",
+    ]
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    # The HPA controller reads the InferenceService's /scale (no metrics API here to go on).
+    hpa = wait_until(
+        lambda: (h := get(cluster, ns, "hpa", "hpa")) and hpa_condition(h, "AbleToScale") and h,
+        timeout=TIMEOUT,
+        what="the HPA controller to look at its target",
+    )
+    assert hpa_condition(hpa, "AbleToScale")["status"] == "True", hpa["status"]
+    # No custom-metrics API here: the HPA controller says it cannot get the pods' metric, and
+    # the Autoscaling condition passes that on.
+    active = wait_until(
+        lambda: hpa_condition(get(cluster, ns, "hpa", "hpa"), "ScalingActive"),
+        timeout=TIMEOUT,
+        what="the HPA controller to try the metrics",
+    )
+    assert active["status"] == "False", active
+    told = wait_until(
+        lambda: (c := condition(cluster, ns, "hpa", "Autoscaling")).get("status") == "False" and c,
+        timeout=TIMEOUT,
+        what="the Autoscaling condition to tell the HPA cannot scale",
+    )
+    assert told["reason"] == active["reason"]
+    assert told["message"].startswith("HorizontalPodAutoscaler hpa:")
+    # What an autoscaler does, through the scale subresource: the Deployment follows.
+    cluster.kubectl("scale", "infsvc", "hpa", "-n", ns, "--replicas=2")
+    wait_until(
+        lambda: (get(cluster, ns, "deployment", "hpa") or {}).get("spec", {}).get("replicas") == 2,
+        timeout=TIMEOUT,
+        what="the Deployment to follow the scale subresource",
+    )
+
+
+def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
+    cluster: Any, ns: str, operator: OperatorProcess, crds: list[dict]
+) -> None:
+    keda = {"prometheusServerAddress": PROMETHEUS, "activationQueuedRequests": 2}
+    cluster.apply(
+        isvc("zero", minReplicas=0, maxReplicas=4, targetQueuedRequests=5, keda=keda),
+        namespace=ns,
+    )
+    cluster.apply(
+        isvc("one", minReplicas=1, maxReplicas=2, targetKVCacheUsagePercent=75, keda=keda),
+        namespace=ns,
+    )
+    wait_until(
+        lambda: (
+            condition(cluster, ns, "zero", "Autoscaling").get("reason") == "ScaleToZeroNeedsKEDA"
+        ),
+        timeout=TIMEOUT,
+        what="ScaleToZeroNeedsKEDA",
+    )
+    assert condition(cluster, ns, "zero", "Autoscaling")["status"] == "False"
+    assert get(cluster, ns, "hpa", "zero") is None
+    wait_until(lambda: get(cluster, ns, "hpa", "one"), timeout=TIMEOUT, what="the HPA of one")
+
+    install_keda(cluster, crds)
+    zero = wait_until(
+        lambda: get(cluster, ns, "scaledobject", "zero"),
+        timeout=TIMEOUT,
+        what="a ScaledObject once KEDA's API is served",
+    )
+    assert zero["spec"]["scaleTargetRef"]["kind"] == "InferenceService"
+    assert zero["spec"]["minReplicaCount"] == 0 and zero["spec"]["maxReplicaCount"] == 4
+    (trigger,) = zero["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"]["activationThreshold"] == "2"
+    assert trigger["metadata"]["query"] == (
+        f'sum(vllm:num_requests_waiting{{namespace="{ns}",model_name="tiny/model"}})'
+    )
+    assert zero["metadata"]["ownerReferences"][0]["name"] == "zero"
+    wait_until(
+        lambda: condition(cluster, ns, "zero", "Autoscaling").get("reason") == "ScaledObject",
+        timeout=TIMEOUT,
+        what="the Autoscaling condition to name the ScaledObject",
+    )
+    wait_until(lambda: get(cluster, ns, "scaledobject", "one"), timeout=TIMEOUT, what="one's")
+    wait_until(
+        lambda: get(cluster, ns, "hpa", "one") is None, timeout=TIMEOUT, what="one's HPA deleted"
+    )
+
+    # Autoscaling removed: the ScaledObject goes, and so does the condition.
+    cluster.kubectl(
+        "patch",
+        "infsvc",
+        "zero",
+        "-n",
+        ns,
+        "--type=json",
+        "-p",
+        '[{"op":"remove","path":"/spec/autoscaling"}]',
+    )
+    wait_until(
+        lambda: get(cluster, ns, "scaledobject", "zero") is None,
+        timeout=TIMEOUT,
+        what="the ScaledObject deleted",
+    )
+    wait_until(
+        lambda: not condition(cluster, ns, "zero", "Autoscaling"),
+        timeout=TIMEOUT,
+        what="the Autoscaling condition gone",
+    )

@@ -1,0 +1,211 @@
+"""spec.autoscaling -> the autoscaler of the InferenceService's scale subresource.
+
+Both autoscalers target the InferenceService itself (apiVersion/kind/name; the CRD's scale
+subresource maps to spec.replicas and reads the pods by status.selector), so the replica count
+they choose flows through the same render as any other: no second writer of the Deployment.
+
+- KEDA's ScaledObject API served and `keda` set: a ScaledObject with one Prometheus trigger per
+  target. The queue target is per replica (KEDA's default AverageValue: the summed queue over
+  the replica count); the KV-cache target compares the replicas' average (metricType Value).
+  minReplicas 0 scales to zero and back up when the summed queue exceeds the activation value.
+- Otherwise: an autoscaling/v2 HorizontalPodAutoscaler with `Pods` metrics read through the
+  custom-metrics API, named as prometheus-adapter exposes vLLM's (the colon becomes `_`). An HPA
+  cannot scale to zero, so minReplicas 0 without KEDA renders nothing and says why.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infernetes.operator import names
+from infernetes.operator.facts import KEDA_GV, ClusterFacts
+from infernetes.operator.status import Verdict
+
+QUEUE_METRIC = "vllm:num_requests_waiting"
+KV_METRIC = "vllm:kv_cache_usage_perc"
+DEFAULT_SCALE_DOWN_SECONDS = 300
+# KEDA copies a ScaledObject's labels onto the HPA it creates; ours would make that HPA look like
+# one of the operator's children (the watch selects them by label), so it is told to leave them.
+KEDA_EXCLUDED_LABELS = "scaledobject.keda.sh/hpa-excluded-labels"
+
+
+@dataclass
+class Autoscaler:
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    verdict: Verdict | None = None  # None: spec.autoscaling is not set
+
+
+def custom_metric_name(metric: str) -> str:
+    """The name prometheus-adapter gives a Prometheus series in the custom-metrics API."""
+    return metric.replace(":", "_")
+
+
+def promql(metric: str, aggregation: str, *, model_name: str, namespace: str) -> str:
+    def quoted(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"')
+
+    labels = f'namespace="{quoted(namespace)}",model_name="{quoted(model_name)}"'
+    return f"{aggregation}({metric}{{{labels}}})"
+
+
+def _scale_target(name: str) -> dict[str, str]:
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND, "name": name}
+
+
+def _behavior(autoscaling: Mapping[str, Any]) -> dict[str, Any]:
+    up = autoscaling.get("scaleUpStabilizationSeconds", 0)
+    down = autoscaling.get("scaleDownStabilizationSeconds", DEFAULT_SCALE_DOWN_SECONDS)
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": up},
+        "scaleDown": {"stabilizationWindowSeconds": down},
+    }
+
+
+def _targets(autoscaling: Mapping[str, Any]) -> str:
+    parts = []
+    if "targetQueuedRequests" in autoscaling:
+        parts.append(f"{QUEUE_METRIC} {autoscaling['targetQueuedRequests']} per replica")
+    if "targetKVCacheUsagePercent" in autoscaling:
+        parts.append(f"{KV_METRIC} {autoscaling['targetKVCacheUsagePercent']}%")
+    return " and ".join(parts)
+
+
+def scaled_object(
+    autoscaling: Mapping[str, Any], *, name: str, namespace: str, model_name: str
+) -> dict[str, Any]:
+    keda = autoscaling["keda"]
+    server = keda["prometheusServerAddress"]
+    minimum = autoscaling.get("minReplicas", 1)
+    triggers = []
+    if "targetQueuedRequests" in autoscaling:
+        metadata = {
+            "serverAddress": server,
+            "query": promql(QUEUE_METRIC, "sum", model_name=model_name, namespace=namespace),
+            "threshold": str(autoscaling["targetQueuedRequests"]),
+        }
+        if minimum == 0:
+            metadata["activationThreshold"] = str(keda.get("activationQueuedRequests", 0))
+        triggers.append({"type": "prometheus", "name": "queued-requests", "metadata": metadata})
+    if "targetKVCacheUsagePercent" in autoscaling:
+        triggers.append(
+            {
+                "type": "prometheus",
+                "name": "kv-cache-usage",
+                "metricType": "Value",
+                "metadata": {
+                    "serverAddress": server,
+                    "query": promql(KV_METRIC, "avg", model_name=model_name, namespace=namespace),
+                    "threshold": str(autoscaling["targetKVCacheUsagePercent"] / 100),
+                },
+            }
+        )
+    spec: dict[str, Any] = {
+        "scaleTargetRef": _scale_target(name),
+        "minReplicaCount": minimum,
+        "maxReplicaCount": autoscaling["maxReplicas"],
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _behavior(autoscaling)}},
+        "triggers": triggers,
+    }
+    if minimum == 0:
+        # How long the triggers stay inactive before the last replica goes.
+        spec["cooldownPeriod"] = autoscaling.get(
+            "scaleDownStabilizationSeconds", DEFAULT_SCALE_DOWN_SECONDS
+        )
+    labels = names.common_labels(name)
+    return {
+        "apiVersion": KEDA_GV,
+        "kind": "ScaledObject",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {KEDA_EXCLUDED_LABELS: ",".join(labels)},
+        },
+        "spec": spec,
+    }
+
+
+def horizontal_pod_autoscaler(
+    autoscaling: Mapping[str, Any], *, name: str, namespace: str
+) -> dict[str, Any]:
+    metrics = []
+    if "targetQueuedRequests" in autoscaling:
+        metrics.append((QUEUE_METRIC, str(autoscaling["targetQueuedRequests"])))
+    if "targetKVCacheUsagePercent" in autoscaling:
+        # A fraction in 0..1 as a quantity: 80 % is 800m.
+        metrics.append((KV_METRIC, f"{autoscaling['targetKVCacheUsagePercent'] * 10}m"))
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "namespace": namespace, "labels": names.common_labels(name)},
+        "spec": {
+            "scaleTargetRef": _scale_target(name),
+            "minReplicas": autoscaling.get("minReplicas", 1),
+            "maxReplicas": autoscaling["maxReplicas"],
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": custom_metric_name(metric)},
+                        "target": {"type": "AverageValue", "averageValue": value},
+                    },
+                }
+                for metric, value in metrics
+            ],
+            "behavior": _behavior(autoscaling),
+        },
+    }
+
+
+def autoscaler(
+    spec: Mapping[str, Any],
+    facts: ClusterFacts,
+    *,
+    name: str,
+    namespace: str,
+    model_name: str,
+) -> Autoscaler:
+    autoscaling = spec.get("autoscaling")
+    if not autoscaling:
+        return Autoscaler()
+    minimum, maximum = autoscaling.get("minReplicas", 1), autoscaling["maxReplicas"]
+    keda_served = facts.serves(KEDA_GV, "ScaledObject")
+    if keda_served and autoscaling.get("keda"):
+        server = autoscaling["keda"]["prometheusServerAddress"]
+        return Autoscaler(
+            [scaled_object(autoscaling, name=name, namespace=namespace, model_name=model_name)],
+            (
+                "True",
+                "ScaledObject",
+                f"KEDA scales {minimum} to {maximum} replicas on {_targets(autoscaling)} "
+                f"(Prometheus at {server})",
+            ),
+        )
+    if minimum == 0:
+        return Autoscaler(
+            [],
+            (
+                "False",
+                "ScaleToZeroNeedsKEDA",
+                f"autoscaling.minReplicas is 0 but the cluster does not serve {KEDA_GV} "
+                "ScaledObject, and a HorizontalPodAutoscaler cannot scale to zero: no autoscaler "
+                "was created; install KEDA or set minReplicas to 1 or more",
+            ),
+        )
+    metric_names = ", ".join(
+        custom_metric_name(metric)
+        for key, metric in (
+            ("targetQueuedRequests", QUEUE_METRIC),
+            ("targetKVCacheUsagePercent", KV_METRIC),
+        )
+        if key in autoscaling
+    )
+    return Autoscaler(
+        [horizontal_pod_autoscaler(autoscaling, name=name, namespace=namespace)],
+        (
+            "True",
+            "HorizontalPodAutoscaler",
+            f"an HPA scales {minimum} to {maximum} replicas on {_targets(autoscaling)}, read "
+            f"as pod metrics {metric_names} from the custom-metrics API",
+        ),
+    )
