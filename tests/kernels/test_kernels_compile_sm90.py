@@ -25,16 +25,23 @@ def _cases():
         attention_prefill,
         cache,
         fp8,
+        lora,
+        moe,
         norm,
         rotary,
+        wna16,
     )
 
-    attn = dict(FP8=False, DOT_DTYPE=tl.bfloat16, PRECISION="tf32", BLOCK_D=128)
+    attn = dict(
+        FP8=False, SOFTCAP=False, SINKS=False, DOT_DTYPE=tl.bfloat16, PRECISION="tf32", BLOCK_D=128
+    )
     attn_fp32 = dict(attn, DOT_DTYPE=tl.float32, PRECISION="ieee", BLOCK_D=64)
     bf16_attn = dict(q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", out_ptr="*bf16")
     fp8_cache = dict(k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
     fp32_attn = dict(q_ptr="*fp32", k_cache_ptr="*fp32", v_cache_ptr="*fp32", out_ptr="*fp32")
     decode = dict(
+        sinks_ptr="*fp32",
+        softcap="fp32",
         k_scale_ptr="*fp32",
         v_scale_ptr="*fp32",
         tables_ptr="*i32",
@@ -45,6 +52,8 @@ def _cases():
         qk_scale="fp32",
     )
     prefill = dict(
+        sinks_ptr="*fp32",
+        softcap="fp32",
         k_scale_ptr="*fp32",
         v_scale_ptr="*fp32",
         tables_ptr="*i32",
@@ -67,16 +76,46 @@ def _cases():
             {**split, **attn, "NUM_SPLITS": 1},
             {},
         ),
+        (  # soft-capping and sinks (Gemma 2, gpt-oss), one split
+            attention_decode.decode_split_kernel,
+            {**decode, **bf16_attn},
+            {**split, **attn, "NUM_SPLITS": 1, "SOFTCAP": True, "SINKS": True},
+            {},
+        ),
         (
             attention_decode.decode_merge_kernel,
-            dict(part_acc_ptr="*fp32", part_m_ptr="*fp32", part_l_ptr="*fp32", out_ptr="*bf16"),
-            dict(NUM_SPLITS=4, BLOCK_S=4, BLOCK_D=128),
+            dict(
+                part_acc_ptr="*fp32",
+                part_m_ptr="*fp32",
+                part_l_ptr="*fp32",
+                out_ptr="*bf16",
+                sinks_ptr="*fp32",
+            ),
+            dict(SINKS=False, NUM_SPLITS=4, BLOCK_S=4, BLOCK_D=128),
+            {},
+        ),
+        (
+            attention_decode.decode_merge_kernel,
+            dict(
+                part_acc_ptr="*fp32",
+                part_m_ptr="*fp32",
+                part_l_ptr="*fp32",
+                out_ptr="*bf16",
+                sinks_ptr="*fp32",
+            ),
+            dict(SINKS=True, NUM_SPLITS=4, BLOCK_S=4, BLOCK_D=128),
             {},
         ),
         (
             attention_prefill.prefill_kernel,
             {**prefill, **bf16_attn},
             dict(BLOCK_Q=16, GROUP_PAD=4, BLOCK_N=64, **attn),
+            {},
+        ),
+        (
+            attention_prefill.prefill_kernel,
+            {**prefill, **bf16_attn},
+            dict(BLOCK_Q=16, GROUP_PAD=4, BLOCK_N=64, **{**attn, "SOFTCAP": True, "SINKS": True}),
             {},
         ),
         (
@@ -175,6 +214,69 @@ def _cases():
                 BLOCK_K=64,
             ),
             {},
+        ),
+        *(
+            (
+                moe.moe_gemm_kernel,
+                dict(
+                    a_ptr="*bf16",
+                    w_ptr=weight,
+                    scale_ptr="*fp32",
+                    weight_ptr="*fp32",
+                    out_ptr="*bf16",
+                    sorted_rows_ptr="*i32",
+                    block_expert_ptr="*i32",
+                ),
+                dict(
+                    A_ROW_DIV=div,
+                    SCALE_MODE=mode,
+                    MUL_ROUTING_WEIGHT=div == 1,
+                    DOT_DTYPE=tl.bfloat16,
+                    PRECISION="tf32",
+                    BLOCK_M=16,
+                    BLOCK_N=64,
+                    BLOCK_K=64,
+                ),
+                {},
+            )
+            for weight, mode, div in (("*bf16", 0, 8), ("*bf16", 0, 1), ("*fp8e4nv", 2, 1))
+        ),
+        (
+            lora.lora_shrink_kernel,
+            dict(x_ptr="*bf16", a_ptr="*bf16", idx_ptr="*i32", out_ptr="*bf16"),
+            dict(BLOCK_R=16, BLOCK_K=64),
+            {},
+        ),
+        (
+            lora.lora_expand_kernel,
+            dict(s_ptr="*bf16", b_ptr="*bf16", idx_ptr="*i32", out_ptr="*bf16"),
+            dict(BLOCK_N=64, BLOCK_R=16),
+            {},
+        ),
+        *(
+            (
+                wna16.wna16_matmul_kernel,
+                dict(
+                    x_ptr="*bf16",
+                    qw_ptr="*i32",
+                    scales_ptr="*bf16",
+                    zeros_ptr="*i32",
+                    g_idx_ptr="*i32",
+                    bias_ptr="*bf16",
+                    out_ptr="*bf16",
+                ),
+                dict(
+                    BITS=bits,
+                    HAS_ZEROS=zeros,
+                    HAS_BIAS=True,
+                    DOT_DTYPE=tl.bfloat16,
+                    BLOCK_M=16,
+                    BLOCK_N=64,
+                    BLOCK_K=64,
+                ),
+                {},
+            )
+            for bits, zeros in ((4, True), (8, False))
         ),
     ]
 
