@@ -150,6 +150,8 @@ def test_dynamic_ntk_beyond_the_trained_length_matches_transformers_decode():
 
 def test_rope_rejects_unknown_type():
     with pytest.raises(ValueError, match="allowed values"):
+        build_cos_sin_cache(16, 8, 10000.0, {"rope_type": "mrope"})
+    with pytest.raises(ValueError, match="short_factor, long_factor"):
         build_cos_sin_cache(16, 8, 10000.0, {"rope_type": "longrope"})
     with pytest.raises(ValueError, match="factor"):
         build_cos_sin_cache(16, 8, 10000.0, {"rope_type": "linear"})
