@@ -2,7 +2,6 @@
 whose server argv carries the LoRA flags, a changed adapter list rolls it, `kubectl explain`
 documents the field, and bad adapter entries are refused at admission with the field path."""
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,8 +9,8 @@ import pytest
 import yaml
 from infernetes.operator.testing import (
     OperatorProcess,
-    install_crds,
-    service_account_kubeconfig,
+    create_namespace,
+    start_operator,
     wait_until,
 )
 
@@ -24,16 +23,7 @@ ADAPTERS = [
 
 @pytest.fixture(scope="module")
 def ns(cluster: Any) -> Iterator[str]:
-    name = f"e2e-lora-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    wait_until(
-        lambda: (
-            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
-            == 0
-        ),
-        timeout=60,
-        what="the default ServiceAccount",
-    )
+    name = create_namespace(cluster, "e2e-lora")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
@@ -42,15 +32,7 @@ def ns(cluster: Any) -> Iterator[str]:
 def operator(
     cluster: Any, ns: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    install_crds(cluster.kubectl)
-    workdir = tmp_path_factory.mktemp("operator-lora")
-    kubeconfig = service_account_kubeconfig(
-        cluster.kubectl, namespace=ns, path=workdir / "kubeconfig"
-    )
-    process = OperatorProcess(
-        kubeconfig=kubeconfig, log_path=workdir / "operator.log", namespaces=[ns], env=cluster.env
-    )
-    process.start()
+    process = start_operator(cluster, ns, tmp_path_factory.mktemp("operator-lora"))
     yield process
     process.stop()
 

@@ -9,7 +9,6 @@ kwok runs the admitted pods on fake GPU nodes.
 """
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +16,8 @@ import pytest
 from infernetes.operator import names
 from infernetes.operator.testing import (
     OperatorProcess,
-    install_crds,
-    service_account_kubeconfig,
+    create_namespace,
+    start_operator,
     wait_until,
 )
 
@@ -28,18 +27,8 @@ ENFORCE = "pod-security.kubernetes.io/enforce"
 
 @pytest.fixture(scope="module")
 def restricted_ns(cluster: Any) -> Iterator[str]:
-    name = f"e2e-restricted-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl(
-        "label", "namespace", name, f"{ENFORCE}=restricted", f"{ENFORCE}-version=latest"
-    )
-    wait_until(
-        lambda: (
-            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
-            == 0
-        ),
-        timeout=60,
-        what="the default ServiceAccount",
+    name = create_namespace(
+        cluster, "e2e-restricted", {ENFORCE: "restricted", f"{ENFORCE}-version": "latest"}
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
@@ -49,18 +38,7 @@ def restricted_ns(cluster: Any) -> Iterator[str]:
 def operator(
     cluster: Any, restricted_ns: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    install_crds(cluster.kubectl)
-    workdir = tmp_path_factory.mktemp("operator")
-    kubeconfig = service_account_kubeconfig(
-        cluster.kubectl, namespace=restricted_ns, path=workdir / "kubeconfig"
-    )
-    process = OperatorProcess(
-        kubeconfig=kubeconfig,
-        log_path=workdir / "operator.log",
-        namespaces=[restricted_ns],
-        env=cluster.env,
-    )
-    process.start()
+    process = start_operator(cluster, restricted_ns, tmp_path_factory.mktemp("operator"))
     yield process
     process.stop()
     print(f"operator log: {process.log_path}")

@@ -253,6 +253,26 @@ class OperatorProcess:
         return 0
 
 
+def create_namespace(cluster: Any, prefix: str, labels: dict[str, str] | None = None) -> str:
+    """A namespace ``<prefix>-<random>`` whose default ServiceAccount exists (pods and the
+    operator's token need it), with ``labels``."""
+    import uuid
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    if labels:
+        cluster.kubectl("label", "namespace", name, *(f"{k}={v}" for k, v in labels.items()))
+    wait_until(
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+            == 0
+        ),
+        timeout=60,
+        what="the default ServiceAccount",
+    )
+    return name
+
+
 def start_operator(cluster: Any, namespace: str, workdir: Path) -> OperatorProcess:
     """Our CRDs, the operator's ServiceAccount and RBAC, and the operator watching `namespace`
     with that account's token (what each e2e module of the operator needs)."""
