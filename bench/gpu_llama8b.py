@@ -428,9 +428,15 @@ PART_FUNCTIONS = {
 
 
 def _run_part(
-    part: str, argv: list[str], model_dir: Path, smoke: bool, triton: bool = False
+    part: str,
+    argv: list[str],
+    model_dir: Path,
+    smoke: bool,
+    triton: bool = False,
+    module: str = "bench.gpu_llama8b",
 ) -> dict:
-    """``triton``: with --smoke, on the Triton path (interpreted), where quantized layers keep
+    """Part ``part`` of benchmark ``module`` in a process of its own, its JSON result.
+    ``triton``: with --smoke, on the Triton path (interpreted), where quantized layers keep
     their stored weights as they do on a GPU."""
     env = None
     if smoke and (part == "kernels" or triton):
@@ -442,7 +448,7 @@ def _run_part(
     cmd = [
         sys.executable,
         "-m",
-        "bench.gpu_llama8b",
+        module,
         *argv,
         "--part",
         part,

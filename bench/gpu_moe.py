@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_llama8b import NOMINAL_BANDWIDTH, _replayable, _sync, copy_bandwidth
+from bench.gpu_llama8b import NOMINAL_BANDWIDTH, _replayable, _run_part, _sync, copy_bandwidth
 
 # config.json of Qwen/Qwen3-30B-A3B (shape only; the weights are dummies)
 QWEN3_30B_A3B = {
@@ -215,25 +214,6 @@ def part_kernels(args: argparse.Namespace) -> dict:
 PART_FUNCTIONS = {"decode": part_decode, "throughput": part_throughput, "kernels": part_kernels}
 
 
-def _run_part(part: str, argv: list[str], model_dir: Path) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.gpu_moe",
-        *argv,
-        "--part",
-        part,
-        "--model-dir",
-        str(model_dir),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
-    if proc.returncode:
-        raise RuntimeError(f"part {part} failed:\n{proc.stderr[-4000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"{part}: {json.dumps(result)}", file=sys.stderr, flush=True)
-    return result
-
-
 def _nominal(table: dict[str, float], device_name: str) -> float | None:
     return next((value for name, value in table.items() if name in device_name), None)
 
@@ -300,7 +280,7 @@ def main(argv: list[str]) -> int:
         for part in args.parts.split(","):
             if part == "decode":
                 results["copy_bandwidth"] = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
-            results[part] = _run_part(part, argv, model_dir)
+            results[part] = _run_part(part, argv, model_dir, args.smoke, module="bench.gpu_moe")
     _report(device_name, config, results)
     return 0
 
