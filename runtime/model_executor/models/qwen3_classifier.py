@@ -24,7 +24,11 @@ from collections.abc import Iterable
 import torch
 from infernetes.runtime.model_executor.layers.attention import Attention
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
-from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM, LlamaModel
+from infernetes.runtime.model_executor.models.llama import (
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaModel,
+)
 from infernetes.runtime.model_executor.models.utils import load_stacked_weights
 from torch import nn
 from transformers import PretrainedConfig
@@ -47,9 +51,14 @@ class Qwen3ForSequenceClassification(nn.Module):
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, max_position)
+        self.model = LlamaModel(config, max_position, lambda _: LlamaMLP(config))
         for module in self.model.modules():
             if isinstance(module, Attention):
+                if module.sliding_window or module.softcap:
+                    raise ValueError(
+                        "Qwen3ForSequenceClassification: sliding-window or soft-capped attention "
+                        "is not supported for scoring"
+                    )
                 module.without_cache = True
         self.score = nn.Linear(config.hidden_size, int(config.num_labels or 1), bias=False)
 
