@@ -35,7 +35,8 @@ def test_startup_logs_the_resolved_settings(info_server):
     log = info_server.log_path.read_text(errors="replace")
     assert f"listening on http://127.0.0.1:{info_server.port}" in log
     assert re.search(
-        r"Model LlamaForCausalLM: dtype (bfloat16|float16|float32) on (cpu|cuda), max_model_len \d+",
+        r"Model LlamaForCausalLM \(native implementation\): dtype (bfloat16|float16|float32) "
+        r"on (cpu|cuda), max_model_len \d+",
         log,
     )
     assert re.search(r"(CPU|GPU) KV cache size: [\d,]+ tokens", log)
