@@ -63,8 +63,8 @@ class ModelFacts(NamedTuple):
 
     architectures: list[str] | None
     vocab_size: int | None
-    num_labels: int
-    id2label: dict[int, str]
+    num_labels: int | None
+    id2label: dict[Any, str]  # transformers types its keys int or str
 
     @classmethod
     def of(cls, hf_config: PretrainedConfig) -> ModelFacts:
