@@ -54,9 +54,9 @@ class Qwen3ForSequenceClassification(nn.Module):
         self.model = LlamaModel(config, max_position, lambda _: LlamaMLP(config))
         for module in self.model.modules():
             if isinstance(module, Attention):
-                if module.sliding_window or module.softcap:
+                if module.sliding_window or module.softcap or module.sinks is not None:
                     raise ValueError(
-                        "Qwen3ForSequenceClassification: sliding-window or soft-capped attention "
+                        "Qwen3ForSequenceClassification: sliding-window, soft-capped or sink attention "
                         "is not supported for scoring"
                     )
                 module.without_cache = True
