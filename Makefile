@@ -3,8 +3,11 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LMEVAL_VENV := .venv-lmeval
+LMEVAL_BIN := $(LMEVAL_VENV)/bin
+LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
 
-.PHONY: setup test test-fast unit e2e lint generate serve bench cluster cluster-down
+.PHONY: setup lmeval test test-fast unit e2e lint generate serve bench cluster cluster-down
 
 setup: $(STAMP)
 
@@ -22,9 +25,19 @@ test: setup lint unit e2e
 test-fast: setup
 	$(BIN)/pytest tests/schema tests/cli tests/engine tests/kernels tests/operator -m "not slow"
 
-unit: setup
+unit: setup lmeval
 	images/install-tools.sh
-	$(BIN)/pytest tests
+	INFERNETES_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL_BIN)/python $(BIN)/pytest tests
+
+# lm-eval in an environment of its own (its typepy pins python-dateutil below what the kubernetes
+# client needs); tests/server/test_server_lm_eval.py runs it against a server.
+lmeval: $(LMEVAL_STAMP)
+
+$(LMEVAL_STAMP): tests/server/lmeval/requirements.txt
+	test -x $(LMEVAL_BIN)/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_BIN)/pip install --quiet --upgrade pip
+	$(LMEVAL_BIN)/pip install --quiet -r tests/server/lmeval/requirements.txt
+	touch $(LMEVAL_STAMP)
 
 # build.sh first, so a cold build (tens of minutes) shows its progress; a no-op once cached.
 e2e: setup

@@ -20,11 +20,13 @@ import logging
 import os
 from collections.abc import Mapping
 from functools import cache
-
-import torch
+from typing import TYPE_CHECKING
 
 from infernetes.schema.choices import ATTENTION_BACKENDS
 from infernetes.schema.env import read_env
+
+if TYPE_CHECKING:  # the API process checks the setting without importing torch
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,13 @@ def startup_backend(
     return resolve_backend(flag, device_type, FLAG)
 
 
+def requested_backend(flag: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The backend asked for (``flag``, else ``VLLM_ATTENTION_BACKEND``), upper-cased; None
+    for the device's default."""
+    requested = read_env(ENV_NAME, environ) if flag in (None, "auto") else flag
+    return None if requested in (None, "", "auto") else requested.strip().upper()
+
+
 def select_backend(flag: str | None) -> None:
     """Make ``--attention-backend`` (None or ``auto``: leave it to the variable) the choice of
     this process's ops; the engine calls it at startup, after `startup_backend`."""
@@ -115,7 +124,7 @@ def select_backend(flag: str | None) -> None:
 def attention_backend(device: torch.device | str) -> str:
     """The backend the ops use for tensors on `device`: the selected `--attention-backend`, else
     `VLLM_ATTENTION_BACKEND`, else the device's default."""
-    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    device_type = device.partition(":")[0] if isinstance(device, str) else device.type
     # Every op asks, so the answer is cached on the raw settings it depends on.
     return _resolve_cached(
         _selected, os.environ.get(ENV_NAME), device_type, os.environ.get("TRITON_INTERPRET")

@@ -87,6 +87,8 @@ def derived_max_model_len(hf_config: dict[str, Any]) -> int | None:
     if not lengths:
         return None
     length = min(lengths)
+    if text.get("model_type") in ("roberta", "xlm-roberta"):
+        length -= int(text.get("pad_token_id") or 0) + 1  # positions start after the padding index
     scaling = text.get("rope_scaling") or {}
     kind = scaling.get("rope_type") or scaling.get("type")
     if kind in _STRETCHING_ROPE and isinstance(scaling.get("factor"), int | float):

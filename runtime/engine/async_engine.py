@@ -32,7 +32,6 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
-from infernetes.runtime.engine.engine_core import StatLogger
 from infernetes.runtime.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -43,6 +42,7 @@ from infernetes.runtime.engine.messages import (
     UtilityCall,
     UtilityReply,
 )
+from infernetes.runtime.engine.stats import StatLogger
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import SamplingParams

@@ -55,16 +55,19 @@ class BlockManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self._hash = HASH_FUNCTIONS[hash_algo]
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        # Insertion order is eviction order (front = least recently freed).
-        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        # Blocks are made on first use, in id order: a CPU cache of a small model has a million
+        # blocks, and making them all would cost seconds at startup. The blocks never used yet
+        # (ids ``len(blocks)`` and up) come first in the free order, ahead of every freed block.
+        self.blocks: list[KVBlock] = []
+        # Freed blocks; insertion order is eviction order (front = least recently freed).
+        self.free_queue: OrderedDict[int, None] = OrderedDict()
         self.cached: dict[BlockHash, int] = {}
 
     # -- queries -------------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return len(self.free_queue) + self.num_blocks - len(self.blocks)
 
     @property
     def usage(self) -> float:
@@ -127,6 +130,11 @@ class BlockManager:
     # -- allocation ----------------------------------------------------------------------------
 
     def _take_free_block(self) -> KVBlock:
+        if len(self.blocks) < self.num_blocks:
+            block = KVBlock(len(self.blocks))
+            self.blocks.append(block)
+            block.ref_count = 1
+            return block
         block_id, _ = self.free_queue.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict: its content is about to be overwritten

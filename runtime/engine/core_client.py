@@ -13,6 +13,7 @@ messages into ``on_message`` calls and reports the process's death (the pipe clo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -39,7 +40,13 @@ from infernetes.runtime.engine.messages import (
     to_wire,
 )
 from infernetes.runtime.logging_config import LoggingSettings, configure_logging
-from infernetes.runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from infernetes.runtime.outputs import (
+    CompletionOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestMetrics,
+    RequestOutput,
+)
 
 from infernetes.schema.config import ServeConfig
 
@@ -200,8 +207,13 @@ class OutputCodec:
         self.prompts: dict[str, tuple[str | None, list[int]]] = {}
 
     def pack(self, output: Any) -> Any:
+        if isinstance(output, PoolingRequestOutput):
+            # Once per request; as a numpy array, since a tensor would import torch on the API side.
+            data = output.outputs.data
+            array = data.numpy() if hasattr(data, "numpy") else data
+            return dataclasses.replace(output, outputs=PoolingOutput(array))
         if not isinstance(output, RequestOutput):
-            return output  # pooling outputs come once per request
+            return output
         prompt = None
         if output.request_id not in self.prompts:
             prompt = (output.prompt, output.prompt_token_ids)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import logging
 import pickle
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infernetes.runtime.engine.engine_core import EngineCore
 from infernetes.runtime.engine.messages import (
     UTILITY_METHODS,
     AbortRequests,
@@ -24,6 +23,9 @@ from infernetes.runtime.engine.messages import (
     UtilityReply,
 )
 from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
+
+if TYPE_CHECKING:  # the API side imports this module; only the core needs the engine
+    from infernetes.runtime.engine.engine_core import EngineCore
 
 logger = logging.getLogger(__name__)
 

@@ -224,6 +224,25 @@ def _eos_token_ids(
     return eos, frozenset(extra)
 
 
+def _classifier_tokens(hf_config: PretrainedConfig, tokenizer: Any) -> None:
+    """``classifier_from_token`` (vLLM's --hf-overrides recipe for rerankers that are causal LMs,
+    models/qwen3_classifier.py): the tokens' ids, and the label count the head will have."""
+    tokens = list(hf_config.classifier_from_token)
+    ids = [tokenizer.convert_tokens_to_ids(token) for token in tokens]
+    unknown = [t for t, i in zip(tokens, ids, strict=True) if i in (None, tokenizer.unk_token_id)]
+    if unknown:
+        raise ValueError(f"hf_overrides.classifier_from_token: not in the vocabulary: {unknown}")
+    if getattr(hf_config, "is_original_qwen3_reranker", False) and len(ids) != 2:
+        raise ValueError(
+            "hf_overrides.classifier_from_token: is_original_qwen3_reranker takes two tokens, "
+            f'the "no" and the "yes" token; got {tokens}'
+        )
+    hf_config.classifier_token_ids = ids
+    hf_config.num_labels = (
+        1 if getattr(hf_config, "is_original_qwen3_reranker", False) else len(ids)
+    )
+
+
 def resolve_config(
     config: ServeConfig, environ: dict[str, str] | None = None, data_parallel_rank: int = 0
 ) -> tuple[RuntimeConfig, Any]:
@@ -290,6 +309,8 @@ def resolve_config(
     if info.is_pooling and getattr(info.hf_config, "sep_token_id", None) is None:
         # a cross-encoder finds the pair's boundary by it (models/bert.py: pair_token_types)
         info.hf_config.sep_token_id = getattr(tokenizer, "sep_token_id", None)
+    if info.is_pooling and getattr(info.hf_config, "classifier_from_token", None):
+        _classifier_tokens(info.hf_config, tokenizer)
     generation = _generation_config(config, path)
     eos, extra_eos = _eos_token_ids(tokenizer, hf_config, generation)
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)

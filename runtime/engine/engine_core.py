@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
 
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.block_manager import BlockManager
 from infernetes.runtime.engine.engine_config import resolve_config
 from infernetes.runtime.engine.input_processor import InputProcessor, Prompt
-from infernetes.runtime.engine.messages import EngineInfo
+from infernetes.runtime.engine.messages import EngineInfo, ModelFacts
 from infernetes.runtime.engine.output_processor import OutputProcessor
 from infernetes.runtime.engine.request import RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
-from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
+from infernetes.runtime.engine.stats import IterationStats, StatLogger
 from infernetes.runtime.executor.abstract import select_executor
 from infernetes.runtime.lora.adapter import LoRAAdapterError
 from infernetes.runtime.lora.request import LoRARequest
@@ -38,12 +37,6 @@ from infernetes.schema.config import ServeConfig
 logger = logging.getLogger(__name__)
 
 EngineOutput = RequestOutput | PoolingRequestOutput
-
-
-class StatLogger(Protocol):
-    """What receives each step's statistics (the server's Prometheus and log loggers)."""
-
-    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None: ...
 
 
 class EngineCore:
@@ -83,7 +76,7 @@ class EngineCore:
         return EngineInfo(
             tokenizer=self.tokenizer,
             max_model_len=model.max_model_len,
-            model_config=model.info.hf_config,
+            model_config=ModelFacts.of(model.info.hf_config),
             is_pooling=model.is_pooling,
             device=self.config.device.device.type,
             default_sampling_params=dict(model.default_sampling_params),

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from infernetes.runtime.engine.engine_core import EngineCore, EngineOutput, StatLogger
+from infernetes.runtime.engine.engine_core import EngineCore, EngineOutput
 from infernetes.runtime.engine.input_processor import Prompt
+from infernetes.runtime.engine.stats import StatLogger
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 

@@ -10,12 +10,14 @@ API side -> core: ``AddRequest``, ``AbortRequests``, ``UtilityCall`` (one of
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
-from transformers import PretrainedConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 UTILITY_METHODS = frozenset(
     {"reset_prefix_cache", "sleep", "wake_up", "add_lora", "remove_lora", "list_loras"}
@@ -54,12 +56,32 @@ class Shutdown(NamedTuple):
 EngineCommand = AddRequest | AbortRequests | UtilityCall | Shutdown
 
 
+class ModelFacts(NamedTuple):
+    """What the API side reads of the model's Hugging Face config. Not the PretrainedConfig
+    itself: unpickling one imports transformers' configuration module, which imports torch, and
+    the API process has no other use for torch."""
+
+    architectures: list[str] | None
+    vocab_size: int | None
+    num_labels: int | None
+    id2label: dict[Any, str]  # transformers types its keys int or str
+
+    @classmethod
+    def of(cls, hf_config: PretrainedConfig) -> ModelFacts:
+        return cls(
+            list(hf_config.architectures) if hf_config.architectures else None,
+            getattr(hf_config, "vocab_size", None),
+            hf_config.num_labels,
+            dict(hf_config.id2label or {}),
+        )
+
+
 class EngineInfo(NamedTuple):
     """What the API side needs to know of the loaded engine (all picklable)."""
 
     tokenizer: Any
     max_model_len: int
-    model_config: PretrainedConfig
+    model_config: ModelFacts
     is_pooling: bool
     device: str  # "cuda" or "cpu"
     default_sampling_params: dict[str, Any]

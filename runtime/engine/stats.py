@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-from infernetes.runtime.engine.request import Request
+if TYPE_CHECKING:  # the API process reads these types without the engine's imports (torch)
+    from infernetes.runtime.engine.request import Request
 
 
 @dataclass
@@ -62,6 +64,12 @@ class IterationStats:
     time_to_first_tokens_iter: list[float] = field(default_factory=list)
     inter_token_latencies_iter: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+class StatLogger(Protocol):
+    """What receives each step's statistics (the server's Prometheus and log loggers)."""
+
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None: ...
 
 
 def finished_request_stats(request: Request) -> FinishedRequestStats:

@@ -189,6 +189,8 @@ def derived_max_model_len(hf_config: PretrainedConfig, path: Path | None = None)
         if isinstance(getattr(hf_config, key, None), int)
     ]
     length = min(lengths) if lengths else 2048
+    if hf_config.model_type in ("roberta", "xlm-roberta"):
+        length -= int(hf_config.pad_token_id or 0) + 1  # positions start after the padding index
     scaling = dict(
         getattr(hf_config, "rope_scaling", None)
         or getattr(hf_config, "rope_parameters", None)

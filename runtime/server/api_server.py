@@ -76,12 +76,27 @@ def check_frontend_settings(settings: FrontendSettings) -> None:
 
 
 def check_engine_settings(config: ServeConfig) -> None:
-    """What would fail the engine once its process has started, checked before (ValueError)."""
-    from infernetes.kernels.backend import BackendError, startup_backend
-    from infernetes.runtime.engine.engine_config import resolve_device
+    """What would fail the engine once its process has started, checked before (ValueError).
 
+    The device is looked up (torch, seconds of imports this process otherwise never needs) only
+    where the answer depends on it: ``--device cuda`` must find one, and TRITON_ATTN needs one
+    (or the interpreter); any other backend runs on whatever ``auto`` finds."""
+    from infernetes.kernels.backend import (
+        TRITON_ATTN,
+        BackendError,
+        requested_backend,
+        startup_backend,
+    )
+
+    device = config.device
+    if device in (None, "auto") and requested_backend(config.attention_backend) != TRITON_ATTN:
+        return  # the engine's own check (and its warnings) cannot fail on any device
     try:
-        startup_backend(config.attention_backend, resolve_device(config.device).type)
+        if device != "cpu":
+            from infernetes.runtime.engine.engine_config import resolve_device
+
+            device = resolve_device(device).type
+        startup_backend(config.attention_backend, device)
     except BackendError as exc:
         raise ValueError(str(exc)) from exc
 

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("infernetes.runtime.server")
 
 
+class ContextLengthError(APIError):
+    """The prompt and the completion do not fit the model's context (vLLM's message)."""
+
+
 def batch_items(raw: Any) -> list[Any]:
     """A prompt/input field as a list of items: one string, one token list, or a batch of them."""
     if isinstance(raw, str) or (raw and all(isinstance(x, int) for x in raw)):
@@ -138,7 +142,7 @@ class ServingBase:
             requested is not None and prompt_len + requested > self.max_model_len
         ):
             asked = prompt_len + (requested or 0)
-            raise APIError(
+            raise ContextLengthError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {asked} tokens ({prompt_len} in the {what}, {requested or 0} in "
                 f"the completion). Please reduce the length of the {what} or completion.",

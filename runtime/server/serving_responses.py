@@ -23,6 +23,7 @@ from infernetes.runtime.server.protocol import (
     ResponsesRequest,
     random_id,
 )
+from infernetes.runtime.server.serving_base import ContextLengthError
 from infernetes.runtime.server.serving_chat import ChatServing
 from infernetes.runtime.server.streaming import engine_stream, sse
 from pydantic import ValidationError
@@ -188,6 +189,14 @@ def reasoning_item(text: str) -> dict[str, Any]:
     }
 
 
+def _without_oldest_item(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation less its first item, and less the tool results whose call that was."""
+    rest = messages[1:]
+    while rest and rest[0]["role"] == "tool":
+        rest = rest[1:]
+    return rest
+
+
 class ResponsesServing:
     def __init__(self, chat: ChatServing, store: ResponseStore | None = None) -> None:
         self.chat = chat
@@ -198,6 +207,34 @@ class ResponsesServing:
         if request.previous_response_id:
             _, history = self.store.get(request.previous_response_id, "previous_response_id")
         conversation = [*history, *input_messages(request.input)]
+        chat_request = self._chat_request(request, conversation)
+        if request.truncation == "auto":
+            chat_request = self._truncated(request, conversation, chat_request)
+        return conversation, chat_request
+
+    def _truncated(
+        self,
+        request: ResponsesRequest,
+        conversation: list[dict[str, Any]],
+        chat_request: ChatCompletionRequest,
+    ) -> ChatCompletionRequest:
+        """``truncation: "auto"``: the oldest items of the conversation are dropped until the
+        prompt and max_output_tokens fit the model's context (instructions always stay; a tool
+        result goes with its call). "disabled" leaves the chat path's 400."""
+        kept = conversation
+        while True:
+            try:
+                self.chat._prepare(chat_request)
+                return chat_request
+            except ContextLengthError:
+                kept = _without_oldest_item(kept)
+                if not kept:
+                    raise
+                chat_request = self._chat_request(request, kept)
+
+    def _chat_request(
+        self, request: ResponsesRequest, conversation: list[dict[str, Any]]
+    ) -> ChatCompletionRequest:
         system = (
             [{"role": "system", "content": request.instructions}] if request.instructions else []
         )
@@ -214,7 +251,7 @@ class ResponsesServing:
             where = ".".join(str(part) for part in first.get("loc", ()))
             param = "input" if where.startswith("messages") else where or None
             raise APIError(f"{param or 'body'}: {first.get('msg', 'invalid')}", 400, param) from exc
-        return conversation, chat_request
+        return chat_request
 
     def _response(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import torch
+import numpy as np
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
@@ -32,10 +32,14 @@ from infernetes.runtime.server.protocol import (
 from infernetes.runtime.server.serving_base import ServingBase, batch_items
 
 
-def probabilities(logits: torch.Tensor) -> torch.Tensor:
-    """One label: its sigmoid; several: the softmax over them."""
-    logits = logits.float()
-    return torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=-1)
+def probabilities(logits: np.ndarray) -> np.ndarray:
+    """One label: its sigmoid; several: the softmax over them (numpy: the API process has no
+    torch)."""
+    logits = logits.astype(np.float32)
+    if logits.size == 1:
+        return 1.0 / (1.0 + np.exp(-logits))
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return exp / exp.sum(axis=-1, keepdims=True)
 
 
 def pairs(text_1: str | list[str], text_2: str | list[str]) -> list[tuple[str, str]]:
@@ -79,7 +83,7 @@ class ScoreServing(ServingBase):
             )
         return ids
 
-    async def _logits(self, prompts: list[list[int]], prefix: str) -> list[torch.Tensor]:
+    async def _logits(self, prompts: list[list[int]], prefix: str) -> list[np.ndarray]:
         self.check_engine()
         request_id = random_id(prefix)
         try:
@@ -90,7 +94,7 @@ class ScoreServing(ServingBase):
             raise APIError(str(exc), 400) from exc
         except RuntimeError as exc:  # EngineDeadError and the like
             raise APIError(f"the engine cannot serve this request: {exc}", 503) from exc
-        return [torch.as_tensor(result.outputs.data) for result in results]
+        return [np.asarray(result.outputs.data) for result in results]
 
     def _single_label(self) -> None:
         labels = getattr(getattr(self.engine, "model_config", None), "num_labels", 1)
@@ -169,13 +173,13 @@ class ScoreServing(ServingBase):
         data = []
         for i, row in enumerate(logits):
             probs = probabilities(row)
-            best = int(torch.argmax(probs)) if probs.numel() > 1 else int(probs[0] > 0.5)
+            best = int(np.argmax(probs)) if probs.size > 1 else int(probs[0] > 0.5)
             data.append(
                 ClassificationData(
                     index=i,
                     label=names.get(best, names.get(str(best))),
                     probs=probs.tolist(),
-                    num_classes=probs.numel(),
+                    num_classes=probs.size,
                 )
             )
         tokens = sum(len(p) for p in prompts)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
-import llguidance.hf
-import llguidance.torch
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 # --guided-decoding-backend values: ours is llguidance ("guidance"); "auto" means it too.
 SUPPORTED_BACKENDS = ("auto", "guidance")
@@ -104,6 +104,8 @@ class TokenizerIndex:
 
     @classmethod
     def get(cls, tokenizer: Any, vocab_size: int) -> Any:
+        import llguidance.hf  # transformers: loaded with the tokenizer, not before serve starts
+
         key = (id(tokenizer), vocab_size)
         with cls._lock:
             if key not in cls._cache:
@@ -135,7 +137,9 @@ class GrammarLogitsProcessor:
         if root.is_error():
             raise GuideError(f"invalid constraint: {root.get_error()}", "response_format")
         self.states: dict[tuple[int, ...], Any] = {(): root}
-        self.bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+        # Made at the first call, where the logits are (the engine core): the API process, which
+        # compiles the grammar, never imports torch (llguidance.torch pulls in torch._dynamo).
+        self.bitmask: torch.Tensor | None = None
 
     def __reduce__(self) -> tuple:
         # Crossing to the engine-core process: the grammar goes, the matchers are rebuilt there
@@ -165,6 +169,9 @@ class GrammarLogitsProcessor:
         return matcher
 
     def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        import llguidance.torch
+        import torch
+
         matcher = self._matcher_for(tuple(output_token_ids))
         if matcher.is_error():
             return logits  # the grammar cannot continue; let generation end by its limits
@@ -173,6 +180,8 @@ class GrammarLogitsProcessor:
             if self.eos_token_id is not None and self.eos_token_id < logits.shape[-1]:
                 allowed[self.eos_token_id] = 0.0
             return logits + allowed
+        if self.bitmask is None:
+            self.bitmask = llguidance.torch.allocate_token_bitmask(1, self.vocab_size)
         llguidance.torch.fill_next_token_bitmask(matcher, self.bitmask, 0)
         masked = logits.float().unsqueeze(0).clone()
         llguidance.torch.apply_token_bitmask_inplace(masked, self.bitmask)

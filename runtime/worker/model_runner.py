@@ -43,6 +43,7 @@ from infernetes.runtime.model_executor.models.interfaces import ModelForward, Se
 from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.worker.kv_cache_memory import zeroed
 from infernetes.runtime.worker.request_state import CachedRequestState
 
 logger = logging.getLogger(__name__)
@@ -112,8 +113,8 @@ class ModelRunner:
         fp8 = self.kv_cache_dtype in KV_CACHE_DTYPES.values()
         for layer in self.attention_layers:
             shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            layer.k_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+            layer.k_cache = zeroed(shape, self.kv_cache_dtype, self.device)
+            layer.v_cache = zeroed(shape, self.kv_cache_dtype, self.device)
             if fp8:  # the checkpoint's scales, else 1.0 (vLLM's fallback) or measured ones
                 layer.k_scale = self._scale(layer.checkpoint_k_scale)
                 layer.v_scale = self._scale(layer.checkpoint_v_scale)

@@ -172,3 +172,23 @@ def test_prefix_blocks_are_shared_and_evicted_least_recently_used_first():
     assert manager.reset_prefix_cache() is False  # blocks in use
     manager.free(third)
     assert manager.reset_prefix_cache() is True and not manager.cached
+
+
+def test_blocks_are_made_on_first_use_in_the_free_queue_order():
+    """A CPU cache of a small model has about a million blocks; they are made as they are first
+    taken, in id order, ahead of every freed block, as a queue of all of them would give them."""
+    params = SamplingParams(max_tokens=1)
+    large = BlockManager(num_blocks=1_000_000, block_size=2)
+    first = Request("a", [1, 2, 3], params)
+    assert large.allocate_slots(first, 3)
+    assert first.block_ids == [0, 1] and len(large.blocks) == 2
+    assert large.num_free_blocks == 999_998
+
+    small = BlockManager(num_blocks=3, block_size=2)
+    first = Request("a", [1, 2, 3], params)
+    assert small.allocate_slots(first, 3)
+    small.free(first)  # the tail block is queued first
+    second = Request("b", [5] * 6, params)
+    assert small.allocate_slots(second, 6)
+    assert second.block_ids == [2, 1, 0]
+    assert len(small.cached) == 3  # block 0's old prefix was evicted when it was taken

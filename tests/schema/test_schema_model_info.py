@@ -110,6 +110,9 @@ def test_context_length_rules():
     )
     assert derived_max_model_len({"text_config": {"max_position_embeddings": 512}}) == 512
     assert derived_max_model_len({}) is None
+    # RoBERTa numbers positions after the padding index: XLM-R's 514 embeddings hold 512 tokens
+    roberta = {"model_type": "xlm-roberta", "max_position_embeddings": 514, "pad_token_id": 1}
+    assert derived_max_model_len(roberta) == 512
 
 
 def test_hf_overrides_apply_before_deriving(tmp_path):

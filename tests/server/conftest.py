@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 API_KEY = "sk-infernetes-test"
@@ -84,6 +85,17 @@ class ServerProcess:
         if self.log is not subprocess.DEVNULL:
             self.log.close()
         return self.process.returncode
+
+
+def _maps_torch(pid: int) -> bool:
+    return any("libtorch" in m.path for m in psutil.Process(pid).memory_maps())
+
+
+@pytest.fixture(scope="session")
+def maps_torch():
+    """``maps_torch(pid)``: whether the process has loaded torch's library. The API process never
+    should: serving HTTP needs none of it, and importing it cost each server start seconds."""
+    return _maps_torch
 
 
 @pytest.fixture(scope="session")

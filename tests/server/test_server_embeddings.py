@@ -34,7 +34,7 @@ def embed_server(server_process_factory, bert_dir):
     server.stop()
 
 
-def test_embeddings_match_offline_engine(embed_server, bert_dir):
+def test_embeddings_match_offline_engine(embed_server, bert_dir, maps_torch):
     from infernetes import LLM
 
     texts = ["hello world", "the cache keeps keys and values"]
@@ -53,6 +53,7 @@ def test_embeddings_match_offline_engine(embed_server, bert_dir):
         base64.b64decode(raw.http_response.json()["data"][0]["embedding"]), dtype=np.float32
     )
     np.testing.assert_allclose(vector, offline[0].outputs.embedding[:8], atol=1e-5)
+    assert not maps_torch(embed_server.process.pid)  # pooled vectors reach it as numpy
 
 
 def test_generation_routes_refused_on_an_embedding_model(embed_server):

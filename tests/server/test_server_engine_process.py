@@ -54,12 +54,13 @@ def start(tiny_llama_dir, server_process_factory):
         server.stop()
 
 
-def test_core_serves_from_its_own_process_and_leaves_with_the_server(start):
+def test_core_serves_from_its_own_process_and_leaves_with_the_server(start, maps_torch):
     server = start(log_name="engine-process-sigterm.log")
     core = _core_process(server)
     response = httpx.post(f"{server.url}/v1/completions", json=BODY, timeout=60)
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] == 4
+    assert maps_torch(core.pid) and not maps_torch(server.process.pid)
     assert server.stop(signal.SIGTERM) == 0
     assert _wait_until(lambda: not core.is_running() or core.status() == psutil.STATUS_ZOMBIE)
 

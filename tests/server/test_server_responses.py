@@ -1,6 +1,6 @@
 """The Responses API (POST /v1/responses, GET /v1/responses/{id}) through the official openai
 client's ``client.responses``: plain, streamed, instructions, input items, function tools,
-``text.format`` json_schema, ``previous_response_id`` and ``store: false``. The tiny model is
+``text.format`` json_schema, ``previous_response_id``, ``store: false`` and ``truncation``. The tiny model is
 random, so checks are on what the server guarantees: the same tokens as the chat path, the
 shapes, and constraints that hold."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 
@@ -204,3 +205,37 @@ def test_unsupported_tools_and_items_are_400(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model="tiny", input=[{"type": "image_generation_call", "id": "x"}])
     assert info.value.body["param"] == "input[0]"
+
+
+def test_truncation_auto_drops_the_oldest_items_and_disabled_refuses(
+    client, main_server, auth_headers
+):
+    filler = "The cache keeps keys and values of earlier tokens so that decoding does not recompute them."
+    items = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}: {filler} {filler}"}
+        for i in range(10)
+    ]
+
+    def prompt_tokens(messages: list[dict]) -> int:
+        body = {"model": "tiny", "messages": messages}
+        answer = httpx.post(
+            f"{main_server.url}/tokenize", json=body, headers=auth_headers, timeout=30
+        )
+        return answer.json()["count"]
+
+    max_model_len, max_output = 256, 16
+    assert prompt_tokens(items) + max_output > max_model_len  # the whole conversation is too long
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.responses.create(
+            model="tiny", input=items, max_output_tokens=max_output, truncation="disabled"
+        )
+    response = client.responses.create(
+        model="tiny", input=items, max_output_tokens=max_output, truncation="auto", temperature=0
+    )
+    assert response.truncation == "auto"
+    # the longest tail of the conversation that fits, as the server's chat template counts it
+    first_kept = next(
+        k for k in range(len(items)) if prompt_tokens(items[k:]) + max_output <= max_model_len
+    )
+    assert first_kept > 0
+    assert response.usage.input_tokens == prompt_tokens(items[first_kept:])

@@ -54,9 +54,13 @@ def complete(client, structured: dict, max_tokens: int = 60, **extra) -> str:
     ],
     ids=["json", "json-text", "regex", "choice", "grammar", "json_object"],
 )
-def test_structured_outputs_constrain_completions(client, structured, check):
+def test_structured_outputs_constrain_completions(
+    client, structured, check, main_server, maps_torch
+):
     text = complete(client, structured, max_tokens=120)
     assert check(text), text
+    # The grammar is compiled in the API process; the masks (torch) are applied in the core's.
+    assert not maps_torch(main_server.process.pid)
 
 
 def test_structured_outputs_constrain_chat(client):

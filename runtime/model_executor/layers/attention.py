@@ -8,7 +8,10 @@ filling (prefix-cache hits on blocks computed in this very step).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+import torch.nn.functional as F
 from infernetes.kernels import ops
 from infernetes.runtime.model_executor.context import get_attention_metadata
 from torch import nn
@@ -40,6 +43,9 @@ class Attention(nn.Module):
         # Scales a quantized checkpoint carries for this layer (layers/quantization/kv_scales.py).
         self.checkpoint_k_scale: float | None = None
         self.checkpoint_v_scale: float | None = None
+        # A decoder served as a pooling model (a reranker) keeps no cache: each prompt is whole
+        # in its step and attends causally within itself.
+        self.without_cache = False
 
     def _measure_scales(self, k: torch.Tensor, v: torch.Tensor) -> None:
         fp8_max = torch.finfo(self.k_cache.dtype).max
@@ -53,6 +59,8 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.without_cache:
+            return self._within_prompts(q, k, v, meta.cu_seqlens_q)
         if meta.calculate_kv_scales and self.k_scale is not None:
             self._measure_scales(k, v)
         ops.store_kv(
@@ -72,4 +80,21 @@ class Attention(nn.Module):
             self.softcap,
             self.sinks,
         )
+        return out.reshape(-1, self.num_heads * self.head_dim)
+
+    def _within_prompts(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor
+    ) -> torch.Tensor:
+        """Causal attention of each whole prompt over itself (no cache), grouped-query heads
+        repeated to the query heads."""
+        group = self.num_heads // self.num_kv_heads
+        out = torch.empty_like(q)
+        bounds = cu_seqlens.tolist()
+        for start, end in itertools.pairwise(bounds):
+            span = slice(start, end)
+            keys = k[span].repeat_interleave(group, dim=1).transpose(0, 1)
+            values = v[span].repeat_interleave(group, dim=1).transpose(0, 1)
+            out[span] = F.scaled_dot_product_attention(
+                q[span].transpose(0, 1), keys, values, is_causal=True, scale=self.scale
+            ).transpose(0, 1)
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -76,7 +76,28 @@ def _bert_classifier() -> type[nn.Module]:
     return BertForSequenceClassification
 
 
-POOLING = {"BertModel": _bert, "BertForSequenceClassification": _bert_classifier}
+def _xlm_roberta_classifier() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.roberta import (
+        XLMRobertaForSequenceClassification,
+    )
+
+    return XLMRobertaForSequenceClassification
+
+
+def _qwen3_classifier() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.qwen3_classifier import (
+        Qwen3ForSequenceClassification,
+    )
+
+    return Qwen3ForSequenceClassification
+
+
+POOLING = {
+    "BertModel": _bert,
+    "BertForSequenceClassification": _bert_classifier,
+    "XLMRobertaForSequenceClassification": _xlm_roberta_classifier,
+    "Qwen3ForSequenceClassification": _qwen3_classifier,
+}
 ARCHITECTURES = {**GENERATIVE, **POOLING}
 
 
