@@ -49,6 +49,7 @@ from infernetes.runtime.server.state import ServerState
 from infernetes.runtime.server.tool_parsers import check_tool_parser_name
 
 from infernetes import __version__
+from infernetes.cli.config import render as masked_config
 from infernetes.schema.config import ServeConfig
 
 logger = logging.getLogger("infernetes.runtime.server")
@@ -371,7 +372,9 @@ def run_server(config: ServeConfig) -> None:
     listener = _listening_socket(settings.host or "0.0.0.0", settings.port)
     scheme = "https" if settings.ssl_certfile else "http"
     logger.info("listening on %s://%s:%d", scheme, settings.host or "0.0.0.0", settings.port)
-    state = ServerState(settings, cache_config=_cache_config_labels(config))
+    state = ServerState(
+        settings, cache_config=_cache_config_labels(config), serve_config=masked_config(config)
+    )
     if not settings.disable_log_stats:
         state.stat_fanout.loggers.append(LoggingStatLogger())
 

@@ -330,6 +330,13 @@ async def wake_up(request: Request) -> Response:
     return Response(status_code=200)
 
 
+@dev_router.get("/server_info")
+async def server_info(request: Request) -> JSONResponse:
+    """The configuration the server runs with, grouped as ``infernetes config`` prints it
+    (secrets masked), and the version: vLLM's dev-mode ``/server_info``."""
+    return JSONResponse({"version": __version__, "vllm_config": server(request).serve_config})
+
+
 @dev_router.get("/is_sleeping")
 async def is_sleeping(request: Request) -> JSONResponse:
     state = server(request)

@@ -54,6 +54,8 @@ class ServerState:
     settings: FrontendSettings
     stat_fanout: StatLoggerFanout = field(default_factory=StatLoggerFanout)
     cache_config: dict[str, Any] = field(default_factory=dict)
+    # the resolved serve configuration by group, secrets masked (dev mode's /server_info)
+    serve_config: dict[str, Any] = field(default_factory=dict)
     engine: AsyncEngine | None = None
     load_error: BaseException | None = None
     metrics: PrometheusStatLogger | None = None

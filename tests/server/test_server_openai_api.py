@@ -430,6 +430,12 @@ def test_dev_mode_routes(main_server, auth_headers):
     assert httpx.get(f"{url}/health").status_code == 200
     assert httpx.post(f"{url}/wake_up", headers=auth_headers).status_code == 200
     assert httpx.get(f"{url}/is_sleeping", headers=auth_headers).json() == {"is_sleeping": False}
+    # the resolved configuration, its secrets masked (the server runs with an API key)
+    info = httpx.get(f"{url}/server_info", headers=auth_headers).json()
+    assert auth_headers["Authorization"].split()[1] not in json.dumps(info)
+    config = info["vllm_config"]
+    assert config["frontend"]["api_key"] == "***"
+    assert config["ModelConfig"]["served_model_name"] == ["tiny", "tiny-alias"]
 
 
 def test_metrics_move_with_traffic(client, main_server):
