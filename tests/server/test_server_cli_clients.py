@@ -156,13 +156,24 @@ BATCH = [
         "custom_id": "chat",
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4},
+        "body": {
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 4,
+            "ignore_eos": True,  # exactly 4 tokens, even if EOS is sampled
+        },
     },
     {
         "custom_id": "completion",
         "method": "POST",
         "url": "/v1/completions",
-        "body": {"model": "tiny", "prompt": "Hi", "max_tokens": 3},
+        # greedy, EOS ignored: sampled tokens could be EOS first (empty text), now and then
+        "body": {
+            "model": "tiny",
+            "prompt": "Hi",
+            "max_tokens": 3,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
     },
     {"custom_id": "bad-route", "method": "POST", "url": "/v1/nope", "body": {}},
     {
