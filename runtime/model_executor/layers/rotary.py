@@ -73,11 +73,17 @@ def get_rope(
     return _cache[key]
 
 
-def rope_from_config(config: PretrainedConfig) -> tuple[float, dict[str, Any] | None]:
+def rope_from_config(
+    config: PretrainedConfig, layer_type: str | None = None
+) -> tuple[float, dict[str, Any] | None]:
     """``(rope_theta, rope_scaling)`` from an HF config, old (``rope_scaling``) or new
-    (transformers 5's ``rope_parameters``) spelling; scaling is None for the plain rope."""
+    (transformers 5's ``rope_parameters``) spelling; scaling is None for the plain rope. A config
+    that keeps one set per layer type (Gemma 3) gives ``layer_type``'s."""
     params = dict(getattr(config, "rope_parameters", None) or {})
-    scaling = dict(getattr(config, "rope_scaling", None) or {}) or params
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = scaling = dict(params[layer_type])
+    else:
+        scaling = dict(getattr(config, "rope_scaling", None) or {}) or params
     base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     original = getattr(config, "original_max_position_embeddings", None)

@@ -21,7 +21,7 @@ from infernetes.runtime.model_executor.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from infernetes.runtime.model_executor.layers.rotary import get_rope
+from infernetes.runtime.model_executor.layers.rotary import get_rope, rope_from_config
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
 from infernetes.runtime.model_executor.models.utils import (
     IntermediateTensors,
@@ -50,16 +50,6 @@ class GemmaRMSNorm(nn.Module):
         return (out * (1.0 + self.weight.float())).to(x.dtype)
 
 
-def _rope_parameters(config: PretrainedConfig, layer_type: str) -> tuple[float, dict | None]:
-    """``(rope_theta, scaling)`` of a layer: Gemma 3 keeps one set per layer type."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    if layer_type in params:
-        params = dict(params[layer_type])
-    base = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    return base, (params if rope_type != "default" else None)
-
-
 def _layer_type(config: PretrainedConfig, layer: int) -> str:
     layer_types = getattr(config, "layer_types", None)
     return layer_types[layer] if layer_types else "full_attention"
@@ -81,7 +71,7 @@ class GemmaAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
-        base, scaling = _rope_parameters(config, _layer_type(config, layer))
+        base, scaling = rope_from_config(config, _layer_type(config, layer))
         self.rotary_emb = get_rope(
             self.head_dim,
             self.head_dim,
