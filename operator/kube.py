@@ -30,7 +30,7 @@ def make_client() -> Any:
     except config.ConfigException:
         config.load_kube_config()
     configuration = client.Configuration.get_default_copy()
-    configuration.connection_pool_maxsize = 32
+    configuration.connection_pool_maxsize = 64  # the reconciler's API threads
     return client.ApiClient(configuration)
 
 

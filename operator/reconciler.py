@@ -45,9 +45,15 @@ from infernetes.operator.workqueue import WorkQueue
 
 log = logging.getLogger("infernetes.operator")
 
-WORKERS = 16
+# Passes at once. A pass mostly waits on the API server, and a burst of creates must not queue
+# one resource's Deployment behind another's Service (creating Services is the API server's
+# slowest write here: a cluster IP each, and endpoint slices made for it), so there are many.
+WORKERS = 256
 STATUS_WORKERS = 4
-API_THREADS = 32
+API_THREADS = 64
+# Applies of the children that are not the workload, at once: more only waits longer at the API
+# server and holds API threads the next resources' Deployments need.
+SECONDARY_APPLIES = 8
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 300.0
 # Child events are gathered this long before a pass (a rollout makes many).
@@ -110,6 +116,7 @@ class Reconciler:
         self.status_locks: dict[Key, asyncio.Lock] = {}
         self.claims: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
         self.pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api")
+        self.secondary = asyncio.Semaphore(SECONDARY_APPLIES)
         self.tasks: list[asyncio.Task] = []
         self._rediscover: asyncio.Task | None = None
 
@@ -384,7 +391,13 @@ class Reconciler:
         target: Mapping[str, Any] = {}
         try:
             for target, why in work:
-                self.children.observe(await self._apply(target, edited=why[0].startswith(".")))
+                edited = why[0].startswith(".")
+                if target is result.manifests[0]:  # the workload goes first, never waiting
+                    response = await self._apply(target, edited=edited)
+                else:
+                    async with self.secondary:
+                        response = await self._apply(target, edited=edited)
+                self.children.observe(response)
             for target in extra:
                 await self.call(delete, self.api, target)
                 metrics.API_WRITES.labels(target["kind"], "delete").inc()
