@@ -1,14 +1,18 @@
-"""Tensor parallelism on the CPU: TP 2 against TP 1, and what a parallel step costs on top.
+"""Tensor and pipeline parallelism on the CPU: TP 2 and PP 2 against TP 1, and what a parallel
+step costs on top.
 
 A Llama-shaped model with random weights (default: 8 layers, hidden 512, vocabulary 32000) is
 written to a temporary folder; the same prompts (random token ids, greedy, EOS ignored) run
-through ``LLM(..., tensor_parallel_size=1)`` and then ``tensor_parallel_size=2`` (one worker
-process per rank, gloo). Printed:
+through ``LLM(..., tensor_parallel_size=1)``, ``tensor_parallel_size=2`` and
+``pipeline_parallel_size=2`` (one worker process per rank, gloo), the last twice: with the engine's
+batch queue (two steps in flight, one per stage) and with one step at a time. Printed:
 
-- output tokens/s of each and the ratio TP 2 / TP 1. Each rank computes with ``--threads`` torch
+- output tokens/s of each and the ratios to TP 1. Each rank computes with ``--threads`` torch
   threads (default 1, as in ``engine_throughput``: on a small shared CPU a second OpenMP thread
-  waits in barriers whenever its core is busy), so on 2 cores TP 2 uses both and TP 1 one: the
-  ratio is what splitting the model over two cores buys once the collectives are paid;
+  waits in barriers whenever its core is busy), so on 2 cores TP 2 and PP 2 use both and TP 1 one:
+  the ratio is what splitting the model over two cores buys once the collectives are paid. PP 2
+  one step at a time leaves a stage idle while the other computes; the batch queue keeps both
+  busy;
 - the executor's round trip: a call broadcast to both workers and both replies gathered
   (``collective_rpc``), median over 200 calls, as a share of TP 2's mean step time;
 - one all-reduce of a decode step's activations (``[max-num-seqs, hidden]`` float32) in a
@@ -25,8 +29,17 @@ import os
 import statistics
 import tempfile
 import time
+from unittest import mock
 
 from bench.engine_throughput import make_requests, write_llama
+
+# (name, tensor parallel, pipeline parallel, steps in flight: None for the engine's own)
+RUNS = [
+    ("TP 1", 1, 1, None),
+    ("TP 2", 2, 1, None),
+    ("PP 2, one step at a time", 1, 2, 1),
+    ("PP 2", 1, 2, None),
+]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,7 +62,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run(path: str, requests, args: argparse.Namespace, tp: int) -> tuple[float, int, object]:
+def run(
+    path: str, requests, args: argparse.Namespace, tp: int, pp: int = 1
+) -> tuple[float, int, object]:
     """Seconds for all requests, engine steps taken, and the LLM (kept for the round trip)."""
     from infernetes import LLM, SamplingParams
 
@@ -64,6 +79,7 @@ def run(path: str, requests, args: argparse.Namespace, tp: int) -> tuple[float, 
         path,
         dtype="float32",
         tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         max_model_len=512,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=2048,
@@ -134,6 +150,7 @@ def all_reduce_s(rows: int, hidden: int, calls: int = 200) -> float:
 
 def main(argv: list[str]) -> int:
     import torch
+    from infernetes.runtime.executor.multiproc_executor import MultiprocExecutor
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)  # TP 1's rank runs in this process
@@ -148,21 +165,23 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
         results = {}
-        for tp in (1, 2):
-            elapsed, steps, llm = run(path, requests, args, tp)
-            results[tp] = (elapsed, steps)
+        for name, tp, pp, in_flight in RUNS:
+            with mock.patch.object(MultiprocExecutor, "max_concurrent_batches", in_flight or pp):
+                elapsed, steps, llm = run(path, requests, args, tp, pp)
+            results[name] = (elapsed, steps)
             print(
-                f"TP {tp}: {elapsed:7.2f} s  {output_tokens / elapsed:8.1f} output tok/s  "
+                f"{name:26s} {elapsed:7.2f} s  {output_tokens / elapsed:8.1f} output tok/s  "
                 f"{steps} steps, {1e3 * elapsed / steps:6.2f} ms a step",
                 flush=True,
             )
-            if tp == 2:
+            if name == "TP 2":
                 trip = round_trip_s(llm)
             llm.llm_engine.shutdown()
             del llm
-    step_s = results[2][0] / results[2][1]
+    step_s = results["TP 2"][0] / results["TP 2"][1]
     reduce_s = all_reduce_s(args.max_num_seqs, args.hidden) * 2 * args.layers
-    print(f"ratio TP 2 / TP 1 throughput: {results[1][0] / results[2][0]:.2f}x")
+    for name, *_ in RUNS[1:]:
+        print(f"ratio {name} / TP 1 throughput: {results['TP 1'][0] / results[name][0]:.2f}x")
     print(
         f"executor round trip (broadcast + gather): {1e6 * trip:7.1f} us "
         f"= {trip / step_s:.1%} of a TP 2 step"

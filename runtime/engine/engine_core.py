@@ -6,11 +6,17 @@ through the input processor (validation, tokenization, ``n`` fan-out). Unlike vL
 client detokenizes, this core detokenizes itself: a stop string then ends its request in the
 step that produced it, with no round trip. It is synchronous and never touches asyncio; it runs
 under the offline ``LLMEngine`` or under ``core_loop.CoreLoop`` (a thread or its own process).
+
+Under pipeline parallelism a step is sent without waiting for it, up to one per stage (vLLM V1's
+batch queue): while the last stage computes one step, the first already computes the next, made
+of other requests; a step's output is taken when the queue is full or nothing else can be
+scheduled.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 
 from infernetes.runtime.config import RuntimeConfig
@@ -18,11 +24,13 @@ from infernetes.runtime.engine.block_manager import BlockManager
 from infernetes.runtime.engine.engine_config import resolve_config
 from infernetes.runtime.engine.input_processor import InputProcessor, Prompt
 from infernetes.runtime.engine.messages import EngineInfo, ModelFacts
+from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.output_processor import OutputProcessor
 from infernetes.runtime.engine.request import RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
+from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.engine.stats import IterationStats, StatLogger
-from infernetes.runtime.executor.abstract import select_executor
+from infernetes.runtime.executor.abstract import PendingOutput, select_executor
 from infernetes.runtime.lora.adapter import LoRAAdapterError
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.memory_profile import (
@@ -64,7 +72,15 @@ class EngineCore:
             cache.enable_prefix_caching,
             cache.prefix_caching_hash_algo,
         )
-        self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
+        self.scheduler = Scheduler(
+            self.config.scheduler,
+            self.block_manager,
+            pipelined=self.config.parallel.pipeline_parallel_size > 1,
+        )
+        # Steps sent and not yet taken back (pipeline parallelism only), oldest first.
+        self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
+        # Outputs of steps taken back out of turn (before sleeping), given with the next step's.
+        self.held_outputs: list[EngineOutput] = []
         self.input_processor = InputProcessor(model, self.config.scheduler.policy, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers)
@@ -150,24 +166,49 @@ class EngineCore:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished()
+        return self.output_processor.has_unfinished() or bool(self.held_outputs)
 
     # -- a step --------------------------------------------------------------------------------
 
     def step(self) -> list[EngineOutput]:
         if self.sleep_level:
             return []
+        held, self.held_outputs = self.held_outputs, []
+        if self.executor.max_concurrent_batches > 1:
+            return held + self._step_with_batch_queue()
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
-            self._record_stats(
-                IterationStats(finished_requests=self.scheduler.take_finished_stats())
-            )
-            return []
+            self._record_idle_step()
+            return held
         model_output = self.executor.execute_model(scheduler_output)
+        return held + self._finish_step(scheduler_output, model_output)
+
+    def _step_with_batch_queue(self) -> list[EngineOutput]:
+        queue = self.batch_queue
+        scheduled = False
+        if len(queue) < self.executor.max_concurrent_batches:
+            scheduler_output = self.scheduler.schedule()
+            if scheduler_output:
+                queue.append((scheduler_output, self.executor.submit_model(scheduler_output)))
+                scheduled = True
+        if not queue:
+            self._record_idle_step()
+            return []
+        if scheduled and len(queue) < self.executor.max_concurrent_batches:
+            return []  # fill the pipeline before waiting on it
+        scheduler_output, pending = queue.popleft()
+        return self._finish_step(scheduler_output, pending.result())
+
+    def _finish_step(
+        self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput
+    ) -> list[EngineOutput]:
         updated, iteration = self.scheduler.update_from_output(scheduler_output, model_output)
         outputs = self.output_processor.process(updated)
         self._record_stats(iteration)
         return outputs
+
+    def _record_idle_step(self) -> None:
+        self._record_stats(IterationStats(finished_requests=self.scheduler.take_finished_stats()))
 
     def _record_stats(self, iteration: IterationStats) -> None:
         usage = 0.0 if self.config.model.is_pooling else self.block_manager.usage
@@ -220,6 +261,9 @@ class EngineCore:
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if self.sleep_level:
             return
+        while self.batch_queue:  # the steps in flight end before their requests are preempted
+            scheduler_output, pending = self.batch_queue.popleft()
+            self.held_outputs += self._finish_step(scheduler_output, pending.result())
         self.scheduler.preempt_all()
         self.block_manager.reset_prefix_cache()
         self.executor.collective_rpc("sleep", (level,))

@@ -7,6 +7,10 @@ budget, ``max_num_seqs`` and the KV cache allow. ``schedule()`` decides a step; 
 it; ``update_from_output()`` appends the sampled tokens, checks the stop conditions and finishes
 requests (their blocks freed at once). When the KV cache runs out, the lowest-priority running
 request is preempted: its blocks are freed and it is recomputed later.
+
+Under pipeline parallelism several steps are in flight at once (the engine core's batch queue):
+a request in a step whose output has not come back is not scheduled again, nor preempted, and
+its sampled tokens travel to the earlier stages in the next step that computes them.
 """
 
 from __future__ import annotations
@@ -99,9 +103,13 @@ class _StepBudget:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager, *, pipelined: bool = False
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.pipelined = pipelined  # the workers of the earlier stages need the sampled tokens
+        self.in_flight: set[str] = set()  # scheduled in a step whose output has not come back
         self.waiting: _FCFSQueue | _PriorityQueue = (
             _PriorityQueue() if config.policy == "priority" else _FCFSQueue()
         )
@@ -189,12 +197,16 @@ class Scheduler:
         if not self.num_preemptions_step:
             self._schedule_waiting(output, budget)
         output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
+        self.in_flight.update(output.request_ids)
         return output
 
     def _schedule_running(self, output: SchedulerOutput, budget: _StepBudget) -> None:
         i = 0
         while i < len(self.running) and budget.tokens > 0:
             request = self.running[i]
+            if request.request_id in self.in_flight:
+                i += 1
+                continue
             remaining = request.num_tokens - request.num_computed_tokens
             num_new = self._prefill_chunk(remaining, budget.tokens)
             num_blocks_before = len(request.block_ids)
@@ -211,6 +223,7 @@ class Scheduler:
                 request.request_id,
                 request.block_ids[num_blocks_before:],
                 request.num_computed_tokens,
+                new_token_ids=self._sampled_tokens(request, num_new),
             )
             output.add(data, num_new)
             budget.tokens -= num_new
@@ -245,6 +258,13 @@ class Scheduler:
         for request in reversed(skipped):
             self.waiting.add_front(request)
 
+    def _sampled_tokens(self, request: Request, num_new: int) -> list[int]:
+        """The sampled tokens among those ``request`` computes next, for the earlier stages."""
+        if not self.pipelined:
+            return []
+        start = max(request.num_computed_tokens, request.num_prompt_tokens)
+        return request.token_ids[start : request.num_computed_tokens + num_new]
+
     def _lora_fits(self, request: Request) -> bool:
         """Whether ``request`` may run beside the running requests: their distinct adapters stay
         within ``--max-loras`` (the workers' device slots)."""
@@ -277,6 +297,7 @@ class Scheduler:
                 list(request.block_ids),
                 request.num_computed_tokens,
                 resumed_from_preemption=True,
+                new_token_ids=self._sampled_tokens(request, request.num_tokens),
             )
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_cached_tokens
@@ -332,7 +353,9 @@ class Scheduler:
     def _pick_victim(self, first_unscheduled: int) -> Request:
         """The request to preempt: among those not yet scheduled this step (the current one
         included), the last to arrive (fcfs) or the lowest priority."""
-        candidates = self.running[first_unscheduled:]
+        candidates = [
+            r for r in self.running[first_unscheduled:] if r.request_id not in self.in_flight
+        ]
         if self.config.policy == "priority":
             return max(candidates, key=lambda r: r.sort_key)
         return candidates[-1]
@@ -348,6 +371,7 @@ class Scheduler:
         iteration = IterationStats()
         updated: list[Request] = []
         now = time.monotonic()
+        self.in_flight.difference_update(scheduler_output.request_ids)
         for i, (request_id, num_new) in enumerate(
             zip(scheduler_output.request_ids, scheduler_output.num_scheduled_tokens, strict=True)
         ):

@@ -4,7 +4,9 @@ A worker keeps its own state of each request it has run (``worker.request_state`
 sends only what changed, as vLLM V1 does: a request the worker has never seen comes whole
 (``NewRequestData``); one it holds comes as its new blocks and its computed count
 (``CachedRequestData``; after a preemption, all of its blocks, which replace the old ones). The
-worker drops a request's state when it appears in ``finished_req_ids``.
+worker drops a request's state when it appears in ``finished_req_ids``. Under pipeline parallelism
+a cached request also carries the sampled tokens the step computes (``new_token_ids``), which the
+stages before the last have not seen.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class CachedRequestData:
     new_block_ids: list[int]
     num_computed_tokens: int
     resumed_from_preemption: bool = False  # new_block_ids are then all of its blocks
+    # Under pipeline parallelism, the sampled tokens this step computes: only the last stage
+    # samples, and the earlier ones learn its tokens here instead of waiting for them each step.
+    new_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -4,21 +4,44 @@ The core calls ``execute_model``, ``determine_available_memory``, ``initialize_c
 anything else, ``collective_rpc(method, args)``, which runs a ``Worker`` method on every rank and
 returns their answers in rank order. ``UniProcExecutor`` holds one worker in this process; an
 executor with one worker process per rank implements ``collective_rpc`` and inherits the rest.
+Under pipeline parallelism ``submit_model`` sends a step without waiting for it, so that up to
+``max_concurrent_batches`` steps are in flight, one per stage.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Protocol
 
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 
 
+class PendingOutput(Protocol):
+    """A step sent to the workers; ``result()`` waits for its output."""
+
+    def result(self) -> ModelRunnerOutput: ...
+
+
+class Ready:
+    """A step that has already run."""
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self.output = output
+
+    def result(self) -> ModelRunnerOutput:
+        return self.output
+
+
 class Executor(ABC):
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Steps that may be in flight at once: one per pipeline stage where they run apart."""
+        return 1
 
     @abstractmethod
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
@@ -27,6 +50,10 @@ class Executor(ABC):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; every rank takes part, the first rank's output is the step's."""
         return self.collective_rpc("execute_model", (scheduler_output,))[0]
+
+    def submit_model(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        """Send one step without waiting for it (where ``max_concurrent_batches`` > 1)."""
+        return Ready(self.execute_model(scheduler_output))
 
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache on the most constrained rank (every rank holds the same blocks)."""

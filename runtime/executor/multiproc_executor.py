@@ -3,7 +3,9 @@
 Each rank is a ``python -m infernetes.runtime.worker.worker_process`` child of the engine core's
 process with one end of a socket pair (``multiprocessing.connection`` framing, pickled calls).
 A call is pickled once and sent to every rank; the replies are gathered as they come, so a rank
-that fails or dies is seen at once even while the others wait in a collective for it. Workers are
+that fails or dies is seen at once even while the others wait in a collective for it. Calls may be
+sent before the earlier ones are answered (the steps of a pipeline, ``submit_model``): each rank
+answers in order, so replies are read oldest call first. Workers are
 plain subprocesses, not ``multiprocessing`` children: the engine core's own process is daemonic,
 and a daemonic process may not start ``multiprocessing`` children.
 """
@@ -19,6 +21,7 @@ import socket
 import subprocess
 import sys
 import weakref
+from collections import deque
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -26,7 +29,7 @@ import torch
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
-from infernetes.runtime.executor.abstract import Executor
+from infernetes.runtime.executor.abstract import Executor, PendingOutput
 from infernetes.runtime.logging_config import LoggingSettings
 from infernetes.runtime.worker.worker_process import STOP, WorkerInit
 
@@ -77,6 +80,20 @@ class WorkerProcess:
         self.conn.close()
 
 
+class PendingCall:
+    """A call sent to every rank whose replies have not been read yet."""
+
+    def __init__(self, executor: MultiprocExecutor, pick: int | None = None) -> None:
+        self.executor = executor
+        self.pick = pick  # the rank whose reply is the result; None: every rank's, in order
+        self.replies: list[Any] | None = None
+
+    def result(self) -> Any:
+        while self.replies is None:
+            self.executor._read_oldest()
+        return self.replies if self.pick is None else self.replies[self.pick]
+
+
 def _stop_workers(workers: list[WorkerProcess]) -> None:
     for worker in workers:
         worker.stop(STOP_TIMEOUT_S)
@@ -111,6 +128,7 @@ class MultiprocExecutor(Executor):
         ]
         # Stopped with the executor, or at interpreter exit at the latest.
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers)
+        self._unanswered: deque[PendingCall] = deque()
         try:
             self._gather()  # each rank says ready once its shard is loaded
         except BaseException:
@@ -124,14 +142,31 @@ class MultiprocExecutor(Executor):
                 report,
             )
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        return self.config.parallel.pipeline_parallel_size
+
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        return self._send(method, args).result()
+
+    def submit_model(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        return self._send("execute_model", (scheduler_output,), self.config.parallel.output_rank)
+
+    def _send(self, method: str, args: tuple[Any, ...], pick: int | None = None) -> PendingCall:
         call = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         for worker in self.workers:
             try:
                 worker.conn.send_bytes(call)
             except OSError:
                 raise worker.died() from None
-        return self._gather()
+        pending = PendingCall(self, pick)
+        self._unanswered.append(pending)
+        return pending
+
+    def _read_oldest(self) -> None:
+        # Taken off first: a failed call is not read again (the engine stops on it anyway).
+        pending = self._unanswered.popleft()
+        pending.replies = self._gather()
 
     def _gather(self) -> list[Any]:
         """Every rank's reply, in rank order; the first failure or death raises."""
@@ -150,9 +185,7 @@ class MultiprocExecutor(Executor):
         return [results[rank] for rank in range(len(self.workers))]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (scheduler_output,))[
-            self.config.parallel.output_rank
-        ]
+        return self.submit_model(scheduler_output).result()
 
     def check_health(self) -> None:
         for worker in self.workers:

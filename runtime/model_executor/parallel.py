@@ -155,9 +155,3 @@ def recv_from_previous_stage(
     for tensor in tensors:
         dist.recv(tensor, peer)
     return tensors
-
-
-def broadcast_from_output_rank(tensor: torch.Tensor) -> torch.Tensor:
-    """The output rank's ``tensor`` on every rank (the sampled tokens, for the other stages)."""
-    dist.broadcast(tensor, _STATE.output_rank)
-    return tensor

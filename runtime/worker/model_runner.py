@@ -268,6 +268,9 @@ class ModelRunner:
             state.block_ids = list(data.new_block_ids)
         elif data.new_block_ids:
             state.block_ids.extend(data.new_block_ids)
+        if data.new_token_ids:  # a stage before the last learns what the last one sampled
+            start = max(data.num_computed_tokens, state.num_prompt_tokens)
+            state.token_ids[start : start + len(data.new_token_ids)] = data.new_token_ids
         state.num_computed_tokens = data.num_computed_tokens
         return state
 
@@ -365,13 +368,11 @@ class ModelRunner:
         if not batch:
             return output
         assert self.model is not None
-        stage = parallel.state()
         hidden, meta = self._forward(
             batch, num_scheduled, self._intermediate(sum(num_scheduled), receive=True)
         )
         if not isinstance(hidden, torch.Tensor):  # a pipeline stage before the last
             parallel.send_to_next_stage([hidden[name] for name in self.model.intermediate_names])  # type: ignore[attr-defined]
-            self._receive_sampled_tokens(batch, num_scheduled)
             return output
         if self.info.is_pooling:
             output.pooled = list(self.model.pool(hidden, meta.cu_seqlens_q).float().cpu())
@@ -412,24 +413,4 @@ class ModelRunner:
         for i, rows, next_tokens, k in prompt_rows:
             logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
             output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
-        if stage.pp_size > 1 and sampling:  # the earlier stages need them as the next inputs
-            sampled = [output.sampled[i].token_id for i in sampling]  # type: ignore[union-attr]
-            parallel.broadcast_from_output_rank(torch.tensor(sampled, device=self.device))
         return output
-
-    def _receive_sampled_tokens(
-        self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
-    ) -> None:
-        """On a stage before the last: append the tokens the last stage sampled this step."""
-        sampling = [
-            request
-            for request, num_new in zip(batch, num_scheduled, strict=True)
-            if request.num_computed_tokens + num_new == request.num_tokens
-        ]
-        if not sampling:
-            return
-        tokens = torch.empty(len(sampling), dtype=torch.long, device=self.device)
-        for request, token in zip(
-            sampling, parallel.broadcast_from_output_rank(tokens).tolist(), strict=True
-        ):
-            request.token_ids.append(token)

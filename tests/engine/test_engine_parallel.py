@@ -104,8 +104,15 @@ def test_parallel_matches_tp1_and_transformers(
     expected = _generate(_engine(model))
     counter = Counter()
     engine = _engine(model, counter, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    core = engine.engine_core
+    in_flight = []  # steps already in flight each time one is sent
+    submit = core.executor.submit_model
+    core.executor.submit_model = lambda output: (
+        in_flight.append(len(core.batch_queue)),
+        submit(output),
+    )[1]
     try:
-        reports = engine.engine_core.executor.collective_rpc("report")
+        reports = core.executor.collective_rpc("report")
         heads = [(r["attention_heads"], r["kv_heads"]) for r in reports]
         assert heads == [heads_per_rank] * tp * pp
         assert sum(r["attention_layers"] for r in reports) == 2 * tp  # each stage one of two
@@ -113,6 +120,8 @@ def test_parallel_matches_tp1_and_transformers(
     finally:
         engine.shutdown()
     assert counter.preemptions > 0 and counter.prefix_hits > 0
+    # Pipeline stages overlap: a step is sent while another is in flight (the batch queue).
+    assert max(in_flight, default=0) == pp - 1
     for i, prompt in enumerate(PROMPTS):
         tokens, logprobs = results[str(i)]
         assert tokens == hf_greedy(model, prompt, MAX_TOKENS) == expected[str(i)][0]

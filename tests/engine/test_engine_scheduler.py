@@ -192,3 +192,114 @@ def test_blocks_are_made_on_first_use_in_the_free_queue_order():
     assert small.allocate_slots(second, 6)
     assert second.block_ids == [2, 1, 0]
     assert len(small.cached) == 3  # block 0's old prefix was evicted when it was taken
+
+
+class _EarlierStageView:
+    """The tokens a stage before the last knows of each request: the prompt it was sent, then
+    the sampled tokens that come in ``new_token_ids`` (it never samples)."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.num_prompt: dict[str, int] = {}
+
+    def apply(self, batch: SchedulerOutput) -> None:
+        for request_id in batch.finished_req_ids:
+            self.tokens.pop(request_id, None)
+        for data in batch.scheduled_reqs:
+            if isinstance(data, NewRequestData):
+                self.tokens[data.request_id] = list(data.token_ids)
+                self.num_prompt[data.request_id] = data.num_prompt_tokens
+            else:
+                start = max(data.num_computed_tokens, self.num_prompt[data.request_id])
+                tokens = self.tokens[data.request_id]
+                tokens[start : start + len(data.new_token_ids)] = data.new_token_ids
+
+    def check(self, scheduler: Scheduler, batch: SchedulerOutput) -> None:
+        """Every token a step computes is known to the earlier stages when the step runs."""
+        for data, num_new in zip(batch.scheduled_reqs, batch.num_scheduled_tokens, strict=True):
+            request = scheduler.requests[data.request_id]
+            end = data.num_computed_tokens + num_new
+            assert self.tokens[data.request_id][:end] == request.token_ids[:end]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    num_blocks=st.integers(6, 40),
+    block_size=st.sampled_from([1, 4]),
+    budget=st.integers(4, 32),
+    max_num_seqs=st.integers(1, 8),
+    caching=st.booleans(),
+    in_flight=st.sampled_from([2, 3]),
+)
+def test_steps_in_flight_are_disjoint_and_keep_the_earlier_stages_in_step(
+    seed, num_blocks, block_size, budget, max_num_seqs, caching, in_flight
+):
+    """Pipeline parallelism's batch queue: up to ``in_flight`` steps scheduled before the oldest
+    output comes back. A request is in at most one of them, is never preempted (its blocks
+    freed) while a step computes it, and the earlier stages learn every sampled token in time."""
+    rng = random.Random(seed)
+    max_model_len = num_blocks * block_size
+    limits = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=True,
+        max_num_partial_prefills=2,
+    )
+    manager = BlockManager(num_blocks, block_size, enable_caching=caching)
+    scheduler = Scheduler(limits, manager, pipelined=True)
+    worker, stage = _WorkerView(), _EarlierStageView()
+    queue: list[tuple[SchedulerOutput, dict[str, list[int]]]] = []
+    wanted: dict[str, int] = {}
+    finished: dict[str, int] = {}
+    for step in range(5000):
+        if step < 150 and rng.random() < 0.3:
+            prompt = [rng.randrange(50) for _ in range(rng.randint(1, 14))]
+            max_tokens = rng.randint(1, max(1, min(10, max_model_len - len(prompt))))
+            if len(prompt) + max_tokens <= max_model_len:
+                request_id = f"r{step}"
+                scheduler.add_request(
+                    Request(request_id, prompt, SamplingParams(max_tokens=max_tokens))
+                )
+                wanted[request_id] = len(prompt) + max_tokens
+        if rng.random() < 0.03 and scheduler.requests:
+            scheduler.abort_requests([rng.choice(sorted(scheduler.requests))])
+        batch = scheduler.schedule()
+        if batch:
+            _check_invariants(scheduler, manager, batch, limits)
+            in_other_steps = {i for queued, _ in queue for i in queued.request_ids}
+            assert not in_other_steps & set(batch.request_ids)
+            worker.apply(batch)
+            worker.check(scheduler, batch)
+            stage.apply(batch)
+            stage.check(scheduler, batch)
+            blocks = {i: list(scheduler.requests[i].block_ids) for i in batch.request_ids}
+            queue.append((batch, blocks))
+        if queue and (len(queue) == in_flight or not batch):
+            oldest, blocks = queue.pop(0)
+            for request_id, block_ids in blocks.items():
+                request = scheduler.requests.get(request_id)
+                if request is not None:  # still running: nothing took its blocks meanwhile
+                    assert request.status == RequestStatus.RUNNING
+                    assert request.block_ids[: len(block_ids)] == block_ids
+            output = ModelRunnerOutput.empty(len(oldest.scheduled_reqs))
+            for i, (request_id, num_new) in enumerate(
+                zip(oldest.request_ids, oldest.num_scheduled_tokens, strict=True)
+            ):
+                request = scheduler.requests.get(request_id)
+                if (
+                    request is not None
+                    and request.num_computed_tokens + num_new == request.num_tokens
+                ):
+                    output.sampled[i] = SampledToken(rng.randrange(50))
+            for request in scheduler.update_from_output(oldest, output)[0]:
+                if request.status == RequestStatus.FINISHED_LENGTH:
+                    finished[request.request_id] = request.num_tokens
+        if step >= 150 and not scheduler.has_unfinished() and not queue:
+            break
+    assert not scheduler.has_unfinished(), "every request finishes once arrivals stop"
+    assert manager.num_free_blocks == num_blocks
+    assert not scheduler.in_flight
+    for request_id, length in finished.items():
+        assert length == wanted[request_id]
