@@ -1,6 +1,7 @@
 """Node 0's listener for the other nodes' ranks: a rank that says the right hello joins and gets
 node 0's seed; junk, a silent peer, another layout, a rank of another node and a rank twice are
-refused and closed while node 0 keeps waiting; once every rank joined nobody else may connect."""
+refused and closed while node 0 keeps waiting; once every rank joined nobody else may connect.
+On CUDA each node's ranks take its devices 0..local-1."""
 
 from __future__ import annotations
 
@@ -132,3 +133,26 @@ def test_the_hello_frame_is_bounded():
         a.sendall(struct.pack("!I", node_link.HELLO_LIMIT_BYTES + 1))
         with pytest.raises(ValueError, match="at most"):
             node_link._recv_json(b)
+
+
+def test_each_node_gives_its_ranks_its_own_devices_from_0(tiny_llama, monkeypatch):
+    import dataclasses
+
+    from infernetes.runtime.engine.engine_config import resolve_config
+    from infernetes.runtime.worker import worker
+
+    from infernetes.schema.config import build_config
+
+    config, _ = resolve_config(
+        build_config(
+            model=str(tiny_llama), tensor_parallel_size=4, nnodes=2, node_rank=1, headless=True
+        )
+    )
+    cuda = dataclasses.replace(config.device, device=torch.device("cuda"))
+    config = dataclasses.replace(config, device=cuda)
+    chosen: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert list(config.parallel.local_ranks) == [2, 3]
+    devices = [worker._rank_device(config, rank).device.device for rank in (2, 3)]
+    assert devices == chosen == [torch.device("cuda", 0), torch.device("cuda", 1)]
