@@ -78,12 +78,10 @@ class RemoteRank:
     """A rank of another node, reached over the TCP connection it opened to this one."""
 
     def __init__(self, joined: JoinedRank) -> None:
-        self.rank, self.node, self.peer, self.conn = (
-            joined.rank,
-            joined.node,
-            joined.peer,
-            joined.conn,
-        )
+        self.rank = joined.rank
+        self.node = joined.node
+        self.peer = joined.peer
+        self.conn = joined.conn
 
     def exited(self) -> bool:
         """Between calls nothing is due from a rank: a readable connection is a closed one."""

@@ -14,6 +14,7 @@ keep the ports reachable only from the group's own pods (e.g. a NetworkPolicy).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import socket
@@ -109,8 +110,6 @@ def _bind_address(master_addr: str) -> str:
     """Loopback stays loopback; any other address is node 0's name in the cluster, which its
     own pod may not resolve yet when it starts, so every interface listens."""
     with contextlib.suppress(OSError, ValueError):
-        import ipaddress
-
         resolved = socket.getaddrinfo(master_addr, None, type=socket.SOCK_STREAM)[0][4][0]
         if ipaddress.ip_address(resolved).is_loopback:
             return str(resolved)
