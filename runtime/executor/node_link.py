@@ -36,6 +36,7 @@ HELLO_TIMEOUT_S = 10.0
 # and read checkpoints at their own pace.
 JOIN_TIMEOUT_S = 1800.0
 RETRY_S = 1.0
+NOTE_EVERY_S = 60.0  # how often a wait says it is still waiting
 _FRAME = struct.Struct("!I")
 
 
@@ -106,14 +107,18 @@ def _keep_alive(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def _bind_address(master_addr: str) -> str:
+def _listen(master_addr: str, port: int) -> socket.socket:
     """Loopback stays loopback; any other address is node 0's name in the cluster, which its
-    own pod may not resolve yet when it starts, so every interface listens."""
+    own pod may not resolve yet when it starts, so every interface listens (IPv4 and IPv6)."""
     with contextlib.suppress(OSError, ValueError):
-        resolved = socket.getaddrinfo(master_addr, None, type=socket.SOCK_STREAM)[0][4][0]
-        if ipaddress.ip_address(resolved).is_loopback:
-            return str(resolved)
-    return ""
+        resolved = str(socket.getaddrinfo(master_addr, None, type=socket.SOCK_STREAM)[0][4][0])
+        address = ipaddress.ip_address(resolved)
+        if address.is_loopback:
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            return socket.create_server((resolved, port), family=family)
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server(("", port))
 
 
 class RankListener:
@@ -127,9 +132,7 @@ class RankListener:
         self.seed = seed
         self.address = f"{parallel.master_addr}:{parallel.master_port}"
         try:
-            self.sock = socket.create_server(
-                (_bind_address(parallel.master_addr), parallel.master_port), reuse_port=False
-            )
+            self.sock = _listen(parallel.master_addr, parallel.master_port)
         except OSError as error:
             raise NodeLinkError(
                 f"cannot listen for the other nodes' ranks on port {parallel.master_port} "
@@ -143,6 +146,7 @@ class RankListener:
         waiting = set(range(local, self.parallel.world_size))
         joined: list[JoinedRank] = []
         deadline = time.monotonic() + timeout
+        next_note = time.monotonic() + NOTE_EVERY_S
         logger.info(
             "Waiting for ranks %d..%d of nodes 1..%d on %s",
             local,
@@ -159,6 +163,9 @@ class RankListener:
                         f"{timeout:.0f} s: start the other nodes with --headless, --nnodes "
                         f"{self.parallel.nnodes}, --master-addr and --master-port pointing here"
                     )
+                if time.monotonic() > next_note:
+                    logger.info("Still waiting for ranks %s on %s", sorted(waiting), self.address)
+                    next_note += NOTE_EVERY_S
                 try:
                     sock, peer = self.sock.accept()
                 except TimeoutError:
@@ -220,7 +227,7 @@ def connect_to_leader(
     address = (parallel.master_addr, parallel.master_port)
     hello = {**layout_of(config), "rank": rank, "node_rank": parallel.node_rank}
     deadline = time.monotonic() + timeout
-    logged = False
+    next_note = 0.0  # at once, then once a minute
     while True:
         sock = None
         try:
@@ -236,7 +243,7 @@ def connect_to_leader(
                     f"node 0 did not accept rank {rank} at {address[0]}:{address[1]} "
                     f"(--master-addr, --master-port) within {timeout:.0f} s: {error}"
                 ) from error
-            if not logged:
+            if time.monotonic() > next_note:
                 logger.info(
                     "Waiting for node 0 at %s:%d (rank %d of node %d): %s",
                     *address,
@@ -244,7 +251,7 @@ def connect_to_leader(
                     parallel.node_rank,
                     error,
                 )
-                logged = True
+                next_note = time.monotonic() + NOTE_EVERY_S
             time.sleep(RETRY_S)
     if "error" in reply:
         sock.close()
