@@ -82,10 +82,27 @@ class ParallelConfig:
     data_parallel_rank: int = 0  # this engine core's index among them
     # --enable-expert-parallel: whole experts per tensor-parallel rank instead of slices of all
     expert_parallel: bool = False
+    # --nnodes: the ranks are split evenly over nodes; node 0 runs the engine core and listens on
+    # --master-addr:--master-port for the other nodes' ranks (runtime/executor/node_link.py)
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
 
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def local_world_size(self) -> int:
+        """The ranks each node runs."""
+        return self.world_size // self.nnodes
+
+    @property
+    def local_ranks(self) -> range:
+        """The global ranks this node runs."""
+        first = self.node_rank * self.local_world_size
+        return range(first, first + self.local_world_size)
 
     @property
     def output_rank(self) -> int:

@@ -41,10 +41,47 @@ def _check_structured_outputs(config: dict[str, Any]) -> None:
             )
 
 
+def _check_nodes(v: dict[str, Any]) -> None:
+    """--nnodes splits the tensor x pipeline ranks evenly; node 0 serves the API, the others
+    run --headless."""
+    nnodes, node_rank = v["nnodes"], v["node_rank"]
+    if node_rank >= nnodes:
+        raise ConfigError(
+            f"--node-rank ({node_rank}) must be < --nnodes ({nnodes}): nodes count from 0",
+            "node_rank",
+        )
+    if v["headless"] and node_rank == 0:
+        raise ConfigError(
+            "--headless is for the nodes after the first (--node-rank 1 and up, with --nnodes > 1): "
+            "node 0 serves the API (multi-node data parallelism is planned, not built yet)",
+            "headless",
+        )
+    if node_rank > 0 and not v["headless"]:
+        raise ConfigError(
+            f"--node-rank {node_rank} needs --headless: only node 0 serves the API", "headless"
+        )
+    if nnodes == 1:
+        return
+    world = v["tensor_parallel_size"] * v["pipeline_parallel_size"]
+    if world % nnodes:
+        raise ConfigError(
+            f"--tensor-parallel-size x --pipeline-parallel-size ({world}) must be divisible by "
+            f"--nnodes ({nnodes}): each node runs the same number of ranks",
+            "nnodes",
+        )
+    if v["data_parallel_size"] > 1:
+        raise ConfigError(
+            f"--data-parallel-size ({v['data_parallel_size']}) must be 1 with --nnodes "
+            f"({nnodes}) > 1: multi-node data parallelism is planned, not built yet",
+            "data_parallel_size",
+        )
+
+
 def check_rules(values: dict[str, Any]) -> None:
     """Raises ConfigError for the first rule the values break."""
     v = values
     _check_structured_outputs(v["structured_outputs_config"] or {})
+    _check_nodes(v)
     if v["enable_auto_tool_choice"] and not v["tool_call_parser"]:
         raise ConfigError(
             "--enable-auto-tool-choice requires --tool-call-parser", "tool_call_parser"

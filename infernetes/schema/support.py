@@ -52,13 +52,13 @@ DP_PLANNED = (
     "multi-node data parallelism is planned, not built yet: --data-parallel-size runs its engine "
     "cores on this node"
 )
-ONE_NODE = "multi-node serving is planned, not built yet: every rank runs on this host"
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
 TEXT_ONLY = "the models served here take text only: there are no images, audio or video to process"
 V0_ONLY = "a vLLM V0 scheduler setting; V1, which this engine follows, ignores it too"
 NO_RAY = "there is no Ray executor here"
 WORKER_PROCESSES = (
-    "worker processes start from the engine core with a rendezvous on 127.0.0.1 and a free port"
+    "worker processes start from the engine core with a rendezvous on 127.0.0.1 and a free port, "
+    "or across nodes on --master-addr and --master-port"
 )
 NO_KERNEL = "it selects a kernel this engine does not have (its own Triton kernels run instead)"
 OTHER_HARDWARE = (
@@ -117,7 +117,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "shutdown_timeout": HONOURED,
     "reasoning_effort": HONOURED,
     "api_server_count": partial((1,), "one API server process serves every engine core"),
-    "headless": refused("multi-node data parallelism is planned, not built yet"),
+    "headless": HONOURED,  # with --nnodes > 1 and --node-rank > 0 (schema/rules.py)
     "data_parallel_start_rank": refused(DP_PLANNED),
     # ---------------------------------------------------------------- ModelConfig
     "model": HONOURED,
@@ -220,6 +220,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "data_parallel_address": refused(DP_PLANNED),
     "data_parallel_rpc_port": refused(DP_PLANNED),
     "data_parallel_backend": partial(("mp",), NO_RAY),
+    "nnodes": HONOURED,
+    "node_rank": HONOURED,
+    "master_addr": HONOURED,
+    "master_port": HONOURED,
     "enable_expert_parallel": HONOURED,
     "enable_eplb": refused("expert parallelism and its load balancer are planned, not built yet"),
     "enable_multimodal_encoder_data_parallel": no_effect(TEXT_ONLY),

@@ -169,6 +169,10 @@ def _parallel_config(
         config.data_parallel_size,
         data_parallel_rank,
         expert_parallel=config.enable_expert_parallel,
+        nnodes=config.nnodes,
+        node_rank=config.node_rank,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
     )
 
 

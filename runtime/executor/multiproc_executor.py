@@ -1,13 +1,16 @@
 """The executor of one worker process per rank (``--distributed-executor-backend mp``).
 
-Each rank is a ``python -m infernetes.runtime.worker.worker_process`` child of the engine core's
-process with one end of a socket pair (``multiprocessing.connection`` framing, pickled calls).
-A call is pickled once and sent to every rank; the replies are gathered as they come, so a rank
-that fails or dies is seen at once even while the others wait in a collective for it. Calls may be
-sent before the earlier ones are answered (the steps of a pipeline, ``submit_model``): each rank
-answers in order, so replies are read oldest call first. Workers are
-plain subprocesses, not ``multiprocessing`` children: the engine core's own process is daemonic,
-and a daemonic process may not start ``multiprocessing`` children.
+Each local rank is a ``python -m infernetes.runtime.worker.worker_process`` child of the engine
+core's process with one end of a socket pair (``multiprocessing.connection`` framing, pickled
+calls). With ``--nnodes N`` this is node 0: it runs the first ``world / N`` ranks so, and the
+other nodes' ranks (``--headless``, ``worker/headless.py``) connect to it over TCP
+(``node_link.py``) and are called over those sockets the same way. A call is pickled once and
+sent to every rank; the replies are gathered as they come, so a rank that fails, dies or
+disconnects is seen at once even while the others wait in a collective for it. Calls may be sent
+before the earlier ones are answered (the steps of a pipeline, ``submit_model``): each rank
+answers in order, so replies are read oldest call first. Workers are plain subprocesses, not
+``multiprocessing`` children: the engine core's own process is daemonic, and a daemonic process
+may not start ``multiprocessing`` children.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import pickle
 import secrets
 import socket
 import subprocess
-import sys
 import weakref
 from collections import deque
 from multiprocessing.connection import Connection, wait
@@ -30,8 +32,9 @@ from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.executor.abstract import Executor, PendingOutput
+from infernetes.runtime.executor.node_link import JoinedRank, RankListener, rendezvous_url
 from infernetes.runtime.logging_config import LoggingSettings
-from infernetes.runtime.worker.worker_process import STOP, WorkerInit
+from infernetes.runtime.worker.worker_process import STOP, WorkerInit, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -39,27 +42,21 @@ STOP_TIMEOUT_S = 10.0
 
 
 class WorkerDiedError(RuntimeError):
-    """A worker process exited while the engine needed it."""
+    """A worker process exited, or a remote rank disconnected, while the engine needed it."""
 
 
 class WorkerProcess:
-    """One rank's process and the connection to it."""
+    """One local rank's process and the connection to it."""
 
     def __init__(self, init: WorkerInit) -> None:
         self.rank = init.rank
         ours, theirs = socket.socketpair()
         with theirs:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "infernetes.runtime.worker.worker_process",
-                    str(theirs.fileno()),
-                ],
-                pass_fds=(theirs.fileno(),),
-            )
+            self.process = spawn(init, theirs)
         self.conn = Connection(ours.detach())
-        self.conn.send_bytes(pickle.dumps(init, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def exited(self) -> bool:
+        return self.process.poll() is not None
 
     def died(self) -> WorkerDiedError:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -80,6 +77,37 @@ class WorkerProcess:
         self.conn.close()
 
 
+class RemoteRank:
+    """A rank of another node, reached over the TCP connection it opened to this one."""
+
+    def __init__(self, joined: JoinedRank) -> None:
+        self.rank = joined.rank
+        self.node = joined.node
+        self.peer = joined.peer
+        self.conn = joined.conn
+
+    def exited(self) -> bool:
+        """Between calls nothing is due from a rank: a readable connection is a closed one."""
+        try:
+            return self.conn.poll(0)
+        except OSError:
+            return True
+
+    def died(self) -> WorkerDiedError:
+        return WorkerDiedError(
+            f"worker rank {self.rank} on node {self.node} ({self.peer}) disconnected"
+        )
+
+    def stop(self, timeout: float) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send_bytes(pickle.dumps((STOP, ())))
+            self.conn.poll(timeout)  # until it hangs up
+        self.conn.close()
+
+
+Rank = WorkerProcess | RemoteRank
+
+
 class PendingCall:
     """A call sent to every rank whose replies have not been read yet."""
 
@@ -94,7 +122,7 @@ class PendingCall:
         return self.replies if self.pick is None else self.replies[self.pick]
 
 
-def _stop_workers(workers: list[WorkerProcess]) -> None:
+def _stop_workers(workers: list[Rank]) -> None:
     for worker in workers:
         worker.stop(STOP_TIMEOUT_S)
 
@@ -110,31 +138,40 @@ class MultiprocExecutor(Executor):
         super().__init__(config)
         parallel = config.parallel
         world_size = parallel.world_size
-        needed = world_size * parallel.data_parallel_size
+        needed = parallel.local_world_size * parallel.data_parallel_size
         if config.device.device.type == "cuda" and torch.cuda.device_count() < needed:
             raise ValueError(
-                f"data_parallel_size x tensor_parallel_size x pipeline_parallel_size is {needed}, "
-                f"but {torch.cuda.device_count()} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)"
+                f"data_parallel_size x tensor_parallel_size x pipeline_parallel_size / nnodes is "
+                f"{needed}, but {torch.cuda.device_count()} CUDA device(s) are visible "
+                "(CUDA_VISIBLE_DEVICES)"
             )
         if config.model.seed is None:
             # Every rank samples each step (the same logits) and must draw the same numbers.
             model = dataclasses.replace(config.model, seed=secrets.randbits(63))
             config = dataclasses.replace(config, model=model)
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        listener = None
+        if parallel.nnodes > 1:
+            listener = RankListener(config, config.model.seed or 0)
+            init_method = rendezvous_url(parallel)
+        else:
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
         logging_settings = LoggingSettings.from_env()
-        self.workers = [
+        self.workers: list[Rank] = [
             WorkerProcess(WorkerInit(config, rank, init_method, logging_settings))
-            for rank in range(world_size)
+            for rank in parallel.local_ranks
         ]
         # Stopped with the executor, or at interpreter exit at the latest.
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers)
         self._unanswered: deque[PendingCall] = deque()
         try:
+            if listener is not None:
+                joined = listener.join(alive=self.check_health)
+                self.workers.extend(RemoteRank(rank) for rank in joined)
             self._gather()  # each rank says ready once its shard is loaded
         except BaseException:
             self.shutdown()
             raise
-        logger.info("Started %d worker processes (%s)", world_size, _layout(config))
+        logger.info("Started %d worker ranks (%s)", world_size, _layout(config))
         for report in self.collective_rpc("report"):
             logger.info(
                 "Rank %(rank)d on %(device)s: %(attention_layers)d layers of %(attention_heads)d "
@@ -182,14 +219,18 @@ class MultiprocExecutor(Executor):
                 if not ok:
                     raise value
                 results[worker.rank] = value
-        return [results[rank] for rank in range(len(self.workers))]
+        return [results[worker.rank] for worker in self.workers]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.submit_model(scheduler_output).result()
 
     def check_health(self) -> None:
         for worker in self.workers:
-            if worker.process.poll() is not None:
+            # With steps in flight a remote rank's connection is readable for its replies: its
+            # death shows when they are read.
+            if isinstance(worker, RemoteRank) and self._unanswered:
+                continue
+            if worker.exited():
                 raise worker.died()
 
     def shutdown(self) -> None:
@@ -198,7 +239,9 @@ class MultiprocExecutor(Executor):
 
 def _layout(config: RuntimeConfig) -> str:
     parallel = config.parallel
+    nodes = f", over {parallel.nnodes} nodes" if parallel.nnodes > 1 else ""
     return (
         f"tensor parallel {parallel.tensor_parallel_size}, "
         f"pipeline parallel {parallel.pipeline_parallel_size}, on {config.device.device.type}"
+        f"{nodes}"
     )

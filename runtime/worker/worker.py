@@ -113,25 +113,27 @@ def _share_cpu_cores(config: RuntimeConfig) -> None:
     """Ranks and data-parallel engines on one CPU share its cores (oversubscribed OpenMP threads
     spin against each other), unless OMP_NUM_THREADS says otherwise."""
     parallel = config.parallel
-    ranks = parallel.world_size * parallel.data_parallel_size
+    ranks = parallel.local_world_size * parallel.data_parallel_size
     if config.device.device.type == "cpu" and ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
 
 
 def _rank_device(config: RuntimeConfig, rank: int) -> RuntimeConfig:
-    """On CUDA each rank of this host takes the visible device of its index, data-parallel
-    engines one block of ``world_size`` devices each (``CUDA_VISIBLE_DEVICES`` decides which
-    those are); a CPU is shared by all."""
+    """On CUDA each rank of this host takes the visible device of its index on the host (with
+    ``--nnodes``, node R's ranks take devices 0..local-1 as node 0's do), data-parallel engines
+    one block of ``world_size`` devices each (``CUDA_VISIBLE_DEVICES`` decides which those are);
+    a CPU is shared by all."""
     device, parallel = config.device.device, config.parallel
-    if device.type != "cuda" or parallel.world_size * parallel.data_parallel_size == 1:
+    per_host = parallel.local_world_size * parallel.data_parallel_size
+    if device.type != "cuda" or per_host == 1:
         return config
-    index = parallel.data_parallel_rank * parallel.world_size + rank
+    local_rank = rank - parallel.local_ranks.start
+    index = parallel.data_parallel_rank * parallel.local_world_size + local_rank
     visible = torch.cuda.device_count()
     if index >= visible:
         raise ValueError(
-            f"data_parallel_size x tensor_parallel_size x pipeline_parallel_size is "
-            f"{parallel.data_parallel_size * parallel.world_size}, but {visible} CUDA device(s) "
-            "are visible (CUDA_VISIBLE_DEVICES)"
+            f"data_parallel_size x tensor_parallel_size x pipeline_parallel_size / nnodes is "
+            f"{per_host}, but {visible} CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)"
         )
     local = torch.device("cuda", index)
     torch.cuda.set_device(local)

@@ -1,11 +1,14 @@
-"""The main of one worker process (``executor/multiproc_executor.py`` starts one per rank).
+"""The main of one worker process (``executor/multiproc_executor.py`` starts one per local rank,
+``worker/headless.py`` one per rank of a ``--headless`` node).
 
-It reads its ``WorkerInit`` from the connection it was given, joins the process groups, builds
-its ``Worker`` and says ready (or why not); then it answers calls ``(method, args)`` with
-``(True, result)`` or ``(False, error)`` until told to stop or until the engine core goes away:
-its connection closes, or, while a collective holds this process, its parent changes.
+It reads its ``WorkerInit`` from stdin, joins the process groups, builds its ``Worker`` and says
+ready (or why not) on the connection it was given (a socket pair to the engine core, or a TCP
+socket to node 0's); then it answers calls ``(method, args)`` with ``(True, result)`` or
+``(False, error)`` until told to stop (exit 0) or until the engine core goes away (exit 1): its
+connection closes, or, while a collective holds this process, the peer hangs up or its parent
+changes.
 
-Run as ``python -m infernetes.runtime.worker.worker_process FD``.
+Run as ``python -m infernetes.runtime.worker.worker_process FD`` (``spawn`` does).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import contextlib
 import logging
 import os
 import pickle
+import select
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -37,15 +43,36 @@ class WorkerInit(NamedTuple):
     logging_settings: LoggingSettings
 
 
-def _exit_when_orphaned(parent: int) -> None:
-    """A worker stuck in a collective never reads its connection again: watch the parent."""
+def spawn(init: WorkerInit, conn: socket.socket) -> subprocess.Popen[bytes]:
+    """Start rank ``init.rank``'s process serving ``conn`` (the caller closes its own copy)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "infernetes.runtime.worker.worker_process", str(conn.fileno())],
+        pass_fds=(conn.fileno(),),
+        stdin=subprocess.PIPE,
+    )
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError), process.stdin:  # a dead child is seen by its conn
+        process.stdin.write(pickle.dumps(init, protocol=pickle.HIGHEST_PROTOCOL))
+    return process
 
-    def watch() -> None:
+
+def _exit_when_abandoned(parent: int, fd: int, stopping: threading.Event) -> None:
+    """A worker stuck in a collective never reads its connection again: watch the parent and the
+    peer's end of the connection (node 0 on another host may vanish while its parent lives)."""
+
+    def watch_parent() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_CHECK_S)
         os._exit(1)
 
-    threading.Thread(target=watch, name="infernetes-parent-watch", daemon=True).start()
+    def watch_peer() -> None:
+        poller = select.poll()
+        poller.register(fd, select.POLLRDHUP)  # hang-ups only, never the calls themselves
+        poller.poll()
+        os._exit(0 if stopping.is_set() else 1)
+
+    for target in (watch_parent, watch_peer):
+        threading.Thread(target=target, name=f"infernetes-{target.__name__}", daemon=True).start()
 
 
 def _portable(error: BaseException) -> BaseException:
@@ -54,7 +81,7 @@ def _portable(error: BaseException) -> BaseException:
     return portable_error(error)
 
 
-def serve(conn: Connection, init: WorkerInit) -> None:
+def serve(conn: Connection, init: WorkerInit, stopping: threading.Event) -> None:
     from infernetes.runtime.model_executor import parallel
     from infernetes.runtime.worker.worker import Worker
 
@@ -79,6 +106,7 @@ def serve(conn: Connection, init: WorkerInit) -> None:
     while True:
         method, args = pickle.loads(conn.recv_bytes())
         if method == STOP:
+            stopping.set()
             break
         try:
             reply: tuple[bool, Any] = (True, getattr(worker, method)(*args))
@@ -93,12 +121,14 @@ def main(fd: int) -> None:
     # The API process owns the signals (it drains on SIGTERM, then stops the engine and us).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _exit_when_orphaned(os.getppid())
-    conn = Connection(fd)
-    init: WorkerInit = pickle.loads(conn.recv_bytes())
+    stopping = threading.Event()
+    _exit_when_abandoned(os.getppid(), fd, stopping)
+    init: WorkerInit = pickle.loads(sys.stdin.buffer.read())
     configure_logging(init.logging_settings, tag=f"rank {init.rank} pid {os.getpid()}")
-    with contextlib.suppress(EOFError, OSError):  # the engine core is gone; so are we
-        serve(conn, init)
+    try:
+        serve(Connection(fd), init, stopping)
+    except (EOFError, OSError):  # the engine core is gone; so are we
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Flags newer vLLM releases added: --async-scheduling (refused until built),
---enable-log-requests (--disable-log-requests deprecated) and --structured-outputs-config with its
-keys, whole or dotted."""
+--enable-log-requests (--disable-log-requests deprecated), --structured-outputs-config with its
+keys, whole or dotted, and the multi-node flags of vLLM 0.11 (--nnodes, --node-rank,
+--master-addr, --master-port)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,16 @@ def test_structured_outputs_config_keys_go_through_the_support_table(value, verd
     errors = [e for e in report.errors if f"--structured-outputs-config.{key}" in e]
     warnings = [w for w in report.warnings if f"--structured-outputs-config.{key}" in w]
     assert (bool(errors), bool(warnings)) == (verdict == "error", verdict == "warning")
+
+
+def test_multi_node_flags_with_their_short_forms_and_defaults():
+    default, _ = parse_with_notices(["m"])
+    assert (default.nnodes, default.node_rank) == (1, 0)
+    assert (default.master_addr, default.master_port) == ("127.0.0.1", 29501)
+    argv = ["m", "-tp", "4", "-n", "2", "-r", "1", "--headless", "--master-addr", "leader.lws"]
+    config, notices = parse_with_notices([*argv, "--master-port", "30000"])
+    assert (config.nnodes, config.node_rank, config.headless) == (2, 1, True)
+    assert (config.master_addr, config.master_port) == ("leader.lws", 30000)
+    assert not notices
+    report = check_support(config, environ={})
+    assert (report.errors, report.warnings) == ([], [])

@@ -16,6 +16,9 @@ COMPANIONS = {
     "max_long_partial_prefills": {"max_num_partial_prefills": 4},
     "data_parallel_size_local": {"data_parallel_size": 4},
     "max_num_seqs": {"max_num_batched_tokens": 8192},
+    "headless": {"nnodes": 2, "node_rank": 1, "tensor_parallel_size": 2},
+    "nnodes": {"tensor_parallel_size": 3},
+    "node_rank": {"nnodes": 4, "headless": True, "tensor_parallel_size": 4},
 }
 
 
@@ -78,6 +81,10 @@ def test_round_trip_of_many_arguments_at_once():
             "max_cpu_loras": 4,
             "tool_call_parser": "hermes",
             "otlp_traces_endpoint": "http://c:4317",
+            # one node: several need a data-parallel size of 1 (their own test renders them)
+            "nnodes": 1,
+            "node_rank": 0,
+            "headless": False,
         }
     )
     config = build_config(**values)

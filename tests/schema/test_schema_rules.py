@@ -20,6 +20,15 @@ RULES = [
     (dict(collect_detailed_traces=["all"]), "--otlp-traces-endpoint"),
     (dict(data_parallel_size=2, data_parallel_size_local=4), "--data-parallel-size-local"),
     (dict(gpu_memory_utilization=0.0), "--gpu-memory-utilization"),
+    (dict(nnodes=2, tensor_parallel_size=2, node_rank=2, headless=True), "--node-rank (2)"),
+    (dict(nnodes=2, tensor_parallel_size=3), "must be divisible by --nnodes"),
+    (dict(headless=True), "--headless is for the nodes after the first"),
+    (dict(nnodes=2, tensor_parallel_size=2, headless=True), "node 0 serves the API"),
+    (dict(nnodes=2, tensor_parallel_size=2, node_rank=1), "--node-rank 1 needs --headless"),
+    (
+        dict(nnodes=2, tensor_parallel_size=2, data_parallel_size=2),
+        "--data-parallel-size (2) must be 1 with --nnodes",
+    ),
 ]
 
 
@@ -54,6 +63,8 @@ def test_rule_on_the_command_line(capsys, values, named):
 
 
 def test_valid_combinations_pass():
+    build_config("m", nnodes=2, tensor_parallel_size=2)
+    build_config("m", nnodes=2, pipeline_parallel_size=4, node_rank=1, headless=True)
     build_config("m", enable_auto_tool_choice=True, tool_call_parser="hermes")
     build_config("m", enable_lora=True, max_loras=2, max_cpu_loras=2, lora_modules=["a=/p"])
     build_config("m", enable_chunked_prefill=False, max_model_len=2048, max_num_batched_tokens=2048)

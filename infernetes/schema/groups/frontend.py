@@ -233,7 +233,8 @@ ARGS = (
         "bool",
         False,
         G,
-        "Run engines only, without an API server (secondary nodes of multi-node data parallel).",
+        "Run without an API server: a node after the first of --nnodes runs only its ranks, which "
+        "node 0 calls.",
         operator_owned=True,
     ),
     Arg(

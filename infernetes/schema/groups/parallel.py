@@ -79,6 +79,48 @@ ARGS = (
         aliases=("-dpb",),
         choices=("mp", "ray"),
     ),
+    # The multi-node arguments of vLLM >= 0.11 (its ParallelConfig; older releases had none).
+    Arg(
+        "nnodes",
+        "int",
+        1,
+        G,
+        "Number of nodes the tensor x pipeline parallel ranks are split over, evenly "
+        "(added in vLLM 0.11).",
+        aliases=("-n",),
+        minimum=1,
+        operator_owned=True,
+    ),
+    Arg(
+        "node-rank",
+        "int",
+        0,
+        G,
+        "This node's index among --nnodes: node 0 serves the API, the others run --headless "
+        "(added in vLLM 0.11).",
+        aliases=("-r",),
+        minimum=0,
+        operator_owned=True,
+    ),
+    Arg(
+        "master-addr",
+        "str",
+        "127.0.0.1",
+        G,
+        "Address of node 0, where the other nodes' ranks connect (added in vLLM 0.11).",
+        operator_owned=True,
+    ),
+    Arg(
+        "master-port",
+        "int",
+        29501,
+        G,
+        "Port of node 0 for the other nodes' ranks; torch.distributed's rendezvous uses the next "
+        "one (added in vLLM 0.11).",
+        minimum=1,
+        maximum=65534,
+        operator_owned=True,
+    ),
     Arg(
         "enable-expert-parallel",
         "bool",
