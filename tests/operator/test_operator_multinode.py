@@ -49,7 +49,7 @@ def test_layout(spec: dict, facts: ClusterFacts, expected: Layout) -> None:
 def test_a_size_that_does_not_split_into_whole_nodes_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"\(12 GPUs\) exceeds one node \(8 GPUs, the largest"):
         layout(tp(12), EIGHT_GPU_NODES)
-    with pytest.raises(ValueError, match="spec.gpu.perNode"):
+    with pytest.raises(ValueError, match=r"spec\.gpu\.perNode"):
         layout(tp(16, gpu={"perNode": 6}), EIGHT_GPU_NODES)
     with pytest.raises(ValueError, match="dataParallelSize 1"):
         layout(
