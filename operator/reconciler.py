@@ -316,7 +316,7 @@ class Reconciler:
         if result is not None and result.blocked:
             # No workload this cluster can run (no LeaderWorkerSet API): nothing is applied until
             # the API appears (discovery queues a pass then).
-            result, error = None, result.blocked
+            error, result = result.blocked, None
             metrics.RECONCILES.labels("invalid").inc()
         if result is not None and (
             why := too_large_for_any_node(self.gpus.nodes, gpu_resource(spec), result.gpus_per_pod)
