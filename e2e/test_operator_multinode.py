@@ -3,7 +3,8 @@ kwok nodes waits with LeaderWorkerSetMissing while the LeaderWorkerSet API is ab
 once the real LWS controller (built from sigs.k8s.io/lws, cluster/lws.sh, run on the host with
 its webhooks: cluster/lws_controller.py) and its CRDs are installed, becomes a LeaderWorkerSet
 whose pods that controller creates on two nodes, the workers carrying the leader's address in
-their env and the rendered multi-node args; the Service selects the leader; TP 8 switches back
+their env and the rendered multi-node args; the Service selects the leader; an edit of the
+LeaderWorkerSet is reverted; TP 8 switches back
 to a Deployment; deleting the service removes it all. Admission refuses impossible layouts
 naming the field, and `kubectl explain` documents spec.gpu.perNode."""
 
@@ -203,6 +204,24 @@ def test_tp16_waits_for_the_lws_api_then_runs_on_two_nodes_and_goes_with_the_ser
     )
     status = get(cluster, ns, "infsvc", name)["status"]
     assert status["readyReplicas"] == 1 and status["gpusPerReplica"] == 16
+
+    # Someone edits the LeaderWorkerSet's worker image: the operator puts its own back.
+    path = "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/image"
+    image = group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0][
+        "image"
+    ]
+    cluster.kubectl(
+        "patch", "leaderworkersets.leaderworkerset.x-k8s.io", name, "-n", ns, "--type=json",
+        "-p", f'[{{"op":"replace","path":"{path}","value":"someone/else:1"}}]',
+    )  # fmt: skip
+
+    def worker_image() -> str:
+        live = get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name)
+        return live["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0][
+            "image"
+        ]
+
+    wait_until(lambda: worker_image() == image, timeout=TIMEOUT, what="the worker image restored")
 
     # TP 8 fits a node: a Deployment again, the LeaderWorkerSet removed.
     cluster.kubectl(
