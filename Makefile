@@ -39,9 +39,11 @@ $(LMEVAL_STAMP): tests/server/lmeval/requirements.txt
 	$(LMEVAL_BIN)/pip install --quiet -r tests/server/lmeval/requirements.txt
 	touch $(LMEVAL_STAMP)
 
-# build.sh first, so a cold build (tens of minutes) shows its progress; a no-op once cached.
+# build.sh (and lws.sh, the LeaderWorkerSet controller) first, so a cold build (tens of minutes)
+# shows its progress; a no-op once cached.
 e2e: setup
 	cluster/build.sh >/dev/null
+	cluster/lws.sh >/dev/null
 	$(BIN)/pytest e2e
 
 # A local control plane for development (kubeconfig in .cluster/); `make e2e` reuses it.

@@ -28,6 +28,7 @@ def test_there_are_examples_for_each_documented_use():
         "model-cache-pvc",
         "tensor-parallel",
         "autoscaling",
+        "multinode",
     }
 
 

@@ -1,6 +1,7 @@
-"""A replica larger than any node (issue 15, item 5): on the local control plane's 8-GPU nodes a
-tensor-parallel size of 16 gets a Degraded condition naming the GPUs it needs and the largest
-node, and no Deployment whose pod would stay Pending; 8 fits and is rendered."""
+"""A pod larger than any node (issue 15, item 5): on the local control plane's 8-GPU nodes a
+tensor-parallel size of 16 in one pod (spec.gpu.perNode 16) gets a Degraded condition naming the
+GPUs it needs and the largest node, and no Deployment whose pod would stay Pending; 8 fits and is
+rendered. (Without gpu.perNode, 16 spans two nodes: test_operator_multinode.py.)"""
 
 import uuid
 from collections.abc import Iterator
@@ -51,6 +52,7 @@ def test_a_replica_larger_than_any_node_is_a_condition_not_a_pending_pod(
         "metadata": {"name": "huge"},
         "spec": {
             "model": "meta-llama/Llama-3.1-405B-Instruct",
+            "gpu": {"perNode": 16},
             "engine": {"tensorParallelSize": 16},
         },
     }

@@ -15,6 +15,7 @@ PLURALS = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
 }
 
 

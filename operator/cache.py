@@ -152,6 +152,14 @@ class GpuLedger:
         else:
             self.pods[uid] = (spec["nodeName"], gpus)
 
+    def largest(self) -> dict[str, int]:
+        """The GPUs of the largest schedulable node, per resource (GPUs per node by default)."""
+        largest: dict[str, int] = {}
+        for gpus in self.nodes.values():
+            for res, count in gpus.items():
+                largest[res] = max(largest.get(res, 0), count)
+        return largest
+
     def spare(self, excluding: Key | None = None) -> dict[str, int]:
         used: dict[str, list[dict[str, int]]] = {}
         for node, gpus in self.pods.values():

@@ -10,6 +10,7 @@ import yaml
 from infernetes.operator import names
 from infernetes.operator.admission import engine_refusals, env_refusals, narrow_with_cel
 from infernetes.operator.engine_schema import engine_env_schema, engine_schema
+from infernetes.operator.multinode import multinode_rules
 from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
 from infernetes.operator.spec_schema import (
     GPU_VENDORS,
@@ -138,6 +139,7 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
             )
         )
     rules += _gpu_limit_rules(product, gpu_free_device)
+    rules += multinode_rules(engine_properties)
     gpus = f"(has(self.gpu) && has(self.gpu.count) ? self.gpu.count : {product})"
     rules.append(
         rule(

@@ -7,8 +7,13 @@ from infernetes.operator.names import DEFAULT_IMAGE
 
 MONITORING_GV = "monitoring.coreos.com/v1"
 KEDA_GV = "keda.sh/v1alpha1"
+LWS_GV = "leaderworkerset.x-k8s.io/v1"
 # Kinds a bare group/version stands for (like `helm template --api-versions`).
-KNOWN_KINDS = {MONITORING_GV: ("ServiceMonitor", "PodMonitor"), KEDA_GV: ("ScaledObject",)}
+KNOWN_KINDS = {
+    MONITORING_GV: ("ServiceMonitor", "PodMonitor"),
+    KEDA_GV: ("ScaledObject",),
+    LWS_GV: ("LeaderWorkerSet",),
+}
 
 
 @dataclass(frozen=True)
@@ -16,11 +21,13 @@ class ClusterFacts:
     """Optional APIs the cluster serves and the GPU headroom a rolling update could use.
 
     `apis` holds "group/version/Kind" entries. `spare_gpus` maps a device-plugin resource
-    (nvidia.com/gpu) to the most GPUs free on any one node; None means unknown.
+    (nvidia.com/gpu) to the most GPUs free on any one node; None means unknown. `gpus_per_node`
+    maps it to the GPUs of the largest node (whether a replica must span nodes).
     """
 
     apis: frozenset[str] = frozenset()
     spare_gpus: Mapping[str, int] | None = None
+    gpus_per_node: Mapping[str, int] | None = None
     default_image: str = DEFAULT_IMAGE
 
     def serves(self, group_version: str, kind: str) -> bool:

@@ -18,14 +18,15 @@ def _count(value: Any) -> int:
 def too_large_for_any_node(
     nodes: Mapping[str, Mapping[str, int]], resource: str, per_replica: int
 ) -> str | None:
-    """Why one replica cannot be placed on any node (its GPUs must share a node until multi-node
-    serving is built), or None when some node is large enough or no GPU node is known yet."""
+    """Why one pod of a replica cannot be placed on any node, or None when some node is large
+    enough or no GPU node is known yet (a replica across nodes asks this for each of its pods)."""
     largest = max((gpus.get(resource, 0) for gpus in nodes.values()), default=0)
     if not largest or per_replica <= largest:
         return None
     return (
         f"a replica needs {per_replica} {resource} (tensor x pipeline x data parallel size) on "
-        f"one node, but the largest node has {largest}; serving across nodes is planned"
+        f"one node, but the largest node has {largest}; spec.gpu.perNode set to the nodes' GPUs "
+        "spreads it over nodes (tensor x pipeline parallel size a multiple of it)"
     )
 
 

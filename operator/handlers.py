@@ -6,9 +6,8 @@ never waits behind another. Only event handlers are registered: kopf keeps no ha
 finalizer or last-handled annotation on the resources (no writes of its own).
 
 Watched: InferenceServices; what the operator creates (Deployments, Services, ServiceMonitors,
-PodMonitors, PodDisruptionBudgets, ScaledObjects, HorizontalPodAutoscalers, by the managed-by
-label); pods (status, and GPU headroom) and nodes (GPU
-headroom); CRDs of the optional API groups (their appearance and removal, re-discovered).
+PodMonitors, PodDisruptionBudgets, ScaledObjects, HorizontalPodAutoscalers, LeaderWorkerSets, by
+the managed-by label); pods (status, and GPU headroom) and nodes (GPU headroom); CRDs of the optional API groups (their appearance and removal, re-discovered).
 """
 
 import logging
@@ -32,6 +31,7 @@ CHILD_RESOURCES = [
     ("policy", "v1", "poddisruptionbudgets"),
     ("keda.sh", "v1alpha1", "scaledobjects"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 ]
 
 
@@ -89,6 +89,7 @@ async def resource_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
 @kopf.on.event("keda.sh", "v1alpha1", "scaledobjects", labels=OWNED)
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=OWNED)
+@kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels=OWNED)
 async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.child_event(type, plain(body))
 

@@ -34,6 +34,11 @@ def cluster_rules() -> list[dict[str, Any]]:
             "resources": ["horizontalpodautoscalers"],
             "verbs": CHILD_VERBS,
         },
+        {
+            "apiGroups": ["leaderworkerset.x-k8s.io"],
+            "resources": ["leaderworkersets"],
+            "verbs": CHILD_VERBS,
+        },
         # Read-only views for status (pods) and for GPU headroom (nodes, pods).
         {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": READ},
         # The access modes of the claims a resource mounts (ClaimsShared).

@@ -29,9 +29,10 @@ from infernetes.operator.cache import Children, GpuLedger, Key, Newest, child_id
 from infernetes.operator.discovery import OPTIONAL_GROUP_VERSIONS, discover_apis
 from infernetes.operator.drift import differences, scaled_by_others, stale_fields, with_hash
 from infernetes.operator.engine_support import review_engine
-from infernetes.operator.facts import KEDA_GV, ClusterFacts
+from infernetes.operator.facts import KEDA_GV, LWS_GV, ClusterFacts
 from infernetes.operator.gpus import too_large_for_any_node
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
+from infernetes.operator.multinode import LWS_KIND, LWS_MISSING, as_deployment_view
 from infernetes.operator.render import Plan, plan
 from infernetes.operator.render.workload import gpu_resource, model_source
 from infernetes.operator.status import (
@@ -175,7 +176,8 @@ class Reconciler:
     def node_event(self, event: str | None, body: Mapping[str, Any]) -> None:
         self.gpus.observe_node(body, deleted=event == "DELETED")
         for key, outcome in self.outcomes.items():
-            if outcome.error and outcome.error[0] == TOO_LARGE:  # a node may fit it now
+            # A node may fit it now (or, GPUs per node being the largest node's, need no LWS).
+            if outcome.error and outcome.error[0] in (TOO_LARGE, LWS_MISSING):
                 self.queue.add(key, CHILD_DELAY_SECONDS)
 
     def crd_event(self, event: str | None, body: dict[str, Any]) -> None:
@@ -258,7 +260,11 @@ class Reconciler:
         return min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2**failures)
 
     def facts(self, spare: Mapping[str, int] | None) -> ClusterFacts:
-        kwargs: dict[str, Any] = {"apis": self.apis, "spare_gpus": spare}
+        kwargs: dict[str, Any] = {
+            "apis": self.apis,
+            "spare_gpus": spare,
+            "gpus_per_node": self.gpus.largest(),
+        }
         if self.default_image:
             kwargs["default_image"] = self.default_image
         return ClusterFacts(**kwargs)
@@ -270,7 +276,15 @@ class Reconciler:
         spec, uid = resource.get("spec") or {}, resource["metadata"]["uid"]
         live = self.children.of(key).get(("apps/v1", "Deployment", name))
         result = plan(spec, self.facts(self.gpus.spare()), name=name, namespace=namespace, uid=uid)
-        deployment = result.manifests[0]
+        workload = result.manifests[0]
+        if workload["kind"] != "Deployment":
+            # A LeaderWorkerSet rolls out by its own strategy (render.leaderworkerset.rollout).
+            live_lws = self.children.of(key).get((LWS_GV, LWS_KIND, name))
+            if live_lws is not None and scaled_by_others(live_lws):
+                workload["spec"].pop("replicas", None)
+            result.manifests = [with_hash(manifest) for manifest in result.manifests]
+            return result
+        deployment = workload
         if live is not None and not differences(
             deployment["spec"]["template"], live["spec"]["template"]
         ):
@@ -306,10 +320,13 @@ class Reconciler:
         except (EngineSpecError, KeyError, TypeError, ValueError) as exc:
             result, error = None, ("InvalidSpec", f"cannot render the spec: {exc}")
             metrics.RECONCILES.labels("invalid").inc()
+        if result is not None and result.blocked:
+            # No workload this cluster can run (no LeaderWorkerSet API): nothing is applied until
+            # the API appears (discovery queues a pass then).
+            error, result = result.blocked, None
+            metrics.RECONCILES.labels("invalid").inc()
         if result is not None and (
-            why := too_large_for_any_node(
-                self.gpus.nodes, gpu_resource(spec), result.gpus_per_replica
-            )
+            why := too_large_for_any_node(self.gpus.nodes, gpu_resource(spec), result.gpus_per_pod)
         ):
             # Rather than a pod that stays Pending: nothing is applied until a node fits.
             result, error = None, (TOO_LARGE, why)
@@ -548,7 +565,7 @@ class Reconciler:
         status = dict(current.get("status") or {})
         generation = current["metadata"].get("generation", 0)
         spec = current.get("spec") or {}
-        deployment = self.children.of(key).get(("apps/v1", "Deployment", name))
+        deployment = self.workload(key)
         desired_replicas = spec.get("replicas", 1)
         if deployment is not None and scaled_by_others(deployment):
             desired_replicas = deployment["spec"].get("replicas", desired_replicas)
@@ -606,6 +623,17 @@ class Reconciler:
             await self.event(current, "Warning", reason, warning)
         for kind, reason, message in transitions(status.get("conditions"), new["conditions"]):
             await self.event(current, kind, reason, message)
+
+    def workload(self, key: Key) -> dict[str, Any] | None:
+        """The live Deployment, or the LeaderWorkerSet in the Deployment's terms."""
+        children = self.children.of(key)
+        deployment = children.get(("apps/v1", "Deployment", key[1]))
+        lws = children.get((LWS_GV, LWS_KIND, key[1]))
+        if deployment is None and lws is not None:
+            view = as_deployment_view(lws)
+            view["metadata"]["managedFields"] = lws["metadata"].get("managedFields")
+            return view
+        return deployment
 
     def _autoscaler(self, key: Key, outcome: Outcome) -> dict[str, Any] | None:
         """The live autoscaler the last render chose (its reason names its kind)."""

@@ -139,6 +139,15 @@ def gpu_schema() -> Schema:
                 "Only schedule on nodes with this GPU product label (e.g. NVIDIA-H100-80GB-HBM3).",
                 maxLength=63,
             ),
+            "perNode": integer(
+                "GPUs per node (default: the largest GPU node's capacity, as the operator sees "
+                "the nodes). A replica whose tensorParallelSize x pipelineParallelSize exceeds it "
+                "spans that many GPUs / perNode nodes, one pod each holding perNode GPUs: a "
+                "LeaderWorkerSet (leaderworkerset.x-k8s.io/v1, its controller must be installed) "
+                "instead of a Deployment, the Service selecting the leaders.",
+                minimum=1,
+                maximum=64,
+            ),
         }
     )
 

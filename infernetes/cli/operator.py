@@ -183,6 +183,8 @@ def _render(args: argparse.Namespace) -> int:
             output.extend(result.manifests)
             for warning in result.warnings:
                 print(f"warning: {metadata['name']}: {warning}", file=sys.stderr)
+            if result.blocked:
+                print(f"warning: {metadata['name']}: {': '.join(result.blocked)}", file=sys.stderr)
             if result.autoscaling and result.autoscaling[0] == "False":
                 _, reason, message = result.autoscaling
                 print(f"warning: {metadata['name']}: {reason}: {message}", file=sys.stderr)

@@ -9,9 +9,16 @@ from typing import Any
 
 from infernetes.operator import names
 from infernetes.operator.engine_support import review_engine
-from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.facts import LWS_GV, ClusterFacts
+from infernetes.operator.multinode import LWS_KIND, missing_api
 from infernetes.operator.render.autoscaling import autoscaler
 from infernetes.operator.render.disruption import disruption_budget
+from infernetes.operator.render.leaderworkerset import (
+    LEADER,
+    ROLE_LABEL,
+    layout,
+    leaderworkerset_manifest,
+)
 from infernetes.operator.render.monitoring import scrape_config
 from infernetes.operator.render.service import service_manifest, service_name_for
 from infernetes.operator.render.workload import deployment_manifest, gpus_per_replica
@@ -34,6 +41,10 @@ class Plan:
     ignored: list[str] = field(default_factory=list)  # those engine settings alone
     refused: list[str] = field(default_factory=list)  # settings the CRD and the runtime refuse
     autoscaling: Verdict | None = None  # the Autoscaling condition; None without spec.autoscaling
+    nodes_per_replica: int = 1  # more than one: a LeaderWorkerSet instead of a Deployment
+    gpus_per_pod: int = 0
+    # (reason, message) when the workload cannot be rendered for this cluster (no LWS API).
+    blocked: tuple[str, str] | None = None
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -61,13 +72,36 @@ def plan(
         warnings.append(rename_reason)
     scrape = scrape_config(spec, cluster_facts, name=name, namespace=namespace)
     warnings.extend(scrape.warnings)
-    deployment = deployment_manifest(
-        spec, cluster_facts, name=name, namespace=namespace, pod_annotations=scrape.pod_annotations
-    )
-    manifests = [
-        deployment,
-        service_manifest(spec, name=name, namespace=namespace, service_name=service_name),
-    ]
+    placement = layout(spec, cluster_facts)
+    blocked = None
+    workload: list[dict[str, Any]] = []
+    if not placement.multi_node:
+        workload.append(
+            deployment_manifest(
+                spec,
+                cluster_facts,
+                name=name,
+                namespace=namespace,
+                pod_annotations=scrape.pod_annotations,
+            )
+        )
+    elif cluster_facts.serves(LWS_GV, LWS_KIND):
+        workload.append(
+            leaderworkerset_manifest(
+                spec,
+                cluster_facts,
+                placement,
+                name=name,
+                namespace=namespace,
+                pod_annotations=scrape.pod_annotations,
+            )
+        )
+    else:
+        blocked = missing_api(placement.nodes)
+    service = service_manifest(spec, name=name, namespace=namespace, service_name=service_name)
+    if placement.multi_node:
+        service["spec"]["selector"][ROLE_LABEL] = LEADER  # the workers serve no API
+    manifests = [*workload, service]
     manifests.extend(scrape.manifests)
     manifests.extend(disruption_budget(spec, name=name, namespace=namespace))
     model_name = resolve_model(spec).served_name
@@ -93,6 +127,9 @@ def plan(
         ignored=support.ignored,
         refused=support.refused,
         autoscaling=scaling.verdict,
+        nodes_per_replica=placement.nodes,
+        gpus_per_pod=placement.gpus_per_pod,
+        blocked=blocked,
     )
 
 

@@ -283,9 +283,12 @@ def topology_spread(spec: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
     return constraints
 
 
-def pod_spec(spec: Mapping[str, Any], facts: ClusterFacts, name: str) -> dict[str, Any]:
+def pod_spec(
+    spec: Mapping[str, Any], facts: ClusterFacts, name: str, gpus: int | None = None
+) -> dict[str, Any]:
+    """The pod of a replica, or with `gpus`, one of its pods (a replica across nodes)."""
     source = model_source(spec)
-    gpus = gpus_per_replica(spec)
+    gpus = gpus_per_replica(spec) if gpus is None else gpus
     volumes, mounts = _volumes(spec, source, gpus)
     pod: dict[str, Any] = {
         # Service links would put <SERVICE>_PORT variables (VLLM_PORT for a Service named vllm) in the env.

@@ -15,7 +15,9 @@ from infernetes.operator.render import plan
 from infernetes.operator.render.workload import CACHE_MOUNT
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-MONITORING = ClusterFacts.from_api_versions(["monitoring.coreos.com/v1"])
+MONITORING = ClusterFacts.from_api_versions(
+    ["monitoring.coreos.com/v1", "leaderworkerset.x-k8s.io/v1"]
+)
 
 
 def rendered(example: str, facts: ClusterFacts = MONITORING) -> dict[str, dict[str, Any]]:
@@ -34,7 +36,8 @@ def server(objects: dict[str, dict[str, Any]]) -> tuple[dict, dict]:
 @pytest.mark.parametrize("example", sorted(p.stem for p in EXAMPLES.glob("*.yaml")))
 def test_example_renders(example: str):
     objects = rendered(example)
-    assert {"Deployment", "Service"} <= set(objects)
+    workload = "LeaderWorkerSet" if example == "multinode" else "Deployment"
+    assert {workload, "Service"} <= set(objects)
 
 
 def test_cpu_example_requests_no_gpu():
@@ -80,3 +83,13 @@ def test_autoscaling_example_scales_to_zero_with_keda():
     assert scaled["spec"]["minReplicaCount"] == 0
     assert scaled["spec"]["triggers"][0]["metadata"]["activationThreshold"] == "0"
     assert "HorizontalPodAutoscaler" not in rendered("autoscaling", MONITORING)
+
+
+def test_multinode_example_spans_two_nodes_of_eight_gpus():
+    lws = rendered("multinode")["LeaderWorkerSet"]
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2
+    for template in ("leaderTemplate", "workerTemplate"):
+        container = group[template]["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+        assert "--tensor-parallel-size=16" in container["args"]

@@ -230,9 +230,13 @@ def test_the_finalizer_of_earlier_releases_is_removed_once(api: FakeApi) -> None
 
 
 def test_a_replica_larger_than_any_node_is_reported_not_rendered(api: FakeApi) -> None:
-    """Until serving spans nodes, a replica's GPUs must share one node: 16 GPUs on 8-GPU nodes
-    is a condition, not a Deployment that stays Pending; a node that fits brings it in."""
-    api.resource["spec"] = {"model": "m", "engine": {"tensorParallelSize": 16}}
+    """A pod of 16 GPUs (spec.gpu.perNode 16) on 8-GPU nodes is a condition, not a Deployment
+    that stays Pending; a node that fits brings it in."""
+    api.resource["spec"] = {
+        "model": "m",
+        "gpu": {"perNode": 16},
+        "engine": {"tensorParallelSize": 16},
+    }
     eight = {"status": {"allocatable": {"nvidia.com/gpu": "8"}}}
 
     def eight_gpu_nodes(reconciler: Reconciler) -> None:
@@ -301,3 +305,128 @@ def test_the_autoscaler_follows_the_served_apis_and_goes_with_spec_autoscaling(
     assert api.writes == ["delete ScaledObject", "status"]  # the pods never notice
     assert "Autoscaling" not in [c["type"] for c in api.resource["status"]["conditions"]]
     assert ("keda.sh/v1alpha1", "ScaledObject", "llama") not in api.objects
+
+
+# --- a replica across nodes (LeaderWorkerSet) ------------------------------------------------
+
+LWS = "leaderworkerset.x-k8s.io/v1/LeaderWorkerSet"
+
+
+def eight_gpu_nodes(reconciler: Reconciler) -> None:
+    for name in ("a", "b"):
+        node = {"metadata": {"name": name}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+        reconciler.node_event("ADDED", node)
+
+
+def test_tp16_on_8_gpu_nodes_waits_for_the_lws_api_then_becomes_a_leaderworkerset(
+    api: FakeApi,
+) -> None:
+    """GPUs per node discovered from the nodes: without the LeaderWorkerSet API nothing is
+    applied (a condition and an event say why); once discovery finds it, the LeaderWorkerSet
+    and the Service come, and a further pass writes nothing."""
+    api.resource["spec"] = {"model": "m", "engine": {"tensorParallelSize": 16}}
+    seen: dict[str, Any] = {}
+
+    def lws_appears(reconciler: Reconciler) -> None:
+        seen["ready"] = condition(api, "Ready")
+        seen["writes"] = list(api.writes)
+        api.writes.clear()
+        reconciler.discovered = frozenset({LWS})
+
+    def again(reconciler: Reconciler) -> None:
+        seen["applied"] = list(api.writes)
+        api.writes.clear()
+
+    run(api, eight_gpu_nodes, lws_appears, again)
+    assert seen["ready"]["status"] == "False"
+    assert seen["ready"]["reason"] == "LeaderWorkerSetMissing"
+    assert "spans 2 nodes" in seen["ready"]["message"]
+    assert not any(write.startswith("apply") for write in seen["writes"])
+    assert ("LeaderWorkerSetMissing", seen["ready"]["message"]) in api.events
+    assert seen["applied"][:2] == ["apply LeaderWorkerSet", "apply Service"]
+    assert api.writes == []
+    lws = api.objects[("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "llama")]
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    service = api.objects[("v1", "Service", "llama")]
+    assert service["spec"]["selector"]["infernetes.io/role"] == "leader"
+    assert api.resource["status"]["gpusPerReplica"] == 16
+
+
+def test_switching_between_deployment_and_leaderworkerset_removes_the_other(
+    api: FakeApi,
+) -> None:
+    api.resource["spec"] = {
+        "model": "m",
+        "gpu": {"perNode": 8},
+        "engine": {"tensorParallelSize": 8},
+    }
+    seen: dict[str, Any] = {}
+
+    def to_tp16(reconciler: Reconciler) -> None:
+        seen["first"] = list(api.writes)
+        api.writes.clear()
+        reconciler.discovered = frozenset({LWS})
+        api.resource["metadata"]["generation"] = 2
+        api.resource["spec"]["engine"]["tensorParallelSize"] = 16
+
+    def back_to_tp8(reconciler: Reconciler) -> None:
+        seen["second"] = list(api.writes)
+        api.writes.clear()
+        api.resource["metadata"]["generation"] = 3
+        api.resource["spec"]["engine"]["tensorParallelSize"] = 8
+
+    run(api, nothing, to_tp16, back_to_tp8)
+    assert seen["first"][0] == "apply Deployment"
+    assert "apply LeaderWorkerSet" in seen["second"]
+    assert "delete Deployment" in seen["second"]
+    assert "apply Deployment" in api.writes and "delete LeaderWorkerSet" in api.writes
+    kinds = {kind for _, kind, _ in api.objects}
+    assert "LeaderWorkerSet" not in kinds and "Deployment" in kinds
+
+
+def test_status_reads_the_leaderworkerset_and_drift_is_repaired(api: FakeApi) -> None:
+    api.resource["spec"] = {
+        "model": "m",
+        "replicas": 2,
+        "gpu": {"perNode": 8},
+        "engine": {"tensorParallelSize": 16},
+    }
+    lws_id = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "llama")
+    seen: dict[str, Any] = {}
+
+    def served(reconciler: Reconciler) -> None:
+        reconciler.discovered = frozenset({LWS})
+
+    def groups_ready(reconciler: Reconciler) -> None:
+        seen["before"] = condition(api, "Ready")
+        live = copy.deepcopy(api.objects[lws_id])
+        live["metadata"]["generation"] = 1
+        live["metadata"]["resourceVersion"] = str(next(api.versions))
+        live["status"] = {
+            "observedGeneration": 1,
+            "replicas": 2,
+            "readyReplicas": 2,
+            "updatedReplicas": 2,
+            "conditions": [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}],
+        }
+        api.objects[lws_id] = live
+        reconciler.child_event("MODIFIED", copy.deepcopy(live))
+
+    def image_edited(reconciler: Reconciler) -> None:
+        seen["ready"] = condition(api, "Ready")
+        seen["replicas"] = api.resource["status"]["readyReplicas"]
+        api.writes.clear()
+        live = copy.deepcopy(api.objects[lws_id])
+        template = live["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        template["spec"]["containers"][0]["image"] = "someone/else:1"
+        live["metadata"]["resourceVersion"] = str(next(api.versions))
+        api.objects[lws_id] = live
+        reconciler.child_event("MODIFIED", copy.deepcopy(live))
+
+    run(api, served, nothing, groups_ready, image_edited)
+    assert seen["before"]["status"] == "False"
+    assert seen["ready"]["status"] == "True", seen["ready"]
+    assert seen["replicas"] == 2
+    assert "apply LeaderWorkerSet" in api.writes
+    template = api.objects[lws_id]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    assert template["spec"]["containers"][0]["image"] != "someone/else:1"

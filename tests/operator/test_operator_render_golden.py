@@ -33,6 +33,7 @@ CASES = {
     "lora": [],
     "autoscaling-keda": ["--api-versions", "keda.sh/v1alpha1"],
     "autoscaling-hpa": [],
+    "multinode-tp16": ["--api-versions", "leaderworkerset.x-k8s.io/v1"],
 }
 
 

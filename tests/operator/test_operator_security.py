@@ -34,6 +34,16 @@ def pod(spec: dict[str, Any]) -> dict[str, Any]:
     return render(spec, ClusterFacts(), name="m", namespace="ns")[0]["spec"]["template"]["spec"]
 
 
+def pod_templates(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Deployment's pod, or a LeaderWorkerSet's leader and worker pods."""
+    served = ClusterFacts(apis=frozenset({"leaderworkerset.x-k8s.io/v1/LeaderWorkerSet"}))
+    workload = render(spec, served, name="m", namespace="ns")[0]
+    if workload["kind"] == "LeaderWorkerSet":
+        group = workload["spec"]["leaderWorkerTemplate"]
+        return [group["leaderTemplate"]["spec"], group["workerTemplate"]["spec"]]
+    return [workload["spec"]["template"]["spec"]]
+
+
 def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
     """What the restricted profile (v1.36) refuses in a pod spec, as rendered (the subset of its
     checks that the operator's fields can reach)."""
@@ -75,7 +85,8 @@ def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
 def test_every_sample_renders_restricted(sample: str) -> None:
     for resource in yaml.safe_load_all((SAMPLES / f"{sample}.yaml").read_text()):
         if resource["kind"] == names.KIND:
-            assert restricted_violations(pod(resource["spec"])) == []
+            for pod_spec in pod_templates(resource["spec"]):
+                assert restricted_violations(pod_spec) == []
 
 
 def test_defaults_run_as_the_image_user() -> None:
