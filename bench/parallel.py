@@ -12,7 +12,9 @@ batch queue (two steps in flight, one per stage) and with one step at a time. Pr
   waits in barriers whenever its core is busy), so on 2 cores TP 2 and PP 2 use both and TP 1 one:
   the ratio is what splitting the model over two cores buys once the collectives are paid. PP 2
   one step at a time leaves a stage idle while the other computes; the batch queue keeps both
-  busy;
+  busy, each on half of the running requests, which gains where a stage's time grows with its
+  tokens (prefill-heavy: ``--input-len 200-400 --output-len 8-16 --num-prompts 64``) and not in
+  small-batch CPU decode, whose step costs the same for half the requests (weights read once);
 - the executor's round trip: a call broadcast to both workers and both replies gathered
   (``collective_rpc``), median over 200 calls, as a share of TP 2's mean step time;
 - one all-reduce of a decode step's activations (``[max-num-seqs, hidden]`` float32) in a
