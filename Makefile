@@ -40,10 +40,11 @@ $(LMEVAL_STAMP): tests/server/lmeval/requirements.txt
 	touch $(LMEVAL_STAMP)
 
 # build.sh (and lws.sh, the LeaderWorkerSet controller) first, so a cold build (tens of minutes)
-# shows its progress; a no-op once cached.
+# shows its progress; a no-op once cached. prometheus.sh installs Debian's Prometheus if missing.
 e2e: setup
 	cluster/build.sh >/dev/null
 	cluster/lws.sh >/dev/null
+	cluster/prometheus.sh
 	$(BIN)/pytest e2e
 
 # A local control plane for development (kubeconfig in .cluster/); `make e2e` reuses it.
