@@ -16,6 +16,10 @@ PLURALS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
 }
 
 

@@ -6,7 +6,8 @@ never waits behind another. Only event handlers are registered: kopf keeps no ha
 finalizer or last-handled annotation on the resources (no writes of its own).
 
 Watched: InferenceServices; what the operator creates (Deployments, Services, ServiceMonitors,
-PodMonitors, PodDisruptionBudgets, ScaledObjects, HorizontalPodAutoscalers, LeaderWorkerSets, by
+PodMonitors, PodDisruptionBudgets, ScaledObjects, HorizontalPodAutoscalers, LeaderWorkerSets, and
+for routing an InferencePool and its endpoint picker's ServiceAccount, Role and RoleBinding, by
 the managed-by label); pods (status, and GPU headroom) and nodes (GPU headroom); CRDs of the optional API groups (their appearance and removal, re-discovered).
 """
 
@@ -32,6 +33,10 @@ CHILD_RESOURCES = [
     ("keda.sh", "v1alpha1", "scaledobjects"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+    ("inference.networking.k8s.io", "v1", "inferencepools"),
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 ]
 
 
@@ -90,6 +95,10 @@ async def resource_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 @kopf.on.event("keda.sh", "v1alpha1", "scaledobjects", labels=OWNED)
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=OWNED)
 @kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels=OWNED)
+@kopf.on.event("inference.networking.k8s.io", "v1", "inferencepools", labels=OWNED)
+@kopf.on.event("", "v1", "serviceaccounts", labels=OWNED)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=OWNED)
+@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=OWNED)
 async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.child_event(type, plain(body))
 

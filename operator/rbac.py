@@ -39,6 +39,24 @@ def cluster_rules() -> list[dict[str, Any]]:
             "resources": ["leaderworkersets"],
             "verbs": CHILD_VERBS,
         },
+        # spec.routing: the InferencePool, and the endpoint picker's identity and Role. A Role
+        # may grant only what its creator holds: the picker reads pools, objectives and pods.
+        {
+            "apiGroups": ["inference.networking.k8s.io"],
+            "resources": ["inferencepools"],
+            "verbs": CHILD_VERBS,
+        },
+        {
+            "apiGroups": ["inference.networking.x-k8s.io"],
+            "resources": ["inferenceobjectives"],
+            "verbs": READ,
+        },
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": CHILD_VERBS},
+        {
+            "apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["roles", "rolebindings"],
+            "verbs": CHILD_VERBS,
+        },
         # Read-only views for status (pods) and for GPU headroom (nodes, pods).
         {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": READ},
         # The access modes of the claims a resource mounts (ClaimsShared).

@@ -88,6 +88,7 @@ class Outcome:
     ignored: list[str]  # engine settings without effect (engine_support.review_engine)
     unshared: list[str]  # claims the replicas cannot mount together (unshared_claims)
     autoscaling: Verdict | None = None  # the Autoscaling condition (render.autoscaling)
+    rendered: Mapping[str, Verdict] | None = None  # render.Plan.conditions
 
 
 @dataclass(frozen=True)
@@ -347,6 +348,7 @@ class Reconciler:
             notes.ignored,
             notes.unshared,
             result.autoscaling if result else None,
+            result.conditions if result else None,
         )
         self.status_queue.add(key, STATUS_DELAY_SECONDS)
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
@@ -592,6 +594,7 @@ class Reconciler:
                 unshared_claims=outcome.unshared,
                 autoscaling=outcome.autoscaling,
                 autoscaler=self._autoscaler(key, outcome),
+                rendered=outcome.rendered,
                 reconcile_error=error,
                 stale_children=stale,
             )

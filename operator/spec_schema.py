@@ -327,6 +327,37 @@ def monitoring_schema() -> Schema:
     )
 
 
+def routing_schema() -> Schema:
+    return obj(
+        {
+            "endpointPicker": obj(
+                {
+                    "image": string(
+                        "The endpoint picker's image (default "
+                        "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0).",
+                        minLength=1,
+                        maxLength=512,
+                    ),
+                    "resources": resources_schema(),
+                },
+                description="The Gateway API Inference Extension's endpoint picker (EPP), run as "
+                "one Deployment <name>-epp with a Service of that name.",
+            ),
+            "failureMode": enum(
+                ["FailClose", "FailOpen"],
+                "What the Gateway does when the endpoint picker does not answer: refuse the "
+                "request, or send it to a pod of its own choosing.",
+                default="FailClose",
+            ),
+        },
+        description="Route by model with queue-, KV-cache- and prefix-aware picking: when the "
+        "cluster serves the Gateway API Inference Extension (inference.networking.k8s.io/v1), "
+        "an InferencePool <name> selecting the serving pods on port 8000, and its endpoint "
+        "picker; point a Gateway's HTTPRoute at the pool. Without the extension's CRDs the "
+        "Routing condition says so and the Service serves as before.",
+    )
+
+
 AUTOSCALING_MAX_WINDOW_SECONDS = 3600  # the HPA's own limit on a stabilization window
 # A Prometheus server's base URL, as KEDA's prometheus trigger takes it.
 PROMETHEUS_ADDRESS_PATTERN = r"^https?://[^\s/]+(/[^\s]*)?$"
@@ -553,6 +584,7 @@ def platform_properties() -> dict[str, Schema]:
         "monitoring": monitoring_schema(),
         "rollout": rollout_schema(),
         "autoscaling": autoscaling_schema(),
+        "routing": routing_schema(),
         "terminationGracePeriodSeconds": integer(
             "Time a pod has to stop before it is killed. The server drains in-flight requests for "
             f"engine.shutdownTimeout seconds, by default this minus {SHUTDOWN_MARGIN_SECONDS}, "

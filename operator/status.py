@@ -237,6 +237,7 @@ def derive_status(
     unshared_claims: Sequence[str] = (),
     autoscaling: Verdict | None = None,
     autoscaler: Mapping[str, Any] | None = None,
+    rendered: Mapping[str, Verdict] | None = None,
 ) -> dict[str, Any]:
     """`conditions`, `replicas` and `readyReplicas` for the InferenceService's status;
     `ignored_settings` are the notes of `engine_support.review_engine(spec).ignored`;
@@ -244,7 +245,8 @@ def derive_status(
     being repaired (each makes Ready False); `unshared_claims` the claims several replicas
     cannot mount together; `autoscaling` the Autoscaling condition (only with spec.autoscaling:
     render.autoscaling says which autoscaler, or why none) and `autoscaler` the live HPA or
-    ScaledObject, whose own conditions may say it cannot scale."""
+    ScaledObject, whose own conditions may say it cannot scale; `rendered` the conditions the
+    render alone decides (render.Plan.conditions: Routing)."""
     seen = Observed(desired_replicas, deployment, pods, reconcile_error, tuple(stale_children))
     available = available_condition(seen)
     scheduled = _scheduled(pods)
@@ -261,6 +263,7 @@ def derive_status(
     verdict = autoscaling_condition(autoscaling, autoscaler)
     if verdict is not None:
         computed["Autoscaling"] = verdict
+    computed.update(rendered or {})
     conditions = []
     for kind, (status, reason, message) in computed.items():
         old = _condition(previous, kind)
@@ -300,7 +303,7 @@ def transitions(
             or (kind == "Degraded" and status == "True")
             or (kind == "Progressing" and cond["reason"] == "Repairing")
             or (kind == "ClaimsShared" and status == "False")
-            or (kind == "Autoscaling" and status == "False")
+            or (kind in ("Autoscaling", "Routing") and status == "False")
         ):
             events.append(("Warning", cond["reason"], cond["message"]))
     return events

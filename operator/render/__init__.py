@@ -13,6 +13,7 @@ from infernetes.operator.facts import LWS_GV, ClusterFacts
 from infernetes.operator.multinode import LWS_KIND, missing_api
 from infernetes.operator.render.autoscaling import autoscaler
 from infernetes.operator.render.disruption import disruption_budget
+from infernetes.operator.render.inference_pool import routing_manifests
 from infernetes.operator.render.leaderworkerset import (
     LEADER,
     ROLE_LABEL,
@@ -45,6 +46,8 @@ class Plan:
     gpus_per_pod: int = 0
     # (reason, message) when the workload cannot be rendered for this cluster (no LWS API).
     blocked: tuple[str, str] | None = None
+    # Conditions the render alone decides, by type (Routing: only with spec.routing).
+    conditions: dict[str, Verdict] = field(default_factory=dict)
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -107,6 +110,14 @@ def plan(
     model_name = resolve_model(spec).served_name
     scaling = autoscaler(spec, cluster_facts, name=name, namespace=namespace, model_name=model_name)
     manifests.extend(scaling.manifests)
+    routing = routing_manifests(
+        spec,
+        cluster_facts,
+        name=name,
+        namespace=namespace,
+        pod_selector=service["spec"]["selector"],
+    )
+    manifests.extend(routing.manifests)
     if uid:
         for manifest in manifests:
             manifest["metadata"]["ownerReferences"] = [owner_reference(name, uid)]
@@ -130,6 +141,7 @@ def plan(
         nodes_per_replica=placement.nodes,
         gpus_per_pod=placement.gpus_per_pod,
         blocked=blocked,
+        conditions={"Routing": routing.verdict} if routing.verdict else {},
     )
 
 

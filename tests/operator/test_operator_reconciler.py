@@ -430,3 +430,41 @@ def test_status_reads_the_leaderworkerset_and_drift_is_repaired(api: FakeApi) ->
     assert "apply LeaderWorkerSet" in api.writes
     template = api.objects[lws_id]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     assert template["spec"]["containers"][0]["image"] != "someone/else:1"
+
+
+# --- routing (InferencePool) -----------------------------------------------------------------
+
+
+def test_the_pool_follows_the_served_api_and_goes_with_spec_routing(api: FakeApi) -> None:
+    """Without the extension's API: no pool and a False Routing condition; the pool and its
+    picker once it is served; all of it deleted once spec.routing is removed."""
+    api.resource["spec"]["routing"] = {}
+    seen: dict[str, Any] = {}
+
+    def extension_appears(reconciler: Reconciler) -> None:
+        seen["first"] = (list(api.writes), condition(api, "Routing")["reason"])
+        api.writes.clear()
+        reconciler.discovered = frozenset({"inference.networking.k8s.io/v1/InferencePool"})
+
+    def routing_removed(reconciler: Reconciler) -> None:
+        seen["served"] = (sorted(api.writes), condition(api, "Routing")["reason"])
+        api.writes.clear()
+        api.resource["metadata"]["generation"] = 2
+        del api.resource["spec"]["routing"]
+
+    run(api, nothing, extension_appears, routing_removed)
+    assert seen["first"] == (
+        ["apply Deployment", "apply Service", "status"],
+        "InferencePoolMissing",
+    )
+    picker = ["Deployment", "InferencePool", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert seen["served"] == (
+        sorted([f"apply {kind}" for kind in picker] + ["status"]),
+        "InferencePool",
+    )
+    assert sorted(api.writes) == sorted([f"delete {kind}" for kind in picker] + ["status"])
+    assert "Routing" not in [c["type"] for c in api.resource["status"]["conditions"]]
+    assert set(api.objects) == {
+        ("apps/v1", "Deployment", "llama"),
+        ("v1", "Service", "llama"),
+    }

@@ -1,0 +1,265 @@
+"""spec.routing -> an InferencePool and the endpoint picker (EPP) a Gateway consults for it.
+
+The Gateway API Inference Extension (inference.networking.k8s.io/v1) routes a Gateway's HTTPRoute
+to an InferencePool: the pool selects the model servers' pods and names an endpoint picker, an
+ext-proc gRPC service that picks one pod per request from the metrics it scrapes off each pod
+(queue depth, KV-cache usage, LoRA adapters, the cache's block size for its prefix index). The
+picker is the extension's own image, run here as one Deployment (the extension recommends one
+replica: its prefix index is in memory) with a Service, a ServiceAccount and a Role to read the
+pool and its pods. Its metrics endpoint runs without authentication, so no ClusterRole is needed.
+
+The pool selects the same pods as the InferenceService's Service (the leaders only, when a replica
+spans nodes). The picker's pods carry labels of their own, so neither the Service nor the
+InferenceService's status counts them.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from infernetes.operator import names
+from infernetes.operator.facts import INFERENCE_POOL_GV, ClusterFacts
+from infernetes.operator.status import Verdict
+
+POOL_KIND = "InferencePool"
+POOL_GROUP = INFERENCE_POOL_GV.split("/")[0]
+OBJECTIVE_GROUP = "inference.networking.x-k8s.io"  # InferenceObjectives, read by the picker
+DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+GRPC_PORT, HEALTH_PORT, METRICS_PORT = 9002, 9003, 9090
+PICKER_LABEL = f"{names.GROUP}/endpoint-picker-for"
+# What the picker reads from each pod, under vLLM's names (the runtime's /metrics).
+PICKER_METRICS = {
+    "--total-queued-requests-metric": "vllm:num_requests_waiting",
+    "--kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
+    "--lora-info-metric": "vllm:lora_requests_info",
+    "--cache-info-metric": "vllm:cache_config_info",
+}
+# The extension's default scheduling profile: least queue, least KV usage, longest cached prefix.
+PLUGINS = {
+    "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+    "kind": "EndpointPickerConfig",
+    "plugins": [
+        {"type": "queue-scorer"},
+        {"type": "kv-cache-utilization-scorer"},
+        {"type": "prefix-cache-scorer"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "queue-scorer", "weight": 2},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                {"pluginRef": "prefix-cache-scorer", "weight": 3},
+            ],
+        }
+    ],
+}
+
+
+@dataclass
+class Routing:
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    verdict: Verdict | None = None  # None: spec.routing is not set
+
+
+def picker_name(name: str) -> str:
+    return f"{name}-epp"
+
+
+def picker_pod_labels(name: str) -> dict[str, str]:
+    return {names.LABEL_NAME: "infernetes-endpoint-picker", PICKER_LABEL: name}
+
+
+def inference_pool(
+    routing: Mapping[str, Any], *, name: str, namespace: str, pod_selector: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": INFERENCE_POOL_GV,
+        "kind": POOL_KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": names.common_labels(name)},
+        "spec": {
+            "selector": {"matchLabels": dict(pod_selector)},
+            "targetPorts": [{"number": names.SERVER_PORT}],
+            "endpointPickerRef": {
+                "name": picker_name(name),
+                "port": {"number": GRPC_PORT},
+                "failureMode": routing.get("failureMode", "FailClose"),
+            },
+        },
+    }
+
+
+def _picker_args(name: str, namespace: str) -> list[str]:
+    args = [
+        f"--pool-name={name}",
+        f"--pool-namespace={namespace}",
+        f"--pool-group={POOL_GROUP}",
+        f"--config-text={yaml.safe_dump(PLUGINS, sort_keys=False)}",
+        *(f"{flag}={metric}" for flag, metric in PICKER_METRICS.items()),
+        "--metrics-endpoint-auth=false",
+        "--tracing=false",
+        "--zap-encoder=json",
+    ]
+    return args
+
+
+def _grpc_probe(period: int) -> dict[str, Any]:
+    return {
+        "grpc": {"port": HEALTH_PORT, "service": "inference-extension"},
+        "periodSeconds": period,
+    }
+
+
+def picker_deployment(routing: Mapping[str, Any], *, name: str, namespace: str) -> dict[str, Any]:
+    picker = routing.get("endpointPicker") or {}
+    container: dict[str, Any] = {
+        "name": "epp",
+        "image": picker.get("image", DEFAULT_EPP_IMAGE),
+        "args": _picker_args(name, namespace),
+        "ports": [
+            {"name": "grpc", "containerPort": GRPC_PORT},
+            {"name": "grpc-health", "containerPort": HEALTH_PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+        ],
+        "env": [
+            {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "livenessProbe": {**_grpc_probe(10), "initialDelaySeconds": 5},
+        "readinessProbe": _grpc_probe(2),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        },
+    }
+    if picker.get("resources"):
+        container["resources"] = picker["resources"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": picker_name(name),
+            "namespace": namespace,
+            "labels": names.common_labels(name),
+        },
+        "spec": {
+            "replicas": 1,
+            # The old picker goes before the new one starts: one prefix index at a time.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": picker_pod_labels(name)},
+            "template": {
+                "metadata": {"labels": picker_pod_labels(name)},
+                "spec": {
+                    "serviceAccountName": picker_name(name),
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def picker_service(*, name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": picker_name(name),
+            "namespace": namespace,
+            "labels": names.common_labels(name),
+        },
+        "spec": {
+            "selector": picker_pod_labels(name),
+            "ports": [
+                {"name": "grpc-ext-proc", "port": GRPC_PORT, "appProtocol": "http2"},
+                {"name": "http-metrics", "port": METRICS_PORT},
+            ],
+        },
+    }
+
+
+def picker_access(*, name: str, namespace: str) -> list[dict[str, Any]]:
+    """The picker's ServiceAccount and what it may read: its pool, objectives and pods."""
+    metadata = {
+        "name": picker_name(name),
+        "namespace": namespace,
+        "labels": names.common_labels(name),
+    }
+    read = ["get", "list", "watch"]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(metadata)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(metadata),
+            "rules": [
+                {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": read},
+                {
+                    "apiGroups": [OBJECTIVE_GROUP],
+                    "resources": ["inferenceobjectives"],
+                    "verbs": read,
+                },
+                {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(metadata),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": picker_name(name),
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": picker_name(name), "namespace": namespace}
+            ],
+        },
+    ]
+
+
+def routing_manifests(
+    spec: Mapping[str, Any],
+    facts: ClusterFacts,
+    *,
+    name: str,
+    namespace: str,
+    pod_selector: Mapping[str, str],
+) -> Routing:
+    """The pool and its picker when spec.routing is set and the cluster serves the pool's API."""
+    routing = spec.get("routing")
+    if routing is None:
+        return Routing()
+    if not facts.serves(INFERENCE_POOL_GV, POOL_KIND):
+        return Routing(
+            [],
+            (
+                "False",
+                "InferencePoolMissing",
+                f"routing is set but the cluster does not serve {INFERENCE_POOL_GV} "
+                f"{POOL_KIND}: install the Gateway API Inference Extension's CRDs; the "
+                "Service serves meanwhile",
+            ),
+        )
+    manifests = [
+        inference_pool(routing, name=name, namespace=namespace, pod_selector=pod_selector),
+        *picker_access(name=name, namespace=namespace),
+        picker_deployment(routing, name=name, namespace=namespace),
+        picker_service(name=name, namespace=namespace),
+    ]
+    image = manifests[-2]["spec"]["template"]["spec"]["containers"][0]["image"]
+    return Routing(
+        manifests,
+        (
+            "True",
+            POOL_KIND,
+            f"InferencePool {name} selects the serving pods on port {names.SERVER_PORT}; its "
+            f"endpoint picker {picker_name(name)} ({image}) picks by queue, KV-cache usage and "
+            "cached prefix",
+        ),
+    )
