@@ -29,6 +29,7 @@ def test_there_are_examples_for_each_documented_use():
         "tensor-parallel",
         "autoscaling",
         "multinode",
+        "routing",
     }
 
 

@@ -93,3 +93,13 @@ def test_multinode_example_spans_two_nodes_of_eight_gpus():
         container = group[template]["spec"]["containers"][0]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
         assert "--tensor-parallel-size=16" in container["args"]
+
+
+def test_routing_example_gets_a_pool_and_its_picker_when_the_extension_is_served():
+    facts = ClusterFacts.from_api_versions(["inference.networking.k8s.io/v1"])
+    objects = rendered("routing", facts)
+    pool = objects["InferencePool"]
+    assert pool["spec"]["endpointPickerRef"]["name"] == "llama-routed-epp"
+    assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
+    assert {"Role", "RoleBinding", "ServiceAccount"} <= set(objects)
+    assert "InferencePool" not in rendered("routing")  # not served: nothing, and a condition
