@@ -18,6 +18,7 @@ PLURALS = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
     ("v1", "ServiceAccount"): "serviceaccounts",
+    ("batch/v1", "Job"): "jobs",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
 }

@@ -13,6 +13,7 @@ from infernetes.operator.engine_schema import engine_env_schema, engine_schema
 from infernetes.operator.multinode import multinode_rules
 from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
 from infernetes.operator.spec_schema import (
+    CACHE_RULES,
     GPU_VENDORS,
     ROOT_RULES,
     TERMINATION_GRACE_SECONDS,
@@ -140,6 +141,7 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
         )
     rules += _gpu_limit_rules(product, gpu_free_device)
     rules += multinode_rules(engine_properties)
+    rules += CACHE_RULES
     gpus = f"(has(self.gpu) && has(self.gpu.count) ? self.gpu.count : {product})"
     rules.append(
         rule(

@@ -35,6 +35,7 @@ CHILD_RESOURCES = [
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
     ("inference.networking.k8s.io", "v1", "inferencepools"),
     ("", "v1", "serviceaccounts"),
+    ("batch", "v1", "jobs"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 ]
@@ -97,6 +98,7 @@ async def resource_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 @kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels=OWNED)
 @kopf.on.event("inference.networking.k8s.io", "v1", "inferencepools", labels=OWNED)
 @kopf.on.event("", "v1", "serviceaccounts", labels=OWNED)
+@kopf.on.event("batch", "v1", "jobs", labels=OWNED)
 @kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=OWNED)
 @kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=OWNED)
 async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -52,6 +52,8 @@ def cluster_rules() -> list[dict[str, Any]]:
             "verbs": READ,
         },
         {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": CHILD_VERBS},
+        # spec.modelCache.download: the Job that fills the cache before the server starts.
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": CHILD_VERBS},
         {
             "apiGroups": ["rbac.authorization.k8s.io"],
             "resources": ["roles", "rolebindings"],

@@ -34,6 +34,7 @@ from infernetes.operator.gpus import too_large_for_any_node
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
 from infernetes.operator.multinode import LWS_KIND, LWS_MISSING, as_deployment_view
 from infernetes.operator.render import Plan, plan
+from infernetes.operator.render.model_cache import held_workload
 from infernetes.operator.render.workload import gpu_resource, model_source
 from infernetes.operator.status import (
     Observed,
@@ -277,6 +278,7 @@ class Reconciler:
         spec, uid = resource.get("spec") or {}, resource["metadata"]["uid"]
         live = self.children.of(key).get(("apps/v1", "Deployment", name))
         result = plan(spec, self.facts(self.gpus.spare()), name=name, namespace=namespace, uid=uid)
+        self._hold_for_download(key, result)
         workload = result.manifests[0]
         if workload["kind"] != "Deployment":
             # A LeaderWorkerSet rolls out by its own strategy (render.leaderworkerset.rollout).
@@ -295,6 +297,7 @@ class Reconciler:
             async with self.headroom:
                 spare = self.gpus.spare(excluding=key)
                 result = plan(spec, self.facts(spare), name=name, namespace=namespace, uid=uid)
+                self._hold_for_download(key, result)
                 deployment = result.manifests[0]
                 strategy = deployment["spec"]["strategy"]
                 surge = (strategy.get("rollingUpdate") or {}).get("maxSurge", 0)
@@ -307,6 +310,14 @@ class Reconciler:
             del deployment["spec"]["replicas"]
         result.manifests = [with_hash(manifest) for manifest in result.manifests]
         return result
+
+    def _hold_for_download(self, key: Key, result: Plan) -> None:
+        """Hold the workload until the model-cache Job for this model has succeeded."""
+        held, verdict = held_workload(result.manifests, self.children.of(key), result.model_name)
+        if verdict is not None:
+            result.conditions["ModelCached"] = verdict
+        if held is not None:
+            result.held.add(held)
 
     async def reconcile(self, key: Key) -> None:
         resource = self.resources.get(key)
@@ -370,7 +381,9 @@ class Reconciler:
         live = self.children.of(key)
         wanted = {child_id(m): m for m in result.manifests}
         work = [
-            (m, why) for m in result.manifests if (why := stale_fields(m, live.get(child_id(m))))
+            (m, why)
+            for m in result.manifests
+            if child_id(m) not in result.held and (why := stale_fields(m, live.get(child_id(m))))
         ]
         for cid, obj in list(live.items()):
             if (

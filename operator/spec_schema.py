@@ -160,8 +160,23 @@ def model_cache_schema() -> Schema:
             ),
             "subPath": string(maxLength=1024),
             "readOnly": boolean(),
+            "download": {
+                **boolean(),
+                "description": "Download the model (a Hugging Face id) into the claim with a Job before the "
+                "server starts: the Deployment is created once the Job has succeeded (condition "
+                "ModelCached), so replicas and restarts find it in the cache. A changed model, "
+                "revision or engine.ignorePatterns runs a new Job. The token comes only from "
+                "hfTokenSecretRef.",
+            },
         },
         required=["claimName"],
+        rules=[
+            rule(
+                "!(has(self.download) && self.download && has(self.readOnly) && self.readOnly)",
+                "modelCache.download writes into the claim: modelCache.readOnly must not be true",
+                field_path=".download",
+            )
+        ],
     )
 
 
@@ -599,6 +614,16 @@ def platform_properties() -> dict[str, Schema]:
 SERVICE_NAME_MAX = 63 - len("infsvc-")
 
 # Rules on the whole object: the name becomes a Service name (a DNS-1035 label), possibly prefixed.
+# Rules across spec fields outside spec.engine (crd.spec_rules adds them).
+CACHE_RULES = [
+    rule(
+        "!has(self.modelCache) || !has(self.modelCache.download) || !self.modelCache.download"
+        " || !self.model.startsWith('pvc://')",
+        "modelCache.download fetches a Hugging Face model: spec.model must not be a pvc:// path",
+        field_path=".modelCache.download",
+    )
+]
+
 ROOT_RULES = [
     rule(
         f"self.metadata.name.size() <= {SERVICE_NAME_MAX} && "

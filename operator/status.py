@@ -304,6 +304,7 @@ def transitions(
             or (kind == "Progressing" and cond["reason"] == "Repairing")
             or (kind == "ClaimsShared" and status == "False")
             or (kind in ("Autoscaling", "Routing") and status == "False")
+            or (kind == "ModelCached" and cond["reason"] == "DownloadFailed")
         ):
             events.append(("Warning", cond["reason"], cond["message"]))
     return events

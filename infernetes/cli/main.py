@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "run-batch",
     "bench",
     "operator",
+    "download",
 )
 
 

@@ -20,6 +20,7 @@ from infernetes.operator.render.leaderworkerset import (
     layout,
     leaderworkerset_manifest,
 )
+from infernetes.operator.render.model_cache import download_job, wants_download
 from infernetes.operator.render.monitoring import scrape_config
 from infernetes.operator.render.service import service_manifest, service_name_for
 from infernetes.operator.render.workload import deployment_manifest, gpus_per_replica
@@ -48,6 +49,9 @@ class Plan:
     blocked: tuple[str, str] | None = None
     # Conditions the render alone decides, by type (Routing: only with spec.routing).
     conditions: dict[str, Verdict] = field(default_factory=dict)
+    # Children to leave as they are this pass, neither applied nor deleted (the workload while
+    # the model-cache Job runs: the reconciler decides, from the live Job).
+    held: set[tuple[str, str, str]] = field(default_factory=set)
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -105,6 +109,8 @@ def plan(
     if placement.multi_node:
         service["spec"]["selector"][ROLE_LABEL] = LEADER  # the workers serve no API
     manifests = [*workload, service]
+    if wants_download(spec):
+        manifests.append(download_job(spec, cluster_facts, name=name, namespace=namespace))
     manifests.extend(scrape.manifests)
     manifests.extend(disruption_budget(spec, name=name, namespace=namespace))
     model_name = resolve_model(spec).served_name

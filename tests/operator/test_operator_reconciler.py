@@ -468,3 +468,36 @@ def test_the_pool_follows_the_served_api_and_goes_with_spec_routing(api: FakeApi
         ("apps/v1", "Deployment", "llama"),
         ("v1", "Service", "llama"),
     }
+
+
+# --- model cache (download Job) --------------------------------------------------------------
+
+
+def test_the_deployment_waits_for_the_download_job_and_a_new_model_keeps_the_old_one(
+    api: FakeApi,
+) -> None:
+    api.resource["spec"]["modelCache"] = {"claimName": "cache", "download": True}
+    seen: dict[str, Any] = {}
+
+    def job_completes(reconciler: Reconciler) -> None:
+        seen["first"] = (list(api.writes), condition(api, "ModelCached")["reason"])
+        api.writes.clear()
+        (job_id,) = [cid for cid in api.objects if cid[1] == "Job"]
+        job = api.objects[job_id]
+        job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+        job["metadata"]["resourceVersion"] = "999"
+        reconciler.children.observe(copy.deepcopy(job))
+
+    def model_changes(reconciler: Reconciler) -> None:
+        seen["done"] = (list(api.writes), condition(api, "ModelCached")["reason"])
+        api.writes.clear()
+        api.resource["metadata"]["generation"] = 2
+        api.resource["spec"]["model"] = "other"
+
+    run(api, nothing, job_completes, model_changes)
+    assert seen["first"] == (["apply Service", "apply Job", "status"], "Downloading")
+    assert seen["done"] == (["apply Deployment", "status"], "Downloaded")
+    # The new model's Job runs; the old Job goes; the Deployment serving the old model stays.
+    assert sorted(api.writes) == ["apply Job", "delete Job", "status"]
+    assert condition(api, "ModelCached")["reason"] == "Downloading"
+    assert ("apps/v1", "Deployment", "llama") in api.objects
