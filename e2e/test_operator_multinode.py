@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "cluster"))
 
 from lws_controller import LwsController  # found through the sys.path entry above
 
-TIMEOUT = 120
+TIMEOUT = 240  # a loaded 2-core machine: the LWS manager and its webhooks start slowly
 POOL_LABEL = "infernetes.io/e2e-pool"
 NODE_TEMPLATE = REPO / "cluster" / "fake-gpu-node.yaml"
 
