@@ -18,6 +18,9 @@ from torch import nn
 
 
 class Attention(nn.Module):
+    # Cache tensors per layer: a key and a value cache (a latent-attention layer keeps one).
+    cache_tensors = 2
+
     def __init__(
         self,
         num_heads: int,
@@ -98,3 +101,27 @@ class Attention(nn.Module):
                 q[span].transpose(0, 1), keys, values, is_causal=True, scale=self.scale
             ).transpose(0, 1)
         return out.reshape(-1, self.num_heads * self.head_dim)
+
+
+class LatentAttention(Attention):
+    """Multi-head latent attention (DeepSeek's MLA) over a cache of one latent per token.
+
+    Each token stores ``[compressed_kv (kv_lora_rank), rotated k_pe (rope_dim)]`` once, as a
+    single "KV head" of ``head_dim = kv_lora_rank + rope_dim``: the key and value caches are one
+    tensor (``cache_tensors = 1``, so the KV-cache sizing counts it once). The caller has already
+    absorbed the key up-projection into the queries, so every head attends over the latent as
+    multi-query attention; the value is the latent's first ``kv_lora_rank`` entries, so the
+    output is cut to those (the caller applies the value up-projection after).
+    """
+
+    cache_tensors = 1
+
+    def __init__(self, num_heads: int, kv_lora_rank: int, rope_dim: int, scale: float) -> None:
+        super().__init__(num_heads, kv_lora_rank + rope_dim, scale, num_kv_heads=1)
+        self.kv_lora_rank = kv_lora_rank
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
+        """q ``[T, H, kv_lora_rank + rope_dim]``, the latent k ``[T, kv_lora_rank + rope_dim]``
+        -> ``[T, H, kv_lora_rank]``."""
+        out = super().forward(q.reshape(q.shape[0], -1), k, k)
+        return out.view(-1, self.num_heads, self.head_dim)[..., : self.kv_lora_rank]
