@@ -127,3 +127,28 @@ def test_an_unknown_topk_method_is_named(model_factory):
     path = model_factory("DeepseekV2ForCausalLM", topk_method="random")
     with pytest.raises(ValueError, match="topk_method 'random' is not supported"):
         LLM(path, **ENGINE)
+
+
+def test_fp8_and_bf16_keep_the_absorbed_weights_and_the_router_exact(model_factory):
+    """``kv_b_proj`` is read as W_UK/W_UV and the router scores in float32: under
+    ``--quantization fp8`` (and bf16's packed CPU weights) both stay plain tensors."""
+    path = model_factory("DeepseekV3ForCausalLM")
+    prompt = {"prompt_token_ids": [0, 398, 340, 321, 455, 80, 72]}
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    small = dict(max_model_len=64, num_gpu_blocks_override=32, block_size=8)
+
+    def first(llm: LLM) -> dict[int, float]:
+        entry = llm.generate(prompt, params)[0].outputs[0].logprobs[0]
+        return {token: lp.logprob for token, lp in entry.items()}
+
+    exact = first(LLM(path, dtype="float32", **small))
+    best = max(exact, key=exact.__getitem__)
+    quantized_llm = LLM(path, dtype="float32", quantization="fp8", **small)
+    layer = _model(quantized_llm).model.model.layers[1]
+    assert layer.self_attn.q_b_proj.weight.dtype == torch.float8_e4m3fn
+    assert layer.self_attn.kv_b_proj.weight.dtype == torch.float32
+    assert layer.mlp.gate.weight.dtype == torch.float32
+    for llm in (quantized_llm, LLM(path, dtype="bfloat16", **small)):
+        approximate = first(llm)
+        assert best in approximate
+        assert approximate[best] == pytest.approx(exact[best], abs=0.25)

@@ -55,6 +55,17 @@ class UnquantizedColumnParallelLinear(ColumnParallelLinear):
         pass
 
 
+class Float32Router(RouterLinear):
+    """DeepSeek's router: logits computed in float32 whatever the model dtype, as DeepSeek's
+    reference does (a near tie between experts otherwise flips with bf16 rounding)."""
+
+    def pack_for_cpu(self) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.float(), self.weight.float())
+
+
 def _yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
@@ -170,7 +181,7 @@ class DeepseekMoE(nn.Module):
                 f"n_routed_experts ({num_experts}) is not divisible by n_group ({self.n_group})"
             )
         self.renormalize = bool(getattr(config, "norm_topk_prob", False))
-        self.gate = RouterLinear(config.hidden_size, num_experts)
+        self.gate = Float32Router(config.hidden_size, num_experts)
         if self.topk_method == "noaux_tc":
             self.gate.e_score_correction_bias = nn.Parameter(
                 torch.zeros(num_experts), requires_grad=False
@@ -184,8 +195,7 @@ class DeepseekMoE(nn.Module):
         )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Router logits in float32, as DeepSeek's reference computes them.
-        logits = torch.nn.functional.linear(x.float(), self.gate.weight.float())
+        logits = self.gate(x)
         if self.topk_method == "noaux_tc":
             assert self.n_group and self.topk_group
             return routing.sigmoid_biased_group_topk(
