@@ -26,7 +26,10 @@ VARIANTS = {
         "DeepseekV2ForCausalLM",
         dict(q_lora_rank=24, topk_method="group_limited_greedy", n_group=4, topk_group=2),
     ),
-    "v2-yarn": ("DeepseekV2ForCausalLM", dict(rope_parameters={**YARN, "mscale": 1.0, "mscale_all_dim": 0.5})),
+    "v2-yarn": (
+        "DeepseekV2ForCausalLM",
+        dict(rope_parameters={**YARN, "mscale": 1.0, "mscale_all_dim": 0.5}),
+    ),
     "v3": ("DeepseekV3ForCausalLM", {}),
     "v3-yarn-halves": (
         "DeepseekV3ForCausalLM",
@@ -92,8 +95,14 @@ def test_routing_matches_transformers_routers():
 
     torch.manual_seed(0)
     hidden = torch.randn(16, 64)
-    common = dict(hidden_size=64, n_routed_experts=16, num_experts_per_tok=4, n_group=4,
-                  topk_group=2, routed_scaling_factor=2.5)
+    common = dict(
+        hidden_size=64,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+    )
     v3 = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3TopkRouter(
         transformers.DeepseekV3Config(**common, norm_topk_prob=True)
     )

@@ -120,7 +120,9 @@ class LatentAttention(Attention):
         super().__init__(num_heads, kv_lora_rank + rope_dim, scale, num_kv_heads=1)
         self.kv_lora_rank = kv_lora_rank
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """q ``[T, H, kv_lora_rank + rope_dim]``, the latent k ``[T, kv_lora_rank + rope_dim]``
         -> ``[T, H, kv_lora_rank]``."""
         out = super().forward(q.reshape(q.shape[0], -1), k, k)

@@ -105,9 +105,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.num_heads = self.kv_b_proj.output_size // (self.nope_dim + self.v_dim)  # this rank's
         self.o_proj = RowParallelLinear(total_heads * self.v_dim, hidden, bias)
         base, scaling = rope_from_config(config)
-        interleaved = config.model_type == "deepseek_v2" or getattr(
-            config, "rope_interleave", True
-        )
+        interleaved = config.model_type == "deepseek_v2" or getattr(config, "rope_interleave", True)
         self.rotary_emb = get_rope(
             self.rope_dim,
             self.rope_dim,
@@ -225,7 +223,7 @@ class DeepseekMoE(nn.Module):
 
 
 class DeepseekV2ForCausalLM(MoeForCausalLM):
-    """Also DeepseekV3ForCausalLM: MLA in every layer, DeepSeek's MoE in the sparse ones."""
+    """MLA in every layer, DeepSeek's MoE in the sparse ones."""
 
     stacked_params = [
         ("gate_up_proj", "gate_proj", 0),
@@ -255,3 +253,7 @@ class DeepseekV2ForCausalLM(MoeForCausalLM):
         # layer (num_nextn_predict_layers); it is only for speculative decoding, not served here.
         extra = f"model.layers.{self.config.num_hidden_layers}."
         return super().load_weights((n, t) for n, t in weights if not n.startswith(extra))
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    """V2's layers; the config picks V3's routing (``noaux_tc``) and rope layout."""

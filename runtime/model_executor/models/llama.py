@@ -147,7 +147,8 @@ class LlamaModel(nn.Module):
             lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         )
         self.start, self.end, self.layers = stage_layers(
-            config.num_hidden_layers, lambda i: LlamaDecoderLayer(
+            config.num_hidden_layers,
+            lambda i: LlamaDecoderLayer(
                 config, max_position, i, mlp(i), attention(i) if attention else None
             ),
         )
