@@ -191,13 +191,13 @@ def _tiny_config(
             first_k_dense_replace=1,
             routed_scaling_factor=2.5,
         )
-        if architecture == "DeepseekV2ForCausalLM":
-            variant = dict(q_lora_rank=None)
-            config_class = transformers.DeepseekV2Config
-        else:
-            variant = dict(q_lora_rank=24, n_group=4, topk_group=2, norm_topk_prob=True)
-            config_class = transformers.DeepseekV3Config
-        config = config_class(
+        variant: dict[str, Any] = (
+            dict(q_lora_rank=None)
+            if architecture == "DeepseekV2ForCausalLM"
+            else dict(q_lora_rank=24, n_group=4, topk_group=2, norm_topk_prob=True)
+        )
+        deepseek_config = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+        config = deepseek_config(
             **common, **{**decoder, "num_key_value_heads": 4, **latent, **variant, **overrides}
         )
     elif architecture in FAMILY_CONFIGS:

@@ -196,9 +196,11 @@ class DeepseekMoE(nn.Module):
         logits = self.gate(x)
         if self.topk_method == "noaux_tc":
             assert self.n_group and self.topk_group
+            bias = self.gate.e_score_correction_bias
+            assert isinstance(bias, torch.Tensor)
             return routing.sigmoid_biased_group_topk(
                 logits,
-                self.gate.e_score_correction_bias,
+                bias,
                 self.top_k,
                 self.scaling,
                 self.n_group,
