@@ -161,3 +161,28 @@ def test_fp8_and_bf16_keep_the_absorbed_weights_and_the_router_exact(model_facto
         approximate = first(llm)
         assert best in approximate
         assert approximate[best] == pytest.approx(exact[best], abs=0.25)
+
+
+def test_lora_on_the_latent_attention_matches_peft(model_factory, tmp_path):
+    """LoRA on MLA's projections equals transformers + peft (peft writes
+    ``target_parameters: []`` for these MoE models: nothing targeted); ``kv_b_proj``, read as the
+    absorbed W_UK/W_UV, is refused by name."""
+    from infernetes.runtime.lora.adapter import LoRAAdapterError
+    from infernetes.runtime.lora.request import LoRARequest
+    from infernetes.runtime.testing import hf_peft_greedy_tokens, make_tiny_lora
+
+    base = model_factory("DeepseekV3ForCausalLM")
+    targets = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj")
+    adapter = make_tiny_lora(base, tmp_path / "mla", target_modules=targets)
+    llm = LLM(base, **ENGINE, enable_lora=True, max_lora_rank=8)
+    ids = [0, 398, 340, 321, 455, 80, 72]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    output = llm.generate(
+        {"prompt_token_ids": ids}, params, lora_request=LoRARequest("mla", 1, str(adapter))
+    )
+    assert output[0].outputs[0].token_ids == hf_peft_greedy_tokens(base, adapter, ids, 8)
+    absorbed = make_tiny_lora(base, tmp_path / "kv_b", target_modules=("kv_b_proj",))
+    with pytest.raises(LoRAAdapterError, match="kv_b_proj', which this model does not serve"):
+        llm.generate(
+            {"prompt_token_ids": ids}, params, lora_request=LoRARequest("kv", 2, str(absorbed))
+        )

@@ -46,7 +46,9 @@ from transformers import PretrainedConfig
 
 class UnquantizedColumnParallelLinear(ColumnParallelLinear):
     """``kv_b_proj``: its weight is read as ``W_UK``/``W_UV`` (absorbed into the queries and the
-    attention output), never multiplied as a linear layer, so it stays a plain tensor."""
+    attention output), never multiplied as a linear layer, so it stays a plain tensor (and no LoRA target)."""
+
+    lora_targetable = False
 
     def quantize_fp8(self) -> None:
         pass
@@ -57,7 +59,10 @@ class UnquantizedColumnParallelLinear(ColumnParallelLinear):
 
 class Float32Router(RouterLinear):
     """DeepSeek's router: logits computed in float32 whatever the model dtype, as DeepSeek's
-    reference does (a near tie between experts otherwise flips with bf16 rounding)."""
+    reference does (a near tie between experts otherwise flips with bf16 rounding). Not a LoRA
+    target (as in vLLM): it carries the V3 correction bias the routing reads."""
+
+    lora_targetable = False
 
     def pack_for_cpu(self) -> None:
         pass
