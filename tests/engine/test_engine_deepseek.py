@@ -31,6 +31,8 @@ VARIANTS = {
         dict(rope_parameters={**YARN, "mscale": 1.0, "mscale_all_dim": 0.5}),
     ),
     "v3": ("DeepseekV3ForCausalLM", {}),
+    # more query heads than the latent attention takes in one call (LatentAttention.heads_per_call)
+    "v3-40-heads": ("DeepseekV3ForCausalLM", dict(num_attention_heads=40, num_key_value_heads=40)),
     "v3-yarn-halves": (
         "DeepseekV3ForCausalLM",
         dict(

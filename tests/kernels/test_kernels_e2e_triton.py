@@ -66,8 +66,13 @@ def test_triton_greedy_qwen3_matches_transformers(tmp_path, triton_attn):
 
 def test_triton_deepseek_latent_attention_matches_transformers(tmp_path, triton_attn):
     """MLA on the Triton kernels: one latent "KV head" of 40 (not a power of two) per token,
-    the value its first 32 entries; chunked prefill mixed with decodes."""
-    path = str(make_tiny_model(tmp_path, "DeepseekV3ForCausalLM"))
+    the value its first 32 entries, 20 query heads attending in calls of 16 and 4; chunked
+    prefill mixed with decodes."""
+    path = str(
+        make_tiny_model(
+            tmp_path, "DeepseekV3ForCausalLM", num_attention_heads=20, num_key_value_heads=20
+        )
+    )
     llm = LLM(
         path,
         dtype="float32",
