@@ -176,6 +176,30 @@ def _tiny_config(
         config = transformers.MixtralConfig(
             **common, **{"sliding_window": None, **decoder, **experts}
         )
+    elif architecture in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        # MLA with small ranks, layer 0 dense, DeepSeek's routing with a scaling factor; V2 as
+        # V2-Lite (no query compression, greedy softmax routing), V3 with grouped sigmoid routing
+        latent = dict(
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=24,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+        )
+        variant: dict[str, Any] = (
+            dict(q_lora_rank=None)
+            if architecture == "DeepseekV2ForCausalLM"
+            else dict(q_lora_rank=24, n_group=4, topk_group=2, norm_topk_prob=True)
+        )
+        deepseek_config = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+        config = deepseek_config(
+            **common, **{**decoder, "num_key_value_heads": 4, **latent, **variant, **overrides}
+        )
     elif architecture in FAMILY_CONFIGS:
         config_class, extra = FAMILY_CONFIGS[architecture]
         config = getattr(transformers, config_class)(**common, **{**decoder, **extra})
@@ -245,6 +269,9 @@ def make_tiny_model(
     torch.manual_seed(seed)
     model_class = getattr(transformers, architecture)
     model = model_class(config).to(getattr(torch, dtype)).eval()
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # zero at init: make it choose experts
+            buffer.copy_(torch.rand_like(buffer) * 0.5)
     kwargs: dict[str, Any] = {}
     if max_shard_size is not None:
         kwargs["max_shard_size"] = max_shard_size

@@ -76,7 +76,7 @@ def read_adapter_config(folder: Path, max_rank: int) -> AdapterConfig:
         raise LoRAAdapterError(f"{folder}: peft_type {peft_type!r} is not served; only 'LORA'")
     for key, unused, what in _UNSUPPORTED:
         value = raw.get(key)
-        if value is not None and value != unused:
+        if value not in (None, unused, []):  # peft writes target_parameters=[] for MoE models
             raise LoRAAdapterError(f"{folder}: {what} are not supported ({key}={raw[key]!r})")
     rank = raw.get("r")
     if not isinstance(rank, int) or rank < 1:

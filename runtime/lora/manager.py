@@ -161,7 +161,7 @@ def _wrap_linear_layers(
         fused.setdefault(fused_name, []).append(part)
     wrapped: dict[str, LoRALinear] = {}
     for name, module in list(model.named_modules()):
-        if not isinstance(module, LinearBase):
+        if not isinstance(module, LinearBase) or not getattr(module, "lora_targetable", True):
             continue
         parent_name, _, leaf = name.rpartition(".")
         if isinstance(module, QKVParallelLinear | MergedColumnParallelLinear) and leaf not in fused:

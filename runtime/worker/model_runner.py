@@ -100,7 +100,10 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         element = torch.empty((), dtype=self.kv_cache_dtype).element_size()
-        per_token = sum(2 * a.num_kv_heads * a.head_dim for a in self.attention_layers) * element
+        per_token = (
+            sum(a.cache_tensors * a.num_kv_heads * a.head_dim for a in self.attention_layers)
+            * element
+        )
         return per_token * self.block_size
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -114,7 +117,12 @@ class ModelRunner:
         for layer in self.attention_layers:
             shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
             layer.k_cache = zeroed(shape, self.kv_cache_dtype, self.device)
-            layer.v_cache = zeroed(shape, self.kv_cache_dtype, self.device)
+            # a latent-attention layer's values are its keys' latent: one tensor serves both
+            layer.v_cache = (
+                layer.k_cache
+                if layer.cache_tensors == 1
+                else zeroed(shape, self.kv_cache_dtype, self.device)
+            )
             if fp8:  # the checkpoint's scales, else 1.0 (vLLM's fallback) or measured ones
                 layer.k_scale = self._scale(layer.checkpoint_k_scale)
                 layer.v_scale = self._scale(layer.checkpoint_v_scale)

@@ -85,6 +85,9 @@ def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngin
         ("Gemma2ForCausalLM", {}, 2, 1, (2, 1)),
         ("Gemma3ForCausalLM", {}, 2, 1, (2, 1)),
         ("Phi3ForCausalLM", {}, 2, 1, (2, 1)),  # the fused checkpoint tensors cut per rank
+        # latent attention: heads split, the one latent "KV head" replicated on every rank
+        ("DeepseekV2ForCausalLM", {}, 2, 1, (2, 1)),
+        ("DeepseekV3ForCausalLM", {}, 2, 1, (2, 1)),
         # a tied LM head on the last stage, the embedding on the first
         ("LlamaForCausalLM", {"tie_word_embeddings": True}, 1, 2, (4, 2)),
         ("MistralForCausalLM", {}, 1, 2, (4, 2)),
@@ -94,6 +97,7 @@ def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngin
         ("GPT2LMHeadModel", {}, 1, 2, (4, 4)),
         ("Qwen2MoeForCausalLM", {}, 1, 2, (4, 2)),
         ("Gemma3ForCausalLM", {}, 1, 2, (4, 2)),
+        ("DeepseekV3ForCausalLM", {}, 1, 2, (4, 1)),
         ("LlamaForCausalLM", {}, 2, 2, (2, 1)),
     ],
 )
@@ -129,7 +133,9 @@ def test_parallel_matches_tp1_and_transformers(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("architecture", ["Qwen2MoeForCausalLM", "MixtralForCausalLM"])
+@pytest.mark.parametrize(
+    "architecture", ["Qwen2MoeForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM"]
+)
 def test_expert_parallel_matches_tp1_and_transformers(model_factory, hf_greedy, architecture):
     model = model_factory(architecture)
     expected = _generate(_engine(model))
@@ -139,7 +145,7 @@ def test_expert_parallel_matches_tp1_and_transformers(model_factory, hf_greedy, 
         results = _generate(engine)
     finally:
         engine.shutdown()
-    halves = [(0, 4), (4, 8)] if architecture == "Qwen2MoeForCausalLM" else [(0, 2), (2, 4)]
+    halves = [(0, 2), (2, 4)] if architecture == "MixtralForCausalLM" else [(0, 4), (4, 8)]
     assert [r["local_experts"] for r in experts] == halves
     for i, prompt in enumerate(PROMPTS):
         tokens, logprobs = results[str(i)]

@@ -82,6 +82,12 @@ def _cases():
             {**split, **attn, "NUM_SPLITS": 1, "SOFTCAP": True, "SINKS": True},
             {},
         ),
+        (  # DeepSeek's latent attention: one KV head of 576 (512 + 64 rope), 16 heads a rank
+            attention_decode.decode_split_kernel,
+            {**decode, **bf16_attn},
+            {**split, **attn, "BLOCK_N": 32, "BLOCK_D": 1024},
+            {},
+        ),
         (
             attention_decode.decode_merge_kernel,
             dict(
@@ -116,6 +122,12 @@ def _cases():
             attention_prefill.prefill_kernel,
             {**prefill, **bf16_attn},
             dict(BLOCK_Q=16, GROUP_PAD=4, BLOCK_N=64, **{**attn, "SOFTCAP": True, "SINKS": True}),
+            {},
+        ),
+        (  # latent attention: 16 heads over one KV head of 576
+            attention_prefill.prefill_kernel,
+            {**prefill, **bf16_attn},
+            dict(BLOCK_Q=1, GROUP_PAD=16, BLOCK_N=32, **{**attn, "BLOCK_D": 1024}),
             {},
         ),
         (

@@ -1,5 +1,6 @@
 """The engine end to end on the Triton kernels (interpreted on a CPU): greedy generation equals
-transformers token for token on tiny models (Llama; Qwen3 with its q/k RMSNorm), through prefill,
+transformers token for token on tiny models (Llama; Qwen3 with its q/k RMSNorm; DeepSeek-V3's
+latent attention), through prefill,
 chunked prefill mixed with decodes, and a prefix-cache hit."""
 
 import pytest
@@ -60,6 +61,27 @@ def test_triton_greedy_qwen3_matches_transformers(tmp_path, triton_attn):
     path = str(make_tiny_model(tmp_path, "Qwen3ForCausalLM"))
     llm = LLM(path, dtype="float32", max_model_len=128, num_gpu_blocks_override=32, block_size=8)
     prompts = SAMPLE_PROMPTS[1:2]
+    _assert_matches_transformers(llm, path, prompts, llm.generate(prompts, GREEDY))
+
+
+def test_triton_deepseek_latent_attention_matches_transformers(tmp_path, triton_attn):
+    """MLA on the Triton kernels: one latent "KV head" of 40 (not a power of two) per token,
+    the value its first 32 entries, 20 query heads attending in calls of 16 and 4; chunked
+    prefill mixed with decodes."""
+    path = str(
+        make_tiny_model(
+            tmp_path, "DeepseekV3ForCausalLM", num_attention_heads=20, num_key_value_heads=20
+        )
+    )
+    llm = LLM(
+        path,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=32,
+        block_size=8,
+        max_num_batched_tokens=8,
+    )
+    prompts = SAMPLE_PROMPTS[:2]
     _assert_matches_transformers(llm, path, prompts, llm.generate(prompts, GREEDY))
 
 

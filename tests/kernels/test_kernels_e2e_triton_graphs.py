@@ -159,3 +159,29 @@ def test_graph_forward_never_waits_for_the_host(tiny_llama, monkeypatch, attenti
     if not engine_args:
         for prompt, tokens in zip(prompts, eager, strict=True):
             assert tokens == _hf_greedy(tiny_llama, tuple(prompt), 3)
+
+
+def test_deepseek_graph_forward_never_waits_for_the_host(tmp_path, monkeypatch):
+    """DeepSeek-V3's replayed decode (absorbed latent attention, grouped sigmoid routing, the
+    fused experts) on the Triton kernels has no host sync, and generates what transformers does."""
+    from infernetes.runtime.testing import make_tiny_model
+
+    path = str(make_tiny_model(tmp_path, "DeepseekV3ForCausalLM"))
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")
+    monkeypatch.setattr(cuda_graph, "select_graph_backend", lambda device: NoHostSyncBackend())
+    llm = LLM(
+        path,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=32,
+        block_size=8,
+        max_num_seqs=4,
+        cuda_graph_sizes=[1, 2, 4],
+        max_seq_len_to_capture=128,
+    )
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    prompts = PROMPTS[:3]
+    outputs = llm.generate(prompts, greedy)
+    assert llm.llm_engine.engine_core.executor.driver_worker.model_runner.decode_graphs.replays
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.outputs[0].token_ids == _hf_greedy(path, tuple(prompt), 3)

@@ -13,11 +13,14 @@ import itertools
 import torch
 import torch.nn.functional as F
 from infernetes.kernels import ops
-from infernetes.runtime.model_executor.context import get_attention_metadata
+from infernetes.runtime.model_executor.context import AttentionMetadata, get_attention_metadata
 from torch import nn
 
 
 class Attention(nn.Module):
+    # Cache tensors per layer: a key and a value cache (a latent-attention layer keeps one).
+    cache_tensors = 2
+
     def __init__(
         self,
         num_heads: int,
@@ -66,7 +69,11 @@ class Attention(nn.Module):
         ops.store_kv(
             k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale
         )
-        out = ops.paged_attention(
+        return self._attend(q, meta).reshape(-1, self.num_heads * self.head_dim)
+
+    def _attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """``q`` ``[T, H, D]`` over the paged cache -> ``[T, H, D]``."""
+        return ops.paged_attention(
             q,
             self.k_cache,
             self.v_cache,
@@ -80,7 +87,6 @@ class Attention(nn.Module):
             self.softcap,
             self.sinks,
         )
-        return out.reshape(-1, self.num_heads * self.head_dim)
 
     def _within_prompts(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor
@@ -98,3 +104,40 @@ class Attention(nn.Module):
                 q[span].transpose(0, 1), keys, values, is_causal=True, scale=self.scale
             ).transpose(0, 1)
         return out.reshape(-1, self.num_heads * self.head_dim)
+
+
+class LatentAttention(Attention):
+    """Multi-head latent attention (DeepSeek's MLA) over a cache of one latent per token.
+
+    Each token stores ``[compressed_kv (kv_lora_rank), rotated k_pe (rope_dim)]`` once, as a
+    single "KV head" of ``head_dim = kv_lora_rank + rope_dim``: the key and value caches are one
+    tensor (``cache_tensors = 1``, so the KV-cache sizing counts it once). The caller has already
+    absorbed the key up-projection into the queries, so every head attends over the latent as
+    multi-query attention; the value is the latent's first ``kv_lora_rank`` entries, so the
+    output is cut to those (the caller applies the value up-projection after).
+    """
+
+    cache_tensors = 1
+    # Query heads per attention call: the Triton kernels tile every query head of a KV head at
+    # once, and one latent head serves up to 128 (DeepSeek-V3 on one rank), which as one
+    # [heads, 1024] float32 accumulator would not fit a GPU's registers. vLLM's Triton MLA decode
+    # also works on blocks of 16 heads.
+    heads_per_call = 16
+
+    def __init__(self, num_heads: int, kv_lora_rank: int, rope_dim: int, scale: float) -> None:
+        super().__init__(num_heads, kv_lora_rank + rope_dim, scale, num_kv_heads=1)
+        self.kv_lora_rank = kv_lora_rank
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """q ``[T, H, kv_lora_rank + rope_dim]``, the latent k ``[T, kv_lora_rank + rope_dim]``
+        -> ``[T, H, kv_lora_rank]``."""
+        out = super().forward(q.reshape(q.shape[0], -1), k, k)
+        return out.view(-1, self.num_heads, self.head_dim)[..., : self.kv_lora_rank]
+
+    def _attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if self.num_heads <= self.heads_per_call:
+            return super()._attend(q, meta)
+        attend = super()._attend  # (a comprehension has no zero-argument super)
+        return torch.cat([attend(part, meta) for part in q.split(self.heads_per_call, dim=1)], 1)

@@ -109,6 +109,13 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = ops.select_experts(router_logits, self.top_k, self.renormalize)
+        return self.run_experts(hidden, weights, ids)
+
+    def run_experts(
+        self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts of an already routed batch: ``weights``/``ids`` ``[T, top_k]`` (a model
+        with its own routing, as DeepSeek's, calls this directly)."""
         if self.expert_parallel:  # this rank's experts by local index, the others' skipped (-1)
             ids = ids - self.first_expert
             ids = torch.where((ids >= 0) & (ids < self.num_local_experts), ids, -1)

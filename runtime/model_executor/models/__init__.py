@@ -23,6 +23,18 @@ def _mixtral() -> type[nn.Module]:
     return MixtralForCausalLM
 
 
+def _deepseek() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.deepseek import DeepseekV2ForCausalLM
+
+    return DeepseekV2ForCausalLM
+
+
+def _deepseek_v3() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.deepseek import DeepseekV3ForCausalLM
+
+    return DeepseekV3ForCausalLM
+
+
 def _gemma() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.gemma import GemmaForCausalLM
 
@@ -61,6 +73,8 @@ GENERATIVE = {
     "Qwen2MoeForCausalLM": _qwen_moe,
     "Qwen3MoeForCausalLM": _qwen_moe,
     "MixtralForCausalLM": _mixtral,
+    "DeepseekV2ForCausalLM": _deepseek,
+    "DeepseekV3ForCausalLM": _deepseek_v3,
     "Phi3ForCausalLM": _phi3,
     "GemmaForCausalLM": _gemma,
     "Gemma2ForCausalLM": _gemma,

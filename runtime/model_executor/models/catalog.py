@@ -83,6 +83,12 @@ Phi-3 recomputes its whole KV cache with the long factors when a sequence crosse
 `original_max_position_embeddings`, which a paged engine does not do (nor does vLLM), so tokens
 after that point may differ from transformers'.
 
-Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), DeepSeek-V2/V3 (multi-head latent attention), expert-parallel load balancing
+DeepSeek-V2/V3 keep one latent per token in the KV cache (`kv_lora_rank + qk_rope_head_dim`
+values, not per-head keys and values) and attend over it with the key and value up-projections
+absorbed; the KV-cache sizing counts the latent. Their multi-token-prediction layer
+(`num_nextn_predict_layers`) is skipped at load: speculative decoding is not built. V2's routing
+follows transformers' (`norm_topk_prob` is not read for V2, as there).
+
+Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.
 """

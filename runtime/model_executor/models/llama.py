@@ -107,10 +107,16 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: PretrainedConfig, max_position: int, layer: int, mlp: nn.Module
+        self,
+        config: PretrainedConfig,
+        max_position: int,
+        layer: int,
+        mlp: nn.Module,
+        attention: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, max_position, layer)
+        # Llama's attention, or a family's own with the same (positions, hidden) interface
+        self.self_attn = attention or LlamaAttention(config, max_position, layer)
         self.mlp = mlp  # dense, or a mixture of experts
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -130,14 +136,21 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, config: PretrainedConfig, max_position: int, mlp: Callable[[int], nn.Module]
+        self,
+        config: PretrainedConfig,
+        max_position: int,
+        mlp: Callable[[int], nn.Module],
+        attention: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = on_first_stage(
             lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         )
         self.start, self.end, self.layers = stage_layers(
-            config.num_hidden_layers, lambda i: LlamaDecoderLayer(config, max_position, i, mlp(i))
+            config.num_hidden_layers,
+            lambda i: LlamaDecoderLayer(
+                config, max_position, i, mlp(i), attention(i) if attention else None
+            ),
         )
         self.norm = on_last_stage(lambda: RMSNorm(config.hidden_size, config.rms_norm_eps))
 
