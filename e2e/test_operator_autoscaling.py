@@ -17,6 +17,8 @@ from infernetes.operator.testing import (
     OperatorProcess,
     create_namespace,
     install_crds,
+    kubectl_get,
+    service_condition,
     start_operator,
     wait_until,
 )
@@ -85,17 +87,6 @@ def isvc(name: str, **autoscaling: Any) -> dict:
     }
 
 
-def get(cluster: Any, ns: str, *what: str) -> Any:
-    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
-
-
-def condition(cluster: Any, ns: str, name: str, kind: str) -> dict:
-    status = (get(cluster, ns, "infsvc", name) or {}).get("status") or {}
-    found = [c for c in status.get("conditions") or () if c["type"] == kind]
-    return found[0] if found else {}
-
-
 def hpa_condition(hpa: dict | None, kind: str) -> dict:
     found = [
         c for c in ((hpa or {}).get("status") or {}).get("conditions") or () if c["type"] == kind
@@ -138,7 +129,9 @@ def test_without_keda_an_hpa_on_the_scale_subresource(
         namespace=ns,
     )
     hpa = wait_until(
-        lambda: get(cluster, ns, "hpa", "hpa"), timeout=TIMEOUT, what="the HorizontalPodAutoscaler"
+        lambda: kubectl_get(cluster, ns, "hpa", "hpa"),
+        timeout=TIMEOUT,
+        what="the HorizontalPodAutoscaler",
     )
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "infernetes.io/v1alpha1",
@@ -155,7 +148,7 @@ def test_without_keda_an_hpa_on_the_scale_subresource(
     # discovery is refreshed (every 30 s): wait for True.
     hpa = wait_until(
         lambda: (
-            (h := get(cluster, ns, "hpa", "hpa"))
+            (h := kubectl_get(cluster, ns, "hpa", "hpa"))
             and (hpa_condition(h, "AbleToScale") or {}).get("status") == "True"
             and h
         ),
@@ -166,7 +159,7 @@ def test_without_keda_an_hpa_on_the_scale_subresource(
     # No custom-metrics API here: the HPA controller says it cannot get the pods' metric, and
     # the Autoscaling condition passes that on.
     active = wait_until(
-        lambda: hpa_condition(get(cluster, ns, "hpa", "hpa"), "ScalingActive"),
+        lambda: hpa_condition(kubectl_get(cluster, ns, "hpa", "hpa"), "ScalingActive"),
         timeout=TIMEOUT,
         what="the HPA controller to try the metrics",
     )
@@ -174,7 +167,7 @@ def test_without_keda_an_hpa_on_the_scale_subresource(
     # (an earlier FailedGetScale, while the controller's discovery caught up, may show first)
     told = wait_until(
         lambda: (
-            (c := condition(cluster, ns, "hpa", "Autoscaling")).get("status") == "False"
+            (c := service_condition(cluster, ns, "hpa", "Autoscaling")).get("status") == "False"
             and c.get("reason") == active["reason"]
             and c
         ),
@@ -185,7 +178,10 @@ def test_without_keda_an_hpa_on_the_scale_subresource(
     # What an autoscaler does, through the scale subresource: the Deployment follows.
     cluster.kubectl("scale", "infsvc", "hpa", "-n", ns, "--replicas=2")
     wait_until(
-        lambda: (get(cluster, ns, "deployment", "hpa") or {}).get("spec", {}).get("replicas") == 2,
+        lambda: (
+            (kubectl_get(cluster, ns, "deployment", "hpa") or {}).get("spec", {}).get("replicas")
+            == 2
+        ),
         timeout=TIMEOUT,
         what="the Deployment to follow the scale subresource",
     )
@@ -205,18 +201,21 @@ def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
     )
     wait_until(
         lambda: (
-            condition(cluster, ns, "zero", "Autoscaling").get("reason") == "ScaleToZeroNeedsKEDA"
+            service_condition(cluster, ns, "zero", "Autoscaling").get("reason")
+            == "ScaleToZeroNeedsKEDA"
         ),
         timeout=TIMEOUT,
         what="ScaleToZeroNeedsKEDA",
     )
-    assert condition(cluster, ns, "zero", "Autoscaling")["status"] == "False"
-    assert get(cluster, ns, "hpa", "zero") is None
-    wait_until(lambda: get(cluster, ns, "hpa", "one"), timeout=TIMEOUT, what="the HPA of one")
+    assert service_condition(cluster, ns, "zero", "Autoscaling")["status"] == "False"
+    assert kubectl_get(cluster, ns, "hpa", "zero") is None
+    wait_until(
+        lambda: kubectl_get(cluster, ns, "hpa", "one"), timeout=TIMEOUT, what="the HPA of one"
+    )
 
     install_keda(cluster, crds)
     zero = wait_until(
-        lambda: get(cluster, ns, "scaledobject", "zero"),
+        lambda: kubectl_get(cluster, ns, "scaledobject", "zero"),
         timeout=TIMEOUT,
         what="a ScaledObject once KEDA's API is served",
     )
@@ -230,13 +229,19 @@ def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
     )
     assert zero["metadata"]["ownerReferences"][0]["name"] == "zero"
     wait_until(
-        lambda: condition(cluster, ns, "zero", "Autoscaling").get("reason") == "ScaledObject",
+        lambda: (
+            service_condition(cluster, ns, "zero", "Autoscaling").get("reason") == "ScaledObject"
+        ),
         timeout=TIMEOUT,
         what="the Autoscaling condition to name the ScaledObject",
     )
-    wait_until(lambda: get(cluster, ns, "scaledobject", "one"), timeout=TIMEOUT, what="one's")
     wait_until(
-        lambda: get(cluster, ns, "hpa", "one") is None, timeout=TIMEOUT, what="one's HPA deleted"
+        lambda: kubectl_get(cluster, ns, "scaledobject", "one"), timeout=TIMEOUT, what="one's"
+    )
+    wait_until(
+        lambda: kubectl_get(cluster, ns, "hpa", "one") is None,
+        timeout=TIMEOUT,
+        what="one's HPA deleted",
     )
 
     # Autoscaling removed: the ScaledObject goes, and so does the condition.
@@ -251,12 +256,12 @@ def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
         '[{"op":"remove","path":"/spec/autoscaling"}]',
     )
     wait_until(
-        lambda: get(cluster, ns, "scaledobject", "zero") is None,
+        lambda: kubectl_get(cluster, ns, "scaledobject", "zero") is None,
         timeout=TIMEOUT,
         what="the ScaledObject deleted",
     )
     wait_until(
-        lambda: not condition(cluster, ns, "zero", "Autoscaling"),
+        lambda: not service_condition(cluster, ns, "zero", "Autoscaling"),
         timeout=TIMEOUT,
         what="the Autoscaling condition gone",
     )

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 import yaml
-from infernetes.operator.testing import MONITORING_CRDS, OperatorProcess, start_operator, wait_until
+from infernetes.operator.testing import (
+    MONITORING_CRDS,
+    OperatorProcess,
+    kubectl_get,
+    start_operator,
+    wait_until,
+)
 
 TIMEOUT = 90
 NAMES = [crd["metadata"]["name"] for crd in MONITORING_CRDS]
@@ -42,13 +48,8 @@ def operator(cluster: Any, ns: str, tmp_path: Path) -> Iterator[OperatorProcess]
     print(f"operator log: {process.log_path}")
 
 
-def get(cluster: Any, ns: str, *what: str) -> Any:
-    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
-
-
 def ready_at(cluster: Any, ns: str, name: str, generation: int) -> bool:
-    resource = get(cluster, ns, "infsvc", name) or {}
+    resource = kubectl_get(cluster, ns, "infsvc", name) or {}
     status = resource.get("status") or {}
     ready = [c for c in status.get("conditions") or () if c["type"] == "Ready"]
     return (
@@ -60,7 +61,7 @@ def ready_at(cluster: Any, ns: str, name: str, generation: int) -> bool:
 
 
 def pods(cluster: Any, ns: str) -> dict[str, int]:
-    items = get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=watched")["items"]
+    items = kubectl_get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=watched")["items"]
     return {
         p["metadata"]["uid"]: sum(
             s.get("restartCount", 0) for s in p["status"].get("containerStatuses") or ()
@@ -87,12 +88,12 @@ def test_monitoring_apis_appearing_and_going_never_restart_pods(
     cluster.apply(resource, namespace=ns)
     wait_until(lambda: ready_at(cluster, ns, "watched", 1), timeout=TIMEOUT, what="Ready")
     before = pods(cluster, ns)
-    template = get(cluster, ns, "deployment", "watched")["spec"]["template"]
-    assert get(cluster, ns, "servicemonitor", "watched") is None
+    template = kubectl_get(cluster, ns, "deployment", "watched")["spec"]["template"]
+    assert kubectl_get(cluster, ns, "servicemonitor", "watched") is None
 
     install_monitoring(cluster)
     monitor = wait_until(
-        lambda: get(cluster, ns, "servicemonitor", "watched"),
+        lambda: kubectl_get(cluster, ns, "servicemonitor", "watched"),
         timeout=TIMEOUT,
         what="a ServiceMonitor once the API is served",
     )
@@ -104,7 +105,7 @@ def test_monitoring_apis_appearing_and_going_never_restart_pods(
         timeout=TIMEOUT,
         what="the operator to see the monitoring APIs gone again",
     )
-    assert get(cluster, ns, "deployment", "watched")["spec"]["template"] == template
+    assert kubectl_get(cluster, ns, "deployment", "watched")["spec"]["template"] == template
     assert pods(cluster, ns) == before  # the same pods, never restarted
 
     # A reconcile without the API: no ServiceMonitor to apply, none to look for, no error.

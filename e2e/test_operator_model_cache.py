@@ -13,6 +13,8 @@ from infernetes.operator.testing import (
     OperatorProcess,
     create_namespace,
     install_crds,
+    kubectl_get,
+    service_condition,
     start_operator,
     wait_until,
 )
@@ -77,19 +79,8 @@ def operator(
     print(f"operator log: {process.log_path}")
 
 
-def get(cluster: Any, ns: str, *what: str) -> Any:
-    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
-
-
 def jobs(cluster: Any, ns: str) -> list[dict]:
-    return (get(cluster, ns, "jobs") or {}).get("items") or []
-
-
-def condition(cluster: Any, ns: str, name: str, kind: str) -> dict:
-    status = (get(cluster, ns, "infsvc", name) or {}).get("status") or {}
-    found = [c for c in status.get("conditions") or () if c["type"] == kind]
-    return found[0] if found else {}
+    return (kubectl_get(cluster, ns, "jobs") or {}).get("items") or []
 
 
 def cached(model: str, claim: str) -> dict:
@@ -122,17 +113,19 @@ def test_the_download_job_completes_before_the_deployment_exists(
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["download", "org/first"]
     wait_until(
-        lambda: get(cluster, ns, "deployment", "cached") is not None,
+        lambda: kubectl_get(cluster, ns, "deployment", "cached") is not None,
         timeout=TIMEOUT,
         what="the Deployment once the Job has succeeded",
     )
-    deployment = get(cluster, ns, "deployment", "cached")
+    deployment = kubectl_get(cluster, ns, "deployment", "cached")
     (job,) = jobs(cluster, ns)
     assert complete(job), job.get("status")
     # RFC 3339 in UTC: the strings order as the times do.
     assert job["status"]["completionTime"] <= deployment["metadata"]["creationTimestamp"]
     wait_until(
-        lambda: condition(cluster, ns, "cached", "ModelCached").get("reason") == "Downloaded",
+        lambda: (
+            service_condition(cluster, ns, "cached", "ModelCached").get("reason") == "Downloaded"
+        ),
         timeout=TIMEOUT,
         what="ModelCached True",
     )
@@ -146,10 +139,10 @@ def test_the_download_job_completes_before_the_deployment_exists(
         return first_job not in names and len(found) == 1 and complete(found[0])
 
     wait_until(second_done, timeout=TIMEOUT, what="the new model's Job, the old one gone")
-    assert get(cluster, ns, "deployment", "cached") is not None  # served throughout
+    assert kubectl_get(cluster, ns, "deployment", "cached") is not None  # served throughout
 
     def deployment_follows() -> bool:
-        live = get(cluster, ns, "deployment", "cached")
+        live = kubectl_get(cluster, ns, "deployment", "cached")
         args = live["spec"]["template"]["spec"]["containers"][0]["args"]
         return any("org/second" in arg for arg in args)
 

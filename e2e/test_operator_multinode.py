@@ -20,6 +20,8 @@ from infernetes.operator.testing import (
     OperatorProcess,
     create_namespace,
     install_crds,
+    kubectl_get,
+    service_condition,
     start_operator,
     wait_until,
 )
@@ -90,17 +92,6 @@ def isvc(name: str, tp: int, **spec: Any) -> dict:
     }
 
 
-def get(cluster: Any, ns: str, *what: str) -> Any:
-    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
-
-
-def condition(cluster: Any, ns: str, name: str, kind: str) -> dict:
-    status = (get(cluster, ns, "infsvc", name) or {}).get("status") or {}
-    found = [c for c in status.get("conditions") or () if c["type"] == kind]
-    return found[0] if found else {}
-
-
 def env_of(pod: dict) -> dict[str, str]:
     container = pod["spec"]["containers"][0]
     return {item["name"]: item.get("value", "") for item in container.get("env") or ()}
@@ -139,7 +130,8 @@ def test_tp16_waits_for_the_lws_api_then_runs_on_two_nodes_and_goes_with_the_ser
     # No LWS API: no workload, a condition and an event that say why.
     ready = wait_until(
         lambda: (
-            (c := condition(cluster, ns, name, "Ready")).get("reason") == "LeaderWorkerSetMissing"
+            (c := service_condition(cluster, ns, name, "Ready")).get("reason")
+            == "LeaderWorkerSetMissing"
             and c
         ),
         timeout=TIMEOUT,
@@ -150,20 +142,20 @@ def test_tp16_waits_for_the_lws_api_then_runs_on_two_nodes_and_goes_with_the_ser
         "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}"
     ).stdout
     assert "LeaderWorkerSetMissing" in events
-    assert get(cluster, ns, "deployment", name) is None
+    assert kubectl_get(cluster, ns, "deployment", name) is None
 
     # The LWS API and its controller appear: the operator converges on its own.
     lws.install_crds()
     lws.start()
     group = wait_until(
-        lambda: get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name),
+        lambda: kubectl_get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name),
         timeout=TIMEOUT,
         what="the LeaderWorkerSet",
     )
     assert group["spec"]["leaderWorkerTemplate"]["size"] == 2
 
     def pods() -> list[dict] | None:
-        listed = get(cluster, ns, "pods", "-l", f"app.kubernetes.io/instance={name}")
+        listed = kubectl_get(cluster, ns, "pods", "-l", f"app.kubernetes.io/instance={name}")
         items = [p for p in (listed or {}).get("items", []) if p["spec"].get("nodeName")]
         return items if len(items) == 2 else None
 
@@ -193,16 +185,16 @@ def test_tp16_waits_for_the_lws_api_then_runs_on_two_nodes_and_goes_with_the_ser
         assert int(limits["nvidia.com/gpu"]) == 8
     assert "readinessProbe" in leader["spec"]["containers"][0]
     assert "readinessProbe" not in worker["spec"]["containers"][0]
-    service = get(cluster, ns, "service", name)
+    service = kubectl_get(cluster, ns, "service", name)
     assert service["spec"]["selector"]["infernetes.io/role"] == "leader"
 
     # kwok makes the pods ready: the LWS reports its group ready, and so does the service.
     wait_until(
-        lambda: condition(cluster, ns, name, "Ready").get("status") == "True",
+        lambda: service_condition(cluster, ns, name, "Ready").get("status") == "True",
         timeout=TIMEOUT,
         what="Ready True from the LeaderWorkerSet's status",
     )
-    status = get(cluster, ns, "infsvc", name)["status"]
+    status = kubectl_get(cluster, ns, "infsvc", name)["status"]
     assert status["readyReplicas"] == 1 and status["gpusPerReplica"] == 16
 
     # Someone edits the LeaderWorkerSet's worker image: the operator puts its own back.
@@ -216,7 +208,7 @@ def test_tp16_waits_for_the_lws_api_then_runs_on_two_nodes_and_goes_with_the_ser
     )  # fmt: skip
 
     def worker_image() -> str:
-        live = get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name)
+        live = kubectl_get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name)
         return live["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0][
             "image"
         ]
@@ -230,8 +222,8 @@ def test_tp16_waits_for_the_lws_api_then_runs_on_two_nodes_and_goes_with_the_ser
     )  # fmt: skip
     wait_until(
         lambda: (
-            get(cluster, ns, "deployment", name)
-            and get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name) is None
+            kubectl_get(cluster, ns, "deployment", name)
+            and kubectl_get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name) is None
         ),
         timeout=TIMEOUT,
         what="the Deployment in place of the LeaderWorkerSet",
@@ -244,8 +236,8 @@ def test_tp16_waits_for_the_lws_api_then_runs_on_two_nodes_and_goes_with_the_ser
     )  # fmt: skip
     wait_until(
         lambda: (
-            get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name)
-            and get(cluster, ns, "deployment", name) is None
+            kubectl_get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name)
+            and kubectl_get(cluster, ns, "deployment", name) is None
         ),
         timeout=TIMEOUT,
         what="the LeaderWorkerSet in place of the Deployment",
@@ -253,9 +245,9 @@ def test_tp16_waits_for_the_lws_api_then_runs_on_two_nodes_and_goes_with_the_ser
     cluster.kubectl("delete", "infsvc", name, "-n", ns)
     wait_until(
         lambda: (
-            get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name) is None
+            kubectl_get(cluster, ns, "leaderworkersets.leaderworkerset.x-k8s.io", name) is None
             and not (
-                get(cluster, ns, "pods", "-l", f"app.kubernetes.io/instance={name}") or {}
+                kubectl_get(cluster, ns, "pods", "-l", f"app.kubernetes.io/instance={name}") or {}
             ).get("items")
         ),
         timeout=TIMEOUT,

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from infernetes.operator.testing import OperatorProcess, start_operator, wait_until
+from infernetes.operator.testing import OperatorProcess, kubectl_get, start_operator, wait_until
 
 TIMEOUT = 90
 
@@ -32,13 +31,8 @@ def operator(cluster: Any, ns: str, tmp_path: Path) -> Iterator[OperatorProcess]
     print(f"operator log: {process.log_path}")
 
 
-def get(cluster: Any, ns: str, *what: str) -> Any:
-    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
-
-
 def degraded(cluster: Any, ns: str, name: str) -> dict | None:
-    status = (get(cluster, ns, "infsvc", name) or {}).get("status") or {}
+    status = (kubectl_get(cluster, ns, "infsvc", name) or {}).get("status") or {}
     found = [c for c in status.get("conditions") or () if c["type"] == "Degraded"]
     return found[0] if found and found[0]["status"] == "True" else None
 
@@ -63,7 +57,7 @@ def test_a_replica_larger_than_any_node_is_a_condition_not_a_pending_pod(
     assert condition["reason"] == "TooLargeForAnyNode"
     assert "needs 16 nvidia.com/gpu" in condition["message"]
     assert "largest node has 8" in condition["message"]
-    assert get(cluster, ns, "deployment", "huge") is None
+    assert kubectl_get(cluster, ns, "deployment", "huge") is None
 
     cluster.kubectl(
         "patch",
@@ -76,7 +70,9 @@ def test_a_replica_larger_than_any_node_is_a_condition_not_a_pending_pod(
         '{"spec":{"engine":{"tensorParallelSize":8}}}',
     )
     deployment = wait_until(
-        lambda: get(cluster, ns, "deployment", "huge"), timeout=TIMEOUT, what="the Deployment"
+        lambda: kubectl_get(cluster, ns, "deployment", "huge"),
+        timeout=TIMEOUT,
+        what="the Deployment",
     )
     limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert int(limits["nvidia.com/gpu"]) == 8

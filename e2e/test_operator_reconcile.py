@@ -17,6 +17,7 @@ import yaml
 from infernetes.operator.testing import (
     OperatorProcess,
     install_crds,
+    kubectl_get,
     service_account_kubeconfig,
     wait_until,
 )
@@ -67,11 +68,6 @@ def isvc(name: str, **spec: Any) -> dict:
     }
 
 
-def get(cluster: Any, ns: str, *what: str) -> Any:
-    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
-
-
 def condition(resource: Any, kind: str) -> dict:
     for cond in ((resource or {}).get("status") or {}).get("conditions") or ():
         if cond["type"] == kind:
@@ -83,13 +79,13 @@ def wait_condition(
     cluster: Any, ns: str, name: str, kind: str, status: str, timeout: float = TIMEOUT
 ) -> dict:
     def check() -> Any:
-        resource = get(cluster, ns, "infsvc", name)
+        resource = kubectl_get(cluster, ns, "infsvc", name)
         return resource if condition(resource, kind).get("status") == status else None
 
     try:
         return wait_until(check, timeout=timeout, what=f"{name} {kind}={status}")
     except TimeoutError:
-        print(yaml.safe_dump((get(cluster, ns, "infsvc", name) or {}).get("status")))
+        print(yaml.safe_dump((kubectl_get(cluster, ns, "infsvc", name) or {}).get("status")))
         raise
 
 
@@ -116,20 +112,20 @@ def test_resource_gets_children_and_becomes_ready(
     assert condition(resource, "Degraded")["status"] == "False"
     assert condition(resource, "Ready")["observedGeneration"] == resource["metadata"]["generation"]
 
-    deployment = get(cluster, ns, "deployment", "llama")
+    deployment = kubectl_get(cluster, ns, "deployment", "llama")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert "--max-model-len=8k" in container["args"]
     assert deployment["spec"]["template"]["spec"]["enableServiceLinks"] is False
     owner = deployment["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "InferenceService" and owner["uid"] == resource["metadata"]["uid"]
-    fields = get(cluster, ns, "deployment", "llama", "--show-managed-fields")["metadata"][
+    fields = kubectl_get(cluster, ns, "deployment", "llama", "--show-managed-fields")["metadata"][
         "managedFields"
     ]
     managers = {entry["manager"] for entry in fields if entry["operation"] == "Apply"}
     assert managers == {"infernetes"}
-    assert get(cluster, ns, "service", "llama")["spec"]["ports"][0]["targetPort"] == "http"
-    monitor = get(cluster, ns, "servicemonitor", "llama")
+    assert kubectl_get(cluster, ns, "service", "llama")["spec"]["ports"][0]["targetPort"] == "http"
+    monitor = kubectl_get(cluster, ns, "servicemonitor", "llama")
     assert monitor["spec"]["endpoints"][0]["port"] == "http"
 
     columns = cluster.kubectl("get", "infsvc", "llama", "-n", ns).stdout
@@ -143,7 +139,7 @@ def test_engine_change_rolls_the_deployment(
 ) -> None:
     cluster.apply(isvc("roll", engine={"maxNumSeqs": 8}), namespace=ns)
     wait_condition(cluster, ns, "roll", "Ready", "True")
-    before = get(cluster, ns, "deployment", "roll")
+    before = kubectl_get(cluster, ns, "deployment", "roll")
     cluster.kubectl(
         "patch",
         "infsvc",
@@ -156,7 +152,7 @@ def test_engine_change_rolls_the_deployment(
     )
 
     def rolled() -> Any:
-        deployment = get(cluster, ns, "deployment", "roll")
+        deployment = kubectl_get(cluster, ns, "deployment", "roll")
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         return deployment if "--max-num-seqs=16" in args else None
 
@@ -164,7 +160,7 @@ def test_engine_change_rolls_the_deployment(
     assert after["metadata"]["generation"] > before["metadata"]["generation"]
 
     def ready_for_new_generation() -> Any:
-        resource = get(cluster, ns, "infsvc", "roll")
+        resource = kubectl_get(cluster, ns, "infsvc", "roll")
         generation = resource["metadata"]["generation"]
         ready = condition(resource, "Ready")
         current = (
@@ -178,7 +174,7 @@ def test_engine_change_rolls_the_deployment(
     assert resource["metadata"]["generation"] == 2
 
     def new_pods_only() -> bool:
-        pods = get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=roll")["items"]
+        pods = kubectl_get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=roll")["items"]
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         return bool(live) and all(
             "--max-num-seqs=16" in p["spec"]["containers"][0]["args"] for p in live
@@ -192,12 +188,14 @@ def test_kubectl_scale(cluster: Any, ns: str, operator: OperatorProcess) -> None
     wait_condition(cluster, ns, "scaled", "Ready", "True")
     cluster.kubectl("scale", "infsvc", "scaled", "-n", ns, "--replicas=3")
     wait_until(
-        lambda: get(cluster, ns, "deployment", "scaled")["status"].get("readyReplicas") == 3,
+        lambda: (
+            kubectl_get(cluster, ns, "deployment", "scaled")["status"].get("readyReplicas") == 3
+        ),
         timeout=TIMEOUT,
         what="3 ready replicas",
     )
     wait_until(
-        lambda: get(cluster, ns, "infsvc", "scaled")["status"].get("readyReplicas") == 3,
+        lambda: kubectl_get(cluster, ns, "infsvc", "scaled")["status"].get("readyReplicas") == 3,
         timeout=TIMEOUT,
         what="status.readyReplicas 3",
     )
@@ -239,8 +237,8 @@ def test_resource_named_vllm_gets_another_service_name(
     resource = wait_condition(cluster, ns, "vllm", "Ready", "True")
     assert resource["status"]["serviceName"] == "infsvc-vllm"
     assert "VLLM_PORT" in resource["status"]["warnings"][0]
-    assert get(cluster, ns, "service", "infsvc-vllm") is not None
-    assert get(cluster, ns, "service", "vllm") is None
+    assert kubectl_get(cluster, ns, "service", "infsvc-vllm") is not None
+    assert kubectl_get(cluster, ns, "service", "vllm") is None
 
 
 def test_settings_without_effect_are_a_condition_and_one_event_each(
@@ -266,9 +264,9 @@ def test_settings_without_effect_are_a_condition_and_one_event_each(
     assert any("spec.engine.swapSpace" in warning for warning in resource["status"]["warnings"])
 
     def events() -> list[dict]:
-        listed = get(cluster, ns, "events", "--field-selector", "involvedObject.name=ignoring")[
-            "items"
-        ]
+        listed = kubectl_get(
+            cluster, ns, "events", "--field-selector", "involvedObject.name=ignoring"
+        )["items"]
         return [e for e in listed if e["reason"] == "SettingIgnored"]
 
     wait_until(lambda: len(events()) == 2, timeout=TIMEOUT, what="a SettingIgnored event per field")
@@ -290,7 +288,9 @@ def test_settings_without_effect_are_a_condition_and_one_event_each(
         '{"spec":{"engine":{"maxNumSeqs":8}}}',
     )
     wait_until(
-        lambda: get(cluster, ns, "infsvc", "ignoring")["status"].get("observedGeneration") == 2,
+        lambda: (
+            kubectl_get(cluster, ns, "infsvc", "ignoring")["status"].get("observedGeneration") == 2
+        ),
         timeout=TIMEOUT,
         what="generation 2 reconciled",
     )
@@ -306,7 +306,7 @@ def test_crash_loop_is_degraded_with_the_termination_message(
 ) -> None:
     cluster.apply(isvc("crashy", engine={"device": "cpu"}), namespace=ns)
     wait_condition(cluster, ns, "crashy", "Ready", "True")
-    pod = get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=crashy")["items"][0]
+    pod = kubectl_get(cluster, ns, "pods", "-l", "app.kubernetes.io/instance=crashy")["items"][0]
     # kwok runs no containers; write what the kubelet reports for a server that keeps exiting.
     crashed = {
         "status": {
@@ -355,11 +355,11 @@ def test_crash_loop_is_degraded_with_the_termination_message(
 def test_deleted_child_is_recreated(cluster: Any, ns: str, operator: OperatorProcess) -> None:
     cluster.apply(isvc("healing", engine={"device": "cpu"}), namespace=ns)
     wait_condition(cluster, ns, "healing", "Ready", "True")
-    uid = get(cluster, ns, "deployment", "healing")["metadata"]["uid"]
+    uid = kubectl_get(cluster, ns, "deployment", "healing")["metadata"]["uid"]
     cluster.kubectl("delete", "deployment", "healing", "-n", ns)
     wait_until(
         lambda: (
-            (get(cluster, ns, "deployment", "healing") or {}).get("metadata", {}).get("uid")
+            (kubectl_get(cluster, ns, "deployment", "healing") or {}).get("metadata", {}).get("uid")
             not in (None, uid)
         ),
         timeout=TIMEOUT,
@@ -368,11 +368,11 @@ def test_deleted_child_is_recreated(cluster: Any, ns: str, operator: OperatorPro
 
 
 def uid_of(cluster: Any, ns: str, kind: str, name: str) -> str | None:
-    return ((get(cluster, ns, kind, name) or {}).get("metadata") or {}).get("uid")
+    return ((kubectl_get(cluster, ns, kind, name) or {}).get("metadata") or {}).get("uid")
 
 
 def events_of(cluster: Any, ns: str, name: str, reason: str) -> list[dict]:
-    listed = get(cluster, ns, "events", "--field-selector", f"involvedObject.name={name}")
+    listed = kubectl_get(cluster, ns, "events", "--field-selector", f"involvedObject.name={name}")
     return [e for e in listed["items"] if e["reason"] == reason]
 
 
@@ -400,9 +400,9 @@ def test_every_child_is_restored_after_delete_or_edit(
         cluster.kubectl("patch", kind, "drift", "-n", ns, "--type=merge", "-p", patch)
 
     def restored() -> bool:
-        deployment = get(cluster, ns, "deployment", "drift")
+        deployment = kubectl_get(cluster, ns, "deployment", "drift")
         container = deployment["spec"]["template"]["spec"]["containers"][0]
-        port = get(cluster, ns, "service", "drift")["spec"]["ports"][0]["port"]
+        port = kubectl_get(cluster, ns, "service", "drift")["spec"]["ports"][0]["port"]
         return (
             deployment["spec"]["replicas"] == 2 and container["image"] != "evil:1" and port == 8000
         )
@@ -434,7 +434,7 @@ def test_replicas_set_through_the_scale_subresource_are_left_alone(
     )
 
     def rolled() -> Any:
-        deployment = get(cluster, ns, "deployment", "autoscaled")
+        deployment = kubectl_get(cluster, ns, "deployment", "autoscaled")
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         return deployment if "--max-num-seqs=16" in args else None
 
@@ -442,7 +442,8 @@ def test_replicas_set_through_the_scale_subresource_are_left_alone(
     assert deployment["spec"]["replicas"] == 3
     resource = wait_until(
         lambda: (
-            (r := get(cluster, ns, "infsvc", "autoscaled"))["status"].get("readyReplicas") == 3
+            (r := kubectl_get(cluster, ns, "infsvc", "autoscaled"))["status"].get("readyReplicas")
+            == 3
             and r
         ),
         timeout=TIMEOUT,
@@ -495,12 +496,12 @@ def test_apply_error_is_a_condition_with_backoff(
     )
 
     def recovered() -> Any:
-        resource = get(cluster, ns, "infsvc", "refused")
+        resource = kubectl_get(cluster, ns, "infsvc", "refused")
         ready = condition(resource, "Ready")
         return ready.get("status") == "True" and resource["status"]["observedGeneration"] == 3
 
     wait_until(recovered, timeout=TIMEOUT, what="Ready again at generation 3")
-    assert condition(get(cluster, ns, "infsvc", "refused"), "Degraded")["status"] == "False"
+    assert condition(kubectl_get(cluster, ns, "infsvc", "refused"), "Degraded")["status"] == "False"
 
 
 def test_a_claim_several_replicas_cannot_share_is_reported(
@@ -542,9 +543,9 @@ def test_deleting_the_resource_removes_everything(
     selector = "app.kubernetes.io/instance=doomed"
 
     def gone() -> bool:
-        left = get(cluster, ns, "deployments,services,servicemonitors,pods", "-l", selector)[
-            "items"
-        ]
+        left = kubectl_get(
+            cluster, ns, "deployments,services,servicemonitors,pods", "-l", selector
+        )["items"]
         return not left
 
     wait_until(gone, timeout=TIMEOUT, what="the garbage collector to remove the children")
@@ -575,12 +576,12 @@ def test_kill_mid_reconcile_converges_without_orphans(
     assert sorted(burst_deployments()) == sorted(names)
     services = [
         s
-        for s in get(cluster, ns, "services")["items"]
+        for s in kubectl_get(cluster, ns, "services")["items"]
         if s["metadata"]["name"].startswith("burst-")
     ]
     assert sorted(s["metadata"]["name"] for s in services) == sorted(names)
-    owners = {r["metadata"]["uid"] for r in get(cluster, ns, "infsvc")["items"]}
-    managed = get(
+    owners = {r["metadata"]["uid"] for r in kubectl_get(cluster, ns, "infsvc")["items"]}
+    managed = kubectl_get(
         cluster,
         ns,
         "deployments,services,servicemonitors",
@@ -608,12 +609,14 @@ def writes(operator: OperatorProcess) -> float:
 
 def test_status_survives_an_idle_period(cluster: Any, ns: str, operator: OperatorProcess) -> None:
     # Level-based and idempotent: with nothing changing, the operator writes nothing.
-    before = get(cluster, ns, "infsvc", "llama")["metadata"]["resourceVersion"]
-    deployment = get(cluster, ns, "deployment", "llama")["metadata"]["resourceVersion"]
+    before = kubectl_get(cluster, ns, "infsvc", "llama")["metadata"]["resourceVersion"]
+    deployment = kubectl_get(cluster, ns, "deployment", "llama")["metadata"]["resourceVersion"]
     written = writes(operator)
     time.sleep(3)
-    assert get(cluster, ns, "infsvc", "llama")["metadata"]["resourceVersion"] == before
-    assert get(cluster, ns, "deployment", "llama")["metadata"]["resourceVersion"] == deployment
+    assert kubectl_get(cluster, ns, "infsvc", "llama")["metadata"]["resourceVersion"] == before
+    assert (
+        kubectl_get(cluster, ns, "deployment", "llama")["metadata"]["resourceVersion"] == deployment
+    )
     assert writes(operator) == written
 
 

@@ -18,6 +18,8 @@ from infernetes.operator.testing import (
     REPO,
     OperatorProcess,
     create_namespace,
+    kubectl_get,
+    service_condition,
     start_operator,
     wait_until,
 )
@@ -75,17 +77,6 @@ def operator(
     print(f"operator log: {process.log_path}")
 
 
-def get(cluster: Any, ns: str, *what: str) -> Any:
-    result = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
-
-
-def condition(cluster: Any, ns: str, name: str, kind: str) -> dict:
-    status = (get(cluster, ns, "infsvc", name) or {}).get("status") or {}
-    found = [c for c in status.get("conditions") or () if c["type"] == kind]
-    return found[0] if found else {}
-
-
 def apply(cluster: Any, ns: str, manifest: dict) -> None:
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest))
 
@@ -103,7 +94,7 @@ def routed(name: str, routing: dict | None) -> dict:
 
 
 def picker_objects(cluster: Any, ns: str, name: str) -> list[Any]:
-    return [get(cluster, ns, kind, f"{name}-{suffix}") for kind, suffix in PICKER]
+    return [kubectl_get(cluster, ns, kind, f"{name}-{suffix}") for kind, suffix in PICKER]
 
 
 def test_pool_appears_with_the_extension_and_goes_with_routing_and_the_service(
@@ -111,11 +102,14 @@ def test_pool_appears_with_the_extension_and_goes_with_routing_and_the_service(
 ) -> None:
     apply(cluster, ns, routed("chat", {"endpointPicker": {"image": "example.com/epp:test"}}))
     wait_until(
-        lambda: condition(cluster, ns, "chat", "Routing").get("reason") == "InferencePoolMissing",
+        lambda: (
+            service_condition(cluster, ns, "chat", "Routing").get("reason")
+            == "InferencePoolMissing"
+        ),
         timeout=TIMEOUT,
         what="Routing False without the extension's CRDs",
     )
-    assert get(cluster, ns, "service", "chat") is not None
+    assert kubectl_get(cluster, ns, "service", "chat") is not None
 
     cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
     for crd in crds:
@@ -123,26 +117,26 @@ def test_pool_appears_with_the_extension_and_goes_with_routing_and_the_service(
             "wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}"
         )
     wait_until(
-        lambda: get(cluster, ns, "inferencepool", "chat") is not None,
+        lambda: kubectl_get(cluster, ns, "inferencepool", "chat") is not None,
         timeout=TIMEOUT,
         what="the InferencePool once the extension's API is served",
     )
-    pool = get(cluster, ns, "inferencepool", "chat")
+    pool = kubectl_get(cluster, ns, "inferencepool", "chat")
     assert pool["spec"]["targetPorts"] == [{"number": 8000}]
     assert pool["spec"]["endpointPickerRef"]["name"] == "chat-epp"
-    service = get(cluster, ns, "service", "chat")
+    service = kubectl_get(cluster, ns, "service", "chat")
     assert pool["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
     wait_until(
         lambda: all(picker_objects(cluster, ns, "chat")),
         timeout=TIMEOUT,
         what="the endpoint picker's objects",
     )
-    picker = get(cluster, ns, "deployment", "chat-epp")
+    picker = kubectl_get(cluster, ns, "deployment", "chat-epp")
     (container,) = picker["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "example.com/epp:test"
     assert "--pool-name=chat" in container["args"]
     wait_until(
-        lambda: condition(cluster, ns, "chat", "Routing").get("status") == "True",
+        lambda: service_condition(cluster, ns, "chat", "Routing").get("status") == "True",
         timeout=TIMEOUT,
         what="Routing True",
     )
@@ -150,31 +144,31 @@ def test_pool_appears_with_the_extension_and_goes_with_routing_and_the_service(
     apply(cluster, ns, routed("chat", None))  # routing off
     wait_until(
         lambda: (
-            get(cluster, ns, "inferencepool", "chat") is None
+            kubectl_get(cluster, ns, "inferencepool", "chat") is None
             and not any(picker_objects(cluster, ns, "chat"))
         ),
         timeout=TIMEOUT,
         what="the pool and the picker deleted once routing is off",
     )
-    assert get(cluster, ns, "service", "chat") is not None
+    assert kubectl_get(cluster, ns, "service", "chat") is not None
     wait_until(
-        lambda: condition(cluster, ns, "chat", "Routing") == {},
+        lambda: service_condition(cluster, ns, "chat", "Routing") == {},
         timeout=TIMEOUT,
         what="no Routing condition without spec.routing",
     )
 
     apply(cluster, ns, routed("chat", {}))
     wait_until(
-        lambda: get(cluster, ns, "inferencepool", "chat") is not None,
+        lambda: kubectl_get(cluster, ns, "inferencepool", "chat") is not None,
         timeout=TIMEOUT,
         what="the pool again",
     )
-    owner = get(cluster, ns, "inferencepool", "chat")["metadata"]["ownerReferences"][0]
+    owner = kubectl_get(cluster, ns, "inferencepool", "chat")["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"]) == ("InferenceService", "chat")
     cluster.kubectl("delete", "infsvc", "chat", "-n", ns, "--wait=true", "--timeout=60s")
     wait_until(
         lambda: (
-            get(cluster, ns, "inferencepool", "chat") is None
+            kubectl_get(cluster, ns, "inferencepool", "chat") is None
             and not any(picker_objects(cluster, ns, "chat"))
         ),
         timeout=TIMEOUT,

@@ -99,6 +99,19 @@ def wait_until(
         time.sleep(interval)
 
 
+def kubectl_get(cluster: Any, namespace: str, *what: str) -> Any:
+    """`kubectl get WHAT -n NAMESPACE -o json`, decoded; None when it fails (e.g. not found)."""
+    result = cluster.kubectl("get", *what, "-n", namespace, "-o", "json", check=False)
+    return yaml.safe_load(result.stdout) if result.returncode == 0 else None
+
+
+def service_condition(cluster: Any, namespace: str, name: str, kind: str) -> dict[str, Any]:
+    """The InferenceService's condition of type `kind` ({} while it has none)."""
+    status = (kubectl_get(cluster, namespace, "infsvc", name) or {}).get("status") or {}
+    found = [c for c in status.get("conditions") or () if c["type"] == kind]
+    return found[0] if found else {}
+
+
 def install_crds(kubectl: Callable[..., Any]) -> None:
     """Apply our CRD (and kopf's peering CRDs, and the monitoring stand-ins) and wait for them."""
     documents = [build_crd(), *peering_crds(), *MONITORING_CRDS]
