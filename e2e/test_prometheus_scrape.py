@@ -262,10 +262,14 @@ def test_prometheus_scrapes_rendered_servicemonitor_and_trigger_query_sees_the_q
 
     async def load_and_watch() -> list[int]:
         watcher = asyncio.create_task(asyncio.to_thread(watch_queue))
-        statuses = await queue_requests(server, 4)
+        statuses: list[int] = []
+        # On an idle machine four requests can drain between two scrapes: queue more until
+        # the query has seen them wait (or the watcher gives up).
+        while not watcher.done():
+            statuses += await queue_requests(server, 4)
         await watcher
         return statuses
 
     statuses = asyncio.run(load_and_watch())
-    assert statuses == [200] * 4
+    assert statuses and set(statuses) == {200}
     assert peak > 0, "the trigger query never saw a queued request"
