@@ -217,7 +217,9 @@ def test_health_stays_fast_while_heavy_requests_are_prepared(guarded_server, htt
             response = http.post(path, json=body)
             took = time.monotonic() - started
         assert response.status_code == 400, response.text[:300]
-        assert probe.answers >= 3 and probe.worst < 1.0, (path, probe.worst, took)
+        # /health is never held up behind the heavy request (it would then take about as long
+        # as the request does); a long request on a loaded machine may slow it past a second.
+        assert probe.answers >= 3 and probe.worst < max(1.0, took / 4), (path, probe.worst, took)
     _serves_normally(http)
 
 
