@@ -85,7 +85,19 @@ def test_concurrent_rollouts_on_a_full_cluster_finish(
     cluster: Any, ns: str, operator: OperatorProcess
 ) -> None:
     def roomy() -> dict[str, int] | None:
-        # Earlier modules' namespaces may still be terminating, their pods holding GPUs.
+        # Earlier modules' namespaces may still be terminating, their pods holding GPUs: wait
+        # until none does (the fillers below count on every GPU not held here staying free).
+        if any(
+            pod["metadata"]["namespace"] != ns
+            and pod["spec"].get("nodeName")
+            and pod["status"].get("phase") not in ("Succeeded", "Failed")
+            and any(
+                ((c.get("resources") or {}).get("limits") or {}).get(GPU)
+                for c in pod["spec"]["containers"]
+            )
+            for pod in get(cluster, "pods", "-A")["items"]
+        ):
+            return None
         free = free_gpus(cluster)
         ranked = sorted(free.values(), reverse=True)
         return free if len(ranked) > 1 and ranked[0] >= 8 and ranked[1] >= 4 else None
