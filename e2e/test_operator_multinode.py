@@ -111,6 +111,9 @@ def test_impossible_layouts_are_refused_naming_the_field(cluster: Any, ns: str) 
     dp = isvc("bad", 16, gpu={"perNode": 8})
     dp["spec"]["engine"]["dataParallelSize"] = 2
     cases.append((dp, "spec.engine.dataParallelSize", "takes engine.dataParallelSize 1"))
+    ray = isvc("bad", 16, gpu={"perNode": 8})
+    ray["spec"]["engine"]["distributedExecutorBackend"] = "ray"
+    cases.append((ray, "spec.engine.distributedExecutorBackend", "would need a Ray cluster"))
     for resource, field, message in cases:
         result = cluster.kubectl(
             "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(resource), check=False

@@ -83,6 +83,17 @@ def multinode_rules(engine_properties: Mapping[str, Any]) -> list[Schema]:
                 field_path=".engine.dataParallelSize",
             )
         )
+    if "distributedExecutorBackend" in engine_properties:
+        rules.append(
+            rule(
+                f"{fits} || !has(self.engine) || !has(self.engine.distributedExecutorBackend) || "
+                "self.engine.distributedExecutorBackend == 'mp'",
+                "a replica that spans nodes (tensorParallelSize x pipelineParallelSize above "
+                "gpu.perNode) runs its ranks with engine.distributedExecutorBackend mp: ray "
+                "would need a Ray cluster across its pods",
+                field_path=".engine.distributedExecutorBackend",
+            )
+        )
     if "device" in engine_properties:
         rules.append(
             rule(

@@ -72,7 +72,8 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     """How many ranks the model runs on, and what starts them: ``uni`` runs the one rank in the
-    engine core's process, ``mp`` one worker process per rank (the default above one rank)."""
+    engine core's process, ``mp`` one worker process per rank (the default above one rank),
+    ``ray`` one Ray actor per rank."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1

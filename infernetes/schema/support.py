@@ -55,7 +55,7 @@ DP_PLANNED = (
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
 TEXT_ONLY = "the models served here take text only: there are no images, audio or video to process"
 V0_ONLY = "a vLLM V0 scheduler setting; V1, which this engine follows, ignores it too"
-NO_RAY = "there is no Ray executor here"
+RAY_PLAIN = "the Ray executor calls each rank's actor directly (no compiled graph, no SPMD workers)"
 WORKER_PROCESSES = (
     "worker processes start from the engine core with a rendezvous on 127.0.0.1 and a free port, "
     "or across nodes on --master-addr and --master-port"
@@ -208,10 +208,10 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     # ---------------------------------------------------------------- ParallelConfig
     "distributed_executor_backend": partial(
-        ("mp", "uni"),
-        "mp starts one worker process per rank, uni runs one rank in the engine's process; "
-        "there is no Ray executor here, and ranks are never started by an external launcher "
-        "(torchrun)",
+        ("mp", "uni", "ray"),
+        "mp starts one worker process per rank, uni runs one rank in the engine's process, ray "
+        "one Ray actor per rank (where Ray is installed); ranks are never started by an external "
+        "launcher (torchrun)",
     ),
     "pipeline_parallel_size": HONOURED,
     "tensor_parallel_size": HONOURED,
@@ -219,7 +219,9 @@ ARG_SUPPORT: dict[str, Support] = {
     "data_parallel_size_local": refused(DP_PLANNED),
     "data_parallel_address": refused(DP_PLANNED),
     "data_parallel_rpc_port": refused(DP_PLANNED),
-    "data_parallel_backend": partial(("mp",), NO_RAY),
+    "data_parallel_backend": partial(
+        ("mp",), "data-parallel engine cores are processes of this node; Ray does not start them"
+    ),
     "nnodes": HONOURED,
     "node_rank": HONOURED,
     "master_addr": HONOURED,
@@ -230,7 +232,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "max_parallel_loading_workers": no_effect(
         "each rank reads only its own shard, all ranks at once"
     ),
-    "ray_workers_use_nsight": refused(NO_RAY),
+    "ray_workers_use_nsight": refused("Ray's workers are not run under Nsight here"),
     "disable_custom_all_reduce": no_effect(
         "there is no custom all-reduce here: torch.distributed's (NCCL, gloo) always runs"
     ),
@@ -396,11 +398,13 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_DP_SIZE": refused(DP_PLANNED),
     "VLLM_DP_MASTER_IP": refused(DP_PLANNED),
     "VLLM_DP_MASTER_PORT": refused(DP_PLANNED),
+    "VLLM_RAY_PER_WORKER_GPUS": HONOURED,
+    "VLLM_RAY_BUNDLE_INDICES": no_effect(
+        "the Ray executor reserves a placement group of its own, one bundle per rank in rank order"
+    ),
     **{
-        name: no_effect(NO_RAY)
+        name: no_effect(RAY_PLAIN)
         for name in (
-            "VLLM_RAY_PER_WORKER_GPUS",
-            "VLLM_RAY_BUNDLE_INDICES",
             "VLLM_USE_RAY_SPMD_WORKER",
             "VLLM_USE_RAY_COMPILED_DAG",
             "VLLM_USE_RAY_COMPILED_DAG_NCCL_CHANNEL",

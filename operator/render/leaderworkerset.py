@@ -52,6 +52,12 @@ def gpus_per_node(spec: Mapping[str, Any], facts: ClusterFacts) -> tuple[int | N
     return (facts.gpus_per_node or {}).get(resource), f"the largest node's {resource}"
 
 
+RAY_ACROSS_NODES = (
+    "a replica that spans nodes runs its ranks with engine.distributedExecutorBackend mp (one "
+    "pod per node, a LeaderWorkerSet); ray would need a Ray cluster across those pods"
+)
+
+
 def layout(spec: Mapping[str, Any], facts: ClusterFacts) -> Layout:
     """How one replica is placed; ValueError for a size that cannot be split across nodes
     (admission refuses the same when spec.gpu.perNode is set)."""
@@ -71,6 +77,8 @@ def layout(spec: Mapping[str, Any], facts: ClusterFacts) -> Layout:
         raise ValueError(
             "a replica that spans nodes takes engine.dataParallelSize 1 (scale with replicas)"
         )
+    if engine.get("distributedExecutorBackend", "mp") != "mp":
+        raise ValueError(RAY_ACROSS_NODES)
     return Layout(math.ceil(model_parallel / per_node), per_node)
 
 

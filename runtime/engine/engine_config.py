@@ -21,6 +21,7 @@ from infernetes.runtime.config import (
     RuntimeConfig,
     SchedulerConfig,
 )
+from infernetes.runtime.executor.backend_check import check_executor_backend
 from infernetes.runtime.model_executor.compilation import parse_compilation_config
 from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
 from infernetes.runtime.model_executor.layers.quantization import resolve_quantization
@@ -133,6 +134,7 @@ def _parallel_config(
 ) -> ParallelConfig:
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     backend = config.distributed_executor_backend or ("mp" if tp * pp > 1 else "uni")
+    check_executor_backend(backend)
     if backend == "uni" and tp * pp > 1:
         raise ValueError(
             f"distributed_executor_backend='uni' runs one rank, but tensor_parallel_size x "

@@ -10,12 +10,18 @@ Under pipeline parallelism ``submit_model`` sends a step without waiting for it,
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker exited, or a remote rank disconnected, while the engine needed it."""
 
 
 class PendingOutput(Protocol):
@@ -74,12 +80,26 @@ class Executor(ABC):
         """Stop the workers; nothing runs after it."""
 
 
+def with_shared_seed(config: RuntimeConfig) -> RuntimeConfig:
+    """Every rank samples each step (the same logits) and must draw the same numbers: without
+    ``--seed`` the ranks get one drawn here."""
+    if config.model.seed is not None:
+        return config
+    return dataclasses.replace(
+        config, model=dataclasses.replace(config.model, seed=secrets.randbits(63))
+    )
+
+
 def select_executor(config: RuntimeConfig) -> type[Executor]:
-    """The executor ``--distributed-executor-backend`` names (``uni`` or ``mp``)."""
+    """The executor ``--distributed-executor-backend`` names (``uni``, ``mp`` or ``ray``)."""
     if config.parallel.distributed_executor_backend == "mp":
         from infernetes.runtime.executor.multiproc_executor import MultiprocExecutor
 
         return MultiprocExecutor
+    if config.parallel.distributed_executor_backend == "ray":
+        from infernetes.runtime.executor.ray_executor import RayExecutor
+
+        return RayExecutor
     from infernetes.runtime.executor.uniproc_executor import UniProcExecutor
 
     return UniProcExecutor

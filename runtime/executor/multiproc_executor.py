@@ -16,10 +16,8 @@ may not start ``multiprocessing`` children.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import pickle
-import secrets
 import socket
 import subprocess
 import weakref
@@ -31,7 +29,12 @@ import torch
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
-from infernetes.runtime.executor.abstract import Executor, PendingOutput
+from infernetes.runtime.executor.abstract import (
+    Executor,
+    PendingOutput,
+    WorkerDiedError,
+    with_shared_seed,
+)
 from infernetes.runtime.executor.node_link import JoinedRank, RankListener, rendezvous_url
 from infernetes.runtime.logging_config import LoggingSettings
 from infernetes.runtime.worker.worker_process import STOP, WorkerInit, spawn
@@ -39,10 +42,6 @@ from infernetes.runtime.worker.worker_process import STOP, WorkerInit, spawn
 logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process exited, or a remote rank disconnected, while the engine needed it."""
 
 
 class WorkerProcess:
@@ -145,10 +144,7 @@ class MultiprocExecutor(Executor):
                 f"{needed}, but {torch.cuda.device_count()} CUDA device(s) are visible "
                 "(CUDA_VISIBLE_DEVICES)"
             )
-        if config.model.seed is None:
-            # Every rank samples each step (the same logits) and must draw the same numbers.
-            model = dataclasses.replace(config.model, seed=secrets.randbits(63))
-            config = dataclasses.replace(config, model=model)
+        config = with_shared_seed(config)
         listener = None
         if parallel.nnodes > 1:
             listener = RankListener(config, config.model.seed or 0)

@@ -88,7 +88,9 @@ def check_engine_settings(config: ServeConfig) -> None:
         requested_backend,
         startup_backend,
     )
+    from infernetes.runtime.executor.backend_check import check_executor_backend
 
+    check_executor_backend(config.distributed_executor_backend)
     device = config.device
     if device in (None, "auto") and requested_backend(config.attention_backend) != TRITON_ATTN:
         return  # the engine's own check (and its warnings) cannot fail on any device

@@ -18,9 +18,15 @@ from infernetes.runtime.worker.model_runner import ModelRunner
 
 
 class Worker:
-    def __init__(self, config: RuntimeConfig, rank: int = 0) -> None:
+    def __init__(
+        self, config: RuntimeConfig, rank: int = 0, device: torch.device | None = None
+    ) -> None:
+        """``device``: the one the launcher gave this rank (Ray's actor sees only its own GPU),
+        else the rank's device on this host."""
         self.rank = rank
-        self.config = config = _rank_device(config, rank)
+        self.config = config = (
+            _given_device(config, device) if device else _rank_device(config, rank)
+        )
         _share_cpu_cores(config)
         self.device = config.device.device
         # The first rank of the last pipeline stage returns the sampled tokens; the others
@@ -116,6 +122,30 @@ def _share_cpu_cores(config: RuntimeConfig) -> None:
     ranks = parallel.local_world_size * parallel.data_parallel_size
     if config.device.device.type == "cpu" and ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+
+
+def start_rank(
+    config: RuntimeConfig, rank: int, init_method: str, device: torch.device | None = None
+) -> Worker:
+    """Join the process groups as ``rank`` (NCCL on CUDA, gloo on a CPU), then load its shard."""
+    from infernetes.runtime.model_executor import parallel
+
+    parallel.init_distributed(
+        rank,
+        config.parallel.tensor_parallel_size,
+        config.parallel.pipeline_parallel_size,
+        init_method,
+        "nccl" if config.device.device.type == "cuda" else "gloo",
+        config.parallel.layer_partition,
+        config.parallel.expert_parallel,
+    )
+    return Worker(config, rank, device)
+
+
+def _given_device(config: RuntimeConfig, device: torch.device) -> RuntimeConfig:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return dataclasses.replace(config, device=dataclasses.replace(config.device, device=device))
 
 
 def _rank_device(config: RuntimeConfig, rank: int) -> RuntimeConfig:

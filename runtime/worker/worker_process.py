@@ -83,23 +83,12 @@ def _portable(error: BaseException) -> BaseException:
 
 def serve(conn: Connection, init: WorkerInit, stopping: threading.Event) -> None:
     from infernetes.runtime.model_executor import parallel
-    from infernetes.runtime.worker.worker import Worker
+    from infernetes.runtime.worker.worker import start_rank
 
-    config, rank = init.config, init.rank
-    backend = "nccl" if config.device.device.type == "cuda" else "gloo"
     try:
-        parallel.init_distributed(
-            rank,
-            config.parallel.tensor_parallel_size,
-            config.parallel.pipeline_parallel_size,
-            init.init_method,
-            backend,
-            config.parallel.layer_partition,
-            config.parallel.expert_parallel,
-        )
-        worker = Worker(config, rank)
+        worker = start_rank(init.config, init.rank, init.init_method)
     except BaseException as error:
-        logger.exception("rank %d failed to load", rank)
+        logger.exception("rank %d failed to load", init.rank)
         conn.send_bytes(pickle.dumps((False, _portable(error))))
         return
     conn.send_bytes(pickle.dumps((True, None)))
@@ -111,7 +100,7 @@ def serve(conn: Connection, init: WorkerInit, stopping: threading.Event) -> None
         try:
             reply: tuple[bool, Any] = (True, getattr(worker, method)(*args))
         except Exception as error:
-            logger.exception("rank %d: %s failed", rank, method)
+            logger.exception("rank %d: %s failed", init.rank, method)
             reply = (False, _portable(error))
         conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
     parallel.destroy_distributed()

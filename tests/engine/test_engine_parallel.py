@@ -5,7 +5,8 @@ row-parallel all-reduce); pipeline stages hold consecutive layers and pass the h
 the last stage's sampled tokens coming back to the others. Greedy tokens must equal transformers'
 and TP 1's, logprobs TP 1's within float tolerance, under chunked prefill, prefix-cache hits and
 preemption; each rank reads only its shard of the checkpoint; a worker that dies fails the
-engine."""
+engine. The same with ``--distributed-executor-backend ray`` (one Ray actor per rank), and Ray
+refused before anything starts where it is not installed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from infernetes.runtime.engine.llm_engine import LLMEngine
-from infernetes.runtime.executor.multiproc_executor import WorkerDiedError
+from infernetes.runtime.executor.abstract import WorkerDiedError
 from infernetes.runtime.sampling_params import SamplingParams
 
 from infernetes.schema.config import build_config
@@ -207,3 +208,77 @@ def test_a_dead_worker_fails_the_engine(tiny_llama):
 def test_head_counts_that_do_not_divide_fail_before_any_worker_starts(tiny_llama):
     with pytest.raises(ValueError, match="tensor_parallel_size 3 does not divide the model's 4"):
         _engine(tiny_llama, tensor_parallel_size=3)
+
+
+@pytest.fixture(scope="module")
+def ray():
+    """One local Ray for the module (an engine started inside it leaves it running)."""
+    ray = pytest.importorskip("ray")
+    ray.init(include_dashboard=False, num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow  # a Ray actor per rank
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_ray_ranks_match_tp1_and_transformers(ray, tiny_llama, hf_greedy, tp, pp):
+    reference = _engine(tiny_llama)
+    try:
+        expected = _generate(reference)
+    finally:
+        reference.shutdown()
+    counter = Counter()
+    engine = _engine(
+        tiny_llama,
+        counter,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        distributed_executor_backend="ray",
+    )
+    try:
+        executor = engine.engine_core.executor
+        assert type(executor).__name__ == "RayExecutor"
+        assert len(executor.actors) == tp * pp
+        assert executor.max_concurrent_batches == pp
+        got = _generate(engine)
+    finally:
+        engine.shutdown()
+    assert counter.preemptions > 0 and counter.prefix_hits > 0  # the paths were exercised
+    for request_id, (tokens, logprobs) in expected.items():
+        assert got[request_id][0] == tokens
+        assert got[request_id][1] == pytest.approx(logprobs, abs=1e-4)
+        assert tokens == hf_greedy(tiny_llama, PROMPTS[int(request_id)], MAX_TOKENS)
+    assert ray.is_initialized()  # the module's Ray was not the engine's to stop
+
+
+@pytest.mark.slow
+def test_a_dead_ray_rank_fails_the_engine(ray, tiny_llama):
+    engine = _engine(tiny_llama, tensor_parallel_size=2, distributed_executor_backend="ray")
+    executor = engine.engine_core.executor
+    try:
+        pid = ray.get(executor.actors[1].pid.remote())
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match="rank 1"):
+            engine.engine_core.check_health()
+        engine.add_request("0", PROMPTS[0], SamplingParams(max_tokens=4))
+        with pytest.raises(WorkerDiedError, match="rank 1"):
+            engine.step()
+    finally:
+        engine.shutdown()
+    assert executor.actors == []
+
+
+def test_ray_is_refused_where_it_is_not_installed(monkeypatch, tiny_llama):
+    import importlib.util
+
+    from infernetes.runtime.executor.backend_check import check_executor_backend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
+    )
+    with pytest.raises(ValueError, match="ray needs Ray, which is not installed here"):
+        check_executor_backend("ray")
+    with pytest.raises(ValueError, match="pip install 'infernetes\\[ray\\]'"):
+        _engine(tiny_llama, tensor_parallel_size=2, distributed_executor_backend="ray")
+    check_executor_backend("mp")  # the others need nothing more

@@ -60,6 +60,13 @@ def test_runtime_is_the_default_target_and_runs_serve():
     assert runtime.last("EXPOSE") == str(names.SERVER_PORT)
 
 
+def test_runtime_image_has_ray_for_the_ray_executor():
+    requirements = STAGES["requirements"].all("RUN")
+    assert any(
+        "requirements.py pyproject.toml runtime ray > runtime.txt" in r for r in requirements
+    )
+
+
 def test_runtime_cache_path_is_where_the_operator_mounts_the_model_cache():
     runtime = STAGES["runtime"]
     assert f"HF_HOME={workload.CACHE_MOUNT}" in runtime.all("ENV")

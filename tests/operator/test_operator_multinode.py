@@ -56,6 +56,10 @@ def test_a_size_that_does_not_split_into_whole_nodes_is_an_error() -> None:
             {"model": "x", "engine": {"tensorParallelSize": 16, "dataParallelSize": 2}},
             EIGHT_GPU_NODES,
         )
+    ray = {"tensorParallelSize": 16, "distributedExecutorBackend": "ray"}
+    with pytest.raises(ValueError, match="ray would need a Ray cluster across those pods"):
+        layout({"model": "x", "engine": ray}, EIGHT_GPU_NODES)
+    assert layout({"model": "x", "engine": {**ray, "tensorParallelSize": 8}}, EIGHT_GPU_NODES)
 
 
 def lws_of(spec: dict, facts: ClusterFacts = EIGHT_GPU_NODES) -> dict[str, Any]:
