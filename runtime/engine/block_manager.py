@@ -5,6 +5,10 @@ before it (parent hash + its own tokens), so two requests with the same prefix s
 (reference counts). Blocks whose count drops to zero go to the back of the free queue but keep
 their hash: a later request with the same prefix takes them back; allocation takes from the front,
 so the least recently freed cached block is evicted first.
+
+With ``sliding_window`` (a model whose every layer attends only to its last N tokens), a request's
+blocks that no query of it can reach any more go back as it advances: it holds about a window's
+worth of blocks however long it grows.
 """
 
 from __future__ import annotations
@@ -50,10 +54,12 @@ class BlockManager:
         block_size: int,
         enable_caching: bool = True,
         hash_algo: str = "builtin",
+        sliding_window: int | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding_window = sliding_window
         self._hash = HASH_FUNCTIONS[hash_algo]
         # Blocks are made on first use, in id order: a CPU cache of a small model has a million
         # blocks, and making them all would cost seconds at startup. The blocks never used yet
@@ -172,14 +178,30 @@ class BlockManager:
             request.block_ids.append(self._take_free_block().block_id)
         if self.enable_caching:
             self._register_full_blocks(request, num_computed + num_new_tokens)
+        if self.sliding_window is not None:
+            self._release_out_of_window(request, num_computed)
         return True
+
+    def _release_out_of_window(self, request: Request, first_query: int) -> None:
+        """Give back the blocks wholly before the window of position ``first_query``, the
+        earliest query of this step and of every step after it (a query at p reaches p - N + 1
+        at the furthest; one token more is kept for models that count the window from p - N)."""
+        reachable_from = first_query - self.sliding_window  # type: ignore[operator]
+        releasable = max(0, reachable_from // self.block_size)
+        for i in range(request.num_released_blocks, min(releasable, len(request.block_ids))):
+            self._unref(request.block_ids[i])
+            request.num_released_blocks = i + 1
+
+    def _unref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_queue[block_id] = None
 
     def free(self, request: Request) -> None:
         """Release the request's blocks; tail blocks go first in the queue so they are evicted first."""
-        for block_id in reversed(request.block_ids):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free_queue[block_id] = None
+        for block_id in reversed(request.block_ids[request.num_released_blocks :]):
+            self._unref(block_id)
         request.block_ids = []
         request.num_hashed_blocks = 0
+        request.num_released_blocks = 0

@@ -37,6 +37,7 @@ from infernetes.runtime.model_executor.memory_profile import (
     kv_cache_num_blocks,
     log_kv_cache_capacity,
 )
+from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import SamplingParams
 
@@ -71,6 +72,7 @@ class EngineCore:
             cache.block_size,
             cache.enable_prefix_caching,
             cache.prefix_caching_hash_algo,
+            window_of_every_layer(model.info.hf_config),
         )
         self.scheduler = Scheduler(
             self.config.scheduler,

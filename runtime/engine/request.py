@@ -88,6 +88,9 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[Any] = []
         self.num_hashed_blocks = 0
+        # The first blocks, given back once every layer's sliding window has passed them; their
+        # ids stay in block_ids (the workers' tables keep them, never read within the window).
+        self.num_released_blocks = 0
 
         # What it produced besides tokens (the output processor turns them into vLLM's dicts).
         self.cumulative_logprob = 0.0

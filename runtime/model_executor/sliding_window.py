@@ -17,3 +17,13 @@ def sliding_window(hf_config: PretrainedConfig) -> int | None:
     if layer_types is not None and "sliding_attention" not in layer_types:
         return None
     return window
+
+
+def window_of_every_layer(hf_config: PretrainedConfig) -> int | None:
+    """The window when every layer attends through it (a token before it is then needed by no
+    later query, and its KV block can go), else None."""
+    window = sliding_window(hf_config)
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None and any(kind != "sliding_attention" for kind in layer_types):
+        return None
+    return window

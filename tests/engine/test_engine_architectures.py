@@ -112,6 +112,56 @@ def test_sliding_window_past_the_window_matches_transformers(
         _assert_exact(llm, path, hf_greedy, [*LONG_PROMPTS, LONG_PROMPTS[0]], max_tokens=24)
 
 
+class _Preemptions:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def record(self, scheduler_stats, iteration_stats) -> None:
+        self.count += scheduler_stats.num_preemptions
+
+
+@pytest.mark.parametrize(
+    ("architecture", "overrides", "releases"),
+    [
+        ("MistralForCausalLM", {"sliding_window": 16}, True),  # every layer slides
+        ("Gemma2ForCausalLM", {"sliding_window": 16}, False),  # its global layers need them all
+    ],
+)
+def test_blocks_behind_every_layers_window_go_back(
+    model_factory, hf_greedy, architecture, overrides, releases
+):
+    """Four long requests at once in a cache that holds two of them whole: where every layer
+    slides, each keeps about a window of blocks and none is preempted; transformers' tokens."""
+    from infernetes.runtime.engine.llm_engine import LLMEngine
+
+    from infernetes.schema.config import build_config
+
+    path = model_factory(architecture, **overrides)
+    preemptions = _Preemptions()
+    config = build_config(
+        path, dtype="float32", max_model_len=128, block_size=8, num_gpu_blocks_override=24
+    )
+    engine = LLMEngine(config, stat_loggers=[preemptions])
+    tokenizer = engine.tokenizer
+    prompts = [tokenizer(text).input_ids[:80] for text in [*LONG_PROMPTS, *LONG_PROMPTS]]
+    assert all(len(ids) > 60 for ids in prompts)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        engine.add_request(str(i), ids, params)
+    tokens, most_held = {}, 0
+    manager = engine.engine_core.block_manager
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                tokens[int(output.request_id)] = output.outputs[0].token_ids
+        most_held = max(most_held, manager.num_blocks - manager.num_free_blocks)
+    engine.shutdown()
+    for i, ids in enumerate(prompts):
+        assert tokens[i] == hf_greedy(path, ids, 24)
+    assert (preemptions.count == 0) == releases, preemptions.count
+    assert (most_held < 4 * 13) if releases else most_held == 24
+
+
 def test_phi3_longrope_matches_transformers(model_factory, hf_greedy):
     """Within the original length the short factors and the attention factor give transformers'
     tokens; from it on each position's rotation uses the long factors, as transformers' rotary

@@ -23,7 +23,7 @@ def _check_invariants(
     assert len(scheduler.running) <= limits.max_num_seqs
     held: dict[int, int] = {}
     for request in scheduler.running:
-        for block_id in request.block_ids:
+        for block_id in request.block_ids[request.num_released_blocks :]:
             held[block_id] = held.get(block_id, 0) + 1
     for block in manager.blocks:
         assert block.ref_count == held.get(block.block_id, 0)
@@ -34,6 +34,11 @@ def _check_invariants(
     for request, num_new in zip(scheduled, batch.num_scheduled_tokens, strict=True):
         assert num_new >= 1
         assert len(request.block_ids) * manager.block_size >= request.num_computed_tokens + num_new
+        if manager.sliding_window is None:
+            assert request.num_released_blocks == 0
+        else:  # released blocks lie before every position this step's queries can reach
+            released_end = request.num_released_blocks * manager.block_size
+            assert released_end <= max(0, request.num_computed_tokens - manager.sliding_window)
 
 
 class _WorkerView:
@@ -89,10 +94,12 @@ def _made_up_tokens(
     caching=st.booleans(),
     threshold=st.sampled_from([0, 3, 10]),
     chunked=st.booleans(),
+    window=st.sampled_from([None, 2, 5, 16]),
 )
 def test_random_traffic_keeps_block_accounting_exact(
-    seed, num_blocks, block_size, budget, max_num_seqs, policy, caching, threshold, chunked
+    seed, num_blocks, block_size, budget, max_num_seqs, policy, caching, threshold, chunked, window
 ):
+    """Also with a sliding window over every layer: blocks behind it go back as requests grow."""
     rng = random.Random(seed)
     max_model_len = num_blocks * block_size
     if not chunked:  # every prompt must fit one step, as the engine enforces
@@ -106,7 +113,7 @@ def test_random_traffic_keeps_block_accounting_exact(
         max_num_partial_prefills=2,
         policy=policy,
     )
-    manager = BlockManager(num_blocks, block_size, enable_caching=caching)
+    manager = BlockManager(num_blocks, block_size, enable_caching=caching, sliding_window=window)
     scheduler = Scheduler(limits, manager)
     worker = _WorkerView()
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(1, 12))] for _ in range(3)]
@@ -303,3 +310,20 @@ def test_steps_in_flight_are_disjoint_and_keep_the_earlier_stages_in_step(
     assert not scheduler.in_flight
     for request_id, length in finished.items():
         assert length == wanted[request_id]
+
+
+def test_a_sliding_window_keeps_a_window_of_blocks_however_long_the_request():
+    manager = BlockManager(num_blocks=8, block_size=4, sliding_window=8)
+    request = Request("r", list(range(6)), SamplingParams(max_tokens=100))
+    assert manager.allocate_slots(request, 6)
+    request.num_computed_tokens = 6
+    for _ in range(90):  # decode one token a step, far past the 8 blocks the cache has
+        request.token_ids.append(1)
+        assert manager.allocate_slots(request, 1)
+        request.num_computed_tokens += 1
+        held = len(request.block_ids) - request.num_released_blocks
+        assert held <= 8 // 4 + 2
+    assert manager.num_free_blocks == 8 - held
+    manager.free(request)
+    assert manager.num_free_blocks == 8
+    assert all(block.ref_count == 0 for block in manager.blocks)

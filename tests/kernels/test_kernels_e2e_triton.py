@@ -1,7 +1,7 @@
 """The engine end to end on the Triton kernels (interpreted on a CPU): greedy generation equals
 transformers token for token on tiny models (Llama; Qwen3 with its q/k RMSNorm; DeepSeek-V3's
-latent attention), through prefill,
-chunked prefill mixed with decodes, and a prefix-cache hit."""
+latent attention; Mistral's sliding window with the blocks behind it given back and taken by
+other requests), through prefill, chunked prefill mixed with decodes, and a prefix-cache hit."""
 
 import pytest
 import torch
@@ -55,6 +55,24 @@ def test_triton_greedy_batch_with_chunked_prefill_matches_transformers(tiny_llam
     )
     prompts = SAMPLE_PROMPTS[:3]
     _assert_matches_transformers(llm, tiny_llama, prompts, llm.generate(prompts, GREEDY))
+
+
+def test_triton_sliding_window_over_released_blocks_matches_transformers(tmp_path, triton_attn):
+    # Four prompts of 3+ windows in 24 blocks: the blocks behind each window go back to the
+    # pool and hold other requests' keys while the first request's table still names them.
+    path = str(make_tiny_model(tmp_path, "MistralForCausalLM", sliding_window=16))
+    llm = LLM(
+        path,
+        dtype="float32",
+        max_model_len=128,
+        num_gpu_blocks_override=24,
+        block_size=8,
+        max_num_batched_tokens=32,
+    )
+    long = " ".join(SAMPLE_PROMPTS)
+    prompts = [long, long[7:], long[13:], long[21:]]
+    assert all(len(llm.get_tokenizer()(p).input_ids) > 48 for p in prompts)
+    _assert_matches_transformers(llm, path, prompts, llm.generate(prompts, GREEDY))
 
 
 def test_triton_greedy_qwen3_matches_transformers(tmp_path, triton_attn):
