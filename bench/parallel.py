@@ -5,7 +5,9 @@ A Llama-shaped model with random weights (default: 8 layers, hidden 512, vocabul
 written to a temporary folder; the same prompts (random token ids, greedy, EOS ignored) run
 through ``LLM(..., tensor_parallel_size=1)``, ``tensor_parallel_size=2`` and
 ``pipeline_parallel_size=2`` (one worker process per rank, gloo), the last twice: with the engine's
-batch queue (two steps in flight, one per stage) and with one step at a time. Printed:
+batch queue (two steps in flight, one per stage) and with one step at a time; then TP 2 again
+with ``--distributed-executor-backend ray`` (one Ray actor per rank; skipped without Ray).
+Printed:
 
 - output tokens/s of each and the ratios to TP 1. Each rank computes with ``--threads`` torch
   threads (default 1, as in ``engine_throughput``: on a small shared CPU a second OpenMP thread
@@ -16,7 +18,8 @@ batch queue (two steps in flight, one per stage) and with one step at a time. Pr
   tokens (prefill-heavy: ``--input-len 200-400 --output-len 8-16 --num-prompts 64``) and not in
   small-batch CPU decode, whose step costs the same for half the requests (weights read once);
 - the executor's round trip: a call broadcast to both workers and both replies gathered
-  (``collective_rpc``), median over 200 calls, as a share of TP 2's mean step time;
+  (``collective_rpc``), median over 200 calls, as a share of TP 2's mean step time, for the
+  worker processes and for the Ray actors;
 - one all-reduce of a decode step's activations (``[max-num-seqs, hidden]`` float32) in a
   two-process gloo group, median over 200, times the ``2 * layers`` the model runs per step, as a
   share of the same step time.
@@ -27,6 +30,7 @@ Run: ``python -m bench parallel`` (``--help`` for sizes).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -35,12 +39,14 @@ from unittest import mock
 
 from bench.engine_throughput import make_requests, write_llama
 
-# (name, tensor parallel, pipeline parallel, steps in flight: None for the engine's own)
+# (name, tensor parallel, pipeline parallel, steps in flight: None for the engine's own,
+#  executor backend: None for the default)
 RUNS = [
-    ("TP 1", 1, 1, None),
-    ("TP 2", 2, 1, None),
-    ("PP 2, one step at a time", 1, 2, 1),
-    ("PP 2", 1, 2, None),
+    ("TP 1", 1, 1, None, None),
+    ("TP 2", 2, 1, None, None),
+    ("PP 2, one step at a time", 1, 2, 1, None),
+    ("PP 2", 1, 2, None, None),
+    ("TP 2, Ray actors", 2, 1, None, "ray"),
 ]
 
 
@@ -65,7 +71,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run(
-    path: str, requests, args: argparse.Namespace, tp: int, pp: int = 1
+    path: str, requests, args: argparse.Namespace, tp: int, pp: int = 1, backend: str | None = None
 ) -> tuple[float, int, object]:
     """Seconds for all requests, engine steps taken, and the LLM (kept for the round trip)."""
     from infernetes import LLM, SamplingParams
@@ -82,6 +88,7 @@ def run(
         dtype="float32",
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
+        distributed_executor_backend=backend,
         max_model_len=512,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=2048,
@@ -166,28 +173,32 @@ def main(argv: list[str]) -> int:
             f"{len(requests)} prompts, {output_tokens} output tokens; {os.cpu_count()} cores",
             flush=True,
         )
-        results = {}
-        for name, tp, pp, in_flight in RUNS:
+        results, trips = {}, {}
+        for name, tp, pp, in_flight, backend in RUNS:
+            if backend == "ray" and importlib.util.find_spec("ray") is None:
+                print(f"{name:26s} skipped: Ray is not installed", flush=True)
+                continue
             with mock.patch.object(MultiprocExecutor, "max_concurrent_batches", in_flight or pp):
-                elapsed, steps, llm = run(path, requests, args, tp, pp)
+                elapsed, steps, llm = run(path, requests, args, tp, pp, backend)
             results[name] = (elapsed, steps)
             print(
                 f"{name:26s} {elapsed:7.2f} s  {output_tokens / elapsed:8.1f} output tok/s  "
                 f"{steps} steps, {1e3 * elapsed / steps:6.2f} ms a step",
                 flush=True,
             )
-            if name == "TP 2":
-                trip = round_trip_s(llm)
+            if tp == 2:
+                trips[name] = round_trip_s(llm)
             llm.llm_engine.shutdown()
             del llm
     step_s = results["TP 2"][0] / results["TP 2"][1]
     reduce_s = all_reduce_s(args.max_num_seqs, args.hidden) * 2 * args.layers
-    for name, *_ in RUNS[1:]:
+    for name in list(results)[1:]:
         print(f"ratio {name} / TP 1 throughput: {results['TP 1'][0] / results[name][0]:.2f}x")
-    print(
-        f"executor round trip (broadcast + gather): {1e6 * trip:7.1f} us "
-        f"= {trip / step_s:.1%} of a TP 2 step"
-    )
+    for name, trip in trips.items():
+        print(
+            f"executor round trip (broadcast + gather), {name}: {1e6 * trip:7.1f} us "
+            f"= {trip / step_s:.1%} of a TP 2 step"
+        )
     print(
         f"all-reduces of a decode step ({2 * args.layers} x [{args.max_num_seqs}, {args.hidden}]): "
         f"{1e6 * reduce_s:7.1f} us = {reduce_s / step_s:.1%} of a TP 2 step"
