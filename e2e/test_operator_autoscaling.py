@@ -1,23 +1,23 @@
 """spec.autoscaling on the local control plane (issue 21, part 1): without KEDA's CRDs an
 autoscaling/v2 HPA that the real HPA controller resolves through the InferenceService's scale
-subresource; with KEDA's CRDs (from its Go module, cluster/keda-crds.sh; no KEDA operator) a
+subresource; with KEDA's CRDs (from its Go module, cluster/go-module-crds.sh; no KEDA operator) a
 ScaledObject the API server validates against KEDA's own schema, minReplicas 0 with activation;
 the HPA replaced when KEDA appears; removing autoscaling deletes the object; invalid settings are
 refused at admission naming the field."""
 
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from infernetes.operator.testing import (
-    REPO,
     OperatorProcess,
+    apply_crds,
     create_namespace,
+    go_module_crds,
     install_crds,
     kubectl_get,
+    remove_crds,
     service_condition,
     start_operator,
     wait_until,
@@ -28,23 +28,15 @@ PROMETHEUS = "http://prometheus.monitoring.svc:9090"
 
 
 def keda_crds() -> list[dict]:
-    out = subprocess.run(
-        [str(REPO / "cluster" / "keda-crds.sh")], stdout=subprocess.PIPE, text=True, check=True
-    ).stdout
-    directory = Path(out.strip().splitlines()[-1])
-    return [yaml.safe_load(path.read_text()) for path in sorted(directory.glob("keda.sh_*.yaml"))]
+    return go_module_crds("github.com/kedacore/keda/v2", "KEDA_VERSION", "config/crd/bases/*.yaml")
 
 
 def install_keda(cluster: Any, crds: list[dict]) -> None:
-    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
-    for crd in crds:
-        name = crd["metadata"]["name"]
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    apply_crds(cluster, crds)
 
 
 def remove_keda(cluster: Any, crds: list[dict], wait: bool = True) -> None:
-    names = [crd["metadata"]["name"] for crd in crds]
-    cluster.kubectl("delete", "crd", *names, "--ignore-not-found", f"--wait={str(wait).lower()}")
+    remove_crds(cluster, crds, wait)
 
 
 @pytest.fixture(scope="module")

@@ -342,6 +342,67 @@ def monitoring_schema() -> Schema:
     )
 
 
+# The Gateway API's own patterns for an object name, a namespace and a listener's section name.
+GATEWAY_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+GATEWAY_DURATION_PATTERN = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"
+MAX_PARENT_REFS = 32  # an HTTPRoute's limit
+
+
+def gateway_schema() -> Schema:
+    ref = obj(
+        {
+            "name": string(
+                "Name of the Gateway.", minLength=1, maxLength=253, pattern=GATEWAY_NAME_PATTERN
+            ),
+            "namespace": string(
+                "Namespace of the Gateway (default: this resource's; a Gateway elsewhere must "
+                "allow routes from this namespace in its listeners' allowedRoutes).",
+                minLength=1,
+                maxLength=63,
+                pattern=NAMESPACE_PATTERN,
+            ),
+            "sectionName": string(
+                "Name of one listener of the Gateway to attach to (default: all that allow it).",
+                minLength=1,
+                maxLength=253,
+                pattern=GATEWAY_NAME_PATTERN,
+            ),
+        },
+        required=["name"],
+    )
+    same = (
+        "a.name == b.name && "
+        "(has(a.namespace) ? a.namespace : '') == (has(b.namespace) ? b.namespace : '') && "
+        "(has(a.sectionName) ? a.sectionName : '') == (has(b.sectionName) ? b.sectionName : '')"
+    )
+    refs = array(
+        ref,
+        max_items=MAX_PARENT_REFS,
+        description="The Gateways (gateway.networking.k8s.io/v1) the HTTPRoute attaches to: "
+        "its parentRefs.",
+        rules=[rule(f"self.all(a, self.exists_one(b, {same}))", "each Gateway is listed once")],
+    )
+    refs["minItems"] = 1
+    return obj(
+        {
+            "refs": refs,
+            "requestTimeout": string(
+                "How long the Gateway waits for a whole response (the route's "
+                "timeouts.request, a Gateway API duration such as 300s or 1h; 0s: no limit).",
+                maxLength=32,
+                pattern=GATEWAY_DURATION_PATTERN,
+                default="300s",
+            ),
+        },
+        required=["refs"],
+        description="An HTTPRoute <name> (gateway.networking.k8s.io/v1) from these existing "
+        "Gateways to the InferencePool, every path, owned by this resource. Needs the Gateway "
+        "API's CRDs: without them the Routing condition is HTTPRouteMissing and the pool is "
+        "there for a route of your own.",
+    )
+
+
 def routing_schema() -> Schema:
     return obj(
         {
@@ -358,6 +419,7 @@ def routing_schema() -> Schema:
                 description="The Gateway API Inference Extension's endpoint picker (EPP), run as "
                 "one Deployment <name>-epp with a Service of that name.",
             ),
+            "gateway": gateway_schema(),
             "failureMode": enum(
                 ["FailClose", "FailOpen"],
                 "What the Gateway does when the endpoint picker does not answer: refuse the "
@@ -368,8 +430,8 @@ def routing_schema() -> Schema:
         description="Route by model with queue-, KV-cache- and prefix-aware picking: when the "
         "cluster serves the Gateway API Inference Extension (inference.networking.k8s.io/v1), "
         "an InferencePool <name> selecting the serving pods on port 8000, and its endpoint "
-        "picker; point a Gateway's HTTPRoute at the pool. Without the extension's CRDs the "
-        "Routing condition says so and the Service serves as before.",
+        "picker; with gateway.refs also the HTTPRoute from those Gateways to the pool. Without "
+        "the extension's CRDs the Routing condition says so and the Service serves as before.",
     )
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 from infernetes.operator import names
-from infernetes.operator.facts import INFERENCE_POOL_GV, ClusterFacts
+from infernetes.operator.facts import GATEWAY_GV, INFERENCE_POOL_GV, ClusterFacts
+from infernetes.operator.render.http_route import ROUTE_KIND, gateways, http_route
 from infernetes.operator.status import Verdict
 
 POOL_KIND = "InferencePool"
@@ -231,7 +232,8 @@ def routing_manifests(
     namespace: str,
     pod_selector: Mapping[str, str],
 ) -> Routing:
-    """The pool and its picker when spec.routing is set and the cluster serves the pool's API."""
+    """The pool and its picker when spec.routing is set and the cluster serves the pool's API;
+    with routing.gateway, the HTTPRoute to the pool too, once the cluster serves HTTPRoutes."""
     routing = spec.get("routing")
     if routing is None:
         return Routing()
@@ -253,13 +255,36 @@ def routing_manifests(
         picker_service(name=name, namespace=namespace),
     ]
     image = manifests[-2]["spec"]["template"]["spec"]["containers"][0]["image"]
+    served = (
+        f"InferencePool {name} selects the serving pods on port {names.SERVER_PORT}; its "
+        f"endpoint picker {picker_name(name)} ({image}) picks by queue, KV-cache usage and "
+        "cached prefix"
+    )
+    gateway = routing.get("gateway")
+    if gateway is None:
+        return Routing(manifests, ("True", POOL_KIND, served))
+    if not facts.serves(GATEWAY_GV, ROUTE_KIND):
+        return Routing(
+            manifests,
+            (
+                "False",
+                "HTTPRouteMissing",
+                f"routing.gateway is set but the cluster does not serve {GATEWAY_GV} "
+                f"{ROUTE_KIND}: install the Gateway API's CRDs; {served}, but no route from "
+                "a Gateway reaches it",
+            ),
+        )
+    manifests.append(
+        http_route(
+            gateway, name=name, namespace=namespace, pool_group=POOL_GROUP, pool_kind=POOL_KIND
+        )
+    )
     return Routing(
         manifests,
         (
             "True",
-            POOL_KIND,
-            f"InferencePool {name} selects the serving pods on port {names.SERVER_PORT}; its "
-            f"endpoint picker {picker_name(name)} ({image}) picks by queue, KV-cache usage and "
-            "cached prefix",
+            ROUTE_KIND,
+            f"HTTPRoute {name} attaches the pool to Gateway {gateways(gateway, namespace)}; "
+            f"{served}",
         ),
     )
