@@ -294,11 +294,6 @@ def test_http_route_from_the_gateway_to_the_pool_once_the_gateway_api_is_served(
         ({}, "spec.routing.gateway.refs", "Required value"),
         ({"refs": [{"name": "Not_A_Name"}]}, "spec.routing.gateway.refs[0].name", "should match"),
         (
-            {"refs": [{"name": "gw"}, {"name": "gw"}]},
-            "spec.routing.gateway.refs",
-            "each Gateway is listed once",
-        ),
-        (
             {"refs": [{"name": "gw"}], "requestTimeout": "5 minutes"},
             "spec.routing.gateway.requestTimeout",
             "should match",
