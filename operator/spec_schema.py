@@ -446,8 +446,10 @@ def keda_schema() -> Schema:
                 pattern=PROMETHEUS_ADDRESS_PATTERN,
             ),
             "activationQueuedRequests": integer(
-                "With minReplicas 0: the service scales up from zero once more requests than "
-                "this wait in its engines (vllm:num_requests_waiting summed over the replicas).",
+                "With minReplicas 0: the queue trigger counts as active, keeping the service from "
+                "scaling to zero, while more requests than this wait in its engines "
+                "(vllm:num_requests_waiting summed over the replicas). At zero no engine reports "
+                "any: spec.routing's endpoint picker is what wakes the service.",
                 minimum=0,
                 maximum=100000,
                 default=0,
@@ -464,7 +466,8 @@ def autoscaling_schema() -> Schema:
     return obj(
         {
             "minReplicas": integer(
-                "Fewest replicas; 0 (scale to zero) needs keda and targetQueuedRequests.",
+                "Fewest replicas; 0 (scale to zero) needs keda and targetQueuedRequests, and "
+                "spec.routing to come back from zero on the requests that arrive.",
                 minimum=0,
                 maximum=1000,
                 default=1,

@@ -83,6 +83,11 @@ def test_autoscaling_example_scales_to_zero_with_keda():
     assert scaled["spec"]["minReplicaCount"] == 0
     assert scaled["spec"]["triggers"][0]["metadata"]["activationThreshold"] == "0"
     assert "HorizontalPodAutoscaler" not in rendered("autoscaling", MONITORING)
+    with_pool = ClusterFacts.from_api_versions(
+        ["keda.sh/v1alpha1", "inference.networking.k8s.io/v1"]
+    )
+    triggers = rendered("autoscaling", with_pool)["ScaledObject"]["spec"]["triggers"]
+    assert triggers[-1]["name"] == "gateway-requests"
 
 
 def test_multinode_example_spans_two_nodes_of_eight_gpus():
