@@ -71,8 +71,11 @@ def picker_pod_labels(name: str) -> dict[str, str]:
 
 
 def interval_seconds(interval: str) -> float:
-    number, unit = re.fullmatch(r"([0-9]+)(ms|s|m|h)", interval).groups()  # type: ignore[union-attr]
-    return int(number) * UNIT_SECONDS[unit]
+    """A scrape interval as the CRD admits it (`^[0-9]+(ms|s|m|h)$`), in seconds."""
+    found = re.fullmatch(r"([0-9]+)(ms|s|m|h)", interval)
+    if found is None:
+        raise ValueError(f"monitoring.interval: expected a number and ms, s, m or h: {interval!r}")
+    return int(found[1]) * UNIT_SECONDS[found[2]]
 
 
 def demand_query(*, name: str, namespace: str, interval: str) -> str:
