@@ -1,23 +1,26 @@
 """spec.autoscaling on the local control plane (issue 21, part 1): without KEDA's CRDs an
 autoscaling/v2 HPA that the real HPA controller resolves through the InferenceService's scale
-subresource; with KEDA's CRDs (from its Go module, cluster/keda-crds.sh; no KEDA operator) a
+subresource; with KEDA's CRDs (from its Go module, cluster/go-module-crds.sh; no KEDA operator) a
 ScaledObject the API server validates against KEDA's own schema, minReplicas 0 with activation;
 the HPA replaced when KEDA appears; removing autoscaling deletes the object; invalid settings are
-refused at admission naming the field."""
+refused at admission naming the field. Without spec.routing nothing activates a service at zero
+(the condition says so); with it (the Gateway API Inference Extension's CRDs installed) the
+ScaledObject gets an activation trigger on the endpoint picker's request counters, valid to KEDA's
+schema, and the picker gets a ServiceMonitor that labels its series."""
 
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from infernetes.operator.testing import (
-    REPO,
     OperatorProcess,
+    apply_crds,
     create_namespace,
+    go_module_crds,
     install_crds,
     kubectl_get,
+    remove_crds,
     service_condition,
     start_operator,
     wait_until,
@@ -28,33 +31,17 @@ PROMETHEUS = "http://prometheus.monitoring.svc:9090"
 
 
 def keda_crds() -> list[dict]:
-    out = subprocess.run(
-        [str(REPO / "cluster" / "keda-crds.sh")], stdout=subprocess.PIPE, text=True, check=True
-    ).stdout
-    directory = Path(out.strip().splitlines()[-1])
-    return [yaml.safe_load(path.read_text()) for path in sorted(directory.glob("keda.sh_*.yaml"))]
-
-
-def install_keda(cluster: Any, crds: list[dict]) -> None:
-    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
-    for crd in crds:
-        name = crd["metadata"]["name"]
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
-
-
-def remove_keda(cluster: Any, crds: list[dict], wait: bool = True) -> None:
-    names = [crd["metadata"]["name"] for crd in crds]
-    cluster.kubectl("delete", "crd", *names, "--ignore-not-found", f"--wait={str(wait).lower()}")
+    return go_module_crds("github.com/kedacore/keda/v2", "KEDA_VERSION", "config/crd/bases/*.yaml")
 
 
 @pytest.fixture(scope="module")
 def crds(cluster: Any) -> Iterator[list[dict]]:
     found = keda_crds()
-    remove_keda(cluster, found)  # start without KEDA whatever ran before
+    remove_crds(cluster, found)  # start without KEDA whatever ran before
     yield found
     # Not waited for: on the shared, loaded cluster the CRDs' cleanup outlasted kubectl's 120 s
     # while every test had passed; the next module that needs them gone waits above.
-    remove_keda(cluster, found, wait=False)
+    remove_crds(cluster, found, wait=False)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +200,7 @@ def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
         lambda: kubectl_get(cluster, ns, "hpa", "one"), timeout=TIMEOUT, what="the HPA of one"
     )
 
-    install_keda(cluster, crds)
+    apply_crds(cluster, crds)
     zero = wait_until(
         lambda: kubectl_get(cluster, ns, "scaledobject", "zero"),
         timeout=TIMEOUT,
@@ -228,12 +215,14 @@ def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
         f'sum(vllm:num_requests_waiting{{namespace="{ns}",model_name="tiny/model"}})'
     )
     assert zero["metadata"]["ownerReferences"][0]["name"] == "zero"
+    # Nothing records demand while no replica runs (no spec.routing): the condition says so.
     wait_until(
         lambda: (
-            service_condition(cluster, ns, "zero", "Autoscaling").get("reason") == "ScaledObject"
+            service_condition(cluster, ns, "zero", "Autoscaling").get("reason")
+            == "NothingActivatesFromZero"
         ),
         timeout=TIMEOUT,
-        what="the Autoscaling condition to name the ScaledObject",
+        what="the Autoscaling condition to say nothing activates the ScaledObject from zero",
     )
     wait_until(
         lambda: kubectl_get(cluster, ns, "scaledobject", "one"), timeout=TIMEOUT, what="one's"
@@ -265,3 +254,56 @@ def test_scale_to_zero_waits_for_keda_then_keda_replaces_the_hpa(
         timeout=TIMEOUT,
         what="the Autoscaling condition gone",
     )
+
+
+def test_with_routing_the_pickers_requests_activate_from_zero(
+    cluster: Any, ns: str, operator: OperatorProcess, crds: list[dict]
+) -> None:
+    extension = go_module_crds(
+        "sigs.k8s.io/gateway-api-inference-extension",
+        "INFERENCE_EXTENSION_VERSION",
+        "config/crd/bases/inference.networking.k8s.io_*.yaml",
+    )
+    apply_crds(cluster, crds)
+    apply_crds(cluster, extension)
+    try:
+        body = isvc(
+            "woken",
+            minReplicas=0,
+            maxReplicas=2,
+            targetQueuedRequests=5,
+            keda={"prometheusServerAddress": PROMETHEUS},
+        )
+        body["spec"]["routing"] = {}
+        cluster.apply(body, namespace=ns)
+        scaled = wait_until(
+            lambda: (
+                (found := kubectl_get(cluster, ns, "scaledobject", "woken"))
+                and len(found["spec"]["triggers"]) == 2
+                and found
+            ),
+            timeout=TIMEOUT,
+            what="a ScaledObject with the picker's activation trigger",
+        )
+        demand = scaled["spec"]["triggers"][1]
+        assert (demand["name"], demand["metricType"]) == ("gateway-requests", "Value")
+        assert "inference_objective_request_error_total" in demand["metadata"]["query"]
+        assert f'namespace="{ns}"' in demand["metadata"]["query"]
+        assert 'infernetes_io_endpoint_picker_for="woken"' in demand["metadata"]["query"]
+        monitor = wait_until(
+            lambda: kubectl_get(cluster, ns, "servicemonitor", "woken-epp"),
+            timeout=TIMEOUT,
+            what="the picker's ServiceMonitor",
+        )
+        assert monitor["spec"]["podTargetLabels"] == ["infernetes.io/endpoint-picker-for"]
+        wait_until(
+            lambda: (
+                service_condition(cluster, ns, "woken", "Autoscaling").get("reason")
+                == "ScaledObject"
+            ),
+            timeout=TIMEOUT,
+            what="Autoscaling True: activation from zero on the picker's requests",
+        )
+        cluster.kubectl("delete", "infsvc", "woken", "-n", ns, "--wait=true", "--timeout=60s")
+    finally:
+        remove_crds(cluster, extension, wait=False)

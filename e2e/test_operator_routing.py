@@ -1,24 +1,28 @@
 """spec.routing on the local control plane (issue 21, part 3): without the Gateway API Inference
 Extension's CRDs the Routing condition says so and the Service serves alone; once the CRDs are
-installed (from the extension's Go module, cluster/inference-extension-crds.sh) the operator
+installed (from the extension's Go module, cluster/go-module-crds.sh) the operator
 discovers them and creates an InferencePool the API server validates against the extension's own
 schema, with the endpoint picker's Deployment, Service, ServiceAccount, Role and RoleBinding (the
 operator's least-privilege RBAC must hold what that Role grants); turning routing off deletes
 them, and deleting the InferenceService lets the garbage collector take them (owner references).
+With spec.routing.gateway, the HTTPRoute from the Gateway to the pool waits for the Gateway API's
+CRDs (its Go module, standard channel), is then valid to the API server against their schema,
+names the pool as its backend, is repaired when edited or deleted, and goes with the gateway
+refs or the service; bad refs are refused at admission naming the field.
 """
 
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from infernetes.operator.testing import (
-    REPO,
     OperatorProcess,
+    apply_crds,
     create_namespace,
+    go_module_crds,
     kubectl_get,
+    remove_crds,
     service_condition,
     start_operator,
     wait_until,
@@ -35,29 +39,34 @@ PICKER = [
 
 
 def extension_crds() -> list[dict]:
-    out = subprocess.run(
-        [str(REPO / "cluster" / "inference-extension-crds.sh")],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    ).stdout
-    directory = Path(out.strip().splitlines()[-1])
     # The v1 InferencePool (inference.networking.k8s.io) is what the operator renders.
-    paths = sorted(directory.glob("inference.networking.k8s.io_*.yaml"))
-    return [yaml.safe_load(path.read_text()) for path in paths]
+    return go_module_crds(
+        "sigs.k8s.io/gateway-api-inference-extension",
+        "INFERENCE_EXTENSION_VERSION",
+        "config/crd/bases/inference.networking.k8s.io_*.yaml",
+    )
 
 
-def remove_extension(cluster: Any, crds: list[dict], wait: bool = True) -> None:
-    names = [crd["metadata"]["name"] for crd in crds]
-    cluster.kubectl("delete", "crd", *names, "--ignore-not-found", f"--wait={str(wait).lower()}")
+def gateway_api_crds() -> list[dict]:
+    return go_module_crds(
+        "sigs.k8s.io/gateway-api", "GATEWAY_API_VERSION", "config/crd/standard/*.yaml"
+    )
 
 
 @pytest.fixture(scope="module")
 def crds(cluster: Any) -> Iterator[list[dict]]:
     found = extension_crds()
-    remove_extension(cluster, found)  # start without the extension whatever ran before
+    remove_crds(cluster, found)  # start without the extension whatever ran before
     yield found
-    remove_extension(cluster, found, wait=False)
+    remove_crds(cluster, found, wait=False)
+
+
+@pytest.fixture(scope="module")
+def gateway_crds(cluster: Any) -> Iterator[list[dict]]:
+    found = gateway_api_crds()
+    remove_crds(cluster, found)
+    yield found
+    remove_crds(cluster, found, wait=False)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +78,11 @@ def ns(cluster: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def operator(
-    cluster: Any, ns: str, crds: list[dict], tmp_path_factory: pytest.TempPathFactory
+    cluster: Any,
+    ns: str,
+    crds: list[dict],
+    gateway_crds: list[dict],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     process = start_operator(cluster, ns, tmp_path_factory.mktemp("operator-routing"))
     yield process
@@ -111,11 +124,7 @@ def test_pool_appears_with_the_extension_and_goes_with_routing_and_the_service(
     )
     assert kubectl_get(cluster, ns, "service", "chat") is not None
 
-    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
-    for crd in crds:
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}"
-        )
+    apply_crds(cluster, crds)
     wait_until(
         lambda: kubectl_get(cluster, ns, "inferencepool", "chat") is not None,
         timeout=TIMEOUT,
@@ -174,3 +183,134 @@ def test_pool_appears_with_the_extension_and_goes_with_routing_and_the_service(
         timeout=TIMEOUT,
         what="the garbage collector to delete the pool and the picker with the service",
     )
+
+
+def test_http_route_from_the_gateway_to_the_pool_once_the_gateway_api_is_served(
+    cluster: Any,
+    ns: str,
+    crds: list[dict],
+    gateway_crds: list[dict],
+    operator: OperatorProcess,
+) -> None:
+    apply_crds(cluster, crds)  # the extension is served (the test above may have run or not)
+    gateway = {"refs": [{"name": "inference-gateway"}], "requestTimeout": "10m"}
+    apply(cluster, ns, routed("web", {"gateway": gateway}))
+    wait_until(
+        lambda: (
+            service_condition(cluster, ns, "web", "Routing").get("reason") == "HTTPRouteMissing"
+        ),
+        timeout=TIMEOUT,
+        what="Routing False (HTTPRouteMissing) without the Gateway API's CRDs",
+    )
+    assert kubectl_get(cluster, ns, "inferencepool", "web") is not None
+
+    apply_crds(cluster, gateway_crds)
+    wait_until(
+        lambda: kubectl_get(cluster, ns, "httproute.gateway.networking.k8s.io", "web"),
+        timeout=TIMEOUT,
+        what="the HTTPRoute once the Gateway API is served",
+    )
+    route = kubectl_get(cluster, ns, "httproute.gateway.networking.k8s.io", "web")
+    (parent,) = route["spec"]["parentRefs"]
+    assert (parent["kind"], parent["name"]) == ("Gateway", "inference-gateway")
+    (rule,) = route["spec"]["rules"]
+    (backend,) = rule["backendRefs"]
+    assert (backend["group"], backend["kind"], backend["name"]) == (
+        "inference.networking.k8s.io",
+        "InferencePool",
+        "web",
+    )
+    assert rule["timeouts"]["request"] == "10m"
+    owner = route["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("InferenceService", "web")
+    wait_until(
+        lambda: service_condition(cluster, ns, "web", "Routing").get("reason") == "HTTPRoute",
+        timeout=TIMEOUT,
+        what="Routing True (HTTPRoute)",
+    )
+
+    # Drift: an edit is put back, a deletion undone.
+    cluster.kubectl(
+        "patch",
+        "httproute.gateway.networking.k8s.io",
+        "web",
+        "-n",
+        ns,
+        "--type=json",
+        "-p",
+        '[{"op": "replace", "path": "/spec/rules/0/backendRefs/0/name", "value": "other"}]',
+    )
+    wait_until(
+        lambda: (
+            (kubectl_get(cluster, ns, "httproute.gateway.networking.k8s.io", "web") or {})
+            .get("spec", {})
+            .get("rules", [{}])[0]
+            .get("backendRefs", [{}])[0]
+            .get("name")
+            == "web"
+        ),
+        timeout=TIMEOUT,
+        what="the edited backendRef repaired",
+    )
+    uid = kubectl_get(cluster, ns, "httproute.gateway.networking.k8s.io", "web")["metadata"]["uid"]
+    cluster.kubectl("delete", "httproute.gateway.networking.k8s.io", "web", "-n", ns)
+    wait_until(
+        lambda: (
+            (kubectl_get(cluster, ns, "httproute.gateway.networking.k8s.io", "web") or {})
+            .get("metadata", {})
+            .get("uid", uid)
+            != uid
+        ),
+        timeout=TIMEOUT,
+        what="the deleted HTTPRoute recreated",
+    )
+
+    apply(cluster, ns, routed("web", {}))  # routing on, no gateway
+    wait_until(
+        lambda: kubectl_get(cluster, ns, "httproute.gateway.networking.k8s.io", "web") is None,
+        timeout=TIMEOUT,
+        what="the HTTPRoute deleted once routing.gateway is gone",
+    )
+    assert kubectl_get(cluster, ns, "inferencepool", "web") is not None
+
+    apply(cluster, ns, routed("web", {"gateway": gateway}))
+    wait_until(
+        lambda: kubectl_get(cluster, ns, "httproute.gateway.networking.k8s.io", "web"),
+        timeout=TIMEOUT,
+        what="the HTTPRoute again",
+    )
+    cluster.kubectl("delete", "infsvc", "web", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_until(
+        lambda: kubectl_get(cluster, ns, "httproute.gateway.networking.k8s.io", "web") is None,
+        timeout=TIMEOUT,
+        what="the garbage collector to delete the HTTPRoute with the service",
+    )
+
+
+@pytest.mark.parametrize(
+    ("gateway", "field", "message"),
+    [
+        ({"refs": []}, "spec.routing.gateway.refs", "at least 1"),
+        ({}, "spec.routing.gateway.refs", "Required value"),
+        ({"refs": [{"name": "Not_A_Name"}]}, "spec.routing.gateway.refs[0].name", "should match"),
+        (
+            {"refs": [{"name": "gw"}], "requestTimeout": "5 minutes"},
+            "spec.routing.gateway.requestTimeout",
+            "should match",
+        ),
+    ],
+)
+def test_admission_refuses_bad_gateway_refs_naming_the_field(
+    cluster: Any, ns: str, gateway: dict, field: str, message: str
+) -> None:
+    result = cluster.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=yaml.safe_dump(routed("bad-gateway", {"gateway": gateway})),
+        check=False,
+    )
+    assert result.returncode != 0
+    assert field in result.stderr and message in result.stderr, result.stderr

@@ -17,6 +17,7 @@ PLURALS = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("batch/v1", "Job"): "jobs",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",

@@ -3,10 +3,16 @@ minute: reconciler.py)."""
 
 from typing import Any
 
-from infernetes.operator.facts import INFERENCE_POOL_GV, KEDA_GV, LWS_GV, MONITORING_GV
+from infernetes.operator.facts import (
+    GATEWAY_GV,
+    INFERENCE_POOL_GV,
+    KEDA_GV,
+    LWS_GV,
+    MONITORING_GV,
+)
 from infernetes.operator.kube import KubeError, request
 
-OPTIONAL_GROUP_VERSIONS = (MONITORING_GV, KEDA_GV, LWS_GV, INFERENCE_POOL_GV)
+OPTIONAL_GROUP_VERSIONS = (MONITORING_GV, KEDA_GV, LWS_GV, INFERENCE_POOL_GV, GATEWAY_GV)
 OPTIONAL_GROUPS = frozenset(gv.split("/")[0] for gv in OPTIONAL_GROUP_VERSIONS)
 
 

@@ -92,9 +92,11 @@ def _same_scalar(desired: Any, live: Any) -> bool:
 
 
 def _list_key(items: Sequence[Any]) -> str | None:
+    """The key that names each item, if one does (unique: two HTTPRoute parentRefs may name
+    Gateways of one name in two namespaces, and those lists compare as wholes)."""
     for key in LIST_KEYS:
         if items and all(isinstance(item, Mapping) and key in item for item in items):
-            return key
+            return key if len({str(item[key]) for item in items}) == len(items) else None
     return None
 
 

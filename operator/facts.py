@@ -9,12 +9,14 @@ MONITORING_GV = "monitoring.coreos.com/v1"
 KEDA_GV = "keda.sh/v1alpha1"
 LWS_GV = "leaderworkerset.x-k8s.io/v1"
 INFERENCE_POOL_GV = "inference.networking.k8s.io/v1"  # the Gateway API Inference Extension
+GATEWAY_GV = "gateway.networking.k8s.io/v1"  # the Gateway API (HTTPRoute)
 # Kinds a bare group/version stands for (like `helm template --api-versions`).
 KNOWN_KINDS = {
     MONITORING_GV: ("ServiceMonitor", "PodMonitor"),
     KEDA_GV: ("ScaledObject",),
     LWS_GV: ("LeaderWorkerSet",),
     INFERENCE_POOL_GV: ("InferencePool",),
+    GATEWAY_GV: ("HTTPRoute",),
 }
 
 

@@ -46,6 +46,12 @@ def cluster_rules() -> list[dict[str, Any]]:
             "resources": ["inferencepools"],
             "verbs": CHILD_VERBS,
         },
+        # spec.routing.gateway: the HTTPRoute from the user's Gateway to the pool.
+        {
+            "apiGroups": ["gateway.networking.k8s.io"],
+            "resources": ["httproutes"],
+            "verbs": CHILD_VERBS,
+        },
         {
             "apiGroups": ["inference.networking.x-k8s.io"],
             "resources": ["inferenceobjectives"],

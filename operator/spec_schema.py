@@ -342,6 +342,63 @@ def monitoring_schema() -> Schema:
     )
 
 
+# The Gateway API's own patterns for an object name, a namespace and a listener's section name.
+GATEWAY_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+GATEWAY_DURATION_PATTERN = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"
+MAX_PARENT_REFS = 32  # an HTTPRoute's limit
+
+
+def gateway_schema() -> Schema:
+    ref = obj(
+        {
+            "name": string(
+                "Name of the Gateway.", minLength=1, maxLength=253, pattern=GATEWAY_NAME_PATTERN
+            ),
+            "namespace": string(
+                "Namespace of the Gateway (default: this resource's; a Gateway elsewhere must "
+                "allow routes from this namespace in its listeners' allowedRoutes).",
+                minLength=1,
+                maxLength=63,
+                pattern=NAMESPACE_PATTERN,
+            ),
+            "sectionName": string(
+                "Name of one listener of the Gateway to attach to (default: all that allow it).",
+                minLength=1,
+                maxLength=253,
+                pattern=GATEWAY_NAME_PATTERN,
+            ),
+        },
+        required=["name"],
+    )
+    # No uniqueness rule: a CEL rule comparing every pair costs far over the API server's budget;
+    # the HTTPRoute's own validation refuses a Gateway listed twice (Degraded names it).
+    refs = array(
+        ref,
+        max_items=MAX_PARENT_REFS,
+        description="The Gateways (gateway.networking.k8s.io/v1) the HTTPRoute attaches to: "
+        "its parentRefs.",
+    )
+    refs["minItems"] = 1
+    return obj(
+        {
+            "refs": refs,
+            "requestTimeout": string(
+                "How long the Gateway waits for a whole response (the route's "
+                "timeouts.request, a Gateway API duration such as 300s or 1h; 0s: no limit).",
+                maxLength=32,
+                pattern=GATEWAY_DURATION_PATTERN,
+                default="300s",
+            ),
+        },
+        required=["refs"],
+        description="An HTTPRoute <name> (gateway.networking.k8s.io/v1) from these existing "
+        "Gateways to the InferencePool, every path, owned by this resource. Needs the Gateway "
+        "API's CRDs: without them the Routing condition is HTTPRouteMissing and the pool is "
+        "there for a route of your own.",
+    )
+
+
 def routing_schema() -> Schema:
     return obj(
         {
@@ -358,6 +415,7 @@ def routing_schema() -> Schema:
                 description="The Gateway API Inference Extension's endpoint picker (EPP), run as "
                 "one Deployment <name>-epp with a Service of that name.",
             ),
+            "gateway": gateway_schema(),
             "failureMode": enum(
                 ["FailClose", "FailOpen"],
                 "What the Gateway does when the endpoint picker does not answer: refuse the "
@@ -368,8 +426,8 @@ def routing_schema() -> Schema:
         description="Route by model with queue-, KV-cache- and prefix-aware picking: when the "
         "cluster serves the Gateway API Inference Extension (inference.networking.k8s.io/v1), "
         "an InferencePool <name> selecting the serving pods on port 8000, and its endpoint "
-        "picker; point a Gateway's HTTPRoute at the pool. Without the extension's CRDs the "
-        "Routing condition says so and the Service serves as before.",
+        "picker; with gateway.refs also the HTTPRoute from those Gateways to the pool. Without "
+        "the extension's CRDs the Routing condition says so and the Service serves as before.",
     )
 
 
@@ -388,8 +446,10 @@ def keda_schema() -> Schema:
                 pattern=PROMETHEUS_ADDRESS_PATTERN,
             ),
             "activationQueuedRequests": integer(
-                "With minReplicas 0: the service scales up from zero once more requests than "
-                "this wait in its engines (vllm:num_requests_waiting summed over the replicas).",
+                "With minReplicas 0: the queue trigger counts as active, keeping the service from "
+                "scaling to zero, while more requests than this wait in its engines "
+                "(vllm:num_requests_waiting summed over the replicas). At zero no engine reports "
+                "any: spec.routing's endpoint picker is what wakes the service.",
                 minimum=0,
                 maximum=100000,
                 default=0,
@@ -406,7 +466,8 @@ def autoscaling_schema() -> Schema:
     return obj(
         {
             "minReplicas": integer(
-                "Fewest replicas; 0 (scale to zero) needs keda and targetQueuedRequests.",
+                "Fewest replicas; 0 (scale to zero) needs keda and targetQueuedRequests, and "
+                "spec.routing to come back from zero on the requests that arrive.",
                 minimum=0,
                 maximum=1000,
                 default=1,

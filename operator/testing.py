@@ -112,6 +112,51 @@ def service_condition(cluster: Any, namespace: str, name: str, kind: str) -> dic
     return found[0] if found else {}
 
 
+def pinned_version(name: str) -> str:
+    """A version pinned in cluster/versions.env (NAME=value lines)."""
+    for line in (REPO / "cluster" / "versions.env").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == name:
+            return value.strip()
+    raise KeyError(f"{name} is not pinned in cluster/versions.env")
+
+
+def go_module_crds(module: str, version_name: str, glob: str) -> list[dict[str, Any]]:
+    """The CustomResourceDefinitions a Go module holds under `glob`, at the version pinned as
+    `version_name` (fetched once and cached by cluster/go-module-crds.sh)."""
+    out = subprocess.run(
+        [
+            str(REPO / "cluster" / "go-module-crds.sh"),
+            module,
+            pinned_version(version_name),
+            glob,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    ).stdout
+    directory = Path(out.strip().splitlines()[-1])
+    documents = [
+        doc
+        for path in sorted(directory.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+    ]
+    return [doc for doc in documents if doc and doc.get("kind") == "CustomResourceDefinition"]
+
+
+def apply_crds(cluster: Any, crds: list[dict[str, Any]]) -> None:
+    """Install CRDs and wait until the API server serves them."""
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+
+
+def remove_crds(cluster: Any, crds: list[dict[str, Any]], wait: bool = True) -> None:
+    names = [crd["metadata"]["name"] for crd in crds]
+    cluster.kubectl("delete", "crd", *names, "--ignore-not-found", f"--wait={str(wait).lower()}")
+
+
 def install_crds(kubectl: Callable[..., Any]) -> None:
     """Apply our CRD (and kopf's peering CRDs, and the monitoring stand-ins) and wait for them."""
     documents = [build_crd(), *peering_crds(), *MONITORING_CRDS]

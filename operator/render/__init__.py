@@ -114,15 +114,23 @@ def plan(
     manifests.extend(scrape.manifests)
     manifests.extend(disruption_budget(spec, name=name, namespace=namespace))
     model_name = resolve_model(spec).served_name
-    scaling = autoscaler(spec, cluster_facts, name=name, namespace=namespace, model_name=model_name)
-    manifests.extend(scaling.manifests)
     routing = routing_manifests(
         spec,
         cluster_facts,
         name=name,
         namespace=namespace,
         pod_selector=service["spec"]["selector"],
+        scrape_mode=scrape.mode,
     )
+    scaling = autoscaler(
+        spec,
+        cluster_facts,
+        name=name,
+        namespace=namespace,
+        model_name=model_name,
+        demand=routing.demand,
+    )
+    manifests.extend(scaling.manifests)
     manifests.extend(routing.manifests)
     if uid:
         for manifest in manifests:

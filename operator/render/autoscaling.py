@@ -7,7 +7,11 @@ they choose flows through the same render as any other: no second writer of the 
 - KEDA's ScaledObject API served and `keda` set: a ScaledObject with one Prometheus trigger per
   target. The queue target is per replica (KEDA's default AverageValue: the summed queue over
   the replica count); the KV-cache target compares the replicas' average (metricType Value).
-  minReplicas 0 scales to zero and back up when the summed queue exceeds the activation value.
+  minReplicas 0 scales to zero. Back up from zero needs demand that something records while no
+  engine runs: with spec.routing, the endpoint picker counts every request the Gateway sends it
+  (render.picker_metrics), and a third trigger, on that count, activates the service (its value
+  is 0 or 1 as a `Value` metric with threshold 1, so above zero it asks for the current count and
+  never drives the scale). Without a scraped picker nothing does, and the condition says so.
 - Otherwise: an autoscaling/v2 HorizontalPodAutoscaler with `Pods` metrics read through the
   custom-metrics API, named as prometheus-adapter exposes vLLM's (the colon becomes `_`). An HPA
   cannot scale to zero, so minReplicas 0 without KEDA renders nothing and says why.
@@ -27,6 +31,15 @@ DEFAULT_SCALE_DOWN_SECONDS = 300
 # KEDA copies a ScaledObject's labels onto the HPA it creates; ours would make that HPA look like
 # one of the operator's children (the watch selects them by label), so it is told to leave them.
 KEDA_EXCLUDED_LABELS = "scaledobject.keda.sh/hpa-excluded-labels"
+
+
+NO_ACTIVATION = "NothingActivatesFromZero"
+NOTHING_WAKES = (
+    "but nothing brings it back from zero: with no replica no engine reports "
+    f"{QUEUE_METRIC}. Set spec.routing (its endpoint picker counts the requests that arrive "
+    "while there is no replica) with spec.monitoring.mode other than none, or minReplicas 1; "
+    "until then only raising spec.replicas (kubectl scale infsvc) ends a stay at zero"
+)
 
 
 @dataclass
@@ -70,8 +83,27 @@ def _targets(autoscaling: Mapping[str, Any]) -> str:
     return " and ".join(parts)
 
 
+def demand_trigger(server: str, demand: str) -> dict[str, Any]:
+    return {
+        "type": "prometheus",
+        "name": "gateway-requests",
+        "metricType": "Value",
+        "metadata": {
+            "serverAddress": server,
+            "query": demand,
+            "threshold": "1",
+            "activationThreshold": "0",
+        },
+    }
+
+
 def scaled_object(
-    autoscaling: Mapping[str, Any], *, name: str, namespace: str, model_name: str
+    autoscaling: Mapping[str, Any],
+    *,
+    name: str,
+    namespace: str,
+    model_name: str,
+    demand: str | None = None,
 ) -> dict[str, Any]:
     keda = autoscaling["keda"]
     server = keda["prometheusServerAddress"]
@@ -99,6 +131,8 @@ def scaled_object(
                 },
             }
         )
+    if minimum == 0 and demand:
+        triggers.append(demand_trigger(server, demand))
     spec: dict[str, Any] = {
         "scaleTargetRef": _scale_target(name),
         "minReplicaCount": minimum,
@@ -164,7 +198,10 @@ def autoscaler(
     name: str,
     namespace: str,
     model_name: str,
+    demand: str | None = None,
 ) -> Autoscaler:
+    """The autoscaler for spec.autoscaling; `demand` is the endpoint picker's request query
+    (render.picker_metrics), when one is rendered and scraped."""
     autoscaling = spec.get("autoscaling")
     if not autoscaling:
         return Autoscaler()
@@ -172,13 +209,24 @@ def autoscaler(
     keda_served = facts.serves(KEDA_GV, "ScaledObject")
     if keda_served and autoscaling.get("keda"):
         server = autoscaling["keda"]["prometheusServerAddress"]
+        scaled = scaled_object(
+            autoscaling, name=name, namespace=namespace, model_name=model_name, demand=demand
+        )
+        scales = (
+            f"KEDA scales {minimum} to {maximum} replicas on {_targets(autoscaling)} "
+            f"(Prometheus at {server})"
+        )
+        if minimum > 0:
+            return Autoscaler([scaled], ("True", "ScaledObject", scales))
+        if demand is None:
+            return Autoscaler([scaled], ("False", NO_ACTIVATION, f"{scales}, {NOTHING_WAKES}"))
         return Autoscaler(
-            [scaled_object(autoscaling, name=name, namespace=namespace, model_name=model_name)],
+            [scaled],
             (
                 "True",
                 "ScaledObject",
-                f"KEDA scales {minimum} to {maximum} replicas on {_targets(autoscaling)} "
-                f"(Prometheus at {server})",
+                f"{scales}; from zero when the endpoint picker sees requests (its "
+                "inference_objective_request_total and _error_total counters)",
             ),
         )
     if minimum == 0:

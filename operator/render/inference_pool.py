@@ -19,15 +19,24 @@ from typing import Any
 
 import yaml
 from infernetes.operator import names
-from infernetes.operator.facts import INFERENCE_POOL_GV, ClusterFacts
+from infernetes.operator.facts import GATEWAY_GV, INFERENCE_POOL_GV, ClusterFacts
+from infernetes.operator.render.http_route import ROUTE_KIND, gateways, http_route
+from infernetes.operator.render.picker_metrics import (
+    METRICS_PORT,
+    METRICS_PORT_NAME,
+    METRICS_SERVICE_PORT_NAME,
+    PICKER_LABEL,
+    demand_query,
+    picker_pod_labels,
+    picker_scrape,
+)
 from infernetes.operator.status import Verdict
 
 POOL_KIND = "InferencePool"
 POOL_GROUP = INFERENCE_POOL_GV.split("/")[0]
 OBJECTIVE_GROUP = "inference.networking.x-k8s.io"  # InferenceObjectives, read by the picker
 DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
-GRPC_PORT, HEALTH_PORT, METRICS_PORT = 9002, 9003, 9090
-PICKER_LABEL = f"{names.GROUP}/endpoint-picker-for"
+GRPC_PORT, HEALTH_PORT = 9002, 9003
 # What the picker reads from each pod, under vLLM's names (the runtime's /metrics).
 PICKER_METRICS = {
     "--total-queued-requests-metric": "vllm:num_requests_waiting",
@@ -61,14 +70,12 @@ PLUGINS = {
 class Routing:
     manifests: list[dict[str, Any]] = field(default_factory=list)
     verdict: Verdict | None = None  # None: spec.routing is not set
+    # PromQL: 1 while the picker sees requests, else 0 (None: no picker, or it is not scraped).
+    demand: str | None = None
 
 
 def picker_name(name: str) -> str:
     return f"{name}-epp"
-
-
-def picker_pod_labels(name: str) -> dict[str, str]:
-    return {names.LABEL_NAME: "infernetes-endpoint-picker", PICKER_LABEL: name}
 
 
 def inference_pool(
@@ -111,7 +118,13 @@ def _grpc_probe(period: int) -> dict[str, Any]:
     }
 
 
-def picker_deployment(routing: Mapping[str, Any], *, name: str, namespace: str) -> dict[str, Any]:
+def picker_deployment(
+    routing: Mapping[str, Any],
+    *,
+    name: str,
+    namespace: str,
+    pod_annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     picker = routing.get("endpointPicker") or {}
     container: dict[str, Any] = {
         "name": "epp",
@@ -120,7 +133,7 @@ def picker_deployment(routing: Mapping[str, Any], *, name: str, namespace: str) 
         "ports": [
             {"name": "grpc", "containerPort": GRPC_PORT},
             {"name": "grpc-health", "containerPort": HEALTH_PORT},
-            {"name": "metrics", "containerPort": METRICS_PORT},
+            {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT},
         ],
         "env": [
             {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -150,7 +163,10 @@ def picker_deployment(routing: Mapping[str, Any], *, name: str, namespace: str) 
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": picker_pod_labels(name)},
             "template": {
-                "metadata": {"labels": picker_pod_labels(name)},
+                "metadata": {
+                    "labels": picker_pod_labels(name),
+                    **({"annotations": dict(pod_annotations)} if pod_annotations else {}),
+                },
                 "spec": {
                     "serviceAccountName": picker_name(name),
                     "securityContext": {
@@ -171,13 +187,14 @@ def picker_service(*, name: str, namespace: str) -> dict[str, Any]:
         "metadata": {
             "name": picker_name(name),
             "namespace": namespace,
-            "labels": names.common_labels(name),
+            # Its own label too: the picker's ServiceMonitor selects it and not the engine's.
+            "labels": {**names.common_labels(name), PICKER_LABEL: name},
         },
         "spec": {
             "selector": picker_pod_labels(name),
             "ports": [
                 {"name": "grpc-ext-proc", "port": GRPC_PORT, "appProtocol": "http2"},
-                {"name": "http-metrics", "port": METRICS_PORT},
+                {"name": METRICS_SERVICE_PORT_NAME, "port": METRICS_PORT},
             ],
         },
     }
@@ -230,8 +247,10 @@ def routing_manifests(
     name: str,
     namespace: str,
     pod_selector: Mapping[str, str],
+    scrape_mode: str = "none",
 ) -> Routing:
-    """The pool and its picker when spec.routing is set and the cluster serves the pool's API."""
+    """The pool and its picker when spec.routing is set and the cluster serves the pool's API;
+    with routing.gateway, the HTTPRoute to the pool too, once the cluster serves HTTPRoutes."""
     routing = spec.get("routing")
     if routing is None:
         return Routing()
@@ -246,20 +265,55 @@ def routing_manifests(
                 "Service serves meanwhile",
             ),
         )
+    monitoring = spec.get("monitoring") or {}
+    monitors, annotations = picker_scrape(
+        scrape_mode, monitoring, name=name, namespace=namespace, picker=picker_name(name)
+    )
+    picker = picker_deployment(routing, name=name, namespace=namespace, pod_annotations=annotations)
     manifests = [
         inference_pool(routing, name=name, namespace=namespace, pod_selector=pod_selector),
         *picker_access(name=name, namespace=namespace),
-        picker_deployment(routing, name=name, namespace=namespace),
+        picker,
         picker_service(name=name, namespace=namespace),
+        *monitors,
     ]
-    image = manifests[-2]["spec"]["template"]["spec"]["containers"][0]["image"]
+    demand = None
+    if scrape_mode != "none":
+        interval = monitoring.get("interval", "30s")
+        demand = demand_query(name=name, namespace=namespace, interval=interval)
+    image = picker["spec"]["template"]["spec"]["containers"][0]["image"]
+    served = (
+        f"InferencePool {name} selects the serving pods on port {names.SERVER_PORT}; its "
+        f"endpoint picker {picker_name(name)} ({image}) picks by queue, KV-cache usage and "
+        "cached prefix"
+    )
+    gateway = routing.get("gateway")
+    if gateway is None:
+        return Routing(manifests, ("True", POOL_KIND, served), demand)
+    if not facts.serves(GATEWAY_GV, ROUTE_KIND):
+        return Routing(
+            manifests,
+            (
+                "False",
+                "HTTPRouteMissing",
+                f"routing.gateway is set but the cluster does not serve {GATEWAY_GV} "
+                f"{ROUTE_KIND}: install the Gateway API's CRDs; {served}, but no route from "
+                "a Gateway reaches it",
+            ),
+            demand,
+        )
+    manifests.append(
+        http_route(
+            gateway, name=name, namespace=namespace, pool_group=POOL_GROUP, pool_kind=POOL_KIND
+        )
+    )
     return Routing(
         manifests,
         (
             "True",
-            POOL_KIND,
-            f"InferencePool {name} selects the serving pods on port {names.SERVER_PORT}; its "
-            f"endpoint picker {picker_name(name)} ({image}) picks by queue, KV-cache usage and "
-            "cached prefix",
+            ROUTE_KIND,
+            f"HTTPRoute {name} attaches the pool to Gateway {gateways(gateway, namespace)}; "
+            f"{served}",
         ),
+        demand,
     )

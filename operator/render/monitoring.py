@@ -22,6 +22,7 @@ class ScrapeConfig:
     manifests: list[dict[str, Any]] = field(default_factory=list)
     pod_annotations: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    mode: str = "none"  # serviceMonitor, podMonitor, annotations or none: as chosen for the cluster
 
 
 def _choose(mode: str, facts: ClusterFacts) -> tuple[str, str | None]:
@@ -47,7 +48,7 @@ def scrape_config(
 ) -> ScrapeConfig:
     monitoring = spec.get("monitoring") or {}
     mode, warning = _choose(monitoring.get("mode", "auto"), facts)
-    result = ScrapeConfig(warnings=[warning] if warning else [])
+    result = ScrapeConfig(warnings=[warning] if warning else [], mode=mode)
     interval = monitoring.get("interval", "30s")
     labels = {**(monitoring.get("labels") or {}), **names.common_labels(name)}
     metadata = {"name": name, "namespace": namespace, "labels": labels}

@@ -83,6 +83,11 @@ def test_autoscaling_example_scales_to_zero_with_keda():
     assert scaled["spec"]["minReplicaCount"] == 0
     assert scaled["spec"]["triggers"][0]["metadata"]["activationThreshold"] == "0"
     assert "HorizontalPodAutoscaler" not in rendered("autoscaling", MONITORING)
+    with_pool = ClusterFacts.from_api_versions(
+        ["keda.sh/v1alpha1", "inference.networking.k8s.io/v1"]
+    )
+    triggers = rendered("autoscaling", with_pool)["ScaledObject"]["spec"]["triggers"]
+    assert triggers[-1]["name"] == "gateway-requests"
 
 
 def test_multinode_example_spans_two_nodes_of_eight_gpus():
@@ -103,3 +108,15 @@ def test_routing_example_gets_a_pool_and_its_picker_when_the_extension_is_served
     assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
     assert {"Role", "RoleBinding", "ServiceAccount"} <= set(objects)
     assert "InferencePool" not in rendered("routing")  # not served: nothing, and a condition
+
+
+def test_routing_example_gets_an_http_route_to_the_pool_when_the_gateway_api_is_served():
+    facts = ClusterFacts.from_api_versions(
+        ["inference.networking.k8s.io/v1", "gateway.networking.k8s.io/v1"]
+    )
+    route = rendered("routing", facts)["HTTPRoute"]
+    assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
+    backend = route["spec"]["rules"][0]["backendRefs"][0]
+    assert (backend["kind"], backend["name"]) == ("InferencePool", "llama-routed")
+    pool_only = ClusterFacts.from_api_versions(["inference.networking.k8s.io/v1"])
+    assert "HTTPRoute" not in rendered("routing", pool_only)

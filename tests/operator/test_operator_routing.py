@@ -5,7 +5,10 @@ operator needs to create the picker's Role (the e2e module proves the API server
 from typing import Any
 
 from infernetes.operator.crd import build_crd
+from infernetes.operator.discovery import OPTIONAL_GROUP_VERSIONS
+from infernetes.operator.drift import differences
 from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.handlers import CHILD_RESOURCES
 from infernetes.operator.rbac import CHILD_VERBS, cluster_rules
 from infernetes.operator.render import plan
 from infernetes.operator.render.inference_pool import DEFAULT_EPP_IMAGE, PICKER_METRICS
@@ -142,3 +145,115 @@ def test_operator_may_create_the_pool_and_grant_what_the_picker_reads() -> None:
     # A Role may grant only what its creator holds.
     assert verbs("inference.networking.x-k8s.io", "inferenceobjectives") >= {"get", "list", "watch"}
     assert verbs("", "pods") >= {"get", "list", "watch"}
+
+
+ROUTED = ClusterFacts.from_api_versions(
+    ["inference.networking.k8s.io/v1", "gateway.networking.k8s.io/v1"]
+)
+GATEWAY = {"refs": [{"name": "inference-gateway"}]}
+
+
+def test_gateway_refs_render_an_http_route_to_the_pool() -> None:
+    gateway = {
+        "refs": [
+            {"name": "inference-gateway"},
+            {"name": "shared", "namespace": "gateways", "sectionName": "https"},
+        ],
+        "requestTimeout": "10m",
+    }
+    result = plan(spec(gateway=gateway), ROUTED, name="svc", namespace="ns", uid="u-1")
+    (route,) = by_kind(result.manifests)["HTTPRoute"]
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["metadata"]["name"] == "svc"
+    assert route["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert route["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "infernetes"
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"},
+        {
+            "group": "gateway.networking.k8s.io",
+            "kind": "Gateway",
+            "name": "shared",
+            "namespace": "gateways",
+            "sectionName": "https",
+        },
+    ]
+    (rule,) = route["spec"]["rules"]
+    (pool,) = by_kind(result.manifests)["InferencePool"]
+    assert rule["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "svc"}
+    ]
+    assert pool["metadata"]["name"] == "svc"
+    assert rule["timeouts"] == {"request": "10m"}
+    status, reason, message = result.conditions["Routing"]
+    assert (status, reason) == ("True", "HTTPRoute")
+    assert "ns/inference-gateway" in message and "gateways/shared (https)" in message
+
+
+def test_route_timeout_defaults_to_the_extensions_300s() -> None:
+    result = plan(spec(gateway=GATEWAY), ROUTED, name="svc", namespace="ns")
+    (route,) = by_kind(result.manifests)["HTTPRoute"]
+    assert route["spec"]["rules"][0]["timeouts"] == {"request": "300s"}
+
+
+def test_without_gateway_refs_no_route() -> None:
+    result = plan(spec(), ROUTED, name="svc", namespace="ns")
+    assert "HTTPRoute" not in by_kind(result.manifests)
+    assert result.conditions["Routing"][:2] == ("True", "InferencePool")
+
+
+def test_without_the_gateway_api_the_pool_stays_and_the_condition_names_the_route() -> None:
+    result = plan(spec(gateway=GATEWAY), SERVED, name="svc", namespace="ns")
+    kinds = by_kind(result.manifests)
+    assert "HTTPRoute" not in kinds and "InferencePool" in kinds
+    status, reason, message = result.conditions["Routing"]
+    assert (status, reason) == ("False", "HTTPRouteMissing")
+    assert "gateway.networking.k8s.io/v1 HTTPRoute" in message
+
+
+def test_without_the_pool_api_there_is_no_route_either() -> None:
+    facts = ClusterFacts.from_api_versions(["gateway.networking.k8s.io/v1"])
+    result = plan(spec(gateway=GATEWAY), facts, name="svc", namespace="ns")
+    assert [m["kind"] for m in result.manifests] == ["Deployment", "Service"]
+    assert result.conditions["Routing"][1] == "InferencePoolMissing"
+
+
+def test_crd_types_and_documents_the_gateway_refs() -> None:
+    crd = build_crd()
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    gateway = schema["properties"]["routing"]["properties"]["gateway"]
+    assert gateway["required"] == ["refs"] and gateway["description"]
+    refs = gateway["properties"]["refs"]
+    assert refs["minItems"] == 1 and refs["maxItems"] == 32
+    ref = refs["items"]
+    assert ref["required"] == ["name"]
+    for field in ("name", "namespace", "sectionName"):
+        assert ref["properties"][field]["description"] and ref["properties"][field]["pattern"]
+    timeout = gateway["properties"]["requestTimeout"]
+    assert timeout["default"] == "300s" and timeout["pattern"]
+
+
+def test_operator_may_manage_http_routes() -> None:
+    rules = cluster_rules()
+    verbs = {
+        verb
+        for rule in rules
+        if "gateway.networking.k8s.io" in rule["apiGroups"] and "httproutes" in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert verbs >= set(CHILD_VERBS)
+
+
+def test_the_gateway_api_is_discovered_and_its_routes_watched() -> None:
+    assert "gateway.networking.k8s.io/v1" in OPTIONAL_GROUP_VERSIONS
+    assert ("gateway.networking.k8s.io", "v1", "httproutes") in CHILD_RESOURCES
+    assert ROUTED.serves("gateway.networking.k8s.io/v1", "HTTPRoute")
+
+
+def test_parent_refs_of_one_name_in_two_namespaces_compare_as_a_whole() -> None:
+    gateway = {"refs": [{"name": "gw", "namespace": "a"}, {"name": "gw", "namespace": "b"}]}
+    (route,) = by_kind(plan(spec(gateway=gateway), ROUTED, name="svc", namespace="ns").manifests)[
+        "HTTPRoute"
+    ]
+    assert differences(route, route) == []
+    swapped = {**route, "spec": {**route["spec"], "parentRefs": route["spec"]["parentRefs"][::-1]}}
+    assert differences(route, swapped) != []
