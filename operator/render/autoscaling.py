@@ -10,8 +10,9 @@ they choose flows through the same render as any other: no second writer of the 
   minReplicas 0 scales to zero. Back up from zero needs demand that something records while no
   engine runs: with spec.routing, the endpoint picker counts every request the Gateway sends it
   (render.picker_metrics), and a third trigger, on that count, activates the service (its value
-  is 0 or 1 as a `Value` metric with threshold 1, so above zero it asks for the current count and
-  never drives the scale). Without a scraped picker nothing does, and the condition says so.
+  is 0 or 1 as an `AverageValue` metric with threshold 1: it asks for one replica while requests
+  come, never more, so the HPA's max over triggers leaves scaling above one to the others).
+  Without a scraped picker nothing does, and the condition says so.
 - Otherwise: an autoscaling/v2 HorizontalPodAutoscaler with `Pods` metrics read through the
   custom-metrics API, named as prometheus-adapter exposes vLLM's (the colon becomes `_`). An HPA
   cannot scale to zero, so minReplicas 0 without KEDA renders nothing and says why.
@@ -87,7 +88,9 @@ def demand_trigger(server: str, demand: str) -> dict[str, Any]:
     return {
         "type": "prometheus",
         "name": "gateway-requests",
-        "metricType": "Value",
+        # desired = ceil(value / threshold): 1 while requests come, 0 without; a `Value` metric
+        # would ask for the current count and pin the replicas while any request arrives
+        "metricType": "AverageValue",
         "metadata": {
             "serverAddress": server,
             "query": demand,

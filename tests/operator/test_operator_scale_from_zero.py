@@ -51,7 +51,7 @@ def test_activation_trigger_reads_the_pickers_request_counters() -> None:
     assert demand == {
         "type": "prometheus",
         "name": "gateway-requests",
-        "metricType": "Value",
+        "metricType": "AverageValue",
         "metadata": {
             "serverAddress": SERVER,
             "query": (
@@ -59,7 +59,8 @@ def test_activation_trigger_reads_the_pickers_request_counters() -> None:
                 'inference_objective_request_error_total",namespace="ns",'
                 'infernetes_io_endpoint_picker_for="svc"}[120s])) > bool 0'
             ),
-            # 0 or 1 against a threshold of 1: never asks for more replicas than there are.
+            # 0 or 1 as an average of 1 per replica: asks for one replica at most, so it never
+            # holds more up than the queue and KV-cache targets want.
             "threshold": "1",
             "activationThreshold": "0",
         },
