@@ -286,7 +286,7 @@ def test_with_routing_the_pickers_requests_activate_from_zero(
             what="a ScaledObject with the picker's activation trigger",
         )
         demand = scaled["spec"]["triggers"][1]
-        assert (demand["name"], demand["metricType"]) == ("gateway-requests", "Value")
+        assert (demand["name"], demand["metricType"]) == ("gateway-requests", "AverageValue")
         assert "inference_objective_request_error_total" in demand["metadata"]["query"]
         assert f'namespace="{ns}"' in demand["metadata"]["query"]
         assert 'infernetes_io_endpoint_picker_for="woken"' in demand["metadata"]["query"]
