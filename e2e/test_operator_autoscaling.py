@@ -16,13 +16,13 @@ import yaml
 from infernetes.operator.testing import (
     OperatorProcess,
     apply_crds,
-    create_namespace,
     go_module_crds,
     install_crds,
     kubectl_get,
     remove_crds,
+    running_operator,
     service_condition,
-    start_operator,
+    temporary_namespace,
     wait_until,
 )
 
@@ -46,19 +46,16 @@ def crds(cluster: Any) -> Iterator[list[dict]]:
 
 @pytest.fixture(scope="module")
 def ns(cluster: Any) -> Iterator[str]:
-    name = create_namespace(cluster, "e2e-autoscaling")
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with temporary_namespace(cluster, "e2e-autoscaling") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
 def operator(
     cluster: Any, ns: str, crds: list[dict], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, ns, tmp_path_factory.mktemp("operator-autoscaling"))
-    yield process
-    process.stop()
-    print(f"operator log: {process.log_path}")
+    with running_operator(cluster, ns, tmp_path_factory.mktemp("operator-autoscaling")) as process:
+        yield process
 
 
 def isvc(name: str, **autoscaling: Any) -> dict:

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from infernetes.operator.testing import (
     OperatorProcess,
-    create_namespace,
-    start_operator,
+    running_operator,
+    temporary_namespace,
     wait_until,
 )
 
@@ -23,18 +23,16 @@ ADAPTERS = [
 
 @pytest.fixture(scope="module")
 def ns(cluster: Any) -> Iterator[str]:
-    name = create_namespace(cluster, "e2e-lora")
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with temporary_namespace(cluster, "e2e-lora") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
 def operator(
     cluster: Any, ns: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, ns, tmp_path_factory.mktemp("operator-lora"))
-    yield process
-    process.stop()
+    with running_operator(cluster, ns, tmp_path_factory.mktemp("operator-lora")) as process:
+        yield process
 
 
 def isvc(name: str, **spec: Any) -> dict:

@@ -11,11 +11,11 @@ import pytest
 import yaml
 from infernetes.operator.testing import (
     OperatorProcess,
-    create_namespace,
     install_crds,
     kubectl_get,
+    running_operator,
     service_condition,
-    start_operator,
+    temporary_namespace,
     wait_until,
 )
 
@@ -24,9 +24,8 @@ TIMEOUT = 90
 
 @pytest.fixture(scope="module")
 def ns(cluster: Any) -> Iterator[str]:
-    name = create_namespace(cluster, "e2e-model-cache")
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with temporary_namespace(cluster, "e2e-model-cache") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +72,8 @@ def claim(cluster: Any, ns: str) -> Iterator[str]:
 def operator(
     cluster: Any, ns: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, ns, tmp_path_factory.mktemp("operator-model-cache"))
-    yield process
-    process.stop()
-    print(f"operator log: {process.log_path}")
+    with running_operator(cluster, ns, tmp_path_factory.mktemp("operator-model-cache")) as process:
+        yield process
 
 
 def jobs(cluster: Any, ns: str) -> list[dict]:

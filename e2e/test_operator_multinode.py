@@ -18,11 +18,11 @@ import yaml
 from infernetes.operator.testing import (
     REPO,
     OperatorProcess,
-    create_namespace,
     install_crds,
     kubectl_get,
+    running_operator,
     service_condition,
-    start_operator,
+    temporary_namespace,
     wait_until,
 )
 
@@ -64,19 +64,16 @@ def pool(cluster: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def ns(cluster: Any) -> Iterator[str]:
-    name = create_namespace(cluster, "e2e-multinode")
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with temporary_namespace(cluster, "e2e-multinode") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
 def operator(
     cluster: Any, ns: str, lws: LwsController, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, ns, tmp_path_factory.mktemp("operator-multinode"))
-    yield process
-    process.stop()
-    print(f"operator log: {process.log_path}")
+    with running_operator(cluster, ns, tmp_path_factory.mktemp("operator-multinode")) as process:
+        yield process
 
 
 def isvc(name: str, tp: int, **spec: Any) -> dict:

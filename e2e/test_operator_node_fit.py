@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infernetes.operator.testing import OperatorProcess, kubectl_get, start_operator, wait_until
+from infernetes.operator.testing import (
+    OperatorProcess,
+    kubectl_get,
+    running_operator,
+    wait_until,
+)
 
 TIMEOUT = 90
 
@@ -25,10 +30,8 @@ def ns(cluster: Any) -> Iterator[str]:
 
 @pytest.fixture
 def operator(cluster: Any, ns: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, ns, tmp_path)
-    yield process
-    process.stop()
-    print(f"operator log: {process.log_path}")
+    with running_operator(cluster, ns, tmp_path) as process:
+        yield process
 
 
 def degraded(cluster: Any, ns: str, name: str) -> dict | None:

@@ -17,7 +17,7 @@ from infernetes.operator import names
 from infernetes.operator.testing import (
     OperatorProcess,
     create_namespace,
-    start_operator,
+    running_operator,
     wait_until,
 )
 
@@ -38,10 +38,8 @@ def restricted_ns(cluster: Any) -> Iterator[str]:
 def operator(
     cluster: Any, restricted_ns: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, restricted_ns, tmp_path_factory.mktemp("operator"))
-    yield process
-    process.stop()
-    print(f"operator log: {process.log_path}")
+    with running_operator(cluster, restricted_ns, tmp_path_factory.mktemp("operator")) as process:
+        yield process
 
 
 def isvc(name: str, **spec: Any) -> dict:

@@ -19,12 +19,12 @@ import yaml
 from infernetes.operator.testing import (
     OperatorProcess,
     apply_crds,
-    create_namespace,
     go_module_crds,
     kubectl_get,
     remove_crds,
+    running_operator,
     service_condition,
-    start_operator,
+    temporary_namespace,
     wait_until,
 )
 
@@ -71,9 +71,8 @@ def gateway_crds(cluster: Any) -> Iterator[list[dict]]:
 
 @pytest.fixture(scope="module")
 def ns(cluster: Any) -> Iterator[str]:
-    name = create_namespace(cluster, "e2e-routing")
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with temporary_namespace(cluster, "e2e-routing") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +83,8 @@ def operator(
     gateway_crds: list[dict],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, ns, tmp_path_factory.mktemp("operator-routing"))
-    yield process
-    process.stop()
-    print(f"operator log: {process.log_path}")
+    with running_operator(cluster, ns, tmp_path_factory.mktemp("operator-routing")) as process:
+        yield process
 
 
 def apply(cluster: Any, ns: str, manifest: dict) -> None:

@@ -6,6 +6,7 @@ ServiceAccount bound to the generated least-privilege ClusterRole, a token for t
 value admission must refuse, for the tests of each refusal.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +345,26 @@ def start_operator(cluster: Any, namespace: str, workdir: Path) -> OperatorProce
         namespaces=[namespace],
         env=cluster.env,
     ).start()
+
+
+@contextlib.contextmanager
+def temporary_namespace(
+    cluster: Any, prefix: str, labels: dict[str, str] | None = None
+) -> Iterator[str]:
+    """``create_namespace``, deleted on the way out (not waited for)."""
+    name = create_namespace(cluster, prefix, labels)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def running_operator(cluster: Any, namespace: str, workdir: Path) -> Iterator[OperatorProcess]:
+    """``start_operator``, stopped on the way out, its log's path printed for a failed test."""
+    process = start_operator(cluster, namespace, workdir)
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(f"operator log: {process.log_path}")
