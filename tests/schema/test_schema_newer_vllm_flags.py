@@ -16,7 +16,7 @@ def test_async_scheduling_is_honoured_but_not_with_pipeline_parallelism(capsys):
     config, _ = parse_with_notices(["m", "--async-scheduling"])
     assert config.async_scheduling is True
     report_support(config, "infernetes serve", environ={})  # honoured: no exit
-    with pytest.raises(ConfigError, match="--async-scheduling.*--pipeline-parallel-size"):
+    with pytest.raises(ConfigError, match=r"--async-scheduling.*--pipeline-parallel-size"):
         build_config("m", async_scheduling=True, pipeline_parallel_size=2)
     with pytest.raises(SystemExit) as info:
         parse_with_notices(["m", "--async-scheduling", "-pp", "2"])
