@@ -295,3 +295,34 @@ def test_embeddings_under_async_scheduling(model_factory):
 def test_refused_with_pipeline_parallelism(tiny_llama):
     with pytest.raises(ValueError, match=r"--async-scheduling.*--pipeline-parallel-size"):
         LLM(tiny_llama, async_scheduling=True, pipeline_parallel_size=2)
+
+
+@pytest.mark.slow  # two worker processes
+def test_tensor_parallel_worker_processes(tiny_llama, hf_greedy):
+    """With --distributed-executor-backend mp each rank takes the next step as soon as it has
+    sent this one's output; every rank keeps the tokens it sampled."""
+    counter = Counter()
+    config = build_config(
+        tiny_llama,
+        **{**BASE, "max_model_len": 64},
+        device="cpu",
+        tensor_parallel_size=2,
+        async_scheduling=True,
+        num_gpu_blocks_override=10,
+    )
+    engine = LLMEngine(config, stat_loggers=[counter])
+    core = engine.engine_core
+    assert core.executor.max_concurrent_batches == 2
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(str(i), prompt, params)
+        finished = {}
+        while engine.has_unfinished_requests():
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+    finally:
+        engine.shutdown()
+    assert counter.preemptions > 0
+    for i, prompt in enumerate(PROMPTS):
+        ids = core.tokenizer(prompt).input_ids
+        assert finished[str(i)].outputs[0].token_ids == hf_greedy(tiny_llama, ids, 24)
