@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import subprocess
 import sys
 
@@ -98,6 +99,35 @@ def test_stream_ends_on_a_stop_string_and_n_samples(async_server, offline_texts)
     assert chunks[-1].choices[0].finish_reason == "stop"
     many = _complete(client, PROMPTS[0], n=3)
     assert [c.text for c in many.choices] == [offline_texts[0]] * 3
+
+
+def test_structured_outputs_end_with_a_step_in_flight(async_server):
+    """The grammar's last token ends each request; the step already scheduled after it asks the
+    finished matcher once more, and its token (or error) is dropped."""
+    client = _client(async_server)
+    cases = [
+        ({"choice": ["red", "green", "blue"]}, lambda s: s in ("red", "green", "blue")),
+        ({"regex": "[ab]{3}-[0-9]"}, lambda s: re.fullmatch("[ab]{3}-[0-9]", s)),
+        ({"grammar": 'root ::= "yes" | "no" | "maybe"'}, lambda s: s in ("yes", "no", "maybe")),
+    ] * 2
+
+    def run(case):
+        structured, _ = case
+        return client.completions.create(
+            model="tiny",
+            prompt="Answer:",
+            max_tokens=40,
+            temperature=1.0,
+            seed=3,
+            extra_body={"structured_outputs": structured},
+        ).choices[0]
+
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        choices = list(pool.map(run, cases))
+    for (_, check), choice in zip(cases, choices, strict=True):
+        assert check(choice.text), choice.text
+        assert choice.finish_reason == "stop"
+    assert [c.text for c in choices[:3]] == [c.text for c in choices[3:]]  # seeded: the same
 
 
 def test_a_client_hanging_up_mid_stream_leaves_the_server_serving(async_server, offline_texts):
