@@ -120,6 +120,18 @@ def test_greedy_matches_sync_and_transformers(tiny_llama, hf_greedy, settings):
     assert _all_blocks_free(llm)
 
 
+def test_prompt_logprobs_under_chunked_prefill(tiny_llama):
+    params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2, ignore_eos=True)
+    settings = {"num_gpu_blocks_override": 64, "max_num_batched_tokens": 8}
+    sync, got, _ = _both(tiny_llama, PROMPTS, params, **settings)
+    _same(sync, got)
+    for a, b in zip(sync, got, strict=True):
+        assert len(a.prompt_logprobs) == len(b.prompt_logprobs) == len(a.prompt_token_ids)
+        for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
+            assert x.keys() == y.keys()
+            assert all(math.isclose(x[k].logprob, y[k].logprob, abs_tol=2e-4) for k in x)
+
+
 def test_prefix_cache_hit(tiny_llama, hf_greedy):
     counter = Counter()
     llm = _llm(tiny_llama, counter, async_scheduling=True, num_gpu_blocks_override=64)
