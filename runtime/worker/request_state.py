@@ -57,6 +57,7 @@ class CachedRequestState:
         if len(self.token_ids) <= num_tokens:
             return
         del self.token_ids[num_tokens:]
+        self.error = None  # its logits processor's, raised in that step: the scheduler dropped it
         if self.generator is not None and self.generator_state is not None:
             self.generator.set_state(self.generator_state)
 
