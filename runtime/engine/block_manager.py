@@ -171,8 +171,10 @@ class BlockManager:
         for _ in range(max(needed, 0)):
             request.block_ids.append(self._take_free_block().block_id)
         if self.enable_caching:
-            # Only known tokens: under async scheduling the last may be a step's sample not seen yet.
-            self._register_full_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
+            # Known tokens only: under async scheduling the last may be a sample not seen yet.
+            self._register_full_blocks(
+                request, min(num_computed + num_new_tokens, request.num_tokens)
+            )
         return True
 
     def free(self, request: Request) -> None:
