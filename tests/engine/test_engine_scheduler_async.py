@@ -188,3 +188,25 @@ def test_async_steps_emit_every_token_once_and_keep_block_accounting_exact(
     for request_id, status in ended.items():
         if status != RequestStatus.FINISHED_ABORTED:
             assert emitted[request_id] == expected[request_id]
+
+
+def test_prefix_cache_hashes_wait_for_the_sampled_token():
+    """A block that a placeholder fills is hashed once its token is known, from the real tokens."""
+    limits = SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64, async_scheduling=True
+    )
+    manager = BlockManager(16, 4, enable_caching=True)
+    scheduler = Scheduler(limits, manager)
+    worker = _FakeWorker(4, 64)
+    request = Request("a", [5, 6, 7, 8, 9, 10, 11], SamplingParams(max_tokens=8), eos_token_id=EOS)
+    scheduler.add_request(request)
+    first = scheduler.schedule()  # the prompt; the 8th token is a placeholder
+    second = scheduler.schedule()  # that placeholder, before it is known, fills block 2
+    assert request.num_output_placeholders == 2 and request.num_tokens == 7
+    assert len(request.block_hashes) == 1  # block 2 holds a token not known yet
+    scheduler.update_from_output(first, worker.execute(first))
+    scheduler.update_from_output(second, worker.execute(second))
+    scheduler.schedule()
+    assert len(request.block_hashes) == 2
+    block_hash = manager._hash(request.block_hashes[0], tuple(request.token_ids[4:8]))
+    assert manager.cached[block_hash] == request.block_ids[1]
