@@ -91,6 +91,11 @@ INVALID = [
         "spec.engine.toolCallParser: Invalid value",
     ),
     (
+        "async-scheduling-with-pipeline-stages",
+        variant({"engine.asyncScheduling": True, "engine.pipelineParallelSize": 2}),
+        "spec.engine.asyncScheduling",
+    ),
+    (
         "cpu-loras-below-loras",
         variant({"engine.maxLoras": 4, "engine.maxCpuLoras": 2}),
         "spec.engine.maxCpuLoras",

@@ -211,6 +211,15 @@ ENGINE_RULES: list[tuple[tuple[str, ...], Schema]] = [
         ),
     ),
     (
+        ("asyncScheduling", "pipelineParallelSize"),
+        rule(
+            "!has(self.asyncScheduling) || !self.asyncScheduling"
+            " || !has(self.pipelineParallelSize) || self.pipelineParallelSize <= 1",
+            "asyncScheduling cannot be combined with pipelineParallelSize above 1",
+            field_path=".asyncScheduling",
+        ),
+    ),
+    (
         ("collectDetailedTraces", "otlpTracesEndpoint"),
         rule(
             "!has(self.collectDetailedTraces) || size(self.collectDetailedTraces) == 0 || has(self.otlpTracesEndpoint)",

@@ -67,6 +67,8 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # 0: no cap on a prefill chunk
     policy: str = "fcfs"  # or "priority"
     max_loras: int = 0  # distinct adapters among the running requests (0: LoRA off)
+    # --async-scheduling: the next step is scheduled while the workers run this one
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def _row(arg: Arg) -> str:
 
 def _support(support: Support) -> str:
     if support.kind == "honoured":
-        return "honoured"
+        return _cell(f"honoured: {support.reason}") if support.reason else "honoured"
     if support.kind == "partial":
         values = ", ".join(_value(v) or "`None`" for v in support.values)
         rest = "others have no effect" if support.others == "no_effect" else "others refused"

@@ -82,6 +82,13 @@ def check_rules(values: dict[str, Any]) -> None:
     v = values
     _check_structured_outputs(v["structured_outputs_config"] or {})
     _check_nodes(v)
+    if v["async_scheduling"] and v["pipeline_parallel_size"] > 1:
+        raise ConfigError(
+            f"--async-scheduling cannot be combined with --pipeline-parallel-size "
+            f"({v['pipeline_parallel_size']}) > 1: the stages already keep one step in flight per "
+            "stage, of other requests (as in vLLM, which refuses it too)",
+            "async_scheduling",
+        )
     if v["enable_auto_tool_choice"] and not v["tool_call_parser"]:
         raise ConfigError(
             "--enable-auto-tool-choice requires --tool-call-parser", "tool_call_parser"

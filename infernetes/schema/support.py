@@ -3,7 +3,7 @@
 Every current ``Arg`` (by dest) and every ``EnvVar`` (by name) has an entry here, and nowhere else
 is it written down (tests check both). An entry is one of:
 
-- ``HONOURED``: does what vLLM's does.
+- ``HONOURED``: does what vLLM's does; ``honoured(note)`` with a limit the reference shows.
 - ``partial(values, reason)``: honoured for ``values``; any other value is refused, or with
   ``others="no_effect"`` accepted with a warning (the runtime falls back to a default).
 - ``no_effect(reason)``: accepted; a value other than the default logs one warning saying why.
@@ -31,6 +31,11 @@ class Support:
 
 
 HONOURED = Support("honoured")
+
+
+def honoured(note: str) -> Support:
+    """Honoured, with a limit worth reading (a combination refused by a rule, a caveat)."""
+    return Support("honoured", note)
 
 
 def partial(
@@ -312,9 +317,9 @@ ARG_SUPPORT: dict[str, Support] = {
         "every layer shares one KV cache layout: there is no hybrid manager"
     ),
     "cuda_graph_sizes": HONOURED,
-    "async_scheduling": refused(
-        "asynchronous scheduling (the next step scheduled while the device runs this one) is "
-        "not built yet"
+    "async_scheduling": honoured(
+        "not with --pipeline-parallel-size above 1 (refused, naming both flags); a finished "
+        "request may run one more step whose token is discarded"
     ),
     # ---------------------------------------------------------------- VllmConfig
     "kv_transfer_config": refused("disaggregated prefill (KV transfer) is not supported"),

@@ -177,7 +177,10 @@ class BlockManager:
         for _ in range(max(needed, 0)):
             request.block_ids.append(self._take_free_block().block_id)
         if self.enable_caching:
-            self._register_full_blocks(request, num_computed + num_new_tokens)
+            # Known tokens only: under async scheduling the last may be a sample not seen yet.
+            self._register_full_blocks(
+                request, min(num_computed + num_new_tokens, request.num_tokens)
+            )
         if self.sliding_window is not None:
             self._release_out_of_window(request, num_computed)
         return True

@@ -122,6 +122,7 @@ def _scheduler_config(
         long_prefill_token_threshold=config.long_prefill_token_threshold or 0,
         policy=config.scheduling_policy,
         max_loras=config.max_loras if config.enable_lora else 0,
+        async_scheduling=config.async_scheduling,
     )
 
 

@@ -11,6 +11,11 @@ Under pipeline parallelism a step is sent without waiting for it, up to one per 
 batch queue): while the last stage computes one step, the first already computes the next, made
 of other requests; a step's output is taken when the queue is full or nothing else can be
 scheduled.
+
+Under ``--async-scheduling`` the same queue holds two steps, of the same requests: the next step
+is scheduled (and the last one's tokens turned into outputs) while the workers run this one; the
+scheduler counts each token not seen yet as a placeholder and the worker feeds it from its own
+state (``scheduler.py``).
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ class EngineCore:
             self.block_manager,
             pipelined=self.config.parallel.pipeline_parallel_size > 1,
         )
-        # Steps sent and not yet taken back (pipeline parallelism only), oldest first.
+        # Steps sent and not yet taken back (pipeline parallelism, async scheduling), oldest first.
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
         # Outputs of steps taken back out of turn (before sleeping), given with the next step's.
         self.held_outputs: list[EngineOutput] = []
@@ -168,7 +173,12 @@ class EngineCore:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished() or bool(self.held_outputs)
+        # A step still in flight is taken back even when all its requests have ended since.
+        return (
+            self.output_processor.has_unfinished()
+            or bool(self.held_outputs)
+            or bool(self.batch_queue)
+        )
 
     # -- a step --------------------------------------------------------------------------------
 

@@ -11,6 +11,15 @@ request is preempted: its blocks are freed and it is recomputed later.
 Under pipeline parallelism several steps are in flight at once (the engine core's batch queue):
 a request in a step whose output has not come back is not scheduled again, nor preempted, and
 its sampled tokens travel to the earlier stages in the next step that computes them.
+
+Under async scheduling (vLLM V1's) the next step is scheduled while the workers run this one, and
+the same running requests go into it before their last token is known: ``schedule()`` advances
+``num_computed_tokens`` at once and counts the token each sampling row will bring as a placeholder
+(``Request.num_output_placeholders``); the worker feeds that token from its own state, and
+``update_from_output()`` appends it later. So the stop checks see a token one step late: a request
+that has finished may have one more step in flight, whose token is dropped. A step's output is
+matched to the very requests it was scheduled with (``step_id``), so a request that ended, was
+preempted, or whose id came back for a new request, takes nothing from it.
 """
 
 from __future__ import annotations
@@ -109,7 +118,11 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.pipelined = pipelined  # the workers of the earlier stages need the sampled tokens
-        self.in_flight: set[str] = set()  # scheduled in a step whose output has not come back
+        self.async_scheduling = config.async_scheduling
+        # Pipelined: scheduled in a step whose output has not come back (not scheduled again).
+        self.in_flight: set[str] = set()
+        self._steps: dict[int, list[Request]] = {}  # the requests of each step not yet updated
+        self._next_step_id = 0
         self.waiting: _FCFSQueue | _PriorityQueue = (
             _PriorityQueue() if config.policy == "priority" else _FCFSQueue()
         )
@@ -197,8 +210,26 @@ class Scheduler:
         if not self.num_preemptions_step:
             self._schedule_waiting(output, budget)
         output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
-        self.in_flight.update(output.request_ids)
+        if output:
+            self._register_step(output)
         return output
+
+    def _register_step(self, output: SchedulerOutput) -> None:
+        """Number the step and remember its requests; under async scheduling, advance them past
+        it now, a placeholder for each token it will sample."""
+        output.step_id = self._next_step_id
+        self._next_step_id += 1
+        requests = [self.requests[request_id] for request_id in output.request_ids]
+        self._steps[output.step_id] = requests
+        if self.pipelined:
+            self.in_flight.update(output.request_ids)
+        if not self.async_scheduling:
+            return
+        for request, num_new in zip(requests, output.num_scheduled_tokens, strict=True):
+            end = request.num_computed_tokens + num_new
+            if not request.pooling and end == request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1
+            request.num_computed_tokens = end
 
     def _schedule_running(self, output: SchedulerOutput, budget: _StepBudget) -> None:
         i = 0
@@ -207,7 +238,10 @@ class Scheduler:
             if request.request_id in self.in_flight:
                 i += 1
                 continue
-            remaining = request.num_tokens - request.num_computed_tokens
+            remaining = self._remaining(request)
+            if remaining <= 0:  # async: what it still needs is in flight already
+                i += 1
+                continue
             num_new = self._prefill_chunk(remaining, budget.tokens)
             num_blocks_before = len(request.block_ids)
             while not self.block_manager.allocate_slots(request, num_new):
@@ -258,6 +292,27 @@ class Scheduler:
         for request in reversed(skipped):
             self.waiting.add_front(request)
 
+    def _remaining(self, request: Request) -> int:
+        """Tokens a running request may compute next: those not computed yet, counting the
+        tokens its steps in flight will sample (async scheduling), but none for a request that
+        is sure to end when those arrive (its token would be thrown away)."""
+        placeholders = request.num_output_placeholders
+        if placeholders and self._ends_with_placeholders(request):
+            return 0
+        return request.num_tokens + placeholders - request.num_computed_tokens
+
+    def _ends_with_placeholders(self, request: Request) -> bool:
+        """Whether the tokens in flight bring ``request`` to its length limit."""
+        params = request.sampling_params
+        placeholders = request.num_output_placeholders
+        if request.num_tokens + placeholders >= self.config.max_model_len:
+            return True
+        return (
+            params is not None
+            and params.max_tokens is not None
+            and request.num_output_tokens + placeholders >= params.max_tokens
+        )
+
     def _sampled_tokens(self, request: Request, num_new: int) -> list[int]:
         """The sampled tokens among those ``request`` computes next, for the earlier stages."""
         if not self.pipelined:
@@ -298,6 +353,7 @@ class Scheduler:
                 request.num_computed_tokens,
                 resumed_from_preemption=True,
                 new_token_ids=self._sampled_tokens(request, request.num_tokens),
+                num_tokens=request.num_tokens if self.async_scheduling else None,
             )
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_cached_tokens
@@ -347,6 +403,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # a step in flight for it is discarded
         self.num_preemptions_step += 1
         self.waiting.add_front(request)
 
@@ -372,13 +429,14 @@ class Scheduler:
         updated: list[Request] = []
         now = time.monotonic()
         self.in_flight.difference_update(scheduler_output.request_ids)
-        for i, (request_id, num_new) in enumerate(
-            zip(scheduler_output.request_ids, scheduler_output.num_scheduled_tokens, strict=True)
+        scheduled = self._steps.pop(scheduler_output.step_id, [])
+        for i, (request, num_new) in enumerate(
+            zip(scheduled, scheduler_output.num_scheduled_tokens, strict=True)
         ):
-            request = self.requests.get(request_id)
-            if request is None or request.status != RequestStatus.RUNNING:
-                continue
-            request.num_computed_tokens += num_new
+            if request.status != RequestStatus.RUNNING:
+                continue  # ended or preempted since: what this step computed for it is dropped
+            if not self.async_scheduling:  # (async: advanced when scheduled)
+                request.num_computed_tokens += num_new
             chunk_logprobs = model_output.prompt_logprobs[i]
             if chunk_logprobs is not None and request.prompt_logprobs is not None:
                 request.prompt_logprobs.extend(chunk_logprobs)
@@ -393,7 +451,8 @@ class Scheduler:
             sampled = model_output.sampled[i]
             if sampled is None:
                 continue  # a prefill chunk that does not reach the end of the prompt
-            error = model_output.errors.get(request_id)
+            request.num_output_placeholders = max(request.num_output_placeholders - 1, 0)
+            error = model_output.errors.get(request.request_id)
             self._append_token(request, sampled, error, now, iteration)
             updated.append(request)
         iteration.finished_requests = self.take_finished_stats()

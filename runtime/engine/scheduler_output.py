@@ -6,7 +6,9 @@ sends only what changed, as vLLM V1 does: a request the worker has never seen co
 (``CachedRequestData``; after a preemption, all of its blocks, which replace the old ones). The
 worker drops a request's state when it appears in ``finished_req_ids``. Under pipeline parallelism
 a cached request also carries the sampled tokens the step computes (``new_token_ids``), which the
-stages before the last have not seen.
+stages before the last have not seen. Under async scheduling a step may compute a token the
+scheduler has not seen yet (the previous step's, still running): the worker takes it from its
+own state, where it appended it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class CachedRequestData:
     # Under pipeline parallelism, the sampled tokens this step computes: only the last stage
     # samples, and the earlier ones learn its tokens here instead of waiting for them each step.
     new_token_ids: list[int] = field(default_factory=list)
+    # Under async scheduling, after a preemption: the tokens the request holds. A token the worker
+    # sampled past them came from a step the preemption discarded; it drops it.
+    num_tokens: int | None = None
 
 
 @dataclass
@@ -48,6 +53,7 @@ class SchedulerOutput:
     num_scheduled_tokens: list[int] = field(default_factory=list)
     # Requests that ended (finished or aborted) since the last step: the workers drop them.
     finished_req_ids: set[str] = field(default_factory=set)
+    step_id: int = 0  # the scheduler's number for this step (its output is matched back by it)
 
     def add(self, request: NewRequestData | CachedRequestData, num_tokens: int) -> None:
         self.scheduled_reqs.append(request)

@@ -5,7 +5,8 @@ anything else, ``collective_rpc(method, args)``, which runs a ``Worker`` method 
 returns their answers in rank order. ``UniProcExecutor`` holds one worker in this process; an
 executor with one worker process per rank implements ``collective_rpc`` and inherits the rest.
 Under pipeline parallelism ``submit_model`` sends a step without waiting for it, so that up to
-``max_concurrent_batches`` steps are in flight, one per stage.
+``max_concurrent_batches`` steps are in flight, one per stage; under async scheduling two (the
+step running and the next, scheduled meanwhile).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class Executor(ABC):
 
     @property
     def max_concurrent_batches(self) -> int:
-        """Steps that may be in flight at once: one per pipeline stage where they run apart."""
+        """Steps that may be in flight at once: one per pipeline stage where they run apart, two
+        under async scheduling."""
         return 1
 
     @abstractmethod

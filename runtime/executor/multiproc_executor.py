@@ -177,6 +177,10 @@ class MultiprocExecutor(Executor):
 
     @property
     def max_concurrent_batches(self) -> int:
+        """One step per pipeline stage; under async scheduling (one stage), the step running and
+        the next, which each rank takes up as soon as it has sent the first one's output."""
+        if self.config.scheduler.async_scheduling:
+            return 2
         return self.config.parallel.pipeline_parallel_size
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:

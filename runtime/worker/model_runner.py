@@ -274,6 +274,8 @@ class ModelRunner:
         state = self.requests[data.request_id]
         if data.resumed_from_preemption:
             state.block_ids = list(data.new_block_ids)
+            if data.num_tokens is not None:
+                state.drop_discarded_tokens(data.num_tokens)
         elif data.new_block_ids:
             state.block_ids.extend(data.new_block_ids)
         if data.new_token_ids:  # a stage before the last learns what the last one sampled
@@ -411,6 +413,9 @@ class ModelRunner:
         if sampling:
             logits = self.model.compute_logits(hidden[sample_rows])
             requests = [batch[i] for i in sampling]
+            if self.config.scheduler.async_scheduling:
+                for request in requests:  # a preemption may discard this step's draw
+                    request.keep_generator_state()
             for i, request, token in zip(
                 sampling, requests, self.sampler(logits, requests), strict=True
             ):

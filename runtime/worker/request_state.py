@@ -25,6 +25,9 @@ class CachedRequestState:
     generator: Any = None  # torch.Generator of a seeded request: its own random stream
     error: Exception | None = field(default=None)  # its logits processor raised
     lora_request: LoRARequest | None = None
+    # Async scheduling: a seeded request's generator state before its last draw, restored when a
+    # preemption discards the step that drew (so its stream goes on as the synchronous engine's).
+    generator_state: torch.Tensor | None = None
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> CachedRequestState:
@@ -43,6 +46,20 @@ class CachedRequestState:
             generator,
             lora_request=data.lora_request,
         )
+
+    def keep_generator_state(self) -> None:
+        if self.generator is not None:
+            self.generator_state = self.generator.get_state()
+
+    def drop_discarded_tokens(self, num_tokens: int) -> None:
+        """Forget the tokens past the scheduler's ``num_tokens``: under async scheduling a step
+        in flight when the request was preempted sampled one, and the scheduler dropped it."""
+        if len(self.token_ids) <= num_tokens:
+            return
+        del self.token_ids[num_tokens:]
+        self.error = None  # its logits processor's, raised in that step: the scheduler dropped it
+        if self.generator is not None and self.generator_state is not None:
+            self.generator.set_state(self.generator_state)
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -92,16 +92,18 @@ def test_mixed_adapters_match_peft(adapters, architecture, hf_greedy):
     )
 
 
-def test_one_slot_queues_adapters_and_reloads_from_disk(adapters):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_one_slot_queues_adapters_and_reloads_from_disk(adapters, async_scheduling):
     """--max-loras 1 --max-cpu-loras 1: requests of different adapters never share a step (the
     scheduler holds the others back), the slot and the CPU cache are evicted and read again,
-    and every request still gets its own adapter's tokens."""
+    and every request still gets its own adapter's tokens (with --async-scheduling too: the
+    adapters are read on the worker thread, between its steps)."""
     from infernetes.runtime.testing import hf_peft_greedy_tokens
 
     base, paths = adapters("LlamaForCausalLM")
     loras = _mixed_batch(paths) * 2  # each adapter comes back after the others
     prompts = PROMPTS * 2
-    llm = _llm(base, max_loras=1, max_cpu_loras=1)
+    llm = _llm(base, max_loras=1, max_cpu_loras=1, async_scheduling=async_scheduling)
     seen_together: list[int] = []
     runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner  # this process's
     original = runner.lora.prepare

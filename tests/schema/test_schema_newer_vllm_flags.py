@@ -1,4 +1,4 @@
-"""Flags newer vLLM releases added: --async-scheduling (refused until built),
+"""Flags newer vLLM releases added: --async-scheduling (not with pipeline parallelism),
 --enable-log-requests (--disable-log-requests deprecated), --structured-outputs-config with its
 keys, whole or dotted, and the multi-node flags of vLLM 0.11 (--nnodes, --node-rank,
 --master-addr, --master-port)."""
@@ -12,13 +12,16 @@ from infernetes.schema.parser import parse_with_notices
 from infernetes.schema.support_check import check_support, report_support
 
 
-def test_async_scheduling_parses_and_is_refused_by_the_support_table(capsys):
+def test_async_scheduling_is_honoured_but_not_with_pipeline_parallelism(capsys):
     config, _ = parse_with_notices(["m", "--async-scheduling"])
     assert config.async_scheduling is True
+    report_support(config, "infernetes serve", environ={})  # honoured: no exit
+    with pytest.raises(ConfigError, match=r"--async-scheduling.*--pipeline-parallel-size"):
+        build_config("m", async_scheduling=True, pipeline_parallel_size=2)
     with pytest.raises(SystemExit) as info:
-        report_support(config, "infernetes serve", environ={})
+        parse_with_notices(["m", "--async-scheduling", "-pp", "2"])
     assert info.value.code == 2
-    assert "argument --async-scheduling is not supported" in capsys.readouterr().err
+    assert "--pipeline-parallel-size" in capsys.readouterr().err
 
 
 def test_enable_log_requests_and_the_deprecated_disable_flag():

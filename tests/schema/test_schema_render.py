@@ -85,6 +85,8 @@ def test_round_trip_of_many_arguments_at_once():
             "nnodes": 1,
             "node_rank": 0,
             "headless": False,
+            "async_scheduling": True,
+            "pipeline_parallel_size": 1,  # async scheduling refuses pipeline parallelism
         }
     )
     config = build_config(**values)
