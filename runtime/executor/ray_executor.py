@@ -149,6 +149,10 @@ class RayExecutor(Executor):
 
     @property
     def max_concurrent_batches(self) -> int:
+        """One step per pipeline stage; under async scheduling (one stage) the step running and
+        the next: an actor takes its calls in the order they were sent, as an mp rank does."""
+        if self.config.scheduler.async_scheduling:
+            return 2
         return self.config.parallel.pipeline_parallel_size
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:

@@ -220,8 +220,10 @@ def ray():
 
 
 @pytest.mark.slow  # a Ray actor per rank
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
-def test_ray_ranks_match_tp1_and_transformers(ray, tiny_llama, hf_greedy, tp, pp):
+@pytest.mark.parametrize(
+    ("tp", "pp", "async_scheduling"), [(2, 1, False), (1, 2, False), (2, 1, True)]
+)
+def test_ray_ranks_match_tp1_and_transformers(ray, tiny_llama, hf_greedy, tp, pp, async_scheduling):
     reference = _engine(tiny_llama)
     try:
         expected = _generate(reference)
@@ -234,12 +236,13 @@ def test_ray_ranks_match_tp1_and_transformers(ray, tiny_llama, hf_greedy, tp, pp
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
         distributed_executor_backend="ray",
+        async_scheduling=async_scheduling,
     )
     try:
         executor = engine.engine_core.executor
         assert type(executor).__name__ == "RayExecutor"
         assert len(executor.actors) == tp * pp
-        assert executor.max_concurrent_batches == pp
+        assert executor.max_concurrent_batches == (2 if async_scheduling else pp)
         got = _generate(engine)
     finally:
         engine.shutdown()
