@@ -82,6 +82,40 @@ class Executor(ABC):
         """Stop the workers; nothing runs after it."""
 
 
+class Call(Protocol):
+    """A call sent to every rank; ``result()`` waits for the reply it picks (or all of them)."""
+
+    def result(self) -> Any: ...
+
+
+class RanksApartExecutor(Executor):
+    """Ranks in processes of their own (``mp``'s workers, Ray's actors), each taking its calls in
+    the order they were sent: a call is sent to all at once and its replies read later, so steps
+    may be in flight together."""
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """One step per pipeline stage; under async scheduling (one stage) the step running and
+        the next, which each rank takes up as soon as it has sent the first one's output."""
+        if self.config.scheduler.async_scheduling:
+            return 2
+        return self.config.parallel.pipeline_parallel_size
+
+    @abstractmethod
+    def _send(self, method: str, args: tuple[Any, ...], pick: int | None = None) -> Call:
+        """Send ``Worker.<method>(*args)`` to every rank; the reply of rank ``pick`` is the
+        result (None: every rank's, in rank order)."""
+
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        return self._send(method, args).result()
+
+    def submit_model(self, scheduler_output: SchedulerOutput) -> PendingOutput:
+        return self._send("execute_model", (scheduler_output,), self.config.parallel.output_rank)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.submit_model(scheduler_output).result()
+
+
 def with_shared_seed(config: RuntimeConfig) -> RuntimeConfig:
     """Every rank samples each step (the same logits) and must draw the same numbers: without
     ``--seed`` the ranks get one drawn here."""

@@ -27,11 +27,8 @@ from typing import Any
 
 import torch
 from infernetes.runtime.config import RuntimeConfig
-from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
-from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.executor.abstract import (
-    Executor,
-    PendingOutput,
+    RanksApartExecutor,
     WorkerDiedError,
     with_shared_seed,
 )
@@ -132,7 +129,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class MultiprocExecutor(Executor):
+class MultiprocExecutor(RanksApartExecutor):
     def __init__(self, config: RuntimeConfig) -> None:
         super().__init__(config)
         parallel = config.parallel
@@ -175,20 +172,6 @@ class MultiprocExecutor(Executor):
                 report,
             )
 
-    @property
-    def max_concurrent_batches(self) -> int:
-        """One step per pipeline stage; under async scheduling (one stage), the step running and
-        the next, which each rank takes up as soon as it has sent the first one's output."""
-        if self.config.scheduler.async_scheduling:
-            return 2
-        return self.config.parallel.pipeline_parallel_size
-
-    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        return self._send(method, args).result()
-
-    def submit_model(self, scheduler_output: SchedulerOutput) -> PendingOutput:
-        return self._send("execute_model", (scheduler_output,), self.config.parallel.output_rank)
-
     def _send(self, method: str, args: tuple[Any, ...], pick: int | None = None) -> PendingCall:
         call = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         for worker in self.workers:
@@ -220,9 +203,6 @@ class MultiprocExecutor(Executor):
                     raise value
                 results[worker.rank] = value
         return [results[worker.rank] for worker in self.workers]
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.submit_model(scheduler_output).result()
 
     def check_health(self) -> None:
         for worker in self.workers:

@@ -20,11 +20,8 @@ from typing import Any
 import ray
 import torch
 from infernetes.runtime.config import RuntimeConfig
-from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
-from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.executor.abstract import (
-    Executor,
-    PendingOutput,
+    RanksApartExecutor,
     WorkerDiedError,
     with_shared_seed,
 )
@@ -85,7 +82,7 @@ class RayCall:
         return replies if self.pick is None else replies[self.pick]
 
 
-class RayExecutor(Executor):
+class RayExecutor(RanksApartExecutor):
     def __init__(self, config: RuntimeConfig) -> None:
         super().__init__(config)
         if config.parallel.nnodes > 1:
@@ -146,23 +143,6 @@ class RayExecutor(Executor):
                 f"within {PLACEMENT_TIMEOUT_S:.0f} s ({available:g} GPU(s) available)"
             )
         return group
-
-    @property
-    def max_concurrent_batches(self) -> int:
-        """One step per pipeline stage; under async scheduling (one stage) the step running and
-        the next: an actor takes its calls in the order they were sent, as an mp rank does."""
-        if self.config.scheduler.async_scheduling:
-            return 2
-        return self.config.parallel.pipeline_parallel_size
-
-    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        return self._send(method, args).result()
-
-    def submit_model(self, scheduler_output: SchedulerOutput) -> PendingOutput:
-        return self._send("execute_model", (scheduler_output,), self.config.parallel.output_rank)
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.submit_model(scheduler_output).result()
 
     def _send(self, method: str, args: tuple[Any, ...], pick: int | None = None) -> RayCall:
         return RayCall(self, [actor.call.remote(method, args) for actor in self.actors], pick)
