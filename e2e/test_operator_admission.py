@@ -237,8 +237,8 @@ INVALID = [
         ("spec.shmSize: Invalid value", "at least 1Gi"),
     ),
     (
-        "ray-in-one-pod",
-        variant({"engine.distributedExecutorBackend": "ray"}),
+        "external-launcher",  # ray is admitted now (the image has it); torchrun never starts ranks
+        variant({"engine.distributedExecutorBackend": "external_launcher"}),
         "spec.engine.distributedExecutorBackend",
     ),
     (
