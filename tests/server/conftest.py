@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,12 @@ import httpx
 import psutil
 import pytest
 
+# The helper modules beside this file (ports, waits) import by name from the test modules.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ports import free_port
+
 API_KEY = "sk-infernetes-test"
 STARTUP_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerProcess:
