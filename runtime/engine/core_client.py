@@ -350,7 +350,11 @@ def run_core_process(
         return from_wire(pickle.loads(conn.recv_bytes()))
 
     try:
-        with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
-            CoreLoop(engine, stats, emit).run(next_command)
+        CoreLoop(engine, stats, emit).run(next_command)
+    except (EOFError, OSError):
+        # The API process is gone without a Shutdown (killed): leave at once, as the parent watch
+        # does, and do not stop the ranks as if asked to: the other nodes must see that node 0
+        # went away (and exit 1), and the local workers follow their parent, this process.
+        os._exit(1)
     finally:
         engine.shutdown()
