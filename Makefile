@@ -25,9 +25,14 @@ test: setup lint unit e2e
 test-fast: setup
 	$(BIN)/pytest tests/schema tests/cli tests/engine tests/kernels tests/operator -m "not slow"
 
+# tests/server in two pytest-xdist workers: its tests mostly wait on server processes, so two
+# modules at a time overlap those waits. --dist loadfile keeps a module (and the servers its
+# fixtures start) in one worker; tests/server/ports.py keeps the workers' ports apart.
 unit: setup lmeval
 	images/install-tools.sh
-	INFERNETES_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL_BIN)/python $(BIN)/pytest tests
+	$(BIN)/pytest tests --ignore=tests/server
+	INFERNETES_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL_BIN)/python $(BIN)/pytest tests/server \
+		--numprocesses 2 --dist loadfile
 
 # lm-eval in an environment of its own (its typepy pins python-dateutil below what the kubernetes
 # client needs); tests/server/test_server_lm_eval.py runs it against a server.

@@ -390,8 +390,9 @@ class AsyncEngine:
         if self._stopping:
             return
         self._stopping = True
+        hung = isinstance(self.dead_error, TimeoutError)  # a missed step or RPC deadline
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(None, core.stop) for core in self.cores))
+        await asyncio.gather(*(loop.run_in_executor(None, core.stop, hung) for core in self.cores))
         self._fail_all(EngineDeadError("the engine was shut down"))
 
 

@@ -102,7 +102,9 @@ class CoreThread:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def stop(self) -> None:
+    def stop(self, hung: bool = False) -> None:
+        """Shut the engine down; ``hung`` changes nothing here (a thread cannot be killed, so a
+        hung one is waited for as long as any other)."""
         self.send(Shutdown())
         self._thread.join(JOIN_TIMEOUT_S)
         self.engine.shutdown()
@@ -187,11 +189,17 @@ class CoreProcess:
     def pid(self) -> int | None:
         return self._process.pid
 
-    def stop(self) -> None:
+    def stop(self, hung: bool = False) -> None:
+        """Ask the core to shut down, and kill it if it has not within JOIN_TIMEOUT_S; a ``hung``
+        core (it missed a deadline) is killed at once: it would not answer, and waiting for it
+        only delays the exit and so the restart."""
         self._stopping = True
-        with contextlib.suppress(OSError):  # already gone
-            self.send(Shutdown())
-        self._process.join(JOIN_TIMEOUT_S)
+        if hung:
+            logger.warning("killing the hung engine core process (pid %s)", self._process.pid)
+        else:
+            with contextlib.suppress(OSError):  # already gone
+                self.send(Shutdown())
+            self._process.join(JOIN_TIMEOUT_S)
         if self._process.is_alive():
             self._process.kill()
             self._process.join(JOIN_TIMEOUT_S)
@@ -342,7 +350,11 @@ def run_core_process(
         return from_wire(pickle.loads(conn.recv_bytes()))
 
     try:
-        with contextlib.suppress(EOFError, OSError):  # the API process is gone; so are we
-            CoreLoop(engine, stats, emit).run(next_command)
+        CoreLoop(engine, stats, emit).run(next_command)
+    except (EOFError, OSError):
+        # The API process is gone without a Shutdown (killed): leave at once, as the parent watch
+        # does, and do not stop the ranks as if asked to: the other nodes must see that node 0
+        # went away (and exit 1), and the local workers follow their parent, this process.
+        os._exit(1)
     finally:
         engine.shutdown()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,12 @@ import httpx
 import psutil
 import pytest
 
+# The helper modules beside this file (ports, waits) import by name from the test modules.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ports import free_port
+
 API_KEY = "sk-infernetes-test"
 STARTUP_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerProcess:
@@ -167,3 +164,14 @@ def main_server(tiny_llama_dir, server_process_factory):
 def auth_headers() -> dict[str, str]:
     """Headers carrying the main server's API key."""
     return {"Authorization": f"Bearer {API_KEY}"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Schemathesis (4.32, under pytest 9.2) gives the tests of all API operations one node id;
+    pytest-xdist schedules by node id, so all operations but one would go untested there. The
+    operation's label, as the id's parameters, makes each unique (and names it in reports)."""
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        node_id = getattr(item, "_id", None)  # pytest's structured node id (_pytest/nodeid.py)
+        if label and node_id is not None and node_id.params is None:
+            item._id = node_id.with_params(label)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 # Deadlines for things that must happen eventually; never asserted as timings.
 WAIT_S = 120
@@ -57,9 +57,7 @@ def wait_until(predicate, what: str) -> None:
 
 
 def start(model: Path, log: Path) -> subprocess.Popen:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "infernetes.cli.main", "serve", str(model)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--disable-log-stats"]
     return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from ports import free_port
 
 from infernetes.cli.main import main
 
@@ -207,10 +208,7 @@ def test_run_batch_over_urls_with_metrics(tiny_llama_dir, tmp_path, file_server)
         max_model_len=128,
         disable_log_requests=True,
     )
-    sock = __import__("socket").socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     failed = asyncio.run(
         run_batch(
             config,

@@ -10,6 +10,7 @@ import time
 import httpx
 import psutil
 import pytest
+from waits import gone, wait_until
 
 ARGS = [
     "--max-model-len",
@@ -28,15 +29,6 @@ def _core_process(server) -> psutil.Process:
     cores = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
     assert len(cores) == 1, [c.cmdline() for c in children]
     return cores[0]
-
-
-def _wait_until(condition, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @pytest.fixture
@@ -62,14 +54,14 @@ def test_core_serves_from_its_own_process_and_leaves_with_the_server(start, maps
     assert response.json()["usage"]["completion_tokens"] == 4
     assert maps_torch(core.pid) and not maps_torch(server.process.pid)
     assert server.stop(signal.SIGTERM) == 0
-    assert _wait_until(lambda: not core.is_running() or core.status() == psutil.STATUS_ZOMBIE)
+    assert wait_until(lambda: gone(core))
 
 
 def test_core_death_fails_health_and_stops_the_server(start):
     server = start(log_name="engine-process-death.log")
     _core_process(server).kill()
     # The server notices, fails its probes and exits with an error (Kubernetes restarts it).
-    assert _wait_until(lambda: server.process.poll() is not None), server.tail()
+    assert wait_until(lambda: server.process.poll() is not None), server.tail()
     assert server.process.returncode == 1
     assert "the engine core process exited" in server.tail()
 
@@ -79,7 +71,7 @@ def test_core_death_with_keep_alive_answers_503(start):
         env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}, log_name="engine-process-keep-alive.log"
     )
     _core_process(server).kill()
-    assert _wait_until(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503)
+    assert wait_until(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503)
     response = httpx.post(f"{server.url}/v1/completions", json=BODY, timeout=30)
     assert response.status_code == 503
     assert "engine" in response.json()["error"]["message"]

@@ -1,6 +1,6 @@
 """A hung engine-core process fails /health and stops the server instead of hanging it: a stopped
 core (SIGSTOP) with a request in flight trips VLLM_ENGINE_ITERATION_TIMEOUT_S, and an unanswered
-maintenance call trips VLLM_RPC_TIMEOUT."""
+maintenance call trips VLLM_RPC_TIMEOUT. A hung core is killed at once, not waited for."""
 
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ def test_a_stuck_step_fails_the_server(hung_core):
     assert time.monotonic() - started < 10
     assert _exits(server) == 1, server.tail()
     assert "VLLM_ENGINE_ITERATION_TIMEOUT_S=2" in server.tail()
+    assert "killing the hung engine core process" in server.tail()  # not waited for
 
 
 def test_an_unanswered_maintenance_call_fails_health(hung_core):

@@ -189,23 +189,15 @@ def test_lora_requests_info_names_the_running_adapter(lora_server):
     ), labels
 
 
-def test_runtime_updates_need_the_variable_and_lora(
-    tiny_llama_dir, adapters, server_process_factory
-):
-    server = server_process_factory(
-        [str(tiny_llama_dir), "--max-model-len", "128", "--num-gpu-blocks-override", "16"],
-        log_name="no-lora-server.log",
+def test_runtime_updates_need_the_variable_and_lora(main_server, auth_headers, adapters):
+    """The main server has neither --enable-lora nor VLLM_ALLOW_RUNTIME_LORA_UPDATING."""
+    response = httpx.post(
+        f"{main_server.url}/v1/load_lora_adapter",
+        json={"lora_name": "attn", "lora_path": str(adapters["attn"])},
+        headers=auth_headers,
     )
-    try:
-        server.wait_ready()
-        response = httpx.post(
-            f"{server.url}/v1/load_lora_adapter",
-            json={"lora_name": "attn", "lora_path": str(adapters["attn"])},
-        )
-        assert response.status_code == 404
-        assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in response.json()["error"]["message"]
-    finally:
-        server.stop()
+    assert response.status_code == 404
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in response.json()["error"]["message"]
 
 
 def test_a_bad_lora_module_stops_the_server(tiny_llama_dir, adapters, server_process_factory):

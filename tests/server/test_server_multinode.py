@@ -6,10 +6,8 @@ killed; bad flag combinations exit 2 naming the flags."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +15,8 @@ import openai
 import psutil
 import pytest
 from infernetes.runtime.testing import hf_greedy_tokens
+from ports import free_port_pair
+from waits import gone, wait_until
 
 ARGS = [
     "--dtype",
@@ -33,33 +33,6 @@ ARGS = [
     "127.0.0.1",
 ]
 PROMPT = [1, 5, 9, 200, 17, 3, 44, 8, 91, 12]
-
-
-def _master_port() -> int:
-    """A free port whose next one (torch.distributed's rendezvous) is free too."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-
-
-def _wait_until(condition, timeout: float = 60) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _gone(process: psutil.Process) -> bool:
-    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
 
 
 def _greedy_tokens(server) -> list[int]:
@@ -79,7 +52,7 @@ class Group:
     """Node 1 (headless, started first: it waits for node 0) and node 0 (the API server)."""
 
     def __init__(self, model: Path, parallel: list[str], factory, logs: Path, name: str) -> None:
-        port = ["--master-port", str(_master_port())]
+        port = ["--master-port", str(free_port_pair())]
         self.follower_log = logs / f"{name}-node1.log"
         with open(self.follower_log, "wb") as log:
             self.follower = subprocess.Popen(
@@ -123,10 +96,10 @@ def test_tensor_parallel_over_two_nodes_and_node_1_exits_when_node_0_is_killed(
     node_0 = psutil.Process(group.leader.process.pid)
     everyone = [node_0, *node_0.children(recursive=True)]
     node_0.kill()
-    assert _wait_until(lambda: group.follower.poll() is not None), group.follower_tail()
+    assert wait_until(lambda: group.follower.poll() is not None), group.follower_tail()
     assert group.follower.returncode == 1
     assert "node 0 went away" in group.follower_tail()
-    assert _wait_until(lambda: all(_gone(p) for p in everyone)), [p.cmdline() for p in everyone]
+    assert wait_until(lambda: all(gone(p) for p in everyone)), [p.cmdline() for p in everyone]
 
 
 @pytest.mark.slow
@@ -140,12 +113,12 @@ def test_pipeline_parallel_over_two_nodes_and_node_0_fails_when_node_1_is_killed
     assert len(its_workers) == 1
     node_1.kill()
     leader = group.leader
-    assert _wait_until(lambda: leader.process.poll() is not None), leader.tail()
+    assert wait_until(lambda: leader.process.poll() is not None), leader.tail()
     assert leader.process.returncode == 1
     assert "worker rank 1 on node 1" in leader.tail()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{leader.url}/health", timeout=2)
-    assert _wait_until(lambda: all(_gone(p) for p in its_workers))
+    assert wait_until(lambda: all(gone(p) for p in its_workers))
 
 
 @pytest.mark.parametrize(

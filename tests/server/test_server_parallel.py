@@ -7,13 +7,13 @@ worker fails /health and stops the server; SIGTERM leaves no process behind.
 from __future__ import annotations
 
 import signal
-import time
 
 import httpx
 import openai
 import psutil
 import pytest
 from infernetes.runtime.testing import hf_greedy_tokens
+from waits import gone, wait_until
 
 ARGS = [
     "--tensor-parallel-size",
@@ -33,19 +33,6 @@ PROMPT = [1, 5, 9, 200, 17, 3, 44, 8, 91, 12]
 def _workers(server) -> list[psutil.Process]:
     descendants = psutil.Process(server.process.pid).children(recursive=True)
     return [p for p in descendants if "infernetes.runtime.worker.worker_process" in p.cmdline()]
-
-
-def _wait_until(condition, timeout: float = 60) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _gone(process: psutil.Process) -> bool:
-    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
 
 
 @pytest.fixture
@@ -79,13 +66,13 @@ def test_openai_client_gets_transformers_tokens_and_sigterm_leaves_nothing(
     assert tokens == hf_greedy_tokens(tiny_llama_dir, PROMPT, 8)
     everyone = psutil.Process(tp_server.process.pid).children(recursive=True)
     assert tp_server.stop(signal.SIGTERM) == 0
-    assert _wait_until(lambda: all(_gone(p) for p in everyone)), [p.cmdline() for p in everyone]
+    assert wait_until(lambda: all(gone(p) for p in everyone)), [p.cmdline() for p in everyone]
 
 
 @pytest.mark.slow
 def test_a_killed_worker_fails_health_and_stops_the_server(tp_server):
     _workers(tp_server)[1].kill()
-    assert _wait_until(lambda: tp_server.process.poll() is not None), tp_server.tail()
+    assert wait_until(lambda: tp_server.process.poll() is not None), tp_server.tail()
     assert tp_server.process.returncode == 1
     assert "worker rank 1" in tp_server.tail()
     with pytest.raises(httpx.HTTPError):
@@ -123,6 +110,6 @@ def test_data_parallel_serves_from_two_cores(tiny_llama_dir, server_process_fact
         metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
         assert 'vllm:num_requests_running{engine="1",model_name="tiny"}' in metrics
         assert server.stop(signal.SIGTERM) == 0
-        assert _wait_until(lambda: all(_gone(p) for p in cores))
+        assert wait_until(lambda: all(gone(p) for p in cores))
     finally:
         server.stop()
