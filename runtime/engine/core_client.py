@@ -23,7 +23,7 @@ import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.engine.core_loop import CoreLoop, StatsBuffer, portable_error
 from infernetes.runtime.engine.messages import (
@@ -49,6 +49,9 @@ from infernetes.runtime.outputs import (
 )
 
 from infernetes.schema.config import ServeConfig
+
+if TYPE_CHECKING:  # the API process never imports the engine itself (torch)
+    from infernetes.runtime.engine.engine_core import EngineCore
 
 logger = logging.getLogger(__name__)
 
@@ -295,6 +298,20 @@ class OutputCodec:
 PARENT_WATCH_INTERVAL_S = 1.0
 
 
+# This process's engine once loaded (its executor is told when the API process vanishes).
+_process_engine: EngineCore | None = None
+
+
+def _abandon() -> None:
+    """The API process is gone without a Shutdown: exit 1 at once, not stopping the ranks as if
+    asked to (other nodes must see node 0 go, and exit 1; local worker processes follow their
+    parent, this one), after stopping what would outlive this process (Ray's actors)."""
+    if _process_engine is not None:
+        with contextlib.suppress(BaseException):
+            _process_engine.executor.abandon()
+    os._exit(1)
+
+
 def _exit_with_parent() -> None:
     """Exits this process once the API process is gone, whatever killed it (a SIGKILL runs no
     handler there): while the model loads, nothing reads the pipe that would tell us."""
@@ -304,7 +321,7 @@ def _exit_with_parent() -> None:
     def watch() -> None:
         while os.getppid() == parent_pid:  # an orphan is re-parented
             threading.Event().wait(PARENT_WATCH_INTERVAL_S)
-        os._exit(1)
+        _abandon()
 
     threading.Thread(target=watch, name="infernetes-parent-watch", daemon=True).start()
 
@@ -317,7 +334,7 @@ def run_core_process(
 ) -> None:
     """The core process's main: load the engine, say ready (or why not), then serve commands
     until shutdown or until the API process goes away (the pipe closes)."""
-    global _process_tokenizer
+    global _process_tokenizer, _process_engine
     # The API process owns the signals: SIGTERM drains there first, then it stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -341,7 +358,7 @@ def run_core_process(
         logger.exception("the engine failed to load")
         emit(LoadFailed(portable_error(error)))
         return
-    _process_tokenizer = engine.tokenizer
+    _process_tokenizer, _process_engine = engine.tokenizer, engine
     emit(EngineReady(engine.info()))
 
     def next_command(timeout: float | None) -> EngineCommand | None:
@@ -351,10 +368,7 @@ def run_core_process(
 
     try:
         CoreLoop(engine, stats, emit).run(next_command)
-    except (EOFError, OSError):
-        # The API process is gone without a Shutdown (killed): leave at once, as the parent watch
-        # does, and do not stop the ranks as if asked to: the other nodes must see that node 0
-        # went away (and exit 1), and the local workers follow their parent, this process.
-        os._exit(1)
+    except (EOFError, OSError):  # the pipe closed: the API process was killed
+        _abandon()
     finally:
         engine.shutdown()

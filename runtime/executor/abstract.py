@@ -81,6 +81,11 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop the workers; nothing runs after it."""
 
+    def abandon(self) -> None:
+        """The engine core is leaving without a shutdown (its API process vanished): stop only
+        what would outlive its process. Worker processes follow their parent on their own."""
+        return  # nothing outlives the engine core's process here
+
 
 class Call(Protocol):
     """A call sent to every rank; ``result()`` waits for the reply it picks (or all of them)."""

@@ -172,6 +172,10 @@ class RayExecutor(RanksApartExecutor):
             raise WorkerDiedError(f"worker ranks {late} (Ray actors) did not answer in time")
         self._gather(refs)
 
+    def abandon(self) -> None:
+        """Ray's actors and its local cluster are not this process's children: stop them."""
+        self.shutdown()
+
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor)

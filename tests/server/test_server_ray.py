@@ -1,17 +1,19 @@
 """``infernetes serve --distributed-executor-backend ray -tp 2`` on the CPU: the engine core
 starts a local Ray and one actor per rank; the official openai client gets transformers' greedy
-tokens; a killed rank stops the server; SIGTERM leaves no process behind, Ray's own included.
+tokens; a killed rank stops the server; SIGTERM, or the API process killed, leaves no process
+behind, Ray's own included.
 (Without Ray installed the flag exits 2: test_server_engine_settings.py.)"""
 
 from __future__ import annotations
 
+import os
 import signal
-import time
 
 import openai
 import psutil
 import pytest
 from infernetes.runtime.testing import hf_greedy_tokens
+from waits import gone, wait_until
 
 pytest.importorskip("ray")
 
@@ -37,19 +39,6 @@ def _ray_actors(server) -> list[psutil.Process]:
     return [p for p in descendants if "RankActor" in " ".join(p.cmdline())]
 
 
-def _eventually(condition, timeout: float = 60) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _gone(process: psutil.Process) -> bool:
-    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
-
-
 @pytest.mark.slow  # a local Ray cluster: ten seconds and more to start
 def test_ray_ranks_serve_the_openai_client_and_sigterm_leaves_nothing(
     tiny_llama_dir, server_process_factory
@@ -57,7 +46,7 @@ def test_ray_ranks_serve_the_openai_client_and_sigterm_leaves_nothing(
     server = server_process_factory([str(tiny_llama_dir), *ARGS], log_name="ray.log")
     try:
         server.wait_ready()
-        assert _eventually(lambda: len(_ray_actors(server)) == 2), server.tail()
+        assert wait_until(lambda: len(_ray_actors(server)) == 2), server.tail()
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         completion = client.completions.create(
             model="tiny",
@@ -71,8 +60,8 @@ def test_ray_ranks_serve_the_openai_client_and_sigterm_leaves_nothing(
         assert tokens == hf_greedy_tokens(tiny_llama_dir, PROMPT, 8)
         everyone = psutil.Process(server.process.pid).children(recursive=True)
         assert server.stop(signal.SIGTERM) == 0
-        left = lambda: [p for p in everyone if not _gone(p)]  # noqa: E731
-        assert _eventually(lambda: not left()), [p.cmdline() for p in left()]
+        left = lambda: [p for p in everyone if not gone(p)]  # noqa: E731
+        assert wait_until(lambda: not left()), [p.cmdline() for p in left()]
     finally:
         server.stop()
 
@@ -82,13 +71,27 @@ def test_a_killed_ray_rank_fails_the_server(tiny_llama_dir, server_process_facto
     server = server_process_factory([str(tiny_llama_dir), *ARGS], log_name="ray-killed.log")
     try:
         server.wait_ready()
-        assert _eventually(lambda: len(_ray_actors(server)) == 2), server.tail()
+        assert wait_until(lambda: len(_ray_actors(server)) == 2), server.tail()
         everyone = psutil.Process(server.process.pid).children(recursive=True)
         _ray_actors(server)[1].kill()
-        assert _eventually(lambda: server.process.poll() is not None), server.tail()
+        assert wait_until(lambda: server.process.poll() is not None), server.tail()
         assert server.process.returncode == 1
         assert "(a Ray actor) died" in server.tail()
-        left = lambda: [p for p in everyone if not _gone(p)]  # noqa: E731
-        assert _eventually(lambda: not left()), [p.cmdline() for p in left()]
+        left = lambda: [p for p in everyone if not gone(p)]  # noqa: E731
+        assert wait_until(lambda: not left()), [p.cmdline() for p in left()]
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_the_api_process_killed_leaves_no_ray_process(tiny_llama_dir, server_process_factory):
+    server = server_process_factory([str(tiny_llama_dir), *ARGS], log_name="ray-api-killed.log")
+    try:
+        server.wait_ready()
+        assert wait_until(lambda: len(_ray_actors(server)) == 2), server.tail()
+        everyone = psutil.Process(server.process.pid).children(recursive=True)
+        os.kill(server.process.pid, signal.SIGKILL)
+        left = lambda: [p for p in everyone if not gone(p)]  # noqa: E731
+        assert wait_until(lambda: not left()), [p.cmdline() for p in left()]
     finally:
         server.stop()
