@@ -86,7 +86,12 @@ def test_monitoring_apis_appearing_and_going_never_restart_pods(
         "spec": {"model": "tiny/model", "replicas": 2, "engine": {"device": "cpu"}},
     }
     cluster.apply(resource, namespace=ns)
-    wait_until(lambda: ready_at(cluster, ns, "watched", 1), timeout=TIMEOUT, what="Ready")
+    # Ready needs one ready replica; the ReplicaSet may create the second a moment later.
+    wait_until(
+        lambda: ready_at(cluster, ns, "watched", 1) and len(pods(cluster, ns)) == 2,
+        timeout=TIMEOUT,
+        what="Ready with both pods",
+    )
     before = pods(cluster, ns)
     template = kubectl_get(cluster, ns, "deployment", "watched")["spec"]["template"]
     assert kubectl_get(cluster, ns, "servicemonitor", "watched") is None
