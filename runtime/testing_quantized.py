@@ -25,8 +25,10 @@ FP8_MAX = 448.0
 # -- writing checkpoints --------------------------------------------------------------------------
 
 
-def _linear_names(state: dict[str, torch.Tensor]) -> list[str]:
-    return [n.removesuffix(".weight") for n in state if n.rsplit(".", 2)[-2] in PROJECTIONS]
+def _linear_names(
+    state: dict[str, torch.Tensor], projections: tuple[str, ...] = PROJECTIONS
+) -> list[str]:
+    return [n.removesuffix(".weight") for n in state if n.rsplit(".", 2)[-2] in projections]
 
 
 def _write(base: str, out: Path, tensors: dict, quant_config: dict | None, legacy: bool = False):
@@ -100,13 +102,23 @@ def read_state(base: str) -> dict[str, torch.Tensor]:
 
 
 def write_gptq(
-    base, out, bits=4, group=32, desc_act=False, sym=True, legacy=False, v2=False, seed=0
+    base,
+    out,
+    bits=4,
+    group=32,
+    desc_act=False,
+    sym=True,
+    legacy=False,
+    v2=False,
+    seed=0,
+    projections=PROJECTIONS,
 ):
-    """GPTQ; ``v2``: GPTQModel's "gptq_v2" checkpoint format (zero points stored as they are)."""
+    """GPTQ; ``v2``: GPTQModel's "gptq_v2" checkpoint format (zero points stored as they are);
+    ``projections``: the linear layers quantized, by their last name."""
     state, dense = read_state(base), read_state(base)
     gen = torch.Generator().manual_seed(seed)
     orders: dict[str, torch.Tensor] = {}
-    for i, name in enumerate(_linear_names(state)):
+    for i, name in enumerate(_linear_names(state, projections)):
         w = state.pop(name + ".weight")
         k = w.shape[1]
         g_idx = torch.arange(k, dtype=torch.int32) // group

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -348,7 +349,7 @@ def build_model(
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(info.dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), _linear_weights(info, quantized_checkpoint, load_format, device):
             model: Any = cls(info.hf_config, max_position=max(info.max_model_len, 1))
     finally:
         torch.set_default_dtype(default_dtype)
@@ -395,6 +396,24 @@ def build_model(
             if pack is not None:
                 pack()
     return model.eval()
+
+
+def _linear_weights(
+    info: ModelInfo, quantized: dict[str, Any] | None, load_format: str, device: torch.device
+) -> AbstractContextManager[None]:
+    """Where the GPU kernels keep a quantized checkpoint's stored weights, the linear layers are
+    built without dense ones (allocated only for the layers loaded dense)."""
+    from infernetes.runtime.model_executor.layers.linear import dense_weights_on_first_write
+    from infernetes.runtime.model_executor.layers.quantization.loading import keeps_stored
+
+    if (
+        quantized is not None
+        and load_format != "dummy"
+        and info.implementation == "native"
+        and keeps_stored(device)
+    ):
+        return dense_weights_on_first_write()
+    return nullcontext()
 
 
 def quantization_config(info: ModelInfo) -> dict[str, Any] | None:

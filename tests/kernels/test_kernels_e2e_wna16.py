@@ -1,13 +1,18 @@
 """Quantized checkpoints on the Triton path (interpreted on a CPU): weight-only int4/int8 linear
 layers keep the packed weights and run the dequantising GEMM, per-tensor and per-channel fp8 ones
 keep their fp8 weights (a scale per output), fused layers (QKV, gate/up) included, and greedy
-tokens equal transformers' on the model with the dequantised weights."""
+tokens equal transformers' on the model with the dequantised weights. The dense weights of the
+layers kept stored are never allocated, so a model that fits only quantized loads."""
 
 import pytest
 import torch
 from infernetes.kernels import backend
-from infernetes.runtime.testing import hf_greedy_tokens, make_tiny_llama
+from infernetes.runtime.model_executor.layers.linear import LinearBase
+from infernetes.runtime.model_executor.loader import build_model, inspect_model, load_hf_config
+from infernetes.runtime.testing import hf_greedy_tokens, make_tiny_llama, make_tiny_model
 from infernetes.runtime.testing_quantized import (
+    PROJECTIONS,
+    read_state,
     write_awq,
     write_compressed_tensors,
     write_dense,
@@ -15,6 +20,9 @@ from infernetes.runtime.testing_quantized import (
     write_fp8_static,
     write_gptq,
 )
+from safetensors.torch import save_file
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from infernetes import LLM, SamplingParams
 
@@ -157,3 +165,98 @@ def test_tensor_parallel_ranks_keep_their_share(tmp_path, base, triton_attn, cas
     finally:
         engine.shutdown()
     assert tokens == hf_greedy_tokens(dense_dir, PROMPT, 5)
+
+
+class AllocatedBytes(TorchDispatchMode):
+    """Adds up the bytes of every tensor an op returns in fresh storage (not a view or an
+    in-place result of one of its inputs): what building the model allocates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and not t.is_meta
+        }
+        for t in tree_leaves(out):
+            fresh = isinstance(t, torch.Tensor) and not t.is_meta
+            if fresh and t.untyped_storage().data_ptr() not in inputs:
+                self.bytes += t.untyped_storage().nbytes()
+        return out
+
+
+def _build(path) -> tuple[torch.nn.Module, int]:
+    info = inspect_model(path, load_hf_config(path), "float32", 64, torch.device(DEVICE))
+    with AllocatedBytes() as allocated:
+        model = build_model(info, torch.device(DEVICE), use_tqdm=False)
+    return model, allocated.bytes
+
+
+def test_a_packed_checkpoint_is_loaded_without_its_dense_weights(tmp_path, triton_attn):
+    """Building the model from a 4-bit checkpoint allocates less than the dense linear weights
+    alone would take (it used to allocate them, then swap in the packed form); the float
+    checkpoint of the same model allocates them all."""
+    base = make_tiny_llama(tmp_path / "wide", hidden_size=256, intermediate_size=1024)
+    quantized, _ = write_gptq(str(base), tmp_path / "q", bits=4, group=32)
+    dense_model, dense_allocated = _build(base)
+    linear_bytes = sum(
+        m.weight.numel() * 4 for m in dense_model.modules() if isinstance(m, LinearBase)
+    )
+    assert dense_allocated > linear_bytes
+    model, allocated = _build(quantized)
+    layers = [m for m in model.modules() if isinstance(m, LinearBase)]
+    assert layers and all(m.quant_method is not None for m in layers)
+    assert allocated < linear_bytes / 2, (allocated, linear_bytes)
+
+
+def test_a_fused_layer_stored_two_ways_is_loaded_dense(tmp_path, base, triton_attn):
+    """A checkpoint that left one projection of a fused layer unquantised: that layer (QKV) is
+    loaded dense from its packed parts and its float part; the others stay packed; greedy
+    tokens still equal transformers'."""
+    quantized, dense = write_gptq(base, tmp_path / "q", bits=4, group=32)
+    state = read_state(str(quantized))
+    v_proj = "model.layers.0.self_attn.v_proj"
+    for part in ("qweight", "qzeros", "scales", "g_idx"):
+        del state[f"{v_proj}.{part}"]
+    state[f"{v_proj}.weight"] = dense[f"{v_proj}.weight"]
+    save_file(state, str(quantized / "model.safetensors"))
+    dense_dir = write_dense(base, tmp_path / "dense", dense)
+    llm = LLM(
+        str(quantized), dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    attention = model.model.layers[0].self_attn
+    assert attention.qkv_proj.quant_method is None
+    assert (
+        attention.qkv_proj.weight.dtype == torch.float32 and not attention.qkv_proj.weight.is_meta
+    )
+    assert attention.o_proj.quant_method is not None
+    assert model.model.layers[1].self_attn.qkv_proj.quant_method is not None
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
+
+
+def test_layers_read_as_tensors_and_moe_experts_are_loaded_dense(tmp_path, triton_attn):
+    """A DeepSeek-V2 GPTQ checkpoint with every projection packed, MLA's kv_b_proj (read as the
+    absorbed W_UK/W_UV, never multiplied) and the routed experts included: those two are loaded
+    dense, the attention's other projections stay packed, and greedy tokens equal
+    transformers'."""
+    base = make_tiny_model(tmp_path / "v2", "DeepseekV2ForCausalLM")
+    quantized, dense = write_gptq(
+        str(base), tmp_path / "q", bits=4, group=32, projections=(*PROJECTIONS, "kv_b_proj")
+    )
+    dense_dir = write_dense(str(base), tmp_path / "dense", dense)
+    llm = LLM(
+        str(quantized), dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    attention = model.model.layers[1].self_attn
+    assert attention.kv_b_proj.quant_method is None and attention.kv_b_proj.weight.numel() > 0
+    assert attention.q_proj.quant_method is not None
+    assert attention.o_proj.quant_method is not None
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)

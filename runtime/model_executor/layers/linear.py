@@ -7,7 +7,10 @@ parameter carries a ``weight_loader(param, loaded, shard_id=None)`` that knows w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -26,14 +29,40 @@ def _divide(numerator: int, denominator: int, what: str = "the layer size") -> i
     return numerator // denominator
 
 
+_DENSE_ON_FIRST_WRITE: ContextVar[bool] = ContextVar("dense_on_first_write", default=False)
+
+
+@contextmanager
+def dense_weights_on_first_write() -> Iterator[None]:
+    """Linear layers built inside hold no dense weight (a ``meta`` tensor) until a loader first
+    writes to it. A quantized checkpoint's layers that keep their stored form are never written
+    dense, so a model that fits on the device only quantized still loads."""
+    token = _DENSE_ON_FIRST_WRITE.set(True)
+    try:
+        yield
+    finally:
+        _DENSE_ON_FIRST_WRITE.reset(token)
+
+
 class LinearBase(nn.Module):
+    # A layer whose weight is read as a plain tensor (not only multiplied): a quantized
+    # checkpoint's stored form is dequantised into it, never kept.
+    reads_dense_weight: ClassVar[bool] = False
+
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None) -> None:
         super().__init__()
         self.tp_dim = tp_dim
         self.tp_rank = tp_rank()
         self.tp_size = tp_size()
         self.input_size, self.output_size = input_size, output_size  # this rank's share
-        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        # Where the dense weight goes once written, when it starts unallocated.
+        self._dense_device = torch.get_default_device()
+        self._dense_dtype = torch.get_default_dtype()
+        deferred = _DENSE_ON_FIRST_WRITE.get() and not self.reads_dense_weight
+        self.weight = nn.Parameter(
+            torch.empty(output_size, input_size, device="meta" if deferred else None),
+            requires_grad=False,
+        )
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
@@ -44,7 +73,22 @@ class LinearBase(nn.Module):
         # A quantized weight's own matmul (layers/quantization/packed_int.py), set after loading.
         self.quant_method: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None
 
+    def _writable(self, param: nn.Parameter) -> nn.Parameter:
+        """``param``, or the dense weight allocated now if it was left unallocated (a caller
+        may still hold the unallocated one: only the weight ever is)."""
+        if not param.is_meta:
+            return param
+        if self.weight.is_meta:
+            shape = self.weight.shape
+            self.weight = nn.Parameter(
+                torch.empty(shape, device=self._dense_device, dtype=self._dense_dtype),
+                requires_grad=False,
+            )
+            self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # as above
+        return self.weight
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param = self._writable(param)
         if self.tp_dim is not None and param.dim() > self.tp_dim and self.tp_size > 1:
             size = param.shape[self.tp_dim]
             loaded = loaded.narrow(self.tp_dim, self.tp_rank * size, size)
@@ -98,7 +142,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
-        target = param.data.narrow(0, offset, size)
+        target = self._writable(param).data.narrow(0, offset, size)
         target.copy_(as_tensor(loaded.narrow(0, self.tp_rank * size, size)))
 
 
@@ -131,7 +175,9 @@ class QKVParallelLinear(LinearBase):
             shard_id
         ]
         shard = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
-        param.data.narrow(0, offset, size).copy_(as_tensor(loaded.narrow(0, shard * size, size)))
+        self._writable(param).data.narrow(0, offset, size).copy_(
+            as_tensor(loaded.narrow(0, shard * size, size))
+        )
 
 
 class RowParallelLinear(LinearBase):

@@ -49,6 +49,7 @@ class UnquantizedColumnParallelLinear(ColumnParallelLinear):
     attention output), never multiplied as a linear layer, so it stays a plain tensor (and no LoRA target)."""
 
     lora_targetable = False
+    reads_dense_weight = True
 
     def quantize_fp8(self) -> None:
         pass
@@ -63,6 +64,7 @@ class Float32Router(RouterLinear):
     target (as in vLLM): it carries the V3 correction bias the routing reads."""
 
     lora_targetable = False
+    reads_dense_weight = True  # multiplied in float32 here, not by the layer's own matmul
 
     def pack_for_cpu(self) -> None:
         pass

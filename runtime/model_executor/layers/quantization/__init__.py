@@ -2,9 +2,9 @@
 become the weights of the model's linear layers (one module per method, each a
 ``CheckpointFormat`` that ``checkpoint.dequantized_weights`` drives over the checkpoint's tensors).
 
-Every quantized layer is dequantised at load to the model dtype, so the layers' own loaders shard
-it as any weight; where the Triton kernels run, packed int4/int8 and per-tensor or
-per-channel fp8 layers then keep their stored form instead (kept.py). docs/quantization.md has
+On the CPU every quantized layer is dequantised at load to the model dtype, so the layers' own
+loaders shard it as any weight; where the Triton kernels run, packed int4/int8 and per-tensor or
+per-channel fp8 layers keep their stored form instead, never holding a dense copy (kept.py). docs/quantization.md has
 the table of what each method supports.
 """
 

@@ -1,4 +1,5 @@
-"""The checkpoint's quantized tensors turned into the dense weights the model's layers load.
+"""The checkpoint's quantized tensors turned into the dense weights the model's layers load (or,
+where the GPU kernels take a layer as stored, set aside in that form).
 
 A quantized linear layer ``prefix`` is stored as several tensors (``prefix.qweight``,
 ``prefix.scales``, ...). They arrive in any order, across files, so each layer's parts are
@@ -112,7 +113,7 @@ def dequantized_weights(
     """The checkpoint's tensors with each quantized layer's parts replaced by its dense
     ``prefix.weight`` in ``dtype``. ``kv_scales`` receives ``{attention prefix: {"k": s, "v":
     s}}``. Without ``fmt`` (an unquantised checkpoint) only the KV scales are taken out. With
-    ``kept``, layers the GPU kernels take as stored are also kept there, by prefix."""
+    ``kept``, layers the GPU kernels take as stored go there instead, by prefix."""
     groups: dict[str, dict[str, Weight]] = {}
     parts = fmt.parts if fmt is not None else frozenset()
     first_plain: str | None = None
@@ -147,8 +148,7 @@ def dequantized_weights(
         read = {suffix: as_tensor(tensor) for suffix, tensor in group.items()}
         layer = fmt.kept(prefix, read) if kept is not None else None
         if layer is not None and kept is not None:
-            kept[prefix] = layer
-            yield prefix + ".weight", layer.dequantize(dtype)
+            kept[prefix] = layer  # not loaded dense: loading.load_quantized places it
         else:
             yield prefix + ".weight", fmt.dequantize(prefix, read, dtype)
     if not quantized:

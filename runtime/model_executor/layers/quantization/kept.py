@@ -3,12 +3,14 @@
 (``packed_int.PackedInt``, the dequantising GEMM) and fp8 with a scale per output
 (``Fp8Weight``, the fp8 linear of `infernetes.kernels.ops`).
 
-The loader still loads every layer dense (the layers' own tensor-parallel loaders stay as they
-are); the formats hand over each checkpoint layer's stored form on the side, and once loading is
-done every linear layer whose parts are all there takes them (a fused layer such as QKV joins
-its parts along the outputs) in place of the dense weight; with tensor parallelism, its rank's
-share, found by running the layer's own loaders over index tensors. On the CPU's own kernels the
-layers stay dense."""
+The model is built with its linear layers' dense weights unallocated
+(``linear.dense_weights_on_first_write``); the formats hand over each checkpoint layer's stored
+form instead of a dense weight, and once the stream is done every linear layer whose parts are
+all there takes them (a fused layer such as QKV joins its parts along the outputs); with tensor
+parallelism, its rank's share, found by running the layer's own loaders over index tensors. The
+parts no layer takes (a fused layer whose parts are stored differently, a layer that reads its
+weight as a tensor) are then loaded dense like any checkpoint's. So a model that fits on the
+device only quantized loads. On the CPU's own kernels the layers stay dense."""
 
 from __future__ import annotations
 
@@ -107,15 +109,17 @@ def _rank_share(layer: Any, joined: KeptWeight, pieces: list[KeptWeight], shards
 
 def keep_linear_layers(
     model: nn.Module, kept: dict[str, KeptWeight], device: torch.device, dtype: torch.dtype
-) -> set[str]:
+) -> tuple[set[str], set[str]]:
     """Give each linear layer (this rank's share of) the stored form of its checkpoint parts;
-    returns the names of the parameters they hold now (loaded with them)."""
+    returns the names of the parameters they hold now (loaded with them) and the checkpoint
+    layers taken."""
     from infernetes.runtime.model_executor.layers.linear import LinearBase
 
     stacked = list(getattr(model, "stacked_params", []))
     held: set[str] = set()
+    taken: set[str] = set()
     for name, module in model.named_modules():
-        if not isinstance(module, LinearBase):
+        if not isinstance(module, LinearBase) or module.reads_dense_weight:
             continue
         parts = _checkpoint_parts(name, stacked)
         found = [kept.get(part) for part, _ in parts]
@@ -134,4 +138,5 @@ def keep_linear_layers(
             continue
         joined.install(module, device, dtype)
         held |= {f"{name}.{param}" for param, _ in module.named_parameters()}
-    return held
+        taken |= {part for part, _ in parts}
+    return held, taken

@@ -50,12 +50,15 @@ def load_quantized(
     if kv_scales:
         logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
     if kept:
-        held = keep_linear_layers(model, kept, device, dtype)
+        held, taken = keep_linear_layers(model, kept, device, dtype)
         loaded |= held
         kind = type(next(iter(kept.values()))).__name__
         logger.info(
             "Linear layers keep their checkpoint's stored weights (%s, %d tensors)", kind, len(held)
         )
+        # What no layer took is loaded dense, as an unquantised checkpoint's layer would be.
+        rest = [(prefix, layer) for prefix, layer in kept.items() if prefix not in taken]
+        loaded |= model.load_weights((p + ".weight", w.dequantize(dtype)) for p, w in rest)
     return loaded
 
 

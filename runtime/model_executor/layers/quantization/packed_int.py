@@ -2,7 +2,7 @@
 default): the Triton GEMM dequantises each weight tile in registers, so decode reads the 4- or
 8-bit words, not a model-dtype copy. The layout is `infernetes.kernels.reference.wna16`'s.
 
-``kept.keep_linear_layers`` installs it in the layers after loading."""
+``kept.keep_linear_layers`` installs it in the layers after the checkpoint's stream."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ class PackedInt:
 
     def install(self, layer: LinearBase, device: torch.device, dtype: torch.dtype) -> None:
         layer.quant_method = self.to(device, dtype)
-        layer.weight.data = layer.weight.data.new_empty(0)  # the dense copy is not used
+        # No dense copy: an empty weight (never the unallocated one a loader would write to).
+        layer.weight = nn.Parameter(torch.empty(0, device=device, dtype=dtype), requires_grad=False)
 
     def to(self, device: torch.device, scale_dtype: torch.dtype) -> PackedInt:
         return replace(
