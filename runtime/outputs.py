@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -55,6 +55,33 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+
+    def followed_by(self, later: RequestOutput, delta: bool) -> RequestOutput:
+        """This output and the next one of the same request as one: the later one where outputs
+        are cumulative; with ``delta`` outputs, each sample's new text, tokens and logprobs
+        joined (the later's finish and cumulative logprob)."""
+        if not delta:
+            return later
+        joined = {c.index: c for c in self.outputs}
+        for c in later.outputs:
+            before = joined.get(c.index)
+            if before is not None:
+                logprobs = (
+                    before.logprobs + c.logprobs
+                    if before.logprobs is not None and c.logprobs is not None
+                    else c.logprobs
+                )
+                c = replace(
+                    c,
+                    text=before.text + c.text,
+                    token_ids=before.token_ids + c.token_ids,
+                    logprobs=logprobs,
+                )
+            joined[c.index] = c
+        prompt_logprobs = (
+            self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs
+        )
+        return replace(later, prompt_logprobs=prompt_logprobs, outputs=list(joined.values()))
 
 
 @dataclass

@@ -45,7 +45,7 @@ from infernetes.runtime.engine.messages import (
 from infernetes.runtime.engine.stats import StatLogger
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
-from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 
 from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
@@ -289,12 +289,21 @@ class AsyncEngine:
         stream = await self._open(
             EngineCoreRequest(request_id, prompt, params, priority, lora_request)
         )
+        delta = params.output_kind == RequestOutputKind.DELTA
         finished = False
         try:
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
                     raise item
+                # A consumer that fell behind (many streams on one event loop) takes what is
+                # queued as one output, as vLLM's does: fewer, larger chunks, never a backlog.
+                while not item.finished and not stream.queue.empty():
+                    later = stream.queue.get_nowait()
+                    if isinstance(later, BaseException):
+                        stream.queue.put_nowait(later)  # raised on the next read
+                        break
+                    item = item.followed_by(later, delta)
                 finished = item.finished
                 yield item
                 if finished:

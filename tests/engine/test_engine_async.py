@@ -50,8 +50,9 @@ async def test_concurrent_streams_match_offline_greedy(engine_and_stats, hf_gree
         assert final.finished and all(not o.finished for o in outputs[:-1])
         ids = engine.tokenizer(prompt).input_ids
         assert final.outputs[0].token_ids == hf_greedy(tiny_llama, ids, 10)
-        # cumulative outputs grow one token per step
-        assert [len(o.outputs[0].token_ids) for o in outputs] == list(range(1, 11))
+        # cumulative outputs grow with every step (a consumer behind takes several at once)
+        lengths = [len(o.outputs[0].token_ids) for o in outputs]
+        assert lengths == sorted(set(lengths)) and lengths[-1] == 10
     finished = [f for _, it in recorder.records for f in it.finished_requests]
     assert sorted(f.request_id for f in finished) == [f"req-{i}" for i in range(4)]
     assert all(f.finish_reason == "length" and f.num_generation_tokens == 10 for f in finished)
@@ -81,6 +82,49 @@ async def test_delta_and_final_only_kinds(engine_and_stats):
     assert [t for o in delta for t in o.outputs[0].token_ids] == full.token_ids
     assert "".join(o.outputs[0].text for o in delta) == full.text
     assert len(final) == 1 and final[0].outputs[0].token_ids == full.token_ids
+
+
+async def _behind(engine, params, request_id):
+    """The outputs of a consumer that stalls after the first one while the steps go on."""
+    outputs = []
+    async for output in engine.generate(SAMPLE_PROMPTS[2], params, request_id):
+        if not outputs:
+            await asyncio.sleep(2.0)  # the steps go on: milliseconds each
+        outputs.append(output)
+    return outputs
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
+async def test_a_consumer_behind_takes_the_queued_outputs_as_one(engine_and_stats, kind):
+    """What queued while the consumer stalled comes as one output: deltas joined (text, tokens,
+    logprobs of both samples), or the latest cumulative one; the same tokens as a prompt
+    consumer sees."""
+    engine, _ = engine_and_stats
+    params = SamplingParams(
+        n=2, temperature=0.8, seed=7, max_tokens=24, ignore_eos=True, logprobs=1, output_kind=kind
+    )
+    prompt = await _collect(engine, SAMPLE_PROMPTS[2], params, "prompt")
+    behind = await _behind(engine, params, "behind")
+    assert len(behind) < len(prompt) and len(behind) <= 3
+    assert behind[-1].finished and not any(o.finished for o in behind[:-1])
+
+    def samples(outputs):
+        joined = {}
+        for output in outputs:
+            for c in output.outputs:
+                text, tokens, logprobs = joined.get(c.index, ("", [], []))
+                if kind == RequestOutputKind.DELTA:
+                    joined[c.index] = (text + c.text, tokens + c.token_ids, logprobs + c.logprobs)
+                else:
+                    joined[c.index] = (c.text, c.token_ids, c.logprobs)
+        return joined
+
+    got, want = samples(behind), samples(prompt)
+    assert sorted(got) == [0, 1]
+    for index in (0, 1):
+        assert got[index][:2] == want[index][:2]
+        assert len(got[index][1]) == len(got[index][2]) == 24
+        assert [list(p) for p in got[index][2]] == [list(p) for p in want[index][2]]
 
 
 async def test_abort_frees_blocks_and_prefix_cache_stats(engine_and_stats):
