@@ -21,6 +21,7 @@ state (``scheduler.py``).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 
@@ -66,11 +67,16 @@ class EngineCore:
         )
         model = self.config.model
         self.executor = select_executor(self.config)(self.config)
+        start = time.perf_counter()
         try:
             self.num_blocks = self._initialize_kv_cache()
         except BaseException:
             self.executor.shutdown()
             raise
+        logger.info(
+            "init engine (profile, create kv cache, warmup model) took %.2f seconds",
+            time.perf_counter() - start,
+        )
         cache = self.config.cache
         self.block_manager = BlockManager(
             self.num_blocks,

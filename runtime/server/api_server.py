@@ -22,6 +22,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -183,11 +184,16 @@ def build_app(
 
 
 async def _load_engine(state: ServerState, loader: Callable[[], Any]) -> None:
+    start = time.monotonic()
     try:
         engine = await _in_daemon_thread(loader)
         await state.load_lora_modules(engine)
         state.attach_engine(engine)
-        logger.info("model loaded; serving %s", ", ".join(state.settings.served_model_names))
+        logger.info(
+            "model loaded in %.1f s; serving %s",
+            time.monotonic() - start,
+            ", ".join(state.settings.served_model_names),
+        )
     except Exception as exc:
         logger.exception("the model failed to load")
         state.load_error = exc

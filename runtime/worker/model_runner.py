@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -81,6 +82,8 @@ class ModelRunner:
     def load_model(self, use_tqdm: bool = False) -> None:
         """Build the model and read its weights (again after ``release_weights``)."""
         config = self.config
+        start = time.perf_counter()
+        allocated = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         self.model = build_model(
             self.info,
             self.device,
@@ -94,6 +97,12 @@ class ModelRunner:
         if config.lora is not None:  # wraps the linear layers: before compiling the forward
             self.lora = LoRAManager(self.model, config.lora, self.info.dtype, self.device)  # type: ignore[arg-type]  # every servable model is an nn.Module
         self.run_model = compile_forward(self.model, config.compilation, self.device)
+        seconds = time.perf_counter() - start
+        if self.device.type == "cuda":
+            weights = torch.cuda.memory_allocated(self.device) - allocated
+            logger.info("Model loading took %.4f GiB and %.2f seconds", weights / 2**30, seconds)
+        else:
+            logger.info("Model loading took %.2f seconds", seconds)
 
     # -- KV cache ------------------------------------------------------------------------------
 

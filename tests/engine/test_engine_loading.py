@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -258,3 +259,17 @@ def test_fp8_weight_quantization(tiny_llama):
         LLM(tiny_llama, quantization="awq", **SMALL)
     with pytest.raises(ValueError, match="--api-server-count/-asc 2 is not supported"):
         LLM(tiny_llama, api_server_count=2, **SMALL)
+
+
+def test_start_up_phases_are_timed_in_the_log(tiny_llama, caplog):
+    """Loading the weights and initialising the engine (profile, KV cache, warm-up) each log
+    how long they took, as vLLM's do, so a slow start says where the time went."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="infernetes.runtime"):
+        LLM(tiny_llama, dtype="float32", max_model_len=64, kv_cache_memory_bytes=2**22)
+    assert re.search(r"Model loading took \d+\.\d\d seconds", caplog.text), caplog.text
+    assert re.search(
+        r"init engine \(profile, create kv cache, warmup model\) took \d+\.\d\d seconds",
+        caplog.text,
+    )
