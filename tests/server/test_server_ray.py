@@ -39,6 +39,12 @@ def _ray_actors(server) -> list[psutil.Process]:
     return [p for p in descendants if "RankActor" in " ".join(p.cmdline())]
 
 
+def _all_end(processes: list[psutil.Process]) -> None:
+    """Every one of ``processes`` (the server's, Ray's included) ends."""
+    left = lambda: [p for p in processes if not gone(p)]  # noqa: E731
+    assert wait_until(lambda: not left()), [p.cmdline() for p in left()]
+
+
 @pytest.mark.slow  # a local Ray cluster: ten seconds and more to start
 def test_ray_ranks_serve_the_openai_client_and_sigterm_leaves_nothing(
     tiny_llama_dir, server_process_factory
@@ -60,8 +66,7 @@ def test_ray_ranks_serve_the_openai_client_and_sigterm_leaves_nothing(
         assert tokens == hf_greedy_tokens(tiny_llama_dir, PROMPT, 8)
         everyone = psutil.Process(server.process.pid).children(recursive=True)
         assert server.stop(signal.SIGTERM) == 0
-        left = lambda: [p for p in everyone if not gone(p)]  # noqa: E731
-        assert wait_until(lambda: not left()), [p.cmdline() for p in left()]
+        _all_end(everyone)
     finally:
         server.stop()
 
@@ -77,8 +82,7 @@ def test_a_killed_ray_rank_fails_the_server(tiny_llama_dir, server_process_facto
         assert wait_until(lambda: server.process.poll() is not None), server.tail()
         assert server.process.returncode == 1
         assert "(a Ray actor) died" in server.tail()
-        left = lambda: [p for p in everyone if not gone(p)]  # noqa: E731
-        assert wait_until(lambda: not left()), [p.cmdline() for p in left()]
+        _all_end(everyone)
     finally:
         server.stop()
 
@@ -91,7 +95,6 @@ def test_the_api_process_killed_leaves_no_ray_process(tiny_llama_dir, server_pro
         assert wait_until(lambda: len(_ray_actors(server)) == 2), server.tail()
         everyone = psutil.Process(server.process.pid).children(recursive=True)
         os.kill(server.process.pid, signal.SIGKILL)
-        left = lambda: [p for p in everyone if not gone(p)]  # noqa: E731
-        assert wait_until(lambda: not left()), [p.cmdline() for p in left()]
+        _all_end(everyone)
     finally:
         server.stop()
