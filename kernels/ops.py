@@ -25,6 +25,7 @@ from infernetes.kernels.reference.fp8 import quantize_weight_fp8
 __all__ = [
     "fp8_linear",
     "fused_moe",
+    "fused_moe_wna16",
     "lora_expand",
     "lora_shrink",
     "paged_attention",
@@ -194,6 +195,21 @@ def fused_moe(
     `infernetes.kernels.reference.moe`)."""
     impl = _triton().fused_moe if _use_triton(hidden) else _ref_moe.fused_moe
     return impl(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+
+
+def fused_moe_wna16(
+    hidden: torch.Tensor,
+    w13: _ref_wna16.PackedExperts,
+    w2: _ref_wna16.PackedExperts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """`fused_moe` with the experts' weights 4- or 8-bit packed (`w13` `[E, H * bits / 32, 2I]`,
+    `w2` `[E, I * bits / 32, H]`; `infernetes.kernels.reference.wna16.PackedExperts`): the
+    Triton GEMMs unpack them tile by tile."""
+    _ref_wna16.check_packed_moe_shapes(hidden, w13, w2, topk_weights, topk_ids)
+    impl = _triton().fused_moe_wna16 if _use_triton(hidden) else _ref_wna16.fused_moe_wna16
+    return impl(hidden, w13, w2, topk_weights, topk_ids)
 
 
 def lora_shrink(x: torch.Tensor, a_stack: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,13 @@ holds the unsigned ``bits``-bit values of ``W^T`` packed along K (value ``k`` of
 None for the symmetric midpoint ``2 ** (bits - 1)``; ``g_idx`` int32 ``[K]``, the group of each
 input feature (``k // group_size`` unless the checkpoint reordered them, GPTQ's ``desc_act``).
 Then ``W[n, k] = (q[k, n] - zeros[g_idx[k], n]) * scales[g_idx[k], n]``. Every checkpoint format
-(GPTQ, AWQ, compressed-tensors' pack-quantized) is converted to it at load.
+(GPTQ, AWQ, compressed-tensors' pack-quantized) is converted to it at load. A mixture-of-experts
+layer stacks its experts' packed weights (``PackedExperts``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -72,3 +75,79 @@ def wna16_linear(
 ) -> torch.Tensor:
     """``x @ W.T + bias`` with ``W`` the packed weight, dequantised whole."""
     return F.linear(x, dequantize_wna16(qweight, scales, zeros, g_idx, bits, x.dtype), bias)
+
+
+@dataclass(frozen=True)
+class PackedExperts:
+    """The experts of a mixture-of-experts layer in the packed layout, stacked: ``qweight``
+    ``[E, K * bits / 32, N]``, ``scales`` ``[E, G, N]``, ``zeros`` ``[E, G, N]`` or None,
+    ``g_idx`` ``[E, K]``; expert ``e`` is the packed ``[N, K]`` weight of its slices."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    g_idx: torch.Tensor
+    bits: int
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The ``[E, N, K]`` weights."""
+        return torch.stack(
+            [
+                dequantize_wna16(
+                    self.qweight[e],
+                    self.scales[e],
+                    self.zeros[e] if self.zeros is not None else None,
+                    self.g_idx[e],
+                    self.bits,
+                    dtype,
+                )
+                for e in range(self.qweight.shape[0])
+            ]
+        )
+
+
+def check_packed_moe_shapes(
+    hidden: torch.Tensor,
+    w13: PackedExperts,
+    w2: PackedExperts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> None:
+    for name, experts in (("w13", w13), ("w2", w2)):
+        pack = check_bits(experts.bits)
+        e, words, n = experts.qweight.shape
+        k = words * pack
+        if experts.scales.shape[0] != e or experts.scales.shape[2] != n:
+            raise ValueError(
+                f"{name} scales {tuple(experts.scales.shape)} do not fit [{e}, G, {n}]"
+            )
+        if tuple(experts.g_idx.shape) != (e, k):
+            raise ValueError(f"{name} g_idx {tuple(experts.g_idx.shape)} is not [{e}, {k}]")
+    experts, words, two_i = w13.qweight.shape
+    h = words * (32 // w13.bits)
+    if hidden.dim() != 2 or hidden.shape[1] != h:
+        raise ValueError(f"hidden {tuple(hidden.shape)} does not fit w13 of {h} input features")
+    w2_inputs = w2.qweight.shape[1] * (32 // w2.bits)
+    if (w2.qweight.shape[0], w2_inputs, w2.qweight.shape[2]) != (experts, two_i // 2, h):
+        raise ValueError(
+            f"w2 [{experts}, {w2_inputs} inputs, {w2.qweight.shape[2]}] does not fit w13"
+        )
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
+            f"must both be [{hidden.shape[0]}, top_k]"
+        )
+
+
+def fused_moe_wna16(
+    hidden: torch.Tensor,
+    w13: PackedExperts,
+    w2: PackedExperts,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """`infernetes.kernels.reference.moe.fused_moe` over the packed experts, dequantised whole."""
+    from infernetes.kernels.reference.moe import fused_moe
+
+    dtype = hidden.dtype
+    return fused_moe(hidden, w13.dequantize(dtype), w2.dequantize(dtype), topk_weights, topk_ids)

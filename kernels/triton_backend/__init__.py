@@ -9,6 +9,7 @@ from infernetes.kernels.triton_backend.cache import store_kv
 from infernetes.kernels.triton_backend.fp8 import fp8_linear, scaled_fp8_quant
 from infernetes.kernels.triton_backend.lora import lora_expand, lora_shrink
 from infernetes.kernels.triton_backend.moe import fused_moe
+from infernetes.kernels.triton_backend.moe_wna16 import fused_moe_wna16
 from infernetes.kernels.triton_backend.norm import rms_norm
 from infernetes.kernels.triton_backend.rotary import rotary_embedding
 from infernetes.kernels.triton_backend.wna16 import wna16_linear
@@ -16,6 +17,7 @@ from infernetes.kernels.triton_backend.wna16 import wna16_linear
 __all__ = [
     "fp8_linear",
     "fused_moe",
+    "fused_moe_wna16",
     "lora_expand",
     "lora_shrink",
     "paged_attention",
