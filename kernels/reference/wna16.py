@@ -113,16 +113,14 @@ def check_packed_moe_shapes(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
 ) -> None:
-    for name, experts in (("w13", w13), ("w2", w2)):
-        pack = check_bits(experts.bits)
-        e, words, n = experts.qweight.shape
+    for name, packed in (("w13", w13), ("w2", w2)):
+        pack = check_bits(packed.bits)
+        e, words, n = packed.qweight.shape
         k = words * pack
-        if experts.scales.shape[0] != e or experts.scales.shape[2] != n:
-            raise ValueError(
-                f"{name} scales {tuple(experts.scales.shape)} do not fit [{e}, G, {n}]"
-            )
-        if tuple(experts.g_idx.shape) != (e, k):
-            raise ValueError(f"{name} g_idx {tuple(experts.g_idx.shape)} is not [{e}, {k}]")
+        if packed.scales.shape[0] != e or packed.scales.shape[2] != n:
+            raise ValueError(f"{name} scales {tuple(packed.scales.shape)} do not fit [{e}, G, {n}]")
+        if tuple(packed.g_idx.shape) != (e, k):
+            raise ValueError(f"{name} g_idx {tuple(packed.g_idx.shape)} is not [{e}, {k}]")
     experts, words, two_i = w13.qweight.shape
     h = words * (32 // w13.bits)
     if hidden.dim() != 2 or hidden.shape[1] != h:
