@@ -169,7 +169,8 @@ def _tiny_config(
         )
     elif architecture == "Qwen3MoeForCausalLM":
         config = transformers.Qwen3MoeConfig(
-            **common, **{**decoder, **QWEN_EXPERTS, "head_dim": 32, "norm_topk_prob": True}
+            **common,
+            **{**decoder, **QWEN_EXPERTS, "head_dim": 32, "norm_topk_prob": True, **overrides},
         )
     elif architecture == "MixtralForCausalLM":
         experts = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32)

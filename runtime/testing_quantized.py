@@ -28,7 +28,11 @@ FP8_MAX = 448.0
 def _linear_names(
     state: dict[str, torch.Tensor], projections: tuple[str, ...] = PROJECTIONS
 ) -> list[str]:
-    return [n.removesuffix(".weight") for n in state if n.rsplit(".", 2)[-2] in projections]
+    return [
+        n.removesuffix(".weight")
+        for n in state
+        if n.endswith(".weight") and n.rsplit(".", 2)[-2] in projections
+    ]
 
 
 def _write(base: str, out: Path, tensors: dict, quant_config: dict | None, legacy: bool = False):

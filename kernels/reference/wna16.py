@@ -89,6 +89,15 @@ class PackedExperts:
     g_idx: torch.Tensor
     bits: int
 
+    def to(self, device: torch.device, scale_dtype: torch.dtype) -> PackedExperts:
+        return PackedExperts(
+            self.qweight.to(device),
+            self.scales.to(device, scale_dtype),
+            self.zeros.to(device) if self.zeros is not None else None,
+            self.g_idx.to(device, torch.int32),
+            self.bits,
+        )
+
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The ``[E, N, K]`` weights."""
         return torch.stack(

@@ -403,7 +403,9 @@ def _linear_weights(
 ) -> AbstractContextManager[None]:
     """Where the GPU kernels keep a quantized checkpoint's stored weights, the linear layers are
     built without dense ones (allocated only for the layers loaded dense)."""
-    from infernetes.runtime.model_executor.layers.linear import dense_weights_on_first_write
+    from infernetes.runtime.model_executor.layers.deferred_weights import (
+        dense_weights_on_first_write,
+    )
     from infernetes.runtime.model_executor.layers.quantization.loading import keeps_stored
 
     if (

@@ -39,8 +39,9 @@ class Worker:
         """What this rank holds, for the startup log (and the tests)."""
         runner = self.model_runner
         layer = runner.attention_layers[0] if runner.attention_layers else None
-        modules = runner.model.modules() if runner.model is not None else ()
-        experts = next((m for m in modules if isinstance(m, FusedMoE)), None)
+        modules = list(runner.model.modules()) if runner.model is not None else []
+        moe_layers = [m for m in modules if isinstance(m, FusedMoE)]
+        experts = moe_layers[0] if moe_layers else None
         return {
             "rank": self.rank,
             "device": str(self.device),
@@ -54,6 +55,8 @@ class Worker:
                 if experts is not None
                 else None
             ),
+            # MoE layers running on their checkpoint's packed experts (the Triton path)
+            "packed_moe_layers": sum(m.packed is not None for m in moe_layers),
         }
 
     def determine_available_memory(self) -> int:

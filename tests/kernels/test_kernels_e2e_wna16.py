@@ -132,38 +132,62 @@ def test_dummy_weights_of_a_quantized_model_keep_the_stored_form(
     assert len(output.outputs[0].token_ids) == 5
 
 
-@pytest.mark.slow  # a worker process per rank, interpreted
-@pytest.mark.parametrize("case", ["gptq-4bit-desc-act", "fp8-per-tensor"])
-def test_tensor_parallel_ranks_keep_their_share(tmp_path, base, triton_attn, case):
-    """Each rank keeps its share of the stored weights (QKV's replicated KV head, the merged
-    gate/up, the row-parallel inputs with every group's scales) and greedy tokens still equal
-    transformers'."""
+def _two_ranks_greedy(path, **settings) -> tuple[list[int], list[dict]]:
+    """Greedy tokens of ``path`` with two tensor-parallel worker processes, and their reports."""
     from infernetes.runtime.engine.llm_engine import LLMEngine
 
     from infernetes.schema.config import build_config
 
-    writer, options = CASES[case]
-    quantized, dense = writer(base, tmp_path / "q", **options)
-    dense_dir = write_dense(base, tmp_path / "dense", dense)
     config = build_config(
-        str(quantized),
+        str(path),
         device="cpu",
         tensor_parallel_size=2,
         dtype="float32",
         max_model_len=64,
         num_gpu_blocks_override=16,
         block_size=8,
+        **settings,
     )
     engine = LLMEngine(config, stat_loggers=[])
     try:
+        reports = engine.engine_core.executor.collective_rpc("report")
         engine.add_request("0", PROMPT, GREEDY)
-        tokens = None
+        tokens: list[int] = []
         while engine.has_unfinished_requests():
             for output in engine.step():
                 if output.finished:
                     tokens = list(output.outputs[0].token_ids)
     finally:
         engine.shutdown()
+    return tokens, reports
+
+
+@pytest.mark.slow  # a worker process per rank, interpreted
+@pytest.mark.parametrize("case", ["gptq-4bit-desc-act", "fp8-per-tensor"])
+def test_tensor_parallel_ranks_keep_their_share(tmp_path, base, triton_attn, case):
+    """Each rank keeps its share of the stored weights (QKV's replicated KV head, the merged
+    gate/up, the row-parallel inputs with every group's scales) and greedy tokens still equal
+    transformers'."""
+    writer, options = CASES[case]
+    quantized, dense = writer(base, tmp_path / "q", **options)
+    dense_dir = write_dense(base, tmp_path / "dense", dense)
+    tokens, _ = _two_ranks_greedy(quantized)
+    assert tokens == hf_greedy_tokens(dense_dir, PROMPT, 5)
+
+
+@pytest.mark.slow  # a worker process per rank, interpreted
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_tensor_and_expert_parallel_ranks_keep_their_packed_experts(
+    tmp_path, triton_attn, expert_parallel
+):
+    """Two ranks of a packed Qwen3-MoE: each keeps its slice of every expert's intermediate size
+    (tensor parallel: the gate/up outputs, the down projection's inputs) or its half of the
+    experts whole (expert parallel), packed; greedy tokens equal transformers'."""
+    base = make_tiny_model(tmp_path / "base", "Qwen3MoeForCausalLM")
+    quantized, dense = write_gptq(str(base), tmp_path / "q", bits=4, group=16, desc_act=True)
+    dense_dir = write_dense(str(base), tmp_path / "dense", dense)
+    tokens, reports = _two_ranks_greedy(quantized, enable_expert_parallel=expert_parallel)
+    assert [r["packed_moe_layers"] for r in reports] == [2, 2]  # both layers, on both ranks
     assert tokens == hf_greedy_tokens(dense_dir, PROMPT, 5)
 
 
@@ -196,21 +220,43 @@ def _build(path) -> tuple[torch.nn.Module, int]:
     return model, allocated.bytes
 
 
-def test_a_packed_checkpoint_is_loaded_without_its_dense_weights(tmp_path, triton_attn):
-    """Building the model from a 4-bit checkpoint allocates less than the dense linear weights
-    alone would take (it used to allocate them, then swap in the packed form); the float
-    checkpoint of the same model allocates them all."""
-    base = make_tiny_llama(tmp_path / "wide", hidden_size=256, intermediate_size=1024)
+def _dense_weight_bytes(model: torch.nn.Module) -> int:
+    """What the linear layers' and the experts' float32 weights take."""
+    from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
+
+    total = 0
+    for m in model.modules():
+        if isinstance(m, LinearBase):
+            total += m.weight.numel() * 4
+        elif isinstance(m, FusedMoE):
+            total += (m.w13_weight.numel() + m.w2_weight.numel()) * 4
+    return total
+
+
+@pytest.mark.parametrize(
+    "architecture,sizes",
+    [
+        ("LlamaForCausalLM", dict(hidden_size=256, intermediate_size=1024)),
+        ("Qwen3MoeForCausalLM", dict(hidden_size=256, moe_intermediate_size=256)),
+    ],
+)
+def test_a_packed_checkpoint_is_loaded_without_its_dense_weights(
+    tmp_path, triton_attn, architecture, sizes
+):
+    """Building the model from a 4-bit checkpoint allocates less than the dense linear (and
+    expert) weights alone would take (it used to allocate them, then swap in the packed form);
+    the float checkpoint of the same model allocates them all."""
+    base = make_tiny_model(tmp_path / "wide", architecture, **sizes)
     quantized, _ = write_gptq(str(base), tmp_path / "q", bits=4, group=32)
     dense_model, dense_allocated = _build(base)
-    linear_bytes = sum(
-        m.weight.numel() * 4 for m in dense_model.modules() if isinstance(m, LinearBase)
-    )
-    assert dense_allocated > linear_bytes
+    dense_bytes = _dense_weight_bytes(dense_model)
+    assert dense_allocated > dense_bytes
     model, allocated = _build(quantized)
-    layers = [m for m in model.modules() if isinstance(m, LinearBase)]
-    assert layers and all(m.quant_method is not None for m in layers)
-    assert allocated < linear_bytes / 2, (allocated, linear_bytes)
+    attention = model.model.layers[0].self_attn
+    assert attention.qkv_proj.quant_method is not None
+    # 4-bit words are an eighth of float32; read, joined and stacked, with the embeddings, the
+    # model stays well under the dense weights (which it used to allocate, and more).
+    assert allocated < 0.6 * dense_bytes, (allocated, dense_bytes)
 
 
 def test_a_fused_layer_stored_two_ways_is_loaded_dense(tmp_path, base, triton_attn):
@@ -258,5 +304,42 @@ def test_layers_read_as_tensors_and_moe_experts_are_loaded_dense(tmp_path, trito
     assert attention.kv_b_proj.quant_method is None and attention.kv_b_proj.weight.numel() > 0
     assert attention.q_proj.quant_method is not None
     assert attention.o_proj.quant_method is not None
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
+
+
+MOE_CASES = {
+    "qwen3-moe-gptq-4bit-desc-act": (
+        "Qwen3MoeForCausalLM",
+        dict(bits=4, group=32, desc_act=True, sym=False),
+    ),
+    "mixtral-gptq-8bit": (
+        "MixtralForCausalLM",
+        dict(bits=8, group=32, projections=(*PROJECTIONS, "w1", "w2", "w3")),
+    ),
+    # a shared expert (intermediate size 48: groups of 16) and a dense layer
+    "qwen2-moe-gptq-4bit": ("Qwen2MoeForCausalLM", dict(bits=4, group=16)),
+}
+
+
+@pytest.mark.parametrize("case", list(MOE_CASES))
+def test_packed_experts_run_the_packed_moe_gemm(tmp_path, triton_attn, case):
+    """A GPTQ mixture-of-experts checkpoint: every MoE layer keeps its experts packed (no dense
+    expert weights) and runs the packed MoE GEMMs; greedy tokens equal transformers' on the
+    dequantised model."""
+    from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
+
+    architecture, options = MOE_CASES[case]
+    base = make_tiny_model(tmp_path / "base", architecture)
+    quantized, dense = write_gptq(str(base), tmp_path / "q", **options)
+    dense_dir = write_dense(str(base), tmp_path / "dense", dense)
+    llm = LLM(
+        str(quantized), dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    assert experts and all(m.packed is not None for m in experts)
+    assert all(m.w13_weight.numel() == 0 and m.w2_weight.numel() == 0 for m in experts)
+    assert experts[0].packed[0].bits == options["bits"]
     [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
     assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)

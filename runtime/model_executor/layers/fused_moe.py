@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 from infernetes.kernels import ops
+from infernetes.kernels.reference.wna16 import PackedExperts
 from infernetes.runtime.model_executor import parallel
+from infernetes.runtime.model_executor.layers.deferred_weights import weight_parameter, writable
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.parallel import all_reduce
 from torch import nn
@@ -63,16 +65,15 @@ class FusedMoE(nn.Module):
         self.slice_rank = 0 if self.expert_parallel else state.tp_rank
         self.num_local_experts = num_experts // groups
         self.first_expert = state.tp_rank * self.num_local_experts if self.expert_parallel else 0
-        self.w13_weight = nn.Parameter(
-            torch.empty(self.num_local_experts, 2 * self.shard, hidden_size), requires_grad=False
-        )
-        self.w2_weight = nn.Parameter(
-            torch.empty(self.num_local_experts, hidden_size, self.shard), requires_grad=False
-        )
+        self.w13_weight = weight_parameter(self.num_local_experts, 2 * self.shard, hidden_size)
+        self.w2_weight = weight_parameter(self.num_local_experts, hidden_size, self.shard)
         for param in (self.w13_weight, self.w2_weight):
             param.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
         self.w13_scale: torch.Tensor | None = None
         self.w2_scale: torch.Tensor | None = None
+        # The experts kept 4/8-bit packed (w13, w2) where the Triton kernels run, set after
+        # loading (layers/quantization/kept_experts.py); the dense weights then stay empty.
+        self.packed: tuple[PackedExperts, PackedExperts] | None = None
 
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str, expert_id: int
@@ -83,6 +84,7 @@ class FusedMoE(nn.Module):
         local = expert_id - self.first_expert
         if not 0 <= local < self.num_local_experts:
             return  # another rank's expert
+        param = writable(self, "w2_weight" if shard_id == "w2" else "w13_weight", param)
         start = self.slice_rank * self.shard
         if shard_id == "w2":
             target = param.data[local]
@@ -97,6 +99,16 @@ class FusedMoE(nn.Module):
                 f"the layer's {tuple(param.shape)}"
             )
         target.copy_(as_tensor(source))
+
+    def keep_packed(
+        self, w13: PackedExperts, w2: PackedExperts, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        """Run on the experts' packed weights (``w13`` ``[E, H * bits / 32, 2 * shard]``, ``w2``
+        ``[E, shard * bits / 32, H]``, this rank's) instead of dense ones."""
+        self.packed = (w13.to(device, dtype), w2.to(device, dtype))
+        empty = torch.empty(0, device=device, dtype=dtype)
+        self.w13_weight = nn.Parameter(empty, requires_grad=False)
+        self.w2_weight = nn.Parameter(empty, requires_grad=False)
 
     def quantize_fp8(self) -> None:
         """Online fp8 (``--quantization fp8``): each expert's weights with a per-expert scale."""
@@ -119,7 +131,10 @@ class FusedMoE(nn.Module):
         if self.expert_parallel:  # this rank's experts by local index, the others' skipped (-1)
             ids = ids - self.first_expert
             ids = torch.where((ids >= 0) & (ids < self.num_local_experts), ids, -1)
-        out = ops.fused_moe(
-            hidden, self.w13_weight, self.w2_weight, weights, ids, self.w13_scale, self.w2_scale
-        )
+        if self.packed is not None:
+            out = ops.fused_moe_wna16(hidden, *self.packed, weights, ids)
+        else:
+            out = ops.fused_moe(
+                hidden, self.w13_weight, self.w2_weight, weights, ids, self.w13_scale, self.w2_scale
+            )
         return all_reduce(out)

@@ -7,15 +7,14 @@ parameter carries a ``weight_loader(param, loaded, shard_id=None)`` that knows w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from infernetes.kernels import ops
 from infernetes.kernels.cpu import packed_linear
+from infernetes.runtime.model_executor.layers.deferred_weights import weight_parameter, writable
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
 from torch import nn
@@ -29,21 +28,6 @@ def _divide(numerator: int, denominator: int, what: str = "the layer size") -> i
     return numerator // denominator
 
 
-_DENSE_ON_FIRST_WRITE: ContextVar[bool] = ContextVar("dense_on_first_write", default=False)
-
-
-@contextmanager
-def dense_weights_on_first_write() -> Iterator[None]:
-    """Linear layers built inside hold no dense weight (a ``meta`` tensor) until a loader first
-    writes to it. A quantized checkpoint's layers that keep their stored form are never written
-    dense, so a model that fits on the device only quantized still loads."""
-    token = _DENSE_ON_FIRST_WRITE.set(True)
-    try:
-        yield
-    finally:
-        _DENSE_ON_FIRST_WRITE.reset(token)
-
-
 class LinearBase(nn.Module):
     # A layer whose weight is read as a plain tensor (not only multiplied): a quantized
     # checkpoint's stored form is dequantised into it, never kept.
@@ -55,13 +39,8 @@ class LinearBase(nn.Module):
         self.tp_rank = tp_rank()
         self.tp_size = tp_size()
         self.input_size, self.output_size = input_size, output_size  # this rank's share
-        # Where the dense weight goes once written, when it starts unallocated.
-        self._dense_device = torch.get_default_device()
-        self._dense_dtype = torch.get_default_dtype()
-        deferred = _DENSE_ON_FIRST_WRITE.get() and not self.reads_dense_weight
-        self.weight = nn.Parameter(
-            torch.empty(output_size, input_size, device="meta" if deferred else None),
-            requires_grad=False,
+        self.weight = weight_parameter(
+            output_size, input_size, deferrable=not self.reads_dense_weight
         )
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
         if bias:
@@ -74,18 +53,7 @@ class LinearBase(nn.Module):
         self.quant_method: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None
 
     def _writable(self, param: nn.Parameter) -> nn.Parameter:
-        """``param``, or the dense weight allocated now if it was left unallocated (a caller
-        may still hold the unallocated one: only the weight ever is)."""
-        if not param.is_meta:
-            return param
-        if self.weight.is_meta:
-            shape = self.weight.shape
-            self.weight = nn.Parameter(
-                torch.empty(shape, device=self._dense_device, dtype=self._dense_dtype),
-                requires_grad=False,
-            )
-            self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # as above
-        return self.weight
+        return writable(self, "weight", param)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         param = self._writable(param)

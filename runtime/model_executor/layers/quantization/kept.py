@@ -4,7 +4,7 @@
 (``Fp8Weight``, the fp8 linear of `infernetes.kernels.ops`).
 
 The model is built with its linear layers' dense weights unallocated
-(``linear.dense_weights_on_first_write``); the formats hand over each checkpoint layer's stored
+(``deferred_weights.dense_weights_on_first_write``); the formats hand over each checkpoint layer's stored
 form instead of a dense weight, and once the stream is done every linear layer whose parts are
 all there takes them (a fused layer such as QKV joins its parts along the outputs); with tensor
 parallelism, its rank's share, found by running the layer's own loaders over index tensors. The

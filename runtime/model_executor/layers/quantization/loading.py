@@ -21,6 +21,7 @@ from infernetes.runtime.model_executor.layers.quantization.kept import (
     KeptWeight,
     keep_linear_layers,
 )
+from infernetes.runtime.model_executor.layers.quantization.kept_experts import keep_moe_experts
 from infernetes.runtime.model_executor.layers.quantization.kv_scales import attach_kv_scales
 from infernetes.runtime.model_executor.layers.quantization.packed_int import (
     dummy_pack_linear_layers,
@@ -51,10 +52,15 @@ def load_quantized(
         logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
     if kept:
         held, taken = keep_linear_layers(model, kept, device, dtype)
-        loaded |= held
+        held_experts, taken_experts = keep_moe_experts(model, kept, device, dtype)
+        loaded |= held | held_experts
+        taken |= taken_experts
         kind = type(next(iter(kept.values()))).__name__
         logger.info(
-            "Linear layers keep their checkpoint's stored weights (%s, %d tensors)", kind, len(held)
+            "Linear layers keep their checkpoint's stored weights (%s, %d tensors; %d MoE layers)",
+            kind,
+            len(held),
+            len(held_experts) // 2,
         )
         # What no layer took is loaded dense, as an unquantised checkpoint's layer would be.
         rest = [(prefix, layer) for prefix, layer in kept.items() if prefix not in taken]

@@ -1,0 +1,113 @@
+"""Mixture-of-experts layers that run on the checkpoint's packed int4/int8 experts where the Triton
+kernels run (``ops.fused_moe_wna16``), as kept.py does for linear layers.
+
+A checkpoint stores each expert's gate, up and down projections as separate packed layers
+(``mlp.experts.3.gate_proj.qweight``, Mixtral's ``w1``/``w3``/``w2``). Once the stream is done,
+each ``FusedMoE`` whose local experts all came packed takes them: per expert, this rank's slice of
+the intermediate size (the gate and up outputs, the down projection's inputs on whole packed
+words), gate and up joined, then the experts stacked. A layer whose experts do not line up (a
+projection missing or stored another way, groups of other sizes, a slice off the words) is left
+to the dense load.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import replace
+from typing import Any
+
+import torch
+from infernetes.kernels.reference.wna16 import PackedExperts
+from infernetes.runtime.model_executor.layers.fused_moe import EXPERT_PROJECTIONS, FusedMoE
+from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
+
+logger = logging.getLogger(__name__)
+
+# "model.layers.3.mlp.experts.17.gate_proj" -> ("model.layers.3.mlp", "17", "gate_proj")
+_EXPERT_LAYER = re.compile(r"^(.*)\.experts\.(\d+)\.(\w+)$")
+
+Parts = dict[
+    tuple[int, str], tuple[str, PackedInt]
+]  # (expert, w1|w3|w2) -> (checkpoint name, form)
+
+
+def _stacked(parts: list[PackedInt]) -> PackedExperts | None:
+    """The experts' packed weights stacked, or None when their layouts differ."""
+    first = parts[0]
+    if any(p.bits != first.bits or p.scales.shape != first.scales.shape for p in parts):
+        return None
+    if len({p.zeros is None for p in parts}) > 1:  # the symmetric ones get their midpoint
+        midpoint = 2 ** (first.bits - 1)
+        parts = [
+            p
+            if p.zeros is not None
+            else replace(p, zeros=torch.full_like(p.scales, midpoint, dtype=torch.int32))
+            for p in parts
+        ]
+    zeros = [p.zeros for p in parts if p.zeros is not None]
+    return PackedExperts(
+        qweight=torch.stack([p.qweight for p in parts]),
+        scales=torch.stack([p.scales for p in parts]),
+        zeros=torch.stack(zeros) if zeros else None,
+        g_idx=torch.stack([p.g_idx for p in parts]),
+        bits=first.bits,
+    )
+
+
+def _rank_experts(layer: FusedMoE, parts: Parts) -> tuple[PackedExperts, PackedExperts] | None:
+    """``(w13, w2)`` of this rank's experts and intermediate slice, or None."""
+    start, size = layer.slice_rank * layer.shard, layer.shard
+    outputs = torch.arange(start, start + size)
+    w13, w2 = [], []
+    for expert in range(layer.first_expert, layer.first_expert + layer.num_local_experts):
+        found = [parts.get((expert, shard)) for shard in ("w1", "w3", "w2")]
+        if any(f is None for f in found):
+            return None
+        gate, up, down = (f[1] for f in found if f is not None)
+        if gate.outputs != size:  # a slice of the intermediate size (tensor parallel)
+            gate, up = gate.select_outputs(outputs), up.select_outputs(outputs)
+        joined = PackedInt.concat_outputs([gate, up])
+        inputs = (
+            down
+            if down.qweight.shape[0] * 32 // down.bits == size
+            else down.select_inputs(start, size)
+        )
+        if joined is None or inputs is None:
+            return None
+        w13.append(joined)
+        w2.append(inputs)
+    stacked13, stacked2 = _stacked(w13), _stacked(w2)
+    return (stacked13, stacked2) if stacked13 is not None and stacked2 is not None else None
+
+
+def keep_moe_experts(
+    model: Any, kept: dict[str, Any], device: torch.device, dtype: torch.dtype
+) -> tuple[set[str], set[str]]:
+    """Give each MoE layer its experts' packed form; returns the names of the parameters they
+    hold now (loaded with them) and the checkpoint layers taken."""
+    rename = getattr(model, "checkpoint_name", lambda name: name)
+    by_layer: dict[str, Parts] = {}
+    for prefix, form in kept.items():
+        match = _EXPERT_LAYER.match(rename(prefix + ".weight").removesuffix(".weight"))
+        if not isinstance(form, PackedInt) or match is None:
+            continue
+        block, expert, projection = match.groups()
+        if projection in EXPERT_PROJECTIONS:
+            shard = EXPERT_PROJECTIONS[projection]
+            by_layer.setdefault(block + ".experts", {})[(int(expert), shard)] = (prefix, form)
+    modules = dict(model.named_modules())
+    held: set[str] = set()
+    taken: set[str] = set()
+    for name, parts in by_layer.items():
+        layer = modules.get(name)
+        if not isinstance(layer, FusedMoE):
+            continue
+        packed = _rank_experts(layer, parts)
+        if packed is None:
+            logger.info("%s stays dense: its experts are not stored alike", name)
+            continue
+        layer.keep_packed(*packed, device, dtype)
+        held |= {f"{name}.w13_weight", f"{name}.w2_weight"}
+        taken |= {prefix for prefix, _ in parts.values()}
+    return held, taken
