@@ -1,6 +1,6 @@
 """A Qwen3-30B-A3B-shaped mixture-of-experts model (`--load-format dummy`, bf16) on one GPU.
 
-    python -m bench gpu_moe [--parts decode,throughput,kernels] [--requests 256]
+    python -m bench gpu_moe [--parts decode,throughput,kernels,w4a16] [--requests 256]
     python -m bench.gpu_moe --smoke      # the same code on tiny shapes, on the CPU (a dry run)
 
 Each figure against a bound of the same run's device:
@@ -12,7 +12,12 @@ Each figure against a bound of the same run's device:
    the FLOPs bound of the active parameters (2 FLOPs per active parameter per token, the
    device's nominal bf16 dense peak).
 3. kernels: the fused MoE kernel alone for decode-sized batches: bytes of the expert weights it
-   must read (the distinct experts routed to) per call against the copy bandwidth.
+   must read (the distinct experts routed to) per call against the copy bandwidth; the same for
+   the packed 4-bit experts (``fused_moe_wna16``).
+4. w4a16 (opt-in, ``--parts w4a16``): the same model as a GPTQ 4-bit checkpoint (groups of 128;
+   ``--load-format dummy`` fills the packed linear layers and experts): single-stream decode
+   against the bytes bound of the quantized active weights, and offline throughput, each beside
+   bf16 in the same run.
 
 Each part runs in its own process. Without a GPU (and without --smoke) it says so and exits 0.
 """
@@ -73,7 +78,8 @@ TINY = {
     "torch_dtype": "float32",
 }
 NOMINAL_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
-PARTS = ("decode", "throughput", "kernels")
+PARTS = ("decode", "throughput", "kernels", "w4a16")
+W4A16 = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -87,7 +93,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--engine-args", default="{}", help="JSON of extra LLM keyword arguments")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
-    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--part", choices=("decode", "throughput", "kernels"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -105,14 +113,30 @@ def _config(args: argparse.Namespace) -> dict:
 
 def active_parameters(config: dict) -> dict[str, int]:
     """Parameters one token touches: per layer attention, router and top-k experts; the LM head
-    (the embedding contributes one row)."""
+    (the embedding contributes one row). ``packable``: those of the attention projections and
+    the experts, which a w4a16 checkpoint packs (the router and LM head stay in bf16)."""
     h, layers = config["hidden_size"], config["num_hidden_layers"]
     q = config["num_attention_heads"] * config["head_dim"]
     kv = config["num_key_value_heads"] * config["head_dim"]
     expert = 3 * h * config["moe_intermediate_size"]
-    per_layer = 2 * h * q + 2 * h * kv + h * config["num_experts"]
-    per_layer += config["num_experts_per_tok"] * expert
-    return {"active": layers * per_layer + config["vocab_size"] * h, "expert": expert}
+    packable = 2 * h * q + 2 * h * kv + config["num_experts_per_tok"] * expert
+    per_layer = packable + h * config["num_experts"]
+    return {
+        "active": layers * per_layer + config["vocab_size"] * h,
+        "expert": expert,
+        "packable": layers * packable,
+    }
+
+
+def active_bytes(config: dict, quantized: bool = False) -> float:
+    """Bytes of weights one decode token reads: packed 4-bit words and a 2-byte scale per group
+    of 128 for what w4a16 packs, the model dtype for the rest."""
+    params = active_parameters(config)
+    element = 2 if config["torch_dtype"] == "bfloat16" else 4
+    if not quantized:
+        return params["active"] * element
+    packed = params["packable"]
+    return packed * (0.5 + 2 / 128) + (params["active"] - packed) * element
 
 
 def _llm(args: argparse.Namespace):
@@ -184,6 +208,8 @@ def part_kernels(args: argparse.Namespace) -> dict:
     e, h, i = config["num_experts"], config["hidden_size"], config["moe_intermediate_size"]
     w13 = torch.randn(e, 2 * i, h, device=device, dtype=dtype) / h**0.5
     w2 = torch.randn(e, h, i, device=device, dtype=dtype) / i**0.5
+    packed13 = _packed_experts(e, h, 2 * i, device, dtype)
+    packed2 = _packed_experts(e, i, h, device, dtype)
     copy_bw = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
     rows = []
     for tokens in (1, 8, 32, 64) if not args.smoke else (1, 4):
@@ -200,15 +226,41 @@ def part_kernels(args: argparse.Namespace) -> dict:
         _sync()
         seconds = (time.perf_counter() - start) / iters
         touched = ids.unique().numel() * 3 * h * i * dtype.itemsize
+        packed_step = _replayable(
+            lambda x=x, weights=weights, ids=ids: ops.fused_moe_wna16(
+                x, packed13, packed2, weights, ids
+            )
+        )
+        start = time.perf_counter()
+        for _ in range(iters):
+            packed_step()
+        _sync()
+        packed_seconds = (time.perf_counter() - start) / iters
+        packed_touched = ids.unique().numel() * 3 * h * i * (0.5 + 2 / 128)
         rows.append(
             {
                 "tokens": tokens,
                 "experts_touched": ids.unique().numel(),
                 "us": seconds * 1e6,
                 "fraction_of_copy": touched / seconds / copy_bw,
+                "w4a16_us": packed_seconds * 1e6,
+                "w4a16_fraction_of_copy": packed_touched / packed_seconds / copy_bw,
             }
         )
     return {"copy_bandwidth_GBps": copy_bw / 1e9, "moe": rows}
+
+
+def _packed_experts(e: int, k: int, n: int, device: torch.device, dtype: torch.dtype):
+    from infernetes.kernels.reference.wna16 import PackedExperts
+
+    group = min(128, k)
+    return PackedExperts(
+        torch.randint(-(2**31), 2**31 - 1, (e, k // 8, n), device=device, dtype=torch.int32),
+        torch.full((e, -(-k // group), n), 1e-4, device=device, dtype=dtype),
+        None,
+        (torch.arange(k, device=device, dtype=torch.int32) // group).expand(e, k).contiguous(),
+        4,
+    )
 
 
 PART_FUNCTIONS = {"decode": part_decode, "throughput": part_throughput, "kernels": part_kernels}
@@ -256,8 +308,24 @@ def _report(device_name: str, config: dict, results: dict) -> None:
         for row in k["moe"]:
             print(
                 f"  fused MoE, {row['tokens']} tokens ({row['experts_touched']} experts): "
-                f"{row['us']:.0f} us, {row['fraction_of_copy']:.1%} of copy bandwidth"
+                f"{row['us']:.0f} us, {row['fraction_of_copy']:.1%} of copy bandwidth; w4a16 "
+                f"{row['w4a16_us']:.0f} us, {row['w4a16_fraction_of_copy']:.1%} of copy bandwidth"
             )
+    if "w4a16-decode" in results:
+        tps = results["w4a16-decode"]["decode_tokens_per_s"]
+        per_token = active_bytes(config, quantized=True)
+        bf16 = results["decode"]["decode_tokens_per_s"]
+        print(
+            f"w4a16: decode {tps:.1f} tok/s single stream; active weights {per_token / 1e9:.2f} GB "
+            f"a token; vs copy-bandwidth bound: {tps * per_token / results['copy_bandwidth']:.1%}; "
+            f"beside bf16 {bf16:.1f} tok/s: {tps / bf16:.2f}x"
+        )
+        ours, base = results["w4a16-throughput"], results["throughput"]
+        print(
+            f"  throughput {ours['output_tokens_per_s']:.0f} output tok/s beside bf16 "
+            f"{base['output_tokens_per_s']:.0f}: "
+            f"{ours['output_tokens_per_s'] / base['output_tokens_per_s']:.2f}x"
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -277,7 +345,25 @@ def main(argv: list[str]) -> int:
         model_dir = Path(tmp) / "qwen3-30b-a3b-shape"
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(config, indent=2))
-        for part in args.parts.split(","):
+        parts = args.parts.split(",")
+        if "w4a16" in parts:  # beside bf16's figures of the same run
+            parts = [p for p in ("decode", "throughput") if p not in parts] + parts
+        for part in parts:
+            if part == "w4a16":
+                quantized_dir = Path(tmp) / "qwen3-30b-a3b-shape-w4a16"
+                quantized_dir.mkdir()
+                quantized = {**config, "quantization_config": W4A16}
+                (quantized_dir / "config.json").write_text(json.dumps(quantized, indent=2))
+                for measured in ("decode", "throughput"):
+                    results[f"w4a16-{measured}"] = _run_part(
+                        measured,
+                        argv,
+                        quantized_dir,
+                        args.smoke,
+                        triton=True,
+                        module="bench.gpu_moe",
+                    )
+                continue
             if part == "decode":
                 results["copy_bandwidth"] = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
             results[part] = _run_part(part, argv, model_dir, args.smoke, module="bench.gpu_moe")

@@ -343,3 +343,30 @@ def test_packed_experts_run_the_packed_moe_gemm(tmp_path, triton_attn, case):
     assert experts[0].packed[0].bits == options["bits"]
     [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
     assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
+
+
+def test_dummy_weights_of_a_quantized_moe_keep_packed_experts(tmp_path, triton_attn):
+    """What ``bench gpu_moe --parts w4a16`` measures: --load-format dummy of a MoE model whose
+    config declares GPTQ fills packed experts (drawn on the device) as well as packed linear
+    layers."""
+    import json
+
+    from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
+
+    path = make_tiny_model(tmp_path / "moe", "Qwen3MoeForCausalLM")
+    config = json.loads((path / "config.json").read_text())
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": gptq}))
+    llm = LLM(
+        str(path),
+        load_format="dummy",
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=8,
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    assert experts and all(m.packed is not None and m.packed[0].bits == 4 for m in experts)
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert len(output.outputs[0].token_ids) == 5

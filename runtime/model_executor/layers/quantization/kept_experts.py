@@ -111,3 +111,45 @@ def keep_moe_experts(
         held |= {f"{name}.w13_weight", f"{name}.w2_weight"}
         taken |= {prefix for prefix, _ in parts.values()}
     return held, taken
+
+
+def dummy_pack_moe_experts(
+    model: Any, bits: int, group: int, device: torch.device, dtype: torch.dtype, seed: int
+) -> int:
+    """Random packed experts for every MoE layer (``--load-format dummy`` of a model whose config
+    declares a weight-only integer method: benchmarks of the shape alone). The words are drawn
+    on the device: a large MoE has billions of weights."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, FusedMoE):
+            continue
+        experts, hidden = module.num_local_experts, module.w2_weight.shape[1]
+        shapes = ((hidden, 2 * module.shard), (module.shard, hidden))  # (K, N) of w13, w2
+        if any(k % (32 // bits) for k, _ in shapes):
+            continue
+        packed = []
+        for k, n in shapes:
+            groups = -(-k // group)
+            words = torch.randint(
+                -(2**31),
+                2**31 - 1,
+                (experts, k * bits // 32, n),
+                generator=generator,
+                device=device,
+                dtype=torch.int32,
+            )
+            packed.append(
+                PackedExperts(
+                    qweight=words,
+                    scales=torch.full((experts, groups, n), 1e-3 / 2**bits, device=device),
+                    zeros=None,
+                    g_idx=(torch.arange(k, device=device, dtype=torch.int32) // group)
+                    .expand(experts, k)
+                    .contiguous(),
+                    bits=bits,
+                )
+            )
+        module.keep_packed(packed[0], packed[1], device, dtype)
+        count += 1
+    return count

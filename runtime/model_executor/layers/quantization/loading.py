@@ -21,7 +21,10 @@ from infernetes.runtime.model_executor.layers.quantization.kept import (
     KeptWeight,
     keep_linear_layers,
 )
-from infernetes.runtime.model_executor.layers.quantization.kept_experts import keep_moe_experts
+from infernetes.runtime.model_executor.layers.quantization.kept_experts import (
+    dummy_pack_moe_experts,
+    keep_moe_experts,
+)
 from infernetes.runtime.model_executor.layers.quantization.kv_scales import attach_kv_scales
 from infernetes.runtime.model_executor.layers.quantization.packed_int import (
     dummy_pack_linear_layers,
@@ -79,6 +82,7 @@ def dummy_quantized(
     layout = fmt.dummy_layout()
     if layout is not None:
         dummy_pack_linear_layers(model, *layout, device, dtype, seed)
+        dummy_pack_moe_experts(model, *layout, device, dtype, seed)
     elif isinstance(fmt, Fp8Format) and fmt.block is None:
         for module in model.modules():
             if isinstance(module, LinearBase):
