@@ -152,9 +152,9 @@ def write_gptq(
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the column each nibble of a word holds, low bits first
 
 
-def write_awq(base, out, group=32):
+def write_awq(base, out, group=32, projections=PROJECTIONS):
     state, dense = read_state(base), read_state(base)
-    for i, name in enumerate(_linear_names(state)):
+    for i, name in enumerate(_linear_names(state, projections)):
         w = state.pop(name + ".weight")
         k = w.shape[1]
         g_idx = torch.arange(k, dtype=torch.int32) // group

@@ -308,30 +308,38 @@ def test_layers_read_as_tensors_and_moe_experts_are_loaded_dense(tmp_path, trito
     assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
 
 
+MIXTRAL_PROJECTIONS = (*PROJECTIONS, "w1", "w2", "w3")
 MOE_CASES = {
     "qwen3-moe-gptq-4bit-desc-act": (
         "Qwen3MoeForCausalLM",
+        write_gptq,
         dict(bits=4, group=32, desc_act=True, sym=False),
     ),
     "mixtral-gptq-8bit": (
         "MixtralForCausalLM",
-        dict(bits=8, group=32, projections=(*PROJECTIONS, "w1", "w2", "w3")),
+        write_gptq,
+        dict(bits=8, group=32, projections=MIXTRAL_PROJECTIONS),
+    ),
+    "mixtral-awq": (
+        "MixtralForCausalLM",
+        write_awq,
+        dict(group=32, projections=MIXTRAL_PROJECTIONS),
     ),
     # a shared expert (intermediate size 48: groups of 16) and a dense layer
-    "qwen2-moe-gptq-4bit": ("Qwen2MoeForCausalLM", dict(bits=4, group=16)),
+    "qwen2-moe-gptq-4bit": ("Qwen2MoeForCausalLM", write_gptq, dict(bits=4, group=16)),
 }
 
 
 @pytest.mark.parametrize("case", list(MOE_CASES))
 def test_packed_experts_run_the_packed_moe_gemm(tmp_path, triton_attn, case):
-    """A GPTQ mixture-of-experts checkpoint: every MoE layer keeps its experts packed (no dense
+    """A GPTQ or AWQ mixture-of-experts checkpoint: every MoE layer keeps its experts packed (no dense
     expert weights) and runs the packed MoE GEMMs; greedy tokens equal transformers' on the
     dequantised model."""
     from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
 
-    architecture, options = MOE_CASES[case]
+    architecture, writer, options = MOE_CASES[case]
     base = make_tiny_model(tmp_path / "base", architecture)
-    quantized, dense = write_gptq(str(base), tmp_path / "q", **options)
+    quantized, dense = writer(str(base), tmp_path / "q", **options)
     dense_dir = write_dense(str(base), tmp_path / "dense", dense)
     llm = LLM(
         str(quantized), dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8
@@ -340,7 +348,7 @@ def test_packed_experts_run_the_packed_moe_gemm(tmp_path, triton_attn, case):
     experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
     assert experts and all(m.packed is not None for m in experts)
     assert all(m.w13_weight.numel() == 0 and m.w2_weight.numel() == 0 for m in experts)
-    assert experts[0].packed[0].bits == options["bits"]
+    assert experts[0].packed[0].bits == options.get("bits", 4)
     [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
     assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
 
