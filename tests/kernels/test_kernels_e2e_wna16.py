@@ -1,8 +1,10 @@
 """Quantized checkpoints on the Triton path (interpreted on a CPU): weight-only int4/int8 linear
 layers keep the packed weights and run the dequantising GEMM, per-tensor and per-channel fp8 ones
 keep their fp8 weights (a scale per output), fused layers (QKV, gate/up) included, and greedy
-tokens equal transformers' on the model with the dequantised weights. The dense weights of the
-layers kept stored are never allocated, so a model that fits only quantized loads."""
+tokens equal transformers' on the model with the dequantised weights. Mixture-of-experts layers
+keep their packed experts (GPTQ, AWQ; tensor and expert parallel) and run the packed MoE GEMMs.
+The dense weights of what is kept stored are never allocated, so a model that fits only
+quantized loads."""
 
 import pytest
 import torch
