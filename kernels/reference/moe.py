@@ -51,6 +51,10 @@ def check_moe_shapes(
         raise ValueError(f"hidden {tuple(hidden.shape)} does not fit w13 {tuple(w13.shape)}")
     if tuple(w2.shape) != (experts, h, two_i // 2):
         raise ValueError(f"w2 {tuple(w2.shape)} does not fit w13 {tuple(w13.shape)}")
+    check_routing(hidden, topk_weights, topk_ids)
+
+
+def check_routing(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> None:
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
         raise ValueError(
             f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "

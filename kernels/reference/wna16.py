@@ -139,11 +139,9 @@ def check_packed_moe_shapes(
         raise ValueError(
             f"w2 [{experts}, {w2_inputs} inputs, {w2.qweight.shape[2]}] does not fit w13"
         )
-    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != hidden.shape[0]:
-        raise ValueError(
-            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
-            f"must both be [{hidden.shape[0]}, top_k]"
-        )
+    from infernetes.kernels.reference.moe import check_routing
+
+    check_routing(hidden, topk_weights, topk_ids)
 
 
 def fused_moe_wna16(

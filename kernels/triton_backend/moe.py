@@ -10,6 +10,8 @@ weight, and the k rows of a token are summed. fp8 weights are dequantised tile b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -158,6 +160,33 @@ def _grouped_gemm(
     return out
 
 
+def grouped_experts(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    gemm: Callable[..., torch.Tensor],
+) -> torch.Tensor:
+    """The MoE block around a grouped GEMM: rows sorted by expert, ``gemm(a, which, routing
+    weights or None, sorted_rows, block_expert, num_rows, a_row_div, block_m)`` for ``which``
+    "w13" (gate and up, of each token's hidden state) then "w2" (down, of the activation,
+    weighted), and the k rows of a token summed."""
+    tokens, top_k = topk_ids.shape
+    if tokens == 0:
+        return torch.empty_like(hidden)
+    hidden = hidden.contiguous()
+    # Small batches (decode) waste less padding with short blocks; each block reads its
+    # expert's weights once, so longer blocks pay off when experts have many rows.
+    block_m = 16 if tokens * top_k <= 64 * num_experts else 64
+    sorted_rows, block_expert = sort_rows_by_expert(topk_ids, num_experts, block_m)
+    num_rows = tokens * top_k
+    blocks = (sorted_rows, block_expert, num_rows)
+    gate_up = gemm(hidden, "w13", None, *blocks, top_k, block_m)
+    weights = topk_weights.float().contiguous()
+    down = gemm(silu_and_mul(gate_up), "w2", weights, *blocks, 1, block_m)
+    return down.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+
+
 def fused_moe(
     hidden: torch.Tensor,
     w13: torch.Tensor,
@@ -168,35 +197,9 @@ def fused_moe(
     w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     check_moe_shapes(hidden, w13, w2, topk_weights, topk_ids)
-    tokens, top_k = topk_ids.shape
-    if tokens == 0:
-        return torch.empty_like(hidden)
-    hidden = hidden.contiguous()
-    # Small batches (decode) waste less padding with short blocks; each block reads its
-    # expert's weights once, so longer blocks pay off when experts have many rows.
-    block_m = 16 if tokens * top_k <= 64 * w13.shape[0] else 64
-    sorted_rows, block_expert = sort_rows_by_expert(topk_ids, w13.shape[0], block_m)
-    num_rows = tokens * top_k
-    gate_up = _grouped_gemm(
-        hidden,
-        w13.contiguous(),
-        w13_scale,
-        None,
-        sorted_rows,
-        block_expert,
-        num_rows,
-        top_k,
-        block_m,
-    )
-    down = _grouped_gemm(
-        silu_and_mul(gate_up),
-        w2.contiguous(),
-        w2_scale,
-        topk_weights.float().contiguous(),
-        sorted_rows,
-        block_expert,
-        num_rows,
-        1,
-        block_m,
-    )
-    return down.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+    weights = {"w13": (w13.contiguous(), w13_scale), "w2": (w2.contiguous(), w2_scale)}
+
+    def gemm(a, which, routing_weights, *blocks):
+        return _grouped_gemm(a, *weights[which], routing_weights, *blocks)
+
+    return grouped_experts(hidden, topk_weights, topk_ids, w13.shape[0], gemm)

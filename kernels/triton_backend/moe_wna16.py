@@ -10,9 +10,9 @@ import torch
 import triton
 import triton.language as tl
 from infernetes.kernels.reference.wna16 import PackedExperts, check_bits
-from infernetes.kernels.triton_backend.activation import silu_and_mul
 from infernetes.kernels.triton_backend.common import dot_dtype
-from infernetes.kernels.triton_backend.moe import sort_rows_by_expert
+from infernetes.kernels.triton_backend.moe import grouped_experts
+from infernetes.kernels.triton_backend.wna16 import dequantized_tile
 
 
 @triton.jit
@@ -64,22 +64,21 @@ def moe_wna16_gemm_kernel(
             mask=valid[:, None] & mask_k[None, :],
             other=0.0,
         ).to(tl.float32)
-        tile_mask = mask_k[:, None] & mask_n[None, :]
-        # Each word holds PACK consecutive input features of one output column.
-        words = tl.load(
-            qw_base + (kk[:, None] // PACK).to(tl.int64) * N + offs_n[None, :],
-            mask=tile_mask,
-            other=0,
+        w = dequantized_tile(
+            qw_base,
+            scales_ptr + group_base,
+            zeros_ptr + group_base,
+            g_idx_ptr + e * K,
+            kk,
+            offs_n,
+            mask_k,
+            mask_n,
+            N,
+            BITS,
+            HAS_ZEROS,
+            BLOCK_K,
+            BLOCK_N,
         )
-        q = (words >> ((kk[:, None] % PACK) * BITS)) & ((1 << BITS) - 1)
-        group = tl.load(g_idx_ptr + e * K + kk, mask=mask_k, other=0).to(tl.int64)
-        where = group_base + group[:, None] * N + offs_n[None, :]
-        scale = tl.load(scales_ptr + where, mask=tile_mask, other=0.0).to(tl.float32)
-        if HAS_ZEROS:
-            zero = tl.load(zeros_ptr + where, mask=tile_mask, other=0).to(tl.float32)
-        else:
-            zero = tl.full([BLOCK_K, BLOCK_N], 1 << (BITS - 1), tl.float32)
-        w = (q.to(tl.float32) - zero) * scale  # [BLOCK_K, BLOCK_N]
         acc += tl.dot(a.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=PRECISION)
     if MUL_ROUTING_WEIGHT:
         acc = acc * tl.load(weight_ptr + rows, mask=valid, other=0.0).to(tl.float32)[:, None]
@@ -145,23 +144,9 @@ def fused_moe_wna16(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
 ) -> torch.Tensor:
-    tokens, top_k = topk_ids.shape
-    if tokens == 0:
-        return torch.empty_like(hidden)
-    hidden = hidden.contiguous()
-    experts = w13.qweight.shape[0]
-    block_m = 16 if tokens * top_k <= 64 * experts else 64
-    sorted_rows, block_expert = sort_rows_by_expert(topk_ids, experts, block_m)
-    num_rows = tokens * top_k
-    gate_up = _grouped_gemm(hidden, w13, None, sorted_rows, block_expert, num_rows, top_k, block_m)
-    down = _grouped_gemm(
-        silu_and_mul(gate_up),
-        w2,
-        topk_weights.float().contiguous(),
-        sorted_rows,
-        block_expert,
-        num_rows,
-        1,
-        block_m,
-    )
-    return down.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+    experts = {"w13": w13, "w2": w2}
+
+    def gemm(a, which, routing_weights, *blocks):
+        return _grouped_gemm(a, experts[which], routing_weights, *blocks)
+
+    return grouped_experts(hidden, topk_weights, topk_ids, w13.qweight.shape[0], gemm)

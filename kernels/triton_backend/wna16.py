@@ -13,6 +13,43 @@ from infernetes.kernels.triton_backend.common import dot_dtype
 
 
 @triton.jit
+def dequantized_tile(
+    qw_ptr,
+    scales_ptr,
+    zeros_ptr,
+    g_idx_ptr,
+    kk,
+    offs_n,
+    mask_k,
+    mask_n,
+    N,
+    BITS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The ``[BLOCK_K, BLOCK_N]`` tile of ``W^T`` at input features ``kk`` and outputs
+    ``offs_n``, unpacked and scaled in registers (float32; zero where masked)."""
+    PACK: tl.constexpr = 32 // BITS
+    tile_mask = mask_k[:, None] & mask_n[None, :]
+    # Each word holds PACK consecutive input features of one output column.
+    words = tl.load(
+        qw_ptr + (kk[:, None] // PACK).to(tl.int64) * N + offs_n[None, :],
+        mask=tile_mask,
+        other=0,
+    )
+    q = (words >> ((kk[:, None] % PACK) * BITS)) & ((1 << BITS) - 1)
+    group = tl.load(g_idx_ptr + kk, mask=mask_k, other=0).to(tl.int64)
+    where = group[:, None] * N + offs_n[None, :]
+    scale = tl.load(scales_ptr + where, mask=tile_mask, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        zero = tl.load(zeros_ptr + where, mask=tile_mask, other=0).to(tl.float32)
+    else:
+        zero = tl.full([BLOCK_K, BLOCK_N], 1 << (BITS - 1), tl.float32)
+    return (q.to(tl.float32) - zero) * scale
+
+
+@triton.jit
 def wna16_matmul_kernel(
     x_ptr,
     qw_ptr,
@@ -35,7 +72,6 @@ def wna16_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    PACK: tl.constexpr = 32 // BITS
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -54,22 +90,21 @@ def wna16_matmul_kernel(
             mask=(offs_m[:, None] < M) & mask_k[None, :],
             other=0.0,
         ).to(tl.float32)
-        # Each word holds PACK consecutive input features of one output column.
-        words = tl.load(
-            qw_ptr + (kk[:, None] // PACK).to(tl.int64) * N + offs_n[None, :],
-            mask=mask_k[:, None] & mask_n[None, :],
-            other=0,
+        w = dequantized_tile(
+            qw_ptr,
+            scales_ptr,
+            zeros_ptr,
+            g_idx_ptr,
+            kk,
+            offs_n,
+            mask_k,
+            mask_n,
+            N,
+            BITS,
+            HAS_ZEROS,
+            BLOCK_K,
+            BLOCK_N,
         )
-        q = (words >> ((kk[:, None] % PACK) * BITS)) & ((1 << BITS) - 1)
-        group = tl.load(g_idx_ptr + kk, mask=mask_k, other=0).to(tl.int64)
-        where = group[:, None] * N + offs_n[None, :]
-        tile_mask = mask_k[:, None] & mask_n[None, :]
-        scale = tl.load(scales_ptr + where, mask=tile_mask, other=0.0).to(tl.float32)
-        if HAS_ZEROS:
-            zero = tl.load(zeros_ptr + where, mask=tile_mask, other=0).to(tl.float32)
-        else:
-            zero = tl.full([BLOCK_K, BLOCK_N], 1 << (BITS - 1), tl.float32)
-        w = (q.to(tl.float32) - zero) * scale  # [BLOCK_K, BLOCK_N]
         acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE))
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]

@@ -27,6 +27,7 @@ def _cases():
         fp8,
         lora,
         moe,
+        moe_wna16,
         norm,
         rotary,
         wna16,
@@ -289,6 +290,35 @@ def _cases():
                 {},
             )
             for bits, zeros in ((4, True), (8, False))
+        ),
+        *(
+            (
+                moe_wna16.moe_wna16_gemm_kernel,
+                dict(
+                    a_ptr="*bf16",
+                    qw_ptr="*i32",
+                    scales_ptr="*bf16",
+                    zeros_ptr="*i32",
+                    g_idx_ptr="*i32",
+                    weight_ptr="*fp32",
+                    out_ptr="*bf16",
+                    sorted_rows_ptr="*i32",
+                    block_expert_ptr="*i32",
+                ),
+                dict(
+                    A_ROW_DIV=div,
+                    BITS=bits,
+                    HAS_ZEROS=zeros,
+                    MUL_ROUTING_WEIGHT=div == 1,
+                    DOT_DTYPE=tl.bfloat16,
+                    PRECISION="tf32",
+                    BLOCK_M=16,
+                    BLOCK_N=64,
+                    BLOCK_K=64,
+                ),
+                {},
+            )
+            for bits, zeros, div in ((4, True, 8), (8, False, 1))
         ),
     ]
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import replace
 from typing import Any
 
 import torch
 from infernetes.kernels.reference.wna16 import PackedExperts
 from infernetes.runtime.model_executor.layers.fused_moe import EXPERT_PROJECTIONS, FusedMoE
-from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
+from infernetes.runtime.model_executor.layers.quantization.packed_int import (
+    PackedInt,
+    with_common_zeros,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +39,7 @@ def _stacked(parts: list[PackedInt]) -> PackedExperts | None:
     first = parts[0]
     if any(p.bits != first.bits or p.scales.shape != first.scales.shape for p in parts):
         return None
-    if len({p.zeros is None for p in parts}) > 1:  # the symmetric ones get their midpoint
-        midpoint = 2 ** (first.bits - 1)
-        parts = [
-            p
-            if p.zeros is not None
-            else replace(p, zeros=torch.full_like(p.scales, midpoint, dtype=torch.int32))
-            for p in parts
-        ]
+    parts = with_common_zeros(parts)
     zeros = [p.zeros for p in parts if p.zeros is not None]
     return PackedExperts(
         qweight=torch.stack([p.qweight for p in parts]),

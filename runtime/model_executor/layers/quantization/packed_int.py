@@ -47,14 +47,7 @@ class PackedInt:
                 or not torch.equal(part.g_idx, first.g_idx)
             ):
                 return None
-        if len({p.zeros is None for p in parts}) > 1:
-            midpoint = 2 ** (first.bits - 1)
-            parts = [
-                p
-                if p.zeros is not None
-                else replace(p, zeros=torch.full_like(p.scales, midpoint, dtype=torch.int32))
-                for p in parts
-            ]
+        parts = with_common_zeros(parts)
         zeros = [p.zeros for p in parts if p.zeros is not None]
         return PackedInt(
             qweight=torch.cat([p.qweight for p in parts], dim=1),
@@ -99,6 +92,20 @@ class PackedInt:
             zeros=self.zeros.to(device) if self.zeros is not None else None,
             g_idx=self.g_idx.to(device, torch.int32),
         )
+
+
+def with_common_zeros(parts: list[PackedInt]) -> list[PackedInt]:
+    """Parts to be joined: where some have zero points and some do not (symmetric), the latter
+    get their midpoint written out, so all have them."""
+    if len({p.zeros is None for p in parts}) < 2:
+        return parts
+    midpoint = 2 ** (parts[0].bits - 1)
+    return [
+        p
+        if p.zeros is not None
+        else replace(p, zeros=torch.full_like(p.scales, midpoint, dtype=torch.int32))
+        for p in parts
+    ]
 
 
 def dummy_pack_linear_layers(
