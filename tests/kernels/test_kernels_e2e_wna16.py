@@ -98,6 +98,22 @@ def test_packed_weights_run_the_wna16_gemm(tmp_path, base, triton_attn, case):
     assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)
 
 
+def _dummy_llm(path, quant_config: dict) -> LLM:
+    """``--load-format dummy`` of the model in ``path`` with ``quant_config`` in its config."""
+    import json
+
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant_config}))
+    return LLM(
+        str(path),
+        load_format="dummy",
+        dtype="float32",
+        max_model_len=64,
+        num_gpu_blocks_override=16,
+        block_size=8,
+    )
+
+
 @pytest.mark.parametrize(
     "quant_config",
     [
@@ -110,20 +126,9 @@ def test_dummy_weights_of_a_quantized_model_keep_the_stored_form(
 ):
     """What ``bench gpu_llama8b --parts w4a16,fp8`` measures: --load-format dummy of a model whose
     config declares the method fills the stored forms."""
-    import json
     import shutil
 
-    path = shutil.copytree(base, tmp_path / "dummy")
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "quantization_config": quant_config}))
-    llm = LLM(
-        str(path),
-        load_format="dummy",
-        dtype="float32",
-        max_model_len=64,
-        num_gpu_blocks_override=16,
-        block_size=8,
-    )
+    llm = _dummy_llm(shutil.copytree(base, tmp_path / "dummy"), quant_config)
     model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
     qkv = model.model.layers[0].self_attn.qkv_proj
     if quant_config["quant_method"] == "gptq":
@@ -359,22 +364,10 @@ def test_dummy_weights_of_a_quantized_moe_keep_packed_experts(tmp_path, triton_a
     """What ``bench gpu_moe --parts w4a16`` measures: --load-format dummy of a MoE model whose
     config declares GPTQ fills packed experts (drawn on the device) as well as packed linear
     layers."""
-    import json
-
     from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
 
-    path = make_tiny_model(tmp_path / "moe", "Qwen3MoeForCausalLM")
-    config = json.loads((path / "config.json").read_text())
     gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
-    (path / "config.json").write_text(json.dumps({**config, "quantization_config": gptq}))
-    llm = LLM(
-        str(path),
-        load_format="dummy",
-        dtype="float32",
-        max_model_len=64,
-        num_gpu_blocks_override=16,
-        block_size=8,
-    )
+    llm = _dummy_llm(make_tiny_model(tmp_path / "moe", "Qwen3MoeForCausalLM"), gptq)
     model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
     experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
     assert experts and all(m.packed is not None and m.packed[0].bits == 4 for m in experts)
