@@ -156,7 +156,9 @@ def model_cache_schema() -> Schema:
     return obj(
         {
             "claimName": _name(
-                "PersistentVolumeClaim mounted as the Hugging Face cache (HF_HOME)."
+                "PersistentVolumeClaim mounted as the Hugging Face cache (HF_HOME). Unless "
+                "readOnly, it also keeps Triton's compiled kernels (TRITON_CACHE_DIR), so a new "
+                "pod starts without compiling them again."
             ),
             "subPath": string(maxLength=1024),
             "readOnly": boolean(),

@@ -25,6 +25,7 @@ CACHE_MOUNT = "/var/cache/huggingface"
 # kernels while VLLM_CACHE_ROOT is unset), ~/.triton/cache (Triton's compiled kernels), ~/.cache.
 TMP_MOUNT = "/tmp"
 HOME_MOUNT = "/home/infernetes"
+TRITON_CACHE = f"{CACHE_MOUNT}/infernetes/triton"
 HEALTH_PATH = "/health"
 # Extra time a rollout may take beyond the startup budget before the Deployment reports it stuck.
 PROGRESS_MARGIN_SECONDS = 300
@@ -117,6 +118,11 @@ def _env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     # Both are writable volumes whatever the image's defaults (another image's home, HF cache).
     env.append({"name": "HF_HOME", "value": CACHE_MOUNT})
     env.append({"name": "HOME", "value": HOME_MOUNT})
+    cache = spec.get("modelCache") or {}
+    if cache and not cache.get("readOnly"):
+        # Triton's compiled kernels on the claim, beside the weights: a new pod (another node, a
+        # rollout) starts with them compiled instead of compiling them again.
+        env.append({"name": "TRITON_CACHE_DIR", "value": TRITON_CACHE})
     # The user's variables win over ours (one entry per name: server-side apply keys env by name).
     user = [dict(item) for item in spec.get("env") or []]
     user_names = {item["name"] for item in user}

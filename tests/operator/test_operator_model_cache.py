@@ -4,6 +4,7 @@ e2e module proves the Job completes before the Deployment exists)."""
 
 from typing import Any
 
+import pytest
 from infernetes.operator.crd import build_crd
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.render import plan
@@ -115,3 +116,21 @@ def test_crd_documents_download_and_refuses_invalid_combinations() -> None:
     spec_rules = {r["message"]: r.get("fieldPath") for r in schema["x-kubernetes-validations"]}
     (path,) = [p for m, p in spec_rules.items() if "pvc://" in m and "download" in m]
     assert path == ".modelCache.download"
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_triton_kernels_are_cached_on_a_writable_claim(read_only: bool) -> None:
+    """The server's Triton kernels are compiled into the cache claim (a new pod finds them
+    compiled); a read-only claim leaves Triton its default, the pod's writable home."""
+    body = {"model": "org/model", "modelCache": {"claimName": "hf-cache", "readOnly": read_only}}
+    result = plan(body, ClusterFacts(), name="svc", namespace="ns")
+    (deployment,) = [m for m in result.manifests if m["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    if read_only:
+        assert "TRITON_CACHE_DIR" not in env
+    else:
+        assert env["TRITON_CACHE_DIR"] == "/var/cache/huggingface/infernetes/triton"
+    assert not [
+        name for name in env if name.startswith("VLLM_")
+    ]  # the VLLM_* space stays the user's
