@@ -6,7 +6,8 @@ the others apply temperature, ``min_p``, ``top_k``, ``top_p`` (all rows at once)
 inverse transform: one uniform draw per row, searched in the row's cumulative distribution (top_p
 without top_k by rejection: drawn again while outside the nucleus, no sort of the vocabulary). A
 request with a ``seed`` draws from its own generator, so its tokens do not depend on what else is
-in the batch; the per-row work on the device is none, whatever the batch holds.
+in the batch. On a GPU penalties and logprobs are batched too (penalties.py, ``top_logprobs``: no
+launch or copy per row); on a CPU they go row by row, each row staying in the caches.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from infernetes.runtime.model_executor.penalties import apply_penalties, needs_penalties
 from infernetes.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,27 @@ def _top_logprobs(logprobs_row: torch.Tensor, token_id: int, k: int) -> TopLogpr
     return TopLogprobs(token_id, float(chosen), rank, top_ids, top_values)
 
 
+def top_logprobs(
+    logprobs: torch.Tensor, tokens: Sequence[int], ks: Sequence[int]
+) -> list[TopLogprobs]:
+    """``_top_logprobs`` of every row of ``logprobs`` ``[R, V]`` at once: one copy to the host
+    for all rows instead of three a row (on a GPU, each copy waits for the device)."""
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device)[:, None])
+    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+    k = min(max(ks, default=0), logprobs.shape[-1])
+    top_values: list[list[float]] = [[] for _ in tokens]
+    top_ids: list[list[int]] = [[] for _ in tokens]
+    if k > 0:
+        values, ids = torch.topk(logprobs, k, dim=-1)
+        top_values, top_ids = values.tolist(), ids.tolist()
+    return [
+        TopLogprobs(token, value, rank, top_ids[r][: ks[r]], top_values[r][: ks[r]])
+        for r, (token, value, rank) in enumerate(
+            zip(tokens, chosen[:, 0].tolist(), ranks, strict=True)
+        )
+    ]
+
+
 def _apply_penalties(
     row: torch.Tensor, request: SamplingRequest, params: SamplingParams
 ) -> torch.Tensor:
@@ -103,7 +126,9 @@ def _params(request: SamplingRequest) -> SamplingParams:
     return params
 
 
-def _process(row: torch.Tensor, request: SamplingRequest) -> torch.Tensor:
+def _process(row: torch.Tensor, request: SamplingRequest, penalties: bool = True) -> torch.Tensor:
+    """Bias, allowed tokens, ``min_tokens``, penalties (unless the batch applies them) and
+    logits processors on one row, in that order."""
     params = _params(request)
     if params.logit_bias:
         ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row.device)
@@ -121,7 +146,7 @@ def _process(row: torch.Tensor, request: SamplingRequest) -> torch.Tensor:
         if stop_ids:
             row = row.clone()
             row[torch.tensor(sorted(stop_ids), dtype=torch.long, device=row.device)] = float("-inf")
-    if params.repetition_penalty != 1.0 or params.frequency_penalty or params.presence_penalty:
+    if penalties and needs_penalties(params):
         row = _apply_penalties(row, request, params)
     for processor in params.logits_processors or ():
         try:
@@ -182,7 +207,11 @@ def filter_logits(
 
 
 class Sampler:
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, batched: bool | None = None) -> None:
+        """``batched``: penalties and logprobs for all rows at once (a GPU's way: no launch or
+        copy per row), or row by row (a CPU's: each row stays in the caches); None picks by the
+        logits' device."""
+        self.batched = batched
         self.generator = torch.Generator()
         if seed is None:
             self.generator.seed()  # non-deterministic, without touching torch's global RNG
@@ -193,14 +222,19 @@ class Sampler:
         self, logits: torch.Tensor, requests: Sequence[SamplingRequest]
     ) -> list[SampledToken]:
         logits = logits.float()
+        batched = self.batched if self.batched is not None else logits.device.type != "cpu"
         wants_logprobs = any(_params(r).logprobs is not None for r in requests)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
         processed = [i for i, r in enumerate(requests) if _needs_processing(r)]
         if processed:  # the rare per-request processing, row by row; then the batch goes on as one
             logits = logits.clone()
+            penalised = self._batch_penalties(logits, requests, processed) if batched else set()
             for i in processed:
+                if penalised and i in penalised and not _params(requests[i]).logits_processors:
+                    continue  # nothing left to do row by row
+                row = _process(logits[i], requests[i], penalties=i not in penalised)
                 # a NaN from a bias or processor is never the argmax of a greedy row
-                logits[i] = _process(logits[i], requests[i]).nan_to_num(
+                logits[i] = row.nan_to_num(
                     nan=float("-inf"), posinf=float("inf"), neginf=float("-inf")
                 )
         greedy = [i for i, r in enumerate(requests) if _params(r).greedy]
@@ -218,15 +252,44 @@ class Sampler:
                     part, self._sample(rows, [requests[i] for i in part], nucleus), strict=True
                 ):
                     tokens[i] = token
-        results = []
-        for i, request in enumerate(requests):
-            result = SampledToken(tokens[i])
-            k = _params(request).logprobs
-            if k is not None:
-                assert raw_logprobs is not None
-                result.logprobs = _top_logprobs(raw_logprobs[i], tokens[i], k)
-            results.append(result)
+        results = [SampledToken(token) for token in tokens]
+        if raw_logprobs is not None:
+            wanting = [i for i, r in enumerate(requests) if _params(r).logprobs is not None]
+            ks = [_params(requests[i]).logprobs or 0 for i in wanting]
+            if batched:
+                rows = raw_logprobs[torch.tensor(wanting, device=raw_logprobs.device)]
+                found = top_logprobs(rows, [tokens[i] for i in wanting], ks)
+            else:
+                found = [
+                    _top_logprobs(raw_logprobs[i], tokens[i], k)
+                    for i, k in zip(wanting, ks, strict=True)
+                ]
+            for i, logprobs in zip(wanting, found, strict=True):
+                results[i].logprobs = logprobs
         return results
+
+    @staticmethod
+    def _batch_penalties(
+        logits: torch.Tensor, requests: Sequence[SamplingRequest], rows: list[int]
+    ) -> set[int]:
+        """Penalties of ``rows`` in one pass (in place, NaN-free as ``_process`` leaves them);
+        the rows done. A row's bias and masks come before its penalties, so a row with any is
+        left to ``_process`` (rare: a penalty is the common case)."""
+        plain = [
+            i
+            for i in rows
+            if needs_penalties(_params(requests[i])) and not _needs_bias_or_masks(requests[i])
+        ]
+        if not plain:
+            return set()
+        index = torch.tensor(plain, device=logits.device)
+        logits[index] = apply_penalties(
+            logits[index],
+            [_params(requests[i]) for i in plain],
+            [requests[i].prompt_token_ids for i in plain],
+            [requests[i].output_token_ids for i in plain],
+        ).nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+        return set(plain)
 
     def _sample(
         self, rows: torch.Tensor, requests: Sequence[SamplingRequest], nucleus: list[float]
@@ -300,6 +363,15 @@ def _row_groups(rows: list[int], logits: torch.Tensor) -> list[list[int]]:
         return [rows]
     size = max(1, _CPU_GROUP_BYTES // (logits.shape[-1] * logits.element_size()))
     return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def _needs_bias_or_masks(request: SamplingRequest) -> bool:
+    params = _params(request)
+    return bool(
+        params.logit_bias
+        or params.allowed_token_ids is not None
+        or request.num_output_tokens < params.min_tokens
+    )
 
 
 def _needs_processing(request: SamplingRequest) -> bool:

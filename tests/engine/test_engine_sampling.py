@@ -382,3 +382,115 @@ def test_cpu_row_groups_draw_what_one_batch_draws(monkeypatch):
     monkeypatch.setattr(sampler, "_CPU_GROUP_BYTES", 3 * 50 * 4)  # groups of 3 rows
     assert sampler._row_groups(list(range(7)), logits) == [[0, 1, 2], [3, 4, 5], [6]]
     assert draw() == whole
+
+
+def _penalised_by_definition(row, params, prompt, output):
+    """One row penalised token by token, as Hugging Face's repetition processor and OpenAI's
+    frequency and presence penalties define it."""
+    row = row.clone()
+    vocab = row.shape[0]
+    counts = [0] * vocab
+    for token in output:
+        if token < vocab:
+            counts[token] += 1
+    seen = {min(t, vocab - 1) for t in prompt} | {t for t in range(vocab) if counts[t]}
+    for token in range(vocab):
+        value = float(row[token])
+        if token in seen and params.repetition_penalty != 1.0:
+            penalty = params.repetition_penalty
+            value = value / penalty if value > 0 else value * penalty
+        value -= params.frequency_penalty * counts[token]
+        value -= params.presence_penalty * (counts[token] > 0)
+        row[token] = value
+    return row
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        [SamplingParams(repetition_penalty=1.3), SamplingParams(repetition_penalty=0.8)],
+        [SamplingParams(frequency_penalty=0.7), SamplingParams()],
+        [SamplingParams(presence_penalty=-0.4), SamplingParams(presence_penalty=1.5)],
+        [
+            SamplingParams(repetition_penalty=1.2, frequency_penalty=-1.2, presence_penalty=0.3),
+            SamplingParams(frequency_penalty=0.5),
+        ],
+    ],
+)
+def test_batched_penalties_are_each_rows_own(params):
+    """Rows with different penalties (each alone, and mixed), prompts and outputs (ids past the
+    vocabulary included) penalised together equal each row penalised by the definition."""
+    from infernetes.runtime.model_executor.penalties import apply_penalties
+
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(0)) * 3
+    prompts, outputs = [[1, 2, 3, 41], [5] * 9], [[7, 7, 2, 45], []]
+    batched = apply_penalties(logits, params, prompts, outputs)
+    for r in range(2):
+        expected = _penalised_by_definition(logits[r], params[r], prompts[r], outputs[r])
+        assert torch.allclose(batched[r], expected, atol=1e-6), r
+
+
+def test_batched_logprobs_are_each_rows_own():
+    from infernetes.runtime.model_executor.sampler import _top_logprobs, top_logprobs
+
+    gen = torch.Generator().manual_seed(1)
+    logprobs = torch.log_softmax(torch.randn(3, 50, generator=gen), dim=-1)
+    tokens, ks = [4, 17, 49], [2, 0, 5]
+    batched = top_logprobs(logprobs, tokens, ks)
+    assert batched == [_top_logprobs(logprobs[r], tokens[r], ks[r]) for r in range(3)]
+
+
+def test_the_batched_sampler_draws_what_the_row_by_row_one_draws(monkeypatch):
+    """A batch of every kind of row (greedy and seeded, penalties alone or after a bias or
+    min_tokens, a logits processor, logprobs of several k): the same tokens and logprobs whether
+    penalties and logprobs go row by row or all at once."""
+    from infernetes.runtime.model_executor import sampler
+    from infernetes.runtime.model_executor.sampler import Sampler
+    from infernetes.runtime.worker.request_state import CachedRequestState
+
+    batches: list[int] = []  # rows penalised together, per call
+    apply = sampler.apply_penalties
+    monkeypatch.setattr(
+        sampler,
+        "apply_penalties",
+        lambda logits, *rest: batches.append(len(logits)) or apply(logits, *rest),
+    )
+
+    def boost_last(output_ids, row):
+        return row + torch.nn.functional.one_hot(torch.tensor(59), 60) * 0.5
+
+    kinds = [
+        dict(temperature=0.0, logprobs=2),
+        dict(temperature=0.9, seed=1, frequency_penalty=0.6, logprobs=0),
+        dict(temperature=0.0, repetition_penalty=1.4, presence_penalty=0.2),
+        dict(temperature=0.7, seed=2, repetition_penalty=1.1, logit_bias={3: 2.0}, logprobs=5),
+        dict(temperature=0.0, min_tokens=9, frequency_penalty=0.3, stop_token_ids=[5]),
+        dict(temperature=1.1, seed=3, presence_penalty=0.4, logits_processors=[boost_last]),
+        dict(temperature=0.5, seed=4, top_k=7, top_p=0.8),
+    ]
+
+    def requests():
+        made = []
+        for i, kind in enumerate(kinds):
+            params = SamplingParams(max_tokens=20, **kind)
+            generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+            tokens = [1 + i, 2, 3, 5, 5, 7 + i, 3]
+            made.append(CachedRequestState(f"r{i}", tokens, 3, params, 0, [], 0, generator))
+        return made
+
+    logits = torch.randn(len(kinds), 60, generator=torch.Generator().manual_seed(3)) * 2
+    for _ in range(3):
+        row_by_row = Sampler(0, batched=False)(logits, requests())
+        assert not batches
+        batched = Sampler(0, batched=True)(logits, requests())
+        assert batches.pop() == 3  # the rows with penalties and no bias or min_tokens
+        assert [s.token_id for s in batched] == [s.token_id for s in row_by_row]
+        for a, b in zip(batched, row_by_row, strict=True):
+            assert (a.logprobs is None) == (b.logprobs is None)
+            if a.logprobs is not None:
+                assert (a.logprobs.rank, a.logprobs.top_ids) == (
+                    b.logprobs.rank,
+                    b.logprobs.top_ids,
+                )
+                assert a.logprobs.logprob == pytest.approx(b.logprobs.logprob, abs=1e-6)
+        logits = logits.roll(1, dims=1)

@@ -65,18 +65,24 @@ def _request(i: int, sampling: SamplingParams) -> CachedRequestState:
     return CachedRequestState(f"r{i}", [1, 2, 3, 4, 4, 5], 3, sampling, 0, [], 0, generator)
 
 
+# Penalties and logprobs row by row (a CPU's way) and for all rows at once (a GPU's).
+BATCHED = [pytest.param(False, id="row-by-row"), pytest.param(True, id="batched")]
+
+
+@pytest.mark.parametrize("batched", BATCHED)
 @pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.lists(st.tuples(rows, params), min_size=1, max_size=6))
-def test_every_token_is_in_the_vocabulary(device, batch):
+def test_every_token_is_in_the_vocabulary(device, batched, batch):
     logits = torch.tensor([row for row, _ in batch], dtype=torch.float32, device=device)
     requests = [_request(i, p) for i, (_, p) in enumerate(batch)]
-    for sampled in Sampler(0)(logits, requests):
+    for sampled in Sampler(0, batched=batched)(logits, requests):
         assert 0 <= sampled.token_id < VOCAB
 
 
+@pytest.mark.parametrize("batched", BATCHED)
 @pytest.mark.parametrize("device", DEVICES)
-def test_nan_is_never_chosen_and_infinity_takes_the_row(device):
+def test_nan_is_never_chosen_and_infinity_takes_the_row(device, batched):
     """Sampled rows, and greedy rows with a bias or penalty, read NaN as -inf; +inf tokens share
     their row. (A greedy row straight from the model takes its argmax as it is: in the vocabulary.)"""
     nan, inf = math.nan, math.inf
@@ -90,13 +96,15 @@ def test_nan_is_never_chosen_and_infinity_takes_the_row(device):
     ):
         requests = [_request(i, SamplingParams(seed=i, **sampling)) for i in range(4)]
         for _ in range(20):
-            first, second, *others = [s.token_id for s in Sampler()(logits, requests)]
+            sampled = Sampler(batched=batched)(logits, requests)
+            first, second, *others = [s.token_id for s in sampled]
             assert first in (1, 3), sampling
             assert second in (1, 3), sampling
             assert all(0 <= token < 4 for token in others)
 
 
-def test_extreme_bias_and_penalty_stay_in_the_vocabulary():
+@pytest.mark.parametrize("batched", BATCHED)
+def test_extreme_bias_and_penalty_stay_in_the_vocabulary(batched):
     """The request shapes that killed the server: a bias of NaN, inf or 1e308 on a token or on
     every token, and a repetition penalty of 5e-324."""
     logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(0))
@@ -110,7 +118,7 @@ def test_extreme_bias_and_penalty_stay_in_the_vocabulary():
     for case in cases:
         for temperature in (0.0, 0.7):
             request = _request(0, SamplingParams(temperature=temperature, **case))
-            token = Sampler(0)(logits, [request])[0].token_id
+            token = Sampler(0, batched=batched)(logits, [request])[0].token_id
             assert 0 <= token < VOCAB, case
             if "logit_bias" in case and len(case["logit_bias"]) == 1:
                 assert token == 3, case  # the biased token dominates
