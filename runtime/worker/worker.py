@@ -55,8 +55,10 @@ class Worker:
                 if experts is not None
                 else None
             ),
-            # MoE layers running on their checkpoint's packed experts (the Triton path)
-            "packed_moe_layers": sum(m.packed is not None for m in moe_layers),
+            # MoE layers running on packed int or fp8 experts (not the model dtype)
+            "quantized_moe_layers": sum(
+                m.packed is not None or m.w13_weight.dtype != runner.info.dtype for m in moe_layers
+            ),
         }
 
     def determine_available_memory(self) -> int:

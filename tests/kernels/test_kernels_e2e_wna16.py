@@ -184,17 +184,21 @@ def test_tensor_parallel_ranks_keep_their_share(tmp_path, base, triton_attn, cas
 
 @pytest.mark.slow  # a worker process per rank, interpreted
 @pytest.mark.parametrize("expert_parallel", [False, True])
-def test_tensor_and_expert_parallel_ranks_keep_their_packed_experts(
-    tmp_path, triton_attn, expert_parallel
+@pytest.mark.parametrize("form", ["gptq", "fp8"])
+def test_tensor_and_expert_parallel_ranks_keep_their_stored_experts(
+    tmp_path, triton_attn, expert_parallel, form
 ):
-    """Two ranks of a packed Qwen3-MoE: each keeps its slice of every expert's intermediate size
-    (tensor parallel: the gate/up outputs, the down projection's inputs) or its half of the
-    experts whole (expert parallel), packed; greedy tokens equal transformers'."""
+    """Two ranks of a GPTQ or fp8 Qwen3-MoE: each keeps its slice of every expert's intermediate
+    size (tensor parallel: the gate/up outputs, the down projection's inputs) or its half of the
+    experts whole (expert parallel), as stored; greedy tokens equal transformers'."""
     base = make_tiny_model(tmp_path / "base", "Qwen3MoeForCausalLM")
-    quantized, dense = write_gptq(str(base), tmp_path / "q", bits=4, group=16, desc_act=True)
+    if form == "gptq":
+        quantized, dense = write_gptq(str(base), tmp_path / "q", bits=4, group=16, desc_act=True)
+    else:
+        quantized, dense = write_fp8_static(str(base), tmp_path / "q", per_channel=True)
     dense_dir = write_dense(str(base), tmp_path / "dense", dense)
     tokens, reports = _two_ranks_greedy(quantized, enable_expert_parallel=expert_parallel)
-    assert [r["packed_moe_layers"] for r in reports] == [2, 2]  # both layers, on both ranks
+    assert [r["quantized_moe_layers"] for r in reports] == [2, 2]  # both layers, on both ranks
     assert tokens == hf_greedy_tokens(dense_dir, PROMPT, 5)
 
 
@@ -373,3 +377,27 @@ def test_dummy_weights_of_a_quantized_moe_keep_packed_experts(tmp_path, triton_a
     assert experts and all(m.packed is not None and m.packed[0].bits == 4 for m in experts)
     [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
     assert len(output.outputs[0].token_ids) == 5
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_fp8_experts_stay_fp8(tmp_path, triton_attn, per_channel):
+    """An fp8 Qwen3-MoE checkpoint (a scale per tensor or per channel): every MoE layer keeps its
+    experts in fp8 with a scale per expert and output, and runs the fp8 MoE GEMMs; greedy tokens
+    equal transformers' on the dequantised model."""
+    from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
+
+    base = make_tiny_model(tmp_path / "base", "Qwen3MoeForCausalLM")
+    quantized, dense = write_fp8_static(str(base), tmp_path / "q", per_channel=per_channel)
+    dense_dir = write_dense(str(base), tmp_path / "dense", dense)
+    llm = LLM(
+        str(quantized), dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8
+    )
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    assert experts
+    for m in experts:
+        assert m.w13_weight.dtype == m.w2_weight.dtype == torch.float8_e4m3fn
+        assert m.w13_scale.shape == m.w13_weight.shape[:2]
+        assert m.w2_scale.shape == m.w2_weight.shape[:2]
+    [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
+    assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)

@@ -110,6 +110,21 @@ class FusedMoE(nn.Module):
         self.w13_weight = nn.Parameter(empty, requires_grad=False)
         self.w2_weight = nn.Parameter(empty, requires_grad=False)
 
+    def keep_fp8(
+        self,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor,
+        device: torch.device,
+    ) -> None:
+        """Run on a checkpoint's fp8 experts (``w13`` ``[E, 2 * shard, H]``, ``w2`` ``[E, H,
+        shard]``, this rank's) with a scale per expert and output (``[E, N]``)."""
+        self.w13_weight = nn.Parameter(w13.to(device), requires_grad=False)
+        self.w2_weight = nn.Parameter(w2.to(device), requires_grad=False)
+        self.w13_scale = w13_scale.to(device, torch.float32)
+        self.w2_scale = w2_scale.to(device, torch.float32)
+
     def quantize_fp8(self) -> None:
         """Online fp8 (``--quantization fp8``): each expert's weights with a per-expert scale."""
         for name in ("w13", "w2"):

@@ -44,6 +44,10 @@ class Fp8Weight:
     def outputs(self) -> int:
         return self.qweight.shape[0]
 
+    @property
+    def inputs(self) -> int:
+        return self.qweight.shape[1]
+
     def select_outputs(self, rows: torch.Tensor) -> Fp8Weight:
         return Fp8Weight(self.qweight[rows], self.scale[rows])
 

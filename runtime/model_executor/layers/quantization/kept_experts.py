@@ -1,13 +1,14 @@
-"""Mixture-of-experts layers that run on the checkpoint's packed int4/int8 experts where the Triton
-kernels run (``ops.fused_moe_wna16``), as kept.py does for linear layers.
+"""Mixture-of-experts layers that run on the checkpoint's own expert weights where the Triton
+kernels run, as kept.py does for linear layers: packed int4/int8 (``ops.fused_moe_wna16``) or
+fp8 with a scale per output (``ops.fused_moe``'s fp8 path).
 
-A checkpoint stores each expert's gate, up and down projections as separate packed layers
+A checkpoint stores each expert's gate, up and down projections as separate layers
 (``mlp.experts.3.gate_proj.qweight``, Mixtral's ``w1``/``w3``/``w2``). Once the stream is done,
-each ``FusedMoE`` whose local experts all came packed takes them: per expert, this rank's slice of
-the intermediate size (the gate and up outputs, the down projection's inputs on whole packed
-words), gate and up joined, then the experts stacked. A layer whose experts do not line up (a
-projection missing or stored another way, groups of other sizes, a slice off the words) is left
-to the dense load.
+each ``FusedMoE`` whose local experts all came in one kept form takes them: per expert, this
+rank's slice of the intermediate size (the gate and up outputs, the down projection's inputs, on
+whole packed words), gate and up joined, then the experts stacked. A layer whose experts do not
+line up (a projection missing or stored another way, groups of other sizes, a slice off the
+words) is left to the dense load.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from infernetes.kernels.reference.wna16 import PackedExperts
 from infernetes.runtime.model_executor.layers.fused_moe import EXPERT_PROJECTIONS, FusedMoE
+from infernetes.runtime.model_executor.layers.quantization.kept import Fp8Weight, KeptWeight
 from infernetes.runtime.model_executor.layers.quantization.packed_int import (
     PackedInt,
     with_common_zeros,
@@ -29,9 +31,8 @@ logger = logging.getLogger(__name__)
 # "model.layers.3.mlp.experts.17.gate_proj" -> ("model.layers.3.mlp", "17", "gate_proj")
 _EXPERT_LAYER = re.compile(r"^(.*)\.experts\.(\d+)\.(\w+)$")
 
-Parts = dict[
-    tuple[int, str], tuple[str, PackedInt]
-]  # (expert, w1|w3|w2) -> (checkpoint name, form)
+# (expert, "w1" | "w3" | "w2") -> (checkpoint layer name, its kept form)
+Parts = dict[tuple[int, str], tuple[str, KeptWeight]]
 
 
 def _stacked(parts: list[PackedInt]) -> PackedExperts | None:
@@ -50,11 +51,14 @@ def _stacked(parts: list[PackedInt]) -> PackedExperts | None:
     )
 
 
-def _rank_experts(layer: FusedMoE, parts: Parts) -> tuple[PackedExperts, PackedExperts] | None:
-    """``(w13, w2)`` of this rank's experts and intermediate slice, or None."""
+def _rank_experts(
+    layer: FusedMoE, parts: Parts
+) -> tuple[list[KeptWeight], list[KeptWeight]] | None:
+    """Per local expert, this rank's (w13, w2) in the experts' kept form, or None."""
     start, size = layer.slice_rank * layer.shard, layer.shard
     outputs = torch.arange(start, start + size)
-    w13, w2 = [], []
+    w13: list[KeptWeight] = []
+    w2: list[KeptWeight] = []
     for expert in range(layer.first_expert, layer.first_expert + layer.num_local_experts):
         found = [parts.get((expert, shard)) for shard in ("w1", "w3", "w2")]
         if any(f is None for f in found):
@@ -62,30 +66,55 @@ def _rank_experts(layer: FusedMoE, parts: Parts) -> tuple[PackedExperts, PackedE
         gate, up, down = (f[1] for f in found if f is not None)
         if gate.outputs != size:  # a slice of the intermediate size (tensor parallel)
             gate, up = gate.select_outputs(outputs), up.select_outputs(outputs)
-        joined = PackedInt.concat_outputs([gate, up])
-        inputs = (
-            down
-            if down.qweight.shape[0] * 32 // down.bits == size
-            else down.select_inputs(start, size)
-        )
+        joined: KeptWeight | None = None
+        if isinstance(gate, PackedInt) and isinstance(up, PackedInt):
+            joined = PackedInt.concat_outputs([gate, up])
+        elif isinstance(gate, Fp8Weight) and isinstance(up, Fp8Weight):
+            joined = Fp8Weight.concat_outputs([gate, up])
+        inputs = down if down.inputs == size else down.select_inputs(start, size)
         if joined is None or inputs is None:
             return None
         w13.append(joined)
         w2.append(inputs)
-    stacked13, stacked2 = _stacked(w13), _stacked(w2)
-    return (stacked13, stacked2) if stacked13 is not None and stacked2 is not None else None
+    return w13, w2
+
+
+def _keep(layer: FusedMoE, w13: list[KeptWeight], w2: list[KeptWeight], device, dtype) -> bool:
+    """Install the stacked experts in ``layer``; False when they are not all of one form."""
+    packed13 = [p for p in w13 if isinstance(p, PackedInt)]
+    packed2 = [p for p in w2 if isinstance(p, PackedInt)]
+    if len(packed13) == len(w13) and len(packed2) == len(w2):
+        stacked13, stacked2 = _stacked(packed13), _stacked(packed2)
+        if stacked13 is None or stacked2 is None:
+            return False
+        layer.keep_packed(stacked13, stacked2, device, dtype)
+        return True
+    fp8_13 = [p for p in w13 if isinstance(p, Fp8Weight)]
+    fp8_2 = [p for p in w2 if isinstance(p, Fp8Weight)]
+    if len(fp8_13) != len(w13) or len(fp8_2) != len(w2):
+        return False
+    if len({p.qweight.dtype for p in fp8_13 + fp8_2}) > 1:
+        return False
+    layer.keep_fp8(
+        torch.stack([p.qweight for p in fp8_13]),
+        torch.stack([p.scale for p in fp8_13]),
+        torch.stack([p.qweight for p in fp8_2]),
+        torch.stack([p.scale for p in fp8_2]),
+        device,
+    )
+    return True
 
 
 def keep_moe_experts(
     model: Any, kept: dict[str, Any], device: torch.device, dtype: torch.dtype
 ) -> tuple[set[str], set[str]]:
-    """Give each MoE layer its experts' packed form; returns the names of the parameters they
+    """Give each MoE layer its experts' kept form; returns the names of the parameters they
     hold now (loaded with them) and the checkpoint layers taken."""
     rename = getattr(model, "checkpoint_name", lambda name: name)
     by_layer: dict[str, Parts] = {}
     for prefix, form in kept.items():
         match = _EXPERT_LAYER.match(rename(prefix + ".weight").removesuffix(".weight"))
-        if not isinstance(form, PackedInt) or match is None:
+        if match is None:
             continue
         block, expert, projection = match.groups()
         if projection in EXPERT_PROJECTIONS:
@@ -98,11 +127,10 @@ def keep_moe_experts(
         layer = modules.get(name)
         if not isinstance(layer, FusedMoE):
             continue
-        packed = _rank_experts(layer, parts)
-        if packed is None:
+        experts = _rank_experts(layer, parts)
+        if experts is None or not _keep(layer, *experts, device, dtype):
             logger.info("%s stays dense: its experts are not stored alike", name)
             continue
-        layer.keep_packed(*packed, device, dtype)
         held |= {f"{name}.w13_weight", f"{name}.w2_weight"}
         taken |= {prefix for prefix, _ in parts.values()}
     return held, taken

@@ -61,6 +61,10 @@ class PackedInt:
     def outputs(self) -> int:
         return self.qweight.shape[1]
 
+    @property
+    def inputs(self) -> int:
+        return self.qweight.shape[0] * 32 // self.bits
+
     def select_outputs(self, rows: torch.Tensor) -> PackedInt:
         zeros = self.zeros[:, rows] if self.zeros is not None else None
         return replace(
