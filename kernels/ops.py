@@ -15,6 +15,7 @@ from infernetes.kernels.reference import activation as _ref_activation
 from infernetes.kernels.reference import attention as _ref_attention
 from infernetes.kernels.reference import cache as _ref_cache
 from infernetes.kernels.reference import fp8 as _ref_fp8
+from infernetes.kernels.reference import fp8_block as _ref_fp8_block
 from infernetes.kernels.reference import lora as _ref_lora
 from infernetes.kernels.reference import moe as _ref_moe
 from infernetes.kernels.reference import norm as _ref_norm
@@ -23,6 +24,7 @@ from infernetes.kernels.reference import wna16 as _ref_wna16
 from infernetes.kernels.reference.fp8 import quantize_weight_fp8
 
 __all__ = [
+    "block_fp8_linear",
     "fp8_linear",
     "fused_moe",
     "fused_moe_wna16",
@@ -210,6 +212,21 @@ def fused_moe_wna16(
     _ref_wna16.check_packed_moe_shapes(hidden, w13, w2, topk_weights, topk_ids)
     impl = _triton().fused_moe_wna16 if _use_triton(hidden) else _ref_wna16.fused_moe_wna16
     return impl(hidden, w13, w2, topk_weights, topk_ids)
+
+
+def block_fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W.T + bias` with `W` an fp8 `[N, K]` weight scaled per `block` (`scale_inv`
+    `[ceil(N / bn), ceil(K / bk)]`; `infernetes.kernels.reference.fp8_block`): the Triton GEMM
+    scales each tile in registers, activations stay in their dtype."""
+    _ref_fp8_block.check_block_shapes(x, weight, scale_inv, block)
+    impl = _triton().block_fp8_linear if _use_triton(x) else _ref_fp8_block.block_fp8_linear
+    return impl(x, weight, scale_inv, block, bias)
 
 
 def lora_shrink(x: torch.Tensor, a_stack: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

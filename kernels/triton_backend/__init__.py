@@ -7,6 +7,7 @@ from infernetes.kernels.triton_backend.activation import silu_and_mul
 from infernetes.kernels.triton_backend.attention import paged_attention
 from infernetes.kernels.triton_backend.cache import store_kv
 from infernetes.kernels.triton_backend.fp8 import fp8_linear, scaled_fp8_quant
+from infernetes.kernels.triton_backend.fp8_block import block_fp8_linear
 from infernetes.kernels.triton_backend.lora import lora_expand, lora_shrink
 from infernetes.kernels.triton_backend.moe import fused_moe
 from infernetes.kernels.triton_backend.moe_wna16 import fused_moe_wna16
@@ -15,6 +16,7 @@ from infernetes.kernels.triton_backend.rotary import rotary_embedding
 from infernetes.kernels.triton_backend.wna16 import wna16_linear
 
 __all__ = [
+    "block_fp8_linear",
     "fp8_linear",
     "fused_moe",
     "fused_moe_wna16",

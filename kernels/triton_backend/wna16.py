@@ -133,7 +133,7 @@ def wna16_linear(
     if not m:
         return x.new_empty(*x.shape[:-1], n)
     block_m, block_n, block_k = (16 if m <= 16 else 64), 64, 64
-    splits = _k_splits(m, n, k, block_n, block_k)
+    splits = k_splits(m, n, k, block_n, block_k)
     k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)
     out = torch.empty(
@@ -168,7 +168,7 @@ def wna16_linear(
     return result.reshape(*x.shape[:-1], n)
 
 
-def _k_splits(m: int, n: int, k: int, block_n: int, block_k: int) -> int:
+def k_splits(m: int, n: int, k: int, block_n: int, block_k: int) -> int:
     """How many K ranges small batches (decode) split into, so the weight stream is read by
     enough programs to fill the GPU: about 256 programs, each at least 4 tiles of K."""
     if m > 16:

@@ -25,6 +25,7 @@ def _cases():
         attention_prefill,
         cache,
         fp8,
+        fp8_block,
         lora,
         moe,
         moe_wna16,
@@ -290,6 +291,26 @@ def _cases():
                 {},
             )
             for bits, zeros in ((4, True), (8, False))
+        ),
+        (
+            fp8_block.block_fp8_matmul_kernel,
+            dict(
+                x_ptr="*bf16",
+                w_ptr="*fp8e4nv",
+                scale_ptr="*fp32",
+                bias_ptr="*bf16",
+                out_ptr="*bf16",
+            ),
+            dict(
+                BLOCK_SN=128,
+                BLOCK_SK=128,
+                HAS_BIAS=True,
+                DOT_DTYPE=tl.bfloat16,
+                BLOCK_M=16,
+                BLOCK_N=64,
+                BLOCK_K=64,
+            ),
+            {},
         ),
         *(
             (

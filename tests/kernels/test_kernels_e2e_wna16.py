@@ -10,6 +10,7 @@ import pytest
 import torch
 from infernetes.kernels import backend
 from infernetes.runtime.model_executor.layers.linear import LinearBase
+from infernetes.runtime.model_executor.layers.quantization.kept import Fp8BlockWeight
 from infernetes.runtime.model_executor.loader import build_model, inspect_model, load_hf_config
 from infernetes.runtime.testing import hf_greedy_tokens, make_tiny_llama, make_tiny_model
 from infernetes.runtime.testing_quantized import (
@@ -72,7 +73,7 @@ CASES = {
             weights=dict(num_bits=8, type="float", symmetric=True, strategy="channel"),
         ),
     ),
-    "fp8-block-wise": (write_fp8_blockwise, {}),  # no kernel takes blocks: dense
+    "fp8-block-wise": (write_fp8_blockwise, {}),
 }
 
 
@@ -89,8 +90,9 @@ def test_packed_weights_run_the_wna16_gemm(tmp_path, base, triton_attn, case):
     for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj):
         if "fp8" not in case:
             assert linear.quant_method is not None and linear.weight.numel() == 0
-        elif "block" in case:
-            assert linear.weight.dtype == torch.float32
+        elif "block" in case:  # fp8 with its block scales, the block fp8 GEMM
+            assert isinstance(linear.quant_method, Fp8BlockWeight)
+            assert linear.quant_method.qweight.dtype == torch.float8_e4m3fn
         else:  # fused parts' per-tensor scales become one per output
             assert linear.weight.dtype == torch.float8_e4m3fn
             assert linear.weight_scale.shape == (linear.weight.shape[0],)
@@ -170,7 +172,7 @@ def _two_ranks_greedy(path, **settings) -> tuple[list[int], list[dict]]:
 
 
 @pytest.mark.slow  # a worker process per rank, interpreted
-@pytest.mark.parametrize("case", ["gptq-4bit-desc-act", "fp8-per-tensor"])
+@pytest.mark.parametrize("case", ["gptq-4bit-desc-act", "fp8-per-tensor", "fp8-block-wise"])
 def test_tensor_parallel_ranks_keep_their_share(tmp_path, base, triton_attn, case):
     """Each rank keeps its share of the stored weights (QKV's replicated KV head, the merged
     gate/up, the row-parallel inputs with every group's scales) and greedy tokens still equal

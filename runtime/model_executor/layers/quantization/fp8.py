@@ -4,8 +4,9 @@ format of DeepSeek-V3 and Qwen3-FP8) or a per-tensor / per-channel ``weight_scal
 ``activation_scheme: static`` an ``input_scale`` per layer. ``W = weight * scale``.
 
 The input scales are checked, not applied: on the CPU the weight is dequantised at load and
-activations run in the model dtype; where the Triton kernels run, per-tensor and per-channel
-weights stay fp8 (kept.py) and the fp8 linear quantises the activations dynamically."""
+activations run in the model dtype; where the Triton kernels run, the weights stay fp8 (kept.py):
+per tensor and per channel the fp8 linear quantises the activations dynamically, block-wise the
+block fp8 GEMM scales the weight tiles and keeps the activations in the model dtype."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     check_shape,
     require,
 )
-from infernetes.runtime.model_executor.layers.quantization.kept import KeptWeight, fp8_per_output
+from infernetes.runtime.model_executor.layers.quantization.kept import (
+    Fp8BlockWeight,
+    KeptWeight,
+    fp8_per_output,
+)
 from infernetes.runtime.model_executor.layers.quantization.scales import (
     per_block,
     per_tensor_or_channel,
@@ -85,8 +90,14 @@ class Fp8Format(CheckpointFormat):
         return (weight.float() * per_tensor_or_channel(scale, n)).to(dtype)
 
     def kept(self, prefix: str, tensors: dict[str, torch.Tensor]) -> KeptWeight | None:
-        """Per-tensor and per-channel layers stay fp8 (the block-wise ones are dense)."""
+        """Layers stay fp8: per tensor and per channel with a scale per output, block-wise
+        with their block scales."""
         if self.block:
-            return None
+            weight = require(self, prefix, tensors, "weight")
+            check_dtype(self, f"{prefix}.weight", weight, *FP8)
+            scale = require(self, prefix, tensors, "weight_scale_inv")
+            (n, k), (bn, bk) = weight.shape, self.block
+            check_shape(self, f"{prefix}.weight_scale_inv", scale, (-(-n // bn), -(-k // bk)))
+            return Fp8BlockWeight(weight, scale.float(), self.block)
         self.dequantize(prefix, tensors, torch.float32)  # the checks; cheap next to loading
         return fp8_per_output(tensors["weight"], tensors["weight_scale"])

@@ -1,7 +1,8 @@
 """Linear layers that run on the checkpoint's own quantized weights where the Triton kernels run
 (``--attention-backend TRITON_ATTN``, the GPU default): packed int4/int8
 (``packed_int.PackedInt``, the dequantising GEMM) and fp8 with a scale per output
-(``Fp8Weight``, the fp8 linear of `infernetes.kernels.ops`).
+(``Fp8Weight``, the fp8 linear of `infernetes.kernels.ops`), block-wise fp8
+(``Fp8BlockWeight``, ``ops.block_fp8_linear``).
 
 The model is built with its linear layers' dense weights unallocated
 (``deferred_weights.dense_weights_on_first_write``); the formats hand over each checkpoint layer's stored
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from infernetes.kernels import ops
+from infernetes.kernels.reference.fp8_block import dequantize_block_fp8
 from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 from torch import nn
 
@@ -59,7 +62,74 @@ class Fp8Weight:
         layer.weight_scale = nn.Parameter(self.scale.to(device, torch.float32), requires_grad=False)
 
 
-KeptWeight = PackedInt | Fp8Weight
+@dataclass(frozen=True)
+class Fp8BlockWeight:
+    """A block-wise fp8 layer: ``ops.block_fp8_linear`` scales its tiles in registers."""
+
+    qweight: torch.Tensor  # float8 [N, K]
+    scale_inv: torch.Tensor  # float32 [ceil(N / bn), ceil(K / bk)]
+    block: tuple[int, int]
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_block_fp8(self.qweight, self.scale_inv, self.block, dtype)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return ops.block_fp8_linear(x, self.qweight, self.scale_inv, self.block, bias)
+
+    @staticmethod
+    def concat_outputs(parts: list[Fp8BlockWeight]) -> Fp8BlockWeight | None:
+        """Parts one after another along the outputs, when each but the last ends on a block."""
+        first = parts[0]
+        if any(p.block != first.block or p.qweight.dtype != first.qweight.dtype for p in parts):
+            return None
+        if any(p.outputs % first.block[0] for p in parts[:-1]):
+            return None
+        return Fp8BlockWeight(
+            torch.cat([p.qweight for p in parts]),
+            torch.cat([p.scale_inv for p in parts]),
+            first.block,
+        )
+
+    @property
+    def outputs(self) -> int:
+        return self.qweight.shape[0]
+
+    @property
+    def inputs(self) -> int:
+        return self.qweight.shape[1]
+
+    def select_outputs(self, rows: torch.Tensor) -> Fp8BlockWeight | None:
+        """The outputs ``rows``, when they are whole blocks (a rank's heads, its slice of a
+        merged layer); else None."""
+        size = self.block[0]
+        if rows.numel() % size:
+            return None
+        blocks = rows.reshape(-1, size)
+        starts = blocks[:, :1]
+        if bool((starts % size).any()) or not torch.equal(
+            blocks, starts + torch.arange(size, device=rows.device)
+        ):
+            return None
+        return Fp8BlockWeight(self.qweight[rows], self.scale_inv[starts[:, 0] // size], self.block)
+
+    def select_inputs(self, start: int, length: int) -> Fp8BlockWeight | None:
+        """Input features ``start .. start + length``, when they start on a block; else None."""
+        size = self.block[1]
+        if start % size or (length % size and start + length != self.inputs):
+            return None
+        first, end = start // size, -(-(start + length) // size)
+        return Fp8BlockWeight(
+            self.qweight[:, start : start + length], self.scale_inv[:, first:end], self.block
+        )
+
+    def install(self, layer: Any, device: torch.device, dtype: torch.dtype) -> None:
+        layer.quant_method = Fp8BlockWeight(
+            self.qweight.to(device), self.scale_inv.to(device, torch.float32), self.block
+        )
+        layer.weight = nn.Parameter(torch.empty(0, device=device, dtype=dtype), requires_grad=False)
+
+
+KeptWeight = PackedInt | Fp8Weight | Fp8BlockWeight
 
 
 def fp8_per_output(qweight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
@@ -135,6 +205,8 @@ def keep_linear_layers(
             joined = PackedInt.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
         elif all(isinstance(p, Fp8Weight) for p in pieces):
             joined = Fp8Weight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
+        elif all(isinstance(p, Fp8BlockWeight) for p in pieces):
+            joined = Fp8BlockWeight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
         if joined is not None:
             joined = _rank_share(module, joined, pieces, [shard for _, shard in parts])
         if joined is None:

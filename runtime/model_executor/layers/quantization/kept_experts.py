@@ -20,7 +20,11 @@ from typing import Any
 import torch
 from infernetes.kernels.reference.wna16 import PackedExperts
 from infernetes.runtime.model_executor.layers.fused_moe import EXPERT_PROJECTIONS, FusedMoE
-from infernetes.runtime.model_executor.layers.quantization.kept import Fp8Weight, KeptWeight
+from infernetes.runtime.model_executor.layers.quantization.kept import (
+    Fp8BlockWeight,
+    Fp8Weight,
+    KeptWeight,
+)
 from infernetes.runtime.model_executor.layers.quantization.packed_int import (
     PackedInt,
     with_common_zeros,
@@ -64,8 +68,13 @@ def _rank_experts(
         if any(f is None for f in found):
             return None
         gate, up, down = (f[1] for f in found if f is not None)
+        if isinstance(gate, Fp8BlockWeight):
+            return None  # block-wise fp8 experts are loaded dense
         if gate.outputs != size:  # a slice of the intermediate size (tensor parallel)
-            gate, up = gate.select_outputs(outputs), up.select_outputs(outputs)
+            gate_slice, up_slice = gate.select_outputs(outputs), up.select_outputs(outputs)
+            if gate_slice is None or up_slice is None:
+                return None
+            gate, up = gate_slice, up_slice
         joined: KeptWeight | None = None
         if isinstance(gate, PackedInt) and isinstance(up, PackedInt):
             joined = PackedInt.concat_outputs([gate, up])
