@@ -6,6 +6,7 @@ keeps model code plain and lets a CUDA graph capture the forward with fixed tens
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -20,15 +21,17 @@ class AttentionMetadata:
     calculate_kv_scales: bool = False
 
 
-_current: AttentionMetadata | None = None
+# Per thread: a forward runs in the thread that set its metadata, and two engines in one process
+# (async scheduling runs each on its own thread) must not clear each other's step.
+_local = threading.local()
 
 
 def set_attention_metadata(metadata: AttentionMetadata | None) -> None:
-    global _current
-    _current = metadata
+    _local.current = metadata
 
 
 def get_attention_metadata() -> AttentionMetadata:
-    if _current is None:
+    current = getattr(_local, "current", None)
+    if current is None:
         raise RuntimeError("attention ran outside a ModelRunner step (no attention metadata set)")
-    return _current
+    return current

@@ -338,3 +338,31 @@ def test_tensor_parallel_worker_processes(tiny_llama, hf_greedy):
     for i, prompt in enumerate(PROMPTS):
         ids = core.tokenizer(prompt).input_ids
         assert finished[str(i)].outputs[0].token_ids == hf_greedy(tiny_llama, ids, 24)
+
+
+def test_one_engines_step_does_not_clear_another_threads_attention_metadata():
+    """Two engines in one process each run their forward on their own thread: one ending its step
+    (metadata cleared) must leave the other's step running (a flaky failure before it was
+    per thread)."""
+    import torch
+    from infernetes.runtime.model_executor import context
+
+    meta = context.AttentionMetadata(*(torch.zeros(1, dtype=torch.int32) for _ in range(4)))
+    context.set_attention_metadata(meta)
+    other = threading.Thread(target=context.set_attention_metadata, args=(None,))
+    other.start()
+    other.join()
+    assert context.get_attention_metadata() is meta
+    seen: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            context.get_attention_metadata()
+        except RuntimeError as e:
+            seen.append(e)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join()
+    context.set_attention_metadata(None)
+    assert seen and "outside a ModelRunner step" in str(seen[0])

@@ -64,7 +64,7 @@ def test_packing_matches_a_bit_by_bit_unpacker(bits):
 def test_triton_wna16_linear_matches_reference(bits, group, reorder, asym, dtype, rows):
     k, n = 512, 80
     if rows == 1:  # the decode step really splits
-        assert wna16_kernel._k_splits(rows, n, k, 64, 64) > 1
+        assert wna16_kernel.k_splits(rows, n, k, 64, 64) > 1
     values, scales, zeros, g_idx = _random_layer(k, n, bits, group, reorder, asym, bits + group)
     qweight = wna16.pack_along_k(values, bits).to(DEVICE)
     scales = scales.to(DEVICE, dtype)
