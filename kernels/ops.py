@@ -191,12 +191,13 @@ def fused_moe(
     topk_ids: torch.Tensor,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
+    block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The routed experts of `hidden` `[T, H]` summed by their weights -> `[T, H]`; `w13`
-    `[E, 2I, H]` (gate then up), `w2` `[E, H, I]`, fp8 with scales `[E]` or `[E, N]` (see
-    `infernetes.kernels.reference.moe`)."""
+    `[E, 2I, H]` (gate then up), `w2` `[E, H, I]`, fp8 with scales `[E]` or `[E, N]`, or per
+    `block` `[E, ceil(N / bn), ceil(K / bk)]` (see `infernetes.kernels.reference.moe`)."""
     impl = _triton().fused_moe if _use_triton(hidden) else _ref_moe.fused_moe
-    return impl(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+    return impl(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block)
 
 
 def fused_moe_wna16(

@@ -157,9 +157,11 @@ ARG_SUPPORT: dict[str, Support] = {
     "quantization": partial(
         ("awq", "awq_marlin", "compressed-tensors", "fp8", "gptq", "gptq_marlin"),
         "pre-quantized checkpoints of these methods load (the method is read from the "
-        "checkpoint's quantization_config; a different --quantization is refused); their weights "
-        "are dequantised to the model dtype at load (gpt-oss's mxfp4 checkpoints too); fp8 of an "
-        "unquantised checkpoint quantises it online",
+        "checkpoint's quantization_config; a different --quantization is refused); on the GPU "
+        "(Triton) path packed int4/int8 and fp8 weights, MoE experts included, stay as stored and "
+        "run quantized GEMMs, on the CPU they are dequantised to the model dtype at load (gpt-oss's "
+        "mxfp4 checkpoints everywhere; see docs/quantization.md); fp8 of an unquantised "
+        "checkpoint quantises it online",
     ),
     "rope_scaling": HONOURED,
     "rope_theta": HONOURED,

@@ -16,11 +16,11 @@ import torch
 import triton
 import triton.language as tl
 from infernetes.kernels.reference.fp8 import FP8_DTYPES
-from infernetes.kernels.reference.moe import check_moe_shapes
+from infernetes.kernels.reference.moe import check_expert_scales, check_moe_shapes
 from infernetes.kernels.triton_backend.activation import silu_and_mul
 from infernetes.kernels.triton_backend.common import dot_dtype
 
-SCALE_NONE, SCALE_PER_EXPERT, SCALE_PER_CHANNEL = 0, 1, 2
+SCALE_NONE, SCALE_PER_EXPERT, SCALE_PER_CHANNEL, SCALE_PER_BLOCK = 0, 1, 2, 3
 
 
 @triton.jit
@@ -39,8 +39,12 @@ def moe_gemm_kernel(
     stride_we,
     stride_wn,
     stride_om,
+    stride_se,
+    scale_cols,
     A_ROW_DIV: tl.constexpr,
     SCALE_MODE: tl.constexpr,
+    BLOCK_SN: tl.constexpr,
+    BLOCK_SK: tl.constexpr,
     MUL_ROUTING_WEIGHT: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -60,6 +64,7 @@ def moe_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     w_base = w_ptr + expert.to(tl.int64) * stride_we
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    scale_rows = expert.to(tl.int64) * stride_se + (offs_n // BLOCK_SN).to(tl.int64) * scale_cols
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         a = tl.load(
@@ -67,13 +72,20 @@ def moe_gemm_kernel(
             mask=valid[:, None] & (kk[None, :] < K),
             other=0.0,
         ).to(tl.float32)
+        tile_mask = (offs_n[:, None] < N) & (kk[None, :] < K)
         w = tl.load(
             w_base + offs_n[:, None].to(tl.int64) * stride_wn + kk[None, :],
-            mask=(offs_n[:, None] < N) & (kk[None, :] < K),
+            mask=tile_mask,
             other=0.0,
         ).to(tl.float32)
+        if SCALE_MODE == 3:  # block-wise fp8: each element by its block's scale, in registers
+            w = w * tl.load(
+                scale_ptr + scale_rows[:, None] + (kk // BLOCK_SK)[None, :],
+                mask=tile_mask,
+                other=0.0,
+            )
         acc += tl.dot(a.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=PRECISION)
-    # An fp8 weight's scale factors out of the dot product: applied once at the end.
+    # A scale per expert or output factors out of the dot product: applied once at the end.
     if SCALE_MODE == 1:
         acc = acc * tl.load(scale_ptr + expert)
     elif SCALE_MODE == 2:
@@ -116,21 +128,31 @@ def sort_rows_by_expert(
 
 def _scale_mode(weight: torch.Tensor, scale: torch.Tensor | None) -> tuple[int, torch.Tensor]:
     if weight.dtype not in FP8_DTYPES:
-        return SCALE_NONE, weight.new_empty(1, dtype=torch.float32)
+        return SCALE_NONE, weight.new_empty(1, 1, 1, dtype=torch.float32)
     if scale is None:
         raise ValueError("fp8 expert weights need their scales")
-    scale = scale.float().contiguous()
-    return (SCALE_PER_CHANNEL if scale.dim() == 2 else SCALE_PER_EXPERT), scale
+    modes = {1: SCALE_PER_EXPERT, 2: SCALE_PER_CHANNEL, 3: SCALE_PER_BLOCK}
+    return modes[scale.dim()], scale.float().reshape(*scale.shape, *[1] * (3 - scale.dim()))
 
 
 def _grouped_gemm(
-    a, weight, scale, routing_weights, sorted_rows, block_expert, num_rows, a_row_div, block_m
+    a,
+    weight,
+    scale,
+    block,
+    routing_weights,
+    sorted_rows,
+    block_expert,
+    num_rows,
+    a_row_div,
+    block_m,
 ) -> torch.Tensor:
     _, n, k = weight.shape
     # Zeroed for the weighted output: rows of id -1 (another rank's experts) stay unwritten.
     alloc = torch.empty if routing_weights is None else torch.zeros
     out = alloc(num_rows, n, dtype=a.dtype, device=a.device)
     mode, scale = _scale_mode(weight, scale)
+    scale = scale.contiguous()
     dtype = dot_dtype(a.dtype)
     grid = (block_expert.numel(), triton.cdiv(n, 64))
     moe_gemm_kernel[grid](
@@ -148,8 +170,12 @@ def _grouped_gemm(
         weight.stride(0),
         weight.stride(1),
         out.stride(0),
+        scale.stride(0),
+        scale.stride(1),
         A_ROW_DIV=a_row_div,
         SCALE_MODE=mode,
+        BLOCK_SN=block[0] if block else 1,
+        BLOCK_SK=block[1] if block else 1,
         MUL_ROUTING_WEIGHT=routing_weights is not None,
         DOT_DTYPE=dtype,
         PRECISION="ieee" if dtype == tl.float32 else "tf32",
@@ -195,9 +221,15 @@ def fused_moe(
     topk_ids: torch.Tensor,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
+    block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     check_moe_shapes(hidden, w13, w2, topk_weights, topk_ids)
-    weights = {"w13": (w13.contiguous(), w13_scale), "w2": (w2.contiguous(), w2_scale)}
+    check_expert_scales(w13, w13_scale, block)
+    check_expert_scales(w2, w2_scale, block)
+    weights = {
+        "w13": (w13.contiguous(), w13_scale, block),
+        "w2": (w2.contiguous(), w2_scale, block),
+    }
 
     def gemm(a, which, routing_weights, *blocks):
         return _grouped_gemm(a, *weights[which], routing_weights, *blocks)

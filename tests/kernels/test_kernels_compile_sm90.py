@@ -244,6 +244,8 @@ def _cases():
                 dict(
                     A_ROW_DIV=div,
                     SCALE_MODE=mode,
+                    BLOCK_SN=128 if mode == 3 else 1,
+                    BLOCK_SK=128 if mode == 3 else 1,
                     MUL_ROUTING_WEIGHT=div == 1,
                     DOT_DTYPE=tl.bfloat16,
                     PRECISION="tf32",
@@ -253,7 +255,12 @@ def _cases():
                 ),
                 {},
             )
-            for weight, mode, div in (("*bf16", 0, 8), ("*bf16", 0, 1), ("*fp8e4nv", 2, 1))
+            for weight, mode, div in (
+                ("*bf16", 0, 8),
+                ("*bf16", 0, 1),
+                ("*fp8e4nv", 2, 1),
+                ("*fp8e4nv", 3, 8),  # block-wise fp8 experts
+            )
         ),
         (
             lora.lora_shrink_kernel,

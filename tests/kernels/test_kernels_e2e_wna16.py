@@ -186,18 +186,21 @@ def test_tensor_parallel_ranks_keep_their_share(tmp_path, base, triton_attn, cas
 
 @pytest.mark.slow  # a worker process per rank, interpreted
 @pytest.mark.parametrize("expert_parallel", [False, True])
-@pytest.mark.parametrize("form", ["gptq", "fp8"])
+@pytest.mark.parametrize("form", ["gptq", "fp8", "fp8-block-wise"])
 def test_tensor_and_expert_parallel_ranks_keep_their_stored_experts(
     tmp_path, triton_attn, expert_parallel, form
 ):
     """Two ranks of a GPTQ or fp8 Qwen3-MoE: each keeps its slice of every expert's intermediate
-    size (tensor parallel: the gate/up outputs, the down projection's inputs) or its half of the
-    experts whole (expert parallel), as stored; greedy tokens equal transformers'."""
+    size (tensor parallel: the gate/up outputs, the down projection's inputs, on whole fp8
+    blocks) or its half of the experts whole (expert parallel), as stored; greedy tokens equal
+    transformers'."""
     base = make_tiny_model(tmp_path / "base", "Qwen3MoeForCausalLM")
     if form == "gptq":
         quantized, dense = write_gptq(str(base), tmp_path / "q", bits=4, group=16, desc_act=True)
-    else:
+    elif form == "fp8":
         quantized, dense = write_fp8_static(str(base), tmp_path / "q", per_channel=True)
+    else:  # each rank's 16 of the 32 intermediate features are one block
+        quantized, dense = write_fp8_blockwise(str(base), tmp_path / "q", block=(16, 16))
     dense_dir = write_dense(str(base), tmp_path / "dense", dense)
     tokens, reports = _two_ranks_greedy(quantized, enable_expert_parallel=expert_parallel)
     assert [r["quantized_moe_layers"] for r in reports] == [2, 2]  # both layers, on both ranks
@@ -381,15 +384,29 @@ def test_dummy_weights_of_a_quantized_moe_keep_packed_experts(tmp_path, triton_a
     assert len(output.outputs[0].token_ids) == 5
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_fp8_experts_stay_fp8(tmp_path, triton_attn, per_channel):
-    """An fp8 Qwen3-MoE checkpoint (a scale per tensor or per channel): every MoE layer keeps its
-    experts in fp8 with a scale per expert and output, and runs the fp8 MoE GEMMs; greedy tokens
-    equal transformers' on the dequantised model."""
+@pytest.mark.parametrize(
+    ("architecture", "scales"),
+    [
+        ("Qwen3MoeForCausalLM", "tensor"),
+        ("Qwen3MoeForCausalLM", "channel"),
+        ("Qwen3MoeForCausalLM", "block"),
+        ("DeepseekV3ForCausalLM", "block"),  # its own format: fine-grained fp8, MLA
+    ],
+)
+def test_fp8_experts_stay_fp8(tmp_path, triton_attn, architecture, scales):
+    """An fp8 MoE checkpoint (a scale per tensor, per channel or per block): every MoE layer
+    keeps its experts in fp8 with a scale per expert and output, or per expert and block, and
+    runs the fp8 MoE GEMMs; greedy tokens equal transformers' on the dequantised model."""
     from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
 
-    base = make_tiny_model(tmp_path / "base", "Qwen3MoeForCausalLM")
-    quantized, dense = write_fp8_static(str(base), tmp_path / "q", per_channel=per_channel)
+    base = make_tiny_model(tmp_path / "base", architecture)
+    block = (16, 32) if architecture.startswith("Qwen") else (8, 8)  # MLA's ranks are 8s
+    if scales == "block":
+        quantized, dense = write_fp8_blockwise(str(base), tmp_path / "q", block=block)
+    else:
+        quantized, dense = write_fp8_static(
+            str(base), tmp_path / "q", per_channel=scales == "channel"
+        )
     dense_dir = write_dense(str(base), tmp_path / "dense", dense)
     llm = LLM(
         str(quantized), dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8
@@ -399,7 +416,13 @@ def test_fp8_experts_stay_fp8(tmp_path, triton_attn, per_channel):
     assert experts
     for m in experts:
         assert m.w13_weight.dtype == m.w2_weight.dtype == torch.float8_e4m3fn
-        assert m.w13_scale.shape == m.w13_weight.shape[:2]
-        assert m.w2_scale.shape == m.w2_weight.shape[:2]
+        if scales == "block":  # [E, N, K] in bn x bk blocks
+            assert m.scale_block == block
+            for w, scale in ((m.w13_weight, m.w13_scale), (m.w2_weight, m.w2_scale)):
+                e, n, k = w.shape
+                assert scale.shape == (e, n // block[0], k // block[1])
+        else:
+            assert m.w13_scale.shape == m.w13_weight.shape[:2]
+            assert m.w2_scale.shape == m.w2_weight.shape[:2]
     [output] = llm.generate({"prompt_token_ids": PROMPT}, GREEDY)
     assert list(output.outputs[0].token_ids) == hf_greedy_tokens(dense_dir, PROMPT, 5)

@@ -108,6 +108,44 @@ def test_triton_fused_moe_fp8_weights(per_channel):
     assert (got - exact).abs().max() < 0.1 * exact.abs().max()
 
 
+@pytest.mark.parametrize(
+    ("hidden", "inter", "block"),
+    [
+        (64, 32, (16, 16)),  # several blocks in one 64-wide tile
+        (48, 24, (16, 32)),  # the last block of each dimension partial
+        (128, 64, (128, 128)),  # DeepSeek-V3's blocks, one per expert's down projection
+    ],
+)
+def test_triton_fused_moe_block_fp8_weights(hidden, inter, block):
+    """Block-wise fp8 experts (a scale per bn x bk block of each expert): the GEMMs scale each
+    tile's elements by their block's scale and match the dequantising reference."""
+    experts = 4
+    w13, w2 = _weights(experts, hidden, inter, torch.float32)
+
+    def quantize(w):
+        e, n, k = w.shape
+        rows, cols = -(-n // block[0]), -(-k // block[1])
+        padded = torch.zeros(e, rows * block[0], cols * block[1], device=w.device)
+        padded[:, :n, :k] = w
+        tiles = padded.reshape(e, rows, block[0], cols, block[1]).abs().amax(dim=(2, 4))
+        scale = (tiles / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-6)
+        spread = scale.repeat_interleave(block[0], 1)[:, :n].repeat_interleave(block[1], 2)
+        return (w / spread[..., :k]).to(torch.float8_e4m3fn), scale
+
+    q13, s13 = quantize(w13)
+    q2, s2 = quantize(w2)
+    x = torch.randn(10, hidden, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    weights, ids = _routing(10, experts, 2)
+    got = tk.fused_moe(x, q13, q2, weights, ids, s13, s2, block)
+    expected = moe.fused_moe(x, q13, q2, weights, ids, s13, s2, block)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    exact = moe.fused_moe(x, w13, w2, weights, ids)
+    assert (got - exact).abs().max() < 0.1 * exact.abs().max()
+    # the scales are per block: read as per-expert ones they give another result
+    with pytest.raises(ValueError, match=r"expert scales .* do not fit fp8 experts"):
+        tk.fused_moe(x, q13, q2, weights, ids, s13, s2)
+
+
 def test_ids_of_minus_one_add_nothing():
     """Expert parallelism: experts another rank holds come as -1 and are skipped."""
     w13, w2 = _weights(4, 32, 16, torch.float32)

@@ -71,6 +71,7 @@ class FusedMoE(nn.Module):
             param.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
         self.w13_scale: torch.Tensor | None = None
         self.w2_scale: torch.Tensor | None = None
+        self.scale_block: tuple[int, int] | None = None  # block-wise fp8 experts' block
         # The experts kept 4/8-bit packed (w13, w2) where the Triton kernels run, set after
         # loading (layers/quantization/kept_experts.py); the dense weights then stay empty.
         self.packed: tuple[PackedExperts, PackedExperts] | None = None
@@ -117,13 +118,16 @@ class FusedMoE(nn.Module):
         w2: torch.Tensor,
         w2_scale: torch.Tensor,
         device: torch.device,
+        block: tuple[int, int] | None = None,
     ) -> None:
         """Run on a checkpoint's fp8 experts (``w13`` ``[E, 2 * shard, H]``, ``w2`` ``[E, H,
-        shard]``, this rank's) with a scale per expert and output (``[E, N]``)."""
+        shard]``, this rank's) with a scale per expert and output (``[E, N]``), or per
+        ``block`` (``[E, ceil(N / bn), ceil(K / bk)]``)."""
         self.w13_weight = nn.Parameter(w13.to(device), requires_grad=False)
         self.w2_weight = nn.Parameter(w2.to(device), requires_grad=False)
         self.w13_scale = w13_scale.to(device, torch.float32)
         self.w2_scale = w2_scale.to(device, torch.float32)
+        self.scale_block = block
 
     def quantize_fp8(self) -> None:
         """Online fp8 (``--quantization fp8``): each expert's weights with a per-expert scale."""
@@ -150,6 +154,13 @@ class FusedMoE(nn.Module):
             out = ops.fused_moe_wna16(hidden, *self.packed, weights, ids)
         else:
             out = ops.fused_moe(
-                hidden, self.w13_weight, self.w2_weight, weights, ids, self.w13_scale, self.w2_scale
+                hidden,
+                self.w13_weight,
+                self.w2_weight,
+                weights,
+                ids,
+                self.w13_scale,
+                self.w2_scale,
+                self.scale_block,
             )
         return all_reduce(out)

@@ -1,6 +1,6 @@
 """Mixture-of-experts layers that run on the checkpoint's own expert weights where the Triton
 kernels run, as kept.py does for linear layers: packed int4/int8 (``ops.fused_moe_wna16``) or
-fp8 with a scale per output (``ops.fused_moe``'s fp8 path).
+fp8 with a scale per output or per block (``ops.fused_moe``'s fp8 paths).
 
 A checkpoint stores each expert's gate, up and down projections as separate layers
 (``mlp.experts.3.gate_proj.qweight``, Mixtral's ``w1``/``w3``/``w2``). Once the stream is done,
@@ -8,7 +8,7 @@ each ``FusedMoE`` whose local experts all came in one kept form takes them: per 
 rank's slice of the intermediate size (the gate and up outputs, the down projection's inputs, on
 whole packed words), gate and up joined, then the experts stacked. A layer whose experts do not
 line up (a projection missing or stored another way, groups of other sizes, a slice off the
-words) is left to the dense load.
+words or the fp8 blocks) is left to the dense load.
 """
 
 from __future__ import annotations
@@ -68,8 +68,6 @@ def _rank_experts(
         if any(f is None for f in found):
             return None
         gate, up, down = (f[1] for f in found if f is not None)
-        if isinstance(gate, Fp8BlockWeight):
-            return None  # block-wise fp8 experts are loaded dense
         if gate.outputs != size:  # a slice of the intermediate size (tensor parallel)
             gate_slice, up_slice = gate.select_outputs(outputs), up.select_outputs(outputs)
             if gate_slice is None or up_slice is None:
@@ -80,6 +78,8 @@ def _rank_experts(
             joined = PackedInt.concat_outputs([gate, up])
         elif isinstance(gate, Fp8Weight) and isinstance(up, Fp8Weight):
             joined = Fp8Weight.concat_outputs([gate, up])
+        elif isinstance(gate, Fp8BlockWeight) and isinstance(up, Fp8BlockWeight):
+            joined = Fp8BlockWeight.concat_outputs([gate, up])
         inputs = down if down.inputs == size else down.select_inputs(start, size)
         if joined is None or inputs is None:
             return None
@@ -98,18 +98,33 @@ def _keep(layer: FusedMoE, w13: list[KeptWeight], w2: list[KeptWeight], device, 
             return False
         layer.keep_packed(stacked13, stacked2, device, dtype)
         return True
-    fp8_13 = [p for p in w13 if isinstance(p, Fp8Weight)]
-    fp8_2 = [p for p in w2 if isinstance(p, Fp8Weight)]
-    if len(fp8_13) != len(w13) or len(fp8_2) != len(w2):
+    for form in (Fp8Weight, Fp8BlockWeight):
+        fp8_13 = [p for p in w13 if isinstance(p, form)]
+        fp8_2 = [p for p in w2 if isinstance(p, form)]
+        if len(fp8_13) == len(w13) and len(fp8_2) == len(w2):
+            return _keep_fp8(layer, fp8_13, fp8_2, device)
+    return False
+
+
+def _keep_fp8(layer: FusedMoE, w13: list[Any], w2: list[Any], device) -> bool:
+    """Install fp8 experts of one form (``Fp8Weight`` or ``Fp8BlockWeight``) stacked."""
+    parts = w13 + w2
+    if len({p.qweight.dtype for p in parts}) > 1:
         return False
-    if len({p.qweight.dtype for p in fp8_13 + fp8_2}) > 1:
+    blocks = {getattr(p, "block", None) for p in parts}
+    if len(blocks) > 1:
         return False
+
+    def scales(kept: list[Any]) -> torch.Tensor:
+        return torch.stack([p.scale if isinstance(p, Fp8Weight) else p.scale_inv for p in kept])
+
     layer.keep_fp8(
-        torch.stack([p.qweight for p in fp8_13]),
-        torch.stack([p.scale for p in fp8_13]),
-        torch.stack([p.qweight for p in fp8_2]),
-        torch.stack([p.scale for p in fp8_2]),
+        torch.stack([p.qweight for p in w13]),
+        scales(w13),
+        torch.stack([p.qweight for p in w2]),
+        scales(w2),
         device,
+        blocks.pop(),
     )
     return True
 
