@@ -238,6 +238,10 @@ def write_compressed_tensors(base, out, fmt, weights, input_activations=None):
             lo, hi = grouped.amin(-1), grouped.amax(-1)
         elif args.strategy == "channel":
             lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+        elif args.strategy == "block":
+            bn, bk = args.block_structure
+            blocks = w.reshape(n // bn, bn, k // bk, bk)
+            lo, hi = blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
         else:
             lo, hi = w.amin().reshape(1), w.amax().reshape(1)
         scale, zero = calculate_qparams(lo, hi, args)

@@ -153,6 +153,19 @@ def test_compressed_tensors_group_128(tmp_path, wide_base, hf_greedy):
             dict(num_bits=8, type="float", symmetric=True, strategy="channel"),
             dict(num_bits=8, type="float", symmetric=True, strategy="token", dynamic=True),
         ),
+        (  # llm-compressor's FP8_BLOCK scheme, at a tiny model's block and group sizes
+            dict(
+                num_bits=8, type="float", symmetric=True, strategy="block", block_structure=[16, 32]
+            ),
+            dict(
+                num_bits=8,
+                type="float",
+                symmetric=True,
+                strategy="group",
+                group_size=32,
+                dynamic=True,
+            ),
+        ),
     ],
 )
 def test_compressed_tensors_fp8(tmp_path, base, hf_greedy, weights, inputs):

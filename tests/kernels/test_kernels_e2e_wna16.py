@@ -74,6 +74,15 @@ CASES = {
         ),
     ),
     "fp8-block-wise": (write_fp8_blockwise, {}),
+    "compressed-tensors-fp8-block-wise": (
+        write_compressed_tensors,
+        dict(
+            fmt="float-quantized",
+            weights=dict(
+                num_bits=8, type="float", symmetric=True, strategy="block", block_structure=[16, 16]
+            ),
+        ),
+    ),
 }
 
 

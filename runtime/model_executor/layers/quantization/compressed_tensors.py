@@ -29,7 +29,11 @@ from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     check_shape,
     require,
 )
-from infernetes.runtime.model_executor.layers.quantization.kept import KeptWeight, fp8_per_output
+from infernetes.runtime.model_executor.layers.quantization.kept import (
+    Fp8BlockWeight,
+    KeptWeight,
+    fp8_per_output,
+)
 from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 from infernetes.runtime.model_executor.layers.quantization.scales import (
     per_block,
@@ -163,12 +167,19 @@ class CompressedTensorsFormat(CheckpointFormat):
         return scheme.num_bits, scheme.group_size or 128
 
     def kept(self, prefix: str, tensors: dict[str, torch.Tensor]) -> KeptWeight | None:
-        """fp8 tensor- and channel-wise layers as stored; group- and channel-wise pack-quantized
-        ones in the GEMM's layout (values and zero points offset back to unsigned)."""
+        """fp8 layers as stored (tensor- and channel-wise with a scale per output, block-wise
+        with their block scales); group- and channel-wise pack-quantized ones in the GEMM's
+        layout (values and zero points offset back to unsigned)."""
         scheme = self.scheme(prefix)
         if scheme.format == "float-quantized" and scheme.strategy in ("tensor", "channel"):
             self.dequantize(prefix, tensors, torch.float32)  # the checks
             return fp8_per_output(tensors["weight"], tensors["weight_scale"])
+        if scheme.format == "float-quantized" and scheme.strategy == "block":
+            assert scheme.block is not None  # checked with the config
+            self.dequantize(prefix, tensors, torch.float32)  # the checks
+            if "weight_zero_point" in tensors and bool(tensors["weight_zero_point"].any()):
+                return None  # an offset fp8 grid: dense
+            return Fp8BlockWeight(tensors["weight"], tensors["weight_scale"].float(), scheme.block)
         if scheme.format != "pack-quantized" or scheme.strategy not in ("group", "channel"):
             return None
         bits, offset = scheme.num_bits, 2 ** (scheme.num_bits - 1)
