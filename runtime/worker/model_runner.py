@@ -1,11 +1,11 @@
 """ModelRunner: turns a scheduled step into flat tensors, runs the model, samples.
 
-It keeps each running request's state (``request_state.CachedRequestState``) across steps from
-what the ``SchedulerOutput`` says changed. All tokens of the step are concatenated (``[T]`` input
-ids and positions); each new token has a slot in the paged cache (``block * block_size +
-offset``); each request has a row in the block table. Only rows that produce a token (a request
-whose computed tokens reach its end) go through the LM head. The shapes are the ones a CUDA graph
-would capture for decode.
+It keeps each running request's state (``request_state.CachedRequestState``) and its row of the
+block table (``input_batch.BlockTable``) across steps from what the ``SchedulerOutput`` says
+changed. All tokens of the step are concatenated (``[T]`` input ids and positions); each new
+token has a slot in the paged cache (``block * block_size + offset``); each request has a row in
+the step's block table. Only rows that produce a token (a request whose computed tokens reach its
+end) go through the LM head. The shapes are the ones a CUDA graph would capture for decode.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
@@ -44,6 +43,7 @@ from infernetes.runtime.model_executor.models.interfaces import ModelForward, Se
 from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.worker.input_batch import BlockTable, StepBuffers, step_inputs
 from infernetes.runtime.worker.kv_cache_memory import zeroed
 from infernetes.runtime.worker.request_state import CachedRequestState
 
@@ -78,6 +78,8 @@ class ModelRunner:
         self.sampler = Sampler(config.model.seed)
         self.num_blocks = 0
         self.requests: dict[str, CachedRequestState] = {}
+        self.block_table = BlockTable(-(-info.max_model_len // self.block_size))
+        self.step_buffers = StepBuffers(device, persistent=device.type != "cpu")
 
     def load_model(self, use_tqdm: bool = False) -> None:
         """Build the model and read its weights (again after ``release_weights``)."""
@@ -170,7 +172,7 @@ class ModelRunner:
         on ``max_num_seqs`` rows, measured by ``probe`` against ``baseline`` (by default the
         snapshot taken before the weights loaded). Raises ValueError when nothing is left."""
         states, lengths = self._dummy_prefill(max_num_batched_tokens, max_num_seqs)
-        blocks = sum(len(r.block_ids) for r in states)
+        blocks = sum(int(self.block_table.num_blocks[r.row]) for r in states)
         model = self.model
         assert model is not None
 
@@ -194,7 +196,7 @@ class ModelRunner:
                     1,
                     params,
                     None,
-                    [],
+                    -1,
                     0,
                     torch.Generator().manual_seed(i),
                 )
@@ -204,18 +206,24 @@ class ModelRunner:
 
         if probe is None:
             probe, baseline = CudaMemoryProbe(self.device), baseline or self._memory_baseline
-        profile = profile_memory(
-            probe,
-            lambda: self.allocate_kv_cache(blocks),
-            step,
-            self.release_kv_cache,
-            baseline,
-        )
+        try:
+            profile = profile_memory(
+                probe,
+                lambda: self.allocate_kv_cache(blocks),
+                step,
+                self.release_kv_cache,
+                baseline,
+            )
+        finally:
+            for state in states:
+                self.block_table.remove(state.row)
         return kv_cache_budget(profile, utilization)
 
     def _dummy_prefill(
         self, num_tokens: int, max_num_seqs: int
     ) -> tuple[list[CachedRequestState], list[int]]:
+        """Prompts of ``num_tokens`` in all, each given its own blocks in the block table (the
+        caller removes their rows)."""
         states: list[CachedRequestState] = []
         lengths: list[int] = []
         next_block = 0
@@ -225,7 +233,13 @@ class ModelRunner:
             block_ids = list(range(next_block, next_block + blocks))
             states.append(
                 CachedRequestState(
-                    f"profile-{len(states)}", [0] * length, length, None, None, block_ids, 0
+                    f"profile-{len(states)}",
+                    [0] * length,
+                    length,
+                    None,
+                    None,
+                    self.block_table.add(block_ids),
+                    0,
                 )
             )
             next_block += blocks
@@ -268,11 +282,13 @@ class ModelRunner:
     def _update_states(self, scheduler_output: SchedulerOutput) -> list[CachedRequestState]:
         """Bring the request states up to this step; the batch's states, in order."""
         for request_id in scheduler_output.finished_req_ids:
-            self.requests.pop(request_id, None)
+            finished = self.requests.pop(request_id, None)
+            if finished is not None:
+                self.block_table.remove(finished.row)
         batch = []
         for data in scheduler_output.scheduled_reqs:
             if isinstance(data, NewRequestData):
-                state = CachedRequestState.from_new(data)
+                state = CachedRequestState.from_new(data, self.block_table.add(data.block_ids))
                 self.requests[data.request_id] = state
             else:
                 state = self._update_cached(data)
@@ -282,11 +298,11 @@ class ModelRunner:
     def _update_cached(self, data: CachedRequestData) -> CachedRequestState:
         state = self.requests[data.request_id]
         if data.resumed_from_preemption:
-            state.block_ids = list(data.new_block_ids)
+            self.block_table.set(state.row, data.new_block_ids)
             if data.num_tokens is not None:
                 state.drop_discarded_tokens(data.num_tokens)
         elif data.new_block_ids:
-            state.block_ids.extend(data.new_block_ids)
+            self.block_table.append(state.row, data.new_block_ids)
         if data.new_token_ids:  # a stage before the last learns what the last one sampled
             start = max(data.num_computed_tokens, state.num_prompt_tokens)
             state.token_ids[start : start + len(data.new_token_ids)] = data.new_token_ids
@@ -296,42 +312,16 @@ class ModelRunner:
     def _prepare(
         self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        cu_seqlens = [0]
-        seq_lens: list[int] = []
-        size = self.block_size
-        max_blocks = max((len(r.block_ids) for r in batch), default=0)
-        tables = np.zeros((len(batch), max_blocks), dtype=np.int32)  # rows padded with block 0
-        for row, (request, num_new) in enumerate(zip(batch, num_scheduled, strict=True)):
-            start = request.num_computed_tokens
-            end = start + num_new
-            blocks = request.block_ids
-            tables[row, : len(blocks)] = blocks
-            if num_new == 1:  # a decode row, the common case: no slices or ranges
-                input_ids.append(request.token_ids[start])
-                positions.append(start)
-                slots.append(blocks[start // size] * size + start % size)
-            else:
-                input_ids.extend(request.token_ids[start:end])
-                positions.extend(range(start, end))
-                slots.extend(blocks[p // size] * size + p % size for p in range(start, end))
-            cu_seqlens.append(cu_seqlens[-1] + num_new)
-            seq_lens.append(end)
-        device = self.device
+        inputs = step_inputs(batch, num_scheduled, self.block_table, self.block_size)
+        input_ids, positions, slots, cu_seqlens, seq_lens, tables = self.step_buffers.stage(inputs)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-            block_tables=torch.from_numpy(tables).to(device),
-            cu_seqlens_q=torch.tensor(cu_seqlens, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            slot_mapping=slots,
+            block_tables=tables,
+            cu_seqlens_q=cu_seqlens,
+            seq_lens=seq_lens,
             calculate_kv_scales=self.calculate_kv_scales,
         )
-        return (
-            torch.tensor(input_ids, dtype=torch.long, device=device),
-            torch.tensor(positions, dtype=torch.long, device=device),
-            meta,
-        )
+        return input_ids, positions, meta
 
     def _intermediate(self, num_tokens: int, receive: bool) -> IntermediateTensors | None:
         """What this pipeline stage starts from: None on the first stage, else the previous

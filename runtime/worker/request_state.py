@@ -20,7 +20,7 @@ class CachedRequestState:
     num_prompt_tokens: int
     sampling_params: SamplingParams | None
     eos_token_id: int | None
-    block_ids: list[int]
+    row: int  # its row of the worker's block table (input_batch.BlockTable); -1: none
     num_computed_tokens: int
     generator: Any = None  # torch.Generator of a seeded request: its own random stream
     error: Exception | None = field(default=None)  # its logits processor raised
@@ -30,7 +30,7 @@ class CachedRequestState:
     generator_state: torch.Tensor | None = None
 
     @classmethod
-    def from_new(cls, data: NewRequestData) -> CachedRequestState:
+    def from_new(cls, data: NewRequestData, row: int) -> CachedRequestState:
         params = data.sampling_params
         generator = None
         if params is not None and params.seed is not None:
@@ -41,7 +41,7 @@ class CachedRequestState:
             data.num_prompt_tokens,
             params,
             data.eos_token_id,
-            list(data.block_ids),
+            row,
             data.num_computed_tokens,
             generator,
             lora_request=data.lora_request,

@@ -229,8 +229,11 @@ def runner(tiny_llama):
 def test_dummy_batch_splits_the_token_budget_by_max_model_len(runner):
     states, lengths = runner._dummy_prefill(150, max_num_seqs=8)
     assert lengths == [64, 64, 22]
-    assert [len(r.block_ids) for r in states] == [4, 4, 2]
-    assert sorted(b for r in states for b in r.block_ids) == list(range(10))  # no block shared
+    blocks = [runner.block_table.blocks(r.row) for r in states]
+    assert [len(b) for b in blocks] == [4, 4, 2]
+    assert sorted(b for row in blocks for b in row) == list(range(10))  # no block shared
+    for r in states:
+        runner.block_table.remove(r.row)
     assert runner._dummy_prefill(1000, max_num_seqs=2)[1] == [64, 64]
 
 

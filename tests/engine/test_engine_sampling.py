@@ -200,7 +200,7 @@ def test_frequency_and_presence_penalties():
     params = SamplingParams(
         temperature=0.0, frequency_penalty=1.0, presence_penalty=0.5, max_tokens=5
     )
-    request = CachedRequestState("r", [0, 1, 3, 3, 4], 2, params, None, [], 0)  # 3, 3, 4 sampled
+    request = CachedRequestState("r", [0, 1, 3, 3, 4], 2, params, None, -1, 0)  # 3, 3, 4 sampled
     logits = torch.zeros(1, 6)
     logits[0, 3] = 2.4  # 2.4 - 2*1.0 - 0.5 = -0.1 < 0
     logits[0, 4] = 1.4  # 1.4 - 1.0 - 0.5 = -0.1
@@ -349,7 +349,7 @@ def test_sampling_draws_by_the_filtered_probabilities():
         (SamplingParams(temperature=1.0, top_k=3, top_p=0.5), torch.tensor([0, 0, 3 / 7, 4 / 7])),
     ):
         requests = [
-            CachedRequestState(f"r{i}", [1], 1, params, None, [], 0) for i in range(len(logits))
+            CachedRequestState(f"r{i}", [1], 1, params, None, -1, 0) for i in range(len(logits))
         ]
         tokens = torch.tensor([s.token_id for s in Sampler(0)(logits, requests)])
         frequencies = torch.bincount(tokens, minlength=4) / len(tokens)
@@ -372,7 +372,7 @@ def test_cpu_row_groups_draw_what_one_batch_draws(monkeypatch):
     def draw() -> list[int]:
         requests = [
             CachedRequestState(
-                f"r{i}", [1], 1, p, None, [], 0, torch.Generator().manual_seed(p.seed)
+                f"r{i}", [1], 1, p, None, -1, 0, torch.Generator().manual_seed(p.seed)
             )
             for i, p in enumerate(params)
         ]
@@ -475,7 +475,7 @@ def test_the_batched_sampler_draws_what_the_row_by_row_one_draws(monkeypatch):
             params = SamplingParams(max_tokens=20, **kind)
             generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
             tokens = [1 + i, 2, 3, 5, 5, 7 + i, 3]
-            made.append(CachedRequestState(f"r{i}", tokens, 3, params, 0, [], 0, generator))
+            made.append(CachedRequestState(f"r{i}", tokens, 3, params, 0, -1, 0, generator))
         return made
 
     logits = torch.randn(len(kinds), 60, generator=torch.Generator().manual_seed(3)) * 2

@@ -62,7 +62,7 @@ params = st.builds(
 def _request(i: int, sampling: SamplingParams) -> CachedRequestState:
     # prompt 1, 2, 3; output tokens 4, 4, 5 for the penalties to weigh
     generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
-    return CachedRequestState(f"r{i}", [1, 2, 3, 4, 4, 5], 3, sampling, 0, [], 0, generator)
+    return CachedRequestState(f"r{i}", [1, 2, 3, 4, 4, 5], 3, sampling, 0, -1, 0, generator)
 
 
 # Penalties and logprobs row by row (a CPU's way) and for all rows at once (a GPU's).
