@@ -13,7 +13,8 @@ Each figure against a bound of the same run's device:
    device's nominal bf16 dense peak).
 3. kernels: the fused MoE kernel alone for decode-sized batches: bytes of the expert weights it
    must read (the distinct experts routed to) per call against the copy bandwidth; the same for
-   the packed 4-bit experts (``fused_moe_wna16``).
+   the packed 4-bit experts (``fused_moe_wna16``) and for fp8 experts with 128x128 block scales
+   (Qwen3-30B-A3B-FP8's and DeepSeek-V3's format, ``fused_moe``'s block fp8 path).
 4. w4a16 (opt-in, ``--parts w4a16``): the same model as a GPTQ 4-bit checkpoint (groups of 128;
    ``--load-format dummy`` fills the packed linear layers and experts): single-stream decode
    against the bytes bound of the quantized active weights, and offline throughput, each beside
@@ -210,6 +211,9 @@ def part_kernels(args: argparse.Namespace) -> dict:
     w2 = torch.randn(e, h, i, device=device, dtype=dtype) / i**0.5
     packed13 = _packed_experts(e, h, 2 * i, device, dtype)
     packed2 = _packed_experts(e, i, h, device, dtype)
+    block = (128, 128)
+    fp8_13, scale13 = _block_fp8_experts(w13, block)
+    fp8_2, scale2 = _block_fp8_experts(w2, block)
     copy_bw = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
     rows = []
     for tokens in (1, 8, 32, 64) if not args.smoke else (1, 4):
@@ -237,6 +241,17 @@ def part_kernels(args: argparse.Namespace) -> dict:
         _sync()
         packed_seconds = (time.perf_counter() - start) / iters
         packed_touched = ids.unique().numel() * 3 * h * i * (0.5 + 2 / 128)
+        fp8_step = _replayable(
+            lambda x=x, weights=weights, ids=ids: ops.fused_moe(
+                x, fp8_13, fp8_2, weights, ids, scale13, scale2, block
+            )
+        )
+        start = time.perf_counter()
+        for _ in range(iters):
+            fp8_step()
+        _sync()
+        fp8_seconds = (time.perf_counter() - start) / iters
+        fp8_touched = ids.unique().numel() * 3 * h * i * (1 + 4 / (block[0] * block[1]))
         rows.append(
             {
                 "tokens": tokens,
@@ -245,9 +260,26 @@ def part_kernels(args: argparse.Namespace) -> dict:
                 "fraction_of_copy": touched / seconds / copy_bw,
                 "w4a16_us": packed_seconds * 1e6,
                 "w4a16_fraction_of_copy": packed_touched / packed_seconds / copy_bw,
+                "block_fp8_us": fp8_seconds * 1e6,
+                "block_fp8_fraction_of_copy": fp8_touched / fp8_seconds / copy_bw,
             }
         )
     return {"copy_bandwidth_GBps": copy_bw / 1e9, "moe": rows}
+
+
+def _block_fp8_experts(
+    weights: torch.Tensor, block: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weights`` ``[E, N, K]`` as fp8 with one scale per block (each block's largest value
+    maps to fp8's largest)."""
+    e, n, k = weights.shape
+    rows, cols = -(-n // block[0]), -(-k // block[1])
+    padded = weights.new_zeros(e, rows * block[0], cols * block[1], dtype=torch.float32)
+    padded[:, :n, :k] = weights
+    scales = padded.view(e, rows, block[0], cols, block[1]).abs().amax(dim=(2, 4))
+    scales = (scales / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-12)
+    spread = scales.repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)
+    return (padded / spread)[:, :n, :k].to(torch.float8_e4m3fn), scales
 
 
 def _packed_experts(e: int, k: int, n: int, device: torch.device, dtype: torch.dtype):
@@ -309,7 +341,8 @@ def _report(device_name: str, config: dict, results: dict) -> None:
             print(
                 f"  fused MoE, {row['tokens']} tokens ({row['experts_touched']} experts): "
                 f"{row['us']:.0f} us, {row['fraction_of_copy']:.1%} of copy bandwidth; w4a16 "
-                f"{row['w4a16_us']:.0f} us, {row['w4a16_fraction_of_copy']:.1%} of copy bandwidth"
+                f"{row['w4a16_us']:.0f} us, {row['w4a16_fraction_of_copy']:.1%}; block fp8 "
+                f"{row['block_fp8_us']:.0f} us, {row['block_fp8_fraction_of_copy']:.1%}"
             )
     if "w4a16-decode" in results:
         tps = results["w4a16-decode"]["decode_tokens_per_s"]
