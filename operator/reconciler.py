@@ -40,6 +40,7 @@ from infernetes.operator.status import (
     Observed,
     Verdict,
     derive_status,
+    progress_only,
     same_status,
     transitions,
 )
@@ -63,6 +64,10 @@ CHILD_DELAY_SECONDS = 0.2
 # A pass's status is written this long after it, off the path that creates children, once for
 # the passes of a burst.
 STATUS_DELAY_SECONDS = 0.5
+# A change that only says how far a rollout has got (status.progress_only) is written this long
+# after it was first seen, with whatever came meanwhile: a pod scheduled, then ready, is one
+# write, not two. Ready, Degraded, a new generation or an error are written at once.
+PROGRESS_SETTLE_SECONDS = 5.0
 # At start-up, the first listing of the resources waits this long for the children's listings.
 STARTUP_DELAY_SECONDS = 1.0
 REDISCOVER_SECONDS = 60.0
@@ -117,6 +122,7 @@ class Reconciler:
         self.status_queue = WorkQueue()
         self.outcomes: dict[Key, Outcome] = {}
         self.status_locks: dict[Key, asyncio.Lock] = {}
+        self.progress_seen: dict[Key, float] = {}  # loop time a progress-only change was first seen
         self.claims: dict[tuple[str, str], tuple[float, list[str] | None]] = {}
         self.pool = ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api")
         self.secondary = asyncio.Semaphore(SECONDARY_APPLIES)
@@ -215,6 +221,7 @@ class Reconciler:
         self.status_queue.forget(key)
         self.outcomes.pop(key, None)
         self.status_locks.pop(key, None)
+        self.progress_seen.pop(key, None)
 
     # --- discovery ----------------------------------------------------------------------------
 
@@ -616,7 +623,15 @@ class Reconciler:
             status.get(field) == value for field, value in new.items() if field != "conditions"
         )
         if unchanged:
+            self.progress_seen.pop(key, None)
             return
+        if progress_only(status, new):
+            loop_now = asyncio.get_running_loop().time()
+            due = self.progress_seen.setdefault(key, loop_now) + PROGRESS_SETTLE_SECONDS
+            if loop_now < due:
+                self.status_queue.add(key, due - loop_now)
+                return
+        self.progress_seen.pop(key, None)
         path = f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{name}/status"
         try:
             response = await self.call(
@@ -701,3 +716,5 @@ class Reconciler:
             )
         except KubeError as exc:
             log.warning("could not post event %s: %s", reason, exc)
+            return
+        metrics.API_WRITES.labels("Event", "create").inc()

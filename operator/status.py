@@ -310,6 +310,38 @@ def transitions(
     return events
 
 
+# Conditions whose moving on (a pod scheduled, a replica available) is how far a rollout has got,
+# not a verdict a user or a tool waits on.
+PROGRESS_CONDITIONS = frozenset({"Progressing", "Available", "Scheduled"})
+COUNTS = ("replicas", "readyReplicas")
+
+
+def progress_only(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """True when `new` differs from `current` only in how far a rollout has got: replica
+    counts, messages, Progressing/Available/Scheduled moving on (not Scheduled turning False).
+    Such a change can wait a moment and be written with the next one; Ready, Degraded, a new
+    generation, an error or a warning cannot."""
+    if not current.get("conditions"):
+        return False
+    if any(
+        current.get(field) != value
+        for field, value in new.items()
+        if field not in COUNTS and field != "conditions"
+    ):
+        return False
+    for cond in new["conditions"]:
+        old = _condition(current.get("conditions"), cond["type"])
+        if not old or old.get("observedGeneration") != cond["observedGeneration"]:
+            return False
+        if (old.get("status"), old.get("reason")) == (cond["status"], cond["reason"]):
+            continue
+        if cond["type"] not in PROGRESS_CONDITIONS or (
+            cond["type"] == "Scheduled" and cond["status"] == "False"
+        ):
+            return False
+    return True
+
+
 def same_status(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """True when writing `new` would change nothing a user sees (ignores transition times)."""
 

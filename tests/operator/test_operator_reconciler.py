@@ -501,3 +501,67 @@ def test_the_deployment_waits_for_the_download_job_and_a_new_model_keeps_the_old
     assert sorted(api.writes) == ["apply Job", "delete Job", "status"]
     assert condition(api, "ModelCached")["reason"] == "Downloading"
     assert ("apps/v1", "Deployment", "llama") in api.objects
+
+
+def deployment_status(api: FakeApi, reconciler: Reconciler, ready: int) -> None:
+    """The Deployment controller's view: its one replica created, `ready` of it ready."""
+    live = copy.deepcopy(api.objects[("apps/v1", "Deployment", "llama")])
+    live["metadata"]["generation"] = 1
+    live["status"] = {
+        "observedGeneration": 1,
+        "replicas": 1,
+        "updatedReplicas": 1,
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+        "conditions": [
+            {"type": "Available", "status": "True" if ready else "False", "reason": "R"}
+        ],
+    }
+    live["metadata"]["resourceVersion"] = str(next(api.versions))
+    api.objects[child_id(live)] = live
+    reconciler.child_event("MODIFIED", live)
+
+
+def scheduled_pod(reconciler: Reconciler) -> None:
+    labels = {"app.kubernetes.io/instance": "llama", "app.kubernetes.io/managed-by": "infernetes"}
+    pod = {
+        "metadata": {"name": "llama-1", "namespace": "ns", "labels": labels},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }
+    reconciler.pod_event("ADDED", pod)
+
+
+def pod_scheduled(api: FakeApi) -> Any:
+    def step(reconciler: Reconciler) -> None:
+        scheduled_pod(reconciler)
+        deployment_status(api, reconciler, ready=0)
+
+    return step
+
+
+def test_progress_waits_to_be_written_with_the_next_change(api: FakeApi) -> None:
+    reconciler = run(api, nothing, pod_scheduled(api))
+    assert api.writes == ["apply Deployment", "apply Service", "status"]
+    assert condition(api, "Scheduled")["status"] == "Unknown"  # held back, not yet due
+    assert KEY in reconciler.progress_seen
+
+
+def test_ready_does_not_wait_and_takes_the_held_progress_along(api: FakeApi) -> None:
+    def pod_ready(reconciler: Reconciler) -> None:
+        deployment_status(api, reconciler, ready=1)
+
+    reconciler = run(api, nothing, pod_scheduled(api), pod_ready)
+    # A pod scheduled, then ready: one write, not two.
+    assert api.writes == ["apply Deployment", "apply Service", "status", "status"]
+    assert condition(api, "Ready")["status"] == "True"
+    assert condition(api, "Scheduled")["status"] == "True"
+    assert KEY not in reconciler.progress_seen
+
+
+def test_held_progress_is_written_once_it_has_settled(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(module, "PROGRESS_SETTLE_SECONDS", 0.0)
+    run(api, nothing, pod_scheduled(api))
+    assert api.writes == ["apply Deployment", "apply Service", "status", "status"]
+    assert condition(api, "Scheduled")["status"] == "True"

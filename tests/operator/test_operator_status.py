@@ -2,7 +2,13 @@
 
 from typing import Any
 
-from infernetes.operator.status import MESSAGE_MAX, derive_status, same_status, transitions
+from infernetes.operator.status import (
+    MESSAGE_MAX,
+    derive_status,
+    progress_only,
+    same_status,
+    transitions,
+)
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
@@ -260,3 +266,32 @@ def test_a_claim_the_replicas_cannot_share_is_a_condition_and_an_event() -> None
     )
     assert ("Warning", "ReadWriteOnce") in [e[:2] for e in transitions(None, status["conditions"])]
     assert conditions(derive(deployment(), [pod()]))["ClaimsShared"]["status"] == "True"
+
+
+def test_progress_only_is_how_far_a_rollout_has_got_and_nothing_a_user_waits_on() -> None:
+    created = derive(deployment(), [])
+    scheduled = derive(deployment(), [pod()], previous=created["conditions"])
+    assert progress_only(created, scheduled)  # Scheduled Unknown -> True, counts
+    scaled = derive(deployment(replicas=2), [pod(), pod("p-2")], previous=created["conditions"])
+    assert progress_only(created, scaled)
+    ready = derive(deployment(ready=1, available="True"), [pod()], previous=created["conditions"])
+    assert not progress_only(scheduled, ready)  # Ready turned True
+    stuck = derive(
+        deployment(), [pod(scheduled=False, message="no GPUs")], previous=created["conditions"]
+    )
+    assert not progress_only(created, stuck)  # Scheduled False, Ready Unschedulable
+    crashing = derive(deployment(), [pod(waiting={"reason": "CrashLoopBackOff"})])
+    assert not progress_only(scheduled, crashing)  # Degraded
+    assert not progress_only({}, created)  # the first status
+    assert not progress_only(
+        {**scheduled, "observedGeneration": 2}, {**scheduled, "observedGeneration": 3}
+    )
+    next_generation = derive_status(
+        generation=4,
+        desired_replicas=1,
+        deployment=deployment(),
+        pods=[pod()],
+        previous=None,
+        now=NOW,
+    )
+    assert not progress_only(scheduled, next_generation)
