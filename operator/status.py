@@ -313,6 +313,8 @@ def transitions(
 # Conditions whose moving on (a pod scheduled, a replica available) is how far a rollout has got,
 # not a verdict a user or a tool waits on.
 PROGRESS_CONDITIONS = frozenset({"Progressing", "Available", "Scheduled"})
+# `replicas` is also the scale subresource's status, which autoscalers read: a few seconds late
+# is within what they expect (an HPA looks every 15 s; the Deployment's own count lags its pods).
 COUNTS = ("replicas", "readyReplicas")
 
 
