@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml setup.py
 # Everything CI runs: lint, fast tests, then the tests against a local control plane.
 test: setup lint unit e2e
 
-# The fast lane while editing (about 1.5 minutes on 2 cores): schema, CLI, engine, kernels and
+# The fast lane while editing (about 3 minutes on 2 cores): schema, CLI, engine, kernels and
 # operator tests; no server processes, no cluster, no images, nothing marked slow.
 test-fast: setup
 	$(BIN)/pytest tests/schema tests/cli tests/engine tests/kernels tests/operator -m "not slow"
