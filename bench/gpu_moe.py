@@ -202,6 +202,7 @@ def part_throughput(args: argparse.Namespace) -> dict:
 
 def part_kernels(args: argparse.Namespace) -> dict:
     from infernetes.kernels import ops
+    from infernetes.kernels.reference.fp8_block import quantize_block_fp8
 
     config = _config(args)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -212,8 +213,8 @@ def part_kernels(args: argparse.Namespace) -> dict:
     packed13 = _packed_experts(e, h, 2 * i, device, dtype)
     packed2 = _packed_experts(e, i, h, device, dtype)
     block = (128, 128)
-    fp8_13, scale13 = _block_fp8_experts(w13, block)
-    fp8_2, scale2 = _block_fp8_experts(w2, block)
+    fp8_13, scale13 = quantize_block_fp8(w13, block)
+    fp8_2, scale2 = quantize_block_fp8(w2, block)
     copy_bw = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
     rows = []
     for tokens in (1, 8, 32, 64) if not args.smoke else (1, 4):
@@ -265,21 +266,6 @@ def part_kernels(args: argparse.Namespace) -> dict:
             }
         )
     return {"copy_bandwidth_GBps": copy_bw / 1e9, "moe": rows}
-
-
-def _block_fp8_experts(
-    weights: torch.Tensor, block: tuple[int, int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weights`` ``[E, N, K]`` as fp8 with one scale per block (each block's largest value
-    maps to fp8's largest)."""
-    e, n, k = weights.shape
-    rows, cols = -(-n // block[0]), -(-k // block[1])
-    padded = weights.new_zeros(e, rows * block[0], cols * block[1], dtype=torch.float32)
-    padded[:, :n, :k] = weights
-    scales = padded.view(e, rows, block[0], cols, block[1]).abs().amax(dim=(2, 4))
-    scales = (scales / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-12)
-    spread = scales.repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)
-    return (padded / spread)[:, :n, :k].to(torch.float8_e4m3fn), scales
 
 
 def _packed_experts(e: int, k: int, n: int, device: torch.device, dtype: torch.dtype):

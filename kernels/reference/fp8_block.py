@@ -19,6 +19,22 @@ def dequantize_block_fp8(
     return (weight.float() * scales).to(dtype)
 
 
+def quantize_block_fp8(
+    weight: torch.Tensor, block: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` ``[..., N, K]`` (experts may lead) as fp8 with one scale per block, each
+    block's largest magnitude mapped to fp8's largest: (fp8 weight, ``scale_inv``), the inverse
+    of ``dequantize_block_fp8`` up to rounding (for test and benchmark weights)."""
+    *lead, n, k = weight.shape
+    rows, cols = -(-n // block[0]), -(-k // block[1])
+    padded = weight.new_zeros(*lead, rows * block[0], cols * block[1], dtype=torch.float32)
+    padded[..., :n, :k] = weight
+    tiles = padded.view(*lead, rows, block[0], cols, block[1]).abs().amax(dim=(-3, -1))
+    scale_inv = (tiles / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-12)
+    spread = scale_inv.repeat_interleave(block[0], -2).repeat_interleave(block[1], -1)
+    return (padded / spread)[..., :n, :k].to(torch.float8_e4m3fn), scale_inv
+
+
 def check_block_shapes(
     x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
 ) -> None:

@@ -53,3 +53,24 @@ def test_scales_that_do_not_fit_are_refused():
     weight, scale_inv = _weight(64, 64, (32, 32), 0)
     with pytest.raises(ValueError, match="scale_inv"):
         ops.block_fp8_linear(torch.zeros(1, 64, device=DEVICE), weight, scale_inv, (64, 64))
+
+
+@pytest.mark.parametrize("shape", [(96, 256), (3, 200, 70)])  # experts may lead; partial blocks
+def test_quantize_block_fp8_is_undone_by_dequantize(shape):
+    weight = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+    block = (64, 32)
+    fp8, scale_inv = fp8_block.quantize_block_fp8(weight, block)
+    assert fp8.dtype == torch.float8_e4m3fn and fp8.shape == weight.shape
+    assert scale_inv.shape == (*shape[:-2], -(-shape[-2] // 64), -(-shape[-1] // 32))
+    back = torch.stack(
+        [
+            fp8_block.dequantize_block_fp8(w, s, block, torch.float32)
+            for w, s in zip(
+                fp8.reshape(-1, *shape[-2:]),
+                scale_inv.reshape(-1, *scale_inv.shape[-2:]),
+                strict=True,
+            )
+        ]
+    ).reshape(shape)
+    # e4m3 keeps 3 mantissa bits: within 1/16 of each value, or a step of the smallest numbers
+    torch.testing.assert_close(back, weight, rtol=1 / 16, atol=float(scale_inv.max()))

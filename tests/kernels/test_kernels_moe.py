@@ -9,6 +9,7 @@ pytest.importorskip("triton")
 from infernetes.kernels import triton_backend as tk
 from infernetes.kernels.reference import moe
 from infernetes.kernels.reference.fp8 import quantize_weight_fp8
+from infernetes.kernels.reference.fp8_block import quantize_block_fp8
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
@@ -122,18 +123,8 @@ def test_triton_fused_moe_block_fp8_weights(hidden, inter, block):
     experts = 4
     w13, w2 = _weights(experts, hidden, inter, torch.float32)
 
-    def quantize(w):
-        e, n, k = w.shape
-        rows, cols = -(-n // block[0]), -(-k // block[1])
-        padded = torch.zeros(e, rows * block[0], cols * block[1], device=w.device)
-        padded[:, :n, :k] = w
-        tiles = padded.reshape(e, rows, block[0], cols, block[1]).abs().amax(dim=(2, 4))
-        scale = (tiles / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-6)
-        spread = scale.repeat_interleave(block[0], 1)[:, :n].repeat_interleave(block[1], 2)
-        return (w / spread[..., :k]).to(torch.float8_e4m3fn), scale
-
-    q13, s13 = quantize(w13)
-    q2, s2 = quantize(w2)
+    q13, s13 = quantize_block_fp8(w13, block)
+    q2, s2 = quantize_block_fp8(w2, block)
     x = torch.randn(10, hidden, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     weights, ids = _routing(10, experts, 2)
     got = tk.fused_moe(x, q13, q2, weights, ids, s13, s2, block)
