@@ -72,10 +72,15 @@ def conditions(status: dict) -> dict[str, dict]:
 
 
 def derive(
-    dep: dict | None, pods: list[dict], previous=None, desired: int = 1, now: str = NOW
+    dep: dict | None,
+    pods: list[dict],
+    previous=None,
+    desired: int = 1,
+    now: str = NOW,
+    generation: int = 3,
 ) -> dict:
     return derive_status(
-        generation=3,
+        generation=generation,
         desired_replicas=desired,
         deployment=dep,
         pods=pods,
@@ -286,12 +291,5 @@ def test_progress_only_is_how_far_a_rollout_has_got_and_nothing_a_user_waits_on(
     assert not progress_only(
         {**scheduled, "observedGeneration": 2}, {**scheduled, "observedGeneration": 3}
     )
-    next_generation = derive_status(
-        generation=4,
-        desired_replicas=1,
-        deployment=deployment(),
-        pods=[pod()],
-        previous=None,
-        now=NOW,
-    )
+    next_generation = derive(deployment(), [pod()], generation=4)
     assert not progress_only(scheduled, next_generation)
