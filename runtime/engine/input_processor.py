@@ -22,6 +22,18 @@ from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
 Prompt = str | Sequence[int]
 
 
+class RequestError(ValueError):
+    """A request the engine cannot take, with the request field it is about (``param`` in the
+    OpenAI error the API returns)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:  # it crosses the engine core's pipe
+        return (type(self), (str(self), self.param))
+
+
 class InputProcessor:
     def __init__(self, model: ModelConfig, scheduling_policy: str, tokenizer: Any) -> None:
         self.model = model
@@ -99,13 +111,14 @@ class InputProcessor:
     # -- sampling parameters -------------------------------------------------------------------
 
     def _check_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
-        cap = self.model.max_logprobs
+        cap = self.model.max_logprobs  # -1: no cap, as in vLLM
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
-            if value is not None and value > cap:
-                raise ValueError(
+            if value is not None and 0 <= cap < value:
+                raise RequestError(
                     f"Requested {name} of {value}, which is greater than the maximum allowed "
-                    f"(--max-logprobs): {cap}."
+                    f"(--max-logprobs): {cap}.",
+                    name,
                 )
         vocab = self.model.vocab_size
         for name, ids in (

@@ -163,12 +163,6 @@ class ServingBase:
         guide: Guide | None,
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
-        cap = self.settings.max_logprobs
-        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-            if value is not None and cap >= 0 and value > cap:
-                raise APIError(
-                    f"{name} must be at most {cap} (--max-logprobs), got {value}", 400, name
-                )
         fields: dict[str, Any] = {
             "n": request.n,
             "presence_penalty": request.presence_penalty or 0.0,

@@ -73,7 +73,6 @@ class FrontendSettings:
     guided_decoding_backend: str = "auto"
     guided_decoding_disable_any_whitespace: bool = False
     show_hidden_metrics_for_version: str | None = None
-    max_logprobs: int = 20
     task: str = "auto"
     dev_mode: bool = False
     keep_alive_on_engine_death: bool = False
@@ -159,7 +158,6 @@ class FrontendSettings:
                 )
             ),
             show_hidden_metrics_for_version=get("show_hidden_metrics_for_version"),
-            max_logprobs=int(get("max_logprobs", 20)),
             task=str(get("task", "auto")),
             dev_mode=env_flag("VLLM_SERVER_DEV_MODE", environ),
             keep_alive_on_engine_death=env_flag("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", environ),

@@ -99,7 +99,7 @@ async def engine_stream(stream: AsyncGenerator[T, None]) -> AsyncIterator[T]:
         async for item in stream:
             yield item
     except (ValueError, TypeError) as exc:
-        raise APIError(str(exc), 400) from exc
+        raise APIError(str(exc), 400, getattr(exc, "param", None)) from exc
     except RuntimeError as exc:  # EngineDeadError and the like
         raise APIError(f"the engine cannot serve this request: {exc}", 503) from exc
     finally:

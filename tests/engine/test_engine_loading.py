@@ -206,6 +206,14 @@ def test_bad_requests_name_the_problem(tiny_llama):
     assert _tokens(llm) == _tokens(LLM(tiny_llama, **SMALL))
 
 
+def test_max_logprobs_minus_one_is_no_cap(tiny_llama):
+    llm = LLM(tiny_llama, max_logprobs=-1, **SMALL)
+    params = SamplingParams(max_tokens=2, logprobs=20, prompt_logprobs=50)
+    [output] = llm.generate(SAMPLE_PROMPTS[0], params)
+    assert all(len(top) >= 20 for top in output.outputs[0].logprobs)
+    assert all(len(top) >= 50 for top in output.prompt_logprobs[1:])
+
+
 def test_dtype_rules():
     from types import SimpleNamespace
 

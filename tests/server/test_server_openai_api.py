@@ -336,8 +336,9 @@ def test_errors_are_openai_shaped(client, main_server, auth_headers):
         openai.BadRequestError, match="max_tokens"
     ):  # 400, as OpenAI and vLLM answer
         client.completions.create(model="tiny", prompt="x", max_tokens=-1)
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
+    with pytest.raises(openai.BadRequestError, match=r"\(--max-logprobs\): 20") as info:
         client.completions.create(model="tiny", prompt="x", max_tokens=1, logprobs=50)
+    assert info.value.body["param"] == "logprobs"  # the engine's one check, named at the edge
     with pytest.raises(openai.BadRequestError, match="guided_regex"):
         client.completions.create(
             model="tiny", prompt="x", max_tokens=1, extra_body={"guided_regex": "("}

@@ -96,7 +96,7 @@ ARGS = (
         "int",
         20,
         G,
-        "Largest number of logprobs a request may ask for.",
+        "Largest number of logprobs a request may ask for (-1: no cap).",
         minimum=-1,
     ),
     Arg("disable-log-stats", "bool", False, G, "Do not log periodic engine statistics."),
