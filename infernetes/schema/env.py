@@ -467,6 +467,15 @@ def read_env(name: str, environ: Mapping[str, str] | None = None) -> Any:
     return value
 
 
+def check_env_values(environ: Mapping[str, str] | None = None) -> None:
+    """Reads every ``VLLM_*`` variable set in ``environ``: a malformed value raises the
+    ``ValueError`` ``read_env`` gives wherever the runtime would read it later."""
+    environ = os.environ if environ is None else environ
+    for var in ENV_VARS:
+        if var.name.startswith("VLLM_") and var.name in environ:
+            read_env(var.name, environ)
+
+
 def _convert(var: EnvVar, raw: str) -> Any:
     value: int | str | tuple[str, ...]
     if var.kind == "bool":

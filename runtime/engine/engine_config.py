@@ -21,6 +21,7 @@ from infernetes.runtime.config import (
     RuntimeConfig,
     SchedulerConfig,
 )
+from infernetes.runtime.engine.generation_config import read_generation_config, sampling_defaults
 from infernetes.runtime.executor.backend_check import check_executor_backend
 from infernetes.runtime.model_executor.compilation import parse_compilation_config
 from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
@@ -29,10 +30,10 @@ from infernetes.runtime.model_executor.loader import (
     DEFAULT_IGNORE_PATTERNS,
     inspect_model,
     load_hf_config,
-    read_json,
     resolve_model_path,
 )
 from infernetes.runtime.model_executor.parallel import stage_layers
+from infernetes.runtime.preflight import pp_layer_partition
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
 from transformers import PretrainedConfig
 
@@ -44,15 +45,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 256
-# Generation-config fields that become sampling defaults, and their SamplingParams names.
-_GENERATION_FIELDS = {
-    "repetition_penalty": "repetition_penalty",
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "max_new_tokens": "max_tokens",
-}
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -63,36 +55,6 @@ def resolve_device(name: str | None) -> torch.device:
     if name not in ("cpu", "cuda"):
         raise ValueError(f"device must be one of auto, cpu, cuda; got {name!r}")
     return torch.device(name)
-
-
-def _generation_config(config: ServeConfig, model_path: Path) -> dict[str, Any]:
-    """The model's generation_config.json per ``--generation-config`` (auto | vllm | a folder)."""
-    choice = config.generation_config
-    if choice == "vllm":
-        return {}
-    folder = model_path if choice in (None, "auto") else Path(choice)
-    return read_json(folder / "generation_config.json") or {}
-
-
-def _sampling_defaults(
-    generation: dict[str, Any], overrides: dict[str, Any] | None
-) -> dict[str, Any]:
-    defaults = {
-        name: generation[key]
-        for key, name in _GENERATION_FIELDS.items()
-        if generation.get(key) is not None
-    }
-    for key, value in (overrides or {}).items():
-        name = _GENERATION_FIELDS.get(key, key)
-        if name not in _GENERATION_FIELDS.values():
-            raise ValueError(
-                f"override_generation_config key {key!r} is not supported; allowed: "
-                f"{', '.join(sorted(_GENERATION_FIELDS))}"
-            )
-        defaults[name] = value
-    if defaults:
-        logger.info("Default sampling parameters from the generation config: %s", defaults)
-    return defaults
 
 
 def _scheduler_config(
@@ -153,16 +115,8 @@ def _parallel_config(
         raise ValueError(
             "pipeline_parallel_size above 1 is for generative models, not pooling ones"
         )
-    text = read_env("VLLM_PP_LAYER_PARTITION", environ)
-    partition = None
-    if text:
-        try:
-            partition = tuple(int(part) for part in text.split(","))
-        except ValueError:
-            raise ValueError(
-                f"VLLM_PP_LAYER_PARTITION={text!r} must be comma-separated layer counts, e.g. 12,20"
-            ) from None
-    if pp > 1:  # the stages must cover the model's layers: say so now, not in a worker
+    partition = pp_layer_partition(environ)
+    if partition is not None or pp > 1:  # the stages must cover the layers: say so now
         stage_layers(hf_config.num_hidden_layers, partition, pp)
     return ParallelConfig(
         tp,
@@ -318,7 +272,7 @@ def resolve_config(
         info.hf_config.sep_token_id = getattr(tokenizer, "sep_token_id", None)
     if info.is_pooling and getattr(info.hf_config, "classifier_from_token", None):
         _classifier_tokens(info.hf_config, tokenizer)
-    generation = _generation_config(config, path)
+    generation = read_generation_config(config.generation_config, path)
     eos, extra_eos = _eos_token_ids(tokenizer, hf_config, generation)
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
     compilation = parse_compilation_config(config.compilation_config)
@@ -329,7 +283,7 @@ def resolve_config(
             max_logprobs=config.max_logprobs,
             seed=config.seed,
             quantization=resolve_quantization(config.quantization, path, hf_config),
-            default_sampling_params=_sampling_defaults(
+            default_sampling_params=sampling_defaults(
                 generation, config.override_generation_config
             ),
             eos_token_id=eos,

@@ -26,13 +26,6 @@ from infernetes.schema.model_info import resolve_dtype_name
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {
-    "half": torch.float16,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float": torch.float32,
-    "float32": torch.float32,
-}
 _CONTEXT_KEYS = (
     "max_position_embeddings",
     "n_positions",
@@ -133,15 +126,26 @@ def load_hf_config(
     except (ValueError, KeyError, OSError) as error:
         raise ModelLoadError(f"cannot read the model config in {path}: {error}") from error
     _apply_overrides(config, hf_overrides or {})
-    if rope_scaling:
-        config.rope_scaling = dict(rope_scaling)
-        params = dict(getattr(config, "rope_parameters", None) or {})
-        config.rope_parameters = {**params, **rope_scaling}
-    if rope_theta is not None:
-        config.rope_theta = rope_theta
-        params = dict(getattr(config, "rope_parameters", None) or {})
-        config.rope_parameters = {**params, "rope_theta": rope_theta}
+    if rope_scaling or rope_theta is not None:
+        _override_rope(config, rope_scaling, rope_theta)
     return config
+
+
+def _override_rope(
+    config: PretrainedConfig, rope_scaling: dict[str, Any] | None, rope_theta: float | None
+) -> None:
+    """``--rope-scaling`` replaces the model's scaling, ``--rope-theta`` its base, each keeping
+    the other. transformers 5 holds both in ``rope_parameters`` (``rope_scaling`` is an alias
+    whose setter drops the base); older versions keep two attributes."""
+    if not hasattr(type(config), "rope_parameters"):
+        if rope_scaling:
+            config.rope_scaling = dict(rope_scaling)
+        if rope_theta is not None:
+            config.rope_theta = rope_theta
+        return
+    params = dict(config.rope_parameters or {})
+    theta = params.get("rope_theta") if rope_theta is None else rope_theta
+    config.rope_parameters = {**(rope_scaling or params), "rope_theta": theta}
 
 
 def _apply_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> None:
@@ -179,23 +183,21 @@ def resolve_dtype(hf_config: PretrainedConfig, requested: str, device: torch.dev
         name = resolve_dtype_name(requested, str(model_dtype), device.type, fast_bf16)
     except ConfigError as exc:
         raise ModelLoadError(str(exc)) from exc
-    return _DTYPES[name]
+    return getattr(torch, name)  # one of DTYPE_NAMES' values
 
 
 def derived_max_model_len(hf_config: PretrainedConfig, path: Path | None = None) -> int:
-    """The longest context the model supports, from its config (and sentence-transformers)."""
+    """The longest context the model supports, from its config (and sentence-transformers), as
+    vLLM derives it: the smallest length key, stretched by the rope scaling's factor."""
+    text = hf_config.get_text_config()  # a multimodal config keeps it in text_config
     lengths = [
-        getattr(hf_config, key)
-        for key in _CONTEXT_KEYS
-        if isinstance(getattr(hf_config, key, None), int)
+        getattr(text, key) for key in _CONTEXT_KEYS if isinstance(getattr(text, key, None), int)
     ]
     length = min(lengths) if lengths else 2048
     if hf_config.model_type in ("roberta", "xlm-roberta"):
         length -= int(hf_config.pad_token_id or 0) + 1  # positions start after the padding index
     scaling = dict(
-        getattr(hf_config, "rope_scaling", None)
-        or getattr(hf_config, "rope_parameters", None)
-        or {}
+        getattr(text, "rope_scaling", None) or getattr(text, "rope_parameters", None) or {}
     )
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if rope_type in ("linear", "dynamic", "yarn") and scaling.get("factor"):
@@ -458,10 +460,3 @@ def _dummy_weights(model: nn.Module, seed: int) -> None:
             -1e-3, 1e-3, generator=generator
         )
         param.data.copy_(values)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None

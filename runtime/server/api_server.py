@@ -29,7 +29,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from infernetes.runtime.logging_config import LoggingSettings, configure_logging
-from infernetes.runtime.server.chat_template import load_chat_template
+from infernetes.runtime.preflight import check_settings
 from infernetes.runtime.server.errors import install_error_handlers
 from infernetes.runtime.server.http_protocol import HeaderDeadlineProtocol
 from infernetes.runtime.server.log_stats import LoggingStatLogger
@@ -42,12 +42,10 @@ from infernetes.runtime.server.middleware import (
     ServerLoadMiddleware,
     import_user_middleware,
 )
-from infernetes.runtime.server.reasoning import make_reasoning_parser
 from infernetes.runtime.server.routes import include_routes
 from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.shutdown import EXIT_GRACE_S, Drain, DrainGate, DrainingServer
 from infernetes.runtime.server.state import ServerState
-from infernetes.runtime.server.tool_parsers import check_tool_parser_name
 
 from infernetes import __version__
 from infernetes.cli.config import render as masked_config
@@ -58,51 +56,6 @@ logger = logging.getLogger("infernetes.runtime.server")
 ENGINE_WATCH_INTERVAL_S = 0.5
 SSL_WATCH_INTERVAL_S = 2.0
 CHILD_JOIN_S = 10.0
-
-
-def check_frontend_settings(settings: FrontendSettings) -> None:
-    """Refuses settings the server cannot honour, before anything loads (ValueError)."""
-    if settings.tool_call_parser:
-        check_tool_parser_name(settings.tool_call_parser)
-    if settings.enable_auto_tool_choice and not settings.tool_call_parser:
-        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
-    if settings.reasoning_parser:
-        make_reasoning_parser(settings.reasoning_parser)
-    load_chat_template(settings.chat_template)  # a missing file fails now, not after loading
-    from infernetes.runtime.server.structured_output import GuideError, check_backend
-
-    try:
-        check_backend(settings.guided_decoding_backend, "--guided-decoding-backend")
-    except GuideError as exc:
-        raise ValueError(str(exc)) from exc
-
-
-def check_engine_settings(config: ServeConfig) -> None:
-    """What would fail the engine once its process has started, checked before (ValueError).
-
-    The device is looked up (torch, seconds of imports this process otherwise never needs) only
-    where the answer depends on it: ``--device cuda`` must find one, and TRITON_ATTN needs one
-    (or the interpreter); any other backend runs on whatever ``auto`` finds."""
-    from infernetes.kernels.backend import (
-        TRITON_ATTN,
-        BackendError,
-        requested_backend,
-        startup_backend,
-    )
-    from infernetes.runtime.executor.backend_check import check_executor_backend
-
-    check_executor_backend(config.distributed_executor_backend)
-    device = config.device
-    if device in (None, "auto") and requested_backend(config.attention_backend) != TRITON_ATTN:
-        return  # the engine's own check (and its warnings) cannot fail on any device
-    try:
-        if device != "cpu":
-            from infernetes.runtime.engine.engine_config import resolve_device
-
-            device = resolve_device(device).type
-        startup_backend(config.attention_backend, device)
-    except BackendError as exc:
-        raise ValueError(str(exc)) from exc
 
 
 def build_app(
@@ -370,9 +323,8 @@ def run_server(config: ServeConfig) -> None:
     """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death."""
     settings = FrontendSettings.from_config(config)
     try:
+        check_settings(config)  # what `infernetes config` checks too
         logging_settings = LoggingSettings.from_env()
-        check_frontend_settings(settings)
-        check_engine_settings(config)
     except ValueError as exc:
         print(f"infernetes serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

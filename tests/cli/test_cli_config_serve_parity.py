@@ -1,20 +1,17 @@
 """``infernetes config`` and ``infernetes serve`` agree: every tool-call and reasoning parser name
-is accepted by both or refused by both (and accepted exactly when the server has the parser), and
-the dtype ``config`` prints is the one the engine loads the model in, for every --dtype value."""
+is accepted by both or refused by both (and accepted exactly when the server has the parser).
+(tests/engine/test_engine_config_matches_serve.py: the values resolved against a model.)"""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 from infernetes.runtime.server.reasoning import REASONING_PARSERS
 from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.tool_parsers import KNOWN_UNSUPPORTED, TOOL_PARSERS
 
 from infernetes.cli import main as cli_main
-from infernetes.schema.choices import DTYPES, TOOL_CALL_PARSERS
 from infernetes.schema.choices import REASONING_PARSERS as REASONING_CHOICES
+from infernetes.schema.choices import TOOL_CALL_PARSERS
 
 TOOL_NAMES = sorted({*TOOL_CALL_PARSERS, *TOOL_PARSERS, *KNOWN_UNSUPPORTED})
 REASONING_NAMES = sorted({*REASONING_CHOICES, *REASONING_PARSERS})
@@ -32,10 +29,11 @@ def serve_accepts(argv: list[str], monkeypatch) -> bool:
     own checks of the frontend settings (run_server's first step)."""
     # Imported here, not at collection: the server pulls in Triton, which fixes interpreter or
     # compiler when first imported, before tests/kernels/conftest.py can choose the interpreter.
+    from infernetes.runtime.preflight import check_frontend_settings
     from infernetes.runtime.server import api_server
 
     def checks_only(config):
-        api_server.check_frontend_settings(FrontendSettings.from_config(config))
+        check_frontend_settings(FrontendSettings.from_config(config))
 
     monkeypatch.setattr(api_server, "run_server", checks_only)
     try:
@@ -61,18 +59,3 @@ def test_reasoning_parser_names(name, monkeypatch, capsys):
     assert serve_accepts(argv, monkeypatch) == accepted
     assert accepted == (name in REASONING_PARSERS)
     capsys.readouterr()
-
-
-@pytest.mark.parametrize("model_dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_config_prints_the_dtype_the_engine_loads(dtype, model_dtype, tmp_path, capsys):
-    from infernetes.runtime.engine.engine_config import resolve_device
-    from infernetes.runtime.model_executor.loader import resolve_dtype
-    from transformers import PretrainedConfig
-
-    hf_config = {"max_position_embeddings": 64, "torch_dtype": model_dtype}
-    (tmp_path / "config.json").write_text(json.dumps(hf_config))
-    assert cli_main.main(["config", str(tmp_path), "--dtype", dtype]) == 0
-    printed = json.loads(capsys.readouterr().out)["ModelConfig"]["dtype"]
-    loaded = resolve_dtype(PretrainedConfig(**hf_config), dtype, resolve_device(None))
-    assert getattr(torch, printed) == loaded

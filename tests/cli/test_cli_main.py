@@ -100,22 +100,6 @@ def test_config_rejects_bad_input_with_exit_2(capsys):
     )
 
 
-def test_config_resolves_the_local_model(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(
-        json.dumps({"max_position_embeddings": 512, "torch_dtype": "bfloat16"})
-    )
-    assert cli_main.main(["config", str(tmp_path)]) == 0
-    model = json.loads(capsys.readouterr().out)["ModelConfig"]
-    assert (model["max_model_len"], model["dtype"]) == (512, "bfloat16")
-
-
-def test_config_rejects_a_context_longer_than_the_model(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
-    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
-    assert cli_main.main(["config", str(tmp_path), "--max-model-len", "1K"]) == 2
-    assert "--max-model-len" in capsys.readouterr().err
-
-
 def test_serve_hands_the_config_to_the_server(monkeypatch):
     started = []
     fake = types.ModuleType("infernetes.runtime.server.api_server")

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from fastapi import FastAPI
+from infernetes.runtime.preflight import check_frontend_settings
 from infernetes.runtime.server.api_server import (
     _watch_engine,
     build_app,
-    check_frontend_settings,
     run_server,
 )
 from infernetes.runtime.server.middleware import RequestBodyMiddleware

@@ -1,0 +1,102 @@
+"""What ``serve`` checks before it starts anything, and ``config`` checks the same way: every
+setting that can be judged without the model. The ``VLLM_*`` values, logging, the frontend's
+parsers, templates and structured-output backend, the device and backends, and the JSON arguments
+the engine parses (``--compilation-config``, ``--override-generation-config``). What depends on
+the model (its context length, dtype, layers) is the engine's ``resolve_config``, which ``config``
+runs too when the model is on local disk.
+
+Nothing heavy is imported at module level: the API process stays free of torch unless a setting
+given needs it to be judged (a device, a compile backend)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from infernetes.schema.config import ServeConfig
+from infernetes.schema.env import check_env_values, read_env
+
+if TYPE_CHECKING:
+    from infernetes.runtime.server.settings import FrontendSettings
+
+
+def check_settings(config: ServeConfig, environ: Mapping[str, str] | None = None) -> None:
+    """Raises ValueError naming the first setting ``serve`` would fail on."""
+    from infernetes.runtime.logging_config import LoggingSettings
+    from infernetes.runtime.server.settings import FrontendSettings
+
+    environ = os.environ if environ is None else environ
+    check_env_values(environ)
+    LoggingSettings.from_env(environ)
+    check_frontend_settings(FrontendSettings.from_config(config, environ))
+    check_engine_settings(config, environ)
+
+
+def check_frontend_settings(settings: FrontendSettings) -> None:
+    """Refuses settings the API server cannot honour (parsers, chat template, guided backend)."""
+    from infernetes.runtime.server.chat_template import load_chat_template
+    from infernetes.runtime.server.reasoning import make_reasoning_parser
+    from infernetes.runtime.server.structured_output import GuideError, check_backend
+    from infernetes.runtime.server.tool_parsers import check_tool_parser_name
+
+    if settings.tool_call_parser:
+        check_tool_parser_name(settings.tool_call_parser)
+    if settings.enable_auto_tool_choice and not settings.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    if settings.reasoning_parser:
+        make_reasoning_parser(settings.reasoning_parser)
+    load_chat_template(settings.chat_template)  # a missing file fails now, not after loading
+    try:
+        check_backend(settings.guided_decoding_backend, "--guided-decoding-backend")
+    except GuideError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> None:
+    """What would fail the engine once its process has started, by the engine's own functions.
+
+    The device is looked up (torch, seconds of imports this process otherwise never needs) only
+    where the answer depends on it: ``--device cuda`` must find one, and TRITON_ATTN needs one
+    (or the interpreter); any other backend runs on whatever ``auto`` finds."""
+    from infernetes.kernels.backend import (
+        TRITON_ATTN,
+        BackendError,
+        requested_backend,
+        startup_backend,
+    )
+    from infernetes.runtime.engine.generation_config import check_generation_overrides
+    from infernetes.runtime.executor.backend_check import check_executor_backend
+
+    check_executor_backend(config.distributed_executor_backend)
+    check_generation_overrides(config.override_generation_config)
+    pp_layer_partition(environ)
+    if config.compilation_config:
+        from infernetes.runtime.model_executor.compilation import parse_compilation_config
+
+        parse_compilation_config(config.compilation_config)
+    device = config.device
+    if device in (None, "auto") and requested_backend(config.attention_backend) != TRITON_ATTN:
+        return  # the engine's own check (and its warnings) cannot fail on any device
+    try:
+        if device != "cpu":
+            from infernetes.runtime.engine.engine_config import resolve_device
+
+            device = resolve_device(device).type
+        startup_backend(config.attention_backend, device)
+    except BackendError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def pp_layer_partition(environ: Mapping[str, str]) -> tuple[int, ...] | None:
+    """``VLLM_PP_LAYER_PARTITION`` as layer counts (None: unset, an even split); that they fit
+    the model's layers and the stages is ``parallel.stage_layers``'s rule."""
+    text = read_env("VLLM_PP_LAYER_PARTITION", environ)
+    if not text:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(
+            f"VLLM_PP_LAYER_PARTITION={text!r} must be comma-separated layer counts, e.g. 12,20"
+        ) from None
