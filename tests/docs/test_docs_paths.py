@@ -315,3 +315,56 @@ def test_right_names_pass() -> None:
         " `make serve` `python -m bench soak` `infernetes serve` `config.json`"
     )
     assert problems_in(text) == []
+
+
+# README's tables of what the server does, against the support table: a flag in the "works"
+# table is honoured (or honoured for some values), one in "refused" or "planned" is refused (or
+# the value named is), one in "no effect" has none.
+README_TABLES = {
+    "### What works": {"honoured", "partial"},
+    "### What is refused": {"refused"},
+    "### What has no effect": {"no_effect"},
+    "### Planned": {"refused"},
+}
+
+
+def readme_flags() -> list[tuple[str, str, str | None]]:
+    """(section heading, flag, value or None) for every `--flag [value]` in README's tables."""
+    found = []
+    heading = None
+    for line in source(ROOT / "README.md").splitlines():
+        if line.startswith("#"):
+            heading = next((h for h in README_TABLES if line.startswith(h)), None)
+        elif heading and line.startswith("|"):
+            for span in INLINE.findall(line):
+                if span.startswith("--"):
+                    flag, _, value = span.partition(" ")
+                    found.append((heading, flag, value or None))
+    return found
+
+
+def support_kind(flag: str, value: str | None) -> str:
+    from infernetes.schema.args import get_arg
+    from infernetes.schema.support import ARG_SUPPORT
+
+    support = ARG_SUPPORT[get_arg(flag).dest]
+    if support.kind == "partial" and value is not None and value not in support.values:
+        return support.others
+    return support.kind
+
+
+def test_readme_tables_say_what_the_support_table_says() -> None:
+    flags = readme_flags()
+    assert {heading for heading, _, _ in flags} == set(README_TABLES)
+    wrong = [
+        f"{heading}: {flag} {value or ''} is {support_kind(flag, value)}"
+        for heading, flag, value in flags
+        if support_kind(flag, value) not in README_TABLES[heading]
+    ]
+    assert wrong == []
+
+
+def test_a_flag_in_the_wrong_table_is_found() -> None:
+    assert support_kind("--speculative-config", None) not in README_TABLES["### What works"]
+    assert support_kind("--preemption-mode", "swap") in README_TABLES["### What is refused"]
+    assert support_kind("--preemption-mode", "recompute") not in README_TABLES["### Planned"]
