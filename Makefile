@@ -20,10 +20,10 @@ $(STAMP): pyproject.toml setup.py
 # Everything CI runs: lint, fast tests, then the tests against a local control plane.
 test: setup lint unit e2e
 
-# The fast lane while editing (about 3 minutes on 2 cores): schema, CLI, engine, kernels and
-# operator tests; no server processes, no cluster, no images, nothing marked slow.
+# The fast lane while editing (about 3 minutes on 2 cores): schema, CLI, engine, kernels,
+# operator and docs tests; no server processes, no cluster, no images, nothing marked slow.
 test-fast: setup
-	$(BIN)/pytest tests/schema tests/cli tests/engine tests/kernels tests/operator -m "not slow"
+	$(BIN)/pytest tests/schema tests/cli tests/engine tests/kernels tests/operator tests/docs -m "not slow"
 
 # tests/server in two pytest-xdist workers: its tests mostly wait on server processes, so two
 # modules at a time overlap those waits. --dist loadfile keeps a module (and the servers its

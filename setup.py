@@ -1,4 +1,4 @@
-"""Maps the top-level folders onto the one import namespace ``infernetes.*`` (see DESIGN.md).
+"""Maps the top-level folders onto the one import namespace ``infernetes.*`` (docs/design.md).
 
 Everything else about the distribution lives in pyproject.toml.
 """

@@ -8,6 +8,10 @@ over the 4 adapters, so every step mixes them (the batched shrink/expand by adap
 Throughput is output tokens per second; the ratio adapters / base is printed (1.0 would mean
 the adapters cost nothing).
 Run: ``python -m bench lora`` (``--help`` for sizes).
+
+Measured on the development machine's CPU (4 layers, hidden 512, bfloat16, 1 thread; 4 adapters
+of rank 16 on all seven projections): about 0.7x the base model's output tokens per second
+(0.69x, 0.71x, 0.78x in three runs). Not measured on a GPU yet.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ cluster: the same 200 Deployments (rendered by `render`, so the same pods) creat
 no operator; ratios compare the two.
 
     .venv/bin/python -m bench operator_scale [--count 200] [--nodes 4]
+
+Measured with 200 at once: create -> Deployment p99 about 1.2 s.
 """
 
 import argparse

@@ -19,6 +19,11 @@ before it, right after it, and after a few more normal requests.
 
 ``--smoke`` is a dry run of the whole thing in well under a minute (short soak, 1 MB prompt).
 The exit status is 1 when a request got a 5xx, an error event or a transport error.
+
+Measured on the tiny demo model (2 shared CPU cores, ``--minutes 6``): the engine core 731 -> 982
+MB (973 MB after the first minute, then +2.2 MB/min in steps of a few MB as padded oneDNN row
+counts not yet seen appear); the API process 783 -> 797 MB (+0.05 MB/min), and +19 MB after the
+10 MB prompt.
 """
 
 from __future__ import annotations

@@ -414,7 +414,7 @@ def _start_cores(
 
     client: type[CoreProcess] | type[CoreThread] = CoreProcess if multiprocess else CoreThread
     size = config.data_parallel_size
-    if size > 1 and not multiprocess:  # a process holds one model's state (attention metadata...)
+    if size > 1 and not multiprocess:  # one model a process (process groups, backend)
         raise ValueError(
             "data_parallel_size above 1 needs each engine core in a process of its own "
             "(VLLM_ENABLE_V1_MULTIPROCESSING=1, the default)"
