@@ -31,12 +31,12 @@ from infernetes.operator.discovery import ServedApis
 from infernetes.operator.drift import differences, scaled_by_others, stale_fields, with_hash
 from infernetes.operator.engine_support import review_engine
 from infernetes.operator.events import EventRecorder
-from infernetes.operator.facts import LWS_GV, ClusterFacts
+from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.gpus import TOO_LARGE, GpuLedger, too_large_for_any_node
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
-from infernetes.operator.multinode import LWS_KIND, LWS_MISSING
-from infernetes.operator.render import Plan, plan
-from infernetes.operator.render.model_cache import held_workload
+from infernetes.operator.multinode import LWS_MISSING
+from infernetes.operator.render import SERVER, Plan, plan
+from infernetes.operator.render.model_cache import held_workloads
 from infernetes.operator.render.workload import gpu_resource
 from infernetes.operator.status_writer import Outcome, StatusWriter
 from infernetes.operator.workqueue import WorkQueue
@@ -195,47 +195,39 @@ class Reconciler:
         return ClusterFacts(**kwargs)
 
     async def desired(self, key: Key, resource: Mapping[str, Any]) -> Plan:
-        """The render, with the Deployment's rollout strategy decided only when its pod template
-        changes (then under the headroom lock, reserving a surge pod's GPUs)."""
+        """The render, with the server's Deployment's rollout strategy decided only when its pod
+        template changes (then under the headroom lock, reserving a surge pod's GPUs)."""
         namespace, name = key
         spec, uid = resource.get("spec") or {}, resource["metadata"]["uid"]
-        live = self.children.of(key).get(("apps/v1", "Deployment", name))
         result = plan(spec, self.facts(self.gpus.spare()), name=name, namespace=namespace, uid=uid)
-        self._hold_for_download(key, result)
-        workload = result.manifests[0]
-        if workload["kind"] != "Deployment":
-            # A LeaderWorkerSet rolls out by its own strategy (render.leaderworkerset.rollout).
-            live_lws = self.children.of(key).get((LWS_GV, LWS_KIND, name))
-            if live_lws is not None and scaled_by_others(live_lws):
-                workload["spec"].pop("replicas", None)
-            result.manifests = [with_hash(manifest) for manifest in result.manifests]
-            return result
-        deployment = workload
-        if live is not None and not differences(
-            deployment["spec"]["template"], live["spec"]["template"]
-        ):
-            # No rollout is coming: keep the strategy decided when the last one started.
-            deployment["spec"]["strategy"] = live["spec"].get("strategy")
-        elif live is not None and result.gpus_per_replica:
-            async with self.gpus.lock:
-                spare = self.gpus.spare(excluding=key)
-                result = plan(spec, self.facts(spare), name=name, namespace=namespace, uid=uid)
-                self._hold_for_download(key, result)
-                deployment = result.manifests[0]
-                self.gpus.reserve(key, deployment, gpu_resource(spec), result.gpus_per_replica)
-        if live is not None and scaled_by_others(live):
+        workload = result.workloads.get(SERVER)
+        live = self.children.of(key).get(child_id(workload)) if workload else None
+        # A LeaderWorkerSet rolls out by its own strategy (render.leaderworkerset.rollout).
+        if workload is not None and live is not None and workload["kind"] == "Deployment":
+            if not differences(workload["spec"]["template"], live["spec"]["template"]):
+                # No rollout is coming: keep the strategy decided when the last one started.
+                workload["spec"]["strategy"] = live["spec"].get("strategy")
+            elif result.gpus_per_replica:
+                async with self.gpus.lock:
+                    spare = self.gpus.spare(excluding=key)
+                    result = plan(spec, self.facts(spare), name=name, namespace=namespace, uid=uid)
+                    workload = result.workloads[SERVER]
+                    self.gpus.reserve(key, workload, gpu_resource(spec), result.gpus_per_replica)
+        if workload is not None and live is not None and scaled_by_others(live):
             # An HPA (or KEDA, or `kubectl scale`) owns replicas through the scale subresource.
-            del deployment["spec"]["replicas"]
+            workload["spec"].pop("replicas", None)
+        self._hold_for_download(key, result)
         result.manifests = [with_hash(manifest) for manifest in result.manifests]
         return result
 
     def _hold_for_download(self, key: Key, result: Plan) -> None:
-        """Hold the workload until the model-cache Job for this model has succeeded."""
-        held, verdict = held_workload(result.manifests, self.children.of(key), result.model_name)
+        """Hold the workloads until the model-cache Job for this model has succeeded."""
+        held, verdict = held_workloads(
+            result.manifests, result.roles.values(), self.children.of(key), result.model_name
+        )
         if verdict is not None:
             result.conditions["ModelCached"] = verdict
-        if held is not None:
-            result.held.add(held)
+        result.held |= held
 
     async def reconcile(self, key: Key) -> None:
         resource = self.resources.get(key)
@@ -334,8 +326,8 @@ class Reconciler:
         try:
             for target, why in work:
                 edited = why[0].startswith(".")
-                # The workload goes first, never waiting.
-                workload = target is result.manifests[0]
+                # The workloads go first, never waiting.
+                workload = child_id(target) in result.roles.values()
                 response = await self.applier.apply(target, edited=edited, workload=workload)
                 self.children.observe(response)
             for target in extra:
