@@ -1,10 +1,25 @@
-"""Server-side apply of rendered objects under one field manager, and deletion of stale ones."""
+"""The applier: server-side apply of rendered objects under one field manager ("infernetes"),
+and pruning of the children this resource owns (by owner reference) that the render no longer
+produces.
 
-from collections.abc import Mapping
+A pass applies its workloads at once and its other children SECONDARY_APPLIES at a time; which
+children are stale is drift.py's question, when to retry the reconciler's.
+"""
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from infernetes.operator import names
-from infernetes.operator.kube import APPLY_PATCH, MERGE_PATCH, KubeError, request
+from infernetes.operator import metrics, names
+from infernetes.operator.cache import ChildId
+from infernetes.operator.kube import APPLY_PATCH, MERGE_PATCH, Call, KubeError, request
+
+log = logging.getLogger("infernetes.operator")
+
+# Applies of the children that are not the workload, at once: more only waits longer at the API
+# server and holds API threads the next resources' Deployments need.
+SECONDARY_APPLIES = 8
 
 # The kinds the operator creates, with their REST collection names.
 PLURALS = {
@@ -70,3 +85,57 @@ def delete(api: Any, manifest: Mapping[str, Any]) -> None:
     except KubeError as exc:
         if exc.status != 404:
             raise
+
+
+def unrendered(
+    live: Mapping[ChildId, dict[str, Any]], rendered: Iterable[ChildId], uid: str
+) -> list[dict[str, Any]]:
+    """The live children owned by the resource `uid` that the render no longer produces."""
+    wanted = set(rendered)
+    return [
+        obj
+        for cid, obj in live.items()
+        if cid not in wanted
+        and any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ())
+    ]
+
+
+class Applier:
+    def __init__(self, api: Any, call: Call) -> None:
+        self.api = api
+        self.call = call
+        self.secondary = asyncio.Semaphore(SECONDARY_APPLIES)
+
+    async def apply(
+        self, manifest: Mapping[str, Any], *, edited: bool, workload: bool
+    ) -> dict[str, Any]:
+        """Apply one child: a workload at once, never waiting behind other resources' children."""
+        if workload:
+            return await self._apply(manifest, edited=edited)
+        async with self.secondary:
+            return await self._apply(manifest, edited=edited)
+
+    async def delete(self, manifest: Mapping[str, Any]) -> None:
+        await self.call(delete, self.api, manifest)
+        metrics.API_WRITES.labels(manifest["kind"], "delete").inc()
+
+    async def _apply(self, manifest: Mapping[str, Any], *, edited: bool) -> dict[str, Any]:
+        """Server-side apply; an edited child whose edit apply cannot merge back (the API server
+        refuses the merge) gets its spec overwritten first."""
+        kind = manifest["kind"]
+        try:
+            response = await self.call(apply, self.api, manifest)
+        except KubeError as exc:
+            if not (edited and exc.status == 422):
+                raise
+            log.info(
+                "%s %s: apply refused (%s); overwriting its spec",
+                kind,
+                manifest["metadata"]["name"],
+                exc.message,
+            )
+            await self.call(overwrite_spec, self.api, manifest)
+            metrics.API_WRITES.labels(kind, "overwrite").inc()
+            response = await self.call(apply, self.api, manifest)
+        metrics.API_WRITES.labels(kind, "apply").inc()
+        return response

@@ -9,7 +9,6 @@ from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 from infernetes.operator import names
-from infernetes.operator.gpus import node_gpus, pod_gpus, spare_gpus
 
 Key = tuple[str, str]  # namespace, InferenceService name
 ChildId = tuple[str, str, str]  # apiVersion, kind, name
@@ -123,46 +122,3 @@ class Children:
         self._objects.pop(key, None)
         self._deleted.pop(key, None)
         self._pods.pop(key, None)
-
-
-class GpuLedger:
-    """GPUs per node, the pods holding them, and the GPUs promised to surge pods of rollouts that
-    the operator started and that have not finished: `rollout: Auto` decides from all three."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, int]] = {}
-        self.pods: dict[str, tuple[str, dict[str, int]]] = {}
-        self.reserved: dict[Key, dict[str, int]] = {}
-
-    def observe_node(self, node: Mapping[str, Any], deleted: bool = False) -> None:
-        name = node["metadata"]["name"]
-        gpus = node_gpus((node.get("status") or {}).get("allocatable") or {})
-        if deleted or not gpus or (node.get("spec") or {}).get("unschedulable"):
-            self.nodes.pop(name, None)
-        else:
-            self.nodes[name] = gpus
-
-    def observe_pod(self, pod: Mapping[str, Any], deleted: bool = False) -> None:
-        uid = pod["metadata"].get("uid") or pod["metadata"]["name"]
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        gpus = pod_gpus(spec)
-        finished = status.get("phase") in ("Succeeded", "Failed")
-        if deleted or finished or not gpus or not spec.get("nodeName"):
-            self.pods.pop(uid, None)
-        else:
-            self.pods[uid] = (spec["nodeName"], gpus)
-
-    def largest(self) -> dict[str, int]:
-        """The GPUs of the largest schedulable node, per resource (GPUs per node by default)."""
-        largest: dict[str, int] = {}
-        for gpus in self.nodes.values():
-            for res, count in gpus.items():
-                largest[res] = max(largest.get(res, 0), count)
-        return largest
-
-    def spare(self, excluding: Key | None = None) -> dict[str, int]:
-        used: dict[str, list[dict[str, int]]] = {}
-        for node, gpus in self.pods.values():
-            used.setdefault(node, []).append(gpus)
-        claims = [claim for key, claim in self.reserved.items() if key != excluding]
-        return spare_gpus(self.nodes, used, claims)

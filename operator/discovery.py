@@ -1,6 +1,13 @@
-"""Which optional APIs the cluster serves (asked at start-up, when their CRDs change and every
-minute: reconciler.py)."""
+"""Which optional APIs the cluster serves: asked at start-up, 1 and 4 s after a CRD of an
+optional group changes, and every minute; a CRD being deleted stops counting at once.
 
+The render takes them as ClusterFacts.apis; a change queues a pass of every resource (the
+reconciler's `on_change`), never a reason to roll pods.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from infernetes.operator.facts import (
@@ -10,10 +17,14 @@ from infernetes.operator.facts import (
     LWS_GV,
     MONITORING_GV,
 )
-from infernetes.operator.kube import KubeError, request
+from infernetes.operator.kube import Call, KubeError, request
+
+log = logging.getLogger("infernetes.operator")
 
 OPTIONAL_GROUP_VERSIONS = (MONITORING_GV, KEDA_GV, LWS_GV, INFERENCE_POOL_GV, GATEWAY_GV)
 OPTIONAL_GROUPS = frozenset(gv.split("/")[0] for gv in OPTIONAL_GROUP_VERSIONS)
+REDISCOVER_SECONDS = 60.0
+REDISCOVER_AFTER_CRD_SECONDS = (1.0, 4.0)
 
 
 def discover_apis(api: Any) -> frozenset[str]:
@@ -38,3 +49,91 @@ def discover_apis(api: Any) -> frozenset[str]:
             if "/" not in resource["name"]
         )
     return frozenset(apis)
+
+
+class ServedApis:
+    """The optional APIs served now; `on_change` is called when they change."""
+
+    def __init__(self, api: Any, call: Call, on_change: Callable[[], None]) -> None:
+        self.api = api
+        self.call = call
+        self.on_change = on_change
+        self.discovered: frozenset[str] = frozenset()
+        self.withdrawn: set[str] = set()
+        self._periodic: asyncio.Task | None = None
+        self._after_crd: asyncio.Task | None = None
+
+    @property
+    def apis(self) -> frozenset[str]:
+        """Optional APIs served ("group/version/Kind"), less those whose CRD is being deleted."""
+        return self.discovered - self.withdrawn
+
+    async def start(self) -> None:
+        self.discovered = await self.call(discover_apis, self.api)
+        log.info("optional APIs served: %s", ", ".join(sorted(self.apis)) or "none")
+        self._periodic = asyncio.create_task(self._rediscover_periodically())
+
+    async def stop(self) -> None:
+        tasks = [task for task in (self._periodic, self._after_crd) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def rediscover(self) -> None:
+        try:
+            discovered = await self.call(discover_apis, self.api)
+        except KubeError as exc:
+            log.warning("discovery failed: %s", exc)
+            return
+        if discovered != self.discovered:
+            self.discovered = discovered
+            self._changed()
+
+    def crd_event(self, event: str | None, body: dict[str, Any]) -> None:
+        """A CRD of an optional group changed: one being deleted stops counting at once (the API
+        server refuses new objects of it while it is served still); discover again once the
+        burst of events is over, and once more a little later."""
+        spec = body.get("spec") or {}
+        kinds = {
+            f"{spec.get('group')}/{version.get('name')}/{(spec.get('names') or {}).get('kind')}"
+            for version in spec.get("versions") or ()
+        }
+        if body["metadata"].get("deletionTimestamp") and not kinds <= self.withdrawn:
+            self.withdrawn |= kinds
+            self._changed()
+        elif not body["metadata"].get("deletionTimestamp") and event != "DELETED":
+            self.withdrawn -= kinds
+        if self._after_crd is not None:
+            self._after_crd.cancel()
+
+        async def later() -> None:
+            for delay in REDISCOVER_AFTER_CRD_SECONDS:
+                await asyncio.sleep(delay)
+                await self.rediscover()
+
+        self._after_crd = asyncio.create_task(later())
+
+    def unserved(self, obj: Mapping[str, Any]) -> bool:
+        """An object of an optional kind whose API is not served (any more)."""
+        return (
+            obj["apiVersion"] in OPTIONAL_GROUP_VERSIONS
+            and f"{obj['apiVersion']}/{obj['kind']}" not in self.apis
+        )
+
+    async def gone(self, manifest: Mapping[str, Any]) -> bool:
+        """After a failed write: has the kind's optional API gone (its CRD deleted or being so)?"""
+        if manifest["apiVersion"] not in OPTIONAL_GROUP_VERSIONS:
+            return False
+        if self.unserved(manifest):
+            return True
+        await self.rediscover()
+        return self.unserved(manifest)
+
+    def _changed(self) -> None:
+        log.info("optional APIs served: %s", ", ".join(sorted(self.apis)) or "none")
+        self.on_change()
+
+    async def _rediscover_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(REDISCOVER_SECONDS)
+            await self.rediscover()

@@ -81,7 +81,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.probe(id="optionalApis")
 def optional_apis(memo: kopf.Memo, **_: Any) -> list[str]:
-    return sorted(memo.reconciler.apis)
+    return sorted(memo.reconciler.served.apis)
 
 
 @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL)
@@ -124,4 +124,4 @@ def _optional_group(spec: Mapping, **_: Any) -> bool:
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_group)
 async def crd_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.crd_event(type, plain(body))
+    memo.reconciler.served.crd_event(type, plain(body))

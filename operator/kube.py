@@ -4,12 +4,17 @@ The operator touches a handful of kinds, some of them optional CRDs (ServiceMoni
 REST paths rather than one generated class per kind.
 """
 
+import datetime
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = 30
+
+# Runs a blocking call (`request`, `apply.apply` ...) in the reconciler's API threads.
+Call = Callable[..., Awaitable[Any]]
 
 
 class KubeError(Exception):
@@ -82,3 +87,8 @@ def _message(data: Any) -> str:
         return json.loads(text).get("message") or text
     except (ValueError, AttributeError):
         return text
+
+
+def now() -> str:
+    """The time as the API server writes it (RFC 3339, UTC, whole seconds)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

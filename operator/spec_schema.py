@@ -20,6 +20,8 @@ from infernetes.operator.openapi import (
     string_map,
 )
 
+from infernetes.schema.args import BY_NAME
+
 GPU_VENDORS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 MONITORING_MODES = ["auto", "serviceMonitor", "podMonitor", "annotations", "none"]
 ROLLOUT_STRATEGIES = ["Auto", "RollingUpdate", "Recreate"]
@@ -34,7 +36,8 @@ PVC_MODEL_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^/].*$"
 LORA_HUB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 LORA_CACHE_PATTERN = r"^cache://[^/].*$"
 LORA_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-LORA_RANKS = [1, 8, 16, 32, 64, 128, 256, 320, 512]  # --max-lora-rank's choices
+# --max-lora-rank as the server-argument schema declares it (its choices, its default).
+MAX_LORA_RANK = BY_NAME["max-lora-rank"]
 MAX_LORA_ADAPTERS = 64
 TERMINATION_GRACE_SECONDS = 60
 # What a GPU pod requests of its host per GPU unless spec.resources says otherwise
@@ -221,8 +224,9 @@ def lora_schema() -> Schema:
         {
             "adapters": adapters,
             "maxRank": integer(
-                "Largest adapter rank served (--max-lora-rank; the runtime's default 16).",
-                enum=LORA_RANKS,
+                "Largest adapter rank served (--max-lora-rank; the runtime's default "
+                f"{MAX_LORA_RANK.default}).",
+                enum=list(MAX_LORA_RANK.choices or ()),
             ),
         },
         required=["adapters"],

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infernetes.operator import names
+from infernetes.operator.cache import ChildId, child_id
 from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import LWS_GV, ClusterFacts
 from infernetes.operator.multinode import LWS_KIND, missing_api
@@ -27,10 +28,14 @@ from infernetes.operator.render.workload import deployment_manifest, gpus_per_re
 from infernetes.operator.render.workload import model_source as resolve_model
 from infernetes.operator.status import Verdict
 
+# The role of the one workload rendered today: the pods that serve the API.
+SERVER = "server"
+
 
 @dataclass
 class Plan:
-    """What render decided, for status as well as for apply."""
+    """What render decided, for status as well as for apply. Its workloads (the Deployment or
+    LeaderWorkerSet running the server) are named by role, never found by their position."""
 
     manifests: list[dict[str, Any]]
     service_name: str
@@ -51,7 +56,15 @@ class Plan:
     conditions: dict[str, Verdict] = field(default_factory=dict)
     # Children to leave as they are this pass, neither applied nor deleted (the workload while
     # the model-cache Job runs: the reconciler decides, from the live Job).
-    held: set[tuple[str, str, str]] = field(default_factory=set)
+    held: set[ChildId] = field(default_factory=set)
+    # Each role's workload, by the id of its manifest in `manifests` (none while `blocked`).
+    roles: dict[str, ChildId] = field(default_factory=dict)
+
+    @property
+    def workloads(self) -> dict[str, dict[str, Any]]:
+        """The workload manifests by role."""
+        by_id = {child_id(manifest): manifest for manifest in self.manifests}
+        return {role: by_id[workload] for role, workload in self.roles.items()}
 
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
@@ -81,34 +94,30 @@ def plan(
     warnings.extend(scrape.warnings)
     placement = layout(spec, cluster_facts)
     blocked = None
-    workload: list[dict[str, Any]] = []
+    workloads: dict[str, dict[str, Any]] = {}
     if not placement.multi_node:
-        workload.append(
-            deployment_manifest(
-                spec,
-                cluster_facts,
-                name=name,
-                namespace=namespace,
-                pod_annotations=scrape.pod_annotations,
-            )
+        workloads[SERVER] = deployment_manifest(
+            spec,
+            cluster_facts,
+            name=name,
+            namespace=namespace,
+            pod_annotations=scrape.pod_annotations,
         )
     elif cluster_facts.serves(LWS_GV, LWS_KIND):
-        workload.append(
-            leaderworkerset_manifest(
-                spec,
-                cluster_facts,
-                placement,
-                name=name,
-                namespace=namespace,
-                pod_annotations=scrape.pod_annotations,
-            )
+        workloads[SERVER] = leaderworkerset_manifest(
+            spec,
+            cluster_facts,
+            placement,
+            name=name,
+            namespace=namespace,
+            pod_annotations=scrape.pod_annotations,
         )
     else:
         blocked = missing_api(placement.nodes)
     service = service_manifest(spec, name=name, namespace=namespace, service_name=service_name)
     if placement.multi_node:
         service["spec"]["selector"][ROLE_LABEL] = LEADER  # the workers serve no API
-    manifests = [*workload, service]
+    manifests = [*workloads.values(), service]
     if wants_download(spec):
         manifests.append(download_job(spec, cluster_facts, name=name, namespace=namespace))
     manifests.extend(scrape.manifests)
@@ -156,6 +165,7 @@ def plan(
         gpus_per_pod=placement.gpus_per_pod,
         blocked=blocked,
         conditions={"Routing": routing.verdict} if routing.verdict else {},
+        roles={role: child_id(workload) for role, workload in workloads.items()},
     )
 
 

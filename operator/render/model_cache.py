@@ -10,7 +10,7 @@ previous model) and neither updated nor deleted.
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from infernetes.operator import names
@@ -136,13 +136,16 @@ def download_verdict(job: Mapping[str, Any], model: str) -> Verdict:
     return "False", "Downloading", f"Job {name} is downloading {model} into the cache"
 
 
-def held_workload(
-    manifests: list[dict[str, Any]], live: Mapping[ChildId, Mapping[str, Any]], model: str
-) -> tuple[ChildId | None, Verdict | None]:
-    """(the workload to hold, the ModelCached condition) for a render with a download Job."""
+def held_workloads(
+    manifests: list[dict[str, Any]],
+    workloads: Iterable[ChildId],
+    live: Mapping[ChildId, Mapping[str, Any]],
+    model: str,
+) -> tuple[set[ChildId], Verdict | None]:
+    """(the workloads to hold, the ModelCached condition) for a render with a download Job."""
     jobs = [m for m in manifests if m["kind"] == "Job"]
     if not jobs:
-        return None, None
+        return set(), None
     job = live.get(child_id(jobs[0])) or jobs[0]
     verdict = download_verdict(job, model)
-    return (None if verdict[0] == "True" else child_id(manifests[0])), verdict
+    return (set() if verdict[0] == "True" else set(workloads)), verdict

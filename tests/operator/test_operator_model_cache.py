@@ -8,7 +8,7 @@ import pytest
 from infernetes.operator.crd import build_crd
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.render import plan
-from infernetes.operator.render.model_cache import download_verdict, held_workload
+from infernetes.operator.render.model_cache import download_verdict, held_workloads
 
 CACHE = {"claimName": "hf-cache", "subPath": "hub", "download": True}
 
@@ -73,12 +73,13 @@ def test_a_changed_model_or_revision_is_a_new_job() -> None:
 
 
 def test_workload_held_until_the_job_completes_and_the_condition_tells() -> None:
-    manifests = plan(spec(), ClusterFacts(), name="svc", namespace="ns").manifests
+    result = plan(spec(), ClusterFacts(), name="svc", namespace="ns")
+    manifests, workloads = result.manifests, result.roles.values()
     job = manifests[-1]
     workload = ("apps/v1", "Deployment", "svc")
     job_id = ("batch/v1", "Job", job["metadata"]["name"])
-    assert held_workload(manifests, {}, "org/model") == (
-        workload,
+    assert held_workloads(manifests, workloads, {}, "org/model") == (
+        {workload},
         (
             "False",
             "Downloading",
@@ -98,11 +99,11 @@ def test_workload_held_until_the_job_completes_and_the_condition_tells() -> None
             ]
         },
     }
-    held, verdict = held_workload(manifests, {job_id: failed}, "org/model")
-    assert held == workload
+    held, verdict = held_workloads(manifests, workloads, {job_id: failed}, "org/model")
+    assert held == {workload}
     assert verdict[:2] == ("False", "DownloadFailed") and "backoff limit" in verdict[2]
     done = {**job, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
-    assert held_workload(manifests, {job_id: done}, "org/model")[0] is None
+    assert held_workloads(manifests, workloads, {job_id: done}, "org/model")[0] == set()
     assert download_verdict(done, "org/model")[:2] == ("True", "Downloaded")
 
 

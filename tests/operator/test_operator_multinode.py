@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.multinode import LWS_MISSING, as_deployment_view
-from infernetes.operator.render import plan
+from infernetes.operator.render import SERVER, plan
 from infernetes.operator.render.leaderworkerset import MASTER_PORT, Layout, layout, node_args
 from infernetes.operator.render.workload import container_args
 from infernetes.operator.status import derive_status
@@ -63,10 +63,11 @@ def test_a_size_that_does_not_split_into_whole_nodes_is_an_error() -> None:
 
 
 def lws_of(spec: dict, facts: ClusterFacts = EIGHT_GPU_NODES) -> dict[str, Any]:
-    manifests = plan(spec, facts, name="big", namespace="ns").manifests
-    assert manifests[0]["kind"] == "LeaderWorkerSet"
-    assert "Deployment" not in {m["kind"] for m in manifests}
-    return manifests[0]
+    result = plan(spec, facts, name="big", namespace="ns")
+    workload = result.workloads[SERVER]
+    assert workload["kind"] == "LeaderWorkerSet"
+    assert "Deployment" not in {m["kind"] for m in result.manifests}
+    return workload
 
 
 def test_leader_and_workers_run_the_usual_argv_plus_their_node_rank() -> None:
@@ -123,7 +124,8 @@ def test_the_service_selects_the_leaders() -> None:
     assert result.nodes_per_replica == 2 and result.gpus_per_pod == 8
     assert result.gpus_per_replica == 16
     single = plan(tp(8), EIGHT_GPU_NODES, name="big", namespace="ns")
-    assert "infernetes.io/role" not in single.manifests[1]["spec"]["selector"]
+    service = next(m for m in single.manifests if m["kind"] == "Service")
+    assert "infernetes.io/role" not in service["spec"]["selector"]
 
 
 def test_rollout_surges_a_group_only_when_asked() -> None:
@@ -140,6 +142,7 @@ def test_without_the_lws_api_no_workload_and_a_reason() -> None:
     facts = ClusterFacts(gpus_per_node={"nvidia.com/gpu": 8})
     result = plan(tp(16), facts, name="big", namespace="ns")
     assert {m["kind"] for m in result.manifests} == {"Service"}
+    assert result.workloads == {}
     assert result.blocked is not None
     reason, message = result.blocked
     assert reason == LWS_MISSING

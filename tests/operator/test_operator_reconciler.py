@@ -8,6 +8,7 @@ import itertools
 from typing import Any
 
 import pytest
+from infernetes.operator import apply, events, status_writer
 from infernetes.operator import reconciler as module
 from infernetes.operator.cache import child_id
 from infernetes.operator.kube import KubeError
@@ -88,9 +89,10 @@ class FakeApi:
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     fake = FakeApi()
-    monkeypatch.setattr(module, "apply", fake.apply)
-    monkeypatch.setattr(module, "delete", fake.delete)
-    monkeypatch.setattr(module, "request", fake.request)
+    monkeypatch.setattr(apply, "apply", fake.apply)
+    monkeypatch.setattr(apply, "delete", fake.delete)
+    for requests in (module, status_writer, events):
+        monkeypatch.setattr(requests, "request", fake.request)
     return fake
 
 
@@ -285,7 +287,7 @@ def test_the_autoscaler_follows_the_served_apis_and_goes_with_spec_autoscaling(
     def keda_appears(reconciler: Reconciler) -> None:
         seen["first"] = (list(api.writes), condition(api, "Autoscaling")["reason"])
         api.writes.clear()
-        reconciler.discovered = frozenset({"keda.sh/v1alpha1/ScaledObject"})
+        reconciler.served.discovered = frozenset({"keda.sh/v1alpha1/ScaledObject"})
 
     def autoscaling_removed(reconciler: Reconciler) -> None:
         seen["keda"] = (list(api.writes), condition(api, "Autoscaling")["reason"])
@@ -331,7 +333,7 @@ def test_tp16_on_8_gpu_nodes_waits_for_the_lws_api_then_becomes_a_leaderworkerse
         seen["ready"] = condition(api, "Ready")
         seen["writes"] = list(api.writes)
         api.writes.clear()
-        reconciler.discovered = frozenset({LWS})
+        reconciler.served.discovered = frozenset({LWS})
 
     def again(reconciler: Reconciler) -> None:
         seen["applied"] = list(api.writes)
@@ -365,7 +367,7 @@ def test_switching_between_deployment_and_leaderworkerset_removes_the_other(
     def to_tp16(reconciler: Reconciler) -> None:
         seen["first"] = list(api.writes)
         api.writes.clear()
-        reconciler.discovered = frozenset({LWS})
+        reconciler.served.discovered = frozenset({LWS})
         api.resource["metadata"]["generation"] = 2
         api.resource["spec"]["engine"]["tensorParallelSize"] = 16
 
@@ -395,7 +397,7 @@ def test_status_reads_the_leaderworkerset_and_drift_is_repaired(api: FakeApi) ->
     seen: dict[str, Any] = {}
 
     def served(reconciler: Reconciler) -> None:
-        reconciler.discovered = frozenset({LWS})
+        reconciler.served.discovered = frozenset({LWS})
 
     def groups_ready(reconciler: Reconciler) -> None:
         seen["before"] = condition(api, "Ready")
@@ -444,7 +446,7 @@ def test_the_pool_follows_the_served_api_and_goes_with_spec_routing(api: FakeApi
     def extension_appears(reconciler: Reconciler) -> None:
         seen["first"] = (list(api.writes), condition(api, "Routing")["reason"])
         api.writes.clear()
-        reconciler.discovered = frozenset({"inference.networking.k8s.io/v1/InferencePool"})
+        reconciler.served.discovered = frozenset({"inference.networking.k8s.io/v1/InferencePool"})
 
     def routing_removed(reconciler: Reconciler) -> None:
         seen["served"] = (sorted(api.writes), condition(api, "Routing")["reason"])
@@ -543,7 +545,7 @@ def test_progress_waits_to_be_written_with_the_next_change(api: FakeApi) -> None
     reconciler = run(api, nothing, pod_scheduled(api))
     assert api.writes == ["apply Deployment", "apply Service", "status"]
     assert condition(api, "Scheduled")["status"] == "Unknown"  # held back, not yet due
-    assert KEY in reconciler.progress_seen
+    assert KEY in reconciler.status_writer.progress_seen
 
 
 def test_ready_does_not_wait_and_takes_the_held_progress_along(api: FakeApi) -> None:
@@ -555,13 +557,13 @@ def test_ready_does_not_wait_and_takes_the_held_progress_along(api: FakeApi) -> 
     assert api.writes == ["apply Deployment", "apply Service", "status", "status"]
     assert condition(api, "Ready")["status"] == "True"
     assert condition(api, "Scheduled")["status"] == "True"
-    assert KEY not in reconciler.progress_seen
+    assert KEY not in reconciler.status_writer.progress_seen
 
 
 def test_held_progress_is_written_once_it_has_settled(
     api: FakeApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(module, "PROGRESS_SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(status_writer, "PROGRESS_SETTLE_SECONDS", 0.0)
     run(api, nothing, pod_scheduled(api))
     assert api.writes == ["apply Deployment", "apply Service", "status", "status"]
     assert condition(api, "Scheduled")["status"] == "True"

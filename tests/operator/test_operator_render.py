@@ -3,7 +3,7 @@
 import pytest
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.gpus import pod_gpus, spare_gpus
-from infernetes.operator.render import plan, render
+from infernetes.operator.render import SERVER, plan, render
 from infernetes.operator.render.service import service_link_variables, service_name_for
 from infernetes.operator.render.workload import gpus_per_replica, rollout_strategy
 
@@ -85,6 +85,13 @@ def test_user_env_wins_and_names_stay_unique() -> None:
     assert [e for e in env if e["name"] == "HF_HOME"] == [{"name": "HF_HOME", "value": "/x"}]
 
 
+def test_the_plan_names_its_workload_by_role() -> None:
+    result = plan({"model": "x"}, FACTS, name="m", namespace="ns")
+    assert result.roles == {SERVER: ("apps/v1", "Deployment", "m")}
+    (deployment,) = [m for m in result.manifests if m["kind"] == "Deployment"]
+    assert result.workloads == {SERVER: deployment}
+
+
 def test_service_name_collision_rule() -> None:
     assert service_name_for("llama") == ("llama", None)
     assert service_name_for("vllm-x")[0] == "infsvc-vllm-x"
@@ -124,7 +131,7 @@ def test_monitoring_choice() -> None:
         {"model": "x", "monitoring": {"mode": "serviceMonitor"}}, FACTS, name="m", namespace="ns"
     )
     assert "does not serve" in result.warnings[0]
-    annotations = result.manifests[0]["spec"]["template"]["metadata"]["annotations"]
+    annotations = result.workloads[SERVER]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
 
 
@@ -162,7 +169,7 @@ def test_spare_gpus() -> None:
 
 def test_pvc_model_is_mounted_and_named_by_its_path() -> None:
     result = plan({"model": "pvc://store/org/model"}, FACTS, name="m", namespace="ns")
-    container = result.manifests[0]["spec"]["template"]["spec"]["containers"][0]
+    container = result.workloads[SERVER]["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][0] == "--model=/mnt/models/org/model"
     assert result.model_name == "org/model"
     assert {"name": "model", "mountPath": "/mnt/models", "readOnly": True} in container[
