@@ -34,7 +34,16 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_llama8b import NOMINAL_BANDWIDTH, _replayable, _run_part, _sync, copy_bandwidth
+from bench._gpu import (
+    NOMINAL_BANDWIDTH,
+    against_bound,
+    copy_bandwidth,
+    nominal,
+    replayable,
+    run_part,
+    sync,
+    throughput_beside_bf16,
+)
 
 # config.json of Qwen/Qwen3-30B-A3B (shape only; the weights are dummies)
 QWEN3_30B_A3B = {
@@ -221,17 +230,17 @@ def part_kernels(args: argparse.Namespace) -> dict:
         x = torch.randn(tokens, h, device=device, dtype=dtype)
         logits = torch.randn(tokens, e, device=device)
         weights, ids = ops.select_experts(logits, config["num_experts_per_tok"], True)
-        step = _replayable(
+        step = replayable(
             lambda x=x, weights=weights, ids=ids: ops.fused_moe(x, w13, w2, weights, ids)
         )
         iters = 2 if args.smoke else 200
         start = time.perf_counter()
         for _ in range(iters):
             step()
-        _sync()
+        sync()
         seconds = (time.perf_counter() - start) / iters
         touched = ids.unique().numel() * 3 * h * i * dtype.itemsize
-        packed_step = _replayable(
+        packed_step = replayable(
             lambda x=x, weights=weights, ids=ids: ops.fused_moe_wna16(
                 x, packed13, packed2, weights, ids
             )
@@ -239,10 +248,10 @@ def part_kernels(args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         for _ in range(iters):
             packed_step()
-        _sync()
+        sync()
         packed_seconds = (time.perf_counter() - start) / iters
         packed_touched = ids.unique().numel() * 3 * h * i * (0.5 + 2 / 128)
-        fp8_step = _replayable(
+        fp8_step = replayable(
             lambda x=x, weights=weights, ids=ids: ops.fused_moe(
                 x, fp8_13, fp8_2, weights, ids, scale13, scale2, block
             )
@@ -250,7 +259,7 @@ def part_kernels(args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         for _ in range(iters):
             fp8_step()
-        _sync()
+        sync()
         fp8_seconds = (time.perf_counter() - start) / iters
         fp8_touched = ids.unique().numel() * 3 * h * i * (1 + 4 / (block[0] * block[1]))
         rows.append(
@@ -284,10 +293,6 @@ def _packed_experts(e: int, k: int, n: int, device: torch.device, dtype: torch.d
 PART_FUNCTIONS = {"decode": part_decode, "throughput": part_throughput, "kernels": part_kernels}
 
 
-def _nominal(table: dict[str, float], device_name: str) -> float | None:
-    return next((value for name, value in table.items() if name in device_name), None)
-
-
 def _report(device_name: str, config: dict, results: dict) -> None:
     params = active_parameters(config)
     element = 2 if config["torch_dtype"] == "bfloat16" else 4
@@ -298,22 +303,18 @@ def _report(device_name: str, config: dict, results: dict) -> None:
         print(
             f"decode: {tps:.1f} tok/s single stream; active weights {per_token / 1e9:.2f} GB a token"
         )
-        print(
-            f"  vs copy-bandwidth bound {results['copy_bandwidth'] / per_token:.1f} tok/s: "
-            f"{tps * per_token / results['copy_bandwidth']:.1%}"
-        )
-        nominal = _nominal(NOMINAL_BANDWIDTH, device_name)
-        if nominal:
-            print(
-                f"  vs nominal-bandwidth bound {nominal / per_token:.1f} tok/s: {tps * per_token / nominal:.1%}"
-            )
+        bound = results["copy_bandwidth"] / per_token
+        print("  " + against_bound("copy-bandwidth bound", tps, bound))
+        bandwidth = nominal(NOMINAL_BANDWIDTH, device_name)
+        if bandwidth:
+            print("  " + against_bound("nominal-bandwidth bound", tps, bandwidth / per_token))
     if "throughput" in results:
         t = results["throughput"]
         print(
             f"throughput: {t['output_tokens_per_s']:.0f} output tok/s, {t['processed_tokens_per_s']:.0f} "
             f"tokens/s in and out ({t['seconds']:.1f} s)"
         )
-        peak = _nominal(NOMINAL_BF16_FLOPS, device_name)
+        peak = nominal(NOMINAL_BF16_FLOPS, device_name)
         if peak:
             bound = peak / (2 * params["active"])
             print(
@@ -339,12 +340,7 @@ def _report(device_name: str, config: dict, results: dict) -> None:
             f"a token; vs copy-bandwidth bound: {tps * per_token / results['copy_bandwidth']:.1%}; "
             f"beside bf16 {bf16:.1f} tok/s: {tps / bf16:.2f}x"
         )
-        ours, base = results["w4a16-throughput"], results["throughput"]
-        print(
-            f"  throughput {ours['output_tokens_per_s']:.0f} output tok/s beside bf16 "
-            f"{base['output_tokens_per_s']:.0f}: "
-            f"{ours['output_tokens_per_s'] / base['output_tokens_per_s']:.2f}x"
-        )
+        print(throughput_beside_bf16(results["w4a16-throughput"], results["throughput"]))
 
 
 def main(argv: list[str]) -> int:
@@ -374,7 +370,7 @@ def main(argv: list[str]) -> int:
                 quantized = {**config, "quantization_config": W4A16}
                 (quantized_dir / "config.json").write_text(json.dumps(quantized, indent=2))
                 for measured in ("decode", "throughput"):
-                    results[f"w4a16-{measured}"] = _run_part(
+                    results[f"w4a16-{measured}"] = run_part(
                         measured,
                         argv,
                         quantized_dir,
@@ -385,7 +381,7 @@ def main(argv: list[str]) -> int:
                 continue
             if part == "decode":
                 results["copy_bandwidth"] = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
-            results[part] = _run_part(part, argv, model_dir, args.smoke, module="bench.gpu_moe")
+            results[part] = run_part(part, argv, model_dir, args.smoke, module="bench.gpu_moe")
     _report(device_name, config, results)
     return 0
 

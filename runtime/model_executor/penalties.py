@@ -2,7 +2,7 @@
 ``apply_penalties``): each row's generated tokens counted by one scatter, its prompt tokens
 marked by another, then every row penalised by its own factors: one copy of the rows' token ids
 to the device and a handful of kernels per step, whatever the number of rows. The sampler uses
-it on a GPU; on a CPU a row at a time stays in the caches and is faster (``sampler._process``).
+it on a GPU; on a CPU a row at a time stays in the caches and is faster (``sampler.process_logits``).
 
 Repetition (Hugging Face's ``RepetitionPenaltyLogitsProcessor``, CTRL's): a token seen in the
 prompt or the output has a positive logit divided by the penalty, a negative one multiplied.

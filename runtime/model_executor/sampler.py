@@ -8,6 +8,10 @@ without top_k by rejection: drawn again while outside the nucleus, no sort of th
 request with a ``seed`` draws from its own generator, so its tokens do not depend on what else is
 in the batch. On a GPU penalties and logprobs are batched too (penalties.py, ``top_logprobs``: no
 launch or copy per row); on a CPU they go row by row, each row staying in the caches.
+
+The stages, each a function over the step's ``SamplingMetadata`` (read once from the requests'
+parameters, as vLLM V1's sampler reads its own): ``process_logits``, ``Sampler._sample``
+(``filter_logits`` on a group of rows, then the draw) and ``gather_logprobs``.
 """
 
 from __future__ import annotations
@@ -126,10 +130,68 @@ def _params(request: SamplingRequest) -> SamplingParams:
     return params
 
 
-def _process(row: torch.Tensor, request: SamplingRequest, penalties: bool = True) -> torch.Tensor:
-    """Bias, allowed tokens, ``min_tokens``, penalties (unless the batch applies them) and
-    logits processors on one row, in that order."""
-    params = _params(request)
+def _needs_bias_or_masks(request: SamplingRequest, params: SamplingParams) -> bool:
+    return bool(
+        params.logit_bias
+        or params.allowed_token_ids is not None
+        or request.num_output_tokens < params.min_tokens
+    )
+
+
+@dataclass
+class SamplingMetadata:
+    """What a step samples by, read once from its requests' SamplingParams (vLLM V1's
+    ``SamplingMetadata``): the rows each stage works on. The draw's per-row values become
+    tensors per group of rows (``FilterParams``), since a CPU draws a few rows at a time."""
+
+    requests: Sequence[SamplingRequest]
+    params: list[SamplingParams]
+    greedy: list[int]  # rows that take the argmax
+    random: list[int]  # rows that draw
+    processed: list[int]  # rows with a bias, a mask, min_tokens, penalties or logits processors
+    # of those, rows whose penalties are applied together (batched, and no bias or mask first)
+    penalised_together: list[int]
+    logprobs: list[int]  # rows that want logprobs
+    num_logprobs: list[int]  # and how many top ones each
+
+    @classmethod
+    def from_requests(cls, requests: Sequence[SamplingRequest], batched: bool) -> SamplingMetadata:
+        params = [_params(r) for r in requests]
+        processed, penalised_together = _processed_rows(requests, params, batched)
+        logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
+        return cls(
+            requests,
+            params,
+            greedy=[i for i, p in enumerate(params) if p.greedy],
+            random=[i for i, p in enumerate(params) if not p.greedy],
+            processed=processed,
+            penalised_together=penalised_together,
+            logprobs=logprobs,
+            num_logprobs=[params[i].logprobs or 0 for i in logprobs],
+        )
+
+
+def _processed_rows(
+    requests: Sequence[SamplingRequest], params: list[SamplingParams], batched: bool
+) -> tuple[list[int], list[int]]:
+    """The rows with any per-request processing, and those of them whose penalties can go
+    together: a row's bias and masks come before its penalties, so one with any goes alone
+    (rare: a penalty is the common case)."""
+    processed: list[int] = []
+    together: list[int] = []
+    for i, (request, p) in enumerate(zip(requests, params, strict=True)):
+        masked, penalised = _needs_bias_or_masks(request, p), needs_penalties(p)
+        if masked or penalised or p.logits_processors:
+            processed.append(i)
+            if batched and penalised and not masked:
+                together.append(i)
+    return processed, together
+
+
+def _apply_bias_and_masks(
+    row: torch.Tensor, request: SamplingRequest, params: SamplingParams
+) -> torch.Tensor:
+    """Logit bias, allowed tokens, and stop tokens masked until ``min_tokens``."""
     if params.logit_bias:
         ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=row.device)
         bias = torch.tensor(list(params.logit_bias.values()), dtype=row.dtype, device=row.device)
@@ -146,8 +208,12 @@ def _process(row: torch.Tensor, request: SamplingRequest, penalties: bool = True
         if stop_ids:
             row = row.clone()
             row[torch.tensor(sorted(stop_ids), dtype=torch.long, device=row.device)] = float("-inf")
-    if penalties and needs_penalties(params):
-        row = _apply_penalties(row, request, params)
+    return row
+
+
+def _apply_logits_processors(
+    row: torch.Tensor, request: SamplingRequest, params: SamplingParams
+) -> torch.Tensor:
     for processor in params.logits_processors or ():
         try:
             row = processor(request.output_token_ids, row)
@@ -155,6 +221,44 @@ def _process(row: torch.Tensor, request: SamplingRequest, penalties: bool = True
             logger.exception("logits processor of request %s failed", request.request_id)
             request.error = error
     return row
+
+
+def _no_nan(rows: torch.Tensor) -> torch.Tensor:
+    # a NaN from a bias, penalty or processor is never the argmax of a greedy row
+    return rows.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+
+
+def _apply_batch_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> None:
+    """The penalties of ``meta.penalised_together`` in one pass, in place."""
+    rows = meta.penalised_together
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = _no_nan(
+        apply_penalties(
+            logits[index],
+            [meta.params[i] for i in rows],
+            [meta.requests[i].prompt_token_ids for i in rows],
+            [meta.requests[i].output_token_ids for i in rows],
+        )
+    )
+
+
+def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Each processed row's bias and masks, penalties and logits processors, in that order (a
+    copy of ``logits``). The rare per-request work goes row by row, but for the penalties of the
+    rows in ``meta.penalised_together``, done together first."""
+    logits = logits.clone()
+    if meta.penalised_together:
+        _apply_batch_penalties(logits, meta)
+    together = set(meta.penalised_together)
+    for i in meta.processed:
+        request, params = meta.requests[i], meta.params[i]
+        if i in together and not params.logits_processors:
+            continue  # nothing left to do row by row
+        row = _apply_bias_and_masks(logits[i], request, params)
+        if i not in together and needs_penalties(params):
+            row = _apply_penalties(row, request, params)
+        logits[i] = _no_nan(_apply_logits_processors(row, request, params))
+    return logits
 
 
 def _finite(rows: torch.Tensor) -> torch.Tensor:
@@ -166,6 +270,61 @@ def _finite(rows: torch.Tensor) -> torch.Tensor:
     return rows.nan_to_num_(nan=info.min, posinf=info.max, neginf=info.min)
 
 
+@dataclass
+class FilterParams:
+    """The filters' per-row values for a group of rows, as tensors on the logits' device; a
+    filter no row of the group uses is None (and skipped)."""
+
+    temperature: torch.Tensor  # [R, 1]
+    min_p: torch.Tensor | None  # [R, 1]
+    top_k: torch.Tensor | None  # [R]; the vocabulary size for a row without one
+    max_top_k: int
+    top_p: torch.Tensor | None  # [R, 1]: the top_p of rows with a top_k, among their k tokens
+    nucleus: list[float]  # the top_p each row leaves to the draw (rows without a top_k)
+
+    @classmethod
+    def of(
+        cls, params: Sequence[SamplingParams], vocab: int, dtype: torch.dtype, device: torch.device
+    ) -> FilterParams:
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)[:, None]
+
+        has_top_k = [0 < p.top_k < vocab for p in params]
+        top_k = [p.top_k if k else vocab for p, k in zip(params, has_top_k, strict=True)]
+        # a row with top_k has its top_p applied among its k tokens; the others' at the draw
+        top_p = [p.top_p if k else 1.0 for p, k in zip(params, has_top_k, strict=True)]
+        min_p = [p.min_p for p in params]
+        return cls(
+            temperature=column([p.temperature for p in params]),
+            min_p=column(min_p) if any(m > 0.0 for m in min_p) else None,
+            top_k=torch.tensor(top_k, device=device) if any(has_top_k) else None,
+            max_top_k=max(top_k, default=vocab),
+            top_p=column(top_p) if min(top_p, default=1.0) < 1.0 else None,
+            nucleus=[1.0 if k else p.top_p for p, k in zip(params, has_top_k, strict=True)],
+        )
+
+
+def apply_min_p(rows: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """A token less likely than ``min_p`` times its row's most likely one becomes -inf."""
+    probs = torch.softmax(rows, dim=-1)
+    return rows.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+
+
+def apply_top_k_top_p(rows: torch.Tensor, filters: FilterParams) -> torch.Tensor:
+    """Each row's ``top_k`` most likely tokens, then of those its nucleus ``top_p``; only the
+    rows' top candidates are ordered (a row without top_k keeps them all here)."""
+    assert filters.top_k is not None
+    ordered, order = torch.topk(rows, filters.max_top_k, dim=-1)
+    keep = torch.arange(ordered.shape[-1], device=rows.device)[None, :] < filters.top_k[:, None]
+    ordered = ordered.masked_fill(~keep, float("-inf"))
+    if filters.top_p is not None:
+        probs = torch.softmax(ordered, dim=-1)
+        # Drop a token when the tokens before it already reach top_p (the first always stays).
+        drop = (torch.cumsum(probs, dim=-1) - probs) > filters.top_p
+        ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.full_like(rows, float("-inf")).scatter(1, order, ordered)
+
+
 def filter_logits(
     logits: torch.Tensor, params: list[SamplingParams]
 ) -> tuple[torch.Tensor, list[float]]:
@@ -173,44 +332,34 @@ def filter_logits(
     parameters, all rows at once; filtered-out tokens become -inf. Returns the rows and the top_p
     each row still needs at the draw: a row with top_k has its top_p applied here, among its k
     candidates; a row without one leaves top_p to `Sampler` (no sort of the whole vocabulary)."""
-    device, vocab = logits.device, logits.shape[-1]
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=device)
-    rows = _finite(logits / temperature[:, None])
-    min_p = [p.min_p for p in params]
-    if any(m > 0.0 for m in min_p):
-        probs = torch.softmax(rows, dim=-1)
-        threshold = torch.tensor(min_p, dtype=rows.dtype, device=device)[:, None] * probs.amax(
-            dim=-1, keepdim=True
-        )
-        rows = rows.masked_fill(probs < threshold, float("-inf"))
-    has_top_k = [0 < p.top_k < vocab for p in params]
-    nucleus = [1.0 if k else p.top_p for p, k in zip(params, has_top_k, strict=True)]
-    if not any(has_top_k):
-        return rows, nucleus
-    # only the rows' top candidates need ordering; a row without top_k keeps them all here
-    top_k = [p.top_k if k else vocab for p, k in zip(params, has_top_k, strict=True)]
-    ordered, order = torch.topk(rows, max(top_k), dim=-1)
-    keep = (
-        torch.arange(ordered.shape[-1], device=device)[None, :]
-        < torch.tensor(top_k, device=device)[:, None]
-    )
-    ordered = ordered.masked_fill(~keep, float("-inf"))
-    top_p = [p.top_p if k else 1.0 for p, k in zip(params, has_top_k, strict=True)]
-    if min(top_p) < 1.0:
-        probs = torch.softmax(ordered, dim=-1)
-        # Drop a token when the tokens before it already reach top_p (the first always stays).
-        drop = (torch.cumsum(probs, dim=-1) - probs) > torch.tensor(
-            top_p, dtype=probs.dtype, device=device
-        )[:, None]
-        ordered = ordered.masked_fill(drop, float("-inf"))
-    return torch.full_like(rows, float("-inf")).scatter(1, order, ordered), nucleus
+    filters = FilterParams.of(params, logits.shape[-1], logits.dtype, logits.device)
+    rows = _finite(logits / filters.temperature)
+    if filters.min_p is not None:
+        rows = apply_min_p(rows, filters.min_p)
+    if filters.top_k is not None:
+        rows = apply_top_k_top_p(rows, filters)
+    return rows, filters.nucleus
+
+
+def gather_logprobs(
+    raw_logprobs: torch.Tensor, tokens: list[int], meta: SamplingMetadata, batched: bool
+) -> list[TopLogprobs]:
+    """The logprobs of each row of ``meta.logprobs``: all at once, or row by row."""
+    chosen = [tokens[i] for i in meta.logprobs]
+    if batched:
+        rows = raw_logprobs[torch.tensor(meta.logprobs, device=raw_logprobs.device)]
+        return top_logprobs(rows, chosen, meta.num_logprobs)
+    return [
+        _top_logprobs(raw_logprobs[i], token, k)
+        for i, token, k in zip(meta.logprobs, chosen, meta.num_logprobs, strict=True)
+    ]
 
 
 class Sampler:
     def __init__(self, seed: int | None = None, batched: bool | None = None) -> None:
         """``batched``: penalties and logprobs for all rows at once (a GPU's way: no launch or
-        copy per row), or row by row (a CPU's: each row stays in the caches); None picks by the
-        logits' device."""
+        copy per row), or row by row (a CPU's: each row stays in the caches, measured 1.5x
+        faster there); None picks by the logits' device."""
         self.batched = batched
         self.generator = torch.Generator()
         if seed is None:
@@ -223,75 +372,37 @@ class Sampler:
     ) -> list[SampledToken]:
         logits = logits.float()
         batched = self.batched if self.batched is not None else logits.device.type != "cpu"
-        wants_logprobs = any(_params(r).logprobs is not None for r in requests)
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
-        processed = [i for i, r in enumerate(requests) if _needs_processing(r)]
-        if processed:  # the rare per-request processing, row by row; then the batch goes on as one
-            logits = logits.clone()
-            penalised = self._batch_penalties(logits, requests, processed) if batched else set()
-            for i in processed:
-                if penalised and i in penalised and not _params(requests[i]).logits_processors:
-                    continue  # nothing left to do row by row
-                row = _process(logits[i], requests[i], penalties=i not in penalised)
-                # a NaN from a bias or processor is never the argmax of a greedy row
-                logits[i] = row.nan_to_num(
-                    nan=float("-inf"), posinf=float("inf"), neginf=float("-inf")
-                )
-        greedy = [i for i, r in enumerate(requests) if _params(r).greedy]
-        if len(greedy) == len(requests):  # the common all-greedy batch: no row copy
-            tokens = logits.argmax(dim=-1).tolist()
-        else:
-            tokens = [0] * len(requests)
-            if greedy:
-                for i, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
-                    tokens[i] = token
-            sampled = [i for i, r in enumerate(requests) if not _params(r).greedy]
-            for part in _row_groups(sampled, logits):
-                rows, nucleus = filter_logits(logits[part], [_params(requests[i]) for i in part])
-                for i, token in zip(
-                    part, self._sample(rows, [requests[i] for i in part], nucleus), strict=True
-                ):
-                    tokens[i] = token
+        meta = SamplingMetadata.from_requests(requests, batched)
+        # logprobs are those of the model's own distribution, before any processing
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if meta.logprobs else None
+        if meta.processed:
+            logits = process_logits(logits, meta)
+        tokens = self._sample(logits, meta)
         results = [SampledToken(token) for token in tokens]
         if raw_logprobs is not None:
-            wanting = [i for i, r in enumerate(requests) if _params(r).logprobs is not None]
-            ks = [_params(requests[i]).logprobs or 0 for i in wanting]
-            if batched:
-                rows = raw_logprobs[torch.tensor(wanting, device=raw_logprobs.device)]
-                found = top_logprobs(rows, [tokens[i] for i in wanting], ks)
-            else:
-                found = [
-                    _top_logprobs(raw_logprobs[i], tokens[i], k)
-                    for i, k in zip(wanting, ks, strict=True)
-                ]
-            for i, logprobs in zip(wanting, found, strict=True):
+            found = gather_logprobs(raw_logprobs, tokens, meta, batched)
+            for i, logprobs in zip(meta.logprobs, found, strict=True):
                 results[i].logprobs = logprobs
         return results
 
-    @staticmethod
-    def _batch_penalties(
-        logits: torch.Tensor, requests: Sequence[SamplingRequest], rows: list[int]
-    ) -> set[int]:
-        """Penalties of ``rows`` in one pass (in place, NaN-free as ``_process`` leaves them);
-        the rows done. A row's bias and masks come before its penalties, so a row with any is
-        left to ``_process`` (rare: a penalty is the common case)."""
-        plain = [
-            i
-            for i in rows
-            if needs_penalties(_params(requests[i])) and not _needs_bias_or_masks(requests[i])
-        ]
-        if not plain:
-            return set()
-        index = torch.tensor(plain, device=logits.device)
-        logits[index] = apply_penalties(
-            logits[index],
-            [_params(requests[i]) for i in plain],
-            [requests[i].prompt_token_ids for i in plain],
-            [requests[i].output_token_ids for i in plain],
-        ).nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-        return set(plain)
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> list[int]:
+        """A token per row: the argmax of the greedy rows, a draw from the filtered rows of the
+        others."""
+        if not meta.random:  # the common all-greedy batch: no row copy
+            return logits.argmax(dim=-1).tolist()
+        tokens = [0] * len(meta.params)
+        if meta.greedy:
+            greedy = logits[meta.greedy].argmax(dim=-1).tolist()
+            for i, token in zip(meta.greedy, greedy, strict=True):
+                tokens[i] = token
+        for part in _row_groups(meta.random, logits):
+            rows, nucleus = filter_logits(logits[part], [meta.params[i] for i in part])
+            drawn = self._draw_in_nucleus(rows, [meta.requests[i] for i in part], nucleus)
+            for i, token in zip(part, drawn, strict=True):
+                tokens[i] = token
+        return tokens
 
-    def _sample(
+    def _draw_in_nucleus(
         self, rows: torch.Tensor, requests: Sequence[SamplingRequest], nucleus: list[float]
     ) -> list[int]:
         """One token per row of filtered logits, by inverse transform: a uniform draw per row,
@@ -363,28 +474,6 @@ def _row_groups(rows: list[int], logits: torch.Tensor) -> list[list[int]]:
         return [rows]
     size = max(1, _CPU_GROUP_BYTES // (logits.shape[-1] * logits.element_size()))
     return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-
-def _needs_bias_or_masks(request: SamplingRequest) -> bool:
-    params = _params(request)
-    return bool(
-        params.logit_bias
-        or params.allowed_token_ids is not None
-        or request.num_output_tokens < params.min_tokens
-    )
-
-
-def _needs_processing(request: SamplingRequest) -> bool:
-    params = _params(request)
-    return bool(
-        params.logit_bias
-        or params.allowed_token_ids is not None
-        or params.logits_processors
-        or request.num_output_tokens < params.min_tokens
-        or params.repetition_penalty != 1.0
-        or params.frequency_penalty
-        or params.presence_penalty
-    )
 
 
 def prompt_logprobs(logits: torch.Tensor, next_tokens: list[int], k: int) -> list[TopLogprobs]:

@@ -167,6 +167,9 @@ def call_from_dict(
     return FunctionCall(name=obj["name"], arguments=arguments_json(args))
 
 
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
 class ToolParser(ABC):
     name: ClassVar[str]
     # Marker strings that may open the tool section; a tail of the output that could still grow
@@ -208,6 +211,59 @@ class ToolParser(ABC):
 
     def stream(self) -> ToolCallStream:
         return ToolCallStream(self)
+
+
+class TaggedToolParser(ToolParser):
+    """Calls each in a block between ``<tool_call>`` and ``</tool_call>`` (Hermes' JSON,
+    Qwen3-Coder's XML): the blocks are found here, each read by ``parse_block``."""
+
+    markers = (TOOL_CALL_OPEN,)
+
+    @abstractmethod
+    def parse_block(self, body: str) -> FunctionCall | None:
+        """The call in one closed block, or None if it is malformed."""
+
+    def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
+        calls: list[FunctionCall] = []
+        for block in section.split(TOOL_CALL_OPEN)[1:]:
+            body, closed, _ = block.partition(TOOL_CALL_CLOSE)
+            if not closed and not final:
+                break
+            call = self.parse_block(body)
+            if call is None:
+                # A malformed block ends the tool section; with final, it voids it.
+                return None if final and not calls else calls
+            calls.append(call)
+        return calls
+
+    @staticmethod
+    def open_block(section: str, complete: int) -> str | None:
+        """The text so far of the block after the first ``complete`` ones, while unclosed."""
+        blocks = section.split(TOOL_CALL_OPEN)[1:]
+        if len(blocks) <= complete or TOOL_CALL_CLOSE in blocks[complete]:
+            return None
+        return blocks[complete]
+
+
+class LeadingToolParser(ToolParser):
+    """A tool section that can only open the output, with ``tag`` or with ``opener`` (Llama 3's
+    JSON object, the pythonic list)."""
+
+    tag: ClassVar[str]
+    opener: ClassVar[str]
+
+    def section_start(self, text: str) -> int | None:
+        stripped = text.lstrip()
+        if stripped.startswith(self.tag) or stripped.startswith(self.opener):
+            return len(text) - len(stripped)
+        return None
+
+    def hold_back(self, text: str) -> int:
+        # The section can only open the output: hold leading whitespace and a partial tag.
+        stripped = text.lstrip()
+        if not stripped or self.tag.startswith(stripped):
+            return len(text)
+        return 0
 
 
 class ToolCallStream:

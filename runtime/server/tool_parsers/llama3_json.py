@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from infernetes.runtime.server.protocol import FunctionCall
 from infernetes.runtime.server.tool_parsers.base import (
+    LeadingToolParser,
     PartialCall,
-    ToolParser,
     call_from_dict,
     decode_json_spans,
     partial_from_object_text,
@@ -15,21 +15,9 @@ from infernetes.runtime.server.tool_parsers.base import (
 PYTHON_TAG = "<|python_tag|>"
 
 
-class Llama3JsonToolParser(ToolParser):
+class Llama3JsonToolParser(LeadingToolParser):
     name = "llama3_json"
-
-    def section_start(self, text: str) -> int | None:
-        stripped = text.lstrip()
-        if stripped.startswith(PYTHON_TAG) or stripped.startswith("{"):
-            return len(text) - len(stripped)
-        return None
-
-    def hold_back(self, text: str) -> int:
-        # The section can only open the output: hold leading whitespace and a partial tag.
-        stripped = text.lstrip()
-        if not stripped or PYTHON_TAG.startswith(stripped):
-            return len(text)
-        return 0
+    tag, opener = PYTHON_TAG, "{"
 
     @staticmethod
     def _body(section: str) -> str:

@@ -14,7 +14,7 @@ import json
 import re
 
 from infernetes.runtime.server.protocol import FunctionCall
-from infernetes.runtime.server.tool_parsers.base import PartialCall, ToolParser
+from infernetes.runtime.server.tool_parsers.base import LeadingToolParser, PartialCall
 
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
 CALL_NAME = re.compile(r"\s*([A-Za-z_]\w*)\s*\(")
@@ -72,20 +72,9 @@ def _open_string(source: str, quote: str) -> str | None:
     return None
 
 
-class PythonicToolParser(ToolParser):
+class PythonicToolParser(LeadingToolParser):
     name = "pythonic"
-
-    def section_start(self, text: str) -> int | None:
-        stripped = text.lstrip()
-        if stripped.startswith(PYTHON_START) or stripped.startswith("["):
-            return len(text) - len(stripped)
-        return None
-
-    def hold_back(self, text: str) -> int:
-        stripped = text.lstrip()
-        if not stripped or PYTHON_START.startswith(stripped):
-            return len(text)
-        return 0
+    tag, opener = PYTHON_START, "["
 
     @staticmethod
     def _body(section: str) -> str:

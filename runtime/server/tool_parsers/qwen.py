@@ -19,42 +19,32 @@ import re
 from typing import Any
 
 from infernetes.runtime.server.protocol import FunctionCall
-from infernetes.runtime.server.tool_parsers.base import PartialCall, ToolParser
+from infernetes.runtime.server.tool_parsers.base import PartialCall, TaggedToolParser
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 FUNCTION_OPEN = re.compile(r"<function=([^>\n]+)>")
 PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
-class QwenToolParser(ToolParser):
+class QwenToolParser(TaggedToolParser):
     name = "qwen"
-    markers = (OPEN,)
 
-    def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
-        calls: list[FunctionCall] = []
-        for block in section.split(OPEN)[1:]:
-            body, closed, _ = block.partition(CLOSE)
-            if not closed and not final:
-                break
-            match = FUNCTION.search(body)
-            if match is None:
-                return None if final and not calls else calls
-            name = match.group(1).strip()
-            calls.append(FunctionCall(name=name, arguments=self._arguments(name, match.group(2))))
-        return calls
+    def parse_block(self, body: str) -> FunctionCall | None:
+        match = FUNCTION.search(body)
+        if match is None:
+            return None
+        name = match.group(1).strip()
+        return FunctionCall(name=name, arguments=self._arguments(name, match.group(2)))
 
     def partial_call(self, section: str, complete: int) -> PartialCall | None:
         """Arguments grow a parameter at a time: the JSON object of the parameters closed so
         far, without its closing brace (the whole call's arguments begin with exactly that)."""
-        blocks = section.split(OPEN)[1:]
-        if len(blocks) <= complete or CLOSE in blocks[complete]:
-            return None
-        head = FUNCTION_OPEN.search(blocks[complete])
-        if head is None:
+        block = self.open_block(section, complete)
+        head = None if block is None else FUNCTION_OPEN.search(block)
+        if block is None or head is None:
             return None
         name = head.group(1).strip()
-        return PartialCall(name, self._arguments(name, blocks[complete][head.end() :])[:-1])
+        return PartialCall(name, self._arguments(name, block[head.end() :])[:-1])
 
     def _arguments(self, name: str, body: str) -> str:
         arguments = {
