@@ -10,15 +10,23 @@ from infernetes.runtime.model_executor.sampler import SampledToken, TopLogprobs
 
 @dataclass
 class ModelRunnerOutput:
-    """Per scheduled request: its new token (None for a prefill chunk that does not reach the
-    end of the prompt), the prompt logprobs of this chunk, and (pooling models) its embedding.
-    ``errors`` names the requests whose logits processor raised (they end alone)."""
+    """Per scheduled request: the tokens this step adds (one; several when its draft tokens were
+    accepted; none for a prefill chunk that does not reach the end of the prompt), the prompt
+    logprobs of this chunk, (pooling models) its embedding, and the draft tokens the proposer
+    guesses follow them. ``errors`` names the requests whose logits processor raised (they end
+    alone)."""
 
-    sampled: list[SampledToken | None] = field(default_factory=list)
+    sampled: list[list[SampledToken]] = field(default_factory=list)
     prompt_logprobs: list[list[TopLogprobs] | None] = field(default_factory=list)
     pooled: list[torch.Tensor | None] = field(default_factory=list)
+    draft_token_ids: list[list[int]] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, num_requests: int) -> ModelRunnerOutput:
-        return cls([None] * num_requests, [None] * num_requests, [None] * num_requests)
+        return cls(
+            [[] for _ in range(num_requests)],
+            [None] * num_requests,
+            [None] * num_requests,
+            [[] for _ in range(num_requests)],
+        )

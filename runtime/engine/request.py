@@ -86,6 +86,8 @@ class Request:
         # Under async scheduling: tokens a step in flight will sample, not known yet. Their
         # positions already count in num_computed_tokens (advanced when the step is scheduled).
         self.num_output_placeholders = 0
+        # Draft tokens a proposer guessed to follow token_ids, verified in its next step.
+        self.spec_token_ids: list[int] = []
 
         # KV cache bookkeeping (owned by the BlockManager).
         self.block_ids: list[int] = []

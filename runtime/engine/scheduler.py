@@ -20,6 +20,12 @@ the same running requests go into it before their last token is known: ``schedul
 that has finished may have one more step in flight, whose token is dropped. A step's output is
 matched to the very requests it was scheduled with (``step_id``), so a request that ended, was
 preempted, or whose id came back for a new request, takes nothing from it.
+
+A step may add several tokens to a request (speculative decoding's seam): the draft tokens a
+proposer guessed after its last step (``Request.spec_token_ids``) are scheduled after its last
+token, the workers verify them, and ``update_from_output()`` appends every token the step kept,
+checking the stop conditions after each, and takes back the computed count of the drafts it
+did not keep. Drafts wait for a synchronous step: under async scheduling none are scheduled.
 """
 
 from __future__ import annotations
@@ -242,7 +248,8 @@ class Scheduler:
             if remaining <= 0:  # async: what it still needs is in flight already
                 i += 1
                 continue
-            num_new = self._prefill_chunk(remaining, budget.tokens)
+            drafts = self._drafts_to_verify(request, remaining, budget.tokens)
+            num_new = self._prefill_chunk(remaining, budget.tokens) + len(drafts)
             num_blocks_before = len(request.block_ids)
             while not self.block_manager.allocate_slots(request, num_new):
                 victim = self._pick_victim(i)
@@ -253,11 +260,13 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted itself; self.running[i] is now the next request
             self._count_partial(budget, remaining, num_new)
+            request.spec_token_ids = []  # verified in this step, or guessed again after it
             data = CachedRequestData(
                 request.request_id,
                 request.block_ids[num_blocks_before:],
                 request.num_computed_tokens,
-                new_token_ids=self._sampled_tokens(request, num_new),
+                new_token_ids=self._sampled_tokens(request, num_new - len(drafts)),
+                spec_token_ids=drafts,
             )
             output.add(data, num_new)
             budget.tokens -= num_new
@@ -312,6 +321,20 @@ class Scheduler:
             and params.max_tokens is not None
             and request.num_output_tokens + placeholders >= params.max_tokens
         )
+
+    def _drafts_to_verify(self, request: Request, remaining: int, budget: int) -> list[int]:
+        """The draft tokens a decoding request verifies this step: as many as fit the budget,
+        the context length and ``max_tokens`` (a step adds at most one token past its drafts).
+        None under async scheduling: a step scheduled before the last one's drafts are known
+        would verify stale ones (speculative decoding with it is planned)."""
+        drafts = request.spec_token_ids
+        if not drafts or remaining != 1 or self.async_scheduling:
+            return []
+        room = min(budget, self.config.max_model_len - request.num_tokens) - 1
+        params = request.sampling_params
+        if params is not None and params.max_tokens is not None:
+            room = min(room, params.max_tokens - request.num_output_tokens - 1)
+        return drafts[: max(room, 0)]
 
     def _sampled_tokens(self, request: Request, num_new: int) -> list[int]:
         """The sampled tokens among those ``request`` computes next, for the earlier stages."""
@@ -404,6 +427,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a step in flight for it is discarded
+        request.spec_token_ids = []
         self.num_preemptions_step += 1
         self.waiting.add_front(request)
 
@@ -422,9 +446,10 @@ class Scheduler:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput
     ) -> tuple[list[Request], IterationStats]:
-        """Advance each scheduled request past this step's tokens, append its sampled token, check
-        its stop conditions, finish it if done. Returns the requests with something new (a token,
-        prompt logprobs, an embedding, an end) in batch order, and the step's statistics."""
+        """Advance each scheduled request past this step's tokens, append the tokens it sampled
+        (its accepted drafts and the next token), check its stop conditions after each, finish it
+        if done. Returns the requests with something new (a token, prompt logprobs, an
+        embedding, an end) in batch order, and the step's statistics."""
         iteration = IterationStats()
         updated: list[Request] = []
         now = time.monotonic()
@@ -449,11 +474,19 @@ class Scheduler:
                     updated.append(request)
                 continue
             sampled = model_output.sampled[i]
-            if sampled is None:
+            if not sampled:
                 continue  # a prefill chunk that does not reach the end of the prompt
             request.num_output_placeholders = max(request.num_output_placeholders - 1, 0)
+            data = scheduler_output.scheduled_reqs[i]
+            num_drafts = len(data.spec_token_ids) if isinstance(data, CachedRequestData) else 0
+            # the rejected drafts' positions were computed for nothing: they come again
+            request.num_computed_tokens -= num_drafts + 1 - len(sampled)
+            iteration.num_draft_tokens += num_drafts
+            iteration.num_accepted_tokens += len(sampled) - 1
             error = model_output.errors.get(request.request_id)
-            self._append_token(request, sampled, error, now, iteration)
+            self._append_tokens(request, sampled, error, now, iteration)
+            if not request.is_finished and model_output.draft_token_ids:
+                request.spec_token_ids = model_output.draft_token_ids[i]
             updated.append(request)
         iteration.finished_requests = self.take_finished_stats()
         return updated, iteration
@@ -463,34 +496,38 @@ class Scheduler:
         iteration.num_prompt_tokens += request.num_prompt_tokens
         iteration.time_to_first_tokens_iter.append(now - request.times.arrival)
 
-    def _append_token(
+    def _append_tokens(
         self,
         request: Request,
-        sampled: SampledToken,
+        sampled: list[SampledToken],
         error: str | None,
         now: float,
         iteration: IterationStats,
     ) -> None:
-        request.append_token(sampled.token_id)
-        iteration.num_generation_tokens += 1
+        """Append a step's tokens one at a time, each checked against the stop conditions: a
+        request that stops on one drops those after it."""
         last_token = request.times.last_token
         if last_token is None:
             self._first_token(request, now, iteration)
         else:
             iteration.inter_token_latencies_iter.append(now - last_token)
             request.times.last_token = now
-        if sampled.logprobs is not None and request.logprobs is not None:
-            request.cumulative_logprob += sampled.logprobs.logprob
-            request.logprobs.append(sampled.logprobs)
-        if error is not None:
-            # Its logits processor raised: end this request alone; the batch goes on.
-            request.stop_reason = f"error: {error}"
-            self.finish_request(request, RequestStatus.FINISHED_ABORTED)
-            return
-        status, stop_reason = check_stop(request, sampled.token_id, self.config.max_model_len)
-        if status is not None:
-            request.stop_reason = stop_reason
-            self.finish_request(request, status)
+        for token in sampled:
+            request.append_token(token.token_id)
+            iteration.num_generation_tokens += 1
+            if token.logprobs is not None and request.logprobs is not None:
+                request.cumulative_logprob += token.logprobs.logprob
+                request.logprobs.append(token.logprobs)
+            if error is not None:
+                # Its logits processor raised: end this request alone; the batch goes on.
+                request.stop_reason = f"error: {error}"
+                self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+                return
+            status, stop_reason = check_stop(request, token.token_id, self.config.max_model_len)
+            if status is not None:
+                request.stop_reason = stop_reason
+                self.finish_request(request, status)
+                return
 
 
 def _count_adapters(requests: Iterable[Request]) -> dict[str, int]:

@@ -8,7 +8,9 @@ worker drops a request's state when it appears in ``finished_req_ids``. Under pi
 a cached request also carries the sampled tokens the step computes (``new_token_ids``), which the
 stages before the last have not seen. Under async scheduling a step may compute a token the
 scheduler has not seen yet (the previous step's, still running): the worker takes it from its
-own state, where it appended it.
+own state, where it appended it. A decoding request may carry draft tokens
+(``spec_token_ids``, a proposer's guess at what follows): the step computes them too, and the
+worker returns the longest prefix its own samples agree with plus its next sample.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class CachedRequestData:
     # Under async scheduling, after a preemption: the tokens the request holds. A token the worker
     # sampled past them came from a step the preemption discarded; it drops it.
     num_tokens: int | None = None
+    # Draft tokens this step verifies after the request's last token (counted in its scheduled
+    # tokens): the worker computes them with it and keeps the prefix its own samples agree with.
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

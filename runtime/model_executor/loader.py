@@ -197,7 +197,7 @@ def derived_max_model_len(hf_config: PretrainedConfig, path: Path | None = None)
     if hf_config.model_type in ("roberta", "xlm-roberta"):
         length -= int(hf_config.pad_token_id or 0) + 1  # positions start after the padding index
     scaling = dict(
-        getattr(text, "rope_scaling", None) or getattr(text, "rope_parameters", None) or {}
+        getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     )
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if rope_type in ("linear", "dynamic", "yarn") and scaling.get("factor"):

@@ -288,13 +288,18 @@ class EngineSeries:
             "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
         )
         self.success = {reason: success.labels(*m, reason) for reason in FINISH_REASONS}
-        # No speculative decoding yet: the series exist (dashboards expect them) and stay 0.
+        # Draft tokens verified and accepted (steps count them when a proposer guesses); the
+        # V0-era rate, efficiency and emitted series exist (dashboards expect them) and stay 0.
         gauge(
             "vllm:spec_decode_draft_acceptance_rate", "Speculative token acceptance rate."
         ).labels(*m)
         gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.").labels(*m)
-        counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.").labels(*m)
-        counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.").labels(*m)
+        self.accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
+        ).labels(*m)
+        self.draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
+        ).labels(*m)
         counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.").labels(*m)
         info = {k: str(v) for k, v in (cache_config or {}).items()}
         cache_info = family(
@@ -380,6 +385,8 @@ class EngineSeries:
     def _record_iteration(self, stats: IterationStats) -> None:
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.generation_tokens.inc(stats.num_generation_tokens)
+        self.draft_tokens.inc(stats.num_draft_tokens)
+        self.accepted_tokens.inc(stats.num_accepted_tokens)
         step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
         if step_tokens:
             self.iteration_tokens.observe(step_tokens)

@@ -43,6 +43,8 @@ from infernetes.runtime.model_executor.models.interfaces import ModelForward, Se
 from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.spec_decode.proposer import NoProposer, Proposer
+from infernetes.runtime.spec_decode.verify import accepted, sampling_positions
 from infernetes.runtime.worker.input_batch import BlockTable, StepBuffers, step_inputs
 from infernetes.runtime.worker.kv_cache_memory import zeroed
 from infernetes.runtime.worker.request_state import CachedRequestState
@@ -76,6 +78,7 @@ class ModelRunner:
             config.cache.calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
         )
         self.sampler = Sampler(config.model.seed)
+        self.proposer: Proposer = NoProposer()  # draft tokens for the next step
         self.num_blocks = 0
         self.requests: dict[str, CachedRequestState] = {}
         self.block_table = BlockTable(-(-info.max_model_len // self.block_size))
@@ -307,6 +310,8 @@ class ModelRunner:
             start = max(data.num_computed_tokens, state.num_prompt_tokens)
             state.token_ids[start : start + len(data.new_token_ids)] = data.new_token_ids
         state.num_computed_tokens = data.num_computed_tokens
+        if data.spec_token_ids:  # computed after its last token this step, then verified
+            state.add_drafts(data.spec_token_ids)
         return state
 
     def _prepare(
@@ -382,6 +387,8 @@ class ModelRunner:
         )
         if not isinstance(hidden, torch.Tensor):  # a pipeline stage before the last
             parallel.send_to_next_stage([hidden[name] for name in self.model.intermediate_names])  # type: ignore[attr-defined]
+            for request in batch:  # the last stage returns what it kept of them
+                request.drop_drafts()
             return output
         if self.info.is_pooling:
             output.pooled = list(self.model.pool(hidden, meta.cu_seqlens_q).float().cpu())
@@ -394,8 +401,8 @@ class ModelRunner:
         prompt_rows: list[tuple[int, list[int], list[int], int]] = []
         for i, (request, num_new) in enumerate(zip(batch, num_scheduled, strict=True)):
             end = request.num_computed_tokens + num_new
-            if end == request.num_tokens:
-                sample_rows.append(starts[i + 1] - 1)
+            if end == request.num_tokens:  # its last token, and each draft, predict one
+                sample_rows.extend(range(starts[i + 1] - 1 - request.num_drafts, starts[i + 1]))
                 sampling.append(i)
             params = request.sampling_params
             assert params is not None
@@ -410,19 +417,33 @@ class ModelRunner:
                 next_tokens = request.token_ids[first + 1 : last + 1]
                 prompt_rows.append((i, rows, next_tokens, params.prompt_logprobs))
         if sampling:
-            logits = self.model.compute_logits(hidden[sample_rows])
-            requests = [batch[i] for i in sampling]
-            if self.config.scheduler.async_scheduling:
-                for request in requests:  # a preemption may discard this step's draw
-                    request.keep_generator_state()
-            for i, request, token in zip(
-                sampling, requests, self.sampler(logits, requests), strict=True
-            ):
-                output.sampled[i] = token
-                request.token_ids.append(token.token_id)  # the next step's input
-                if request.error is not None:
-                    output.errors[request.request_id] = str(request.error)
+            self._sample(batch, sampling, self.model.compute_logits(hidden[sample_rows]), output)
         for i, rows, next_tokens, k in prompt_rows:
             logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
             output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
         return output
+
+    def _sample(
+        self,
+        batch: Sequence[CachedRequestState],
+        sampling: Sequence[int],
+        logits: torch.Tensor,
+        output: ModelRunnerOutput,
+    ) -> None:
+        """Sample each row of ``logits`` (a request's position, and one per draft), keep what
+        verifies, append it to the request (the next step's input) and ask for new drafts."""
+        requests = [batch[i] for i in sampling]
+        if self.config.scheduler.async_scheduling:
+            for request in requests:  # a preemption may discard this step's draw
+                request.keep_generator_state()
+        positions = [p for request in requests for p in sampling_positions(request)]
+        samples = iter(self.sampler(logits, positions))
+        for i, request in zip(sampling, requests, strict=True):
+            drafts = request.drop_drafts()
+            tokens = accepted([next(samples) for _ in range(len(drafts) + 1)], drafts)
+            output.sampled[i] = tokens
+            request.token_ids.extend(token.token_id for token in tokens)
+            if request.error is not None:
+                output.errors[request.request_id] = str(request.error)
+        for i, drafts in zip(sampling, self.proposer.propose(requests), strict=True):
+            output.draft_token_ids[i] = drafts

@@ -28,6 +28,8 @@ class CachedRequestState:
     # Async scheduling: a seeded request's generator state before its last draw, restored when a
     # preemption discards the step that drew (so its stream goes on as the synchronous engine's).
     generator_state: torch.Tensor | None = None
+    # Draft tokens of this step, at the end of token_ids while it runs (spec_decode.verify).
+    num_drafts: int = 0
 
     @classmethod
     def from_new(cls, data: NewRequestData, row: int) -> CachedRequestState:
@@ -60,6 +62,19 @@ class CachedRequestState:
         self.error = None  # its logits processor's, raised in that step: the scheduler dropped it
         if self.generator is not None and self.generator_state is not None:
             self.generator.set_state(self.generator_state)
+
+    def add_drafts(self, drafts: list[int]) -> None:
+        self.token_ids.extend(drafts)
+        self.num_drafts = len(drafts)
+
+    def drop_drafts(self) -> list[int]:
+        """Take this step's drafts off the end of token_ids; returns them."""
+        if not self.num_drafts:
+            return []
+        drafts = self.token_ids[-self.num_drafts :]
+        del self.token_ids[-self.num_drafts :]
+        self.num_drafts = 0
+        return drafts
 
     @property
     def prompt_token_ids(self) -> list[int]:

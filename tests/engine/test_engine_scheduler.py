@@ -79,7 +79,7 @@ def _made_up_tokens(
     ):
         request = scheduler.requests[request_id]
         if request.num_computed_tokens + num_new == request.num_tokens:
-            output.sampled[i] = SampledToken(rng.randrange(50))
+            output.sampled[i] = [SampledToken(rng.randrange(50))]
     return output
 
 
@@ -299,7 +299,7 @@ def test_steps_in_flight_are_disjoint_and_keep_the_earlier_stages_in_step(
                     request is not None
                     and request.num_computed_tokens + num_new == request.num_tokens
                 ):
-                    output.sampled[i] = SampledToken(rng.randrange(50))
+                    output.sampled[i] = [SampledToken(rng.randrange(50))]
             for request in scheduler.update_from_output(oldest, output)[0]:
                 if request.status == RequestStatus.FINISHED_LENGTH:
                     finished[request.request_id] = request.num_tokens

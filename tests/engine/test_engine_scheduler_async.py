@@ -80,7 +80,7 @@ class _FakeWorker:
                 assert len(tokens) < self.limits[request_id], "a step past the length limit"
                 token = next_token(tokens)
                 tokens.append(token)
-                output.sampled[i] = SampledToken(token)
+                output.sampled[i] = [SampledToken(token)]
         return output
 
 
