@@ -178,13 +178,19 @@ class BlockManager:
         return block
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()
+        self,
+        request: Request,
+        num_new_tokens: int,
+        cached_blocks: Sequence[int] = (),
+        *,
+        findable: bool = True,
     ) -> bool:
         """Give ``request`` room for ``num_new_tokens`` more tokens after its computed ones.
 
         ``cached_blocks`` (only for a request that holds no blocks yet) are prefix-cache hits it
         takes over; ``request.num_computed_tokens`` then starts after them. Returns False and
-        changes nothing when there are not enough free blocks.
+        changes nothing when there are not enough free blocks. ``findable=False``: the new full
+        blocks join the prefix cache later (their keys and values are still on their way).
         """
         reused_free = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
         num_computed = request.num_computed_tokens + len(cached_blocks) * self.block_size
@@ -203,7 +209,7 @@ class BlockManager:
             request.num_hashed_blocks = len(request.block_ids)
         for _ in range(max(needed, 0)):
             request.block_ids.append(self._take_free_block().block_id)
-        if self.enable_caching:
+        if self.enable_caching and findable:
             # Known tokens only: under async scheduling the last may be a sample not seen yet.
             self._register_full_blocks(
                 request, min(num_computed + num_new_tokens, request.num_tokens)
