@@ -12,9 +12,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from infernetes.runtime.kv_transfer.base import KVCaches, KVConnectorBase, KVConnectorMetadata
+from infernetes.runtime.kv_transfer.base import (
+    KVCaches,
+    KVConnectorBase,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
 
 if TYPE_CHECKING:
+    from infernetes.runtime.config import RuntimeConfig
     from infernetes.runtime.engine.request import Request
     from infernetes.runtime.engine.scheduler_output import SchedulerOutput
     from infernetes.runtime.model_executor.context import AttentionMetadata
@@ -31,11 +37,9 @@ class RecordedStep(KVConnectorMetadata):
 class RecordingConnector(KVConnectorBase):
     """Each call as ``(method name, *what it was given)``, in ``calls``."""
 
-    calls: list[tuple[Any, ...]]
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.calls = []
+    def __init__(self, config: RuntimeConfig, role: KVConnectorRole) -> None:
+        super().__init__(config, role)
+        self.calls: list[tuple[Any, ...]] = []
 
     # -- scheduler side ------------------------------------------------------------------------
 
