@@ -136,6 +136,16 @@ class LoRAConfig:
 
 
 @dataclass(frozen=True)
+class KVTransferConfig:
+    """--kv-transfer-config: the connector by name (``kv_transfer/registry.py``), this engine's
+    part in the transfer, and the connector's own settings."""
+
+    kv_connector: str
+    kv_role: str  # kv_producer, kv_consumer or kv_both
+    kv_connector_extra_config: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelConfig
     cache: CacheConfig
@@ -146,3 +156,4 @@ class RuntimeConfig:
     compilation: CompilationSettings
     decode_graphs: DecodeGraphSettings | None  # None: CUDA graphs off
     lora: LoRAConfig | None = None  # None: without --enable-lora
+    kv_transfer: KVTransferConfig | None = None  # None: without --kv-transfer-config

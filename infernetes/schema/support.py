@@ -324,7 +324,13 @@ ARG_SUPPORT: dict[str, Support] = {
         "request may run one more step whose token is discarded"
     ),
     # ---------------------------------------------------------------- VllmConfig
-    "kv_transfer_config": refused("disaggregated prefill (KV transfer) is not supported"),
+    "kv_transfer_config": honoured(
+        "kv_connector names a connector built here (RecordingConnector only: a debug connector "
+        "that records the calls and moves no KV, so disaggregated prefill and KV offloading are "
+        "not supported yet); kv_role is kv_producer, kv_consumer or kv_both; "
+        "kv_connector_extra_config goes to the connector; the other keys are refused at startup; "
+        "CUDA graphs are off with a connector"
+    ),
     "kv_events_config": refused("KV cache events are not published"),
     "compilation_config": HONOURED,
     "additional_config": no_effect("platform plugins read it; there are none here"),
@@ -332,6 +338,12 @@ ARG_SUPPORT: dict[str, Support] = {
 
 # Keys of JSON arguments, as "dest.key": judged like arguments when the key is given.
 KEY_SUPPORT: dict[str, Support] = {
+    # The same names as runtime/kv_transfer/registry.py's CONNECTORS (a test keeps them equal).
+    "kv_transfer_config.kv_connector": partial(
+        ("RecordingConnector",),
+        "the connectors that move KV (NixlConnector, LMCacheConnectorV1, OffloadingConnector, "
+        "...) are not built yet",
+    ),
     "structured_outputs_config.backend": partial(
         ("auto", "guidance"), "structured output runs on llguidance (guidance)"
     ),

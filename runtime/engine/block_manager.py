@@ -9,6 +9,9 @@ so the least recently freed cached block is evicted first.
 With ``sliding_window`` (a model whose every layer attends only to its last N tokens), a request's
 blocks that no query of it can reach any more go back as it advances: it holds about a window's
 worth of blocks however long it grows.
+
+With an ``event_sink`` it reports what the prefix cache gains and loses (``kv_events.py``): a
+block stored when its hash starts finding it, removed when it is evicted, all cleared on a reset.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from infernetes.runtime.engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventSink,
+)
 from infernetes.runtime.engine.request import Request
 
 BlockHash = Any
@@ -55,6 +64,7 @@ class BlockManager:
         enable_caching: bool = True,
         hash_algo: str = "builtin",
         sliding_window: int | None = None,
+        event_sink: KVEventSink | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -68,6 +78,7 @@ class BlockManager:
         # Freed blocks; insertion order is eviction order (front = least recently freed).
         self.free_queue: OrderedDict[int, None] = OrderedDict()
         self.cached: dict[BlockHash, int] = {}
+        self.event_sink = event_sink  # None: no event is built
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -122,7 +133,19 @@ class BlockManager:
             if block.block_hash is None and block_hash not in self.cached:
                 block.block_hash = block_hash
                 self.cached[block_hash] = block.block_id
+                if self.event_sink is not None:
+                    self.event_sink.record(self._stored_event(request, i))
         request.num_hashed_blocks = num_full
+
+    def _stored_event(self, request: Request, i: int) -> BlockStored:
+        size, lora = self.block_size, request.lora_request
+        return BlockStored(
+            block_hash=request.block_hashes[i],
+            parent_block_hash=request.block_hashes[i - 1] if i else None,
+            token_ids=tuple(request.token_ids[i * size : (i + 1) * size]),
+            block_size=size,
+            lora_id=None if lora is None else lora.lora_int_id,
+        )
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refused (False) while requests hold blocks, as in vLLM."""
@@ -131,6 +154,8 @@ class BlockManager:
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
+        if self.event_sink is not None:
+            self.event_sink.record(AllBlocksCleared())
         return True
 
     # -- allocation ----------------------------------------------------------------------------
@@ -146,18 +171,26 @@ class BlockManager:
         if block.block_hash is not None:  # evict: its content is about to be overwritten
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
+                if self.event_sink is not None:
+                    self.event_sink.record(BlockRemoved(block.block_hash))
             block.block_hash = None
         block.ref_count = 1
         return block
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()
+        self,
+        request: Request,
+        num_new_tokens: int,
+        cached_blocks: Sequence[int] = (),
+        *,
+        findable: bool = True,
     ) -> bool:
         """Give ``request`` room for ``num_new_tokens`` more tokens after its computed ones.
 
         ``cached_blocks`` (only for a request that holds no blocks yet) are prefix-cache hits it
         takes over; ``request.num_computed_tokens`` then starts after them. Returns False and
-        changes nothing when there are not enough free blocks.
+        changes nothing when there are not enough free blocks. ``findable=False``: the new full
+        blocks join the prefix cache later (their keys and values are still on their way).
         """
         reused_free = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
         num_computed = request.num_computed_tokens + len(cached_blocks) * self.block_size
@@ -176,7 +209,7 @@ class BlockManager:
             request.num_hashed_blocks = len(request.block_ids)
         for _ in range(max(needed, 0)):
             request.block_ids.append(self._take_free_block().block_id)
-        if self.enable_caching:
+        if self.enable_caching and findable:
             # Known tokens only: under async scheduling the last may be a sample not seen yet.
             self._register_full_blocks(
                 request, min(num_computed + num_new_tokens, request.num_tokens)

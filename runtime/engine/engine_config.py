@@ -14,6 +14,7 @@ from infernetes.kernels.backend import startup_backend
 from infernetes.runtime.config import (
     CacheConfig,
     DeviceConfig,
+    KVTransferConfig,
     LoadConfig,
     LoRAConfig,
     ModelConfig,
@@ -277,6 +278,16 @@ def resolve_config(
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
     compilation = parse_compilation_config(config.compilation_config)
     prefix_caching = config.enable_prefix_caching
+    kv_transfer = _kv_transfer_config(config.kv_transfer_config)
+    decode_graphs = decode_graph_settings(
+        config, compilation, scheduler.max_num_seqs, info.max_model_len
+    )
+    if kv_transfer is not None and decode_graphs is not None:
+        logger.info(
+            "CUDA graphs are off with --kv-transfer-config: the connector's per-layer calls run "
+            "in Python, which a graph would not replay; every step runs eagerly"
+        )
+        decode_graphs = None
     runtime = RuntimeConfig(
         model=ModelConfig(
             info=info,
@@ -311,10 +322,9 @@ def resolve_config(
             use_tqdm_on_load=bool(config.use_tqdm_on_load),
         ),
         compilation=compilation,
-        decode_graphs=decode_graph_settings(
-            config, compilation, scheduler.max_num_seqs, info.max_model_len
-        ),
+        decode_graphs=decode_graphs,
         lora=_lora_config(config, info.is_pooling),
+        kv_transfer=kv_transfer,
     )
     return runtime, tokenizer
 
@@ -329,6 +339,34 @@ def _lora_config(config: ServeConfig, pooling: bool) -> LoRAConfig | None:
         max_lora_rank=config.max_lora_rank,
         max_cpu_loras=config.max_cpu_loras or config.max_loras,
     )
+
+
+_KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+_KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
+
+
+def _kv_transfer_config(given: dict[str, Any] | None) -> KVTransferConfig | None:
+    """--kv-transfer-config's keys checked (the connector's name already was, by the support
+    table); other keys of vLLM's (kv_ip, engine_id, ...) serve connectors not built here."""
+    if not given:
+        return None
+    unknown = sorted(set(given) - set(_KV_TRANSFER_KEYS))
+    if unknown:
+        raise ValueError(
+            f"kv_transfer_config: {', '.join(unknown)} not supported here; the keys honoured "
+            f"are {', '.join(_KV_TRANSFER_KEYS)}"
+        )
+    for key in ("kv_connector", "kv_role"):
+        if given.get(key) is None:
+            raise ValueError(f"kv_transfer_config.{key} is required with --kv-transfer-config")
+    if given["kv_role"] not in _KV_ROLES:
+        raise ValueError(
+            f"kv_transfer_config.kv_role {given['kv_role']!r} is not one of {', '.join(_KV_ROLES)}"
+        )
+    extra = given.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise ValueError("kv_transfer_config.kv_connector_extra_config must be a JSON object")
+    return KVTransferConfig(given["kv_connector"], given["kv_role"], extra)
 
 
 __all__ = ["resolve_config", "resolve_device"]

@@ -37,6 +37,8 @@ from infernetes.runtime.engine.scheduler import Scheduler
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.engine.stats import IterationStats, StatLogger
 from infernetes.runtime.executor.abstract import PendingOutput, select_executor
+from infernetes.runtime.kv_transfer.base import KVConnectorRole
+from infernetes.runtime.kv_transfer.registry import create_connector
 from infernetes.runtime.lora.adapter import LoRAAdapterError
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.memory_profile import (
@@ -89,6 +91,7 @@ class EngineCore:
             self.config.scheduler,
             self.block_manager,
             pipelined=self.config.parallel.pipeline_parallel_size > 1,
+            connector=create_connector(self.config, KVConnectorRole.SCHEDULER),
         )
         # Steps sent and not yet taken back (pipeline parallelism, async scheduling), oldest first.
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
@@ -184,6 +187,7 @@ class EngineCore:
             self.output_processor.has_unfinished()
             or bool(self.held_outputs)
             or bool(self.batch_queue)
+            or self.scheduler.awaits_kv_transfer  # steps let the workers report the transfers
         )
 
     # -- a step --------------------------------------------------------------------------------
@@ -195,7 +199,7 @@ class EngineCore:
         if self.executor.max_concurrent_batches > 1:
             return held + self._step_with_batch_queue()
         scheduler_output = self.scheduler.schedule()
-        if not scheduler_output:
+        if not self._has_work(scheduler_output):
             self._record_idle_step()
             return held
         model_output = self.executor.execute_model(scheduler_output)
@@ -206,7 +210,7 @@ class EngineCore:
         scheduled = False
         if len(queue) < self.executor.max_concurrent_batches:
             scheduler_output = self.scheduler.schedule()
-            if scheduler_output:
+            if self._has_work(scheduler_output):
                 queue.append((scheduler_output, self.executor.submit_model(scheduler_output)))
                 scheduled = True
         if not queue:
@@ -217,10 +221,16 @@ class EngineCore:
         scheduler_output, pending = queue.popleft()
         return self._finish_step(scheduler_output, pending.result())
 
+    def _has_work(self, scheduler_output: SchedulerOutput) -> bool:
+        """Whether the step goes to the workers: tokens to compute, or transfers to report."""
+        return bool(scheduler_output) or self.scheduler.awaits_kv_transfer
+
     def _finish_step(
         self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput
     ) -> list[EngineOutput]:
         updated, iteration = self.scheduler.update_from_output(scheduler_output, model_output)
+        if model_output.kv_connector_output is not None:
+            self.scheduler.finish_kv_transfers(model_output.kv_connector_output)
         outputs = self.output_processor.process(updated)
         self._record_stats(iteration)
         return outputs

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from infernetes.runtime.kv_transfer.base import KVConnectorOutput
 from infernetes.runtime.model_executor.sampler import SampledToken, TopLogprobs
 
 
@@ -14,13 +15,14 @@ class ModelRunnerOutput:
     accepted; none for a prefill chunk that does not reach the end of the prompt), the prompt
     logprobs of this chunk, (pooling models) its embedding, and the draft tokens the proposer
     guesses follow them. ``errors`` names the requests whose logits processor raised (they end
-    alone)."""
+    alone); ``kv_connector_output`` what the KV connector finished sending and receiving."""
 
     sampled: list[list[SampledToken]] = field(default_factory=list)
     prompt_logprobs: list[list[TopLogprobs] | None] = field(default_factory=list)
     pooled: list[torch.Tensor | None] = field(default_factory=list)
     draft_token_ids: list[list[int]] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    kv_connector_output: KVConnectorOutput | None = None  # None: no connector
 
     @classmethod
     def empty(cls, num_requests: int) -> ModelRunnerOutput:

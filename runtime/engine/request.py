@@ -15,6 +15,7 @@ from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # its KV connector is bringing its tokens
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"
@@ -104,6 +105,8 @@ class Request:
         self.pooled: Any = None  # a pooling request's embedding
 
         self.detokenizer: IncrementalDetokenizer | None = None  # text and stop strings
+        # What the KV connector said another engine needs to fetch its blocks (when it ended).
+        self.kv_transfer_params: dict[str, Any] | None = None
         self.times = RequestTimes()
 
     @property

@@ -26,6 +26,13 @@ proposer guessed after its last step (``Request.spec_token_ids``) are scheduled 
 token, the workers verify them, and ``update_from_output()`` appends every token the step kept,
 checking the stop conditions after each, and takes back the computed count of the drafts it
 did not keep. Drafts wait for a synchronous step: under async scheduling none are scheduled.
+
+With a KV connector (``--kv-transfer-config``, ``runtime/kv_transfer/``) the scheduler asks it how
+many of a waiting request's tokens it brings (counted as computed; brought later, the request
+waits in ``waiting_for_remote_kvs``, holding its blocks, until a worker reports them received),
+gives it each step's metadata for the workers, and tells it when a request ends; a request whose
+blocks it is still sending keeps them in ``sending`` until a worker reports them sent. While
+either holds a request, steps run even with nothing to compute, so the workers can report.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from infernetes.runtime.engine.stats import (
     finished_request_stats,
 )
 from infernetes.runtime.engine.stop_checker import check_stop
+from infernetes.runtime.kv_transfer.base import KVConnectorBase, KVConnectorOutput
 from infernetes.runtime.model_executor.sampler import SampledToken
 
 
@@ -119,7 +127,12 @@ class _StepBudget:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, block_manager: BlockManager, *, pipelined: bool = False
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        *,
+        pipelined: bool = False,
+        connector: KVConnectorBase | None = None,
     ) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -139,6 +152,10 @@ class Scheduler:
         # Requests that ended since the last step: the workers drop their state.
         self._finished_req_ids: set[str] = set()
         self._finished_stats: list[FinishedRequestStats] = []  # not yet reported
+        self.connector = connector  # the KV connector's scheduler side
+        # Holding blocks while the connector fills them (an async load) or sends them (finished).
+        self.waiting_for_remote_kvs: dict[str, Request] = {}
+        self.sending: dict[str, Request] = {}
 
     # -- request lifecycle ---------------------------------------------------------------------
 
@@ -154,14 +171,43 @@ class Scheduler:
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
+        elif request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            del self.waiting_for_remote_kvs[request.request_id]
         else:
             self.waiting.remove(request)
         request.status = status
         request.times.finished = time.monotonic()
-        self.block_manager.free(request)
+        self._free_blocks(request)
         self.requests.pop(request.request_id, None)
         self._finished_req_ids.add(request.request_id)
         self._finished_stats.append(finished_request_stats(request))
+
+    def _free_blocks(self, request: Request) -> None:
+        """Free an ended request's blocks, unless the connector is still sending them."""
+        if self.connector is not None:
+            keep, request.kv_transfer_params = self.connector.request_finished(
+                request, list(request.block_ids)
+            )
+            if keep:
+                self.sending[request.request_id] = request
+                return
+        self.block_manager.free(request)
+
+    def finish_kv_transfers(self, output: KVConnectorOutput) -> None:
+        """What the workers' connectors finished: received requests go back to the queue (their
+        tokens now computed), sent ones free their blocks. A request aborted while receiving is
+        no longer waiting for it."""
+        for request_id in output.finished_recving:
+            request = self.waiting_for_remote_kvs.pop(request_id, None)
+            if request is not None:
+                request.status = RequestStatus.WAITING
+                self.waiting.add_front(request)
+        for request_id in output.finished_sending:
+            self.block_manager.free(self.sending.pop(request_id))
+
+    @property
+    def awaits_kv_transfer(self) -> bool:
+        return bool(self.waiting_for_remote_kvs) or bool(self.sending)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
         aborted = []
@@ -180,14 +226,14 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.waiting_for_remote_kvs)
 
     @property
     def num_running(self) -> int:
         return len(self.running)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running) or bool(self.waiting)
+        return bool(self.running) or bool(self.waiting) or bool(self.waiting_for_remote_kvs)
 
     def take_finished_stats(self) -> list[FinishedRequestStats]:
         taken, self._finished_stats = self._finished_stats, []
@@ -216,8 +262,10 @@ class Scheduler:
         if not self.num_preemptions_step:
             self._schedule_waiting(output, budget)
         output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
-        if output:
+        if output or self.awaits_kv_transfer:  # (an empty step lets the workers report)
             self._register_step(output)
+        if self.connector is not None:
+            output.kv_connector_metadata = self.connector.build_connector_meta(output)
         return output
 
     def _register_step(self, output: SchedulerOutput) -> None:
@@ -281,7 +329,14 @@ class Scheduler:
             cached: list[int] = []
             if request.num_computed_tokens == 0 and not _wants_prompt_logprobs(request):
                 cached = self.block_manager.find_cached_prefix(request)
-            remaining = request.num_tokens - len(cached) * self.block_manager.block_size
+            num_cached = len(cached) * self.block_manager.block_size
+            num_external, load_async = self._external_tokens(request, num_cached)
+            if load_async:
+                if not self._start_remote_load(request, cached, num_external):
+                    break
+                continue
+            # (a request back from a remote load holds its blocks: its computed tokens count)
+            remaining = request.num_tokens - request.num_computed_tokens - num_cached - num_external
             if not self.config.enable_chunked_prefill and remaining > budget.tokens:
                 break
             if not self._lora_fits(request):
@@ -292,14 +347,40 @@ class Scheduler:
                 # Another partial prefill is not allowed: let a shorter request go instead.
                 skipped.append(self.waiting.pop())
                 continue
-            if not self.block_manager.allocate_slots(request, chunk, cached):
+            if not self.block_manager.allocate_slots(request, num_external + chunk, cached):
                 break
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(
+                    request, list(request.block_ids), num_external
+                )
+                request.num_computed_tokens += num_external
             self.waiting.pop()
-            output.add(self._admit(request, len(cached) * self.block_manager.block_size), chunk)
+            output.add(self._admit(request, num_cached), chunk)
             self._count_partial(budget, remaining, chunk)
             budget.tokens -= chunk
         for request in reversed(skipped):
             self.waiting.add_front(request)
+
+    def _external_tokens(self, request: Request, num_cached: int) -> tuple[int, bool]:
+        """The tokens past ``num_cached`` the connector brings for a request that holds no
+        blocks yet, and whether they arrive later."""
+        if self.connector is None or request.num_computed_tokens:
+            return 0, False
+        return self.connector.get_num_new_matched_tokens(request, num_cached)
+
+    def _start_remote_load(self, request: Request, cached: list[int], num_external: int) -> bool:
+        """Give ``request`` the blocks the connector fills for it (not findable by other requests
+        until filled) and set it aside until a worker reports them received."""
+        if not self.block_manager.allocate_slots(request, num_external, cached, findable=False):
+            return False
+        self.connector.update_state_after_alloc(  # type: ignore[union-attr]  # it brings them
+            request, list(request.block_ids), num_external
+        )
+        request.num_computed_tokens += num_external
+        self.waiting.pop()
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.waiting_for_remote_kvs[request.request_id] = request
+        return True
 
     def _remaining(self, request: Request) -> int:
         """Tokens a running request may compute next: those not computed yet, counting the

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from infernetes.runtime.kv_transfer.base import KVConnectorMetadata
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 
@@ -59,6 +60,8 @@ class SchedulerOutput:
     # Requests that ended (finished or aborted) since the last step: the workers drop them.
     finished_req_ids: set[str] = field(default_factory=set)
     step_id: int = 0  # the scheduler's number for this step (its output is matched back by it)
+    # The KV connector's word to the workers' connectors (with --kv-transfer-config).
+    kv_connector_metadata: KVConnectorMetadata | None = None
 
     def add(self, request: NewRequestData | CachedRequestData, num_tokens: int) -> None:
         self.scheduled_reqs.append(request)

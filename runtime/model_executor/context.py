@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from infernetes.runtime.kv_transfer.base import KVConnectorBase
 
 
 @dataclass
@@ -19,6 +23,8 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor  # [B + 1] int32: query tokens of sequence b are [cu[b], cu[b+1])
     seq_lens: torch.Tensor  # [B] int32: cached tokens including this step's
     calculate_kv_scales: bool = False
+    # The KV connector's worker side, which each attention layer calls (a step's, not a graph's)
+    kv_connector: KVConnectorBase | None = None
 
 
 # Per thread: a forward runs in the thread that set its metadata, and two engines in one process

@@ -6,6 +6,11 @@ changed. All tokens of the step are concatenated (``[T]`` input ids and position
 token has a slot in the paged cache (``block * block_size + offset``); each request has a row in
 the step's block table. Only rows that produce a token (a request whose computed tokens reach its
 end) go through the LM head. The shapes are the ones a CUDA graph would capture for decode.
+
+With a KV connector (``runtime/kv_transfer/``) a step starts its loads before the forward, each
+attention layer waits for its own and saves its cache (the step's ``AttentionMetadata`` carries
+the connector to the layers; only steps run through ``execute_model``), and the step waits for
+the saves and reports what the connector finished.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from infernetes.runtime.engine.scheduler_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from infernetes.runtime.kv_transfer.base import KVConnectorOutput, KVConnectorRole
+from infernetes.runtime.kv_transfer.registry import create_connector
 from infernetes.runtime.lora.manager import LoRAManager
 from infernetes.runtime.model_executor import cuda_graph, parallel
 from infernetes.runtime.model_executor.compilation import compile_forward
@@ -83,6 +90,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.block_table = BlockTable(-(-info.max_model_len // self.block_size))
         self.step_buffers = StepBuffers(device, persistent=device.type != "cpu")
+        self.kv_connector = create_connector(config, KVConnectorRole.WORKER)
 
     def load_model(self, use_tqdm: bool = False) -> None:
         """Build the model and read its weights (again after ``release_weights``)."""
@@ -98,7 +106,11 @@ class ModelRunner:
             config.model.quantization,
             config.load.ignore_patterns,
         )
-        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        self.attention_layers: list[Attention] = []
+        for name, module in self.model.named_modules():
+            if isinstance(module, Attention):
+                module.layer_name = name
+                self.attention_layers.append(module)
         if config.lora is not None:  # wraps the linear layers: before compiling the forward
             self.lora = LoRAManager(self.model, config.lora, self.info.dtype, self.device)  # type: ignore[arg-type]  # every servable model is an nn.Module
         self.run_model = compile_forward(self.model, config.compilation, self.device)
@@ -148,6 +160,13 @@ class ModelRunner:
                 "measures them from the first batch)",
                 self.config.cache.kv_cache_dtype,
                 len(unscaled),
+            )
+
+    def register_kv_caches(self) -> None:
+        """Hand the allocated caches to the KV connector, by layer name."""
+        if self.kv_connector is not None:
+            self.kv_connector.register_kv_caches(
+                {a.layer_name: (a.k_cache, a.v_cache) for a in self.attention_layers}
             )
 
     def _scale(self, value: float | None) -> torch.Tensor:
@@ -315,7 +334,10 @@ class ModelRunner:
         return state
 
     def _prepare(
-        self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        with_connector: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         inputs = step_inputs(batch, num_scheduled, self.block_table, self.block_size)
         input_ids, positions, slots, cu_seqlens, seq_lens, tables = self.step_buffers.stage(inputs)
@@ -325,6 +347,7 @@ class ModelRunner:
             cu_seqlens_q=cu_seqlens,
             seq_lens=seq_lens,
             calculate_kv_scales=self.calculate_kv_scales,
+            kv_connector=self.kv_connector if with_connector else None,
         )
         return input_ids, positions, meta
 
@@ -349,8 +372,9 @@ class ModelRunner:
         batch: Sequence[CachedRequestState],
         num_scheduled: Sequence[int],
         intermediate: IntermediateTensors | None = None,
+        with_connector: bool = False,
     ) -> tuple[torch.Tensor | IntermediateTensors, AttentionMetadata]:
-        input_ids, positions, meta = self._prepare(batch, num_scheduled)
+        input_ids, positions, meta = self._prepare(batch, num_scheduled, with_connector)
         lora_indices = None
         if self.lora is not None:
             self.lora.prepare([r.lora_request for r in batch], num_scheduled)
@@ -374,8 +398,21 @@ class ModelRunner:
             self.calculate_kv_scales = False  # measured once, on the first batch
         return hidden, meta
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        connector = self.kv_connector
+        if connector is None:
+            return self._execute(scheduler_output)
+        assert scheduler_output.kv_connector_metadata is not None  # built for every step
+        connector.start_load_kv(scheduler_output.kv_connector_metadata)
+        output = self._execute(scheduler_output)
+        connector.wait_for_save()
+        output.kv_connector_output = KVConnectorOutput(
+            *connector.get_finished(scheduler_output.finished_req_ids)
+        )
+        return output
+
+    @torch.inference_mode()
+    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         batch = self._update_states(scheduler_output)
         num_scheduled = scheduler_output.num_scheduled_tokens
         output = ModelRunnerOutput.empty(len(batch))
@@ -383,7 +420,10 @@ class ModelRunner:
             return output
         assert self.model is not None
         hidden, meta = self._forward(
-            batch, num_scheduled, self._intermediate(sum(num_scheduled), receive=True)
+            batch,
+            num_scheduled,
+            self._intermediate(sum(num_scheduled), receive=True),
+            with_connector=True,
         )
         if not isinstance(hidden, torch.Tensor):  # a pipeline stage before the last
             parallel.send_to_next_stage([hidden[name] for name in self.model.intermediate_names])  # type: ignore[attr-defined]

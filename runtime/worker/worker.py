@@ -85,6 +85,7 @@ class Worker:
         if self.config.model.is_pooling:
             return
         self.model_runner.allocate_kv_cache(num_blocks)
+        self.model_runner.register_kv_caches()
         self.model_runner.capture_decode_graphs()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:

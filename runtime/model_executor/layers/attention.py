@@ -4,6 +4,9 @@ The cache tensors ``k_cache``/``v_cache`` (``[num_blocks, block_size, num_kv_hea
 are bound by the ModelRunner after it sizes the cache. Keys and values of the whole batch are
 stored before any query attends, so a request may read blocks another request of the same step is
 filling (prefix-cache hits on blocks computed in this very step).
+
+With a KV connector in the step's metadata, a layer waits for its part of the connector's load
+before it touches its cache and hands its cache to the connector to save after attending.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Attention(nn.Module):
         # A decoder served as a pooling model (a reranker) keeps no cache: each prompt is whole
         # in its step and attends causally within itself.
         self.without_cache = False
+        self.layer_name = ""  # its module name, set by the ModelRunner (the KV connector's key)
 
     def _measure_scales(self, k: torch.Tensor, v: torch.Tensor) -> None:
         fp8_max = torch.finfo(self.k_cache.dtype).max
@@ -66,10 +70,16 @@ class Attention(nn.Module):
             return self._within_prompts(q, k, v, meta.cu_seqlens_q)
         if meta.calculate_kv_scales and self.k_scale is not None:
             self._measure_scales(k, v)
+        connector = meta.kv_connector
+        if connector is not None:
+            connector.wait_for_layer_load(self.layer_name)
         ops.store_kv(
             k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale
         )
-        return self._attend(q, meta).reshape(-1, self.num_heads * self.head_dim)
+        out = self._attend(q, meta).reshape(-1, self.num_heads * self.head_dim)
+        if connector is not None:
+            connector.save_kv_layer(self.layer_name, (self.k_cache, self.v_cache), meta)
+        return out
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """``q`` ``[T, H, D]`` over the paged cache -> ``[T, H, D]``."""

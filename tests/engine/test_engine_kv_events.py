@@ -1,0 +1,89 @@
+"""KV-cache events: what the block manager reports matches the requests' tokens and its own
+prefix cache, through real requests on a tiny model."""
+
+from __future__ import annotations
+
+from infernetes.runtime.engine.block_manager import HASH_FUNCTIONS, BlockManager
+from infernetes.runtime.engine.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventCollector,
+)
+from infernetes.runtime.engine.request import Request
+from infernetes.runtime.llm import LLM
+from infernetes.runtime.lora.request import LoRARequest
+from infernetes.runtime.sampling_params import SamplingParams
+
+BLOCK_SIZE = 8
+
+
+def _chain(hash_fn, tokens: list[int]) -> dict:
+    """Each full block's hash -> (its parent's hash, its tokens), as a request without an adapter
+    chains them."""
+    blocks, parent = {}, None
+    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
+        block = tuple(tokens[start : start + BLOCK_SIZE])
+        block_hash = hash_fn(parent, block)
+        blocks[block_hash] = (parent, block)
+        parent = block_hash
+    return blocks
+
+
+def test_events_follow_the_prefix_cache_of_real_requests(tiny_llama):
+    # 8 blocks of 8 tokens: the last request evicts the earlier ones' cached blocks.
+    llm = LLM(
+        tiny_llama,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks_override=8,
+        max_model_len=64,
+        enforce_eager=True,
+        seed=0,
+    )
+    core = llm.llm_engine.engine_core
+    manager = core.block_manager
+    sink = KVEventCollector()
+    manager.event_sink = sink
+    hash_fn = HASH_FUNCTIONS[core.config.cache.prefix_caching_hash_algo]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    shared = [5, 17, 33, 2, 8, 41, 9, 12, 60]
+    sequences = []
+    for suffix in ([70, 71, 72], [80, 81], list(range(100, 145))):
+        (output,) = llm.generate([{"prompt_token_ids": shared + suffix}], params)
+        sequences.append(list(output.prompt_token_ids) + list(output.outputs[0].token_ids))
+
+    events = sink.take()
+    known = {}
+    for tokens in sequences:
+        known |= _chain(hash_fn, tokens)
+    live: set = set()
+    for event in events:
+        match event:
+            case BlockStored():
+                assert (event.parent_block_hash, event.token_ids) == known[event.block_hash]
+                assert event.block_size == BLOCK_SIZE and event.lora_id is None
+                assert event.block_hash not in live
+                live.add(event.block_hash)
+            case BlockRemoved():
+                live.remove(event.block_hash)
+    # Every full block whose keys were computed was stored (the last sampled token never is).
+    stored = {e.block_hash for e in events if isinstance(e, BlockStored)}
+    for tokens in sequences:
+        assert set(_chain(hash_fn, tokens[:-1])) <= stored
+    assert any(isinstance(e, BlockRemoved) for e in events)  # the cache was full: evictions
+    assert live == set(manager.cached)
+
+    assert core.reset_prefix_cache() is True
+    assert sink.take() == [AllBlocksCleared()] and not manager.cached
+
+
+def test_a_stored_block_names_its_adapter():
+    sink = KVEventCollector()
+    manager = BlockManager(num_blocks=4, block_size=2, event_sink=sink)
+    lora = LoRARequest("sql", 3, "/adapters/sql")
+    request = Request("a", [1, 2, 3, 4, 5], SamplingParams(max_tokens=1), lora_request=lora)
+    assert manager.allocate_slots(request, 5)
+    first, second = sink.take()
+    assert (first.token_ids, first.parent_block_hash, first.lora_id) == ((1, 2), None, 3)
+    assert (second.token_ids, second.parent_block_hash) == ((3, 4), first.block_hash)
+    assert request.block_hashes == [first.block_hash, second.block_hash]
