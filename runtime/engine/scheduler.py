@@ -37,16 +37,15 @@ either holds a request, steps run even with nothing to compute, so the workers c
 
 from __future__ import annotations
 
-import heapq
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from infernetes.runtime.config import SchedulerConfig
 from infernetes.runtime.engine.block_manager import BlockManager
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.request import Request, RequestStatus
+from infernetes.runtime.engine.request_queue import FCFSQueue, PriorityQueue
 from infernetes.runtime.engine.scheduler_output import (
     CachedRequestData,
     NewRequestData,
@@ -62,58 +61,6 @@ from infernetes.runtime.engine.stats import (
 from infernetes.runtime.engine.stop_checker import check_stop
 from infernetes.runtime.kv_transfer.base import KVConnectorBase, KVConnectorOutput
 from infernetes.runtime.model_executor.sampler import SampledToken
-
-
-class _FCFSQueue:
-    def __init__(self) -> None:
-        self._items: deque[Request] = deque()
-
-    def add(self, request: Request) -> None:
-        self._items.append(request)
-
-    def add_front(self, request: Request) -> None:
-        self._items.appendleft(request)
-
-    def peek(self) -> Request:
-        return self._items[0]
-
-    def pop(self) -> Request:
-        return self._items.popleft()
-
-    def remove(self, request: Request) -> None:
-        self._items.remove(request)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._items)
-
-
-class _PriorityQueue:
-    def __init__(self) -> None:
-        self._heap: list[tuple[tuple[int, int], Request]] = []
-
-    def add(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.sort_key, request))
-
-    add_front = add  # a preempted request goes back by its own priority
-
-    def peek(self) -> Request:
-        return self._heap[0][1]
-
-    def pop(self) -> Request:
-        return heapq.heappop(self._heap)[1]
-
-    def remove(self, request: Request) -> None:
-        self._heap = [item for item in self._heap if item[1] is not request]
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __iter__(self) -> Iterator[Request]:
-        return (item[1] for item in self._heap)
 
 
 @dataclass
@@ -142,8 +89,8 @@ class Scheduler:
         self.in_flight: set[str] = set()
         self._steps: dict[int, list[Request]] = {}  # the requests of each step not yet updated
         self._next_step_id = 0
-        self.waiting: _FCFSQueue | _PriorityQueue = (
-            _PriorityQueue() if config.policy == "priority" else _FCFSQueue()
+        self.waiting: FCFSQueue | PriorityQueue = (
+            PriorityQueue() if config.policy == "priority" else FCFSQueue()
         )
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
