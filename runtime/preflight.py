@@ -1,7 +1,8 @@
 """What ``serve`` checks before it starts anything, and ``config`` checks the same way: every
 setting that can be judged without the model. The ``VLLM_*`` values, logging, the frontend's
 parsers, templates and structured-output backend, the device and backends, and the JSON arguments
-the engine parses (``--compilation-config``, ``--override-generation-config``). What depends on
+the engine parses (``--compilation-config``, ``--override-generation-config``,
+``--kv-transfer-config``). What depends on
 the model (its context length, dtype, layers) is the engine's ``resolve_config``, which ``config``
 runs too when the model is on local disk.
 
@@ -71,10 +72,12 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
     check_executor_backend(config.distributed_executor_backend)
     check_generation_overrides(config.override_generation_config)
     pp_layer_partition(environ)
-    if config.compilation_config:
+    if config.compilation_config or config.kv_transfer_config:  # their parsers need torch
+        from infernetes.runtime.engine.engine_config import kv_transfer_config
         from infernetes.runtime.model_executor.compilation import parse_compilation_config
 
         parse_compilation_config(config.compilation_config)
+        kv_transfer_config(config.kv_transfer_config)
     device = config.device
     if device in (None, "auto") and requested_backend(config.attention_backend) != TRITON_ATTN:
         return  # the engine's own check (and its warnings) cannot fail on any device

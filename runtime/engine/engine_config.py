@@ -278,7 +278,7 @@ def resolve_config(
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
     compilation = parse_compilation_config(config.compilation_config)
     prefix_caching = config.enable_prefix_caching
-    kv_transfer = _kv_transfer_config(config.kv_transfer_config)
+    kv_transfer = kv_transfer_config(config.kv_transfer_config)
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len
     )
@@ -345,7 +345,7 @@ _KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 _KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
 
 
-def _kv_transfer_config(given: dict[str, Any] | None) -> KVTransferConfig | None:
+def kv_transfer_config(given: dict[str, Any] | None) -> KVTransferConfig | None:
     """--kv-transfer-config's keys checked (the connector's name already was, by the support
     table); other keys of vLLM's (kv_ip, engine_id, ...) serve connectors not built here."""
     if not given:

@@ -175,6 +175,12 @@ REFUSED = [
         2,
         "compilation_config has unknown key(s) levle",
     ),
+    (
+        {},
+        ["--kv-transfer-config", '{"kv_connector": "RecordingConnector", "kv_role": "kv_sender"}'],
+        2,
+        "kv_transfer_config.kv_role 'kv_sender' is not one of",
+    ),
     # the engine's rule, against the model's 2 layers: only `resolve_config` knows them
     (
         {"VLLM_PP_LAYER_PARTITION": "1,1"},
