@@ -29,6 +29,7 @@ from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
 from infernetes.runtime.model_executor.layers.quantization import resolve_quantization
 from infernetes.runtime.model_executor.loader import (
     DEFAULT_IGNORE_PATTERNS,
+    ModelInfo,
     inspect_model,
     load_hf_config,
     resolve_model_path,
@@ -239,21 +240,7 @@ def resolve_config(
         disable_sliding_window=config.disable_sliding_window,
         model_impl=config.model_impl,
     )
-    if info.implementation == "transformers" and config.pipeline_parallel_size > 1:
-        raise ValueError(
-            f"{info.architecture} runs through the transformers fallback, which runs as one "
-            "pipeline stage: --pipeline-parallel-size above 1 needs a native implementation (for "
-            "the fallback it is planned)"
-        )
-    if (
-        info.implementation == "transformers"
-        and config.tensor_parallel_size > 1
-        and not getattr(hf_config, "base_model_tp_plan", None)
-    ):
-        raise ValueError(
-            f"transformers' {info.architecture} has no tensor-parallel plan "
-            "(base_model_tp_plan), so the transformers fallback cannot split it across ranks"
-        )
+    _check_model_fits(config, info)
     logger.info(
         "Model %s (%s implementation): dtype %s on %s, max_model_len %d",
         info.architecture,
@@ -262,11 +249,6 @@ def resolve_config(
         device,
         info.max_model_len,
     )
-    if config.task not in ("auto", None):
-        wanted_pooling = config.task in ("embed", "embedding", "classify", "score", "reward")
-        if wanted_pooling != info.is_pooling:
-            kind = "an embedding" if info.is_pooling else "a generative"
-            raise ValueError(f"task={config.task!r} does not fit {info.architecture}, {kind} model")
     tokenizer = _load_tokenizer(config, path)
     if info.is_pooling and getattr(info.hf_config, "sep_token_id", None) is None:
         # a cross-encoder finds the pair's boundary by it (models/bert.py: pair_token_types)
@@ -277,7 +259,6 @@ def resolve_config(
     eos, extra_eos = _eos_token_ids(tokenizer, hf_config, generation)
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
     compilation = parse_compilation_config(config.compilation_config)
-    prefix_caching = config.enable_prefix_caching
     kv_transfer = kv_transfer_config(config.kv_transfer_config)
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len
@@ -300,19 +281,7 @@ def resolve_config(
             eos_token_id=eos,
             extra_eos_token_ids=extra_eos,
         ),
-        cache=CacheConfig(
-            block_size=config.block_size or DEFAULT_BLOCK_SIZE,
-            enable_prefix_caching=(not info.is_pooling)
-            if prefix_caching is None
-            else bool(prefix_caching),
-            prefix_caching_hash_algo=config.prefix_caching_hash_algo,
-            kv_cache_dtype=config.kv_cache_dtype,
-            calculate_kv_scales=bool(config.calculate_kv_scales),
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            num_gpu_blocks_override=config.num_gpu_blocks_override,
-            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-            cpu_kv_cache_bytes=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4) << 30,
-        ),
+        cache=_cache_config(config, info.is_pooling, environ),
         scheduler=scheduler,
         parallel=_parallel_config(config, hf_config, info.is_pooling, environ, data_parallel_rank),
         device=DeviceConfig(device=device, attention_backend=config.attention_backend),
@@ -327,6 +296,47 @@ def resolve_config(
         kv_transfer=kv_transfer,
     )
     return runtime, tokenizer
+
+
+def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
+    """What the model's implementation and kind allow of the parallel layout and ``--task``."""
+    fallback = info.implementation == "transformers"
+    if fallback and config.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"{info.architecture} runs through the transformers fallback, which runs as one "
+            "pipeline stage: --pipeline-parallel-size above 1 needs a native implementation (for "
+            "the fallback it is planned)"
+        )
+    if (
+        fallback
+        and config.tensor_parallel_size > 1
+        and not getattr(info.hf_config, "base_model_tp_plan", None)
+    ):
+        raise ValueError(
+            f"transformers' {info.architecture} has no tensor-parallel plan "
+            "(base_model_tp_plan), so the transformers fallback cannot split it across ranks"
+        )
+    if config.task not in ("auto", None):
+        wanted_pooling = config.task in ("embed", "embedding", "classify", "score", "reward")
+        if wanted_pooling != info.is_pooling:
+            kind = "an embedding" if info.is_pooling else "a generative"
+            raise ValueError(f"task={config.task!r} does not fit {info.architecture}, {kind} model")
+
+
+def _cache_config(config: ServeConfig, pooling: bool, environ: dict[str, str]) -> CacheConfig:
+    prefix_caching = config.enable_prefix_caching
+    return CacheConfig(
+        block_size=config.block_size or DEFAULT_BLOCK_SIZE,
+        # vLLM's default: on for generative models, off for pooling ones
+        enable_prefix_caching=(not pooling) if prefix_caching is None else bool(prefix_caching),
+        prefix_caching_hash_algo=config.prefix_caching_hash_algo,
+        kv_cache_dtype=config.kv_cache_dtype,
+        calculate_kv_scales=bool(config.calculate_kv_scales),
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        num_gpu_blocks_override=config.num_gpu_blocks_override,
+        kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+        cpu_kv_cache_bytes=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4) << 30,
+    )
 
 
 def _lora_config(config: ServeConfig, pooling: bool) -> LoRAConfig | None:
