@@ -54,6 +54,15 @@ def replayable(launch: Callable[[], object]) -> Callable[[], object]:
     return graph.replay
 
 
+def seconds_per_call(step: Callable[[], object], iters: int) -> float:
+    """The mean seconds of ``iters`` back-to-back calls of ``step``, to the device's end."""
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    sync()
+    return (time.perf_counter() - start) / iters
+
+
 def run_part(
     part: str, argv: list[str], model_dir: Path, smoke: bool, triton: bool = False, *, module: str
 ) -> dict:

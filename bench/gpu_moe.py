@@ -41,7 +41,7 @@ from bench._gpu import (
     nominal,
     replayable,
     run_part,
-    sync,
+    seconds_per_call,
     throughput_beside_bf16,
 )
 
@@ -234,33 +234,21 @@ def part_kernels(args: argparse.Namespace) -> dict:
             lambda x=x, weights=weights, ids=ids: ops.fused_moe(x, w13, w2, weights, ids)
         )
         iters = 2 if args.smoke else 200
-        start = time.perf_counter()
-        for _ in range(iters):
-            step()
-        sync()
-        seconds = (time.perf_counter() - start) / iters
+        seconds = seconds_per_call(step, iters)
         touched = ids.unique().numel() * 3 * h * i * dtype.itemsize
         packed_step = replayable(
             lambda x=x, weights=weights, ids=ids: ops.fused_moe_wna16(
                 x, packed13, packed2, weights, ids
             )
         )
-        start = time.perf_counter()
-        for _ in range(iters):
-            packed_step()
-        sync()
-        packed_seconds = (time.perf_counter() - start) / iters
+        packed_seconds = seconds_per_call(packed_step, iters)
         packed_touched = ids.unique().numel() * 3 * h * i * (0.5 + 2 / 128)
         fp8_step = replayable(
             lambda x=x, weights=weights, ids=ids: ops.fused_moe(
                 x, fp8_13, fp8_2, weights, ids, scale13, scale2, block
             )
         )
-        start = time.perf_counter()
-        for _ in range(iters):
-            fp8_step()
-        sync()
-        fp8_seconds = (time.perf_counter() - start) / iters
+        fp8_seconds = seconds_per_call(fp8_step, iters)
         fp8_touched = ids.unique().numel() * 3 * h * i * (1 + 4 / (block[0] * block[1]))
         rows.append(
             {

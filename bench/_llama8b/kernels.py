@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from bench._gpu import copy_bandwidth, device, replayable, sync
+from bench._gpu import copy_bandwidth, device, replayable, seconds_per_call
 from bench._llama8b.model import PartRunner, model_config
 
 
@@ -35,12 +34,7 @@ def part_kernels(args: argparse.Namespace) -> dict:
             2 * seqs * kv_len * config["num_key_value_heads"] * config["head_dim"] * dtype.itemsize
         )
         step = replayable(lambda batch=batch: triton_backend.paged_attention(*batch.args()))
-        iters = 2 if args.smoke else 50
-        start = time.perf_counter()
-        for _ in range(iters):
-            step()
-        sync()
-        seconds = (time.perf_counter() - start) / iters
+        seconds = seconds_per_call(step, 2 if args.smoke else 50)
         results.append(
             {
                 "seqs": seqs,
