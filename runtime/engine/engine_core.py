@@ -36,6 +36,7 @@ from infernetes.runtime.engine.request import RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.engine.stats import IterationStats, StatLogger
+from infernetes.runtime.engine.structured_output import StructuredOutputManager
 from infernetes.runtime.executor.abstract import PendingOutput, select_executor
 from infernetes.runtime.lora.adapter import LoRAAdapterError
 from infernetes.runtime.lora.request import LoRARequest
@@ -94,7 +95,10 @@ class EngineCore:
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
         # Outputs of steps taken back out of turn (before sleeping), given with the next step's.
         self.held_outputs: list[EngineOutput] = []
-        self.input_processor = InputProcessor(model, self.config.scheduler.policy, self.tokenizer)
+        self.structured_output = StructuredOutputManager(self.tokenizer, model.vocab_size)
+        self.input_processor = InputProcessor(
+            model, self.config.scheduler.policy, self.tokenizer, self.structured_output
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers)
         self.sleep_level = 0
@@ -194,7 +198,7 @@ class EngineCore:
         held, self.held_outputs = self.held_outputs, []
         if self.executor.max_concurrent_batches > 1:
             return held + self._step_with_batch_queue()
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._schedule()
         if not scheduler_output:
             self._record_idle_step()
             return held
@@ -205,7 +209,7 @@ class EngineCore:
         queue = self.batch_queue
         scheduled = False
         if len(queue) < self.executor.max_concurrent_batches:
-            scheduler_output = self.scheduler.schedule()
+            scheduler_output = self._schedule()
             if scheduler_output:
                 queue.append((scheduler_output, self.executor.submit_model(scheduler_output)))
                 scheduled = True
@@ -216,6 +220,15 @@ class EngineCore:
             return []  # fill the pipeline before waiting on it
         scheduler_output, pending = queue.popleft()
         return self._finish_step(scheduler_output, pending.result())
+
+    def _schedule(self) -> SchedulerOutput:
+        """The scheduler's next step, with the masks of its structured-output rows."""
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output:
+            scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(
+                scheduler_output, self.scheduler.requests
+            )
+        return scheduler_output
 
     def _finish_step(
         self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput

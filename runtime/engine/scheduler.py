@@ -295,9 +295,10 @@ class Scheduler:
     def _remaining(self, request: Request) -> int:
         """Tokens a running request may compute next: those not computed yet, counting the
         tokens its steps in flight will sample (async scheduling), but none for a request that
-        is sure to end when those arrive (its token would be thrown away)."""
+        is sure to end when those arrive (its token would be thrown away), nor for one with a
+        grammar (its next mask follows the token in flight)."""
         placeholders = request.num_output_placeholders
-        if placeholders and self._ends_with_placeholders(request):
+        if placeholders and (request.grammar is not None or self._ends_with_placeholders(request)):
             return 0
         return request.num_tokens + placeholders - request.num_computed_tokens
 

@@ -8,13 +8,15 @@ worker drops a request's state when it appears in ``finished_req_ids``. Under pi
 a cached request also carries the sampled tokens the step computes (``new_token_ids``), which the
 stages before the last have not seen. Under async scheduling a step may compute a token the
 scheduler has not seen yet (the previous step's, still running): the worker takes it from its
-own state, where it appended it.
+own state, where it appended it. Structured output reaches the workers as a bitmask of the
+tokens each constrained row may sample (``GrammarBitmask``), never as a grammar.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 
@@ -45,6 +47,25 @@ class CachedRequestData:
     num_tokens: int | None = None
 
 
+@dataclass(frozen=True)
+class GrammarBitmask:
+    """The tokens structured output allows the step's constrained rows (``engine/structured_output.py``):
+    ``rows`` index ``scheduled_reqs``; bit ``t % 32`` of word ``t // 32`` of a row of ``bitmask``
+    (int32 ``[len(rows), ceil(vocab / 32)]``) is set when token ``t`` may come next."""
+
+    rows: list[int]
+    bitmask: np.ndarray
+
+    def of_rows(self, batch_rows: list[int]) -> GrammarBitmask | None:
+        """The masks of those of ``batch_rows`` that have one, their rows now positions in
+        ``batch_rows`` (the rows that sample, as the sampler counts them)."""
+        position = {i: r for r, i in enumerate(batch_rows)}
+        keep = [k for k, i in enumerate(self.rows) if i in position]
+        if not keep:
+            return None
+        return GrammarBitmask([position[self.rows[k]] for k in keep], self.bitmask[keep])
+
+
 @dataclass
 class SchedulerOutput:
     # The batch, in order (running requests first, then those that joined from the queue), and
@@ -54,6 +75,7 @@ class SchedulerOutput:
     # Requests that ended (finished or aborted) since the last step: the workers drop them.
     finished_req_ids: set[str] = field(default_factory=set)
     step_id: int = 0  # the scheduler's number for this step (its output is matched back by it)
+    grammar_bitmask: GrammarBitmask | None = None  # set by the engine core after scheduling
 
     def add(self, request: NewRequestData | CachedRequestData, num_tokens: int) -> None:
         self.scheduled_reqs.append(request)

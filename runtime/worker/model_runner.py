@@ -415,9 +415,9 @@ class ModelRunner:
             if self.config.scheduler.async_scheduling:
                 for request in requests:  # a preemption may discard this step's draw
                     request.keep_generator_state()
-            for i, request, token in zip(
-                sampling, requests, self.sampler(logits, requests), strict=True
-            ):
+            grammar = scheduler_output.grammar_bitmask
+            sampled = self.sampler(logits, requests, grammar and grammar.of_rows(sampling))
+            for i, request, token in zip(sampling, requests, sampled, strict=True):
                 output.sampled[i] = token
                 request.token_ids.append(token.token_id)  # the next step's input
                 if request.error is not None:
