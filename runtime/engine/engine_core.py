@@ -4,8 +4,10 @@
 then the output processor turns the requests that changed into RequestOutputs. Requests come in
 through the input processor (validation, tokenization, ``n`` fan-out). Unlike vLLM V1, whose
 client detokenizes, this core detokenizes itself: a stop string then ends its request in the
-step that produced it, with no round trip. It is synchronous and never touches asyncio; it runs
-under the offline ``LLMEngine`` or under ``core_loop.CoreLoop`` (a thread or its own process).
+step that produced it, with no round trip. Structured output is compiled here as well, once per
+request, and a step carries only its constrained rows' bitmask (``structured_output.py``). It is
+synchronous and never touches asyncio; it runs under the offline ``LLMEngine`` or under
+``core_loop.CoreLoop`` (a thread or its own process).
 
 Under pipeline parallelism a step is sent without waiting for it, up to one per stage (vLLM V1's
 batch queue): while the last stage computes one step, the first already computes the next, made

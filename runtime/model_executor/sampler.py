@@ -1,7 +1,8 @@
 """Sampler: turn each request's logits into its next token, by that request's own parameters.
 
 Order, as in vLLM v1: logprobs are taken from the raw logits; then logit bias, allowed tokens,
-``min_tokens`` (stop tokens masked), penalties and logits processors; greedy rows take the argmax;
+``min_tokens`` (stop tokens masked), penalties and logits processors, then structured output's
+bitmask (``apply_grammar_bitmask``, the engine core's); greedy rows take the argmax;
 the others apply temperature, ``min_p``, ``top_k``, ``top_p`` (all rows at once) and sample by
 inverse transform: one uniform draw per row, searched in the row's cumulative distribution (top_p
 without top_k by rejection: drawn again while outside the nucleus, no sort of the vocabulary). A
