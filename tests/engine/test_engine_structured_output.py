@@ -3,9 +3,9 @@
 The core's ``StructuredOutputManager`` compiles a request's constraint once and fills each step's
 bitmask; the sampler masks the logits by it. Random logits stay inside the grammar; a bad
 constraint is a RequestError naming the field. End to end under ``-tp 2`` (a worker process per
-rank, gloo): each request is compiled once, in the core; the workers never import llguidance nor
-open a tokenizer file; the outputs satisfy their constraints and equal TP 1's, and
-``--async-scheduling``'s equal the synchronous engine's."""
+rank, gloo) and ``-pp 2`` (steps in flight): each request is compiled once, in the core; the
+workers never import llguidance nor open a tokenizer file; the outputs satisfy their constraints
+and equal one rank's, and ``--async-scheduling``'s equal the synchronous engine's."""
 
 from __future__ import annotations
 
@@ -183,7 +183,8 @@ def _check(results) -> None:
 
 
 @pytest.mark.slow  # a worker process per rank
-def test_tp2_compiles_once_in_the_core_and_matches_tp1(tiny_llama, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])  # pp: steps in flight
+def test_ranks_compile_nothing_and_match_one_rank(tiny_llama, tmp_path, monkeypatch, tp, pp):
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(AUDIT))
     log = tmp_path / "audit.log"
     log.touch()
@@ -194,13 +195,16 @@ def test_tp2_compiles_once_in_the_core_and_matches_tp1(tiny_llama, tmp_path, mon
     matcher = CountingMatcher()
     monkeypatch.setattr(llguidance, "LLMatcher", matcher)
 
-    tp2 = LLMEngine(build_config(tiny_llama, device="cpu", tensor_parallel_size=2, **ENGINE))
+    config = build_config(
+        tiny_llama, device="cpu", tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE
+    )
+    engine = LLMEngine(config)
     try:
         started = log.read_text()
-        parallel = _run(tp2, n=2)
+        parallel = _run(engine, n=2)
         assert log.read_text() == started == "", "a worker imported llguidance or a tokenizer"
     finally:
-        tp2.shutdown()
+        engine.shutdown()
     requests = len(CONSTRAINTS) * len(PROMPTS)
     assert matcher.made == requests  # once per request, n=2 sequences or not
 
