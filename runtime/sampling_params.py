@@ -15,6 +15,21 @@ SAMPLING_EPS = 1e-5
 LogitsProcessor = Callable[[list[int], Any], Any]
 
 
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """One request's output constraint, as plain data (vLLM's ``structured_outputs``): the engine
+    core compiles it (``engine/structured_output.py``), so it crosses the pipe as what was asked.
+
+    ``kind``: json | json_object | regex | choice | grammar (Lark or GBNF); ``spec``: the schema,
+    pattern, choices or grammar text; ``param``: the request field it came from, which the error
+    for a bad one names; ``compact``: JSON without free whitespace (None: no)."""
+
+    kind: str
+    spec: Any = None
+    param: str = "structured_outputs"
+    compact: bool | None = None
+
+
 class RequestOutputKind(enum.Enum):
     """What each RequestOutput of a request carries."""
 
@@ -48,6 +63,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     logits_processors: list[LogitsProcessor] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine from the model's generation config / tokenizer.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)

@@ -58,15 +58,6 @@ logger = logging.getLogger(__name__)
 READY_TIMEOUT_S = 3600.0  # loading a big model from a slow disk takes a while
 JOIN_TIMEOUT_S = 10.0
 
-# The tokenizer of the engine living in this process (set in a core process): what a logits
-# processor sent over the pipe rebuilds itself with (see structured_output).
-_process_tokenizer: Any = None
-
-
-def process_tokenizer() -> Any:
-    """The engine's tokenizer when this is an engine-core process, else None."""
-    return _process_tokenizer
-
 
 class CoreThread:
     """The engine core in a thread of this process."""
@@ -334,7 +325,7 @@ def run_core_process(
 ) -> None:
     """The core process's main: load the engine, say ready (or why not), then serve commands
     until shutdown or until the API process goes away (the pipe closes)."""
-    global _process_tokenizer, _process_engine
+    global _process_engine
     # The API process owns the signals: SIGTERM drains there first, then it stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -358,7 +349,7 @@ def run_core_process(
         logger.exception("the engine failed to load")
         emit(LoadFailed(portable_error(error)))
         return
-    _process_tokenizer, _process_engine = engine.tokenizer, engine
+    _process_engine = engine
     emit(EngineReady(engine.info()))
 
     def next_command(timeout: float | None) -> EngineCommand | None:

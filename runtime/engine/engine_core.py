@@ -4,8 +4,10 @@
 then the output processor turns the requests that changed into RequestOutputs. Requests come in
 through the input processor (validation, tokenization, ``n`` fan-out). Unlike vLLM V1, whose
 client detokenizes, this core detokenizes itself: a stop string then ends its request in the
-step that produced it, with no round trip. It is synchronous and never touches asyncio; it runs
-under the offline ``LLMEngine`` or under ``core_loop.CoreLoop`` (a thread or its own process).
+step that produced it, with no round trip. Structured output is compiled here as well, once per
+request, and a step carries only its constrained rows' bitmask (``structured_output.py``). It is
+synchronous and never touches asyncio; it runs under the offline ``LLMEngine`` or under
+``core_loop.CoreLoop`` (a thread or its own process).
 
 Under pipeline parallelism a step is sent without waiting for it, up to one per stage (vLLM V1's
 batch queue): while the last stage computes one step, the first already computes the next, made
@@ -36,6 +38,7 @@ from infernetes.runtime.engine.request import RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.engine.stats import IterationStats, StatLogger
+from infernetes.runtime.engine.structured_output import StructuredOutputManager
 from infernetes.runtime.executor.abstract import PendingOutput, select_executor
 from infernetes.runtime.kv_transfer.base import KVConnectorRole
 from infernetes.runtime.kv_transfer.registry import create_connector
@@ -97,7 +100,10 @@ class EngineCore:
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
         # Outputs of steps taken back out of turn (before sleeping), given with the next step's.
         self.held_outputs: list[EngineOutput] = []
-        self.input_processor = InputProcessor(model, self.config.scheduler.policy, self.tokenizer)
+        self.structured_output = StructuredOutputManager(self.tokenizer, model.vocab_size)
+        self.input_processor = InputProcessor(
+            model, self.config.scheduler.policy, self.tokenizer, self.structured_output
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers)
         self.sleep_level = 0
@@ -198,7 +204,7 @@ class EngineCore:
         held, self.held_outputs = self.held_outputs, []
         if self.executor.max_concurrent_batches > 1:
             return held + self._step_with_batch_queue()
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._schedule()
         if not self._has_work(scheduler_output):
             self._record_idle_step()
             return held
@@ -209,7 +215,7 @@ class EngineCore:
         queue = self.batch_queue
         scheduled = False
         if len(queue) < self.executor.max_concurrent_batches:
-            scheduler_output = self.scheduler.schedule()
+            scheduler_output = self._schedule()
             if self._has_work(scheduler_output):
                 queue.append((scheduler_output, self.executor.submit_model(scheduler_output)))
                 scheduled = True
@@ -224,6 +230,15 @@ class EngineCore:
     def _has_work(self, scheduler_output: SchedulerOutput) -> bool:
         """Whether the step goes to the workers: tokens to compute, or transfers to report."""
         return bool(scheduler_output) or self.scheduler.awaits_kv_transfer
+
+    def _schedule(self) -> SchedulerOutput:
+        """The scheduler's next step, with the masks of its structured-output rows."""
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output:
+            scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(
+                scheduler_output, self.scheduler.requests
+            )
+        return scheduler_output
 
     def _finish_step(
         self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput

@@ -1,16 +1,17 @@
 """InputProcessor: an API request becomes engine requests, or a ValueError naming the problem.
 
 It tokenizes a text prompt, checks the prompt and the sampling parameters against the model
-(vocabulary, context length, ``--max-logprobs``), fills in ``max_tokens`` and the stop tokens, and
-fans ``n`` out into child requests that share the prompt (each with its own seed), gathered under
-the user's id by a ``ParentRequest``. Nothing is queued when anything is wrong.
+(vocabulary, context length, ``--max-logprobs``), compiles a structured-output constraint (a bad
+one is the error), fills in ``max_tokens`` and the stop tokens, and fans ``n`` out into child
+requests that share the prompt (each with its own seed and matcher), gathered under the user's id
+by a ``ParentRequest``. Nothing is queued when anything is wrong.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.config import ModelConfig
 from infernetes.runtime.engine.output_processor import ParentRequest
@@ -18,6 +19,9 @@ from infernetes.runtime.engine.request import Request
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.structured_output import StructuredOutputManager
 
 Prompt = str | Sequence[int]
 
@@ -35,10 +39,17 @@ class RequestError(ValueError):
 
 
 class InputProcessor:
-    def __init__(self, model: ModelConfig, scheduling_policy: str, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        model: ModelConfig,
+        scheduling_policy: str,
+        tokenizer: Any,
+        grammars: StructuredOutputManager,
+    ) -> None:
         self.model = model
         self.scheduling_policy = scheduling_policy
         self.tokenizer = tokenizer
+        self.grammars = grammars
         self._arrivals = itertools.count()
 
     def default_sampling_params(self) -> SamplingParams:
@@ -72,6 +83,11 @@ class InputProcessor:
                 self._child(request_id, index, ids, params, text, priority, lora_request)
                 for index in range(params.n)
             ]
+            if params.structured_outputs is not None:
+                # Compiled once per request; each sequence advances a copy of its own.
+                grammar = self.grammars.compile(params.structured_outputs)
+                for child in children:
+                    child.grammar = grammar if child is children[0] else grammar.copy()
             parent = ParentRequest(request_id, text, ids, params, children)
         if arrival_time is not None:
             for child in children:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.sampler import TopLogprobs
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.structured_output import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -107,6 +110,7 @@ class Request:
         self.detokenizer: IncrementalDetokenizer | None = None  # text and stop strings
         # What the KV connector said another engine needs to fetch its blocks (when it ended).
         self.kv_transfer_params: dict[str, Any] | None = None
+        self.grammar: RequestGrammar | None = None  # its structured output's matcher
         self.times = RequestTimes()
 
     @property

@@ -332,9 +332,10 @@ class Scheduler:
     def _remaining(self, request: Request) -> int:
         """Tokens a running request may compute next: those not computed yet, counting the
         tokens its steps in flight will sample (async scheduling), but none for a request that
-        is sure to end when those arrive (its token would be thrown away)."""
+        is sure to end when those arrive (its token would be thrown away), nor for one with a
+        grammar (its next mask follows the token in flight)."""
         placeholders = request.num_output_placeholders
-        if placeholders and self._ends_with_placeholders(request):
+        if placeholders and (request.grammar is not None or self._ends_with_placeholders(request)):
             return 0
         return request.num_tokens + placeholders - request.num_computed_tokens
 
@@ -354,9 +355,11 @@ class Scheduler:
         """The draft tokens a decoding request verifies this step: as many as fit the budget,
         the context length and ``max_tokens`` (a step adds at most one token past its drafts).
         None under async scheduling: a step scheduled before the last one's drafts are known
-        would verify stale ones (speculative decoding with it is planned)."""
+        would verify stale ones (speculative decoding with it is planned); none for structured
+        output, whose mask covers one position a step."""
         drafts = request.spec_token_ids
-        if not drafts or remaining != 1 or self.async_scheduling:
+        # a grammar's mask is for the position after the known tokens: not yet for drafts
+        if not drafts or remaining != 1 or self.async_scheduling or request.grammar is not None:
             return []
         room = min(budget, self.config.max_model_len - request.num_tokens) - 1
         params = request.sampling_params

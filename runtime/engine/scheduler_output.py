@@ -10,13 +10,15 @@ stages before the last have not seen. Under async scheduling a step may compute 
 scheduler has not seen yet (the previous step's, still running): the worker takes it from its
 own state, where it appended it. A decoding request may carry draft tokens
 (``spec_token_ids``, a proposer's guess at what follows): the step computes them too, and the
-worker returns the longest prefix its own samples agree with plus its next sample.
+worker returns the longest prefix its own samples agree with plus its next sample. Structured output reaches the workers as a bitmask of the
+tokens each constrained row may sample (``GrammarBitmask``), never as a grammar.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from infernetes.runtime.kv_transfer.base import KVConnectorMetadata
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
@@ -51,6 +53,25 @@ class CachedRequestData:
     spec_token_ids: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class GrammarBitmask:
+    """The tokens structured output allows the step's constrained rows (``engine/structured_output.py``):
+    ``rows`` index ``scheduled_reqs``; bit ``t % 32`` of word ``t // 32`` of a row of ``bitmask``
+    (int32 ``[len(rows), ceil(vocab / 32)]``) is set when token ``t`` may come next."""
+
+    rows: list[int]
+    bitmask: np.ndarray
+
+    def of_rows(self, batch_rows: list[int]) -> GrammarBitmask | None:
+        """The masks of those of ``batch_rows`` that have one, their rows now positions in
+        ``batch_rows`` (the rows that sample, as the sampler counts them)."""
+        position = {i: r for r, i in enumerate(batch_rows)}
+        keep = [k for k, i in enumerate(self.rows) if i in position]
+        if not keep:
+            return None
+        return GrammarBitmask([position[self.rows[k]] for k in keep], self.bitmask[keep])
+
+
 @dataclass
 class SchedulerOutput:
     # The batch, in order (running requests first, then those that joined from the queue), and
@@ -62,6 +83,7 @@ class SchedulerOutput:
     step_id: int = 0  # the scheduler's number for this step (its output is matched back by it)
     # The KV connector's word to the workers' connectors (with --kv-transfer-config).
     kv_connector_metadata: KVConnectorMetadata | None = None
+    grammar_bitmask: GrammarBitmask | None = None  # set by the engine core after scheduling
 
     def add(self, request: NewRequestData | CachedRequestData, num_tokens: int) -> None:
         self.scheduled_reqs.append(request)

@@ -1,7 +1,8 @@
 """Sampler: turn each request's logits into its next token, by that request's own parameters.
 
 Order, as in vLLM v1: logprobs are taken from the raw logits; then logit bias, allowed tokens,
-``min_tokens`` (stop tokens masked), penalties and logits processors; greedy rows take the argmax;
+``min_tokens`` (stop tokens masked), penalties and logits processors, then structured output's
+bitmask (``apply_grammar_bitmask``, the engine core's); greedy rows take the argmax;
 the others apply temperature, ``min_p``, ``top_k``, ``top_p`` (all rows at once) and sample by
 inverse transform: one uniform draw per row, searched in the row's cumulative distribution (top_p
 without top_k by rejection: drawn again while outside the nucleus, no sort of the vocabulary). A
@@ -19,11 +20,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from infernetes.runtime.model_executor.penalties import apply_penalties, needs_penalties
 from infernetes.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.scheduler_output import GrammarBitmask
 
 logger = logging.getLogger(__name__)
 
@@ -261,6 +265,20 @@ def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor
     return logits
 
 
+def apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarBitmask) -> torch.Tensor:
+    """Structured output, after every other processing: in each row of ``grammar.rows`` a token
+    whose bit is clear becomes -inf (in place), as are tokens past the bitmask's vocabulary."""
+    device, width = logits.device, logits.shape[-1]
+    words = torch.from_numpy(grammar.bitmask).to(device)
+    bits = (words[:, :, None] >> torch.arange(32, dtype=words.dtype, device=device)) & 1
+    bits = bits.flatten(1)[:, :width].bool()
+    allowed = torch.zeros(len(grammar.rows), width, dtype=torch.bool, device=device)
+    allowed[:, : bits.shape[1]] = bits
+    rows = torch.tensor(grammar.rows, device=device)
+    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    return logits
+
+
 def _finite(rows: torch.Tensor) -> torch.Tensor:
     """Rows every later step can take, whatever the logits (in place): NaN counts as -inf, +inf
     tokens share the row, and a row with nothing left makes every token equally likely. Done with
@@ -368,8 +386,13 @@ class Sampler:
             self.generator.manual_seed(seed)
 
     def __call__(
-        self, logits: torch.Tensor, requests: Sequence[SamplingRequest]
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[SamplingRequest],
+        grammar: GrammarBitmask | None = None,
     ) -> list[SampledToken]:
+        """A token for each row of ``logits``; ``grammar``: structured output's allowed tokens
+        of some rows (indexed as ``requests``)."""
         logits = logits.float()
         batched = self.batched if self.batched is not None else logits.device.type != "cpu"
         meta = SamplingMetadata.from_requests(requests, batched)
@@ -377,6 +400,8 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1) if meta.logprobs else None
         if meta.processed:
             logits = process_logits(logits, meta)
+        if grammar is not None:
+            logits = apply_grammar_bitmask(logits, grammar)
         tokens = self._sample(logits, meta)
         results = [SampledToken(token) for token in tokens]
         if raw_logprobs is not None:

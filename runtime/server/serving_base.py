@@ -1,21 +1,21 @@
 """What every OpenAI route shares: the model-name check, prompt tokenization and length checks,
-request -> SamplingParams, the structured-output guide, and engine-health checks."""
+request -> SamplingParams, the structured-output constraint, and engine-health checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
+from infernetes.runtime.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.protocol import SamplingFields, StructuredOutputs
 from infernetes.runtime.server.settings import FrontendSettings
-from infernetes.runtime.server.structured_output import (
-    Guide,
-    GuideError,
-    check_backend,
-    make_logits_processor,
-)
+from infernetes.runtime.server.structured_output import GuideError, check_backend
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.async_engine import AsyncEngine
@@ -36,27 +36,29 @@ def batch_items(raw: Any) -> list[Any]:
     return list(raw)
 
 
-def guide_from_request(request: SamplingFields) -> Guide | None:
-    """The one structured-output constraint a request asks for, if any."""
+def guide_from_request(request: SamplingFields) -> StructuredOutputsParams | None:
+    """The one structured-output constraint a request asks for, if any (checked by the engine)."""
     if request.structured_outputs is not None:
         return _structured_outputs_guide(request.structured_outputs)
     fmt = request.response_format
     if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
-        return Guide("json", fmt.json_schema.json_schema, "response_format.json_schema.schema")
+        return StructuredOutputsParams(
+            "json", fmt.json_schema.json_schema, "response_format.json_schema.schema"
+        )
     if fmt is not None and fmt.type == "json_object":
-        return Guide("json_object", None, "response_format")
+        return StructuredOutputsParams("json_object", None, "response_format")
     if request.guided_json is not None:
-        return Guide("json", request.guided_json, "guided_json")
+        return StructuredOutputsParams("json", request.guided_json, "guided_json")
     if request.guided_regex is not None:
-        return Guide("regex", request.guided_regex, "guided_regex")
+        return StructuredOutputsParams("regex", request.guided_regex, "guided_regex")
     if request.guided_choice is not None:
-        return Guide("choice", request.guided_choice, "guided_choice")
+        return StructuredOutputsParams("choice", request.guided_choice, "guided_choice")
     if request.guided_grammar is not None:
-        return Guide("grammar", request.guided_grammar, "guided_grammar")
+        return StructuredOutputsParams("grammar", request.guided_grammar, "guided_grammar")
     return None
 
 
-def _structured_outputs_guide(fields: StructuredOutputs) -> Guide:
+def _structured_outputs_guide(fields: StructuredOutputs) -> StructuredOutputsParams:
     (kind,) = fields.constraints  # the request model allows exactly one
     param = f"structured_outputs.{kind}"
     if kind == "structural_tag":
@@ -80,7 +82,7 @@ def _structured_outputs_guide(fields: StructuredOutputs) -> Guide:
         "grammar": fields.grammar,
         "json_object": None,
     }[kind]
-    return Guide(kind, spec, param, compact=fields.disable_any_whitespace or None)
+    return StructuredOutputsParams(kind, spec, param, compact=fields.disable_any_whitespace or None)
 
 
 class ServingBase:
@@ -160,7 +162,7 @@ class ServingBase:
         max_tokens: int,
         logprobs: int | None,
         stream: bool,
-        guide: Guide | None,
+        guide: StructuredOutputsParams | None,
         prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         fields: dict[str, Any] = {
@@ -198,7 +200,7 @@ class ServingBase:
                 ) from exc
             self.check_token_ids(list(fields["logit_bias"]), "logit_bias")
         if guide is not None:
-            fields["logits_processors"] = [self.logits_processor(guide, request)]
+            fields["structured_outputs"] = self.structured_outputs(guide, request)
         try:
             return SamplingParams(**fields)
         except (ValueError, TypeError) as exc:
@@ -215,19 +217,21 @@ class ServingBase:
             }
         return dict(defaults or {})
 
-    def logits_processor(self, guide: Guide, request: SamplingFields) -> Any:
+    def structured_outputs(
+        self, guide: StructuredOutputsParams, request: SamplingFields
+    ) -> StructuredOutputsParams:
+        """``guide`` with the server's whitespace default where the request gave none, once the
+        backends are known to be ours (the engine core compiles and checks the constraint)."""
         try:
             check_backend(self.settings.guided_decoding_backend, "--guided-decoding-backend")
             check_backend(request.guided_decoding_backend)
-            compact = self.settings.guided_decoding_disable_any_whitespace
-            return make_logits_processor(
-                guide,
-                self.tokenizer,
-                self.vocab_size,
-                compact_json=compact if guide.compact is None else guide.compact,
-            )
         except GuideError as exc:
             raise APIError(str(exc), 400, exc.param) from exc
+        if guide.compact is not None:
+            return guide
+        return dataclasses.replace(
+            guide, compact=self.settings.guided_decoding_disable_any_whitespace
+        )
 
     # ------------------------------------------------------------ logging
 

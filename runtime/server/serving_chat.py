@@ -12,9 +12,9 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.sampling_params import SamplingParams, StructuredOutputsParams
 from infernetes.runtime.server.chat_template import ChatRenderer
 from infernetes.runtime.server.errors import APIError, error_body
 from infernetes.runtime.server.logprobs_format import LogprobFormatter
@@ -36,11 +36,11 @@ from infernetes.runtime.server.reasoning import ReasoningParser, ReasoningStream
 from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
 from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.streaming import DONE, engine_stream, sse
-from infernetes.runtime.server.structured_output import Guide
 from infernetes.runtime.server.tool_parsers import ToolCallStream, ToolParser, make_tool_parser
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.async_engine import AsyncEngine
+    from infernetes.runtime.lora.request import LoRARequest
 
 
 @dataclass
@@ -101,6 +101,15 @@ def parse_required_calls(text: str) -> list[ToolCall] | None:
     return calls
 
 
+class PreparedChat(NamedTuple):
+    """A checked chat request, ready for the engine."""
+
+    mode: ToolMode
+    prompt_ids: list[int]
+    params: SamplingParams
+    lora: LoRARequest | None  # the adapter its model name selects
+
+
 @dataclass
 class ChoiceState:
     """Streaming state of one choice."""
@@ -146,7 +155,9 @@ class ChatServing(ServingBase):
             )
         return ToolMode("auto", parser=make_tool_parser(parser, request.tools))
 
-    def _guide(self, request: ChatCompletionRequest, mode: ToolMode) -> Guide | None:
+    def _guide(
+        self, request: ChatCompletionRequest, mode: ToolMode
+    ) -> StructuredOutputsParams | None:
         guide = guide_from_request(request)
         if mode.kind in ("named", "required") and guide is not None:
             raise APIError(
@@ -156,9 +167,11 @@ class ChatServing(ServingBase):
             )
         if mode.kind == "named":
             tool = next(t for t in request.tools or [] if t.function.name == mode.function)
-            return Guide("json", tool.function.parameters or {"type": "object"}, "tools")
+            return StructuredOutputsParams(
+                "json", tool.function.parameters or {"type": "object"}, "tools"
+            )
         if mode.kind == "required":
-            return Guide("json", required_calls_schema(request), "tools")
+            return StructuredOutputsParams("json", required_calls_schema(request), "tools")
         return guide
 
     def _prompt(self, request: ChatCompletionRequest, mode: ToolMode) -> list[int]:
@@ -179,10 +192,8 @@ class ChatServing(ServingBase):
         add_special = bool(request.add_special_tokens)
         return self.tokenize(text, add_special, request.truncate_prompt_tokens)
 
-    def _prepare(
-        self, request: ChatCompletionRequest
-    ) -> tuple[ToolMode, list[int], SamplingParams]:
-        self.check_model(request.model)
+    def _prepare(self, request: ChatCompletionRequest) -> PreparedChat:
+        lora = self.check_model(request.model)
         self.check_engine()
         mode = self._tool_mode(request)
         guide = self._guide(request, mode)
@@ -198,12 +209,12 @@ class ChatServing(ServingBase):
             stream=bool(request.stream),
             guide=guide,
         )
-        return mode, prompt_ids, params
+        return PreparedChat(mode, prompt_ids, params, lora)
 
     async def create(
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[bytes]:
-        mode, prompt_ids, params = await off_loop(self._prepare, request)
+        mode, prompt_ids, params, lora = await off_loop(self._prepare, request)
         request_id = random_id("chatcmpl")
         self.log_request(request_id, None, prompt_ids, params)
         stream = engine_stream(
@@ -212,7 +223,7 @@ class ChatServing(ServingBase):
                 params,
                 request_id,
                 priority=request.priority,
-                lora_request=self.check_model(request.model),
+                lora_request=lora,
             )
         )
         if request.stream:

@@ -67,8 +67,10 @@ class CompletionServing(ServingBase):
                 prompts.append(PreparedPrompt(None, ids))
         return prompts
 
-    def _prepare(self, request: CompletionRequest) -> tuple[list[PreparedPrompt], list[Any]]:
-        self.check_model(request.model)
+    def _prepare(
+        self, request: CompletionRequest
+    ) -> tuple[list[PreparedPrompt], list[Any], LoRARequest | None]:
+        lora = self.check_model(request.model)
         self.check_engine()
         if request.suffix is not None:
             raise APIError("suffix is not supported", 400, "suffix")
@@ -100,7 +102,7 @@ class CompletionServing(ServingBase):
                     else None,
                 )
             )
-        return prompts, params_list
+        return prompts, params_list, lora
 
     def _generators(
         self,
@@ -126,11 +128,9 @@ class CompletionServing(ServingBase):
         return self.tokenizer.decode(prompt.token_ids)
 
     async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[bytes]:
-        prompts, params_list = await off_loop(self._prepare, request)
+        prompts, params_list, lora = await off_loop(self._prepare, request)
         request_id = random_id("cmpl")
-        generators = self._generators(
-            request_id, prompts, params_list, request.priority, self.check_model(request.model)
-        )
+        generators = self._generators(request_id, prompts, params_list, request.priority, lora)
         if request.stream:
             return self._stream(request, request_id, prompts, generators)
         return await self._whole(request, request_id, prompts, generators)

@@ -353,7 +353,7 @@ class ResponsesServing:
         yield events.send("response.created", response=started)
         yield events.send("response.in_progress", response=started)
         try:
-            mode, prompt_ids, params = await off_loop(self.chat._prepare, chat_request)
+            mode, prompt_ids, params, lora = await off_loop(self.chat._prepare, chat_request)
             self.chat.log_request(response_id, None, prompt_ids, params)
             stream = engine_stream(
                 self.chat.engine.generate(
@@ -361,7 +361,7 @@ class ResponsesServing:
                     params,
                     response_id,
                     priority=0,
-                    lora_request=self.chat.check_model(chat_request.model),
+                    lora_request=lora,
                 )
             )
             state = self.chat._new_state(mode)

@@ -25,6 +25,7 @@ from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import (
     CachedRequestData,
+    GrammarBitmask,
     NewRequestData,
     SchedulerOutput,
 )
@@ -457,7 +458,8 @@ class ModelRunner:
                 next_tokens = request.token_ids[first + 1 : last + 1]
                 prompt_rows.append((i, rows, next_tokens, params.prompt_logprobs))
         if sampling:
-            self._sample(batch, sampling, self.model.compute_logits(hidden[sample_rows]), output)
+            logits = self.model.compute_logits(hidden[sample_rows])
+            self._sample(batch, sampling, logits, scheduler_output.grammar_bitmask, output)
         for i, rows, next_tokens, k in prompt_rows:
             logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
             output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
@@ -468,16 +470,23 @@ class ModelRunner:
         batch: Sequence[CachedRequestState],
         sampling: Sequence[int],
         logits: torch.Tensor,
+        grammar: GrammarBitmask | None,
         output: ModelRunnerOutput,
     ) -> None:
         """Sample each row of ``logits`` (a request's position, and one per draft), keep what
-        verifies, append it to the request (the next step's input) and ask for new drafts."""
+        verifies, append it to the request (the next step's input) and ask for new drafts.
+        ``grammar`` masks the constrained requests' rows (they have no drafts)."""
         requests = [batch[i] for i in sampling]
         if self.config.scheduler.async_scheduling:
             for request in requests:  # a preemption may discard this step's draw
                 request.keep_generator_state()
         positions = [p for request in requests for p in sampling_positions(request)]
-        samples = iter(self.sampler(logits, positions))
+        if grammar is not None:  # the batch index of each of the sampler's rows
+            rows = [
+                i for i, r in zip(sampling, requests, strict=True) for _ in range(r.num_drafts + 1)
+            ]
+            grammar = grammar.of_rows(rows)
+        samples = iter(self.sampler(logits, positions, grammar))
         for i, request in zip(sampling, requests, strict=True):
             drafts = request.drop_drafts()
             tokens = accepted([next(samples) for _ in range(len(drafts) + 1)], drafts)
