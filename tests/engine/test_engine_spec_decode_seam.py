@@ -144,3 +144,24 @@ def test_drafts_counted_in_the_step_statistics(llm):
         assert counts[0] > 0 and counts[1] < counts[0]
     finally:
         del scheduler.update_from_output
+
+
+def test_a_constrained_request_beside_drafted_ones(llm):
+    """Structured output's mask covers one position a step: its request gets no drafts, and its
+    mask lands on its own row among the drafted requests' rows."""
+    from infernetes.runtime.sampling_params import StructuredOutputsParams
+
+    plain, _ = generate(llm, GREEDY)
+    model_runner = runner(llm)
+    model_runner.proposer = TargetTokensProposer(plain, k=4)
+    choice = SamplingParams(
+        temperature=0.0,
+        max_tokens=17,
+        structured_outputs=StructuredOutputsParams("choice", ["yes", "no"]),
+    )
+    try:
+        outputs = llm.generate(list(PROMPTS) + [PROMPTS[0]], [GREEDY] * 3 + [choice])
+    finally:
+        model_runner.proposer = NoProposer()
+    assert [list(o.outputs[0].token_ids) for o in outputs[:3]] == list(plain.values())
+    assert outputs[3].outputs[0].text in ("yes", "no")
