@@ -77,7 +77,7 @@ def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
     )
     assert count.endswith("supported: 1")
     assert by_field["fullyShardedLoras"].message.endswith("only false is accepted")
-    assert by_field["kvTransferConfig"].message.endswith("leave it unset")
+    assert by_field["speculativeConfig"].message.endswith("leave it unset")
     assert by_field["cpuOffloadGb"].message.endswith("only 0 is accepted")
 
 
