@@ -87,6 +87,8 @@ def plan(
     namespace: str,
     uid: str | None = None,
 ) -> Plan:
+    """The children of one InferenceService, workloads first, and what its status says of them;
+    owner references when its uid is known."""
     warnings: list[str] = []
     service_name, rename_reason = service_name_for(name)
     if rename_reason:
