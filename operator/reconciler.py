@@ -287,6 +287,37 @@ class Reconciler:
         """Apply what differs and prune what is no longer rendered: (applied, error); `notes`
         are for the status written before a repair."""
         generation = resource["metadata"].get("generation", 0)
+        work, extra = self._changes(key, resource, result)
+        if not work and not extra:
+            self._settled(key, "unchanged")
+            return True, None
+        retry = self.retries.get(key)
+        loop = asyncio.get_running_loop()
+        if retry is not None and retry.generation == generation and loop.time() < retry.at:
+            return False, retry.error  # backing off: the queue holds the retry
+        await self._report_drift(key, resource, work, notes)
+        target: Mapping[str, Any] = {}
+        try:
+            for target, why in work:
+                edited = why[0].startswith(".")
+                # The workloads go first, never waiting.
+                workload = child_id(target) in result.roles.values()
+                response = await self.applier.apply(target, edited=edited, workload=workload)
+                self.children.observe(response)
+            for target in extra:
+                await self.applier.delete(target)
+                self.children.observe(target, deleted=True)
+        except KubeError as exc:
+            return await self._failed(key, generation, target, exc)
+        self._settled(key, "applied")
+        log.info("reconciled %s/%s generation %s", *key, generation)
+        return True, None
+
+    def _changes(
+        self, key: Key, resource: Mapping[str, Any], result: Plan
+    ) -> tuple[list[tuple[dict[str, Any], list[str]]], list[dict[str, Any]]]:
+        """The rendered children that differ from their live copies (with why), and the live
+        children no longer rendered; held children are neither."""
         live = self.children.of(key)
         work = [
             (m, why)
@@ -301,18 +332,19 @@ class Reconciler:
         extra = unrendered(
             live, [child_id(m) for m in result.manifests], resource["metadata"]["uid"]
         )
-        if not work and not extra:
-            self.failures.pop(key, None)
-            self.retries.pop(key, None)
-            metrics.RECONCILES.labels("unchanged").inc()
-            return True, None
-        retry = self.retries.get(key)
-        loop = asyncio.get_running_loop()
-        if retry is not None and retry.generation == generation and loop.time() < retry.at:
-            return False, retry.error  # backing off: the queue holds the retry
+        return work, extra
+
+    async def _report_drift(
+        self,
+        key: Key,
+        resource: Mapping[str, Any],
+        work: list[tuple[dict[str, Any], list[str]]],
+        notes: Outcome,
+    ) -> None:
+        """Before repairing a child someone deleted or edited (not a new render, not a child
+        appearing because an optional API did), say so in the status of an observed generation."""
+        generation = resource["metadata"].get("generation", 0)
         observed = (resource.get("status") or {}).get("observedGeneration")
-        # Drift: a child someone deleted or edited (not a new render, not a child appearing
-        # because an optional API did).
         deleted = self.children.deleted(key)
         drifted = [
             f"{m['kind']} {m['metadata']['name']}: " + ", ".join(why[:3])
@@ -322,37 +354,33 @@ class Reconciler:
         if drifted and observed == generation:
             log.info("%s/%s: repairing %s", *key, "; ".join(drifted))
             await self.status_writer.write(key, resource, notes, stale=drifted)
-        target: Mapping[str, Any] = {}
-        try:
-            for target, why in work:
-                edited = why[0].startswith(".")
-                # The workloads go first, never waiting.
-                workload = child_id(target) in result.roles.values()
-                response = await self.applier.apply(target, edited=edited, workload=workload)
-                self.children.observe(response)
-            for target in extra:
-                await self.applier.delete(target)
-                self.children.observe(target, deleted=True)
-        except KubeError as exc:
-            if await self.served.gone(target):
-                # Its objects go with its CRD (no watch event will say so): render again.
-                self.children.drop(target)
-                self.queue.add(key)
-                return False, None
-            what = f"{target['kind']} {target['metadata']['name']}"
-            delay = self._backoff(key)
-            # The message stays the same from one attempt to the next: one status write, one event.
-            error = ("ReconcileError", f"applying {what}: {exc.message}")
-            self.retries[key] = Retry(generation, loop.time() + delay, delay, error)
-            self.queue.add(key, delay)
-            metrics.RECONCILES.labels("error").inc()
-            log.warning("%s/%s: %s (retry in %.0fs)", *key, error[1], delay)
-            return False, error
+
+    async def _failed(
+        self, key: Key, generation: int, target: Mapping[str, Any], exc: KubeError
+    ) -> tuple[bool, tuple[str, str] | None]:
+        """A child the API server refused: render again when its API went away, else retry with
+        backoff, with the error for the status."""
+        if await self.served.gone(target):
+            # Its objects go with its CRD (no watch event will say so): render again.
+            self.children.drop(target)
+            self.queue.add(key)
+            return False, None
+        what = f"{target['kind']} {target['metadata']['name']}"
+        delay = self._backoff(key)
+        # The message stays the same from one attempt to the next: one status write, one event.
+        error = ("ReconcileError", f"applying {what}: {exc.message}")
+        at = asyncio.get_running_loop().time() + delay
+        self.retries[key] = Retry(generation, at, delay, error)
+        self.queue.add(key, delay)
+        metrics.RECONCILES.labels("error").inc()
+        log.warning("%s/%s: %s (retry in %.0fs)", *key, error[1], delay)
+        return False, error
+
+    def _settled(self, key: Key, outcome: str) -> None:
+        """Every child as rendered: no backoff left."""
         self.failures.pop(key, None)
         self.retries.pop(key, None)
-        metrics.RECONCILES.labels("applied").inc()
-        log.info("reconciled %s/%s generation %s", *key, generation)
-        return True, None
+        metrics.RECONCILES.labels(outcome).inc()
 
     async def _drop_legacy_finalizer(self, key: Key, resource: Mapping[str, Any]) -> None:
         """Earlier releases put a finalizer on every resource; nothing needs it any more."""

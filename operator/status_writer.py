@@ -85,10 +85,21 @@ class StatusWriter:
     async def _write(
         self, key: Key, resource: Mapping[str, Any], outcome: Outcome, stale: list[str]
     ) -> None:
-        applied, error = outcome.applied, outcome.error
-        namespace, name = key
         current = self.resources.get(key) or resource
         status = dict(current.get("status") or {})
+        new = self._derive(key, current, status, outcome, stale)
+        if self._due(key, status, new) and await self._patch(key, new):
+            await self._tell(current, status, new, outcome.applied)
+
+    def _derive(
+        self,
+        key: Key,
+        current: Mapping[str, Any],
+        status: Mapping[str, Any],
+        outcome: Outcome,
+        stale: list[str],
+    ) -> dict[str, Any]:
+        """The status the last pass and the live children call for."""
         generation = current["metadata"].get("generation", 0)
         spec = current.get("spec") or {}
         deployment = self.workload(key)
@@ -96,7 +107,8 @@ class StatusWriter:
         if deployment is not None and scaled_by_others(deployment):
             desired_replicas = deployment["spec"].get("replicas", desired_replicas)
         new: dict[str, Any] = {}
-        if applied is not None:
+        if outcome.applied is not None:
+            applied = outcome.applied
             new = {
                 "observedGeneration": generation,
                 "url": applied.url,
@@ -119,23 +131,33 @@ class StatusWriter:
                 autoscaling=outcome.autoscaling,
                 autoscaler=self._autoscaler(key, outcome),
                 rendered=outcome.rendered,
-                reconcile_error=error,
+                reconcile_error=outcome.error,
                 stale_children=stale,
             )
         )
+        return new
+
+    def _due(self, key: Key, status: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+        """Whether to write now: never when nothing a user sees changed, and a progress-only
+        change once it has settled (the queue brings the key back then)."""
         unchanged = same_status(status, new) and all(
             status.get(field) == value for field, value in new.items() if field != "conditions"
         )
         if unchanged:
             self.progress_seen.pop(key, None)
-            return
+            return False
         if progress_only(status, new):
             loop_now = asyncio.get_running_loop().time()
             due = self.progress_seen.setdefault(key, loop_now) + PROGRESS_SETTLE_SECONDS
             if loop_now < due:
                 self.queue.add(key, due - loop_now)
-                return
+                return False
         self.progress_seen.pop(key, None)
+        return True
+
+    async def _patch(self, key: Key, new: dict[str, Any]) -> bool:
+        """Write the status; False when the resource is gone."""
+        namespace, name = key
         path = f"/apis/{names.API_VERSION}/namespaces/{namespace}/{names.PLURAL}/{name}/status"
         try:
             response = await self.call(
@@ -143,19 +165,26 @@ class StatusWriter:
             )
         except KubeError as exc:
             if exc.status == 404:
-                return
+                return False
             raise
         metrics.API_WRITES.labels(names.KIND, "status").inc()
         metrics.STATUS_UPDATES.inc()
         self.resources.observe(key, response)
-        told = (
-            []
-            if applied is None
-            else [w for w in applied.warnings if w not in (status.get("warnings") or ())]
-        )
-        for warning in told:
-            reason = "SettingIgnored" if warning in applied.ignored else "Adjusted"  # type: ignore[union-attr]
-            await self.recorder.event(current, "Warning", reason, warning)
+        return True
+
+    async def _tell(
+        self,
+        current: Mapping[str, Any],
+        status: Mapping[str, Any],
+        new: Mapping[str, Any],
+        applied: Plan | None,
+    ) -> None:
+        """The written status's new warnings and its conditions' transitions, as events."""
+        if applied is not None:
+            for warning in applied.warnings:
+                if warning not in (status.get("warnings") or ()):
+                    reason = "SettingIgnored" if warning in applied.ignored else "Adjusted"
+                    await self.recorder.event(current, "Warning", reason, warning)
         for kind, reason, message in transitions(status.get("conditions"), new["conditions"]):
             await self.recorder.event(current, kind, reason, message)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from infernetes.schema.args import BY_DEST
 from infernetes.schema.choices import REASONING_PARSERS
 from infernetes.schema.errors import ConfigError
 
@@ -82,6 +83,21 @@ def check_rules(values: dict[str, Any]) -> None:
     v = values
     _check_structured_outputs(v["structured_outputs_config"] or {})
     _check_nodes(v)
+    _check_async_scheduling(v)
+    _require(v, "enable_auto_tool_choice", "tool_call_parser", field="tool_call_parser")
+    _check_adapters(v)
+    _check_batch_budget(v)
+    _require(v, "collect_detailed_traces", "otlp_traces_endpoint")
+    _check_local_data_parallel(v)
+
+
+def _require(v: dict[str, Any], flag: str, needed: str, *, field: str | None = None) -> None:
+    """`flag` set needs `needed` set; the error is `field`'s (by default the flag's)."""
+    if v[flag] and not v[needed]:
+        raise ConfigError(f"{BY_DEST[flag].flag} requires {BY_DEST[needed].flag}", field or flag)
+
+
+def _check_async_scheduling(v: dict[str, Any]) -> None:
     if v["async_scheduling"] and v["pipeline_parallel_size"] > 1:
         raise ConfigError(
             f"--async-scheduling cannot be combined with --pipeline-parallel-size "
@@ -89,19 +105,21 @@ def check_rules(values: dict[str, Any]) -> None:
             "stage, of other requests (as in vLLM, which refuses it too)",
             "async_scheduling",
         )
-    if v["enable_auto_tool_choice"] and not v["tool_call_parser"]:
-        raise ConfigError(
-            "--enable-auto-tool-choice requires --tool-call-parser", "tool_call_parser"
-        )
+
+
+def _check_adapters(v: dict[str, Any]) -> None:
+    """LoRA and prompt adapters."""
     if v["max_cpu_loras"] is not None and v["max_cpu_loras"] < v["max_loras"]:
         raise ConfigError(
             f"--max-cpu-loras ({v['max_cpu_loras']}) must be >= --max-loras ({v['max_loras']})",
             "max_cpu_loras",
         )
-    if v["lora_modules"] and not v["enable_lora"]:
-        raise ConfigError("--lora-modules requires --enable-lora", "lora_modules")
-    if v["prompt_adapters"] and not v["enable_prompt_adapter"]:
-        raise ConfigError("--prompt-adapters requires --enable-prompt-adapter", "prompt_adapters")
+    _require(v, "lora_modules", "enable_lora")
+    _require(v, "prompt_adapters", "enable_prompt_adapter")
+
+
+def _check_batch_budget(v: dict[str, Any]) -> None:
+    """The scheduler's tokens and prompts per step."""
     batched, model_len = v["max_num_batched_tokens"], v["max_model_len"]
     if (
         v["enable_chunked_prefill"] is False
@@ -130,10 +148,9 @@ def check_rules(values: dict[str, Any]) -> None:
         raise ConfigError(
             "--max-num-partial-prefills > 1 requires chunked prefill", "max_num_partial_prefills"
         )
-    if v["collect_detailed_traces"] and not v["otlp_traces_endpoint"]:
-        raise ConfigError(
-            "--collect-detailed-traces requires --otlp-traces-endpoint", "collect_detailed_traces"
-        )
+
+
+def _check_local_data_parallel(v: dict[str, Any]) -> None:
     local = v["data_parallel_size_local"]
     if local is not None and local > v["data_parallel_size"]:
         raise ConfigError(

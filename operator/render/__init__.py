@@ -18,6 +18,7 @@ from infernetes.operator.render.inference_pool import routing_manifests
 from infernetes.operator.render.leaderworkerset import (
     LEADER,
     ROLE_LABEL,
+    Layout,
     layout,
     leaderworkerset_manifest,
 )
@@ -86,6 +87,8 @@ def plan(
     namespace: str,
     uid: str | None = None,
 ) -> Plan:
+    """The children of one InferenceService, workloads first, and what its status says of them;
+    owner references when its uid is known."""
     warnings: list[str] = []
     service_name, rename_reason = service_name_for(name)
     if rename_reason:
@@ -93,27 +96,14 @@ def plan(
     scrape = scrape_config(spec, cluster_facts, name=name, namespace=namespace)
     warnings.extend(scrape.warnings)
     placement = layout(spec, cluster_facts)
-    blocked = None
-    workloads: dict[str, dict[str, Any]] = {}
-    if not placement.multi_node:
-        workloads[SERVER] = deployment_manifest(
-            spec,
-            cluster_facts,
-            name=name,
-            namespace=namespace,
-            pod_annotations=scrape.pod_annotations,
-        )
-    elif cluster_facts.serves(LWS_GV, LWS_KIND):
-        workloads[SERVER] = leaderworkerset_manifest(
-            spec,
-            cluster_facts,
-            placement,
-            name=name,
-            namespace=namespace,
-            pod_annotations=scrape.pod_annotations,
-        )
-    else:
-        blocked = missing_api(placement.nodes)
+    workloads, blocked = _workloads(
+        spec,
+        cluster_facts,
+        placement,
+        name=name,
+        namespace=namespace,
+        pod_annotations=scrape.pod_annotations,
+    )
     service = service_manifest(spec, name=name, namespace=namespace, service_name=service_name)
     if placement.multi_node:
         service["spec"]["selector"][ROLE_LABEL] = LEADER  # the workers serve no API
@@ -147,16 +137,13 @@ def plan(
     support = review_engine(spec)
     warnings.extend(support.ignored)
     port = (spec.get("service") or {}).get("port", names.SERVER_PORT)
-    selector = ",".join(
-        f"{key}={value}" for key, value in sorted(names.selector_labels(name).items())
-    )
     return Plan(
         manifests=manifests,
         service_name=service_name,
         model_name=model_name,
         url=f"http://{service_name}.{namespace}.svc:{port}/v1",
         gpus_per_replica=gpus_per_replica(spec),
-        selector=selector,
+        selector=_label_selector(name),
         warnings=warnings,
         ignored=support.ignored,
         refused=support.refused,
@@ -167,6 +154,40 @@ def plan(
         conditions={"Routing": routing.verdict} if routing.verdict else {},
         roles={role: child_id(workload) for role, workload in workloads.items()},
     )
+
+
+def _workloads(
+    spec: Mapping[str, Any],
+    cluster_facts: ClusterFacts,
+    placement: Layout,
+    *,
+    name: str,
+    namespace: str,
+    pod_annotations: Mapping[str, str],
+) -> tuple[dict[str, dict[str, Any]], tuple[str, str] | None]:
+    """The workloads by role and, when this cluster cannot run them, why: a replica on one node
+    is a Deployment, one across nodes a LeaderWorkerSet (when the cluster serves its API)."""
+    if not placement.multi_node:
+        deployment = deployment_manifest(
+            spec, cluster_facts, name=name, namespace=namespace, pod_annotations=pod_annotations
+        )
+        return {SERVER: deployment}, None
+    if cluster_facts.serves(LWS_GV, LWS_KIND):
+        group = leaderworkerset_manifest(
+            spec,
+            cluster_facts,
+            placement,
+            name=name,
+            namespace=namespace,
+            pod_annotations=pod_annotations,
+        )
+        return {SERVER: group}, None
+    return {}, missing_api(placement.nodes)
+
+
+def _label_selector(name: str) -> str:
+    """The selector of the scale subresource (status.selector), as a string."""
+    return ",".join(f"{key}={value}" for key, value in sorted(names.selector_labels(name).items()))
 
 
 def render(

@@ -12,7 +12,7 @@ metric deprecated in X.Y is hidden from X.Y+1 on, and ``=X.Y`` shows it again).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
@@ -95,6 +95,8 @@ REQUEST_LATENCY_BUCKETS = [
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 MILLISECOND_BUCKETS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
 FINISH_REASONS = ("stop", "length", "abort")
+# Every series says which model and which engine core (data-parallel rank) it counts.
+ENGINE_LABELS = ["model_name", "engine"]
 
 # Our own series stay exactly the reference's names: no "<name>_created" companions.
 prometheus_client.disable_created_metrics()
@@ -167,29 +169,18 @@ class EngineSeries:
         self.show_hidden = show_hidden_metrics(show_hidden_version)
         self._prefix_queries_seen = 0
         self._prefix_hits_seen = 0
-        labels = ["model_name", "engine"]
-        family = logger.family
-
-        def gauge(name: str, doc: str, extra_labels: Iterable[str] = ()) -> Gauge:
-            return family(Gauge, name, doc, [*labels, *extra_labels])
-
-        def counter(name: str, doc: str, extra_labels: Iterable[str] = ()) -> Counter:
-            return family(Counter, name, doc, [*labels, *extra_labels])
-
-        def histogram(name: str, doc: str, buckets: list) -> Histogram:
-            return family(Histogram, name, doc, labels, buckets=buckets)
-
+        self._family = logger.family
+        self._labels = (model_name, str(engine_index))
         tokens = token_count_buckets(max_model_len)
-        m = (model_name, str(engine_index))
-        self.running = gauge(
+        self.running = self._gauge(
             "vllm:num_requests_running", "Number of requests currently running."
-        ).labels(*m)
-        self.waiting = gauge(
+        )
+        self.waiting = self._gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed."
-        ).labels(*m)
+        )
         # One series, labelled by the adapters of the running and waiting requests (vLLM's);
         # its value is when it was last set.
-        self.lora_family = family(
+        self.lora_family = self._family(
             Gauge,
             "vllm:lora_requests_info",
             "Running stats on LoRA requests.",
@@ -197,112 +188,111 @@ class EngineSeries:
         )
         self.lora_labels = ("", "", str(logger.max_loras))
         self.lora_info = self.lora_family.labels(*self.lora_labels)
-        self.kv_usage = gauge(
+        self.kv_usage = self._gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
-        ).labels(*m)
-        self.gpu_cache_usage = gauge(
+        )
+        self.gpu_cache_usage = self._gauge(
             "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage."
-        ).labels(*m)
-        self.prefix_queries = counter(
+        )
+        self.prefix_queries = self._counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."
-        ).labels(*m)
-        self.prefix_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in tokens."
-        ).labels(*m)
-        self.preemptions = counter(
+        )
+        self.prefix_hits = self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.preemptions = self._counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
-        ).labels(*m)
-        self.prompt_tokens = counter(
+        )
+        self.prompt_tokens = self._counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed."
-        ).labels(*m)
-        self.generation_tokens = counter(
+        )
+        self.generation_tokens = self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
-        ).labels(*m)
-        self.iteration_tokens = histogram(
+        )
+        self.iteration_tokens = self._histogram(
             "vllm:iteration_tokens_total",
             "Histogram of the number of tokens per engine step.",
             ITERATION_TOKEN_BUCKETS,
-        ).labels(*m)
-        self.ttft = histogram(
+        )
+        self.ttft = self._histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
-        ).labels(*m)
-        self.tpot = histogram(
+        )
+        self.tpot = self._histogram(
             "vllm:time_per_output_token_seconds",
             "Histogram of time per output token in seconds.",
             TOKEN_LATENCY_BUCKETS,
-        ).labels(*m)
-        self.itl = histogram(
+        )
+        self.itl = self._histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             TOKEN_LATENCY_BUCKETS,
-        ).labels(*m)
-        self.e2e = histogram(
+        )
+        self.e2e = self._histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of end-to-end request latency in seconds.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(*m)
-        self.queue_time = histogram(
+        )
+        self.queue_time = self._histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in the WAITING phase for a request.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(*m)
-        self.inference_time = histogram(
+        )
+        self.inference_time = self._histogram(
             "vllm:request_inference_time_seconds",
             "Histogram of time spent in the RUNNING phase for a request.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(*m)
-        self.prefill_time = histogram(
+        )
+        self.prefill_time = self._histogram(
             "vllm:request_prefill_time_seconds",
             "Histogram of time spent in the PREFILL phase for a request.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(*m)
-        self.decode_time = histogram(
+        )
+        self.decode_time = self._histogram(
             "vllm:request_decode_time_seconds",
             "Histogram of time spent in the DECODE phase for a request.",
             REQUEST_LATENCY_BUCKETS,
-        ).labels(*m)
-        self.request_prompt_tokens = histogram(
+        )
+        self.request_prompt_tokens = self._histogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed, per request.", tokens
-        ).labels(*m)
-        self.request_generation_tokens = histogram(
+        )
+        self.request_generation_tokens = self._histogram(
             "vllm:request_generation_tokens",
             "Number of generation tokens processed, per request.",
             tokens,
-        ).labels(*m)
-        self.request_max_generation_tokens = histogram(
+        )
+        self.request_max_generation_tokens = self._histogram(
             "vllm:request_max_num_generation_tokens",
             "Maximum number of requested generation tokens.",
             tokens,
-        ).labels(*m)
-        self.request_n = histogram(
+        )
+        self.request_n = self._histogram(
             "vllm:request_params_n", "Histogram of the n request parameter.", [1, 2, 5, 10, 20]
-        ).labels(*m)
-        self.request_max_tokens = histogram(
+        )
+        self.request_max_tokens = self._histogram(
             "vllm:request_params_max_tokens",
             "Histogram of the max_tokens request parameter.",
             tokens,
-        ).labels(*m)
-        success = counter(
-            "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
         )
-        self.success = {reason: success.labels(*m, reason) for reason in FINISH_REASONS}
+        success = self._family(
+            Counter,
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*ENGINE_LABELS, "finished_reason"],
+        )
+        self.success = {reason: success.labels(*self._labels, reason) for reason in FINISH_REASONS}
         # Draft tokens verified and accepted (steps count them when a proposer guesses); the
         # V0-era rate, efficiency and emitted series exist (dashboards expect them) and stay 0.
-        gauge(
-            "vllm:spec_decode_draft_acceptance_rate", "Speculative token acceptance rate."
-        ).labels(*m)
-        gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.").labels(*m)
-        self.accepted_tokens = counter(
+        self._gauge("vllm:spec_decode_draft_acceptance_rate", "Speculative token acceptance rate.")
+        self._gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.")
+        self.accepted_tokens = self._counter(
             "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
-        ).labels(*m)
-        self.draft_tokens = counter(
+        )
+        self.draft_tokens = self._counter(
             "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
-        ).labels(*m)
-        counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.").labels(*m)
+        )
+        self._counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.")
         info = {k: str(v) for k, v in (cache_config or {}).items()}
-        cache_info = family(
+        cache_info = self._family(
             Gauge,
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig.",
@@ -310,42 +300,55 @@ class EngineSeries:
         )
         (cache_info.labels(**info) if info else cache_info).set(1)
         self.lora_info.set(time.time())
+        self.hidden: dict[str, Any] = self._deprecated_series() if self.show_hidden else {}
 
-        self.hidden: dict[str, Any] = {}
-        if self.show_hidden:
-            self.hidden = {
-                "swapped": gauge(
-                    "vllm:num_requests_swapped",
-                    "Number of requests swapped to CPU. Deprecated: KV cache offloading is not used.",
-                ).labels(*m),
-                "cpu_cache": gauge(
-                    "vllm:cpu_cache_usage_perc",
-                    "CPU KV-cache usage. Deprecated: KV cache offloading is not used.",
-                ).labels(*m),
-                "cpu_prefix_rate": gauge(
-                    "vllm:cpu_prefix_cache_hit_rate",
-                    "CPU prefix cache block hit rate. Deprecated: KV cache offloading is not used.",
-                ).labels(*m),
-                "gpu_prefix_rate": gauge(
-                    "vllm:gpu_prefix_cache_hit_rate",
-                    "GPU prefix cache block hit rate. Deprecated: use vllm:prefix_cache_queries and vllm:prefix_cache_hits.",
-                ).labels(*m),
-                "time_in_queue": histogram(
-                    "vllm:time_in_queue_requests",
-                    "Time the request spent in the queue in seconds. Deprecated: use vllm:request_queue_time_seconds.",
-                    REQUEST_LATENCY_BUCKETS,
-                ).labels(*m),
-                "forward_ms": histogram(
-                    "vllm:model_forward_time_milliseconds",
-                    "Time spent in the model forward pass in milliseconds. Deprecated: use prefill/decode/inference time metrics.",
-                    MILLISECOND_BUCKETS,
-                ).labels(*m),
-                "execute_ms": histogram(
-                    "vllm:model_execute_time_milliseconds",
-                    "Time spent in the model execute function in milliseconds. Deprecated: use prefill/decode/inference time metrics.",
-                    MILLISECOND_BUCKETS,
-                ).labels(*m),
-            }
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        """This engine's series of the gauge ``name``."""
+        return self._family(Gauge, name, doc, ENGINE_LABELS).labels(*self._labels)
+
+    def _counter(self, name: str, doc: str) -> Counter:
+        return self._family(Counter, name, doc, ENGINE_LABELS).labels(*self._labels)
+
+    def _histogram(self, name: str, doc: str, buckets: list) -> Histogram:
+        return self._family(Histogram, name, doc, ENGINE_LABELS, buckets=buckets).labels(
+            *self._labels
+        )
+
+    def _deprecated_series(self) -> dict[str, Any]:
+        """The series deprecated in DEPRECATED_IN, by what records them."""
+        return {
+            "swapped": self._gauge(
+                "vllm:num_requests_swapped",
+                "Number of requests swapped to CPU. Deprecated: KV cache offloading is not used.",
+            ),
+            "cpu_cache": self._gauge(
+                "vllm:cpu_cache_usage_perc",
+                "CPU KV-cache usage. Deprecated: KV cache offloading is not used.",
+            ),
+            "cpu_prefix_rate": self._gauge(
+                "vllm:cpu_prefix_cache_hit_rate",
+                "CPU prefix cache block hit rate. Deprecated: KV cache offloading is not used.",
+            ),
+            "gpu_prefix_rate": self._gauge(
+                "vllm:gpu_prefix_cache_hit_rate",
+                "GPU prefix cache block hit rate. Deprecated: use vllm:prefix_cache_queries and vllm:prefix_cache_hits.",
+            ),
+            "time_in_queue": self._histogram(
+                "vllm:time_in_queue_requests",
+                "Time the request spent in the queue in seconds. Deprecated: use vllm:request_queue_time_seconds.",
+                REQUEST_LATENCY_BUCKETS,
+            ),
+            "forward_ms": self._histogram(
+                "vllm:model_forward_time_milliseconds",
+                "Time spent in the model forward pass in milliseconds. Deprecated: use prefill/decode/inference time metrics.",
+                MILLISECOND_BUCKETS,
+            ),
+            "execute_ms": self._histogram(
+                "vllm:model_execute_time_milliseconds",
+                "Time spent in the model execute function in milliseconds. Deprecated: use prefill/decode/inference time metrics.",
+                MILLISECOND_BUCKETS,
+            ),
+        }
 
     def record(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None

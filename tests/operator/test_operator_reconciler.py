@@ -567,3 +567,17 @@ def test_held_progress_is_written_once_it_has_settled(
     run(api, nothing, pod_scheduled(api))
     assert api.writes == ["apply Deployment", "apply Service", "status", "status"]
     assert condition(api, "Scheduled")["status"] == "True"
+
+
+def test_each_new_warning_is_an_event_once(api: FakeApi) -> None:
+    """An ignored engine setting is SettingIgnored, an adjustment of the render Adjusted; a
+    warning the status already holds is not told again."""
+    api.resource["spec"]["engine"] = {"swapSpace": 8}
+    api.resource["spec"]["monitoring"] = {"mode": "serviceMonitor"}
+    run(api, nothing, nothing)
+    told = [
+        (reason, message.split(" ")[0])
+        for reason, message in api.events
+        if reason in ("Adjusted", "SettingIgnored")
+    ]
+    assert told == [("Adjusted", "monitoring.mode"), ("SettingIgnored", "spec.engine.swapSpace:")]
