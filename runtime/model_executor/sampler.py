@@ -35,11 +35,19 @@ logger = logging.getLogger(__name__)
 class SamplingRequest(Protocol):
     """What the sampler reads of a request (a worker's request state; the engine's Request)."""
 
-    request_id: str
-    sampling_params: SamplingParams | None
-    generator: Any  # torch.Generator when the params carry a seed
-    eos_token_id: int | None
     error: Exception | None  # set here when its logits processor raises
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def sampling_params(self) -> SamplingParams | None: ...
+
+    @property
+    def generator(self) -> Any: ...  # torch.Generator when the params carry a seed
+
+    @property
+    def eos_token_id(self) -> int | None: ...
 
     @property
     def prompt_token_ids(self) -> Sequence[int]: ...

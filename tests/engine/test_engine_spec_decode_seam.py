@@ -160,7 +160,7 @@ def test_a_constrained_request_beside_drafted_ones(llm):
         structured_outputs=StructuredOutputsParams("choice", ["yes", "no"]),
     )
     try:
-        outputs = llm.generate(list(PROMPTS) + [PROMPTS[0]], [GREEDY] * 3 + [choice])
+        outputs = llm.generate([*PROMPTS, PROMPTS[0]], [GREEDY, GREEDY, GREEDY, choice])
     finally:
         model_runner.proposer = NoProposer()
     assert [list(o.outputs[0].token_ids) for o in outputs[:3]] == list(plain.values())
