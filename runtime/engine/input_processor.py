@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.config import ModelConfig
+from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.engine.output_processor import ParentRequest
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.lora.request import LoRARequest
@@ -24,18 +25,6 @@ if TYPE_CHECKING:
     from infernetes.runtime.engine.structured_output import StructuredOutputManager
 
 Prompt = str | Sequence[int]
-
-
-class RequestError(ValueError):
-    """A request the engine cannot take, with the request field it is about (``param`` in the
-    OpenAI error the API returns)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-    def __reduce__(self) -> tuple[Any, ...]:  # it crosses the engine core's pipe
-        return (type(self), (str(self), self.param))
 
 
 class InputProcessor:

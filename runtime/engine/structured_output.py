@@ -29,7 +29,7 @@ import llguidance
 import llguidance.hf
 import llguidance.numpy
 import numpy as np
-from infernetes.runtime.engine.input_processor import RequestError
+from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.engine.scheduler_output import GrammarBitmask, SchedulerOutput
 from infernetes.runtime.sampling_params import StructuredOutputsParams

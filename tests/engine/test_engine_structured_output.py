@@ -17,7 +17,7 @@ import textwrap
 import llguidance
 import pytest
 import torch
-from infernetes.runtime.engine.input_processor import RequestError
+from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.engine.scheduler_output import CachedRequestData, SchedulerOutput

@@ -325,7 +325,7 @@ def test_chat_auto_tool_choice_parses_hermes_calls(client):
 # ---------------------------------------------------------------- errors
 
 
-def test_errors_are_openai_shaped(client, main_server, auth_headers):
+def test_errors_are_openai_shaped(client, main_server, auth_headers, maps_torch):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="nope", prompt="x", max_tokens=1)
     with pytest.raises(openai.BadRequestError) as info:
@@ -339,6 +339,7 @@ def test_errors_are_openai_shaped(client, main_server, auth_headers):
     with pytest.raises(openai.BadRequestError, match=r"\(--max-logprobs\): 20") as info:
         client.completions.create(model="tiny", prompt="x", max_tokens=1, logprobs=50)
     assert info.value.body["param"] == "logprobs"  # the engine's one check, named at the edge
+    assert not maps_torch(main_server.process.pid)  # its error came back without torch
     with pytest.raises(openai.BadRequestError, match="guided_regex"):
         client.completions.create(
             model="tiny", prompt="x", max_tokens=1, extra_body={"guided_regex": "("}
