@@ -288,6 +288,7 @@ def resolve_config(
             ),
             eos_token_id=eos,
             extra_eos_token_ids=extra_eos,
+            enable_prompt_embeds=config.enable_prompt_embeds,
         ),
         cache=CacheConfig(
             block_size=config.block_size or DEFAULT_BLOCK_SIZE,

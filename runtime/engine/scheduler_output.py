@@ -14,9 +14,13 @@ own state, where it appended it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int  # prefix-cache hits count as computed
     lora_request: LoRARequest | None = None  # the adapter it runs with
+    # A prompt given as embeddings, [num_prompt_tokens, hidden] (its token ids are placeholders).
+    prompt_embeds: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

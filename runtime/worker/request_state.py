@@ -28,6 +28,9 @@ class CachedRequestState:
     # Async scheduling: a seeded request's generator state before its last draw, restored when a
     # preemption discards the step that drew (so its stream goes on as the synchronous engine's).
     generator_state: torch.Tensor | None = None
+    # A prompt given as embeddings: the model runner feeds their rows in place of the prompt's
+    # placeholder token ids.
+    prompt_embeds: torch.Tensor | None = None
 
     @classmethod
     def from_new(cls, data: NewRequestData, row: int) -> CachedRequestState:
@@ -45,6 +48,7 @@ class CachedRequestState:
             data.num_computed_tokens,
             generator,
             lora_request=data.lora_request,
+            prompt_embeds=data.prompt_embeds,
         )
 
     def keep_generator_state(self) -> None:
@@ -63,6 +67,9 @@ class CachedRequestState:
 
     @property
     def prompt_token_ids(self) -> list[int]:
+        # A prompt given as embeddings has none: penalties then see the output alone.
+        if self.prompt_embeds is not None:
+            return []
         return self.token_ids[: self.num_prompt_tokens]
 
     @property
