@@ -70,7 +70,8 @@ class InputSettings(NamedTuple):
             default_sampling_params=dict(model.default_sampling_params),
             extra_eos_token_ids=model.extra_eos_token_ids,
             architecture=model.info.architecture,
-            hidden_size=model.info.hf_config.hidden_size,
+            # read only for a model that takes embeddings (all of which have one)
+            hidden_size=getattr(model.info.hf_config, "hidden_size", 0),
             enable_prompt_embeds=model.enable_prompt_embeds,
             supports_prompt_embeds=supports_prompt_embeds,
         )

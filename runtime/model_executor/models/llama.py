@@ -209,7 +209,8 @@ class LlamaForCausalLM(nn.Module):
         return LlamaMLP(self.config)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
+        embedding: nn.Module = self.model.embed_tokens  # type: ignore[assignment]  # every family names it so
+        return embedding(input_ids)
 
     def forward(
         self,
