@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from infernetes.runtime.testing import SAMPLE_PROMPTS as PROMPTS
+from infernetes.runtime.worker.request_state import CachedRequestState
 
 from infernetes import LLM, SamplingParams
 
@@ -93,3 +94,16 @@ def test_embeds_need_the_flag_and_a_model_that_takes_them(tiny_llama, model_fact
     gpt2 = LLM(model_factory("GPT2LMHeadModel"), **{**ENGINE, "num_gpu_blocks_override": 16})
     with pytest.raises(ValueError, match="prompt_embeds is not supported by GPT2LMHeadModel"):
         gpt2.generate(embeds, GREEDY)
+
+
+def test_penalties_see_no_placeholder_ids(llama):
+    # A repetition penalty reads the prompt's token ids: an embeds prompt has none, so its
+    # placeholder zeros must not count as tokens it holds.
+    state = CachedRequestState("r", [0, 0, 0, 7], 3, GREEDY, None, -1, 0)
+    assert state.prompt_token_ids == [0, 0, 0]
+    state.prompt_embeds = torch.zeros(3, 64)
+    assert state.prompt_token_ids == []
+    assert state.output_token_ids == [7]
+    penalised = SamplingParams(temperature=0.0, max_tokens=4, repetition_penalty=1.5)
+    [output] = llama.generate({"prompt_embeds": torch.randn(5, 64)}, penalised)
+    assert len(output.outputs[0].token_ids) == 4
