@@ -4,9 +4,9 @@ The core (``engine_core.EngineCore`` served by ``core_loop.CoreLoop``) runs in a
 (``VLLM_ENABLE_V1_MULTIPROCESSING``, as in vLLM V1) or in a thread of this process
 (``core_client``). This side prepares each request (``input_processor``: tokenized and checked
 before it crosses, so a bad one never reaches a core), keeps one asyncio queue per request
-stream, sends commands (add, abort, maintenance calls) and turns the core's messages back into stream items: each step's
-outputs go to their streams' event loops in one callback per loop, its statistics to the stat
-loggers, replies to the awaiting calls. When the core dies, every open stream gets the error,
+stream, sends commands (add, abort, maintenance calls) and turns the core's messages back into
+stream items: each step's outputs go to their streams' event loops in one callback per loop, its
+statistics to the stat loggers, replies to the awaiting calls. When the core dies, every open stream gets the error,
 ``errored`` turns true and ``dead_error`` says why.
 
 With ``--data-parallel-size N`` there are N cores, each with its own devices; a new request goes

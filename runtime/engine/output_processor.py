@@ -1,6 +1,7 @@
 """OutputProcessor: request state becomes RequestOutputs: cumulative, delta (streaming) or
 final-only, with the ``n`` samples of a request gathered under the user's request id. It owns the
-user's requests (``ParentRequest``) from when they are queued until their final output."""
+user's requests (``ParentRequest``) from when they are queued (``add`` fans a prepared request out
+into its ``n`` samples) until their final output."""
 
 from __future__ import annotations
 
