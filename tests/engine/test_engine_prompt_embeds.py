@@ -4,6 +4,8 @@ prefix-cache blocks with a token prompt."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from infernetes.runtime.testing import SAMPLE_PROMPTS as PROMPTS
@@ -107,3 +109,26 @@ def test_penalties_see_no_placeholder_ids(llama):
     penalised = SamplingParams(temperature=0.0, max_tokens=4, repetition_penalty=1.5)
     [output] = llama.generate({"prompt_embeds": torch.randn(5, 64)}, penalised)
     assert len(output.outputs[0].token_ids) == 4
+
+
+@pytest.mark.slow  # a worker process per rank, about ten seconds a case
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_embeds_equal_token_ids_across_ranks(tiny_llama, tp, pp):
+    # The tensor crosses to every rank; the first stage embeds (sharded across tensor ranks).
+    from safetensors.torch import load_file
+
+    [weights] = Path(tiny_llama).glob("*.safetensors")
+    table = load_file(weights)["model.embed_tokens.weight"]
+    llm = LLM(
+        tiny_llama,
+        **ENGINE,
+        device="cpu",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_batched_tokens=8,
+    )
+    ids = [llm.get_tokenizer()(prompt).input_ids for prompt in PROMPTS[1:3]]
+    expected = llm.generate(ids, GREEDY)
+    llm.reset_prefix_cache()
+    outputs = llm.generate([{"prompt_embeds": table[ids[0]]}, ids[1]], GREEDY)
+    assert _tokens(outputs) == _tokens(expected)
