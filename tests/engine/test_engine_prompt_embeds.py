@@ -57,6 +57,30 @@ def test_embeds_equal_token_ids_chunked_beside_token_prompts(model_factory, arch
     assert outputs[0].prompt_token_ids == ids[0]
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_embeds_survive_preemption_by_recompute(tiny_llama, async_scheduling):
+    # 10 blocks for 4 prompts of up to 24 + 24 tokens: requests are preempted and recompute
+    # their prompts from their embeddings again.
+    preemptions = []
+
+    class Counter:
+        def record(self, scheduler_stats, iteration_stats):
+            preemptions.append(scheduler_stats.num_preemptions)
+
+    llm = LLM(
+        tiny_llama,
+        **{**ENGINE, "max_model_len": 64, "num_gpu_blocks_override": 10},
+        async_scheduling=async_scheduling,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ids = [llm.get_tokenizer()(prompt).input_ids for prompt in PROMPTS]
+    expected = llm.generate(ids, params)
+    llm.llm_engine.engine_core.stat_loggers.append(Counter())
+    outputs = llm.generate([{"prompt_embeds": _embed(llm, i)} for i in ids], params)
+    assert sum(preemptions) > 0
+    assert _tokens(outputs) == _tokens(expected)
+
+
 def test_prefix_cache_keeps_embeds_and_token_prompts_apart(llama):
     ids = llama.get_tokenizer()(PROMPTS[3]).input_ids
     embeds = {"prompt_embeds": _embed(llama, ids)}
