@@ -29,6 +29,7 @@ class ModelConfig:
     default_sampling_params: Mapping[str, Any] = field(default_factory=dict)
     eos_token_id: int | None = None
     extra_eos_token_ids: frozenset[int] = frozenset()
+    enable_prompt_embeds: bool = False  # requests may give their prompt as embeddings
 
     @property
     def max_model_len(self) -> int:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from infernetes.runtime.engine.input_processor import Prompt
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
@@ -17,21 +18,26 @@ PromptInput = str | list[int] | dict[str, Any]
 logger = logging.getLogger(__name__)
 
 
-def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[str | list[int]]:
-    """One prompt or many: text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``."""
+def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Prompt]:
+    """One prompt or many: text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``
+    / ``{"prompt_embeds": tensor}`` (vLLM's EmbedsPrompt, with ``--enable-prompt-embeds``)."""
     if isinstance(prompts, str | dict) or (
         isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
     ):
         prompts = [prompts]
-    result: list[str | list[int]] = []
+    result: list[Prompt] = []
     for prompt in prompts:
         if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
+            if "prompt_embeds" in prompt:
+                result.append({"prompt_embeds": prompt["prompt_embeds"]})
+            elif "prompt_token_ids" in prompt:
                 result.append(list(prompt["prompt_token_ids"]))
             elif "prompt" in prompt:
                 result.append(prompt["prompt"])
             else:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+                raise ValueError(
+                    "a prompt dict needs 'prompt', 'prompt_token_ids' or 'prompt_embeds'"
+                )
         elif isinstance(prompt, str | list | tuple):
             result.append(prompt if isinstance(prompt, str) else list(prompt))
         else:

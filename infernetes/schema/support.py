@@ -179,7 +179,12 @@ ARG_SUPPORT: dict[str, Support] = {
         "sleep and wake_up are always available here (VLLM_SERVER_DEV_MODE routes)"
     ),
     "model_impl": HONOURED,
-    "enable_prompt_embeds": refused("prompt embeddings are not supported yet"),
+    "enable_prompt_embeds": honoured(
+        "the offline LLM takes {'prompt_embeds': tensor} on the Llama and Gemma families, "
+        "Mistral, Qwen2/3, Phi-3, the Qwen and Mixtral MoEs and DeepSeek (other models refuse "
+        "such a request); the completions API's prompt_embeds field is refused (400): the API "
+        "process does not load torch"
+    ),
     "disable_async_output_proc": no_effect(
         "V1 has no async output processor to disable; vLLM V1 ignores it too"
     ),

@@ -2,10 +2,11 @@
 
 The core (``engine_core.EngineCore`` served by ``core_loop.CoreLoop``) runs in a process of its own by default
 (``VLLM_ENABLE_V1_MULTIPROCESSING``, as in vLLM V1) or in a thread of this process
-(``core_client``). This side keeps one asyncio queue per request stream, sends commands (add,
-abort, maintenance calls) and turns the core's messages back into stream items: each step's
-outputs go to their streams' event loops in one callback per loop, its statistics to the stat
-loggers, replies to the awaiting calls. When the core dies, every open stream gets the error,
+(``core_client``). This side prepares each request (``input_processor``: tokenized and checked
+before it crosses, so a bad one never reaches a core), keeps one asyncio queue per request
+stream, sends commands (add, abort, maintenance calls) and turns the core's messages back into
+stream items: each step's outputs go to their streams' event loops in one callback per loop, its
+statistics to the stat loggers, replies to the awaiting calls. When the core dies, every open stream gets the error,
 ``errored`` turns true and ``dead_error`` says why.
 
 With ``--data-parallel-size N`` there are N cores, each with its own devices; a new request goes
@@ -32,6 +33,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
+from infernetes.runtime.engine.input_processor import InputProcessor, Prompt
 from infernetes.runtime.engine.messages import (
     AbortRequests,
     AddRequest,
@@ -91,12 +93,14 @@ class AsyncEngine:
         # The first EngineCore itself when it runs in this process (tests reach into it).
         self.engine = getattr(self.cores[0], "engine", None)
         info = self.cores[0].info
+        # Requests are prepared here, off the cores' loops (every core runs the same model).
+        self.input_processor = InputProcessor(info.inputs, info.tokenizer)
         self.tokenizer = info.tokenizer
-        self.max_model_len = info.max_model_len
+        self.max_model_len = info.inputs.max_model_len
         self.model_config = info.model_config
-        self.is_pooling = info.is_pooling
+        self.is_pooling = info.inputs.is_pooling
         self.device = info.device  # "cuda" or "cpu"
-        self.default_sampling_params = info.default_sampling_params
+        self.default_sampling_params = info.inputs.default_sampling_params
         self._watchdog = threading.Thread(
             target=self._watch_steps, name="infernetes-engine-watchdog", daemon=True
         )
@@ -276,7 +280,7 @@ class AsyncEngine:
 
     async def generate(
         self,
-        prompt: str | list[int],
+        prompt: Prompt,
         params: SamplingParams,
         request_id: str,
         *,
@@ -287,7 +291,9 @@ class AsyncEngine:
         ``params.output_kind``), with the adapter ``lora_request`` if given. Closing the
         iterator early aborts the request."""
         stream = await self._open(
-            EngineCoreRequest(request_id, prompt, params, priority, lora_request)
+            self.input_processor.process(
+                request_id, prompt, params, priority, lora_request=lora_request
+            )
         )
         delta = params.output_kind == RequestOutputKind.DELTA
         finished = False
@@ -314,7 +320,7 @@ class AsyncEngine:
 
     async def encode(self, prompt: str | list[int], request_id: str) -> PoolingRequestOutput:
         """The embedding of one prompt (an embedding model)."""
-        stream = await self._open(EngineCoreRequest(request_id, prompt, None))
+        stream = await self._open(self.input_processor.process(request_id, prompt, None))
         finished = False
         try:
             item = await stream.queue.get()

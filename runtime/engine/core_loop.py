@@ -118,13 +118,7 @@ class CoreLoop:
                     request = pickle.loads(request)
                 if not isinstance(request, EngineCoreRequest):
                     raise TypeError(f"not an engine request: {type(request).__name__}")
-                self.engine.add_request(
-                    request.request_id,
-                    request.prompt,
-                    request.params,
-                    priority=request.priority,
-                    lora_request=request.lora_request,
-                )
+                self.engine.add_request(request)
                 return None
             case AbortRequests(request_ids=request_ids):
                 self.pending_outputs.extend(self.engine.abort_requests(request_ids))

@@ -280,6 +280,7 @@ def resolve_config(
             ),
             eos_token_id=eos,
             extra_eos_token_ids=extra_eos,
+            enable_prompt_embeds=config.enable_prompt_embeds,
         ),
         cache=_cache_config(config, info.is_pooling, environ),
         scheduler=scheduler,

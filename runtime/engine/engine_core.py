@@ -2,7 +2,8 @@
 
 ``step() = scheduler.schedule() -> executor.execute_model() -> scheduler.update_from_output()``,
 then the output processor turns the requests that changed into RequestOutputs. Requests come in
-through the input processor (validation, tokenization, ``n`` fan-out). Unlike vLLM V1, whose
+prepared by the client's input processor (tokenized and checked, off this loop); the core checks
+what needs its state (request ids, adapters) and fans ``n`` out. Unlike vLLM V1, whose
 client detokenizes, this core detokenizes itself: a stop string then ends its request in the
 step that produced it, with no round trip. Structured output is compiled here as well, once per
 request, and a step carries only its constrained rows' bitmask (``structured_output.py``). It is
@@ -22,6 +23,7 @@ state (``scheduler.py``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -30,8 +32,8 @@ from collections.abc import Sequence
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.block_manager import BlockManager
 from infernetes.runtime.engine.engine_config import resolve_config
-from infernetes.runtime.engine.input_processor import InputProcessor, Prompt
-from infernetes.runtime.engine.messages import EngineInfo, ModelFacts
+from infernetes.runtime.engine.input_processor import InputSettings
+from infernetes.runtime.engine.messages import EngineCoreRequest, EngineInfo, ModelFacts
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.output_processor import OutputProcessor
 from infernetes.runtime.engine.request import RequestStatus
@@ -44,13 +46,14 @@ from infernetes.runtime.kv_transfer.base import KVConnectorRole
 from infernetes.runtime.kv_transfer.registry import create_connector
 from infernetes.runtime.lora.adapter import LoRAAdapterError
 from infernetes.runtime.lora.request import LoRARequest
+from infernetes.runtime.model_executor.loader import model_class_of
 from infernetes.runtime.model_executor.memory_profile import (
     kv_cache_num_blocks,
     log_kv_cache_capacity,
 )
+from infernetes.runtime.model_executor.models.interfaces import supports_inputs_embeds
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
-from infernetes.runtime.sampling_params import SamplingParams
 
 from infernetes.schema.config import ServeConfig
 
@@ -101,9 +104,7 @@ class EngineCore:
         # Outputs of steps taken back out of turn (before sleeping), given with the next step's.
         self.held_outputs: list[EngineOutput] = []
         self.structured_output = StructuredOutputManager(self.tokenizer, model.vocab_size)
-        self.input_processor = InputProcessor(
-            model, self.config.scheduler.policy, self.tokenizer, self.structured_output
-        )
+        self._arrivals = itertools.count()  # the order requests were admitted in
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers)
         self.sleep_level = 0
@@ -113,11 +114,11 @@ class EngineCore:
         model = self.config.model
         return EngineInfo(
             tokenizer=self.tokenizer,
-            max_model_len=model.max_model_len,
             model_config=ModelFacts.of(model.info.hf_config),
-            is_pooling=model.is_pooling,
             device=self.config.device.device.type,
-            default_sampling_params=dict(model.default_sampling_params),
+            inputs=InputSettings.of(
+                self.config, supports_inputs_embeds(model_class_of(model.info))
+            ),
         )
 
     # -- KV cache ------------------------------------------------------------------------------
@@ -145,26 +146,23 @@ class EngineCore:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        params: SamplingParams | None = None,
-        *,
-        priority: int = 0,
-        arrival_time: float | None = None,
-        lora_request: LoRARequest | None = None,
-    ) -> None:
-        """Validate and queue a request; raises ValueError naming the problem (nothing is queued)."""
-        if request_id in self.output_processor.parents:
-            raise ValueError(f"request id {request_id!r} is already in use")
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request the input processor prepared; raises ValueError naming the problem
+        (nothing is queued)."""
+        if request.request_id in self.output_processor.parents:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        lora_request = request.lora_request
         if lora_request is not None and lora_request.lora_int_id not in self.loras:
             self.add_lora(lora_request)
-        parent = self.input_processor.process(
-            request_id, prompt, params, priority, arrival_time, lora_request
-        )
-        self.output_processor.add(parent)
+        params = request.params
+        constraint = None if params is None else params.structured_outputs
+        # compiled once per request (a bad one is the error); each sequence advances a copy
+        grammar = None if constraint is None else self.structured_output.compile(constraint)
+        eos_token_id = self.config.model.eos_token_id
+        parent = self.output_processor.add(request, eos_token_id, next(self._arrivals))
         for child in parent.children:
+            if grammar is not None:
+                child.grammar = grammar if child is parent.children[0] else grammar.copy()
             self.scheduler.add_request(child)
 
     def abort_requests(self, request_ids: str | Sequence[str]) -> list[EngineOutput]:

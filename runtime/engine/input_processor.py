@@ -1,48 +1,78 @@
-"""InputProcessor: an API request becomes engine requests, or a ValueError naming the problem.
+"""InputProcessor: an API request becomes a prepared ``EngineCoreRequest``, or a ValueError naming
+the problem.
 
-It tokenizes a text prompt, checks the prompt and the sampling parameters against the model
-(vocabulary, context length, ``--max-logprobs``), compiles a structured-output constraint (a bad
-one is the error), fills in ``max_tokens`` and the stop tokens, and fans ``n`` out into child
-requests that share the prompt (each with its own seed and matcher), gathered under the user's id
-by a ``ParentRequest``. Nothing is queued when anything is wrong.
+It runs on the client side of the engine core's pipe (``AsyncEngine``, ``LLMEngine``), as vLLM V1's
+processor runs in the API process, so that preparing a request (tokenizing, later preprocessing
+images) never holds up the core's loop: it tokenizes a text prompt, checks a prompt given as
+embeddings, checks the prompt and the sampling parameters against the model (vocabulary, context
+length, ``--max-logprobs``) and fills in ``max_tokens`` and the stop tokens. What needs the core's
+state (request ids in use, loading an adapter, compiling a structured-output constraint over the
+core's tokenizer) and the ``n`` fan-out stay with the core (``EngineCore.add_request``). Nothing is queued when anything is wrong.
+
+It imports no torch: the server's API process has none. A prompt given as embeddings is a tensor,
+so whoever sends one has torch loaded already.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from infernetes.runtime.config import ModelConfig
 from infernetes.runtime.engine.errors import RequestError
-from infernetes.runtime.engine.output_processor import ParentRequest
-from infernetes.runtime.engine.request import Request
+from infernetes.runtime.engine.messages import EngineCoreRequest
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
-from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
-    from infernetes.runtime.engine.structured_output import StructuredOutputManager
+    from infernetes.runtime.config import RuntimeConfig
 
-Prompt = str | Sequence[int]
+# Text, token ids, or vLLM's EmbedsPrompt: {"prompt_embeds": tensor [num_prompt_tokens, hidden]}.
+Prompt = str | Sequence[int] | Mapping[str, Any]
+
+
+class InputSettings(NamedTuple):
+    """What a request is checked against: facts of the resolved configuration, none of which
+    changes while the engine runs (the core sends them to the API side in ``EngineInfo``)."""
+
+    vocab_size: int
+    max_model_len: int
+    max_logprobs: int  # -1: no cap, as in vLLM
+    is_pooling: bool
+    scheduling_policy: str
+    default_sampling_params: dict[str, Any]
+    extra_eos_token_ids: frozenset[int]
+    architecture: str
+    hidden_size: int
+    enable_prompt_embeds: bool  # --enable-prompt-embeds
+    supports_prompt_embeds: bool  # the model takes input embeddings (models/interfaces.py)
+
+    @classmethod
+    def of(cls, config: RuntimeConfig, supports_prompt_embeds: bool) -> InputSettings:
+        model = config.model
+        return cls(
+            vocab_size=model.vocab_size,
+            max_model_len=model.max_model_len,
+            max_logprobs=model.max_logprobs,
+            is_pooling=model.is_pooling,
+            scheduling_policy=config.scheduler.policy,
+            default_sampling_params=dict(model.default_sampling_params),
+            extra_eos_token_ids=model.extra_eos_token_ids,
+            architecture=model.info.architecture,
+            # read only for a model that takes embeddings (all of which have one)
+            hidden_size=getattr(model.info.hf_config, "hidden_size", 0),
+            enable_prompt_embeds=model.enable_prompt_embeds,
+            supports_prompt_embeds=supports_prompt_embeds,
+        )
 
 
 class InputProcessor:
-    def __init__(
-        self,
-        model: ModelConfig,
-        scheduling_policy: str,
-        tokenizer: Any,
-        grammars: StructuredOutputManager,
-    ) -> None:
-        self.model = model
-        self.scheduling_policy = scheduling_policy
+    def __init__(self, settings: InputSettings, tokenizer: Any) -> None:
+        self.settings = settings
         self.tokenizer = tokenizer
-        self.grammars = grammars
-        self._arrivals = itertools.count()
 
     def default_sampling_params(self) -> SamplingParams:
-        return SamplingParams(**self.model.default_sampling_params)
+        return SamplingParams(**self.settings.default_sampling_params)
 
     def process(
         self,
@@ -52,15 +82,18 @@ class InputProcessor:
         priority: int = 0,
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
-    ) -> ParentRequest:
-        if self.scheduling_policy != "priority" and priority != 0:
+    ) -> EngineCoreRequest:
+        if self.settings.scheduling_policy != "priority" and priority != 0:
             raise ValueError("priority is only allowed with --scheduling-policy priority")
-        text, ids = self._tokenize(prompt)
-        self._check_prompt(ids)
-        if self.model.is_pooling:
-            children = [self._request(request_id, ids, None, text, priority, lora=lora_request)]
-            parent = ParentRequest(request_id, text, ids, None, children)
+        embeds = digest = None
+        if isinstance(prompt, Mapping):
+            embeds, digest = self._embeds(prompt)
+            # No token ids are known: placeholders keep every count (blocks, positions) right.
+            text, ids = None, [0] * len(embeds)
         else:
+            text, ids = self._tokenize(prompt)
+        self._check_prompt(ids)
+        if not self.settings.is_pooling:
             if params is None:
                 params = self.default_sampling_params()
             if not isinstance(params, SamplingParams):
@@ -68,24 +101,21 @@ class InputProcessor:
                     f"sampling params must be a SamplingParams, got {type(params).__name__}"
                 )
             params = self._check_params(params, len(ids))
-            children = [
-                self._child(request_id, index, ids, params, text, priority, lora_request)
-                for index in range(params.n)
-            ]
-            if params.structured_outputs is not None:
-                # Compiled once per request; each sequence advances a copy of its own.
-                grammar = self.grammars.compile(params.structured_outputs)
-                for child in children:
-                    child.grammar = grammar if child is children[0] else grammar.copy()
-            parent = ParentRequest(request_id, text, ids, params, children)
-        if arrival_time is not None:
-            for child in children:
-                child.times.arrival_wall = arrival_time
-        return parent
+            if embeds is not None and params.prompt_logprobs is not None:
+                raise RequestError(
+                    "prompt_logprobs needs the prompt's token ids; a prompt given as "
+                    "prompt_embeds has none",
+                    "prompt_logprobs",
+                )
+        else:
+            params = None
+        return EngineCoreRequest(
+            request_id, text, ids, params, priority, lora_request, arrival_time, embeds, digest
+        )
 
     # -- prompt --------------------------------------------------------------------------------
 
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(
@@ -97,16 +127,53 @@ class InputProcessor:
             raise ValueError("prompt_token_ids must be a list of integers")
         return None, ids
 
+    def _embeds(self, prompt: Mapping[str, Any]) -> tuple[Any, bytes]:
+        """The prompt's embeddings on the CPU, and the digest their prefix-cache blocks hash
+        from: a prompt given as embeddings shares blocks only with the same embeddings, never
+        with a token prompt whose placeholder ids it matches."""
+        if "prompt_embeds" not in prompt:
+            raise ValueError("a prompt dict needs 'prompt', 'prompt_token_ids' or 'prompt_embeds'")
+        settings = self.settings
+        if not settings.enable_prompt_embeds:
+            raise RequestError(
+                "prompt_embeds needs the engine started with --enable-prompt-embeds",
+                "prompt_embeds",
+            )
+        if not settings.supports_prompt_embeds:
+            raise RequestError(
+                f"prompt_embeds is not supported by {settings.architecture}: this model takes "
+                "token ids only",
+                "prompt_embeds",
+            )
+        embeds = prompt["prompt_embeds"]
+        shape = tuple(getattr(embeds, "shape", ()))
+        if (
+            len(shape) != 2
+            or shape[1] != settings.hidden_size
+            or not getattr(embeds, "is_floating_point", lambda: False)()
+        ):
+            raise RequestError(
+                "prompt_embeds must be a floating-point tensor of shape [num_prompt_tokens, "
+                f"{settings.hidden_size}], got {type(embeds).__name__} of shape {list(shape)}",
+                "prompt_embeds",
+            )
+        import torch  # loaded already: the caller made the tensor
+
+        embeds = embeds.detach().cpu().contiguous()
+        digest = hashlib.sha256(f"{embeds.dtype}{shape}".encode())
+        digest.update(embeds.view(-1).view(torch.uint8).numpy())
+        return embeds, digest.digest()
+
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
             raise ValueError("The prompt cannot be empty.")
-        vocab = self.model.vocab_size
+        vocab = self.settings.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(
                 f"Token id {bad[0]} is out of vocabulary (the vocabulary size is {vocab})."
             )
-        max_model_len = self.model.max_model_len
+        max_model_len = self.settings.max_model_len
         if len(ids) > max_model_len:
             raise ValueError(
                 f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "
@@ -116,7 +183,7 @@ class InputProcessor:
     # -- sampling parameters -------------------------------------------------------------------
 
     def _check_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
-        cap = self.model.max_logprobs  # -1: no cap, as in vLLM
+        cap = self.settings.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and 0 <= cap < value:
@@ -125,7 +192,7 @@ class InputProcessor:
                     f"(--max-logprobs): {cap}.",
                     name,
                 )
-        vocab = self.model.vocab_size
+        vocab = self.settings.vocab_size
         for name, ids in (
             ("logit_bias", list(params.logit_bias or {})),
             ("allowed_token_ids", params.allowed_token_ids or []),
@@ -147,11 +214,11 @@ class InputProcessor:
                     "stop strings need a tokenizer; the engine runs with --skip-tokenizer-init"
                 )
         if not params.ignore_eos:
-            params.all_stop_token_ids |= self.model.extra_eos_token_ids
+            params.all_stop_token_ids |= self.settings.extra_eos_token_ids
         return params
 
     def _settle_max_tokens(self, params: SamplingParams, prompt_len: int) -> None:
-        max_model_len = self.model.max_model_len
+        max_model_len = self.settings.max_model_len
         if params.max_tokens is None:
             params.max_tokens = max_model_len - prompt_len
             if params.max_tokens < 1:
@@ -166,66 +233,3 @@ class InputProcessor:
                 f"{params.max_tokens} in the completion). Please reduce the length of the prompt "
                 "or max_tokens."
             )
-
-    # -- requests ------------------------------------------------------------------------------
-
-    def _request(
-        self,
-        request_id: str,
-        ids: list[int],
-        params: SamplingParams | None,
-        text: str | None,
-        priority: int,
-        parent_id: str | None = None,
-        index: int = 0,
-        lora: LoRARequest | None = None,
-    ) -> Request:
-        return Request(
-            request_id,
-            ids,
-            params,
-            prompt=text,
-            eos_token_id=self.model.eos_token_id,
-            priority=priority,
-            arrival_order=next(self._arrivals),
-            parent_id=parent_id,
-            index=index,
-            pooling=params is None,
-            lora_request=lora,
-        )
-
-    def _child(
-        self,
-        request_id: str,
-        index: int,
-        ids: list[int],
-        params: SamplingParams,
-        text: str | None,
-        priority: int,
-        lora: LoRARequest | None = None,
-    ) -> Request:
-        """Sample ``index`` of ``n``: its own id and seed; prompt logprobs come with the first."""
-        if params.n > 1:
-            params = params.clone()
-            request_id, parent_id = f"{index}_{request_id}", request_id
-            if index > 0:
-                params.prompt_logprobs = None
-                if params.seed is not None:
-                    params.seed += index
-        else:
-            parent_id = request_id
-        child = self._request(request_id, ids, params, text, priority, parent_id, index, lora)
-        if self.tokenizer is not None and params.detokenize:
-            child.detokenizer = IncrementalDetokenizer(
-                self.tokenizer,
-                ids,
-                list(params.stop or ()),
-                params.include_stop_str_in_output,
-                params.skip_special_tokens,
-                params.spaces_between_special_tokens,
-            )
-        if params.logprobs is not None:
-            child.logprobs = []
-        if params.prompt_logprobs is not None:
-            child.prompt_logprobs = [None]
-        return child

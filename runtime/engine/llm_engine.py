@@ -1,6 +1,7 @@
 """LLMEngine: the synchronous client of an EngineCore in this process (what the offline ``LLM``
-drives): add requests, step until they finish, read the outputs. The server goes through
-``AsyncEngine`` instead, with the core in a thread or a process of its own."""
+drives): prepare requests (its input processor), add them, step until they finish, read the
+outputs. The server goes through ``AsyncEngine`` instead, with the core in a thread or a process of
+its own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from infernetes.runtime.engine.engine_core import EngineCore, EngineOutput
-from infernetes.runtime.engine.input_processor import Prompt
+from infernetes.runtime.engine.input_processor import InputProcessor, Prompt
 from infernetes.runtime.engine.stats import StatLogger
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
@@ -25,18 +26,19 @@ class LLMEngine:
             )
         self.engine_core = EngineCore(config, stat_loggers)
         info = self.engine_core.info()
+        self.input_processor = InputProcessor(info.inputs, info.tokenizer)
         self.tokenizer = info.tokenizer
-        self.max_model_len = info.max_model_len
+        self.max_model_len = info.inputs.max_model_len
         self.model_config = info.model_config
-        self.is_pooling = info.is_pooling
-        self.default_sampling_params: dict[str, Any] = info.default_sampling_params
+        self.is_pooling = info.inputs.is_pooling
+        self.default_sampling_params: dict[str, Any] = info.inputs.default_sampling_params
 
     @classmethod
     def from_config(cls, config: ServeConfig, stat_loggers: Sequence[StatLogger] = ()) -> LLMEngine:
         return cls(config, stat_loggers)
 
     def get_default_sampling_params(self) -> SamplingParams:
-        return SamplingParams(**self.default_sampling_params)
+        return self.input_processor.default_sampling_params()
 
     def add_request(
         self,
@@ -50,12 +52,9 @@ class LLMEngine:
     ) -> None:
         """Validate and queue a request; raises ValueError naming the problem (nothing is queued)."""
         self.engine_core.add_request(
-            request_id,
-            prompt,
-            params,
-            priority=priority,
-            arrival_time=arrival_time,
-            lora_request=lora_request,
+            self.input_processor.process(
+                request_id, prompt, params, priority, arrival_time, lora_request
+            )
         )
 
     def abort_request(self, request_ids: str | Sequence[str]) -> list[EngineOutput]:

@@ -17,6 +17,8 @@ from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+    from infernetes.runtime.engine.input_processor import InputSettings
     from transformers import PretrainedConfig
 
 UTILITY_METHODS = frozenset(
@@ -25,11 +27,18 @@ UTILITY_METHODS = frozenset(
 
 
 class EngineCoreRequest(NamedTuple):
+    """A request prepared on the client side (``input_processor``): tokenized and checked; the
+    core only admits it."""
+
     request_id: str
-    prompt: str | list[int]
-    params: SamplingParams | None  # None: a pooling request, or the model's defaults
+    prompt: str | None  # the text, when it came as text
+    prompt_token_ids: list[int]  # placeholders (0) for a prompt given as embeddings
+    params: SamplingParams | None  # checked and settled; None: a pooling request
     priority: int = 0
     lora_request: LoRARequest | None = None
+    arrival_time: float | None = None  # wall-clock; None: when the core admits it
+    prompt_embeds: torch.Tensor | None = None  # [num_prompt_tokens, hidden] on the CPU
+    prompt_embeds_digest: bytes | None = None  # what its prefix-cache hashes start from
 
 
 class AddRequest(NamedTuple):
@@ -80,11 +89,9 @@ class EngineInfo(NamedTuple):
     """What the API side needs to know of the loaded engine (all picklable)."""
 
     tokenizer: Any
-    max_model_len: int
     model_config: ModelFacts
-    is_pooling: bool
     device: str  # "cuda" or "cpu"
-    default_sampling_params: dict[str, Any]
+    inputs: InputSettings  # what the API side's input processor checks requests against
 
 
 class EngineReady(NamedTuple):

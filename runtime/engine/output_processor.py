@@ -1,6 +1,7 @@
 """OutputProcessor: request state becomes RequestOutputs: cumulative, delta (streaming) or
 final-only, with the ``n`` samples of a request gathered under the user's request id. It owns the
-user's requests (``ParentRequest``) from when they are queued until their final output."""
+user's requests (``ParentRequest``) from when they are queued (``add`` fans a prepared request out
+into its ``n`` samples) until their final output."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infernetes.runtime.engine.messages import EngineCoreRequest
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.model_executor.sampler import TopLogprobs
 from infernetes.runtime.outputs import (
@@ -19,6 +21,7 @@ from infernetes.runtime.outputs import (
     RequestOutput,
 )
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
+from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
 
 
 @dataclass
@@ -50,6 +53,32 @@ class ParentRequest:
         return all(child.is_finished for child in self.children)
 
 
+def _request(
+    request: EngineCoreRequest,
+    params: SamplingParams | None,
+    eos_token_id: int | None,
+    arrival_order: int,
+    request_id: str | None = None,
+    parent_id: str | None = None,
+    index: int = 0,
+) -> Request:
+    return Request(
+        request_id or request.request_id,
+        request.prompt_token_ids,
+        params,
+        prompt=request.prompt,
+        eos_token_id=eos_token_id,
+        priority=request.priority,
+        arrival_order=arrival_order,
+        parent_id=parent_id,
+        index=index,
+        pooling=params is None,
+        lora_request=request.lora_request,
+        prompt_embeds=request.prompt_embeds,
+        prompt_embeds_digest=request.prompt_embeds_digest,
+    )
+
+
 def _metrics(request: Request) -> RequestMetrics:
     t = request.times
 
@@ -73,8 +102,60 @@ class OutputProcessor:
         self.parents: dict[str, ParentRequest] = {}
         self._decoded: dict[int, str] = {}
 
-    def add(self, parent: ParentRequest) -> None:
+    def add(
+        self, request: EngineCoreRequest, eos_token_id: int | None, arrival_order: int
+    ) -> ParentRequest:
+        """Take a prepared request: ``n`` child Requests (each with its own id and seed) under the
+        user's id; the returned parent's children are for the scheduler."""
+        params = request.params
+        if params is None:  # a pooling request
+            children = [_request(request, None, eos_token_id, arrival_order)]
+        else:
+            children = [
+                self._child(request, params, index, eos_token_id, arrival_order)
+                for index in range(params.n)
+            ]
+        if request.arrival_time is not None:
+            for child in children:
+                child.times.arrival_wall = request.arrival_time
+        # A prompt given as embeddings has no token ids to report, only placeholders.
+        ids = request.prompt_token_ids if request.prompt_embeds is None else []
+        parent = ParentRequest(request.request_id, request.prompt, ids, params, children)
         self.parents[parent.request_id] = parent
+        return parent
+
+    def _child(
+        self,
+        request: EngineCoreRequest,
+        params: SamplingParams,
+        index: int,
+        eos_token_id: int | None,
+        arrival_order: int,
+    ) -> Request:
+        """Sample ``index`` of ``n``: its own id and seed; prompt logprobs come with the first."""
+        request_id, parent_id = request.request_id, request.request_id
+        if params.n > 1:
+            params = params.clone()
+            request_id = f"{index}_{request_id}"
+            if index > 0:
+                params.prompt_logprobs = None
+                if params.seed is not None:
+                    params.seed += index
+        child = _request(request, params, eos_token_id, arrival_order, request_id, parent_id, index)
+        if self.tokenizer is not None and params.detokenize:
+            child.detokenizer = IncrementalDetokenizer(
+                self.tokenizer,
+                [] if request.prompt_embeds is not None else request.prompt_token_ids,
+                list(params.stop or ()),
+                params.include_stop_str_in_output,
+                params.skip_special_tokens,
+                params.spaces_between_special_tokens,
+            )
+        if params.logprobs is not None:
+            child.logprobs = []
+        if params.prompt_logprobs is not None:
+            child.prompt_logprobs = [None]
+        return child
 
     def has_unfinished(self) -> bool:
         return bool(self.parents)

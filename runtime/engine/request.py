@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.sampler import TopLogprobs
 from infernetes.runtime.sampling_params import SamplingParams
@@ -68,6 +69,8 @@ class Request:
         index: int = 0,
         pooling: bool = False,
         lora_request: LoRARequest | None = None,
+        prompt_embeds: torch.Tensor | None = None,
+        prompt_embeds_digest: bytes | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -80,6 +83,9 @@ class Request:
         self.index = index
         self.pooling = pooling
         self.lora_request = lora_request
+        # A prompt given as embeddings (its token ids are placeholders), and their digest.
+        self.prompt_embeds = prompt_embeds
+        self.prompt_embeds_digest = prompt_embeds_digest
 
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -139,10 +145,15 @@ class Request:
         return None if self.lora_request is None else self.lora_request.lora_name
 
     @property
-    def hash_seed(self) -> int | None:
+    def hash_seed(self) -> Any:
         """What its first block's prefix-cache hash starts from: its adapter, so the same tokens
-        under another adapter (or none) never share KV blocks."""
-        return None if self.lora_request is None else self.lora_request.lora_int_id
+        under another adapter (or none) never share KV blocks, and for a prompt given as
+        embeddings their digest too, so it shares blocks only with the same embeddings (its
+        placeholder ids would match any token prompt of zeros)."""
+        lora = None if self.lora_request is None else self.lora_request.lora_int_id
+        if self.prompt_embeds_digest is None:
+            return lora
+        return (lora, self.prompt_embeds_digest)
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -399,6 +399,7 @@ class Scheduler:
                 list(request.block_ids),
                 request.num_computed_tokens,
                 request.lora_request,
+                request.prompt_embeds,
             )
         else:
             data = CachedRequestData(

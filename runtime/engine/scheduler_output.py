@@ -17,11 +17,15 @@ tokens each constrained row may sample (``GrammarBitmask``), never as a grammar.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from infernetes.runtime.kv_transfer.base import KVConnectorMetadata
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int  # prefix-cache hits count as computed
     lora_request: LoRARequest | None = None  # the adapter it runs with
+    # A prompt given as embeddings, [num_prompt_tokens, hidden] (its token ids are placeholders).
+    prompt_embeds: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -335,6 +335,12 @@ def iter_weights(
             raise ModelLoadError(f"cannot read weights from {file}: {error}") from error
 
 
+def model_class_of(info: ModelInfo) -> type[nn.Module]:
+    """The class that runs the resolved model: ours, or the transformers fallback."""
+    impl = "transformers" if info.implementation == "transformers" else "vllm"
+    return model_class([info.architecture], impl)[1]
+
+
 def build_model(
     info: ModelInfo,
     device: torch.device,
@@ -345,8 +351,7 @@ def build_model(
     ignore_patterns: Sequence[str] | None = None,
 ) -> ServableModel:
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
-    impl = "transformers" if info.implementation == "transformers" else "vllm"
-    _, cls = model_class([info.architecture], impl)
+    cls = model_class_of(info)
     quantized_checkpoint = quantization_config(info)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(info.dtype)

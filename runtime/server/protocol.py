@@ -252,6 +252,9 @@ PromptInput = str | list[str] | list[int] | list[list[int]]
 
 
 class CompletionRequest(SamplingFields):
+    # vLLM's base64 torch.save'd tensors; before ``prompt`` so that its error is named first when
+    # it comes instead of a prompt
+    prompt_embeds: str | list[str] | None = None
     prompt: PromptInput
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0)
@@ -264,6 +267,17 @@ class CompletionRequest(SamplingFields):
     def scores_prompt_only(self) -> bool:
         """``max_tokens: 0`` with ``echo``: the prompt and its logprobs, nothing generated."""
         return self.max_tokens == 0
+
+    @field_validator("prompt_embeds")
+    @classmethod
+    def _no_prompt_embeds(cls, value: str | list[str] | None) -> None:
+        if value is not None:
+            # reading them would load torch into the API process, which holds none
+            raise ValueError(
+                "prompt_embeds is not supported by this server; send the prompt as text or "
+                "token ids (the offline LLM takes {'prompt_embeds': tensor})"
+            )
+        return None
 
     @field_validator("prompt")
     @classmethod

@@ -47,7 +47,11 @@ from infernetes.runtime.model_executor.memory_profile import (
     memory_snapshot,
     profile_memory,
 )
-from infernetes.runtime.model_executor.models.interfaces import ModelForward, ServableModel
+from infernetes.runtime.model_executor.models.interfaces import (
+    ModelForward,
+    ServableModel,
+    SupportsInputsEmbeds,
+)
 from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.sampling_params import SamplingParams
@@ -367,6 +371,32 @@ class ModelRunner:
             tensors = [torch.zeros(shape, dtype=self.info.dtype, device=self.device) for _ in names]
         return dict(zip(names, tensors, strict=True))
 
+    def _inputs_embeds(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        input_ids: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """The step's input embeddings when a prompt given as embeddings has rows in it: each
+        such request's chunk takes its slice of its tensor, every other row the embedding of its
+        token id (tokens sampled after the prompt too). None when every row is a token: the
+        model embeds them itself."""
+        chunks: list[tuple[int, torch.Tensor]] = []  # (first row in the step, embeddings)
+        row = 0
+        for request, num_new in zip(batch, num_scheduled, strict=True):
+            first = request.num_computed_tokens
+            if request.prompt_embeds is not None and first < request.num_prompt_tokens:
+                last = min(first + num_new, request.num_prompt_tokens)
+                chunks.append((row, request.prompt_embeds[first:last]))
+            row += num_new
+        if not chunks:
+            return None
+        model: SupportsInputsEmbeds = self.model  # type: ignore[assignment]  # only such models are sent embeddings
+        embeds = model.embed_input_ids(input_ids)
+        for row, chunk in chunks:
+            embeds[row : row + len(chunk)] = chunk.to(embeds.device, embeds.dtype)
+        return embeds
+
     @torch.inference_mode()
     def _forward(
         self,
@@ -380,16 +410,21 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.prepare([r.lora_request for r in batch], num_scheduled)
             lora_indices = self.lora.batch.indices
+        inputs_embeds = None
+        if intermediate is None:  # the first pipeline stage embeds
+            inputs_embeds = self._inputs_embeds(batch, num_scheduled, input_ids)
         hidden = (
             None
-            if self.decode_graphs is None
+            if self.decode_graphs is None or inputs_embeds is not None
             else self.decode_graphs.run(input_ids, positions, meta, lora_indices)
         )
         if hidden is None:  # not a decode batch a graph holds: eager (or compiled) forward
             assert self.run_model is not None
             set_attention_metadata(meta)
             try:
-                if intermediate is None:
+                if inputs_embeds is not None:
+                    hidden = self.run_model(input_ids, positions, inputs_embeds=inputs_embeds)  # type: ignore[call-arg]  # models/interfaces.SupportsInputsEmbeds
+                elif intermediate is None:
                     hidden = self.run_model(input_ids, positions)
                 else:  # a later pipeline stage: the models take its input third
                     hidden = self.run_model(input_ids, positions, intermediate)  # type: ignore[call-arg]

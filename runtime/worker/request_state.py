@@ -30,6 +30,9 @@ class CachedRequestState:
     generator_state: torch.Tensor | None = None
     # Draft tokens of this step, at the end of token_ids while it runs (spec_decode.verify).
     num_drafts: int = 0
+    # A prompt given as embeddings: the model runner feeds their rows in place of the prompt's
+    # placeholder token ids.
+    prompt_embeds: torch.Tensor | None = None
 
     @classmethod
     def from_new(cls, data: NewRequestData, row: int) -> CachedRequestState:
@@ -47,6 +50,7 @@ class CachedRequestState:
             data.num_computed_tokens,
             generator,
             lora_request=data.lora_request,
+            prompt_embeds=data.prompt_embeds,
         )
 
     def keep_generator_state(self) -> None:
@@ -78,6 +82,9 @@ class CachedRequestState:
 
     @property
     def prompt_token_ids(self) -> list[int]:
+        # A prompt given as embeddings has none: penalties then see the output alone.
+        if self.prompt_embeds is not None:
+            return []
         return self.token_ids[: self.num_prompt_tokens]
 
     @property

@@ -185,6 +185,28 @@ async def test_bad_requests_fail_alone(engine_and_stats):
     assert not engine.errored
 
 
+async def test_requests_are_prepared_before_the_core(engine_and_stats, monkeypatch):
+    # Tokenized and checked on this side: the core gets token ids, and a bad request never
+    # reaches it.
+    engine, _ = engine_and_stats
+    sent = []
+    send = engine.cores[0].send
+
+    def recording(command):
+        sent.append(command)
+        send(command)
+
+    monkeypatch.setattr(engine.cores[0], "send", recording)
+    with pytest.raises(ValueError, match="maximum context length is 128"):
+        await _collect(engine, SAMPLE_PROMPTS[0], SamplingParams(max_tokens=1000), "too-long")
+    assert sent == []
+    await _collect(engine, SAMPLE_PROMPTS[1], SamplingParams(max_tokens=2), "ok")
+    request = sent[0].request
+    assert request.prompt == SAMPLE_PROMPTS[1]
+    assert request.prompt_token_ids == engine.tokenizer(SAMPLE_PROMPTS[1]).input_ids
+    assert request.params.max_tokens == 2
+
+
 async def test_sleep_and_wake_up(engine_and_stats):
     engine, _ = engine_and_stats
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)

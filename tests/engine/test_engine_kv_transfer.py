@@ -119,10 +119,11 @@ def test_blocks_a_connector_sends_stay_held_until_a_worker_reports_them_sent(
     tiny_llama, monkeypatch
 ):
     monkeypatch.setitem(CONNECTORS, "RecordingConnector", _SendsAfterAStep)
-    core = _llm(tiny_llama, kv_transfer_config=RECORDING).llm_engine.engine_core
+    engine = _llm(tiny_llama, kv_transfer_config=RECORDING).llm_engine
+    core = engine.engine_core
     manager = core.block_manager
     prompt = [*SHARED, 70, 71, 72]
-    core.add_request("a", prompt, SamplingParams(max_tokens=3))
+    engine.add_request("a", prompt, SamplingParams(max_tokens=3))
     while not any(output.finished for output in core.step()):
         pass
     request = core.scheduler.sending["a"]

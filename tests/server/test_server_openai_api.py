@@ -344,6 +344,11 @@ def test_errors_are_openai_shaped(client, main_server, auth_headers, maps_torch)
         client.completions.create(
             model="tiny", prompt="x", max_tokens=1, extra_body={"guided_regex": "("}
         )
+    with pytest.raises(openai.BadRequestError, match="prompt_embeds is not supported") as info:
+        client.completions.create(
+            model="tiny", prompt="", max_tokens=1, extra_body={"prompt_embeds": "AAAA"}
+        )
+    assert info.value.body["param"] == "prompt_embeds"
     response = httpx.post(
         f"{main_server.url}/v1/chat/completions",
         headers=auth_headers,

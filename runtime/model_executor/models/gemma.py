@@ -155,9 +155,11 @@ class GemmaModel(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         if intermediate is None:
-            hidden = self.embed_tokens(input_ids)
+            # given embeddings are scaled too, as transformers' inputs_embeds are
+            hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
             # the scale is rounded to the model dtype first, as transformers does
             hidden = hidden * torch.tensor(self.normalizer, dtype=hidden.dtype)
         else:

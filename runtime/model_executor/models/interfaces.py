@@ -1,10 +1,12 @@
 """What the worker calls on a model: every class in ``models/`` provides it (generative models
-``compute_logits``, pooling models ``pool``)."""
+``compute_logits``, pooling models ``pool``). A model that also takes input embeddings beside
+token ids (a prompt given as embeddings; later, images and audio merged into the text's
+embeddings) says so with ``supports_inputs_embeds`` and provides ``SupportsInputsEmbeds``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -28,3 +30,26 @@ class ServableModel(Protocol):
     def named_modules(self) -> Iterator[tuple[str, nn.Module]]: ...
 
     def parameters(self) -> Iterator[nn.Parameter]: ...
+
+
+class SupportsInputsEmbeds(Protocol):
+    """vLLM V1's ``get_input_embeddings`` and ``inputs_embeds``: ``embed_input_ids`` is what the
+    forward does to token ids first, and a forward given ``inputs_embeds`` (``[T, hidden]``, one
+    row per token of the step) starts from those rows instead; ``input_ids`` are then ignored."""
+
+    supports_inputs_embeds: bool
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> Any: ...
+
+
+def supports_inputs_embeds(model: object) -> bool:
+    """Whether ``model`` (a class or an instance) takes input embeddings beside token ids."""
+    return bool(getattr(model, "supports_inputs_embeds", False))

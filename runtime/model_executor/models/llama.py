@@ -159,9 +159,11 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         if intermediate is None:
-            hidden, residual = self.embed_tokens(input_ids), None
+            hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+            residual = None
         else:  # a later pipeline stage goes on from the previous one's
             hidden, residual = intermediate["hidden"], intermediate["residual"]
         for layer in self.layers[self.start : self.end]:
@@ -185,6 +187,7 @@ class LlamaForCausalLM(nn.Module):
     ]
 
     intermediate_names: tuple[str, ...] = ("hidden", "residual")
+    supports_inputs_embeds = True  # models/interfaces.SupportsInputsEmbeds
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
@@ -205,13 +208,18 @@ class LlamaForCausalLM(nn.Module):
         """The feed-forward block of decoder layer ``layer``."""
         return LlamaMLP(self.config)
 
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embedding: nn.Module = self.model.embed_tokens  # type: ignore[assignment]  # every family names it so
+        return embedding(input_ids)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        return self.model(input_ids, positions, intermediate)
+        return self.model(input_ids, positions, intermediate, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)
