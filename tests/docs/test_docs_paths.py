@@ -368,3 +368,9 @@ def test_a_flag_in_the_wrong_table_is_found() -> None:
     assert support_kind("--speculative-config", None) not in README_TABLES["### What works"]
     assert support_kind("--preemption-mode", "swap") in README_TABLES["### What is refused"]
     assert support_kind("--preemption-mode", "recompute") not in README_TABLES["### Planned"]
+
+
+def test_the_architecture_page_stays_a_page() -> None:
+    """It names each seam and its owner; history belongs in git, timings in the benchmarks."""
+    lines = (ROOT / "docs" / "architecture.md").read_text().count("\n")
+    assert lines <= 400, f"docs/architecture.md has {lines} lines; say it shorter"
