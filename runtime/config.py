@@ -147,6 +147,18 @@ class KVTransferConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """--speculative-config: n-gram prompt lookup (``spec_decode/ngram.py``) proposes up to
+    ``num_speculative_tokens`` drafts a step, after the longest match of ``prompt_lookup_max``
+    down to ``prompt_lookup_min`` last tokens."""
+
+    method: str  # "ngram", the one built
+    num_speculative_tokens: int
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelConfig
     cache: CacheConfig
@@ -158,3 +170,4 @@ class RuntimeConfig:
     decode_graphs: DecodeGraphSettings | None  # None: CUDA graphs off
     lora: LoRAConfig | None = None  # None: without --enable-lora
     kv_transfer: KVTransferConfig | None = None  # None: without --kv-transfer-config
+    speculative: SpeculativeConfig | None = None  # None: without --speculative-config

@@ -72,12 +72,14 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
     check_executor_backend(config.distributed_executor_backend)
     check_generation_overrides(config.override_generation_config)
     pp_layer_partition(environ)
-    if config.compilation_config or config.kv_transfer_config:  # their parsers need torch
-        from infernetes.runtime.engine.engine_config import kv_transfer_config
+    # their parsers' module needs torch
+    if config.compilation_config or config.kv_transfer_config or config.speculative_config:
+        from infernetes.runtime.engine.engine_config import kv_transfer_config, speculative_config
         from infernetes.runtime.model_executor.compilation import parse_compilation_config
 
         parse_compilation_config(config.compilation_config)
         kv_transfer_config(config.kv_transfer_config)
+        speculative_config(config.speculative_config, config.async_scheduling)
     device = config.device
     if device in (None, "auto") and requested_backend(config.attention_backend) != TRITON_ATTN:
         return  # the engine's own check (and its warnings) cannot fail on any device

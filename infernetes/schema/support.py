@@ -296,7 +296,11 @@ ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- DeviceConfig
     "device": partial(("auto", "cpu", "cuda"), "NVIDIA GPUs and CPUs are the targets"),
     # ---------------------------------------------------------------- SpeculativeConfig
-    "speculative_config": refused("speculative decoding is not supported yet"),
+    "speculative_config": honoured(
+        "n-gram prompt lookup (method ngram, with num_speculative_tokens, prompt_lookup_min and "
+        "prompt_lookup_max) is built; draft models, EAGLE, MTP and the other methods are "
+        "refused (speculative_config.method), as is --async-scheduling with it"
+    ),
     # ---------------------------------------------------------------- ObservabilityConfig
     "show_hidden_metrics_for_version": HONOURED,
     "otlp_traces_endpoint": refused("OpenTelemetry tracing is not supported yet"),
@@ -348,6 +352,15 @@ KEY_SUPPORT: dict[str, Support] = {
         ("RecordingConnector",),
         "the connectors that move KV (NixlConnector, LMCacheConnectorV1, OffloadingConnector, "
         "...) are not built yet",
+    ),
+    "speculative_config.method": partial(
+        ("ngram", "[ngram]"),
+        "n-gram prompt lookup is the one method built; draft_model, eagle, eagle3, mtp, "
+        "medusa, mlp_speculator and suffix are planned",
+    ),
+    # vLLM reads model "ngram" / "[ngram]" (the deprecated --speculative-model) as the method
+    "speculative_config.model": partial(
+        ("ngram", "[ngram]"), "draft models are planned: n-gram prompt lookup needs none"
     ),
     "structured_outputs_config.backend": partial(
         ("auto", "guidance"), "structured output runs on llguidance (guidance)"

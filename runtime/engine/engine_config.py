@@ -21,6 +21,7 @@ from infernetes.runtime.config import (
     ParallelConfig,
     RuntimeConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 from infernetes.runtime.engine.generation_config import read_generation_config, sampling_defaults
 from infernetes.runtime.executor.backend_check import check_executor_backend
@@ -260,6 +261,7 @@ def resolve_config(
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
     compilation = parse_compilation_config(config.compilation_config)
     kv_transfer = kv_transfer_config(config.kv_transfer_config)
+    speculative = speculative_config(config.speculative_config, config.async_scheduling)
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len
     )
@@ -295,6 +297,7 @@ def resolve_config(
         decode_graphs=decode_graphs,
         lora=_lora_config(config, info.is_pooling),
         kv_transfer=kv_transfer,
+        speculative=speculative,
     )
     return runtime, tokenizer
 
@@ -378,6 +381,63 @@ def kv_transfer_config(given: dict[str, Any] | None) -> KVTransferConfig | None:
     if not isinstance(extra, dict):
         raise ValueError("kv_transfer_config.kv_connector_extra_config must be a JSON object")
     return KVTransferConfig(given["kv_connector"], given["kv_role"], extra)
+
+
+_SPECULATIVE_KEYS = (
+    "method",
+    "model",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+)
+# vLLM's default when neither bound is given ("arbitrarily chosen", its comment says)
+_PROMPT_LOOKUP_DEFAULT = 5
+
+
+def speculative_config(
+    given: dict[str, Any] | None, async_scheduling: bool = False
+) -> SpeculativeConfig | None:
+    """--speculative-config's keys checked as vLLM's SpeculativeConfig checks them, for the
+    n-gram method (the support table already refused other methods and draft models). As in
+    vLLM, ``model`` "ngram" or "[ngram]" (the deprecated --speculative-model) names the method,
+    and a missing lookup bound takes the other's value (both missing: 5)."""
+    if not given:
+        return None
+    unknown = sorted(set(given) - set(_SPECULATIVE_KEYS))
+    if unknown:
+        raise ValueError(
+            f"speculative_config: {', '.join(unknown)} not supported here; the keys honoured "
+            f"are {', '.join(_SPECULATIVE_KEYS)}"
+        )
+    method = given.get("method") or given.get("model")
+    if method not in ("ngram", "[ngram]"):
+        raise ValueError(
+            'speculative_config.method must be "ngram" (n-gram prompt lookup), the method built '
+            f"here; got {method!r}"
+        )
+    k = _positive_int("num_speculative_tokens", given.get("num_speculative_tokens"))
+    low, high = given.get("prompt_lookup_min"), given.get("prompt_lookup_max")
+    if low is None and high is None:
+        low = high = _PROMPT_LOOKUP_DEFAULT
+    low = _positive_int("prompt_lookup_min", high if low is None else low)
+    high = _positive_int("prompt_lookup_max", low if high is None else high)
+    if low > high:
+        raise ValueError(
+            f"speculative_config.prompt_lookup_min={low} must be <= prompt_lookup_max={high}"
+        )
+    if async_scheduling:
+        # the scheduler plans a step before the last one's drafts are known (_drafts_to_verify)
+        raise ValueError(
+            "--speculative-config cannot be combined with --async-scheduling yet: speculative "
+            "decoding with --async-scheduling is planned"
+        )
+    return SpeculativeConfig("ngram", k, low, high)
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"speculative_config.{key} must be an integer of 1 or more; got {value!r}")
+    return value
 
 
 __all__ = ["resolve_config", "resolve_device"]

@@ -55,6 +55,7 @@ from infernetes.runtime.model_executor.models.interfaces import (
 from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.spec_decode.ngram import NgramProposer
 from infernetes.runtime.spec_decode.proposer import NoProposer, Proposer
 from infernetes.runtime.spec_decode.verify import accepted, sampling_positions
 from infernetes.runtime.worker.input_batch import BlockTable, StepBuffers, step_inputs
@@ -90,7 +91,10 @@ class ModelRunner:
             config.cache.calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
         )
         self.sampler = Sampler(config.model.seed)
-        self.proposer: Proposer = NoProposer()  # draft tokens for the next step
+        # draft tokens for the next step
+        self.proposer: Proposer = (
+            NgramProposer(config.speculative) if config.speculative else NoProposer()
+        )
         self.num_blocks = 0
         self.requests: dict[str, CachedRequestState] = {}
         self.block_table = BlockTable(-(-info.max_model_len // self.block_size))
