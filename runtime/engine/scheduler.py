@@ -513,6 +513,7 @@ class Scheduler:
             num_drafts = len(data.spec_token_ids) if isinstance(data, CachedRequestData) else 0
             # the rejected drafts' positions were computed for nothing: they come again
             request.num_computed_tokens -= num_drafts + 1 - len(sampled)
+            iteration.num_drafts += int(num_drafts > 0)
             iteration.num_draft_tokens += num_drafts
             iteration.num_accepted_tokens += len(sampled) - 1
             error = model_output.errors.get(request.request_id)

@@ -64,6 +64,7 @@ class IterationStats:
     time_to_first_tokens_iter: list[float] = field(default_factory=list)
     inter_token_latencies_iter: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    num_drafts: int = 0  # requests that verified drafts this step
     num_draft_tokens: int = 0  # draft tokens verified this step
     num_accepted_tokens: int = 0  # of those, the ones accepted
 

@@ -280,8 +280,12 @@ class EngineSeries:
             [*ENGINE_LABELS, "finished_reason"],
         )
         self.success = {reason: success.labels(*self._labels, reason) for reason in FINISH_REASONS}
-        # Draft tokens verified and accepted (steps count them when a proposer guesses); the
-        # V0-era rate, efficiency and emitted series exist (dashboards expect them) and stay 0.
+        # Drafts (a request's step with drafts), draft tokens verified and accepted, as vLLM
+        # V1 counts them; the V0-era rate, efficiency and emitted series exist (dashboards
+        # expect them) and stay 0.
+        self.drafts = self._counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts verified."
+        )
         self._gauge("vllm:spec_decode_draft_acceptance_rate", "Speculative token acceptance rate.")
         self._gauge("vllm:spec_decode_efficiency", "Speculative decoding system efficiency.")
         self.accepted_tokens = self._counter(
@@ -388,6 +392,7 @@ class EngineSeries:
     def _record_iteration(self, stats: IterationStats) -> None:
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.generation_tokens.inc(stats.num_generation_tokens)
+        self.drafts.inc(stats.num_drafts)
         self.draft_tokens.inc(stats.num_draft_tokens)
         self.accepted_tokens.inc(stats.num_accepted_tokens)
         step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens

@@ -70,6 +70,9 @@ def test_record_moves_counters_and_gauges():
     iteration = IterationStats(
         num_prompt_tokens=20,
         num_generation_tokens=4,
+        num_drafts=2,
+        num_draft_tokens=6,
+        num_accepted_tokens=4,
         time_to_first_tokens_iter=[0.05],
         inter_token_latencies_iter=[0.01, 0.02],
         finished_requests=[
@@ -94,6 +97,9 @@ def test_record_moves_counters_and_gauges():
     assert m["vllm:num_requests_running"][label] == 0  # the last snapshot
     assert m["vllm:prompt_tokens_total"][label] == 20
     assert m["vllm:generation_tokens_total"][label] == 4
+    assert m["vllm:spec_decode_num_drafts_total"][label] == 2
+    assert m["vllm:spec_decode_num_draft_tokens_total"][label] == 6
+    assert m["vllm:spec_decode_num_accepted_tokens_total"][label] == 4
     assert m["vllm:prefix_cache_queries_total"][label] == 48
     assert m["vllm:prefix_cache_hits_total"][label] == 32
     assert m["vllm:gpu_prefix_cache_hit_rate"][label] == 32 / 48
