@@ -181,6 +181,16 @@ REFUSED = [
         2,
         "kv_transfer_config.kv_role 'kv_sender' is not one of",
     ),
+    (
+        {},
+        [
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 3}',
+            "--async-scheduling",
+        ],
+        2,
+        "speculative decoding with --async-scheduling is planned",
+    ),
     # the engine's rule, against the model's 2 layers: only `resolve_config` knows them
     (
         {"VLLM_PP_LAYER_PARTITION": "1,1"},
