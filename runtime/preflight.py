@@ -79,7 +79,9 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
 
         parse_compilation_config(config.compilation_config)
         kv_transfer_config(config.kv_transfer_config)
-        speculative_config(config.speculative_config, config.async_scheduling)
+        speculative_config(
+            config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
+        )
     device = config.device
     if device in (None, "auto") and requested_backend(config.attention_backend) != TRITON_ATTN:
         return  # the engine's own check (and its warnings) cannot fail on any device

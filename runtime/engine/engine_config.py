@@ -261,7 +261,9 @@ def resolve_config(
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
     compilation = parse_compilation_config(config.compilation_config)
     kv_transfer = kv_transfer_config(config.kv_transfer_config)
-    speculative = speculative_config(config.speculative_config, config.async_scheduling)
+    speculative = speculative_config(
+        config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
+    )
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len
     )
@@ -395,7 +397,7 @@ _PROMPT_LOOKUP_DEFAULT = 5
 
 
 def speculative_config(
-    given: dict[str, Any] | None, async_scheduling: bool = False
+    given: dict[str, Any] | None, async_scheduling: bool = False, pipeline_parallel_size: int = 1
 ) -> SpeculativeConfig | None:
     """--speculative-config's keys checked as vLLM's SpeculativeConfig checks them, for the
     n-gram method (the support table already refused other methods and draft models). As in
@@ -430,6 +432,12 @@ def speculative_config(
         raise ValueError(
             "--speculative-config cannot be combined with --async-scheduling yet: speculative "
             "decoding with --async-scheduling is planned"
+        )
+    if pipeline_parallel_size > 1:
+        # the earlier stages learn a step's sampled tokens from the scheduler, not its drafts
+        raise ValueError(
+            "--speculative-config cannot be combined with --pipeline-parallel-size above 1 yet: "
+            "speculative decoding across pipeline stages is planned"
         )
     return SpeculativeConfig("ngram", k, low, high)
 
