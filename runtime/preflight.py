@@ -74,8 +74,9 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
     pp_layer_partition(environ)
     # their parsers' module needs torch
     if config.compilation_config or config.kv_transfer_config or config.speculative_config:
-        from infernetes.runtime.engine.engine_config import kv_transfer_config, speculative_config
+        from infernetes.runtime.kv_transfer.config import kv_transfer_config
         from infernetes.runtime.model_executor.compilation import parse_compilation_config
+        from infernetes.runtime.spec_decode.config import speculative_config
 
         parse_compilation_config(config.compilation_config)
         kv_transfer_config(config.kv_transfer_config)

@@ -14,17 +14,16 @@ from infernetes.kernels.backend import startup_backend
 from infernetes.runtime.config import (
     CacheConfig,
     DeviceConfig,
-    KVTransferConfig,
     LoadConfig,
     LoRAConfig,
     ModelConfig,
     ParallelConfig,
     RuntimeConfig,
     SchedulerConfig,
-    SpeculativeConfig,
 )
 from infernetes.runtime.engine.generation_config import read_generation_config, sampling_defaults
 from infernetes.runtime.executor.backend_check import check_executor_backend
+from infernetes.runtime.kv_transfer.config import kv_transfer_config
 from infernetes.runtime.model_executor.compilation import parse_compilation_config
 from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
 from infernetes.runtime.model_executor.layers.quantization import resolve_quantization
@@ -37,6 +36,7 @@ from infernetes.runtime.model_executor.loader import (
 )
 from infernetes.runtime.model_executor.parallel import stage_layers
 from infernetes.runtime.preflight import pp_layer_partition
+from infernetes.runtime.spec_decode.config import speculative_config
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
 from transformers import PretrainedConfig
 
@@ -355,97 +355,6 @@ def _lora_config(config: ServeConfig, pooling: bool) -> LoRAConfig | None:
         max_lora_rank=config.max_lora_rank,
         max_cpu_loras=config.max_cpu_loras or config.max_loras,
     )
-
-
-_KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-_KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
-
-
-def kv_transfer_config(given: dict[str, Any] | None) -> KVTransferConfig | None:
-    """--kv-transfer-config's keys checked (the connector's name already was, by the support
-    table); other keys of vLLM's (kv_ip, engine_id, ...) serve connectors not built here."""
-    if not given:
-        return None
-    unknown = sorted(set(given) - set(_KV_TRANSFER_KEYS))
-    if unknown:
-        raise ValueError(
-            f"kv_transfer_config: {', '.join(unknown)} not supported here; the keys honoured "
-            f"are {', '.join(_KV_TRANSFER_KEYS)}"
-        )
-    for key in ("kv_connector", "kv_role"):
-        if given.get(key) is None:
-            raise ValueError(f"kv_transfer_config.{key} is required with --kv-transfer-config")
-    if given["kv_role"] not in _KV_ROLES:
-        raise ValueError(
-            f"kv_transfer_config.kv_role {given['kv_role']!r} is not one of {', '.join(_KV_ROLES)}"
-        )
-    extra = given.get("kv_connector_extra_config") or {}
-    if not isinstance(extra, dict):
-        raise ValueError("kv_transfer_config.kv_connector_extra_config must be a JSON object")
-    return KVTransferConfig(given["kv_connector"], given["kv_role"], extra)
-
-
-_SPECULATIVE_KEYS = (
-    "method",
-    "model",
-    "num_speculative_tokens",
-    "prompt_lookup_min",
-    "prompt_lookup_max",
-)
-# vLLM's default when neither bound is given ("arbitrarily chosen", its comment says)
-_PROMPT_LOOKUP_DEFAULT = 5
-
-
-def speculative_config(
-    given: dict[str, Any] | None, async_scheduling: bool = False, pipeline_parallel_size: int = 1
-) -> SpeculativeConfig | None:
-    """--speculative-config's keys checked as vLLM's SpeculativeConfig checks them, for the
-    n-gram method (the support table already refused other methods and draft models). As in
-    vLLM, ``model`` "ngram" or "[ngram]" (the deprecated --speculative-model) names the method,
-    and a missing lookup bound takes the other's value (both missing: 5)."""
-    if not given:
-        return None
-    unknown = sorted(set(given) - set(_SPECULATIVE_KEYS))
-    if unknown:
-        raise ValueError(
-            f"speculative_config: {', '.join(unknown)} not supported here; the keys honoured "
-            f"are {', '.join(_SPECULATIVE_KEYS)}"
-        )
-    method = given.get("method") or given.get("model")
-    if method not in ("ngram", "[ngram]"):
-        raise ValueError(
-            'speculative_config.method must be "ngram" (n-gram prompt lookup), the method built '
-            f"here; got {method!r}"
-        )
-    k = _positive_int("num_speculative_tokens", given.get("num_speculative_tokens"))
-    low, high = given.get("prompt_lookup_min"), given.get("prompt_lookup_max")
-    if low is None and high is None:
-        low = high = _PROMPT_LOOKUP_DEFAULT
-    low = _positive_int("prompt_lookup_min", high if low is None else low)
-    high = _positive_int("prompt_lookup_max", low if high is None else high)
-    if low > high:
-        raise ValueError(
-            f"speculative_config.prompt_lookup_min={low} must be <= prompt_lookup_max={high}"
-        )
-    if async_scheduling:
-        # the scheduler plans a step before the last one's drafts are known (_drafts_to_verify)
-        raise ValueError(
-            "--speculative-config cannot be combined with --async-scheduling yet: speculative "
-            "decoding with --async-scheduling is planned"
-        )
-    if pipeline_parallel_size > 1:
-        # the earlier stages learn a step's sampled tokens from the scheduler, not its drafts
-        raise ValueError(
-            "--speculative-config cannot be combined with --pipeline-parallel-size above 1 yet: "
-            "speculative decoding across pipeline stages is planned"
-        )
-    return SpeculativeConfig("ngram", k, low, high)
-
-
-def _positive_int(key: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"speculative_config.{key} must be an integer of 1 or more; got {value!r}")
-    return value
 
 
 __all__ = ["resolve_config", "resolve_device"]

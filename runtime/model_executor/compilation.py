@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from infernetes.runtime.model_executor.models.interfaces import ModelForward, ServableModel
 
+from infernetes.schema.errors import check_json_keys
+
 logger = logging.getLogger(__name__)
 
 LEVELS = {
@@ -77,12 +79,7 @@ def _int(value: Any, key: str) -> int:
 def parse_compilation_config(value: Mapping[str, Any] | None) -> CompilationSettings:
     """Validate ``--compilation-config`` (a JSON object; ``-O3`` arrives as ``{"level": 3}``)."""
     value = dict(value or {})
-    unknown = set(value) - _HONOURED - _IGNORED
-    if unknown:
-        raise ValueError(
-            f"compilation_config has unknown key(s) {', '.join(sorted(unknown))}; allowed: "
-            f"{', '.join(sorted(_HONOURED | _IGNORED))}"
-        )
+    check_json_keys("compilation_config", value, _HONOURED | _IGNORED)
     ignored = sorted(k for k in set(value) & _IGNORED if value[k] not in (None, "", [], {}, False))
     if ignored:
         logger.warning("compilation_config: %s have no effect in this engine", ", ".join(ignored))

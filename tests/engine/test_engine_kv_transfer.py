@@ -217,7 +217,10 @@ def test_the_support_table_names_the_connectors_built_here():
 @pytest.mark.parametrize(
     ("given", "error"),
     [
-        ({**RECORDING, "kv_ip": "10.0.0.1"}, "kv_ip not supported here; the keys honoured are"),
+        (
+            {**RECORDING, "kv_ip": "10.0.0.1"},
+            "kv_transfer_config has unknown key.s. kv_ip; allowed:",
+        ),
         ({"kv_connector": "RecordingConnector"}, "kv_transfer_config.kv_role is required"),
         ({**RECORDING, "kv_role": "kv_sender"}, "'kv_sender' is not one of kv_producer"),
         ({**RECORDING, "kv_connector_extra_config": [1]}, "extra_config must be a JSON object"),

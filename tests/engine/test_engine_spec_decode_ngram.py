@@ -9,7 +9,7 @@ import json
 
 import pytest
 from infernetes.runtime.config import SpeculativeConfig
-from infernetes.runtime.engine.engine_config import speculative_config
+from infernetes.runtime.spec_decode.config import speculative_config
 from infernetes.runtime.spec_decode.ngram import NgramProposer, lookup
 from infernetes.runtime.spec_decode.proposer import NoProposer, Proposer
 from infernetes.runtime.testing import SAMPLE_PROMPTS
@@ -84,7 +84,7 @@ def test_settings_default_as_vllms(given, expected):
             "prompt_lookup_min=4 must be <= prompt_lookup_max=3",
         ),
         ({**NGRAM, "prompt_lookup_min": 0}, "prompt_lookup_min must be an integer of 1 or more"),
-        ({**NGRAM, "draft_tensor_parallel_size": 2}, "draft_tensor_parallel_size not supported"),
+        ({**NGRAM, "draft_tensor_parallel_size": 2}, "unknown key(s) draft_tensor_parallel_size; allowed:"),
     ],
 )
 def test_settings_vllm_refuses_are_refused(given, message):
