@@ -84,7 +84,10 @@ def test_settings_default_as_vllms(given, expected):
             "prompt_lookup_min=4 must be <= prompt_lookup_max=3",
         ),
         ({**NGRAM, "prompt_lookup_min": 0}, "prompt_lookup_min must be an integer of 1 or more"),
-        ({**NGRAM, "draft_tensor_parallel_size": 2}, "unknown key(s) draft_tensor_parallel_size; allowed:"),
+        (
+            {**NGRAM, "draft_tensor_parallel_size": 2},
+            "unknown key(s) draft_tensor_parallel_size; allowed:",
+        ),
     ],
 )
 def test_settings_vllm_refuses_are_refused(given, message):
