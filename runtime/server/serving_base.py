@@ -151,7 +151,10 @@ class ServingBase:
                 400,
                 "max_tokens" if requested else "messages" if what == "messages" else "prompt",
             )
-        return requested if requested is not None else self.max_model_len - prompt_len
+        tokens = requested if requested is not None else self.max_model_len - prompt_len
+        # The generation config's max_new_tokens is vLLM's default and cap alike.
+        cap = self._default_sampling().get("max_tokens")
+        return min(tokens, cap) if isinstance(cap, int) and cap > 0 else tokens
 
     # ------------------------------------------------------------ sampling
 
