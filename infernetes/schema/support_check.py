@@ -4,6 +4,7 @@ engine's own settings resolution all ask here, before anything heavy loads."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -91,7 +92,20 @@ def check_support(config: Any, environ: Mapping[str, str] | None = None) -> Supp
             continue  # malformed values are reported where they are read
         if not _is_default(value, var.default):
             _judge(ENV_SUPPORT[var.name], f"{var.name}={raw}", value, report)
+    report.warnings.extend(_unknown_env_warnings(environ))
     return report
+
+
+def _unknown_env_warnings(environ: Mapping[str, str]) -> list[str]:
+    """vLLM's warning for a ``VLLM_*`` name it does not know (a misspelt one does nothing)."""
+    known = {var.name for var in ENV_VARS}
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith("VLLM_") and name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            warnings.append(f"Unknown vLLM environment variable detected: {name}{hint}")
+    return warnings
 
 
 def report_support(config: Any, prog: str, environ: Mapping[str, str] | None = None) -> None:

@@ -186,3 +186,15 @@ def test_every_honoured_argument_has_a_test_that_names_it():
     ]
     untested += [name for name in honoured_vars if not _tests_naming(name)]
     assert untested == []
+
+
+def test_an_unknown_vllm_variable_is_warned_with_the_name_it_may_mean():
+    warnings = check_support(build_config("m"), {"VLLM_LOGING_LEVEL": "ERROR"}).warnings
+    assert warnings == [
+        "Unknown vLLM environment variable detected: VLLM_LOGING_LEVEL "
+        "(did you mean VLLM_LOGGING_LEVEL?)"
+    ]
+    # known names and other prefixes say nothing
+    assert not check_support(
+        build_config("m"), {"VLLM_LOGGING_LEVEL": "INFO", "HF_X": "1"}
+    ).warnings
