@@ -215,7 +215,9 @@ def _apply_bias_and_masks(
         row = row + mask
     if request.num_output_tokens < params.min_tokens:
         stop_ids = set(params.all_stop_token_ids)
-        if request.eos_token_id is not None and not params.ignore_eos:
+        # EOS is masked whatever ignore_eos says, as vLLM does: ignore_eos only keeps it from
+        # ending the request
+        if request.eos_token_id is not None:
             stop_ids.add(request.eos_token_id)
         if stop_ids:
             row = row.clone()

@@ -494,3 +494,25 @@ def test_the_batched_sampler_draws_what_the_row_by_row_one_draws(monkeypatch):
                 )
                 assert a.logprobs.logprob == pytest.approx(b.logprobs.logprob, abs=1e-6)
         logits = logits.roll(1, dims=1)
+
+
+def test_min_tokens_masks_eos_even_with_ignore_eos(llm):
+    eos = llm.get_tokenizer().eos_token_id
+    params = SamplingParams(
+        temperature=0.0, max_tokens=6, min_tokens=4, logit_bias={eos: 100.0}, ignore_eos=True
+    )
+    tokens = llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0].token_ids
+    assert eos not in tokens[:4] and tokens[4:] == [eos, eos]
+
+
+def test_runs_without_a_seed_sample_alike(tiny_llama):
+    # --seed is 0 unless set (vLLM V1): two servers started alike sample alike
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    runs = [
+        LLM(tiny_llama, dtype="float32", max_model_len=64, num_gpu_blocks_override=32)
+        .generate(SAMPLE_PROMPTS[0], params)[0]
+        .outputs[0]
+        .token_ids
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]

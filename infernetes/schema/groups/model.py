@@ -90,7 +90,9 @@ ARGS = (
         "Takes 1k (1000), 1K (1024), 25.6k, or auto.",
         minimum=1,
     ),
-    Arg("seed", "int", None, G, "Random seed for reproducible sampling."),
+    Arg(
+        "seed", "int", 0, G, "Random seed for reproducible sampling (0 unless set, as in vLLM V1)."
+    ),
     Arg(
         "max-logprobs",
         "int",
