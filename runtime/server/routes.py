@@ -123,6 +123,9 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/models", response_model=ModelList)
 async def models(request: Request) -> JSONResponse:
     state = server(request)
+    # Only once the engine can answer, as vLLM: clients that wait on /v1/models
+    # (`vllm bench`, GuideLLM) would otherwise send their first requests into 503s.
+    state.require_engine()
     max_len = getattr(state.engine, "max_model_len", None)
     cards = [
         ModelCard(id=name, root=state.settings.model, max_model_len=max_len)

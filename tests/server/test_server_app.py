@@ -37,6 +37,8 @@ async def test_loading_answers_503_and_health_fails():
         response = await client.post("/v1/completions", json={"prompt": "x"})
         assert response.status_code == 503
         assert "loading" in response.json()["error"]["message"]
+        # clients that wait for /v1/models before sending must wait for the engine
+        assert (await client.get("/v1/models")).status_code == 503
         assert (await client.get("/version")).status_code == 200
 
 
@@ -74,7 +76,7 @@ async def test_api_key_from_flag_or_environment():
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == 401
         assert (
             await client.get("/v1/models", headers={"Authorization": "Bearer env-key"})
-        ).status_code == 200
+        ).status_code == 503  # past the key: the model is still loading
         assert (await client.get("/health")).status_code == 503  # open, just not ready
         assert (await client.get("/metrics")).status_code == 200
 
