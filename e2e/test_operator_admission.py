@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from infernetes.operator.admission import Refusal, engine_refusals, env_refusals
+from infernetes.operator.admission import Refusal, engine_refusals, env_refusals, key_refusals
 from infernetes.operator.crd import build_crd
 from infernetes.operator.testing import install_crds, refused_value
 
@@ -311,17 +311,25 @@ def test_invalid_resource_is_rejected_with_field_path(
     assert not unnamed, result.stderr
 
 
-REFUSALS = [("engine", item) for item in engine_refusals(ARGS)] + [
-    ("engineEnv", item) for item in env_refusals(ENV_VARS)
-]
+REFUSALS = (
+    [("engine", item) for item in engine_refusals(ARGS)]
+    + [("engineEnv", item) for item in env_refusals(ENV_VARS)]
+    + [  # keys of JSON-valued fields: spec.engine.structuredOutputsConfig.backend, ...
+        (f"engine.{field}", item) for field, items in key_refusals().items() for item in items
+    ]
+)
 
 
-@pytest.mark.parametrize(("section", "refusal"), REFUSALS, ids=[item.field for _, item in REFUSALS])
+@pytest.mark.parametrize(
+    ("section", "refusal"), REFUSALS, ids=[f"{section}.{item.field}" for section, item in REFUSALS]
+)
 def test_setting_the_runtime_refuses_is_rejected_with_field_and_reason(
     cluster: Any, crds: None, namespace: str, section: str, refusal: Refusal
 ) -> None:
     schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    value = refused_value(schema["properties"][section]["properties"][refusal.field], refusal)
+    for part in section.split("."):
+        schema = schema["properties"][part]
+    value = refused_value(schema["properties"][refusal.field], refusal)
     result = dry_run(cluster, namespace, variant({f"{section}.{refusal.field}": value}))
     assert result.returncode != 0, f"accepted {section}.{refusal.field}: {value!r}"
     assert (

@@ -1,5 +1,7 @@
 """What admission refuses because the runtime would: the support table
-(`infernetes.schema.support`) narrowed onto the fields of spec.engine and spec.engineEnv.
+(`infernetes.schema.support`) narrowed onto the fields of spec.engine and spec.engineEnv, and
+onto the keys of its JSON-valued fields (``KEY_SUPPORT``: spec.engine.structuredOutputsConfig's
+backend, speculativeConfig's method, kvTransferConfig's kv_connector).
 
 A refused setting may keep only its default; a partly supported one only its supported values.
 Each becomes a `Refusal` (the field, what is allowed, why), which the CRD renders as a CEL rule
@@ -16,7 +18,8 @@ from infernetes.operator.openapi import Schema, rule
 
 from infernetes.schema.declare import Arg
 from infernetes.schema.env import EnvVar
-from infernetes.schema.support import ARG_SUPPORT, ENV_SUPPORT, Support
+from infernetes.schema.rules import STRUCTURED_OUTPUTS_KEYS
+from infernetes.schema.support import ARG_SUPPORT, ENV_SUPPORT, KEY_SUPPORT, Support
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,40 @@ def env_refusals(env_vars: Iterable[EnvVar]) -> list[Refusal]:
         for var in engine_env_vars(env_vars)
     )
     return [item for item in found if item is not None]
+
+
+# The types of JSON keys whose refusal admission can only state with a type (a key the CRD
+# declares with none cannot be named in a rule).
+_KEY_KINDS = {
+    f"structured_outputs_config.{key}": {bool: "bool", str: "str"}.get(kind, "json")
+    for key, (kind, _) in STRUCTURED_OUTPUTS_KEYS.items()
+}
+_OPENAPI_TYPES = {bool: "boolean", str: "string"}
+
+
+def key_refusals() -> dict[str, list[Refusal]]:
+    """The refused values of JSON-valued engine fields' keys, by the field's camelCase name;
+    each `Refusal.field` is the key as the JSON spells it. Only keys whose allowed values say
+    their type (a key refused outright whose type is unknown is left to the runtime)."""
+    found: dict[str, list[Refusal]] = {}
+    for path, support in KEY_SUPPORT.items():
+        dest, key = path.split(".", 1)
+        name = f"--{dest.replace('_', '-')}.{key}"
+        item = refusal(key, name, _KEY_KINDS.get(path, "json"), None, support)
+        if item is not None and item.allowed:
+            found.setdefault(camel(dest), []).append(item)
+    return found
+
+
+def declare_keys(schema: Schema, refusals: list[Refusal]) -> None:
+    """Declares the refused keys of a free-form object with their type (its other keys stay
+    free), so rules can name them."""
+    properties = schema.setdefault("properties", {})
+    for item in refusals:
+        kinds = {_OPENAPI_TYPES[type(value)] for value in item.allowed}
+        if len(kinds) != 1:
+            raise ValueError(f"{item.field}: allowed values of mixed types {item.allowed}")
+        properties[item.field] = {"type": kinds.pop()}
 
 
 def _cel_literal(value: Any) -> str:

@@ -8,7 +8,12 @@ CEL rules stay with the API server (the refusals of the support table become enu
 import json
 from pathlib import Path
 
-from infernetes.operator.admission import engine_refusals, env_refusals, narrow_with_enums
+from infernetes.operator.admission import (
+    engine_refusals,
+    env_refusals,
+    key_refusals,
+    narrow_with_enums,
+)
 from infernetes.operator.crd import build_crd
 from infernetes.operator.openapi import Schema
 
@@ -48,6 +53,8 @@ def spec_json_schema() -> Schema:
     schema = json_schema(crd_spec)
     narrow_with_enums(schema["properties"]["engine"], engine_refusals(ARGS))
     narrow_with_enums(schema["properties"]["engineEnv"], env_refusals(ENV_VARS))
+    for field, refusals in key_refusals().items():
+        narrow_with_enums(schema["properties"]["engine"]["properties"][field], refusals)
     return schema
 
 

@@ -8,7 +8,13 @@ from typing import Any
 
 import yaml
 from infernetes.operator import names
-from infernetes.operator.admission import engine_refusals, env_refusals, narrow_with_cel
+from infernetes.operator.admission import (
+    declare_keys,
+    engine_refusals,
+    env_refusals,
+    key_refusals,
+    narrow_with_cel,
+)
 from infernetes.operator.engine_schema import engine_env_schema, engine_schema
 from infernetes.operator.multinode import multinode_rules
 from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
@@ -198,6 +204,9 @@ def _lora_rules() -> list[Schema]:
 def spec_schema() -> Schema:
     engine = engine_schema(ARGS)
     narrow_with_cel(engine, engine_refusals(ARGS))
+    for field, refusals in key_refusals().items():
+        declare_keys(engine["properties"][field], refusals)
+        narrow_with_cel(engine["properties"][field], refusals)
     engine_env = engine_env_schema(ENV_VARS)
     narrow_with_cel(engine_env, env_refusals(ENV_VARS))
     properties = {**platform_properties(), "engine": engine, "engineEnv": engine_env}
