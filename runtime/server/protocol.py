@@ -679,6 +679,7 @@ class TokenizeCompletionRequest(RequestBody):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
+    return_token_strs: bool | None = False
 
 
 class TokenizeChatRequest(RequestBody):
@@ -690,6 +691,7 @@ class TokenizeChatRequest(RequestBody):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ChatTool] | None = None
+    return_token_strs: bool | None = False
 
 
 TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
@@ -699,6 +701,7 @@ class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class LoadLoRAAdapterRequest(RequestBody):

@@ -155,3 +155,15 @@ def test_periodic_stats_line(caplog):
     line = caplog.records[-1].getMessage()
     assert "Running: 2 reqs, Waiting: 1 reqs" in line
     assert "GPU KV cache usage: 50.0%" in line and "Prefix cache hit rate: 50.0%" in line
+
+
+async def test_tokenize_returns_token_strings_when_asked(engine):
+    async with client(engine) as http:
+        plain = (await http.post("/tokenize", json={"prompt": "hello world"})).json()
+        assert plain["token_strs"] is None
+        asked = (
+            await http.post("/tokenize", json={"prompt": "hello world", "return_token_strs": True})
+        ).json()
+    tokenizer = engine.tokenizer
+    assert asked["token_strs"] == tokenizer.convert_ids_to_tokens(asked["tokens"])
+    assert len(asked["token_strs"]) == asked["count"] > 0
