@@ -189,6 +189,12 @@ def reasoning_item(text: str) -> dict[str, Any]:
     }
 
 
+def item_status(item: dict[str, Any], finish_reason: str | None) -> str:
+    """An output item's final status: the message of a response cut at max_output_tokens is
+    incomplete, as OpenAI's (and vLLM's) say; every other item completed."""
+    return "incomplete" if item["type"] == "message" and finish_reason == "length" else "completed"
+
+
 def _without_oldest_item(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation less its first item, and less the tool results whose call that was."""
     rest = messages[1:]
@@ -265,6 +271,8 @@ class ResponsesServing:
     ) -> dict[str, Any]:
         incomplete = finish_reason == "length"
         prompt_tokens, output_tokens = usage
+        for item in output:
+            item["status"] = item_status(item, finish_reason)
         return {
             "id": response_id,
             "object": "response",
@@ -416,7 +424,7 @@ class ResponsesServing:
             if reasoning:  # announced at the end: the indices already sent stay valid
                 output.append(reasoning_item(reasoning))
             for index, item in enumerate(output):
-                for chunk in events.close_item(item, index):
+                for chunk in events.close_item(item, index, item_status(item, finish_reason)):
                     yield chunk
             response = self._response(
                 request,
@@ -461,8 +469,8 @@ class ResponseEvents:
             ),
         ]
 
-    def close_item(self, item: dict[str, Any], index: int) -> list[bytes]:
-        item["status"] = "completed"
+    def close_item(self, item: dict[str, Any], index: int, status: str) -> list[bytes]:
+        item["status"] = status
         chunks = []
         if item["type"] == "message":
             part = item["content"][0]

@@ -57,6 +57,7 @@ def test_plain_response_equals_the_chat_path(client):
     assert response.status == (
         "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
     )
+    assert response.output[0].status == response.status  # a message cut short is incomplete
     assert response.instructions == "Be brief."
 
 
@@ -91,6 +92,10 @@ def test_streamed_events_add_up_to_the_response(client):
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == whole.output_text
     assert events[-1].response.output_text == whole.output_text
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item.status for item in done] == [item.status for item in whole.output]
+    if kinds[-1] == "response.incomplete":
+        assert whole.output[-1].type == "message" and whole.output[-1].status == "incomplete"
     for kind in (
         "response.output_item.added",
         "response.content_part.added",
