@@ -19,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from infernetes.runtime.server.errors import error_body
+from infernetes.runtime.tracing import TRACE_HEADERS, trace_headers
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -142,6 +143,33 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class TraceContextMiddleware:
+    """Keeps the request's W3C trace context (``traceparent``, ``tracestate``) where the engine
+    reads it as the request enters (``tracing.trace_headers``), so its span continues the
+    caller's trace."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {
+            key.decode("latin-1"): value.decode("latin-1")
+            for key, value in scope.get("headers", ())
+            if key in _TRACE_HEADER_KEYS
+        }
+        token = trace_headers.set(headers or None)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            trace_headers.reset(token)
+
+
+_TRACE_HEADER_KEYS = frozenset(name.encode() for name in TRACE_HEADERS)
 
 
 class RequestBodyMiddleware:
