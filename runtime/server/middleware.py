@@ -315,16 +315,29 @@ def import_user_middleware(app: FastAPI, qualified_names: Iterable[str]) -> None
     """Adds each ``--middleware module.attr``: a class is ASGI middleware, a coroutine function
     is an HTTP middleware ``(request, call_next)``, as in vLLM."""
     for qualified in qualified_names:
-        module_name, _, attr = qualified.rpartition(".")
-        if not module_name:
-            raise ValueError(f"--middleware {qualified!r}: expected 'module.attribute'")
-        target = getattr(importlib.import_module(module_name), attr, None)
-        if target is None:
-            raise ValueError(f"--middleware {qualified!r}: module has no attribute {attr!r}")
+        target = resolve_user_middleware(qualified)
         if inspect.isclass(target):
             # A user's class: nothing is known of its signature until starlette builds it.
             app.add_middleware(target)  # type: ignore[arg-type]
-        elif inspect.iscoroutinefunction(target):
-            app.middleware("http")(target)
         else:
-            raise ValueError(f"--middleware {qualified!r} must be a class or an async function")
+            app.middleware("http")(target)
+
+
+def resolve_user_middleware(qualified: str) -> Any:
+    """The class or coroutine function ``--middleware module.attr`` names; ValueError saying what
+    is wrong otherwise (checked before anything loads, by ``serve`` and ``config`` alike)."""
+    module_name, _, attr = qualified.rpartition(".")
+    if not module_name:
+        raise ValueError(f"--middleware {qualified!r}: expected 'module.attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"--middleware {qualified!r}: cannot import module {module_name!r}: {error}"
+        ) from error
+    target = getattr(module, attr, None)
+    if target is None:
+        raise ValueError(f"--middleware {qualified!r}: module has no attribute {attr!r}")
+    if not (inspect.isclass(target) or inspect.iscoroutinefunction(target)):
+        raise ValueError(f"--middleware {qualified!r} must be a class or an async function")
+    return target
