@@ -175,8 +175,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "override_generation_config": HONOURED,
     "override_neuron_config": no_effect(OTHER_HARDWARE),
     "override_pooler_config": refused("pooler overrides are not supported yet"),
-    "enable_sleep_mode": no_effect(
-        "sleep and wake_up are always available here (VLLM_SERVER_DEV_MODE routes)"
+    "enable_sleep_mode": honoured(
+        "sleep level 1 moves the weights to host memory (on a CPU they stay where they are) and "
+        "level 2 drops them (read from the checkpoint on waking); the /sleep, /wake_up?tags=, "
+        "/is_sleeping and /collective_rpc routes need VLLM_SERVER_DEV_MODE=1"
     ),
     "model_impl": HONOURED,
     "enable_prompt_embeds": honoured(

@@ -403,9 +403,18 @@ class AsyncEngine:
         await self._call_all("sleep", (level,))
         self._sleeping = True
 
-    async def wake_up(self) -> None:
-        await self._call_all("wake_up")
-        self._sleeping = False
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        self._sleeping = any(await self._call_all("wake_up", (tags,)))
+
+    async def reload_weights(self) -> None:
+        await self._call_all("reload_weights")
+
+    async def collective_rpc(
+        self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """Every core's workers' results, core by core."""
+        per_core = await self._call_all("collective_rpc", (method, tuple(args), kwargs))
+        return [result for results in per_core for result in results]
 
     async def check_health(self) -> None:
         self._check_alive()

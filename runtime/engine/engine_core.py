@@ -28,6 +28,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.block_manager import BlockManager
@@ -54,6 +55,7 @@ from infernetes.runtime.model_executor.memory_profile import (
 from infernetes.runtime.model_executor.models.interfaces import supports_inputs_embeds
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
+from infernetes.runtime.worker.worker import SLEEP_TAGS, Worker
 
 from infernetes.schema.config import ServeConfig
 
@@ -111,6 +113,8 @@ class EngineCore:
         self.time_forward = bool(detailed & {"model", "all"})
         self.time_execute = bool(detailed & {"worker", "all"})
         self.sleep_level = 0
+        self.sleep_mode = bool(serve_config.enable_sleep_mode)
+        self.asleep: set[str] = set()  # the SLEEP_TAGS still asleep
         self.loras: dict[int, LoRARequest] = {}  # adapters the workers have read and checked
 
     def info(self) -> EngineInfo:
@@ -320,25 +324,62 @@ class EngineCore:
         return self.block_manager.reset_prefix_cache()
 
     def sleep(self, level: int = 1) -> None:
-        """Free the KV cache (level 1) and the weights too (level 2); running requests are
-        preempted and recompute after ``wake_up``."""
+        """vLLM's sleep (with --enable-sleep-mode): the KV cache is freed and the weights move
+        to host memory (level 1) or are dropped (level 2); running requests are preempted and
+        recompute after ``wake_up``."""
+        if not self.sleep_mode:
+            raise ValueError("sleep mode is off: start the engine with --enable-sleep-mode")
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if self.sleep_level:
             return
+        self._drop_state()
+        self.executor.collective_rpc("sleep", (level,))
+        self.sleep_level = level
+        self.asleep = set(SLEEP_TAGS)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        """Bring back what ``tags`` name (``weights``, ``kv_cache``; all by default): an RL
+        trainer wakes the weights, updates them, then wakes the cache. Steps run again once
+        nothing sleeps. Returns whether something still sleeps."""
+        wanted = set(SLEEP_TAGS if tags is None else tags)
+        unknown = wanted - set(SLEEP_TAGS)
+        if unknown:
+            raise ValueError(f"tags must be among {', '.join(SLEEP_TAGS)}; got {sorted(unknown)}")
+        if "kv_cache" in wanted and "weights" in self.asleep - wanted:
+            raise ValueError("wake the weights before the KV cache (tags=weights first)")
+        waking = [tag for tag in SLEEP_TAGS if tag in wanted & self.asleep]
+        if waking:
+            self.executor.collective_rpc("wake_up", (self.num_blocks, waking))
+            self.asleep -= set(waking)
+            if not self.asleep:
+                self.sleep_level = 0
+        return self.is_sleeping
+
+    def reload_weights(self) -> None:
+        """Read the weights from the checkpoint again (an RL trainer's update); what was
+        computed with the old ones (running requests, the prefix cache) is recomputed."""
+        if self.sleep_level:
+            raise ValueError("the engine is asleep: wake it up before reloading its weights")
+        self._drop_state()
+        self.executor.collective_rpc("reload_weights")
+
+    def collective_rpc(
+        self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """``Worker.<method>(*args, **kwargs)`` on every rank, their results in rank order (vLLM's
+        collective_rpc, which RL frameworks drive; the server's dev-mode route)."""
+        if method.startswith("_") or not callable(getattr(Worker, method, None)):
+            raise ValueError(f"the workers have no method {method!r}")
+        return self.executor.collective_rpc("call", (method, tuple(args), dict(kwargs or {})))
+
+    def _drop_state(self) -> None:
+        """Running requests preempted (they recompute) and the prefix cache emptied."""
         while self.batch_queue:  # the steps in flight end before their requests are preempted
             scheduler_output, pending = self.batch_queue.popleft()
             self.held_outputs += self._finish_step(scheduler_output, pending.result())
         self.scheduler.preempt_all()
         self.block_manager.reset_prefix_cache()
-        self.executor.collective_rpc("sleep", (level,))
-        self.sleep_level = level
-
-    def wake_up(self) -> None:
-        if not self.sleep_level:
-            return
-        self.executor.collective_rpc("wake_up", (self.num_blocks,))
-        self.sleep_level = 0
 
     @property
     def is_sleeping(self) -> bool:

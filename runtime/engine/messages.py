@@ -22,7 +22,16 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 UTILITY_METHODS = frozenset(
-    {"reset_prefix_cache", "sleep", "wake_up", "add_lora", "remove_lora", "list_loras"}
+    {
+        "reset_prefix_cache",
+        "sleep",
+        "wake_up",
+        "reload_weights",
+        "collective_rpc",
+        "add_lora",
+        "remove_lora",
+        "list_loras",
+    }
 )
 
 

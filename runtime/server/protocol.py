@@ -719,6 +719,15 @@ class DetokenizeRequest(RequestBody):
     tokens: list[int]
 
 
+class CollectiveRpcRequest(RequestBody):
+    """vLLM's dev-mode ``/collective_rpc``: a worker method by name, on every rank."""
+
+    method: str
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    timeout: float | None = None  # vLLM's field; the call waits as long as the method runs
+
+
 class DetokenizeResponse(BaseModel):
     prompt: str
 
