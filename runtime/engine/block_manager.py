@@ -160,7 +160,9 @@ class BlockManager:
                 medium=MEDIUM_GPU,
                 lora_name=None if lora is None else lora.lora_name,
                 group_idx=0,
-                kv_cache_spec_kind="full_attention" if self.sliding_window is None else "sliding_window",
+                kv_cache_spec_kind="full_attention"
+                if self.sliding_window is None
+                else "sliding_window",
                 kv_cache_spec_sliding_window=self.sliding_window,
             )
         )

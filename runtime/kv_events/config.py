@@ -27,7 +27,9 @@ def kv_events_config(
     settings = {k: v for k, v in given.items() if v is not None}
     enabled = settings.get("enable_kv_cache_events", False)
     if not isinstance(enabled, bool):
-        raise ValueError(f"kv_events_config.enable_kv_cache_events must be true or false; got {enabled!r}")
+        raise ValueError(
+            f"kv_events_config.enable_kv_cache_events must be true or false; got {enabled!r}"
+        )
     settings.setdefault("publisher", "zmq" if enabled else "null")
     for key in ("publisher", "endpoint", "replay_endpoint", "topic"):
         if key in settings and not isinstance(settings[key], str):
@@ -35,7 +37,9 @@ def kv_events_config(
     for key in _COUNTS:
         value = settings.get(key, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"kv_events_config.{key} must be an integer of 0 or more; got {value!r}")
+            raise ValueError(
+                f"kv_events_config.{key} must be an integer of 0 or more; got {value!r}"
+            )
     config = KVEventsConfig(**settings)
     if config.publishes and data_parallel_size > 1:
         for endpoint in (config.endpoint, config.replay_endpoint):
