@@ -31,7 +31,7 @@ from infernetes.schema.config import build_config
 from infernetes.schema.errors import ConfigError
 from infernetes.schema.support import KEY_SUPPORT
 
-BLOCK_SIZE = 4
+BLOCK_SIZE = 8
 RECEIVE_TIMEOUT_S = 60  # a ceiling for a loaded machine, never what is asserted
 
 
@@ -189,7 +189,7 @@ def ports():
 def _llm(model: str, kv_events: dict, **overrides) -> LLM:
     settings = dict(
         block_size=BLOCK_SIZE,
-        num_gpu_blocks_override=16,
+        num_gpu_blocks_override=12,
         max_model_len=64,
         enforce_eager=True,
         seed=0,
@@ -204,18 +204,18 @@ def test_a_request_s_blocks_arrive_in_order_then_evictions_then_a_reset(tiny_lla
     subscriber = Subscriber(port, replay_port, topic=b"kv@")
     try:
         params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-        prompt = list(range(10, 23))  # 13 tokens: 3 full blocks, then a 4th filled by sampling
+        prompt = list(range(10, 35))  # 25 tokens: 3 full blocks, then a 4th filled by sampling
         (output,) = llm.generate([{"prompt_token_ids": prompt}], params)
         tokens = prompt + list(output.outputs[0].token_ids)
         events = subscriber.events_until(lambda e: len(stored_blocks(e)) >= 3)
         blocks = stored_blocks(events)
         # in order, each chained on the one before, each with its own tokens
-        assert [b[2] for b in blocks[:3]] == [tokens[i : i + BLOCK_SIZE] for i in (0, 4, 8)]
+        assert [b[2] for b in blocks[:3]] == [tokens[i : i + BLOCK_SIZE] for i in (0, 8, 16)]
         assert blocks[0][1] is None
         assert [b[1] for b in blocks[1:3]] == [b[0] for b in blocks[:2]]
         first = next(e for e in events if isinstance(e, Stored))
         assert (first.block_size, first.medium, first.lora_id, first.group_idx) == (
-            4,
+            BLOCK_SIZE,
             "GPU",
             None,
             0,
@@ -223,7 +223,7 @@ def test_a_request_s_blocks_arrive_in_order_then_evictions_then_a_reset(tiny_lla
         assert all(0 <= h < 2**64 for b in blocks for h in b[:1])
         assert all(b.data_parallel_rank == 0 for b in subscriber.batches)
 
-        # 16 blocks: the next prompts take the freed cached ones back, the first request's first
+        # 12 blocks: the third prompt takes freed cached ones back, the first request's first
         for start in (100, 200, 300):
             llm.generate([{"prompt_token_ids": list(range(start, start + 40))}], params)
         events = subscriber.events_until(lambda e: any(isinstance(x, Removed) for x in e))
@@ -232,12 +232,16 @@ def test_a_request_s_blocks_arrive_in_order_then_evictions_then_a_reset(tiny_lla
         assert set(removed) <= {b[0] for b in stored_blocks(events)}
 
         core = llm.llm_engine.engine_core
+
+        def resets() -> int:
+            return sum(b.events == [Cleared()] for b in subscriber.batches)
+
         while True:  # a reset publishes at once; again until one batch came live, not replayed
-            sent = len(subscriber.batches)
+            before = resets()
             assert core.reset_prefix_cache() is True
-            while len(subscriber.batches) == sent:
+            while resets() == before:
                 subscriber.receive()
-            assert subscriber.batches[-1].events == [Cleared()]
+            assert subscriber.batches[-1].events == [Cleared()]  # the last batch sent
             if subscriber.topics:
                 break
         assert subscriber.topics == {b"kv@pod@tiny"}
@@ -252,12 +256,12 @@ def test_a_late_subscriber_replays_what_it_missed_and_sleep_clears(tiny_llama, p
     core = llm.llm_engine.engine_core
     try:
         params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-        llm.generate([{"prompt_token_ids": list(range(1, 14))}], params)
+        llm.generate([{"prompt_token_ids": list(range(1, 26))}], params)
         # nobody listened: the batches are kept for replay, from sequence 0
         kept = replay_until(replay_port, lambda events: len(stored_blocks(events)) == 3)
         assert [s for s, _ in replay(replay_port, 1)] == list(range(1, len(kept)))
         blocks = stored_blocks([e for b in kept for e in b.events])
-        assert [b[2] for b in blocks[:3]] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+        assert [b[2] for b in blocks[:3]] == [list(range(i, i + 8)) for i in (1, 9, 17)]
 
         subscriber = Subscriber(port, replay_port)
         try:
