@@ -71,23 +71,26 @@ class AllBlocksCleared(KVCacheEvent):
     """The prefix cache was reset: no hash finds a block any more."""
 
 
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
 class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    events: list[KVEvent]
 
 
 class KVEventSink(Protocol):
-    def record(self, event: KVCacheEvent) -> None: ...
+    def record(self, event: KVEvent) -> None: ...
 
 
 class KVEventCollector:
     """A sink that keeps the events in order until ``take()``."""
 
     def __init__(self) -> None:
-        self._events: list[KVCacheEvent] = []
+        self._events: list[KVEvent] = []
 
-    def record(self, event: KVCacheEvent) -> None:
+    def record(self, event: KVEvent) -> None:
         self._events.append(event)
 
-    def take(self) -> list[KVCacheEvent]:
+    def take(self) -> list[KVEvent]:
         taken, self._events = self._events, []
         return taken

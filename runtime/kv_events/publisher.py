@@ -25,7 +25,7 @@ import msgspec
 import zmq
 from infernetes.runtime.config import KVEventsConfig
 from infernetes.runtime.kv_events.config import rank_endpoint
-from infernetes.runtime.kv_events.events import KVCacheEvent, KVEventBatch
+from infernetes.runtime.kv_events.events import KVEvent, KVEventBatch
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +54,11 @@ class ZmqEventPublisher:
         self.endpoint = rank_endpoint(config.endpoint, data_parallel_rank)
         self.replay_endpoint = rank_endpoint(config.replay_endpoint, data_parallel_rank)
         self._topic = config.topic.encode()
-        self._pending: list[KVCacheEvent] = []
+        self._pending: list[KVEvent] = []
         self._dropped = 0  # events, counted on the engine's thread only
         self._queue: queue.Queue[KVEventBatch] = queue.Queue(maxsize=config.max_queue_size)
         self._kept: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
-        context = zmq.Context.instance()
+        context: zmq.Context = zmq.Context.instance()
         self._pub = context.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
         self._replay: zmq.Socket | None = None
@@ -81,7 +81,7 @@ class ZmqEventPublisher:
 
     # -- the engine's side ---------------------------------------------------------------------
 
-    def record(self, event: KVCacheEvent) -> None:
+    def record(self, event: KVEvent) -> None:
         self._pending.append(event)
 
     def flush(self) -> None:
