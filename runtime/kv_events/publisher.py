@@ -30,7 +30,7 @@ from infernetes.runtime.kv_events.events import KVEvent, KVEventBatch
 logger = logging.getLogger(__name__)
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
-_POLL_S = 0.05  # how long the thread waits for a batch before it looks at replay requests again
+_POLL_S = 0.1  # how long the thread waits for a batch before it looks at replay requests again
 
 
 def binds(endpoint: str) -> bool:
