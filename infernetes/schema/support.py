@@ -465,6 +465,11 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": HONOURED,
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": HONOURED,
     "VLLM_SERVER_DEV_MODE": HONOURED,
+    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": partial(
+        (True,),
+        "KV-cache event block hashes go out as unsigned 64-bit integers (runtime/kv_events/); "
+        "raw digests are not sent",
+    ),
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
     "VLLM_IMAGE_FETCH_TIMEOUT": no_effect(TEXT_ONLY),

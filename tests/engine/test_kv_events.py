@@ -30,6 +30,7 @@ from infernetes import LLM, SamplingParams
 from infernetes.schema.config import build_config
 from infernetes.schema.errors import ConfigError
 from infernetes.schema.support import KEY_SUPPORT
+from infernetes.schema.support_check import check_support
 
 BLOCK_SIZE = 8
 RECEIVE_TIMEOUT_S = 60  # a ceiling for a loaded machine, never what is asserted
@@ -409,6 +410,14 @@ def test_the_config_takes_vllm_s_keys_and_defaults():
     with pytest.raises(ValueError, match="tcp://"):
         kv_events_config({"enable_kv_cache_events": True, "endpoint": "ipc:///tmp/kv"}, 2)
     assert set(KEY_SUPPORT["kv_events_config.publisher"].values) == set(PUBLISHERS)
+
+
+def test_hashes_go_out_as_integers_only():
+    # vLLM's default, which the indexers key on; raw digests (0) are refused at startup
+    config = build_config("m", kv_events_config={"enable_kv_cache_events": True})
+    assert not check_support(config, {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "1"}).errors
+    (error,) = check_support(config, {"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"}).errors
+    assert "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES" in error
 
 
 def test_each_rank_offsets_its_endpoint_and_binds_as_vllm_decides():
