@@ -37,6 +37,7 @@ def check_settings(config: ServeConfig, environ: Mapping[str, str] | None = None
 def check_frontend_settings(settings: FrontendSettings) -> None:
     """Refuses settings the API server cannot honour (parsers, chat template, guided backend)."""
     from infernetes.runtime.server.chat_template import load_chat_template
+    from infernetes.runtime.server.middleware import resolve_user_middleware
     from infernetes.runtime.server.reasoning import make_reasoning_parser
     from infernetes.runtime.server.structured_output import GuideError, check_backend
     from infernetes.runtime.server.tool_parsers import check_tool_parser_name
@@ -48,6 +49,8 @@ def check_frontend_settings(settings: FrontendSettings) -> None:
     if settings.reasoning_parser:
         make_reasoning_parser(settings.reasoning_parser)
     load_chat_template(settings.chat_template)  # a missing file fails now, not after loading
+    for qualified in settings.middleware:
+        resolve_user_middleware(qualified)
     try:
         check_backend(settings.guided_decoding_backend, "--guided-decoding-backend")
     except GuideError as exc:

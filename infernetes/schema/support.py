@@ -303,9 +303,14 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     # ---------------------------------------------------------------- ObservabilityConfig
     "show_hidden_metrics_for_version": HONOURED,
-    "otlp_traces_endpoint": refused("OpenTelemetry tracing is not supported yet"),
-    "collect_detailed_traces": no_effect(
-        "there is no tracing (--otlp-traces-endpoint) to add detail to"
+    "otlp_traces_endpoint": honoured(
+        "one span per request of the HTTP server (llm_request, vLLM's gen_ai.* attributes), "
+        "continuing the request's traceparent; OTLP over gRPC, or HTTP with "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf; the offline LLM class exports none"
+    ),
+    "collect_detailed_traces": honoured(
+        "model: gen_ai.latency.time_in_model_forward (waits for the device after each forward); "
+        "worker: gen_ai.latency.time_in_model_execute; all: both"
     ),
     # ---------------------------------------------------------------- SchedulerConfig
     "max_num_batched_tokens": HONOURED,

@@ -113,6 +113,9 @@ class EngineCore:
         self._arrivals = itertools.count()  # the order requests were admitted in
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers)
+        detailed = set(serve_config.collect_detailed_traces or ())
+        self.time_forward = bool(detailed & {"model", "all"})
+        self.time_execute = bool(detailed & {"worker", "all"})
         self.sleep_level = 0
         self.loras: dict[int, LoRARequest] = {}  # adapters the workers have read and checked
 
@@ -217,7 +220,9 @@ class EngineCore:
         if not self._has_work(scheduler_output):
             self._record_idle_step()
             return held
+        started = time.perf_counter()
         model_output = self.executor.execute_model(scheduler_output)
+        self._charge_step_times(scheduler_output, model_output, time.perf_counter() - started)
         return held + self._finish_step(scheduler_output, model_output)
 
     def _step_with_batch_queue(self) -> list[EngineOutput]:
@@ -226,6 +231,7 @@ class EngineCore:
         if len(queue) < self.executor.max_concurrent_batches:
             scheduler_output = self._schedule()
             if self._has_work(scheduler_output):
+                scheduler_output.submitted = time.perf_counter()
                 queue.append((scheduler_output, self.executor.submit_model(scheduler_output)))
                 scheduled = True
         if not queue:
@@ -234,7 +240,10 @@ class EngineCore:
         if scheduled and len(queue) < self.executor.max_concurrent_batches:
             return []  # fill the pipeline before waiting on it
         scheduler_output, pending = queue.popleft()
-        return self._finish_step(scheduler_output, pending.result())
+        model_output = pending.result()
+        seconds = time.perf_counter() - scheduler_output.submitted  # includes the wait in line
+        self._charge_step_times(scheduler_output, model_output, seconds)
+        return self._finish_step(scheduler_output, model_output)
 
     def _has_work(self, scheduler_output: SchedulerOutput) -> bool:
         """Whether the step goes to the workers: tokens to compute, or transfers to report."""
@@ -243,11 +252,26 @@ class EngineCore:
     def _schedule(self) -> SchedulerOutput:
         """The scheduler's next step, with the masks of its structured-output rows."""
         scheduler_output = self.scheduler.schedule()
+        scheduler_output.time_forward = self.time_forward
         if scheduler_output:
             scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(
                 scheduler_output, self.scheduler.requests
             )
         return scheduler_output
+
+    def _charge_step_times(
+        self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput, seconds: float
+    ) -> None:
+        """Each request of the step is charged the step's executor and forward seconds (a
+        request's trace sums its steps'; --collect-detailed-traces)."""
+        if not (self.time_execute or self.time_forward):
+            return
+        requests = self.scheduler.requests
+        for request_id in scheduler_output.request_ids:
+            request = requests.get(request_id)
+            if request is not None:
+                request.times.model_execute += seconds
+                request.times.model_forward += model_output.forward_time
 
     def _finish_step(
         self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput

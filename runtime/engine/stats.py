@@ -56,6 +56,9 @@ class FinishedRequestStats:
     inference_time: float = 0.0
     decode_time: float = 0.0
     n_param: int = 1
+    time_to_first_token: float = 0.0
+    model_forward_time: float = 0.0
+    model_execute_time: float = 0.0
 
 
 @dataclass
@@ -96,4 +99,7 @@ def finished_request_stats(request: Request) -> FinishedRequestStats:
         inference_time=last - scheduled,
         decode_time=last - first,
         n_param=params.n if params else 1,
+        time_to_first_token=first - t.arrival,
+        model_forward_time=t.model_forward,
+        model_execute_time=t.model_execute,
     )

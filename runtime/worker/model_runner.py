@@ -459,12 +459,17 @@ class ModelRunner:
         if not batch:
             return output
         assert self.model is not None
+        started = time.perf_counter()
         hidden, meta = self._forward(
             batch,
             num_scheduled,
             self._intermediate(sum(num_scheduled), receive=True),
             with_connector=True,
         )
+        if scheduler_output.time_forward:  # waits for the device: asked for, it costs overlap
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            output.forward_time = time.perf_counter() - started
         if not isinstance(hidden, torch.Tensor):  # a pipeline stage before the last
             parallel.send_to_next_stage([hidden[name] for name in self.model.intermediate_names])  # type: ignore[attr-defined]
             for request in batch:  # the last stage returns what it kept of them
