@@ -72,18 +72,20 @@ class Batch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
 DECODER = msgspec.msgpack.Decoder(Batch)
 
 
-def free_port_pair() -> int:
-    """A port free now whose neighbour is free too (rank 1 publishes on the next port)."""
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free now (rank r publishes on the first + r)."""
     while True:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
+            first = sock.getsockname()[1]
+        for port in range(first + 1, first + count):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    break
+        else:
+            return first
 
 
 class Subscriber:
@@ -184,7 +186,9 @@ def stored_blocks(events: list) -> list[tuple[int, int | None, list[int]]]:
 
 @pytest.fixture
 def ports():
-    return free_port_pair(), free_port_pair()
+    """(PUB port, replay port), each with the next port free for a second rank."""
+    first = free_ports(4)
+    return first, first + 2
 
 
 def _llm(model: str, kv_events: dict, **overrides) -> LLM:
