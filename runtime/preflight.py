@@ -76,13 +76,20 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
     check_generation_overrides(config.override_generation_config)
     pp_layer_partition(environ)
     # their parsers' module needs torch
-    if config.compilation_config or config.kv_transfer_config or config.speculative_config:
+    if (
+        config.compilation_config
+        or config.kv_transfer_config
+        or config.speculative_config
+        or config.kv_events_config
+    ):
+        from infernetes.runtime.kv_events.config import kv_events_config
         from infernetes.runtime.kv_transfer.config import kv_transfer_config
         from infernetes.runtime.model_executor.compilation import parse_compilation_config
         from infernetes.runtime.spec_decode.config import speculative_config
 
         parse_compilation_config(config.compilation_config)
         kv_transfer_config(config.kv_transfer_config)
+        kv_events_config(config.kv_events_config, config.data_parallel_size)
         speculative_config(
             config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
         )

@@ -347,7 +347,12 @@ ARG_SUPPORT: dict[str, Support] = {
         "kv_connector_extra_config goes to the connector; the other keys are refused at startup; "
         "CUDA graphs are off with a connector"
     ),
-    "kv_events_config": refused("KV cache events are not published"),
+    "kv_events_config": honoured(
+        "vLLM's keys and defaults; events (BlockStored, BlockRemoved, AllBlocksCleared) go out on "
+        "a ZMQ PUB socket with a ROUTER replay socket, block hashes as unsigned 64-bit integers "
+        "(vLLM's default); a batch that finds the publisher's queue full is dropped and counted "
+        "(vllm:kv_events_dropped) rather than holding up the step"
+    ),
     "compilation_config": HONOURED,
     "additional_config": no_effect("platform plugins read it; there are none here"),
 }
@@ -359,6 +364,10 @@ KEY_SUPPORT: dict[str, Support] = {
         ("RecordingConnector",),
         "the connectors that move KV (NixlConnector, LMCacheConnectorV1, OffloadingConnector, "
         "...) are not built yet",
+    ),
+    # The same names as runtime/kv_events/publisher.py's PUBLISHERS (a test keeps them equal).
+    "kv_events_config.publisher": partial(
+        ("null", "zmq"), "publisher plugins (vLLM's register_publisher) are not loaded"
     ),
     "speculative_config.method": partial(
         ("ngram", "[ngram]"),
@@ -463,6 +472,11 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": HONOURED,
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": HONOURED,
     "VLLM_SERVER_DEV_MODE": HONOURED,
+    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": partial(
+        (True,),
+        "KV-cache event block hashes go out as unsigned 64-bit integers (runtime/kv_events/); "
+        "raw digests are not sent",
+    ),
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
     "VLLM_IMAGE_FETCH_TIMEOUT": no_effect(TEXT_ONLY),

@@ -43,6 +43,7 @@ from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.engine.stats import IterationStats, StatLogger
 from infernetes.runtime.engine.structured_output import StructuredOutputManager
 from infernetes.runtime.executor.abstract import PendingOutput, select_executor
+from infernetes.runtime.kv_events.publisher import create_publisher
 from infernetes.runtime.kv_transfer.base import KVConnectorRole
 from infernetes.runtime.kv_transfer.registry import create_connector
 from infernetes.runtime.lora.adapter import LoRAAdapterError
@@ -80,6 +81,10 @@ class EngineCore:
         start = time.perf_counter()
         try:
             self.num_blocks = self._initialize_kv_cache()
+            # --kv-events-config: what the prefix cache gains and loses, published each step
+            self.kv_event_publisher = create_publisher(
+                self.config.kv_events, self.config.parallel.data_parallel_rank
+            )
         except BaseException:
             self.executor.shutdown()
             raise
@@ -94,6 +99,7 @@ class EngineCore:
             cache.enable_prefix_caching,
             cache.prefix_caching_hash_algo,
             window_of_every_layer(model.info.hf_config),
+            event_sink=self.kv_event_publisher,
         )
         self.scheduler = Scheduler(
             self.config.scheduler,
@@ -204,6 +210,11 @@ class EngineCore:
     # -- a step --------------------------------------------------------------------------------
 
     def step(self) -> list[EngineOutput]:
+        outputs = self._step()
+        self._publish_kv_events()
+        return outputs
+
+    def _step(self) -> list[EngineOutput]:
         if self.sleep_level:
             return []
         held, self.held_outputs = self.held_outputs, []
@@ -283,6 +294,8 @@ class EngineCore:
         usage = 0.0 if self.config.model.is_pooling else self.block_manager.usage
         stats = self.scheduler.make_stats(usage)
         stats.engine_index = self.config.parallel.data_parallel_rank
+        if self.kv_event_publisher is not None:
+            stats.kv_events_dropped = self.kv_event_publisher.take_dropped()
         for stat_logger in self.stat_loggers:
             try:
                 stat_logger.record(stats, iteration)
@@ -320,8 +333,14 @@ class EngineCore:
 
     # -- maintenance ---------------------------------------------------------------------------
 
+    def _publish_kv_events(self) -> None:
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.flush()
+
     def reset_prefix_cache(self) -> bool:
-        return self.block_manager.reset_prefix_cache()
+        reset = self.block_manager.reset_prefix_cache()
+        self._publish_kv_events()  # AllBlocksCleared, without waiting for a step
+        return reset
 
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep (with --enable-sleep-mode): the KV cache is freed and the weights move
@@ -380,6 +399,7 @@ class EngineCore:
             self.held_outputs += self._finish_step(scheduler_output, pending.result())
         self.scheduler.preempt_all()
         self.block_manager.reset_prefix_cache()
+        self._publish_kv_events()  # AllBlocksCleared, without waiting for a step
 
     @property
     def is_sleeping(self) -> bool:
@@ -390,4 +410,6 @@ class EngineCore:
         self.executor.check_health()
 
     def shutdown(self) -> None:
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.shutdown()
         self.executor.shutdown()

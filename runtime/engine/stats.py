@@ -40,6 +40,7 @@ class SchedulerStats:
     # requests per adapter name (vLLM's LoRAStats), for vllm:lora_requests_info
     running_lora_adapters: dict[str, int] = field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    kv_events_dropped: int = 0  # KV-cache events dropped on the publisher's full queue
 
 
 @dataclass

@@ -201,6 +201,10 @@ class EngineSeries:
         self.preemptions = self._counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
         )
+        self.kv_events_dropped = self._counter(
+            "vllm:kv_events_dropped",
+            "KV-cache events dropped because the publisher's queue was full.",
+        )
         self.prompt_tokens = self._counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed."
         )
@@ -368,6 +372,7 @@ class EngineSeries:
         self.kv_usage.set(stats.kv_cache_usage)
         self.gpu_cache_usage.set(stats.kv_cache_usage)
         self.preemptions.inc(stats.num_preemptions)
+        self.kv_events_dropped.inc(stats.kv_events_dropped)
         self._record_lora(stats)
         prefix = stats.prefix_cache_stats
         self.prefix_queries.inc(prefix.queries)
