@@ -105,7 +105,17 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_request_id_headers": HONOURED,
     "enable_auto_tool_choice": HONOURED,
     "tool_call_parser": partial(
-        ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "qwen", "qwen3_coder"),
+        (
+            "deepseek_v3",
+            "deepseek_v31",
+            "hermes",
+            "llama3_json",
+            "llama4_json",
+            "mistral",
+            "pythonic",
+            "qwen",
+            "qwen3_coder",
+        ),
         "the other parsers are not built yet",
     ),
     "tool_parser_plugin": refused(

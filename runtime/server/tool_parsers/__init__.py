@@ -10,6 +10,10 @@ from infernetes.runtime.server.tool_parsers.base import (
     ToolCallStream,
     ToolParser,
 )
+from infernetes.runtime.server.tool_parsers.deepseek import (
+    DeepSeekV3ToolParser,
+    DeepSeekV31ToolParser,
+)
 from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
@@ -17,6 +21,8 @@ from infernetes.runtime.server.tool_parsers.pythonic import PythonicToolParser
 from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "deepseek_v3": DeepSeekV3ToolParser,
+    "deepseek_v31": DeepSeekV31ToolParser,
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     # llama4_json is the same JSON shape as Llama 3's.
@@ -29,7 +35,6 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 
 # Parser names vLLM knows that are not implemented here: refused with a clear message.
 KNOWN_UNSUPPORTED = (
-    "deepseek_v3",
     "granite-20b-fc",
     "granite",
     "internlm",

@@ -170,6 +170,34 @@ def call_from_dict(
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
+def parameter_type(tools: list[ChatTool], function: str, parameter: str) -> str | None:
+    """The JSON schema type ``function``'s tool declares for ``parameter``, if any."""
+    for tool in tools:
+        if tool.function.name == function:
+            props = (tool.function.parameters or {}).get("properties", {})
+            spec = props.get(parameter, {})
+            kind = spec.get("type") if isinstance(spec, dict) else None
+            return kind if isinstance(kind, str) else None
+    return None
+
+
+def typed_arguments(
+    tools: list[ChatTool], function: str, pairs: list[tuple[str, str]], strip: str = "\n"
+) -> str:
+    """The JSON arguments of a call whose parameters are written as text (the XML formats):
+    a string-typed parameter stays text, any other is read as JSON where it parses."""
+    arguments: dict[str, Any] = {}
+    for key, raw in pairs:
+        name, value = key.strip(), raw.strip(strip)
+        arguments[name] = value
+        if parameter_type(tools, function, name) != "string":
+            try:
+                arguments[name] = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+    return json.dumps(arguments, ensure_ascii=False)
+
+
 class ToolParser(ABC):
     name: ClassVar[str]
     # Marker strings that may open the tool section; a tail of the output that could still grow
@@ -214,10 +242,13 @@ class ToolParser(ABC):
 
 
 class TaggedToolParser(ToolParser):
-    """Calls each in a block between ``<tool_call>`` and ``</tool_call>`` (Hermes' JSON,
-    Qwen3-Coder's XML): the blocks are found here, each read by ``parse_block``."""
+    """Calls each in a block between ``call_open`` and ``call_close`` (by default ``<tool_call>``
+    and ``</tool_call>``: Hermes' JSON, Qwen3-Coder's XML): the blocks are found here, each read
+    by ``parse_block``."""
 
     markers = (TOOL_CALL_OPEN,)
+    call_open: ClassVar[str] = TOOL_CALL_OPEN
+    call_close: ClassVar[str] = TOOL_CALL_CLOSE
 
     @abstractmethod
     def parse_block(self, body: str) -> FunctionCall | None:
@@ -225,8 +256,8 @@ class TaggedToolParser(ToolParser):
 
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
         calls: list[FunctionCall] = []
-        for block in section.split(TOOL_CALL_OPEN)[1:]:
-            body, closed, _ = block.partition(TOOL_CALL_CLOSE)
+        for block in section.split(self.call_open)[1:]:
+            body, closed, _ = block.partition(self.call_close)
             if not closed and not final:
                 break
             call = self.parse_block(body)
@@ -236,13 +267,17 @@ class TaggedToolParser(ToolParser):
             calls.append(call)
         return calls
 
-    @staticmethod
-    def open_block(section: str, complete: int) -> str | None:
+    def open_block(self, section: str, complete: int) -> str | None:
         """The text so far of the block after the first ``complete`` ones, while unclosed."""
-        blocks = section.split(TOOL_CALL_OPEN)[1:]
-        if len(blocks) <= complete or TOOL_CALL_CLOSE in blocks[complete]:
+        blocks = section.split(self.call_open)[1:]
+        if len(blocks) <= complete or self.call_close in blocks[complete]:
             return None
         return blocks[complete]
+
+    def open_text(self, text: str, closer: str | None = None) -> str:
+        """``text`` less a tail that may be the start of ``closer`` (by default ``call_close``):
+        what of a raw value still being written is sure to belong to it."""
+        return text[: len(text) - partial_marker_len(text, (closer or self.call_close,))]
 
 
 class LeadingToolParser(ToolParser):

@@ -14,12 +14,14 @@ Parameter values are text; they are converted to the type the tool's JSON schema
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any
 
 from infernetes.runtime.server.protocol import FunctionCall
-from infernetes.runtime.server.tool_parsers.base import PartialCall, TaggedToolParser
+from infernetes.runtime.server.tool_parsers.base import (
+    PartialCall,
+    TaggedToolParser,
+    typed_arguments,
+)
 
 FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 FUNCTION_OPEN = re.compile(r"<function=([^>\n]+)>")
@@ -47,27 +49,4 @@ class QwenToolParser(TaggedToolParser):
         return PartialCall(name, self._arguments(name, block[head.end() :])[:-1])
 
     def _arguments(self, name: str, body: str) -> str:
-        arguments = {
-            key.strip(): self._convert(name, key.strip(), value)
-            for key, value in PARAMETER.findall(body)
-        }
-        return json.dumps(arguments, ensure_ascii=False)
-
-    def _param_type(self, function: str, parameter: str) -> str | None:
-        for tool in self.tools:
-            if tool.function.name == function:
-                props = (tool.function.parameters or {}).get("properties", {})
-                spec = props.get(parameter, {})
-                kind = spec.get("type") if isinstance(spec, dict) else None
-                return kind if isinstance(kind, str) else None
-        return None
-
-    def _convert(self, function: str, parameter: str, raw: str) -> Any:
-        value = raw.strip("\n")
-        kind = self._param_type(function, parameter)
-        if kind == "string":
-            return value
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
+        return typed_arguments(self.tools, name, PARAMETER.findall(body))

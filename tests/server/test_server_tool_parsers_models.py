@@ -1,0 +1,132 @@
+"""The tool-call formats of DeepSeek, Kimi, GLM, Granite, MiniMax and Seed-OSS models, each from
+the model's published chat template: text before the calls, two calls, nested JSON and
+non-ASCII arguments; whole, and streamed in every split (the streamed pieces join up to exactly
+the whole result)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from infernetes.runtime.server.protocol import ChatTool
+from infernetes.runtime.server.tool_parsers import make_tool_parser
+
+TOOLS = [
+    ChatTool.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                },
+            },
+        }
+    ),
+    ChatTool.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "search",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"query": {"type": "string"}, "filters": {"type": "object"}},
+                },
+            },
+        }
+    ),
+]
+FILTERS = {"tags": ["café", "ß"], "nested": {"x": 1.5, "ok": True, "none": None}}
+EXPECTED = [
+    ("get_weather", {"city": "São Paulo", "days": 2}),
+    ("search", {"query": "北京 天气 \"quoted\"", "filters": FILTERS}),
+]
+ARGS = [json.dumps(args, ensure_ascii=False) for _, args in EXPECTED]
+CONTENT = "Let me look that up — één moment."
+
+CASES: dict[str, str] = {
+    "deepseek_v3": (
+        f"{CONTENT}<｜tool▁calls▁begin｜>"
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{ARGS[0]}\n```<｜tool▁call▁end｜>\n"
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{ARGS[1]}\n```<｜tool▁call▁end｜>"
+        "<｜tool▁calls▁end｜>"
+    ),
+    "deepseek_v31": (
+        f"{CONTENT}<｜tool▁calls▁begin｜>"
+        f"<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{ARGS[0]}<｜tool▁call▁end｜>"
+        f"<｜tool▁call▁begin｜>search<｜tool▁sep｜>{ARGS[1]}<｜tool▁call▁end｜>"
+        "<｜tool▁calls▁end｜>"
+    ),
+}
+
+
+def _calls(tool_calls):
+    return [(c.function.name, json.loads(c.function.arguments)) for c in tool_calls]
+
+
+def _stream(name: str, pieces: list[str]):
+    """Feeds ``pieces``: (content, tool-call deltas, stream)."""
+    stream = make_tool_parser(name, TOOLS).stream()
+    content, deltas = "", []
+    for piece in pieces:
+        delta = stream.feed(piece)
+        content += delta.content
+        deltas += delta.tool_calls
+    final = stream.finish()
+    return content + final.content, deltas + final.tool_calls, stream
+
+
+def _check_stream(name: str, pieces: list[str]) -> None:
+    whole = make_tool_parser(name, TOOLS).extract("".join(pieces)).tool_calls
+    content, deltas, stream = _stream(name, pieces)
+    headers = [d for d in deltas if d.name is not None]
+    assert [(d.index, d.name) for d in headers] == [(0, "get_weather"), (1, "search")]
+    assert len({d.id for d in headers}) == 2
+    joined = ["".join(d.arguments for d in deltas if d.index == i) for i in (0, 1)]
+    assert joined == [c.function.arguments for c in whole]
+    assert [d.index for d in deltas] == sorted(d.index for d in deltas)
+    assert content.strip() == CONTENT
+    assert stream.calls_sent == 2
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_extracts_calls_and_content(name):
+    result = make_tool_parser(name, TOOLS).extract(CASES[name])
+    assert result.tools_called
+    assert _calls(result.tool_calls) == EXPECTED
+    assert result.content == CONTENT
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 16])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_streaming_in_chunks_matches_whole(name, size):
+    text = CASES[name]
+    _check_stream(name, [text[at : at + size] for at in range(0, len(text), size)])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_streaming_split_anywhere_matches_whole(name):
+    text = CASES[name]
+    for at in range(len(text) + 1):
+        _check_stream(name, [text[:at], text[at:]])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_arguments_stream_while_written(name):
+    """A character at a time, the first call's arguments go out in many pieces, the first long
+    before the call is complete."""
+    _, deltas, _ = _stream(name, list(CASES[name]))
+    first = [d.arguments for d in deltas if d.index == 0 and d.arguments]
+    assert len(first) > 3, first
+    assert first[0] != json.dumps(EXPECTED[0][1], ensure_ascii=False)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_plain_text_is_content(name):
+    text = "No tools: <tool> [x] {y} ``` a | b — ß."
+    parser = make_tool_parser(name, TOOLS)
+    result = parser.extract(text)
+    assert not result.tools_called and result.content == text
+    content, deltas, stream = _stream(name, list(text))
+    assert content == text and not deltas and not stream.tools_called
