@@ -109,6 +109,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "deepseek_v3",
             "deepseek_v31",
             "hermes",
+            "kimi_k2",
             "llama3_json",
             "llama4_json",
             "mistral",

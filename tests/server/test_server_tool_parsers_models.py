@@ -58,6 +58,12 @@ CASES: dict[str, str] = {
         f"<｜tool▁call▁begin｜>search<｜tool▁sep｜>{ARGS[1]}<｜tool▁call▁end｜>"
         "<｜tool▁calls▁end｜>"
     ),
+    "kimi_k2": (
+        f"{CONTENT}<|tool_calls_section_begin|>"
+        f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"
+        f"<|tool_call_begin|> functions.search:1 <|tool_call_argument_begin|> {ARGS[1]} <|tool_call_end|>"
+        "<|tool_calls_section_end|>"
+    ),
 }
 
 
@@ -130,3 +136,12 @@ def test_plain_text_is_content(name):
     assert not result.tools_called and result.content == text
     content, deltas, stream = _stream(name, list(text))
     assert content == text and not deltas and not stream.tools_called
+
+
+def test_kimi_keeps_the_call_ids_the_model_wrote():
+    """Kimi's chat template writes each call's id back in later turns: whole and streamed, the
+    calls keep ``functions.NAME:INDEX``."""
+    whole = make_tool_parser("kimi_k2", TOOLS).extract(CASES["kimi_k2"]).tool_calls
+    assert [c.id for c in whole] == ["functions.get_weather:0", "functions.search:1"]
+    _, deltas, _ = _stream("kimi_k2", list(CASES["kimi_k2"]))
+    assert [d.id for d in deltas if d.name] == ["functions.get_weather:0", "functions.search:1"]

@@ -15,6 +15,7 @@ from infernetes.runtime.server.tool_parsers.deepseek import (
     DeepSeekV31ToolParser,
 )
 from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser
+from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
 from infernetes.runtime.server.tool_parsers.pythonic import PythonicToolParser
@@ -24,6 +25,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "deepseek_v3": DeepSeekV3ToolParser,
     "deepseek_v31": DeepSeekV31ToolParser,
     "hermes": HermesToolParser,
+    "kimi_k2": KimiK2ToolParser,
     "llama3_json": Llama3JsonToolParser,
     # llama4_json is the same JSON shape as Llama 3's.
     "llama4_json": Llama3JsonToolParser,

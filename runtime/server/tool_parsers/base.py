@@ -11,6 +11,7 @@ for it. Everything else, including streaming, is shared here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from abc import ABC, abstractmethod
@@ -191,10 +192,8 @@ def typed_arguments(
         name, value = key.strip(), raw.strip(strip)
         arguments[name] = value
         if parameter_type(tools, function, name) != "string":
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 arguments[name] = json.loads(value)
-            except json.JSONDecodeError:
-                pass
     return json.dumps(arguments, ensure_ascii=False)
 
 
@@ -223,6 +222,12 @@ class ToolParser(ABC):
         known yet; None (the default) sends each call whole once complete."""
         return None
 
+    def call_id(self, section: str, index: int) -> str | None:
+        """The id the model wrote for call ``index`` (Kimi's ``functions.NAME:0``, which its
+        chat template writes back in later turns), once written; None (the default) for a
+        random one."""
+        return None
+
     def hold_back(self, text: str) -> int:
         """How many trailing characters of not-yet-tool text to keep from the content stream."""
         return partial_marker_len(text, self.markers)
@@ -235,7 +240,11 @@ class ToolParser(ABC):
         if not calls:
             return ExtractedToolCalls(False, [], text)
         content = text[:start].strip() or None
-        return ExtractedToolCalls(True, [ToolCall(function=c) for c in calls], content)
+        tool_calls = [
+            ToolCall(id=self.call_id(text[start:], index) or random_id("chatcmpl-tool"), function=c)
+            for index, c in enumerate(calls)
+        ]
+        return ExtractedToolCalls(True, tool_calls, content)
 
     def stream(self) -> ToolCallStream:
         return ToolCallStream(self)
@@ -364,19 +373,22 @@ class ToolCallStream:
                 self.open_id, self.open_sent = None, ""
             else:
                 out.append(
-                    ToolCallDelta(index, call.arguments, call.name, random_id("chatcmpl-tool"))
+                    ToolCallDelta(index, call.arguments, call.name, self._id(section, index))
                 )
         self.calls_done = max(self.calls_done, len(calls))
         if not final:
             partial = self.parser.partial_call(section, self.calls_done)
             if partial is not None:
-                out.extend(self._send_partial(partial))
+                out.extend(self._send_partial(section, partial))
         return _coalesce(out)
 
-    def _send_partial(self, partial: PartialCall) -> list[ToolCallDelta]:
+    def _id(self, section: str, index: int) -> str:
+        return self.parser.call_id(section, index) or random_id("chatcmpl-tool")
+
+    def _send_partial(self, section: str, partial: PartialCall) -> list[ToolCallDelta]:
         out = []
         if self.open_id is None:
-            self.open_id, self.open_sent = random_id("chatcmpl-tool"), ""
+            self.open_id, self.open_sent = self._id(section, self.calls_done), ""
             out.append(ToolCallDelta(self.calls_done, "", partial.name, self.open_id))
         if len(partial.arguments) > len(self.open_sent) and partial.arguments.startswith(
             self.open_sent
