@@ -108,6 +108,8 @@ ARG_SUPPORT: dict[str, Support] = {
         (
             "deepseek_v3",
             "deepseek_v31",
+            "glm45",
+            "glm47",
             "hermes",
             "kimi_k2",
             "llama3_json",

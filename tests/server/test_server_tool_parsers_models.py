@@ -40,7 +40,7 @@ TOOLS = [
 FILTERS = {"tags": ["café", "ß"], "nested": {"x": 1.5, "ok": True, "none": None}}
 EXPECTED = [
     ("get_weather", {"city": "São Paulo", "days": 2}),
-    ("search", {"query": "北京 天气 \"quoted\"", "filters": FILTERS}),
+    ("search", {"query": '北京 天气 "quoted"', "filters": FILTERS}),
 ]
 ARGS = [json.dumps(args, ensure_ascii=False) for _, args in EXPECTED]
 CONTENT = "Let me look that up — één moment."
@@ -57,6 +57,19 @@ CASES: dict[str, str] = {
         f"<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{ARGS[0]}<｜tool▁call▁end｜>"
         f"<｜tool▁call▁begin｜>search<｜tool▁sep｜>{ARGS[1]}<｜tool▁call▁end｜>"
         "<｜tool▁calls▁end｜>"
+    ),
+    "glm45": (
+        f"{CONTENT}\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>São Paulo</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n"
+        f"<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>{EXPECTED[1][1]['query']}</arg_value>\n"
+        f"<arg_key>filters</arg_key>\n<arg_value>{json.dumps(FILTERS, ensure_ascii=False)}</arg_value>\n"
+        "</tool_call>"
+    ),
+    "glm47": (
+        f"{CONTENT}<tool_call>get_weather<arg_key>city</arg_key><arg_value>São Paulo</arg_value>"
+        "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"
+        f"<tool_call>search<arg_key>query</arg_key><arg_value>{EXPECTED[1][1]['query']}</arg_value>"
+        f"<arg_key>filters</arg_key><arg_value>{json.dumps(FILTERS)}</arg_value></tool_call>"
     ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
@@ -145,3 +158,13 @@ def test_kimi_keeps_the_call_ids_the_model_wrote():
     assert [c.id for c in whole] == ["functions.get_weather:0", "functions.search:1"]
     _, deltas, _ = _stream("kimi_k2", list(CASES["kimi_k2"]))
     assert [d.id for d in deltas if d.name] == ["functions.get_weather:0", "functions.search:1"]
+
+
+def test_glm_keeps_string_values_verbatim_and_reads_the_rest_as_json():
+    text = (
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>  Paris\n</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value> 3 </arg_value>\n</tool_call>"
+        "<tool_call>now</tool_call>"
+    )
+    calls = make_tool_parser("glm45", TOOLS).extract(text).tool_calls
+    assert _calls(calls) == [("get_weather", {"city": "  Paris\n", "days": 3}), ("now", {})]

@@ -14,6 +14,7 @@ from infernetes.runtime.server.tool_parsers.deepseek import (
     DeepSeekV3ToolParser,
     DeepSeekV31ToolParser,
 )
+from infernetes.runtime.server.tool_parsers.glm import Glm45ToolParser
 from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser
 from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
@@ -24,6 +25,9 @@ from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "deepseek_v3": DeepSeekV3ToolParser,
     "deepseek_v31": DeepSeekV31ToolParser,
+    # GLM-4.7 writes GLM-4.5's format without the new lines.
+    "glm45": Glm45ToolParser,
+    "glm47": Glm45ToolParser,
     "hermes": HermesToolParser,
     "kimi_k2": KimiK2ToolParser,
     "llama3_json": Llama3JsonToolParser,

@@ -186,14 +186,15 @@ def typed_arguments(
     tools: list[ChatTool], function: str, pairs: list[tuple[str, str]], strip: str = "\n"
 ) -> str:
     """The JSON arguments of a call whose parameters are written as text (the XML formats):
-    a string-typed parameter stays text, any other is read as JSON where it parses."""
+    a string-typed parameter stays text (less ``strip`` around it), any other is read as JSON
+    where it parses."""
     arguments: dict[str, Any] = {}
     for key, raw in pairs:
-        name, value = key.strip(), raw.strip(strip)
-        arguments[name] = value
+        name = key.strip()
+        arguments[name] = raw.strip(strip)
         if parameter_type(tools, function, name) != "string":
             with contextlib.suppress(json.JSONDecodeError):
-                arguments[name] = json.loads(value)
+                arguments[name] = json.loads(raw)
     return json.dumps(arguments, ensure_ascii=False)
 
 
