@@ -27,6 +27,7 @@ TOOL_CALL_PARSERS = (
     "pythonic",
     "qwen",
     "qwen3_coder",
+    "seed_oss",
     "step3p5",
     "xlam",
 )

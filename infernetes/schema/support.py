@@ -118,6 +118,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "pythonic",
             "qwen",
             "qwen3_coder",
+            "seed_oss",
         ),
         "the other parsers are not built yet",
     ),

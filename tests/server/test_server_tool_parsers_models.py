@@ -71,6 +71,13 @@ CASES: dict[str, str] = {
         f"<tool_call>search<arg_key>query</arg_key><arg_value>{EXPECTED[1][1]['query']}</arg_value>"
         f"<arg_key>filters</arg_key><arg_value>{json.dumps(FILTERS)}</arg_value></tool_call>"
     ),
+    "seed_oss": (
+        f"{CONTENT}\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>São Paulo</parameter>\n"
+        "<parameter=days>2</parameter>\n</function>\n</seed:tool_call>\n"
+        f"<seed:tool_call>\n<function=search>\n<parameter=query>\n{EXPECTED[1][1]['query']}\n</parameter>\n"
+        f"<parameter=filters>\n{json.dumps(FILTERS, ensure_ascii=False)}\n</parameter>\n"
+        "</function>\n</seed:tool_call>"
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"

@@ -20,7 +20,7 @@ from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
 from infernetes.runtime.server.tool_parsers.pythonic import PythonicToolParser
-from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser
+from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser, SeedOssToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "deepseek_v3": DeepSeekV3ToolParser,
@@ -37,6 +37,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "pythonic": PythonicToolParser,
     "qwen": QwenToolParser,
     "qwen3_coder": QwenToolParser,
+    "seed_oss": SeedOssToolParser,
 }
 
 # Parser names vLLM knows that are not implemented here: refused with a clear message.

@@ -8,6 +8,8 @@
     </function>
     </tool_call>
 
+Seed-OSS writes the same calls between ``<seed:tool_call>`` and ``</seed:tool_call>``.
+
 Parameter values are text; they are converted to the type the tool's JSON schema declares
 (numbers, booleans, objects and arrays are read as JSON), strings stay as they are.
 """
@@ -50,3 +52,9 @@ class QwenToolParser(TaggedToolParser):
 
     def _arguments(self, name: str, body: str) -> str:
         return typed_arguments(self.tools, name, PARAMETER.findall(body))
+
+
+class SeedOssToolParser(QwenToolParser):
+    name = "seed_oss"
+    markers = ("<seed:tool_call>",)
+    call_open, call_close = "<seed:tool_call>", "</seed:tool_call>"
