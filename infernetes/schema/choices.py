@@ -21,6 +21,7 @@ TOOL_CALL_PARSERS = (
     "llama4_json",
     "llama4_pythonic",
     "minimax_m1",
+    "minimax_m2",
     "mistral",
     "olmo3",
     "phi4_mini_json",

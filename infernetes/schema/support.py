@@ -114,6 +114,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "kimi_k2",
             "llama3_json",
             "llama4_json",
+            "minimax_m2",
             "mistral",
             "pythonic",
             "qwen",

@@ -78,6 +78,14 @@ CASES: dict[str, str] = {
         f"<parameter=filters>\n{json.dumps(FILTERS, ensure_ascii=False)}\n</parameter>\n"
         "</function>\n</seed:tool_call>"
     ),
+    "minimax_m2": (
+        f'{CONTENT}\n<minimax:tool_call>\n<invoke name="get_weather">\n'
+        '<parameter name="city">São Paulo</parameter>\n<parameter name="days">2</parameter>\n'
+        '</invoke>\n<invoke name="search">\n'
+        f'<parameter name="query">{EXPECTED[1][1]["query"]}</parameter>\n'
+        f'<parameter name="filters">{json.dumps(FILTERS, ensure_ascii=False)}</parameter>\n'
+        "</invoke>\n</minimax:tool_call>"
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"

@@ -18,6 +18,7 @@ from infernetes.runtime.server.tool_parsers.glm import Glm45ToolParser
 from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser
 from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
+from infernetes.runtime.server.tool_parsers.minimax import MiniMaxM2ToolParser
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
 from infernetes.runtime.server.tool_parsers.pythonic import PythonicToolParser
 from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser, SeedOssToolParser
@@ -33,6 +34,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "llama3_json": Llama3JsonToolParser,
     # llama4_json is the same JSON shape as Llama 3's.
     "llama4_json": Llama3JsonToolParser,
+    "minimax_m2": MiniMaxM2ToolParser,
     "mistral": MistralToolParser,
     "pythonic": PythonicToolParser,
     "qwen": QwenToolParser,
