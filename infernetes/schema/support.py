@@ -110,6 +110,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "deepseek_v31",
             "glm45",
             "glm47",
+            "granite",
             "hermes",
             "kimi_k2",
             "llama3_json",

@@ -86,6 +86,10 @@ CASES: dict[str, str] = {
         f'<parameter name="filters">{json.dumps(FILTERS, ensure_ascii=False)}</parameter>\n'
         "</invoke>\n</minimax:tool_call>"
     ),
+    "granite": (
+        f'<|tool_call|>[{{"name": "get_weather", "arguments": {ARGS[0]}}}, '
+        f'{{"name": "search", "arguments": {ARGS[1]}}}]'
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"
@@ -93,6 +97,8 @@ CASES: dict[str, str] = {
         "<|tool_calls_section_end|>"
     ),
 }
+# Formats whose calls can only open the output: no content before them.
+LEADING = {"granite"}
 
 
 def _calls(tool_calls):
@@ -120,7 +126,7 @@ def _check_stream(name: str, pieces: list[str]) -> None:
     joined = ["".join(d.arguments for d in deltas if d.index == i) for i in (0, 1)]
     assert joined == [c.function.arguments for c in whole]
     assert [d.index for d in deltas] == sorted(d.index for d in deltas)
-    assert content.strip() == CONTENT
+    assert content.strip() == (CONTENT if name not in LEADING else "")
     assert stream.calls_sent == 2
 
 
@@ -129,7 +135,7 @@ def test_extracts_calls_and_content(name):
     result = make_tool_parser(name, TOOLS).extract(CASES[name])
     assert result.tools_called
     assert _calls(result.tool_calls) == EXPECTED
-    assert result.content == CONTENT
+    assert result.content == (CONTENT if name not in LEADING else None)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 16])
@@ -183,3 +189,10 @@ def test_glm_keeps_string_values_verbatim_and_reads_the_rest_as_json():
     )
     calls = make_tool_parser("glm45", TOOLS).extract(text).tool_calls
     assert _calls(calls) == [("get_weather", {"city": "  Paris\n", "days": 3}), ("now", {})]
+
+
+@pytest.mark.parametrize("opening", ["<tool_call>", "", "  \n"])
+def test_granite_list_opens_with_the_31_tag_or_bare(opening):
+    text = CASES["granite"].replace("<|tool_call|>", opening)
+    assert _calls(make_tool_parser("granite", TOOLS).extract(text).tool_calls) == EXPECTED
+    _check_stream("granite", list(text))

@@ -15,6 +15,7 @@ from infernetes.runtime.server.tool_parsers.deepseek import (
     DeepSeekV31ToolParser,
 )
 from infernetes.runtime.server.tool_parsers.glm import Glm45ToolParser
+from infernetes.runtime.server.tool_parsers.granite import GraniteToolParser
 from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser
 from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
@@ -29,6 +30,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     # GLM-4.7 writes GLM-4.5's format without the new lines.
     "glm45": Glm45ToolParser,
     "glm47": Glm45ToolParser,
+    "granite": GraniteToolParser,
     "hermes": HermesToolParser,
     "kimi_k2": KimiK2ToolParser,
     "llama3_json": Llama3JsonToolParser,
@@ -45,7 +47,6 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 # Parser names vLLM knows that are not implemented here: refused with a clear message.
 KNOWN_UNSUPPORTED = (
     "granite-20b-fc",
-    "granite",
     "internlm",
     "jamba",
     "phi4_mini_json",

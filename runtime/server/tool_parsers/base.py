@@ -168,6 +168,42 @@ def call_from_dict(
     return FunctionCall(name=obj["name"], arguments=arguments_json(args))
 
 
+def _list_items(body: str) -> tuple[list[tuple[Any, str]], str, bool]:
+    """A JSON list read item by item, so calls show as soon as each object closes:
+    ``(items with their text, the unparsed rest, whether the list was a list)``."""
+    stripped = body.lstrip()
+    if not stripped.startswith("["):
+        values, rest = decode_json_spans(body)  # a bare object (or several) also occurs
+        return values, rest, False
+    values, rest = decode_json_spans(stripped[1:])
+    return values, rest, True
+
+
+def parse_call_list(body: str, final: bool) -> list[FunctionCall] | None:
+    """The calls of a JSON list of ``{"name", "arguments"}`` objects (Mistral v3, Granite), as
+    ``ToolParser.parse_section`` returns them."""
+    items, rest, in_list = _list_items(body)
+    calls: list[FunctionCall] = []
+    for value, raw in items:
+        for item in value if isinstance(value, list) else [value]:
+            call = call_from_dict(item, raw=raw if item is value else None)
+            if call is None:
+                return None if final else calls
+            calls.append(call)
+    closing = rest.strip()
+    if final and (not calls or (closing != "]" if in_list else closing)):
+        return None
+    return calls
+
+
+def partial_call_in_list(body: str, complete: int) -> PartialCall | None:
+    """The call being written after the first ``complete`` of a list ``parse_call_list`` reads."""
+    items, rest, _ = _list_items(body)
+    if len(items) != complete or not rest or rest.lstrip().startswith("]"):
+        return None
+    return partial_from_object_text(rest)
+
+
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -291,24 +327,32 @@ class TaggedToolParser(ToolParser):
 
 
 class LeadingToolParser(ToolParser):
-    """A tool section that can only open the output, with ``tag`` or with ``opener`` (Llama 3's
-    JSON object, the pythonic list)."""
+    """A tool section that can only open the output, with one of ``tags`` or with ``opener``
+    (Llama 3's JSON object, the pythonic list, Granite's JSON list)."""
 
-    tag: ClassVar[str]
+    tags: ClassVar[tuple[str, ...]]
     opener: ClassVar[str]
 
     def section_start(self, text: str) -> int | None:
         stripped = text.lstrip()
-        if stripped.startswith(self.tag) or stripped.startswith(self.opener):
+        if stripped.startswith((*self.tags, self.opener)):
             return len(text) - len(stripped)
         return None
 
     def hold_back(self, text: str) -> int:
         # The section can only open the output: hold leading whitespace and a partial tag.
         stripped = text.lstrip()
-        if not stripped or self.tag.startswith(stripped):
+        if not stripped or any(tag.startswith(stripped) for tag in self.tags):
             return len(text)
         return 0
+
+    def body(self, section: str) -> str:
+        """The section less its tag."""
+        body = section.strip()
+        for tag in self.tags:
+            if body.startswith(tag):
+                return body[len(tag) :]
+        return body
 
 
 class ToolCallStream:

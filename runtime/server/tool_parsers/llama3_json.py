@@ -17,15 +17,10 @@ PYTHON_TAG = "<|python_tag|>"
 
 class Llama3JsonToolParser(LeadingToolParser):
     name = "llama3_json"
-    tag, opener = PYTHON_TAG, "{"
-
-    @staticmethod
-    def _body(section: str) -> str:
-        body = section.strip()
-        return body[len(PYTHON_TAG) :] if body.startswith(PYTHON_TAG) else body
+    tags, opener = (PYTHON_TAG,), "{"
 
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
-        values, rest = decode_json_spans(self._body(section))
+        values, rest = decode_json_spans(self.body(section))
         calls: list[FunctionCall] = []
         for value, raw in values:
             call = call_from_dict(value, "parameters", raw=raw)
@@ -37,7 +32,7 @@ class Llama3JsonToolParser(LeadingToolParser):
         return calls
 
     def partial_call(self, section: str, complete: int) -> PartialCall | None:
-        values, rest = decode_json_spans(self._body(section))
+        values, rest = decode_json_spans(self.body(section))
         if len(values) != complete or not rest:
             return None
         return partial_from_object_text(rest)

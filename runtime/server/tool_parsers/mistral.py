@@ -8,24 +8,13 @@ from infernetes.runtime.server.tool_parsers.base import (
     PartialCall,
     ToolParser,
     arguments_json,
-    call_from_dict,
     decode_json_spans,
-    partial_from_object_text,
+    parse_call_list,
+    partial_call_in_list,
     scan_json_value,
 )
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
-
-
-def _list_items(body: str) -> tuple[list[tuple[object, str]], str, bool]:
-    """The v3 list read item by item, so calls show as soon as each object closes:
-    ``(items with their text, the unparsed rest, whether the list was a list)``."""
-    stripped = body.lstrip()
-    if not stripped.startswith("["):
-        values, rest = decode_json_spans(body)  # a bare object (or several) also occurs
-        return values, rest, False
-    values, rest = decode_json_spans(stripped[1:])
-    return values, rest, True
 
 
 class MistralToolParser(ToolParser):
@@ -36,18 +25,7 @@ class MistralToolParser(ToolParser):
         body = section[len(TOOL_CALLS) :]
         if ARGS in body:
             return self._parse_name_args(body, final)
-        items, rest, in_list = _list_items(body)
-        calls: list[FunctionCall] = []
-        for value, raw in items:
-            for item in value if isinstance(value, list) else [value]:
-                call = call_from_dict(item, raw=raw if item is value else None)
-                if call is None:
-                    return None if final else calls
-                calls.append(call)
-        closing = rest.strip()
-        if final and (not calls or (closing != "]" if in_list else closing)):
-            return None
-        return calls
+        return parse_call_list(body, final)
 
     def partial_call(self, section: str, complete: int) -> PartialCall | None:
         body = section[len(TOOL_CALLS) :]
@@ -61,10 +39,7 @@ class MistralToolParser(ToolParser):
                 return None
             end, _ = scan_json_value(args, start)
             return PartialCall(name.strip(), args[start:end])
-        items, rest, _ = _list_items(body)
-        if len(items) != complete or not rest or rest.lstrip().startswith("]"):
-            return None
-        return partial_from_object_text(rest)
+        return partial_call_in_list(body, complete)
 
     @staticmethod
     def _parse_name_args(body: str, final: bool) -> list[FunctionCall] | None:

@@ -74,7 +74,7 @@ def _open_string(source: str, quote: str) -> str | None:
 
 class PythonicToolParser(LeadingToolParser):
     name = "pythonic"
-    tag, opener = PYTHON_START, "["
+    tags, opener = (PYTHON_START,), "["
 
     @staticmethod
     def _body(section: str) -> str:
