@@ -33,7 +33,19 @@ TOOL_CALL_PARSERS = (
     "xlam",
 )
 
-REASONING_PARSERS = ("deepseek_r1", "glm45", "granite", "qwen3", "step3p5")
+REASONING_PARSERS = (
+    "deepseek_r1",
+    "deepseek_v3",
+    "glm45",
+    "glm47",
+    "granite",
+    "minimax_m2",
+    "mistral",
+    "openai_gptoss",
+    "qwen3",
+    "seed_oss",
+    "step3p5",
+)
 
 QUANTIZATION_METHODS = (
     "aqlm",

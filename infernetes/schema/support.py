@@ -234,7 +234,8 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "structured_outputs_config": HONOURED,  # key by key: KEY_SUPPORT
     "reasoning_parser": partial(
-        ("deepseek_r1", "qwen3"), "the other reasoning parsers are not built yet"
+        ("deepseek_r1", "glm45", "glm47", "minimax_m2", "mistral", "qwen3", "seed_oss"),
+        "the other reasoning parsers are not built yet",
     ),
     # ---------------------------------------------------------------- ParallelConfig
     "distributed_executor_backend": partial(
@@ -405,7 +406,8 @@ KEY_SUPPORT: dict[str, Support] = {
         "not supported by the guidance backend here yet"
     ),
     "structured_outputs_config.reasoning_parser": partial(
-        ("", "deepseek_r1", "qwen3"), "the other reasoning parsers are not built yet"
+        ("", "deepseek_r1", "glm45", "glm47", "minimax_m2", "mistral", "qwen3", "seed_oss"),
+        "the other reasoning parsers are not built yet",
     ),
     "structured_outputs_config.enable_in_reasoning": refused(
         "constraining the reasoning section is not built yet: the grammar applies from the "

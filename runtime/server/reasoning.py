@@ -1,10 +1,13 @@
-"""Reasoning parsers (``--reasoning-parser``): split ``<think>...</think>`` out of the output into
-``reasoning_content``, whole or while streaming.
+"""Reasoning parsers (``--reasoning-parser``): split ``<think>...</think>`` (or a model's own pair
+of tags) out of the output into ``reasoning_content``, whole or while streaming.
 
 - ``deepseek_r1``: the chat template already opens ``<think>``, so the output may start inside
   the reasoning; everything before ``</think>`` is reasoning, and without ``</think>`` all of it is.
+  ``glm45`` (GLM-4.5 to 4.7) and ``minimax_m2`` read the same way, ``seed_oss`` too with
+  ``<seed:think>...</seed:think>``.
 - ``qwen3``: reasoning only when the output opens with ``<think>``; with thinking disabled
-  (``enable_thinking=False``) there is none and everything is content.
+  (``enable_thinking=False``) there is none and everything is content. ``mistral`` (Magistral)
+  reads the same way with ``[THINK]...[/THINK]``.
 """
 
 from __future__ import annotations
@@ -24,17 +27,18 @@ class ReasoningSplit:
 
 class ReasoningParser:
     name = ""
-    # Whether the output counts as reasoning before any <think> tag is seen.
+    start, end = THINK_START, THINK_END
+    # Whether the output counts as reasoning before any start tag is seen.
     starts_in_reasoning = False
 
     def split(self, text: str) -> ReasoningSplit:
         stripped = text.lstrip()
-        opened = stripped.startswith(THINK_START)
-        if opened:
-            stripped = stripped[len(THINK_START) :]
+        if stripped.startswith(self.start):
+            text = stripped[len(self.start) :]
         elif not self.starts_in_reasoning:
             return ReasoningSplit(None, text)
-        reasoning, closed, content = stripped.partition(THINK_END)
+        # Without the start tag the reasoning keeps its leading whitespace, as streamed.
+        reasoning, closed, content = text.partition(self.end)
         if not closed:
             return ReasoningSplit(reasoning, None)
         return ReasoningSplit(reasoning, content or None)
@@ -52,6 +56,26 @@ class Qwen3ReasoningParser(ReasoningParser):
     name = "qwen3"
 
 
+class Glm45ReasoningParser(DeepSeekR1ReasoningParser):
+    name = "glm45"
+
+
+class MiniMaxM2ReasoningParser(DeepSeekR1ReasoningParser):
+    # MiniMax-M2's template opens <think>; the model writes only </think>.
+    name = "minimax_m2"
+
+
+class SeedOssReasoningParser(DeepSeekR1ReasoningParser):
+    name = "seed_oss"
+    start, end = "<seed:think>", "</seed:think>"
+
+
+class MistralReasoningParser(Qwen3ReasoningParser):
+    # Magistral writes [THINK] itself when it reasons.
+    name = "mistral"
+    start, end = "[THINK]", "[/THINK]"
+
+
 class ReasoningStream:
     """Feeds output pieces; returns ``(reasoning_delta, content_delta)`` for each."""
 
@@ -64,23 +88,24 @@ class ReasoningStream:
 
     def feed(self, piece: str) -> tuple[str, str]:
         self.pending += piece
+        start, end = self.parser.start, self.parser.end
         if not self.opening_checked:
             stripped = self.pending.lstrip()
-            if len(stripped) < len(THINK_START) and THINK_START.startswith(stripped):
-                return "", ""  # may still become <think>
+            if len(stripped) < len(start) and start.startswith(stripped):
+                return "", ""  # may still become the start tag
             self.opening_checked = True
-            if stripped.startswith(THINK_START):
-                self.pending = stripped[len(THINK_START) :]
+            if stripped.startswith(start):
+                self.pending = stripped[len(start) :]
                 self.in_reasoning = True
         if not self.in_reasoning or self.done_reasoning:
             content, self.pending = self.pending, ""
             return "", content
-        reasoning, closed, content = self.pending.partition(THINK_END)
+        reasoning, closed, content = self.pending.partition(end)
         if closed:
             self.done_reasoning = True
             self.pending = ""
             return reasoning, content
-        keep = partial_marker_len(self.pending, (THINK_END,))
+        keep = partial_marker_len(self.pending, (end,))
         reasoning, self.pending = (
             self.pending[: len(self.pending) - keep],
             self.pending[len(self.pending) - keep :],
@@ -96,7 +121,13 @@ class ReasoningStream:
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
+    "glm45": Glm45ReasoningParser,
+    # GLM-4.7 thinks as GLM-4.5 does.
+    "glm47": Glm45ReasoningParser,
+    "minimax_m2": MiniMaxM2ReasoningParser,
+    "mistral": MistralReasoningParser,
     "qwen3": Qwen3ReasoningParser,
+    "seed_oss": SeedOssReasoningParser,
 }
 
 

@@ -12,6 +12,27 @@ CASES = [
     ("qwen3", "<think>plan it</think>The answer.", "plan it", "The answer."),
     ("qwen3", "No thinking here.", None, "No thinking here."),
     ("qwen3", "<think>cut off", "cut off", None),
+    # Each model's own tags, from its chat template (the reasoning may hold the other tags).
+    ("glm45", "<think>规划 <b>x</b></think>\nDone.", "规划 <b>x</b>", "\nDone."),
+    ("glm45", "plan</think>Done.", "plan", "Done."),
+    ("glm47", "\nplan</think>Done.", "\nplan", "Done."),
+    ("minimax_m2", "Let me see.\n</think>\n\nIt is 4.", "Let me see.\n", "\n\nIt is 4."),
+    ("minimax_m2", "cut off <thi", "cut off <thi", None),
+    (
+        "seed_oss",
+        "<seed:think>budget<seed:cot_budget_reflect>ok</seed:cot_budget_reflect></seed:think>Oui.",
+        "budget<seed:cot_budget_reflect>ok</seed:cot_budget_reflect>",
+        "Oui.",
+    ),
+    (
+        "seed_oss",
+        "thinking <think>not ours</think> still",
+        "thinking <think>not ours</think> still",
+        None,
+    ),
+    ("mistral", "[THINK]2+2 → 4[/THINK]**4**", "2+2 → 4", "**4**"),
+    ("mistral", "[THINK", None, "[THINK"),
+    ("mistral", "Plain answer [THINK] later.", None, "Plain answer [THINK] later."),
 ]
 
 
@@ -37,6 +58,15 @@ def test_stream_matches_split(name, text, reasoning, content, piece):
     assert got_content == (content or "")
 
 
+@pytest.mark.parametrize(("name", "text", "reasoning", "content"), CASES)
+def test_stream_split_anywhere_matches_split(name, text, reasoning, content):
+    for at in range(len(text) + 1):
+        stream = make_reasoning_parser(name).stream()
+        pieces = [stream.feed(text[:at]), stream.feed(text[at:]), stream.finish()]
+        assert "".join(r for r, _ in pieces) == (reasoning or "")
+        assert "".join(c for _, c in pieces) == (content or "")
+
+
 def test_unknown_parser_named_in_error():
-    with pytest.raises(ValueError, match=r"granite.*supported: deepseek_r1, qwen3"):
-        make_reasoning_parser("granite")
+    with pytest.raises(ValueError, match=r"nope.*supported: deepseek_r1, glm45"):
+        make_reasoning_parser("nope")
