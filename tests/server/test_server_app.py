@@ -149,8 +149,8 @@ async def test_user_middleware_is_installed():
 
 
 def test_refused_settings_name_the_flag():
-    with pytest.raises(ValueError, match=r"granite.*not supported yet"):
-        check_frontend_settings(FrontendSettings(tool_call_parser="granite"))
+    with pytest.raises(ValueError, match=r"jamba.*not supported yet"):
+        check_frontend_settings(FrontendSettings(tool_call_parser="jamba"))
     with pytest.raises(ValueError, match="--tool-call-parser"):
         check_frontend_settings(FrontendSettings(enable_auto_tool_choice=True))
     with pytest.raises(ValueError, match="xgrammar"):
