@@ -234,7 +234,7 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "structured_outputs_config": HONOURED,  # key by key: KEY_SUPPORT
     "reasoning_parser": partial(
-        ("deepseek_r1", "glm45", "glm47", "minimax_m2", "mistral", "qwen3", "seed_oss"),
+        ("deepseek_r1", "glm45", "glm47", "granite", "minimax_m2", "mistral", "qwen3", "seed_oss"),
         "the other reasoning parsers are not built yet",
     ),
     # ---------------------------------------------------------------- ParallelConfig
@@ -406,7 +406,17 @@ KEY_SUPPORT: dict[str, Support] = {
         "not supported by the guidance backend here yet"
     ),
     "structured_outputs_config.reasoning_parser": partial(
-        ("", "deepseek_r1", "glm45", "glm47", "minimax_m2", "mistral", "qwen3", "seed_oss"),
+        (
+            "",
+            "deepseek_r1",
+            "glm45",
+            "glm47",
+            "granite",
+            "minimax_m2",
+            "mistral",
+            "qwen3",
+            "seed_oss",
+        ),
         "the other reasoning parsers are not built yet",
     ),
     "structured_outputs_config.enable_in_reasoning": refused(

@@ -7,14 +7,15 @@ of tags) out of the output into ``reasoning_content``, whole or while streaming.
   ``<seed:think>...</seed:think>``.
 - ``qwen3``: reasoning only when the output opens with ``<think>``; with thinking disabled
   (``enable_thinking=False``) there is none and everything is content. ``mistral`` (Magistral)
-  reads the same way with ``[THINK]...[/THINK]``.
+  reads the same way with ``[THINK]...[/THINK]``, ``granite`` (Granite 3.2+) with "Here is my
+  thought process:" ... "Here is my response:".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infernetes.runtime.server.text_stream import partial_marker_len
+from infernetes.runtime.server.text_stream import find_first, partial_marker_len
 
 THINK_START, THINK_END = "<think>", "</think>"
 
@@ -27,21 +28,36 @@ class ReasoningSplit:
 
 class ReasoningParser:
     name = ""
-    start, end = THINK_START, THINK_END
+    # The tags (or phrases) that open and close the reasoning; any one of each.
+    starts: tuple[str, ...] = (THINK_START,)
+    ends: tuple[str, ...] = (THINK_END,)
     # Whether the output counts as reasoning before any start tag is seen.
     starts_in_reasoning = False
 
+    def opening(self, stripped: str) -> str | None:
+        """The start tag ``stripped`` (the output less leading whitespace) opens with."""
+        return next((start for start in self.starts if stripped.startswith(start)), None)
+
+    def close(self, text: str) -> tuple[str, str] | None:
+        """``(reasoning, content)`` of reasoning ``text`` once an end tag closes it."""
+        found = find_first(text, self.ends)
+        if found is None:
+            return None
+        at, end = found
+        return text[:at], text[at + len(end) :]
+
     def split(self, text: str) -> ReasoningSplit:
         stripped = text.lstrip()
-        if stripped.startswith(self.start):
-            text = stripped[len(self.start) :]
+        start = self.opening(stripped)
+        if start is not None:
+            text = stripped[len(start) :]
         elif not self.starts_in_reasoning:
             return ReasoningSplit(None, text)
         # Without the start tag the reasoning keeps its leading whitespace, as streamed.
-        reasoning, closed, content = text.partition(self.end)
-        if not closed:
-            return ReasoningSplit(reasoning, None)
-        return ReasoningSplit(reasoning, content or None)
+        closed = self.close(text)
+        if closed is None:
+            return ReasoningSplit(text, None)
+        return ReasoningSplit(closed[0], closed[1] or None)
 
     def stream(self) -> ReasoningStream:
         return ReasoningStream(self)
@@ -67,13 +83,20 @@ class MiniMaxM2ReasoningParser(DeepSeekR1ReasoningParser):
 
 class SeedOssReasoningParser(DeepSeekR1ReasoningParser):
     name = "seed_oss"
-    start, end = "<seed:think>", "</seed:think>"
+    starts, ends = ("<seed:think>",), ("</seed:think>",)
 
 
 class MistralReasoningParser(Qwen3ReasoningParser):
     # Magistral writes [THINK] itself when it reasons.
     name = "mistral"
-    start, end = "[THINK]", "[/THINK]"
+    starts, ends = ("[THINK]",), ("[/THINK]",)
+
+
+class GraniteReasoningParser(Qwen3ReasoningParser):
+    # Granite 3.2+ with ``thinking=True`` writes phrases, not tags, in either spelling.
+    name = "granite"
+    starts = ("Here is my thought process:", "Here's my thought process:")
+    ends = ("Here is my response:", "Here's my response:")
 
 
 class ReasoningStream:
@@ -88,24 +111,25 @@ class ReasoningStream:
 
     def feed(self, piece: str) -> tuple[str, str]:
         self.pending += piece
-        start, end = self.parser.start, self.parser.end
+        parser = self.parser
         if not self.opening_checked:
             stripped = self.pending.lstrip()
-            if len(stripped) < len(start) and start.startswith(stripped):
-                return "", ""  # may still become the start tag
+            if any(len(stripped) < len(s) and s.startswith(stripped) for s in parser.starts):
+                return "", ""  # may still become a start tag
             self.opening_checked = True
-            if stripped.startswith(start):
+            start = parser.opening(stripped)
+            if start is not None:
                 self.pending = stripped[len(start) :]
                 self.in_reasoning = True
         if not self.in_reasoning or self.done_reasoning:
             content, self.pending = self.pending, ""
             return "", content
-        reasoning, closed, content = self.pending.partition(end)
-        if closed:
+        closed = parser.close(self.pending)
+        if closed is not None:
             self.done_reasoning = True
             self.pending = ""
-            return reasoning, content
-        keep = partial_marker_len(self.pending, (end,))
+            return closed
+        keep = partial_marker_len(self.pending, parser.ends)
         reasoning, self.pending = (
             self.pending[: len(self.pending) - keep],
             self.pending[len(self.pending) - keep :],
@@ -125,6 +149,7 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     # GLM-4.7 thinks as GLM-4.5 does.
     "glm47": Glm45ReasoningParser,
     "minimax_m2": MiniMaxM2ReasoningParser,
+    "granite": GraniteReasoningParser,
     "mistral": MistralReasoningParser,
     "qwen3": Qwen3ReasoningParser,
     "seed_oss": SeedOssReasoningParser,
