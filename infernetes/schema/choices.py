@@ -24,6 +24,7 @@ TOOL_CALL_PARSERS = (
     "minimax_m2",
     "mistral",
     "olmo3",
+    "openai",
     "phi4_mini_json",
     "pythonic",
     "qwen",

@@ -53,6 +53,11 @@ def refused(reason: str) -> Support:
 
 
 # Reasons shared by several entries.
+REASONING_NOT_BUILT = (
+    "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format) "
+    "needs openai-harmony's vocabulary files, which it downloads at startup; deepseek_v3 needs "
+    "each request's thinking switch"
+)
 DP_PLANNED = (
     "multi-node data parallelism is planned, not built yet: --data-parallel-size runs its engine "
     "cores on this node"
@@ -122,7 +127,8 @@ ARG_SUPPORT: dict[str, Support] = {
             "qwen3_coder",
             "seed_oss",
         ),
-        "the other parsers are not built yet",
+        "the other parsers are not built yet; openai (gpt-oss's harmony format) needs "
+        "openai-harmony's vocabulary files, which it downloads at startup",
     ),
     "tool_parser_plugin": refused(
         "tool-parser plugins are not loaded; use a built-in --tool-call-parser"
@@ -235,7 +241,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "structured_outputs_config": HONOURED,  # key by key: KEY_SUPPORT
     "reasoning_parser": partial(
         ("deepseek_r1", "glm45", "glm47", "granite", "minimax_m2", "mistral", "qwen3", "seed_oss"),
-        "the other reasoning parsers are not built yet",
+        REASONING_NOT_BUILT,
     ),
     # ---------------------------------------------------------------- ParallelConfig
     "distributed_executor_backend": partial(
@@ -417,7 +423,7 @@ KEY_SUPPORT: dict[str, Support] = {
             "qwen3",
             "seed_oss",
         ),
-        "the other reasoning parsers are not built yet",
+        REASONING_NOT_BUILT,
     ),
     "structured_outputs_config.enable_in_reasoning": refused(
         "constraining the reasoning section is not built yet: the grammar applies from the "

@@ -75,7 +75,7 @@ def test_structured_outputs_config_keys_are_checked(value, message):
         ({"backend": "xgrammar"}, "error"),
         ({"disable_additional_properties": True}, "error"),
         ({"enable_in_reasoning": True}, "error"),
-        ({"reasoning_parser": "granite"}, "error"),
+        ({"reasoning_parser": "step3p5"}, "error"),
         ({"reasoning_parser": "qwen3"}, None),
         ({"disable_fallback": True}, "warning"),
     ],

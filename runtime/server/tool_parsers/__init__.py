@@ -49,6 +49,8 @@ KNOWN_UNSUPPORTED = (
     "granite-20b-fc",
     "internlm",
     "jamba",
+    # gpt-oss's harmony format: openai-harmony downloads its vocabulary files at startup.
+    "openai",
     "phi4_mini_json",
 )
 
