@@ -120,6 +120,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "kimi_k2",
             "llama3_json",
             "llama4_json",
+            "llama4_pythonic",
             "minimax_m2",
             "mistral",
             "pythonic",

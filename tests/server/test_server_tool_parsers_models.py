@@ -90,6 +90,10 @@ CASES: dict[str, str] = {
         f'<|tool_call|>[{{"name": "get_weather", "arguments": {ARGS[0]}}}, '
         f'{{"name": "search", "arguments": {ARGS[1]}}}]'
     ),
+    "llama4_pythonic": (
+        "<|python_start|>[get_weather(city='São Paulo', days=2), "
+        f"search(query={EXPECTED[1][1]['query']!r}, filters={FILTERS!r})]<|python_end|>"
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"
@@ -98,7 +102,7 @@ CASES: dict[str, str] = {
     ),
 }
 # Formats whose calls can only open the output: no content before them.
-LEADING = {"granite"}
+LEADING = {"granite", "llama4_pythonic"}
 
 
 def _calls(tool_calls):

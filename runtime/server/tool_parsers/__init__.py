@@ -36,6 +36,9 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "llama3_json": Llama3JsonToolParser,
     # llama4_json is the same JSON shape as Llama 3's.
     "llama4_json": Llama3JsonToolParser,
+    # Llama 4's pythonic calls come between <|python_start|> and <|python_end|>, which the
+    # pythonic parser reads.
+    "llama4_pythonic": PythonicToolParser,
     "minimax_m2": MiniMaxM2ToolParser,
     "mistral": MistralToolParser,
     "pythonic": PythonicToolParser,
