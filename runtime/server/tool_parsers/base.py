@@ -292,7 +292,7 @@ class TaggedToolParser(ToolParser):
     and ``</tool_call>``: Hermes' JSON, Qwen3-Coder's XML): the blocks are found here, each read
     by ``parse_block``."""
 
-    markers = (TOOL_CALL_OPEN,)
+    markers: ClassVar[tuple[str, ...]] = (TOOL_CALL_OPEN,)
     call_open: ClassVar[str] = TOOL_CALL_OPEN
     call_close: ClassVar[str] = TOOL_CALL_CLOSE
 
