@@ -200,3 +200,26 @@ def test_granite_list_opens_with_the_31_tag_or_bare(opening):
     text = CASES["granite"].replace("<|tool_call|>", opening)
     assert _calls(make_tool_parser("granite", TOOLS).extract(text).tool_calls) == EXPECTED
     _check_stream("granite", list(text))
+
+
+CLOSING = {
+    "deepseek_v3": "<｜tool▁call▁end｜>",
+    "deepseek_v31": "<｜tool▁call▁end｜>",
+    "glm45": "</tool_call>",
+    "glm47": "</tool_call>",
+    "kimi_k2": "<|tool_call_end|>",
+    "minimax_m2": "</invoke>",
+    "seed_oss": "</function>",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLOSING))
+def test_a_call_cut_off_is_not_a_call(name):
+    """Output truncated inside the second call: the first is whole, the cut one is dropped
+    rather than returned with half its arguments."""
+    text = CASES[name]
+    cut = text[: text.rindex(CLOSING[name]) - 3]
+    result = make_tool_parser(name, TOOLS).extract(cut)
+    assert _calls(result.tool_calls) == EXPECTED[:1]
+    first_only = text[: text.index(CLOSING[name]) - 3]
+    assert not make_tool_parser(name, TOOLS).extract(first_only).tools_called

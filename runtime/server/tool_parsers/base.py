@@ -295,6 +295,9 @@ class TaggedToolParser(ToolParser):
     markers: ClassVar[tuple[str, ...]] = (TOOL_CALL_OPEN,)
     call_open: ClassVar[str] = TOOL_CALL_OPEN
     call_close: ClassVar[str] = TOOL_CALL_CLOSE
+    # Whether a block cut off before ``call_close`` (output truncated) is malformed; where the
+    # body alone cannot tell a whole call from a cut one (raw arguments), it must be.
+    requires_close: ClassVar[bool] = False
 
     @abstractmethod
     def parse_block(self, body: str) -> FunctionCall | None:
@@ -306,7 +309,7 @@ class TaggedToolParser(ToolParser):
             body, closed, _ = block.partition(self.call_close)
             if not closed and not final:
                 break
-            call = self.parse_block(body)
+            call = self.parse_block(body) if closed or not self.requires_close else None
             if call is None:
                 # A malformed block ends the tool section; with final, it voids it.
                 return None if final and not calls else calls

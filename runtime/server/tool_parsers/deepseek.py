@@ -24,6 +24,7 @@ class DeepSeekV3ToolParser(TaggedToolParser):
     name = "deepseek_v3"
     markers = (CALLS_BEGIN,)
     call_open, call_close = CALL_BEGIN, CALL_END
+    requires_close = True
 
     @staticmethod
     def _head(body: str) -> tuple[str, str] | None:
@@ -54,6 +55,7 @@ class DeepSeekV31ToolParser(TaggedToolParser):
     name = "deepseek_v31"
     markers = (CALLS_BEGIN,)
     call_open, call_close = CALL_BEGIN, CALL_END
+    requires_close = True
 
     def parse_block(self, body: str) -> FunctionCall | None:
         name, sep, args = body.partition(SEP)

@@ -29,6 +29,7 @@ PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re
 
 class Glm45ToolParser(TaggedToolParser):
     name = "glm45"
+    requires_close = True
 
     def _arguments(self, name: str, body: str) -> str:
         return typed_arguments(self.tools, name, PAIR.findall(body), strip="")

@@ -25,6 +25,7 @@ class KimiK2ToolParser(TaggedToolParser):
     name = "kimi_k2"
     markers = SECTION_BEGIN
     call_open, call_close = CALL_BEGIN, CALL_END
+    requires_close = True
 
     @staticmethod
     def _split(body: str) -> tuple[str, str, str] | None:

@@ -32,6 +32,7 @@ class MiniMaxM2ToolParser(TaggedToolParser):
     markers = ("<minimax:tool_call>",)
     # Each call is one <invoke> element; the section may hold several.
     call_open, call_close = "<invoke name=", "</invoke>"
+    requires_close = True
 
     def _arguments(self, name: str, body: str) -> str:
         return typed_arguments(self.tools, name, PARAMETER.findall(body))
