@@ -123,6 +123,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "llama4_pythonic",
             "minimax_m2",
             "mistral",
+            "olmo3",
             "pythonic",
             "qwen",
             "qwen3_coder",

@@ -94,6 +94,11 @@ CASES: dict[str, str] = {
         "<|python_start|>[get_weather(city='São Paulo', days=2), "
         f"search(query={EXPECTED[1][1]['query']!r}, filters={FILTERS!r})]<|python_end|>"
     ),
+    "olmo3": (
+        "<function_calls>get_weather(city='São Paulo', days=2)\n"
+        f"search(query={EXPECTED[1][1]['query']!r}, filters={json.dumps(FILTERS, ensure_ascii=False)})"
+        "\n</function_calls>"
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"
@@ -102,7 +107,7 @@ CASES: dict[str, str] = {
     ),
 }
 # Formats whose calls can only open the output: no content before them.
-LEADING = {"granite", "llama4_pythonic"}
+LEADING = {"granite", "llama4_pythonic", "olmo3"}
 
 
 def _calls(tool_calls):
@@ -223,3 +228,9 @@ def test_a_call_cut_off_is_not_a_call(name):
     assert _calls(result.tool_calls) == EXPECTED[:1]
     first_only = text[: text.index(CLOSING[name]) - 3]
     assert not make_tool_parser(name, TOOLS).extract(first_only).tools_called
+
+
+def test_olmo3_closing_tag_may_be_left_out():
+    text = CASES["olmo3"].removesuffix("\n</function_calls>")
+    assert _calls(make_tool_parser("olmo3", TOOLS).extract(text).tool_calls) == EXPECTED
+    _check_stream("olmo3", list(text))

@@ -21,7 +21,7 @@ from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from infernetes.runtime.server.tool_parsers.minimax import MiniMaxM2ToolParser
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
-from infernetes.runtime.server.tool_parsers.pythonic import PythonicToolParser
+from infernetes.runtime.server.tool_parsers.pythonic import Olmo3ToolParser, PythonicToolParser
 from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser, SeedOssToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
@@ -41,6 +41,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "llama4_pythonic": PythonicToolParser,
     "minimax_m2": MiniMaxM2ToolParser,
     "mistral": MistralToolParser,
+    "olmo3": Olmo3ToolParser,
     "pythonic": PythonicToolParser,
     "qwen": QwenToolParser,
     "qwen3_coder": QwenToolParser,

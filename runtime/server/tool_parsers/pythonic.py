@@ -24,8 +24,19 @@ STRING_KEYWORD = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*(['\"])(?!\2\2)")
 LONGEST_ESCAPE = 10
 
 
+JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+class _JsonNames(ast.NodeTransformer):
+    # Olmo 3 writes JSON's true, false and null among the Python literals.
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        if node.id in JSON_NAMES:
+            return ast.copy_location(ast.Constant(JSON_NAMES[node.id]), node)
+        return node
+
+
 def _literal(node: ast.expr) -> object:
-    return ast.literal_eval(node)
+    return ast.literal_eval(_JsonNames().visit(node))
 
 
 def split_top_level(text: str) -> tuple[list[str], bool]:
@@ -162,3 +173,28 @@ class PythonicToolParser(LeadingToolParser):
                 arguments[writing.group(1)] = value
                 return PartialCall(head.group(1), json.dumps(arguments, ensure_ascii=False)[:-2])
         return PartialCall(head.group(1), json.dumps(arguments, ensure_ascii=False)[:-1])
+
+
+FUNCTION_CALLS_OPEN, FUNCTION_CALLS_CLOSE = "<function_calls>", "</function_calls>"
+
+
+class Olmo3ToolParser(PythonicToolParser):
+    """Olmo 3: the calls one per line between ``<function_calls>`` and ``</function_calls>``,
+    read as the pythonic list of those lines."""
+
+    name = "olmo3"
+    tags, opener = (FUNCTION_CALLS_OPEN,), FUNCTION_CALLS_OPEN
+
+    @staticmethod
+    def _body(section: str) -> str:
+        inner, closed, _ = (
+            section.strip().removeprefix(FUNCTION_CALLS_OPEN).partition(FUNCTION_CALLS_CLOSE)
+        )
+        calls = ", ".join(line.strip() for line in inner.splitlines() if line.strip())
+        return f"[{calls}]" if closed else f"[{calls}"
+
+    def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
+        # The closing tag may be left out at the end of the output.
+        if final and FUNCTION_CALLS_CLOSE not in section:
+            section += FUNCTION_CALLS_CLOSE
+        return super().parse_section(section, final)
