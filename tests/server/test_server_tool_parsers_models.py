@@ -99,6 +99,14 @@ CASES: dict[str, str] = {
         f"search(query={EXPECTED[1][1]['query']!r}, filters={json.dumps(FILTERS, ensure_ascii=False)})"
         "\n</function_calls>"
     ),
+    "jamba": (
+        f'{CONTENT} <tool_calls>[{{"name": "get_weather", "arguments": {ARGS[0]}}},\n'
+        f'{{"name": "search", "arguments": {ARGS[1]}}}]</tool_calls>'
+    ),
+    "phi4_mini_json": (
+        f'{CONTENT}functools[{{"name": "get_weather", "arguments": {ARGS[0]}}}, '
+        f'{{"name": "search", "parameters": {ARGS[1]}}}]'
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"

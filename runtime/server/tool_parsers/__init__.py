@@ -17,6 +17,10 @@ from infernetes.runtime.server.tool_parsers.deepseek import (
 from infernetes.runtime.server.tool_parsers.glm import Glm45ToolParser
 from infernetes.runtime.server.tool_parsers.granite import GraniteToolParser
 from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser
+from infernetes.runtime.server.tool_parsers.json_list import (
+    JambaToolParser,
+    Phi4MiniJsonToolParser,
+)
 from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from infernetes.runtime.server.tool_parsers.minimax import MiniMaxM2ToolParser
@@ -32,6 +36,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "glm47": Glm45ToolParser,
     "granite": GraniteToolParser,
     "hermes": HermesToolParser,
+    "jamba": JambaToolParser,
     "kimi_k2": KimiK2ToolParser,
     "llama3_json": Llama3JsonToolParser,
     # llama4_json is the same JSON shape as Llama 3's.
@@ -42,6 +47,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "minimax_m2": MiniMaxM2ToolParser,
     "mistral": MistralToolParser,
     "olmo3": Olmo3ToolParser,
+    "phi4_mini_json": Phi4MiniJsonToolParser,
     "pythonic": PythonicToolParser,
     "qwen": QwenToolParser,
     "qwen3_coder": QwenToolParser,
@@ -52,10 +58,8 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 KNOWN_UNSUPPORTED = (
     "granite-20b-fc",
     "internlm",
-    "jamba",
     # gpt-oss's harmony format: openai-harmony downloads its vocabulary files at startup.
     "openai",
-    "phi4_mini_json",
 )
 
 
