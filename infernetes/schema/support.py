@@ -122,6 +122,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "llama3_json",
             "llama4_json",
             "llama4_pythonic",
+            "minimax_m1",
             "minimax_m2",
             "mistral",
             "olmo3",

@@ -103,6 +103,10 @@ CASES: dict[str, str] = {
         f'{CONTENT} <tool_calls>[{{"name": "get_weather", "arguments": {ARGS[0]}}},\n'
         f'{{"name": "search", "arguments": {ARGS[1]}}}]</tool_calls>'
     ),
+    "minimax_m1": (
+        f'{CONTENT}\n<tool_calls>\n{{"name": "get_weather", "arguments": {ARGS[0]}}}\n'
+        f'{{"name": "search", "arguments": {ARGS[1]}}}\n</tool_calls>'
+    ),
     "phi4_mini_json": (
         f'{CONTENT}functools[{{"name": "get_weather", "arguments": {ARGS[0]}}}, '
         f'{{"name": "search", "parameters": {ARGS[1]}}}]'

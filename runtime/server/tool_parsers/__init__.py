@@ -44,6 +44,9 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     # Llama 4's pythonic calls come between <|python_start|> and <|python_end|>, which the
     # pythonic parser reads.
     "llama4_pythonic": PythonicToolParser,
+    # MiniMax-M1 writes Jamba's tags around one call object per line, which the list reader
+    # also takes.
+    "minimax_m1": JambaToolParser,
     "minimax_m2": MiniMaxM2ToolParser,
     "mistral": MistralToolParser,
     "olmo3": Olmo3ToolParser,

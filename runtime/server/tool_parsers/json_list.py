@@ -1,6 +1,7 @@
 """JSON lists of ``{"name", "arguments"}`` objects after a tag, with content before them:
 
-- ``jamba`` (AI21 Jamba 1.5+): ``<tool_calls>[...]</tool_calls>``;
+- ``jamba`` (AI21 Jamba 1.5+): ``<tool_calls>[...]</tool_calls>``, and MiniMax-M1's objects
+  one per line between the same tags;
 - ``phi4_mini_json`` (Phi-4-mini): ``functools[...]`` (``parameters`` also read for
   ``arguments``).
 """
