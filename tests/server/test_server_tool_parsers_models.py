@@ -111,6 +111,14 @@ CASES: dict[str, str] = {
         f'{CONTENT}functools[{{"name": "get_weather", "arguments": {ARGS[0]}}}, '
         f'{{"name": "search", "parameters": {ARGS[1]}}}]'
     ),
+    "granite-20b-fc": (
+        f'{CONTENT} <function_call> {{"name": "get_weather", "arguments": {ARGS[0]}}} '
+        f'<function_call> {{"name": "search", "arguments": {ARGS[1]}}}'
+    ),
+    "hunyuan_a13b": (
+        f'{CONTENT}<tool_calls>[{{"name": "get_weather", "arguments": {ARGS[0]}}}, '
+        f'{{"name": "search", "arguments": {ARGS[1]}}}]</tool_calls>'
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"

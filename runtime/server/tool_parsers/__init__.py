@@ -15,7 +15,10 @@ from infernetes.runtime.server.tool_parsers.deepseek import (
     DeepSeekV31ToolParser,
 )
 from infernetes.runtime.server.tool_parsers.glm import Glm45ToolParser
-from infernetes.runtime.server.tool_parsers.granite import GraniteToolParser
+from infernetes.runtime.server.tool_parsers.granite import (
+    Granite20bFCToolParser,
+    GraniteToolParser,
+)
 from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser
 from infernetes.runtime.server.tool_parsers.json_list import (
     JambaToolParser,
@@ -35,7 +38,10 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "glm45": Glm45ToolParser,
     "glm47": Glm45ToolParser,
     "granite": GraniteToolParser,
+    "granite-20b-fc": Granite20bFCToolParser,
     "hermes": HermesToolParser,
+    # Hunyuan-A13B writes Jamba's tags and list.
+    "hunyuan_a13b": JambaToolParser,
     "jamba": JambaToolParser,
     "kimi_k2": KimiK2ToolParser,
     "llama3_json": Llama3JsonToolParser,
@@ -59,7 +65,6 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 
 # Parser names vLLM knows that are not implemented here: refused with a clear message.
 KNOWN_UNSUPPORTED = (
-    "granite-20b-fc",
     "internlm",
     # gpt-oss's harmony format: openai-harmony downloads its vocabulary files at startup.
     "openai",
