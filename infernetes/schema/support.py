@@ -119,6 +119,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "granite-20b-fc",
             "hermes",
             "hunyuan_a13b",
+            "internlm",
             "jamba",
             "kimi_k2",
             "llama3_json",

@@ -149,8 +149,8 @@ async def test_user_middleware_is_installed():
 
 
 def test_refused_settings_name_the_flag():
-    with pytest.raises(ValueError, match=r"internlm.*not supported yet"):
-        check_frontend_settings(FrontendSettings(tool_call_parser="internlm"))
+    with pytest.raises(ValueError, match=r"openai.*not supported yet"):
+        check_frontend_settings(FrontendSettings(tool_call_parser="openai"))
     with pytest.raises(ValueError, match="--tool-call-parser"):
         check_frontend_settings(FrontendSettings(enable_auto_tool_choice=True))
     with pytest.raises(ValueError, match="xgrammar"):
@@ -160,8 +160,8 @@ def test_refused_settings_name_the_flag():
 
 
 def test_run_server_exits_2_on_unsupported_parser(capsys):
-    config = build_config("some/model", tool_call_parser="internlm", enable_auto_tool_choice=True)
+    config = build_config("some/model", tool_call_parser="openai", enable_auto_tool_choice=True)
     with pytest.raises(SystemExit) as info:
         run_server(config)
     assert info.value.code == 2
-    assert "internlm" in capsys.readouterr().err
+    assert "openai" in capsys.readouterr().err

@@ -176,7 +176,7 @@ def test_malformed_calls_stay_content(name):
 
 def test_unsupported_parsers_are_refused_by_name():
     with pytest.raises(ValueError, match="not supported yet"):
-        check_tool_parser_name("internlm")
+        check_tool_parser_name("openai")
     with pytest.raises(ValueError, match="unknown"):
         check_tool_parser_name("nope")
     for name in ("hermes", "llama3_json", "mistral", "pythonic", "qwen"):

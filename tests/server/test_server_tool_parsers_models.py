@@ -119,6 +119,11 @@ CASES: dict[str, str] = {
         f'{CONTENT}<tool_calls>[{{"name": "get_weather", "arguments": {ARGS[0]}}}, '
         f'{{"name": "search", "arguments": {ARGS[1]}}}]</tool_calls>'
     ),
+    "internlm": (
+        f'{CONTENT}<|action_start|><|plugin|>\n{{"name": "get_weather", "parameters": {ARGS[0]}}}'
+        f'<|action_end|>\n<|action_start|><|plugin|>\n{{"name": "search", "parameters": {ARGS[1]}}}'
+        "<|action_end|>"
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"

@@ -19,7 +19,7 @@ from infernetes.runtime.server.tool_parsers.granite import (
     Granite20bFCToolParser,
     GraniteToolParser,
 )
-from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser
+from infernetes.runtime.server.tool_parsers.hermes import HermesToolParser, InternLM2ToolParser
 from infernetes.runtime.server.tool_parsers.json_list import (
     JambaToolParser,
     Phi4MiniJsonToolParser,
@@ -42,6 +42,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     # Hunyuan-A13B writes Jamba's tags and list.
     "hunyuan_a13b": JambaToolParser,
+    "internlm": InternLM2ToolParser,
     "jamba": JambaToolParser,
     "kimi_k2": KimiK2ToolParser,
     "llama3_json": Llama3JsonToolParser,
@@ -65,7 +66,6 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 
 # Parser names vLLM knows that are not implemented here: refused with a clear message.
 KNOWN_UNSUPPORTED = (
-    "internlm",
     # gpt-oss's harmony format: openai-harmony downloads its vocabulary files at startup.
     "openai",
 )

@@ -1,5 +1,6 @@
 """Hermes format (NousResearch Hermes 2/3, Qwen2.5, Qwen3): one JSON object per call inside
-``<tool_call>...</tool_call>`` tags, after optional content."""
+``<tool_call>...</tool_call>`` tags, after optional content; InternLM2's between its action
+tokens."""
 
 from __future__ import annotations
 
@@ -26,3 +27,12 @@ class HermesToolParser(TaggedToolParser):
     def partial_call(self, section: str, complete: int) -> PartialCall | None:
         block = self.open_block(section, complete)
         return None if block is None else partial_from_object_text(block)
+
+
+class InternLM2ToolParser(HermesToolParser):
+    """InternLM2/2.5: the same JSON object (``parameters`` or ``arguments``) between
+    ``<|action_start|><|plugin|>`` and ``<|action_end|>``."""
+
+    name = "internlm"
+    markers = ("<|action_start|><|plugin|>",)
+    call_open, call_close = "<|action_start|><|plugin|>", "<|action_end|>"
