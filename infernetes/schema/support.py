@@ -184,8 +184,8 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_prompt_embeds": honoured(
         "the offline LLM takes {'prompt_embeds': tensor} on the Llama and Gemma families, "
         "Mistral, Qwen2/3, Phi-3, the Qwen and Mixtral MoEs and DeepSeek (other models refuse "
-        "such a request); the completions API's prompt_embeds field is refused (400): the API "
-        "process does not load torch"
+        "such a request); the completions API takes prompt_embeds as vLLM does (base64 of a "
+        "torch.save'd tensor, read with weights_only=True; not with echo)"
     ),
     "disable_async_output_proc": no_effect(
         "V1 has no async output processor to disable; vLLM V1 ignores it too"
