@@ -27,7 +27,8 @@ MANAGED = Gauge(
 CONDITION = Gauge(
     "infernetes_operator_inference_service_condition",
     "1 for each condition of each InferenceService's status, labelled by its status.",
-    ["namespace", "name", "condition", "status"],
+    # Not `namespace`: Prometheus would rename it, the target's own namespace label wins.
+    ["inference_service_namespace", "inference_service", "condition", "status"],
 )
 
 

@@ -593,7 +593,8 @@ def condition_series(namespace: str, name: str) -> dict[tuple[str, str], float]:
         for family in REGISTRY.collect()
         if family.name == metrics.CONDITION._name
         for sample in family.samples
-        if (sample.labels["namespace"], sample.labels["name"]) == (namespace, name)
+        if (sample.labels["inference_service_namespace"], sample.labels["inference_service"])
+        == (namespace, name)
     }
 
 
