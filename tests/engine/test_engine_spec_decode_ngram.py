@@ -148,6 +148,11 @@ def generate(
         counts[0] += iteration.num_drafts
         counts[1] += iteration.num_draft_tokens
         counts[2] += iteration.num_accepted_tokens
+        # vLLM's per-position vector: each position's acceptances sum to the accepted tokens,
+        # and a later position is accepted only after every earlier one
+        per_pos = iteration.num_accepted_tokens_per_pos
+        assert sum(per_pos) == iteration.num_accepted_tokens
+        assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
         return updated, iteration
 
     scheduler.update_from_output = counted
