@@ -5,6 +5,7 @@ while it verifies and accepts some."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -152,7 +153,7 @@ def generate(
         # and a later position is accepted only after every earlier one
         per_pos = iteration.num_accepted_tokens_per_pos
         assert sum(per_pos) == iteration.num_accepted_tokens
-        assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
+        assert all(a >= b for a, b in itertools.pairwise(per_pos))
         return updated, iteration
 
     scheduler.update_from_output = counted
