@@ -1,0 +1,88 @@
+"""Linear layers on group-quantized weights on the CPU through the C kernels of group_quant.c.
+
+Few rows (decode): the kernel reads each packed weight row once for all rows, so a step reads the
+4- or 8-bit weights, not a dense copy. Many rows (prefill): the product is bound by arithmetic,
+not by the weight, so tiles of weight rows are dequantized by the C kernel into a scratch buffer
+and multiplied by torch's GEMM. Same contract as `infernetes.kernels.ops.group_quant_linear`;
+the torch reference runs whenever the kernels are unavailable or the tensors are outside what
+they handle."""
+
+from __future__ import annotations
+
+import torch
+from infernetes.kernels.cpu import native
+from infernetes.kernels.reference import group_quant as reference
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+CHUNK = 16  # inputs the kernel unpacks at a time: a group is whole chunks
+
+
+def _library():
+    return native.load("group_quant")
+
+
+def handles(group_size: int, inputs: int) -> bool:
+    """Whether the C kernel computes a layer of these groups (else the reference does)."""
+    return group_size % CHUNK == 0 and group_size > 0 and inputs % group_size == 0
+
+
+def group_quant_linear(x, qweight, scale, offset, group_size, bits, bias=None):
+    library = _library()
+    rows_x = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    inputs = x.shape[-1]
+    if (
+        library is None
+        or x.dtype not in _DTYPE_CODES
+        or not handles(group_size, inputs)
+        or rows_x.stride(-1) != 1
+        or qweight.shape[1] * 8 // bits != inputs
+        or not (qweight.is_contiguous() and scale.is_contiguous())
+        or scale.dtype != torch.float32
+        or (offset is not None and (not offset.is_contiguous() or offset.dtype != torch.float32))
+    ):
+        return reference.group_quant_linear(x, qweight, scale, offset, group_size, bits, bias)
+    if bias is not None:
+        bias = bias.to(x.dtype).contiguous()
+    rows, outputs = rows_x.shape[0], qweight.shape[0]
+    out = torch.empty((rows, outputs), dtype=x.dtype)
+    status = library.group_quant_linear(
+        rows_x.data_ptr(),
+        rows_x.stride(0),
+        _DTYPE_CODES[x.dtype],
+        out.data_ptr(),
+        out.stride(0),
+        qweight.data_ptr(),
+        scale.data_ptr(),
+        offset.data_ptr() if offset is not None else None,
+        bias.data_ptr() if bias is not None else None,
+        rows,
+        outputs,
+        inputs,
+        group_size,
+        bits,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise MemoryError("group_quant_linear: the CPU kernel could not allocate its scratch")
+    return out.view(*x.shape[:-1], outputs)
+
+
+def dequantize(qweight, scale, offset, group_size, bits, dtype, start=0, end=None):
+    """Rows ``start .. end`` of the dense weight in ``dtype`` (float32 or bfloat16)."""
+    end = qweight.shape[0] if end is None else end
+    inputs = qweight.shape[1] * 8 // bits
+    out = torch.empty((end - start, inputs), dtype=dtype)
+    _library().group_quant_dequantize(
+        qweight.data_ptr(),
+        scale.data_ptr(),
+        offset.data_ptr() if offset is not None else None,
+        out.data_ptr(),
+        _DTYPE_CODES[dtype],
+        start,
+        end,
+        inputs,
+        group_size,
+        bits,
+        torch.get_num_threads(),
+    )
+    return out
