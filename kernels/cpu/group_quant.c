@@ -21,6 +21,10 @@
 
 #include "dtypes.h"
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #ifdef _OPENMP
 #include <omp.h>
 #else
@@ -28,25 +32,41 @@ static inline int omp_get_thread_num(void) { return 0; }
 #endif
 
 typedef float v16f __attribute__((vector_size(64)));
-typedef uint8_t v16u8 __attribute__((vector_size(16)));
-typedef int8_t v16i8 __attribute__((vector_size(16)));
 
 enum { CHUNK = 16 };
 
-/* The 16 integers of chunk c of a row as float32, in the order x is permuted to. */
+/* The 16 integers of chunk c of a row as float32, in the order x is permuted to. With AVX-512 or
+ * AVX2 by intrinsics: gcc turns __builtin_convertvector of bytes loaded from memory into one
+ * conversion per lane. */
 static inline __attribute__((always_inline)) v16f chunk_q(const uint8_t *restrict row, int64_t c, const int bits) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+    __m128i b;
     if (bits == 8) {
-        v16i8 b;
-        memcpy(&b, row + c * CHUNK, sizeof b);
-        return __builtin_convertvector(b, v16f);
+        b = _mm_loadu_si128((const __m128i *)(row + c * CHUNK));
+    } else {
+        const __m128i packed = _mm_loadl_epi64((const __m128i *)(row + c * (CHUNK / 2))), mask = _mm_set1_epi8(15);
+        b = _mm_unpacklo_epi64(_mm_and_si128(packed, mask), _mm_and_si128(_mm_srli_epi16(packed, 4), mask));
     }
-    uint64_t packed;
-    memcpy(&packed, row + c * (CHUNK / 2), sizeof packed);
-    const uint64_t low = packed & 0x0f0f0f0f0f0f0f0full, high = (packed >> 4) & 0x0f0f0f0f0f0f0f0full;
-    v16u8 b;
-    memcpy(&b, &low, sizeof low);
-    memcpy((uint8_t *)&b + 8, &high, sizeof high);
-    return __builtin_convertvector(b, v16f);
+#if defined(__AVX512F__)
+    return (v16f)_mm512_cvtepi32_ps(bits == 8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#else
+    const __m128i upper = _mm_unpackhi_epi64(b, b);
+    const __m256 lo = _mm256_cvtepi32_ps(bits == 8 ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+    const __m256 hi = _mm256_cvtepi32_ps(bits == 8 ? _mm256_cvtepi8_epi32(upper) : _mm256_cvtepu8_epi32(upper));
+    v16f v;
+    memcpy(&v, &lo, sizeof lo);
+    memcpy((float *)&v + 8, &hi, sizeof hi);
+    return v;
+#endif
+#else
+    v16f v;
+    for (int l = 0; l < CHUNK; l++) {
+        const int k = l < CHUNK / 2 ? 2 * l : 2 * (l - CHUNK / 2) + 1; /* evens in the low nibbles */
+        v[l] = bits == 8 ? (float)((const int8_t *)row)[c * CHUNK + l]
+                         : (float)((row[c * (CHUNK / 2) + k / 2] >> (4 * (k & 1))) & 15);
+    }
+    return v;
+#endif
 }
 
 static inline float reduce(v16f v) {
@@ -174,22 +194,43 @@ int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int6
     return 0;
 }
 
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+
+/* 16 float32 to out[i ..] of out_dtype; bfloat16 rounded to nearest even (NaN stays NaN), as
+ * f32_to_bf16 in dtypes.h, on whole vectors. */
+static inline __attribute__((always_inline)) void store16(void *restrict out, int64_t i, v16f v, const int out_dtype) {
+    if (out_dtype == F32) {
+        memcpy((float *)out + i, &v, sizeof v);
+        return;
+    }
+    const v16u32 bits = (v16u32)v;
+    const v16u32 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const v16u32 nan = (bits >> 16) | 0x40u;
+    const v16u32 is_nan = (v16u32)((bits & 0x7fffffffu) > 0x7f800000u); /* all ones where NaN */
+    const v16u16 half = __builtin_convertvector((nan & is_nan) | (rounded & ~is_nan), v16u16);
+    memcpy((uint16_t *)out + i, &half, sizeof half);
+}
+
 /* Rows n0 .. n1 of the dense weight, in natural input order, into out [n1 - n0, K] of out_dtype. */
 static inline __attribute__((always_inline)) void dequantize_rows(const uint8_t *qweight, const float *scale,
                                                                   const float *offset, void *out, int n0, int n1,
                                                                   int K, const int G, const int bits,
                                                                   const int out_dtype) {
     const int64_t row_bytes = (int64_t)K * bits / 8, groups = K / G;
+    const int per_group = G / CHUNK;
 #pragma omp for schedule(static)
     for (int n = n0; n < n1; n++) {
         const uint8_t *q = qweight + n * row_bytes;
         const int64_t dst = (int64_t)(n - n0) * K;
         for (int g = 0; g < groups; g++) {
             const float s = scale[n * groups + g], o = offset ? offset[n * groups + g] : 0.0f;
-            for (int i = 0; i < G; i++) {
-                const int k = g * G + i;
-                const float v = bits == 8 ? (float)(int8_t)q[k] : (float)((q[k / 2] >> (4 * (k & 1))) & 15);
-                store_one(out, dst + k, v * s + o, out_dtype);
+            for (int j = 0; j < per_group; j++) {
+                const int64_t c = (int64_t)g * per_group + j;
+                v16f v = chunk_q(q, c, bits) * s + o;
+                if (bits == 4) /* [evens, odds] back to input order */
+                    v = __builtin_shufflevector(v, v, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+                store16(out, dst + c * CHUNK, v, out_dtype);
             }
         }
     }

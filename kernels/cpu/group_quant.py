@@ -15,6 +15,10 @@ from infernetes.kernels.reference import group_quant as reference
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 CHUNK = 16  # inputs the kernel unpacks at a time: a group is whole chunks
+# Above this many rows the product is bound by arithmetic, and torch's GEMM on dequantized tiles
+# beats the kernel (bench/cpu_quant_linear.py).
+MAX_KERNEL_ROWS = 8
+TILE_ELEMENTS = 1 << 21  # weights dequantized at a time: a tile stays in the L2/L3 cache
 
 
 def _library():
@@ -41,9 +45,13 @@ def group_quant_linear(x, qweight, scale, offset, group_size, bits, bias=None):
         or (offset is not None and (not offset.is_contiguous() or offset.dtype != torch.float32))
     ):
         return reference.group_quant_linear(x, qweight, scale, offset, group_size, bits, bias)
+    rows, outputs = rows_x.shape[0], qweight.shape[0]
+    if rows > MAX_KERNEL_ROWS:
+        return _tiled(rows_x, qweight, scale, offset, group_size, bits, bias).view(
+            *x.shape[:-1], outputs
+        )
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()
-    rows, outputs = rows_x.shape[0], qweight.shape[0]
     out = torch.empty((rows, outputs), dtype=x.dtype)
     status = library.group_quant_linear(
         rows_x.data_ptr(),
@@ -85,4 +93,17 @@ def dequantize(qweight, scale, offset, group_size, bits, dtype, start=0, end=Non
         bits,
         torch.get_num_threads(),
     )
+    return out
+
+
+def _tiled(x, qweight, scale, offset, group_size, bits, bias):
+    """Many rows: tiles of weight rows dequantized in x's dtype, each multiplied by torch."""
+    outputs, inputs = qweight.shape[0], x.shape[1]
+    out = torch.empty((x.shape[0], outputs), dtype=x.dtype)
+    step = max(CHUNK, TILE_ELEMENTS // inputs)
+    for start in range(0, outputs, step):
+        end = min(outputs, start + step)
+        tile = dequantize(qweight, scale, offset, group_size, bits, x.dtype, start, end)
+        part_bias = bias[start:end] if bias is not None else None
+        out[:, start:end] = torch.nn.functional.linear(x, tile, part_bias)
     return out

@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
+from infernetes.kernels import ops
+from infernetes.kernels.reference import group_quant as reference
 from torch import nn
 
 if TYPE_CHECKING:
     from infernetes.runtime.model_executor.layers.linear import LinearBase
 
-BITS = (4, 8)
+BITS = reference.BITS
 
 
 @dataclass(frozen=True)
@@ -46,22 +47,18 @@ class GroupQuantWeight:
 
     def unpacked(self) -> torch.Tensor:
         """The integers ``q`` as int16 ``[N, K]``."""
-        if self.bits == 8:
-            return self.qweight.to(torch.int16)
-        low = (self.qweight & 0x0F).to(torch.int16)
-        high = (self.qweight >> 4).to(torch.int16)
-        return torch.stack((low, high), dim=-1).reshape(self.outputs, self.inputs)
+        return reference.unpack(self.qweight, self.bits)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The ``[N, K]`` weight."""
-        groups = self.unpacked().float().reshape(self.outputs, -1, self.group_size)
-        weight = groups * self.scale.unsqueeze(-1)
-        if self.offset is not None:
-            weight = weight + self.offset.unsqueeze(-1)
-        return weight.reshape(self.outputs, self.inputs).to(dtype)
+        return reference.dequantize(
+            self.qweight, self.scale, self.offset, self.group_size, self.bits, dtype
+        )
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, self.dequantize(x.dtype), bias)
+        return ops.group_quant_linear(
+            x, self.qweight, self.scale, self.offset, self.group_size, self.bits, bias
+        )
 
     @staticmethod
     def concat_outputs(parts: list[GroupQuantWeight]) -> GroupQuantWeight | None:
