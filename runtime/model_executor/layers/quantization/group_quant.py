@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING
 
 import torch
 from infernetes.kernels import ops
+from infernetes.kernels.cpu.group_quant import handles
 from infernetes.kernels.reference import group_quant as reference
+from infernetes.kernels.reference.wna16 import unpack_along_k
 from torch import nn
 
 if TYPE_CHECKING:
     from infernetes.runtime.model_executor.layers.linear import LinearBase
+    from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 
 BITS = reference.BITS
 
@@ -58,6 +61,36 @@ class GroupQuantWeight:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return ops.group_quant_linear(
             x, self.qweight, self.scale, self.offset, self.group_size, self.bits, bias
+        )
+
+    @staticmethod
+    def from_packed_int(packed: PackedInt) -> GroupQuantWeight | None:
+        """A GPTQ/AWQ/compressed-tensors layer in this form (``offset = -scale * zero``), or None
+        when its groups are not runs of inputs the CPU kernel takes (GPTQ's act-order ``g_idx``
+        reorders them)."""
+        inputs = packed.inputs
+        first = int(packed.g_idx[0])
+        group = int((packed.g_idx == first).sum())
+        runs = first + torch.arange(inputs, dtype=torch.int32) // group
+        if not handles(group, inputs) or not torch.equal(packed.g_idx.cpu(), runs):
+            return None
+        groups = slice(first, first + inputs // group)
+        scale = packed.scales[groups].t().float().contiguous()  # [N, K / G]
+        midpoint = 2 ** (packed.bits - 1)
+        zero = midpoint if packed.zeros is None else packed.zeros[groups].t().float()
+        values = unpack_along_k(packed.qweight, packed.bits).t()  # [N, K] unsigned
+        if packed.bits == 4:
+            qweight = (values[:, 0::2] | (values[:, 1::2] << 4)).to(torch.uint8)
+            offset: torch.Tensor | None = -scale * zero
+        else:  # int8 holds q - 128: the zero point moves with it
+            qweight = (values - midpoint).to(torch.int8)
+            offset = None if packed.zeros is None else -scale * (zero - midpoint)
+        return GroupQuantWeight(
+            qweight.contiguous(),
+            scale,
+            offset.contiguous() if offset is not None else None,
+            group,
+            packed.bits,
         )
 
     @staticmethod
