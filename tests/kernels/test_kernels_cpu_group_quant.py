@@ -6,6 +6,8 @@ wrong nibble, group or offset gives."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,6 +121,6 @@ def test_kernels_off_runs_the_reference(monkeypatch):
 def test_shares_torchs_openmp_runtime():
     """The kernel's libgomp.so.1 is the copy torch loaded: one thread pool, not two."""
     assert native.load("group_quant") is not None
-    maps = open("/proc/self/maps").read()
+    maps = Path("/proc/self/maps").read_text()
     libraries = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
     assert len(libraries) == 1, libraries

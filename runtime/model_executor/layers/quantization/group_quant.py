@@ -100,13 +100,15 @@ class GroupQuantWeight:
         first = parts[0]
         if any(p.bits != first.bits or p.group_size != first.group_size for p in parts):
             return None
-        offsets = [p.offset for p in parts]
-        if any(o is None for o in offsets) and any(o is not None for o in offsets):
-            offsets = [torch.zeros_like(p.scale) if p.offset is None else p.offset for p in parts]
+        offset = None
+        if any(p.offset is not None for p in parts):
+            offset = torch.cat(
+                [torch.zeros_like(p.scale) if p.offset is None else p.offset for p in parts]
+            )
         return GroupQuantWeight(
             qweight=torch.cat([p.qweight for p in parts]),
             scale=torch.cat([p.scale for p in parts]),
-            offset=None if offsets[0] is None else torch.cat(offsets),  # type: ignore[misc]
+            offset=offset,
             group_size=first.group_size,
             bits=first.bits,
         )

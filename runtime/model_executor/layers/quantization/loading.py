@@ -66,8 +66,11 @@ def load_quantized(
     loaded = model.load_weights(dequantized_weights(weights, fmt, dtype, kv_scales, kept))
     if kv_scales:
         logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
-    forms = {prefix: device_form(w, device) for prefix, w in (kept or {}).items()}
-    forms = {prefix: form for prefix, form in forms.items() if form is not None}
+    forms: dict[str, KeptWeight] = {}
+    for prefix, weight in (kept or {}).items():
+        form = device_form(weight, device)
+        if form is not None:
+            forms[prefix] = form
     if kept:
         held, taken = keep_linear_layers(model, forms, device, dtype)
         held_experts, taken_experts = (
