@@ -81,73 +81,152 @@ static inline v16f load16(const float *restrict p) {
     return v;
 }
 
-/* One weight row against one x row, dequantizing in registers (decode's single row). */
-static inline __attribute__((always_inline)) float row_dot(const uint8_t *restrict q, const float *restrict scale,
-                                                           const float *restrict offset, const float *restrict x,
-                                                           int K, const int G, const int bits) {
-    v16f acc[4] = {0};
-    const int per_group = G / CHUNK;
-    for (int g = 0; g < K / G; g++) {
-        const float s = scale[g], o = offset ? offset[g] : 0.0f;
-        for (int j = 0; j < per_group; j++) {
-            const int64_t c = (int64_t)g * per_group + j;
-            const v16f w = chunk_q(q, c, bits) * s + o;
-            acc[j & 3] += w * load16(x + c * CHUNK);
+/* Chunk c of a row dequantized: q * scale + offset of its group. */
+static inline __attribute__((always_inline)) v16f chunk_w(const uint8_t *restrict q, const float *restrict scale,
+                                                          const float *restrict offset, int64_t c, const int G,
+                                                          const int bits) {
+    const int64_t g = c / (G / CHUNK);
+    return chunk_q(q, c, bits) * scale[g] + (offset ? offset[g] : 0.0f);
+}
+
+/* Dot products of one weight row w (in x's order) with R rows of x (R a constant, 1 to 4), a
+ * vector each: every load of w serves R rows. */
+static inline __attribute__((always_inline)) void dots_f32(const float *restrict w, const float *restrict x,
+                                                           int64_t x_stride, int K, float *out, const int R) {
+    v16f acc[4][2] = {{{0}}};
+    int c = 0;
+    for (; c + 2 * CHUNK <= K; c += 2 * CHUNK)
+        for (int u = 0; u < 2; u++) {
+            const v16f wv = load16(w + c + u * CHUNK);
+            for (int r = 0; r < R; r++) acc[r][u] += wv * load16(x + r * x_stride + c + u * CHUNK);
         }
-    }
+    for (; c < K; c += CHUNK)
+        for (int r = 0; r < R; r++) acc[r][0] += load16(w + c) * load16(x + r * x_stride + c);
+    for (int r = 0; r < R; r++) out[r] = reduce(acc[r][0] + acc[r][1]);
+}
+
+/* One weight row against one x row, dequantizing in registers (decode's single row). */
+static inline __attribute__((always_inline)) float row_dot_f32(const uint8_t *restrict q, const float *restrict scale,
+                                                               const float *restrict offset, const float *restrict x,
+                                                               int K, const int G, const int bits) {
+    v16f acc[4] = {0};
+    for (int64_t c = 0; c < K / CHUNK; c++) acc[c & 3] += chunk_w(q, scale, offset, c, G, bits) * load16(x + c * CHUNK);
     return reduce((acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
+
+#if defined(__AVX512BF16__)
+/* bfloat16 activations: weights dequantized in float32, rounded to bfloat16 (as the reference's
+ * dense weight is) and multiplied by the CPU's bf16 dot-product instruction, 32 products per
+ * step summed in float32. x rows are padded with zeros to a multiple of 32. */
+#define HAVE_BF16_DOT 1
+
+/* Inputs 32p .. 32p + 31 of a weight row (chunks 2p and 2p + 1; zeros past the last chunk). */
+static inline __attribute__((always_inline)) __m512bh pair_bf16(const uint8_t *restrict q, const float *restrict scale,
+                                                                const float *restrict offset, int64_t p, int chunks,
+                                                                const int G, const int bits) {
+    const v16f lo = chunk_w(q, scale, offset, 2 * p, G, bits);
+    const v16f hi = 2 * p + 1 < chunks ? chunk_w(q, scale, offset, 2 * p + 1, G, bits) : (v16f){0};
+    return _mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
+}
+
+static inline __attribute__((always_inline)) float row_dot_bf16(const uint8_t *restrict q, const float *restrict scale,
+                                                                const float *restrict offset,
+                                                                const uint16_t *restrict x, int K, const int G,
+                                                                const int bits) {
+    const int chunks = K / CHUNK;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t p = 0; p < (chunks + 1) / 2; p++)
+        acc[p & 3] = _mm512_dpbf16_ps(acc[p & 3], pair_bf16(q, scale, offset, p, chunks, G, bits),
+                                      (__m512bh)_mm512_loadu_si512(x + 32 * p));
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+static inline __attribute__((always_inline)) void dequantize_row_bf16(const uint8_t *restrict q,
+                                                                      const float *restrict scale,
+                                                                      const float *restrict offset, uint16_t *w,
+                                                                      int K, const int G, const int bits) {
+    const int chunks = K / CHUNK;
+    for (int64_t p = 0; p < (chunks + 1) / 2; p++)
+        _mm512_storeu_si512(w + 32 * p, (__m512i)pair_bf16(q, scale, offset, p, chunks, G, bits));
+}
+
+static inline __attribute__((always_inline)) void dots_bf16(const uint16_t *restrict w, const uint16_t *restrict x,
+                                                            int64_t x_stride, int K, float *out, const int R) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int c = 0; c < K; c += 32) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + c);
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_dpbf16_ps(acc[r], wv, (__m512bh)_mm512_loadu_si512(x + r * x_stride + c));
+    }
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+#else
+#define HAVE_BF16_DOT 0
+#endif
 
 /* One weight row dequantized into w (float32, x's permuted order), for several x rows. */
-static inline __attribute__((always_inline)) void dequantize_row(const uint8_t *restrict q, const float *restrict scale,
-                                                                 const float *restrict offset, float *restrict w,
-                                                                 int K, const int G, const int bits) {
-    const int per_group = G / CHUNK;
-    for (int g = 0; g < K / G; g++) {
-        const float s = scale[g], o = offset ? offset[g] : 0.0f;
-        for (int j = 0; j < per_group; j++) {
-            const int64_t c = (int64_t)g * per_group + j;
-            const v16f v = chunk_q(q, c, bits) * s + o;
-            memcpy(w + c * CHUNK, &v, sizeof v);
-        }
+static inline __attribute__((always_inline)) void dequantize_row_f32(const uint8_t *restrict q,
+                                                                     const float *restrict scale,
+                                                                     const float *restrict offset, float *restrict w,
+                                                                     int K, const int G, const int bits) {
+    for (int64_t c = 0; c < K / CHUNK; c++) {
+        const v16f v = chunk_w(q, scale, offset, c, G, bits);
+        memcpy(w + c * CHUNK, &v, sizeof v);
     }
-}
-
-static inline float dot(const float *restrict a, const float *restrict b, int K) {
-    v16f acc[4] = {0};
-    int c = 0;
-    for (; c + 4 * CHUNK <= K; c += 4 * CHUNK)
-        for (int u = 0; u < 4; u++) acc[u] += load16(a + c + u * CHUNK) * load16(b + c + u * CHUNK);
-    for (; c < K; c += CHUNK) acc[0] += load16(a + c) * load16(b + c);
-    return reduce((acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
 
 typedef struct {
-    const float *x; /* [M, K] float32, permuted */
+    const void *x; /* [M, width] permuted: float32, or bfloat16 for the bf16 dot product */
+    int64_t width;  /* K, or K rounded up to 32 for the bf16 dot product */
     void *y;
     int64_t y_stride;
-    int dtype;
+    int dtype, bf16_dot;
     const uint8_t *qweight;
     const float *scale, *offset;
     const void *bias;
     int M, N, K;
 } Linear;
 
-static inline __attribute__((always_inline)) void linear_rows(const Linear *p, float *restrict w, const int G,
-                                                              const int bits) {
+#define DOTS(KIND, W, X, COUNT, OUT)                                                 \
+    switch (COUNT) {                                                                 \
+    case 4: dots_##KIND(W, X, p->width, (int)p->width, OUT, 4); break;               \
+    case 3: dots_##KIND(W, X, p->width, (int)p->width, OUT, 3); break;               \
+    case 2: dots_##KIND(W, X, p->width, (int)p->width, OUT, 2); break;               \
+    default: dots_##KIND(W, X, p->width, (int)p->width, OUT, 1); break;              \
+    }
+
+static inline __attribute__((always_inline)) void linear_rows(const Linear *p, void *restrict row, const int G,
+                                                              const int bits, const int bf16_dot) {
     const int64_t row_bytes = (int64_t)p->K * bits / 8, groups = p->K / G;
 #pragma omp for schedule(static)
     for (int n = 0; n < p->N; n++) {
         const uint8_t *q = p->qweight + n * row_bytes;
         const float *s = p->scale + n * groups, *o = p->offset ? p->offset + n * groups : NULL;
         const float b = p->bias ? load_one(p->bias, n, p->dtype, NULL) : 0.0f;
+        float out[4];
         if (p->M == 1) {
-            store_one(p->y, n, row_dot(q, s, o, p->x, p->K, G, bits) + b, p->dtype);
+#if HAVE_BF16_DOT
+            if (bf16_dot) out[0] = row_dot_bf16(q, s, o, p->x, p->K, G, bits);
+            else
+#endif
+                out[0] = row_dot_f32(q, s, o, p->x, p->K, G, bits);
+            store_one(p->y, n, out[0] + b, p->dtype);
             continue;
         }
-        dequantize_row(q, s, o, w, p->K, G, bits);
-        for (int m = 0; m < p->M; m++)
-            store_one(p->y, m * p->y_stride + n, dot(w, p->x + (int64_t)m * p->K, p->K) + b, p->dtype);
+#if HAVE_BF16_DOT
+        if (bf16_dot) dequantize_row_bf16(q, s, o, row, p->K, G, bits);
+        else
+#endif
+            dequantize_row_f32(q, s, o, row, p->K, G, bits);
+        for (int m = 0; m < p->M; m += 4) {
+            const int count = p->M - m < 4 ? p->M - m : 4;
+#if HAVE_BF16_DOT
+            if (bf16_dot) DOTS(bf16, row, (const uint16_t *)p->x + m * p->width, count, out)
+            else
+#endif
+                DOTS(f32, row, (const float *)p->x + m * p->width, count, out)
+            for (int r = 0; r < count; r++) store_one(p->y, (m + r) * p->y_stride + n, out[r] + b, p->dtype);
+        }
     }
 }
 
@@ -161,36 +240,48 @@ static inline __attribute__((always_inline)) void linear_rows(const Linear *p, f
     default: CALL(G_VAR, BITS); break;                                \
     }
 
-/* x row -> float32, each 16-input chunk as [evens, odds] for 4-bit weights. */
-static void permute_row(const void *x, int64_t offset, int dtype, float *restrict out, int K, int bits) {
+/* Position in x of lane l of a chunk: the weights' order ([evens, odds] for 4-bit). */
+static inline int source_lane(int l, int bits) {
+    return bits == 8 ? l : l < CHUNK / 2 ? 2 * l : 2 * (l - CHUNK / 2) + 1;
+}
+
+/* x row -> the kernel's row: float32, or bfloat16 padded with zeros to `width`. */
+static void permute_row(const void *x, int64_t offset, int dtype, void *out, int K, int64_t width, int bits,
+                        int bf16_dot) {
     for (int c = 0; c < K; c += CHUNK)
         for (int l = 0; l < CHUNK; l++) {
-            const int src = bits == 8 ? l : l < CHUNK / 2 ? 2 * l : 2 * (l - CHUNK / 2) + 1;
-            out[c + l] = dtype == F32 ? ((const float *)x)[offset + c + src] : load_one(x, offset + c + src, BF16, NULL);
+            const int64_t src = offset + c + source_lane(l, bits);
+            if (bf16_dot) ((uint16_t *)out)[c + l] = ((const uint16_t *)x)[src];
+            else ((float *)out)[c + l] = dtype == F32 ? ((const float *)x)[src] : load_one(x, src, BF16, NULL);
         }
+    if (bf16_dot) memset((uint16_t *)out + K, 0, sizeof(uint16_t) * (size_t)(width - K));
 }
 
 /* Returns 0, or -1 when scratch memory cannot be allocated. */
 int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_stride,
                        const uint8_t *qweight, const float *scale, const float *offset, const void *bias,
                        int M, int N, int K, int group, int bits, int threads) {
-    float *xf = malloc(sizeof(float) * (size_t)M * K);
-    float *rows = M > 1 ? malloc(sizeof(float) * (size_t)threads * K) : NULL; /* a row per thread */
-    if (!xf || (M > 1 && !rows)) {
-        free(xf), free(rows);
+    const int bf16_dot = HAVE_BF16_DOT && dtype == BF16;
+    const int64_t width = bf16_dot ? (K + 31) / 32 * 32 : K;
+    const size_t element = bf16_dot ? sizeof(uint16_t) : sizeof(float);
+    char *xs = malloc(element * (size_t)M * width);
+    char *rows = M > 1 ? malloc(element * (size_t)threads * width) : NULL; /* a row per thread */
+    if (!xs || (M > 1 && !rows)) {
+        free(xs), free(rows);
         return -1;
     }
-    const Linear p = {xf, y, y_stride, dtype, qweight, scale, offset, bias, M, N, K};
+    const Linear p = {xs, width, y, y_stride, dtype, bf16_dot, qweight, scale, offset, bias, M, N, K};
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int m = 0; m < M; m++) permute_row(x, (int64_t)m * x_stride, dtype, xf + (int64_t)m * K, K, bits);
-        float *w = rows ? rows + (int64_t)omp_get_thread_num() * K : NULL;
-#define LINEAR(G, BITS) linear_rows(&p, w, G, BITS)
+        for (int m = 0; m < M; m++)
+            permute_row(x, (int64_t)m * x_stride, dtype, xs + element * m * width, K, width, bits, bf16_dot);
+        void *row = rows ? rows + element * omp_get_thread_num() * width : NULL;
+#define LINEAR(G, BITS) bf16_dot ? linear_rows(&p, row, G, BITS, 1) : linear_rows(&p, row, G, BITS, 0)
         if (bits == 4) FOR_GROUP(LINEAR, group, 4) else FOR_GROUP(LINEAR, group, 8)
 #undef LINEAR
     }
-    free(xf), free(rows);
+    free(xs), free(rows);
     return 0;
 }
 

@@ -10,14 +10,14 @@ they handle."""
 from __future__ import annotations
 
 import torch
-from infernetes.kernels.cpu import native
+from infernetes.kernels.cpu import native, packed_linear
 from infernetes.kernels.reference import group_quant as reference
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 CHUNK = 16  # inputs the kernel unpacks at a time: a group is whole chunks
 # Above this many rows the product is bound by arithmetic, and torch's GEMM on dequantized tiles
 # beats the kernel (bench/cpu_quant_linear.py).
-MAX_KERNEL_ROWS = 8
+MAX_KERNEL_ROWS = 16
 TILE_ELEMENTS = 1 << 21  # weights dequantized at a time: a tile stays in the L2/L3 cache
 
 
@@ -97,13 +97,17 @@ def dequantize(qweight, scale, offset, group_size, bits, dtype, start=0, end=Non
 
 
 def _tiled(x, qweight, scale, offset, group_size, bits, bias):
-    """Many rows: tiles of weight rows dequantized in x's dtype, each multiplied by torch."""
-    outputs, inputs = qweight.shape[0], x.shape[1]
-    out = torch.empty((x.shape[0], outputs), dtype=x.dtype)
+    """Many rows: tiles of weight rows dequantized in x's dtype, each multiplied by torch. The
+    rows are padded as `packed_linear` pads them: oneDNN keeps a primitive per shape."""
+    rows, (outputs, inputs) = x.shape[0], (qweight.shape[0], x.shape[1])
+    padded = packed_linear.padded_rows(rows)
+    if padded != rows:
+        x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
+    out = torch.empty((padded, outputs), dtype=x.dtype)
     step = max(CHUNK, TILE_ELEMENTS // inputs)
     for start in range(0, outputs, step):
         end = min(outputs, start + step)
         tile = dequantize(qweight, scale, offset, group_size, bits, x.dtype, start, end)
         part_bias = bias[start:end] if bias is not None else None
         out[:, start:end] = torch.nn.functional.linear(x, tile, part_bias)
-    return out
+    return out[:rows]
