@@ -89,19 +89,45 @@ static inline __attribute__((always_inline)) v16f chunk_w(const uint8_t *restric
     return chunk_q(q, c, bits) * scale[g] + (offset ? offset[g] : 0.0f);
 }
 
+/* Whether 4-bit weights go 32 inputs per 16-byte load, each nibble looked up in a table of its
+ * group's 16 dequantized values (a permute instead of a conversion and a multiply-add): AVX-512
+ * and groups of whole 32s. x is then ordered [evens, odds] within each 32 inputs, not 16. */
+#if defined(__AVX512F__)
+#define TABLE_Q4(G, BITS) ((BITS) == 4 && (G) % 32 == 0)
+#else
+#define TABLE_Q4(G, BITS) 0
+#endif
+
+/* Inputs 32p .. 32p + 31 of a weight row dequantized, in x's order, as two vectors (zeros past
+ * the row's last chunk). */
+static inline __attribute__((always_inline)) void pair_w(const uint8_t *restrict q, const float *restrict scale,
+                                                         const float *restrict offset, int64_t p, int chunks,
+                                                         const int G, const int bits, v16f *lo, v16f *hi) {
+#if defined(__AVX512F__)
+    if (TABLE_Q4(G, bits)) {
+        const int64_t g = p / (G / 32);
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(scale[g]), _mm512_set1_ps(offset ? offset[g] : 0.0f));
+        const __m128i b = _mm_loadu_si128((const __m128i *)(q + 16 * p)), mask = _mm_set1_epi8(15);
+        *lo = (v16f)_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)), table);
+        *hi = (v16f)_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)), table);
+        return;
+    }
+#endif
+    *lo = chunk_w(q, scale, offset, 2 * p, G, bits);
+    *hi = 2 * p + 1 < chunks ? chunk_w(q, scale, offset, 2 * p + 1, G, bits) : (v16f){0};
+}
+
 /* Dot products of one weight row w (in x's order) with R rows of x (R a constant, 1 to 4), a
- * vector each: every load of w serves R rows. */
+ * vector each: every load of w serves R rows. K a multiple of 32 (rows are padded). */
 static inline __attribute__((always_inline)) void dots_f32(const float *restrict w, const float *restrict x,
                                                            int64_t x_stride, int K, float *out, const int R) {
     v16f acc[4][2] = {{{0}}};
-    int c = 0;
-    for (; c + 2 * CHUNK <= K; c += 2 * CHUNK)
+    for (int c = 0; c < K; c += 2 * CHUNK)
         for (int u = 0; u < 2; u++) {
             const v16f wv = load16(w + c + u * CHUNK);
             for (int r = 0; r < R; r++) acc[r][u] += wv * load16(x + r * x_stride + c + u * CHUNK);
         }
-    for (; c < K; c += CHUNK)
-        for (int r = 0; r < R; r++) acc[r][0] += load16(w + c) * load16(x + r * x_stride + c);
     for (int r = 0; r < R; r++) out[r] = reduce(acc[r][0] + acc[r][1]);
 }
 
@@ -109,23 +135,42 @@ static inline __attribute__((always_inline)) void dots_f32(const float *restrict
 static inline __attribute__((always_inline)) float row_dot_f32(const uint8_t *restrict q, const float *restrict scale,
                                                                const float *restrict offset, const float *restrict x,
                                                                int K, const int G, const int bits) {
+    const int chunks = K / CHUNK;
     v16f acc[4] = {0};
-    for (int64_t c = 0; c < K / CHUNK; c++) acc[c & 3] += chunk_w(q, scale, offset, c, G, bits) * load16(x + c * CHUNK);
+    for (int64_t p = 0; p < (chunks + 1) / 2; p++) {
+        v16f lo, hi;
+        pair_w(q, scale, offset, p, chunks, G, bits, &lo, &hi);
+        acc[2 * (p & 1)] += lo * load16(x + 32 * p);
+        acc[2 * (p & 1) + 1] += hi * load16(x + 32 * p + CHUNK);
+    }
     return reduce((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+/* One weight row dequantized into w (float32, x's order), for several x rows. */
+static inline __attribute__((always_inline)) void dequantize_row_f32(const uint8_t *restrict q,
+                                                                     const float *restrict scale,
+                                                                     const float *restrict offset, float *restrict w,
+                                                                     int K, const int G, const int bits) {
+    const int chunks = K / CHUNK;
+    for (int64_t p = 0; p < (chunks + 1) / 2; p++) {
+        v16f lo, hi;
+        pair_w(q, scale, offset, p, chunks, G, bits, &lo, &hi);
+        memcpy(w + 32 * p, &lo, sizeof lo);
+        memcpy(w + 32 * p + CHUNK, &hi, sizeof hi);
+    }
 }
 
 #if defined(__AVX512BF16__)
 /* bfloat16 activations: weights dequantized in float32, rounded to bfloat16 (as the reference's
  * dense weight is) and multiplied by the CPU's bf16 dot-product instruction, 32 products per
- * step summed in float32. x rows are padded with zeros to a multiple of 32. */
+ * step summed in float32. */
 #define HAVE_BF16_DOT 1
 
-/* Inputs 32p .. 32p + 31 of a weight row (chunks 2p and 2p + 1; zeros past the last chunk). */
 static inline __attribute__((always_inline)) __m512bh pair_bf16(const uint8_t *restrict q, const float *restrict scale,
                                                                 const float *restrict offset, int64_t p, int chunks,
                                                                 const int G, const int bits) {
-    const v16f lo = chunk_w(q, scale, offset, 2 * p, G, bits);
-    const v16f hi = 2 * p + 1 < chunks ? chunk_w(q, scale, offset, 2 * p + 1, G, bits) : (v16f){0};
+    v16f lo, hi;
+    pair_w(q, scale, offset, p, chunks, G, bits, &lo, &hi);
     return _mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
 }
 
@@ -164,20 +209,9 @@ static inline __attribute__((always_inline)) void dots_bf16(const uint16_t *rest
 #define HAVE_BF16_DOT 0
 #endif
 
-/* One weight row dequantized into w (float32, x's permuted order), for several x rows. */
-static inline __attribute__((always_inline)) void dequantize_row_f32(const uint8_t *restrict q,
-                                                                     const float *restrict scale,
-                                                                     const float *restrict offset, float *restrict w,
-                                                                     int K, const int G, const int bits) {
-    for (int64_t c = 0; c < K / CHUNK; c++) {
-        const v16f v = chunk_w(q, scale, offset, c, G, bits);
-        memcpy(w + c * CHUNK, &v, sizeof v);
-    }
-}
-
 typedef struct {
     const void *x; /* [M, width] permuted: float32, or bfloat16 for the bf16 dot product */
-    int64_t width;  /* K, or K rounded up to 32 for the bf16 dot product */
+    int64_t width; /* K rounded up to 32 (zeros) */
     void *y;
     int64_t y_stride;
     int dtype, bf16_dot;
@@ -240,21 +274,24 @@ static inline __attribute__((always_inline)) void linear_rows(const Linear *p, v
     default: CALL(G_VAR, BITS); break;                                \
     }
 
-/* Position in x of lane l of a chunk: the weights' order ([evens, odds] for 4-bit). */
-static inline int source_lane(int l, int bits) {
-    return bits == 8 ? l : l < CHUNK / 2 ? 2 * l : 2 * (l - CHUNK / 2) + 1;
+/* Position in x of lane l of 32 inputs: the weights' order. 4-bit weights hold [evens, odds] of
+ * each 32 inputs (TABLE_Q4) or of each 16. */
+static inline int source_lane(int l, int span, int bits) {
+    if (bits == 8) return l;
+    const int within = l % span, half = span / 2;
+    return l - within + (within < half ? 2 * within : 2 * (within - half) + 1);
 }
 
-/* x row -> the kernel's row: float32, or bfloat16 padded with zeros to `width`. */
-static void permute_row(const void *x, int64_t offset, int dtype, void *out, int K, int64_t width, int bits,
-                        int bf16_dot) {
-    for (int c = 0; c < K; c += CHUNK)
-        for (int l = 0; l < CHUNK; l++) {
-            const int64_t src = offset + c + source_lane(l, bits);
-            if (bf16_dot) ((uint16_t *)out)[c + l] = ((const uint16_t *)x)[src];
-            else ((float *)out)[c + l] = dtype == F32 ? ((const float *)x)[src] : load_one(x, src, BF16, NULL);
-        }
-    if (bf16_dot) memset((uint16_t *)out + K, 0, sizeof(uint16_t) * (size_t)(width - K));
+/* x row -> the kernel's row (float32, or bfloat16 for the bf16 dot product), zeros up to `width`. */
+static void permute_row(const void *x, int64_t offset, int dtype, void *out, int K, int64_t width, int span,
+                        int bits, int bf16_dot) {
+    for (int k = 0; k < K; k++) {
+        const int64_t src = offset + source_lane(k, span, bits);
+        if (bf16_dot) ((uint16_t *)out)[k] = ((const uint16_t *)x)[src];
+        else ((float *)out)[k] = dtype == F32 ? ((const float *)x)[src] : load_one(x, src, BF16, NULL);
+    }
+    const size_t element = bf16_dot ? sizeof(uint16_t) : sizeof(float);
+    memset((char *)out + element * K, 0, element * (size_t)(width - K));
 }
 
 /* Returns 0, or -1 when scratch memory cannot be allocated. */
@@ -262,7 +299,11 @@ int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int6
                        const uint8_t *qweight, const float *scale, const float *offset, const void *bias,
                        int M, int N, int K, int group, int bits, int threads) {
     const int bf16_dot = HAVE_BF16_DOT && dtype == BF16;
-    const int64_t width = bf16_dot ? (K + 31) / 32 * 32 : K;
+    const int64_t width = (K + 31) / 32 * 32;
+    int span = CHUNK;
+#define SPAN(G, BITS) span = TABLE_Q4(G, BITS) ? 32 : CHUNK
+    if (bits == 4) FOR_GROUP(SPAN, group, 4)
+#undef SPAN
     const size_t element = bf16_dot ? sizeof(uint16_t) : sizeof(float);
     char *xs = malloc(element * (size_t)M * width);
     char *rows = M > 1 ? malloc(element * (size_t)threads * width) : NULL; /* a row per thread */
@@ -275,7 +316,7 @@ int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int6
     {
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
-            permute_row(x, (int64_t)m * x_stride, dtype, xs + element * m * width, K, width, bits, bf16_dot);
+            permute_row(x, (int64_t)m * x_stride, dtype, xs + element * m * width, K, width, span, bits, bf16_dot);
         void *row = rows ? rows + element * omp_get_thread_num() * width : NULL;
 #define LINEAR(G, BITS) bf16_dot ? linear_rows(&p, row, G, BITS, 1) : linear_rows(&p, row, G, BITS, 0)
         if (bits == 4) FOR_GROUP(LINEAR, group, 4) else FOR_GROUP(LINEAR, group, 8)
