@@ -11,7 +11,7 @@ from infernetes.runtime.model_executor.layers.linear import LinearBase
 from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.testing_quantized import write_awq, write_compressed_tensors, write_gptq
 
-from infernetes import LLM
+from infernetes import LLM, SamplingParams
 
 SMALL = dict(dtype="float32", max_model_len=64, num_gpu_blocks_override=16, block_size=8)
 
@@ -73,3 +73,21 @@ def test_act_order_that_reorders_inputs_loads_dense(tmp_path, base):
     for name, layer in linear_layers(llm).items():
         assert layer.quant_method is None, name
         assert layer.weight.dtype == torch.float32 and layer.weight.dim() == 2
+
+
+def test_dummy_weights_of_a_quantized_model_are_packed(tmp_path, base):
+    """``--load-format dummy`` of a model whose config declares GPTQ: random packed layers, in
+    the CPU's form (what a benchmark of the shape alone measures)."""
+    import json
+    import shutil
+
+    path = shutil.copytree(base, tmp_path / "dummy")
+    config = json.loads((path / "config.json").read_text())
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}
+    (path / "config.json").write_text(json.dumps({**config, "quantization_config": gptq}))
+    llm = LLM(str(path), load_format="dummy", **SMALL)
+    layers = [m for n, m in linear_layers(llm).items() if not n.endswith("lm_head")]
+    assert all(isinstance(m.quant_method, GroupQuantWeight) for m in layers)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    [output] = llm.generate({"prompt_token_ids": [1, 2, 3]}, params)
+    assert len(output.outputs[0].token_ids) == 3
