@@ -14,6 +14,7 @@ from infernetes.kernels.cpu import native, packed_linear
 from infernetes.kernels.reference import group_quant as reference
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 CHUNK = 16  # inputs the kernel unpacks at a time: a group is whole chunks
 # Above this many rows the product is bound by arithmetic, and torch's GEMM on dequantized tiles
 # beats the kernel (bench/cpu_quant_linear.py).
@@ -37,6 +38,7 @@ def group_quant_linear(x, qweight, scale, offset, group_size, bits, bias=None):
     if (
         library is None
         or x.dtype not in _DTYPE_CODES
+        or qweight.dtype != _QWEIGHT_DTYPES.get(bits)
         or not handles(group_size, inputs)
         or rows_x.stride(-1) != 1
         or qweight.shape[1] * 8 // bits != inputs
@@ -46,6 +48,8 @@ def group_quant_linear(x, qweight, scale, offset, group_size, bits, bias=None):
     ):
         return reference.group_quant_linear(x, qweight, scale, offset, group_size, bits, bias)
     rows, outputs = rows_x.shape[0], qweight.shape[0]
+    if rows == 0:
+        return x.new_empty((*x.shape[:-1], outputs))
     if rows > MAX_KERNEL_ROWS:
         return _tiled(rows_x, qweight, scale, offset, group_size, bits, bias).view(
             *x.shape[:-1], outputs
@@ -75,8 +79,18 @@ def group_quant_linear(x, qweight, scale, offset, group_size, bits, bias=None):
     return out.view(*x.shape[:-1], outputs)
 
 
-def dequantize(qweight, scale, offset, group_size, bits, dtype, start=0, end=None):
-    """Rows ``start .. end`` of the dense weight in ``dtype`` (float32 or bfloat16)."""
+def dequantize(
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+    group_size: int,
+    bits: int,
+    dtype: torch.dtype,
+    start: int = 0,
+    end: int | None = None,
+) -> torch.Tensor:
+    """Rows ``start .. end`` of the dense weight in ``dtype`` (float32 or bfloat16), by the C
+    kernel (which must be available; the reference's `dequantize` otherwise)."""
     end = qweight.shape[0] if end is None else end
     inputs = qweight.shape[1] * 8 // bits
     out = torch.empty((end - start, inputs), dtype=dtype)

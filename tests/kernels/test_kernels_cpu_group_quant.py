@@ -124,3 +124,13 @@ def test_shares_torchs_openmp_runtime():
     maps = Path("/proc/self/maps").read_text()
     libraries = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
     assert len(libraries) == 1, libraries
+
+
+def test_no_rows_and_a_wrongly_typed_weight():
+    qweight, scale, offset = random_weight(8, 64, 32, 8, with_offset=True, seed=6)
+    assert ops.group_quant_linear(torch.empty(0, 64), qweight, scale, offset, 32, 8).shape == (0, 8)
+    # 8-bit integers stored unsigned are not what the kernel reads: the reference takes them
+    unsigned = qweight.view(torch.uint8)
+    x = torch.randn(1, 64)
+    out = ops.group_quant_linear(x, unsigned, scale, offset, 32, 8)
+    assert torch.equal(out, reference.group_quant_linear(x, unsigned, scale, offset, 32, 8))
