@@ -119,7 +119,8 @@ static inline __attribute__((always_inline)) void pair_w(const uint8_t *restrict
 }
 
 /* Dot products of one weight row w (in x's order) with R rows of x (R a constant, 1 to 4), a
- * vector each: every load of w serves R rows. K a multiple of 32 (rows are padded). */
+ * vector each: every load of w serves R rows. K a multiple of 32 (rows are padded). (Pairs of
+ * weight rows, as for bf16 below, measured slower in float32.) */
 static inline __attribute__((always_inline)) void dots_f32(const float *restrict w, const float *restrict x,
                                                            int64_t x_stride, int K, float *out, const int R) {
     v16f acc[4][2] = {{{0}}};
@@ -195,15 +196,22 @@ static inline __attribute__((always_inline)) void dequantize_row_bf16(const uint
         _mm512_storeu_si512(w + 32 * p, (__m512i)pair_bf16(q, scale, offset, p, chunks, G, bits));
 }
 
-static inline __attribute__((always_inline)) void dots_bf16(const uint16_t *restrict w, const uint16_t *restrict x,
-                                                            int64_t x_stride, int K, float *out, const int R) {
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+static inline __attribute__((always_inline)) void dots_bf16(const uint16_t *restrict w, int64_t w_stride,
+                                                            const uint16_t *restrict x, int64_t x_stride, int K,
+                                                            float out[2][4], const int NW, const int R) {
+    __m512 acc[2][4];
+    for (int i = 0; i < NW; i++)
+        for (int r = 0; r < R; r++) acc[i][r] = _mm512_setzero_ps();
     for (int c = 0; c < K; c += 32) {
-        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + c);
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm512_dpbf16_ps(acc[r], wv, (__m512bh)_mm512_loadu_si512(x + r * x_stride + c));
+        __m512bh wv[2];
+        for (int i = 0; i < NW; i++) wv[i] = (__m512bh)_mm512_loadu_si512(w + i * w_stride + c);
+        for (int r = 0; r < R; r++) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * x_stride + c);
+            for (int i = 0; i < NW; i++) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], wv[i], xv);
+        }
     }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+    for (int i = 0; i < NW; i++)
+        for (int r = 0; r < R; r++) out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
 }
 #else
 #define HAVE_BF16_DOT 0
@@ -221,45 +229,70 @@ typedef struct {
     int M, N, K;
 } Linear;
 
-#define DOTS(KIND, W, X, COUNT, OUT)                                                 \
-    switch (COUNT) {                                                                 \
-    case 4: dots_##KIND(W, X, p->width, (int)p->width, OUT, 4); break;               \
-    case 3: dots_##KIND(W, X, p->width, (int)p->width, OUT, 3); break;               \
-    case 2: dots_##KIND(W, X, p->width, (int)p->width, OUT, 2); break;               \
-    default: dots_##KIND(W, X, p->width, (int)p->width, OUT, 1); break;              \
+#define DOTS_R(KIND, W, X, NW, R, OUT) dots_##KIND(W, p->width, X, p->width, (int)p->width, OUT, NW, R)
+#define DOTS(KIND, W, X, NW, R, OUT)                                                                          \
+    switch ((NW) * 4 + (R)) {                                                                               \
+    case 5: DOTS_R(KIND, W, X, 1, 1, OUT); break;                                                           \
+    case 6: DOTS_R(KIND, W, X, 1, 2, OUT); break;                                                           \
+    case 7: DOTS_R(KIND, W, X, 1, 3, OUT); break;                                                           \
+    case 8: DOTS_R(KIND, W, X, 1, 4, OUT); break;                                                           \
+    case 9: DOTS_R(KIND, W, X, 2, 1, OUT); break;                                                           \
+    case 10: DOTS_R(KIND, W, X, 2, 2, OUT); break;                                                          \
+    case 11: DOTS_R(KIND, W, X, 2, 3, OUT); break;                                                          \
+    default: DOTS_R(KIND, W, X, 2, 4, OUT); break;                                                          \
     }
 
-static inline __attribute__((always_inline)) void linear_rows(const Linear *p, void *restrict row, const int G,
+/* Weight rows in pairs (each x load serves both) against every x row; one x row: each weight row
+ * dequantized in registers. */
+static inline __attribute__((always_inline)) void linear_rows(const Linear *p, void *restrict rows, const int G,
                                                               const int bits, const int bf16_dot) {
     const int64_t row_bytes = (int64_t)p->K * bits / 8, groups = p->K / G;
+    const size_t element = bf16_dot ? sizeof(uint16_t) : sizeof(float);
 #pragma omp for schedule(static)
-    for (int n = 0; n < p->N; n++) {
-        const uint8_t *q = p->qweight + n * row_bytes;
-        const float *s = p->scale + n * groups, *o = p->offset ? p->offset + n * groups : NULL;
-        const float b = p->bias ? load_one(p->bias, n, p->dtype, NULL) : 0.0f;
-        float out[4];
-        if (p->M == 1) {
+    for (int pair = 0; pair < (p->N + 1) / 2; pair++) {
+        const int n0 = 2 * pair, nw = n0 + 1 < p->N ? 2 : 1;
+        float out[2][4];
+        for (int i = 0; i < nw; i++) {
+            const int n = n0 + i;
+            const uint8_t *q = p->qweight + n * row_bytes;
+            const float *s = p->scale + n * groups, *o = p->offset ? p->offset + n * groups : NULL;
+            void *row = (char *)rows + element * i * p->width;
+            if (p->M == 1) {
 #if HAVE_BF16_DOT
-            if (bf16_dot) out[0] = row_dot_bf16(q, s, o, p->x, p->K, G, bits);
+                if (bf16_dot) out[i][0] = row_dot_bf16(q, s, o, p->x, p->K, G, bits);
+                else
+#endif
+                    out[i][0] = row_dot_f32(q, s, o, p->x, p->K, G, bits);
+                continue;
+            }
+#if HAVE_BF16_DOT
+            if (bf16_dot) dequantize_row_bf16(q, s, o, row, p->K, G, bits);
             else
 #endif
-                out[0] = row_dot_f32(q, s, o, p->x, p->K, G, bits);
-            store_one(p->y, n, out[0] + b, p->dtype);
-            continue;
+                dequantize_row_f32(q, s, o, row, p->K, G, bits);
         }
-#if HAVE_BF16_DOT
-        if (bf16_dot) dequantize_row_bf16(q, s, o, row, p->K, G, bits);
-        else
-#endif
-            dequantize_row_f32(q, s, o, row, p->K, G, bits);
         for (int m = 0; m < p->M; m += 4) {
             const int count = p->M - m < 4 ? p->M - m : 4;
+            if (p->M > 1) {
 #if HAVE_BF16_DOT
-            if (bf16_dot) DOTS(bf16, row, (const uint16_t *)p->x + m * p->width, count, out)
-            else
+                if (bf16_dot) DOTS(bf16, (const uint16_t *)rows, (const uint16_t *)p->x + m * p->width, nw, count, out)
+                else
 #endif
-                DOTS(f32, row, (const float *)p->x + m * p->width, count, out)
-            for (int r = 0; r < count; r++) store_one(p->y, (m + r) * p->y_stride + n, out[r] + b, p->dtype);
+                    for (int i = 0; i < nw; i++) {
+                        const float *w = (const float *)rows + i * p->width, *x = (const float *)p->x + m * p->width;
+                        switch (count) {
+                        case 4: dots_f32(w, x, p->width, (int)p->width, out[i], 4); break;
+                        case 3: dots_f32(w, x, p->width, (int)p->width, out[i], 3); break;
+                        case 2: dots_f32(w, x, p->width, (int)p->width, out[i], 2); break;
+                        default: dots_f32(w, x, p->width, (int)p->width, out[i], 1); break;
+                        }
+                    }
+            }
+            for (int i = 0; i < nw; i++) {
+                const float b = p->bias ? load_one(p->bias, n0 + i, p->dtype, NULL) : 0.0f;
+                for (int r = 0; r < count; r++)
+                    store_one(p->y, (m + r) * p->y_stride + n0 + i, out[i][r] + b, p->dtype);
+            }
         }
     }
 }
@@ -306,7 +339,7 @@ int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int6
 #undef SPAN
     const size_t element = bf16_dot ? sizeof(uint16_t) : sizeof(float);
     char *xs = malloc(element * (size_t)M * width);
-    char *rows = M > 1 ? malloc(element * (size_t)threads * width) : NULL; /* a row per thread */
+    char *rows = M > 1 ? malloc(element * (size_t)threads * 2 * width) : NULL; /* two rows per thread */
     if (!xs || (M > 1 && !rows)) {
         free(xs), free(rows);
         return -1;
@@ -317,7 +350,7 @@ int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int6
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
             permute_row(x, (int64_t)m * x_stride, dtype, xs + element * m * width, K, width, span, bits, bf16_dot);
-        void *row = rows ? rows + element * omp_get_thread_num() * width : NULL;
+        void *row = rows ? rows + element * omp_get_thread_num() * 2 * width : NULL;
 #define LINEAR(G, BITS) bf16_dot ? linear_rows(&p, row, G, BITS, 1) : linear_rows(&p, row, G, BITS, 0)
         if (bits == 4) FOR_GROUP(LINEAR, group, 4) else FOR_GROUP(LINEAR, group, 8)
 #undef LINEAR
