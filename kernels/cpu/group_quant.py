@@ -18,7 +18,7 @@ _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 CHUNK = 16  # inputs the kernel unpacks at a time: a group is whole chunks
 # Above this many rows the product is bound by arithmetic, and torch's GEMM on dequantized tiles
 # beats the kernel (bench/cpu_quant_linear.py).
-MAX_KERNEL_ROWS = 16
+MAX_KERNEL_ROWS = 24
 TILE_ELEMENTS = 1 << 21  # weights dequantized at a time: a tile stays in the L2/L3 cache
 
 
@@ -88,12 +88,19 @@ def dequantize(
     dtype: torch.dtype,
     start: int = 0,
     end: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rows ``start .. end`` of the dense weight in ``dtype`` (float32 or bfloat16), by the C
-    kernel (which must be available; the reference's `dequantize` otherwise)."""
+    kernel (which must be available; the reference's `dequantize` otherwise), into `out` (the
+    first rows of a contiguous buffer of that dtype) when given."""
     end = qweight.shape[0] if end is None else end
     inputs = qweight.shape[1] * 8 // bits
-    out = torch.empty((end - start, inputs), dtype=dtype)
+    shape = (end - start, inputs)
+    out = (
+        torch.empty(shape, dtype=dtype)
+        if out is None
+        else out.view(-1)[: shape[0] * inputs].view(shape)
+    )
     _library().group_quant_dequantize(
         qweight.data_ptr(),
         scale.data_ptr(),
@@ -110,6 +117,17 @@ def dequantize(
     return out
 
 
+# One tile buffer per dtype, kept between calls: a fresh one would be paged in on every call.
+_scratch: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _tile_buffer(dtype: torch.dtype, elements: int) -> torch.Tensor:
+    buffer = _scratch.get(dtype)
+    if buffer is None or buffer.numel() < elements:
+        buffer = _scratch[dtype] = torch.empty(elements, dtype=dtype)
+    return buffer
+
+
 def _tiled(x, qweight, scale, offset, group_size, bits, bias):
     """Many rows: tiles of weight rows dequantized in x's dtype, each multiplied by torch. The
     rows are padded as `packed_linear` pads them: oneDNN keeps a primitive per shape."""
@@ -119,9 +137,10 @@ def _tiled(x, qweight, scale, offset, group_size, bits, bias):
         x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
     out = torch.empty((padded, outputs), dtype=x.dtype)
     step = max(CHUNK, TILE_ELEMENTS // inputs)
+    buffer = _tile_buffer(x.dtype, min(step, outputs) * inputs)
     for start in range(0, outputs, step):
         end = min(outputs, start + step)
-        tile = dequantize(qweight, scale, offset, group_size, bits, x.dtype, start, end)
+        tile = dequantize(qweight, scale, offset, group_size, bits, x.dtype, start, end, buffer)
         part_bias = bias[start:end] if bias is not None else None
         out[:, start:end] = torch.nn.functional.linear(x, tile, part_bias)
     return out[:rows]
