@@ -91,3 +91,26 @@ def test_dummy_weights_of_a_quantized_model_are_packed(tmp_path, base):
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     [output] = llm.generate({"prompt_token_ids": [1, 2, 3]}, params)
     assert len(output.outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_packed_qwen2_with_biases_answers_as_transformers_does(
+    tmp_path, model_factory, hf_greedy, dtype
+):
+    """Qwen2's QKV projection has a bias: the kernel adds it. In float32 the greedy tokens equal
+    transformers' on the dequantized weights; in bfloat16 (the dot product over bf16 weights)
+    the model runs and its first token agrees."""
+    from infernetes.runtime.testing_quantized import write_dense
+
+    base = model_factory("Qwen2ForCausalLM")
+    quantized, dense = write_gptq(base, tmp_path / "q", bits=4, group=32, sym=False)
+    llm = LLM(str(quantized), **{**SMALL, "dtype": dtype})
+    qkv = [m for n, m in linear_layers(llm).items() if n.endswith("qkv_proj")]
+    assert qkv and all(isinstance(m.quant_method, GroupQuantWeight) for m in qkv)
+    assert all(m.bias is not None for m in qkv)
+    prompt = [1, 5, 9, 200, 17, 3, 44, 8]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    [output] = llm.generate({"prompt_token_ids": prompt}, params)
+    expected = hf_greedy(write_dense(base, tmp_path / "dense", dense), prompt, 6)
+    tokens = list(output.outputs[0].token_ids)
+    assert tokens == expected if dtype == "float32" else tokens[0] == expected[0]
