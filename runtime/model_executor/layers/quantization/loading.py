@@ -67,10 +67,10 @@ def load_quantized(
     if kv_scales:
         logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
     forms: dict[str, KeptWeight] = {}
-    for prefix, weight in (kept or {}).items():
+    for prefix, weight in list((kept or {}).items()):
         form = device_form(weight, device)
-        if form is not None:
-            forms[prefix] = form
+        if form is not None and kept is not None:  # replaces the stored form: never held twice
+            forms[prefix] = kept[prefix] = form
     if kept:
         held, taken = keep_linear_layers(model, forms, device, dtype)
         held_experts, taken_experts = (
