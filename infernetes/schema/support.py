@@ -159,8 +159,9 @@ ARG_SUPPORT: dict[str, Support] = {
         "pre-quantized checkpoints of these methods load (the method is read from the "
         "checkpoint's quantization_config; a different --quantization is refused); on the GPU "
         "(Triton) path packed int4/int8 and fp8 weights, MoE experts included, stay as stored and "
-        "run quantized GEMMs, on the CPU they are dequantised to the model dtype at load (gpt-oss's "
-        "mxfp4 checkpoints everywhere; see docs/quantization.md); fp8 of an unquantised "
+        "run quantized GEMMs; on the CPU packed int4/int8 linear layers stay packed for its C "
+        "kernel and the rest is dequantised to the model dtype at load (gpt-oss's mxfp4 "
+        "checkpoints everywhere; see docs/quantization.md); fp8 of an unquantised "
         "checkpoint quantises it online",
     ),
     "rope_scaling": HONOURED,
