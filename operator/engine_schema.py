@@ -35,7 +35,7 @@ def engine_args(args: Iterable[Arg]) -> list[Arg]:
     return [
         arg
         for arg in args
-        if not (arg.operator_owned or arg.secret or arg.deprecated or arg.kind == "token")
+        if not (arg.operator_owned or arg.secret or not arg.stored or arg.kind == "token")
         and arg.name not in TOP_LEVEL_ARGS
         and arg.name not in EXCLUDED_ARGS
     ]

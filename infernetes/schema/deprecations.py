@@ -1,4 +1,5 @@
-"""Old spellings: deprecated arguments moved onto their replacements, and old value forms."""
+"""Old spellings and shorthands: deprecated arguments and shorthands moved onto their
+replacements, and old value forms."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ def apply_deprecations(given: dict[str, Any]) -> tuple[dict[str, Any], list[str]
 
     A value the user also gave under the new name wins over the one moved from the old name.
     """
-    result = {dest: value for dest, value in given.items() if not _is_deprecated(dest)}
+    result = {dest: value for dest, value in given.items() if not _is_moved(dest)}
     notices = []
     for dest, raw in given.items():
-        if not _is_deprecated(dest):
+        if not _is_moved(dest):
             continue
         arg = BY_DEST[dest]
-        notices.append(f"{arg.flag} is deprecated: {arg.deprecated}.")
+        if arg.deprecated:
+            notices.append(f"{arg.flag} is deprecated: {arg.deprecated}.")
         value = convert(arg, raw)
         if arg.replaced_by is None or value is None:
             continue
@@ -68,6 +70,7 @@ def _split_guided_backend(value: str, result: dict[str, Any]) -> str:
     return f"--guided-decoding-backend {value} is deprecated: use --guided-decoding-backend {backend} {flags}."
 
 
-def _is_deprecated(dest: str) -> bool:
+def _is_moved(dest: str) -> bool:
+    """A deprecated argument or a shorthand: its value goes to another argument."""
     arg = BY_DEST.get(dest)
-    return arg is not None and arg.deprecated is not None
+    return arg is not None and not arg.stored
