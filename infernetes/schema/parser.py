@@ -126,9 +126,15 @@ class _BoolAction(argparse.BooleanOptionalAction):
         super().__init__(option_strings, **kwargs)
         self.negation = negation
         if negation is not None:
-            self.option_strings.append(f"--{negation}")
+            self.option_strings = [*self.option_strings, f"--{negation}"]
 
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         off = option_string is not None and (
             option_string.startswith("--no-") or option_string == f"--{self.negation}"
         )
