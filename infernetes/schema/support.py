@@ -144,10 +144,12 @@ ARG_SUPPORT: dict[str, Support] = {
     "data_parallel_start_rank": refused(DP_PLANNED),
     "grpc": refused(NO_GRPC),
     "aggregate_engine_logging": no_effect(
-        "one stats line covers every data-parallel engine core already"
+        "the stats line already sums the data-parallel engine cores' requests and averages their "
+        "KV-cache usage"
     ),
     "fail_on_environ_validation": no_effect(
-        "unknown VLLM_* variables are warned about; none of them stops the server"
+        "an unknown VLLM_* name is warned about, never an error (a malformed value of a known one "
+        "stops the server in any case)"
     ),
     "trust_request_mm_kwargs": no_effect(TEXT_ONLY),
     "default_chat_template_kwargs": refused(
@@ -293,8 +295,8 @@ ARG_SUPPORT: dict[str, Support] = {
     "logprobs_mode": refused(
         "logprobs are computed the one way this sampler does; choosing the mode is not built yet"
     ),
-    "use_fp64_gumbel": refused(
-        "the sampler's random draws are in float32; float64 Gumbel noise is not built"
+    "use_fp64_gumbel": no_effect(
+        "the sampler draws by inverse CDF from one uniform per row: there is no Gumbel noise"
     ),
     "enable_trace_replay": refused("replaying recorded request traces is not built"),
     "model_class_overrides": refused(
@@ -411,7 +413,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "data_parallel_multi_port_external_lb": refused(DP_PLANNED),
     "enable_hc_sp": refused("sequence parallelism is not built"),
     "enable_batch_sharded_sampling": no_effect(
-        "sampling runs on every tensor-parallel rank's full batch"
+        "sampling is not sharded across ranks here; the result is the same"
     ),
     "enable_ep_weight_filter": refused(EPLB_PLANNED),
     "all2all_backend": no_effect(EP_ALL2ALL),
@@ -556,7 +558,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "logging_config": refused(
         "logging is set up from VLLM_LOGGING_LEVEL, VLLM_LOGGING_PREFIX and VLLM_LOGGING_CONFIG_PATH; its JSON form is not built yet"
     ),
-    "log_level": no_effect("the log level comes from VLLM_LOGGING_LEVEL"),
+    "log_level": no_effect("the log level comes from VLLM_LOGGING_LEVEL: set that instead"),
     "per_request_spec_decode_metrics": refused(
         "per-request speculative decoding metrics are not built"
     ),

@@ -142,7 +142,7 @@ def test_cudagraph_shorthands_fill_the_compilation_config():
     )
     assert config.compilation_config == {
         "cudagraph_capture_sizes": [1, 2, 4],
-        "max_capture_size": 4,
+        "max_cudagraph_capture_size": 4,
     }
 
 

@@ -57,8 +57,9 @@ ARGS = (
         "int",
         None,
         G,
-        "Largest batch size captured as a CUDA graph (sets --compilation-config's largest capture size).",
-        replaced_by="compilation_config.max_capture_size",
+        "Largest batch size captured as a CUDA graph "
+        "(sets --compilation-config.max_cudagraph_capture_size).",
+        replaced_by="compilation_config.max_cudagraph_capture_size",
     ),
     Arg("ir-op-priority", "json", {}, G, "Kernel priority of each IR op, as JSON."),
     Arg("enable-flashinfer-autotune", "bool", None, G, "Autotune FlashInfer kernels at startup."),
