@@ -76,7 +76,7 @@ NO_GRPC = "there is no gRPC server: the OpenAI HTTP API is the one frontend"
 NO_LAYER = "the models served here have no such layers"
 COHERE = "there is no Cohere API here"
 DP_SUPERVISOR = "there is no data-parallel supervisor (external load balancing is not built)"
-H11 = "the server runs uvicorn with its own h11 limits"
+H11 = "the server speaks HTTP/1.1 through httptools, not h11"
 NO_SSM = "the models served here have no Mamba (state-space) layers"
 NUMA = "workers are not bound to NUMA nodes"
 CONTEXT_PARALLEL = (
@@ -192,12 +192,8 @@ ARG_SUPPORT: dict[str, Support] = {
     "uds": refused(
         "the server listens on --host and --port; a Unix domain socket is not supported yet"
     ),
-    "disable_access_log_for_endpoints": refused(
-        "the access log is on or off as a whole (--disable-uvicorn-access-log)"
-    ),
-    "ssl_ciphers": refused(
-        "TLS uses Python's default cipher list; choosing ciphers is not supported yet"
-    ),
+    "disable_access_log_for_endpoints": HONOURED,
+    "ssl_ciphers": HONOURED,
     "h11_max_incomplete_event_size": no_effect(H11),
     "h11_max_header_count": no_effect(H11),
     "enable_offline_docs": no_effect(

@@ -262,6 +262,7 @@ def uvicorn_config(app: FastAPI, settings: FrontendSettings) -> Any:
         ssl_certfile=settings.ssl_certfile,
         ssl_ca_certs=settings.ssl_ca_certs,
         ssl_cert_reqs=settings.ssl_cert_reqs,
+        ssl_ciphers=settings.ssl_ciphers,
         log_config=log_config,
         timeout_keep_alive=settings.http_keep_alive_s,
         http=HeaderDeadlineProtocol,
@@ -285,9 +286,10 @@ def _cache_config_labels(config: ServeConfig) -> dict[str, Any]:
     }
 
 
-class QuietProbesWhileLoading(logging.Filter):
-    """Drops the access-log lines of the probes while the model loads: the kubelet (or
-    ``make serve``'s wait) asks every second and each 503 would be a line."""
+class QuietAccessLines(logging.Filter):
+    """Drops the access-log lines of --disable-access-log-for-endpoints' paths, and of the probes
+    while the model loads: the kubelet (or ``make serve``'s wait) asks every second and each 503
+    would be a line."""
 
     PROBES = frozenset({"/health", "/ping"})
 
@@ -298,8 +300,12 @@ class QuietProbesWhileLoading(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         # uvicorn's access record: (client, method, path with query, HTTP version, status)
         args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) != 5:
+            return True
+        path = str(args[2]).split("?")[0]
         loading = self.state.engine is None and self.state.load_error is None
-        return not (loading and len(args) == 5 and str(args[2]).split("?")[0] in self.PROBES)
+        quiet = self.state.settings.quiet_access_paths
+        return path not in quiet and not (loading and path in self.PROBES)
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -349,7 +355,7 @@ def run_server(config: ServeConfig) -> None:
 
     app = build_app(state, engine_loader=load)
     server = DrainingServer(uvicorn_config(app, settings), app.state.drain)
-    logging.getLogger("uvicorn.access").addFilter(QuietProbesWhileLoading(state))
+    logging.getLogger("uvicorn.access").addFilter(QuietAccessLines(state))
     app.state.uvicorn_server = server
 
     # uvicorn picks its event loop (uvloop when installed); SIGINT/SIGTERM start the drain.

@@ -47,11 +47,13 @@ class FrontendSettings:
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = 0
+    ssl_ciphers: str | None = None  # None: Python's default cipher list
     enable_ssl_refresh: bool = False
     enable_request_id_headers: bool = False
     max_log_len: int | None = None
     enable_log_requests: bool = False
     disable_uvicorn_access_log: bool = False
+    quiet_access_paths: tuple[str, ...] = ()  # --disable-access-log-for-endpoints
     middleware: tuple[str, ...] = ()
     return_tokens_as_token_ids: bool = False
     enable_prompt_tokens_details: bool = False
@@ -126,11 +128,17 @@ class FrontendSettings:
             ssl_certfile=get("ssl_certfile"),
             ssl_ca_certs=get("ssl_ca_certs"),
             ssl_cert_reqs=int(get("ssl_cert_reqs", 0)),
+            ssl_ciphers=get("ssl_ciphers"),
             enable_ssl_refresh=bool(get("enable_ssl_refresh", False)),
             enable_request_id_headers=bool(get("enable_request_id_headers", False)),
             max_log_len=get("max_log_len"),
             enable_log_requests=bool(get("enable_log_requests", False)),
             disable_uvicorn_access_log=bool(get("disable_uvicorn_access_log", False)),
+            quiet_access_paths=tuple(
+                p.strip()
+                for p in get("disable_access_log_for_endpoints", "").split(",")
+                if p.strip()
+            ),
             middleware=tuple(_as_list(get("middleware"))),
             return_tokens_as_token_ids=bool(get("return_tokens_as_token_ids", False)),
             enable_prompt_tokens_details=bool(get("enable_prompt_tokens_details", False)),

@@ -40,6 +40,9 @@ def test_uvicorn_gets_log_level_tls_logging_config_and_keep_alive(tmp_path):
     assert (config.ssl_ca_certs, config.ssl_cert_reqs) == ("/certs/ca.pem", ssl.CERT_REQUIRED)
     assert config.log_config == log_config
     assert config.timeout_keep_alive == 17
+    assert config.ssl_ciphers is None  # Python's default list unless --ssl-ciphers is given
+    ciphers = _settings(ssl_ciphers="ECDHE+AESGCM")
+    assert uvicorn_config(build_app(ServerState(ciphers)), ciphers).ssl_ciphers == "ECDHE+AESGCM"
 
 
 async def test_cors_credentials_and_allowed_headers():
@@ -108,11 +111,11 @@ def test_disable_log_requests_is_deprecated_and_changes_nothing(capsys):
     assert settings.enable_log_requests is False
 
 
-def test_probe_access_lines_are_quiet_while_the_model_loads():
-    from infernetes.runtime.server.api_server import QuietProbesWhileLoading
+def test_probe_access_lines_are_quiet_while_the_model_loads_and_listed_paths_always():
+    from infernetes.runtime.server.api_server import QuietAccessLines
 
     state = ServerState(_settings())
-    quiet = QuietProbesWhileLoading(state)
+    quiet = QuietAccessLines(state)
 
     def line(path: str, status: int) -> logging.LogRecord:
         return logging.LogRecord(
@@ -129,6 +132,13 @@ def test_probe_access_lines_are_quiet_while_the_model_loads():
     assert quiet.filter(line("/v1/models", 503))
     state.engine = SimpleNamespace()  # loaded: every line is logged again
     assert quiet.filter(line("/health", 200))
+    assert line("/metrics", 200).getMessage() == '127.0.0.1:5 - "GET /metrics HTTP/1.1" 200'
+
+    listed = ServerState(_settings(disable_access_log_for_endpoints="/health, /metrics"))
+    listed.engine = SimpleNamespace()
+    quiet = QuietAccessLines(listed)
+    assert not quiet.filter(line("/metrics", 200)) and not quiet.filter(line("/health?x=1", 200))
+    assert quiet.filter(line("/v1/models", 200)) and quiet.filter(line("/metricsx", 200))
 
 
 def test_stats_line_names_the_engines_device(caplog):
