@@ -152,15 +152,11 @@ ARG_SUPPORT: dict[str, Support] = {
         "stops the server in any case)"
     ),
     "trust_request_mm_kwargs": no_effect(TEXT_ONLY),
-    "default_chat_template_kwargs": refused(
-        "the chat template gets the request's chat_template_kwargs only; server-wide defaults for them are not built yet"
-    ),
+    "default_chat_template_kwargs": HONOURED,
     "reasoning_effort_map": refused(
         "reasoning_effort is passed to the chat template as given; a map of effort names is not built yet"
     ),
-    "exclude_tools_when_tool_choice_none": refused(
-        "tools are always rendered into the prompt; leaving them out for tool_choice none is not built yet"
-    ),
+    "exclude_tools_when_tool_choice_none": HONOURED,
     "tool_strict_level": refused("strict tool schemas are not enforced by a grammar here yet"),
     "tool_server": refused(
         "built-in tools (demo, MCP tool servers) are not built: the Responses API runs function tools only"

@@ -72,6 +72,8 @@ class FrontendSettings:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     reasoning_effort: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None  # --default-chat-template-kwargs
+    exclude_tools_when_tool_choice_none: bool = False
     guided_decoding_backend: str = "auto"
     guided_decoding_disable_any_whitespace: bool = False
     show_hidden_metrics_for_version: str | None = None
@@ -86,9 +88,11 @@ class FrontendSettings:
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
-        """What chat templates receive unless a request says otherwise: ``--reasoning-effort`` as
-        ``reasoning_effort``, the way vLLM passes it."""
-        return {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
+        """What chat templates receive unless a request says otherwise:
+        ``--default-chat-template-kwargs``, and ``--reasoning-effort`` as ``reasoning_effort``,
+        the way vLLM passes it."""
+        effort = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
+        return {**(self.chat_template_kwargs or {}), **effort}
 
     @property
     def model_name(self) -> str:
@@ -157,6 +161,10 @@ class FrontendSettings:
             tool_call_parser=get("tool_call_parser"),
             reasoning_parser=get("reasoning_parser") or structured.get("reasoning_parser") or None,
             reasoning_effort=get("reasoning_effort"),
+            chat_template_kwargs=dict(get("default_chat_template_kwargs", {})),
+            exclude_tools_when_tool_choice_none=bool(
+                get("exclude_tools_when_tool_choice_none", False)
+            ),
             guided_decoding_backend=str(
                 structured.get("backend") or get("guided_decoding_backend", "auto")
             ),
