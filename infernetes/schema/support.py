@@ -162,9 +162,7 @@ ARG_SUPPORT: dict[str, Support] = {
         "built-in tools (demo, MCP tool servers) are not built: the Responses API runs function tools only"
     ),
     "enable_per_request_metrics": refused("per-request metrics in responses are not built yet"),
-    "enable_force_include_usage": refused(
-        "usage is streamed only when stream_options.include_usage asks for it; forcing it is not built yet"
-    ),
+    "enable_force_include_usage": HONOURED,
     "sse_keep_alive_interval": refused("streams send no keep-alive comments yet"),
     "enable_log_outputs": no_effect(
         "generated outputs are not logged (--enable-log-requests logs requests)"

@@ -414,8 +414,7 @@ class ChatServing(ServingBase):
     ) -> AsyncIterator[bytes]:
         created = int(time.time())
         model = request.model or self.settings.model_name
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        continuous = bool(request.stream_options and request.stream_options.continuous_usage_stats)
+        include_usage, continuous = self.stream_usage(request.stream_options)
         formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
         states = {i: self._new_state(mode) for i in range(request.n)}
         completion_tokens = 0

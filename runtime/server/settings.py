@@ -57,6 +57,7 @@ class FrontendSettings:
     middleware: tuple[str, ...] = ()
     return_tokens_as_token_ids: bool = False
     enable_prompt_tokens_details: bool = False
+    enable_force_include_usage: bool = False
     enable_server_load_tracking: bool = False
     enable_tokenizer_info_endpoint: bool = False
     max_concurrency: int | None = None
@@ -146,6 +147,7 @@ class FrontendSettings:
             middleware=tuple(_as_list(get("middleware"))),
             return_tokens_as_token_ids=bool(get("return_tokens_as_token_ids", False)),
             enable_prompt_tokens_details=bool(get("enable_prompt_tokens_details", False)),
+            enable_force_include_usage=bool(get("enable_force_include_usage", False)),
             enable_server_load_tracking=bool(get("enable_server_load_tracking", False)),
             enable_tokenizer_info_endpoint=bool(get("enable_tokenizer_info_endpoint", False)),
             max_concurrency=get("max_concurrency"),
