@@ -438,7 +438,13 @@ ARG_SUPPORT: dict[str, Support] = {
     "kv_cache_dtype": HONOURED,
     "num_gpu_blocks_override": HONOURED,
     "enable_prefix_caching": HONOURED,
-    "prefix_caching_hash_algo": HONOURED,
+    "prefix_caching_hash_algo": partial(
+        ("builtin", "sha256"),
+        "sha256_cbor hashes as sha256 and xxhash, xxhash_cbor as builtin: their serialisations "
+        "only matter for block hashes shared outside the engine (KV events), which are not "
+        "published",
+        others="no_effect",
+    ),
     "cpu_offload_gb": refused(WEIGHT_OFFLOAD),
     "calculate_kv_scales": HONOURED,
     "kv_sharing_fast_prefill": refused("KV sharing across layers is not supported yet"),

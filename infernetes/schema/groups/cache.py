@@ -62,8 +62,9 @@ ARGS = (
         "str",
         "builtin",
         G,
-        "Hash of prefix-cache blocks: builtin (fast) or sha256 (collision resistant).",
-        choices=("builtin", "sha256"),
+        "Hash of prefix-cache blocks: builtin (fast) or sha256 (collision resistant); vLLM "
+        "also has sha256_cbor, xxhash and xxhash_cbor.",
+        choices=("builtin", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"),
     ),
     Arg(
         "cpu-offload-gb",

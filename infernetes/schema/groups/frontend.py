@@ -48,8 +48,8 @@ ARGS = (
         "str",
         None,
         G,
-        "Require this bearer key on every API request.",
-        nargs=None,
+        "Require one of these bearer keys on every API request.",
+        nargs="+",
         secret=True,
     ),
     Arg(
