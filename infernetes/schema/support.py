@@ -73,11 +73,14 @@ BUILD_TIME = "a build-time variable of vLLM's own compilation; nothing here is b
 VLLM_TESTS = "a switch of vLLM's own test suite"
 NO_USAGE_STATS = "this server collects and sends no usage statistics"
 NO_GRPC = "there is no gRPC server: the OpenAI HTTP API is the one frontend"
-NO_LAYER = "the models served here have no such layers"
+NO_LAYER = "linear-attention layers (gated delta net, Kimi delta attention) are not built here"
 COHERE = "there is no Cohere API here"
 DP_SUPERVISOR = "there is no data-parallel supervisor (external load balancing is not built)"
 H11 = "the server speaks HTTP/1.1 through httptools, not h11"
-NO_SSM = "the models served here have no Mamba (state-space) layers"
+NO_SSM = (
+    "Mamba (state-space) models are not served here: neither their kernels nor their state cache "
+    "are built"
+)
 NUMA = "workers are not bound to NUMA nodes"
 CONTEXT_PARALLEL = (
     "context parallelism is not built: each tensor-parallel rank attends over the whole sequence"
@@ -154,12 +157,14 @@ ARG_SUPPORT: dict[str, Support] = {
     "trust_request_mm_kwargs": no_effect(TEXT_ONLY),
     "default_chat_template_kwargs": HONOURED,
     "reasoning_effort_map": refused(
-        "reasoning_effort is passed to the chat template as given; a map of effort names is not built yet"
+        "reasoning_effort is passed to the chat template as given; a map of effort names is not "
+        "built yet"
     ),
     "exclude_tools_when_tool_choice_none": HONOURED,
     "tool_strict_level": refused("strict tool schemas are not enforced by a grammar here yet"),
     "tool_server": refused(
-        "built-in tools (demo, MCP tool servers) are not built: the Responses API runs function tools only"
+        "built-in tools (demo, MCP tool servers) are not built: the Responses API runs function "
+        "tools only"
     ),
     "enable_per_request_metrics": refused("per-request metrics in responses are not built yet"),
     "enable_force_include_usage": HONOURED,
@@ -231,7 +236,8 @@ ARG_SUPPORT: dict[str, Support] = {
         "pre-quantized checkpoints of these methods load (the method is read from the "
         "checkpoint's quantization_config; a different --quantization is refused); on the GPU "
         "(Triton) path packed int4/int8 and fp8 weights, MoE experts included, stay as stored and "
-        "run quantized GEMMs, on the CPU they are dequantised to the model dtype at load (gpt-oss's "
+        "run quantized GEMMs, on the CPU they are dequantised to the model dtype at load (gpt-"
+        "oss's "
         "mxfp4 checkpoints everywhere; see docs/quantization.md); fp8 of an unquantised "
         "checkpoint quantises it online",
     ),
@@ -268,14 +274,17 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "runner": partial(
         ("auto", "generate"),
-        "the pooling runner follows --task (embed, classify, score) and the draft runner comes with draft-model speculation; choosing them here is not built yet",
+        "the pooling runner follows --task (embed, classify, score) and the draft runner comes "
+        "with draft-model speculation; choosing them here is not built yet",
     ),
     "convert": refused(
-        "converting a generative checkpoint into an embedding or classification model is not built yet"
+        "converting a generative checkpoint into an embedding or classification model is not built"
+        " yet"
     ),
     "allowed_media_domains": no_effect(TEXT_ONLY),
     "quantization_config": refused(
-        "the quantization settings come from the checkpoint (and --quantization); overriding them is not built yet"
+        "the quantization settings come from the checkpoint (and --quantization); overriding them "
+        "is not built yet"
     ),
     "allow_deprecated_quantization": no_effect("no quantization method served here is deprecated"),
     "enable_return_routed_experts": refused(
@@ -423,10 +432,12 @@ ARG_SUPPORT: dict[str, Support] = {
     "eplb_config": refused(EPLB_PLANNED),
     "expert_placement_strategy": refused(EPLB_PLANNED),
     "enable_fault_tolerance": refused(
-        "recovering a failed engine in place is not built: the server stops (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps it up)"
+        "recovering a failed engine in place is not built: the server stops "
+        "(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps it up)"
     ),
     "fault_tolerance_config": refused(
-        "recovering a failed engine in place is not built: the server stops (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps it up)"
+        "recovering a failed engine in place is not built: the server stops "
+        "(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps it up)"
     ),
     # ---------------------------------------------------------------- CacheConfig
     "block_size": HONOURED,
@@ -458,7 +469,9 @@ ARG_SUPPORT: dict[str, Support] = {
     "kv_cache_dtype_skip_layers": refused(
         "--kv-cache-dtype applies to every layer; leaving some layers out is not built"
     ),
-    "swa_bounded_replay": no_effect("sliding-window layers keep their whole KV cache here"),
+    "swa_bounded_replay": no_effect(
+        "a sliding-window layer's prefix replay is not bounded here (the outputs are the same)"
+    ),
     "mamba_cache_dtype": no_effect(NO_SSM),
     "mamba_ssm_cache_dtype": no_effect(NO_SSM),
     "mamba_block_size": no_effect(NO_SSM),
@@ -552,7 +565,8 @@ ARG_SUPPORT: dict[str, Support] = {
         "worker: gen_ai.latency.time_in_model_execute; all: both"
     ),
     "logging_config": refused(
-        "logging is set up from VLLM_LOGGING_LEVEL, VLLM_LOGGING_PREFIX and VLLM_LOGGING_CONFIG_PATH; its JSON form is not built yet"
+        "logging is set up from VLLM_LOGGING_LEVEL, VLLM_LOGGING_PREFIX and "
+        "VLLM_LOGGING_CONFIG_PATH; its JSON form is not built yet"
     ),
     "log_level": no_effect("the log level comes from VLLM_LOGGING_LEVEL: set that instead"),
     "per_request_spec_decode_metrics": refused(
@@ -610,7 +624,8 @@ ARG_SUPPORT: dict[str, Support] = {
         "--long-prefill-token-threshold is fixed; adapting it is not built"
     ),
     "scheduler_reserve_full_isl": no_effect(
-        "a request is admitted when its next chunk fits, as vLLM with this off"
+        "the scheduler's admission rule is its own; reserving blocks for the whole prompt is not "
+        "switchable here"
     ),
     "watermark": no_effect(
         "the scheduler admits a request when its blocks fit, keeping no free-block watermark"
