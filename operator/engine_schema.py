@@ -15,8 +15,9 @@ from infernetes.schema.env import EnvVar
 
 # Arguments that have a top-level spec field instead of an engine field.
 TOP_LEVEL_ARGS = frozenset({"model", "served-model-name"})
-# Not meaningful inside a pod the operator builds: a config file path replaces the typed fields.
-EXCLUDED_ARGS = frozenset({"config"})
+# Not meaningful inside a pod the operator builds: a config file path replaces the typed fields,
+# and a Unix socket (--uds) would hide the server from its Service and probes.
+EXCLUDED_ARGS = frozenset({"config", "uds"})
 # Env variables the operator sets or that only make sense outside a single-node pod.
 OPERATOR_ENV = frozenset({"VLLM_PORT", "VLLM_HOST_IP", "VLLM_API_KEY"})
 

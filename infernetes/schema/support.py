@@ -188,9 +188,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "dp_supervisor_probe_interval_s": no_effect(DP_SUPERVISOR),
     "dp_supervisor_probe_timeout_s": no_effect(DP_SUPERVISOR),
     "dp_supervisor_probe_failure_threshold": no_effect(DP_SUPERVISOR),
-    "uds": refused(
-        "the server listens on --host and --port; a Unix domain socket is not supported yet"
-    ),
+    "uds": HONOURED,
     "disable_access_log_for_endpoints": HONOURED,
     "ssl_ciphers": HONOURED,
     "h11_max_incomplete_event_size": no_effect(H11),

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import socket
 import ssl
+import stat
 import sys
 import threading
 import time
@@ -308,6 +309,34 @@ class QuietAccessLines(logging.Filter):
         return path not in quiet and not (loading and path in self.PROBES)
 
 
+def listen(settings: FrontendSettings) -> socket.socket:
+    """The server's socket: --uds's Unix socket (host and port are then unused, as in vLLM), or
+    --host and --port."""
+    if settings.uds:
+        return _unix_socket(settings.uds)
+    return _listening_socket(settings.host or "0.0.0.0", settings.port)
+
+
+def _unix_socket(path: str) -> socket.socket:
+    """A Unix socket at ``path``, readable and writable by every local user (as uvicorn's); a
+    socket file left by an earlier run is replaced."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                os.remove(path)
+        listener.bind(path)
+        os.chmod(path, 0o666)
+    except OSError as exc:
+        listener.close()
+        print(
+            f"infernetes serve: error: cannot listen on {path}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from exc
+    return listener
+
+
 def _listening_socket(host: str, port: int) -> socket.socket:
     """The server's socket, bound before anything loads: a busy port is exit 1 at once, naming
     it (uvicorn binds only after the app's startup, which begins loading the model)."""
@@ -337,9 +366,12 @@ def run_server(config: ServeConfig) -> None:
         print(f"infernetes serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     _configure_logging(settings, logging_settings)
-    listener = _listening_socket(settings.host or "0.0.0.0", settings.port)
+    listener = listen(settings)
     scheme = "https" if settings.ssl_certfile else "http"
-    logger.info("listening on %s://%s:%d", scheme, settings.host or "0.0.0.0", settings.port)
+    if settings.uds:
+        logger.info("listening on %s over the Unix socket %s", scheme, settings.uds)
+    else:
+        logger.info("listening on %s://%s:%d", scheme, settings.host or "0.0.0.0", settings.port)
     state = ServerState(
         settings, cache_config=_cache_config_labels(config), serve_config=masked_config(config)
     )

@@ -36,6 +36,7 @@ class FrontendSettings:
     served_model_names: tuple[str, ...] = ("model",)
     host: str | None = None
     port: int = 8000
+    uds: str | None = None  # --uds: a Unix socket instead of host and port
     uvicorn_log_level: str = "info"
     api_keys: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ("*",)
@@ -122,6 +123,7 @@ class FrontendSettings:
             served_model_names=names,
             host=getattr(config, "host", None),
             port=int(get("port", 8000)),
+            uds=get("uds"),
             uvicorn_log_level=str(get("uvicorn_log_level", "info")),
             api_keys=api_keys,
             allowed_origins=tuple(_as_list(get("allowed_origins", ["*"]))),

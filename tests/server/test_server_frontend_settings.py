@@ -162,3 +162,35 @@ def test_stats_line_names_the_engines_device(caplog):
             SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.25), None
         )
     assert "CPU KV cache usage: 25.0%" in caplog.records[-1].getMessage()
+
+
+def test_uds_serves_on_a_unix_socket_instead_of_host_and_port(tmp_path):
+    import os
+    import socket
+    import stat
+    import threading
+    import time
+
+    import uvicorn
+    from infernetes.runtime.server.api_server import listen
+
+    path = str(tmp_path / "api.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)  # an earlier run's socket file: replaced
+    stale.close()
+    settings = _settings(uds=path, port=1)  # the port is not used
+    listener = listen(settings)
+    assert listener.family == socket.AF_UNIX
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
+    server = uvicorn.Server(uvicorn_config(build_app(ServerState(settings)), settings))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://t") as client:
+            assert client.get("/health").status_code == 503  # served; the model is not loaded
+    finally:
+        server.should_exit = True
+        thread.join(20)
