@@ -168,7 +168,7 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "enable_per_request_metrics": refused("per-request metrics in responses are not built yet"),
     "enable_force_include_usage": HONOURED,
-    "sse_keep_alive_interval": refused("streams send no keep-alive comments yet"),
+    "sse_keep_alive_interval": HONOURED,
     "enable_log_outputs": no_effect(
         "generated outputs are not logged (--enable-log-requests logs requests)"
     ),

@@ -59,6 +59,7 @@ class FrontendSettings:
     return_tokens_as_token_ids: bool = False
     enable_prompt_tokens_details: bool = False
     enable_force_include_usage: bool = False
+    sse_keep_alive_interval: float = 0  # seconds; 0: no keep-alive comments
     enable_server_load_tracking: bool = False
     enable_tokenizer_info_endpoint: bool = False
     max_concurrency: int | None = None
@@ -150,6 +151,7 @@ class FrontendSettings:
             return_tokens_as_token_ids=bool(get("return_tokens_as_token_ids", False)),
             enable_prompt_tokens_details=bool(get("enable_prompt_tokens_details", False)),
             enable_force_include_usage=bool(get("enable_force_include_usage", False)),
+            sse_keep_alive_interval=float(get("sse_keep_alive_interval", 0)),
             enable_server_load_tracking=bool(get("enable_server_load_tracking", False)),
             enable_tokenizer_info_endpoint=bool(get("enable_tokenizer_info_endpoint", False)),
             max_concurrency=get("max_concurrency"),
