@@ -20,7 +20,9 @@ _GUIDED_OPTIONS = {
 def apply_deprecations(given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Returns the values with every deprecated dest mapped away, and one notice per old spelling.
 
-    A value the user also gave under the new name wins over the one moved from the old name.
+    A value the user also gave under the new name wins over the one moved from the old name; a
+    shorthand's value wins over the key it stands for (``--spec-tokens 5`` over
+    ``--speculative-config '{"num_speculative_tokens": 3}'``).
     """
     result = {dest: value for dest, value in given.items() if not _is_moved(dest)}
     notices = []
@@ -40,10 +42,14 @@ def apply_deprecations(given: dict[str, Any]) -> tuple[dict[str, Any], list[str]
                 result.setdefault(new_dest, new_value)
         elif "." in target:
             new_dest, _, key = target.partition(".")
-            current = dict(result.get(new_dest) or {})
+            given_there = result.get(new_dest)  # as given: a JSON string from the command line
+            current = dict(convert(BY_DEST[new_dest], given_there) or {}) if given_there else {}
             if key == "model" and value == "[ngram]":  # the old way to ask for n-gram drafting
                 key, value = "method", "ngram"
-            current.setdefault(key, value)
+            if arg.deprecated:
+                current.setdefault(key, value)
+            else:  # a shorthand overrides its key, as in vLLM
+                current[key] = value
             result[new_dest] = current
         else:
             result.setdefault(target, value)

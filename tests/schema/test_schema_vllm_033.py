@@ -167,3 +167,17 @@ def test_shorthands_are_not_config_fields_nor_crd_fields():
     shorthands = {"spec_method", "spec_model", "spec_tokens", "cudagraph_capture_sizes"}
     assert shorthands.isdisjoint(a.dest for a in CURRENT_ARGS)
     assert shorthands.isdisjoint(a.dest for a in engine_args(get_arg(d) for d in shorthands))
+
+
+def test_a_shorthand_overrides_its_key_in_the_json_given_beside_it():
+    whole = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
+    config, _ = parse_with_notices(["m", "--speculative-config", whole, "--spec-tokens", "5"])
+    assert config.speculative_config == {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_max": 4,
+    }
+    # a deprecated spelling does not: the value under the new name wins
+    config, notices = parse_with_notices(["m", "-sc", whole, "--num-speculative-tokens", "7"])
+    assert config.speculative_config["num_speculative_tokens"] == 3
+    assert any("--num-speculative-tokens is deprecated" in n for n in notices)
