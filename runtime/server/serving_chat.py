@@ -174,10 +174,15 @@ class ChatServing(ServingBase):
             return StructuredOutputsParams("json", required_calls_schema(request), "tools")
         return guide
 
-    def _prompt(self, request: ChatCompletionRequest, mode: ToolMode) -> list[int]:
+    def _prompt(self, request: ChatCompletionRequest) -> list[int]:
+        # As vLLM: the tools are in the prompt whenever given, even with tool_choice none
+        # (the model only may not call them), unless --exclude-tools-when-tool-choice-none.
+        excluded = (
+            request.tool_choice == "none" and self.settings.exclude_tools_when_tool_choice_none
+        )
         tools = (
             [t.model_dump(exclude_none=True) for t in request.tools]
-            if request.tools and mode.kind != "none"
+            if request.tools and not excluded
             else None
         )
         text = self.renderer.render(
@@ -197,7 +202,7 @@ class ChatServing(ServingBase):
         self.check_engine()
         mode = self._tool_mode(request)
         guide = self._guide(request, mode)
-        prompt_ids = self._prompt(request, mode)
+        prompt_ids = self._prompt(request)
         max_tokens = self.resolve_max_tokens(
             len(prompt_ids), request.effective_max_tokens, "messages"
         )
@@ -409,8 +414,7 @@ class ChatServing(ServingBase):
     ) -> AsyncIterator[bytes]:
         created = int(time.time())
         model = request.model or self.settings.model_name
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        continuous = bool(request.stream_options and request.stream_options.continuous_usage_stats)
+        include_usage, continuous = self.stream_usage(request.stream_options)
         formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
         states = {i: self._new_state(mode) for i in range(request.n)}
         completion_tokens = 0

@@ -241,8 +241,7 @@ class CompletionServing(ServingBase):
         created = int(time.time())
         model = self._model_name(request)
         formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        continuous = bool(request.stream_options and request.stream_options.continuous_usage_stats)
+        include_usage, continuous = self.stream_usage(request.stream_options)
         completion_tokens = 0
         cached_tokens = 0
         echoed: set[int] = set()
