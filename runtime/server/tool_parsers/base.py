@@ -175,6 +175,9 @@ class ToolParser(ABC):
     # Marker strings that may open the tool section; a tail of the output that could still grow
     # into one is held back while streaming.
     markers: ClassVar[tuple[str, ...]] = ()
+    # Whether a tool section that yields no call is the model's text after all (and streamed
+    # as content when generation ends).
+    unparsed_is_content: ClassVar[bool] = True
 
     def __init__(self, tools: list[ChatTool] | None = None) -> None:
         self.tools = tools or []
@@ -310,7 +313,7 @@ class ToolCallStream:
         delta = StreamDelta()
         if self.section_at is not None:
             delta.tool_calls = self._advance(final=True)
-            if self.tools_called:
+            if self.tools_called or not self.parser.unparsed_is_content:
                 return delta
         delta.content = self.text[self.content_sent :]
         self.content_sent = len(self.text)

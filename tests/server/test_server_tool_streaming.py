@@ -1,0 +1,147 @@
+"""tool_choice "required" streams its calls as vLLM does: each call's id and name once its name is
+written, then its ``parameters`` text in pieces, call after call with increasing index; a list
+cut by max_tokens gives the calls closed before the cut and never raw text as content.
+
+The first half feeds hand-made outputs to the parser, split at every position; the second asks a
+real server on the tiny random model, whose output the required-calls grammar keeps well formed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from infernetes.runtime.server.protocol import ChatTool
+from infernetes.runtime.server.tool_parsers import RequiredCallsParser
+
+WEATHER = ChatTool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            },
+        },
+    }
+)
+
+# The grammar allows any JSON whitespace unless --guided-decoding-disable-any-whitespace is set,
+# and strings hold any character: brackets and braces inside them must not end a call.
+OUTPUTS = {
+    "compact": '[{"name":"get_weather","parameters":{"city":"Paris","days":2}},'
+    '{"name":"get_weather","parameters":{"city":"Oslo"}}]',
+    "spaced": '[\n  {"name": "get_weather", "parameters": {"city": "Paris", "days": 2}} ,\n'
+    '  { "name" : "get_weather" , "parameters" : { "city" : "Oslo" } }\n]',
+    "tricky strings": '[{"name": "get_weather", "parameters": {"city": "P]a}r\\"i{s, ]", '
+    '"days": 2}}, {"name": "get_weather", "parameters": {"city": "Ōslo 🌧 \\u00e9\\n"}}]',
+    "nested": '[{"name": "get_weather", "parameters": {"city": "Paris", "days": 2, "extra": '
+    '{"hours": [1, 2, {"x": []}], "note": null}}}, '
+    '{"name": "get_weather", "parameters": {}}]',
+}
+
+
+def _feed(parser: RequiredCallsParser, pieces: list[str]):
+    """(content, tool-call deltas, stream) for the output fed in ``pieces``, then finished."""
+    stream = parser.stream()
+    content, deltas = "", []
+    for piece in pieces:
+        delta = stream.feed(piece)
+        content += delta.content
+        deltas += delta.tool_calls
+    final = stream.finish()
+    return content + final.content, deltas + final.tool_calls, stream
+
+
+def _joined(deltas) -> dict[int, tuple[str, str]]:
+    """{index: (name, arguments)} as a client joins the streamed pieces."""
+    calls: dict[int, tuple[str, str]] = {}
+    for delta in deltas:
+        name, arguments = calls.get(delta.index, ("", ""))
+        calls[delta.index] = (delta.name or name, arguments + delta.arguments)
+    return calls
+
+
+def _whole(text: str) -> list[tuple[str, str]]:
+    calls = RequiredCallsParser([WEATHER]).parse_section(text, final=True) or []
+    return [(call.name, call.arguments) for call in calls]
+
+
+def _splits(text: str):
+    """The output as one piece, a character at a time, and in two pieces split at each point."""
+    yield [text]
+    yield list(text)
+    for at in range(1, len(text)):
+        yield [text[:at], text[at:]]
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUTS))
+def test_whole_output_gives_each_call_with_its_parameters_text(case):
+    text = OUTPUTS[case]
+    calls = _whole(text)
+    assert [name for name, _ in calls] == ["get_weather", "get_weather"]
+    expected = [item["parameters"] for item in json.loads(text)]
+    assert [json.loads(arguments) for _, arguments in calls] == expected
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUTS))
+def test_streamed_pieces_join_up_to_the_whole_calls_at_every_split(case):
+    text = OUTPUTS[case]
+    whole = _whole(text)
+    for pieces in _splits(text):
+        content, deltas, stream = _feed(RequiredCallsParser([WEATHER]), pieces)
+        assert content == ""
+        assert _joined(deltas) == dict(enumerate(whole)), pieces
+        headers = [d for d in deltas if d.name is not None]
+        assert [d.index for d in headers] == [0, 1]
+        assert all(d.id for d in headers) and headers[0].id != headers[1].id
+        # A call's header comes first, and the calls do not interleave.
+        assert [d.index for d in deltas] == sorted(d.index for d in deltas)
+        assert stream.calls_sent == 2
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUTS))
+def test_arguments_go_out_while_the_call_is_written(case):
+    """Fed a character at a time, the header goes out before the parameters are complete and
+    the first call's parameters arrive in many pieces."""
+    text = OUTPUTS[case]
+    stream = RequiredCallsParser([WEATHER]).stream()
+    first_arguments = _whole(text)[0][1]
+    header_at = None
+    pieces = []
+    for at, char in enumerate(text):
+        for delta in stream.feed(char).tool_calls:
+            if delta.index == 0 and delta.name is not None:
+                header_at = at
+            if delta.index == 0 and delta.arguments:
+                pieces.append(delta.arguments)
+    assert header_at is not None and header_at < text.index(first_arguments)
+    assert len(pieces) > 10 and "".join(pieces) == first_arguments
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUTS))
+def test_a_cut_output_never_becomes_content(case):
+    """Cut at every position (as max_tokens cuts): no content, streamed or whole; the calls
+    closed before the cut stream whole, the one being written a prefix of its arguments."""
+    text = OUTPUTS[case]
+    whole = _whole(text)
+    for cut in range(len(text)):
+        prefix = text[:cut]
+        content, deltas, _ = _feed(RequiredCallsParser([WEATHER]), list(prefix))
+        assert content == ""
+        closed = _whole(prefix)
+        assert closed == whole[: len(closed)]
+        streamed = _joined(deltas)
+        assert [streamed[i] for i in range(len(closed))] == closed
+        for index in set(streamed) - set(range(len(closed))):
+            name, arguments = streamed[index]
+            assert name == whole[index][0] and whole[index][1].startswith(arguments)
+
+
+def test_output_before_the_list_opens_holds_no_call():
+    parser = RequiredCallsParser([WEATHER])
+    assert parser.parse_section("  ", final=False) == []
+    assert parser.parse_section("  ", final=True) is None
+    assert _feed(parser, [" ", "\n"])[:2] == ("", [])
