@@ -145,3 +145,146 @@ def test_output_before_the_list_opens_holds_no_call():
     assert parser.parse_section("  ", final=False) == []
     assert parser.parse_section("  ", final=True) is None
     assert _feed(parser, [" ", "\n"])[:2] == ("", [])
+
+
+# ---------------------------------------------------------------- through a real server
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Oslo", "Reykjavik"]},
+                "days": {"enum": [1, 2, 3]},
+                "units": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "days", "units"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["Europe/Paris", "Atlantic/Reykjavik"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+REQUEST = dict(
+    model="tiny",
+    messages=[{"role": "user", "content": "Weather and time in Paris?"}],
+    tools=[WEATHER_TOOL, TIME_TOOL],
+    tool_choice="required",
+    temperature=0,
+)
+
+
+@pytest.fixture(scope="module")
+def client(main_server):
+    return openai.OpenAI(
+        base_url=f"{main_server.url}/v1", api_key=main_server.api_key, max_retries=0
+    )
+
+
+@pytest.fixture(scope="module")
+def no_list_end(tiny_llama_dir) -> dict[str, int]:
+    """A logit_bias that bans every token holding "]": the list of calls never closes, so the
+    model writes call after call until max_tokens cuts it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    banned = [i for i in range(len(tokenizer)) if "]" in tokenizer.decode([i])]
+    return {str(i): -100 for i in banned}
+
+
+def _streamed(chunks) -> tuple[dict[int, tuple[str, str]], list[dict], str]:
+    """({index: (name, arguments)} joined, the tool-call deltas, the content) of a stream."""
+    calls: dict[int, tuple[str, str]] = {}
+    deltas: list[dict] = []
+    content = ""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                deltas.append(call.model_dump())
+                name, arguments = calls.get(call.index, ("", ""))
+                function = call.function
+                calls[call.index] = (
+                    (function.name if function else None) or name,
+                    arguments + ((function.arguments if function else None) or ""),
+                )
+    return calls, deltas, content
+
+
+def _finish(chunks) -> str | None:
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons.count(None) == len(reasons) - 1  # one chunk finishes the choice
+    return reasons[-1]
+
+
+def test_required_streams_calls_that_join_up_to_the_whole_answer(client):
+    whole = client.chat.completions.create(**REQUEST, max_tokens=200)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    expected = {
+        i: (c.function.name, c.function.arguments) for i, c in enumerate(choice.message.tool_calls)
+    }
+    assert expected and all(isinstance(json.loads(a), dict) for _, a in expected.values())
+
+    chunks = list(client.chat.completions.create(**REQUEST, max_tokens=200, stream=True))
+    calls, deltas, content = _streamed(chunks)
+    assert calls == expected and content == ""
+    assert _finish(chunks) == "tool_calls"
+    headers = [d for d in deltas if d["id"]]
+    assert [h["index"] for h in headers] == list(range(len(expected)))
+    assert all(h["type"] == "function" and h["function"]["name"] for h in headers)
+    # The arguments arrive in pieces as the model writes them, not in one delta at the end.
+    pieces = [d for d in deltas if d["index"] == 0 and d["function"]["arguments"]]
+    assert len(pieces) > 3, deltas
+
+
+def _cut_inside_third_call(client, no_list_end) -> int:
+    """A max_tokens that cuts the output while the third call's parameters are written."""
+    answer = client.chat.completions.create(
+        **REQUEST, max_tokens=120, logit_bias=no_list_end, logprobs=True
+    )
+    text = ""
+    for count, token in enumerate(answer.choices[0].logprobs.content, start=1):
+        text += token.token
+        if text.count('"parameters":{') == 3:
+            return count + 1
+    raise AssertionError(f"fewer than three calls in {text!r}")
+
+
+def test_a_required_call_cut_by_max_tokens_is_never_content(client, no_list_end):
+    max_tokens = _cut_inside_third_call(client, no_list_end)
+    request = dict(REQUEST, max_tokens=max_tokens, logit_bias=no_list_end)
+    whole = client.chat.completions.create(**request).choices[0]
+    assert whole.finish_reason == "length" and whole.message.content is None
+    closed = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert len(closed) == 2 and all(isinstance(json.loads(a), dict) for _, a in closed)
+
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    calls, _, content = _streamed(chunks)
+    assert content == "" and _finish(chunks) == "length"
+    assert [calls[0], calls[1]] == closed
+    # The third call went out as far as it was written: its name and a prefix of its arguments.
+    assert set(calls) == {0, 1, 2} and calls[2][0] in ("get_weather", "get_time")
+    assert calls[2][1].startswith("{") and not calls[2][1].endswith("}")
+
+
+def test_a_required_list_cut_before_any_call_closes_is_empty(client):
+    whole = client.chat.completions.create(**REQUEST, max_tokens=3).choices[0]
+    assert whole.finish_reason == "length"
+    assert whole.message.content is None and not whole.message.tool_calls
+    chunks = list(client.chat.completions.create(**REQUEST, max_tokens=3, stream=True))
+    calls, _, content = _streamed(chunks)
+    assert content == "" and calls == {} and _finish(chunks) == "length"
