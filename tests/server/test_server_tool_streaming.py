@@ -288,3 +288,25 @@ def test_a_required_list_cut_before_any_call_closes_is_empty(client):
     chunks = list(client.chat.completions.create(**REQUEST, max_tokens=3, stream=True))
     calls, _, content = _streamed(chunks)
     assert content == "" and calls == {} and _finish(chunks) == "length"
+
+
+def test_responses_api_streams_required_calls_as_they_are_written(client):
+    """The Responses API shares the chat path: function_call items open and fill in pieces."""
+    tools = [{"type": "function", **tool["function"]} for tool in (WEATHER_TOOL, TIME_TOOL)]
+    request = dict(
+        model="tiny",
+        input="Weather and time in Paris?",
+        tools=tools,
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=200,
+    )
+    whole = client.responses.create(**request)
+    expected = [(i.name, i.arguments) for i in whole.output if i.type == "function_call"]
+    assert expected and whole.status == "completed"
+    events = list(client.responses.create(**request, stream=True))
+    done = events[-1].response
+    assert [(i.name, i.arguments) for i in done.output if i.type == "function_call"] == expected
+    assert not [i for i in done.output if i.type == "message"]
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > len(expected)
