@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 @dataclass
 class ToolMode:
     kind: str  # none | auto | required | named
-    parser: ToolParser | None = None
+    parser: ToolParser | None = None  # auto: --tool-call-parser's; required: the list of calls
     function: str = ""  # the tool's name when kind is "named"
 
 
