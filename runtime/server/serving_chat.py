@@ -224,7 +224,7 @@ class ChatServing(ServingBase):
         return ""
 
     def _message(
-        self, request: ChatCompletionRequest, mode: ToolMode, text: str
+        self, request: ChatCompletionRequest, mode: ToolMode, text: str, finish: str | None
     ) -> tuple[ChatMessageOut, bool]:
         reasoning = None
         content: str | None = text
@@ -237,25 +237,17 @@ class ChatServing(ServingBase):
             return ChatMessageOut(
                 role=role, content="", reasoning_content=reasoning, tool_calls=[call]
             ), False
-        if mode.kind == "required" and mode.parser is not None:
-            # The output is a list of calls by construction; cut short, the calls closed before
-            # the cut (as streamed), and never its raw text as content.
-            calls = mode.parser.parse_section(content or "", final=True) or []
-            return ChatMessageOut(
-                role=role,
-                content=None,
-                reasoning_content=reasoning,
-                tool_calls=[ToolCall(function=call) for call in calls],
-            ), bool(calls)
-        if mode.kind == "auto" and mode.parser is not None and content:
-            extracted = mode.parser.extract(content)
+        if mode.parser is not None and content:
+            # Cut by max_tokens, the calls closed before the cut (as streamed) and never the
+            # raw text of the one being written.
+            extracted = mode.parser.extract(content, cut=finish == "length")
             if extracted.tools_called:
                 return ChatMessageOut(
                     role=role,
                     content=extracted.content,
                     reasoning_content=reasoning,
                     tool_calls=extracted.tool_calls,
-                ), True
+                ), bool(extracted.tool_calls)
         return ChatMessageOut(
             role=role,
             content=self._echo_prefix(request) + (content or ""),
@@ -278,7 +270,7 @@ class ChatServing(ServingBase):
         choices = []
         completion_tokens = 0
         for out in sorted(final.outputs, key=lambda o: o.index):
-            message, called = self._message(request, mode, out.text)
+            message, called = self._message(request, mode, out.text, out.finish_reason)
             finish = "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
             logprobs = None
             if request.logprobs:
@@ -322,9 +314,11 @@ class ChatServing(ServingBase):
         )
 
     def _deltas(
-        self, state: ChoiceState, mode: ToolMode, piece: str, final: bool
+        self, state: ChoiceState, mode: ToolMode, piece: str, finish: str | None
     ) -> list[dict[str, Any]]:
-        """The delta objects for one piece of output (and, if final, for the rest)."""
+        """The delta objects for one piece of output (and, once it has a finish reason, for
+        the rest)."""
+        final = finish is not None
         reasoning, content = "", piece
         if state.reasoning is not None:
             reasoning, content = state.reasoning.feed(piece)
@@ -356,7 +350,7 @@ class ChatServing(ServingBase):
         if state.tools is not None:
             pieces = [state.tools.feed(content)] if content else []
             if final:
-                pieces.append(state.tools.finish())
+                pieces.append(state.tools.finish(cut=finish == "length"))
             for delta in pieces:
                 if delta.content:
                     deltas.append({"content": delta.content})
@@ -427,7 +421,7 @@ class ChatServing(ServingBase):
                     state = states[out.index]
                     completion_tokens += len(out.token_ids)
                     finished = out.finish_reason is not None
-                    deltas = self._deltas(state, mode, out.text, finished)
+                    deltas = self._deltas(state, mode, out.text, out.finish_reason)
                     logprobs = None
                     if request.logprobs and out.token_ids:
                         logprobs = {

@@ -175,9 +175,6 @@ class ToolParser(ABC):
     # Marker strings that may open the tool section; a tail of the output that could still grow
     # into one is held back while streaming.
     markers: ClassVar[tuple[str, ...]] = ()
-    # Whether a tool section that yields no call is the model's text after all (and streamed
-    # as content when generation ends).
-    unparsed_is_content: ClassVar[bool] = True
 
     def __init__(self, tools: list[ChatTool] | None = None) -> None:
         self.tools = tools or []
@@ -202,12 +199,21 @@ class ToolParser(ABC):
         """How many trailing characters of not-yet-tool text to keep from the content stream."""
         return partial_marker_len(text, self.markers)
 
-    def extract(self, text: str) -> ExtractedToolCalls:
+    def unparsed_is_content(self, section: str, cut: bool) -> bool:
+        """Whether a tool section that gave no call is the model's text after all. One cut by
+        max_tokens (``cut``) is a call being written: its marker said so, and its raw text
+        never becomes content."""
+        return not cut
+
+    def extract(self, text: str, cut: bool = False) -> ExtractedToolCalls:
+        """The calls in a whole output; ``cut`` (by max_tokens): those closed before the cut.
+        ``tools_called`` says the tool section was read as calls, none closed if it was cut."""
         start = self.section_start(text)
         if start is None:
             return ExtractedToolCalls(False, [], text)
-        calls = self.parse_section(text[start:], final=True)
-        if not calls:
+        section = text[start:]
+        calls = self.parse_section(section, final=not cut) or []
+        if not calls and self.unparsed_is_content(section, cut):
             return ExtractedToolCalls(False, [], text)
         content = text[:start].strip() or None
         return ExtractedToolCalls(True, [ToolCall(function=c) for c in calls], content)
@@ -261,6 +267,13 @@ class LeadingToolParser(ToolParser):
             return len(text) - len(stripped)
         return None
 
+    def unparsed_is_content(self, section: str, cut: bool) -> bool:
+        # The opener ("{", "[") may begin plain text too: cut, it is a call only once the tag
+        # or a call's name says so.
+        if not cut:
+            return True
+        return not section.lstrip().startswith(self.tag) and self.partial_call(section, 0) is None
+
     def hold_back(self, text: str) -> int:
         # The section can only open the output: hold leading whitespace and a partial tag.
         stripped = text.lstrip()
@@ -308,12 +321,13 @@ class ToolCallStream:
         delta.tool_calls = self._advance(final=False)
         return delta
 
-    def finish(self) -> StreamDelta:
-        """Flushes what is left when generation ends."""
+    def finish(self, cut: bool = False) -> StreamDelta:
+        """Flushes what is left when generation ends (``cut``: by max_tokens)."""
         delta = StreamDelta()
         if self.section_at is not None:
-            delta.tool_calls = self._advance(final=True)
-            if self.tools_called or not self.parser.unparsed_is_content:
+            delta.tool_calls = self._advance(final=not cut)
+            section = self.text[self.section_at :]
+            if self.tools_called or not self.parser.unparsed_is_content(section, cut):
                 return delta
         delta.content = self.text[self.content_sent :]
         self.content_sent = len(self.text)

@@ -25,11 +25,12 @@ def _list_body(section: str) -> str | None:
 
 class RequiredCallsParser(ToolParser):
     name = "required"
-    # The output can only be calls: even a list cut short (max_tokens) is never content.
-    unparsed_is_content = False
 
     def section_start(self, text: str) -> int | None:
         return 0
+
+    def unparsed_is_content(self, section: str, cut: bool) -> bool:
+        return False  # the output can only be calls, however it ends
 
     def hold_back(self, text: str) -> int:
         return len(text)
