@@ -13,7 +13,8 @@ import json
 import openai
 import pytest
 from infernetes.runtime.server.protocol import ChatTool
-from infernetes.runtime.server.tool_parsers import RequiredCallsParser
+from infernetes.runtime.server.tool_parsers import RequiredCallsParser, make_tool_parser
+from test_server_tool_parsers import CASES as PARSER_CASES
 
 WEATHER = ChatTool.model_validate(
     {
@@ -138,6 +139,40 @@ def test_a_cut_output_never_becomes_content(case):
         for index in set(streamed) - set(range(len(closed))):
             name, arguments = streamed[index]
             assert name == whole[index][0] and whole[index][1].startswith(arguments)
+
+
+@pytest.mark.parametrize("name", sorted(PARSER_CASES))
+def test_auto_calls_cut_by_max_tokens_never_become_content(name):
+    """Every --tool-call-parser, its output cut at every position: whole and streamed agree, and
+    once the tool section has begun (its marker, or the start of a call after an opener that
+    plain text may also begin with), none of it is content."""
+    text, _ = PARSER_CASES[name]
+    parser = make_tool_parser(name, [WEATHER])
+    full = parser.extract(text).tool_calls
+    for cut in range(len(text)):
+        prefix = text[:cut]
+        whole = parser.extract(prefix, cut=True)
+        stream = parser.stream()
+        content, deltas = "", []
+        for char in prefix:
+            delta = stream.feed(char)
+            content, deltas = content + delta.content, deltas + delta.tool_calls
+        final = stream.finish(cut=True)
+        content, deltas = content + final.content, deltas + final.tool_calls
+        if not whole.tools_called:
+            assert content == prefix and not deltas
+            continue
+        assert content.strip() == (whole.content or "")
+        closed = [(c.function.name, c.function.arguments) for c in whole.tool_calls]
+        assert closed == [(c.function.name, c.function.arguments) for c in full[: len(closed)]]
+        streamed = _joined(deltas)
+        assert [streamed[i] for i in range(len(closed))] == closed
+        for index in set(streamed) - set(range(len(closed))):
+            assert full[index].function.arguments.startswith(streamed[index][1])
+    # The marker parsers' sections are calls from the marker on.
+    for marker in parser.markers:
+        cut = text.index(marker) + len(marker) + 1
+        assert parser.extract(text[:cut], cut=True).tools_called
 
 
 def test_output_before_the_list_opens_holds_no_call():
@@ -310,3 +345,34 @@ def test_responses_api_streams_required_calls_as_they_are_written(client):
     assert not [i for i in done.output if i.type == "message"]
     deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
     assert len(deltas) > len(expected)
+
+
+def test_an_auto_call_cut_by_max_tokens_is_never_content(client):
+    """tool_choice=auto with hermes: a call cut inside its arguments leaves the text before it
+    as content, whole and streamed, and its raw text nowhere."""
+    call = (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}</tool_call>'
+    )
+    regex = "".join("\\" + c if c in r"\.+*?()|[]{}^$#&-~" else c for c in "Checking. " + call)
+    request = dict(
+        REQUEST,
+        tools=[WEATHER_TOOL],
+        tool_choice="auto",
+        extra_body={"guided_regex": regex},
+    )
+    answer = client.chat.completions.create(**request, max_tokens=80, logprobs=True)
+    assert answer.choices[0].message.tool_calls[0].function.name == "get_weather"
+    text, max_tokens = "", 0
+    while '"city"' not in text:
+        text += answer.choices[0].logprobs.content[max_tokens].token
+        max_tokens += 1
+    whole = client.chat.completions.create(**request, max_tokens=max_tokens).choices[0]
+    assert whole.finish_reason == "length"
+    assert whole.message.content == "Checking." and not whole.message.tool_calls
+    chunks = list(client.chat.completions.create(**request, max_tokens=max_tokens, stream=True))
+    calls, _, content = _streamed(chunks)
+    assert content.strip() == "Checking." and _finish(chunks) == "length"
+    # The call went out as far as it was written: its name and a prefix of its arguments.
+    full = answer.choices[0].message.tool_calls[0].function.arguments
+    assert calls == {0: ("get_weather", calls[0][1])}
+    assert calls[0][1].startswith('{"city"') and full.startswith(calls[0][1])

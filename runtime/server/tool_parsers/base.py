@@ -260,6 +260,8 @@ class LeadingToolParser(ToolParser):
 
     tag: ClassVar[str]
     opener: ClassVar[str]
+    # The start of a call after the opener, which plain text does not begin with.
+    call_begins: ClassVar[re.Pattern[str]]
 
     def section_start(self, text: str) -> int | None:
         stripped = text.lstrip()
@@ -268,11 +270,12 @@ class LeadingToolParser(ToolParser):
         return None
 
     def unparsed_is_content(self, section: str, cut: bool) -> bool:
-        # The opener ("{", "[") may begin plain text too: cut, it is a call only once the tag
-        # or a call's name says so.
+        # The opener ("{", "[") may begin plain text too: cut, it is a call once the tag or
+        # the start of a call says so.
         if not cut:
             return True
-        return not section.lstrip().startswith(self.tag) and self.partial_call(section, 0) is None
+        stripped = section.lstrip()
+        return not stripped.startswith(self.tag) and self.call_begins.match(stripped) is None
 
     def hold_back(self, text: str) -> int:
         # The section can only open the output: hold leading whitespace and a partial tag.
