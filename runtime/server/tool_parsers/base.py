@@ -93,30 +93,24 @@ def decode_json_spans(text: str) -> tuple[list[tuple[Any, str]], str]:
         pos = end
 
 
+# A string (to its closing quote, or the end of a string still being written) or a bracket: the
+# regex engine skips string contents, which a call's arguments are mostly made of.
+JSON_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[{}\[\]]', re.DOTALL)
+
+
 def scan_json_value(text: str, start: int = 0) -> tuple[int, bool]:
     """How far the JSON object or array opening at ``text[start]`` goes: ``(end, complete)``.
 
     Tracks nesting and strings only (no validation), so it works on a value still being
     written: everything up to ``end`` belongs to the value."""
     depth = 0
-    in_string = escaped = False
-    for pos in range(start, len(text)):
-        char = text[pos]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return pos + 1, True
+    for match in JSON_STRUCTURE.finditer(text, start):
+        token = match.group()
+        if token[0] == '"':
+            continue
+        depth += 1 if token in "{[" else -1
+        if depth == 0:
+            return match.end(), True
     return len(text), False
 
 
