@@ -8,7 +8,6 @@ is constrained to that function's parameters).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -36,7 +35,12 @@ from infernetes.runtime.server.reasoning import ReasoningParser, ReasoningStream
 from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
 from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.streaming import DONE, engine_stream, sse
-from infernetes.runtime.server.tool_parsers import ToolCallStream, ToolParser, make_tool_parser
+from infernetes.runtime.server.tool_parsers import (
+    RequiredCallsParser,
+    ToolCallStream,
+    ToolParser,
+    make_tool_parser,
+)
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.async_engine import AsyncEngine
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
 @dataclass
 class ToolMode:
     kind: str  # none | auto | required | named
-    parser: ToolParser | None = None
+    parser: ToolParser | None = None  # auto: --tool-call-parser's; required: the list of calls
     function: str = ""  # the tool's name when kind is "named"
 
 
@@ -79,28 +83,6 @@ def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
     return {"reasoning_effort": request.reasoning_effort, **(kwargs or {})}
 
 
-def parse_required_calls(text: str) -> list[ToolCall] | None:
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(items, list):
-        return None
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            return None
-        calls.append(
-            ToolCall(
-                function=FunctionCall(
-                    name=item["name"],
-                    arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False),
-                )
-            )
-        )
-    return calls
-
-
 class PreparedChat(NamedTuple):
     """A checked chat request, ready for the engine."""
 
@@ -116,7 +98,6 @@ class ChoiceState:
 
     reasoning: ReasoningStream | None
     tools: ToolCallStream | None
-    raw_text: str = ""
     sent_named_header: bool = False
     tool_calls_sent: int = 0
 
@@ -142,7 +123,7 @@ class ChatServing(ServingBase):
         if isinstance(choice, NamedToolChoice):
             return ToolMode("named", function=choice.function.name)
         if choice == "required":
-            return ToolMode("required")
+            return ToolMode("required", parser=RequiredCallsParser(request.tools))
         parser = self.settings.tool_call_parser if self.settings.enable_auto_tool_choice else None
         if choice is None and not parser:
             return ToolMode("none")
@@ -248,7 +229,7 @@ class ChatServing(ServingBase):
         return ""
 
     def _message(
-        self, request: ChatCompletionRequest, mode: ToolMode, text: str
+        self, request: ChatCompletionRequest, mode: ToolMode, text: str, finish: str | None
     ) -> tuple[ChatMessageOut, bool]:
         reasoning = None
         content: str | None = text
@@ -261,21 +242,17 @@ class ChatServing(ServingBase):
             return ChatMessageOut(
                 role=role, content="", reasoning_content=reasoning, tool_calls=[call]
             ), False
-        if mode.kind == "required":
-            calls = parse_required_calls(content or "")
-            if calls:
-                return ChatMessageOut(
-                    role=role, content=None, reasoning_content=reasoning, tool_calls=calls
-                ), True
-        if mode.kind == "auto" and mode.parser is not None and content:
-            extracted = mode.parser.extract(content)
+        if mode.parser is not None and content:
+            # Cut by max_tokens, the calls closed before the cut (as streamed) and never the
+            # raw text of the one being written.
+            extracted = mode.parser.extract(content, cut=finish == "length")
             if extracted.tools_called:
                 return ChatMessageOut(
                     role=role,
                     content=extracted.content,
                     reasoning_content=reasoning,
                     tool_calls=extracted.tool_calls,
-                ), True
+                ), bool(extracted.tool_calls)
         return ChatMessageOut(
             role=role,
             content=self._echo_prefix(request) + (content or ""),
@@ -298,7 +275,7 @@ class ChatServing(ServingBase):
         choices = []
         completion_tokens = 0
         for out in sorted(final.outputs, key=lambda o: o.index):
-            message, called = self._message(request, mode, out.text)
+            message, called = self._message(request, mode, out.text, out.finish_reason)
             finish = "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
             logprobs = None
             if request.logprobs:
@@ -338,13 +315,15 @@ class ChatServing(ServingBase):
     def _new_state(self, mode: ToolMode) -> ChoiceState:
         return ChoiceState(
             reasoning=self.reasoning_parser.stream() if self.reasoning_parser else None,
-            tools=mode.parser.stream() if mode.kind == "auto" and mode.parser else None,
+            tools=mode.parser.stream() if mode.parser is not None else None,
         )
 
     def _deltas(
-        self, state: ChoiceState, mode: ToolMode, piece: str, final: bool
+        self, state: ChoiceState, mode: ToolMode, piece: str, finish: str | None
     ) -> list[dict[str, Any]]:
-        """The delta objects for one piece of output (and, if final, for the rest)."""
+        """The delta objects for one piece of output (and, once it has a finish reason, for
+        the rest)."""
+        final = finish is not None
         reasoning, content = "", piece
         if state.reasoning is not None:
             reasoning, content = state.reasoning.feed(piece)
@@ -373,26 +352,10 @@ class ChatServing(ServingBase):
             if content:
                 deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": content}}]})
             return deltas
-        if mode.kind == "required":
-            state.raw_text += content
-            if final:
-                calls = parse_required_calls(state.raw_text)
-                if calls:
-                    state.tool_calls_sent = len(calls)
-                    deltas.append(
-                        {
-                            "tool_calls": [
-                                {"index": i, **call.model_dump()} for i, call in enumerate(calls)
-                            ]
-                        }
-                    )
-                elif state.raw_text:
-                    deltas.append({"content": state.raw_text})
-            return deltas
         if state.tools is not None:
             pieces = [state.tools.feed(content)] if content else []
             if final:
-                pieces.append(state.tools.finish())
+                pieces.append(state.tools.finish(cut=finish == "length"))
             for delta in pieces:
                 if delta.content:
                     deltas.append({"content": delta.content})
@@ -462,7 +425,7 @@ class ChatServing(ServingBase):
                     state = states[out.index]
                     completion_tokens += len(out.token_ids)
                     finished = out.finish_reason is not None
-                    deltas = self._deltas(state, mode, out.text, finished)
+                    deltas = self._deltas(state, mode, out.text, out.finish_reason)
                     logprobs = None
                     if request.logprobs and out.token_ids:
                         logprobs = {

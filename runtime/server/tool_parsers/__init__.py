@@ -15,6 +15,7 @@ from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolPar
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
 from infernetes.runtime.server.tool_parsers.pythonic import PythonicToolParser
 from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser
+from infernetes.runtime.server.tool_parsers.required import RequiredCallsParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
@@ -58,6 +59,7 @@ def make_tool_parser(name: str, tools: list[ChatTool] | None) -> ToolParser:
 __all__ = [
     "TOOL_PARSERS",
     "ExtractedToolCalls",
+    "RequiredCallsParser",
     "StreamDelta",
     "ToolCallDelta",
     "ToolCallStream",
