@@ -11,11 +11,13 @@ import torch
 from infernetes.kernels import backend
 from infernetes.kernels.cpu import attention as _cpu_attention
 from infernetes.kernels.cpu import elementwise as _cpu_elementwise
+from infernetes.kernels.cpu import group_quant as _cpu_group_quant
 from infernetes.kernels.reference import activation as _ref_activation
 from infernetes.kernels.reference import attention as _ref_attention
 from infernetes.kernels.reference import cache as _ref_cache
 from infernetes.kernels.reference import fp8 as _ref_fp8
 from infernetes.kernels.reference import fp8_block as _ref_fp8_block
+from infernetes.kernels.reference import group_quant as _ref_group_quant
 from infernetes.kernels.reference import lora as _ref_lora
 from infernetes.kernels.reference import moe as _ref_moe
 from infernetes.kernels.reference import norm as _ref_norm
@@ -28,6 +30,7 @@ __all__ = [
     "fp8_linear",
     "fused_moe",
     "fused_moe_wna16",
+    "group_quant_linear",
     "lora_expand",
     "lora_shrink",
     "paged_attention",
@@ -259,3 +262,22 @@ def wna16_linear(
     `infernetes.kernels.reference.wna16`): the Triton GEMM unpacks it tile by tile."""
     impl = _triton().wna16_linear if _use_triton(x) else _ref_wna16.wna16_linear
     return impl(x, qweight, scales, zeros, g_idx, bits, bias)
+
+
+def group_quant_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+    group_size: int,
+    bits: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W.T + bias` with `W` group-quantized (layout in
+    `infernetes.kernels.reference.group_quant`): on the CPU the C kernel reads the 4- or 8-bit
+    weights; elsewhere the reference dequantizes the whole weight."""
+    if x.device.type == "cpu" and not torch.compiler.is_compiling():
+        impl = _cpu_group_quant.group_quant_linear
+    else:
+        impl = _ref_group_quant.group_quant_linear
+    return impl(x, qweight, scale, offset, group_size, bits, bias)

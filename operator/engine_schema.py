@@ -15,8 +15,9 @@ from infernetes.schema.env import EnvVar
 
 # Arguments that have a top-level spec field instead of an engine field.
 TOP_LEVEL_ARGS = frozenset({"model", "served-model-name"})
-# Not meaningful inside a pod the operator builds: a config file path replaces the typed fields.
-EXCLUDED_ARGS = frozenset({"config"})
+# Not meaningful inside a pod the operator builds: a config file path replaces the typed fields,
+# and a Unix socket (--uds) would hide the server from its Service and probes.
+EXCLUDED_ARGS = frozenset({"config", "uds"})
 # Env variables the operator sets or that only make sense outside a single-node pod.
 OPERATOR_ENV = frozenset({"VLLM_PORT", "VLLM_HOST_IP", "VLLM_API_KEY"})
 
@@ -35,7 +36,7 @@ def engine_args(args: Iterable[Arg]) -> list[Arg]:
     return [
         arg
         for arg in args
-        if not (arg.operator_owned or arg.secret or arg.deprecated or arg.kind == "token")
+        if not (arg.operator_owned or arg.secret or not arg.stored or arg.kind == "token")
         and arg.name not in TOP_LEVEL_ARGS
         and arg.name not in EXCLUDED_ARGS
     ]

@@ -44,8 +44,9 @@ _MODULES = (
 
 ARGS: tuple[Arg, ...] = tuple(arg for module in _MODULES for arg in module.ARGS)
 
-# Arguments that are stored in a ServeConfig (deprecated ones only feed their replacements).
-CURRENT_ARGS: tuple[Arg, ...] = tuple(arg for arg in ARGS if not arg.deprecated)
+# Arguments that are stored in a ServeConfig (deprecated ones and shorthands only feed their
+# replacements).
+CURRENT_ARGS: tuple[Arg, ...] = tuple(arg for arg in ARGS if arg.stored)
 
 BY_DEST: dict[str, Arg] = {arg.dest: arg for arg in ARGS}
 BY_NAME: dict[str, Arg] = {arg.name: arg for arg in ARGS}

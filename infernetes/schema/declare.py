@@ -40,7 +40,9 @@ class Arg:
 
     A deprecated argument is accepted with a warning and never stored: its value moves to
     ``replaced_by`` (a dest, ``dest.key`` inside a JSON argument, or ``dest=value`` for a flag that
-    stood for one value of another argument); without a replacement it is ignored.
+    stood for one value of another argument); without a replacement it is ignored. A current
+    argument with ``replaced_by`` is a shorthand (``--spec-tokens`` for
+    ``--speculative-config.num_speculative_tokens``): moved the same way, without a notice.
     """
 
     name: str
@@ -71,6 +73,11 @@ class Arg:
     @property
     def flag(self) -> str:
         return f"--{self.name}"
+
+    @property
+    def stored(self) -> bool:
+        """A field of ServeConfig: neither deprecated nor a shorthand for another argument."""
+        return not self.deprecated and self.replaced_by is None
 
     @property
     def is_list(self) -> bool:

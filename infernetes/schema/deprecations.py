@@ -1,4 +1,5 @@
-"""Old spellings: deprecated arguments moved onto their replacements, and old value forms."""
+"""Old spellings and shorthands: deprecated arguments and shorthands moved onto their
+replacements, and old value forms."""
 
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ _GUIDED_OPTIONS = {
 def apply_deprecations(given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Returns the values with every deprecated dest mapped away, and one notice per old spelling.
 
-    A value the user also gave under the new name wins over the one moved from the old name.
+    A value the user also gave under the new name wins over the one moved from the old name; a
+    shorthand's value wins over the key it stands for (``--spec-tokens 5`` over
+    ``--speculative-config '{"num_speculative_tokens": 3}'``).
     """
-    result = {dest: value for dest, value in given.items() if not _is_deprecated(dest)}
+    result = {dest: value for dest, value in given.items() if not _is_moved(dest)}
     notices = []
     for dest, raw in given.items():
-        if not _is_deprecated(dest):
+        if not _is_moved(dest):
             continue
         arg = BY_DEST[dest]
-        notices.append(f"{arg.flag} is deprecated: {arg.deprecated}.")
+        if arg.deprecated:
+            notices.append(f"{arg.flag} is deprecated: {arg.deprecated}.")
         value = convert(arg, raw)
         if arg.replaced_by is None or value is None:
             continue
@@ -38,10 +42,14 @@ def apply_deprecations(given: dict[str, Any]) -> tuple[dict[str, Any], list[str]
                 result.setdefault(new_dest, new_value)
         elif "." in target:
             new_dest, _, key = target.partition(".")
-            current = dict(result.get(new_dest) or {})
+            given_there = result.get(new_dest)  # as given: a JSON string from the command line
+            current = dict(convert(BY_DEST[new_dest], given_there) or {}) if given_there else {}
             if key == "model" and value == "[ngram]":  # the old way to ask for n-gram drafting
                 key, value = "method", "ngram"
-            current.setdefault(key, value)
+            if arg.deprecated:
+                current.setdefault(key, value)
+            else:  # a shorthand overrides its key, as in vLLM
+                current[key] = value
             result[new_dest] = current
         else:
             result.setdefault(target, value)
@@ -68,6 +76,7 @@ def _split_guided_backend(value: str, result: dict[str, Any]) -> str:
     return f"--guided-decoding-backend {value} is deprecated: use --guided-decoding-backend {backend} {flags}."
 
 
-def _is_deprecated(dest: str) -> bool:
+def _is_moved(dest: str) -> bool:
+    """A deprecated argument or a shorthand: its value goes to another argument."""
     arg = BY_DEST.get(dest)
-    return arg is not None and arg.deprecated is not None
+    return arg is not None and not arg.stored

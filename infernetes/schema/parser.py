@@ -83,7 +83,11 @@ def _add(section: argparse._ArgumentGroup, arg: Arg) -> None:
     help_text = _help_text(arg)
     if arg.kind == "bool":
         section.add_argument(
-            *spellings, dest=arg.dest, action=argparse.BooleanOptionalAction, help=help_text
+            *spellings,
+            dest=arg.dest,
+            action=_BoolAction,
+            negation=_NEGATION_OF.get(arg.name),
+            help=help_text,
         )
         return
     kwargs: dict[str, Any] = {"dest": arg.dest, "help": help_text, "metavar": _metavar(arg)}
@@ -94,6 +98,47 @@ def _add(section: argparse._ArgumentGroup, arg: Arg) -> None:
     elif arg.is_list:
         kwargs.update(nargs=arg.nargs)
     section.add_argument(*spellings, **kwargs)
+
+
+def _negation(name: str) -> str | None:
+    """vLLM turns ``--enable-x`` off with ``--disable-x`` and ``--disable-x`` off with
+    ``--enable-x`` (besides ``--no-x``)."""
+    for word, opposite in (("enable-", "disable-"), ("disable-", "enable-")):
+        if name.startswith(word):
+            return opposite + name.removeprefix(word)
+    return None
+
+
+# The opposite spelling of each boolean, where no argument of its own is named so (the deprecated
+# --disable-log-requests keeps its own meaning beside --enable-log-requests).
+_NEGATION_OF = {
+    arg.name: negation
+    for arg in ARGS
+    if arg.kind == "bool" and (negation := _negation(arg.name)) and negation not in BY_NAME
+}
+_NEGATED = {negation: BY_NAME[name] for name, negation in _NEGATION_OF.items()}
+
+
+class _BoolAction(argparse.BooleanOptionalAction):
+    """``--x`` / ``--no-x``, and the opposite ``--enable-x``/``--disable-x`` spelling if any."""
+
+    def __init__(self, option_strings: list[str], negation: str | None = None, **kwargs: Any):
+        super().__init__(option_strings, **kwargs)
+        self.negation = negation
+        if negation is not None:
+            self.option_strings = [*self.option_strings, f"--{negation}"]
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        off = option_string is not None and (
+            option_string.startswith("--no-") or option_string == f"--{self.negation}"
+        )
+        setattr(namespace, self.dest, not off)
 
 
 def _metavar(arg: Arg) -> str:
@@ -198,17 +243,24 @@ def _bool_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
         else:
             out.append(token)
             continue
-        on = value != flag.startswith("--no-")
+        on = value != _negates(flag)
         out.append(arg.flag if on else f"--no-{arg.name}")
     return out
 
 
 def _bool_arg(flag: str) -> Arg | None:
+    """The boolean argument a spelling (``--x``, ``--no-x``, the opposite enable/disable) sets."""
     if not flag.startswith("--"):
         return None
     name = flag[2:]
-    arg = BY_NAME.get(name) or (BY_NAME.get(name[3:]) if name.startswith("no-") else None)
+    arg = BY_NAME.get(name) or (
+        BY_NAME.get(name[3:]) if name.startswith("no-") else _NEGATED.get(name)
+    )
     return arg if arg is not None and arg.kind == "bool" else None
+
+
+def _negates(flag: str) -> bool:
+    return flag[2:] not in BY_NAME
 
 
 def _take_config_file(

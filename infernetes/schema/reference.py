@@ -16,7 +16,7 @@ def render_args_markdown() -> str:
     lines = [
         _HEADER + "# `infernetes serve` arguments\n",
         "Every argument `infernetes serve` (and `infernetes config`) accepts, by configuration group. "
-        "Booleans also take `--no-<name>`; underscores work as dashes; JSON arguments take a whole "
+        "Booleans also take `--no-<name>` (and `--disable-x` for `--enable-x`, `--enable-x` for `--disable-x`, as vLLM); underscores work as dashes; JSON arguments take a whole "
         "object or single keys (`--hf-overrides.rope_theta 1e6`); `--config file.yaml` reads any of "
         "them from YAML (command line wins). *Operator* marks arguments the Kubernetes operator sets "
         "itself; *secret* marks values never to log. *Support* says what the runtime does with a value: "
@@ -24,13 +24,22 @@ def render_args_markdown() -> str:
         "(accepted, with a warning saying why); **refused** (only the default works).\n",
     ]
     for group in GROUPS:
-        args = [arg for arg in ARGS if arg.group == group and not arg.deprecated]
+        args = [arg for arg in ARGS if arg.group == group and arg.stored]
         if not args:
             continue
         lines.append(f"\n## {group}\n")
         lines.append("| argument | type | default | allowed | support | notes | meaning |")
         lines.append("|---|---|---|---|---|---|---|")
         lines.extend(_row(arg) for arg in args)
+    lines.append("\n## Shorthands\n")
+    lines.append("The value moves to the argument it stands for, whose support applies.\n")
+    lines.append("| argument | type | stands for | meaning |")
+    lines.append("|---|---|---|---|")
+    for arg in ARGS:
+        if not arg.stored and not arg.deprecated:
+            lines.append(
+                f"| {_spellings(arg)} | {_type(arg)} | `{arg.replaced_by}` | {_cell(arg.help)} |"
+            )
     lines.append("\n## Deprecated\n")
     lines.append(
         "Accepted with a warning; the value moves to the replacement, or is ignored when there is none.\n"

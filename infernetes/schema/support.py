@@ -77,6 +77,27 @@ OTHER_HARDWARE = (
 BUILD_TIME = "a build-time variable of vLLM's own compilation; nothing here is built from it"
 VLLM_TESTS = "a switch of vLLM's own test suite"
 NO_USAGE_STATS = "this server collects and sends no usage statistics"
+NO_GRPC = "there is no gRPC server: the OpenAI HTTP API is the one frontend"
+NO_LAYER = "linear-attention layers (gated delta net, Kimi delta attention) are not built here"
+COHERE = "there is no Cohere API here"
+DP_SUPERVISOR = "there is no data-parallel supervisor (external load balancing is not built)"
+H11 = "the server speaks HTTP/1.1 through httptools, not h11"
+NO_SSM = (
+    "Mamba (state-space) models are not served here: neither their kernels nor their state cache "
+    "are built"
+)
+NUMA = "workers are not bound to NUMA nodes"
+CONTEXT_PARALLEL = (
+    "context parallelism is not built: each tensor-parallel rank attends over the whole sequence"
+)
+EPLB_PLANNED = "expert parallelism and its load balancer are planned, not built yet"
+EP_ALL2ALL = "expert parallelism moves no tokens all-to-all here"
+KV_OFFLOAD = "KV-cache offloading to the CPU is not built yet"
+WEIGHT_OFFLOAD = "weight offloading to the CPU is not supported yet"
+OPT_LEVEL = (
+    "the compilation level is -O / --compilation-config's; the optimization level's other "
+    "defaults are not built"
+)
 
 ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- frontend
@@ -154,6 +175,60 @@ ARG_SUPPORT: dict[str, Support] = {
     "api_server_count": partial((1,), "one API server process serves every engine core"),
     "headless": HONOURED,  # with --nnodes > 1 and --node-rank > 0 (schema/rules.py)
     "data_parallel_start_rank": refused(DP_PLANNED),
+    "grpc": refused(NO_GRPC),
+    "aggregate_engine_logging": no_effect(
+        "the stats line already sums the data-parallel engine cores' requests and averages their "
+        "KV-cache usage"
+    ),
+    "fail_on_environ_validation": no_effect(
+        "an unknown VLLM_* name is warned about, never an error (a malformed value of a known one "
+        "stops the server in any case)"
+    ),
+    "trust_request_mm_kwargs": no_effect(TEXT_ONLY),
+    "default_chat_template_kwargs": HONOURED,
+    "reasoning_effort_map": refused(
+        "reasoning_effort is passed to the chat template as given; a map of effort names is not "
+        "built yet"
+    ),
+    "exclude_tools_when_tool_choice_none": HONOURED,
+    "tool_strict_level": refused("strict tool schemas are not enforced by a grammar here yet"),
+    "tool_server": refused(
+        "built-in tools (demo, MCP tool servers) are not built: the Responses API runs function "
+        "tools only"
+    ),
+    "enable_per_request_metrics": refused("per-request metrics in responses are not built yet"),
+    "enable_force_include_usage": HONOURED,
+    "sse_keep_alive_interval": HONOURED,
+    "enable_log_outputs": no_effect(
+        "generated outputs are not logged (--enable-log-requests logs requests)"
+    ),
+    "enable_log_deltas": no_effect(
+        "generated outputs are not logged, so there are no deltas to log"
+    ),
+    "cohere_is_reasoning_model": no_effect(COHERE),
+    "cohere_format": no_effect(COHERE),
+    "anthropic_disabled_thinking_effort": no_effect("there is no Anthropic Messages API here"),
+    "log_error_stack": no_effect("the server logs the traceback of every internal error already"),
+    "tokens_only": refused("a tokens-only (disaggregated renderer) server is not built"),
+    "enable_scale_out": refused(DP_PLANNED),
+    "fingerprint_mode": refused("the system_fingerprint field is not filled in yet"),
+    "fingerprint_value": refused("the system_fingerprint field is not filled in yet"),
+    "grpc_port": refused(NO_GRPC),
+    "data_parallel_supervisor_port": no_effect(DP_SUPERVISOR),
+    "dp_supervisor_probe_interval_s": no_effect(DP_SUPERVISOR),
+    "dp_supervisor_probe_timeout_s": no_effect(DP_SUPERVISOR),
+    "dp_supervisor_probe_failure_threshold": no_effect(DP_SUPERVISOR),
+    "uds": HONOURED,
+    "disable_access_log_for_endpoints": HONOURED,
+    "ssl_ciphers": HONOURED,
+    "h11_max_incomplete_event_size": no_effect(H11),
+    "h11_max_header_count": no_effect(H11),
+    "enable_offline_docs": no_effect(
+        "the /docs page (--disable-fastapi-docs) loads its assets from FastAPI's default CDN"
+    ),
+    "enable_flash_late_interaction": no_effect(
+        "late-interaction (ColBERT) scoring is not served here"
+    ),
     # ---------------------------------------------------------------- ModelConfig
     "model": HONOURED,
     "task": partial(
@@ -189,8 +264,9 @@ ARG_SUPPORT: dict[str, Support] = {
         "pre-quantized checkpoints of these methods load (the method is read from the "
         "checkpoint's quantization_config; a different --quantization is refused); on the GPU "
         "(Triton) path packed int4/int8 and fp8 weights, MoE experts included, stay as stored and "
-        "run quantized GEMMs, on the CPU they are dequantised to the model dtype at load (gpt-oss's "
-        "mxfp4 checkpoints everywhere; see docs/quantization.md); fp8 of an unquantised "
+        "run quantized GEMMs; on the CPU packed int4/int8 linear layers stay packed for its C "
+        "kernel and the rest is dequantised to the model dtype at load (gpt-oss's mxfp4 "
+        "checkpoints everywhere; see docs/quantization.md); fp8 of an unquantised "
         "checkpoint quantises it online",
     ),
     "rope_scaling": HONOURED,
@@ -214,8 +290,8 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_prompt_embeds": honoured(
         "the offline LLM takes {'prompt_embeds': tensor} on the Llama and Gemma families, "
         "Mistral, Qwen2/3, Phi-3, the Qwen and Mixtral MoEs and DeepSeek (other models refuse "
-        "such a request); the completions API's prompt_embeds field is refused (400): the API "
-        "process does not load torch"
+        "such a request); the completions API takes prompt_embeds as vLLM does (base64 of a "
+        "torch.save'd tensor, read with weights_only=True; not with echo)"
     ),
     "disable_async_output_proc": no_effect(
         "V1 has no async output processor to disable; vLLM V1 ignores it too"
@@ -226,6 +302,52 @@ ARG_SUPPORT: dict[str, Support] = {
         "default backend runs instead",
         others="no_effect",
     ),
+    "runner": partial(
+        ("auto", "generate"),
+        "the pooling runner follows --task (embed, classify, score) and the draft runner comes "
+        "with draft-model speculation; choosing them here is not built yet",
+    ),
+    "convert": refused(
+        "converting a generative checkpoint into an embedding or classification model is not built"
+        " yet"
+    ),
+    "allowed_media_domains": no_effect(TEXT_ONLY),
+    "quantization_config": refused(
+        "the quantization settings come from the checkpoint (and --quantization); overriding them "
+        "is not built yet"
+    ),
+    "allow_deprecated_quantization": no_effect("no quantization method served here is deprecated"),
+    "enable_return_routed_experts": refused(
+        "returning the routed MoE experts with outputs is not built"
+    ),
+    "return_sampling_mask": refused("returning the sampling mask with outputs is not built"),
+    "logprobs_mode": refused(
+        "logprobs are computed the one way this sampler does; choosing the mode is not built yet"
+    ),
+    "use_fp64_gumbel": no_effect(
+        "the sampler draws by inverse CDF from one uniform per row: there is no Gumbel noise"
+    ),
+    "enable_trace_replay": refused("replaying recorded request traces is not built"),
+    "model_class_overrides": refused(
+        "the model class follows the checkpoint's architectures; overriding it is not supported"
+    ),
+    "pooler_config": refused("pooler settings are not configurable yet"),
+    "sleep_mode_backend": no_effect(
+        "sleep and wake_up free and restore memory with torch's own allocator"
+    ),
+    "sleep_mode_offload_cudagraph": no_effect(
+        "sleep and wake_up free and restore memory with torch's own allocator"
+    ),
+    "sleep_preserve_parameter_names": refused(
+        "sleep keeps all or none of the weights; keeping named parameters is not built"
+    ),
+    "enable_cumem_allocator": no_effect("memory comes from torch's own caching allocator"),
+    "enable_nccl_comm_suspend": no_effect(
+        "NCCL communicators are not suspended while the engine sleeps"
+    ),
+    "logits_processors": refused("custom logits processor classes are not loaded"),
+    "io_processor_plugin": refused("there is no plugin system"),
+    "renderer_num_workers": no_effect("prompts are rendered in the API process's own thread pool"),
     # ---------------------------------------------------------------- LoadConfig
     "load_format": partial(
         ("auto", "pt", "safetensors", "dummy"), "the other weight formats are not supported yet"
@@ -235,6 +357,19 @@ ARG_SUPPORT: dict[str, Support] = {
     "ignore_patterns": HONOURED,
     "use_tqdm_on_load": HONOURED,
     "pt_load_map_location": partial(("cpu",), "weights load to the CPU, then move to the device"),
+    "safetensors_load_strategy": no_effect("safetensors files are memory-mapped and read lazily"),
+    "safetensors_prefetch_num_threads": no_effect(
+        "safetensors files are memory-mapped, not prefetched"
+    ),
+    "safetensors_prefetch_block_size": no_effect(
+        "safetensors files are memory-mapped, not prefetched"
+    ),
+    "offload_backend": refused(WEIGHT_OFFLOAD),
+    "cpu_offload_params": refused(WEIGHT_OFFLOAD),
+    "offload_group_size": refused(WEIGHT_OFFLOAD),
+    "offload_num_in_group": refused(WEIGHT_OFFLOAD),
+    "offload_prefetch_step": refused(WEIGHT_OFFLOAD),
+    "offload_params": refused(WEIGHT_OFFLOAD),
     # ---------------------------------------------------------------- DecodingConfig
     "guided_decoding_backend": partial(
         ("auto", "guidance"), "structured output runs on llguidance (guidance)"
@@ -250,6 +385,9 @@ ARG_SUPPORT: dict[str, Support] = {
     "reasoning_parser": partial(
         ("deepseek_r1", "glm45", "glm47", "granite", "minimax_m2", "mistral", "qwen3", "seed_oss"),
         REASONING_NOT_BUILT,
+    ),
+    "reasoning_parser_plugin": refused(
+        "reasoning-parser plugins are not loaded; use a built-in --reasoning-parser"
     ),
     # ---------------------------------------------------------------- ParallelConfig
     "distributed_executor_backend": partial(
@@ -272,7 +410,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "master_addr": HONOURED,
     "master_port": HONOURED,
     "enable_expert_parallel": HONOURED,
-    "enable_eplb": refused("expert parallelism and its load balancer are planned, not built yet"),
+    "enable_eplb": refused(EPLB_PLANNED),
     "enable_multimodal_encoder_data_parallel": no_effect(TEXT_ONLY),
     "max_parallel_loading_workers": no_effect(
         "each rank reads only its own shard, all ranks at once"
@@ -283,6 +421,55 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "worker_cls": refused("custom worker classes are not loaded"),
     "worker_extension_cls": refused("worker extensions are not loaded"),
+    "distributed_timeout_seconds": refused(
+        "the distributed timeout is torch.distributed's default; setting it is not built yet"
+    ),
+    "cpu_distributed_timeout_seconds": refused(
+        "the distributed timeout is torch.distributed's default; setting it is not built yet"
+    ),
+    "numa_bind": refused(NUMA),
+    "numa_bind_nodes": refused(NUMA),
+    "numa_bind_cpus": refused(NUMA),
+    "device_ids": refused("devices are chosen with CUDA_VISIBLE_DEVICES"),
+    "decode_context_parallel_size": refused(CONTEXT_PARALLEL),
+    "dcp_comm_backend": refused(CONTEXT_PARALLEL),
+    "dcp_q_replicate": refused(CONTEXT_PARALLEL),
+    "dcp_kv_cache_interleave_size": refused(CONTEXT_PARALLEL),
+    "cp_kv_cache_interleave_size": refused(CONTEXT_PARALLEL),
+    "prefill_context_parallel_size": refused(CONTEXT_PARALLEL),
+    "data_parallel_rank": refused(DP_PLANNED),
+    "data_parallel_hybrid_lb": refused(DP_PLANNED),
+    "data_parallel_external_lb": refused(DP_PLANNED),
+    "data_parallel_multi_port_external_lb": refused(DP_PLANNED),
+    "enable_hc_sp": refused("sequence parallelism is not built"),
+    "enable_batch_sharded_sampling": no_effect(
+        "sampling is not sharded across ranks here; the result is the same"
+    ),
+    "enable_ep_weight_filter": refused(EPLB_PLANNED),
+    "all2all_backend": no_effect(EP_ALL2ALL),
+    "enable_dbo": refused("dual-batch overlap is not built"),
+    "enable_shm_tensor_arena": no_effect(
+        "tensors cross processes through pipes and torch's own sharing"
+    ),
+    "ubatch_size": refused("dual-batch overlap is not built"),
+    "enable_elastic_ep": refused(EPLB_PLANNED),
+    "elastic_ep_max_dp_size": refused(EPLB_PLANNED),
+    "dbo_decode_token_threshold": no_effect("dual-batch overlap is not built"),
+    "dp_sync_interval": no_effect("data-parallel engine cores do not synchronise their steps here"),
+    "dbo_prefill_token_threshold": no_effect("dual-batch overlap is not built"),
+    "disable_nccl_for_dp_synchronization": no_effect(
+        "data-parallel engine cores do not synchronise their steps here"
+    ),
+    "eplb_config": refused(EPLB_PLANNED),
+    "expert_placement_strategy": refused(EPLB_PLANNED),
+    "enable_fault_tolerance": refused(
+        "recovering a failed engine in place is not built: the server stops "
+        "(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps it up)"
+    ),
+    "fault_tolerance_config": refused(
+        "recovering a failed engine in place is not built: the server stops "
+        "(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps it up)"
+    ),
     # ---------------------------------------------------------------- CacheConfig
     "block_size": HONOURED,
     "gpu_memory_utilization": HONOURED,
@@ -293,14 +480,66 @@ ARG_SUPPORT: dict[str, Support] = {
     "kv_cache_dtype": HONOURED,
     "num_gpu_blocks_override": HONOURED,
     "enable_prefix_caching": HONOURED,
-    "prefix_caching_hash_algo": HONOURED,
-    "cpu_offload_gb": refused("weight offloading to the CPU is not supported yet"),
+    "prefix_caching_hash_algo": partial(
+        ("builtin", "sha256"),
+        "sha256_cbor hashes as sha256 and xxhash, xxhash_cbor as builtin: their serialisations "
+        "only matter for block hashes shared outside the engine (KV events), which are not "
+        "published",
+        others="no_effect",
+    ),
+    "cpu_offload_gb": refused(WEIGHT_OFFLOAD),
     "calculate_kv_scales": HONOURED,
     "kv_sharing_fast_prefill": refused("KV sharing across layers is not supported yet"),
+    "mamba_backend": no_effect(NO_SSM),
+    "mamba_ssu_algorithm": no_effect(NO_SSM),
+    "enable_mamba_cache_stochastic_rounding": no_effect(NO_SSM),
+    "mamba_cache_philox_rounds": no_effect(NO_SSM),
+    "prefix_cache_retention_interval": refused(
+        "cached prefix blocks are evicted least recently used; a retention interval is not built"
+    ),
+    "kv_cache_dtype_skip_layers": refused(
+        "--kv-cache-dtype applies to every layer; leaving some layers out is not built"
+    ),
+    "swa_bounded_replay": no_effect(
+        "a sliding-window layer's prefix replay is not bounded here (the outputs are the same)"
+    ),
+    "mamba_cache_dtype": no_effect(NO_SSM),
+    "mamba_ssm_cache_dtype": no_effect(NO_SSM),
+    "mamba_block_size": no_effect(NO_SSM),
+    "prefix_match_unit": refused(
+        "prefixes match by whole blocks (--block-size); another unit is not built"
+    ),
+    "mamba_cache_mode": no_effect(NO_SSM),
+    "enable_mamba_shared_prefix_checkpoint": no_effect(NO_SSM),
+    "replayssm_buffer_len": no_effect(NO_SSM),
+    "use_replayssm": no_effect(NO_SSM),
+    "kv_offloading_size": refused(KV_OFFLOAD),
+    "kv_offloading_backend": no_effect(KV_OFFLOAD),
     # ---------------------------------------------------------------- MultiModalConfig
     "limit_mm_per_prompt": no_effect(TEXT_ONLY),
     "mm_processor_kwargs": no_effect(TEXT_ONLY),
     "disable_mm_preprocessor_cache": no_effect(TEXT_ONLY),
+    "language_model_only": no_effect(TEXT_ONLY),
+    "enable_mm_embeds": no_effect(TEXT_ONLY),
+    "media_io_kwargs": no_effect(TEXT_ONLY),
+    "mm_processor_cache_gb": no_effect(TEXT_ONLY),
+    "mm_processor_cache_type": no_effect(TEXT_ONLY),
+    "mm_hasher_algorithm": no_effect(TEXT_ONLY),
+    "mm_shm_cache_max_object_size_mb": no_effect(TEXT_ONLY),
+    "mm_encoder_only": no_effect(TEXT_ONLY),
+    "mm_encoder_tp_mode": no_effect(TEXT_ONLY),
+    "mm_encoder_attn_backend": no_effect(TEXT_ONLY),
+    "mm_encoder_attn_dtype": no_effect(TEXT_ONLY),
+    "mm_encoder_fp8_scale_path": no_effect(TEXT_ONLY),
+    "mm_encoder_fp8_scale_save_path": no_effect(TEXT_ONLY),
+    "mm_encoder_fp8_scale_save_margin": no_effect(TEXT_ONLY),
+    "interleave_mm_strings": no_effect(TEXT_ONLY),
+    "skip_mm_profiling": no_effect(TEXT_ONLY),
+    "video_pruning_rate": no_effect(TEXT_ONLY),
+    "video_pruning_method": no_effect(TEXT_ONLY),
+    "mm_tensor_ipc": no_effect(TEXT_ONLY),
+    "mm_ipc_gpu_memory_gb": no_effect(TEXT_ONLY),
+    "mm_device_do_normalize": no_effect(TEXT_ONLY),
     # ---------------------------------------------------------------- LoRAConfig
     "enable_lora": HONOURED,
     "enable_lora_bias": refused(
@@ -322,6 +561,17 @@ ARG_SUPPORT: dict[str, Support] = {
         "the fully sharded LoRA path is not built; under tensor parallelism adapters shard as "
         "vLLM's default does (A whole on column-parallel layers, B whole on row-parallel ones)"
     ),
+    "enable_tower_connector_lora": no_effect(TEXT_ONLY),
+    "lora_target_modules": refused(
+        "adapters apply to the modules they were trained on; restricting them is not built"
+    ),
+    "default_mm_loras": no_effect(TEXT_ONLY),
+    "specialize_active_lora": no_effect(
+        "the LoRA kernels here are not specialised on the active adapter count"
+    ),
+    "enable_mixed_moe_lora_format": refused("MoE LoRA adapters are not served yet"),
+    "enable_moe_shared_loras": refused("MoE LoRA adapters are not served yet"),
+    "max_lora_cls_labels": refused("classification adapters are not served"),
     # ---------------------------------------------------------------- PromptAdapterConfig
     "enable_prompt_adapter": refused(PROMPT_ADAPTERS),
     "max_prompt_adapters": no_effect(PROMPT_ADAPTERS),
@@ -345,6 +595,25 @@ ARG_SUPPORT: dict[str, Support] = {
         "model: gen_ai.latency.time_in_model_forward (waits for the device after each forward); "
         "worker: gen_ai.latency.time_in_model_execute; all: both"
     ),
+    "logging_config": refused(
+        "logging is set up from VLLM_LOGGING_LEVEL, VLLM_LOGGING_PREFIX and "
+        "VLLM_LOGGING_CONFIG_PATH; its JSON form is not built yet"
+    ),
+    "log_level": no_effect("the log level comes from VLLM_LOGGING_LEVEL: set that instead"),
+    "per_request_spec_decode_metrics": refused(
+        "per-request speculative decoding metrics are not built"
+    ),
+    "kv_cache_metrics": refused("KV-cache residency metrics are not built"),
+    "kv_cache_metrics_sample": no_effect("KV-cache residency metrics are not built"),
+    "custom_histogram_buckets": refused(
+        "metric histograms have vLLM's default buckets; custom ones are not built"
+    ),
+    "cudagraph_metrics": refused("CUDA graph metrics are not built"),
+    "enable_layerwise_nvtx_tracing": no_effect("there are no NVTX ranges here to enable"),
+    "enable_mfu_metrics": refused("model FLOPs utilization metrics are not built"),
+    "enable_logging_iteration_details": no_effect("per-iteration logs are not built"),
+    "jit_monitor_mode": no_effect("there is no JIT-compilation monitor here"),
+    "jit_monitor_verbose": no_effect("there is no JIT-compilation monitor here"),
     # ---------------------------------------------------------------- SchedulerConfig
     "max_num_batched_tokens": HONOURED,
     "max_num_seqs": HONOURED,
@@ -370,6 +639,30 @@ ARG_SUPPORT: dict[str, Support] = {
         "not with --pipeline-parallel-size above 1 (refused, naming both flags); a finished "
         "request may run one more step whose token is discarded"
     ),
+    "max_num_scheduled_tokens": refused(
+        "the scheduler's token budget is --max-num-batched-tokens; a separate one is not built"
+    ),
+    "max_num_active_seqs": refused(
+        "the scheduler's sequence budget is --max-num-seqs; a separate one is not built"
+    ),
+    "max_num_queued_reqs": refused(
+        "the waiting queue is unbounded here (--max-concurrency bounds requests in the server)"
+    ),
+    "max_num_queued_tokens": refused(
+        "the waiting queue is unbounded here (--max-concurrency bounds requests in the server)"
+    ),
+    "long_prefill_token_threshold_adaptive": refused(
+        "--long-prefill-token-threshold is fixed; adapting it is not built"
+    ),
+    "scheduler_reserve_full_isl": no_effect(
+        "the scheduler's admission rule is its own; reserving blocks for the whole prompt is not "
+        "switchable here"
+    ),
+    "watermark": no_effect(
+        "the scheduler admits a request when its blocks fit, keeping no free-block watermark"
+    ),
+    "prefill_schedule_interval": no_effect("new prefills are considered at every step"),
+    "stream_interval": no_effect("every step's tokens are streamed as they come"),
     # ---------------------------------------------------------------- VllmConfig
     "kv_transfer_config": honoured(
         "kv_connector names a connector built here (RecordingConnector only: a debug connector "
@@ -386,6 +679,37 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "compilation_config": HONOURED,
     "additional_config": no_effect("platform plugins read it; there are none here"),
+    "gdn_prefill_backend": no_effect(NO_LAYER),
+    "kda_prefill_backend": no_effect(NO_LAYER),
+    "kda_decode_backend": no_effect(NO_LAYER),
+    "ir_op_priority": no_effect(NO_KERNEL),
+    "enable_flashinfer_autotune": no_effect(NO_KERNEL),
+    "monokernel": refused("single-kernel model execution is not built"),
+    "moe_backend": no_effect(NO_KERNEL),
+    "linear_backend": no_effect(NO_KERNEL),
+    "sparse_indexer_topk_backend": no_effect(NO_KERNEL),
+    "watermark_config": refused("watermarking generated text is not built"),
+    "diffusion_config": refused("diffusion language models are not served"),
+    "ec_transfer_config": refused(
+        "encoder cache transfer (encode/prefill/decode disaggregation) is not built"
+    ),
+    "ec_manager_config": no_effect(TEXT_ONLY),
+    "attention_config": refused(
+        "attention settings are --attention-backend only; the JSON form is not built yet"
+    ),
+    "engram_config": refused("Engram memory layers are not served"),
+    "reasoning_config": refused("reasoning budgets are not built"),
+    "kernel_config": no_effect(NO_KERNEL),
+    "aux_output_config": refused("auxiliary outputs (routed experts) are not built"),
+    "profiler_config": refused("there are no profiler routes yet"),
+    "watchdog_config": refused(
+        "there is no engine watchdog yet; VLLM_ENGINE_ITERATION_TIMEOUT_S bounds a step"
+    ),
+    "optimization_level": no_effect(OPT_LEVEL),
+    "performance_mode": no_effect(
+        "the defaults are tuned one way; a performance mode is not built"
+    ),
+    "weight_transfer_config": refused("weight transfer (RL weight syncing) is not built"),
 }
 
 # Keys of JSON arguments, as "dest.key": judged like arguments when the key is given.

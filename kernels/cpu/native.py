@@ -49,7 +49,11 @@ FLAGS = (
 # Per source: the elementwise kernels must round each product and sum as torch does (no
 # contraction), and on x86 they gain from whole AVX-512 vectors (gcc prefers 256-bit ones).
 _WIDE = ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ()
-EXTRA_FLAGS = {"elementwise": ("-ffp-contract=off", *_WIDE)}
+# OpenMP: the .so's libgomp.so.1 resolves to the copy torch has loaded, so they share one pool.
+EXTRA_FLAGS = {
+    "elementwise": ("-ffp-contract=off", *_WIDE),
+    "group_quant": ("-fopenmp", *_WIDE),
+}
 
 _i32_p = ctypes.POINTER(ctypes.c_int32)
 _f32_p = ctypes.POINTER(ctypes.c_float)
@@ -81,6 +85,42 @@ _SIGNATURES = {
             ctypes.c_int,
             ctypes.c_int,
             ctypes.c_float,  # H, Hkv, D, block, scale
+        ],
+    ),
+    "group_quant_linear": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int,  # x, its row stride, dtype
+            ctypes.c_void_p,
+            ctypes.c_int64,  # y, its row stride
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,  # qweight, scale, offset, bias
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,  # M, N, K, group, bits, threads
+        ],
+    ),
+    "group_quant_dequantize": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,  # qweight, scale, offset
+            ctypes.c_void_p,
+            ctypes.c_int,  # out, its dtype
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,  # n0, n1, K, group, bits, threads
         ],
     ),
     "rms_norm": (

@@ -47,6 +47,11 @@ def _sha256_hash(parent: BlockHash | None, tokens: tuple[int, ...]) -> BlockHash
 HASH_FUNCTIONS: dict[str, Callable[[BlockHash | None, tuple[int, ...]], BlockHash]] = {
     "builtin": _builtin_hash,
     "sha256": _sha256_hash,
+    # vLLM's other choices, by kind (schema/support.py says so when one is given): their
+    # serialisations matter only for hashes shared outside the engine, and none are.
+    "sha256_cbor": _sha256_hash,
+    "xxhash": _builtin_hash,
+    "xxhash_cbor": _builtin_hash,
 }
 
 

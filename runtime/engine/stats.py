@@ -71,6 +71,17 @@ class IterationStats:
     num_drafts: int = 0  # requests that verified drafts this step
     num_draft_tokens: int = 0  # draft tokens verified this step
     num_accepted_tokens: int = 0  # of those, the ones accepted
+    # accepted drafts by their position in the draft (vLLM's per-position acceptance)
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def count_accepted(self, accepted: int, drafted: int) -> None:
+        """One request's step accepted the first ``accepted`` of its ``drafted`` draft tokens
+        (every drafted position is counted, accepted or not, as vLLM's vector is)."""
+        self.num_accepted_tokens += accepted
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (max(accepted, drafted) - len(per_pos)))
+        for position in range(accepted):
+            per_pos[position] += 1
 
 
 class StatLogger(Protocol):

@@ -6,8 +6,9 @@ torch.compile (dynamic batch dimension; inductor by default), on CUDA, split at 
 layers, which run uncompiled between the compiled pieces. On the CPU inductor's
 compile time outweighs its gain for this engine, so levels above 0 run eagerly there, with a log
 line saying so, unless ``compilation_config.backend`` names a backend explicitly.
-``cudagraph_capture_sizes``, ``max_capture_size``, ``use_cudagraph`` and ``cudagraph_mode`` steer
-the decode CUDA graphs (``cuda_graph.py``). Keys vLLM knows that have no effect here are logged.
+``cudagraph_capture_sizes``, ``max_capture_size`` (``max_cudagraph_capture_size`` in newer vLLM),
+``use_cudagraph`` and ``cudagraph_mode`` steer the decode CUDA graphs (``cuda_graph.py``). Keys
+vLLM knows that have no effect here are logged.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ _HONOURED = {
     "cudagraph_mode",
     "cudagraph_capture_sizes",
     "max_capture_size",
+    "max_cudagraph_capture_size",  # vLLM's newer name of max_capture_size
 }
 # vLLM's other fields: accepted (a manifest written for vLLM still runs) but they change nothing here.
 _IGNORED = {
@@ -115,7 +117,7 @@ def parse_compilation_config(value: Mapping[str, Any] | None) -> CompilationSett
                 f"compilation_config.cudagraph_capture_sizes must be a list of integers; got {sizes!r}"
             )
         sizes = tuple(_int(s, "cudagraph_capture_sizes") for s in sizes)
-    max_size = value.get("max_capture_size")
+    max_size = value.get("max_cudagraph_capture_size", value.get("max_capture_size"))
     return CompilationSettings(
         level=level,
         backend=backend,

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import socket
 import ssl
+import stat
 import sys
 import threading
 import time
@@ -262,6 +263,7 @@ def uvicorn_config(app: FastAPI, settings: FrontendSettings) -> Any:
         ssl_certfile=settings.ssl_certfile,
         ssl_ca_certs=settings.ssl_ca_certs,
         ssl_cert_reqs=settings.ssl_cert_reqs,
+        ssl_ciphers=settings.ssl_ciphers,
         log_config=log_config,
         timeout_keep_alive=settings.http_keep_alive_s,
         http=HeaderDeadlineProtocol,
@@ -285,9 +287,10 @@ def _cache_config_labels(config: ServeConfig) -> dict[str, Any]:
     }
 
 
-class QuietProbesWhileLoading(logging.Filter):
-    """Drops the access-log lines of the probes while the model loads: the kubelet (or
-    ``make serve``'s wait) asks every second and each 503 would be a line."""
+class QuietAccessLines(logging.Filter):
+    """Drops the access-log lines of --disable-access-log-for-endpoints' paths, and of the probes
+    while the model loads: the kubelet (or ``make serve``'s wait) asks every second and each 503
+    would be a line."""
 
     PROBES = frozenset({"/health", "/ping"})
 
@@ -298,8 +301,40 @@ class QuietProbesWhileLoading(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         # uvicorn's access record: (client, method, path with query, HTTP version, status)
         args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) != 5:
+            return True
+        path = str(args[2]).split("?")[0]
         loading = self.state.engine is None and self.state.load_error is None
-        return not (loading and len(args) == 5 and str(args[2]).split("?")[0] in self.PROBES)
+        quiet = self.state.settings.quiet_access_paths
+        return path not in quiet and not (loading and path in self.PROBES)
+
+
+def listen(settings: FrontendSettings) -> socket.socket:
+    """The server's socket: --uds's Unix socket (host and port are then unused, as in vLLM), or
+    --host and --port."""
+    if settings.uds:
+        return _unix_socket(settings.uds)
+    return _listening_socket(settings.host or "0.0.0.0", settings.port)
+
+
+def _unix_socket(path: str) -> socket.socket:
+    """A Unix socket at ``path``, readable and writable by every local user (as uvicorn's); a
+    socket file left by an earlier run is replaced."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                os.remove(path)
+        listener.bind(path)
+        os.chmod(path, 0o666)
+    except OSError as exc:
+        listener.close()
+        print(
+            f"infernetes serve: error: cannot listen on {path}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from exc
+    return listener
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -331,9 +366,12 @@ def run_server(config: ServeConfig) -> None:
         print(f"infernetes serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     _configure_logging(settings, logging_settings)
-    listener = _listening_socket(settings.host or "0.0.0.0", settings.port)
+    listener = listen(settings)
     scheme = "https" if settings.ssl_certfile else "http"
-    logger.info("listening on %s://%s:%d", scheme, settings.host or "0.0.0.0", settings.port)
+    if settings.uds:
+        logger.info("listening on %s over the Unix socket %s", scheme, settings.uds)
+    else:
+        logger.info("listening on %s://%s:%d", scheme, settings.host or "0.0.0.0", settings.port)
     state = ServerState(
         settings, cache_config=_cache_config_labels(config), serve_config=masked_config(config)
     )
@@ -349,7 +387,7 @@ def run_server(config: ServeConfig) -> None:
 
     app = build_app(state, engine_loader=load)
     server = DrainingServer(uvicorn_config(app, settings), app.state.drain)
-    logging.getLogger("uvicorn.access").addFilter(QuietProbesWhileLoading(state))
+    logging.getLogger("uvicorn.access").addFilter(QuietAccessLines(state))
     app.state.uvicorn_server = server
 
     # uvicorn picks its event loop (uvloop when installed); SIGINT/SIGTERM start the drain.

@@ -298,6 +298,12 @@ class EngineSeries:
         self.draft_tokens = self._counter(
             "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
         )
+        self.accepted_per_pos = self._family(
+            Counter,
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            [*ENGINE_LABELS, "position"],
+        )
         self._counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.")
         info = {k: str(v) for k, v in (cache_config or {}).items()}
         cache_info = self._family(
@@ -400,6 +406,8 @@ class EngineSeries:
         self.drafts.inc(stats.num_drafts)
         self.draft_tokens.inc(stats.num_draft_tokens)
         self.accepted_tokens.inc(stats.num_accepted_tokens)
+        for position, accepted in enumerate(stats.num_accepted_tokens_per_pos):
+            self.accepted_per_pos.labels(*self._labels, str(position)).inc(accepted)
         step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
         if step_tokens:
             self.iteration_tokens.observe(step_tokens)

@@ -33,7 +33,7 @@ from infernetes.runtime.server.protocol import (
     UnloadLoRAAdapterRequest,
 )
 from infernetes.runtime.server.state import ServerState
-from infernetes.runtime.server.streaming import ClientDisconnected, until_disconnected
+from infernetes.runtime.server.streaming import ClientDisconnected, keep_alive, until_disconnected
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
@@ -74,10 +74,17 @@ async def _answer(request: Request, work: Any) -> Response:
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     if isinstance(result, AsyncIterator):  # async generators are too
-        return StreamingResponse(
-            result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        return _event_stream(request, result)
     return _json(result)
+
+
+def _event_stream(request: Request, events: AsyncIterator[bytes]) -> StreamingResponse:
+    interval = server(request).settings.sse_keep_alive_interval
+    return StreamingResponse(
+        keep_alive(events, interval),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+    )
 
 
 # ---------------------------------------------------------------- probes and info
@@ -193,9 +200,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     if isinstance(result, AsyncIterator):
-        return StreamingResponse(
-            result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        return _event_stream(request, result)
     return JSONResponse(result)
 
 

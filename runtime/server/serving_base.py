@@ -236,6 +236,15 @@ class ServingBase:
             guide, compact=self.settings.guided_decoding_disable_any_whitespace
         )
 
+    def stream_usage(self, options: Any) -> tuple[bool, bool]:
+        """(usage chunk at the end, usage on every chunk) of a stream: as the request's
+        stream_options ask, or the final chunk always with --enable-force-include-usage."""
+        forced = self.settings.enable_force_include_usage
+        if options is None:
+            return forced, False
+        include = bool(options.include_usage) or forced
+        return include, include and bool(options.continuous_usage_stats)
+
     # ------------------------------------------------------------ logging
 
     def log_request(

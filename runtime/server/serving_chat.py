@@ -8,7 +8,6 @@ is constrained to that function's parameters).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -36,7 +35,12 @@ from infernetes.runtime.server.reasoning import ReasoningParser, ReasoningStream
 from infernetes.runtime.server.serving_base import ServingBase, guide_from_request
 from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.streaming import DONE, engine_stream, sse
-from infernetes.runtime.server.tool_parsers import ToolCallStream, ToolParser, make_tool_parser
+from infernetes.runtime.server.tool_parsers import (
+    RequiredCallsParser,
+    ToolCallStream,
+    ToolParser,
+    make_tool_parser,
+)
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.async_engine import AsyncEngine
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
 @dataclass
 class ToolMode:
     kind: str  # none | auto | required | named
-    parser: ToolParser | None = None
+    parser: ToolParser | None = None  # auto: --tool-call-parser's; required: the list of calls
     function: str = ""  # the tool's name when kind is "named"
 
 
@@ -79,28 +83,6 @@ def _template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
     return {"reasoning_effort": request.reasoning_effort, **(kwargs or {})}
 
 
-def parse_required_calls(text: str) -> list[ToolCall] | None:
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(items, list):
-        return None
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            return None
-        calls.append(
-            ToolCall(
-                function=FunctionCall(
-                    name=item["name"],
-                    arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False),
-                )
-            )
-        )
-    return calls
-
-
 class PreparedChat(NamedTuple):
     """A checked chat request, ready for the engine."""
 
@@ -116,7 +98,6 @@ class ChoiceState:
 
     reasoning: ReasoningStream | None
     tools: ToolCallStream | None
-    raw_text: str = ""
     sent_named_header: bool = False
     tool_calls_sent: int = 0
 
@@ -142,7 +123,7 @@ class ChatServing(ServingBase):
         if isinstance(choice, NamedToolChoice):
             return ToolMode("named", function=choice.function.name)
         if choice == "required":
-            return ToolMode("required")
+            return ToolMode("required", parser=RequiredCallsParser(request.tools))
         parser = self.settings.tool_call_parser if self.settings.enable_auto_tool_choice else None
         if choice is None and not parser:
             return ToolMode("none")
@@ -174,10 +155,15 @@ class ChatServing(ServingBase):
             return StructuredOutputsParams("json", required_calls_schema(request), "tools")
         return guide
 
-    def _prompt(self, request: ChatCompletionRequest, mode: ToolMode) -> list[int]:
+    def _prompt(self, request: ChatCompletionRequest) -> list[int]:
+        # As vLLM: the tools are in the prompt whenever given, even with tool_choice none
+        # (the model only may not call them), unless --exclude-tools-when-tool-choice-none.
+        excluded = (
+            request.tool_choice == "none" and self.settings.exclude_tools_when_tool_choice_none
+        )
         tools = (
             [t.model_dump(exclude_none=True) for t in request.tools]
-            if request.tools and mode.kind != "none"
+            if request.tools and not excluded
             else None
         )
         text = self.renderer.render(
@@ -197,7 +183,7 @@ class ChatServing(ServingBase):
         self.check_engine()
         mode = self._tool_mode(request)
         guide = self._guide(request, mode)
-        prompt_ids = self._prompt(request, mode)
+        prompt_ids = self._prompt(request)
         max_tokens = self.resolve_max_tokens(
             len(prompt_ids), request.effective_max_tokens, "messages"
         )
@@ -243,7 +229,7 @@ class ChatServing(ServingBase):
         return ""
 
     def _message(
-        self, request: ChatCompletionRequest, mode: ToolMode, text: str
+        self, request: ChatCompletionRequest, mode: ToolMode, text: str, finish: str | None
     ) -> tuple[ChatMessageOut, bool]:
         reasoning = None
         content: str | None = text
@@ -256,21 +242,17 @@ class ChatServing(ServingBase):
             return ChatMessageOut(
                 role=role, content="", reasoning_content=reasoning, tool_calls=[call]
             ), False
-        if mode.kind == "required":
-            calls = parse_required_calls(content or "")
-            if calls:
-                return ChatMessageOut(
-                    role=role, content=None, reasoning_content=reasoning, tool_calls=calls
-                ), True
-        if mode.kind == "auto" and mode.parser is not None and content:
-            extracted = mode.parser.extract(content)
+        if mode.parser is not None and content:
+            # Cut by max_tokens, the calls closed before the cut (as streamed) and never the
+            # raw text of the one being written.
+            extracted = mode.parser.extract(content, cut=finish == "length")
             if extracted.tools_called:
                 return ChatMessageOut(
                     role=role,
                     content=extracted.content,
                     reasoning_content=reasoning,
                     tool_calls=extracted.tool_calls,
-                ), True
+                ), bool(extracted.tool_calls)
         return ChatMessageOut(
             role=role,
             content=self._echo_prefix(request) + (content or ""),
@@ -293,7 +275,7 @@ class ChatServing(ServingBase):
         choices = []
         completion_tokens = 0
         for out in sorted(final.outputs, key=lambda o: o.index):
-            message, called = self._message(request, mode, out.text)
+            message, called = self._message(request, mode, out.text, out.finish_reason)
             finish = "tool_calls" if called and out.finish_reason == "stop" else out.finish_reason
             logprobs = None
             if request.logprobs:
@@ -333,13 +315,15 @@ class ChatServing(ServingBase):
     def _new_state(self, mode: ToolMode) -> ChoiceState:
         return ChoiceState(
             reasoning=self.reasoning_parser.stream() if self.reasoning_parser else None,
-            tools=mode.parser.stream() if mode.kind == "auto" and mode.parser else None,
+            tools=mode.parser.stream() if mode.parser is not None else None,
         )
 
     def _deltas(
-        self, state: ChoiceState, mode: ToolMode, piece: str, final: bool
+        self, state: ChoiceState, mode: ToolMode, piece: str, finish: str | None
     ) -> list[dict[str, Any]]:
-        """The delta objects for one piece of output (and, if final, for the rest)."""
+        """The delta objects for one piece of output (and, once it has a finish reason, for
+        the rest)."""
+        final = finish is not None
         reasoning, content = "", piece
         if state.reasoning is not None:
             reasoning, content = state.reasoning.feed(piece)
@@ -368,26 +352,10 @@ class ChatServing(ServingBase):
             if content:
                 deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": content}}]})
             return deltas
-        if mode.kind == "required":
-            state.raw_text += content
-            if final:
-                calls = parse_required_calls(state.raw_text)
-                if calls:
-                    state.tool_calls_sent = len(calls)
-                    deltas.append(
-                        {
-                            "tool_calls": [
-                                {"index": i, **call.model_dump()} for i, call in enumerate(calls)
-                            ]
-                        }
-                    )
-                elif state.raw_text:
-                    deltas.append({"content": state.raw_text})
-            return deltas
         if state.tools is not None:
             pieces = [state.tools.feed(content)] if content else []
             if final:
-                pieces.append(state.tools.finish())
+                pieces.append(state.tools.finish(cut=finish == "length"))
             for delta in pieces:
                 if delta.content:
                     deltas.append({"content": delta.content})
@@ -409,8 +377,7 @@ class ChatServing(ServingBase):
     ) -> AsyncIterator[bytes]:
         created = int(time.time())
         model = request.model or self.settings.model_name
-        include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        continuous = bool(request.stream_options and request.stream_options.continuous_usage_stats)
+        include_usage, continuous = self.stream_usage(request.stream_options)
         formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
         states = {i: self._new_state(mode) for i in range(request.n)}
         completion_tokens = 0
@@ -458,7 +425,7 @@ class ChatServing(ServingBase):
                     state = states[out.index]
                     completion_tokens += len(out.token_ids)
                     finished = out.finish_reason is not None
-                    deltas = self._deltas(state, mode, out.text, finished)
+                    deltas = self._deltas(state, mode, out.text, out.finish_reason)
                     logprobs = None
                     if request.logprobs and out.token_ids:
                         logprobs = {

@@ -380,7 +380,7 @@ class ResponsesServing:
                 out = step.outputs[0]
                 output_tokens += len(out.token_ids)
                 finish_reason = out.finish_reason
-                for delta in self.chat._deltas(state, mode, out.text, finish_reason is not None):
+                for delta in self.chat._deltas(state, mode, out.text, finish_reason):
                     reasoning += delta.get("reasoning_content") or ""
                     if delta.get("content"):
                         if message is None:

@@ -36,6 +36,7 @@ class FrontendSettings:
     served_model_names: tuple[str, ...] = ("model",)
     host: str | None = None
     port: int = 8000
+    uds: str | None = None  # --uds: a Unix socket instead of host and port
     uvicorn_log_level: str = "info"
     api_keys: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ("*",)
@@ -47,14 +48,18 @@ class FrontendSettings:
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = 0
+    ssl_ciphers: str | None = None  # None: Python's default cipher list
     enable_ssl_refresh: bool = False
     enable_request_id_headers: bool = False
     max_log_len: int | None = None
     enable_log_requests: bool = False
     disable_uvicorn_access_log: bool = False
+    quiet_access_paths: tuple[str, ...] = ()  # --disable-access-log-for-endpoints
     middleware: tuple[str, ...] = ()
     return_tokens_as_token_ids: bool = False
     enable_prompt_tokens_details: bool = False
+    enable_force_include_usage: bool = False
+    sse_keep_alive_interval: float = 0  # seconds; 0: no keep-alive comments
     enable_server_load_tracking: bool = False
     enable_tokenizer_info_endpoint: bool = False
     max_concurrency: int | None = None
@@ -70,6 +75,8 @@ class FrontendSettings:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     reasoning_effort: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None  # --default-chat-template-kwargs
+    exclude_tools_when_tool_choice_none: bool = False
     guided_decoding_backend: str = "auto"
     guided_decoding_disable_any_whitespace: bool = False
     show_hidden_metrics_for_version: str | None = None
@@ -84,9 +91,11 @@ class FrontendSettings:
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
-        """What chat templates receive unless a request says otherwise: ``--reasoning-effort`` as
-        ``reasoning_effort``, the way vLLM passes it."""
-        return {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
+        """What chat templates receive unless a request says otherwise:
+        ``--default-chat-template-kwargs``, and ``--reasoning-effort`` as ``reasoning_effort``,
+        the way vLLM passes it."""
+        effort = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
+        return {**(self.chat_template_kwargs or {}), **effort}
 
     @property
     def model_name(self) -> str:
@@ -115,6 +124,7 @@ class FrontendSettings:
             served_model_names=names,
             host=getattr(config, "host", None),
             port=int(get("port", 8000)),
+            uds=get("uds"),
             uvicorn_log_level=str(get("uvicorn_log_level", "info")),
             api_keys=api_keys,
             allowed_origins=tuple(_as_list(get("allowed_origins", ["*"]))),
@@ -126,14 +136,22 @@ class FrontendSettings:
             ssl_certfile=get("ssl_certfile"),
             ssl_ca_certs=get("ssl_ca_certs"),
             ssl_cert_reqs=int(get("ssl_cert_reqs", 0)),
+            ssl_ciphers=get("ssl_ciphers"),
             enable_ssl_refresh=bool(get("enable_ssl_refresh", False)),
             enable_request_id_headers=bool(get("enable_request_id_headers", False)),
             max_log_len=get("max_log_len"),
             enable_log_requests=bool(get("enable_log_requests", False)),
             disable_uvicorn_access_log=bool(get("disable_uvicorn_access_log", False)),
+            quiet_access_paths=tuple(
+                p.strip()
+                for p in get("disable_access_log_for_endpoints", "").split(",")
+                if p.strip()
+            ),
             middleware=tuple(_as_list(get("middleware"))),
             return_tokens_as_token_ids=bool(get("return_tokens_as_token_ids", False)),
             enable_prompt_tokens_details=bool(get("enable_prompt_tokens_details", False)),
+            enable_force_include_usage=bool(get("enable_force_include_usage", False)),
+            sse_keep_alive_interval=float(get("sse_keep_alive_interval", 0)),
             enable_server_load_tracking=bool(get("enable_server_load_tracking", False)),
             enable_tokenizer_info_endpoint=bool(get("enable_tokenizer_info_endpoint", False)),
             max_concurrency=get("max_concurrency"),
@@ -149,6 +167,10 @@ class FrontendSettings:
             tool_call_parser=get("tool_call_parser"),
             reasoning_parser=get("reasoning_parser") or structured.get("reasoning_parser") or None,
             reasoning_effort=get("reasoning_effort"),
+            chat_template_kwargs=dict(get("default_chat_template_kwargs", {})),
+            exclude_tools_when_tool_choice_none=bool(
+                get("exclude_tools_when_tool_choice_none", False)
+            ),
             guided_decoding_backend=str(
                 structured.get("backend") or get("guided_decoding_backend", "auto")
             ),

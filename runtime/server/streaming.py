@@ -24,6 +24,39 @@ def sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
+KEEP_ALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it, proxies see traffic
+
+
+async def keep_alive(events: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
+    """``events``, with a keep-alive comment whenever none came for ``interval`` seconds
+    (--sse-keep-alive-interval; 0: never)."""
+    if interval <= 0:
+        async for event in events:
+            yield event
+        return
+    pending = asyncio.ensure_future(anext(events))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield KEEP_ALIVE
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            yield event
+            pending = asyncio.ensure_future(anext(events))
+    finally:
+        if not pending.done():
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 async def merge(iterators: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
     """Items of several async iterators as they come, tagged with the iterator's index."""
     if len(iterators) == 1:

@@ -134,8 +134,8 @@ def test_config_masks_secrets_unless_asked(capsys):
     out = capsys.readouterr().out
     assert "sk-123" not in out and "hf_x" not in out
     assert json.loads(out)["frontend"]["api_key"] == "***"
-    assert cli_main.main(["config", "m", "--api-key", "sk-123", "--show-secrets"]) == 0
-    assert json.loads(capsys.readouterr().out)["frontend"]["api_key"] == "sk-123"
+    assert cli_main.main(["config", "m", "--api-key", "sk-123", "sk-4", "--show-secrets"]) == 0
+    assert json.loads(capsys.readouterr().out)["frontend"]["api_key"] == ["sk-123", "sk-4"]
 
 
 def test_unknown_top_level_option_exits_2(capsys):

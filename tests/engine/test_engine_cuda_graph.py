@@ -111,6 +111,8 @@ def test_compilation_config_levels_and_keys(caplog):
     assert settings == CompilationSettings(
         level=1, backend="eager", capture_sizes=(1, 2), max_capture_size=2
     )
+    newer = parse_compilation_config({"max_cudagraph_capture_size": 8})  # vLLM >= 0.11's name
+    assert newer.max_capture_size == 8
     with caplog.at_level(logging.WARNING):
         parse_compilation_config({"level": 3, "splitting_ops": ["x"]})
     assert "splitting_ops have no effect" in caplog.text

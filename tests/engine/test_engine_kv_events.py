@@ -112,3 +112,19 @@ def test_a_stored_run_names_its_adapter_and_chains_on_the_blocks_before():
     assert manager.allocate_slots(request, 1)
     (second,) = sink.take()
     assert (second.token_ids, second.parent_block_hash) == ([5, 6], first.block_hashes[-1])
+
+
+def test_every_hash_choice_of_the_schema_has_a_hash_function():
+    """vLLM 0.33's sha256_cbor, xxhash and xxhash_cbor run (as sha256 and builtin), warned about."""
+    from infernetes.schema.args import get_arg
+    from infernetes.schema.config import build_config
+    from infernetes.schema.support_check import check_support
+
+    assert set(HASH_FUNCTIONS) == set(get_arg("--prefix-caching-hash-algo").choices)
+    for algo in ("sha256_cbor", "xxhash", "xxhash_cbor"):
+        report = check_support(build_config("m", prefix_caching_hash_algo=algo), environ={})
+        assert report.errors == [] and len(report.warnings) == 1, report
+        assert f"--prefix-caching-hash-algo {algo} has no effect here" in report.warnings[0]
+    assert check_support(build_config("m", prefix_caching_hash_algo="sha256"), environ={}) == (
+        check_support(build_config("m"), environ={})
+    )

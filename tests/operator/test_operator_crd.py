@@ -74,9 +74,9 @@ def test_every_current_argument_is_an_engine_field_except_owned_and_secret() -> 
     assert set(engine) == expected
     for arg in ARGS:
         field = camel(arg.dest)
-        if arg.operator_owned or arg.secret or arg.deprecated:
+        if arg.operator_owned or arg.secret or not arg.stored:  # shorthands go in by their keys
             assert field not in engine, field
-    for field in ("host", "port", "model", "apiKey", "hfToken", "servedModelName"):
+    for field in ("host", "port", "uds", "model", "apiKey", "hfToken", "servedModelName"):
         assert field not in engine
     assert {
         "tensorParallelSize",

@@ -36,7 +36,9 @@ def sample(arg: Arg):
         choice = next(c for c in arg.choices if c != arg.default)
         return [choice] if arg.is_list else choice
     single = {
-        "int": 3 if arg.maximum is None or arg.maximum >= 3 else arg.maximum,
+        "int": (3 if arg.default != 3 else 4)
+        if arg.maximum is None or arg.maximum >= 4
+        else arg.maximum,
         "size": 4096,
         "float": 0.5,
         "str": "some value",

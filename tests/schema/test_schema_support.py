@@ -27,7 +27,9 @@ def _non_default(arg: Arg, avoid: tuple = ()) -> object:
     if arg.kind in ("int", "size", "float"):
         base = arg.default if isinstance(arg.default, int | float) else (arg.minimum or 0)
         value = base + 2
-        return value if arg.maximum is None or value <= arg.maximum else arg.minimum
+        if arg.maximum is None or value <= arg.maximum:
+            return value
+        return (arg.minimum + arg.maximum) / 2 if arg.kind == "float" else arg.minimum
     if arg.kind == "json":
         return {"some_key": 1}
     if arg.kind == "name_path":

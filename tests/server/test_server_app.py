@@ -20,6 +20,7 @@ from infernetes.runtime.server.settings import FrontendSettings
 from infernetes.runtime.server.state import ServerState
 
 from infernetes.schema.config import build_config
+from infernetes.schema.parser import parse_serve_args
 
 
 def client_for(settings: FrontendSettings, engine=None) -> httpx.AsyncClient:
@@ -79,6 +80,14 @@ async def test_api_key_from_flag_or_environment():
         ).status_code == 503  # past the key: the model is still loading
         assert (await client.get("/health")).status_code == 503  # open, just not ready
         assert (await client.get("/metrics")).status_code == 200
+    # vLLM 0.33 takes several keys: --api-key k1 k2 (any one of them is let in)
+    config = parse_serve_args(["m", "--api-key", "k1", "k2"])
+    settings = FrontendSettings.from_config(config, environ={})
+    assert settings.api_keys == ("k1", "k2")
+    async with client_for(settings) as client:
+        for key in ("k1", "k2"):
+            response = await client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert response.status_code == 503
 
 
 async def test_body_size_limit_answers_413():

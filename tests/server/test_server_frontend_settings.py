@@ -40,6 +40,9 @@ def test_uvicorn_gets_log_level_tls_logging_config_and_keep_alive(tmp_path):
     assert (config.ssl_ca_certs, config.ssl_cert_reqs) == ("/certs/ca.pem", ssl.CERT_REQUIRED)
     assert config.log_config == log_config
     assert config.timeout_keep_alive == 17
+    assert config.ssl_ciphers is None  # Python's default list unless --ssl-ciphers is given
+    ciphers = _settings(ssl_ciphers="ECDHE+AESGCM")
+    assert uvicorn_config(build_app(ServerState(ciphers)), ciphers).ssl_ciphers == "ECDHE+AESGCM"
 
 
 async def test_cors_credentials_and_allowed_headers():
@@ -108,11 +111,11 @@ def test_disable_log_requests_is_deprecated_and_changes_nothing(capsys):
     assert settings.enable_log_requests is False
 
 
-def test_probe_access_lines_are_quiet_while_the_model_loads():
-    from infernetes.runtime.server.api_server import QuietProbesWhileLoading
+def test_probe_access_lines_are_quiet_while_the_model_loads_and_listed_paths_always():
+    from infernetes.runtime.server.api_server import QuietAccessLines
 
     state = ServerState(_settings())
-    quiet = QuietProbesWhileLoading(state)
+    quiet = QuietAccessLines(state)
 
     def line(path: str, status: int) -> logging.LogRecord:
         return logging.LogRecord(
@@ -129,6 +132,13 @@ def test_probe_access_lines_are_quiet_while_the_model_loads():
     assert quiet.filter(line("/v1/models", 503))
     state.engine = SimpleNamespace()  # loaded: every line is logged again
     assert quiet.filter(line("/health", 200))
+    assert line("/metrics", 200).getMessage() == '127.0.0.1:5 - "GET /metrics HTTP/1.1" 200'
+
+    listed = ServerState(_settings(disable_access_log_for_endpoints="/health, /metrics"))
+    listed.engine = SimpleNamespace()
+    quiet = QuietAccessLines(listed)
+    assert not quiet.filter(line("/metrics", 200)) and not quiet.filter(line("/health?x=1", 200))
+    assert quiet.filter(line("/v1/models", 200)) and quiet.filter(line("/metricsx", 200))
 
 
 def test_stats_line_names_the_engines_device(caplog):
@@ -152,3 +162,35 @@ def test_stats_line_names_the_engines_device(caplog):
             SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.25), None
         )
     assert "CPU KV cache usage: 25.0%" in caplog.records[-1].getMessage()
+
+
+def test_uds_serves_on_a_unix_socket_instead_of_host_and_port(tmp_path):
+    import os
+    import socket
+    import stat
+    import threading
+    import time
+
+    import uvicorn
+    from infernetes.runtime.server.api_server import listen
+
+    path = str(tmp_path / "api.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)  # an earlier run's socket file: replaced
+    stale.close()
+    settings = _settings(uds=path, port=1)  # the port is not used
+    listener = listen(settings)
+    assert listener.family == socket.AF_UNIX
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
+    server = uvicorn.Server(uvicorn_config(build_app(ServerState(settings)), settings))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://t") as client:
+            assert client.get("/health").status_code == 503  # served; the model is not loaded
+    finally:
+        server.should_exit = True
+        thread.join(20)

@@ -344,11 +344,12 @@ def test_errors_are_openai_shaped(client, main_server, auth_headers, maps_torch)
         client.completions.create(
             model="tiny", prompt="x", max_tokens=1, extra_body={"guided_regex": "("}
         )
-    with pytest.raises(openai.BadRequestError, match="prompt_embeds is not supported") as info:
+    with pytest.raises(openai.BadRequestError, match="started with --enable-prompt-embeds") as info:
         client.completions.create(
             model="tiny", prompt="", max_tokens=1, extra_body={"prompt_embeds": "AAAA"}
         )
     assert info.value.body["param"] == "prompt_embeds"
+    assert not maps_torch(main_server.process.pid)  # refused before anything was read
     response = httpx.post(
         f"{main_server.url}/v1/chat/completions",
         headers=auth_headers,

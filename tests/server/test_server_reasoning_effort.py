@@ -1,5 +1,7 @@
-"""--reasoning-effort: chat templates receive ``reasoning_effort`` for requests that give none
-(neither the OpenAI field nor chat_template_kwargs), as vLLM passes it."""
+"""What chat templates receive besides the messages, as vLLM passes it: ``reasoning_effort`` from
+--reasoning-effort for requests that give none (neither the OpenAI field nor chat_template_kwargs),
+--default-chat-template-kwargs under the request's own, and the tools, also with tool_choice none
+unless --exclude-tools-when-tool-choice-none."""
 
 from __future__ import annotations
 
@@ -88,3 +90,35 @@ async def test_request_reasoning_effort_beats_the_flag_and_loses_to_template_kwa
             },
         )
         assert bad.status_code == 400 and "reasoning_effort" in bad.text
+
+
+async def test_default_chat_template_kwargs_reach_the_template_under_the_requests_own(
+    engine, tmp_path
+):
+    template_file = tmp_path / "kwargs.jinja"
+    template_file.write_text(
+        "{{ messages[0]['content'] }}[mode={{ mode }}][effort={{ reasoning_effort }}]"
+    )
+    defaults = {"default_chat_template_kwargs": {"mode": "terse", "reasoning_effort": "low"}}
+    async with _client(engine, template_file, defaults) as http:
+        assert (await _rendered(http)).endswith("[mode=terse][effort=low]")
+        kwargs = {"chat_template_kwargs": {"mode": "verbose"}}
+        assert (await _rendered(http, **kwargs)).endswith("[mode=verbose][effort=low]")
+    both = {**defaults, "reasoning_effort": "high"}  # the flag of its own wins over the default
+    async with _client(engine, template_file, both) as http:
+        assert (await _rendered(http)).endswith("[mode=terse][effort=high]")
+
+
+async def test_tools_stay_in_the_prompt_with_tool_choice_none_unless_excluded(engine, tmp_path):
+    template_file = tmp_path / "tools.jinja"
+    template_file.write_text(
+        "{{ messages[0]['content'] }}{% if tools %}{% for i in range(40) %} x{% endfor %}{% endif %}"
+    )
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    extra = {"tools": [tool], "tool_choice": "none"}
+    async with _client(engine, template_file, {}) as http:
+        bare = await _prompt_tokens(http)
+        assert await _prompt_tokens(http, **extra) > bare + 30  # vLLM's default: rendered
+    flag = {"exclude_tools_when_tool_choice_none": True}
+    async with _client(engine, template_file, flag) as http:
+        assert await _prompt_tokens(http, **extra) == bare

@@ -259,3 +259,39 @@ def test_olmo3_closing_tag_may_be_left_out():
     text = CASES["olmo3"].removesuffix("\n</function_calls>")
     assert _calls(make_tool_parser("olmo3", TOOLS).extract(text).tool_calls) == EXPECTED
     _check_stream("olmo3", list(text))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_output_cut_by_max_tokens_never_becomes_content(name):
+    """Each output cut at every position (as max_tokens cuts it): whole and streamed agree on
+    the calls closed before the cut, the call being written is never content, and once the
+    tool section has begun none of it is."""
+    text = CASES[name]
+    parser = make_tool_parser(name, TOOLS)
+    full = parser.extract(text).tool_calls
+    for cut in range(len(text)):
+        prefix = text[:cut]
+        whole = parser.extract(prefix, cut=True)
+        stream = parser.stream()
+        content, deltas = "", []
+        for at in range(0, len(prefix), 5):
+            delta = stream.feed(prefix[at : at + 5])
+            content, deltas = content + delta.content, deltas + delta.tool_calls
+        final = stream.finish(cut=True)
+        content, deltas = content + final.content, deltas + final.tool_calls
+        if not whole.tools_called:
+            assert content == prefix and not deltas
+            continue
+        assert content.strip() == (whole.content or "")
+        closed = [(c.function.name, c.function.arguments) for c in whole.tool_calls]
+        assert closed == [(c.function.name, c.function.arguments) for c in full[: len(closed)]]
+        streamed = {
+            i: "".join(d.arguments for d in deltas if d.index == i)
+            for i in {d.index for d in deltas}
+        }
+        assert [streamed[i] for i in range(len(closed))] == [args for _, args in closed]
+        for index in set(streamed) - set(range(len(closed))):
+            assert full[index].function.arguments.startswith(streamed[index])
+    for marker in (m for m in parser.markers if m in text):
+        cut = text.index(marker) + len(marker) + 1
+        assert parser.extract(text[:cut], cut=True).tools_called

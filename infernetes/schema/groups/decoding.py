@@ -54,4 +54,6 @@ ARGS = (
         "Parser that splits reasoning content from the answer; setting it turns reasoning mode on.",
         choices=REASONING_PARSERS,
     ),
+    # Added in vLLM releases up to 0.33.
+    Arg("reasoning-parser-plugin", "str", "", G, "Python file registering a reasoning parser."),
 )

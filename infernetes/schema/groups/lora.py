@@ -55,4 +55,36 @@ ARGS = (
         G,
         "Shard all of the LoRA computation across tensor-parallel ranks.",
     ),
+    # Added in vLLM releases up to 0.33.
+    Arg(
+        "enable-tower-connector-lora",
+        "bool",
+        False,
+        G,
+        "Apply LoRA to the vision tower and connector too.",
+    ),
+    Arg("lora-target-modules", "str", None, G, "Modules adapters may apply to.", nargs="+"),
+    Arg("default-mm-loras", "json", None, G, "Adapters applied by default per modality, as JSON."),
+    Arg(
+        "specialize-active-lora",
+        "bool",
+        False,
+        G,
+        "Specialize kernels on the number of active adapters.",
+    ),
+    Arg(
+        "enable-mixed-moe-lora-format",
+        "bool",
+        False,
+        G,
+        "Accept MoE adapters mixing per-expert and shared formats.",
+    ),
+    Arg(
+        "enable-moe-shared-loras",
+        "bool",
+        False,
+        G,
+        "Share one adapter across all experts of a MoE layer.",
+    ),
+    Arg("max-lora-cls-labels", "int", None, G, "Most labels of a classification adapter."),
 )

@@ -123,4 +123,53 @@ ARGS = (
         "Schedule the next step while the device runs the current one, hiding the CPU's "
         "scheduling time.",
     ),
+    # Added in vLLM releases up to 0.33.
+    Arg(
+        "max-num-scheduled-tokens",
+        "size",
+        None,
+        G,
+        "Most tokens scheduled in one step (defaults to --max-num-batched-tokens).",
+    ),
+    Arg("max-num-active-seqs", "int", None, G, "Most sequences active at once."),
+    Arg("max-num-queued-reqs", "int", None, G, "Most requests waiting; more are rejected."),
+    Arg(
+        "max-num-queued-tokens",
+        "size",
+        None,
+        G,
+        "Most prompt tokens waiting; more requests are rejected.",
+    ),
+    Arg(
+        "long-prefill-token-threshold-adaptive",
+        "bool",
+        False,
+        G,
+        "Adapt the long-prefill threshold to the load.",
+    ),
+    Arg(
+        "scheduler-reserve-full-isl",
+        "bool",
+        True,
+        G,
+        "Admit a request only when its whole prompt fits in the KV cache.",
+    ),
+    Arg(
+        "watermark",
+        "float",
+        0.0,
+        G,
+        "Fraction of KV blocks kept free when admitting requests.",
+        minimum=0,
+        maximum=1,
+    ),
+    Arg(
+        "prefill-schedule-interval",
+        "int",
+        1,
+        G,
+        "Steps between scheduling new prefills.",
+        minimum=1,
+    ),
+    Arg("stream-interval", "int", 1, G, "Tokens per streamed chunk (1: every token).", minimum=1),
 )

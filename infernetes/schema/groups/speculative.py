@@ -11,5 +11,6 @@ ARGS = (
         None,
         G,
         'Speculative decoding settings as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}.',
+        aliases=("-sc",),
     ),
 )

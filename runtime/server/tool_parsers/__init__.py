@@ -30,6 +30,7 @@ from infernetes.runtime.server.tool_parsers.minimax import MiniMaxM2ToolParser
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
 from infernetes.runtime.server.tool_parsers.pythonic import Olmo3ToolParser, PythonicToolParser
 from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser, SeedOssToolParser
+from infernetes.runtime.server.tool_parsers.required import RequiredCallsParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "deepseek_v3": DeepSeekV3ToolParser,
@@ -91,6 +92,7 @@ def make_tool_parser(name: str, tools: list[ChatTool] | None) -> ToolParser:
 __all__ = [
     "TOOL_PARSERS",
     "ExtractedToolCalls",
+    "RequiredCallsParser",
     "StreamDelta",
     "ToolCallDelta",
     "ToolCallStream",

@@ -94,30 +94,24 @@ def decode_json_spans(text: str) -> tuple[list[tuple[Any, str]], str]:
         pos = end
 
 
+# A string (to its closing quote, or the end of a string still being written) or a bracket: the
+# regex engine skips string contents, which a call's arguments are mostly made of.
+JSON_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[{}\[\]]', re.DOTALL)
+
+
 def scan_json_value(text: str, start: int = 0) -> tuple[int, bool]:
     """How far the JSON object or array opening at ``text[start]`` goes: ``(end, complete)``.
 
     Tracks nesting and strings only (no validation), so it works on a value still being
     written: everything up to ``end`` belongs to the value."""
     depth = 0
-    in_string = escaped = False
-    for pos in range(start, len(text)):
-        char = text[pos]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return pos + 1, True
+    for match in JSON_STRUCTURE.finditer(text, start):
+        token = match.group()
+        if token[0] == '"':
+            continue
+        depth += 1 if token in "{[" else -1
+        if depth == 0:
+            return match.end(), True
     return len(text), False
 
 
@@ -269,12 +263,21 @@ class ToolParser(ABC):
         """How many trailing characters of not-yet-tool text to keep from the content stream."""
         return partial_marker_len(text, self.markers)
 
-    def extract(self, text: str) -> ExtractedToolCalls:
+    def unparsed_is_content(self, section: str, cut: bool) -> bool:
+        """Whether a tool section that gave no call is the model's text after all. One cut by
+        max_tokens (``cut``) is a call being written: its marker said so, and its raw text
+        never becomes content."""
+        return not cut
+
+    def extract(self, text: str, cut: bool = False) -> ExtractedToolCalls:
+        """The calls in a whole output; ``cut`` (by max_tokens): those closed before the cut.
+        ``tools_called`` says the tool section was read as calls, none closed if it was cut."""
         start = self.section_start(text)
         if start is None:
             return ExtractedToolCalls(False, [], text)
-        calls = self.parse_section(text[start:], final=True)
-        if not calls:
+        section = text[start:]
+        calls = self.parse_section(section, final=not cut) or []
+        if not calls and self.unparsed_is_content(section, cut):
             return ExtractedToolCalls(False, [], text)
         content = text[:start].strip() or None
         tool_calls = [
@@ -335,12 +338,22 @@ class LeadingToolParser(ToolParser):
 
     tags: ClassVar[tuple[str, ...]]
     opener: ClassVar[str]
+    # The start of a call after the opener, which plain text does not begin with.
+    call_begins: ClassVar[re.Pattern[str]]
 
     def section_start(self, text: str) -> int | None:
         stripped = text.lstrip()
         if stripped.startswith((*self.tags, self.opener)):
             return len(text) - len(stripped)
         return None
+
+    def unparsed_is_content(self, section: str, cut: bool) -> bool:
+        # The opener ("{", "[") may begin plain text too: cut, it is a call once the tag or
+        # the start of a call says so.
+        if not cut:
+            return True
+        stripped = section.lstrip()
+        return not stripped.startswith(self.tags) and self.call_begins.match(stripped) is None
 
     def hold_back(self, text: str) -> int:
         # The section can only open the output: hold leading whitespace and a partial tag.
@@ -397,12 +410,13 @@ class ToolCallStream:
         delta.tool_calls = self._advance(final=False)
         return delta
 
-    def finish(self) -> StreamDelta:
-        """Flushes what is left when generation ends."""
+    def finish(self, cut: bool = False) -> StreamDelta:
+        """Flushes what is left when generation ends (``cut``: by max_tokens)."""
         delta = StreamDelta()
         if self.section_at is not None:
-            delta.tool_calls = self._advance(final=True)
-            if self.tools_called:
+            delta.tool_calls = self._advance(final=not cut)
+            section = self.text[self.section_at :]
+            if self.tools_called or not self.parser.unparsed_is_content(section, cut):
                 return delta
         delta.content = self.text[self.content_sent :]
         self.content_sent = len(self.text)

@@ -4,6 +4,8 @@ objects after the ``<|tool_call|>`` token (Granite 3.0) or the ``<tool_call>`` t
 
 from __future__ import annotations
 
+import re
+
 from infernetes.runtime.server.protocol import FunctionCall
 from infernetes.runtime.server.tool_parsers.base import (
     LeadingToolParser,
@@ -20,6 +22,7 @@ from infernetes.runtime.server.tool_parsers.base import (
 class GraniteToolParser(LeadingToolParser):
     name = "granite"
     tags, opener = ("<|tool_call|>", "<tool_call>"), "["
+    call_begins = re.compile(r'\[\s*\{\s*"name"\s*:')
 
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
         return parse_call_list(self.body(section), final)

@@ -3,6 +3,8 @@ separated by ``;``), optionally after the ``<|python_tag|>`` token."""
 
 from __future__ import annotations
 
+import re
+
 from infernetes.runtime.server.protocol import FunctionCall
 from infernetes.runtime.server.tool_parsers.base import (
     LeadingToolParser,
@@ -18,6 +20,7 @@ PYTHON_TAG = "<|python_tag|>"
 class Llama3JsonToolParser(LeadingToolParser):
     name = "llama3_json"
     tags, opener = (PYTHON_TAG,), "{"
+    call_begins = re.compile(r'\{\s*"name"\s*:')
 
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
         values, rest = decode_json_spans(self.body(section))

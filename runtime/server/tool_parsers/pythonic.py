@@ -86,6 +86,7 @@ def _open_string(source: str, quote: str) -> str | None:
 class PythonicToolParser(LeadingToolParser):
     name = "pythonic"
     tags, opener = (PYTHON_START,), "["
+    call_begins = re.compile(r"\[\s*[A-Za-z_]\w*\s*\(")
 
     @staticmethod
     def _body(section: str) -> str:

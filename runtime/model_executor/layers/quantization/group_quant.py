@@ -13,13 +13,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
+from infernetes.kernels import ops
+from infernetes.kernels.cpu.group_quant import handles
+from infernetes.kernels.reference import group_quant as reference
+from infernetes.kernels.reference.wna16 import unpack_along_k
 from torch import nn
 
 if TYPE_CHECKING:
     from infernetes.runtime.model_executor.layers.linear import LinearBase
+    from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 
-BITS = (4, 8)
+BITS = reference.BITS
 
 
 @dataclass(frozen=True)
@@ -46,22 +50,48 @@ class GroupQuantWeight:
 
     def unpacked(self) -> torch.Tensor:
         """The integers ``q`` as int16 ``[N, K]``."""
-        if self.bits == 8:
-            return self.qweight.to(torch.int16)
-        low = (self.qweight & 0x0F).to(torch.int16)
-        high = (self.qweight >> 4).to(torch.int16)
-        return torch.stack((low, high), dim=-1).reshape(self.outputs, self.inputs)
+        return reference.unpack(self.qweight, self.bits)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The ``[N, K]`` weight."""
-        groups = self.unpacked().float().reshape(self.outputs, -1, self.group_size)
-        weight = groups * self.scale.unsqueeze(-1)
-        if self.offset is not None:
-            weight = weight + self.offset.unsqueeze(-1)
-        return weight.reshape(self.outputs, self.inputs).to(dtype)
+        return reference.dequantize(
+            self.qweight, self.scale, self.offset, self.group_size, self.bits, dtype
+        )
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, self.dequantize(x.dtype), bias)
+        return ops.group_quant_linear(
+            x, self.qweight, self.scale, self.offset, self.group_size, self.bits, bias
+        )
+
+    @staticmethod
+    def from_packed_int(packed: PackedInt) -> GroupQuantWeight | None:
+        """A GPTQ/AWQ/compressed-tensors layer in this form (``offset = -scale * zero``), or None
+        when its groups are not runs of inputs the CPU kernel takes (GPTQ's act-order ``g_idx``
+        reorders them)."""
+        inputs = packed.inputs
+        first = int(packed.g_idx[0])
+        group = int((packed.g_idx == first).sum())
+        runs = first + torch.arange(inputs, dtype=torch.int32) // group
+        if not handles(group, inputs) or not torch.equal(packed.g_idx.cpu(), runs):
+            return None
+        groups = slice(first, first + inputs // group)
+        scale = packed.scales[groups].t().float().contiguous()  # [N, K / G]
+        midpoint = 2 ** (packed.bits - 1)
+        zero = midpoint if packed.zeros is None else packed.zeros[groups].t().float()
+        values = unpack_along_k(packed.qweight, packed.bits).t()  # [N, K] unsigned
+        if packed.bits == 4:
+            qweight = (values[:, 0::2] | (values[:, 1::2] << 4)).to(torch.uint8)
+            offset: torch.Tensor | None = -scale * zero
+        else:  # int8 holds q - 128: the zero point moves with it
+            qweight = (values - midpoint).to(torch.int8)
+            offset = None if packed.zeros is None else -scale * (zero - midpoint)
+        return GroupQuantWeight(
+            qweight.contiguous(),
+            scale,
+            offset.contiguous() if offset is not None else None,
+            group,
+            packed.bits,
+        )
 
     @staticmethod
     def concat_outputs(parts: list[GroupQuantWeight]) -> GroupQuantWeight | None:
@@ -70,13 +100,15 @@ class GroupQuantWeight:
         first = parts[0]
         if any(p.bits != first.bits or p.group_size != first.group_size for p in parts):
             return None
-        offsets = [p.offset for p in parts]
-        if any(o is None for o in offsets) and any(o is not None for o in offsets):
-            offsets = [torch.zeros_like(p.scale) if p.offset is None else p.offset for p in parts]
+        offset = None
+        if any(p.offset is not None for p in parts):
+            offset = torch.cat(
+                [torch.zeros_like(p.scale) if p.offset is None else p.offset for p in parts]
+            )
         return GroupQuantWeight(
             qweight=torch.cat([p.qweight for p in parts]),
             scale=torch.cat([p.scale for p in parts]),
-            offset=None if offsets[0] is None else torch.cat(offsets),  # type: ignore[arg-type]
+            offset=offset,
             group_size=first.group_size,
             bits=first.bits,
         )

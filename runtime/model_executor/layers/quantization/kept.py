@@ -11,7 +11,8 @@ all there takes them (a fused layer such as QKV joins its parts along the output
 parallelism, its rank's share, found by running the layer's own loaders over index tensors. The
 parts no layer takes (a fused layer whose parts are stored differently, a layer that reads its
 weight as a tensor) are then loaded dense like any checkpoint's. So a model that fits on the
-device only quantized loads. On the CPU's own kernels the layers stay dense."""
+device only quantized loads. On the CPU, weight-only integer layers are kept as
+`GroupQuantWeight` (loading.device_form), which the CPU's C kernels read packed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from infernetes.kernels import ops
 from infernetes.kernels.reference.fp8_block import dequantize_block_fp8
+from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 from torch import nn
 
@@ -129,7 +131,7 @@ class Fp8BlockWeight:
         layer.weight = nn.Parameter(torch.empty(0, device=device, dtype=dtype), requires_grad=False)
 
 
-KeptWeight = PackedInt | Fp8Weight | Fp8BlockWeight
+KeptWeight = PackedInt | Fp8Weight | Fp8BlockWeight | GroupQuantWeight
 
 
 def fp8_per_output(qweight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
@@ -207,6 +209,8 @@ def keep_linear_layers(
             joined = Fp8Weight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
         elif all(isinstance(p, Fp8BlockWeight) for p in pieces):
             joined = Fp8BlockWeight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
+        elif all(isinstance(p, GroupQuantWeight) for p in pieces):
+            joined = GroupQuantWeight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
         if joined is not None:
             joined = _rank_share(module, joined, pieces, [shard for _, shard in parts])
         if joined is None:

@@ -1,5 +1,7 @@
 """The loader's entry to quantized checkpoints: the tensors go through the method's format on
-their way into the model, and layers the GPU kernels take as stored keep that form (kept.py)."""
+their way into the model, and layers the device's kernels take as stored keep that form
+(kept.py): on the Triton kernels' devices every kept form, on the CPU the weight-only integer
+layers as `GroupQuantWeight` (its C kernels read them packed; the rest loads dense)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import torch
 from infernetes.kernels import backend, ops
+from infernetes.kernels.cpu import native
 from infernetes.runtime.model_executor.layers.linear import LinearBase
 from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
     Weight,
@@ -16,6 +19,7 @@ from infernetes.runtime.model_executor.layers.quantization.checkpoint import (
 )
 from infernetes.runtime.model_executor.layers.quantization.detect import checkpoint_format
 from infernetes.runtime.model_executor.layers.quantization.fp8 import Fp8Format
+from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.layers.quantization.kept import (
     Fp8Weight,
     KeptWeight,
@@ -27,6 +31,7 @@ from infernetes.runtime.model_executor.layers.quantization.kept_experts import (
 )
 from infernetes.runtime.model_executor.layers.quantization.kv_scales import attach_kv_scales
 from infernetes.runtime.model_executor.layers.quantization.packed_int import (
+    PackedInt,
     dummy_pack_linear_layers,
 )
 
@@ -34,7 +39,15 @@ logger = logging.getLogger(__name__)
 
 
 def keeps_stored(device: torch.device) -> bool:
-    return backend.use_triton(device)
+    """The Triton kernels' devices, and the CPU unless its C kernels are off."""
+    return backend.use_triton(device) or (device.type == "cpu" and native.enabled())
+
+
+def device_form(weight: KeptWeight, device: torch.device) -> KeptWeight | None:
+    """`weight` in the form the device's kernels read, or None when it loads dense there."""
+    if backend.use_triton(device):
+        return weight
+    return GroupQuantWeight.from_packed_int(weight) if isinstance(weight, PackedInt) else None
 
 
 def load_quantized(
@@ -53,12 +66,21 @@ def load_quantized(
     loaded = model.load_weights(dequantized_weights(weights, fmt, dtype, kv_scales, kept))
     if kv_scales:
         logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
+    forms: dict[str, KeptWeight] = {}
+    for prefix, weight in list((kept or {}).items()):
+        form = device_form(weight, device)
+        if form is not None and kept is not None:  # replaces the stored form: never held twice
+            forms[prefix] = kept[prefix] = form
     if kept:
-        held, taken = keep_linear_layers(model, kept, device, dtype)
-        held_experts, taken_experts = keep_moe_experts(model, kept, device, dtype)
+        held, taken = keep_linear_layers(model, forms, device, dtype)
+        held_experts, taken_experts = (
+            keep_moe_experts(model, forms, device, dtype)
+            if backend.use_triton(device)
+            else (set(), set())  # the CPU has no packed MoE kernel: experts load dense
+        )
         loaded |= held | held_experts
         taken |= taken_experts
-        kind = type(next(iter(kept.values()))).__name__
+        kind = type(next(iter(forms.values()), next(iter(kept.values())))).__name__
         logger.info(
             "Linear layers keep their checkpoint's stored weights (%s, %d tensors; %d MoE layers)",
             kind,
@@ -81,9 +103,10 @@ def dummy_quantized(
     fmt = checkpoint_format(config)
     layout = fmt.dummy_layout()
     if layout is not None:
-        dummy_pack_linear_layers(model, *layout, device, dtype, seed)
-        dummy_pack_moe_experts(model, *layout, device, dtype, seed)
-    elif isinstance(fmt, Fp8Format) and fmt.block is None:
+        dummy_pack_linear_layers(model, *layout, lambda w: device_form(w, device), dtype, seed)
+        if backend.use_triton(device):
+            dummy_pack_moe_experts(model, *layout, device, dtype, seed)
+    elif isinstance(fmt, Fp8Format) and fmt.block is None and backend.use_triton(device):
         for module in model.modules():
             if isinstance(module, LinearBase):
                 qweight, scale = ops.quantize_weight_fp8(module.weight.data, per_channel=True)

@@ -6,8 +6,9 @@ default): the Triton GEMM dequantises each weight tile in registers, so decode r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from infernetes.kernels import ops
@@ -113,10 +114,16 @@ def with_common_zeros(parts: list[PackedInt]) -> list[PackedInt]:
 
 
 def dummy_pack_linear_layers(
-    model: nn.Module, bits: int, group: int, device: torch.device, dtype: torch.dtype, seed: int
+    model: nn.Module,
+    bits: int,
+    group: int,
+    form: Callable[[PackedInt], Any],
+    dtype: torch.dtype,
+    seed: int,
 ) -> int:
     """Random packed weights for every linear layer (``--load-format dummy`` of a model whose
-    config declares a weight-only integer method: benchmarks of the shape alone)."""
+    config declares a weight-only integer method: benchmarks of the shape alone), each in the
+    `form` the device reads (None: the layer stays dense)."""
     from infernetes.runtime.model_executor.layers.linear import LinearBase
 
     generator = torch.Generator().manual_seed(seed)
@@ -124,8 +131,10 @@ def dummy_pack_linear_layers(
     for module in model.modules():
         if isinstance(module, LinearBase) and module.weight.shape[1] % (32 // bits) == 0:
             n, k = module.weight.shape
-            _random_packed(n, k, bits, group, generator).install(module, device, dtype)
-            count += 1
+            stored = form(_random_packed(n, k, bits, group, generator))
+            if stored is not None:
+                stored.install(module, module.weight.device, dtype)
+                count += 1
     return count
 
 
