@@ -19,6 +19,7 @@ from infernetes.runtime.model_executor.layers.quantization.fp8 import Fp8Format
 from infernetes.runtime.model_executor.layers.quantization.kept import (
     Fp8Weight,
     KeptWeight,
+    keep_embeddings,
     keep_linear_layers,
 )
 from infernetes.runtime.model_executor.layers.quantization.kept_experts import (
@@ -54,21 +55,36 @@ def load_quantized(
     if kv_scales:
         logger.info("KV-cache scales for %d attention layers", attach_kv_scales(model, kv_scales))
     if kept:
-        held, taken = keep_linear_layers(model, kept, device, dtype)
-        held_experts, taken_experts = keep_moe_experts(model, kept, device, dtype)
-        loaded |= held | held_experts
-        taken |= taken_experts
-        kind = type(next(iter(kept.values()))).__name__
-        logger.info(
-            "Linear layers keep their checkpoint's stored weights (%s, %d tensors; %d MoE layers)",
-            kind,
-            len(held),
-            len(held_experts) // 2,
-        )
-        # What no layer took is loaded dense, as an unquantised checkpoint's layer would be.
-        rest = [(prefix, layer) for prefix, layer in kept.items() if prefix not in taken]
-        loaded |= model.load_weights((p + ".weight", w.dequantize(dtype)) for p, w in rest)
+        loaded |= install_kept(model, kept, device, dtype)
     return loaded
+
+
+def install_kept(
+    model: Any, kept: dict[str, KeptWeight], device: torch.device, dtype: torch.dtype
+) -> set[str]:
+    """Give the layers the stored forms set aside during the stream (kept.py); what no layer
+    takes is loaded dense, as an unquantised checkpoint's layer would be. Returns the parameter
+    names now loaded."""
+    held, taken = keep_linear_layers(model, kept, device, dtype)
+    held_experts, taken_experts = keep_moe_experts(model, kept, device, dtype)
+    held_tables, taken_tables = keep_embeddings(model, kept, device)
+    kind = type(next(iter(kept.values()))).__name__
+    logger.info(
+        "Linear layers keep their checkpoint's stored weights (%s, %d tensors; %d MoE layers; "
+        "%d embedding tables)",
+        kind,
+        len(held),
+        len(held_experts) // 2,
+        len(taken_tables),
+    )
+    taken |= taken_experts | taken_tables
+    rest = [(prefix, layer) for prefix, layer in kept.items() if prefix not in taken]
+    return (
+        held
+        | held_experts
+        | held_tables
+        | model.load_weights((p + ".weight", w.dequantize(dtype)) for p, w in rest)
+    )
 
 
 def dummy_quantized(
