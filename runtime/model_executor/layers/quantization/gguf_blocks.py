@@ -40,10 +40,15 @@ def _nibbles(codes: torch.Tensor, run: int) -> torch.Tensor:
     return torch.cat((runs & 0x0F, runs >> 4), dim=-2).reshape(*codes.shape[:-1], -1)
 
 
-def _pack4(q: torch.Tensor) -> torch.Tensor:
-    """Codes 0..15 ``[N, K]`` in GroupQuantWeight's 4-bit layout (inputs 2j low, 2j + 1 high)."""
-    pairs = q.reshape(q.shape[0], -1, 2)
-    return pairs[..., 0] | (pairs[..., 1] << 4)
+def _repack4(codes: torch.Tensor, run: int) -> torch.Tensor:
+    """The 4-bit codes of ``_nibbles(codes, run)`` in GroupQuantWeight's layout (input 2j in
+    the low nibble, 2j + 1 in the high one) as ``[rows, K // 2]``, byte by byte: the first half
+    of a run's values are the low nibbles of its bytes, the second half the high ones."""
+    runs = codes.reshape(codes.shape[0], -1, run)
+    even, odd = runs[..., 0::2], runs[..., 1::2]
+    low = (even & 0x0F) | (odd << 4)
+    high = (even >> 4) | (odd & 0xF0)
+    return torch.cat((low, high), dim=-1).reshape(codes.shape[0], -1)
 
 
 def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,13 +73,13 @@ def _q8_0(blocks: torch.Tensor) -> GroupQuantWeight:
 
 def _q4_0(blocks: torch.Tensor) -> GroupQuantWeight:
     d = _f16(blocks, 0)
-    q = _flat(_nibbles(blocks[..., 2:18], 16))
-    return GroupQuantWeight(_pack4(q), _flat(d), _flat(-8 * d), 32, 4)
+    q = _repack4(blocks[..., 2:18], 16)
+    return GroupQuantWeight(q, _flat(d), _flat(-8 * d), 32, 4)
 
 
 def _q4_1(blocks: torch.Tensor) -> GroupQuantWeight:
-    q = _flat(_nibbles(blocks[..., 4:20], 16))
-    return GroupQuantWeight(_pack4(q), _flat(_f16(blocks, 0)), _flat(_f16(blocks, 2)), 32, 4)
+    q = _repack4(blocks[..., 4:20], 16)
+    return GroupQuantWeight(q, _flat(_f16(blocks, 0)), _flat(_f16(blocks, 2)), 32, 4)
 
 
 def _k_groups(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,8 +91,8 @@ def _k_groups(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _q4_k(blocks: torch.Tensor) -> GroupQuantWeight:
     scale, offset = _k_groups(blocks)
-    q = _flat(_nibbles(blocks[..., 16:144], 32))
-    return GroupQuantWeight(_pack4(q), scale, offset, 32, 4)
+    q = _repack4(blocks[..., 16:144], 32)
+    return GroupQuantWeight(q, scale, offset, 32, 4)
 
 
 def _q5_k(blocks: torch.Tensor) -> GroupQuantWeight:
