@@ -61,7 +61,9 @@ def engine_model(llm: LLM):
 
 
 @pytest.mark.parametrize(
-    ("qtype", "tied"), [(Q.F32, False), (Q.Q8_0, True), (Q.Q4_0, False), (Q.Q4_1, True)]
+    ("qtype", "tied"),
+    [(Q.F32, False), (Q.Q8_0, True), (Q.Q4_0, False), (Q.Q4_1, True)],
+    ids=["F32", "Q8_0-tied", "Q4_0", "Q4_1-tied"],
 )
 def test_greedy_tokens_equal_transformers_gguf(
     tiny_llama, tied_llama, tmp_path, qtype: Q, tied: bool
