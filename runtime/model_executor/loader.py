@@ -424,7 +424,9 @@ def build_model(
 def _refuse_missing(model: nn.Module, loaded: set[str], path: Path) -> None:
     missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
     if missing:
-        raise ModelLoadError(f"the checkpoint in {path} lacks weights for: {', '.join(missing[:8])}")
+        raise ModelLoadError(
+            f"the checkpoint in {path} lacks weights for: {', '.join(missing[:8])}"
+        )
 
 
 def _linear_weights(
@@ -433,20 +435,16 @@ def _linear_weights(
     """Where the GPU kernels keep a quantized checkpoint's stored weights, or the CPU a GGUF
     file's blocks, the linear layers are built without dense ones (allocated only for the layers
     loaded dense)."""
+    from infernetes.runtime.model_executor import gguf_checkpoint
     from infernetes.runtime.model_executor.layers.deferred_weights import (
         dense_weights_on_first_write,
     )
-    from infernetes.runtime.model_executor import gguf_checkpoint
     from infernetes.runtime.model_executor.layers.quantization.loading import keeps_stored
 
     keeps = (quantized is not None and keeps_stored(device)) or (
         gguf_checkpoint.is_gguf(info.path) and gguf_checkpoint.keeps_quantized(device)
     )
-    if (
-        keeps
-        and load_format != "dummy"
-        and info.implementation == "native"
-    ):
+    if keeps and load_format != "dummy" and info.implementation == "native":
         return dense_weights_on_first_write()
     return nullcontext()
 

@@ -245,7 +245,9 @@ def keep_embeddings(
         tied = [
             (name, head)
             for name, head in modules.items()
-            if isinstance(head, ParallelLMHead) and head is not table and head.weight is table.weight
+            if isinstance(head, ParallelLMHead)
+            and head is not table
+            and head.weight is table.weight
         ]
         stored = form.to(device)
         for name, layer in [(prefix, table), *tied]:
