@@ -26,7 +26,7 @@ def get_tokenizer(
         raise ValueError(f"tokenizer_mode={mode!r} is not supported yet; use 'auto' or 'slow'")
     from infernetes.runtime.model_executor.gguf_checkpoint import is_gguf, pretrained_source
 
-    source, keywords = str(name), {}
+    source, keywords = str(name), dict[str, Any]()
     if is_gguf(Path(name)):
         source, keywords = pretrained_source(Path(name))  # the vocabulary in its metadata
     try:
