@@ -2,7 +2,7 @@
 config.json), or ``--load-format gguf``. The HF config and the tokenizer (with its chat template)
 come from the file's metadata through transformers (``gguf_file=``) unless ``--hf-config-path`` /
 ``--tokenizer`` are given; the tensors are read with the ``gguf`` package, renamed to the HF
-names the models load (``gguf.get_tensor_name_map``) and undo what llama.cpp's converter did to
+checkpoint names the model loads (``gguf.get_tensor_name_map``) and undo what llama.cpp's converter did to
 them (the rotary interleave of Llama's Q/K rows, Gemma's ``1 +`` norms), as transformers' GGUF
 reader does. Quantized blocks come as ``GroupQuantWeight``s (layers/quantization/gguf_blocks.py).
 """
@@ -24,6 +24,7 @@ from infernetes.runtime.model_executor.layers.quantization.gguf_blocks import (
 )
 from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.loader import ModelLoadError
+from torch import nn
 from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
@@ -96,23 +97,25 @@ def load_config(file: Path) -> PretrainedConfig:
     return config
 
 
-def _hf_names(hf_config: PretrainedConfig, architecture: str) -> dict[str, str]:
-    """GGUF tensor name -> the HF checkpoint name, over the parameters of transformers' own
-    model for the config (built on the meta device: names only)."""
-    from transformers import AutoModelForCausalLM
+def _hf_names(model: nn.Module, architecture: str, layers: int) -> dict[str, str]:
+    """GGUF tensor name -> the checkpoint name the model loads, through the gguf package's map:
+    a fused layer's parts (``stacked_params``: the HF checkpoints of these families store them
+    apart) before its own name, since the map reads some fused names too (``gate_up_proj`` is
+    ``ffn_up``)."""
+    from infernetes.runtime.model_executor.layers.quantization.kept import checkpoint_parts
 
     arch = next((key for key, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
     if arch is None:
         raise ModelLoadError(f"GGUF architecture {architecture!r} is not known to the gguf package")
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
-    gguf_names = gguf_tensor_names(arch, hf_config.num_hidden_layers)
+    gguf_names = gguf_tensor_names(arch, layers)
+    stacked = list(getattr(model, "stacked_params", []))
     names: dict[str, str] = {}
-    for hf_name in model.state_dict():
-        base, dot, suffix = hf_name.rpartition(".")
-        gguf_name = gguf_names.get_name(base) if suffix in ("weight", "bias") else None
-        if gguf_name is not None:
-            names.setdefault(f"{gguf_name}{dot}{suffix}", hf_name)
+    for param, _ in model.named_parameters(remove_duplicate=False):
+        prefix, _, suffix = param.rpartition(".")
+        for candidate in [*(part for part, _ in checkpoint_parts(prefix, stacked)), prefix]:
+            gguf_name = gguf_names.get_name(candidate)
+            if gguf_name is not None:
+                names.setdefault(f"{gguf_name}.{suffix}", f"{candidate}.{suffix}")
     return names
 
 
@@ -150,17 +153,19 @@ def _undo_conversion(name: str, value: GGUFWeight, architecture: str, hf_config:
     return value
 
 
-def gguf_weights(file: Path, hf_config: PretrainedConfig) -> Iterator[tuple[str, GGUFWeight]]:
-    """Each tensor of the file by its HF name: dense types as tensors, quantized ones as
-    ``GroupQuantWeight``s. Tensors no HF parameter maps to (llama.cpp's precomputed rope
-    frequencies) are left out."""
+def gguf_weights(
+    file: Path, model: nn.Module, hf_config: PretrainedConfig
+) -> Iterator[tuple[str, GGUFWeight]]:
+    """Each tensor of the file by the checkpoint name ``model`` loads it under: dense types as
+    tensors, quantized ones as ``GroupQuantWeight``s. Tensors no parameter maps to (llama.cpp's
+    precomputed rope frequencies) are left out."""
     try:
         reader = GGUFReader(file)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"cannot read the GGUF file {file}: {error}") from error
     field = reader.fields.get("general.architecture")
     architecture = str(field.contents()) if field is not None else ""
-    names = _hf_names(hf_config, architecture)
+    names = _hf_names(model, architecture, hf_config.num_hidden_layers)
     skipped = []
     for tensor in reader.tensors:
         hf_name = names.get(tensor.name)
@@ -191,7 +196,7 @@ def load_gguf(
     dense: list[str] = []
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
-        for name, value in gguf_weights(file, hf_config):
+        for name, value in gguf_weights(file, model, hf_config):
             if isinstance(value, GroupQuantWeight):
                 prefix, _, suffix = name.rpartition(".")
                 if keep and suffix == "weight":

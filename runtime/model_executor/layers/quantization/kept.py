@@ -139,7 +139,7 @@ def fp8_per_output(qweight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
     return Fp8Weight(qweight, scale.float().reshape(-1).expand(rows).contiguous())
 
 
-def _checkpoint_parts(name: str, stacked: list[tuple[str, str, Any]]) -> list[tuple[str, Any]]:
+def checkpoint_parts(name: str, stacked: list[tuple[str, str, Any]]) -> list[tuple[str, Any]]:
     """The checkpoint layers a model layer is made of with their shard ids, in the order the
     fused weight holds them."""
     fused = [
@@ -196,7 +196,7 @@ def keep_linear_layers(
     for name, module in model.named_modules():
         if not isinstance(module, LinearBase) or module.reads_dense_weight:
             continue
-        parts = _checkpoint_parts(name, stacked)
+        parts = checkpoint_parts(name, stacked)
         found = [kept.get(part) for part, _ in parts]
         pieces = [p for p in found if p is not None]
         if len(pieces) != len(found):
