@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
+from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
 from gguf.quants import quantize
 
 
@@ -22,12 +22,13 @@ def _interleave_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def write_gguf_llama(
+def write_gguf(
     model_dir: str | Path, file: str | Path, qtype: GGMLQuantizationType = GGMLQuantizationType.F32
 ) -> Path:
-    """The Llama checkpoint in ``model_dir`` as the GGUF file ``file``: 2-d weights in ``qtype``
-    (the norms stay F32, as llama.cpp keeps 1-d tensors). No tokenizer is written: load the
-    folder's with ``--tokenizer``."""
+    """The checkpoint in ``model_dir`` (a Llama or Qwen2: the GGUF architecture is its model
+    type) as the GGUF file ``file``: 2-d weights in ``qtype`` (norms and biases stay F32,
+    as llama.cpp keeps 1-d tensors). No tokenizer is written: load the folder's with
+    ``--tokenizer``."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -36,7 +37,9 @@ def write_gguf_llama(
     state = {}
     for part in sorted(Path(model_dir).glob("*.safetensors")):
         state.update(load_file(str(part)))
-    writer = GGUFWriter(str(file), "llama")
+    arch = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer = GGUFWriter(str(file), arch)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -44,17 +47,28 @@ def write_gguf_llama(
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    rope = config.rope_parameters
+    rope = rope.get("full_attention", rope)  # Gemma 3 keeps one per layer kind
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_vocab_size(config.vocab_size)
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
-    names = get_tensor_name_map(MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    model_arch = next(key for key, name in MODEL_ARCH_NAMES.items() if name == arch)
+    names = get_tensor_name_map(model_arch, config.num_hidden_layers)
     for hf_name, tensor in state.items():
         base, _, suffix = hf_name.rpartition(".")
         name = f"{names.get_name(base)}.{suffix}"
         values = tensor.to(torch.float32).numpy()
-        if ".attn_q." in name:
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+            values = values + 1  # llama.cpp stores Gemma's RMSNorm scale as 1 + w
+        elif arch != "llama":  # only llama.cpp's Llama converter interleaves
+            pass
+        elif ".attn_q." in name:
             values = _interleave_rotary(values, config.num_attention_heads)
         elif ".attn_k." in name:
             values = _interleave_rotary(values, config.num_key_value_heads)

@@ -39,7 +39,7 @@ DENSE = {
 # architectures (transformers' GGUF reader undoes it for the same ones).
 PERMUTED_QK = ("llama",)
 # ... and stores Gemma's RMSNorm weights as ``1 + w``.
-NORM_PLUS_ONE = ("gemma", "gemma2", "gemma3")
+NORM_PLUS_ONE = ("gemma2", "gemma3")
 
 GGUFWeight = torch.Tensor | GroupQuantWeight
 

@@ -17,7 +17,7 @@ from infernetes.runtime.model_executor.layers.linear import LinearBase
 from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.loader import ModelLoadError
 from infernetes.runtime.sampling_params import SamplingParams
-from infernetes.runtime.testing_gguf import write_gguf_llama
+from infernetes.runtime.testing_gguf import write_gguf
 
 from infernetes.schema.config import build_config
 from infernetes.schema.errors import ConfigError
@@ -34,7 +34,7 @@ def tied_llama(model_factory) -> str:
 
 def write(model_dir: str, folder: Path, qtype: Q) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    return write_gguf_llama(model_dir, folder / f"tiny-{qtype.name}.gguf", qtype)
+    return write_gguf(model_dir, folder / f"tiny-{qtype.name}.gguf", qtype)
 
 
 def hf_gguf_greedy(file: Path, prompt: list[int]) -> list[int]:
@@ -91,6 +91,24 @@ def test_greedy_tokens_equal_transformers_gguf(
     head = model.lm_head
     assert isinstance(head, ParallelLMHead) and isinstance(head.quantized, GroupQuantWeight)
     assert (head.quantized is embedding.quantized) == tied
+
+
+@pytest.mark.parametrize(
+    "architecture", ["Qwen2ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"]
+)
+def test_other_families_equal_transformers_gguf(model_factory, tmp_path, architecture):
+    """Qwen2 (Q/K/V biases, a tied head, rows not interleaved), Gemma 2 and 3 (norms stored as
+    ``1 + w``)."""
+    model_dir = model_factory(architecture)
+    file = write(model_dir, tmp_path, Q.Q8_0)
+    llm = LLM(str(file), tokenizer=model_dir, **SMALL)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS],
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True),
+    )
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [
+        hf_gguf_greedy(file, p) for p in PROMPTS
+    ]
 
 
 def test_folder_and_load_format_gguf(tiny_llama, tmp_path):
