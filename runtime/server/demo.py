@@ -64,8 +64,8 @@ def _announce_when_ready(base: str) -> None:
     body = json.dumps(
         {
             "model": SERVED_NAME,
-            "messages": [{"role": "user", "content": "Hello!"}],
-            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 32,
         }
     )
     print(
