@@ -10,6 +10,38 @@ from pathlib import Path
 import numpy as np
 from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
 from gguf.quants import quantize
+from infernetes.runtime.model_executor.layers.quantization.gguf_blocks import BLOCK_TYPES
+
+Q = GGMLQuantizationType
+# Byte offsets of each block type's f16 fields; the rest of a block is integers of any value.
+F16_FIELDS = {
+    Q.Q8_0: (0,),
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+}
+# Types the gguf package quantizes; the others are written as random blocks.
+QUANTIZABLE = (Q.Q8_0, Q.Q4_0, Q.Q4_1)
+
+
+def random_blocks(
+    qtype: GGMLQuantizationType,
+    rows: int,
+    blocks_per_row: int,
+    rng: np.random.Generator,
+    magnitude: float | None = None,
+) -> np.ndarray:
+    """Random ``[rows, bytes]`` blocks of ``qtype`` with finite f16 scales of both signs, of
+    about ``magnitude`` (None: many magnitudes)."""
+    block_bytes = BLOCK_TYPES[qtype][0]
+    raw = rng.integers(0, 256, size=(rows, blocks_per_row, block_bytes), dtype=np.uint8)
+    for at in F16_FIELDS[qtype]:
+        scale = 10.0 ** rng.integers(-6, 2) if magnitude is None else magnitude
+        values = (rng.standard_normal((rows, blocks_per_row)) * scale).astype(np.float16)
+        raw[..., at : at + 2] = values.reshape(rows, blocks_per_row, 1).view(np.uint8)
+    return raw.reshape(rows, -1)
 
 
 def _interleave_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -23,12 +55,16 @@ def _interleave_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(
-    model_dir: str | Path, file: str | Path, qtype: GGMLQuantizationType = GGMLQuantizationType.F32
+    model_dir: str | Path,
+    file: str | Path,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    seed: int = 0,
 ) -> Path:
     """The checkpoint in ``model_dir`` (a Llama or Qwen2: the GGUF architecture is its model
     type) as the GGUF file ``file``: 2-d weights in ``qtype`` (norms and biases stay F32,
-    as llama.cpp keeps 1-d tensors). No tokenizer is written: load the folder's with
-    ``--tokenizer``."""
+    as llama.cpp keeps 1-d tensors): quantized by the gguf package where it can, else random
+    blocks of that type (the K-quants), which makes a random model of the same shape. No
+    tokenizer is written: load the folder's with ``--tokenizer``."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -60,6 +96,7 @@ def write_gguf(
     writer.add_eos_token_id(config.eos_token_id)
     model_arch = next(key for key, name in MODEL_ARCH_NAMES.items() if name == arch)
     names = get_tensor_name_map(model_arch, config.num_hidden_layers)
+    rng = np.random.default_rng(seed)
     for hf_name, tensor in state.items():
         base, _, suffix = hf_name.rpartition(".")
         name = f"{names.get_name(base)}.{suffix}"
@@ -72,8 +109,12 @@ def write_gguf(
             values = _interleave_rotary(values, config.num_attention_heads)
         elif ".attn_k." in name:
             values = _interleave_rotary(values, config.num_key_value_heads)
-        if values.ndim == 2 and qtype != GGMLQuantizationType.F32:
+        if values.ndim == 2 and qtype in QUANTIZABLE:
             writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
+        elif values.ndim == 2 and qtype != Q.F32:
+            per_row = values.shape[1] // BLOCK_TYPES[qtype][1]
+            blocks = random_blocks(qtype, values.shape[0], per_row, rng, magnitude=1e-4)
+            writer.add_tensor(name, blocks, raw_dtype=qtype)
         else:
             writer.add_tensor(name, values)
     writer.write_header_to_file()

@@ -111,6 +111,24 @@ def test_other_families_equal_transformers_gguf(model_factory, tmp_path, archite
     ]
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_k_quants_equal_transformers_gguf(model_factory, tmp_path, qtype: Q):
+    """Random K-quant blocks (the gguf package does not quantize these) in a Llama whose rows
+    are whole super-blocks of 256."""
+    model_dir = model_factory("LlamaForCausalLM", hidden_size=256, intermediate_size=512)
+    file = write(model_dir, tmp_path, qtype)
+    llm = LLM(str(file), tokenizer=model_dir, **SMALL)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS],
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True),
+    )
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    assert tokens == [hf_gguf_greedy(file, p) for p in PROMPTS]
+    assert len({t for row in tokens for t in row}) > 1  # not a constant output
+    kept = [m.quant_method for m in engine_model(llm).modules() if isinstance(m, LinearBase)]
+    assert all(isinstance(k, GroupQuantWeight) for k in kept)
+
+
 def test_folder_and_load_format_gguf(tiny_llama, tmp_path):
     file = write(tiny_llama, tmp_path / "one", Q.Q8_0)
     for model, load_format in [(file.parent, "auto"), (file.parent, "gguf"), (file, "gguf")]:

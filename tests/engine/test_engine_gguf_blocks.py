@@ -8,34 +8,17 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
+from infernetes.runtime import testing_gguf
 from infernetes.runtime.model_executor.layers.quantization.gguf_blocks import (
     BLOCK_TYPES,
     group_quant_weight,
 )
 
 ROWS = 6
-# Byte offsets of each type's f16 fields (the rest of a block is integers of any value).
-F16_FIELDS = {
-    Q.Q8_0: (0,),
-    Q.Q4_0: (0,),
-    Q.Q4_1: (0, 2),
-    Q.Q4_K: (0, 2),
-    Q.Q5_K: (0, 2),
-    Q.Q6_K: (208,),
-}
 
 
 def random_blocks(qtype: Q, blocks_per_row: int, seed: int) -> np.ndarray:
-    """Random bytes with finite f16 scales (of both signs and many magnitudes)."""
-    block_bytes, _, _ = BLOCK_TYPES[qtype]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(ROWS, blocks_per_row, block_bytes), dtype=np.uint8)
-    for at in F16_FIELDS[qtype]:
-        values = (rng.standard_normal((ROWS, blocks_per_row)) * 10.0 ** rng.integers(-6, 2)).astype(
-            np.float16
-        )
-        raw[..., at : at + 2] = values.reshape(ROWS, blocks_per_row, 1).view(np.uint8)
-    return raw.reshape(ROWS, -1)
+    return testing_gguf.random_blocks(qtype, ROWS, blocks_per_row, np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("qtype", list(BLOCK_TYPES), ids=lambda t: t.name)
