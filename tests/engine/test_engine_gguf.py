@@ -143,6 +143,25 @@ def test_folder_and_load_format_gguf(tiny_llama, tmp_path):
     assert runtime.model.max_model_len == 512
 
 
+def test_config_command_says_what_serve_resolves(tiny_llama, tmp_path, capsys, monkeypatch):
+    """``infernetes config`` on a GGUF file runs the engine's resolution: quantization gguf, the
+    metadata's context length."""
+    import json
+
+    from infernetes.cli import main as cli_main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what `config` sets; restored after the test
+    file = write(tiny_llama, tmp_path, Q.Q4_0)
+    assert cli_main.main(["config", str(file), "--tokenizer", tiny_llama]) in (0, None)
+    printed = {
+        k: v for group in json.loads(capsys.readouterr().out).values() for k, v in group.items()
+    }
+    runtime, _ = resolve_config(build_config(str(file), tokenizer=tiny_llama))
+    assert printed["quantization"] == runtime.model.quantization == "gguf"
+    assert printed["max_model_len"] == runtime.model.max_model_len == 512
+    assert printed["dtype"] == str(runtime.model.info.dtype).removeprefix("torch.")
+
+
 def test_refusals(tiny_llama, tmp_path):
     file = write(tiny_llama, tmp_path / "one", Q.Q4_0)
     with pytest.raises(ModelLoadError, match="does not read it"):
