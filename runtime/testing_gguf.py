@@ -59,12 +59,14 @@ def write_gguf(
     file: str | Path,
     qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
     seed: int = 0,
+    types: dict[str, GGMLQuantizationType] | None = None,
 ) -> Path:
     """The checkpoint in ``model_dir`` (a Llama or Qwen2: the GGUF architecture is its model
     type) as the GGUF file ``file``: 2-d weights in ``qtype`` (norms and biases stay F32,
     as llama.cpp keeps 1-d tensors): quantized by the gguf package where it can, else random
     blocks of that type (the K-quants), which makes a random model of the same shape. No
-    tokenizer is written: load the folder's with ``--tokenizer``."""
+    tokenizer is written: load the folder's with ``--tokenizer``. ``types`` gives some tensors
+    another type, by the GGUF name's part (``{"attn_v": Q.Q6_K}``, as llama.cpp's mixes do)."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -109,12 +111,13 @@ def write_gguf(
             values = _interleave_rotary(values, config.num_attention_heads)
         elif ".attn_k." in name:
             values = _interleave_rotary(values, config.num_key_value_heads)
-        if values.ndim == 2 and qtype in QUANTIZABLE:
-            writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
-        elif values.ndim == 2 and qtype != Q.F32:
-            per_row = values.shape[1] // BLOCK_TYPES[qtype][1]
-            blocks = random_blocks(qtype, values.shape[0], per_row, rng, magnitude=1e-4)
-            writer.add_tensor(name, blocks, raw_dtype=qtype)
+        kind = next((t for part, t in (types or {}).items() if f".{part}." in name), qtype)
+        if values.ndim == 2 and kind in QUANTIZABLE:
+            writer.add_tensor(name, quantize(values, kind), raw_dtype=kind)
+        elif values.ndim == 2 and kind != Q.F32:
+            per_row = values.shape[1] // BLOCK_TYPES[kind][1]
+            blocks = random_blocks(kind, values.shape[0], per_row, rng, magnitude=1e-4)
+            writer.add_tensor(name, blocks, raw_dtype=kind)
         else:
             writer.add_tensor(name, values)
     writer.write_header_to_file()

@@ -32,9 +32,9 @@ def tied_llama(model_factory) -> str:
     return model_factory("LlamaForCausalLM", tie_word_embeddings=True)
 
 
-def write(model_dir: str, folder: Path, qtype: Q) -> Path:
+def write(model_dir: str, folder: Path, qtype: Q, types: dict[str, Q] | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    return write_gguf(model_dir, folder / f"tiny-{qtype.name}.gguf", qtype)
+    return write_gguf(model_dir, folder / f"tiny-{qtype.name}.gguf", qtype, types=types)
 
 
 def hf_gguf_greedy(file: Path, prompt: list[int]) -> list[int]:
@@ -111,12 +111,22 @@ def test_other_families_equal_transformers_gguf(model_factory, tmp_path, archite
     ]
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
-def test_k_quants_equal_transformers_gguf(model_factory, tmp_path, qtype: Q):
+@pytest.mark.parametrize(
+    ("qtype", "types"),
+    [
+        (Q.Q4_K, None),
+        (Q.Q5_K, None),
+        (Q.Q6_K, None),
+        (Q.Q4_K, {"attn_v": Q.Q6_K, "ffn_up": Q.Q8_0}),
+    ],
+    ids=["Q4_K", "Q5_K", "Q6_K", "Q4_K-mixed"],
+)
+def test_k_quants_equal_transformers_gguf(model_factory, tmp_path, qtype: Q, types):
     """Random K-quant blocks (the gguf package does not quantize these) in a Llama whose rows
-    are whole super-blocks of 256."""
+    are whole super-blocks of 256; mixed, a fused layer's parts of different types are joined
+    in one form (8 bits, groups of 16)."""
     model_dir = model_factory("LlamaForCausalLM", hidden_size=256, intermediate_size=512)
-    file = write(model_dir, tmp_path, qtype)
+    file = write(model_dir, tmp_path, qtype, types)
     llm = LLM(str(file), tokenizer=model_dir, **SMALL)
     outputs = llm.generate(
         [{"prompt_token_ids": p} for p in PROMPTS],

@@ -17,7 +17,9 @@ A row of a GGUF tensor (``[N, K]``, the layout of a torch weight) is a run of bl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -134,3 +136,22 @@ def group_quant_weight(raw: np.ndarray, qtype: Q) -> GroupQuantWeight:
     block_bytes, _, convert = BLOCK_TYPES[qtype]
     rows = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True)).reshape(raw.shape[0], -1)
     return convert(rows.reshape(rows.shape[0], -1, block_bytes))
+
+
+def in_one_form(parts: list[GroupQuantWeight]) -> list[GroupQuantWeight]:
+    """The parts of a fused layer stored in different block types (llama.cpp's ``Q4_K_M`` keeps
+    some V projections in Q6_K) in one form, values unchanged: 8 bits where any part has them
+    (4-bit codes fit in int8) and the smallest group (each scale and offset repeated)."""
+    bits = max(p.bits for p in parts)
+    group = math.gcd(*(p.group_size for p in parts))
+    alike = []
+    for part in parts:
+        if part.bits != bits:
+            part = replace(part, qweight=part.unpacked().to(torch.int8), bits=bits)
+        if part.group_size != group:
+            repeat = part.group_size // group
+            offset = part.offset.repeat_interleave(repeat, 1) if part.offset is not None else None
+            scale = part.scale.repeat_interleave(repeat, 1)
+            part = replace(part, scale=scale, offset=offset, group_size=group)
+        alike.append(part)
+    return alike

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from infernetes.kernels import ops
 from infernetes.kernels.reference.fp8_block import dequantize_block_fp8
+from infernetes.runtime.model_executor.layers.quantization.gguf_blocks import in_one_form
 from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 from torch import nn
@@ -209,7 +210,7 @@ def keep_linear_layers(
         elif all(isinstance(p, Fp8BlockWeight) for p in pieces):
             joined = Fp8BlockWeight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
         elif all(isinstance(p, GroupQuantWeight) for p in pieces):
-            joined = GroupQuantWeight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
+            joined = GroupQuantWeight.concat_outputs(in_one_form(pieces))  # type: ignore[arg-type]  # checked above
         if joined is not None:
             joined = _rank_share(module, joined, pieces, [shard for _, shard in parts])
         if joined is None:
