@@ -139,6 +139,33 @@ def test_k_quants_equal_transformers_gguf(model_factory, tmp_path, qtype: Q, typ
     assert all(isinstance(k, GroupQuantWeight) for k in kept)
 
 
+def test_dense_at_load_where_blocks_are_not_kept(tiny_llama, tmp_path, monkeypatch, caplog):
+    """The GPU's path (no kernels for GGUF blocks yet), run on the CPU: every block dequantised
+    at load, one log line, the same tokens."""
+    import logging
+
+    from infernetes.runtime.model_executor import gguf_checkpoint
+
+    monkeypatch.setattr(gguf_checkpoint, "keeps_quantized", lambda device: False)
+    file = write(tiny_llama, tmp_path, Q.Q4_1)
+    with caplog.at_level(logging.INFO, logger=gguf_checkpoint.__name__):
+        llm = LLM(str(file), tokenizer=tiny_llama, **SMALL)
+    # 7 per layer, the embedding and the output layer
+    assert "GGUF: 16 quantized tensors dequantised to float32 at load" in caplog.text
+    model = engine_model(llm)
+    assert not any(
+        isinstance(getattr(m, "quant_method", None), GroupQuantWeight) for m in model.modules()
+    )
+    assert model.model.embed_tokens.quantized is None
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS],
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True),
+    )
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [
+        hf_gguf_greedy(file, p) for p in PROMPTS
+    ]
+
+
 def test_folder_and_load_format_gguf(tiny_llama, tmp_path):
     file = write(tiny_llama, tmp_path / "one", Q.Q8_0)
     for model, load_format in [(file.parent, "auto"), (file.parent, "gguf"), (file, "gguf")]:
