@@ -3,6 +3,7 @@ float32, the blocks stay quantized on the CPU, and what does not fit is refused 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -175,16 +176,23 @@ def test_folder_and_load_format_gguf(tiny_llama, tmp_path):
         assert runtime.model.info.path == file
         assert runtime.model.quantization == "gguf"  # as vLLM settles it for a GGUF file
         assert runtime.model.info.architecture == "LlamaForCausalLM"
-    # The context length comes from the file's metadata (llama.context_length).
+    # The context length comes from the file's metadata (llama.context_length) ...
     runtime, _ = resolve_config(build_config(str(file), tokenizer=tiny_llama, dtype="float32"))
     assert runtime.model.max_model_len == 512
+    # ... or from the config --hf-config-path names.
+    other = tmp_path / "config"
+    shutil.copytree(tiny_llama, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 300}))
+    runtime, _ = resolve_config(
+        build_config(str(file), tokenizer=tiny_llama, hf_config_path=str(other))
+    )
+    assert runtime.model.max_model_len == 300
 
 
 def test_config_command_says_what_serve_resolves(tiny_llama, tmp_path, capsys, monkeypatch):
     """``infernetes config`` on a GGUF file runs the engine's resolution: quantization gguf, the
     metadata's context length."""
-    import json
-
     from infernetes.cli import main as cli_main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # what `config` sets; restored after the test
