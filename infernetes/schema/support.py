@@ -260,14 +260,15 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "disable_log_stats": HONOURED,
     "quantization": partial(
-        ("awq", "awq_marlin", "compressed-tensors", "fp8", "gptq", "gptq_marlin"),
+        ("awq", "awq_marlin", "compressed-tensors", "fp8", "gguf", "gptq", "gptq_marlin"),
         "pre-quantized checkpoints of these methods load (the method is read from the "
-        "checkpoint's quantization_config; a different --quantization is refused); on the GPU "
-        "(Triton) path packed int4/int8 and fp8 weights, MoE experts included, stay as stored and "
-        "run quantized GEMMs; on the CPU packed int4/int8 linear layers stay packed for its C "
-        "kernel and the rest is dequantised to the model dtype at load (gpt-oss's mxfp4 "
-        "checkpoints everywhere; see docs/quantization.md); fp8 of an unquantised "
-        "checkpoint quantises it online",
+        "checkpoint's quantization_config, gguf from a GGUF file; a different --quantization is "
+        "refused); on the GPU (Triton) path packed int4/int8 and fp8 weights, MoE experts "
+        "included, stay as stored and run quantized GEMMs; on the CPU packed int4/int8 linear "
+        "layers and GGUF blocks stay packed for its C kernel and the rest is dequantised to the "
+        "model dtype at load (GGUF blocks are dequantised on a GPU; gpt-oss's mxfp4 checkpoints "
+        "everywhere; see docs/quantization.md); fp8 of an unquantised checkpoint quantises it "
+        "online",
     ),
     "rope_scaling": HONOURED,
     "rope_theta": HONOURED,
@@ -350,7 +351,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "renderer_num_workers": no_effect("prompts are rendered in the API process's own thread pool"),
     # ---------------------------------------------------------------- LoadConfig
     "load_format": partial(
-        ("auto", "pt", "safetensors", "dummy"), "the other weight formats are not supported yet"
+        ("auto", "pt", "safetensors", "dummy", "gguf"),
+        "the other weight formats are not supported yet; gguf reads a .gguf file (also what "
+        "auto does for one) with the config and tokenizer from its metadata, its tensors F32, "
+        "F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K (docs/gguf.md)",
     ),
     "download_dir": HONOURED,
     "model_loader_extra_config": refused("no model loader here takes extra settings"),

@@ -27,6 +27,7 @@ from infernetes.runtime.kv_events.config import kv_events_config
 from infernetes.runtime.kv_transfer.config import kv_transfer_config
 from infernetes.runtime.model_executor.compilation import parse_compilation_config
 from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
+from infernetes.runtime.model_executor.gguf_checkpoint import gguf_file
 from infernetes.runtime.model_executor.layers.quantization import resolve_quantization
 from infernetes.runtime.model_executor.loader import (
     DEFAULT_IGNORE_PATTERNS,
@@ -225,6 +226,7 @@ def resolve_config(
     path = resolve_model_path(
         config.model, config.revision, config.download_dir, config.hf_token, ignore_patterns=ignore
     )
+    path = gguf_file(path, config.load_format) or path  # the model is that one file
     hf_config = load_hf_config(
         _config_source(config, path),
         config.trust_remote_code,

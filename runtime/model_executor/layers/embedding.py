@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from infernetes.kernels.cpu import packed_linear
+from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.parallel import (
     all_gather_last_dim,
@@ -24,12 +25,22 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp_rank() * self.shard_size
         self.weight = nn.Parameter(torch.empty(self.shard_size, embedding_dim), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # a loader rides on its parameter, as in vLLM
+        # The table as stored (a GGUF file's blocks), when kept so (quantization/kept.py).
+        self.quantized: GroupQuantWeight | None = None
+
+    def keep_quantized(self, table: GroupQuantWeight) -> None:
+        """Hold the table as stored in place of the dense weight (one rank only)."""
+        self.quantized = table
+        self.weight = nn.Parameter(self.weight.data.new_empty(0), requires_grad=False)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         shard = loaded[self.start : self.start + self.shard_size]
         param.data[: shard.shape[0]].copy_(as_tensor(shard))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:  # only the rows looked up are dequantised
+            rows = self.quantized.select_outputs(input_ids.reshape(-1))
+            return rows.dequantize(self.weight.dtype).reshape(*input_ids.shape, -1)
         if self.tp_size == 1:
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.start
@@ -57,7 +68,9 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Logits ``[N, vocab]`` for the rows given (only those that are sampled)."""
-        if self.packed_weight is not None:
+        if self.quantized is not None:
+            logits = self.quantized(hidden_states, self.bias)
+        elif self.packed_weight is not None:
             logits = packed_linear.linear(hidden_states, self.packed_weight, self.bias)
         else:
             logits = F.linear(hidden_states, self.weight, self.bias)

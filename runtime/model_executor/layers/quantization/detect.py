@@ -10,7 +10,7 @@ from typing import Any
 from infernetes.runtime.model_executor.layers.quantization.checkpoint import CheckpointFormat
 
 from infernetes.schema.errors import ConfigError
-from infernetes.schema.quantization import canonical, settle_quantization
+from infernetes.schema.quantization import GGUF_QUANTIZATION, canonical, settle_quantization
 
 
 def checkpoint_quant_config(path: Path, hf_config: Any) -> dict[str, Any] | None:
@@ -40,7 +40,12 @@ def read_by_model(config: dict[str, Any] | None) -> bool:
 
 def resolve_quantization(requested: str | None, path: Path, hf_config: Any) -> str | None:
     """The method to load with (`infernetes.schema.quantization.settle_quantization`), once the
-    declared variant is known to load."""
+    declared variant is known to load. A GGUF file is quantized with ``gguf``, whatever its
+    tensors' types, as vLLM reports it."""
+    from infernetes.runtime.model_executor.gguf_checkpoint import is_gguf
+
+    if is_gguf(path):
+        return settle_quantization(requested, GGUF_QUANTIZATION, str(path))
     config = checkpoint_quant_config(path, hf_config)
     method = settle_quantization(requested, config, str(path))
     if config is None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from infernetes.kernels import ops
 from infernetes.kernels.reference.fp8_block import dequantize_block_fp8
+from infernetes.runtime.model_executor.layers.quantization.gguf_blocks import in_one_form
 from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 from torch import nn
@@ -140,7 +141,7 @@ def fp8_per_output(qweight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
     return Fp8Weight(qweight, scale.float().reshape(-1).expand(rows).contiguous())
 
 
-def _checkpoint_parts(name: str, stacked: list[tuple[str, str, Any]]) -> list[tuple[str, Any]]:
+def checkpoint_parts(name: str, stacked: list[tuple[str, str, Any]]) -> list[tuple[str, Any]]:
     """The checkpoint layers a model layer is made of with their shard ids, in the order the
     fused weight holds them."""
     fused = [
@@ -197,7 +198,7 @@ def keep_linear_layers(
     for name, module in model.named_modules():
         if not isinstance(module, LinearBase) or module.reads_dense_weight:
             continue
-        parts = _checkpoint_parts(name, stacked)
+        parts = checkpoint_parts(name, stacked)
         found = [kept.get(part) for part, _ in parts]
         pieces = [p for p in found if p is not None]
         if len(pieces) != len(found):
@@ -210,7 +211,7 @@ def keep_linear_layers(
         elif all(isinstance(p, Fp8BlockWeight) for p in pieces):
             joined = Fp8BlockWeight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
         elif all(isinstance(p, GroupQuantWeight) for p in pieces):
-            joined = GroupQuantWeight.concat_outputs(pieces)  # type: ignore[arg-type]  # checked above
+            joined = GroupQuantWeight.concat_outputs(in_one_form(pieces))  # type: ignore[arg-type]  # checked above
         if joined is not None:
             joined = _rank_share(module, joined, pieces, [shard for _, shard in parts])
         if joined is None:
@@ -219,4 +220,40 @@ def keep_linear_layers(
         joined.install(module, device, dtype)
         held |= {f"{name}.{param}" for param, _ in module.named_parameters()}
         taken |= {part for part, _ in parts}
+    return held, taken
+
+
+def keep_embeddings(
+    model: nn.Module, kept: dict[str, KeptWeight], device: torch.device
+) -> tuple[set[str], set[str]]:
+    """Give each vocabulary table stored as a ``GroupQuantWeight`` (a GGUF file's token
+    embedding, its output layer) that form: a lookup dequantises the rows it reads, and an LM
+    head tied to the embedding multiplies with the same one. One rank only: a table split over
+    ranks loads dense. Returns the parameters held now and the checkpoint layers taken."""
+    from infernetes.runtime.model_executor.layers.embedding import (
+        ParallelLMHead,
+        VocabParallelEmbedding,
+    )
+
+    modules = dict(model.named_modules())
+    held: set[str] = set()
+    taken: set[str] = set()
+    for prefix, form in kept.items():
+        table = modules.get(prefix)
+        if not isinstance(form, GroupQuantWeight) or not isinstance(table, VocabParallelEmbedding):
+            continue
+        if table.tp_size > 1 or form.outputs != table.num_embeddings:
+            continue
+        tied = [
+            (name, head)
+            for name, head in modules.items()
+            if isinstance(head, ParallelLMHead)
+            and head is not table
+            and head.weight is table.weight
+        ]
+        stored = form.to(device)
+        for name, layer in [(prefix, table), *tied]:
+            layer.keep_quantized(stored)
+            held.add(f"{name}.weight")
+        taken.add(prefix)
     return held, taken

@@ -23,6 +23,7 @@ from infernetes.runtime.model_executor.layers.quantization.group_quant import Gr
 from infernetes.runtime.model_executor.layers.quantization.kept import (
     Fp8Weight,
     KeptWeight,
+    keep_embeddings,
     keep_linear_layers,
 )
 from infernetes.runtime.model_executor.layers.quantization.kept_experts import (
@@ -72,25 +73,45 @@ def load_quantized(
         if form is not None and kept is not None:  # replaces the stored form: never held twice
             forms[prefix] = kept[prefix] = form
     if kept:
-        held, taken = keep_linear_layers(model, forms, device, dtype)
-        held_experts, taken_experts = (
-            keep_moe_experts(model, forms, device, dtype)
-            if backend.use_triton(device)
-            else (set(), set())  # the CPU has no packed MoE kernel: experts load dense
-        )
-        loaded |= held | held_experts
-        taken |= taken_experts
-        kind = type(next(iter(forms.values()), next(iter(kept.values())))).__name__
-        logger.info(
-            "Linear layers keep their checkpoint's stored weights (%s, %d tensors; %d MoE layers)",
-            kind,
-            len(held),
-            len(held_experts) // 2,
-        )
-        # What no layer took is loaded dense, as an unquantised checkpoint's layer would be.
-        rest = [(prefix, layer) for prefix, layer in kept.items() if prefix not in taken]
-        loaded |= model.load_weights((p + ".weight", w.dequantize(dtype)) for p, w in rest)
+        loaded |= install_kept(model, kept, device, dtype, forms)
     return loaded
+
+
+def install_kept(
+    model: Any,
+    kept: dict[str, KeptWeight],
+    device: torch.device,
+    dtype: torch.dtype,
+    forms: dict[str, KeptWeight] | None = None,
+) -> set[str]:
+    """Give the layers the stored forms set aside during the stream (kept.py), as ``forms``
+    has them in the device's form (default: as stored); what no layer takes is loaded dense, as
+    an unquantised checkpoint's layer would be. Returns the parameter names now loaded."""
+    forms = kept if forms is None else forms
+    held, taken = keep_linear_layers(model, forms, device, dtype)
+    held_experts, taken_experts = (
+        keep_moe_experts(model, forms, device, dtype)
+        if backend.use_triton(device)
+        else (set(), set())  # the CPU has no packed MoE kernel: experts load dense
+    )
+    held_tables, taken_tables = keep_embeddings(model, forms, device)
+    kind = type(next(iter(forms.values()), next(iter(kept.values())))).__name__
+    logger.info(
+        "Linear layers keep their checkpoint's stored weights (%s, %d tensors; %d MoE layers; "
+        "%d embedding tables)",
+        kind,
+        len(held),
+        len(held_experts) // 2,
+        len(taken_tables),
+    )
+    taken |= taken_experts | taken_tables
+    rest = [(prefix, layer) for prefix, layer in kept.items() if prefix not in taken]
+    return (
+        held
+        | held_experts
+        | held_tables
+        | model.load_weights((p + ".weight", w.dequantize(dtype)) for p, w in rest)
+    )
 
 
 def dummy_quantized(

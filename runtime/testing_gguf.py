@@ -1,0 +1,127 @@
+"""Tiny GGUF files for the tests: a checkpoint written by ``runtime.testing`` turned into a GGUF
+file as llama.cpp's converter lays one out (its tensor names, the Llama Q/K rows interleaved per
+rotary half), with its linear weights in a chosen block type, quantized by the ``gguf`` package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
+from gguf.quants import quantize
+from infernetes.runtime.model_executor.layers.quantization.gguf_blocks import BLOCK_TYPES
+
+Q = GGMLQuantizationType
+# Byte offsets of each block type's f16 fields; the rest of a block is integers of any value.
+F16_FIELDS = {
+    Q.Q8_0: (0,),
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+}
+# Types the gguf package quantizes; the others are written as random blocks.
+QUANTIZABLE = (Q.Q8_0, Q.Q4_0, Q.Q4_1)
+
+
+def random_blocks(
+    qtype: GGMLQuantizationType,
+    rows: int,
+    blocks_per_row: int,
+    rng: np.random.Generator,
+    magnitude: float | None = None,
+) -> np.ndarray:
+    """Random ``[rows, bytes]`` blocks of ``qtype`` with finite f16 scales of both signs, of
+    about ``magnitude`` (None: many magnitudes)."""
+    block_bytes = BLOCK_TYPES[qtype][0]
+    raw = rng.integers(0, 256, size=(rows, blocks_per_row, block_bytes), dtype=np.uint8)
+    for at in F16_FIELDS[qtype]:
+        scale = 10.0 ** rng.integers(-6, 2) if magnitude is None else magnitude
+        values = (rng.standard_normal((rows, blocks_per_row)) * scale).astype(np.float16)
+        raw[..., at : at + 2] = values.reshape(rows, blocks_per_row, 1).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def _interleave_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's order of a head's Q/K rows: the two rotary halves interleaved."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def write_gguf(
+    model_dir: str | Path,
+    file: str | Path,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    seed: int = 0,
+    types: dict[str, GGMLQuantizationType] | None = None,
+) -> Path:
+    """The checkpoint in ``model_dir`` (a Llama or Qwen2: the GGUF architecture is its model
+    type) as the GGUF file ``file``: 2-d weights in ``qtype`` (norms and biases stay F32,
+    as llama.cpp keeps 1-d tensors): quantized by the gguf package where it can, else random
+    blocks of that type (the K-quants), which makes a random model of the same shape. No
+    tokenizer is written: load the folder's with ``--tokenizer``. ``types`` gives some tensors
+    another type, by the GGUF name's part (``{"attn_v": Q.Q6_K}``, as llama.cpp's mixes do)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    state = {}
+    for part in sorted(Path(model_dir).glob("*.safetensors")):
+        state.update(load_file(str(part)))
+    arch = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer = GGUFWriter(str(file), arch)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    rope = config.rope_parameters
+    rope = rope.get("full_attention", rope)  # Gemma 3 keeps one per layer kind
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(config.vocab_size)
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
+    writer.add_bos_token_id(config.bos_token_id)
+    writer.add_eos_token_id(config.eos_token_id)
+    model_arch = next(key for key, name in MODEL_ARCH_NAMES.items() if name == arch)
+    names = get_tensor_name_map(model_arch, config.num_hidden_layers)
+    rng = np.random.default_rng(seed)
+    for hf_name, tensor in state.items():
+        base, _, suffix = hf_name.rpartition(".")
+        name = f"{names.get_name(base)}.{suffix}"
+        values = tensor.to(torch.float32).numpy()
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+            values = values + 1  # llama.cpp stores Gemma's RMSNorm scale as 1 + w
+        elif arch != "llama":  # only llama.cpp's Llama converter interleaves
+            pass
+        elif ".attn_q." in name:
+            values = _interleave_rotary(values, config.num_attention_heads)
+        elif ".attn_k." in name:
+            values = _interleave_rotary(values, config.num_key_value_heads)
+        kind = next((t for part, t in (types or {}).items() if f".{part}." in name), qtype)
+        if values.ndim == 2 and kind in QUANTIZABLE:
+            writer.add_tensor(name, quantize(values, kind), raw_dtype=kind)
+        elif values.ndim == 2 and kind != Q.F32:
+            per_row = values.shape[1] // BLOCK_TYPES[kind][1]
+            blocks = random_blocks(kind, values.shape[0], per_row, rng, magnitude=1e-4)
+            writer.add_tensor(name, blocks, raw_dtype=kind)
+        else:
+            writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(file)

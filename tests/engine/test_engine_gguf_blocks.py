@@ -1,0 +1,51 @@
+"""Each GGUF block type held as a GroupQuantWeight dequantises to the ``gguf`` package's reference
+values, bit for bit in float32, on random blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+from infernetes.runtime import testing_gguf
+from infernetes.runtime.model_executor.layers.quantization.gguf_blocks import (
+    BLOCK_TYPES,
+    group_quant_weight,
+)
+
+ROWS = 6
+
+
+def random_blocks(qtype: Q, blocks_per_row: int, seed: int) -> np.ndarray:
+    return testing_gguf.random_blocks(qtype, ROWS, blocks_per_row, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("qtype", list(BLOCK_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_blocks_match_gguf_reference(qtype: Q, seed: int) -> None:
+    raw = random_blocks(qtype, blocks_per_row=3, seed=seed)
+    weight = group_quant_weight(raw, qtype)
+    expected = dequantize(raw, qtype)
+    assert weight.dequantize(torch.float32).shape == expected.shape
+    assert np.array_equal(weight.dequantize(torch.float32).numpy(), expected)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda t: t.name)
+def test_quantized_by_gguf_match_its_reference(qtype: Q) -> None:
+    """Weights quantized by the package itself (it quantizes these types)."""
+    values = np.random.default_rng(3).standard_normal((8, 128)).astype(np.float32)
+    raw = quantize(values, qtype)
+    weight = group_quant_weight(raw, qtype)
+    assert np.array_equal(weight.dequantize(torch.float32).numpy(), dequantize(raw, qtype))
+    assert weight.bits == (8 if qtype == Q.Q8_0 else 4)
+
+
+def test_k_quant_layout() -> None:
+    """The group sizes and bit widths the CPU kernels see."""
+    layouts = {
+        qtype: (w.group_size, w.bits, w.offset is not None)
+        for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+        for w in [group_quant_weight(random_blocks(qtype, 1, 0), qtype)]
+    }
+    assert layouts == {Q.Q4_K: (32, 4, True), Q.Q5_K: (32, 8, True), Q.Q6_K: (16, 8, False)}
