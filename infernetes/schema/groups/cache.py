@@ -61,8 +61,10 @@ ARGS = (
         "str",
         "builtin",
         G,
-        "Hash of prefix-cache blocks: builtin (fast) or sha256 (collision resistant).",
-        choices=("builtin", "sha256"),
+        "Hash of prefix-cache blocks: builtin (fast), sha256 (collision resistant) or "
+        "sha256_cbor (vLLM's portable hash, which a KV-aware router recomputes; seeded by "
+        "PYTHONHASHSEED).",
+        choices=("builtin", "sha256", "sha256_cbor"),
     ),
     Arg(
         "cpu-offload-gb",
