@@ -76,7 +76,7 @@ def test_events_follow_the_prefix_cache_of_real_requests(tiny_llama):
         match event:
             case BlockStored():
                 assert event.block_size == BLOCK_SIZE and event.lora_id is None
-                assert (event.medium, event.group_idx) == ("GPU", 0)
+                assert (event.medium, event.group_idx) == ("GPU", None)
                 for block_hash, parent, tokens in _blocks(event):
                     assert (parent, tokens) == known[block_hash]
                     assert block_hash not in live
