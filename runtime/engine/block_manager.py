@@ -23,7 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infernetes.runtime.engine.block_hash import block_hash, none_hash
+from infernetes.runtime.engine.block_hash import block_hash as cbor_block_hash
+from infernetes.runtime.engine.block_hash import none_hash
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.kv_events.events import (
     MEDIUM_GPU,
@@ -125,7 +126,7 @@ class BlockManager:
             tokens = tuple(request.token_ids[i * size : (i + 1) * size])
             if self._cbor_root is not None:
                 parent = hashes[-1] if hashes else self._cbor_root
-                hashes.append(block_hash(parent, tokens, _extra_keys(request)))
+                hashes.append(cbor_block_hash(parent, tokens, _extra_keys(request)))
             else:
                 hashes.append(self._hash(hashes[-1] if hashes else request.hash_seed, tokens))
 

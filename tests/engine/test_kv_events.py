@@ -60,9 +60,7 @@ class Removed(msgspec.Struct, tag="BlockRemoved", array_like=True, forbid_unknow
     group_idx: int | None = None
 
 
-class Cleared(
-    msgspec.Struct, tag="AllBlocksCleared", array_like=True, forbid_unknown_fields=True
-):
+class Cleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, forbid_unknown_fields=True):
     pass
 
 
