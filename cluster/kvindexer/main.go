@@ -43,8 +43,9 @@ func main() {
 	flag.Parse()
 
 	st := newStats()
-	// llm-d's pool reports what it decoded and what it could not only through its logger.
-	log.SetLogger(funcr.NewJSON(st.observe, funcr.Options{Verbosity: 5}))
+	// llm-d's pool reports what it decoded and what it could not only through its logger, at
+	// V(DEBUG).V(TRACE) for a batch (logr adds the levels: 9).
+	log.SetLogger(funcr.NewJSON(st.observe, funcr.Options{Verbosity: 9}))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 

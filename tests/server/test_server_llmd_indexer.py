@@ -116,8 +116,11 @@ def test_llm_d_s_indexer_names_the_pod_holding_a_prompt_s_prefix(
     server = server_process_factory(
         [
             model,
+            "--enable-prefix-caching",
             "--block-size",
             str(BLOCK),
+            "--max-model-len",
+            "64",
             "--num-gpu-blocks-override",
             "8",
             "--prefix-caching-hash-algo",
