@@ -9,30 +9,11 @@ import json
 import time
 
 import httpx
-import msgspec
-import zmq
+from kv_replay import replayed_events
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 DEADLINE_S = 60  # a ceiling for a loaded machine, never what is asserted
-
-
-def replayed_events(port: int) -> list[list]:
-    """Every kept batch's events, from sequence 0, as plain arrays (name first)."""
-    client = zmq.Context.instance().socket(zmq.DEALER)
-    client.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        client.send_multipart((b"", (0).to_bytes(8, "big")))
-        events: list[list] = []
-        while True:
-            assert client.poll(DEADLINE_S * 1000), "the replay socket did not answer"
-            _, sequence, payload = client.recv_multipart()
-            if int.from_bytes(sequence, "big", signed=True) == -1:
-                return events
-            _, batch_events, _ = msgspec.msgpack.decode(payload)
-            events += batch_events
-    finally:
-        client.close(linger=0)
 
 
 def wait_for_events(port: int, done) -> list[list]:

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import httpx
-import msgspec
 import pytest
-import zmq
+from kv_replay import replayed_events
 from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,24 +72,6 @@ class Indexer:
         self.process.kill()
         self.process.wait()
         self.log.close()
-
-
-def replayed_events(port: int) -> list[list]:
-    """Every batch the server kept, from sequence 0: the events as they went out."""
-    client = zmq.Context.instance().socket(zmq.DEALER)
-    client.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        client.send_multipart((b"", (0).to_bytes(8, "big")))
-        events: list[list] = []
-        while True:
-            assert client.poll(DEADLINE_S * 1000), "the replay socket did not answer"
-            _, sequence, payload = client.recv_multipart()
-            if int.from_bytes(sequence, "big", signed=True) == -1:
-                return events
-            _, batch_events, _ = msgspec.msgpack.decode(payload)
-            events += batch_events
-    finally:
-        client.close(linger=0)
 
 
 def until(condition, what: str):
