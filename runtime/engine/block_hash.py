@@ -13,9 +13,12 @@ it only when they are given the same seed, as in vLLM.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import struct
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def _head(major: int, value: int) -> bytes:
@@ -54,7 +57,13 @@ def sha256_cbor(item: Any) -> bytes:
 def none_hash(seed: str | None = None) -> bytes:
     """The root a request's first block chains from: from ``PYTHONHASHSEED`` (or ``seed``)."""
     seed = os.environ.get("PYTHONHASHSEED") if seed is None else seed
-    return os.urandom(32) if seed is None else sha256_cbor(seed)
+    if seed is None:
+        logger.warning(
+            "sha256_cbor block hashes without PYTHONHASHSEED start from a random root: no other "
+            "replica or KV-aware router computes the same hashes"
+        )
+        return os.urandom(32)
+    return sha256_cbor(seed)
 
 
 def block_hash(parent: bytes, tokens: tuple[int, ...], extra_keys: tuple | None) -> bytes:

@@ -7,7 +7,8 @@ cluster/kvindexer, which binds the SUB socket the server publishes to and answer
 stdin. The prompt's keys are computed by llm-d from its token ids alone, so the pod is found only
 if the server's block hashes are vLLM's ``sha256_cbor`` from the same seed (PYTHONHASHSEED) and
 every event kind decodes in llm-d's pool. Skipped when the build's toolchain (Go, a C compiler,
-libzmq's headers) is missing; a failed build fails."""
+libzmq's headers) is missing; a failed build fails. Checked to fail with ``sha256`` block hashes
+and with events sent as maps."""
 
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def until(condition, what: str):
     return value
 
 
+@pytest.mark.slow  # a cold build of the indexer takes about 10 minutes on 2 busy cores
 def test_llm_d_s_indexer_names_the_pod_holding_a_prompt_s_prefix(
     tiny_llama_dir, server_process_factory, kvindexer_bin, tmp_path
 ):
