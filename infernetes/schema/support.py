@@ -485,10 +485,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "num_gpu_blocks_override": HONOURED,
     "enable_prefix_caching": HONOURED,
     "prefix_caching_hash_algo": partial(
-        ("builtin", "sha256"),
-        "sha256_cbor hashes as sha256 and xxhash, xxhash_cbor as builtin: their serialisations "
-        "only matter for block hashes shared outside the engine (KV events), which are not "
-        "published",
+        ("builtin", "sha256", "sha256_cbor"),
+        "xxhash and xxhash_cbor hash as builtin: a hash's serialisation matters only where a "
+        "KV-aware router recomputes it from the KV events, and sha256_cbor (vLLM's, seeded by "
+        "PYTHONHASHSEED) is the one llm-d's indexer recomputes",
         others="no_effect",
     ),
     "cpu_offload_gb": refused(WEIGHT_OFFLOAD),

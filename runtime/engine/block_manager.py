@@ -23,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from infernetes.runtime.engine.block_hash import block_hash as cbor_block_hash
+from infernetes.runtime.engine.block_hash import none_hash
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.kv_events.events import (
     MEDIUM_GPU,
@@ -47,12 +49,25 @@ def _sha256_hash(parent: BlockHash | None, tokens: tuple[int, ...]) -> BlockHash
 HASH_FUNCTIONS: dict[str, Callable[[BlockHash | None, tuple[int, ...]], BlockHash]] = {
     "builtin": _builtin_hash,
     "sha256": _sha256_hash,
-    # vLLM's other choices, by kind (schema/support.py says so when one is given): their
-    # serialisations matter only for hashes shared outside the engine, and none are.
+    # sha256_cbor chains through block_hash.py instead (SHA256_CBOR below); vLLM's xxhash
+    # choices hash as builtin (schema/support.py says so when one is given)
     "sha256_cbor": _sha256_hash,
     "xxhash": _builtin_hash,
     "xxhash_cbor": _builtin_hash,
 }
+# vLLM's portable hash (block_hash.py), chained from its seeded root with the request's extra keys.
+SHA256_CBOR = "sha256_cbor"
+
+
+def _extra_keys(request: Request) -> tuple | None:
+    """What a block's KV depends on beyond its tokens, as vLLM keys it: the adapter's name; here
+    also an embeddings prompt's digest (vLLM hashes each block's embeddings instead)."""
+    keys: tuple = ()
+    if request.lora_request is not None:
+        keys += (request.lora_request.lora_name,)
+    if request.prompt_embeds_digest is not None:
+        keys += (request.prompt_embeds_digest,)
+    return keys or None
 
 
 class KVBlock:
@@ -78,7 +93,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.sliding_window = sliding_window
-        self._hash = HASH_FUNCTIONS[hash_algo]
+        self._hash = HASH_FUNCTIONS.get(hash_algo, _sha256_hash)
+        self._cbor_root = none_hash() if hash_algo == SHA256_CBOR else None
         # Blocks are made on first use, in id order: a CPU cache of a small model has a million
         # blocks, and making them all would cost seconds at startup. The blocks never used yet
         # (ids ``len(blocks)`` and up) come first in the free order, ahead of every freed block.
@@ -112,8 +128,12 @@ class BlockManager:
         hashes = request.block_hashes
         while (len(hashes) + 1) * size <= num_tokens:
             i = len(hashes)
-            parent = hashes[-1] if hashes else request.hash_seed
-            hashes.append(self._hash(parent, tuple(request.token_ids[i * size : (i + 1) * size])))
+            tokens = tuple(request.token_ids[i * size : (i + 1) * size])
+            if self._cbor_root is not None:
+                parent = hashes[-1] if hashes else self._cbor_root
+                hashes.append(cbor_block_hash(parent, tokens, _extra_keys(request)))
+            else:
+                hashes.append(self._hash(hashes[-1] if hashes else request.hash_seed, tokens))
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Blocks already holding a prefix of ``request``; at least one token is left to compute."""
@@ -164,10 +184,8 @@ class BlockManager:
                 lora_id=None if lora is None else lora.lora_int_id,
                 medium=MEDIUM_GPU,
                 lora_name=None if lora is None else lora.lora_name,
-                group_idx=0,
-                kv_cache_spec_kind="full_attention"
-                if self.sliding_window is None
-                else "sliding_window",
+                group_idx=None if self.sliding_window is None else 0,
+                kv_cache_spec_kind=None if self.sliding_window is None else "sliding_window",
                 kv_cache_spec_sliding_window=self.sliding_window,
             )
         )
@@ -198,7 +216,7 @@ class BlockManager:
                 del self.cached[block.block_hash]
                 if self.event_sink is not None:
                     self.event_sink.record(
-                        BlockRemoved([external_block_hash(block.block_hash)], MEDIUM_GPU, 0)
+                        BlockRemoved([external_block_hash(block.block_hash)], MEDIUM_GPU)
                     )
             block.block_hash = None
         block.ref_count = 1

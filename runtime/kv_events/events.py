@@ -2,9 +2,14 @@
 (``vllm/distributed/kv_events.py``), so the events the ``BlockManager`` builds are the ones put on
 the wire.
 
-The wire shape is vLLM's since its events became tagged maps: a batch is an array ``[ts, events,
-data_parallel_rank]``; each event a map whose ``type`` names it (``BlockStored``,
-``BlockRemoved``, ``AllBlocksCleared``), fields left at their default omitted. Block hashes go
+The wire shape is the one llm-d's KV-cache indexer decodes (its ``kvevents`` pool; vLLM's
+releases sent it): a batch is an array ``[ts, events, data_parallel_rank]``, each event an array
+whose first element names it (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) followed
+by its fields in vLLM's order (``wire_batch``). llm-d decodes an event's fields into a struct of
+a fixed length, so what follows the tag must be exactly the fields it knows (``FIELDS_SENT``);
+a later field goes out, with the ones before it, only when it is set: ``BlockStored`` sends
+``lora_name`` only with an adapter and ``group_idx`` and the cache spec only for a sliding-window
+model. Block hashes go
 out as vLLM sends them by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``): an unsigned 64-bit
 integer, the low 64 bits of the engine's hash (``external_block_hash``), which is what llm-d's
 KV-cache indexer keys on.
@@ -40,8 +45,8 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base of the events; ``tag=True`` writes the class name under ``type``."""
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    """Base of the events; ``tag=True`` with ``array_like`` writes the class name first."""
 
 
 class BlockStored(KVCacheEvent):
@@ -53,9 +58,10 @@ class BlockStored(KVCacheEvent):
     block_size: int
     lora_id: int | None  # the adapter its request ran with (its hashes are chained on it)
     medium: str | None
-    lora_name: str | None
-    group_idx: int | None = None  # the one KV-cache group here: 0
-    kv_cache_spec_kind: str | None = None  # "full_attention" or "sliding_window"
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None  # not sent
+    group_idx: int | None = None  # the one KV-cache group here: 0, sent with a sliding window
+    kv_cache_spec_kind: str | None = None  # "sliding_window", else not sent
     kv_cache_spec_sliding_window: int | None = None
 
 
@@ -64,7 +70,7 @@ class BlockRemoved(KVCacheEvent):
 
     block_hashes: list[int]
     medium: str | None
-    group_idx: int | None = None
+    group_idx: int | None = None  # not sent
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -76,6 +82,26 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 class KVEventBatch(EventBatch):
     events: list[KVEvent]
+
+
+# The fields llm-d's indexer (github.com/llm-d/llm-d-kv-cache-manager v0.4.0, its kvevents
+# pool) decodes after an event's tag; it refuses an event with more or fewer. (Its successor,
+# github.com/llm-d/llm-d-kv-cache, decodes BlockStored with lora_name too: 7.)
+FIELDS_SENT = {"BlockStored": 6, "BlockRemoved": 2, "AllBlocksCleared": 0}
+
+
+def wire_event(event: KVEvent) -> list[Any]:
+    """An event as it goes out: its name, then its fields in order, those past ``FIELDS_SENT``
+    only up to the last one set."""
+    name = type(event).__name__
+    values = list(msgspec.structs.astuple(event))
+    while len(values) > FIELDS_SENT[name] and values[-1] is None:
+        values.pop()
+    return [name, *values]
+
+
+def wire_batch(batch: EventBatch) -> tuple[float, list[list[Any]], int | None]:
+    return (batch.ts, [wire_event(event) for event in batch.events], batch.data_parallel_rank)
 
 
 class KVEventSink(Protocol):

@@ -25,7 +25,7 @@ import msgspec
 import zmq
 from infernetes.runtime.config import KVEventsConfig
 from infernetes.runtime.kv_events.config import rank_endpoint
-from infernetes.runtime.kv_events.events import KVEvent, KVEventBatch
+from infernetes.runtime.kv_events.events import KVEvent, KVEventBatch, wire_batch
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class ZmqEventPublisher:
                 batch = self._queue.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
-            payload = encoder.encode(batch)
+            payload = encoder.encode(wire_batch(batch))
             try:
                 self._pub.send_multipart((self._topic, sequence.to_bytes(8, "big"), payload))
             except zmq.ZMQError:

@@ -76,7 +76,7 @@ def test_events_follow_the_prefix_cache_of_real_requests(tiny_llama):
         match event:
             case BlockStored():
                 assert event.block_size == BLOCK_SIZE and event.lora_id is None
-                assert (event.medium, event.group_idx) == ("GPU", 0)
+                assert (event.medium, event.group_idx) == ("GPU", None)
                 for block_hash, parent, tokens in _blocks(event):
                     assert (parent, tokens) == known[block_hash]
                     assert block_hash not in live
@@ -115,13 +115,13 @@ def test_a_stored_run_names_its_adapter_and_chains_on_the_blocks_before():
 
 
 def test_every_hash_choice_of_the_schema_has_a_hash_function():
-    """vLLM 0.33's sha256_cbor, xxhash and xxhash_cbor run (as sha256 and builtin), warned about."""
+    """vLLM 0.33's xxhash and xxhash_cbor run (as builtin), warned about; sha256_cbor is vLLM's."""
     from infernetes.schema.args import get_arg
     from infernetes.schema.config import build_config
     from infernetes.schema.support_check import check_support
 
     assert set(HASH_FUNCTIONS) == set(get_arg("--prefix-caching-hash-algo").choices)
-    for algo in ("sha256_cbor", "xxhash", "xxhash_cbor"):
+    for algo in ("xxhash", "xxhash_cbor"):
         report = check_support(build_config("m", prefix_caching_hash_algo=algo), environ={})
         assert report.errors == [] and len(report.warnings) == 1, report
         assert f"--prefix-caching-hash-algo {algo} has no effect here" in report.warnings[0]

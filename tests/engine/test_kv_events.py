@@ -1,6 +1,7 @@
 """--kv-events-config as vLLM publishes KV-cache events, seen by a subscriber of its own: a pyzmq
-SUB socket decoding with msgspec structs that mirror vLLM's (a batch is an array, each event a map
-tagged by ``type``; unknown fields refused, so nothing is sent that vLLM does not send). A
+SUB socket decoding with msgspec structs that mirror vLLM's (a batch is an array, each event an
+array led by its name, as llm-d's indexer decodes them; extra fields refused, so nothing is sent
+that vLLM does not send). A
 request's blocks arrive in order, chained by their parents' hashes, with their tokens; eviction
 gives BlockRemoved; a reset and sleep give AllBlocksCleared; a late subscriber replays what it
 missed; data parallel ranks publish on consecutive ports; a full queue drops and counts; a
@@ -20,7 +21,7 @@ from infernetes.runtime.config import KVEventsConfig
 from infernetes.runtime.engine.async_engine import AsyncEngine
 from infernetes.runtime.engine.stats import SchedulerStats
 from infernetes.runtime.kv_events.config import kv_events_config, rank_endpoint
-from infernetes.runtime.kv_events.events import AllBlocksCleared, BlockStored
+from infernetes.runtime.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored
 from infernetes.runtime.kv_events.publisher import PUBLISHERS, ZmqEventPublisher, binds
 from infernetes.runtime.server.metrics import PrometheusStatLogger
 from infernetes.runtime.testing import SAMPLE_PROMPTS
@@ -39,27 +40,27 @@ RECEIVE_TIMEOUT_S = 60  # a ceiling for a loaded machine, never what is asserted
 # -- the subscriber's own view of vLLM's wire format ---------------------------------------------
 
 
-class Stored(msgspec.Struct, tag="BlockStored", forbid_unknown_fields=True):
+class Stored(msgspec.Struct, tag="BlockStored", array_like=True, forbid_unknown_fields=True):
     block_hashes: list[int]
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
     lora_id: int | None
     medium: str | None
-    lora_name: str | None
+    lora_name: str | None = None
     extra_keys: list | None = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
 
 
-class Removed(msgspec.Struct, tag="BlockRemoved", forbid_unknown_fields=True):
+class Removed(msgspec.Struct, tag="BlockRemoved", array_like=True, forbid_unknown_fields=True):
     block_hashes: list[int]
     medium: str | None
     group_idx: int | None = None
 
 
-class Cleared(msgspec.Struct, tag="AllBlocksCleared", forbid_unknown_fields=True):
+class Cleared(msgspec.Struct, tag="AllBlocksCleared", array_like=True, forbid_unknown_fields=True):
     pass
 
 
@@ -223,7 +224,7 @@ def test_a_request_s_blocks_arrive_in_order_then_evictions_then_a_reset(tiny_lla
             BLOCK_SIZE,
             "GPU",
             None,
-            0,
+            None,  # not sent for a model without a sliding window: llm-d refuses more fields
         )
         assert all(0 <= h < 2**64 for b in blocks for h in b[:1])
         assert all(b.data_parallel_rank == 0 for b in subscriber.batches)
@@ -368,30 +369,31 @@ def test_a_full_queue_drops_whole_batches_and_counts_their_events(ports):
     assert [s.value for s in family.samples if s.name.endswith("_total")] == [dropped]
 
 
-def test_the_wire_is_vllm_s_a_batch_array_of_tagged_maps(ports):
+def test_the_wire_is_a_batch_array_of_arrays_each_led_by_its_event_s_name(ports):
     port, replay_port = ports
     publisher = ZmqEventPublisher(
         KVEventsConfig(True, "zmq", f"tcp://*:{port}", f"tcp://*:{replay_port}"), 0
     )
     try:
-        publisher.record(BlockStored([2**64 - 1], None, [1, 2], 2, None, "GPU", None, group_idx=0))
+        publisher.record(BlockStored([2**64 - 1], None, [1, 2], 2, None, "GPU"))
+        publisher.record(BlockStored([5], 7, [3, 4], 2, 1, "GPU", "sql"))
+        window = {"group_idx": 0, "kv_cache_spec_kind": "sliding_window"}
+        publisher.record(BlockStored([6], None, [5, 6], 2, None, "GPU", **window))
+        publisher.record(BlockRemoved([5], "GPU"))
+        publisher.record(AllBlocksCleared())
         publisher.flush()
         replay_until(replay_port, lambda events: bool(events))
         ((sequence, payload),) = replay(replay_port, 0)
         ts, events, rank = msgspec.msgpack.decode(payload)
         assert (sequence, rank) == (0, 0) and isinstance(ts, float)
+        # Each event's fields after its name are exactly what llm-d's indexer (v0.4.0) decodes
+        # (6 for BlockStored, 2 for BlockRemoved); a later one goes out only when it is set.
         assert events == [
-            {
-                "type": "BlockStored",
-                "block_hashes": [2**64 - 1],
-                "parent_block_hash": None,
-                "token_ids": [1, 2],
-                "block_size": 2,
-                "lora_id": None,
-                "medium": "GPU",
-                "lora_name": None,
-                "group_idx": 0,
-            }
+            ["BlockStored", [2**64 - 1], None, [1, 2], 2, None, "GPU"],
+            ["BlockStored", [5], 7, [3, 4], 2, 1, "GPU", "sql"],
+            ["BlockStored", [6], None, [5, 6], 2, None, "GPU", None, None, 0, "sliding_window"],
+            ["BlockRemoved", [5], "GPU"],
+            ["AllBlocksCleared"],
         ]
     finally:
         publisher.shutdown()

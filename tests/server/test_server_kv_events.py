@@ -9,33 +9,14 @@ import json
 import time
 
 import httpx
-import msgspec
-import zmq
+from kv_replay import replayed_events
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 DEADLINE_S = 60  # a ceiling for a loaded machine, never what is asserted
 
 
-def replayed_events(port: int) -> list[dict]:
-    """Every kept batch's events, from sequence 0, as plain maps."""
-    client = zmq.Context.instance().socket(zmq.DEALER)
-    client.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        client.send_multipart((b"", (0).to_bytes(8, "big")))
-        events: list[dict] = []
-        while True:
-            assert client.poll(DEADLINE_S * 1000), "the replay socket did not answer"
-            _, sequence, payload = client.recv_multipart()
-            if int.from_bytes(sequence, "big", signed=True) == -1:
-                return events
-            _, batch_events, _ = msgspec.msgpack.decode(payload)
-            events += batch_events
-    finally:
-        client.close(linger=0)
-
-
-def wait_for_events(port: int, done) -> list[dict]:
+def wait_for_events(port: int, done) -> list[list]:
     deadline = time.monotonic() + DEADLINE_S
     while not done(events := replayed_events(port)):
         assert time.monotonic() < deadline, f"events so far: {events}"
@@ -61,12 +42,19 @@ def test_a_server_publishes_its_prefix_cache(tiny_llama_dir, server_process_fact
         assert httpx.post(f"{server.url}/v1/completions", json=body).status_code == 200
         events = wait_for_events(port=replay_port, done=lambda e: len(e) >= 1)
         (stored,) = events
-        assert stored["type"] == "BlockStored" and stored["token_ids"] == prompt[:16]
-        assert len(stored["block_hashes"]) == 2 and stored["parent_block_hash"] is None
+        name, block_hashes, parent, token_ids, block_size, lora_id, medium = stored
+        assert (name, token_ids, block_size, lora_id, medium) == (
+            "BlockStored",
+            prompt[:16],
+            8,
+            None,
+            "GPU",
+        )
+        assert len(block_hashes) == 2 and parent is None
 
         assert httpx.post(f"{server.url}/reset_prefix_cache").status_code == 200
-        events = wait_for_events(replay_port, lambda e: e[-1]["type"] == "AllBlocksCleared")
-        assert events[-1] == {"type": "AllBlocksCleared"}
+        events = wait_for_events(replay_port, lambda e: e[-1][0] == "AllBlocksCleared")
+        assert events[-1] == ["AllBlocksCleared"]
 
         samples = [
             sample

@@ -62,8 +62,9 @@ ARGS = (
         "str",
         "builtin",
         G,
-        "Hash of prefix-cache blocks: builtin (fast) or sha256 (collision resistant); vLLM "
-        "also has sha256_cbor, xxhash and xxhash_cbor.",
+        "Hash of prefix-cache blocks: builtin (fast), sha256 (collision resistant) or "
+        "sha256_cbor (vLLM's portable hash, which a KV-aware router recomputes; seeded by "
+        "PYTHONHASHSEED); vLLM's xxhash and xxhash_cbor run as builtin.",
         choices=("builtin", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"),
     ),
     Arg(
