@@ -30,13 +30,15 @@ QWEN25_05B_SHAPE = dict(
 CONVERTED = ("f32", "bf16", "q8_0")  # the converter's own output types
 QUANTIZED = {"q4_1": ("f32", "Q4_1")}  # llama-quantize: made from, type name
 
-# The converter hashes a tokenizer's output on a fixed text to name its pre-tokenizer; ours is
-# trained here, so no hash is known, and it is GPT-2's byte-level one.
+# Our tokenizer is trained here as a GPT-2 byte-level BPE: the converter's Qwen2 class would try
+# SentencePiece first (a package this venv need not have), and it names a pre-tokenizer by
+# hashing the tokenizer's output on a fixed text, a hash it cannot know for ours.
 _CONVERT = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
-from conversion import base
+from conversion import base, qwen
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+qwen.Qwen2Model.set_vocab = base.TextModel._set_vocab_gpt2
 import convert_hf_to_gguf
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
 convert_hf_to_gguf.main()
@@ -45,7 +47,8 @@ convert_hf_to_gguf.main()
 
 @dataclass(frozen=True)
 class BenchModel:
-    name: str  # e.g. "qwen2.5-0.5b-random Q8_0"
+    key: str  # what --models names: f32, bf16, q8_0, q4_1, smollm2
+    name: str  # e.g. "qwen2.5-0.5b Q8_0"
     gguf: Path
     hf_dir: Path | None  # the same weights as safetensors, where there is such a checkpoint
     quantized: bool
@@ -72,13 +75,24 @@ def _convert(llama_cpp: Path, hf_dir: Path, out: Path, outtype: str) -> None:
         return
     partial = out.with_suffix(".partial")
     source = llama_cpp / "src" / "vendor" / "llama.cpp"
-    subprocess.run(
-        [sys.executable, "-c", _CONVERT, str(source), str(hf_dir), "--outtype", outtype,
-         "--outfile", str(partial)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, "NO_LOCAL_GGUF": "1"},
-    )
+    with (out.parent / "convert.log").open("ab") as log:
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _CONVERT,
+                str(source),
+                str(hf_dir),
+                "--outtype",
+                outtype,
+                "--outfile",
+                str(partial),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env={**os.environ, "NO_LOCAL_GGUF": "1"},
+        )
     partial.rename(out)
 
 
@@ -95,18 +109,23 @@ def _quantize(llama_cpp: Path, source: Path, out: Path, type_name: str) -> None:
     partial.rename(out)
 
 
-def bench_models(llama_cpp: Path) -> list[BenchModel]:
-    """Every GGUF file the bench runs, made where missing (minutes the first time)."""
+def bench_models(llama_cpp: Path, keys: set[str]) -> list[BenchModel]:
+    """The GGUF files of ``keys``, made where missing (minutes the first time)."""
     top = llama_cpp / "models"
     hf_dir = _make_checkpoint(top / "qwen2.5-0.5b-random")
+    converted = {*keys, *(source for key, (source, _) in QUANTIZED.items() if key in keys)}
     models = []
-    for outtype in CONVERTED:
+    for outtype in (t for t in CONVERTED if t in converted):
         gguf = top / f"qwen2.5-0.5b-random-{outtype}.gguf"
         _convert(llama_cpp, hf_dir, gguf, outtype)
-        models.append(BenchModel(f"qwen2.5-0.5b {outtype.upper()}", gguf, hf_dir, outtype == "q8_0"))
-    for outtype, (source, type_name) in QUANTIZED.items():
+        if outtype not in keys:
+            continue
+        name = f"qwen2.5-0.5b {outtype.upper()}"
+        models.append(BenchModel(outtype, name, gguf, hf_dir, outtype == "q8_0"))
+    for outtype, (source, type_name) in ((k, v) for k, v in QUANTIZED.items() if k in keys):
         gguf = top / f"qwen2.5-0.5b-random-{outtype}.gguf"
         _quantize(llama_cpp, top / f"qwen2.5-0.5b-random-{source}.gguf", gguf, type_name)
-        models.append(BenchModel(f"qwen2.5-0.5b {type_name}", gguf, hf_dir, True))
-    models.append(BenchModel("SmolLM2-135M Q4_1", smollm2_gguf(), None, True))
+        models.append(BenchModel(outtype, f"qwen2.5-0.5b {type_name}", gguf, hf_dir, True))
+    if "smollm2" in keys:
+        models.append(BenchModel("smollm2", "SmolLM2-135M Q4_1", smollm2_gguf(), None, True))
     return models
