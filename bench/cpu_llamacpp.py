@@ -11,8 +11,8 @@ infernetes / llama.cpp (above 1: infernetes does better, for TTFT, idle CPU and 
   of the bandwidth bound (the weights' bytes read once per token at the memory-copy bandwidth
   measured at the start of the run), offline: ``LLM.generate`` and llama.cpp's Python binding;
 - served output tokens/s and TTFT p50/p99 at each ``--concurrency`` (1, 8, 32): ``infernetes
-  serve`` and ``llama-server --parallel N --cont-batching`` driven by ``infernetes bench serve``'s
-  client with the same token-id prompts;
+  serve`` and ``llama-server --parallel N --cont-batching`` driven by one client with the same
+  token-id prompts (``bench/_llamacpp/servers.py``);
 - each server's idle CPU seconds per 10 s and its memory (PSS of its process tree after the load).
 
 Both engines use ``--threads`` threads (default: every CPU). infernetes loads GGUF files only once

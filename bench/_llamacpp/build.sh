@@ -36,6 +36,9 @@ if built; then
 fi
 
 mkdir -p "$top"
+# Away from the caller's folder: `python -m pip` puts it first on sys.path, and this repository's
+# operator/ folder would shadow the standard library's operator module.
+cd "$top"
 log="$top/build.log"
 # One build at a time per version (the bench and a person may race).
 exec 9>"$top/build.lock"

@@ -1,11 +1,13 @@
 """The servers of the ``cpu_llamacpp`` bench, driven alike: ``infernetes serve`` and llama.cpp's
-``llama-server --parallel N --cont-batching``, both loaded by ``infernetes bench serve``'s client
-(streamed ``/v1/completions`` of the same token-id prompts), and their process trees' idle CPU
+``llama-server --parallel N --cont-batching``, both loaded by one client (streamed
+``/v1/completions`` of the same token-id prompts), and their process trees' idle CPU
 seconds and memory."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 import signal
 import subprocess
 import time
@@ -14,9 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
+import numpy as np
 import psutil
-from infernetes.runtime.server.benchmarks.datasets import random_requests
-from infernetes.runtime.server.benchmarks.serve_client import run_benchmark, summarize
 
 from bench._server import cli, free_port, wait_healthy
 
@@ -108,24 +110,66 @@ def llama_server_command(
     ]
 
 
+async def _one(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], output_len: int
+) -> tuple[float, int]:
+    """(seconds to the first token, tokens generated) of one streamed completion. Every chunk
+    that carries a choice is a step's token: random weights mostly pick ids whose text is empty,
+    so the text cannot say when the first token came."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    ttft, tokens = None, 0
+    async with session.post(f"{url}/v1/completions", json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:300]}")
+        async for raw in response.content:
+            line = raw.strip()
+            if not line.startswith(b"data: {"):
+                continue
+            if ttft is None and b'"choices":[{' in line:
+                ttft = time.perf_counter() - start
+            if b'"usage":{' in line:
+                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+    if ttft is None or tokens == 0:
+        raise RuntimeError("a request generated no tokens")
+    return ttft, tokens
+
+
+async def _drive(
+    url: str, model: str, prompts: list[list[int]], output_len: int, concurrency: int
+) -> tuple[list[tuple[float, int]], float]:
+    limit = asyncio.Semaphore(concurrency)
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def limited(prompt: list[int]) -> tuple[float, int]:
+            async with limit:
+                return await _one(session, url, model, prompt, output_len)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(limited(p) for p in prompts))
+        return list(results), time.perf_counter() - start
+
+
 def load(url: str, model: str, concurrency: int, input_len: int, output_len: int) -> LoadFigures:
-    """``2 * concurrency`` (at least 4) requests of ``input_len`` random token ids, each asking for
-    ``output_len`` tokens, at most ``concurrency`` at a time."""
-    requests = random_requests(
-        max(4, 2 * concurrency),
-        input_len,
-        output_len,
-        0.0,
-        500,
-        seed=0,
-        special_ids=set(range(100)),
-    )
-    results, duration = asyncio.run(
-        run_benchmark(url, "/v1/completions", model, requests, max_concurrency=concurrency)
-    )
-    summary = summarize(results, duration, [50, 99])
-    if summary["failed"]:
-        raise RuntimeError(f"{summary['failed']} requests failed: {summary['errors']}")
+    """``2 * concurrency`` (at least 4) prompts of ``input_len`` random token ids, each asking
+    for ``output_len`` tokens, at most ``concurrency`` at a time."""
+    rng = random.Random(0)
+    prompts = [
+        [rng.randrange(100, 500) for _ in range(input_len)] for _ in range(max(4, 2 * concurrency))
+    ]
+    results, duration = asyncio.run(_drive(url, model, prompts, output_len, concurrency))
+    ttfts = [ttft * 1000 for ttft, _ in results]
     return LoadFigures(
-        summary["output_throughput"], summary["median_ttft_ms"], summary["p99_ttft_ms"]
+        sum(tokens for _, tokens in results) / duration,
+        float(np.percentile(ttfts, 50)),
+        float(np.percentile(ttfts, 99)),
     )
