@@ -240,7 +240,7 @@ def main(argv: list[str]) -> int:
         help="fewer tokens and rounds: a rough table in a fraction of the time",
     )
     parser.add_argument("--no-server", action="store_true", help="the offline figures only")
-    parser.add_argument("--output", type=Path, help="also write the table (markdown) here")
+    parser.add_argument("--output", type=Path, help="also write the tables (markdown) here")
     args = parser.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.prompt_len = 512
@@ -250,16 +250,19 @@ def main(argv: list[str]) -> int:
 
     build = subprocess.run([str(HERE / "build.sh")], check=True, capture_output=True, text=True)
     llama_cpp = Path(build.stdout.strip().splitlines()[-1])
-    models = bench_models(llama_cpp, set(args.models.split(",")))
+    keys = args.models.split(",")
+    models = sorted(bench_models(llama_cpp, set(keys)), key=lambda m: keys.index(m.key))
     bandwidth = copy_bandwidth(args.threads)
-    lines = [
+    header = (
         f"cpu count {os.cpu_count()}, {args.threads} threads each; memory copy bandwidth "
         f"{bandwidth / 1e9:.1f} GB/s; llama.cpp {llama_cpp.name}; "
         f"{'quick' if args.quick else 'full'} run: decode {args.decode_tokens} tokens, best of "
         f"{args.rounds}; server prompts {args.input_len} in, {args.output_len} out, "
-        f"2 x concurrency requests",
-    ]
-    print(lines[0], flush=True)
+        f"2 x concurrency requests"
+    )
+    print(header, flush=True)
+    if args.output:
+        args.output.write_text(header + "\n")
     log = llama_cpp / "bench-servers.log"
     for model in models:
         figures = offline(args, llama_cpp, model)
@@ -267,7 +270,7 @@ def main(argv: list[str]) -> int:
             serve(args, llama_cpp, model, figures, log)
         table = report(model, figures, bandwidth)
         print("\n".join(table), flush=True)
-        lines += table
-    if args.output:
-        args.output.write_text("\n".join(lines) + "\n")
+        if args.output:  # model by model: a long run cut short keeps what it measured
+            with args.output.open("a") as out:
+                out.write("\n".join(table) + "\n")
     return 0

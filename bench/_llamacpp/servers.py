@@ -134,10 +134,11 @@ async def _one(
             line = raw.strip()
             if not line.startswith(b"data: {"):
                 continue
-            if ttft is None and b'"choices":[{' in line:
+            event = json.loads(line[6:])
+            if ttft is None and event.get("choices"):
                 ttft = time.perf_counter() - start
-            if b'"usage":{' in line:
-                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
     if ttft is None or tokens == 0:
         raise RuntimeError("a request generated no tokens")
     return ttft, tokens
@@ -148,7 +149,10 @@ async def _drive(
 ) -> tuple[list[tuple[float, int]], float]:
     limit = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # A connection per request: llama-server's HTTP library closes idle keep-alive connections,
+    # and a request sent on one the server has just closed fails.
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def limited(prompt: list[int]) -> tuple[float, int]:
             async with limit:
