@@ -129,11 +129,11 @@ def serve(
         ours = figures["infernetes"]
         command = servers.infernetes_command(*source, context)
         with servers.running(command, log, env) as (url, pid):
-            servers.load(url, source[0], 1, args.input_len, 4)  # warm-up
+            servers.load(url, source[0], 1, args.input_len, 4, seed=0)  # warm-up
             ours.idle_cpu_s = servers.idle_cpu_per_10s(pid, args.idle_window)
             for concurrency in args.concurrency:
                 ours.served[concurrency] = servers.load(
-                    url, source[0], concurrency, args.input_len, args.output_len
+                    url, source[0], concurrency, args.input_len, args.output_len, concurrency
                 )
             ours.memory_bytes = servers.tree_memory_bytes(pid)
     theirs = figures["llama.cpp"]
@@ -143,11 +143,11 @@ def serve(
             binary, model.gguf, args.threads, concurrency, context
         )
         with servers.running(command, log, env) as (url, pid):
-            servers.load(url, "model", 1, args.input_len, 4)  # warm-up
+            servers.load(url, "model", 1, args.input_len, 4, seed=0)  # warm-up
             if theirs.idle_cpu_s is None:
                 theirs.idle_cpu_s = servers.idle_cpu_per_10s(pid, args.idle_window)
             theirs.served[concurrency] = servers.load(
-                url, "model", concurrency, args.input_len, args.output_len
+                url, "model", concurrency, args.input_len, args.output_len, concurrency
             )
             theirs.memory_bytes = servers.tree_memory_bytes(pid)
 

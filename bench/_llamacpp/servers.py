@@ -163,10 +163,13 @@ async def _drive(
         return list(results), time.perf_counter() - start
 
 
-def load(url: str, model: str, concurrency: int, input_len: int, output_len: int) -> LoadFigures:
+def load(
+    url: str, model: str, concurrency: int, input_len: int, output_len: int, seed: int
+) -> LoadFigures:
     """``2 * concurrency`` (at least 4) prompts of ``input_len`` random token ids, each asking
-    for ``output_len`` tokens, at most ``concurrency`` at a time."""
-    rng = random.Random(0)
+    for ``output_len`` tokens, at most ``concurrency`` at a time. Each load gets its own
+    ``seed``: prompts seen before would be served from either engine's prefix cache."""
+    rng = random.Random(seed)
     prompts = [
         [rng.randrange(100, 500) for _ in range(input_len)] for _ in range(max(4, 2 * concurrency))
     ]
