@@ -551,6 +551,32 @@ def test_deleting_the_resource_removes_everything(
     wait_until(gone, timeout=TIMEOUT, what="the garbage collector to remove the children")
 
 
+def test_condition_metric_follows_the_status_and_goes_with_the_resource(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    """infernetes_operator_inference_service_condition, which the operator dashboard counts."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def ready() -> set[str]:
+        """The Ready statuses the operator's /metrics holds for the service."""
+        return {
+            sample.labels["status"]
+            for family in text_string_to_metric_families(operator.metrics())
+            if family.name == "infernetes_operator_inference_service_condition"
+            for sample in family.samples
+            if sample.labels["inference_service"] == "counted"
+            and sample.labels["inference_service_namespace"] == ns
+            and sample.labels["condition"] == "Ready"
+            and sample.value == 1
+        }
+
+    cluster.apply(isvc("counted", engine={"device": "cpu"}), namespace=ns)
+    wait_condition(cluster, ns, "counted", "Ready", "True")
+    wait_until(lambda: ready() == {"True"}, timeout=TIMEOUT, what="Ready=True in /metrics")
+    cluster.kubectl("delete", "infsvc", "counted", "-n", ns, "--wait=true")
+    wait_until(lambda: not ready(), timeout=TIMEOUT, what="the deleted service's series to go")
+
+
 def test_kill_mid_reconcile_converges_without_orphans(
     cluster: Any, ns: str, operator: OperatorProcess, api_client: Any
 ) -> None:

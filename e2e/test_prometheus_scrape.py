@@ -6,13 +6,15 @@ starts the runtime here as a process (as in test_operator_local_serve.py); the S
 endpoint (port name -> Service port -> container port, path, interval, scheme) becomes a plain
 Prometheus scrape config, with the `namespace` target label the Prometheus operator adds; Debian's
 `prometheus` scrapes it; and the ScaledObject's trigger query, exactly as rendered, is evaluated
-through the HTTP API while requests queue in the engine.
+through the HTTP API while requests queue in the engine. The chart's Grafana dashboards are
+evaluated against the same Prometheus: every panel's query, its template variables filled in.
 
 No cluster is needed. `make e2e` installs the prometheus package (cluster/prometheus.sh).
 """
 
 import asyncio
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -30,7 +32,11 @@ import yaml
 from infernetes.operator.facts import KEDA_GV, MONITORING_GV, ClusterFacts
 from infernetes.operator.render import render
 
-SAMPLE = Path(__file__).resolve().parents[1] / "tests/operator/samples/cpu.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = REPO_ROOT / "tests/operator/samples/cpu.yaml"
+DASHBOARDS = sorted((REPO_ROOT / "helm/infernetes/dashboards").glob("*.json"))
+# Grafana's $__rate_interval is at least four scrape intervals; the scrapes here are 1s apart.
+RATE_INTERVAL = "30s"
 NAMESPACE = "demo"
 # What the endpoint picker of the Gateway API Inference Extension reads (queue, KV usage, LoRA
 # adapters, the cache's block size for its prefix index), and vLLM's prefix-cache counters.
@@ -89,13 +95,30 @@ def container_port(manifests: dict[str, dict[str, Any]], port_name: str) -> int:
     return next(port["containerPort"] for port in container["ports"] if port["name"] == target)
 
 
+def target_labels(manifests: dict[str, dict[str, Any]], pod: str) -> dict[str, str]:
+    """The labels the Prometheus operator gives a ServiceMonitor's target: the namespace, the
+    Service, the pod, its container and the endpoint's port name."""
+    monitor = manifests["ServiceMonitor"]
+    container = manifests["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    return {
+        "namespace": monitor["metadata"]["namespace"],
+        "service": manifests["Service"]["metadata"]["name"],
+        "pod": pod,
+        "container": container["name"],
+        "endpoint": monitor["spec"]["endpoints"][0]["port"],
+    }
+
+
 def scrape_config(
-    monitor: dict[str, Any], address: str, interval_default: str = "30s"
+    monitor: dict[str, Any],
+    address: str,
+    labels: dict[str, str],
+    interval_default: str = "30s",
 ) -> dict[str, Any]:
     """A Prometheus scrape config for one ServiceMonitor endpoint at `address`.
 
     The Prometheus operator discovers the address through the Service's endpoints and labels the
-    target with its namespace; here the address is the local process and the label is static.
+    target (target_labels); here the address is the local process and the labels are static.
     """
     (endpoint,) = monitor["spec"]["endpoints"]
     namespace = monitor["metadata"]["namespace"]
@@ -104,7 +127,7 @@ def scrape_config(
         "scrape_interval": endpoint.get("interval", interval_default),
         "metrics_path": endpoint.get("path", "/metrics"),
         "scheme": endpoint.get("scheme", "http"),
-        "static_configs": [{"targets": [address], "labels": {"namespace": namespace}}],
+        "static_configs": [{"targets": [address], "labels": labels}],
     }
     if "scrapeTimeout" in endpoint:
         job["scrape_timeout"] = endpoint["scrapeTimeout"]
@@ -166,7 +189,8 @@ def started(tmp_path: Path) -> Iterator[tuple[dict[str, dict[str, Any]], str, st
     env.update({item["name"]: item["value"] for item in container.get("env", [])})
     env["HF_HUB_OFFLINE"] = "1"
     config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(monitor, f"127.0.0.1:{port}")))
+    labels = target_labels(manifests, pod=f"{manifests['Deployment']['metadata']['name']}-0")
+    config.write_text(yaml.safe_dump(scrape_config(monitor, f"127.0.0.1:{port}", labels)))
     prometheus_port = free_port()
     processes = []
     server_log, prometheus_log = tmp_path / "server.log", tmp_path / "prometheus.log"
@@ -202,8 +226,9 @@ def started(tmp_path: Path) -> Iterator[tuple[dict[str, dict[str, Any]], str, st
 
 
 def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
-    body = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=5).json()
-    assert body["status"] == "success", body
+    response = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=5)
+    body = response.json()
+    assert response.status_code == 200 and body["status"] == "success", (promql, body)
     return body["data"]["result"]
 
 
@@ -273,3 +298,75 @@ def test_prometheus_scrapes_rendered_servicemonitor_and_trigger_query_sees_the_q
     statuses = asyncio.run(load_and_watch())
     assert statuses and set(statuses) == {200}
     assert peak > 0, "the trigger query never saw a queued request"
+
+
+def panel_queries(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every panel, rows' collapsed panels included."""
+    found = []
+    for panel in board["panels"]:
+        for inner in [panel, *panel.get("panels", ())]:
+            found += [(inner["title"], t["expr"]) for t in inner.get("targets", ()) if "expr" in t]
+    return found
+
+
+def fill(expr: str, variables: dict[str, str]) -> str:
+    """What Grafana sends: its variables and $__rate_interval replaced by values."""
+    for name, value in {**variables, "__rate_interval": RATE_INTERVAL}.items():
+        expr = expr.replace(f"${name}", value)
+    assert "$" not in expr, expr
+    return expr
+
+
+def variable_values(prometheus: str, definition: str, variables: dict[str, str]) -> list[str]:
+    """A `label_values(selector, label)` variable as Grafana resolves it (the labels API)."""
+    selector, label = fill(definition, variables)[len("label_values(") : -1].rsplit(",", 1)
+    response = httpx.get(
+        f"{prometheus}/api/v1/label/{label.strip()}/values",
+        params={"match[]": selector},
+        timeout=5,
+    )
+    assert response.status_code == 200, (definition, response.text)
+    return response.json()["data"]
+
+
+def test_every_dashboard_query_runs_and_the_serving_panels_see_the_load(started) -> None:
+    manifests, server, prometheus, processes = started
+    wait_for(
+        lambda: httpx.get(f"{server}/health", timeout=2).status_code == 200,
+        "the runtime",
+        processes,
+    )
+    model = httpx.get(f"{server}/v1/models", timeout=5).json()["data"][0]["id"]
+    statuses = asyncio.run(queue_requests(server, 4))
+    assert set(statuses) == {200}
+    # The finished requests' tokens are counted in Prometheus (a scrape after they ended).
+    wait_for(
+        lambda: query(prometheus, "sum(vllm:generation_tokens_total) > 0"),
+        "generated tokens in Prometheus",
+        processes,
+        timeout=60,
+    )
+    expected = {
+        "namespace": NAMESPACE,
+        "service": manifests["Service"]["metadata"]["name"],
+        "model": model,
+    }
+    assert {board.stem for board in DASHBOARDS} == {"serving", "operator"}
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        variables: dict[str, str] = {}
+        for variable in board["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            name = variable["name"]
+            if path.stem == "serving":
+                # Each variable's query offers this run's value, given the ones before it.
+                values = variable_values(prometheus, variable["definition"], variables)
+                assert expected[name] in values, (name, values)
+            variables[name] = expected[name]
+        for title, expr in panel_queries(board):
+            result = query(prometheus, fill(expr, variables))  # a query that does not parse: 400
+            if path.stem == "serving":
+                assert result, f"{title}: no series for {fill(expr, variables)}"
+                if "generation_tokens" in expr or "request_success" in expr:
+                    assert any(float(r["value"][1]) > 0 for r in result), (title, result)

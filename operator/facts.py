@@ -27,12 +27,14 @@ class ClusterFacts:
     `apis` holds "group/version/Kind" entries. `spare_gpus` maps a device-plugin resource
     (nvidia.com/gpu) to the most GPUs free on any one node; None means unknown. `gpus_per_node`
     maps it to the GPUs of the largest node (whether a replica must span nodes).
+    `otlp_traces_endpoint` is the operator's default for spec.engine.otlpTracesEndpoint.
     """
 
     apis: frozenset[str] = frozenset()
     spare_gpus: Mapping[str, int] | None = None
     gpus_per_node: Mapping[str, int] | None = None
     default_image: str = DEFAULT_IMAGE
+    otlp_traces_endpoint: str | None = None
 
     def serves(self, group_version: str, kind: str) -> bool:
         return f"{group_version}/{kind}" in self.apis

@@ -67,7 +67,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.field_selectors["", "v1", "pods"] = (
         "status.phase!=Succeeded,status.phase!=Failed"
     )
-    memo.reconciler = Reconciler(make_client(), default_image=options.image)
+    memo.reconciler = Reconciler(
+        make_client(),
+        default_image=options.image,
+        otlp_traces_endpoint=options.otlp_traces_endpoint,
+    )
     await memo.reconciler.start()
     if options.metrics_port:
         metrics.serve_metrics(options.metrics_port, options.bind_address)

@@ -14,6 +14,7 @@ class OperatorOptions:
     health_port: int = 8081
     bind_address: str = "0.0.0.0"
     image: str | None = None
+    otlp_traces_endpoint: str | None = None
     verbose: bool = False
 
 

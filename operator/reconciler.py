@@ -70,9 +70,12 @@ class Retry:
 
 
 class Reconciler:
-    def __init__(self, api: Any, *, default_image: str | None) -> None:
+    def __init__(
+        self, api: Any, *, default_image: str | None, otlp_traces_endpoint: str | None = None
+    ) -> None:
         self.api = api
         self.default_image = default_image
+        self.otlp_traces_endpoint = otlp_traces_endpoint
         self.resources = Newest()
         self.children = Children()
         self.gpus = GpuLedger()
@@ -189,6 +192,7 @@ class Reconciler:
             "apis": self.served.apis,
             "spare_gpus": spare,
             "gpus_per_node": self.gpus.largest(),
+            "otlp_traces_endpoint": self.otlp_traces_endpoint,
         }
         if self.default_image:
             kwargs["default_image"] = self.default_image

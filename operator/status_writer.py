@@ -66,10 +66,12 @@ class StatusWriter:
         self.recorder = recorder
         self.locks: dict[Key, asyncio.Lock] = {}
         self.progress_seen: dict[Key, float] = {}  # loop time a progress-only change was first seen
+        self.conditions = metrics.CONDITIONS
 
     def forget(self, key: Key) -> None:
         self.locks.pop(key, None)
         self.progress_seen.pop(key, None)
+        self.conditions.forget(key)
 
     async def write(
         self,
@@ -88,7 +90,11 @@ class StatusWriter:
         current = self.resources.get(key) or resource
         status = dict(current.get("status") or {})
         new = self._derive(key, current, status, outcome, stale)
-        if self._due(key, status, new) and await self._patch(key, new):
+        if not self._due(key, status, new):
+            # Unchanged or held (progress only): the metric says what the API holds.
+            self.conditions.set(key, status.get("conditions"))
+        elif await self._patch(key, new):
+            self.conditions.set(key, new["conditions"])
             await self._tell(current, status, new, outcome.applied)
 
     def _derive(

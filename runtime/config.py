@@ -160,6 +160,27 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class KVEventsConfig:
+    """--kv-events-config, vLLM's ``KVEventsConfig`` with its defaults filled in: events are
+    published when ``enable_kv_cache_events`` is on and ``publisher`` is ``zmq``
+    (``kv_events/publisher.py``); ``endpoint`` and ``replay_endpoint`` as given, before the data
+    parallel rank's port offset."""
+
+    enable_kv_cache_events: bool = False
+    publisher: str = "null"  # "zmq" or "null"; unset: zmq when events are enabled
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000  # batches kept for replay
+    hwm: int = 100_000  # the PUB socket's high-water mark
+    max_queue_size: int = 100_000  # batches waiting for the publisher thread (0: no bound)
+    topic: str = ""
+
+    @property
+    def publishes(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     model: ModelConfig
     cache: CacheConfig
@@ -172,3 +193,4 @@ class RuntimeConfig:
     lora: LoRAConfig | None = None  # None: without --enable-lora
     kv_transfer: KVTransferConfig | None = None  # None: without --kv-transfer-config
     speculative: SpeculativeConfig | None = None  # None: without --speculative-config
+    kv_events: KVEventsConfig | None = None  # None: without --kv-events-config

@@ -173,5 +173,19 @@ class LLM:
     def sleep(self, level: int = 1) -> None:
         self.llm_engine.sleep(level)
 
-    def wake_up(self) -> None:
-        self.llm_engine.wake_up()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Bring back what ``tags`` name (``weights``, ``kv_cache``), everything by default."""
+        self.llm_engine.wake_up(tags)
+
+    def reload_weights(self) -> None:
+        """Read the weights from the checkpoint again (after a trainer wrote new ones there)."""
+        self.llm_engine.reload_weights()
+
+    def collective_rpc(
+        self,
+        method: str,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """``Worker.<method>(*args, **kwargs)`` on every rank; their results in rank order."""
+        return self.llm_engine.collective_rpc(method, args, kwargs)

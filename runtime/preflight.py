@@ -37,6 +37,7 @@ def check_settings(config: ServeConfig, environ: Mapping[str, str] | None = None
 def check_frontend_settings(settings: FrontendSettings) -> None:
     """Refuses settings the API server cannot honour (parsers, chat template, guided backend)."""
     from infernetes.runtime.server.chat_template import load_chat_template
+    from infernetes.runtime.server.middleware import resolve_user_middleware
     from infernetes.runtime.server.reasoning import make_reasoning_parser
     from infernetes.runtime.server.structured_output import GuideError, check_backend
     from infernetes.runtime.server.tool_parsers import check_tool_parser_name
@@ -48,6 +49,8 @@ def check_frontend_settings(settings: FrontendSettings) -> None:
     if settings.reasoning_parser:
         make_reasoning_parser(settings.reasoning_parser)
     load_chat_template(settings.chat_template)  # a missing file fails now, not after loading
+    for qualified in settings.middleware:
+        resolve_user_middleware(qualified)
     try:
         check_backend(settings.guided_decoding_backend, "--guided-decoding-backend")
     except GuideError as exc:
@@ -73,13 +76,20 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
     check_generation_overrides(config.override_generation_config)
     pp_layer_partition(environ)
     # their parsers' module needs torch
-    if config.compilation_config or config.kv_transfer_config or config.speculative_config:
+    if (
+        config.compilation_config
+        or config.kv_transfer_config
+        or config.speculative_config
+        or config.kv_events_config
+    ):
+        from infernetes.runtime.kv_events.config import kv_events_config
         from infernetes.runtime.kv_transfer.config import kv_transfer_config
         from infernetes.runtime.model_executor.compilation import parse_compilation_config
         from infernetes.runtime.spec_decode.config import speculative_config
 
         parse_compilation_config(config.compilation_config)
         kv_transfer_config(config.kv_transfer_config)
+        kv_events_config(config.kv_events_config, config.data_parallel_size)
         speculative_config(
             config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
         )

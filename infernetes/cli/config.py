@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ def resolve_against_model(config: ServeConfig) -> ServeConfig:
         max_num_seqs=runtime.scheduler.max_num_seqs,
         max_num_batched_tokens=runtime.scheduler.max_num_batched_tokens,
         enable_chunked_prefill=runtime.scheduler.enable_chunked_prefill,
+        kv_events_config=None if runtime.kv_events is None else asdict(runtime.kv_events),
     )
 
 

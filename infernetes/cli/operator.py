@@ -250,6 +250,12 @@ def _add_run(commands: Any) -> None:
         "--bind-address", default="0.0.0.0", help="Address of the metrics and health servers."
     )
     run.add_argument("--image", default=None, help="Image of the server when spec.image is unset.")
+    run.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        help="OTLP collector the servers send request traces to when "
+        "spec.engine.otlpTracesEndpoint is unset.",
+    )
     run.add_argument("--verbose", action="store_true", help="Debug logging.")
     run.set_defaults(func=_run)
 
@@ -266,6 +272,7 @@ def _run(args: argparse.Namespace) -> int:
         health_port=args.health_port,
         bind_address=args.bind_address,
         image=args.image,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
         verbose=args.verbose,
     )
     return run_operator(options)

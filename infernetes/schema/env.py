@@ -244,6 +244,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "Serve debugging endpoints such as /reset_prefix_cache.",
     ),
     E(
+        "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
+        "bool",
+        True,
+        "Publish KV-cache event block hashes as 64-bit integers rather than raw digests.",
+    ),
+    E(
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
         "bool",
         False,

@@ -175,15 +175,17 @@ ARG_SUPPORT: dict[str, Support] = {
     "override_generation_config": HONOURED,
     "override_neuron_config": no_effect(OTHER_HARDWARE),
     "override_pooler_config": refused("pooler overrides are not supported yet"),
-    "enable_sleep_mode": no_effect(
-        "sleep and wake_up are always available here (VLLM_SERVER_DEV_MODE routes)"
+    "enable_sleep_mode": honoured(
+        "sleep level 1 moves the weights to host memory (on a CPU they stay where they are) and "
+        "level 2 drops them (read from the checkpoint on waking); the /sleep, /wake_up?tags=, "
+        "/is_sleeping and /collective_rpc routes need VLLM_SERVER_DEV_MODE=1"
     ),
     "model_impl": HONOURED,
     "enable_prompt_embeds": honoured(
         "the offline LLM takes {'prompt_embeds': tensor} on the Llama and Gemma families, "
         "Mistral, Qwen2/3, Phi-3, the Qwen and Mixtral MoEs and DeepSeek (other models refuse "
-        "such a request); the completions API's prompt_embeds field is refused (400): the API "
-        "process does not load torch"
+        "such a request); the completions API takes prompt_embeds as vLLM does (base64 of a "
+        "torch.save'd tensor, read with weights_only=True; not with echo)"
     ),
     "disable_async_output_proc": no_effect(
         "V1 has no async output processor to disable; vLLM V1 ignores it too"
@@ -303,9 +305,14 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     # ---------------------------------------------------------------- ObservabilityConfig
     "show_hidden_metrics_for_version": HONOURED,
-    "otlp_traces_endpoint": refused("OpenTelemetry tracing is not supported yet"),
-    "collect_detailed_traces": no_effect(
-        "there is no tracing (--otlp-traces-endpoint) to add detail to"
+    "otlp_traces_endpoint": honoured(
+        "one span per request of the HTTP server (llm_request, vLLM's gen_ai.* attributes), "
+        "continuing the request's traceparent; OTLP over gRPC, or HTTP with "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf; the offline LLM class exports none"
+    ),
+    "collect_detailed_traces": honoured(
+        "model: gen_ai.latency.time_in_model_forward (waits for the device after each forward); "
+        "worker: gen_ai.latency.time_in_model_execute; all: both"
     ),
     # ---------------------------------------------------------------- SchedulerConfig
     "max_num_batched_tokens": HONOURED,
@@ -340,7 +347,12 @@ ARG_SUPPORT: dict[str, Support] = {
         "kv_connector_extra_config goes to the connector; the other keys are refused at startup; "
         "CUDA graphs are off with a connector"
     ),
-    "kv_events_config": refused("KV cache events are not published"),
+    "kv_events_config": honoured(
+        "vLLM's keys and defaults; events (BlockStored, BlockRemoved, AllBlocksCleared) go out on "
+        "a ZMQ PUB socket with a ROUTER replay socket, block hashes as unsigned 64-bit integers "
+        "(vLLM's default); a batch that finds the publisher's queue full is dropped and counted "
+        "(vllm:kv_events_dropped) rather than holding up the step"
+    ),
     "compilation_config": HONOURED,
     "additional_config": no_effect("platform plugins read it; there are none here"),
 }
@@ -352,6 +364,10 @@ KEY_SUPPORT: dict[str, Support] = {
         ("RecordingConnector",),
         "the connectors that move KV (NixlConnector, LMCacheConnectorV1, OffloadingConnector, "
         "...) are not built yet",
+    ),
+    # The same names as runtime/kv_events/publisher.py's PUBLISHERS (a test keeps them equal).
+    "kv_events_config.publisher": partial(
+        ("null", "zmq"), "publisher plugins (vLLM's register_publisher) are not loaded"
     ),
     "speculative_config.method": partial(
         ("ngram", "[ngram]"),
@@ -456,6 +472,11 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": HONOURED,
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": HONOURED,
     "VLLM_SERVER_DEV_MODE": HONOURED,
+    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": partial(
+        (True,),
+        "KV-cache event block hashes go out as unsigned 64-bit integers (runtime/kv_events/); "
+        "raw digests are not sent",
+    ),
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
     "VLLM_IMAGE_FETCH_TIMEOUT": no_effect(TEXT_ONLY),

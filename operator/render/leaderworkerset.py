@@ -111,7 +111,7 @@ def _template(
 ) -> dict[str, Any]:
     pod = pod_spec(spec, facts, name, gpus)
     container = pod["containers"][0]
-    container["args"] = [*container_args(spec), *node_args(nodes, role)]
+    container["args"] = [*container_args(spec, facts), *node_args(nodes, role)]
     if role == WORKER:
         # A worker serves no HTTP: no port, nothing to probe (a dead worker fails the group's
         # collective, which the leader's probes see, and LWS restarts the group).

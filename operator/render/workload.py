@@ -236,13 +236,16 @@ def grace_period(spec: Mapping[str, Any]) -> int:
     return spec.get("terminationGracePeriodSeconds", TERMINATION_GRACE_SECONDS)
 
 
-def container_args(spec: Mapping[str, Any]) -> list[str]:
+def container_args(spec: Mapping[str, Any], facts: ClusterFacts) -> list[str]:
     """The argv after `infernetes serve`: operator-owned flags, then spec.engine's."""
     source = model_source(spec)
     args = [f"--model={source.arg}", "--host=0.0.0.0", f"--port={names.SERVER_PORT}"]
     if source.pass_served_name:
         args += ["--served-model-name", source.served_name]
     engine = spec.get("engine") or {}
+    if engine.get("otlpTracesEndpoint") is None and facts.otlp_traces_endpoint:
+        # The operator's default collector; a spec that names its own keeps it.
+        engine = {**engine, "otlpTracesEndpoint": facts.otlp_traces_endpoint}
     if engine.get("shutdownTimeout") is None:
         # The drain must end before the kubelet's SIGKILL at the end of the grace period (a
         # shutdownTimeout the user sets is checked against it at admission).
@@ -257,7 +260,7 @@ def container(
         "name": names.CONTAINER_NAME,
         "image": spec.get("image") or facts.default_image,
         "command": ["infernetes", "serve"],
-        "args": container_args(spec),
+        "args": container_args(spec, facts),
         "ports": [{"name": names.PORT_NAME, "containerPort": names.SERVER_PORT, "protocol": "TCP"}],
         **_probes(spec),
         # The last lines of a crash end up in the pod's status, which the operator reports as Degraded.

@@ -48,6 +48,7 @@ from infernetes.runtime.engine.stats import StatLogger
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
+from infernetes.runtime.tracing import request_tracer, trace_headers
 
 from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
@@ -76,6 +77,10 @@ class AsyncEngine:
         multiprocess: bool = False,
     ) -> None:
         self.stat_loggers = list(stat_loggers)
+        names = config.served_model_name or [config.model]
+        self.tracer = request_tracer(config, names[0])
+        if self.tracer is not None:
+            self.stat_loggers.append(self.tracer)
         self.dead_error: BaseException | None = None
         self._streams: dict[str, _Stream] = {}
         self._streams_lock = threading.Lock()
@@ -290,6 +295,7 @@ class AsyncEngine:
         """Outputs of one request as they come (cumulative, delta or final, per
         ``params.output_kind``), with the adapter ``lora_request`` if given. Closing the
         iterator early aborts the request."""
+        self._begin_trace(request_id, params)
         stream = await self._open(
             self.input_processor.process(
                 request_id, prompt, params, priority, lora_request=lora_request
@@ -320,6 +326,7 @@ class AsyncEngine:
 
     async def encode(self, prompt: str | list[int], request_id: str) -> PoolingRequestOutput:
         """The embedding of one prompt (an embedding model)."""
+        self._begin_trace(request_id, None)
         stream = await self._open(self.input_processor.process(request_id, prompt, None))
         finished = False
         try:
@@ -331,6 +338,12 @@ class AsyncEngine:
         finally:
             if not finished:
                 self._abort_soon(request_id)
+
+    def _begin_trace(self, request_id: str, params: SamplingParams | None) -> None:
+        if self.tracer is not None:
+            self.tracer.begin(request_id, params)
+        elif trace_headers.get() is not None:
+            _warn_untraced()
 
     def _abort_soon(self, request_id: str) -> None:
         stream = self._close_stream(request_id)
@@ -390,9 +403,18 @@ class AsyncEngine:
         await self._call_all("sleep", (level,))
         self._sleeping = True
 
-    async def wake_up(self) -> None:
-        await self._call_all("wake_up")
-        self._sleeping = False
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        self._sleeping = any(await self._call_all("wake_up", (tags,)))
+
+    async def reload_weights(self) -> None:
+        await self._call_all("reload_weights")
+
+    async def collective_rpc(
+        self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """Every core's workers' results, core by core."""
+        per_core = await self._call_all("collective_rpc", (method, tuple(args), kwargs))
+        return [result for results in per_core for result in results]
 
     async def check_health(self) -> None:
         self._check_alive()
@@ -409,6 +431,8 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, core.stop, hung) for core in self.cores))
         self._fail_all(EngineDeadError("the engine was shut down"))
+        if self.tracer is not None:
+            self.tracer.shutdown()  # exports what is queued, within the SDK's timeout
 
 
 def _start_cores(
@@ -444,6 +468,14 @@ def _tagged(
     on_message: Callable[[EngineMessage, int], None], core: int, message: EngineMessage
 ) -> None:
     on_message(message, core)
+
+
+@functools.cache
+def _warn_untraced() -> None:
+    logger.warning(
+        "a request carries a trace context (traceparent) but tracing is off: "
+        "set --otlp-traces-endpoint to export request traces"
+    )
 
 
 def core_process_enabled() -> bool:

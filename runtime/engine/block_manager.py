@@ -10,8 +10,9 @@ With ``sliding_window`` (a model whose every layer attends only to its last N to
 blocks that no query of it can reach any more go back as it advances: it holds about a window's
 worth of blocks however long it grows.
 
-With an ``event_sink`` it reports what the prefix cache gains and loses (``kv_events.py``): a
-block stored when its hash starts finding it, removed when it is evicted, all cleared on a reset.
+With an ``event_sink`` it reports what the prefix cache gains and loses (``kv_events/events.py``,
+vLLM's events): each run of a request's blocks stored when their hashes start finding them, a
+block removed when it is evicted, all cleared on a reset.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infernetes.runtime.engine.kv_events import (
+from infernetes.runtime.engine.request import Request
+from infernetes.runtime.kv_events.events import (
+    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEventSink,
+    external_block_hash,
 )
-from infernetes.runtime.engine.request import Request
 
 BlockHash = Any
 
@@ -127,24 +130,41 @@ class BlockManager:
         if num_full <= request.num_hashed_blocks:
             return
         self._update_hashes(request, num_full * self.block_size)
+        run: list[int] = []  # consecutive blocks stored now: one event, as vLLM's block pool
         for i in range(request.num_hashed_blocks, num_full):
             block = self.blocks[request.block_ids[i]]
             block_hash = request.block_hashes[i]
             if block.block_hash is None and block_hash not in self.cached:
                 block.block_hash = block_hash
                 self.cached[block_hash] = block.block_id
-                if self.event_sink is not None:
-                    self.event_sink.record(self._stored_event(request, i))
+                run.append(i)
+            elif run:
+                self._report_stored(request, run)
+                run = []
+        if run:
+            self._report_stored(request, run)
         request.num_hashed_blocks = num_full
 
-    def _stored_event(self, request: Request, i: int) -> BlockStored:
-        size, lora = self.block_size, request.lora_request
-        return BlockStored(
-            block_hash=request.block_hashes[i],
-            parent_block_hash=request.block_hashes[i - 1] if i else None,
-            token_ids=tuple(request.token_ids[i * size : (i + 1) * size]),
-            block_size=size,
-            lora_id=None if lora is None else lora.lora_int_id,
+    def _report_stored(self, request: Request, run: list[int]) -> None:
+        if self.event_sink is None:
+            return
+        size, lora, hashes = self.block_size, request.lora_request, request.block_hashes
+        first, end = run[0], run[-1] + 1
+        self.event_sink.record(
+            BlockStored(
+                block_hashes=[external_block_hash(hashes[i]) for i in run],
+                parent_block_hash=external_block_hash(hashes[first - 1]) if first else None,
+                token_ids=request.token_ids[first * size : end * size],
+                block_size=size,
+                lora_id=None if lora is None else lora.lora_int_id,
+                medium=MEDIUM_GPU,
+                lora_name=None if lora is None else lora.lora_name,
+                group_idx=0,
+                kv_cache_spec_kind="full_attention"
+                if self.sliding_window is None
+                else "sliding_window",
+                kv_cache_spec_sliding_window=self.sliding_window,
+            )
         )
 
     def reset_prefix_cache(self) -> bool:
@@ -172,7 +192,9 @@ class BlockManager:
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
                 if self.event_sink is not None:
-                    self.event_sink.record(BlockRemoved(block.block_hash))
+                    self.event_sink.record(
+                        BlockRemoved([external_block_hash(block.block_hash)], MEDIUM_GPU, 0)
+                    )
             block.block_hash = None
         block.ref_count = 1
         return block

@@ -23,6 +23,7 @@ from infernetes.runtime.config import (
 )
 from infernetes.runtime.engine.generation_config import read_generation_config, sampling_defaults
 from infernetes.runtime.executor.backend_check import check_executor_backend
+from infernetes.runtime.kv_events.config import kv_events_config
 from infernetes.runtime.kv_transfer.config import kv_transfer_config
 from infernetes.runtime.model_executor.compilation import parse_compilation_config
 from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
@@ -305,6 +306,7 @@ def resolve_config(
         lora=_lora_config(config, info.is_pooling),
         kv_transfer=kv_transfer,
         speculative=speculative,
+        kv_events=kv_events_config(config.kv_events_config, config.data_parallel_size),
     )
     return runtime, tokenizer
 

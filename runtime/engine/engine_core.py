@@ -28,6 +28,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.block_manager import BlockManager
@@ -42,6 +43,7 @@ from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.engine.stats import IterationStats, StatLogger
 from infernetes.runtime.engine.structured_output import StructuredOutputManager
 from infernetes.runtime.executor.abstract import PendingOutput, select_executor
+from infernetes.runtime.kv_events.publisher import create_publisher
 from infernetes.runtime.kv_transfer.base import KVConnectorRole
 from infernetes.runtime.kv_transfer.registry import create_connector
 from infernetes.runtime.lora.adapter import LoRAAdapterError
@@ -54,6 +56,7 @@ from infernetes.runtime.model_executor.memory_profile import (
 from infernetes.runtime.model_executor.models.interfaces import supports_inputs_embeds
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
+from infernetes.runtime.worker.worker import SLEEP_TAGS, Worker
 
 from infernetes.schema.config import ServeConfig
 
@@ -78,6 +81,10 @@ class EngineCore:
         start = time.perf_counter()
         try:
             self.num_blocks = self._initialize_kv_cache()
+            # --kv-events-config: what the prefix cache gains and loses, published each step
+            self.kv_event_publisher = create_publisher(
+                self.config.kv_events, self.config.parallel.data_parallel_rank
+            )
         except BaseException:
             self.executor.shutdown()
             raise
@@ -92,6 +99,7 @@ class EngineCore:
             cache.enable_prefix_caching,
             cache.prefix_caching_hash_algo,
             window_of_every_layer(model.info.hf_config),
+            event_sink=self.kv_event_publisher,
         )
         self.scheduler = Scheduler(
             self.config.scheduler,
@@ -107,7 +115,12 @@ class EngineCore:
         self._arrivals = itertools.count()  # the order requests were admitted in
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers)
+        detailed = set(serve_config.collect_detailed_traces or ())
+        self.time_forward = bool(detailed & {"model", "all"})
+        self.time_execute = bool(detailed & {"worker", "all"})
         self.sleep_level = 0
+        self.sleep_mode = bool(serve_config.enable_sleep_mode)
+        self.asleep: set[str] = set()  # the SLEEP_TAGS still asleep
         self.loras: dict[int, LoRARequest] = {}  # adapters the workers have read and checked
 
     def info(self) -> EngineInfo:
@@ -197,6 +210,11 @@ class EngineCore:
     # -- a step --------------------------------------------------------------------------------
 
     def step(self) -> list[EngineOutput]:
+        outputs = self._step()
+        self._publish_kv_events()
+        return outputs
+
+    def _step(self) -> list[EngineOutput]:
         if self.sleep_level:
             return []
         held, self.held_outputs = self.held_outputs, []
@@ -206,7 +224,9 @@ class EngineCore:
         if not self._has_work(scheduler_output):
             self._record_idle_step()
             return held
+        started = time.perf_counter()
         model_output = self.executor.execute_model(scheduler_output)
+        self._charge_step_times(scheduler_output, model_output, time.perf_counter() - started)
         return held + self._finish_step(scheduler_output, model_output)
 
     def _step_with_batch_queue(self) -> list[EngineOutput]:
@@ -215,6 +235,7 @@ class EngineCore:
         if len(queue) < self.executor.max_concurrent_batches:
             scheduler_output = self._schedule()
             if self._has_work(scheduler_output):
+                scheduler_output.submitted = time.perf_counter()
                 queue.append((scheduler_output, self.executor.submit_model(scheduler_output)))
                 scheduled = True
         if not queue:
@@ -223,7 +244,10 @@ class EngineCore:
         if scheduled and len(queue) < self.executor.max_concurrent_batches:
             return []  # fill the pipeline before waiting on it
         scheduler_output, pending = queue.popleft()
-        return self._finish_step(scheduler_output, pending.result())
+        model_output = pending.result()
+        seconds = time.perf_counter() - scheduler_output.submitted  # includes the wait in line
+        self._charge_step_times(scheduler_output, model_output, seconds)
+        return self._finish_step(scheduler_output, model_output)
 
     def _has_work(self, scheduler_output: SchedulerOutput) -> bool:
         """Whether the step goes to the workers: tokens to compute, or transfers to report."""
@@ -232,11 +256,26 @@ class EngineCore:
     def _schedule(self) -> SchedulerOutput:
         """The scheduler's next step, with the masks of its structured-output rows."""
         scheduler_output = self.scheduler.schedule()
+        scheduler_output.time_forward = self.time_forward
         if scheduler_output:
             scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(
                 scheduler_output, self.scheduler.requests
             )
         return scheduler_output
+
+    def _charge_step_times(
+        self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput, seconds: float
+    ) -> None:
+        """Each request of the step is charged the step's executor and forward seconds (a
+        request's trace sums its steps'; --collect-detailed-traces)."""
+        if not (self.time_execute or self.time_forward):
+            return
+        requests = self.scheduler.requests
+        for request_id in scheduler_output.request_ids:
+            request = requests.get(request_id)
+            if request is not None:
+                request.times.model_execute += seconds
+                request.times.model_forward += model_output.forward_time
 
     def _finish_step(
         self, scheduler_output: SchedulerOutput, model_output: ModelRunnerOutput
@@ -255,6 +294,8 @@ class EngineCore:
         usage = 0.0 if self.config.model.is_pooling else self.block_manager.usage
         stats = self.scheduler.make_stats(usage)
         stats.engine_index = self.config.parallel.data_parallel_rank
+        if self.kv_event_publisher is not None:
+            stats.kv_events_dropped = self.kv_event_publisher.take_dropped()
         for stat_logger in self.stat_loggers:
             try:
                 stat_logger.record(stats, iteration)
@@ -292,29 +333,73 @@ class EngineCore:
 
     # -- maintenance ---------------------------------------------------------------------------
 
+    def _publish_kv_events(self) -> None:
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.flush()
+
     def reset_prefix_cache(self) -> bool:
-        return self.block_manager.reset_prefix_cache()
+        reset = self.block_manager.reset_prefix_cache()
+        self._publish_kv_events()  # AllBlocksCleared, without waiting for a step
+        return reset
 
     def sleep(self, level: int = 1) -> None:
-        """Free the KV cache (level 1) and the weights too (level 2); running requests are
-        preempted and recompute after ``wake_up``."""
+        """vLLM's sleep (with --enable-sleep-mode): the KV cache is freed and the weights move
+        to host memory (level 1) or are dropped (level 2); running requests are preempted and
+        recompute after ``wake_up``."""
+        if not self.sleep_mode:
+            raise ValueError("sleep mode is off: start the engine with --enable-sleep-mode")
         if level not in (1, 2):
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         if self.sleep_level:
             return
+        self._drop_state()
+        self.executor.collective_rpc("sleep", (level,))
+        self.sleep_level = level
+        self.asleep = set(SLEEP_TAGS)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        """Bring back what ``tags`` name (``weights``, ``kv_cache``; all by default): an RL
+        trainer wakes the weights, updates them, then wakes the cache. Steps run again once
+        nothing sleeps. Returns whether something still sleeps."""
+        wanted = set(SLEEP_TAGS if tags is None else tags)
+        unknown = wanted - set(SLEEP_TAGS)
+        if unknown:
+            raise ValueError(f"tags must be among {', '.join(SLEEP_TAGS)}; got {sorted(unknown)}")
+        if "kv_cache" in wanted and "weights" in self.asleep - wanted:
+            raise ValueError("wake the weights before the KV cache (tags=weights first)")
+        waking = [tag for tag in SLEEP_TAGS if tag in wanted & self.asleep]
+        if waking:
+            self.executor.collective_rpc("wake_up", (self.num_blocks, waking))
+            self.asleep -= set(waking)
+            if not self.asleep:
+                self.sleep_level = 0
+        return self.is_sleeping
+
+    def reload_weights(self) -> None:
+        """Read the weights from the checkpoint again (an RL trainer's update); what was
+        computed with the old ones (running requests, the prefix cache) is recomputed."""
+        if self.sleep_level:
+            raise ValueError("the engine is asleep: wake it up before reloading its weights")
+        self._drop_state()
+        self.executor.collective_rpc("reload_weights")
+
+    def collective_rpc(
+        self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """``Worker.<method>(*args, **kwargs)`` on every rank, their results in rank order (vLLM's
+        collective_rpc, which RL frameworks drive; the server's dev-mode route)."""
+        if method.startswith("_") or not callable(getattr(Worker, method, None)):
+            raise ValueError(f"the workers have no method {method!r}")
+        return self.executor.collective_rpc("call", (method, tuple(args), dict(kwargs or {})))
+
+    def _drop_state(self) -> None:
+        """Running requests preempted (they recompute) and the prefix cache emptied."""
         while self.batch_queue:  # the steps in flight end before their requests are preempted
             scheduler_output, pending = self.batch_queue.popleft()
             self.held_outputs += self._finish_step(scheduler_output, pending.result())
         self.scheduler.preempt_all()
         self.block_manager.reset_prefix_cache()
-        self.executor.collective_rpc("sleep", (level,))
-        self.sleep_level = level
-
-    def wake_up(self) -> None:
-        if not self.sleep_level:
-            return
-        self.executor.collective_rpc("wake_up", (self.num_blocks,))
-        self.sleep_level = 0
+        self._publish_kv_events()  # AllBlocksCleared, without waiting for a step
 
     @property
     def is_sleeping(self) -> bool:
@@ -325,4 +410,6 @@ class EngineCore:
         self.executor.check_health()
 
     def shutdown(self) -> None:
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.shutdown()
         self.executor.shutdown()

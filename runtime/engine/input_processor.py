@@ -127,12 +127,8 @@ class InputProcessor:
             raise ValueError("prompt_token_ids must be a list of integers")
         return None, ids
 
-    def _embeds(self, prompt: Mapping[str, Any]) -> tuple[Any, bytes]:
-        """The prompt's embeddings on the CPU, and the digest their prefix-cache blocks hash
-        from: a prompt given as embeddings shares blocks only with the same embeddings, never
-        with a token prompt whose placeholder ids it matches."""
-        if "prompt_embeds" not in prompt:
-            raise ValueError("a prompt dict needs 'prompt', 'prompt_token_ids' or 'prompt_embeds'")
+    def check_embeds_taken(self) -> None:
+        """RequestError unless this engine takes prompts as embeddings."""
         settings = self.settings
         if not settings.enable_prompt_embeds:
             raise RequestError(
@@ -145,6 +141,15 @@ class InputProcessor:
                 "token ids only",
                 "prompt_embeds",
             )
+
+    def _embeds(self, prompt: Mapping[str, Any]) -> tuple[Any, bytes]:
+        """The prompt's embeddings on the CPU, and the digest their prefix-cache blocks hash
+        from: a prompt given as embeddings shares blocks only with the same embeddings, never
+        with a token prompt whose placeholder ids it matches."""
+        if "prompt_embeds" not in prompt:
+            raise ValueError("a prompt dict needs 'prompt', 'prompt_token_ids' or 'prompt_embeds'")
+        self.check_embeds_taken()
+        settings = self.settings
         embeds = prompt["prompt_embeds"]
         shape = tuple(getattr(embeds, "shape", ()))
         if (

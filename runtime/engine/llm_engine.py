@@ -73,8 +73,16 @@ class LLMEngine:
     def sleep(self, level: int = 1) -> None:
         self.engine_core.sleep(level)
 
-    def wake_up(self) -> None:
-        self.engine_core.wake_up()
+    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        return self.engine_core.wake_up(tags)
+
+    def reload_weights(self) -> None:
+        self.engine_core.reload_weights()
+
+    def collective_rpc(
+        self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> list[Any]:
+        return self.engine_core.collective_rpc(method, args, kwargs)
 
     @property
     def is_sleeping(self) -> bool:

@@ -22,7 +22,16 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 UTILITY_METHODS = frozenset(
-    {"reset_prefix_cache", "sleep", "wake_up", "add_lora", "remove_lora", "list_loras"}
+    {
+        "reset_prefix_cache",
+        "sleep",
+        "wake_up",
+        "reload_weights",
+        "collective_rpc",
+        "add_lora",
+        "remove_lora",
+        "list_loras",
+    }
 )
 
 
@@ -74,14 +83,21 @@ class ModelFacts(NamedTuple):
     vocab_size: int | None
     num_labels: int | None
     id2label: dict[Any, str]  # transformers types its keys int or str
+    # Matryoshka-trained embeddings (is_matryoshka or matryoshka_dimensions in the config, as
+    # vLLM reads them; --hf-overrides can set them): the ones whose leading dimensions stand alone
+    is_matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] | None = None  # None: any
 
     @classmethod
     def of(cls, hf_config: PretrainedConfig) -> ModelFacts:
+        dimensions = getattr(hf_config, "matryoshka_dimensions", None)
         return cls(
             list(hf_config.architectures) if hf_config.architectures else None,
             getattr(hf_config, "vocab_size", None),
             hf_config.num_labels,
             dict(hf_config.id2label or {}),
+            bool(getattr(hf_config, "is_matryoshka", False) or dimensions),
+            tuple(dimensions) if dimensions else None,
         )
 
 

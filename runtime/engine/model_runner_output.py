@@ -23,6 +23,7 @@ class ModelRunnerOutput:
     draft_token_ids: list[list[int]] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     kv_connector_output: KVConnectorOutput | None = None  # None: no connector
+    forward_time: float = 0.0  # seconds of the model's forward, when the step asked (time_forward)
 
     @classmethod
     def empty(cls, num_requests: int) -> ModelRunnerOutput:

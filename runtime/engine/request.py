@@ -46,6 +46,9 @@ class RequestTimes:
     first_token: float | None = None
     last_token: float | None = None
     finished: float | None = None
+    # seconds of the steps it was in (--collect-detailed-traces): the executor's, the forward's
+    model_execute: float = 0.0
+    model_forward: float = 0.0
 
 
 class Request:

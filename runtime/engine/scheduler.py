@@ -515,7 +515,7 @@ class Scheduler:
             request.num_computed_tokens -= num_drafts + 1 - len(sampled)
             iteration.num_drafts += int(num_drafts > 0)
             iteration.num_draft_tokens += num_drafts
-            iteration.num_accepted_tokens += len(sampled) - 1
+            iteration.count_accepted(len(sampled) - 1, num_drafts)
             error = model_output.errors.get(request.request_id)
             self._append_tokens(request, sampled, error, now, iteration)
             if not request.is_finished and model_output.draft_token_ids:

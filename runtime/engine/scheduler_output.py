@@ -90,6 +90,9 @@ class SchedulerOutput:
     # The KV connector's word to the workers' connectors (with --kv-transfer-config).
     kv_connector_metadata: KVConnectorMetadata | None = None
     grammar_bitmask: GrammarBitmask | None = None  # set by the engine core after scheduling
+    # time the forward, waiting for the device (--collect-detailed-traces model or all)
+    time_forward: bool = False
+    submitted: float = 0.0  # perf_counter when the engine core handed it to the executor
 
     def add(self, request: NewRequestData | CachedRequestData, num_tokens: int) -> None:
         self.scheduled_reqs.append(request)

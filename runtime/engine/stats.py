@@ -40,6 +40,7 @@ class SchedulerStats:
     # requests per adapter name (vLLM's LoRAStats), for vllm:lora_requests_info
     running_lora_adapters: dict[str, int] = field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    kv_events_dropped: int = 0  # KV-cache events dropped on the publisher's full queue
 
 
 @dataclass
@@ -55,6 +56,9 @@ class FinishedRequestStats:
     inference_time: float = 0.0
     decode_time: float = 0.0
     n_param: int = 1
+    time_to_first_token: float = 0.0
+    model_forward_time: float = 0.0
+    model_execute_time: float = 0.0
 
 
 @dataclass
@@ -67,6 +71,17 @@ class IterationStats:
     num_drafts: int = 0  # requests that verified drafts this step
     num_draft_tokens: int = 0  # draft tokens verified this step
     num_accepted_tokens: int = 0  # of those, the ones accepted
+    # accepted drafts by their position in the draft (vLLM's per-position acceptance)
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def count_accepted(self, accepted: int, drafted: int) -> None:
+        """One request's step accepted the first ``accepted`` of its ``drafted`` draft tokens
+        (every drafted position is counted, accepted or not, as vLLM's vector is)."""
+        self.num_accepted_tokens += accepted
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (max(accepted, drafted) - len(per_pos)))
+        for position in range(accepted):
+            per_pos[position] += 1
 
 
 class StatLogger(Protocol):
@@ -95,4 +110,7 @@ def finished_request_stats(request: Request) -> FinishedRequestStats:
         inference_time=last - scheduled,
         decode_time=last - first,
         n_param=params.n if params else 1,
+        time_to_first_token=first - t.arrival,
+        model_forward_time=t.model_forward,
+        model_execute_time=t.model_execute,
     )

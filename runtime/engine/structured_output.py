@@ -29,6 +29,7 @@ import llguidance
 import llguidance.hf
 import llguidance.numpy
 import numpy as np
+from infernetes.runtime.engine.ascii_classes import ascii_classes, ascii_schema_patterns
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.engine.scheduler_output import GrammarBitmask, SchedulerOutput
@@ -45,7 +46,7 @@ def grammar_for(constraint: StructuredOutputsParams) -> str:
                 _schema_with_options(schema, param, bool(constraint.compact))
             )
         if constraint.kind == "regex":
-            return llguidance.LLMatcher.grammar_from_regex(constraint.spec)
+            return llguidance.LLMatcher.grammar_from_regex(ascii_classes(constraint.spec))
         if constraint.kind == "choice":
             return llguidance.grammar_from("choice", json.dumps([str(c) for c in constraint.spec]))
         if constraint.kind == "grammar":
@@ -66,6 +67,7 @@ def _schema_with_options(schema: Any, param: str, compact: bool) -> dict:
             raise RequestError(f"{param} is not valid JSON: {exc}", param) from exc
     if not isinstance(schema, dict):
         raise RequestError(f"{param} must be a JSON object (a JSON schema)", param)
+    schema = ascii_schema_patterns(schema)
     if compact:
         schema = {
             **schema,

@@ -150,10 +150,15 @@ def _override_rope(
 
 def _apply_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> None:
     """``--hf-overrides`` as vLLM applies them: a dict given for a dict or a sub-config (such as
-    ``text_config``) updates it key by key; anything else replaces the attribute."""
+    ``text_config``) updates it key by key; anything else replaces the attribute. ``rope_theta``
+    and ``rope_scaling`` go where the model reads them (transformers 5's ``rope_parameters``)."""
     for key, value in overrides.items():
         current = getattr(config, key, None)
-        if isinstance(value, dict) and isinstance(current, dict):
+        if key == "rope_theta" and value is not None:
+            _override_rope(config, None, float(value))
+        elif key == "rope_scaling" and isinstance(value, dict):
+            _override_rope(config, {**(current or {}), **value}, None)
+        elif isinstance(value, dict) and isinstance(current, dict):
             setattr(config, key, {**current, **value})
         elif isinstance(value, dict) and isinstance(current, PretrainedConfig):
             _apply_overrides(current, value)

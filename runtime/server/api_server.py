@@ -40,6 +40,7 @@ from infernetes.runtime.server.middleware import (
     RequestBodyMiddleware,
     RequestIdMiddleware,
     ServerLoadMiddleware,
+    TraceContextMiddleware,
     import_user_middleware,
 )
 from infernetes.runtime.server.routes import include_routes
@@ -115,6 +116,7 @@ def build_app(
     # large body, load tracking, concurrency limit (after auth, so a bad key is a 401, not a
     # 429), user middleware.
     import_user_middleware(app, settings.middleware)
+    app.add_middleware(TraceContextMiddleware)
     if settings.max_concurrency is not None:
         app.add_middleware(ConcurrencyLimitMiddleware, limit=settings.max_concurrency)
     if settings.enable_server_load_tracking:

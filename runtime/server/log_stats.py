@@ -4,7 +4,12 @@
 reqs, Waiting: 0 reqs, GPU KV cache usage: 4.2%, Prefix cache hit rate: 50.0%``
 
 ("CPU KV cache usage" when the engine runs on the CPU.) With several data-parallel engine cores
-the line sums their running and waiting requests and averages their KV-cache usage.
+the line sums their running and waiting requests and averages their KV-cache usage. With
+speculative decoding, vLLM's second line follows when the window verified drafts:
+
+``SpecDecoding metrics: Mean acceptance length: 2.40, Accepted throughput: ... tokens/s, Drafted
+throughput: ... tokens/s, Accepted: 14 tokens, Drafted: 30 tokens, Per-position acceptance rate:
+0.800, 0.600, 0.000, Avg Draft acceptance rate: 46.7%``
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ class LoggingStatLogger:
         self.window_start = now
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.drafts = 0
+        self.draft_tokens = 0
+        self.accepted_per_pos: list[int] = []
 
     def record(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
@@ -51,9 +59,17 @@ class LoggingStatLogger:
         if iteration_stats is not None:
             self.prompt_tokens += iteration_stats.num_prompt_tokens
             self.generation_tokens += iteration_stats.num_generation_tokens
+            self.drafts += iteration_stats.num_drafts
+            self.draft_tokens += iteration_stats.num_draft_tokens
+            per_pos = iteration_stats.num_accepted_tokens_per_pos
+            self.accepted_per_pos.extend([0] * (len(per_pos) - len(self.accepted_per_pos)))
+            for position, accepted in enumerate(per_pos):
+                self.accepted_per_pos[position] += accepted
         now = time.monotonic()
         if now - self.window_start >= self.interval_s:
             logger.info(self.line(now))
+            if self.drafts:
+                logger.info(self.spec_decode_line(now))
             self._reset(now)
 
     @property
@@ -78,4 +94,20 @@ class LoggingStatLogger:
             f"Running: {self.running} reqs, Waiting: {self.waiting} reqs, "
             f"{self.cache_label} KV cache usage: {self.kv_usage * 100:.1f}%, "
             f"Prefix cache hit rate: {hit_rate * 100:.1f}%"
+        )
+
+    def spec_decode_line(self, now: float) -> str:
+        """vLLM's SpecDecoding line for the window (mean acceptance length counts the bonus
+        token, as vLLM's does)."""
+        elapsed = max(now - self.window_start, 1e-9)
+        accepted = sum(self.accepted_per_pos)
+        drafts = max(self.drafts, 1)
+        rates = ", ".join(f"{count / drafts:.3f}" for count in self.accepted_per_pos)
+        rate = accepted / self.draft_tokens * 100 if self.draft_tokens else float("nan")
+        return (
+            f"SpecDecoding metrics: Mean acceptance length: {1 + accepted / drafts:.2f}, "
+            f"Accepted throughput: {accepted / elapsed:.2f} tokens/s, "
+            f"Drafted throughput: {self.draft_tokens / elapsed:.2f} tokens/s, "
+            f"Accepted: {accepted} tokens, Drafted: {self.draft_tokens} tokens, "
+            f"Per-position acceptance rate: {rates}, Avg Draft acceptance rate: {rate:.1f}%"
         )

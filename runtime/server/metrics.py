@@ -201,6 +201,10 @@ class EngineSeries:
         self.preemptions = self._counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
         )
+        self.kv_events_dropped = self._counter(
+            "vllm:kv_events_dropped",
+            "KV-cache events dropped because the publisher's queue was full.",
+        )
         self.prompt_tokens = self._counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed."
         )
@@ -294,6 +298,12 @@ class EngineSeries:
         self.draft_tokens = self._counter(
             "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
         )
+        self.accepted_per_pos = self._family(
+            Counter,
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            [*ENGINE_LABELS, "position"],
+        )
         self._counter("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.")
         info = {k: str(v) for k, v in (cache_config or {}).items()}
         cache_info = self._family(
@@ -368,6 +378,7 @@ class EngineSeries:
         self.kv_usage.set(stats.kv_cache_usage)
         self.gpu_cache_usage.set(stats.kv_cache_usage)
         self.preemptions.inc(stats.num_preemptions)
+        self.kv_events_dropped.inc(stats.kv_events_dropped)
         self._record_lora(stats)
         prefix = stats.prefix_cache_stats
         self.prefix_queries.inc(prefix.queries)
@@ -395,6 +406,8 @@ class EngineSeries:
         self.drafts.inc(stats.num_drafts)
         self.draft_tokens.inc(stats.num_draft_tokens)
         self.accepted_tokens.inc(stats.num_accepted_tokens)
+        for position, accepted in enumerate(stats.num_accepted_tokens_per_pos):
+            self.accepted_per_pos.labels(*self._labels, str(position)).inc(accepted)
         step_tokens = stats.num_prompt_tokens + stats.num_generation_tokens
         if step_tokens:
             self.iteration_tokens.observe(step_tokens)

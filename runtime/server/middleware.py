@@ -19,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from infernetes.runtime.server.errors import error_body
+from infernetes.runtime.tracing import TRACE_HEADERS, trace_headers
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -142,6 +143,33 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class TraceContextMiddleware:
+    """Keeps the request's W3C trace context (``traceparent``, ``tracestate``) where the engine
+    reads it as the request enters (``tracing.trace_headers``), so its span continues the
+    caller's trace."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {
+            key.decode("latin-1"): value.decode("latin-1")
+            for key, value in scope.get("headers", ())
+            if key in _TRACE_HEADER_KEYS
+        }
+        token = trace_headers.set(headers or None)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            trace_headers.reset(token)
+
+
+_TRACE_HEADER_KEYS = frozenset(name.encode() for name in TRACE_HEADERS)
 
 
 class RequestBodyMiddleware:
@@ -287,16 +315,29 @@ def import_user_middleware(app: FastAPI, qualified_names: Iterable[str]) -> None
     """Adds each ``--middleware module.attr``: a class is ASGI middleware, a coroutine function
     is an HTTP middleware ``(request, call_next)``, as in vLLM."""
     for qualified in qualified_names:
-        module_name, _, attr = qualified.rpartition(".")
-        if not module_name:
-            raise ValueError(f"--middleware {qualified!r}: expected 'module.attribute'")
-        target = getattr(importlib.import_module(module_name), attr, None)
-        if target is None:
-            raise ValueError(f"--middleware {qualified!r}: module has no attribute {attr!r}")
+        target = resolve_user_middleware(qualified)
         if inspect.isclass(target):
             # A user's class: nothing is known of its signature until starlette builds it.
             app.add_middleware(target)  # type: ignore[arg-type]
-        elif inspect.iscoroutinefunction(target):
-            app.middleware("http")(target)
         else:
-            raise ValueError(f"--middleware {qualified!r} must be a class or an async function")
+            app.middleware("http")(target)
+
+
+def resolve_user_middleware(qualified: str) -> Any:
+    """The class or coroutine function ``--middleware module.attr`` names; ValueError saying what
+    is wrong otherwise (checked before anything loads, by ``serve`` and ``config`` alike)."""
+    module_name, _, attr = qualified.rpartition(".")
+    if not module_name:
+        raise ValueError(f"--middleware {qualified!r}: expected 'module.attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"--middleware {qualified!r}: cannot import module {module_name!r}: {error}"
+        ) from error
+    target = getattr(module, attr, None)
+    if target is None:
+        raise ValueError(f"--middleware {qualified!r}: module has no attribute {attr!r}")
+    if not (inspect.isclass(target) or inspect.iscoroutinefunction(target)):
+        raise ValueError(f"--middleware {qualified!r} must be a class or an async function")
+    return target

@@ -255,7 +255,7 @@ class CompletionRequest(SamplingFields):
     # vLLM's base64 torch.save'd tensors; before ``prompt`` so that its error is named first when
     # it comes instead of a prompt
     prompt_embeds: str | list[str] | None = None
-    prompt: PromptInput
+    prompt: PromptInput | None = None
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0)
     # 0 only with echo: score the prompt (its logprobs), generate nothing, as vLLM allows.
@@ -270,18 +270,20 @@ class CompletionRequest(SamplingFields):
 
     @field_validator("prompt_embeds")
     @classmethod
-    def _no_prompt_embeds(cls, value: str | list[str] | None) -> None:
-        if value is not None:
-            # reading them would load torch into the API process, which holds none
-            raise ValueError(
-                "prompt_embeds is not supported by this server; send the prompt as text or "
-                "token ids (the offline LLM takes {'prompt_embeds': tensor})"
-            )
-        return None
+    def _embeds_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt_embeds must not be an empty list")
+        return value
+
+    @model_validator(mode="after")
+    def _a_prompt(self) -> CompletionRequest:
+        if self.prompt is None and self.prompt_embeds is None:
+            raise ValueError("prompt: one of prompt or prompt_embeds is required")
+        return self
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_not_empty(cls, value: PromptInput) -> PromptInput:
+    def _prompt_not_empty(cls, value: PromptInput | None) -> PromptInput | None:
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be an empty list")
         if isinstance(value, list) and any(isinstance(p, list) and not p for p in value):
@@ -717,6 +719,15 @@ class UnloadLoRAAdapterRequest(RequestBody):
 class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
+
+
+class CollectiveRpcRequest(RequestBody):
+    """vLLM's dev-mode ``/collective_rpc``: a worker method by name, on every rank."""
+
+    method: str
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    timeout: float | None = None  # vLLM's field; the call waits as long as the method runs
 
 
 class DetokenizeResponse(BaseModel):

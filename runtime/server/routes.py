@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,6 +15,7 @@ from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
     ChatCompletionRequest,
     ClassificationRequest,
+    CollectiveRpcRequest,
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
@@ -320,17 +321,34 @@ async def reset_prefix_cache(request: Request) -> Response:
 
 @dev_router.post("/sleep")
 async def sleep(request: Request, level: int = Query(1, ge=1, le=2)) -> Response:
-    await server(request).require_engine().engine.sleep(level)
+    engine = server(request).require_engine().engine
+    await _engine_call(engine.sleep(level))
     return Response(status_code=200)
 
 
 @dev_router.post("/wake_up")
-async def wake_up(request: Request) -> Response:
+async def wake_up(request: Request, tags: Annotated[list[str] | None, Query()] = None) -> Response:
+    """vLLM's ``/wake_up?tags=weights&tags=kv_cache`` (all when none is named)."""
     state = server(request)
     if state.engine is None:
         raise APIError("the model is still loading; retry shortly", 503)
-    await state.engine.wake_up()
+    await _engine_call(state.engine.wake_up(tags))
     return Response(status_code=200)
+
+
+@dev_router.post("/collective_rpc")
+async def collective_rpc(body: CollectiveRpcRequest, request: Request) -> JSONResponse:
+    engine = server(request).require_engine().engine
+    results = await _engine_call(engine.collective_rpc(body.method, body.args, body.kwargs))
+    return JSONResponse({"results": json.loads(json.dumps(results, default=repr))})
+
+
+async def _engine_call(call: Any) -> Any:
+    """An engine maintenance call; what it refuses (a ValueError) is the client's 400."""
+    try:
+        return await call
+    except ValueError as error:
+        raise APIError(str(error), 400) from error
 
 
 @dev_router.get("/server_info")

@@ -12,6 +12,7 @@ from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.server.errors import APIError, error_body
 from infernetes.runtime.server.logprobs_format import LogprobFormatter
 from infernetes.runtime.server.off_loop import off_loop
+from infernetes.runtime.server.prompt_embeds import decode_prompt_embeds
 from infernetes.runtime.server.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -45,13 +46,51 @@ def _prompt_logprobs(positions: list[Any] | None) -> list[dict[int, Any] | None]
 
 
 class PreparedPrompt:
-    def __init__(self, text: str | None, token_ids: list[int]) -> None:
+    def __init__(self, text: str | None, token_ids: list[int], embeds: Any = None) -> None:
         self.text = text
         self.token_ids = token_ids
+        self.embeds = embeds  # a tensor [num_prompt_tokens, hidden] given as prompt_embeds
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids) if self.embeds is None else int(self.embeds.shape[0])
+
+    @property
+    def engine_prompt(self) -> Any:
+        return self.token_ids if self.embeds is None else {"prompt_embeds": self.embeds}
 
 
 class CompletionServing(ServingBase):
     def _prompts(self, request: CompletionRequest) -> list[PreparedPrompt]:
+        """vLLM's order: the prompts given as embeddings, then those given as text or ids."""
+        prompts = self._embeds_prompts(request)
+        if request.prompt is not None:
+            prompts += self._token_prompts(request)
+        return prompts
+
+    def _embeds_prompts(self, request: CompletionRequest) -> list[PreparedPrompt]:
+        if request.prompt_embeds is None:
+            return []
+        items = [request.prompt_embeds] if isinstance(request.prompt_embeds, str) else []
+        items = items or list(request.prompt_embeds)
+        if request.echo:
+            raise APIError("echo is not supported with prompt_embeds", 400, "echo")
+        processor = getattr(self.engine, "input_processor", None)
+        if processor is not None:  # before reading them: the server may take none
+            try:
+                processor.check_embeds_taken()
+            except ValueError as error:
+                raise APIError(str(error), 400, "prompt_embeds") from error
+        prompts = []
+        for i, item in enumerate(items):
+            param = "prompt_embeds" if len(items) == 1 else f"prompt_embeds[{i}]"
+            embeds = decode_prompt_embeds(item, param)
+            if request.truncate_prompt_tokens:
+                embeds = embeds[-request.truncate_prompt_tokens :]
+            prompts.append(PreparedPrompt(None, [], embeds))
+        return prompts
+
+    def _token_prompts(self, request: CompletionRequest) -> list[PreparedPrompt]:
         add_special = True if request.add_special_tokens is None else request.add_special_tokens
         items = batch_items(request.prompt)
         prompts = []
@@ -89,7 +128,7 @@ class CompletionServing(ServingBase):
             # Scoring alone still runs one step (the engine samples at least one token), which
             # is dropped from the answer.
             wanted = 1 if request.scores_prompt_only else request.max_tokens
-            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), wanted, "prompt")
+            max_tokens = self.resolve_max_tokens(prompt.length, wanted, "prompt")
             params_list.append(
                 self.sampling_params(
                     request,
@@ -117,7 +156,7 @@ class CompletionServing(ServingBase):
             sub_id = f"{request_id}-{i}"
             self.log_request(sub_id, prompt.text, prompt.token_ids, params)
             stream = self.engine.generate(
-                prompt.token_ids, params, sub_id, priority=priority, lora_request=lora
+                prompt.engine_prompt, params, sub_id, priority=priority, lora_request=lora
             )
             generators.append(engine_stream(stream))
         return generators
@@ -149,7 +188,7 @@ class CompletionServing(ServingBase):
         choices = []
         usage = UsageInfo()
         for p_index, (prompt, final) in enumerate(zip(prompts, finals, strict=True)):
-            usage.prompt_tokens += len(prompt.token_ids)
+            usage.prompt_tokens += prompt.length
             cached = getattr(final, "num_cached_tokens", 0) or 0
             for out in sorted(final.outputs, key=lambda o: o.index):
                 scoring = request.scores_prompt_only
@@ -208,7 +247,7 @@ class CompletionServing(ServingBase):
         cached_tokens = 0
         echoed: set[int] = set()
         offsets: dict[int, int] = {}
-        prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        prompt_tokens = sum(p.length for p in prompts)
         # Every chunk shares its head; serialising it once keeps the per-token cost to the text.
         head = (
             'data: {"id":'

@@ -44,9 +44,33 @@ class EmbeddingServing(ServingBase):
             token_lists.append(ids)
         return token_lists
 
+    def _check_dimensions(self, dimensions: int | None) -> None:
+        """vLLM's rule: ``dimensions`` only for Matryoshka-trained models (elsewhere a truncated
+        vector means little), and one of the sizes the model was trained for when it names
+        them."""
+        if dimensions is None:
+            return
+        facts = getattr(self.engine, "model_config", None)
+        if not getattr(facts, "is_matryoshka", False):
+            raise APIError(
+                "Model does not support matryoshka representation, changing output dimensions "
+                "will lead to poor results (dimensions must be unset)",
+                400,
+                "dimensions",
+            )
+        allowed = getattr(facts, "matryoshka_dimensions", None)
+        if allowed and dimensions not in allowed:
+            raise APIError(
+                f"Model only supports {list(allowed)} matryoshka dimensions, use other output "
+                f"dimensions will lead to poor results (got {dimensions})",
+                400,
+                "dimensions",
+            )
+
     async def create(self, request: EmbeddingRequest) -> EmbeddingResponse:
         self.check_model(request.model)
         self.check_engine()
+        self._check_dimensions(request.dimensions)
         token_lists = await off_loop(self._inputs, request)
         request_id = random_id("embd")
         try:
@@ -67,7 +91,7 @@ class EmbeddingServing(ServingBase):
                         400,
                         "dimensions",
                     )
-                vector = vector[: request.dimensions]
+                vector = _truncated(vector, request.dimensions)
             embedding: list[float] | str = (
                 base64.b64encode(vector.tobytes()).decode()
                 if request.encoding_format == "base64"
@@ -92,3 +116,15 @@ class EmbeddingServing(ServingBase):
             data=[PoolingData(index=item.index, data=item.embedding) for item in embedded.data],
             usage=embedded.usage,
         )
+
+
+def _truncated(vector: np.ndarray, dimensions: int) -> np.ndarray:
+    """The leading ``dimensions``, normalized again when the pooler normalized the whole vector:
+    vLLM truncates before it normalizes, and normalizing a truncated unit vector gives the same."""
+    whole_norm = float(np.linalg.norm(vector))
+    head = vector[:dimensions]
+    if abs(whole_norm - 1.0) < 1e-4:
+        head_norm = float(np.linalg.norm(head))
+        if head_norm > 0:
+            head = head / head_norm
+    return head

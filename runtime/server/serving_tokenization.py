@@ -59,7 +59,9 @@ class TokenizationServing(ServingBase):
         else:
             text = request.prompt
         tokens = self.tokenize(text, request.add_special_tokens)
-        strings = self.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
+        strings = (
+            self.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
+        )
         return TokenizeResponse(
             count=len(tokens), max_model_len=self.max_model_len, tokens=tokens, token_strs=strings
         )

@@ -61,6 +61,7 @@ from infernetes.runtime.spec_decode.verify import accepted, sampling_positions
 from infernetes.runtime.worker.input_batch import BlockTable, StepBuffers, step_inputs
 from infernetes.runtime.worker.kv_cache_memory import zeroed
 from infernetes.runtime.worker.request_state import CachedRequestState
+from infernetes.runtime.worker.weight_offload import HostCopy
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class ModelRunner:
             NgramProposer(config.speculative) if config.speculative else NoProposer()
         )
         self.num_blocks = 0
+        self.host_weights: HostCopy | None = None  # sleep level 1's copy (GPU)
         self.requests: dict[str, CachedRequestState] = {}
         self.block_table = BlockTable(-(-info.max_model_len // self.block_size))
         self.step_buffers = StepBuffers(device, persistent=device.type != "cpu")
@@ -278,6 +280,25 @@ class ModelRunner:
             num_tokens -= length
         return states, lengths
 
+    def offload_weights(self) -> int:
+        """Sleep level 1: the weights to host memory (bytes moved). On a CPU they are in host
+        memory already and stay where they are."""
+        if self.device.type == "cpu" or self.model is None:
+            return 0
+        self.decode_graphs = None
+        self.host_weights = HostCopy(self.model, self.device)  # type: ignore[arg-type]  # every servable model is an nn.Module
+        torch.cuda.empty_cache()
+        return self.host_weights.bytes
+
+    def restore_weights(self) -> None:
+        """Wake from level 1: the weights back where they were, bit for bit; from level 2, read
+        from the checkpoint again."""
+        if self.model is None:
+            self.load_model()
+        elif self.host_weights is not None:
+            self.host_weights.restore()
+        self.host_weights = None
+
     def release_weights(self) -> None:
         """Drop the weights (sleep level 2); ``load_model`` reads them from disk again."""
         self.model = None
@@ -459,12 +480,17 @@ class ModelRunner:
         if not batch:
             return output
         assert self.model is not None
+        started = time.perf_counter()
         hidden, meta = self._forward(
             batch,
             num_scheduled,
             self._intermediate(sum(num_scheduled), receive=True),
             with_connector=True,
         )
+        if scheduler_output.time_forward:  # waits for the device: asked for, it costs overlap
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            output.forward_time = time.perf_counter() - started
         if not isinstance(hidden, torch.Tensor):  # a pipeline stage before the last
             parallel.send_to_next_stage([hidden[name] for name in self.model.intermediate_names])  # type: ignore[attr-defined]
             for request in batch:  # the last stage returns what it kept of them

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from infernetes.kernels.backend import select_backend
@@ -16,6 +18,10 @@ from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
 from infernetes.runtime.model_executor.memory_profile import log_kv_cache_budget
 from infernetes.runtime.worker.cpu_binding import bind_threads, rank_cpus
 from infernetes.runtime.worker.model_runner import ModelRunner
+from infernetes.runtime.worker.weight_offload import return_freed_host_memory
+
+# What sleep frees and wake_up brings back, by vLLM's tag names.
+SLEEP_TAGS = ("weights", "kv_cache")
 
 
 class Worker:
@@ -110,16 +116,39 @@ class Worker:
         return True
 
     def sleep(self, level: int) -> None:
-        """Free the KV cache (level 1) and the weights too (level 2)."""
+        """vLLM's sleep levels: the KV cache is dropped; the weights move to host memory
+        (level 1) or are dropped (level 2, read from the checkpoint when waking)."""
         if not self.config.model.is_pooling:
             self.model_runner.release_kv_cache()
-        if level == 2:
+        if level == 1:
+            self.model_runner.offload_weights()
+        else:
             self.model_runner.release_weights()
+        if self.model_runner.device.type == "cpu":
+            return_freed_host_memory()
 
-    def wake_up(self, num_blocks: int) -> None:
-        if self.model_runner.model is None:
-            self.model_runner.load_model()
-        self.initialize_cache(num_blocks)  # the old graphs went with the old cache
+    def wake_up(self, num_blocks: int, tags: Sequence[str] = SLEEP_TAGS) -> None:
+        """Bring back what ``tags`` name: ``weights`` (first: the graphs captured over the cache
+        run the model) and ``kv_cache``."""
+        if "weights" in tags:
+            self.model_runner.restore_weights()
+        if "kv_cache" in tags:
+            self.initialize_cache(num_blocks)  # the old graphs went with the old cache
+
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Any public method by name, with keywords (``EngineCore.collective_rpc``)."""
+        return getattr(self, method)(*args, **kwargs)
+
+    def reload_weights(self) -> None:
+        """Read the weights from the checkpoint again (what an RL trainer asks for after writing
+        new weights where --model points); the KV cache is allocated afresh for the new model."""
+        runner = self.model_runner
+        num_blocks = runner.num_blocks
+        runner.release_kv_cache()
+        runner.release_weights()
+        runner.load_model()
+        if num_blocks:
+            self.initialize_cache(num_blocks)
 
 
 def _share_cpu_cores(config: RuntimeConfig, rank: int) -> None:

@@ -59,3 +59,24 @@ def test_reasoning_parser_names(name, monkeypatch, capsys):
     assert serve_accepts(argv, monkeypatch) == accepted
     assert accepted == (name in REASONING_PARSERS)
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("middleware", "accepted", "message"),
+    [
+        ("no_such_module_here.Middleware", False, "cannot import module 'no_such_module_here'"),
+        ("json.NoSuchAttribute", False, "module has no attribute 'NoSuchAttribute'"),
+        ("json.dumps", False, "must be a class or an async function"),
+        ("nomodule", False, "expected 'module.attribute'"),
+        ("starlette.middleware.gzip.GZipMiddleware", True, ""),
+    ],
+)
+def test_middleware_is_resolved_before_anything_loads(
+    middleware, accepted, message, monkeypatch, capsys
+):
+    """A --middleware that cannot be imported is a clear error from both, never a traceback."""
+    argv = ["org/model", "--middleware", middleware]
+    assert config_accepts(argv) == accepted
+    assert message in capsys.readouterr().err
+    assert serve_accepts(argv, monkeypatch) == accepted
+    capsys.readouterr()

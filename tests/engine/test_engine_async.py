@@ -29,6 +29,7 @@ async def engine_and_stats(tiny_llama):
         max_model_len=128,
         num_gpu_blocks_override=64,
         block_size=8,
+        enable_sleep_mode=True,
     )
     engine = AsyncEngine.from_config(config, stat_loggers=[recorder])
     yield engine, recorder

@@ -279,7 +279,9 @@ def test_abort_of_requests_in_flight(tiny_llama, hf_greedy):
 
 
 def test_sleep_takes_the_steps_in_flight_back(tiny_llama, hf_greedy):
-    llm = _llm(tiny_llama, async_scheduling=True, num_gpu_blocks_override=64)
+    llm = _llm(
+        tiny_llama, async_scheduling=True, num_gpu_blocks_override=64, enable_sleep_mode=True
+    )
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     engine.add_request("a", PROMPTS[0], params)

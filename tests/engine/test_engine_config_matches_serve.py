@@ -132,9 +132,24 @@ def test_rope_scaling_serves(model_factory):
 
 def test_config_prints_what_the_engine_resolves(model_factory, capsys):
     path = model_factory("LlamaForCausalLM")
-    code, _, printed = config_exit([path, "--enforce-eager"], capsys)
-    runtime, _ = resolve_config(build_config(path, enforce_eager=True))
+    events = {"enable_kv_cache_events": True, "topic": "kv"}
+    code, _, printed = config_exit(
+        [path, "--enforce-eager", "--kv-events-config", json.dumps(events)], capsys
+    )
+    runtime, _ = resolve_config(build_config(path, enforce_eager=True, kv_events_config=events))
     assert code == 0
+    # vLLM's defaults filled in, as the engine publishes with them
+    assert printed["kv_events_config"] == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": None,
+        "buffer_steps": 10_000,
+        "hwm": 100_000,
+        "max_queue_size": 100_000,
+        "topic": "kv",
+    }
+    assert runtime.kv_events is not None and runtime.kv_events.publishes
     assert printed["dtype"] == str(runtime.model.info.dtype).removeprefix("torch.")
     assert printed["max_num_batched_tokens"] == runtime.scheduler.max_num_batched_tokens
     assert printed["block_size"] == runtime.cache.block_size
@@ -180,6 +195,12 @@ REFUSED = [
         ["--kv-transfer-config", '{"kv_connector": "RecordingConnector", "kv_role": "kv_sender"}'],
         2,
         "kv_transfer_config.kv_role 'kv_sender' is not one of",
+    ),
+    (
+        {},
+        ["--kv-events-config", '{"enable_kv_cache_events": true, "hwm": -1}'],
+        2,
+        "kv_events_config.hwm must be an integer of 0 or more",
     ),
     (
         {},

@@ -327,7 +327,14 @@ def test_sleep_drops_the_graphs_and_wake_up_captures_them_again(
 ):
     from infernetes import LLM
 
-    llm = LLM(tiny_llama, num_gpu_blocks_override=64, cuda_graph_sizes=[8], max_num_seqs=8, seed=0)
+    llm = LLM(
+        tiny_llama,
+        num_gpu_blocks_override=64,
+        cuda_graph_sizes=[8],
+        max_num_seqs=8,
+        seed=0,
+        enable_sleep_mode=True,
+    )
     runner = llm.llm_engine.engine_core.executor.driver_worker.model_runner
     first = runner.decode_graphs
     for level in (1, 2):

@@ -1,16 +1,18 @@
 """KV-cache events: what the block manager reports matches the requests' tokens and its own
-prefix cache, through real requests on a tiny model."""
+prefix cache, through real requests on a tiny model: runs of stored blocks chained by their
+parents' hashes, evictions, resets; hashes as they go out (``external_block_hash``)."""
 
 from __future__ import annotations
 
 from infernetes.runtime.engine.block_manager import HASH_FUNCTIONS, BlockManager
-from infernetes.runtime.engine.kv_events import (
+from infernetes.runtime.engine.request import Request
+from infernetes.runtime.kv_events.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEventCollector,
+    external_block_hash,
 )
-from infernetes.runtime.engine.request import Request
 from infernetes.runtime.llm import LLM
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.sampling_params import SamplingParams
@@ -19,15 +21,27 @@ BLOCK_SIZE = 8
 
 
 def _chain(hash_fn, tokens: list[int]) -> dict:
-    """Each full block's hash -> (its parent's hash, its tokens), as a request without an adapter
-    chains them."""
+    """Each full block's published hash -> (its parent's, its tokens), as a request without an
+    adapter chains them."""
     blocks, parent = {}, None
     for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
         block = tuple(tokens[start : start + BLOCK_SIZE])
         block_hash = hash_fn(parent, block)
-        blocks[block_hash] = (parent, block)
+        published_parent = None if parent is None else external_block_hash(parent)
+        blocks[external_block_hash(block_hash)] = (published_parent, block)
         parent = block_hash
     return blocks
+
+
+def _blocks(event: BlockStored) -> list[tuple]:
+    """A stored run as (hash, parent hash, tokens) per block."""
+    tokens, hashes = event.token_ids, event.block_hashes
+    assert len(tokens) == len(hashes) * event.block_size
+    parents = [event.parent_block_hash, *hashes[:-1]]
+    return [
+        (h, p, tuple(tokens[i * event.block_size : (i + 1) * event.block_size]))
+        for i, (h, p) in enumerate(zip(hashes, parents, strict=True))
+    ]
 
 
 def test_events_follow_the_prefix_cache_of_real_requests(tiny_llama):
@@ -57,33 +71,44 @@ def test_events_follow_the_prefix_cache_of_real_requests(tiny_llama):
     for tokens in sequences:
         known |= _chain(hash_fn, tokens)
     live: set = set()
+    stored: set = set()
     for event in events:
         match event:
             case BlockStored():
-                assert (event.parent_block_hash, event.token_ids) == known[event.block_hash]
                 assert event.block_size == BLOCK_SIZE and event.lora_id is None
-                assert event.block_hash not in live
-                live.add(event.block_hash)
+                assert (event.medium, event.group_idx) == ("GPU", 0)
+                for block_hash, parent, tokens in _blocks(event):
+                    assert (parent, tokens) == known[block_hash]
+                    assert block_hash not in live
+                    live.add(block_hash)
+                    stored.add(block_hash)
             case BlockRemoved():
-                live.remove(event.block_hash)
+                (block_hash,) = event.block_hashes
+                live.remove(block_hash)
     # Every full block whose keys were computed was stored (the last sampled token never is).
-    stored = {e.block_hash for e in events if isinstance(e, BlockStored)}
     for tokens in sequences:
         assert set(_chain(hash_fn, tokens[:-1])) <= stored
     assert any(isinstance(e, BlockRemoved) for e in events)  # the cache was full: evictions
-    assert live == set(manager.cached)
+    assert live == {external_block_hash(h) for h in manager.cached}
 
     assert core.reset_prefix_cache() is True
     assert sink.take() == [AllBlocksCleared()] and not manager.cached
 
 
-def test_a_stored_block_names_its_adapter():
+def test_a_stored_run_names_its_adapter_and_chains_on_the_blocks_before():
     sink = KVEventCollector()
-    manager = BlockManager(num_blocks=4, block_size=2, event_sink=sink)
+    manager = BlockManager(num_blocks=8, block_size=2, hash_algo="sha256", event_sink=sink)
     lora = LoRARequest("sql", 3, "/adapters/sql")
     request = Request("a", [1, 2, 3, 4, 5], SamplingParams(max_tokens=1), lora_request=lora)
     assert manager.allocate_slots(request, 5)
-    first, second = sink.take()
-    assert (first.token_ids, first.parent_block_hash, first.lora_id) == ((1, 2), None, 3)
-    assert (second.token_ids, second.parent_block_hash) == ((3, 4), first.block_hash)
-    assert request.block_hashes == [first.block_hash, second.block_hash]
+    (first,) = sink.take()  # the two full blocks stored together, as vLLM's block pool does
+    digests = request.block_hashes
+    assert first.block_hashes == [int.from_bytes(d, "big") & (2**64 - 1) for d in digests]
+    assert (first.token_ids, first.parent_block_hash) == ([1, 2, 3, 4], None)
+    assert (first.lora_id, first.lora_name, first.block_size) == (3, "sql", 2)
+    # the request grows by a token: its third block is stored on its own, chained on the second
+    request.num_computed_tokens = 5
+    request.append_token(6)
+    assert manager.allocate_slots(request, 1)
+    (second,) = sink.take()
+    assert (second.token_ids, second.parent_block_hash) == ([5, 6], first.block_hashes[-1])

@@ -112,6 +112,25 @@ def test_hf_overrides_replace_values_and_merge_dicts(tmp_path, tiny_llama):
     assert merged.rms_norm_eps == 1e-3
 
 
+def test_hf_overrides_rope_theta_reaches_the_model(tiny_llama):
+    """transformers 5 reads the base from ``rope_parameters``: an override of ``rope_theta``
+    must land there, or it changes nothing (as it did)."""
+    from infernetes.runtime.model_executor.loader import load_hf_config
+
+    config = load_hf_config(Path(tiny_llama), hf_overrides={"rope_theta": 1234.0})
+    params = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
+    assert params["rope_theta"] == 1234.0
+    prompt = [list(range(3, 40))]
+    base = LLM(tiny_llama, dtype="float32", num_gpu_blocks_override=64).generate(prompt, GREEDY)
+    moved = LLM(
+        tiny_llama,
+        dtype="float32",
+        num_gpu_blocks_override=64,
+        hf_overrides={"rope_theta": 1234.0},
+    ).generate(prompt, GREEDY)
+    assert base[0].outputs[0].token_ids != moved[0].outputs[0].token_ids
+
+
 def test_kv_cache_smaller_than_one_sequence_is_refused(tiny_llama):
     with pytest.raises(ValueError, match=r"max seq len \(128\) is larger than .* KV cache \(64\)"):
         LLM(tiny_llama, dtype="float32", max_model_len=128, num_gpu_blocks_override=8, block_size=8)

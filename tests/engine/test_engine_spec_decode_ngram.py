@@ -5,6 +5,7 @@ while it verifies and accepts some."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -148,6 +149,11 @@ def generate(
         counts[0] += iteration.num_drafts
         counts[1] += iteration.num_draft_tokens
         counts[2] += iteration.num_accepted_tokens
+        # vLLM's per-position vector: each position's acceptances sum to the accepted tokens,
+        # and a later position is accepted only after every earlier one
+        per_pos = iteration.num_accepted_tokens_per_pos
+        assert sum(per_pos) == iteration.num_accepted_tokens
+        assert all(a >= b for a, b in itertools.pairwise(per_pos))
         return updated, iteration
 
     scheduler.update_from_output = counted

@@ -137,6 +137,18 @@ def test_operator_args_are_accepted_by_the_operator_cli(helm_bin: Path):
         assert parsed.image and parsed.metrics_port == 8080 and parsed.health_port == 8081, values
 
 
+def test_tracing_endpoint_reaches_the_operator_as_its_default(helm_bin: Path):
+    assert not any(
+        arg.startswith("--otlp-traces-endpoint")
+        for arg in operator_container(template(helm_bin))["args"]
+    )
+    collector = "http://otel-collector.observability:4317"
+    args = operator_container(template(helm_bin, "--set", f"tracing.otlpEndpoint={collector}"))[
+        "args"
+    ]
+    assert build_parser().parse_args(["operator", "run", *args]).otlp_traces_endpoint == collector
+
+
 def test_defaults_run_the_server_image_the_operator_defaults_to(helm_bin: Path):
     docs = template(helm_bin)
     container = operator_container(docs)

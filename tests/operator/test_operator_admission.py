@@ -32,8 +32,15 @@ def test_every_refused_engine_field_and_no_other_is_narrowed() -> None:
     narrowed = {item.field for item in engine_refusals(ARGS)}
     expected = {camel(arg.dest) for arg in engine_args(ARGS) if refuses(ARG_SUPPORT[arg.dest])}
     assert narrowed == expected
-    assert {"apiServerCount", "fullyShardedLoras", "kvEventsConfig", "quantization"} <= narrowed
-    assert not narrowed & {"swapSpace", "attentionBackend", "maxModelLen"}  # no effect / honoured
+    assert {
+        "apiServerCount",
+        "fullyShardedLoras",
+        "longLoraScalingFactors",
+        "quantization",
+    } <= narrowed
+    # No effect, or honoured (request traces since the runtime exports them).
+    honoured = {"otlpTracesEndpoint", "collectDetailedTraces", "attentionBackend", "maxModelLen"}
+    assert not narrowed & {"swapSpace", *honoured}
 
 
 def test_every_refused_variable_and_no_other_is_narrowed() -> None:
@@ -77,7 +84,7 @@ def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
     )
     assert count.endswith("supported: 1")
     assert by_field["fullyShardedLoras"].message.endswith("only false is accepted")
-    assert by_field["kvEventsConfig"].message.endswith("leave it unset")
+    assert by_field["longLoraScalingFactors"].message.endswith("leave it unset")
     assert by_field["cpuOffloadGb"].message.endswith("only 0 is accepted")
 
 
@@ -92,9 +99,15 @@ def test_the_crd_checks_allowed_values_on_the_field_and_unset_ones_on_the_object
         "'qwen3_coder']"
     )
     (unset,) = [
-        r for r in engine["x-kubernetes-validations"] if r.get("fieldPath") == ".kvEventsConfig"
+        r
+        for r in engine["x-kubernetes-validations"]
+        if r.get("reason") == "FieldValueForbidden"
+        and r.get("fieldPath") == ".longLoraScalingFactors"
     ]
-    assert unset["rule"] == "!has(self.kvEventsConfig)" and unset["reason"] == "FieldValueForbidden"
+    assert (
+        unset["rule"] == "!has(self.longLoraScalingFactors)"
+        and unset["reason"] == "FieldValueForbidden"
+    )
     env = spec()["properties"]["engineEnv"]["properties"]
     assert env["VLLM_USE_V1"]["x-kubernetes-validations"][-1]["rule"] == "self == true"
 

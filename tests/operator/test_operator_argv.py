@@ -14,6 +14,7 @@ import pytest
 import yaml
 from infernetes.operator.argv import EngineSpecError, engine_argv, engine_env
 from infernetes.operator.engine_schema import camel, engine_args, engine_env_vars
+from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.render.workload import container_args
 
 from infernetes.schema.args import ARGS
@@ -87,7 +88,7 @@ def test_samples_round_trip(path: Path) -> None:
     by_field = {camel(arg.dest): arg for arg in engine_args(ARGS)}
     for doc in yaml.safe_load_all(path.read_text()):
         spec = doc["spec"]
-        config = parse_serve_args(container_args(spec))
+        config = parse_serve_args(container_args(spec, ClusterFacts()))
         for field, value in (spec.get("engine") or {}).items():
             arg = by_field[field]
             assert thaw(getattr(config, arg.dest)) == expected(arg, value), field
@@ -127,7 +128,13 @@ def test_engine_env_round_trips(var: Any) -> None:
 def test_cpu_sample_through_infernetes_config() -> None:
     spec = yaml.safe_load((SAMPLES / "cpu.yaml").read_text())["spec"]
     result = subprocess.run(
-        [sys.executable, "-m", "infernetes.cli.main", "config", *container_args(spec)],
+        [
+            sys.executable,
+            "-m",
+            "infernetes.cli.main",
+            "config",
+            *container_args(spec, ClusterFacts()),
+        ],
         capture_output=True,
         text=True,
         check=False,

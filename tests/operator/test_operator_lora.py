@@ -4,6 +4,7 @@ and checks the list (the API server's verdicts are in e2e/test_operator_lora.py)
 
 import pytest
 from infernetes.operator.crd import build_crd
+from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.render.workload import CACHE_MOUNT, container_args
 
 from infernetes.schema.parser import parse_serve_args
@@ -23,7 +24,7 @@ SPEC = {
 
 
 def _parsed(spec):
-    return parse_serve_args(container_args(spec))
+    return parse_serve_args(container_args(spec, ClusterFacts()))
 
 
 def test_adapters_render_as_lora_flags_the_server_parses():
@@ -47,13 +48,13 @@ def test_adapters_render_as_lora_flags_the_server_parses():
 )
 def test_engine_lora_settings_are_kept(engine, max_loras):
     spec = {**SPEC, "engine": engine}
-    args = container_args(spec)
+    args = container_args(spec, ClusterFacts())
     assert args.count("--enable-lora") == 1
     assert _parsed(spec).max_loras == max_loras
 
 
 def test_no_adapters_no_flags():
-    assert not any("lora" in a for a in container_args({"model": "org/base"}))
+    assert not any("lora" in a for a in container_args({"model": "org/base"}, ClusterFacts()))
 
 
 def test_crd_types_spec_lora():

@@ -78,7 +78,7 @@ def test_leader_and_workers_run_the_usual_argv_plus_their_node_rank() -> None:
     assert group["size"] == 2
     leader = group["leaderTemplate"]["spec"]["containers"][0]
     worker = group["workerTemplate"]["spec"]["containers"][0]
-    usual = container_args(spec)
+    usual = container_args(spec, ClusterFacts())
     assert "--tensor-parallel-size=16" in usual
     port = str(MASTER_PORT)
     assert leader["args"] == [

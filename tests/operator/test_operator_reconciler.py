@@ -581,3 +581,40 @@ def test_each_new_warning_is_an_event_once(api: FakeApi) -> None:
         if reason in ("Adjusted", "SettingIgnored")
     ]
     assert told == [("Adjusted", "monitoring.mode"), ("SettingIgnored", "spec.engine.swapSpace:")]
+
+
+def condition_series(namespace: str, name: str) -> dict[tuple[str, str], float]:
+    """The operator's per-condition series of one service, as /metrics exports them."""
+    from infernetes.operator import metrics
+    from prometheus_client import REGISTRY
+
+    return {
+        (sample.labels["condition"], sample.labels["status"]): sample.value
+        for family in REGISTRY.collect()
+        if family.name == metrics.CONDITION._name
+        for sample in family.samples
+        if (sample.labels["inference_service_namespace"], sample.labels["inference_service"])
+        == (namespace, name)
+    }
+
+
+def test_condition_metric_follows_the_written_status_and_goes_with_the_service(
+    api: FakeApi,
+) -> None:
+    def break_spec(reconciler: Reconciler) -> None:
+        api.resource["metadata"]["generation"] = 2
+        api.refuse = lambda m: "refused" if m["kind"] == "Deployment" else None
+
+    reconciler = run(api, nothing)
+    written = {(c["type"], c["status"]) for c in api.resource["status"]["conditions"]}
+    assert ("Ready", "False") in written
+    assert condition_series(*KEY) == dict.fromkeys(written, 1.0)
+
+    reconciler = run(api, break_spec)
+    written = {(c["type"], c["status"]) for c in api.resource["status"]["conditions"]}
+    assert ("Degraded", "True") in written
+    # Each condition has one series, at its current status: the old status's series is gone.
+    assert condition_series(*KEY) == dict.fromkeys(written, 1.0)
+
+    reconciler.resource_event("DELETED", api.resource)
+    assert condition_series(*KEY) == {}

@@ -267,3 +267,18 @@ def test_topology_spread_defaults_its_selector_to_the_resources_pods() -> None:
     first, second = pod["topologySpreadConstraints"]
     assert first["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "m"
     assert second["labelSelector"] == {}
+
+
+def test_otlp_traces_endpoint_from_the_spec_else_the_operators_default() -> None:
+    collector = "http://collector.observability:4317"
+    facts = ClusterFacts(otlp_traces_endpoint=collector)
+
+    def traces_endpoint(spec: dict, facts: ClusterFacts) -> str | None:
+        args = deployment(spec, facts)["spec"]["template"]["spec"]["containers"][0]["args"]
+        return parse_serve_args(args).otlp_traces_endpoint
+
+    assert traces_endpoint({"model": "x"}, FACTS) is None
+    assert traces_endpoint({"model": "x"}, facts) == collector
+    own = {"model": "x", "engine": {"otlpTracesEndpoint": "http://mine:4318"}}
+    assert traces_endpoint(own, facts) == "http://mine:4318"
+    assert traces_endpoint(own, FACTS) == "http://mine:4318"

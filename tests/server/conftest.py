@@ -124,6 +124,7 @@ MAIN_ARGS = [
     "--allowed-origins",
     '["http://allowed.example"]',
     "--disable-uvicorn-access-log",
+    "--enable-sleep-mode",
     "--seed",
     "0",
 ]

@@ -73,6 +73,7 @@ def test_record_moves_counters_and_gauges():
         num_drafts=2,
         num_draft_tokens=6,
         num_accepted_tokens=4,
+        num_accepted_tokens_per_pos=[2, 1, 1],
         time_to_first_tokens_iter=[0.05],
         inter_token_latencies_iter=[0.01, 0.02],
         finished_requests=[
@@ -100,6 +101,8 @@ def test_record_moves_counters_and_gauges():
     assert m["vllm:spec_decode_num_drafts_total"][label] == 2
     assert m["vllm:spec_decode_num_draft_tokens_total"][label] == 6
     assert m["vllm:spec_decode_num_accepted_tokens_total"][label] == 4
+    per_pos = m["vllm:spec_decode_num_accepted_tokens_per_pos_total"]
+    assert [per_pos[(*label, ("position", str(p)))] for p in range(3)] == [2, 1, 1]
     assert m["vllm:prefix_cache_queries_total"][label] == 48
     assert m["vllm:prefix_cache_hits_total"][label] == 32
     assert m["vllm:gpu_prefix_cache_hit_rate"][label] == 32 / 48
@@ -129,3 +132,23 @@ def test_each_data_parallel_engine_has_its_own_series():
     running = exposed(logger)["vllm:num_requests_running"]
     assert running[(("engine", "0"), ("model_name", "tiny"))] == 1
     assert running[(("engine", "1"), ("model_name", "tiny"))] == 3
+
+
+def test_the_stats_log_has_vllms_spec_decoding_line(caplog):
+    """Two requests' steps drafted 3 tokens each; one accepted 2, the other 1."""
+    from infernetes.runtime.engine.stats import IterationStats
+    from infernetes.runtime.server.log_stats import LoggingStatLogger
+
+    stats = LoggingStatLogger(interval_s=0.0)
+    iteration = IterationStats(num_drafts=2, num_draft_tokens=6)
+    iteration.count_accepted(2, 3)
+    iteration.count_accepted(1, 3)
+    assert iteration.num_accepted_tokens == 3
+    assert iteration.num_accepted_tokens_per_pos == [2, 1, 0]
+    with caplog.at_level("INFO", logger="infernetes.runtime.server.stats"):
+        stats.record(None, iteration)
+    line = next(r.message for r in caplog.records if r.message.startswith("SpecDecoding"))
+    assert "Mean acceptance length: 2.50" in line
+    assert "Accepted: 3 tokens, Drafted: 6 tokens" in line
+    assert "Per-position acceptance rate: 1.000, 0.500, 0.000" in line
+    assert "Avg Draft acceptance rate: 50.0%" in line

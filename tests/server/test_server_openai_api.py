@@ -344,11 +344,12 @@ def test_errors_are_openai_shaped(client, main_server, auth_headers, maps_torch)
         client.completions.create(
             model="tiny", prompt="x", max_tokens=1, extra_body={"guided_regex": "("}
         )
-    with pytest.raises(openai.BadRequestError, match="prompt_embeds is not supported") as info:
+    with pytest.raises(openai.BadRequestError, match="started with --enable-prompt-embeds") as info:
         client.completions.create(
             model="tiny", prompt="", max_tokens=1, extra_body={"prompt_embeds": "AAAA"}
         )
     assert info.value.body["param"] == "prompt_embeds"
+    assert not maps_torch(main_server.process.pid)  # refused before anything was read
     response = httpx.post(
         f"{main_server.url}/v1/chat/completions",
         headers=auth_headers,
@@ -437,6 +438,20 @@ def test_dev_mode_routes(main_server, auth_headers):
     assert httpx.get(f"{url}/health").status_code == 200
     assert httpx.post(f"{url}/wake_up", headers=auth_headers).status_code == 200
     assert httpx.get(f"{url}/is_sleeping", headers=auth_headers).json() == {"is_sleeping": False}
+    # vLLM's tags: the weights first (an RL trainer updates them), then the KV cache
+    assert httpx.post(f"{url}/sleep?level=2", headers=auth_headers).status_code == 200
+    early = httpx.post(f"{url}/wake_up?tags=kv_cache", headers=auth_headers)
+    assert early.status_code == 400 and "weights" in early.json()["error"]["message"]
+    assert httpx.post(f"{url}/wake_up?tags=weights", headers=auth_headers).status_code == 200
+    assert httpx.get(f"{url}/is_sleeping", headers=auth_headers).json() == {"is_sleeping": True}
+    assert httpx.post(f"{url}/wake_up?tags=kv_cache", headers=auth_headers).status_code == 200
+    assert httpx.get(f"{url}/is_sleeping", headers=auth_headers).json() == {"is_sleeping": False}
+    rpc = httpx.post(
+        f"{url}/collective_rpc", json={"method": "kv_cache_block_bytes"}, headers=auth_headers
+    )
+    assert rpc.status_code == 200 and rpc.json()["results"][0] > 0
+    unknown = httpx.post(f"{url}/collective_rpc", json={"method": "_private"}, headers=auth_headers)
+    assert unknown.status_code == 400 and "no method" in unknown.json()["error"]["message"]
     # the resolved configuration, its secrets masked (the server runs with an API key)
     info = httpx.get(f"{url}/server_info", headers=auth_headers).json()
     assert auth_headers["Authorization"].split()[1] not in json.dumps(info)

@@ -76,7 +76,7 @@ class GroupQuantWeight:
         return GroupQuantWeight(
             qweight=torch.cat([p.qweight for p in parts]),
             scale=torch.cat([p.scale for p in parts]),
-            offset=None if offsets[0] is None else torch.cat(offsets),  # type: ignore[misc]
+            offset=None if offsets[0] is None else torch.cat(offsets),  # type: ignore[arg-type]
             group_size=first.group_size,
             bits=first.bits,
         )
