@@ -214,7 +214,7 @@ def report(model: BenchModel, figures: dict[str, Figures], bandwidth: float) -> 
     note = "" if "infernetes" in figures else f" ({NEEDS_GGUF})"
     lines = [
         f"\n### {model.name}: {weights / (1 << 20):.0f} MiB of weights{note}\n",
-        "| | infernetes | llama.cpp | infernetes / llama.cpp |",
+        "| | infernetes | llama.cpp | ratio (above 1: infernetes better) |",
         "|---|---:|---:|---:|",
     ]
     for label, mine, other, lower, digits in rows:
