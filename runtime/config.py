@@ -120,6 +120,7 @@ class DeviceConfig:
     attention_backend: (
         str | None
     )  # --attention-backend; None: VLLM_ATTENTION_BACKEND or the default
+    cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND (worker/cpu_binding.py)
 
 
 @dataclass(frozen=True)

@@ -924,7 +924,10 @@ ENV_SUPPORT: dict[str, Support] = {
         )
     },
     "VLLM_USE_DUMMY_WEIGHTS": no_effect("use --load-format dummy"),
-    "VLLM_CPU_OMP_THREADS_BIND": no_effect("torch's own thread settings (OMP_NUM_THREADS) apply"),
+    "VLLM_CPU_OMP_THREADS_BIND": honoured(
+        "auto, all, nobind or CPU lists per rank (0-3|4-7): the rank's threads are bound there and "
+        "run one intra-op thread per CPU; unset leaves torch's own placement"
+    ),
     **{
         name: no_effect(OTHER_HARDWARE)
         for name in (

@@ -40,6 +40,7 @@ from infernetes.runtime.model_executor.parallel import stage_layers
 from infernetes.runtime.preflight import pp_layer_partition
 from infernetes.runtime.spec_decode.config import speculative_config
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
+from infernetes.runtime.worker.cpu_binding import check_bind
 from transformers import PretrainedConfig
 
 from infernetes.schema.config import ServeConfig
@@ -292,7 +293,11 @@ def resolve_config(
         cache=_cache_config(config, info.is_pooling, environ),
         scheduler=scheduler,
         parallel=_parallel_config(config, hf_config, info.is_pooling, environ, data_parallel_rank),
-        device=DeviceConfig(device=device, attention_backend=config.attention_backend),
+        device=DeviceConfig(
+            device=device,
+            attention_backend=config.attention_backend,
+            cpu_threads_bind=_cpu_threads_bind(environ),
+        ),
         load=LoadConfig(
             load_format=config.load_format,
             ignore_patterns=tuple(ignore),
@@ -347,6 +352,15 @@ def _cache_config(config: ServeConfig, pooling: bool, environ: dict[str, str]) -
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
         cpu_kv_cache_bytes=int(read_env("VLLM_CPU_KVCACHE_SPACE", environ) or 4) << 30,
     )
+
+
+def _cpu_threads_bind(environ: dict[str, str]) -> str | None:
+    bind = read_env("VLLM_CPU_OMP_THREADS_BIND", environ)
+    try:
+        check_bind(bind)
+    except ValueError as error:
+        raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND: {error}") from None
+    return bind or None
 
 
 def _lora_config(config: ServeConfig, pooling: bool) -> LoRAConfig | None:

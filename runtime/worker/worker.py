@@ -16,6 +16,7 @@ from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
 from infernetes.runtime.model_executor.memory_profile import log_kv_cache_budget
+from infernetes.runtime.worker.cpu_binding import bind_threads, rank_cpus
 from infernetes.runtime.worker.model_runner import ModelRunner
 from infernetes.runtime.worker.weight_offload import return_freed_host_memory
 
@@ -33,7 +34,7 @@ class Worker:
         self.config = config = (
             _given_device(config, device) if device else _rank_device(config, rank)
         )
-        _share_cpu_cores(config)
+        _share_cpu_cores(config, rank)
         self.device = config.device.device
         # The first rank of the last pipeline stage returns the sampled tokens; the others
         # sample the same ones (same logits, same seed) and keep them for their own inputs.
@@ -150,12 +151,21 @@ class Worker:
             self.initialize_cache(num_blocks)
 
 
-def _share_cpu_cores(config: RuntimeConfig) -> None:
-    """Ranks and data-parallel engines on one CPU share its cores (oversubscribed OpenMP threads
-    spin against each other), unless OMP_NUM_THREADS says otherwise."""
+def _share_cpu_cores(config: RuntimeConfig, rank: int) -> None:
+    """VLLM_CPU_OMP_THREADS_BIND places this rank's threads where it says; otherwise ranks and
+    data-parallel engines on one CPU share its cores (oversubscribed OpenMP threads spin against
+    each other), unless OMP_NUM_THREADS says otherwise."""
     parallel = config.parallel
     ranks = parallel.local_world_size * parallel.data_parallel_size
-    if config.device.device.type == "cpu" and ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
+    if config.device.device.type != "cpu":
+        return
+    index = parallel.data_parallel_rank * parallel.local_world_size
+    cpus = rank_cpus(
+        config.device.cpu_threads_bind, index + rank % parallel.local_world_size, ranks
+    )
+    if cpus is not None:
+        bind_threads(cpus)
+    elif ranks > 1 and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
 
 
