@@ -33,3 +33,20 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 300) -> N
             pass
         time.sleep(0.5)
     raise RuntimeError("the server did not become healthy")
+
+
+def random_dataset(num_prompts: int, input_len: int, output_len: int) -> list[str]:
+    """``infernetes bench``'s options for ``num_prompts`` random prompts of these lengths (seed 0:
+    every run and both sides of a comparison get the same prompts)."""
+    return [
+        "--dataset-name",
+        "random",
+        "--num-prompts",
+        str(num_prompts),
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--seed",
+        "0",
+    ]

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench._server import cli, free_port, wait_healthy
+from bench._server import cli, free_port, random_dataset, wait_healthy
 
 TARGET_RATIO = 0.85
 
@@ -205,18 +205,7 @@ def main(argv: list[str]) -> int:
             "--max-model-len",
             str(2 * (args.input_len + args.output_len)),
         ]
-        dataset = [
-            "--dataset-name",
-            "random",
-            "--num-prompts",
-            str(args.num_prompts),
-            "--random-input-len",
-            str(args.input_len),
-            "--random-output-len",
-            str(args.output_len),
-            "--seed",
-            "0",
-        ]
+        dataset = random_dataset(args.num_prompts, args.input_len, args.output_len)
         offline, served, engine_cpu, http_cpu = [], [], [], []
         for round_index in range(args.rounds):
             offline.append(

@@ -20,7 +20,7 @@ import tempfile
 from concurrent import futures
 from pathlib import Path
 
-from bench._server import free_port
+from bench._server import free_port, random_dataset
 from bench.serve_vs_offline import SHAPES, _make_model, describe_shape, serve_round
 
 TARGET_RATIO = 0.95
@@ -79,18 +79,7 @@ def main(argv: list[str]) -> int:
         "traced, live receiver": ["--otlp-traces-endpoint", receiver.endpoint],
         "traced, receiver gone": ["--otlp-traces-endpoint", dead],
     }
-    dataset = [
-        "--dataset-name",
-        "random",
-        "--num-prompts",
-        str(args.num_prompts),
-        "--random-input-len",
-        str(args.input_len),
-        "--random-output-len",
-        str(args.output_len),
-        "--seed",
-        "0",
-    ]
+    dataset = random_dataset(args.num_prompts, args.input_len, args.output_len)
     results: dict[str, list[dict]] = {name: [] for name in variants}
     try:
         with tempfile.TemporaryDirectory(prefix="tracing-overhead-") as tmp:
