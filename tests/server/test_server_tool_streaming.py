@@ -12,22 +12,9 @@ import json
 
 import openai
 import pytest
-from infernetes.runtime.server.protocol import ChatTool
 from infernetes.runtime.server.tool_parsers import RequiredCallsParser, make_tool_parser
 from test_server_tool_parsers import CASES as PARSER_CASES
-
-WEATHER = ChatTool.model_validate(
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            },
-        },
-    }
-)
+from test_server_tool_parsers import WEATHER
 
 # The grammar allows any JSON whitespace unless --guided-decoding-disable-any-whitespace is set,
 # and strings hold any character: brackets and braces inside them must not end a call.
