@@ -98,11 +98,15 @@ class ServedApis:
             f"{spec.get('group')}/{version.get('name')}/{(spec.get('names') or {}).get('kind')}"
             for version in spec.get("versions") or ()
         }
-        if body["metadata"].get("deletionTimestamp") and not kinds <= self.withdrawn:
+        served_before = self.apis
+        if body["metadata"].get("deletionTimestamp"):
             self.withdrawn |= kinds
-            self._changed()
-        elif not body["metadata"].get("deletionTimestamp") and event != "DELETED":
+        elif event != "DELETED":
+            # Recreated before discovery caught up with its deletion: still `discovered`, so
+            # serving it again changes nothing discovery would notice.
             self.withdrawn -= kinds
+        if self.apis != served_before:
+            self._changed()
         if self._after_crd is not None:
             self._after_crd.cancel()
 
