@@ -206,6 +206,28 @@ INVALID = [
     ),
     ("tpu-device", variant({"engine.device": "tpu"}), "spec.engine.device"),
     (
+        "dra-class-and-template",
+        variant({"gpu.deviceClassName": "gpu.nvidia.com", "gpu.resourceClaimTemplateName": "t"}),
+        ("spec.gpu.resourceClaimTemplateName: Invalid value", "not both"),
+    ),
+    (
+        "dra-and-device-plugin-count",
+        variant(
+            {"gpu.deviceClassName": "gpu.nvidia.com", "resources.limits": {"nvidia.com/gpu": 2}}
+        ),
+        ("spec.resources: Invalid value", "Dynamic Resource Allocation"),
+    ),
+    (
+        "dra-on-cpu",
+        variant({"engine.device": "cpu", "gpu": {"resourceClaimTemplateName": "t"}}),
+        ("spec.gpu: Invalid value", "engine.device cpu runs without GPUs"),
+    ),
+    (
+        "dra-across-nodes",
+        variant({"gpu.deviceClassName": "gpu.nvidia.com", "gpu.perNode": 2}),
+        ("spec.gpu.perNode: Invalid value", "Dynamic Resource Allocation"),
+    ),
+    (
         "cpu-holding-gpus-through-limits",
         variant({"engine.device": "cpu", "gpu": None, "resources.limits": {"nvidia.com/gpu": 2}}),
         ("spec.resources: Invalid value", "runs without GPUs"),

@@ -230,6 +230,66 @@ def test_a_pod_no_node_takes_is_unschedulable(
     assert "Unschedulable" in events
 
 
+def test_gpus_claimed_through_dra_give_each_pod_a_claim_of_the_device_class(
+    cluster: Any, ns: str, operator: OperatorProcess
+) -> None:
+    # resource.k8s.io/v1 is served by the API server itself (Kubernetes 1.34+); no DRA driver
+    # runs here, so the pod stays Pending with its claim unallocated, as on a cluster whose
+    # driver has no free device.
+    cluster.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu.e2e.infernetes.io"},
+            "spec": {},
+        }
+    )
+    spec = {
+        "engine": {"tensorParallelSize": 2},
+        "gpu": {"deviceClassName": "gpu.e2e.infernetes.io"},
+    }
+    cluster.apply(isvc("claimed", **spec), namespace=ns)
+    selector = "app.kubernetes.io/instance=claimed"
+
+    def listed(kind: str) -> list[dict]:
+        found = (
+            kubectl_get(cluster, ns, kind, "-l", selector)
+            if kind != "resourceclaims"
+            else (kubectl_get(cluster, ns, kind))
+        )
+        return (found or {}).get("items") or []
+
+    (template,) = wait_until(
+        lambda: listed("resourceclaimtemplates"), timeout=TIMEOUT, what="the ResourceClaimTemplate"
+    )
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "gpu.e2e.infernetes.io"
+    assert request["exactly"]["count"] == 2
+    pod = wait_until(lambda: listed("pods"), timeout=TIMEOUT, what="a pod of claimed")[0]
+    assert pod["spec"]["resourceClaims"] == [
+        {"name": "gpu", "resourceClaimTemplateName": template["metadata"]["name"]}
+    ]
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["claims"] == [{"name": "gpu"}]
+    assert "nvidia.com/gpu" not in (container["resources"].get("limits") or {})
+
+    # The API server's resource-claim controller made the pod its own claim from the template.
+    def pods_claim() -> list[dict]:
+        return [
+            claim
+            for claim in listed("resourceclaims")
+            if any(
+                ref["name"] == pod["metadata"]["name"]
+                for ref in claim["metadata"].get("ownerReferences") or ()
+            )
+        ]
+
+    (claim,) = wait_until(pods_claim, timeout=TIMEOUT, what="the pod's ResourceClaim")
+    assert claim["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+    cluster.kubectl("delete", "infsvc", "claimed", "-n", ns)
+    cluster.kubectl("delete", "deviceclass", "gpu.e2e.infernetes.io")
+
+
 def test_resource_named_vllm_gets_another_service_name(
     cluster: Any, ns: str, operator: OperatorProcess
 ) -> None:

@@ -35,6 +35,7 @@ PLURALS = {
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("batch/v1", "Job"): "jobs",
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): "resourceclaimtemplates",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
 }

@@ -104,6 +104,24 @@ def _gpu_limit_rules(gpus_needed: str, gpu_free_device: str) -> list[Schema]:
             field_path=".resources",
         )
     )
+    dra = "(has(self.gpu) && (has(self.gpu.deviceClassName) || has(self.gpu.resourceClaimTemplateName)))"
+    rules.append(
+        rule(
+            f"!{dra} || !has(self.resources) || !({held})",
+            "GPUs claimed through Dynamic Resource Allocation (gpu.deviceClassName or "
+            "gpu.resourceClaimTemplateName) must not also be requested as a device-plugin "
+            "resource in resources",
+            field_path=".resources",
+        )
+    )
+    rules.append(
+        rule(
+            f"!{dra} || !{gpu_free_device}",
+            "engine.device cpu runs without GPUs: gpu.deviceClassName and "
+            "gpu.resourceClaimTemplateName must be unset",
+            field_path=".gpu",
+        )
+    )
     return rules
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from infernetes.operator.facts import (
+    DRA_GV,
     GATEWAY_GV,
     INFERENCE_POOL_GV,
     KEDA_GV,
@@ -21,7 +22,8 @@ from infernetes.operator.kube import Call, KubeError, request
 
 log = logging.getLogger("infernetes.operator")
 
-OPTIONAL_GROUP_VERSIONS = (MONITORING_GV, KEDA_GV, LWS_GV, INFERENCE_POOL_GV, GATEWAY_GV)
+# DRA is built into the API server (1.34+), not a CRD: only the periodic discovery sees it come.
+OPTIONAL_GROUP_VERSIONS = (MONITORING_GV, KEDA_GV, LWS_GV, INFERENCE_POOL_GV, GATEWAY_GV, DRA_GV)
 OPTIONAL_GROUPS = frozenset(gv.split("/")[0] for gv in OPTIONAL_GROUP_VERSIONS)
 REDISCOVER_SECONDS = 60.0
 REDISCOVER_AFTER_CRD_SECONDS = (1.0, 4.0)

@@ -10,6 +10,7 @@ KEDA_GV = "keda.sh/v1alpha1"
 LWS_GV = "leaderworkerset.x-k8s.io/v1"
 INFERENCE_POOL_GV = "inference.networking.k8s.io/v1"  # the Gateway API Inference Extension
 GATEWAY_GV = "gateway.networking.k8s.io/v1"  # the Gateway API (HTTPRoute)
+DRA_GV = "resource.k8s.io/v1"  # Dynamic Resource Allocation (GA in Kubernetes 1.34)
 # Kinds a bare group/version stands for (like `helm template --api-versions`).
 KNOWN_KINDS = {
     MONITORING_GV: ("ServiceMonitor", "PodMonitor"),
@@ -17,6 +18,7 @@ KNOWN_KINDS = {
     LWS_GV: ("LeaderWorkerSet",),
     INFERENCE_POOL_GV: ("InferencePool",),
     GATEWAY_GV: ("HTTPRoute",),
+    DRA_GV: ("ResourceClaimTemplate",),
 }
 
 

@@ -7,7 +7,7 @@ finalizer or last-handled annotation on the resources (no writes of its own).
 
 Watched: InferenceServices; what the operator creates (Deployments, Services, ServiceMonitors,
 PodMonitors, PodDisruptionBudgets, ScaledObjects, HorizontalPodAutoscalers, LeaderWorkerSets, and
-for routing an InferencePool, the HTTPRoute to it and its endpoint picker's ServiceAccount, Role and RoleBinding, by
+a ResourceClaimTemplate for GPUs through DRA, for routing an InferencePool, the HTTPRoute to it and its endpoint picker's ServiceAccount, Role and RoleBinding, by
 the managed-by label); pods (status, and GPU headroom) and nodes (GPU headroom); CRDs of the optional API groups (their appearance and removal, re-discovered).
 """
 
@@ -37,6 +37,7 @@ CHILD_RESOURCES = [
     ("gateway.networking.k8s.io", "v1", "httproutes"),
     ("", "v1", "serviceaccounts"),
     ("batch", "v1", "jobs"),
+    ("resource.k8s.io", "v1", "resourceclaimtemplates"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 ]
@@ -105,6 +106,7 @@ async def resource_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 @kopf.on.event("gateway.networking.k8s.io", "v1", "httproutes", labels=OWNED)
 @kopf.on.event("", "v1", "serviceaccounts", labels=OWNED)
 @kopf.on.event("batch", "v1", "jobs", labels=OWNED)
+@kopf.on.event("resource.k8s.io", "v1", "resourceclaimtemplates", labels=OWNED)
 @kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=OWNED)
 @kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=OWNED)
 async def child_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -60,6 +60,12 @@ def cluster_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": CHILD_VERBS},
         # spec.modelCache.download: the Job that fills the cache before the server starts.
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": CHILD_VERBS},
+        # spec.gpu.deviceClassName: the ResourceClaimTemplate each pod's GPU claim is made from.
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaimtemplates"],
+            "verbs": CHILD_VERBS,
+        },
         {
             "apiGroups": ["rbac.authorization.k8s.io"],
             "resources": ["roles", "rolebindings"],

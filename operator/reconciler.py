@@ -36,6 +36,7 @@ from infernetes.operator.gpus import TOO_LARGE, GpuLedger, too_large_for_any_nod
 from infernetes.operator.kube import MERGE_PATCH, KubeError, request
 from infernetes.operator.multinode import LWS_MISSING
 from infernetes.operator.render import SERVER, Plan, plan
+from infernetes.operator.render.dra import uses_dra
 from infernetes.operator.render.model_cache import held_workloads
 from infernetes.operator.render.workload import gpu_resource
 from infernetes.operator.status_writer import Outcome, StatusWriter
@@ -211,7 +212,8 @@ class Reconciler:
             if not differences(workload["spec"]["template"], live["spec"]["template"]):
                 # No rollout is coming: keep the strategy decided when the last one started.
                 workload["spec"]["strategy"] = live["spec"].get("strategy")
-            elif result.gpus_per_replica:
+            elif result.gpus_per_replica and not uses_dra(spec):
+                # (GPUs claimed by DRA are not in the nodes' device-plugin headroom.)
                 async with self.gpus.lock:
                     spare = self.gpus.spare(excluding=key)
                     result = plan(spec, self.facts(spare), name=name, namespace=namespace, uid=uid)
@@ -251,8 +253,14 @@ class Reconciler:
             # the API appears (discovery queues a pass then).
             error, result = result.blocked, None
             metrics.RECONCILES.labels("invalid").inc()
-        if result is not None and (
-            why := too_large_for_any_node(self.gpus.nodes, gpu_resource(spec), result.gpus_per_pod)
+        if (
+            result is not None
+            and not uses_dra(spec)
+            and (
+                why := too_large_for_any_node(
+                    self.gpus.nodes, gpu_resource(spec), result.gpus_per_pod
+                )
+            )
         ):
             # Rather than a pod that stays Pending: nothing is applied until a node fits.
             result, error = None, (TOO_LARGE, why)

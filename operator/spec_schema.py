@@ -151,7 +151,33 @@ def gpu_schema() -> Schema:
                 minimum=1,
                 maximum=64,
             ),
-        }
+            "deviceClassName": _name(
+                "Claim the GPUs through Dynamic Resource Allocation (resource.k8s.io/v1, "
+                "Kubernetes 1.34+) instead of the vendor's device-plugin resource: the operator "
+                "renders a ResourceClaimTemplate asking for exactly `count` devices of this "
+                "DeviceClass (e.g. gpu.nvidia.com), and each pod gets a claim of its own."
+            ),
+            "resourceClaimTemplateName": _name(
+                "Claim the GPUs through Dynamic Resource Allocation from this existing "
+                "ResourceClaimTemplate in the resource's namespace (its requests say which "
+                "devices and how many) instead of the vendor's device-plugin resource."
+            ),
+        },
+        rules=[
+            rule(
+                "!has(self.deviceClassName) || !has(self.resourceClaimTemplateName)",
+                "name gpu.deviceClassName (the operator renders the claim template) or "
+                "gpu.resourceClaimTemplateName (yours), not both",
+                field_path=".resourceClaimTemplateName",
+            ),
+            rule(
+                "!(has(self.deviceClassName) || has(self.resourceClaimTemplateName)) || "
+                "!has(self.perNode)",
+                "gpu.perNode (a replica across nodes) claims device-plugin GPUs; with Dynamic "
+                "Resource Allocation a replica stays on one node (planned)",
+                field_path=".perNode",
+            ),
+        ],
     )
 
 

@@ -10,10 +10,13 @@ from typing import Any
 from infernetes.operator import names
 from infernetes.operator.cache import ChildId, child_id
 from infernetes.operator.engine_support import review_engine
-from infernetes.operator.facts import LWS_GV, ClusterFacts
+from infernetes.operator.facts import DRA_GV, LWS_GV, ClusterFacts
 from infernetes.operator.multinode import LWS_KIND, missing_api
 from infernetes.operator.render.autoscaling import autoscaler
 from infernetes.operator.render.disruption import disruption_budget
+from infernetes.operator.render.dra import KIND as CLAIM_TEMPLATE_KIND
+from infernetes.operator.render.dra import claim_templates, uses_dra
+from infernetes.operator.render.dra import missing_api as dra_missing_api
 from infernetes.operator.render.inference_pool import routing_manifests
 from infernetes.operator.render.leaderworkerset import (
     LEADER,
@@ -108,6 +111,9 @@ def plan(
     if placement.multi_node:
         service["spec"]["selector"][ROLE_LABEL] = LEADER  # the workers serve no API
     manifests = [*workloads.values(), service]
+    manifests.extend(
+        claim_templates(spec, name=name, namespace=namespace, gpus=gpus_per_replica(spec))
+    )
     if wants_download(spec):
         manifests.append(download_job(spec, cluster_facts, name=name, namespace=namespace))
     manifests.extend(scrape.manifests)
@@ -167,6 +173,8 @@ def _workloads(
 ) -> tuple[dict[str, dict[str, Any]], tuple[str, str] | None]:
     """The workloads by role and, when this cluster cannot run them, why: a replica on one node
     is a Deployment, one across nodes a LeaderWorkerSet (when the cluster serves its API)."""
+    if uses_dra(spec) and not cluster_facts.serves(DRA_GV, CLAIM_TEMPLATE_KIND):
+        return {}, dra_missing_api()
     if not placement.multi_node:
         deployment = deployment_manifest(
             spec, cluster_facts, name=name, namespace=namespace, pod_annotations=pod_annotations

@@ -15,6 +15,7 @@ from typing import Any
 from infernetes.operator import names
 from infernetes.operator.facts import LWS_GV, ClusterFacts
 from infernetes.operator.multinode import LWS_KIND
+from infernetes.operator.render.dra import uses_dra
 from infernetes.operator.render.workload import (
     container_args,
     gpu_resource,
@@ -65,7 +66,7 @@ def layout(spec: Mapping[str, Any], facts: ClusterFacts) -> Layout:
     gpus = gpus_per_replica(spec)
     per_node, source = gpus_per_node(spec, facts)
     model_parallel = _size(engine, "tensorParallelSize") * _size(engine, "pipelineParallelSize")
-    if not gpus or not per_node or model_parallel <= per_node:
+    if not gpus or uses_dra(spec) or not per_node or model_parallel <= per_node:
         return Layout(1, gpus)
     if model_parallel % per_node:
         raise ValueError(

@@ -8,6 +8,7 @@ from typing import Any
 from infernetes.operator import names
 from infernetes.operator.argv import engine_argv, engine_env
 from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.render.dra import CLAIM, pod_claims, uses_dra
 from infernetes.operator.render.lora import lora_args
 from infernetes.operator.spec_schema import (
     CPU_PER_GPU,
@@ -92,13 +93,16 @@ def host_requests(gpus: int) -> dict[str, str]:
 def _resources(spec: Mapping[str, Any], gpus: int) -> dict[str, Any]:
     override = spec.get("resources") or {}
     resources: dict[str, Any] = {}
+    by_device_plugin = gpus and not uses_dra(spec)
     for section in ("requests", "limits"):
-        values: dict[str, Any] = {gpu_resource(spec): gpus} if gpus else {}
+        values: dict[str, Any] = {gpu_resource(spec): gpus} if by_device_plugin else {}
         if section == "requests":
             values.update(host_requests(gpus))
         values.update(override.get(section) or {})
         if values:
             resources[section] = values
+    if gpus and uses_dra(spec):
+        resources["claims"] = [{"name": CLAIM}]
     return resources
 
 
@@ -328,6 +332,8 @@ def pod_spec(
         pod["topologySpreadConstraints"] = topology_spread(spec, name)
     if volumes:
         pod["volumes"] = volumes
+    if gpus and uses_dra(spec):
+        pod["resourceClaims"] = pod_claims(spec, name, gpus)
     return pod
 
 
