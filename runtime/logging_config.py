@@ -8,6 +8,10 @@ variables read the way vLLM reads them:
   ``VLLM_LOGGING_LEVEL`` (default INFO), other libraries at WARNING or above, and every line
   starting with ``VLLM_LOGGING_PREFIX``.
 
+``--log-level`` (vLLM's shortcut for the level) wins over ``VLLM_LOGGING_LEVEL``: ``apply_log_level``
+writes it into this process's environment, which the engine-core and worker processes inherit, so
+every process reads one level the same way (a ``VLLM_LOGGING_CONFIG_PATH`` file still sets its own).
+
 ``LoggingSettings.from_env`` checks the variables (once, before anything loads, so a bad one is a
 startup error); ``configure_logging`` applies them and may be called again (it replaces its own
 handler).
@@ -58,6 +62,12 @@ class LoggingSettings:
             config_path=path,
             dict_config=_read_dict_config(path) if path else None,
         )
+
+
+def apply_log_level(log_level: str | None) -> None:
+    """``--log-level``, when given, as ``VLLM_LOGGING_LEVEL`` for this process and its children."""
+    if log_level:
+        os.environ["VLLM_LOGGING_LEVEL"] = log_level
 
 
 def _read_dict_config(path: str) -> dict[str, Any]:

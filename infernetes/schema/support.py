@@ -584,7 +584,10 @@ ARG_SUPPORT: dict[str, Support] = {
         "logging is set up from VLLM_LOGGING_LEVEL, VLLM_LOGGING_PREFIX and "
         "VLLM_LOGGING_CONFIG_PATH; its JSON form is not built yet"
     ),
-    "log_level": no_effect("the log level comes from VLLM_LOGGING_LEVEL: set that instead"),
+    "log_level": honoured(
+        "sets VLLM_LOGGING_LEVEL for the server's processes (a VLLM_LOGGING_CONFIG_PATH file "
+        "sets its own levels)"
+    ),
     "per_request_spec_decode_metrics": refused(
         "per-request speculative decoding metrics are not built"
     ),

@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from infernetes.runtime.logging_config import LoggingSettings, configure_logging
+from infernetes.runtime.logging_config import LoggingSettings, apply_log_level, configure_logging
 from infernetes.runtime.preflight import check_settings
 from infernetes.runtime.server.errors import install_error_handlers
 from infernetes.runtime.server.http_protocol import HeaderDeadlineProtocol
@@ -361,6 +361,7 @@ def run_server(config: ServeConfig) -> None:
     settings = FrontendSettings.from_config(config)
     try:
         check_settings(config)  # what `infernetes config` checks too
+        apply_log_level(config.log_level)
         logging_settings = LoggingSettings.from_env()
     except ValueError as exc:
         print(f"infernetes serve: error: {exc}", file=sys.stderr)

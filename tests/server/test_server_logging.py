@@ -139,3 +139,28 @@ def test_prefix_and_level_reach_the_engine_core_process(tiny_llama_dir, server_p
     assert any("DEBUG" in line and "engine core process started" in line for line in core), lines
     ours = [line for line in lines if " infernetes." in line]
     assert ours and all(line.startswith("<<pfx>> ") for line in ours), ours
+
+
+def test_log_level_flag_wins_over_the_variable_in_every_process(
+    tiny_llama_dir, server_process_factory
+):
+    server = server_process_factory(
+        [
+            str(tiny_llama_dir),
+            "--max-model-len",
+            "128",
+            "--num-gpu-blocks-override",
+            "16",
+            "--log-level",
+            "DEBUG",
+        ],
+        env={"VLLM_LOGGING_LEVEL": "ERROR", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+        log_name="logging-flag.log",
+    )
+    try:
+        server.wait_ready()
+    finally:
+        server.stop()
+    lines = server.log_path.read_text(errors="replace").splitlines()
+    core = [line for line in lines if "[core pid " in line]
+    assert any("DEBUG" in line and "engine core process started" in line for line in core), lines
