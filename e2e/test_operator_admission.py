@@ -206,6 +206,24 @@ INVALID = [
     ),
     ("tpu-device", variant({"engine.device": "tpu"}), "spec.engine.device"),
     (
+        "latency-without-a-target",
+        variant({"autoscaling": {"maxReplicas": 2, "latency": {"percentile": 95}}}),
+        ("spec.autoscaling.latency.ttftSeconds", "needs ttftSeconds and/or interTokenSeconds"),
+    ),
+    (
+        "latency-window-beyond-scale-down",
+        variant(
+            {
+                "autoscaling": {
+                    "maxReplicas": 2,
+                    "scaleDownStabilizationSeconds": 60,
+                    "latency": {"ttftSeconds": 0.5, "windowSeconds": 120},
+                }
+            }
+        ),
+        ("spec.autoscaling.scaleDownStabilizationSeconds", "at least latency.windowSeconds"),
+    ),
+    (
         "dra-class-and-template",
         variant({"gpu.deviceClassName": "gpu.nvidia.com", "gpu.resourceClaimTemplateName": "t"}),
         ("spec.gpu.resourceClaimTemplateName: Invalid value", "not both"),

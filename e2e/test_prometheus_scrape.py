@@ -76,6 +76,7 @@ def rendered(model_dir: Path) -> dict[str, dict[str, Any]]:
         "minReplicas": 0,
         "maxReplicas": 2,
         "targetQueuedRequests": 1,
+        "latency": {"ttftSeconds": 0.5, "interTokenSeconds": 0.05, "windowSeconds": 30},
         "keda": {"prometheusServerAddress": "http://prometheus.monitoring.svc:9090"},
     }
     facts = ClusterFacts(
@@ -269,11 +270,17 @@ def test_prometheus_scrapes_rendered_servicemonitor_and_trigger_query_sees_the_q
             timeout=30,
         )
 
-    (trigger,) = manifests["ScaledObject"]["spec"]["triggers"]
-    trigger_query = trigger["metadata"]["query"]
-    # Idle: the query answers, with zero queued requests.
+    triggers = {
+        t["name"]: t["metadata"]["query"] for t in manifests["ScaledObject"]["spec"]["triggers"]
+    }
+    trigger_query = triggers["queued-requests"]
+    latency_queries = [triggers["time-to-first-token"], triggers["inter-token-latency"]]
+    # Idle: the query answers, with zero queued requests; the latency percentiles, with nothing
+    # timed yet, answer 0 rather than NaN or nothing.
     idle = wait_for(lambda: query(prometheus, trigger_query), "the trigger query", processes)
     assert float(idle[0]["value"][1]) == 0
+    for latency_query in latency_queries:
+        assert [float(item["value"][1]) for item in query(prometheus, latency_query)] == [0.0]
 
     # Four requests against one sequence slot: three wait while the first decodes.
     peak = 0.0
@@ -300,6 +307,14 @@ def test_prometheus_scrapes_rendered_servicemonitor_and_trigger_query_sees_the_q
     statuses = asyncio.run(load_and_watch())
     assert statuses and set(statuses) == {200}
     assert peak > 0, "the trigger query never saw a queued request"
+
+    def latency_seen() -> bool:
+        values = [float(query(prometheus, q)[0]["value"][1]) for q in latency_queries]
+        return all(0 < value < 300 for value in values)
+
+    wait_for(
+        latency_seen, "the latency triggers to read the load's percentiles", processes, timeout=30
+    )
 
 
 def panel_queries(board: dict[str, Any]) -> list[tuple[str, str]]:

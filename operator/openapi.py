@@ -46,6 +46,14 @@ def integer(description: str | None = None, **extra: Any) -> Schema:
     return schema
 
 
+def number(description: str | None = None, **extra: Any) -> Schema:
+    schema: Schema = {"type": "number"}
+    if description:
+        schema["description"] = description
+    schema.update(extra)
+    return schema
+
+
 def boolean() -> Schema:
     return {"type": "boolean"}
 

@@ -13,6 +13,7 @@ from infernetes.operator.openapi import (
     enum,
     free_object,
     integer,
+    number,
     obj,
     quantity,
     rule,
@@ -464,6 +465,7 @@ def routing_schema() -> Schema:
 
 
 AUTOSCALING_MAX_WINDOW_SECONDS = 3600  # the HPA's own limit on a stabilization window
+DEFAULT_SCALE_DOWN_SECONDS = 300
 # A Prometheus server's base URL, as KEDA's prometheus trigger takes it.
 PROMETHEUS_ADDRESS_PATTERN = r"^https?://[^\s/]+(/[^\s]*)?$"
 
@@ -491,6 +493,51 @@ def keda_schema() -> Schema:
         description="Used when the cluster serves KEDA's ScaledObject API (keda.sh/v1alpha1): a "
         "ScaledObject with Prometheus triggers then scales the service, down to zero if "
         "minReplicas is 0.",
+    )
+
+
+LATENCY_DEFAULT_PERCENTILE = 90
+LATENCY_DEFAULT_WINDOW_SECONDS = 120
+
+
+def latency_schema() -> Schema:
+    return obj(
+        {
+            "ttftSeconds": number(
+                "Target time to first token, in seconds, at `percentile` over the replicas "
+                "(vllm:time_to_first_token_seconds).",
+                minimum=0.001,
+                maximum=3600,
+            ),
+            "interTokenSeconds": number(
+                "Target time between output tokens, in seconds, at `percentile` over the "
+                "replicas (vllm:inter_token_latency_seconds).",
+                minimum=0.0001,
+                maximum=60,
+            ),
+            "percentile": integer(
+                "The percentile the targets hold for.",
+                minimum=50,
+                maximum=99,
+                default=LATENCY_DEFAULT_PERCENTILE,
+            ),
+            "windowSeconds": integer(
+                "The window the percentile is taken over.",
+                minimum=30,
+                maximum=AUTOSCALING_MAX_WINDOW_SECONDS,
+                default=LATENCY_DEFAULT_WINDOW_SECONDS,
+            ),
+        },
+        description="Latency targets: replicas scale in proportion to the measured percentile "
+        "over its target (HPA semantics: ceil(replicas x measured / target)), together with the "
+        "queue and KV-cache targets (the largest count wins).",
+        rules=[
+            rule(
+                "has(self.ttftSeconds) || has(self.interTokenSeconds)",
+                "autoscaling.latency needs ttftSeconds and/or interTokenSeconds",
+                field_path=".ttftSeconds",
+            )
+        ],
     )
 
 
@@ -527,8 +574,9 @@ def autoscaling_schema() -> Schema:
                 "KEDA and minReplicas 0 also the wait before scaling to zero).",
                 minimum=0,
                 maximum=AUTOSCALING_MAX_WINDOW_SECONDS,
-                default=300,
+                default=DEFAULT_SCALE_DOWN_SECONDS,
             ),
+            "latency": latency_schema(),
             "keda": keda_schema(),
         },
         required=["maxReplicas"],
@@ -545,8 +593,10 @@ def autoscaling_schema() -> Schema:
                 field_path=".maxReplicas",
             ),
             rule(
-                "has(self.targetQueuedRequests) || has(self.targetKVCacheUsagePercent)",
-                "autoscaling needs a target: targetQueuedRequests and/or targetKVCacheUsagePercent",
+                "has(self.targetQueuedRequests) || has(self.targetKVCacheUsagePercent) || "
+                "has(self.latency)",
+                "autoscaling needs a target: targetQueuedRequests, targetKVCacheUsagePercent "
+                "and/or latency",
                 field_path=".targetQueuedRequests",
             ),
             rule(
@@ -560,6 +610,14 @@ def autoscaling_schema() -> Schema:
                 "autoscaling.minReplicas 0 needs targetQueuedRequests: the service scales up "
                 "from zero on queued requests",
                 field_path=".targetQueuedRequests",
+            ),
+            rule(
+                "!has(self.latency) || "
+                f"(has(self.scaleDownStabilizationSeconds) ? self.scaleDownStabilizationSeconds : {DEFAULT_SCALE_DOWN_SECONDS}) >= "
+                f"(has(self.latency.windowSeconds) ? self.latency.windowSeconds : {LATENCY_DEFAULT_WINDOW_SECONDS})",
+                "autoscaling.scaleDownStabilizationSeconds must be at least latency.windowSeconds: "
+                "a quiet spell shorter than the window must not drop replicas the load needs",
+                field_path=".scaleDownStabilizationSeconds",
             ),
         ],
     )

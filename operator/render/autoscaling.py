@@ -24,11 +24,22 @@ from typing import Any
 
 from infernetes.operator import names
 from infernetes.operator.facts import KEDA_GV, ClusterFacts
+from infernetes.operator.spec_schema import (
+    DEFAULT_SCALE_DOWN_SECONDS,
+    LATENCY_DEFAULT_PERCENTILE,
+    LATENCY_DEFAULT_WINDOW_SECONDS,
+)
 from infernetes.operator.status import Verdict
 
 QUEUE_METRIC = "vllm:num_requests_waiting"
 KV_METRIC = "vllm:kv_cache_usage_perc"
-DEFAULT_SCALE_DOWN_SECONDS = 300
+TTFT_METRIC = "vllm:time_to_first_token_seconds"
+ITL_METRIC = "vllm:inter_token_latency_seconds"
+# spec.autoscaling.latency's fields, the histogram each reads and the trigger's name.
+LATENCY_TARGETS = (
+    ("ttftSeconds", TTFT_METRIC, "time-to-first-token"),
+    ("interTokenSeconds", ITL_METRIC, "inter-token-latency"),
+)
 # KEDA copies a ScaledObject's labels onto the HPA it creates; ours would make that HPA look like
 # one of the operator's children (the watch selects them by label), so it is told to leave them.
 KEDA_EXCLUDED_LABELS = "scaledobject.keda.sh/hpa-excluded-labels"
@@ -54,12 +65,59 @@ def custom_metric_name(metric: str) -> str:
     return metric.replace(":", "_")
 
 
-def promql(metric: str, aggregation: str, *, model_name: str, namespace: str) -> str:
+def _labels(*, model_name: str, namespace: str) -> str:
     def quoted(value: str) -> str:
         return value.replace("\\", "\\\\").replace('"', '\\"')
 
-    labels = f'namespace="{quoted(namespace)}",model_name="{quoted(model_name)}"'
-    return f"{aggregation}({metric}{{{labels}}})"
+    return f'namespace="{quoted(namespace)}",model_name="{quoted(model_name)}"'
+
+
+def promql(metric: str, aggregation: str, *, model_name: str, namespace: str) -> str:
+    return f"{aggregation}({metric}{{{_labels(model_name=model_name, namespace=namespace)}}})"
+
+
+def _percentile(latency: Mapping[str, Any]) -> int:
+    return latency.get("percentile", LATENCY_DEFAULT_PERCENTILE)
+
+
+def _window(latency: Mapping[str, Any]) -> int:
+    return latency.get("windowSeconds", LATENCY_DEFAULT_WINDOW_SECONDS)
+
+
+def latency_promql(
+    metric: str, latency: Mapping[str, Any], *, model_name: str, namespace: str
+) -> str:
+    """The percentile of a latency histogram over every replica and the window. 0 while no
+    request was timed in the window: histogram_quantile gives NaN then, which `>= 0` drops."""
+    labels = _labels(model_name=model_name, namespace=namespace)
+    rate = f"rate({metric}_bucket{{{labels}}}[{_window(latency)}s])"
+    quantile = f"histogram_quantile({_percentile(latency) / 100}, sum by (le) ({rate}))"
+    return f"({quantile} >= 0) or vector(0)"
+
+
+def latency_metric_name(metric: str, latency: Mapping[str, Any]) -> str:
+    """The external metric an HPA reads for a latency target (the adapter rule that serves it
+    fixes the percentile and the window, so both are in the name)."""
+    return f"{custom_metric_name(metric)}_p{_percentile(latency)}_{_window(latency)}s"
+
+
+def seconds_quantity(seconds: float) -> str:
+    """Seconds as a Kubernetes quantity (0.5 -> 500m, 0.0001 -> 100u)."""
+    for suffix, scale in (("", 1), ("m", 10**3), ("u", 10**6)):
+        scaled = round(seconds * scale, 6)
+        if scaled == int(scaled):
+            return f"{int(scaled)}{suffix}"
+    return f"{round(seconds * 10**9)}n"
+
+
+def _latency_targets(autoscaling: Mapping[str, Any]) -> list[tuple[str, str, float]]:
+    """(metric, trigger name, target seconds) of each latency target set."""
+    latency = autoscaling.get("latency") or {}
+    return [
+        (metric, trigger, latency[field])
+        for field, metric, trigger in LATENCY_TARGETS
+        if field in latency
+    ]
 
 
 def _scale_target(name: str) -> dict[str, str]:
@@ -81,6 +139,9 @@ def _targets(autoscaling: Mapping[str, Any]) -> str:
         parts.append(f"{QUEUE_METRIC} {autoscaling['targetQueuedRequests']} per replica")
     if "targetKVCacheUsagePercent" in autoscaling:
         parts.append(f"{KV_METRIC} {autoscaling['targetKVCacheUsagePercent']}%")
+    for metric, _, seconds in _latency_targets(autoscaling):
+        latency = autoscaling["latency"]
+        parts.append(f"{metric} p{_percentile(latency)} over {_window(latency)}s {seconds}s")
     return " and ".join(parts)
 
 
@@ -134,6 +195,19 @@ def scaled_object(
                 },
             }
         )
+    for metric, trigger, seconds in _latency_targets(autoscaling):
+        query = latency_promql(
+            metric, autoscaling["latency"], model_name=model_name, namespace=namespace
+        )
+        triggers.append(
+            {
+                "type": "prometheus",
+                "name": trigger,
+                # desired = ceil(replicas x measured / target): more replicas as latency grows
+                "metricType": "Value",
+                "metadata": {"serverAddress": server, "query": query, "threshold": str(seconds)},
+            }
+        )
     if minimum == 0 and demand:
         triggers.append(demand_trigger(server, demand))
     spec: dict[str, Any] = {
@@ -163,7 +237,7 @@ def scaled_object(
 
 
 def horizontal_pod_autoscaler(
-    autoscaling: Mapping[str, Any], *, name: str, namespace: str
+    autoscaling: Mapping[str, Any], *, name: str, namespace: str, model_name: str
 ) -> dict[str, Any]:
     metrics = []
     if "targetQueuedRequests" in autoscaling:
@@ -171,6 +245,29 @@ def horizontal_pod_autoscaler(
     if "targetKVCacheUsagePercent" in autoscaling:
         # A fraction in 0..1 as a quantity: 80 % is 800m.
         metrics.append((KV_METRIC, f"{autoscaling['targetKVCacheUsagePercent'] * 10}m"))
+    pod_metrics = [
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": custom_metric_name(metric)},
+                "target": {"type": "AverageValue", "averageValue": value},
+            },
+        }
+        for metric, value in metrics
+    ]
+    external_metrics = [
+        {
+            "type": "External",
+            "external": {
+                "metric": {
+                    "name": latency_metric_name(metric, autoscaling["latency"]),
+                    "selector": {"matchLabels": {"model_name": model_name}},
+                },
+                "target": {"type": "Value", "value": seconds_quantity(seconds)},
+            },
+        }
+        for metric, _, seconds in _latency_targets(autoscaling)
+    ]
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -179,16 +276,7 @@ def horizontal_pod_autoscaler(
             "scaleTargetRef": _scale_target(name),
             "minReplicas": autoscaling.get("minReplicas", 1),
             "maxReplicas": autoscaling["maxReplicas"],
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": custom_metric_name(metric)},
-                        "target": {"type": "AverageValue", "averageValue": value},
-                    },
-                }
-                for metric, value in metrics
-            ],
+            "metrics": pod_metrics + external_metrics,
             "behavior": _behavior(autoscaling),
         },
     }
@@ -251,12 +339,28 @@ def autoscaler(
         )
         if key in autoscaling
     )
+    latency_names = ", ".join(
+        latency_metric_name(metric, autoscaling["latency"])
+        for metric, _, _ in _latency_targets(autoscaling)
+    )
+    read = " and ".join(
+        part
+        for part in (
+            metric_names and f"as pod metrics {metric_names} from the custom-metrics API",
+            latency_names and f"as external metrics {latency_names}",
+        )
+        if part
+    )
     return Autoscaler(
-        [horizontal_pod_autoscaler(autoscaling, name=name, namespace=namespace)],
+        [
+            horizontal_pod_autoscaler(
+                autoscaling, name=name, namespace=namespace, model_name=model_name
+            )
+        ],
         (
             "True",
             "HorizontalPodAutoscaler",
             f"an HPA scales {minimum} to {maximum} replicas on {_targets(autoscaling)}, read "
-            f"as pod metrics {metric_names} from the custom-metrics API",
+            f"{read}",
         ),
     )
