@@ -42,6 +42,20 @@ def _check_structured_outputs(config: dict[str, Any]) -> None:
             )
 
 
+# The structured-output backends the engine has; "auto" is guidance.
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "guidance", "xgrammar")
+
+
+def structured_outputs_backend(
+    structured_outputs_config: dict[str, Any] | None, guided_decoding_backend: str | None
+) -> str:
+    """The backend serve runs: --structured-outputs-config's, else --guided-decoding-backend's
+    name (before any ``:options``); "auto" settles on guidance."""
+    name = (structured_outputs_config or {}).get("backend") or guided_decoding_backend or "auto"
+    name = name.split(":", 1)[0]
+    return "guidance" if name == "auto" else name
+
+
 def _check_nodes(v: dict[str, Any]) -> None:
     """--nnodes splits the tensor x pipeline ranks evenly; node 0 serves the API, the others
     run --headless."""

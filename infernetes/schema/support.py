@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from infernetes.schema.choices import TOOL_CALL_PARSERS
+from infernetes.schema.rules import STRUCTURED_OUTPUT_BACKENDS
 
 Kind = Literal["honoured", "partial", "no_effect", "refused"]
 
@@ -58,6 +59,11 @@ def refused(reason: str) -> Support:
 UNBUILT_TOOL_PARSERS = ("gigachat3", "openai", "step3p5", "xlam")
 
 # Reasons shared by several entries.
+# vLLM falls back from xgrammar to guidance for a schema xgrammar cannot take ("auto" only).
+NO_FALLBACK = (
+    "the backend is the one named (auto is guidance) and never falls back to another: a "
+    "constraint it cannot compile is a 400 naming the field"
+)
 REASONING_NOT_BUILT = (
     "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format) "
     "needs openai-harmony's vocabulary files, which it downloads at startup; deepseek_v3 needs "
@@ -357,11 +363,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "offload_params": refused(WEIGHT_OFFLOAD),
     # ---------------------------------------------------------------- DecodingConfig
     "guided_decoding_backend": partial(
-        ("auto", "guidance"), "structured output runs on llguidance (guidance)"
+        STRUCTURED_OUTPUT_BACKENDS,
+        "structured output runs on llguidance (guidance; auto means it) or xgrammar",
     ),
-    "guided_decoding_disable_fallback": no_effect(
-        "there is one backend (guidance), so nothing to fall back from"
-    ),
+    "guided_decoding_disable_fallback": no_effect(NO_FALLBACK),
     "guided_decoding_disable_any_whitespace": HONOURED,
     "guided_decoding_disable_additional_properties": refused(
         "not supported by the guidance backend here yet"
@@ -722,11 +727,10 @@ KEY_SUPPORT: dict[str, Support] = {
         ("ngram", "[ngram]"), "draft models are planned: n-gram prompt lookup needs none"
     ),
     "structured_outputs_config.backend": partial(
-        ("auto", "guidance"), "structured output runs on llguidance (guidance)"
+        STRUCTURED_OUTPUT_BACKENDS,
+        "structured output runs on llguidance (guidance; auto means it) or xgrammar",
     ),
-    "structured_outputs_config.disable_fallback": no_effect(
-        "there is one backend (guidance), so nothing to fall back from"
-    ),
+    "structured_outputs_config.disable_fallback": no_effect(NO_FALLBACK),
     "structured_outputs_config.disable_any_whitespace": HONOURED,
     "structured_outputs_config.disable_additional_properties": refused(
         "not supported by the guidance backend here yet"
@@ -837,7 +841,7 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
     "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
     "VLLM_MM_INPUT_CACHE_GIB": no_effect(TEXT_ONLY),
-    "VLLM_XGRAMMAR_CACHE_MB": no_effect("structured output runs on llguidance, not xgrammar"),
+    "VLLM_XGRAMMAR_CACHE_MB": honoured("bounds the xgrammar backend's compiled-grammar cache"),
     "VLLM_V0_USE_OUTLINES_CACHE": no_effect("structured output runs on llguidance, not outlines"),
     "VLLM_LOGITS_PROCESSOR_THREADS": no_effect(
         "logits processors run in the engine step's own thread"

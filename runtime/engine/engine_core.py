@@ -59,6 +59,7 @@ from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.worker.worker import SLEEP_TAGS, Worker
 
 from infernetes.schema.config import ServeConfig
+from infernetes.schema.rules import structured_outputs_backend
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,13 @@ class EngineCore:
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
         # Outputs of steps taken back out of turn (before sleeping), given with the next step's.
         self.held_outputs: list[EngineOutput] = []
-        self.structured_output = StructuredOutputManager(self.tokenizer, model.vocab_size)
+        self.structured_output = StructuredOutputManager(
+            self.tokenizer,
+            model.vocab_size,
+            structured_outputs_backend(
+                serve_config.structured_outputs_config, serve_config.guided_decoding_backend
+            ),
+        )
         self._arrivals = itertools.count()  # the order requests were admitted in
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_loggers = list(stat_loggers)

@@ -1,8 +1,10 @@
-"""Structured output in the engine core (vLLM V1's ``v1/structured_output/``), through llguidance.
+"""Structured output in the engine core (vLLM V1's ``v1/structured_output/``), through one
+backend per engine: guidance (llguidance; "auto") or xgrammar (``guidance_backend.py``,
+``xgrammar_backend.py``).
 
 A request's constraint (``SamplingParams.structured_outputs``) is compiled once, here: the input
-processor has ``StructuredOutputManager.compile`` turn it into an llguidance grammar and build
-the matcher over the core's tokenizer, whose llguidance index is built once per engine. Each
+processor has ``StructuredOutputManager.compile`` build its matcher over the core's tokenizer,
+whose index the backend builds once per engine. Each
 sequence of the request (``n > 1``) gets its own copy of that matcher (``RequestGrammar``),
 advanced with every token the request accepts. Each step the manager fills the allowed-token
 bitmask of the constrained rows (``GrammarBitmask``), which the workers get with the step and
@@ -21,97 +23,58 @@ in flight anyway.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-import llguidance
-import llguidance.hf
-import llguidance.numpy
 import numpy as np
-from infernetes.runtime.engine.ascii_classes import ascii_classes, ascii_schema_patterns
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.engine.request import Request
 from infernetes.runtime.engine.scheduler_output import GrammarBitmask, SchedulerOutput
 from infernetes.runtime.sampling_params import StructuredOutputsParams
 
 
-def grammar_for(constraint: StructuredOutputsParams) -> str:
-    """The llguidance grammar (a JSON string) of ``constraint``; RequestError if it is invalid."""
-    param = constraint.param
-    try:
-        if constraint.kind in ("json", "json_object"):
-            schema = {"type": "object"} if constraint.kind == "json_object" else constraint.spec
-            return llguidance.LLMatcher.grammar_from_json_schema(
-                _schema_with_options(schema, param, bool(constraint.compact))
-            )
-        if constraint.kind == "regex":
-            return llguidance.LLMatcher.grammar_from_regex(ascii_classes(constraint.spec))
-        if constraint.kind == "choice":
-            return llguidance.grammar_from("choice", json.dumps([str(c) for c in constraint.spec]))
-        if constraint.kind == "grammar":
-            # Lark or GBNF (llama.cpp's, as vLLM's guided_grammar accepts): llguidance tells them apart.
-            return llguidance.grammar_from("grammar", constraint.spec)
-    except RequestError:
-        raise
-    except Exception as exc:  # llguidance raises ValueError/RuntimeError on bad input
-        raise RequestError(f"{param}: invalid constraint: {exc}", param) from exc
-    raise RequestError(f"unknown structured-output kind {constraint.kind!r}", param)
+class Matcher(Protocol):
+    """One sequence's matcher, as each backend wraps its own."""
 
-
-def _schema_with_options(schema: Any, param: str, compact: bool) -> dict:
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise RequestError(f"{param} is not valid JSON: {exc}", param) from exc
-    if not isinstance(schema, dict):
-        raise RequestError(f"{param} must be a JSON object (a JSON schema)", param)
-    schema = ascii_schema_patterns(schema)
-    if compact:
-        schema = {
-            **schema,
-            "x-guidance": {**schema.get("x-guidance", {}), "whitespace_flexible": False},
-        }
-    return schema
+    def fork(self) -> Matcher: ...
+    def is_stopped(self) -> bool: ...
+    def accept(self, token: int) -> None: ...
+    def fill(self, bitmask: np.ndarray, row: int) -> None: ...
 
 
 class RequestGrammar:
     """One sequence's matcher and how many of its output tokens it has consumed."""
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Matcher) -> None:
         self.matcher = matcher
         self.num_consumed = 0
 
     def copy(self) -> RequestGrammar:
         """A fresh sequence's matcher, without compiling again (``n > 1``)."""
-        return RequestGrammar(self.matcher.deep_copy())
+        return RequestGrammar(self.matcher.fork())
 
     def catch_up(self, output_token_ids: Sequence[int]) -> None:
         """Consume the tokens the request accepted since the last call. A request's tokens only
         grow (a preempted one keeps its own), so the count is all the state needed."""
         for token in output_token_ids[self.num_consumed :]:
             if not self.matcher.is_stopped():  # past the end: EOS, or tokens ignore_eos kept
-                self.matcher.consume_token(token)
+                self.matcher.accept(token)
         self.num_consumed = len(output_token_ids)
 
     def fill(self, bitmask: np.ndarray, row: int) -> None:
         """Row ``row`` of ``bitmask``: the tokens the grammar allows next (only EOS once it is
         complete); every token when it cannot go on, so generation ends by its limits."""
-        if self.matcher.is_error():
-            bitmask[row] = -1
-        else:
-            llguidance.numpy.fill_next_token_bitmask(self.matcher, bitmask, row)
+        self.matcher.fill(bitmask, row)
 
 
 class StructuredOutputManager:
     """Compiles the constraints of one engine's requests and fills their masks each step."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, backend: str = "guidance") -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        # llguidance's index of the vocabulary, built at the first constrained request
-        self._ll_tokenizer: Any = None
+        self.backend = backend
+        self._compiler: Any = None  # the backend's index of the vocabulary, built when first used
 
     def compile(self, constraint: StructuredOutputsParams) -> RequestGrammar:
         """The matcher of ``constraint``; RequestError naming the field when it is invalid."""
@@ -120,17 +83,19 @@ class StructuredOutputManager:
                 "structured output needs a tokenizer; the engine runs with --skip-tokenizer-init",
                 constraint.param,
             )
-        grammar = grammar_for(constraint)
-        if self._ll_tokenizer is None:
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                self.tokenizer, n_vocab=self.vocab_size
-            )
-        matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar)
-        if matcher.is_error():
-            raise RequestError(
-                f"{constraint.param}: invalid constraint: {matcher.get_error()}", constraint.param
-            )
-        return RequestGrammar(matcher)
+        if self._compiler is None:
+            self._compiler = self._make_compiler()
+        return RequestGrammar(self._compiler.compile(constraint))
+
+    def _make_compiler(self) -> Any:
+        # Imported here: an engine only loads the backend it runs.
+        if self.backend == "xgrammar":
+            from infernetes.runtime.engine.xgrammar_backend import XgrammarCompiler
+
+            return XgrammarCompiler(self.tokenizer, self.vocab_size)
+        from infernetes.runtime.engine.guidance_backend import GuidanceCompiler
+
+        return GuidanceCompiler(self.tokenizer, self.vocab_size)
 
     def grammar_bitmask(
         self, scheduler_output: SchedulerOutput, requests: dict[str, Request]
@@ -144,7 +109,8 @@ class StructuredOutputManager:
         ]
         if not rows:
             return None
-        bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), self.vocab_size)
+        # 32 tokens a word, bit set = allowed: llguidance's and xgrammar's layout alike
+        bitmask = np.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=np.int32)
         for row, (_, request) in enumerate(rows):
             assert request.grammar is not None
             request.grammar.catch_up(request.output_token_ids)

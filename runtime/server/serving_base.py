@@ -227,7 +227,10 @@ class ServingBase:
         backends are known to be ours (the engine core compiles and checks the constraint)."""
         try:
             check_backend(self.settings.guided_decoding_backend, "--guided-decoding-backend")
-            check_backend(request.guided_decoding_backend)
+            check_backend(
+                request.guided_decoding_backend,
+                server_backend=self.settings.guided_decoding_backend,
+            )
         except GuideError as exc:
             raise APIError(str(exc), 400, exc.param) from exc
         if guide.compact is not None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
+from infernetes.schema.rules import structured_outputs_backend
 
 TRUE_VALUES = {"1", "true", "yes", "on"}
 
@@ -171,8 +172,8 @@ class FrontendSettings:
             exclude_tools_when_tool_choice_none=bool(
                 get("exclude_tools_when_tool_choice_none", False)
             ),
-            guided_decoding_backend=str(
-                structured.get("backend") or get("guided_decoding_backend", "auto")
+            guided_decoding_backend=structured_outputs_backend(
+                structured, get("guided_decoding_backend")
             ),
             guided_decoding_disable_any_whitespace=bool(
                 structured.get(

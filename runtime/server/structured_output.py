@@ -4,8 +4,7 @@ a bad one is refused with the field named (``engine/structured_output.py`` says 
 
 from __future__ import annotations
 
-# --guided-decoding-backend values: ours is llguidance ("guidance"); "auto" means it too.
-SUPPORTED_BACKENDS = ("auto", "guidance")
+from infernetes.schema.rules import STRUCTURED_OUTPUT_BACKENDS, structured_outputs_backend
 
 
 class GuideError(ValueError):
@@ -16,12 +15,24 @@ class GuideError(ValueError):
         self.param = param
 
 
-def check_backend(name: str | None, param: str = "guided_decoding_backend") -> None:
+def check_backend(
+    name: str | None, param: str = "guided_decoding_backend", server_backend: str | None = None
+) -> None:
+    """``name`` is a backend the engine has; a request's (``server_backend`` given) must be the
+    one the server runs: a backend is chosen per engine, as in vLLM V1."""
     if name is None:
         return
     backend = name.split(":", 1)[0]
-    if backend not in SUPPORTED_BACKENDS:
+    if backend not in STRUCTURED_OUTPUT_BACKENDS:
         raise GuideError(
-            f"{param} {backend!r} is not supported yet; supported: {', '.join(SUPPORTED_BACKENDS)}",
+            f"{param} {backend!r} is not supported yet; supported: "
+            f"{', '.join(STRUCTURED_OUTPUT_BACKENDS)}",
+            param,
+        )
+    if server_backend is not None and structured_outputs_backend(None, name) != server_backend:
+        raise GuideError(
+            f"{param} {backend!r}: the backend is chosen per server, which runs "
+            f"{server_backend!r}; leave it out of the request or start the server with "
+            f'--structured-outputs-config \'{{"backend": "{backend}"}}\'',
             param,
         )

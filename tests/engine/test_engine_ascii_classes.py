@@ -8,7 +8,7 @@ import re
 import llguidance
 import pytest
 from infernetes.runtime.engine.ascii_classes import ascii_classes, ascii_schema_patterns
-from infernetes.runtime.engine.structured_output import grammar_for
+from infernetes.runtime.engine.guidance_backend import grammar_for
 from infernetes.runtime.sampling_params import StructuredOutputsParams
 
 

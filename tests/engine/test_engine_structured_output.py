@@ -85,22 +85,27 @@ def _random_walk(manager, constraint, tokenizer, vocab, seed, limit=80) -> tuple
     return tokenizer.decode(request.output_token_ids), False
 
 
+BACKENDS = ["guidance", "xgrammar"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("constraint", "check"), CONSTRAINTS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_logits_stay_inside_the_constraint(tokenizer, constraint, check, seed):
+def test_random_logits_stay_inside_the_constraint(tokenizer, constraint, check, seed, backend):
     vocab = len(tokenizer) + 7  # models often pad the vocabulary
     text, ended = _random_walk(
-        StructuredOutputManager(tokenizer, vocab), constraint, tokenizer, vocab, seed
+        StructuredOutputManager(tokenizer, vocab, backend), constraint, tokenizer, vocab, seed
     )
     assert ended, text
     assert check(text), text
 
 
-def test_json_object_is_an_object(tokenizer):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_json_object_is_an_object(tokenizer, backend):
     vocab = len(tokenizer)
     constraint = StructuredOutputsParams("json_object", None, "response_format")
     text, _ = _random_walk(
-        StructuredOutputManager(tokenizer, vocab), constraint, tokenizer, vocab, 0, 12
+        StructuredOutputManager(tokenizer, vocab, backend), constraint, tokenizer, vocab, 0, 12
     )
     assert text.lstrip().startswith("{")
 
@@ -117,9 +122,10 @@ def test_json_object_is_an_object(tokenizer):
         (StructuredOutputsParams("grammar", "root ::::", "guided_grammar"), "guided_grammar"),
     ],
 )
-def test_invalid_constraints_name_the_field(tokenizer, constraint, param):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_invalid_constraints_name_the_field(tokenizer, constraint, param, backend):
     with pytest.raises(RequestError) as info:
-        StructuredOutputManager(tokenizer, len(tokenizer)).compile(constraint)
+        StructuredOutputManager(tokenizer, len(tokenizer), backend).compile(constraint)
     assert info.value.param == param and param in str(info.value)
 
 
@@ -220,3 +226,23 @@ def test_async_scheduling_outputs_follow_the_constraints(tiny_llama):
     got = _run(engine)
     _check(got)
     assert got == expected
+
+
+def test_vllm_xgrammar_cache_mb_bounds_the_compiled_grammar_cache(tokenizer, monkeypatch):
+    from infernetes.runtime.engine.xgrammar_backend import XgrammarCompiler
+
+    monkeypatch.setenv("VLLM_XGRAMMAR_CACHE_MB", "3")
+    assert XgrammarCompiler(tokenizer, len(tokenizer)).compiler.cache_limit_bytes == 3 * 2**20
+
+
+def test_the_xgrammar_backend_runs_the_engine(tiny_llama):
+    # One engine, one backend: greedy outputs of every constraint, n=2, stay inside it.
+    structured = {"backend": "xgrammar", "disable_any_whitespace": True}
+    engine = LLMEngine(
+        build_config(tiny_llama, device="cpu", structured_outputs_config=structured, **ENGINE)
+    )
+    try:
+        assert engine.engine_core.structured_output.backend == "xgrammar"
+        _check(_run(engine, n=2))
+    finally:
+        engine.shutdown()

@@ -72,7 +72,8 @@ def test_structured_outputs_config_keys_are_checked(value, message):
     [
         ({"backend": "guidance"}, None),
         ({"backend": "auto", "disable_any_whitespace": True}, None),
-        ({"backend": "xgrammar"}, "error"),
+        ({"backend": "xgrammar"}, None),
+        ({"backend": "outlines"}, "error"),
         ({"disable_additional_properties": True}, "error"),
         ({"enable_in_reasoning": True}, "error"),
         ({"reasoning_parser": "step3p5"}, "error"),

@@ -162,8 +162,8 @@ def test_refused_settings_name_the_flag():
         check_frontend_settings(FrontendSettings(tool_call_parser="openai"))
     with pytest.raises(ValueError, match="--tool-call-parser"):
         check_frontend_settings(FrontendSettings(enable_auto_tool_choice=True))
-    with pytest.raises(ValueError, match="xgrammar"):
-        check_frontend_settings(FrontendSettings(guided_decoding_backend="xgrammar"))
+    with pytest.raises(ValueError, match="outlines"):
+        check_frontend_settings(FrontendSettings(guided_decoding_backend="outlines"))
     with pytest.raises(ValueError, match="no such file"):
         check_frontend_settings(FrontendSettings(chat_template="missing.jinja"))
 
