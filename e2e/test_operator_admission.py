@@ -184,6 +184,11 @@ INVALID = [
         "spec.engine.shutdownTimeout",
     ),
     (
+        "shutdown-timeout-into-the-pre-stop-sleep",
+        variant({"terminationGracePeriodSeconds": 60, "engine.shutdownTimeout": 56}),
+        ("spec.engine.shutdownTimeout", "minus the preStop sleep"),
+    ),
+    (
         "secret-ref-needs-name",
         variant({"hfTokenSecretRef": {"key": "t"}}),
         "spec.hfTokenSecretRef.name: Required value",

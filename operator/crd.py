@@ -24,6 +24,7 @@ from infernetes.operator.spec_schema import (
     ROOT_RULES,
     TERMINATION_GRACE_SECONDS,
     platform_properties,
+    pre_stop_seconds_cel,
 )
 from infernetes.operator.status import MESSAGE_MAX
 
@@ -181,9 +182,11 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
         grace = f"(has(self.terminationGracePeriodSeconds) ? self.terminationGracePeriodSeconds : {TERMINATION_GRACE_SECONDS})"
         rules.append(
             rule(
-                f"!has(self.engine) || !has(self.engine.shutdownTimeout) || self.engine.shutdownTimeout < {grace}",
-                "engine.shutdownTimeout must be less than terminationGracePeriodSeconds: the pod is killed "
-                "when the grace period ends, cutting the drain short",
+                "!has(self.engine) || !has(self.engine.shutdownTimeout) || "
+                f"self.engine.shutdownTimeout + {pre_stop_seconds_cel(grace)} < {grace}",
+                "engine.shutdownTimeout must be less than terminationGracePeriodSeconds minus the "
+                "preStop sleep (a sixth of it, at most 5 s): the pod is killed when the grace "
+                "period ends, cutting the drain short",
                 field_path=".engine.shutdownTimeout",
             )
         )

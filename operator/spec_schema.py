@@ -48,6 +48,19 @@ MEMORY_PER_GPU_GIB = 16
 # How much of the grace period the server's drain leaves for aborting what is left, stopping the
 # engine and exiting, when spec.engine.shutdownTimeout is unset.
 SHUTDOWN_MARGIN_SECONDS = 10
+# A terminating pod keeps serving this long before its server is told to drain: the endpoints,
+# Services' proxies and the endpoint picker stop sending to it first. At most a sixth of the
+# grace period (none below 6 s).
+PRE_STOP_SECONDS = 5
+
+
+def pre_stop_seconds(grace: int) -> int:
+    return min(PRE_STOP_SECONDS, grace // 6)
+
+
+def pre_stop_seconds_cel(grace: str) -> str:
+    """pre_stop_seconds as a CEL expression of `grace`."""
+    return f"({grace} / 6 < {PRE_STOP_SECONDS} ? {grace} / 6 : {PRE_STOP_SECONDS})"
 
 
 def _name(description: str) -> Schema:
@@ -752,9 +765,10 @@ def platform_properties() -> dict[str, Schema]:
         "autoscaling": autoscaling_schema(),
         "routing": routing_schema(),
         "terminationGracePeriodSeconds": integer(
-            "Time a pod has to stop before it is killed. The server drains in-flight requests for "
-            f"engine.shutdownTimeout seconds, by default this minus {SHUTDOWN_MARGIN_SECONDS}, "
-            "then aborts the rest and exits.",
+            "Time a pod has to stop before it is killed. It keeps serving for a sixth of it (at "
+            f"most {PRE_STOP_SECONDS} s, a preStop sleep) while traffic moves away, then the "
+            "server drains in-flight requests for engine.shutdownTimeout seconds, by default "
+            f"what is left minus {SHUTDOWN_MARGIN_SECONDS}, then aborts the rest and exits.",
             minimum=0,
             maximum=3600,
             default=TERMINATION_GRACE_SECONDS,

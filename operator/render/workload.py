@@ -16,6 +16,7 @@ from infernetes.operator.spec_schema import (
     MEMORY_PER_GPU_GIB,
     SHUTDOWN_MARGIN_SECONDS,
     TERMINATION_GRACE_SECONDS,
+    pre_stop_seconds,
 )
 
 MODEL_MOUNT = "/mnt/models"
@@ -156,6 +157,14 @@ def _probes(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _lifecycle(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A preStop sleep (Kubernetes' own action, no binary in the image): a terminating pod keeps
+    serving while the endpoints, proxies and endpoint picker drop it, and only then gets SIGTERM
+    and drains; without it, requests routed in that moment would get the drain's 503."""
+    seconds = pre_stop_seconds(grace_period(spec))
+    return {"lifecycle": {"preStop": {"sleep": {"seconds": seconds}}}} if seconds else {}
+
+
 def _volumes(
     spec: Mapping[str, Any], source: ModelSource, gpus: int
 ) -> tuple[list[dict], list[dict]]:
@@ -253,7 +262,9 @@ def container_args(spec: Mapping[str, Any], facts: ClusterFacts) -> list[str]:
     if engine.get("shutdownTimeout") is None:
         # The drain must end before the kubelet's SIGKILL at the end of the grace period (a
         # shutdownTimeout the user sets is checked against it at admission).
-        args.append(f"--shutdown-timeout={max(0, grace_period(spec) - SHUTDOWN_MARGIN_SECONDS)}")
+        grace = grace_period(spec)
+        drain = grace - pre_stop_seconds(grace) - SHUTDOWN_MARGIN_SECONDS
+        args.append(f"--shutdown-timeout={max(0, drain)}")
     return args + lora_args(spec, CACHE_MOUNT) + engine_argv(engine)
 
 
@@ -267,6 +278,7 @@ def container(
         "args": container_args(spec, facts),
         "ports": [{"name": names.PORT_NAME, "containerPort": names.SERVER_PORT, "protocol": "TCP"}],
         **_probes(spec),
+        **_lifecycle(spec),
         # The last lines of a crash end up in the pod's status, which the operator reports as Degraded.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(spec),

@@ -136,7 +136,7 @@ def test_shutdown_timeout_must_end_before_the_grace_period() -> None:
         if r.get("fieldPath") == ".engine.shutdownTimeout"
     ]
     assert (
-        "self.engine.shutdownTimeout < " in drain["rule"]
+        "self.engine.shutdownTimeout + " in drain["rule"]
         and "self.terminationGracePeriodSeconds" in drain["rule"]
     )
     assert "terminationGracePeriodSeconds" in drain["message"]

@@ -188,8 +188,8 @@ def test_facts_from_api_versions() -> None:
 @pytest.mark.parametrize(
     ("spec", "grace", "flag"),
     [
-        ({"model": "x"}, 60, "--shutdown-timeout=50"),
-        ({"model": "x", "terminationGracePeriodSeconds": 300}, 300, "--shutdown-timeout=290"),
+        ({"model": "x"}, 60, "--shutdown-timeout=45"),
+        ({"model": "x", "terminationGracePeriodSeconds": 300}, 300, "--shutdown-timeout=285"),
         ({"model": "x", "terminationGracePeriodSeconds": 5}, 5, "--shutdown-timeout=0"),
         (
             {
@@ -203,13 +203,27 @@ def test_facts_from_api_versions() -> None:
     ],
 )
 def test_drain_ends_before_the_grace_period(spec: dict, grace: int, flag: str) -> None:
-    """The server drains for engine.shutdownTimeout, else the grace period less a margin, so the
-    kubelet's SIGKILL never cuts a drain short; the flag is rendered once either way."""
+    """The server drains for engine.shutdownTimeout, else the grace period less the preStop
+    sleep and a margin, so the kubelet's SIGKILL never cuts a drain short; the flag is rendered
+    once either way."""
     rendered = pod(spec)
     assert rendered["terminationGracePeriodSeconds"] == grace
     args = rendered["containers"][0]["args"]
     assert [arg for arg in args if arg.startswith("--shutdown-timeout")] == [flag]
-    assert parse_serve_args(args).shutdown_timeout < max(grace, 1)
+    sleep = (rendered["containers"][0].get("lifecycle") or {}).get("preStop", {})
+    slept = sleep.get("sleep", {}).get("seconds", 0)
+    assert parse_serve_args(args).shutdown_timeout + slept < max(grace, 1)
+
+
+@pytest.mark.parametrize(("grace", "sleep"), [(60, 5), (300, 5), (12, 2), (5, 0)])
+def test_a_terminating_pod_serves_through_a_pre_stop_sleep_before_it_drains(
+    grace: int, sleep: int
+) -> None:
+    container = pod({"model": "x", "terminationGracePeriodSeconds": grace})["containers"][0]
+    if sleep:
+        assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": sleep}}}
+    else:
+        assert "lifecycle" not in container
 
 
 def test_gpu_pods_request_host_cpu_and_memory_per_gpu_unless_overridden() -> None:
