@@ -42,7 +42,8 @@ def _check_structured_outputs(config: dict[str, Any]) -> None:
             )
 
 
-# The structured-output backends the engine has; "auto" is guidance.
+# The structured-output backends the engine has; "auto" is xgrammar, falling back to guidance
+# for a constraint xgrammar cannot take, as in vLLM.
 STRUCTURED_OUTPUT_BACKENDS = ("auto", "guidance", "xgrammar")
 
 
@@ -50,10 +51,9 @@ def structured_outputs_backend(
     structured_outputs_config: dict[str, Any] | None, guided_decoding_backend: str | None
 ) -> str:
     """The backend serve runs: --structured-outputs-config's, else --guided-decoding-backend's
-    name (before any ``:options``); "auto" settles on guidance."""
+    name (before any ``:options``), else auto."""
     name = (structured_outputs_config or {}).get("backend") or guided_decoding_backend or "auto"
-    name = name.split(":", 1)[0]
-    return "guidance" if name == "auto" else name
+    return name.split(":", 1)[0]
 
 
 def _check_nodes(v: dict[str, Any]) -> None:

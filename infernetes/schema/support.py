@@ -59,10 +59,9 @@ def refused(reason: str) -> Support:
 UNBUILT_TOOL_PARSERS = ("gigachat3", "openai", "step3p5", "xlam")
 
 # Reasons shared by several entries.
-# vLLM falls back from xgrammar to guidance for a schema xgrammar cannot take ("auto" only).
-NO_FALLBACK = (
-    "the backend is the one named (auto is guidance) and never falls back to another: a "
-    "constraint it cannot compile is a 400 naming the field"
+STRUCTURED_OUTPUT_BACKEND_NOTE = (
+    "auto (xgrammar, falling back to guidance for a constraint xgrammar cannot take, as in "
+    "vLLM), xgrammar or guidance (llguidance)"
 )
 REASONING_NOT_BUILT = (
     "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format) "
@@ -362,11 +361,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "offload_prefetch_step": refused(WEIGHT_OFFLOAD),
     "offload_params": refused(WEIGHT_OFFLOAD),
     # ---------------------------------------------------------------- DecodingConfig
-    "guided_decoding_backend": partial(
-        STRUCTURED_OUTPUT_BACKENDS,
-        "structured output runs on llguidance (guidance; auto means it) or xgrammar",
+    "guided_decoding_backend": partial(STRUCTURED_OUTPUT_BACKENDS, STRUCTURED_OUTPUT_BACKEND_NOTE),
+    "guided_decoding_disable_fallback": honoured(
+        "auto keeps to xgrammar: a constraint it cannot take is a 400 instead of guidance's"
     ),
-    "guided_decoding_disable_fallback": no_effect(NO_FALLBACK),
     "guided_decoding_disable_any_whitespace": HONOURED,
     "guided_decoding_disable_additional_properties": refused(
         "not supported by the guidance backend here yet"
@@ -727,10 +725,11 @@ KEY_SUPPORT: dict[str, Support] = {
         ("ngram", "[ngram]"), "draft models are planned: n-gram prompt lookup needs none"
     ),
     "structured_outputs_config.backend": partial(
-        STRUCTURED_OUTPUT_BACKENDS,
-        "structured output runs on llguidance (guidance; auto means it) or xgrammar",
+        STRUCTURED_OUTPUT_BACKENDS, STRUCTURED_OUTPUT_BACKEND_NOTE
     ),
-    "structured_outputs_config.disable_fallback": no_effect(NO_FALLBACK),
+    "structured_outputs_config.disable_fallback": honoured(
+        "auto keeps to xgrammar: a constraint it cannot take is a 400 instead of guidance's"
+    ),
     "structured_outputs_config.disable_any_whitespace": HONOURED,
     "structured_outputs_config.disable_additional_properties": refused(
         "not supported by the guidance backend here yet"

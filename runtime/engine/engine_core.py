@@ -112,11 +112,13 @@ class EngineCore:
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
         # Outputs of steps taken back out of turn (before sleeping), given with the next step's.
         self.held_outputs: list[EngineOutput] = []
+        structured = serve_config.structured_outputs_config or {}
         self.structured_output = StructuredOutputManager(
             self.tokenizer,
             model.vocab_size,
-            structured_outputs_backend(
-                serve_config.structured_outputs_config, serve_config.guided_decoding_backend
+            structured_outputs_backend(structured, serve_config.guided_decoding_backend),
+            fallback=not structured.get(
+                "disable_fallback", serve_config.guided_decoding_disable_fallback
             ),
         )
         self._arrivals = itertools.count()  # the order requests were admitted in

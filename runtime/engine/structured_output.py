@@ -1,6 +1,7 @@
-"""Structured output in the engine core (vLLM V1's ``v1/structured_output/``), through one
-backend per engine: guidance (llguidance; "auto") or xgrammar (``guidance_backend.py``,
-``xgrammar_backend.py``).
+"""Structured output in the engine core (vLLM V1's ``v1/structured_output/``), through the
+engine's backend: xgrammar or guidance (llguidance), or "auto", vLLM's default: xgrammar, and
+guidance for a constraint xgrammar cannot take (not with ``disable_fallback``)
+(``xgrammar_backend.py``, ``guidance_backend.py``).
 
 A request's constraint (``SamplingParams.structured_outputs``) is compiled once, here: the input
 processor has ``StructuredOutputManager.compile`` build its matcher over the core's tokenizer,
@@ -70,11 +71,15 @@ class RequestGrammar:
 class StructuredOutputManager:
     """Compiles the constraints of one engine's requests and fills their masks each step."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, backend: str = "guidance") -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, backend: str = "auto", fallback: bool = True
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.backend = backend
-        self._compiler: Any = None  # the backend's index of the vocabulary, built when first used
+        self.fallback = fallback
+        # Each backend's index of the vocabulary, built when first used.
+        self._compilers: dict[str, Any] = {}
 
     def compile(self, constraint: StructuredOutputsParams) -> RequestGrammar:
         """The matcher of ``constraint``; RequestError naming the field when it is invalid."""
@@ -83,19 +88,27 @@ class StructuredOutputManager:
                 "structured output needs a tokenizer; the engine runs with --skip-tokenizer-init",
                 constraint.param,
             )
-        if self._compiler is None:
-            self._compiler = self._make_compiler()
-        return RequestGrammar(self._compiler.compile(constraint))
+        if self.backend != "auto":
+            return RequestGrammar(self._compiler(self.backend).compile(constraint))
+        try:
+            return RequestGrammar(self._compiler("xgrammar").compile(constraint))
+        except RequestError:
+            if not self.fallback:
+                raise
+        return RequestGrammar(self._compiler("guidance").compile(constraint))
 
-    def _make_compiler(self) -> Any:
-        # Imported here: an engine only loads the backend it runs.
-        if self.backend == "xgrammar":
-            from infernetes.runtime.engine.xgrammar_backend import XgrammarCompiler
+    def _compiler(self, backend: str) -> Any:
+        if backend not in self._compilers:
+            # Imported here: an engine loads only the backends it uses.
+            if backend == "xgrammar":
+                from infernetes.runtime.engine.xgrammar_backend import XgrammarCompiler
 
-            return XgrammarCompiler(self.tokenizer, self.vocab_size)
-        from infernetes.runtime.engine.guidance_backend import GuidanceCompiler
+                self._compilers[backend] = XgrammarCompiler(self.tokenizer, self.vocab_size)
+            else:
+                from infernetes.runtime.engine.guidance_backend import GuidanceCompiler
 
-        return GuidanceCompiler(self.tokenizer, self.vocab_size)
+                self._compilers[backend] = GuidanceCompiler(self.tokenizer, self.vocab_size)
+        return self._compilers[backend]
 
     def grammar_bitmask(
         self, scheduler_output: SchedulerOutput, requests: dict[str, Request]

@@ -34,6 +34,34 @@ def _schema(constraint: StructuredOutputsParams) -> dict[str, Any]:
     return ascii_schema_patterns(schema)
 
 
+# JSON-schema keywords xgrammar compiles without enforcing (vLLM's list): refused here, so
+# "auto" takes such a schema to guidance instead of producing JSON that breaks it.
+UNENFORCED_KEYWORDS = frozenset(
+    {
+        "multipleOf",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "patternProperties",
+        "propertyNames",
+    }
+)
+
+
+def unenforced_keywords(schema: Any) -> set[str]:
+    """The UNENFORCED_KEYWORDS anywhere in ``schema``."""
+    found: set[str] = set()
+    if isinstance(schema, dict):
+        found |= UNENFORCED_KEYWORDS & schema.keys()
+        for value in schema.values():
+            found |= unenforced_keywords(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            found |= unenforced_keywords(item)
+    return found
+
+
 def choice_grammar(choices: list[Any]) -> str:
     """The EBNF of exactly one of ``choices`` (JSON string escapes are EBNF's too)."""
     return "root ::= " + " | ".join(json.dumps(str(c), ensure_ascii=False) for c in choices)
@@ -78,8 +106,18 @@ class XgrammarCompiler:
         kind, spec = constraint.kind, constraint.spec
         try:
             if kind in ("json", "json_object"):
+                schema = _schema(constraint)
+                if unenforced := unenforced_keywords(schema):
+                    raise RequestError(
+                        f"{constraint.param}: the xgrammar backend does not enforce "
+                        f"{', '.join(sorted(unenforced))}; use the guidance backend (or auto)",
+                        constraint.param,
+                    )
+                # Without whitespace means none: xgrammar's own default keeps a space after
+                # ',' and ':', guidance's and the flag's description none.
+                compact = {"any_whitespace": False, "separators": (",", ":")}
                 compiled = self.compiler.compile_json_schema(
-                    json.dumps(_schema(constraint)), any_whitespace=not constraint.compact
+                    json.dumps(schema), **(compact if constraint.compact else {})
                 )
             elif kind == "regex":
                 compiled = self.compiler.compile_regex(ascii_classes(spec))

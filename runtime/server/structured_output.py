@@ -4,7 +4,7 @@ a bad one is refused with the field named (``engine/structured_output.py`` says 
 
 from __future__ import annotations
 
-from infernetes.schema.rules import STRUCTURED_OUTPUT_BACKENDS, structured_outputs_backend
+from infernetes.schema.rules import STRUCTURED_OUTPUT_BACKENDS
 
 
 class GuideError(ValueError):
@@ -29,7 +29,7 @@ def check_backend(
             f"{', '.join(STRUCTURED_OUTPUT_BACKENDS)}",
             param,
         )
-    if server_backend is not None and structured_outputs_backend(None, name) != server_backend:
+    if server_backend is not None and backend not in ("auto", server_backend):
         raise GuideError(
             f"{param} {backend!r}: the backend is chosen per server, which runs "
             f"{server_backend!r}; leave it out of the request or start the server with "

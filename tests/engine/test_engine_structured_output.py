@@ -85,7 +85,7 @@ def _random_walk(manager, constraint, tokenizer, vocab, seed, limit=80) -> tuple
     return tokenizer.decode(request.output_token_ids), False
 
 
-BACKENDS = ["guidance", "xgrammar"]
+BACKENDS = ["guidance", "xgrammar", "auto"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -133,6 +133,7 @@ def test_invalid_constraints_name_the_field(tokenizer, constraint, param, backen
 
 PROMPTS = [[1, 5, 9, 200, 17], [1, 77, 4, 150, 6, 8], [1, 300, 12]]
 ENGINE = {"dtype": "float32", "max_model_len": 128, "block_size": 8}
+GUIDANCE = {"backend": "guidance"}  # the test below counts llguidance's compiles
 
 # Loaded by the worker processes (PYTHONPATH): logs each import of llguidance and each file a
 # tokenizer loader opens, so a worker that compiles a grammar or loads a tokenizer shows up.
@@ -202,7 +203,12 @@ def test_ranks_compile_nothing_and_match_one_rank(tiny_llama, tmp_path, monkeypa
     monkeypatch.setattr(llguidance, "LLMatcher", matcher)
 
     config = build_config(
-        tiny_llama, device="cpu", tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE
+        tiny_llama,
+        device="cpu",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        structured_outputs_config=GUIDANCE,
+        **ENGINE,
     )
     engine = LLMEngine(config)
     try:
@@ -214,7 +220,12 @@ def test_ranks_compile_nothing_and_match_one_rank(tiny_llama, tmp_path, monkeypa
     requests = len(CONSTRAINTS) * len(PROMPTS)
     assert matcher.made == requests  # once per request, n=2 sequences or not
 
-    single = _run(LLMEngine(build_config(tiny_llama, device="cpu", **ENGINE)), n=2)
+    single = _run(
+        LLMEngine(
+            build_config(tiny_llama, device="cpu", structured_outputs_config=GUIDANCE, **ENGINE)
+        ),
+        n=2,
+    )
     _check(parallel)
     assert parallel == single
 
@@ -226,6 +237,34 @@ def test_async_scheduling_outputs_follow_the_constraints(tiny_llama):
     got = _run(engine)
     _check(got)
     assert got == expected
+
+
+CASE_INSENSITIVE = StructuredOutputsParams("regex", "(?i)yes", "guided_regex")  # not xgrammar's
+
+
+def test_auto_falls_back_to_guidance_for_what_xgrammar_cannot_take(tokenizer):
+    vocab = len(tokenizer)
+    with pytest.raises(RequestError, match="guided_regex"):
+        StructuredOutputManager(tokenizer, vocab, "xgrammar").compile(CASE_INSENSITIVE)
+    text, ended = _random_walk(
+        StructuredOutputManager(tokenizer, vocab, "auto"), CASE_INSENSITIVE, tokenizer, vocab, 0
+    )
+    assert ended and text.lower() == "yes", text
+    with pytest.raises(RequestError, match="guided_regex"):
+        StructuredOutputManager(tokenizer, vocab, "auto", fallback=False).compile(CASE_INSENSITIVE)
+
+
+def test_schemas_xgrammar_would_not_enforce_go_to_guidance_under_auto(tokenizer):
+    schema = {"type": "integer", "minimum": 1, "maximum": 99, "multipleOf": 7}
+    constraint = StructuredOutputsParams("json", schema, "guided_json")
+    vocab = len(tokenizer)
+    with pytest.raises(RequestError, match="does not enforce multipleOf"):
+        StructuredOutputManager(tokenizer, vocab, "xgrammar").compile(constraint)
+    for seed in range(3):
+        text, ended = _random_walk(
+            StructuredOutputManager(tokenizer, vocab, "auto"), constraint, tokenizer, vocab, seed
+        )
+        assert ended and int(text) % 7 == 0, text
 
 
 def test_vllm_xgrammar_cache_mb_bounds_the_compiled_grammar_cache(tokenizer, monkeypatch):

@@ -275,7 +275,7 @@ def test_chat_tool_choice_named_and_required(client):
         model="tiny",
         messages=messages,
         tools=[WEATHER_TOOL],
-        max_tokens=60,
+        max_tokens=160,
         temperature=0,
         tool_choice="required",
         parallel_tool_calls=False,
@@ -297,7 +297,7 @@ def test_chat_auto_tool_choice_parses_hermes_calls(client):
         messages=[{"role": "user", "content": "Weather in Oslo?"}],
         tools=[WEATHER_TOOL],
         tool_choice="auto",
-        max_tokens=80,
+        max_tokens=160,
         temperature=0,
         extra_body={"guided_regex": regex_literal("Checking. " + call_text)},
     )
