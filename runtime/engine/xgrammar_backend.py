@@ -115,9 +115,10 @@ class XgrammarCompiler:
                     )
                 # Without whitespace means none: xgrammar's own default keeps a space after
                 # ',' and ':', guidance's and the flag's description none.
-                compact = {"any_whitespace": False, "separators": (",", ":")}
                 compiled = self.compiler.compile_json_schema(
-                    json.dumps(schema), **(compact if constraint.compact else {})
+                    json.dumps(schema),
+                    any_whitespace=not constraint.compact,
+                    separators=(",", ":") if constraint.compact else None,
                 )
             elif kind == "regex":
                 compiled = self.compiler.compile_regex(ascii_classes(spec))
