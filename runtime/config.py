@@ -37,7 +37,7 @@ class ModelConfig:
 
     @property
     def vocab_size(self) -> int:
-        return self.info.hf_config.vocab_size
+        return self.info.hf_config.get_text_config().vocab_size
 
     @property
     def is_pooling(self) -> bool:

@@ -109,8 +109,9 @@ def _parallel_config(
             f"distributed_executor_backend='uni' runs one rank, but tensor_parallel_size x "
             f"pipeline_parallel_size is {tp * pp}; use 'mp' (the default) for more ranks"
         )
-    heads = getattr(hf_config, "num_attention_heads", 0)
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    text = hf_config.get_text_config()  # a vision-language model's language model is sharded
+    heads = getattr(text, "num_attention_heads", 0)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
     if heads % tp or (kv_heads % tp and tp % kv_heads):
         raise ValueError(
             f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
@@ -123,7 +124,7 @@ def _parallel_config(
         )
     partition = pp_layer_partition(environ)
     if partition is not None or pp > 1:  # the stages must cover the layers: say so now
-        stage_layers(hf_config.num_hidden_layers, partition, pp)
+        stage_layers(text.num_hidden_layers, partition, pp)
     return ParallelConfig(
         tp,
         pp,
@@ -179,7 +180,7 @@ def _eos_token_ids(
     request (generation_config.json's ``eos_token_id`` list, a list in config.json)."""
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     if eos is None:
-        eos = getattr(hf_config, "eos_token_id", None)
+        eos = getattr(hf_config.get_text_config(), "eos_token_id", None)
     extra_eos = generation.get("eos_token_id")
     extra = set(
         extra_eos if isinstance(extra_eos, list) else [extra_eos] if extra_eos is not None else []

@@ -60,7 +60,7 @@ class InputSettings(NamedTuple):
             extra_eos_token_ids=model.extra_eos_token_ids,
             architecture=model.info.architecture,
             # read only for a model that takes embeddings (all of which have one)
-            hidden_size=getattr(model.info.hf_config, "hidden_size", 0),
+            hidden_size=getattr(model.info.hf_config.get_text_config(), "hidden_size", 0),
             enable_prompt_embeds=model.enable_prompt_embeds,
             supports_prompt_embeds=supports_prompt_embeds,
         )

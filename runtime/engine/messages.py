@@ -93,7 +93,7 @@ class ModelFacts(NamedTuple):
         dimensions = getattr(hf_config, "matryoshka_dimensions", None)
         return cls(
             list(hf_config.architectures) if hf_config.architectures else None,
-            getattr(hf_config, "vocab_size", None),
+            getattr(hf_config.get_text_config(), "vocab_size", None),
             hf_config.num_labels,
             dict(hf_config.id2label or {}),
             bool(getattr(hf_config, "is_matryoshka", False) or dimensions),

@@ -387,7 +387,7 @@ class ModelRunner:
         if parallel.state().is_first_stage:
             return None
         names = self.model.intermediate_names  # type: ignore[union-attr]
-        shape = (num_tokens, self.info.hf_config.hidden_size)
+        shape = (num_tokens, self.info.hf_config.get_text_config().hidden_size)
         if receive:
             tensors = parallel.recv_from_previous_stage(
                 len(names), shape, self.info.dtype, self.device
