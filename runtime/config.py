@@ -30,6 +30,10 @@ class ModelConfig:
     eos_token_id: int | None = None
     extra_eos_token_ids: frozenset[int] = frozenset()
     enable_prompt_embeds: bool = False  # requests may give their prompt as embeddings
+    # a vision-language model's: most items per prompt by modality (--limit-mm-per-prompt; a
+    # modality left out has no limit) and the processor's settings (--mm-processor-kwargs)
+    limit_mm_per_prompt: Mapping[str, int] = field(default_factory=dict)
+    mm_processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def max_model_len(self) -> int:

@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 
 def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Prompt]:
     """One prompt or many: text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``
-    / ``{"prompt_embeds": tensor}`` (vLLM's EmbedsPrompt, with ``--enable-prompt-embeds``)."""
+    / ``{"prompt_embeds": tensor}`` (vLLM's EmbedsPrompt, with ``--enable-prompt-embeds``) /
+    ``{"prompt": ..., "multi_modal_data": {"image": ...}, "mm_processor_kwargs": ...}``."""
     if isinstance(prompts, str | dict) or (
         isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
     ):
@@ -28,7 +29,10 @@ def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Pro
     result: list[Prompt] = []
     for prompt in prompts:
         if isinstance(prompt, dict):
-            if "prompt_embeds" in prompt:
+            if "multi_modal_data" in prompt:
+                keys = ("prompt", "prompt_token_ids", "multi_modal_data", "mm_processor_kwargs")
+                result.append({key: prompt[key] for key in keys if key in prompt})
+            elif "prompt_embeds" in prompt:
                 result.append({"prompt_embeds": prompt["prompt_embeds"]})
             elif "prompt_token_ids" in prompt:
                 result.append(list(prompt["prompt_token_ids"]))

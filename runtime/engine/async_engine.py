@@ -99,7 +99,7 @@ class AsyncEngine:
         self.engine = getattr(self.cores[0], "engine", None)
         info = self.cores[0].info
         # Requests are prepared here, off the cores' loops (every core runs the same model).
-        self.input_processor = InputProcessor(info.inputs, info.tokenizer)
+        self.input_processor = InputProcessor(info.inputs, info.tokenizer, info.mm_processor)
         self.tokenizer = info.tokenizer
         self.max_model_len = info.inputs.max_model_len
         self.model_config = info.model_config

@@ -34,9 +34,12 @@ from infernetes.runtime.model_executor.loader import (
     ModelInfo,
     inspect_model,
     load_hf_config,
+    model_class_of,
     resolve_model_path,
 )
+from infernetes.runtime.model_executor.models.interfaces import supports_multimodal
 from infernetes.runtime.model_executor.parallel import stage_layers
+from infernetes.runtime.multimodal.processor import check_limits
 from infernetes.runtime.preflight import pp_layer_partition
 from infernetes.runtime.spec_decode.config import speculative_config
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
@@ -211,6 +214,17 @@ def _classifier_tokens(hf_config: PretrainedConfig, tokenizer: Any) -> None:
     )
 
 
+def _multimodal_settings(config: ServeConfig, info: ModelInfo) -> dict[str, Any]:
+    """``--limit-mm-per-prompt`` and ``--mm-processor-kwargs`` of a vision-language model,
+    checked against what it takes; a text model has no use for them."""
+    if not supports_multimodal(model_class_of(info)):
+        return {}
+    return dict(
+        limit_mm_per_prompt=check_limits(config.limit_mm_per_prompt or {}, info.architecture),
+        mm_processor_kwargs=dict(config.mm_processor_kwargs or {}),
+    )
+
+
 def resolve_config(
     config: ServeConfig, environ: dict[str, str] | None = None, data_parallel_rank: int = 0
 ) -> tuple[RuntimeConfig, Any]:
@@ -290,6 +304,7 @@ def resolve_config(
             eos_token_id=eos,
             extra_eos_token_ids=extra_eos,
             enable_prompt_embeds=config.enable_prompt_embeds,
+            **_multimodal_settings(config, info),
         ),
         cache=_cache_config(config, info.is_pooling, environ),
         scheduler=scheduler,

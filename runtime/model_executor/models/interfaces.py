@@ -64,7 +64,9 @@ class SupportsMultiModal(SupportsInputsEmbeds, Protocol):
 
     supports_multimodal: bool
 
-    def embed_multimodal(self, modality: str, data: dict[str, torch.Tensor]) -> list[torch.Tensor]: ...
+    def embed_multimodal(
+        self, modality: str, data: dict[str, torch.Tensor]
+    ) -> list[torch.Tensor]: ...
 
 
 def supports_multimodal(model: object) -> bool:
