@@ -122,14 +122,14 @@ def hf_processor(path: str) -> Any:
 
 
 def hf_llava_greedy(
-    path: str | Path, prompt: str, images: list[Any], max_tokens: int
+    path: str | Path, prompt: str, images: list[Any], max_tokens: int, **processor_kwargs: Any
 ) -> tuple[list[int], list[int], list[float]]:
     """Transformers' greedy continuation of ``prompt`` with ``images`` (one ``<image>`` each) in
     float32, EOS ignored: the prompt's expanded ids, the new tokens and each one's logprob."""
     import torch
 
     processor = hf_processor(str(path))
-    inputs = processor(text=prompt, images=images or None, return_tensors="pt")
+    inputs = processor(text=prompt, images=images or None, return_tensors="pt", **processor_kwargs)
     with torch.inference_mode():
         out = _hf_llava(str(path)).generate(
             **inputs,

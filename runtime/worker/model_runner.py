@@ -439,16 +439,18 @@ class ModelRunner:
         self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
     ) -> None:
         """Run the vision encoder once over the images this step reaches that are not encoded
-        yet (all of the step's together, one call per input shape)."""
+        yet (all of the step's together, one call per input shape; an image a prompt repeats,
+        once)."""
         pending: dict[tuple[int, ...], list[tuple[CachedRequestState, MultiModalFeature]]] = {}
         for request, num_new in zip(batch, num_scheduled, strict=True):
             first = request.num_computed_tokens
-            for feature in request.mm_features:
-                if (
-                    feature.offset < first + num_new
-                    and first < feature.end
-                    and feature.identifier not in request.encoder_outputs
-                ):
+            reached = {
+                feature.identifier: feature
+                for feature in request.mm_features
+                if feature.offset < first + num_new and first < feature.end
+            }
+            for identifier, feature in reached.items():
+                if identifier not in request.encoder_outputs:
                     shape = tuple(feature.data["pixel_values"].shape)
                     pending.setdefault(shape, []).append((request, feature))
         model: SupportsMultiModal = self.model  # type: ignore[assignment]  # only such models are sent images
