@@ -44,7 +44,10 @@ def _prompt(text: str, seeds: list[int]) -> dict | str:
 
 
 def _logprobs(completion) -> list[float]:
-    return [entry[token].logprob for entry, token in zip(completion.logprobs, completion.token_ids)]
+    return [
+        entry[token].logprob
+        for entry, token in zip(completion.logprobs, completion.token_ids, strict=True)
+    ]
 
 
 def _check(outputs, expected) -> None:
