@@ -10,8 +10,11 @@ from typing import Any
 from infernetes.runtime.engine.input_processor import Prompt
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.lora.request import LoRARequest
+from infernetes.runtime.multimodal.chat_parts import ImagePart, split_content
+from infernetes.runtime.multimodal.media import MediaSettings
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
+from infernetes.runtime.server.chat_template import resolve_content_format
 
 PromptInput = str | list[int] | dict[str, Any]
 
@@ -60,6 +63,7 @@ class LLM:
         for warning in check_support(self.config).warnings:
             logger.warning(warning)
         self.llm_engine = LLMEngine.from_config(self.config)
+        self.media = MediaSettings.of(self.config)  # where chat images may come from
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -78,9 +82,20 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for each prompt; ``lora_request`` is one adapter for all of them, or one
         (or None, the base model) per prompt."""
+        return self._generate_prepared(
+            _normalise_prompts(prompts), sampling_params, use_tqdm, priority, lora_request
+        )
+
+    def _generate_prepared(
+        self,
+        prompt_list: list[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[RequestOutput]:
         if self.llm_engine.is_pooling:
             raise ValueError("this is an embedding model: use LLM.embed(), not generate()")
-        prompt_list = _normalise_prompts(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -110,21 +125,51 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         use_tqdm: bool = False,
+        chat_template_content_format: str = "auto",
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
+        """Chat turns through the chat template; with a vision-language model, content parts
+        may be images (``image_url`` with a data:, file:// or http(s) URL, or ``image_pil``)."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer; the engine runs with --skip-tokenizer-init")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = []
+        processor = self.llm_engine.input_processor
+        placeholder = processor.mm_processor and processor.mm_processor.image_token
+        template = chat_template or tokenizer.chat_template or ""
+        content_format = resolve_content_format(chat_template_content_format, template)
+        prompts: list[Prompt] = []
         for conversation in conversations:
+            images: list[ImagePart] | None = [] if placeholder else None
+            shaped = [
+                {
+                    **message,
+                    "content": split_content(
+                        message["content"],
+                        f"messages[{i}].content",
+                        content_format,
+                        images,
+                        placeholder,
+                    ),
+                }
+                if isinstance(message.get("content"), list)
+                else message
+                for i, message in enumerate(conversation)
+            ]
             text = tokenizer.apply_chat_template(
-                conversation,
+                shaped,
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
             )
-            prompts.append(list(tokenizer(text, add_special_tokens=False).input_ids))
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+            if images:
+                loaded = {"image": [part.load(self.media) for part in images]}
+                prompts.append(
+                    processor.process_multimodal(text, loaded, mm_processor_kwargs, False)
+                )
+            else:
+                prompts.append(list(tokenizer(text, add_special_tokens=False).input_ids))
+        return self._generate_prepared(prompts, sampling_params, use_tqdm)
 
     def embed(
         self, prompts: PromptInput | Sequence[PromptInput], use_tqdm: bool = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from infernetes.runtime.multimodal.chat_parts import ImagePart
 from infernetes.runtime.server.chat_template import ChatRenderer
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.protocol import (
@@ -46,8 +47,10 @@ class TokenizationServing(ServingBase):
     ) -> TokenizeResponse:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
+            images: list[ImagePart] = []
             text = self.renderer.render(
                 request.messages,
+                images=images,
                 template=request.chat_template,
                 tools=[t.model_dump(exclude_none=True) for t in request.tools]
                 if request.tools
@@ -56,6 +59,12 @@ class TokenizationServing(ServingBase):
                 continue_final_message=request.continue_final_message,
                 template_kwargs=request.chat_template_kwargs,
             )
+            if images:
+                raise APIError(
+                    "/tokenize takes text messages only; image parts are planned",
+                    400,
+                    images[0].param,
+                )
         else:
             text = request.prompt
         tokens = self.tokenize(text, request.add_special_tokens)

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from infernetes.runtime.multimodal.media import MediaSettings
+
 from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
 
@@ -88,6 +90,7 @@ class FrontendSettings:
     max_loras: int = 0  # with --enable-lora (the lora_requests_info gauge's max_lora)
     lora_modules: tuple[Mapping[str, Any], ...] = ()  # loaded at startup
     allow_runtime_lora_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    media: MediaSettings = MediaSettings()  # where images may come from, read how
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
@@ -121,6 +124,7 @@ class FrontendSettings:
         structured = dict(get("structured_outputs_config", {}))
         return cls(
             model=model,
+            media=MediaSettings.of(config, environ),
             served_model_names=names,
             host=getattr(config, "host", None),
             port=int(get("port", 8000)),

@@ -192,3 +192,35 @@ def test_limits_for_modalities_the_model_lacks_are_refused_at_startup(llava):
         LLM(llava, **ENGINE, limit_mm_per_prompt={"audio": 1})
     with pytest.raises(ValueError, match="limit_mm_per_prompt: unknown modality 'smell'"):
         LLM(llava, **ENGINE, limit_mm_per_prompt={"smell": 1})
+
+
+def _data_url(image, kind: str = "PNG") -> str:
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, kind)
+    return f"data:image/{kind.lower()};base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_chat_with_image_parts_as_vllm_spells_them(llava):
+    llm = LLM(llava, **ENGINE)
+    first, second = random_image(9), random_image(10)
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Look at"},
+                {"type": "image_url", "image_url": {"url": _data_url(first)}},
+                {"type": "text", "text": "and at"},
+                {"type": "image_pil", "image_pil": second},
+            ],
+        }
+    ]
+    [output] = llm.chat(messages, GREEDY)
+    # the template puts each image's placeholder where its part stood
+    text = "<|im_start|>user\nLook at<image>and at<image><|im_end|>\n<|im_start|>assistant\n"
+    prompt_ids, tokens, logprobs = hf_llava_greedy(
+        llava, text, [first, second], MAX_TOKENS, add_special_tokens=False
+    )
+    _check([output], [(prompt_ids, tokens, logprobs)])
