@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from infernetes.runtime.multimodal.media import MediaSettings
@@ -90,7 +90,7 @@ class FrontendSettings:
     max_loras: int = 0  # with --enable-lora (the lora_requests_info gauge's max_lora)
     lora_modules: tuple[Mapping[str, Any], ...] = ()  # loaded at startup
     allow_runtime_lora_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
-    media: MediaSettings = MediaSettings()  # where images may come from, read how
+    media: MediaSettings = field(default_factory=MediaSettings)  # where images come from
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
