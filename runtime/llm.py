@@ -133,9 +133,11 @@ class LLM:
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer; the engine runs with --skip-tokenizer-init")
-        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        conversations: list[list[dict[str, Any]]] = (
+            messages if messages and isinstance(messages[0], list) else [messages]  # type: ignore[list-item]  # one conversation or a list of them
+        )
         processor = self.llm_engine.input_processor
-        placeholder = processor.mm_processor and processor.mm_processor.image_token
+        placeholder = None if processor.mm_processor is None else processor.mm_processor.image_token
         template = chat_template or tokenizer.chat_template or ""
         content_format = resolve_content_format(chat_template_content_format, template)
         prompts: list[Prompt] = []

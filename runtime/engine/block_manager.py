@@ -147,7 +147,8 @@ class BlockManager:
             else:
                 parent = hashes[-1] if hashes else request.hash_seed
                 images = overlapping(request.mm_features, i * size, (i + 1) * size)
-                hashes.append(self._hash(parent, (*tokens, *images) if images else tokens))
+                keyed = (*tokens, *images) if images else tokens  # image digests after the ids
+                hashes.append(self._hash(parent, keyed))  # type: ignore[arg-type]
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Blocks already holding a prefix of ``request``; at least one token is left to compute."""

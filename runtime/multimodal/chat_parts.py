@@ -56,11 +56,11 @@ def split_content(
     for i, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
         where = f"{param}[{i}]"
-        if kind in TEXT_TYPES and isinstance(part.get("text"), str):  # type: ignore[union-attr]  # a dict when kind is set
+        if kind in TEXT_TYPES and isinstance(part.get("text"), str):
             texts.append(part["text"])
             shaped.append({"type": "text", "text": part["text"]})
         elif kind in IMAGE_TYPES and images is not None:
-            images.append(_image_part(part, where))  # type: ignore[arg-type]
+            images.append(_image_part(part, where))
             shaped.append({"type": "image"})
             num_images += 1
         elif kind in IMAGE_TYPES:

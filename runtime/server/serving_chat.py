@@ -190,6 +190,13 @@ class ChatServing(ServingBase):
                 400,
                 "truncate_prompt_tokens",
             )
+        if request.mm_processor_kwargs and not self.settings.trust_request_mm_kwargs:
+            raise APIError(
+                "mm_processor_kwargs in a request is refused unless the server is started with "
+                "--trust-request-mm-kwargs",
+                400,
+                "mm_processor_kwargs",
+            )
         try:
             loaded = [part.load(self.settings.media) for part in images]
             return self.engine.input_processor.process_multimodal(

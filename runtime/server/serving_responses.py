@@ -376,11 +376,13 @@ class ResponsesServing:
         yield events.send("response.created", response=started)
         yield events.send("response.in_progress", response=started)
         try:
-            mode, prompt_ids, params, lora = await off_loop(self.chat._prepare, chat_request)
+            mode, prompt_ids, params, lora, prompt = await off_loop(
+                self.chat._prepare, chat_request
+            )
             self.chat.log_request(response_id, None, prompt_ids, params)
             stream = engine_stream(
                 self.chat.engine.generate(
-                    prompt_ids,
+                    prompt,
                     params,
                     response_id,
                     priority=0,

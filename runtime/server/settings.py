@@ -91,6 +91,7 @@ class FrontendSettings:
     lora_modules: tuple[Mapping[str, Any], ...] = ()  # loaded at startup
     allow_runtime_lora_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
     media: MediaSettings = field(default_factory=MediaSettings)  # where images come from
+    trust_request_mm_kwargs: bool = False  # requests may set mm_processor_kwargs
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
@@ -166,6 +167,7 @@ class FrontendSettings:
             chat_template=get("chat_template"),
             chat_template_content_format=str(get("chat_template_content_format", "auto")),
             trust_request_chat_template=bool(get("trust_request_chat_template", False)),
+            trust_request_mm_kwargs=bool(get("trust_request_mm_kwargs", False)),
             response_role=str(get("response_role", "assistant")),
             enable_auto_tool_choice=bool(get("enable_auto_tool_choice", False)),
             tool_call_parser=get("tool_call_parser"),

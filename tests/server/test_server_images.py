@@ -106,6 +106,7 @@ def vision_server(llava_dir, media_dir, server_process_factory):
             str(media_dir),
             "--allowed-media-domains",
             "127.0.0.1",
+            "--trust-request-mm-kwargs",
         ],
         env={"VLLM_IMAGE_FETCH_TIMEOUT": "1"},
         log_name="vision-server.log",
@@ -115,6 +116,26 @@ def vision_server(llava_dir, media_dir, server_process_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def untrusting_client(llava_dir, server_process_factory):
+    """A server with the defaults: no request processor settings, no file:// URLs."""
+    server = server_process_factory(
+        [str(llava_dir), "--served-model-name", "llava", "--dtype", "float32"],
+        log_name="vision-server-defaults.log",
+    )
+    try:
+        server.wait_ready()
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    finally:
+        server.stop()
+
+
+def test_file_urls_need_the_flag(untrusting_client):
+    with pytest.raises(openai.BadRequestError, match="--allowed-local-media-path") as error:
+        _chat(untrusting_client, _messages("file:///etc/hostname"))
+    assert error.value.body["param"] == PART
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +209,15 @@ def test_limit_mm_per_prompt(client):
         _chat(client, _messages(url, url, url))
 
 
-def test_processor_kwargs_of_the_request(client, llava_dir):
+def test_processor_kwargs_of_the_request_need_trust(client, llava_dir, untrusting_client):
     image = random_image(26)
+    with pytest.raises(openai.BadRequestError, match="--trust-request-mm-kwargs") as error:
+        _chat(
+            untrusting_client,
+            _messages(_data_url(_encoded(image))),
+            mm_processor_kwargs={"do_normalize": False},
+        )
+    assert error.value.body["param"] == "mm_processor_kwargs"
     response = _chat(
         client, _messages(_data_url(_encoded(image))), mm_processor_kwargs={"do_normalize": False}
     )
@@ -213,6 +241,37 @@ def test_responses_input_image(client):
     )
     assert response.usage.input_tokens > 16  # the image's 16 feature tokens and the text
     assert response.usage.output_tokens == 4
+
+
+def test_streamed_chat_and_responses_with_images(client):
+    url = _data_url(_encoded(random_image(32)))
+    whole = _chat(client, _messages(url)).choices[0].message.content
+    chunks = client.chat.completions.create(
+        model="llava",
+        messages=_messages(url),
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
+    events = client.responses.create(
+        model="llava",
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Look:"},
+                    {"type": "input_image", "image_url": url},
+                ],
+            }
+        ],
+        max_output_tokens=4,
+        temperature=0.0,
+        stream=True,
+    )
+    last = list(events)[-1]
+    assert last.response.usage.input_tokens > 16
 
 
 def _bomb() -> bytes:
