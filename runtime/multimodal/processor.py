@@ -94,10 +94,6 @@ class MultiModalProcessor:
             hf_logging.set_verbosity(verbosity)
         return cls(hf_processor, limits, default_kwargs)
 
-    def placeholders(self, count: int) -> list[str]:
-        """What stands for ``count`` images in a text prompt."""
-        return [self.image_token] * count
-
     def process(
         self,
         text: str,
