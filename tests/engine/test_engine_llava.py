@@ -224,3 +224,20 @@ def test_chat_with_image_parts_as_vllm_spells_them(llava):
         llava, text, [first, second], MAX_TOKENS, add_special_tokens=False
     )
     _check([output], [(prompt_ids, tokens, logprobs)])
+
+
+@pytest.mark.slow  # a worker process per rank, about ten seconds a case
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_images_across_ranks(llava, expected, tp, pp):
+    # The images cross to every rank; the first stage encodes them (the tower replicated on its
+    # tensor ranks), the language model is sharded or staged as Llama's.
+    llm = LLM(
+        llava,
+        **ENGINE,
+        device="cpu",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_batched_tokens=8,
+    )
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
+    _check(outputs, expected)

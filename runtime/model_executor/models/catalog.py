@@ -20,17 +20,16 @@ def _row(architecture: str) -> str:
     generative = architecture in GENERATIVE
     vision = supports_multimodal(cls)
     task = "generate" if generative else ("score" if "Classification" in architecture else "embed")
-    # The text models are tested under TP and PP against transformers; the pooling models' and
-    # the vision-language models' layers are the same parallel layers, but no test runs them on
-    # several ranks yet.
-    tested = generative and not vision
+    # The generative models are tested under TP and PP against transformers; the pooling models'
+    # layers are the same parallel layers, but no test runs them on several ranks yet. No test
+    # runs a vision-language model with fp8 yet.
     cells = [
         f"`{architecture}`",
         task + " (text + image)" if vision else task,
         f"`{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}`",
-        "yes" if tested else "untested",
-        "yes" if tested else "untested" if vision else "no",
-        "yes" if tested else "untested",
+        "yes" if generative else "untested",
+        "yes" if generative else "no",
+        "yes" if generative and not vision else "untested",
         "yes (TP slices every expert; `--enable-expert-parallel` spreads whole experts)"
         if _is_moe(cls)
         else "",
@@ -95,9 +94,9 @@ follows transformers' (`norm_topk_prob` is not read for V2, as there).
 
 LLaVA (`LlavaForConditionalGeneration`: CLIP vision tower, projector, Llama) takes images in
 chat `image_url` parts and offline `multi_modal_data` (`docs/multimodal.md`); tested against
-transformers token for token and logprob for logprob on one rank. Its vision tower is replicated
-on every rank (small beside the language model) and `--quantization fp8` quantizes the language
-model's layers only. LLaVA-NeXT/OneVision, Qwen2-VL/Qwen2.5-VL (M-RoPE), Gemma 3, Mistral 3 and
+transformers token for token and logprob for logprob, on one rank and across tensor and pipeline
+ranks; its vision tower is replicated on the first stage's ranks (small beside the language
+model). LLaVA-NeXT/OneVision, Qwen2-VL/Qwen2.5-VL (M-RoPE), Gemma 3, Mistral 3 and
 Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
