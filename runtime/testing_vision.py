@@ -30,8 +30,18 @@ LLAVA_CHAT_TEMPLATE = (
 )
 
 
-def make_tiny_llava(directory: str | Path, *, seed: int = 0, dtype: str = "float32") -> Path:
-    """Write a tiny random ``LlavaForConditionalGeneration`` and its ``LlavaProcessor``."""
+def make_tiny_llava(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    image_size: int = IMAGE_SIZE,
+    patch_size: int = PATCH_SIZE,
+    vision: dict[str, Any] | None = None,
+    text: dict[str, Any] | None = None,
+) -> Path:
+    """Write a random ``LlavaForConditionalGeneration`` and its ``LlavaProcessor``: tiny by
+    default; ``vision`` and ``text`` override the CLIP and Llama configs (benchmarks)."""
     import torch
     import transformers
 
@@ -40,35 +50,41 @@ def make_tiny_llava(directory: str | Path, *, seed: int = 0, dtype: str = "float
     tokenizer = build_tokenizer(
         directory, extra_special_tokens=[IMAGE_TOKEN], chat_template=LLAVA_CHAT_TEMPLATE
     )
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
-        projection_dim=32,
-        initializer_range=0.1,
+    vision_config = transformers.CLIPVisionConfig(
+        **{
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "image_size": image_size,
+            "patch_size": patch_size,
+            "projection_dim": 32,
+            "initializer_range": 0.1,
+            **(vision or {}),
+        }
     )
-    text = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    text_config = transformers.LlamaConfig(
+        **{
+            "vocab_size": len(tokenizer),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": False,
+            "initializer_range": 0.1,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            **(text or {}),
+        }
     )
     config = transformers.LlavaConfig(
-        vision_config=vision,
-        text_config=text,
+        vision_config=vision_config,
+        text_config=text_config,
         image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        image_seq_length=(IMAGE_SIZE // PATCH_SIZE) ** 2,
+        image_seq_length=(image_size // patch_size) ** 2,
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
     )
@@ -81,13 +97,13 @@ def make_tiny_llava(directory: str | Path, *, seed: int = 0, dtype: str = "float
             parameter.normal_(0.0, 0.5)
     model.save_pretrained(str(directory))
     image_processor = transformers.CLIPImageProcessor(
-        size={"shortest_edge": IMAGE_SIZE},
-        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
     )
     processor = transformers.LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        patch_size=PATCH_SIZE,
+        patch_size=patch_size,
         vision_feature_select_strategy="default",
         image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1,
