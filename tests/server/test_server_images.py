@@ -224,21 +224,20 @@ def test_processor_kwargs_of_the_request_need_trust(client, llava_dir, untrustin
     _assert_equals_transformers(llava_dir, response, [image], do_normalize=False)
 
 
-def test_responses_input_image(client):
-    response = client.responses.create(
+def _respond(client, url: str, **extra):
+    """A Responses API call whose message holds text and an ``input_image``."""
+    content = [{"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": url}]
+    return client.responses.create(
         model="llava",
-        input=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "input_text", "text": "Look:"},
-                    {"type": "input_image", "image_url": _data_url(_encoded(random_image(27)))},
-                ],
-            }
-        ],
+        input=[{"role": "user", "content": content}],
         max_output_tokens=4,
         temperature=0.0,
+        **extra,
     )
+
+
+def test_responses_input_image(client):
+    response = _respond(client, _data_url(_encoded(random_image(27))))
     assert response.usage.input_tokens > 16  # the image's 16 feature tokens and the text
     assert response.usage.output_tokens == 4
 
@@ -255,21 +254,7 @@ def test_streamed_chat_and_responses_with_images(client):
         extra_body={"ignore_eos": True},
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
-    events = client.responses.create(
-        model="llava",
-        input=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "input_text", "text": "Look:"},
-                    {"type": "input_image", "image_url": url},
-                ],
-            }
-        ],
-        max_output_tokens=4,
-        temperature=0.0,
-        stream=True,
-    )
+    events = _respond(client, url, stream=True)
     last = list(events)[-1]
     assert last.response.usage.input_tokens > 16
 
