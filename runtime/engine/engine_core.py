@@ -143,10 +143,12 @@ class EngineCore:
         """A vision-language model's processor, for the API side (None for a text model, or
         with --skip-tokenizer-init: its processor tokenizes)."""
         model = self.config.model
-        if self.tokenizer is None or not supports_multimodal(model_class_of(model.info)):
+        cls = model_class_of(model.info)
+        if self.tokenizer is None or not supports_multimodal(cls):
             return None
         return MultiModalProcessor.load(
             model.info.path,
+            cls.image_input_shape(model.info.hf_config),  # type: ignore[attr-defined]  # models/interfaces.SupportsMultiModal
             dict(model.limit_mm_per_prompt),
             model.mm_processor_kwargs,
         )

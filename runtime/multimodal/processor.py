@@ -62,10 +62,12 @@ class MultiModalProcessor:
     def __init__(
         self,
         hf_processor: Any,
+        image_shape: tuple[int, ...],
         limits: dict[str, int],
         default_kwargs: Mapping[str, Any] | None,
     ) -> None:
         self.hf_processor = hf_processor
+        self.image_shape = image_shape  # one image's pixel_values, as the vision tower takes it
         self.limits = limits  # a modality left out: no limit
         self.default_kwargs = dict(default_kwargs or {})
         self.image_token: str = hf_processor.image_token
@@ -75,6 +77,7 @@ class MultiModalProcessor:
     def load(
         cls,
         path: str | Path,
+        image_shape: tuple[int, ...],
         limits: dict[str, int],
         default_kwargs: Mapping[str, Any] | None,
         trust_remote_code: bool = False,
@@ -92,7 +95,7 @@ class MultiModalProcessor:
             raise ValueError(f"cannot load the multimodal processor of {path}: {error}") from error
         finally:
             hf_logging.set_verbosity(verbosity)
-        return cls(hf_processor, limits, default_kwargs)
+        return cls(hf_processor, image_shape, limits, default_kwargs)
 
     def process(
         self,
@@ -167,6 +170,13 @@ class MultiModalProcessor:
         evenly: every image of these models has the same number of feature tokens)."""
         if not images:
             return []
+        shape = tuple(pixel_values.shape[1:])
+        if shape != self.image_shape:
+            raise RequestError(
+                f"the processor made images of shape {list(shape)}; this model's vision tower "
+                f"takes {list(self.image_shape)}",
+                "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
+            )
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
         per_image, rest = divmod(len(positions), len(images))
         if rest or per_image == 0:

@@ -156,6 +156,13 @@ def _image_prompt(text: str, images) -> dict:
         (lambda: {"prompt": "a", "multi_modal_data": {"audio": 1}}, "takes image only"),
         (lambda: {"prompt_token_ids": [1], "multi_modal_data": {}}, "needs a text 'prompt'"),
         (lambda: {"prompt": "a", "multi_modal_data": [1]}, "multi_modal_data must be a dict"),
+        (  # a processor setting that changes the image size would fail the step: refused first
+            lambda: {
+                **_image_prompt("a <image>", random_image(1)),
+                "mm_processor_kwargs": {"size": {"shortest_edge": 64}, "crop_size": 64},
+            },
+            r"images of shape \[3, 64, 64\]; this model's vision tower takes \[3, 32, 32\]",
+        ),
         (
             lambda: _image_prompt("<image><image>", [random_image(1), random_image(2)]),
             r"At most 1 image\(s\) may be provided in one prompt",

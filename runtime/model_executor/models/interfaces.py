@@ -64,6 +64,12 @@ class SupportsMultiModal(SupportsInputsEmbeds, Protocol):
 
     supports_multimodal: bool
 
+    @staticmethod
+    def image_input_shape(config: Any) -> tuple[int, ...]:
+        """The shape of one image's ``pixel_values`` the encoder takes (the processor's output
+        is checked against it on the API side, so a bad one is a 400, not a failed step)."""
+        ...
+
     def embed_multimodal(
         self, modality: str, data: dict[str, torch.Tensor]
     ) -> list[torch.Tensor]: ...

@@ -84,6 +84,11 @@ class LlavaForConditionalGeneration(nn.Module):
         self.multi_modal_projector = on_first_stage(lambda: LlavaMultiModalProjector(config))
         self.language_model = LlamaForCausalLM(config.text_config, max_position)
 
+    @staticmethod
+    def image_input_shape(config: PretrainedConfig) -> tuple[int, ...]:
+        vision = config.vision_config
+        return (vision.num_channels, vision.image_size, vision.image_size)
+
     def embed_multimodal(self, modality: str, data: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         if modality != "image":
             raise ValueError(f"LLaVA takes images, not {modality}")
