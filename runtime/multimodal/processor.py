@@ -21,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 MODALITIES = ("image", "video", "audio")
 SUPPORTED_MODALITIES = ("image",)  # of the models served here
+# The longer side of an image at most this many times the shorter (Qwen2-VL's processor's
+# bound): processors resize the shorter side up, and a thin strip would grow to gigabytes.
+MAX_ASPECT_RATIO = 200
 
 
 def parse_limits(limits: Mapping[str, Any]) -> dict[str, int]:
@@ -155,6 +158,13 @@ class MultiModalProcessor:
             if not isinstance(image, Image.Image):
                 raise RequestError(
                     f"multi_modal_data.image[{i}]: a PIL image, got {type(image).__name__}",
+                    "multi_modal_data.image",
+                )
+            width, height = image.size
+            if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+                raise RequestError(
+                    f"multi_modal_data.image[{i}]: {width} x {height} pixels; the longer side may "
+                    f"be at most {MAX_ASPECT_RATIO} times the shorter",
                     "multi_modal_data.image",
                 )
         return [image if image.mode == "RGB" else image.convert("RGB") for image in images]

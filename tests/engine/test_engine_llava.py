@@ -156,6 +156,10 @@ def _image_prompt(text: str, images) -> dict:
         (lambda: {"prompt": "a", "multi_modal_data": {"audio": 1}}, "takes image only"),
         (lambda: {"prompt_token_ids": [1], "multi_modal_data": {}}, "needs a text 'prompt'"),
         (lambda: {"prompt": "a", "multi_modal_data": [1]}, "multi_modal_data must be a dict"),
+        (
+            lambda: _image_prompt("a <image>", random_image(1, (4000, 10))),
+            r"image\[0\]: 4000 x 10 pixels; the longer side may be at most 200 times",
+        ),
         (  # a processor setting that changes the image size would fail the step: refused first
             lambda: {
                 **_image_prompt("a <image>", random_image(1)),
