@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.multimodal.chat_parts import ImagePart
 from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import SamplingParams, StructuredOutputsParams
@@ -190,20 +189,7 @@ class ChatServing(ServingBase):
                 400,
                 "truncate_prompt_tokens",
             )
-        if request.mm_processor_kwargs and not self.settings.trust_request_mm_kwargs:
-            raise APIError(
-                "mm_processor_kwargs in a request is refused unless the server is started with "
-                "--trust-request-mm-kwargs",
-                400,
-                "mm_processor_kwargs",
-            )
-        try:
-            loaded = [part.load(self.settings.media) for part in images]
-            return self.engine.input_processor.process_multimodal(
-                text, {"image": loaded}, request.mm_processor_kwargs, add_special
-            )
-        except RequestError as error:
-            raise APIError(str(error), 400, error.param) from error
+        return self.with_images(text, images, add_special, request.mm_processor_kwargs)
 
     def _prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         lora = self.check_model(request.model)

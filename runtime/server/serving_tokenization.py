@@ -59,15 +59,13 @@ class TokenizationServing(ServingBase):
                 continue_final_message=request.continue_final_message,
                 template_kwargs=request.chat_template_kwargs,
             )
-            if images:
-                raise APIError(
-                    "/tokenize takes text messages only; image parts are planned",
-                    400,
-                    images[0].param,
-                )
+            if images:  # each image's feature tokens, as the model sees them
+                prompt = self.with_images(text, images, request.add_special_tokens)
+                tokens = prompt.prompt_token_ids
+            else:
+                tokens = self.tokenize(text, request.add_special_tokens)
         else:
-            text = request.prompt
-        tokens = self.tokenize(text, request.add_special_tokens)
+            tokens = self.tokenize(request.prompt, request.add_special_tokens)
         strings = (
             self.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
         )

@@ -296,3 +296,13 @@ def test_a_text_model_refuses_image_parts(main_server):
             model="tiny", messages=_messages(_data_url(_encoded(random_image(31)))), max_tokens=2
         )
     assert error.value.body["param"] == PART
+
+
+def test_tokenize_expands_each_image(client, vision_server, llava_dir):
+    messages = _messages(_data_url(_encoded(random_image(33))))
+    served = _chat(client, messages)
+    body = {"model": "llava", "messages": messages, "add_generation_prompt": True}
+    tokens = httpx.post(f"{vision_server.url}/tokenize", json=body).json()
+    assert tokens["count"] == served.usage.prompt_tokens
+    image_id = hf_processor(str(llava_dir)).tokenizer.convert_tokens_to_ids("<image>")
+    assert tokens["tokens"].count(image_id) == 16  # the image's feature tokens
