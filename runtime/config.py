@@ -30,6 +30,10 @@ class ModelConfig:
     eos_token_id: int | None = None
     extra_eos_token_ids: frozenset[int] = frozenset()
     enable_prompt_embeds: bool = False  # requests may give their prompt as embeddings
+    # a vision-language model's: most items per prompt by modality (--limit-mm-per-prompt; a
+    # modality left out has no limit) and the processor's settings (--mm-processor-kwargs)
+    limit_mm_per_prompt: Mapping[str, int] = field(default_factory=dict)
+    mm_processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def max_model_len(self) -> int:
@@ -37,7 +41,7 @@ class ModelConfig:
 
     @property
     def vocab_size(self) -> int:
-        return self.info.hf_config.vocab_size
+        return self.info.hf_config.get_text_config().vocab_size
 
     @property
     def is_pooling(self) -> bool:

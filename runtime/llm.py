@@ -10,8 +10,11 @@ from typing import Any
 from infernetes.runtime.engine.input_processor import Prompt
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.lora.request import LoRARequest
+from infernetes.runtime.multimodal.chat_parts import ImagePart, split_content
+from infernetes.runtime.multimodal.media import MediaSettings
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
+from infernetes.runtime.server.chat_template import resolve_content_format
 
 PromptInput = str | list[int] | dict[str, Any]
 
@@ -20,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Prompt]:
     """One prompt or many: text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``
-    / ``{"prompt_embeds": tensor}`` (vLLM's EmbedsPrompt, with ``--enable-prompt-embeds``)."""
+    / ``{"prompt_embeds": tensor}`` (vLLM's EmbedsPrompt, with ``--enable-prompt-embeds``) /
+    ``{"prompt": ..., "multi_modal_data": {"image": ...}, "mm_processor_kwargs": ...}``."""
     if isinstance(prompts, str | dict) or (
         isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
     ):
@@ -28,7 +32,10 @@ def _normalise_prompts(prompts: PromptInput | Sequence[PromptInput]) -> list[Pro
     result: list[Prompt] = []
     for prompt in prompts:
         if isinstance(prompt, dict):
-            if "prompt_embeds" in prompt:
+            if "multi_modal_data" in prompt:
+                keys = ("prompt", "prompt_token_ids", "multi_modal_data", "mm_processor_kwargs")
+                result.append({key: prompt[key] for key in keys if key in prompt})
+            elif "prompt_embeds" in prompt:
                 result.append({"prompt_embeds": prompt["prompt_embeds"]})
             elif "prompt_token_ids" in prompt:
                 result.append(list(prompt["prompt_token_ids"]))
@@ -56,6 +63,7 @@ class LLM:
         for warning in check_support(self.config).warnings:
             logger.warning(warning)
         self.llm_engine = LLMEngine.from_config(self.config)
+        self.media = MediaSettings.of(self.config)  # where chat images may come from
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -74,9 +82,20 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for each prompt; ``lora_request`` is one adapter for all of them, or one
         (or None, the base model) per prompt."""
+        return self._generate_prepared(
+            _normalise_prompts(prompts), sampling_params, use_tqdm, priority, lora_request
+        )
+
+    def _generate_prepared(
+        self,
+        prompt_list: list[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[RequestOutput]:
         if self.llm_engine.is_pooling:
             raise ValueError("this is an embedding model: use LLM.embed(), not generate()")
-        prompt_list = _normalise_prompts(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -106,21 +125,53 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         use_tqdm: bool = False,
+        chat_template_content_format: str = "auto",
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
+        """Chat turns through the chat template; with a vision-language model, content parts
+        may be images (``image_url`` with a data:, file:// or http(s) URL, or ``image_pil``)."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer; the engine runs with --skip-tokenizer-init")
-        conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = []
+        conversations: list[list[dict[str, Any]]] = (
+            messages if messages and isinstance(messages[0], list) else [messages]  # type: ignore[list-item]  # one conversation or a list of them
+        )
+        processor = self.llm_engine.input_processor
+        placeholder = None if processor.mm_processor is None else processor.mm_processor.image_token
+        template = chat_template or tokenizer.chat_template or ""
+        content_format = resolve_content_format(chat_template_content_format, template)
+        prompts: list[Prompt] = []
         for conversation in conversations:
+            images: list[ImagePart] | None = [] if placeholder else None
+            shaped = [
+                {
+                    **message,
+                    "content": split_content(
+                        message["content"],
+                        f"messages[{i}].content",
+                        content_format,
+                        images,
+                        placeholder,
+                    ),
+                }
+                if isinstance(message.get("content"), list)
+                else message
+                for i, message in enumerate(conversation)
+            ]
             text = tokenizer.apply_chat_template(
-                conversation,
+                shaped,
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
             )
-            prompts.append(list(tokenizer(text, add_special_tokens=False).input_ids))
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+            if images:
+                loaded = {"image": [part.load(self.media) for part in images]}
+                prompts.append(
+                    processor.process_multimodal(text, loaded, mm_processor_kwargs, False)
+                )
+            else:
+                prompts.append(list(tokenizer(text, add_special_tokens=False).input_ids))
+        return self._generate_prepared(prompts, sampling_params, use_tqdm)
 
     def embed(
         self, prompts: PromptInput | Sequence[PromptInput], use_tqdm: bool = False

@@ -47,8 +47,15 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(directory: str | Path, vocab_size: int = 512, add_bos: bool = True) -> Any:
-    """Train a byte-level BPE tokenizer and save it to ``directory``; returns the HF tokenizer."""
+def build_tokenizer(
+    directory: str | Path,
+    vocab_size: int = 512,
+    add_bos: bool = True,
+    extra_special_tokens: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
+) -> Any:
+    """Train a byte-level BPE tokenizer and save it to ``directory``; returns the HF tokenizer.
+    ``extra_special_tokens`` (a vision model's ``<image>``) are single tokens never split."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -57,7 +64,7 @@ def build_tokenizer(directory: str | Path, vocab_size: int = 512, add_bos: bool 
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=[*SPECIAL_TOKENS, *extra_special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -72,8 +79,8 @@ def build_tokenizer(directory: str | Path, vocab_size: int = 512, add_bos: bool 
         bos_token="<s>",
         eos_token="</s>",
         pad_token="<pad>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        chat_template=CHAT_TEMPLATE,
+        additional_special_tokens=["<|im_start|>", "<|im_end|>", *extra_special_tokens],
+        chat_template=chat_template,
     )
     hf_tokenizer.save_pretrained(str(directory))
     return hf_tokenizer

@@ -73,7 +73,16 @@ DP_PLANNED = (
     "cores on this node"
 )
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
-TEXT_ONLY = "the models served here take text only: there are no images, audio or video to process"
+NO_AUDIO_VIDEO = "the models served here take text and images: none takes audio or video"
+NO_MM_CACHE = (
+    "there is no cache of preprocessed images yet: each request's images are preprocessed on the "
+    "API side, once per request (planned)"
+)
+VISION_TOWER = (
+    "the vision tower runs replicated on every rank in eager torch (SDPA attention in the model "
+    "dtype); its own parallel modes, backends and fp8 are not built"
+)
+MM_PLANNED = "planned, not built yet for the vision-language models served here"
 V0_ONLY = "a vLLM V0 scheduler setting; V1, which this engine follows, ignores it too"
 RAY_PLAIN = "the Ray executor calls each rank's actor directly (no compiled graph, no SPMD workers)"
 WORKER_PROCESSES = (
@@ -170,7 +179,7 @@ ARG_SUPPORT: dict[str, Support] = {
         "an unknown VLLM_* name is warned about, never an error (a malformed value of a known one "
         "stops the server in any case)"
     ),
-    "trust_request_mm_kwargs": no_effect(TEXT_ONLY),
+    "trust_request_mm_kwargs": HONOURED,
     "default_chat_template_kwargs": HONOURED,
     "reasoning_effort_map": refused(
         "reasoning_effort is passed to the chat template as given; a map of effort names is not "
@@ -234,7 +243,7 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "tokenizer_revision": HONOURED,
     "trust_remote_code": HONOURED,
-    "allowed_local_media_path": no_effect(TEXT_ONLY),
+    "allowed_local_media_path": HONOURED,
     "config_format": partial(("auto", "hf"), "only Hugging Face config.json is read"),
     "dtype": HONOURED,
     "max_model_len": HONOURED,
@@ -298,7 +307,7 @@ ARG_SUPPORT: dict[str, Support] = {
         "converting a generative checkpoint into an embedding or classification model is not built"
         " yet"
     ),
-    "allowed_media_domains": no_effect(TEXT_ONLY),
+    "allowed_media_domains": HONOURED,
     "quantization_config": refused(
         "the quantization settings come from the checkpoint (and --quantization); overriding them "
         "is not built yet"
@@ -399,7 +408,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "master_port": HONOURED,
     "enable_expert_parallel": HONOURED,
     "enable_eplb": refused(EPLB_PLANNED),
-    "enable_multimodal_encoder_data_parallel": no_effect(TEXT_ONLY),
+    "enable_multimodal_encoder_data_parallel": no_effect(VISION_TOWER),
     "max_parallel_loading_workers": no_effect(
         "each rank reads only its own shard, all ranks at once"
     ),
@@ -504,30 +513,38 @@ ARG_SUPPORT: dict[str, Support] = {
     "kv_offloading_size": refused(KV_OFFLOAD),
     "kv_offloading_backend": no_effect(KV_OFFLOAD),
     # ---------------------------------------------------------------- MultiModalConfig
-    "limit_mm_per_prompt": no_effect(TEXT_ONLY),
-    "mm_processor_kwargs": no_effect(TEXT_ONLY),
-    "disable_mm_preprocessor_cache": no_effect(TEXT_ONLY),
-    "language_model_only": no_effect(TEXT_ONLY),
-    "enable_mm_embeds": no_effect(TEXT_ONLY),
-    "media_io_kwargs": no_effect(TEXT_ONLY),
-    "mm_processor_cache_gb": no_effect(TEXT_ONLY),
-    "mm_processor_cache_type": no_effect(TEXT_ONLY),
-    "mm_hasher_algorithm": no_effect(TEXT_ONLY),
-    "mm_shm_cache_max_object_size_mb": no_effect(TEXT_ONLY),
-    "mm_encoder_only": no_effect(TEXT_ONLY),
-    "mm_encoder_tp_mode": no_effect(TEXT_ONLY),
-    "mm_encoder_attn_backend": no_effect(TEXT_ONLY),
-    "mm_encoder_attn_dtype": no_effect(TEXT_ONLY),
-    "mm_encoder_fp8_scale_path": no_effect(TEXT_ONLY),
-    "mm_encoder_fp8_scale_save_path": no_effect(TEXT_ONLY),
-    "mm_encoder_fp8_scale_save_margin": no_effect(TEXT_ONLY),
-    "interleave_mm_strings": no_effect(TEXT_ONLY),
-    "skip_mm_profiling": no_effect(TEXT_ONLY),
-    "video_pruning_rate": no_effect(TEXT_ONLY),
-    "video_pruning_method": no_effect(TEXT_ONLY),
-    "mm_tensor_ipc": no_effect(TEXT_ONLY),
-    "mm_ipc_gpu_memory_gb": no_effect(TEXT_ONLY),
-    "mm_device_do_normalize": no_effect(TEXT_ONLY),
+    "limit_mm_per_prompt": honoured(
+        'image counts; the size hints of vLLM\'s {"count", "width", ...} form are not read '
+        "(there is no multimodal memory profiling); a text model has no use for it"
+    ),
+    "mm_processor_kwargs": HONOURED,
+    "disable_mm_preprocessor_cache": no_effect(NO_MM_CACHE),
+    "language_model_only": no_effect(MM_PLANNED),
+    "enable_mm_embeds": no_effect(MM_PLANNED),
+    "media_io_kwargs": no_effect("images are decoded by PIL with its defaults"),
+    "mm_processor_cache_gb": no_effect(NO_MM_CACHE),
+    "mm_processor_cache_type": no_effect(NO_MM_CACHE),
+    "mm_hasher_algorithm": no_effect(
+        "image digests are sha256 of the pixels and the processor settings"
+    ),
+    "mm_shm_cache_max_object_size_mb": no_effect(NO_MM_CACHE),
+    "mm_encoder_only": no_effect(MM_PLANNED),
+    "mm_encoder_tp_mode": no_effect(VISION_TOWER),
+    "mm_encoder_attn_backend": no_effect(VISION_TOWER),
+    "mm_encoder_attn_dtype": no_effect(VISION_TOWER),
+    "mm_encoder_fp8_scale_path": no_effect(VISION_TOWER),
+    "mm_encoder_fp8_scale_save_path": no_effect(VISION_TOWER),
+    "mm_encoder_fp8_scale_save_margin": no_effect(VISION_TOWER),
+    "interleave_mm_strings": no_effect(
+        "with the string content format image placeholders come first (vLLM's default); keeping "
+        "them in place is planned (templates of the openai format keep them in place)"
+    ),
+    "skip_mm_profiling": no_effect("memory profiling runs no image through the vision tower"),
+    "video_pruning_rate": no_effect(NO_AUDIO_VIDEO),
+    "video_pruning_method": no_effect(NO_AUDIO_VIDEO),
+    "mm_tensor_ipc": no_effect("images reach the engine core as numpy arrays in its pipe"),
+    "mm_ipc_gpu_memory_gb": no_effect("images reach the engine core as numpy arrays in its pipe"),
+    "mm_device_do_normalize": no_effect("the model's processor normalizes on the API side's CPU"),
     # ---------------------------------------------------------------- LoRAConfig
     "enable_lora": HONOURED,
     "enable_lora_bias": refused(
@@ -549,11 +566,11 @@ ARG_SUPPORT: dict[str, Support] = {
         "the fully sharded LoRA path is not built; under tensor parallelism adapters shard as "
         "vLLM's default does (A whole on column-parallel layers, B whole on row-parallel ones)"
     ),
-    "enable_tower_connector_lora": no_effect(TEXT_ONLY),
+    "enable_tower_connector_lora": no_effect("LoRA adapters apply to the language model only"),
     "lora_target_modules": refused(
         "adapters apply to the modules they were trained on; restricting them is not built"
     ),
-    "default_mm_loras": no_effect(TEXT_ONLY),
+    "default_mm_loras": no_effect(MM_PLANNED),
     "specialize_active_lora": no_effect(
         "the LoRA kernels here are not specialised on the active adapter count"
     ),
@@ -621,7 +638,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "multi_step_stream_outputs": no_effect(V0_ONLY),
     "scheduling_policy": HONOURED,
     "scheduler_cls": refused("custom scheduler classes are not loaded"),
-    "disable_chunked_mm_input": no_effect(TEXT_ONLY),
+    "disable_chunked_mm_input": no_effect(
+        "an image may be cut across chunked-prefill steps: it is encoded once per request and "
+        "each step takes its rows"
+    ),
     "disable_hybrid_kv_cache_manager": no_effect(
         "every layer shares one KV cache layout: there is no hybrid manager"
     ),
@@ -684,7 +704,9 @@ ARG_SUPPORT: dict[str, Support] = {
     "ec_transfer_config": refused(
         "encoder cache transfer (encode/prefill/decode disaggregation) is not built"
     ),
-    "ec_manager_config": no_effect(TEXT_ONLY),
+    "ec_manager_config": no_effect(
+        "encoder outputs are never transferred: each engine encodes its own requests' images"
+    ),
     "attention_config": refused(
         "attention settings are --attention-backend only; the JSON form is not built yet"
     ),
@@ -778,7 +800,7 @@ ENV_SUPPORT: dict[str, Support] = {
     # Paths.
     "VLLM_CONFIG_ROOT": no_effect("nothing here reads configuration from it"),
     "VLLM_CACHE_ROOT": HONOURED,
-    "VLLM_ASSETS_CACHE": no_effect(TEXT_ONLY),
+    "VLLM_ASSETS_CACHE": no_effect("vLLM's sample media assets are never downloaded here"),
     "VLLM_XLA_CACHE_PATH": no_effect(OTHER_HARDWARE),
     "VLLM_RPC_BASE_PATH": no_effect(
         "the engine core talks over a multiprocessing pipe, not IPC sockets"
@@ -836,10 +858,10 @@ ENV_SUPPORT: dict[str, Support] = {
     ),
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
-    "VLLM_IMAGE_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
-    "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
-    "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(TEXT_ONLY),
-    "VLLM_MM_INPUT_CACHE_GIB": no_effect(TEXT_ONLY),
+    "VLLM_IMAGE_FETCH_TIMEOUT": HONOURED,
+    "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(NO_AUDIO_VIDEO),
+    "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(NO_AUDIO_VIDEO),
+    "VLLM_MM_INPUT_CACHE_GIB": no_effect(NO_MM_CACHE),
     "VLLM_XGRAMMAR_CACHE_MB": honoured("bounds the xgrammar backend's compiled-grammar cache"),
     "VLLM_V0_USE_OUTLINES_CACHE": no_effect("structured output runs on llguidance, not outlines"),
     "VLLM_LOGITS_PROCESSOR_THREADS": no_effect(

@@ -99,8 +99,12 @@ class AsyncEngine:
         self.engine = getattr(self.cores[0], "engine", None)
         info = self.cores[0].info
         # Requests are prepared here, off the cores' loops (every core runs the same model).
-        self.input_processor = InputProcessor(info.inputs, info.tokenizer)
+        self.input_processor = InputProcessor(info.inputs, info.tokenizer, info.mm_processor)
         self.tokenizer = info.tokenizer
+        # what stands for an image in a prompt's text (None: the model takes text only)
+        self.image_placeholder = (
+            None if info.mm_processor is None else info.mm_processor.image_token
+        )
         self.max_model_len = info.inputs.max_model_len
         self.model_config = info.model_config
         self.is_pooling = info.inputs.is_pooling

@@ -34,6 +34,7 @@ from infernetes.runtime.kv_events.events import (
     KVEventSink,
     external_block_hash,
 )
+from infernetes.runtime.multimodal.inputs import overlapping
 
 BlockHash = Any
 
@@ -60,14 +61,24 @@ SHA256_CBOR = "sha256_cbor"
 
 
 def _extra_keys(request: Request) -> tuple | None:
-    """What a block's KV depends on beyond its tokens, as vLLM keys it: the adapter's name; here
-    also an embeddings prompt's digest (vLLM hashes each block's embeddings instead)."""
+    """What a request's blocks' KV depends on beyond their tokens, as vLLM keys it: the adapter's
+    name; here also an embeddings prompt's digest (vLLM hashes each block's embeddings instead)."""
     keys: tuple = ()
     if request.lora_request is not None:
         keys += (request.lora_request.lora_name,)
     if request.prompt_embeds_digest is not None:
         keys += (request.prompt_embeds_digest,)
     return keys or None
+
+
+def _block_extra_keys(request: Request, start: int, end: int) -> tuple | None:
+    """The request's extra keys and, as vLLM adds them, the digest of each image whose
+    placeholder tokens overlap the block's positions [start, end): the same tokens with another
+    image are other KV. Later blocks inherit the difference through their parent hash."""
+    images = tuple(overlapping(request.mm_features, start, end))
+    if not images:
+        return _extra_keys(request)
+    return (_extra_keys(request) or ()) + images
 
 
 class KVBlock:
@@ -131,9 +142,13 @@ class BlockManager:
             tokens = tuple(request.token_ids[i * size : (i + 1) * size])
             if self._cbor_root is not None:
                 parent = hashes[-1] if hashes else self._cbor_root
-                hashes.append(cbor_block_hash(parent, tokens, _extra_keys(request)))
+                extra = _block_extra_keys(request, i * size, (i + 1) * size)
+                hashes.append(cbor_block_hash(parent, tokens, extra))
             else:
-                hashes.append(self._hash(hashes[-1] if hashes else request.hash_seed, tokens))
+                parent = hashes[-1] if hashes else request.hash_seed
+                images = overlapping(request.mm_features, i * size, (i + 1) * size)
+                keyed = (*tokens, *images) if images else tokens  # image digests after the ids
+                hashes.append(self._hash(parent, keyed))  # type: ignore[arg-type]
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Blocks already holding a prefix of ``request``; at least one token is left to compute."""
@@ -175,6 +190,10 @@ class BlockManager:
             return
         size, lora, hashes = self.block_size, request.lora_request, request.block_hashes
         first, end = run[0], run[-1] + 1
+        # vLLM's per-block extra keys, sent only for a request with images: their digests
+        images = [
+            tuple(overlapping(request.mm_features, i * size, (i + 1) * size)) or None for i in run
+        ]
         self.event_sink.record(
             BlockStored(
                 block_hashes=[external_block_hash(hashes[i]) for i in run],
@@ -184,6 +203,7 @@ class BlockManager:
                 lora_id=None if lora is None else lora.lora_int_id,
                 medium=MEDIUM_GPU,
                 lora_name=None if lora is None else lora.lora_name,
+                extra_keys=images if request.mm_features else None,
                 group_idx=None if self.sliding_window is None else 0,
                 kv_cache_spec_kind=None if self.sliding_window is None else "sliding_window",
                 kv_cache_spec_sliding_window=self.sliding_window,

@@ -34,9 +34,12 @@ from infernetes.runtime.model_executor.loader import (
     ModelInfo,
     inspect_model,
     load_hf_config,
+    model_class_of,
     resolve_model_path,
 )
+from infernetes.runtime.model_executor.models.interfaces import supports_multimodal
 from infernetes.runtime.model_executor.parallel import stage_layers
+from infernetes.runtime.multimodal.processor import check_limits
 from infernetes.runtime.preflight import pp_layer_partition
 from infernetes.runtime.spec_decode.config import speculative_config
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
@@ -109,8 +112,9 @@ def _parallel_config(
             f"distributed_executor_backend='uni' runs one rank, but tensor_parallel_size x "
             f"pipeline_parallel_size is {tp * pp}; use 'mp' (the default) for more ranks"
         )
-    heads = getattr(hf_config, "num_attention_heads", 0)
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    text = hf_config.get_text_config()  # a vision-language model's language model is sharded
+    heads = getattr(text, "num_attention_heads", 0)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
     if heads % tp or (kv_heads % tp and tp % kv_heads):
         raise ValueError(
             f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
@@ -123,7 +127,7 @@ def _parallel_config(
         )
     partition = pp_layer_partition(environ)
     if partition is not None or pp > 1:  # the stages must cover the layers: say so now
-        stage_layers(hf_config.num_hidden_layers, partition, pp)
+        stage_layers(text.num_hidden_layers, partition, pp)
     return ParallelConfig(
         tp,
         pp,
@@ -179,7 +183,7 @@ def _eos_token_ids(
     request (generation_config.json's ``eos_token_id`` list, a list in config.json)."""
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     if eos is None:
-        eos = getattr(hf_config, "eos_token_id", None)
+        eos = getattr(hf_config.get_text_config(), "eos_token_id", None)
     extra_eos = generation.get("eos_token_id")
     extra = set(
         extra_eos if isinstance(extra_eos, list) else [extra_eos] if extra_eos is not None else []
@@ -207,6 +211,17 @@ def _classifier_tokens(hf_config: PretrainedConfig, tokenizer: Any) -> None:
     hf_config.classifier_token_ids = ids
     hf_config.num_labels = (
         1 if getattr(hf_config, "is_original_qwen3_reranker", False) else len(ids)
+    )
+
+
+def _multimodal_settings(config: ServeConfig, info: ModelInfo) -> dict[str, Any]:
+    """``--limit-mm-per-prompt`` and ``--mm-processor-kwargs`` of a vision-language model,
+    checked against what it takes; a text model has no use for them."""
+    if not supports_multimodal(model_class_of(info)):
+        return {}
+    return dict(
+        limit_mm_per_prompt=check_limits(config.limit_mm_per_prompt or {}, info.architecture),
+        mm_processor_kwargs=dict(config.mm_processor_kwargs or {}),
     )
 
 
@@ -289,6 +304,7 @@ def resolve_config(
             eos_token_id=eos,
             extra_eos_token_ids=extra_eos,
             enable_prompt_embeds=config.enable_prompt_embeds,
+            **_multimodal_settings(config, info),
         ),
         cache=_cache_config(config, info.is_pooling, environ),
         scheduler=scheduler,

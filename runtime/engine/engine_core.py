@@ -53,8 +53,12 @@ from infernetes.runtime.model_executor.memory_profile import (
     kv_cache_num_blocks,
     log_kv_cache_capacity,
 )
-from infernetes.runtime.model_executor.models.interfaces import supports_inputs_embeds
+from infernetes.runtime.model_executor.models.interfaces import (
+    supports_inputs_embeds,
+    supports_multimodal,
+)
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
+from infernetes.runtime.multimodal.processor import MultiModalProcessor
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.worker.worker import SLEEP_TAGS, Worker
 
@@ -141,6 +145,21 @@ class EngineCore:
             inputs=InputSettings.of(
                 self.config, supports_inputs_embeds(model_class_of(model.info))
             ),
+            mm_processor=self._multimodal_processor(),
+        )
+
+    def _multimodal_processor(self) -> MultiModalProcessor | None:
+        """A vision-language model's processor, for the API side (None for a text model, or
+        with --skip-tokenizer-init: its processor tokenizes)."""
+        model = self.config.model
+        cls = model_class_of(model.info)
+        if self.tokenizer is None or not supports_multimodal(cls):
+            return None
+        return MultiModalProcessor.load(
+            model.info.path,
+            cls.image_input_shape(model.info.hf_config),  # type: ignore[attr-defined]  # models/interfaces.SupportsMultiModal
+            dict(model.limit_mm_per_prompt),
+            model.mm_processor_kwargs,
         )
 
     # -- KV cache ------------------------------------------------------------------------------

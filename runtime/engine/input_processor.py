@@ -3,7 +3,8 @@ the problem.
 
 It runs on the client side of the engine core's pipe (``AsyncEngine``, ``LLMEngine``), as vLLM V1's
 processor runs in the API process, so that preparing a request (tokenizing, later preprocessing
-images) never holds up the core's loop: it tokenizes a text prompt, checks a prompt given as
+images) never holds up the core's loop: it tokenizes a text prompt, runs a vision-language
+model's processor over a prompt with images (``runtime/multimodal/``), checks a prompt given as
 embeddings, checks the prompt and the sampling parameters against the model (vocabulary, context
 length, ``--max-logprobs``) and fills in ``max_tokens`` and the stop tokens. What needs the core's
 state (request ids in use, loading an adapter, compiling a structured-output constraint over the
@@ -22,13 +23,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.engine.messages import EngineCoreRequest
 from infernetes.runtime.lora.request import LoRARequest
+from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from infernetes.runtime.config import RuntimeConfig
+    from infernetes.runtime.multimodal.processor import MultiModalProcessor
 
-# Text, token ids, or vLLM's EmbedsPrompt: {"prompt_embeds": tensor [num_prompt_tokens, hidden]}.
-Prompt = str | Sequence[int] | Mapping[str, Any]
+# Text, token ids, vLLM's EmbedsPrompt ({"prompt_embeds": tensor [num_prompt_tokens, hidden]}) or
+# TextPrompt with images ({"prompt": text, "multi_modal_data": {"image": ...},
+# "mm_processor_kwargs": {...}}), or such a prompt processed already (the server's, off its loop).
+Prompt = str | Sequence[int] | Mapping[str, Any] | MultiModalPrompt
 
 
 class InputSettings(NamedTuple):
@@ -60,16 +65,22 @@ class InputSettings(NamedTuple):
             extra_eos_token_ids=model.extra_eos_token_ids,
             architecture=model.info.architecture,
             # read only for a model that takes embeddings (all of which have one)
-            hidden_size=getattr(model.info.hf_config, "hidden_size", 0),
+            hidden_size=getattr(model.info.hf_config.get_text_config(), "hidden_size", 0),
             enable_prompt_embeds=model.enable_prompt_embeds,
             supports_prompt_embeds=supports_prompt_embeds,
         )
 
 
 class InputProcessor:
-    def __init__(self, settings: InputSettings, tokenizer: Any) -> None:
+    def __init__(
+        self,
+        settings: InputSettings,
+        tokenizer: Any,
+        mm_processor: MultiModalProcessor | None = None,
+    ) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
+        self.mm_processor = mm_processor  # a vision-language model's
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams(**self.settings.default_sampling_params)
@@ -85,8 +96,12 @@ class InputProcessor:
     ) -> EngineCoreRequest:
         if self.settings.scheduling_policy != "priority" and priority != 0:
             raise ValueError("priority is only allowed with --scheduling-policy priority")
-        embeds = digest = None
-        if isinstance(prompt, Mapping):
+        embeds = digest = features = None
+        if isinstance(prompt, Mapping) and "multi_modal_data" in prompt:
+            prompt = self._multimodal(prompt)
+        if isinstance(prompt, MultiModalPrompt):
+            text, ids, features = prompt.prompt, prompt.prompt_token_ids, prompt.features
+        elif isinstance(prompt, Mapping):
             embeds, digest = self._embeds(prompt)
             # No token ids are known: placeholders keep every count (blocks, positions) right.
             text, ids = None, [0] * len(embeds)
@@ -110,7 +125,16 @@ class InputProcessor:
         else:
             params = None
         return EngineCoreRequest(
-            request_id, text, ids, params, priority, lora_request, arrival_time, embeds, digest
+            request_id,
+            text,
+            ids,
+            params,
+            priority,
+            lora_request,
+            arrival_time,
+            embeds,
+            digest,
+            features or None,
         )
 
     # -- prompt --------------------------------------------------------------------------------
@@ -126,6 +150,39 @@ class InputProcessor:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError("prompt_token_ids must be a list of integers")
         return None, ids
+
+    def process_multimodal(
+        self,
+        text: str,
+        data: Mapping[str, Any],
+        processor_kwargs: Mapping[str, Any] | None = None,
+        add_special_tokens: bool = True,
+    ) -> MultiModalPrompt:
+        """``text`` with its items' placeholders expanded by the model's processor, and the
+        items preprocessed; RequestError naming the field when the model takes no such items."""
+        if self.mm_processor is None:
+            modalities = ", ".join(data) or "image"
+            raise RequestError(
+                f"{self.settings.architecture} takes text only: it cannot take {modalities} inputs",
+                f"multi_modal_data.{next(iter(data), 'image')}",
+            )
+        if processor_kwargs is not None and not isinstance(processor_kwargs, Mapping):
+            raise RequestError("mm_processor_kwargs must be an object", "mm_processor_kwargs")
+        return self.mm_processor.process(text, data, processor_kwargs, add_special_tokens)
+
+    def _multimodal(self, prompt: Mapping[str, Any]) -> MultiModalPrompt:
+        data = prompt["multi_modal_data"]
+        if not isinstance(data, Mapping):
+            raise RequestError(
+                'multi_modal_data must be a dict such as {"image": image}', "multi_modal_data"
+            )
+        if not isinstance(prompt.get("prompt"), str):
+            raise RequestError(
+                "multi_modal_data needs a text 'prompt' with a placeholder per item: the model's "
+                "processor expands them",
+                "prompt",
+            )
+        return self.process_multimodal(prompt["prompt"], data, prompt.get("mm_processor_kwargs"))
 
     def check_embeds_taken(self) -> None:
         """RequestError unless this engine takes prompts as embeddings."""

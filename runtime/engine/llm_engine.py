@@ -26,7 +26,7 @@ class LLMEngine:
             )
         self.engine_core = EngineCore(config, stat_loggers)
         info = self.engine_core.info()
-        self.input_processor = InputProcessor(info.inputs, info.tokenizer)
+        self.input_processor = InputProcessor(info.inputs, info.tokenizer, info.mm_processor)
         self.tokenizer = info.tokenizer
         self.max_model_len = info.inputs.max_model_len
         self.model_config = info.model_config

@@ -19,6 +19,8 @@ from infernetes.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
     from infernetes.runtime.engine.input_processor import InputSettings
+    from infernetes.runtime.multimodal.inputs import MultiModalFeature
+    from infernetes.runtime.multimodal.processor import MultiModalProcessor
     from transformers import PretrainedConfig
 
 UTILITY_METHODS = frozenset(
@@ -48,6 +50,7 @@ class EngineCoreRequest(NamedTuple):
     arrival_time: float | None = None  # wall-clock; None: when the core admits it
     prompt_embeds: torch.Tensor | None = None  # [num_prompt_tokens, hidden] on the CPU
     prompt_embeds_digest: bytes | None = None  # what its prefix-cache hashes start from
+    mm_features: list[MultiModalFeature] | None = None  # its images, in order of position
 
 
 class AddRequest(NamedTuple):
@@ -93,7 +96,7 @@ class ModelFacts(NamedTuple):
         dimensions = getattr(hf_config, "matryoshka_dimensions", None)
         return cls(
             list(hf_config.architectures) if hf_config.architectures else None,
-            getattr(hf_config, "vocab_size", None),
+            getattr(hf_config.get_text_config(), "vocab_size", None),
             hf_config.num_labels,
             dict(hf_config.id2label or {}),
             bool(getattr(hf_config, "is_matryoshka", False) or dimensions),
@@ -108,6 +111,7 @@ class EngineInfo(NamedTuple):
     model_config: ModelFacts
     device: str  # "cuda" or "cpu"
     inputs: InputSettings  # what the API side's input processor checks requests against
+    mm_processor: MultiModalProcessor | None = None  # a vision-language model's processor
 
 
 class EngineReady(NamedTuple):

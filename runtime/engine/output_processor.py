@@ -76,6 +76,7 @@ def _request(
         lora_request=request.lora_request,
         prompt_embeds=request.prompt_embeds,
         prompt_embeds_digest=request.prompt_embeds_digest,
+        mm_features=request.mm_features,
     )
 
 

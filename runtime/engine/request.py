@@ -15,6 +15,7 @@ from infernetes.runtime.tokenization.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.structured_output import RequestGrammar
+    from infernetes.runtime.multimodal.inputs import MultiModalFeature
 
 
 class RequestStatus(enum.Enum):
@@ -74,6 +75,7 @@ class Request:
         lora_request: LoRARequest | None = None,
         prompt_embeds: torch.Tensor | None = None,
         prompt_embeds_digest: bytes | None = None,
+        mm_features: list[MultiModalFeature] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -89,6 +91,7 @@ class Request:
         # A prompt given as embeddings (its token ids are placeholders), and their digest.
         self.prompt_embeds = prompt_embeds
         self.prompt_embeds_digest = prompt_embeds_digest
+        self.mm_features = mm_features or []  # its images (placeholder positions, digests)
 
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)

@@ -400,6 +400,7 @@ class Scheduler:
                 request.num_computed_tokens,
                 request.lora_request,
                 request.prompt_embeds,
+                request.mm_features,
             )
         else:
             data = CachedRequestData(

@@ -26,6 +26,7 @@ from infernetes.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
+    from infernetes.runtime.multimodal.inputs import MultiModalFeature
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class NewRequestData:
     lora_request: LoRARequest | None = None  # the adapter it runs with
     # A prompt given as embeddings, [num_prompt_tokens, hidden] (its token ids are placeholders).
     prompt_embeds: torch.Tensor | None = None
+    mm_features: list[MultiModalFeature] = field(default_factory=list)  # its images
 
 
 @dataclass(frozen=True)

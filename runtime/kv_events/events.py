@@ -59,7 +59,8 @@ class BlockStored(KVCacheEvent):
     lora_id: int | None  # the adapter its request ran with (its hashes are chained on it)
     medium: str | None
     lora_name: str | None = None
-    extra_keys: list[Any] | None = None  # not sent
+    # per block, the digests of the images it covers (None: none); sent for requests with images
+    extra_keys: list[Any] | None = None
     group_idx: int | None = None  # the one KV-cache group here: 0, sent with a sliding window
     kv_cache_spec_kind: str | None = None  # "sliding_window", else not sent
     kv_cache_spec_sliding_window: int | None = None

@@ -15,6 +15,8 @@ from typing import Any
 
 import jinja2
 import jinja2.nodes
+from infernetes.runtime.engine.errors import RequestError
+from infernetes.runtime.multimodal.chat_parts import ImagePart, split_content
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.template_sandbox import TemplateRenderError, TemplateSandbox
 
@@ -61,34 +63,27 @@ def resolve_content_format(setting: str, template: str) -> str:
     return "openai" if _loops_over_content(template) else "string"
 
 
-def _text_of_parts(parts: list[dict[str, Any]], param: str) -> str:
-    texts = []
-    for i, part in enumerate(parts):
-        kind = part.get("type")
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        else:
-            raise APIError(
-                f"{param}[{i}]: content part type {kind!r} is not supported "
-                "(this model takes text parts only)",
-                400,
-                param,
-            )
-    return "\n".join(texts)
-
-
-def normalize_messages(messages: list[Any], content_format: str) -> list[dict[str, Any]]:
-    """Pydantic messages -> the dicts the template sees, content shaped per ``content_format``."""
+def normalize_messages(
+    messages: list[Any],
+    content_format: str,
+    images: list[ImagePart] | None = None,
+    image_placeholder: str | None = None,
+) -> list[dict[str, Any]]:
+    """Messages (pydantic or dicts) -> the dicts the template sees, content shaped per
+    ``content_format``; image parts go to ``images`` (None: refused, a text model's)."""
     out = []
     for i, message in enumerate(messages):
-        item = message.model_dump(exclude_none=True)
+        item = message if isinstance(message, dict) else message.model_dump(exclude_none=True)
+        item = dict(item)
         content = item.get("content")
         param = f"messages[{i}].content"
         if isinstance(content, list):
-            text = _text_of_parts(content, param)
-            item["content"] = (
-                [{"type": "text", "text": text}] if content_format == "openai" else text
-            )
+            try:
+                item["content"] = split_content(
+                    content, param, content_format, images, image_placeholder
+                )
+            except RequestError as error:
+                raise APIError(str(error), 400, error.param) from error
         elif content is None:
             item["content"] = [] if content_format == "openai" else ""
         elif content_format == "openai":
@@ -116,8 +111,11 @@ class ChatRenderer:
         content_format: str,
         trust_request_templates: bool = False,
         default_template_kwargs: Mapping[str, Any] | None = None,
+        image_placeholder: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        # A vision-language model's placeholder of one image (None: the model takes text only).
+        self.image_placeholder = image_placeholder
         # What every template gets unless the request's chat_template_kwargs say otherwise.
         self.default_template_kwargs = dict(default_template_kwargs or {})
         self.default_template = template or getattr(tokenizer, "chat_template", None)
@@ -134,7 +132,10 @@ class ChatRenderer:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        images: list[ImagePart] | None = None,
     ) -> str:
+        """The prompt text; the messages' image parts are appended to ``images`` (refused when
+        it is None or the model takes text only)."""
         if template is not None and self.sandbox is None:
             raise APIError(
                 "chat_template in a request is refused: this server renders only its own "
@@ -154,7 +155,9 @@ class ChatRenderer:
         if isinstance(chosen, dict):  # some tokenizers keep several named templates
             chosen = chosen.get("default") or next(iter(chosen.values()))
         content_format = resolve_content_format(self.content_format, chosen)
-        conversation = normalize_messages(messages, content_format)
+        if self.image_placeholder is None:
+            images = None
+        conversation = normalize_messages(messages, content_format, images, self.image_placeholder)
         if continue_final_message and conversation[-1].get("role") != "assistant":
             raise APIError(
                 "continue_final_message needs the last message to be from the assistant",

@@ -408,6 +408,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # over --mm-processor-kwargs
 
     @model_validator(mode="after")
     def _check_tools(self) -> ChatCompletionRequest:

@@ -7,6 +7,9 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
+from infernetes.runtime.engine.errors import RequestError
+from infernetes.runtime.multimodal.chat_parts import ImagePart
+from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import (
     RequestOutputKind,
     SamplingParams,
@@ -123,6 +126,30 @@ class ServingBase:
             raise APIError("the engine is sleeping; POST /wake_up first", 503)
 
     # ------------------------------------------------------------ prompts
+
+    def with_images(
+        self,
+        text: str,
+        images: list[ImagePart],
+        add_special_tokens: bool,
+        processor_kwargs: dict[str, Any] | None = None,
+    ) -> MultiModalPrompt:
+        """A rendered chat's text and its image parts, read and run through the model's
+        processor (in the preparation threads); every fault a 400 naming its field."""
+        if processor_kwargs and not self.settings.trust_request_mm_kwargs:
+            raise APIError(
+                "mm_processor_kwargs in a request is refused unless the server is started with "
+                "--trust-request-mm-kwargs",
+                400,
+                "mm_processor_kwargs",
+            )
+        try:
+            loaded = [part.load(self.settings.media) for part in images]
+            return self.engine.input_processor.process_multimodal(
+                text, {"image": loaded}, processor_kwargs, add_special_tokens
+            )
+        except RequestError as error:
+            raise APIError(str(error), 400, error.param) from error
 
     def tokenize(
         self, text: str, add_special_tokens: bool, truncate: int | None = None

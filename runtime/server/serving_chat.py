@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from infernetes.runtime.multimodal.chat_parts import ImagePart
+from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import SamplingParams, StructuredOutputsParams
 from infernetes.runtime.server.chat_template import ChatRenderer
 from infernetes.runtime.server.errors import APIError, error_body
@@ -90,6 +92,7 @@ class PreparedChat(NamedTuple):
     prompt_ids: list[int]
     params: SamplingParams
     lora: LoRARequest | None  # the adapter its model name selects
+    prompt: list[int] | MultiModalPrompt  # what the engine gets: with images, processed
 
 
 @dataclass
@@ -155,7 +158,7 @@ class ChatServing(ServingBase):
             return StructuredOutputsParams("json", required_calls_schema(request), "tools")
         return guide
 
-    def _prompt(self, request: ChatCompletionRequest) -> list[int]:
+    def _prompt(self, request: ChatCompletionRequest) -> list[int] | MultiModalPrompt:
         # As vLLM: the tools are in the prompt whenever given, even with tool_choice none
         # (the model only may not call them), unless --exclude-tools-when-tool-choice-none.
         excluded = (
@@ -166,8 +169,10 @@ class ChatServing(ServingBase):
             if request.tools and not excluded
             else None
         )
+        images: list[ImagePart] = []
         text = self.renderer.render(
             request.messages,
+            images=images,
             template=request.chat_template,
             tools=tools,
             documents=request.documents,
@@ -176,14 +181,23 @@ class ChatServing(ServingBase):
             template_kwargs=_template_kwargs(request),
         )
         add_special = bool(request.add_special_tokens)
-        return self.tokenize(text, add_special, request.truncate_prompt_tokens)
+        if not images:
+            return self.tokenize(text, add_special, request.truncate_prompt_tokens)
+        if request.truncate_prompt_tokens:
+            raise APIError(
+                "truncate_prompt_tokens cannot cut a prompt with images",
+                400,
+                "truncate_prompt_tokens",
+            )
+        return self.with_images(text, images, add_special, request.mm_processor_kwargs)
 
     def _prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         lora = self.check_model(request.model)
         self.check_engine()
         mode = self._tool_mode(request)
         guide = self._guide(request, mode)
-        prompt_ids = self._prompt(request)
+        prompt = self._prompt(request)
+        prompt_ids = prompt if isinstance(prompt, list) else prompt.prompt_token_ids
         max_tokens = self.resolve_max_tokens(
             len(prompt_ids), request.effective_max_tokens, "messages"
         )
@@ -195,17 +209,17 @@ class ChatServing(ServingBase):
             stream=bool(request.stream),
             guide=guide,
         )
-        return PreparedChat(mode, prompt_ids, params, lora)
+        return PreparedChat(mode, prompt_ids, params, lora, prompt)
 
     async def create(
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[bytes]:
-        mode, prompt_ids, params, lora = await off_loop(self._prepare, request)
+        mode, prompt_ids, params, lora, prompt = await off_loop(self._prepare, request)
         request_id = random_id("chatcmpl")
         self.log_request(request_id, None, prompt_ids, params)
         stream = engine_stream(
             self.engine.generate(
-                prompt_ids,
+                prompt,
                 params,
                 request_id,
                 priority=request.priority,

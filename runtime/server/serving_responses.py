@@ -72,6 +72,21 @@ def _text_of(content: Any, param: str) -> str:
     raise APIError(f"{param} must be a string or a list of text parts", 400, param)
 
 
+def _message_content(content: Any, param: str) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or with ``input_image`` parts the chat's content parts
+    (text and images in their order)."""
+    if not isinstance(content, list) or not any(
+        isinstance(part, dict) and part.get("type") == "input_image" for part in content
+    ):
+        return _text_of(content, param)
+    return [
+        part
+        if isinstance(part, dict) and part.get("type") == "input_image"
+        else {"type": "text", "text": _text_of([part], f"{param}[{i}]")}
+        for i, part in enumerate(content)
+    ]
+
+
 def input_messages(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The request's ``input`` as chat messages."""
     if isinstance(raw, str):
@@ -82,7 +97,7 @@ def input_messages(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         if kind == "message" and "role" in item:
             role = "system" if item["role"] == "developer" else item["role"]
-            messages.append({"role": role, "content": _text_of(item.get("content"), param)})
+            messages.append({"role": role, "content": _message_content(item.get("content"), param)})
         elif kind == "function_call":
             call = {
                 "id": item.get("call_id") or item.get("id"),
@@ -361,11 +376,13 @@ class ResponsesServing:
         yield events.send("response.created", response=started)
         yield events.send("response.in_progress", response=started)
         try:
-            mode, prompt_ids, params, lora = await off_loop(self.chat._prepare, chat_request)
+            mode, prompt_ids, params, lora, prompt = await off_loop(
+                self.chat._prepare, chat_request
+            )
             self.chat.log_request(response_id, None, prompt_ids, params)
             stream = engine_stream(
                 self.chat.engine.generate(
-                    prompt_ids,
+                    prompt,
                     params,
                     response_id,
                     priority=0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from infernetes.runtime.multimodal.chat_parts import ImagePart
 from infernetes.runtime.server.chat_template import ChatRenderer
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.protocol import (
@@ -46,8 +47,10 @@ class TokenizationServing(ServingBase):
     ) -> TokenizeResponse:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
+            images: list[ImagePart] = []
             text = self.renderer.render(
                 request.messages,
+                images=images,
                 template=request.chat_template,
                 tools=[t.model_dump(exclude_none=True) for t in request.tools]
                 if request.tools
@@ -56,9 +59,13 @@ class TokenizationServing(ServingBase):
                 continue_final_message=request.continue_final_message,
                 template_kwargs=request.chat_template_kwargs,
             )
+            if images:  # each image's feature tokens, as the model sees them
+                prompt = self.with_images(text, images, request.add_special_tokens)
+                tokens = prompt.prompt_token_ids
+            else:
+                tokens = self.tokenize(text, request.add_special_tokens)
         else:
-            text = request.prompt
-        tokens = self.tokenize(text, request.add_special_tokens)
+            tokens = self.tokenize(request.prompt, request.add_special_tokens)
         strings = (
             self.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
         )

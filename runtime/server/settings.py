@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from infernetes.runtime.multimodal.media import MediaSettings
 
 from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
@@ -89,6 +91,8 @@ class FrontendSettings:
     max_loras: int = 0  # with --enable-lora (the lora_requests_info gauge's max_lora)
     lora_modules: tuple[Mapping[str, Any], ...] = ()  # loaded at startup
     allow_runtime_lora_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    media: MediaSettings = field(default_factory=MediaSettings)  # where images come from
+    trust_request_mm_kwargs: bool = False  # requests may set mm_processor_kwargs
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
@@ -122,6 +126,7 @@ class FrontendSettings:
         structured = dict(get("structured_outputs_config", {}))
         return cls(
             model=model,
+            media=MediaSettings.of(config, environ),
             served_model_names=names,
             host=getattr(config, "host", None),
             port=int(get("port", 8000)),
@@ -163,6 +168,7 @@ class FrontendSettings:
             chat_template=get("chat_template"),
             chat_template_content_format=str(get("chat_template_content_format", "auto")),
             trust_request_chat_template=bool(get("trust_request_chat_template", False)),
+            trust_request_mm_kwargs=bool(get("trust_request_mm_kwargs", False)),
             response_role=str(get("response_role", "assistant")),
             enable_auto_tool_choice=bool(get("enable_auto_tool_choice", False)),
             tool_call_parser=get("tool_call_parser"),

@@ -51,9 +51,11 @@ from infernetes.runtime.model_executor.models.interfaces import (
     ModelForward,
     ServableModel,
     SupportsInputsEmbeds,
+    SupportsMultiModal,
 )
 from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
+from infernetes.runtime.multimodal.inputs import MultiModalFeature
 from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.spec_decode.ngram import NgramProposer
 from infernetes.runtime.spec_decode.proposer import NoProposer, Proposer
@@ -387,7 +389,7 @@ class ModelRunner:
         if parallel.state().is_first_stage:
             return None
         names = self.model.intermediate_names  # type: ignore[union-attr]
-        shape = (num_tokens, self.info.hf_config.hidden_size)
+        shape = (num_tokens, self.info.hf_config.get_text_config().hidden_size)
         if receive:
             tensors = parallel.recv_from_previous_stage(
                 len(names), shape, self.info.dtype, self.device
@@ -402,10 +404,12 @@ class ModelRunner:
         num_scheduled: Sequence[int],
         input_ids: torch.Tensor,
     ) -> torch.Tensor | None:
-        """The step's input embeddings when a prompt given as embeddings has rows in it: each
-        such request's chunk takes its slice of its tensor, every other row the embedding of its
-        token id (tokens sampled after the prompt too). None when every row is a token: the
-        model embeds them itself."""
+        """The step's input embeddings when a prompt given as embeddings, or an image's
+        placeholders, have rows in it: each such chunk takes its slice of the tensor (an image's
+        encoder output, cut where the chunk cuts it), every other row the embedding of its token
+        id (tokens sampled after the prompt too). None when every row is a token: the model
+        embeds them itself."""
+        self._encode_images(batch, num_scheduled)
         chunks: list[tuple[int, torch.Tensor]] = []  # (first row in the step, embeddings)
         row = 0
         for request, num_new in zip(batch, num_scheduled, strict=True):
@@ -413,6 +417,15 @@ class ModelRunner:
             if request.prompt_embeds is not None and first < request.num_prompt_tokens:
                 last = min(first + num_new, request.num_prompt_tokens)
                 chunks.append((row, request.prompt_embeds[first:last]))
+            for feature in request.mm_features:
+                start, end = max(first, feature.offset), min(first + num_new, feature.end)
+                if start < end:
+                    encoded = request.encoder_outputs[feature.identifier]
+                    rows = encoded[start - feature.offset : end - feature.offset]
+                    chunks.append((row + start - first, rows))
+            ahead = {f.identifier for f in request.mm_features if f.end > first + num_new}
+            for identifier in set(request.encoder_outputs) - ahead:  # no later chunk reads it
+                del request.encoder_outputs[identifier]
             row += num_new
         if not chunks:
             return None
@@ -421,6 +434,36 @@ class ModelRunner:
         for row, chunk in chunks:
             embeds[row : row + len(chunk)] = chunk.to(embeds.device, embeds.dtype)
         return embeds
+
+    def _encode_images(
+        self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
+    ) -> None:
+        """Run the vision encoder once over the images this step reaches that are not encoded
+        yet (all of the step's together, one call per input shape; an image a prompt repeats,
+        once)."""
+        pending: dict[tuple[int, ...], list[tuple[CachedRequestState, MultiModalFeature]]] = {}
+        for request, num_new in zip(batch, num_scheduled, strict=True):
+            first = request.num_computed_tokens
+            reached = {
+                feature.identifier: feature
+                for feature in request.mm_features
+                if feature.offset < first + num_new and first < feature.end
+            }
+            for identifier, feature in reached.items():
+                if identifier not in request.encoder_outputs:
+                    shape = tuple(feature.data["pixel_values"].shape)
+                    pending.setdefault(shape, []).append((request, feature))
+        model: SupportsMultiModal = self.model  # type: ignore[assignment]  # only such models are sent images
+        for items in pending.values():
+            pixels = torch.stack([torch.from_numpy(f.data["pixel_values"]) for _, f in items])
+            encoded = model.embed_multimodal("image", {"pixel_values": pixels.to(self.device)})
+            for (request, feature), output in zip(items, encoded, strict=True):
+                if len(output) != feature.length:
+                    raise ValueError(
+                        f"the encoder made {len(output)} rows of an image with {feature.length} "
+                        "placeholder tokens"
+                    )
+                request.encoder_outputs[feature.identifier] = output
 
     @torch.inference_mode()
     def _forward(

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from infernetes.runtime.engine.scheduler_output import NewRequestData
 from infernetes.runtime.lora.request import LoRARequest
+from infernetes.runtime.multimodal.inputs import MultiModalFeature
 from infernetes.runtime.sampling_params import SamplingParams
 
 
@@ -33,6 +34,12 @@ class CachedRequestState:
     # A prompt given as embeddings: the model runner feeds their rows in place of the prompt's
     # placeholder token ids.
     prompt_embeds: torch.Tensor | None = None
+    # Its images: where their placeholder tokens are and the encoder's input.
+    mm_features: list[MultiModalFeature] = field(default_factory=list)
+    # The encoder's output of each image (by identifier) whose placeholders are not all computed
+    # yet: encoded once for all the chunks it spans; dropped once passed (a preemption that
+    # recomputes the prompt encodes it again), and with the request.
+    encoder_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_new(cls, data: NewRequestData, row: int) -> CachedRequestState:
@@ -51,6 +58,7 @@ class CachedRequestState:
             generator,
             lora_request=data.lora_request,
             prompt_embeds=data.prompt_embeds,
+            mm_features=list(data.mm_features),
         )
 
     def keep_generator_state(self) -> None:

@@ -128,3 +128,25 @@ def test_every_hash_choice_of_the_schema_has_a_hash_function():
     assert check_support(build_config("m", prefix_caching_hash_algo="sha256"), environ={}) == (
         check_support(build_config("m"), environ={})
     )
+
+
+def test_blocks_with_images_name_their_digests_in_extra_keys():
+    from infernetes.runtime.multimodal.inputs import MultiModalFeature
+
+    def request(image: str) -> Request:
+        feature = MultiModalFeature("image", 3, 4, image, {})  # positions 3..6
+        return Request(
+            image, [1, 2, 9, 9, 9, 9, 7, 8, 5], SamplingParams(max_tokens=1), mm_features=[feature]
+        )
+
+    for algo in ("sha256", "sha256_cbor"):
+        sink = KVEventCollector()
+        manager = BlockManager(num_blocks=16, block_size=2, hash_algo=algo, event_sink=sink)
+        first, other = request("cat"), request("dog")
+        assert manager.allocate_slots(first, 9) and manager.allocate_slots(other, 9)
+        stored, _ = sink.take()
+        # blocks [2, 4) and [4, 6) hold the image's placeholders, [6, 8) its last one
+        assert stored.extra_keys == [None, ("cat",), ("cat",), ("cat",)]
+        # the same tokens with another image: the first block is shared, the rest are not
+        assert first.block_hashes[0] == other.block_hashes[0]
+        assert not set(first.block_hashes[1:]) & set(other.block_hashes[1:])

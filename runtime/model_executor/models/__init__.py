@@ -59,6 +59,12 @@ def _gpt2() -> type[nn.Module]:
     return GPT2LMHeadModel
 
 
+def _llava() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llava import LlavaForConditionalGeneration
+
+    return LlavaForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -81,6 +87,7 @@ GENERATIVE = {
     "Gemma3ForCausalLM": _gemma,
     "OPTForCausalLM": _opt,
     "GPT2LMHeadModel": _gpt2,
+    "LlavaForConditionalGeneration": _llava,
 }
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from infernetes.runtime.model_executor.models import ARCHITECTURES, GENERATIVE, POOLING
+from infernetes.runtime.model_executor.models.interfaces import supports_multimodal
 from infernetes.runtime.testing import FAMILY_CONFIGS  # what the tests run through the fallback
 from torch import nn
 
@@ -17,16 +18,18 @@ def _is_moe(cls: type[nn.Module]) -> bool:
 def _row(architecture: str) -> str:
     cls = ARCHITECTURES[architecture]()
     generative = architecture in GENERATIVE
+    vision = supports_multimodal(cls)
     task = "generate" if generative else ("score" if "Classification" in architecture else "embed")
     # The generative models are tested under TP and PP against transformers; the pooling models'
-    # layers are the same parallel layers, but no test runs them on several ranks yet.
+    # layers are the same parallel layers, but no test runs them on several ranks yet. No test
+    # runs a vision-language model with fp8 yet.
     cells = [
         f"`{architecture}`",
-        task,
+        task + " (text + image)" if vision else task,
         f"`{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}`",
         "yes" if generative else "untested",
         "yes" if generative else "no",
-        "yes" if generative else "untested",
+        "yes" if generative and not vision else "untested",
         "yes (TP slices every expert; `--enable-expert-parallel` spreads whole experts)"
         if _is_moe(cls)
         else "",
@@ -88,6 +91,13 @@ values, not per-head keys and values) and attend over it with the key and value 
 absorbed; the KV-cache sizing counts the latent. Their multi-token-prediction layer
 (`num_nextn_predict_layers`) is skipped at load: speculative decoding is not built. V2's routing
 follows transformers' (`norm_topk_prob` is not read for V2, as there).
+
+LLaVA (`LlavaForConditionalGeneration`: CLIP vision tower, projector, Llama) takes images in
+chat `image_url` parts and offline `multi_modal_data` (`docs/multimodal.md`); tested against
+transformers token for token and logprob for logprob, on one rank and across tensor and pipeline
+ranks; its vision tower is replicated on the first stage's ranks (small beside the language
+model). LLaVA-NeXT/OneVision, Qwen2-VL/Qwen2.5-VL (M-RoPE), Gemma 3, Mistral 3 and
+Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.

@@ -1,7 +1,8 @@
 """What the worker calls on a model: every class in ``models/`` provides it (generative models
 ``compute_logits``, pooling models ``pool``). A model that also takes input embeddings beside
-token ids (a prompt given as embeddings; later, images and audio merged into the text's
-embeddings) says so with ``supports_inputs_embeds`` and provides ``SupportsInputsEmbeds``."""
+token ids (a prompt given as embeddings, images merged into the text's embeddings) says so with
+``supports_inputs_embeds`` and provides ``SupportsInputsEmbeds``; one that encodes images says so
+with ``supports_multimodal`` and provides ``SupportsMultiModal`` too."""
 
 from __future__ import annotations
 
@@ -53,3 +54,27 @@ class SupportsInputsEmbeds(Protocol):
 def supports_inputs_embeds(model: object) -> bool:
     """Whether ``model`` (a class or an instance) takes input embeddings beside token ids."""
     return bool(getattr(model, "supports_inputs_embeds", False))
+
+
+class SupportsMultiModal(SupportsInputsEmbeds, Protocol):
+    """vLLM V1's ``embed_multimodal``: the embeddings of a batch of one modality's items, one
+    ``[feature_tokens, hidden]`` tensor per item, to take the rows of the item's placeholder
+    tokens in the step's ``inputs_embeds``. ``data`` holds the processor's tensors of the items
+    stacked (``pixel_values`` ``[items, C, H, W]``)."""
+
+    supports_multimodal: bool
+
+    @staticmethod
+    def image_input_shape(config: Any) -> tuple[int, ...]:
+        """The shape of one image's ``pixel_values`` the encoder takes (the processor's output
+        is checked against it on the API side, so a bad one is a 400, not a failed step)."""
+        ...
+
+    def embed_multimodal(
+        self, modality: str, data: dict[str, torch.Tensor]
+    ) -> list[torch.Tensor]: ...
+
+
+def supports_multimodal(model: object) -> bool:
+    """Whether ``model`` (a class or an instance) encodes images into its input embeddings."""
+    return bool(getattr(model, "supports_multimodal", False))

@@ -1,0 +1,133 @@
+"""LLaVA (``LlavaForConditionalGeneration``): a CLIP vision tower, a two-layer projector and a
+Llama language model. An image becomes the tower's hidden states at ``vision_feature_layer``
+(CLS dropped under the ``default`` strategy), projected to the language model's width; those
+rows stand in for the image's placeholder tokens, and from there it is Llama."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from infernetes.runtime.model_executor.models.clip import CLIPVisionTower
+from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
+from infernetes.runtime.model_executor.models.utils import (
+    IntermediateTensors,
+    load_stacked_weights,
+    on_first_stage,
+)
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+SELECT_STRATEGIES = ("default", "full")
+
+
+def feature_layers(config: PretrainedConfig) -> list[int]:
+    """The vision tower's hidden states LLaVA reads (0: the embeddings, i: after layer i), from
+    ``vision_feature_layer``: one index or a list, negative ones counted from the last."""
+    layers = config.vision_feature_layer
+    layers = list(layers) if isinstance(layers, list | tuple) else [layers]
+    num_states = config.vision_config.num_hidden_layers + 1
+    return [layer % num_states for layer in layers]
+
+
+class LlavaMultiModalProjector(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        vision = config.vision_config.hidden_size * len(feature_layers(config))
+        text = config.text_config.hidden_size
+        bias = getattr(config, "multimodal_projector_bias", True)
+        self.linear_1 = nn.Linear(vision, text, bias=bias)
+        self.act = ACT2FN[config.projector_hidden_act]
+        self.linear_2 = nn.Linear(text, text, bias=bias)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.act(self.linear_1(features)))
+
+
+def _checkpoint_names(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """One naming for the layouts LLaVA checkpoints come in: llava-hf's
+    (``language_model.model.*``, ``vision_tower.vision_model.*``) and transformers 5's
+    (``model.language_model.*``, ``model.vision_tower.*``, ``lm_head``)."""
+    for name, tensor in weights:
+        if name.startswith("model.language_model."):
+            name = "language_model.model." + name.removeprefix("model.language_model.")
+        elif name.startswith("lm_head."):
+            name = "language_model." + name
+        else:
+            name = name.removeprefix("model.")
+        yield name.replace("vision_tower.vision_model.", "vision_tower."), tensor
+
+
+class LlavaForConditionalGeneration(nn.Module):
+    supports_inputs_embeds = True  # models/interfaces.SupportsMultiModal
+    supports_multimodal = True
+    intermediate_names = LlamaForCausalLM.intermediate_names
+
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
+        super().__init__()
+        strategy = config.vision_feature_select_strategy
+        if strategy not in SELECT_STRATEGIES:
+            raise ValueError(
+                f"vision_feature_select_strategy {strategy!r} is not supported; one of "
+                f"{', '.join(SELECT_STRATEGIES)}"
+            )
+        self.config = config
+        self.drop_cls = strategy == "default"
+        self.feature_layers = feature_layers(config)
+        # The pipeline's first stage embeds, so it alone encodes images.
+        self.vision_tower = on_first_stage(
+            lambda: CLIPVisionTower(config.vision_config, max(self.feature_layers))
+        )
+        self.multi_modal_projector = on_first_stage(lambda: LlavaMultiModalProjector(config))
+        self.language_model = LlamaForCausalLM(config.text_config, max_position)
+
+    @staticmethod
+    def image_input_shape(config: PretrainedConfig) -> tuple[int, ...]:
+        vision = config.vision_config
+        return (vision.num_channels, vision.image_size, vision.image_size)
+
+    def embed_multimodal(self, modality: str, data: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        if modality != "image":
+            raise ValueError(f"LLaVA takes images, not {modality}")
+        states = self.vision_tower(data["pixel_values"], self.feature_layers)
+        if self.drop_cls:
+            states = [state[:, 1:] for state in states]
+        return list(self.multi_modal_projector(torch.cat(states, dim=-1)))
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.language_model(input_ids, positions, intermediate, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.language_model.compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        language: list[tuple[str, torch.Tensor]] = []
+        vision: list[tuple[str, torch.Tensor]] = []
+        built = [f"vision_tower.encoder.layers.{i}." for i in range(max(self.feature_layers))]
+        for name, tensor in _checkpoint_names(weights):
+            if name.startswith("language_model."):
+                language.append((name.removeprefix("language_model."), tensor))
+            elif name.startswith("multi_modal_projector.") or (
+                name.startswith("vision_tower.")
+                and (
+                    not name.startswith("vision_tower.encoder.layers.")
+                    or name.startswith(tuple(built))
+                )
+                and not name.startswith("vision_tower.post_layernorm.")
+            ):
+                vision.append((name, tensor))
+            # else: tower layers past the deepest one read, and the unused post-layernorm
+        loaded = {"language_model." + n for n in self.language_model.load_weights(language)}
+        return loaded | load_stacked_weights(self, vision, [])

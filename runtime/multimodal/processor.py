@@ -1,0 +1,215 @@
+"""The model's own Hugging Face processor, run on the API side of the engine core's pipe (in the
+server's preparation threads, never on its event loop): it expands each image's placeholder in
+the text to the image's feature tokens and turns the image into the encoder's arrays.
+
+``--limit-mm-per-prompt`` bounds the items of each modality a prompt may carry and
+``--mm-processor-kwargs`` (a request's ``mm_processor_kwargs`` over it) goes to the processor's
+call. Loading a processor imports transformers' image processing, which imports torch: a
+vision-language model's API process has torch, a text model's still does not."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from infernetes.runtime.engine.errors import RequestError
+from infernetes.runtime.multimodal.inputs import MultiModalFeature, MultiModalPrompt, image_digest
+
+logger = logging.getLogger(__name__)
+
+MODALITIES = ("image", "video", "audio")
+SUPPORTED_MODALITIES = ("image",)  # of the models served here
+# The longer side of an image at most this many times the shorter (Qwen2-VL's processor's
+# bound): processors resize the shorter side up, and a thin strip would grow to gigabytes.
+MAX_ASPECT_RATIO = 200
+
+
+def parse_limits(limits: Mapping[str, Any]) -> dict[str, int]:
+    """``--limit-mm-per-prompt`` as counts: ``{"image": 2}`` or vLLM's newer
+    ``{"image": {"count": 2, ...}}`` (the size hints are for memory profiling, not a limit)."""
+    counts = {}
+    for modality, value in limits.items():
+        if modality not in MODALITIES:
+            raise ValueError(
+                f"limit_mm_per_prompt: unknown modality {modality!r}; one of {', '.join(MODALITIES)}"
+            )
+        count = value.get("count") if isinstance(value, Mapping) else value
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"limit_mm_per_prompt.{modality}: a count of 0 or more, got {value!r}")
+        counts[modality] = count
+    return counts
+
+
+def check_limits(limits: Mapping[str, Any], architecture: str) -> dict[str, int]:
+    """The counts, or ValueError when one allows a modality the model does not take (as vLLM
+    refuses it at startup)."""
+    counts = parse_limits(limits)
+    for modality, count in counts.items():
+        if count > 0 and modality not in SUPPORTED_MODALITIES:
+            raise ValueError(
+                f"limit_mm_per_prompt.{modality}: {architecture} takes "
+                f"{', '.join(SUPPORTED_MODALITIES)} only; set it to 0 or leave it out"
+            )
+    return counts
+
+
+def _as_list(items: Any) -> list[Any]:
+    return list(items) if isinstance(items, list | tuple) else [items]
+
+
+class MultiModalProcessor:
+    """Picklable (it travels to the API side in ``EngineInfo``, as the tokenizer does)."""
+
+    def __init__(
+        self,
+        hf_processor: Any,
+        image_shape: tuple[int, ...],
+        limits: dict[str, int],
+        default_kwargs: Mapping[str, Any] | None,
+    ) -> None:
+        self.hf_processor = hf_processor
+        self.image_shape = image_shape  # one image's pixel_values, as the vision tower takes it
+        self.limits = limits  # a modality left out: no limit
+        self.default_kwargs = dict(default_kwargs or {})
+        self.image_token: str = hf_processor.image_token
+        self.image_token_id: int = hf_processor.tokenizer.convert_tokens_to_ids(self.image_token)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        image_shape: tuple[int, ...],
+        limits: dict[str, int],
+        default_kwargs: Mapping[str, Any] | None,
+        trust_remote_code: bool = False,
+    ) -> MultiModalProcessor:
+        from transformers import AutoProcessor
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # "requires torchvision ... falling back": both work
+        try:
+            hf_processor = AutoProcessor.from_pretrained(
+                str(path), trust_remote_code=trust_remote_code
+            )
+        except (OSError, ValueError) as error:
+            raise ValueError(f"cannot load the multimodal processor of {path}: {error}") from error
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        return cls(hf_processor, image_shape, limits, default_kwargs)
+
+    def process(
+        self,
+        text: str,
+        data: Mapping[str, Any],
+        request_kwargs: Mapping[str, Any] | None = None,
+        add_special_tokens: bool = True,
+    ) -> MultiModalPrompt:
+        """``text`` with one placeholder per image of ``data`` (vLLM's ``multi_modal_data``:
+        ``{"image": PIL image or a list of them}``) -> its expanded ids and the items; a
+        RequestError naming the field when anything is wrong."""
+        images = self._images(data)
+        kwargs = {**self.default_kwargs, **(request_kwargs or {})}
+        text_images = text.count(self.image_token)
+        if text_images != len(images):
+            raise RequestError(
+                f"the prompt has {text_images} image placeholder(s) {self.image_token!r} but "
+                f"{len(images)} image(s) were given: one placeholder per image",
+                "multi_modal_data.image",
+            )
+        try:
+            out = self.hf_processor(
+                text=text,
+                images=images or None,
+                return_tensors="np",
+                add_special_tokens=add_special_tokens,
+                **kwargs,
+            )
+        except (ValueError, TypeError, KeyError) as error:
+            field = "mm_processor_kwargs" if kwargs else "multi_modal_data.image"
+            raise RequestError(
+                f"the model's processor refused the input: {error}", field
+            ) from error
+        ids = [int(t) for t in out["input_ids"][0]]
+        features = self._features(ids, images, out.get("pixel_values"), kwargs)
+        return MultiModalPrompt(text, ids, features)
+
+    def _images(self, data: Mapping[str, Any]) -> list[Any]:
+        from PIL import Image
+
+        for modality in data:
+            if modality not in SUPPORTED_MODALITIES:
+                raise RequestError(
+                    f"multi_modal_data.{modality}: this model takes "
+                    f"{', '.join(SUPPORTED_MODALITIES)} only",
+                    f"multi_modal_data.{modality}",
+                )
+        images = _as_list(data.get("image", []))
+        limit = self.limits.get("image")
+        if limit is not None and len(images) > limit:
+            raise RequestError(
+                f"At most {limit} image(s) may be provided in one prompt (--limit-mm-per-prompt); "
+                f"got {len(images)}",
+                "multi_modal_data.image",
+            )
+        for i, image in enumerate(images):
+            if not isinstance(image, Image.Image):
+                raise RequestError(
+                    f"multi_modal_data.image[{i}]: a PIL image, got {type(image).__name__}",
+                    "multi_modal_data.image",
+                )
+            width, height = image.size
+            if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+                raise RequestError(
+                    f"multi_modal_data.image[{i}]: {width} x {height} pixels; the longer side may "
+                    f"be at most {MAX_ASPECT_RATIO} times the shorter",
+                    "multi_modal_data.image",
+                )
+        return [image if image.mode == "RGB" else image.convert("RGB") for image in images]
+
+    def _features(
+        self,
+        ids: Sequence[int],
+        images: list[Any],
+        pixel_values: Any,
+        kwargs: dict[str, Any],
+    ) -> list[MultiModalFeature]:
+        """Each image's run of placeholder tokens in ``ids`` (runs next to each other split
+        evenly: every image of these models has the same number of feature tokens)."""
+        if not images:
+            return []
+        shape = tuple(pixel_values.shape[1:])
+        if shape != self.image_shape:
+            raise RequestError(
+                f"the processor made images of shape {list(shape)}; this model's vision tower "
+                f"takes {list(self.image_shape)}",
+                "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
+            )
+        positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        per_image, rest = divmod(len(positions), len(images))
+        if rest or per_image == 0:
+            raise RequestError(
+                f"the prompt's expanded placeholders ({len(positions)}) do not divide among "
+                f"{len(images)} image(s)",
+                "multi_modal_data.image",
+            )
+        features = []
+        for i, image in enumerate(images):
+            run = positions[i * per_image : (i + 1) * per_image]
+            if run[-1] - run[0] != per_image - 1:
+                raise RequestError(
+                    "an image placeholder token appears in the prompt's text apart from an image",
+                    "multi_modal_data.image",
+                )
+            features.append(
+                MultiModalFeature(
+                    "image",
+                    run[0],
+                    per_image,
+                    image_digest(image, kwargs),
+                    {"pixel_values": pixel_values[i]},
+                )
+            )
+        return features

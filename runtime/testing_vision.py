@@ -1,0 +1,165 @@
+"""Tiny vision-language models for tests: a random LLaVA (CLIP vision tower, projector, Llama)
+saved with its processor (CLIP's image processor and the tokenizer of ``testing.py`` with an
+``<image>`` token), and transformers' greedy continuation as the reference. Nothing is
+downloaded."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from infernetes.runtime.testing import build_tokenizer
+
+IMAGE_TOKEN = "<image>"
+IMAGE_SIZE = 32
+PATCH_SIZE = 8  # 16 patches: 16 feature tokens per image (the CLS token dropped)
+
+# Renders content given as a string or as OpenAI-style parts, an image part as its placeholder
+# (the shape of llava-hf's own templates).
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% else %}{{ '<image>' }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def make_tiny_llava(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    image_size: int = IMAGE_SIZE,
+    patch_size: int = PATCH_SIZE,
+    vision: dict[str, Any] | None = None,
+    text: dict[str, Any] | None = None,
+) -> Path:
+    """Write a random ``LlavaForConditionalGeneration`` and its ``LlavaProcessor``: tiny by
+    default; ``vision`` and ``text`` override the CLIP and Llama configs (benchmarks)."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory, extra_special_tokens=[IMAGE_TOKEN], chat_template=LLAVA_CHAT_TEMPLATE
+    )
+    vision_config = transformers.CLIPVisionConfig(
+        **{
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "image_size": image_size,
+            "patch_size": patch_size,
+            "projection_dim": 32,
+            "initializer_range": 0.1,
+            **(vision or {}),
+        }
+    )
+    text_config = transformers.LlamaConfig(
+        **{
+            "vocab_size": len(tokenizer),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": False,
+            "initializer_range": 0.1,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            **(text or {}),
+        }
+    )
+    config = transformers.LlavaConfig(
+        vision_config=vision_config,
+        text_config=text_config,
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_seq_length=(image_size // patch_size) ** 2,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    config.architectures = ["LlavaForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(config).to(getattr(torch, dtype)).eval()
+    with torch.no_grad():  # the projector starts near zero: make images move the logits
+        for parameter in model.model.multi_modal_projector.parameters():
+            parameter.normal_(0.0, 0.5)
+    model.save_pretrained(str(directory))
+    image_processor = transformers.CLIPImageProcessor(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+    )
+    processor = transformers.LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy="default",
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(str(directory))
+    return directory
+
+
+def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
+    """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels, "RGB")
+
+
+@functools.cache
+def _hf_llava(path: str) -> Any:
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    return LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@functools.cache
+def hf_processor(path: str) -> Any:
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path)
+
+
+def hf_llava_greedy(
+    path: str | Path, prompt: str, images: list[Any], max_tokens: int, **processor_kwargs: Any
+) -> tuple[list[int], list[int], list[float]]:
+    """Transformers' greedy continuation of ``prompt`` with ``images`` (one ``<image>`` each) in
+    float32, EOS ignored: the prompt's expanded ids, the new tokens and each one's logprob."""
+    import torch
+
+    processor = hf_processor(str(path))
+    inputs = processor(text=prompt, images=images or None, return_tensors="pt", **processor_kwargs)
+    with torch.inference_mode():
+        out = _hf_llava(str(path)).generate(
+            **inputs,
+            eos_token_id=[],
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    prompt_ids = inputs["input_ids"][0].tolist()
+    tokens = out.sequences[0, len(prompt_ids) :].tolist()
+    logprobs = [
+        torch.log_softmax(scores[0].float(), -1)[token].item()
+        for scores, token in zip(out.scores, tokens, strict=True)
+    ]
+    return prompt_ids, tokens, logprobs
