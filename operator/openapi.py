@@ -117,3 +117,27 @@ def rule(
     if reason:
         validation["reason"] = reason
     return validation
+
+
+def undeclared_fields(value: Any, schema: Schema, path: str) -> list[tuple[str, list[str]]]:
+    """(path, the declared names there) of every key of ``value`` that ``schema`` does not
+    declare, as the API server's strict field validation finds them (an object with
+    ``properties`` declares exactly those; a map's ``additionalProperties`` and
+    ``x-kubernetes-preserve-unknown-fields`` take any key)."""
+    found: list[tuple[str, list[str]]] = []
+    if isinstance(value, dict) and schema.get("type") == "object":
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            return found
+        properties = schema.get("properties")
+        entries = schema.get("additionalProperties")
+        for key, item in value.items():
+            if properties is not None and key in properties:
+                found += undeclared_fields(item, properties[key], f"{path}.{key}")
+            elif isinstance(entries, dict):
+                found += undeclared_fields(item, entries, f"{path}.{key}")
+            elif properties is not None and not entries:
+                found.append((f"{path}.{key}", sorted(properties)))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            found += undeclared_fields(item, schema["items"], f"{path}[{index}]")
+    return found

@@ -203,7 +203,25 @@ def _checked(document: Any, filename: str) -> tuple[dict[str, Any], dict[str, An
     spec = document.get("spec") or {}
     if not spec.get("model"):
         raise _RenderError(f"{metadata['name']}: spec.model is required")
+    if unknown := _undeclared(spec):
+        raise _RenderError(f"{metadata['name']}: {'; '.join(unknown)}")
     return metadata, spec
+
+
+def _undeclared(spec: dict[str, Any]) -> list[str]:
+    """spec's fields the CRD does not declare, as `kubectl apply` names them, with the
+    nearest declared name where one is close."""
+    import difflib
+
+    from infernetes.operator.crd import spec_schema
+    from infernetes.operator.openapi import undeclared_fields
+
+    messages = []
+    for path, declared in undeclared_fields(spec, spec_schema(), "spec"):
+        close = difflib.get_close_matches(path.rsplit(".", 1)[-1], declared, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        messages.append(f"{path}: field not declared in schema{hint}")
+    return messages
 
 
 def _warnings(result: Plan) -> list[str]:

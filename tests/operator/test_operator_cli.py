@@ -64,7 +64,14 @@ def write(tmp_path: Path, text: str) -> str:
         (
             "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\n"
             "spec: {model: m, engine: {maxModelLength: 4}}\n",
-            "spec.engine: unknown field(s) maxModelLength",
+            "spec.engine.maxModelLength: field not declared in schema (did you mean maxModelLen?)",
+        ),
+        (
+            "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: a}\n"
+            "spec: {model: m, replicsa: 3, gpu: {claims: 2}, env: [{name: A, vaule: b}]}\n",
+            "spec.replicsa: field not declared in schema (did you mean replicas?); "
+            "spec.gpu.claims: field not declared in schema; "
+            "spec.env[0].vaule: field not declared in schema (did you mean value?)",
         ),
         ("{: bad yaml", "not valid YAML"),
     ],
