@@ -264,7 +264,12 @@ def resolve_config(
     eos, extra_eos = _eos_token_ids(tokenizer, hf_config, generation)
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
     compilation = parse_compilation_config(config.compilation_config)
-    kv_transfer = kv_transfer_config(config.kv_transfer_config)
+    kv_transfer = kv_transfer_config(
+        config.kv_transfer_config,
+        config.kv_offloading_size,
+        config.kv_offloading_backend,
+        config.block_size or DEFAULT_BLOCK_SIZE,
+    )
     speculative = speculative_config(
         config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
     )

@@ -98,6 +98,7 @@ class Scheduler:
         self.num_preemptions_step = 0
         # Requests that ended since the last step: the workers drop their state.
         self._finished_req_ids: set[str] = set()
+        self._preempted_req_ids: set[str] = set()  # since the last step
         self._finished_stats: list[FinishedRequestStats] = []  # not yet reported
         self.connector = connector  # the KV connector's scheduler side
         # Holding blocks while the connector fills them (an async load) or sends them (finished).
@@ -144,6 +145,7 @@ class Scheduler:
         """What the workers' connectors finished: received requests go back to the queue (their
         tokens now computed), sent ones free their blocks. A request aborted while receiving is
         no longer waiting for it."""
+        self.connector.update_connector_output(output)  # type: ignore[union-attr]  # it reported
         for request_id in output.finished_recving:
             request = self.waiting_for_remote_kvs.pop(request_id, None)
             if request is not None:
@@ -209,6 +211,7 @@ class Scheduler:
         if not self.num_preemptions_step:
             self._schedule_waiting(output, budget)
         output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
+        output.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, set()
         if output or self.awaits_kv_transfer:  # (an empty step lets the workers report)
             self._register_step(output)
         if self.connector is not None:
@@ -300,7 +303,7 @@ class Scheduler:
                 self.connector.update_state_after_alloc(
                     request, list(request.block_ids), num_external
                 )
-                request.num_computed_tokens += num_external
+                self._count_external(request, num_external)
             self.waiting.pop()
             output.add(self._admit(request, num_cached), chunk)
             self._count_partial(budget, remaining, chunk)
@@ -323,11 +326,18 @@ class Scheduler:
         self.connector.update_state_after_alloc(  # type: ignore[union-attr]  # it brings them
             request, list(request.block_ids), num_external
         )
-        request.num_computed_tokens += num_external
+        self._count_external(request, num_external)
         self.waiting.pop()
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.waiting_for_remote_kvs[request.request_id] = request
         return True
+
+    @staticmethod
+    def _count_external(request: Request, num_external: int) -> None:
+        """The connector's tokens count as computed; on a first scheduling, as brought by it."""
+        request.num_computed_tokens += num_external
+        if request.num_cached_tokens < 0 and num_external:
+            request.num_external_computed_tokens = num_external
 
     def _remaining(self, request: Request) -> int:
         """Tokens a running request may compute next: those not computed yet, counting the
@@ -410,8 +420,8 @@ class Scheduler:
                 new_token_ids=self._sampled_tokens(request, request.num_tokens),
                 num_tokens=request.num_tokens if self.async_scheduling else None,
             )
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = num_cached_tokens
+        if request.num_cached_tokens < 0:  # local hits, and what a connector brought
+            request.num_cached_tokens = request.num_computed_tokens
         self.prefix_cache_stats.queries += request.num_tokens
         self.prefix_cache_stats.hits += num_cached_tokens
         request.status = RequestStatus.RUNNING
@@ -461,6 +471,7 @@ class Scheduler:
         request.num_output_placeholders = 0  # a step in flight for it is discarded
         request.spec_token_ids = []
         self.num_preemptions_step += 1
+        self._preempted_req_ids.add(request.request_id)
         self.waiting.add_front(request)
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
@@ -526,7 +537,11 @@ class Scheduler:
 
     def _first_token(self, request: Request, now: float, iteration: IterationStats) -> None:
         request.times.first_token = request.times.last_token = now
-        iteration.num_prompt_tokens += request.num_prompt_tokens
+        iteration.count_prompt(
+            request.num_prompt_tokens,
+            min(max(request.num_cached_tokens, 0), request.num_prompt_tokens),
+            request.num_external_computed_tokens,
+        )
         iteration.time_to_first_tokens_iter.append(now - request.times.arrival)
 
     def _append_tokens(

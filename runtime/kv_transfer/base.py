@@ -11,6 +11,8 @@ Scheduler side, called by the ``Scheduler``:
 - ``update_state_after_alloc(request, block_ids, num_external_tokens)`` once the blocks are held.
 - ``build_connector_meta(scheduler_output)`` for every step: what the workers' connectors need
   to know of it; it travels in ``SchedulerOutput.kv_connector_metadata``.
+- ``update_connector_output(output)`` with what the workers reported finished, and
+  ``take_events()``: the connector's own KV events, published each step.
 - ``request_finished(request, block_ids)`` when a request ends: whether its blocks must stay
   (they are being sent; freed when a worker reports it done sending), and the parameters another
   engine needs to fetch them (kept on ``Request.kv_transfer_params``).
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from infernetes.runtime.config import RuntimeConfig
     from infernetes.runtime.engine.request import Request
     from infernetes.runtime.engine.scheduler_output import SchedulerOutput
+    from infernetes.runtime.kv_events.events import KVEvent
     from infernetes.runtime.model_executor.context import AttentionMetadata
 
 # Each attention layer's caches by its module name: (keys, values); a latent-attention layer's
@@ -65,7 +68,11 @@ class KVConnectorOutput:
 
 
 class KVConnectorBase(abc.ABC):
-    def __init__(self, config: RuntimeConfig, role: KVConnectorRole) -> None:
+    def __init__(
+        self, config: RuntimeConfig, role: KVConnectorRole, rank_block_bytes: int = 0
+    ) -> None:
+        """``rank_block_bytes``: what one block of the device's cache takes on one rank (the
+        largest over the ranks, on the scheduler side)."""
         self.config = config
         self.role = role
 
@@ -87,6 +94,14 @@ class KVConnectorBase(abc.ABC):
     @abc.abstractmethod
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """What the workers' connectors need to know of this step."""
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        """What the workers reported finished this step, before the scheduler acts on it."""
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events of the connector's own tiers since the last call (published with the
+        prefix cache's)."""
+        return []
 
     @abc.abstractmethod
     def request_finished(

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
+from infernetes.runtime.engine.stats import PROMPT_TOKEN_SOURCES
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
@@ -211,6 +212,19 @@ class EngineSeries:
         self.generation_tokens = self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )
+        by_source = self._family(
+            Counter,
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            [*ENGINE_LABELS, "source"],
+        )
+        self.prompt_tokens_by_source = {
+            source: by_source.labels(*self._labels, source) for source in PROMPT_TOKEN_SOURCES
+        }
+        self.prompt_tokens_cached = self._counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local prefix cache and external KV transfer).",
+        )
         self.iteration_tokens = self._histogram(
             "vllm:iteration_tokens_total",
             "Histogram of the number of tokens per engine step.",
@@ -402,6 +416,12 @@ class EngineSeries:
 
     def _record_iteration(self, stats: IterationStats) -> None:
         self.prompt_tokens.inc(stats.num_prompt_tokens)
+        for source, num_tokens in stats.prompt_tokens_by_source.items():
+            self.prompt_tokens_by_source[source].inc(num_tokens)
+        by_source = stats.prompt_tokens_by_source
+        self.prompt_tokens_cached.inc(
+            by_source["local_cache_hit"] + by_source["external_kv_transfer"]
+        )
         self.generation_tokens.inc(stats.num_generation_tokens)
         self.drafts.inc(stats.num_drafts)
         self.draft_tokens.inc(stats.num_draft_tokens)

@@ -1,0 +1,109 @@
+"""HostKVPool: one rank's share of the host-memory KV tier, and the copies in and out of it.
+
+Each attention layer's cache gets a host twin of ``num_blocks`` slots, ``[num_blocks, block_size,
+Hkv, D]`` like the device's (a rank holds its own heads' shard, so tensor-parallel ranks each
+offload their own part under the one slot numbering the scheduler gives out). On CUDA the twins
+are pinned and the copies run on a side stream, each ordered after the work already queued on the
+compute stream (the step that wrote the blocks) and marked by an event; on the CPU a copy is done
+when its call returns. Consecutive blocks going to consecutive slots move as one copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from infernetes.runtime.kv_transfer.base import KVCaches
+
+
+def _runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(first source, first destination, length) of the runs both sides advance together."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src, dst, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            first_s, first_d, n = runs[-1]
+            runs[-1] = (first_s, first_d, n + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
+
+
+class CopyJob:
+    """A submitted copy: done at once on the CPU, when its event is reached on CUDA."""
+
+    def __init__(self, event: torch.cuda.Event | None) -> None:
+        self.event = event
+
+    def done(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+
+class HostKVPool:
+    def __init__(
+        self,
+        kv_caches: KVCaches,
+        num_blocks: int,
+        host_caches: list[torch.Tensor] | None = None,
+    ) -> None:
+        """``host_caches``: the tier's tensors kept from before (a device cache given back and
+        allocated again, as around sleep mode, leaves the tier as it was)."""
+        self.device_caches = [
+            tensor
+            for keys, values in kv_caches.values()
+            for tensor in ((keys,) if values is keys else (keys, values))
+        ]
+        first = self.device_caches[0]
+        self.on_cuda = first.device.type == "cuda"
+        self.host_caches = host_caches or [
+            torch.zeros(
+                (num_blocks, *cache.shape[1:]), dtype=cache.dtype, pin_memory=self.on_cuda
+            )
+            for cache in self.device_caches
+        ]
+        self.stream = torch.cuda.Stream(first.device) if self.on_cuda else None
+        self.bytes_per_block = sum(c[0].numel() * c.element_size() for c in self.host_caches)
+
+    def store(self, device_blocks: Sequence[int], slots: Sequence[int]) -> CopyJob:
+        """Copy device blocks into host slots."""
+        return self._copy(self.device_caches, self.host_caches, device_blocks, slots)
+
+    def load(self, slots: Sequence[int], device_blocks: Sequence[int]) -> CopyJob:
+        """Copy host slots into device blocks."""
+        return self._copy(self.host_caches, self.device_caches, slots, device_blocks)
+
+    def _copy(
+        self,
+        sources: list[torch.Tensor],
+        destinations: list[torch.Tensor],
+        src_ids: Sequence[int],
+        dst_ids: Sequence[int],
+    ) -> CopyJob:
+        runs = _runs(src_ids, dst_ids)
+        if self.stream is None:
+            self._copy_runs(sources, destinations, runs)
+            return CopyJob(None)
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            self._copy_runs(sources, destinations, runs)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return CopyJob(event)
+
+    @staticmethod
+    def _copy_runs(
+        sources: list[torch.Tensor],
+        destinations: list[torch.Tensor],
+        runs: list[tuple[int, int, int]],
+    ) -> None:
+        for source, destination in zip(sources, destinations, strict=True):
+            for s, d, n in runs:
+                destination[d : d + n].copy_(source[s : s + n], non_blocking=True)
+
+    def fence(self) -> None:
+        """Later work on the compute stream waits for every copy submitted so far."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
