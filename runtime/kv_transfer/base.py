@@ -95,7 +95,7 @@ class KVConnectorBase(abc.ABC):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """What the workers' connectors need to know of this step."""
 
-    def update_connector_output(self, output: KVConnectorOutput) -> None:
+    def update_connector_output(self, output: KVConnectorOutput) -> None:  # noqa: B027  # optional
         """What the workers reported finished this step, before the scheduler acts on it."""
 
     def take_events(self) -> list[KVEvent]:

@@ -18,7 +18,13 @@ _KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
 OFFLOADING_CONNECTOR = "OffloadingConnector"
 # What vLLM's OffloadingConnector (its CPU spec) reads of kv_connector_extra_config and is built
 # here; its other keys (spec_module_path, store_threshold, ...) are refused as unknown.
-_OFFLOADING_KEYS = ("cpu_bytes_to_use", "num_cpu_blocks", "block_size", "eviction_policy", "spec_name")
+_OFFLOADING_KEYS = (
+    "cpu_bytes_to_use",
+    "num_cpu_blocks",
+    "block_size",
+    "eviction_policy",
+    "spec_name",
+)
 _OFFLOADING_SPEC = "CPUOffloadingSpec"
 _EVICTION_POLICIES = ("lru",)
 

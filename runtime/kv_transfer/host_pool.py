@@ -59,9 +59,7 @@ class HostKVPool:
         first = self.device_caches[0]
         self.on_cuda = first.device.type == "cuda"
         self.host_caches = host_caches or [
-            torch.zeros(
-                (num_blocks, *cache.shape[1:]), dtype=cache.dtype, pin_memory=self.on_cuda
-            )
+            torch.zeros((num_blocks, *cache.shape[1:]), dtype=cache.dtype, pin_memory=self.on_cuda)
             for cache in self.device_caches
         ]
         self.stream = torch.cuda.Stream(first.device) if self.on_cuda else None

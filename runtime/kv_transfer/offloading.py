@@ -66,7 +66,9 @@ class OffloadingConnector(KVConnectorBase):
         super().__init__(config, role, rank_block_bytes)
         assert config.kv_transfer is not None
         self.block_size = block_size = config.cache.block_size
-        settings = offloading_settings(dict(config.kv_transfer.kv_connector_extra_config), block_size)
+        settings = offloading_settings(
+            dict(config.kv_transfer.kv_connector_extra_config), block_size
+        )
         parallel = config.parallel
         world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
         self.num_host_blocks = settings.num_blocks(rank_block_bytes, world_size)
@@ -78,9 +80,7 @@ class OffloadingConnector(KVConnectorBase):
             )
         # -- scheduler side
         events = config.kv_events
-        self._events = (
-            KVEventCollector() if events is not None and events.publishes else None
-        )
+        self._events = KVEventCollector() if events is not None and events.publishes else None
         self.tier = HostTierIndex(self.num_host_blocks, block_size, self._events)
         self._requests: dict[str, Request] = {}
         self._next_stored_block: dict[str, int] = {}  # per request: the first not yet stored

@@ -210,7 +210,10 @@ def test_a_request_aborted_during_its_remote_load_frees_its_blocks():
 def test_the_support_table_names_the_connectors_built_here():
     assert set(KEY_SUPPORT["kv_transfer_config.kv_connector"].values) == set(CONNECTORS)
     config = build_config(model="m", kv_transfer_config={"kv_connector": "NixlConnector"})
-    with pytest.raises(ValueError, match=r"kv_connector NixlConnector.*supported: OffloadingConnector, RecordingConn"):
+    with pytest.raises(
+        ValueError,
+        match=r"kv_connector NixlConnector.*supported: OffloadingConnector, RecordingConn",
+    ):
         refuse_unsupported(config, {})
 
 
