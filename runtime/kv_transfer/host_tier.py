@@ -73,10 +73,11 @@ class HostTierIndex:
         shortfall = len(wanted) - len(self._free_slots)
         victims: list[BlockHash] = []
         if shortfall > 0:
+            keep = set(block_hashes)  # (those held already are part of this store)
             for block_hash, block in self.blocks.items():
                 if len(victims) == shortfall:
                     break
-                if block.ready and not block.pins:
+                if block.ready and not block.pins and block_hash not in keep:
                     victims.append(block_hash)
             if len(victims) < shortfall:
                 return None
