@@ -88,8 +88,8 @@ def test_a_server_with_a_host_tier_serves_a_repeated_working_set_from_it(
             if sum(len(e[1]) for e in host) >= 4 * 6:
                 break
             assert time.monotonic() < deadline, f"events so far: {events}"
-        name, block_hashes, parent, token_ids, block_size, lora_id, medium = host[0]
-        assert (parent, token_ids, block_size, lora_id) == (None, [], 16, None)
+        # BlockStored's fields in vLLM's order: hashes, parent, tokens, block size, lora, medium
+        assert [e[2:] for e in host] == [[None, [], 16, None, "CPU"]] * len(host)
         device = [e for e in events if e[0] == "BlockStored" and e[-1] == "GPU"]
         stored_on_device = {h for e in device for h in e[1]}
         assert {h for e in host for h in e[1]} <= stored_on_device  # the same hashes
