@@ -43,14 +43,7 @@ class CopyJob:
 
 
 class HostKVPool:
-    def __init__(
-        self,
-        kv_caches: KVCaches,
-        num_blocks: int,
-        host_caches: list[torch.Tensor] | None = None,
-    ) -> None:
-        """``host_caches``: the tier's tensors kept from before (a device cache given back and
-        allocated again, as around sleep mode, leaves the tier as it was)."""
+    def __init__(self, kv_caches: KVCaches, num_blocks: int) -> None:
         self.device_caches = [
             tensor
             for keys, values in kv_caches.values()
@@ -58,9 +51,10 @@ class HostKVPool:
         ]
         first = self.device_caches[0]
         self.on_cuda = first.device.type == "cuda"
-        self.host_caches = host_caches or [
-            torch.zeros((num_blocks, *cache.shape[1:]), dtype=cache.dtype, pin_memory=self.on_cuda)
-            for cache in self.device_caches
+        # (empty: a slot is read only after a store wrote it)
+        self.host_caches = [
+            torch.empty((num_blocks, *c.shape[1:]), dtype=c.dtype, pin_memory=self.on_cuda)
+            for c in self.device_caches
         ]
         self.stream = torch.cuda.Stream(first.device) if self.on_cuda else None
         self.bytes_per_block = sum(c[0].numel() * c.element_size() for c in self.host_caches)

@@ -190,15 +190,12 @@ class OffloadingConnector(KVConnectorBase):
     # -- worker side ---------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: KVCaches) -> None:
-        if self.pool is None:  # (the host tier outlives a cache given back and taken again)
-            self.pool = HostKVPool(kv_caches, self.num_host_blocks)
-            logger.info(
-                "KV offloading: a host tier of %d blocks (%.2f GiB on this rank)",
-                self.num_host_blocks,
-                self.num_host_blocks * self.pool.bytes_per_block / (1 << 30),
-            )
-        else:
-            self.pool = HostKVPool(kv_caches, self.num_host_blocks, self.pool.host_caches)
+        self.pool = HostKVPool(kv_caches, self.num_host_blocks)
+        logger.info(
+            "KV offloading: a host tier of %d blocks (%.2f GiB on this rank)",
+            self.num_host_blocks,
+            self.num_host_blocks * self.pool.bytes_per_block / (1 << 30),
+        )
 
     def start_load_kv(self, metadata: KVConnectorMetadata) -> None:
         assert isinstance(metadata, OffloadStep) and self.pool is not None

@@ -189,14 +189,16 @@ def test_an_aborted_request_keeps_its_blocks_until_its_stores_are_done(tiny_llam
 
 
 @pytest.mark.slow  # a worker process per rank
-def test_tensor_parallel_ranks_offload_their_own_shards(tiny_llama):
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_parallel_ranks_offload_their_own_shards(tiny_llama, tp, pp):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     wanted = _generate(_engine(tiny_llama), PROMPTS * 2, params)
     counter = BySource()
     engine = _engine(
         tiny_llama,
         counter,
-        tensor_parallel_size=2,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         kv_transfer_config=offloading(),
     )
     try:
@@ -350,3 +352,8 @@ def test_a_tier_smaller_than_one_block_is_refused(tiny_llama):
     config = {**offloading(), "kv_connector_extra_config": {"cpu_bytes_to_use": 1}}
     with pytest.raises(ValueError, match="host tier holds no block"):
         _engine(tiny_llama, kv_transfer_config=config)
+
+
+def test_sleep_mode_with_the_host_tier_is_refused(tiny_llama):
+    with pytest.raises(ValueError, match="--enable-sleep-mode with KV offloading"):
+        _engine(tiny_llama, kv_offloading_size=0.01, enable_sleep_mode=True)
