@@ -54,6 +54,7 @@ from infernetes.runtime.engine.scheduler_output import (
 from infernetes.runtime.engine.stats import (
     FinishedRequestStats,
     IterationStats,
+    KVTransfer,
     PrefixCacheStats,
     SchedulerStats,
     finished_request_stats,
@@ -104,6 +105,7 @@ class Scheduler:
         # Holding blocks while the connector fills them (an async load) or sends them (finished).
         self.waiting_for_remote_kvs: dict[str, Request] = {}
         self.sending: dict[str, Request] = {}
+        self._kv_transfers: list[KVTransfer] = []  # the workers' copies not yet reported
 
     # -- request lifecycle ---------------------------------------------------------------------
 
@@ -146,6 +148,7 @@ class Scheduler:
         tokens now computed), sent ones free their blocks. A request aborted while receiving is
         no longer waiting for it."""
         self.connector.update_connector_output(output)  # type: ignore[union-attr]  # it reported
+        self._kv_transfers += output.transfers
         for request_id in output.finished_recving:
             request = self.waiting_for_remote_kvs.pop(request_id, None)
             if request is not None:
@@ -197,7 +200,12 @@ class Scheduler:
             num_preemptions=self.num_preemptions_step,
             running_lora_adapters=_count_adapters(self.running),
             waiting_lora_adapters=_count_adapters(self.waiting),
+            kv_transfers=self._take_kv_transfers(),
         )
+
+    def _take_kv_transfers(self) -> list[KVTransfer]:
+        taken, self._kv_transfers = self._kv_transfers, []
+        return taken
 
     # -- scheduling ----------------------------------------------------------------------------
 

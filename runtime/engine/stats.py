@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:  # the API process reads these types without the engine's imports (torch)
     from infernetes.runtime.engine.request import Request
@@ -29,6 +29,16 @@ class PrefixCacheStats:
         return taken
 
 
+class KVTransfer(NamedTuple):
+    """One copy a KV connector finished: its direction (vLLM's ``transfer_type``, "GPU_to_CPU"
+    for a store, "CPU_to_GPU" for a load, whatever the device), its bytes over all ranks, and
+    how long it took."""
+
+    transfer_type: str
+    num_bytes: int
+    seconds: float
+
+
 @dataclass
 class SchedulerStats:
     num_running_reqs: int = 0
@@ -41,6 +51,7 @@ class SchedulerStats:
     running_lora_adapters: dict[str, int] = field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
     kv_events_dropped: int = 0  # KV-cache events dropped on the publisher's full queue
+    kv_transfers: list[KVTransfer] = field(default_factory=list)  # reported since the last step
 
 
 @dataclass

@@ -23,7 +23,7 @@ forward; per attention layer ``wait_for_layer_load`` before the layer reads its 
 ``save_kv_layer`` after it wrote it (``layers/attention.py``, through the step's
 ``AttentionMetadata.kv_connector``); ``wait_for_save()`` after the forward; and
 ``get_finished(finished_req_ids)``, the requests done sending and done receiving, which go back
-in ``ModelRunnerOutput.kv_connector_output``. Under several ranks only the output rank's report
+in ``ModelRunnerOutput.kv_connector_output`` with ``get_kv_connector_stats()``, the copies done. Under several ranks only the output rank's report
 reaches the scheduler.
 """
 
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from infernetes.runtime.engine.stats import KVTransfer
 
 if TYPE_CHECKING:
     from infernetes.runtime.config import RuntimeConfig
@@ -65,6 +66,7 @@ class KVConnectorOutput:
 
     finished_sending: set[str] = field(default_factory=set)
     finished_recving: set[str] = field(default_factory=set)
+    transfers: list[KVTransfer] = field(default_factory=list)  # copies finished (vLLM's stats)
 
 
 class KVConnectorBase(abc.ABC):
@@ -133,6 +135,10 @@ class KVConnectorBase(abc.ABC):
     @abc.abstractmethod
     def wait_for_save(self) -> None:
         """After the forward: every save of this step is done (the cache may be overwritten)."""
+
+    def get_kv_connector_stats(self) -> list[KVTransfer]:
+        """The copies finished since the last call (for the transfer metrics)."""
+        return []
 
     @abc.abstractmethod
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:

@@ -10,6 +10,7 @@ when its call returns. Consecutive blocks going to consecutive slots move as one
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -29,17 +30,33 @@ def _runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
 
 
 class CopyJob:
-    """A submitted copy: done at once on the CPU, when its event is reached on CUDA."""
+    """A submitted copy of ``num_blocks`` blocks: done when its call returned on the CPU (which
+    timed it), when its end event is reached on CUDA (the events time it)."""
 
-    def __init__(self, event: torch.cuda.Event | None) -> None:
-        self.event = event
+    def __init__(
+        self,
+        num_blocks: int,
+        seconds: float = 0.0,
+        events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self._seconds = seconds
+        self.events = events
 
     def done(self) -> bool:
-        return self.event is None or self.event.query()
+        return self.events is None or self.events[1].query()
 
     def wait(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
+        if self.events is not None:
+            self.events[1].synchronize()
+
+    @property
+    def seconds(self) -> float:
+        """How long the copy took (once done)."""
+        if self.events is None:
+            return self._seconds
+        start, end = self.events
+        return start.elapsed_time(end) / 1000
 
 
 class HostKVPool:
@@ -76,14 +93,16 @@ class HostKVPool:
     ) -> CopyJob:
         runs = _runs(src_ids, dst_ids)
         if self.stream is None:
+            started = time.perf_counter()
             self._copy_runs(sources, destinations, runs)
-            return CopyJob(None)
+            return CopyJob(len(src_ids), time.perf_counter() - started)
         self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(self.stream):
+            start.record(self.stream)
             self._copy_runs(sources, destinations, runs)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return CopyJob(event)
+            end.record(self.stream)
+        return CopyJob(len(src_ids), events=(start, end))
 
     @staticmethod
     def _copy_runs(

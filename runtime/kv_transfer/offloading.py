@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from infernetes.runtime.engine.stats import KVTransfer
 from infernetes.runtime.kv_events.events import KVEventCollector
 from infernetes.runtime.kv_transfer.base import (
     KVCaches,
@@ -47,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 # (device blocks, host slots) of one request's copies, in step
 Transfer = tuple[list[int], list[int]]
+# vLLM's transfer_type labels: a store goes device to host, a load back (on every device)
+STORE, LOAD = "GPU_to_CPU", "CPU_to_GPU"
 
 
 @dataclass
@@ -70,7 +74,9 @@ class OffloadingConnector(KVConnectorBase):
             dict(config.kv_transfer.kv_connector_extra_config), block_size
         )
         parallel = config.parallel
-        world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+        self.world_size = world_size = (
+            parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+        )
         self.num_host_blocks = settings.num_blocks(rank_block_bytes, world_size)
         if self.num_host_blocks <= 0:
             raise ValueError(
@@ -94,6 +100,7 @@ class OffloadingConnector(KVConnectorBase):
         self._load_jobs: dict[str, CopyJob] = {}
         self._storing_requests: set[str] = set()  # had stores and not yet reported finished
         self._ended: set[str] = set()  # of those, the ones that ended
+        self._transfers: list[KVTransfer] = []  # copies done, not yet reported
 
     # -- scheduler side ------------------------------------------------------------------------
 
@@ -220,21 +227,37 @@ class OffloadingConnector(KVConnectorBase):
         """Nothing to wait for: the stores start with the next step."""
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
-        received = set(self._load_jobs)
+        """Loads end with their step; a request that ended reports its stores done once they
+        are (waited for here, so every rank reports it in the same step)."""
         for job in self._load_jobs.values():
             job.wait()
+        self._record(LOAD, self._load_jobs.values())
+        received = set(self._load_jobs)
         self._load_jobs = {}
         self._ended |= finished_req_ids & self._storing_requests
-        sent = set()
-        for request_id in list(self._ended):
-            if request_id in self._unsubmitted_stores:
-                continue  # (its last step's stores start with the next step)
-            for job in self._store_jobs.pop(request_id, ()):
-                job.wait()
-            sent.add(request_id)
+        # (an ended request's last stores may start only with the next step)
+        sent = self._ended - set(self._unsubmitted_stores)
+        for request_id, jobs in list(self._store_jobs.items()):
+            if request_id in sent:
+                for job in jobs:
+                    job.wait()
+            done = [job for job in jobs if job.done()]
+            self._record(STORE, done)
+            self._store_jobs[request_id] = [job for job in jobs if job not in done]
+            if not self._store_jobs[request_id]:
+                del self._store_jobs[request_id]
         self._ended -= sent
         self._storing_requests -= sent
-        for request_id, jobs in list(self._store_jobs.items()):
-            if all(job.done() for job in jobs):
-                del self._store_jobs[request_id]
         return sent, received
+
+    def _record(self, transfer_type: str, jobs: Iterable[CopyJob]) -> None:
+        assert self.pool is not None
+        block_bytes = self.pool.bytes_per_block * self.world_size  # every rank's shard
+        for job in jobs:
+            self._transfers.append(
+                KVTransfer(transfer_type, job.num_blocks * block_bytes, job.seconds)
+            )
+
+    def get_kv_connector_stats(self) -> list[KVTransfer]:
+        taken, self._transfers = self._transfers, []
+        return taken

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 from infernetes.runtime.engine.stats import PROMPT_TOKEN_SOURCES
+from infernetes.runtime.server.kv_transfer_metrics import KVTransferSeries
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
@@ -172,6 +173,7 @@ class EngineSeries:
         self._prefix_hits_seen = 0
         self._family = logger.family
         self._labels = (model_name, str(engine_index))
+        self.kv_transfers: KVTransferSeries | None = None  # made at the first KV copy
         tokens = token_count_buckets(max_model_len)
         self.running = self._gauge(
             "vllm:num_requests_running", "Number of requests currently running."
@@ -393,6 +395,10 @@ class EngineSeries:
         self.gpu_cache_usage.set(stats.kv_cache_usage)
         self.preemptions.inc(stats.num_preemptions)
         self.kv_events_dropped.inc(stats.kv_events_dropped)
+        if stats.kv_transfers:
+            if self.kv_transfers is None:
+                self.kv_transfers = KVTransferSeries(self._family, ENGINE_LABELS, self._labels)
+            self.kv_transfers.record(stats.kv_transfers)
         self._record_lora(stats)
         prefix = stats.prefix_cache_stats
         self.prefix_queries.inc(prefix.queries)

@@ -468,7 +468,8 @@ class ModelRunner:
         output = self._execute(scheduler_output)
         connector.wait_for_save()
         output.kv_connector_output = KVConnectorOutput(
-            *connector.get_finished(scheduler_output.finished_req_ids)
+            *connector.get_finished(scheduler_output.finished_req_ids),
+            transfers=connector.get_kv_connector_stats(),
         )
         return output
 

@@ -36,16 +36,21 @@ def offloading(num_cpu_blocks: int = 64) -> dict:
 
 
 class BySource:
-    """Prompt tokens by where their KV came from, and preemptions, over the engine's steps."""
+    """Prompt tokens by where their KV came from, bytes copied each way, and preemptions, over
+    the engine's steps."""
 
     def __init__(self) -> None:
         self.tokens = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
+        self.copied = {"GPU_to_CPU": 0, "CPU_to_GPU": 0}
         self.preemptions = 0
 
     def record(self, scheduler_stats, iteration_stats) -> None:
         self.preemptions += scheduler_stats.num_preemptions
         for source, count in iteration_stats.prompt_tokens_by_source.items():
             self.tokens[source] += count
+        for transfer in scheduler_stats.kv_transfers:
+            self.copied[transfer.transfer_type] += transfer.num_bytes
+            assert transfer.seconds >= 0
 
 
 def _engine(model: str, counter: BySource | None = None, **overrides) -> LLMEngine:
@@ -93,6 +98,9 @@ def test_a_repeated_working_set_larger_than_the_cache_comes_back_from_the_host_t
         "local_cache_hit": 0,
         "external_kv_transfer": 0,
     }
+    block_bytes = engine.engine_core.executor.kv_cache_block_bytes()
+    stored = NUM_PROMPTS * FULL_BLOCKS * block_bytes  # each prompt's full blocks, once
+    assert counter.copied == {"GPU_to_CPU": stored, "CPU_to_GPU": 0}
     assert _one_at_a_time(engine, rounds=1) == wanted[NUM_PROMPTS:]
     # the second round loaded every full prompt block back and computed only the rest
     loaded = NUM_PROMPTS * FULL_BLOCKS * BLOCK_SIZE
@@ -101,6 +109,7 @@ def test_a_repeated_working_set_larger_than_the_cache_comes_back_from_the_host_t
         "local_cache_hit": 0,
         "external_kv_transfer": loaded,
     }
+    assert counter.copied == {"GPU_to_CPU": stored, "CPU_to_GPU": stored}  # nothing new stored
 
 
 def test_the_prefix_cache_hit_comes_first_and_the_tier_brings_what_follows(tiny_llama):

@@ -21,13 +21,18 @@ _rng = random.Random(0)
 PROMPTS = [[_rng.randrange(5, 500) for _ in range(PROMPT_LEN)] for _ in range(4)]
 
 
-def prompt_tokens_by_source(url: str) -> dict[str, float]:
+def samples(url: str, name: str, label: str) -> dict[str, float]:
+    """The series of ``name`` by the value of its ``label``."""
     return {
-        sample.labels["source"]: sample.value
+        sample.labels.get(label, ""): sample.value
         for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
         for sample in family.samples
-        if sample.name == "vllm:prompt_tokens_by_source_total"
+        if sample.name == name
     }
+
+
+def prompt_tokens_by_source(url: str) -> dict[str, float]:
+    return samples(url, "vllm:prompt_tokens_by_source_total", "source")
 
 
 def test_a_server_with_a_host_tier_serves_a_repeated_working_set_from_it(
@@ -80,6 +85,14 @@ def test_a_server_with_a_host_tier_serves_a_repeated_working_set_from_it(
             "local_cache_hit": 0,
             "external_kv_transfer": loaded,
         }
+
+        # each prompt's six full blocks went to the tier once and came back once
+        copied = samples(server.url, "vllm:kv_offload_total_bytes_total", "transfer_type")
+        assert copied["GPU_to_CPU"] == copied["CPU_to_GPU"] > 0
+        assert samples(server.url, "vllm:kv_offload_load_bytes_total", "engine") == {
+            "0": copied["CPU_to_GPU"]
+        }
+        assert samples(server.url, "vllm:kv_offload_store_size_count", "engine") == {"0": 4}
 
         deadline = time.monotonic() + DEADLINE_S
         while True:
