@@ -271,6 +271,8 @@ def resolve_config(
         config.block_size or DEFAULT_BLOCK_SIZE,
     )
     offloading = kv_transfer is not None and kv_transfer.kv_connector == OFFLOADING_CONNECTOR
+    if offloading and info.is_pooling:
+        raise ValueError("KV offloading serves generative models; this is a pooling model")
     if offloading and config.enable_sleep_mode:
         # the cache given back would leave the host tier stores of blocks that are gone
         raise ValueError(

@@ -335,6 +335,8 @@ class Scheduler:
             request, list(request.block_ids), num_external
         )
         self._count_external(request, num_external)
+        # its prefix-cache hit is counted now (admitted later, it looks up nothing more)
+        self.prefix_cache_stats.hits += len(cached) * self.block_manager.block_size
         self.waiting.pop()
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.waiting_for_remote_kvs[request.request_id] = request

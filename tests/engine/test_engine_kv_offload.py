@@ -43,9 +43,11 @@ class BySource:
         self.tokens = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
         self.copied = {"GPU_to_CPU": 0, "CPU_to_GPU": 0}
         self.preemptions = 0
+        self.prefix_hits = 0  # vllm:prefix_cache_hits, the device's cache only
 
     def record(self, scheduler_stats, iteration_stats) -> None:
         self.preemptions += scheduler_stats.num_preemptions
+        self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
         for source, count in iteration_stats.prompt_tokens_by_source.items():
             self.tokens[source] += count
         for transfer in scheduler_stats.kv_transfers:
@@ -121,8 +123,9 @@ def test_the_prefix_cache_hit_comes_first_and_the_tier_brings_what_follows(tiny_
     # its first two full blocks (the device's 16 blocks hold two prompts and two blocks).
     for i in range(3):
         _generate(engine, [PROMPTS[i]], params, start=i)
-    before = dict(counter.tokens)
+    before, prefix_hits = dict(counter.tokens), counter.prefix_hits
     assert _generate(engine, [PROMPTS[0]], params, start=3)["3"] == wanted
+    assert counter.prefix_hits - prefix_hits == 2 * BLOCK_SIZE
     hit = counter.tokens["local_cache_hit"] - before["local_cache_hit"]
     external = counter.tokens["external_kv_transfer"] - before["external_kv_transfer"]
     assert (hit, external) == (2 * BLOCK_SIZE, (FULL_BLOCKS - 2) * BLOCK_SIZE)
@@ -366,3 +369,8 @@ def test_a_tier_smaller_than_one_block_is_refused(tiny_llama):
 def test_sleep_mode_with_the_host_tier_is_refused(tiny_llama):
     with pytest.raises(ValueError, match="--enable-sleep-mode with KV offloading"):
         _engine(tiny_llama, kv_offloading_size=0.01, enable_sleep_mode=True)
+
+
+def test_a_pooling_model_with_the_host_tier_is_refused(model_factory):
+    with pytest.raises(ValueError, match="KV offloading serves generative models"):
+        _engine(model_factory("BertModel"), kv_offloading_size=0.01)
