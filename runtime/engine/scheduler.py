@@ -290,8 +290,11 @@ class Scheduler:
             num_cached = len(cached) * self.block_manager.block_size
             num_external, load_async = self._external_tokens(request, num_cached)
             if load_async:
-                if not self._start_remote_load(request, cached, num_external):
+                if self._start_remote_load(request, cached, num_external):
+                    continue
+                if self._must_wait_for_blocks():
                     break
+                skipped.append(self.waiting.pop())
                 continue
             # (a request back from a remote load holds its blocks: its computed tokens count)
             remaining = request.num_tokens - request.num_computed_tokens - num_cached - num_external
@@ -306,7 +309,10 @@ class Scheduler:
                 skipped.append(self.waiting.pop())
                 continue
             if not self.block_manager.allocate_slots(request, num_external + chunk, cached):
-                break
+                if request.block_ids or self._must_wait_for_blocks():
+                    break
+                skipped.append(self.waiting.pop())
+                continue
             if self.connector is not None:
                 self.connector.update_state_after_alloc(
                     request, list(request.block_ids), num_external
@@ -326,10 +332,19 @@ class Scheduler:
             return 0, False
         return self.connector.get_num_new_matched_tokens(request, num_cached)
 
+    def _must_wait_for_blocks(self) -> bool:
+        """Whether the first waiting request, short of blocks, keeps the others waiting: not
+        when some hold blocks already (their KV arrived from a connector), else each could wait
+        for the others' blocks for ever."""
+        return not any(request.block_ids for request in self.waiting)
+
     def _start_remote_load(self, request: Request, cached: list[int], num_external: int) -> bool:
         """Give ``request`` the blocks the connector fills for it (not findable by other requests
-        until filled) and set it aside until a worker reports them received."""
-        if not self.block_manager.allocate_slots(request, num_external, cached, findable=False):
+        until filled), and those of the rest of its tokens, so that it needs no more to start
+        once they arrive; set it aside until a worker reports them received."""
+        num_computed = request.num_computed_tokens + len(cached) * self.block_manager.block_size
+        num_new = request.num_tokens - num_computed
+        if not self.block_manager.allocate_slots(request, num_new, cached, findable=False):
             return False
         self.connector.update_state_after_alloc(  # type: ignore[union-attr]  # it brings them
             request, list(request.block_ids), num_external

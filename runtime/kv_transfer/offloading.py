@@ -37,6 +37,7 @@ from infernetes.runtime.kv_transfer.base import (
 from infernetes.runtime.kv_transfer.config import offloading_settings
 from infernetes.runtime.kv_transfer.host_pool import CopyJob, HostKVPool
 from infernetes.runtime.kv_transfer.host_tier import BlockHash, HostTierIndex
+from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
 
 if TYPE_CHECKING:
     from infernetes.runtime.config import RuntimeConfig
@@ -95,6 +96,8 @@ class OffloadingConnector(KVConnectorBase):
         self._being_loaded: dict[str, list[BlockHash]] = {}
         # -- worker side
         self.pool: HostKVPool | None = None
+        # A sliding window's blocks go back while their request runs, maybe before their store.
+        self._blocks_leave_early = window_of_every_layer(config.model.info.hf_config) is not None
         self._unsubmitted_stores: dict[str, Transfer] = {}  # the last step's, started next step
         self._store_jobs: defaultdict[str, list[CopyJob]] = defaultdict(list)
         self._load_jobs: dict[str, CopyJob] = {}
@@ -210,8 +213,8 @@ class OffloadingConnector(KVConnectorBase):
             self._store_jobs[request_id].append(self.pool.store(blocks, slots))
         self._unsubmitted_stores = dict(metadata.stores)  # started with the next step
         self._storing_requests.update(metadata.stores)
-        if metadata.flush:
-            self.pool.fence()  # the forward may write a preempted request's blocks
+        if metadata.flush or self._blocks_leave_early:
+            self.pool.fence()  # the forward may write the blocks of a preempted request
         for request_id, (blocks, slots) in metadata.loads.items():
             self._load_jobs[request_id] = self.pool.load(slots, blocks)
 

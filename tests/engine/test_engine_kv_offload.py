@@ -160,6 +160,20 @@ def test_concurrent_requests_give_the_tokens_of_an_engine_without_the_tier(tiny_
     assert manager.num_free_blocks == manager.num_blocks  # nothing held after the end
 
 
+def test_a_sliding_window_model_gives_the_tokens_of_an_engine_without_the_tier(model_factory):
+    # every layer attends to its last 48 tokens: a request gives back blocks as it advances
+    model = model_factory("MistralForCausalLM", sliding_window=48)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    wanted = _generate(_engine(model), PROMPTS * 2, params)
+    counter = BySource()
+    engine = _engine(model, counter, kv_transfer_config=offloading())
+    assert _generate(engine, PROMPTS * 2, params) == wanted
+    assert _generate(engine, PROMPTS, params, start=10) == {
+        str(10 + i): wanted[str(i)] for i in range(NUM_PROMPTS)
+    }
+    assert counter.tokens["external_kv_transfer"] > 0
+
+
 def test_a_finished_request_keeps_its_blocks_until_its_stores_are_done(tiny_llama):
     engine = _engine(tiny_llama, kv_transfer_config=offloading())
     core = engine.engine_core
