@@ -29,7 +29,8 @@ did not keep. Drafts wait for a synchronous step: under async scheduling none ar
 
 With a KV connector (``--kv-transfer-config``, ``runtime/kv_transfer/``) the scheduler asks it how
 many of a waiting request's tokens it brings (counted as computed; brought later, the request
-waits in ``waiting_for_remote_kvs``, holding its blocks, until a worker reports them received),
+waits in ``waiting_for_remote_kvs``, holding the blocks of all its tokens, until a worker reports
+them received, then goes ahead of any waiting request short of blocks),
 gives it each step's metadata for the workers, and tells it when a request ends; a request whose
 blocks it is still sending keeps them in ``sending`` until a worker reports them sent. While
 either holds a request, steps run even with nothing to compute, so the workers can report.
