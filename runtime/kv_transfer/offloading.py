@@ -81,9 +81,9 @@ class OffloadingConnector(KVConnectorBase):
         self.num_host_blocks = settings.num_blocks(rank_block_bytes, world_size)
         if self.num_host_blocks <= 0:
             raise ValueError(
-                "the OffloadingConnector's host tier holds no block: "
-                f"{settings} is less than one block ({rank_block_bytes} bytes on each of "
-                f"{world_size} ranks)"
+                "the OffloadingConnector's host tier holds no block: cpu_bytes_to_use "
+                f"({settings.cpu_bytes_to_use} bytes, --kv-offloading-size in GiB) is less than "
+                f"one block ({rank_block_bytes} bytes on each of {world_size} ranks)"
             )
         # -- scheduler side
         events = config.kv_events
