@@ -14,13 +14,19 @@ tier all of them. Greedy in float32 (``--dtype``), so both sides generate the sa
     python -m bench kv_offload [--model PATH] [--num-prompts 6] [--prompt-len 512]
 
 Measured by ``python -m bench kv_offload`` (the defaults: SmolLM2-135M Q4_1 GGUF in float32,
-six prompts of 512 tokens, a device cache of 82 blocks for a working set of 198) on 2026-11-25,
-on the 2-core shared CPU machine the CPU benchmarks use (other jobs running): time to first
-token 0.851 s recomputing, 0.053 s from the tier (15.9x); a batch of all six, 8 tokens each,
-1.06 requests/s recomputing, 5.80 from the tier (5.45x); 11,904 of 12,288 prompt tokens loaded
-from the tier (31 of each prompt's 32 blocks: its last token is computed); greedy tokens
-identical. The tier's copies are memory copies on a CPU engine; on a GPU they cross PCIe and
-recomputing is far cheaper per token, so expect a smaller ratio there (not measured yet).
+six prompts of 512 tokens, a device cache of 82 blocks for a working set of 198) twice on
+2026-11-25, on the 2-core CPU machine shared with other jobs (their load moved the absolute
+figures threefold between the runs; each ratio is measured within one run):
+
+| run | TTFT recompute / tier (s) | ratio | batch req/s recompute / tier | ratio |
+|---|---:|---:|---:|---:|
+| 1 | 0.851 / 0.053 | 15.9x | 1.06 / 5.80 | 5.45x |
+| 2 (loaded machine) | 2.428 / 0.257 | 9.45x | 0.156 / 1.55 | 9.93x |
+
+Both: 11,904 of 12,288 prompt tokens loaded from the tier (31 of each prompt's 32 blocks: its
+last token is computed), greedy tokens identical. The tier's copies are memory copies on a CPU
+engine; on a GPU they cross PCIe and recomputing is far cheaper per token, so expect a smaller
+ratio there (not measured yet).
 """
 
 from __future__ import annotations
