@@ -79,6 +79,7 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
     if (
         config.compilation_config
         or config.kv_transfer_config
+        or config.kv_offloading_size is not None
         or config.speculative_config
         or config.kv_events_config
     ):
@@ -88,7 +89,12 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
         from infernetes.runtime.spec_decode.config import speculative_config
 
         parse_compilation_config(config.compilation_config)
-        kv_transfer_config(config.kv_transfer_config)
+        kv_transfer_config(
+            config.kv_transfer_config,
+            config.kv_offloading_size,
+            config.kv_offloading_backend,
+            config.block_size,  # (None: the engine checks its default)
+        )
         kv_events_config(config.kv_events_config, config.data_parallel_size)
         speculative_config(
             config.speculative_config, config.async_scheduling, config.pipeline_parallel_size

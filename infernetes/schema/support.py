@@ -111,7 +111,6 @@ CONTEXT_PARALLEL = (
 )
 EPLB_PLANNED = "expert parallelism and its load balancer are planned, not built yet"
 EP_ALL2ALL = "expert parallelism moves no tokens all-to-all here"
-KV_OFFLOAD = "KV-cache offloading to the CPU is not built yet"
 WEIGHT_OFFLOAD = "weight offloading to the CPU is not supported yet"
 OPT_LEVEL = (
     "the compilation level is -O / --compilation-config's; the optimization level's other "
@@ -510,8 +509,14 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_mamba_shared_prefix_checkpoint": no_effect(NO_SSM),
     "replayssm_buffer_len": no_effect(NO_SSM),
     "use_replayssm": no_effect(NO_SSM),
-    "kv_offloading_size": refused(KV_OFFLOAD),
-    "kv_offloading_backend": no_effect(KV_OFFLOAD),
+    "kv_offloading_size": honoured(
+        "the OffloadingConnector with cpu_bytes_to_use of that many GiB (vLLM's native "
+        "backend): a host-memory KV tier below the device's cache, LRU; refused together with "
+        "--kv-transfer-config"
+    ),
+    "kv_offloading_backend": partial(
+        ("native",), "LMCache (the lmcache backend) is not built; native is the OffloadingConnector"
+    ),
     # ---------------------------------------------------------------- MultiModalConfig
     "limit_mm_per_prompt": honoured(
         'image counts; the size hints of vLLM\'s {"count", "width", ...} form are not read '
@@ -676,9 +681,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "stream_interval": no_effect("every step's tokens are streamed as they come"),
     # ---------------------------------------------------------------- VllmConfig
     "kv_transfer_config": honoured(
-        "kv_connector names a connector built here (RecordingConnector only: a debug connector "
-        "that records the calls and moves no KV, so disaggregated prefill and KV offloading are "
-        "not supported yet); kv_role is kv_producer, kv_consumer or kv_both; "
+        "kv_connector names a connector built here (OffloadingConnector: a host-memory KV tier; "
+        "RecordingConnector: a debug connector that records the calls and moves no KV; "
+        "disaggregated prefill is not supported yet); kv_role is kv_producer, kv_consumer or "
+        "kv_both; "
         "kv_connector_extra_config goes to the connector; the other keys are refused at startup; "
         "CUDA graphs are off with a connector"
     ),
@@ -729,9 +735,9 @@ ARG_SUPPORT: dict[str, Support] = {
 KEY_SUPPORT: dict[str, Support] = {
     # The same names as runtime/kv_transfer/registry.py's CONNECTORS (a test keeps them equal).
     "kv_transfer_config.kv_connector": partial(
-        ("RecordingConnector",),
-        "the connectors that move KV (NixlConnector, LMCacheConnectorV1, OffloadingConnector, "
-        "...) are not built yet",
+        ("OffloadingConnector", "RecordingConnector"),
+        "the connectors that move KV between engines (NixlConnector, LMCacheConnectorV1, "
+        "MooncakeConnector, ...) are not built yet",
     ),
     # The same names as runtime/kv_events/publisher.py's PUBLISHERS (a test keeps them equal).
     "kv_events_config.publisher": partial(

@@ -99,10 +99,13 @@ class BlockManager:
         hash_algo: str = "builtin",
         sliding_window: int | None = None,
         event_sink: KVEventSink | None = None,
+        hash_without_caching: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
+        # a KV connector finds blocks by their hashes even with the prefix cache off
+        self.hash_without_caching = hash_without_caching
         self.sliding_window = sliding_window
         self._hash = HASH_FUNCTIONS.get(hash_algo, _sha256_hash)
         self._cbor_root = none_hash() if hash_algo == SHA256_CBOR else None
@@ -152,9 +155,11 @@ class BlockManager:
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Blocks already holding a prefix of ``request``; at least one token is left to compute."""
-        if not self.enable_caching:
-            return []
         max_blocks = (request.num_tokens - 1) // self.block_size
+        if not self.enable_caching:
+            if self.hash_without_caching:
+                self._update_hashes(request, max_blocks * self.block_size)
+            return []
         self._update_hashes(request, max_blocks * self.block_size)
         hits: list[int] = []
         for block_hash in request.block_hashes[:max_blocks]:
@@ -274,11 +279,12 @@ class BlockManager:
             request.num_hashed_blocks = len(request.block_ids)
         for _ in range(max(needed, 0)):
             request.block_ids.append(self._take_free_block().block_id)
+        # Known tokens only: under async scheduling the last may be a sample not seen yet.
+        known = min(num_computed + num_new_tokens, request.num_tokens)
         if self.enable_caching and findable:
-            # Known tokens only: under async scheduling the last may be a sample not seen yet.
-            self._register_full_blocks(
-                request, min(num_computed + num_new_tokens, request.num_tokens)
-            )
+            self._register_full_blocks(request, known)
+        elif self.hash_without_caching:
+            self._update_hashes(request, known // self.block_size * self.block_size)
         if self.sliding_window is not None:
             self._release_out_of_window(request, num_computed)
         return True

@@ -24,7 +24,7 @@ from infernetes.runtime.config import (
 from infernetes.runtime.engine.generation_config import read_generation_config, sampling_defaults
 from infernetes.runtime.executor.backend_check import check_executor_backend
 from infernetes.runtime.kv_events.config import kv_events_config
-from infernetes.runtime.kv_transfer.config import kv_transfer_config
+from infernetes.runtime.kv_transfer.config import OFFLOADING_CONNECTOR, kv_transfer_config
 from infernetes.runtime.model_executor.compilation import parse_compilation_config
 from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
 from infernetes.runtime.model_executor.gguf_checkpoint import gguf_file
@@ -279,7 +279,21 @@ def resolve_config(
     eos, extra_eos = _eos_token_ids(tokenizer, hf_config, generation)
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
     compilation = parse_compilation_config(config.compilation_config)
-    kv_transfer = kv_transfer_config(config.kv_transfer_config)
+    kv_transfer = kv_transfer_config(
+        config.kv_transfer_config,
+        config.kv_offloading_size,
+        config.kv_offloading_backend,
+        config.block_size or DEFAULT_BLOCK_SIZE,
+    )
+    offloading = kv_transfer is not None and kv_transfer.kv_connector == OFFLOADING_CONNECTOR
+    if offloading and info.is_pooling:
+        raise ValueError("KV offloading serves generative models; this is a pooling model")
+    if offloading and config.enable_sleep_mode:
+        # the cache given back would leave the host tier stores of blocks that are gone
+        raise ValueError(
+            "--enable-sleep-mode with KV offloading (--kv-offloading-size, the "
+            "OffloadingConnector) is not supported yet: give one or the other"
+        )
     speculative = speculative_config(
         config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
     )

@@ -105,12 +105,15 @@ class EngineCore:
             cache.prefix_caching_hash_algo,
             window_of_every_layer(model.info.hf_config),
             event_sink=self.kv_event_publisher,
+            hash_without_caching=self.config.kv_transfer is not None,
         )
         self.scheduler = Scheduler(
             self.config.scheduler,
             self.block_manager,
             pipelined=self.config.parallel.pipeline_parallel_size > 1,
-            connector=create_connector(self.config, KVConnectorRole.SCHEDULER),
+            connector=create_connector(
+                self.config, KVConnectorRole.SCHEDULER, self.executor.kv_cache_block_bytes()
+            ),
         )
         # Steps sent and not yet taken back (pipeline parallelism, async scheduling), oldest first.
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()
@@ -363,6 +366,9 @@ class EngineCore:
 
     def _publish_kv_events(self) -> None:
         if self.kv_event_publisher is not None:
+            connector = self.scheduler.connector
+            for event in connector.take_events() if connector is not None else ():
+                self.kv_event_publisher.record(event)
             self.kv_event_publisher.flush()
 
     def reset_prefix_cache(self) -> bool:

@@ -99,6 +99,8 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit on first scheduling; -1 until then
+        # Of those, the tokens a KV connector brought (vLLM's num_external_computed_tokens).
+        self.num_external_computed_tokens = 0
         # Under async scheduling: tokens a step in flight will sample, not known yet. Their
         # positions already count in num_computed_tokens (advanced when the step is scheduled).
         self.num_output_placeholders = 0

@@ -29,7 +29,8 @@ did not keep. Drafts wait for a synchronous step: under async scheduling none ar
 
 With a KV connector (``--kv-transfer-config``, ``runtime/kv_transfer/``) the scheduler asks it how
 many of a waiting request's tokens it brings (counted as computed; brought later, the request
-waits in ``waiting_for_remote_kvs``, holding its blocks, until a worker reports them received),
+waits in ``waiting_for_remote_kvs``, holding the blocks of all its tokens, until a worker reports
+them received, then goes ahead of any waiting request short of blocks),
 gives it each step's metadata for the workers, and tells it when a request ends; a request whose
 blocks it is still sending keeps them in ``sending`` until a worker reports them sent. While
 either holds a request, steps run even with nothing to compute, so the workers can report.
@@ -54,6 +55,7 @@ from infernetes.runtime.engine.scheduler_output import (
 from infernetes.runtime.engine.stats import (
     FinishedRequestStats,
     IterationStats,
+    KVTransfer,
     PrefixCacheStats,
     SchedulerStats,
     finished_request_stats,
@@ -98,11 +100,13 @@ class Scheduler:
         self.num_preemptions_step = 0
         # Requests that ended since the last step: the workers drop their state.
         self._finished_req_ids: set[str] = set()
+        self._preempted_req_ids: set[str] = set()  # since the last step
         self._finished_stats: list[FinishedRequestStats] = []  # not yet reported
         self.connector = connector  # the KV connector's scheduler side
         # Holding blocks while the connector fills them (an async load) or sends them (finished).
         self.waiting_for_remote_kvs: dict[str, Request] = {}
         self.sending: dict[str, Request] = {}
+        self._kv_transfers: list[KVTransfer] = []  # the workers' copies not yet reported
 
     # -- request lifecycle ---------------------------------------------------------------------
 
@@ -144,6 +148,8 @@ class Scheduler:
         """What the workers' connectors finished: received requests go back to the queue (their
         tokens now computed), sent ones free their blocks. A request aborted while receiving is
         no longer waiting for it."""
+        self.connector.update_connector_output(output)  # type: ignore[union-attr]  # it reported
+        self._kv_transfers += output.transfers
         for request_id in output.finished_recving:
             request = self.waiting_for_remote_kvs.pop(request_id, None)
             if request is not None:
@@ -195,7 +201,12 @@ class Scheduler:
             num_preemptions=self.num_preemptions_step,
             running_lora_adapters=_count_adapters(self.running),
             waiting_lora_adapters=_count_adapters(self.waiting),
+            kv_transfers=self._take_kv_transfers(),
         )
+
+    def _take_kv_transfers(self) -> list[KVTransfer]:
+        taken, self._kv_transfers = self._kv_transfers, []
+        return taken
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -209,6 +220,7 @@ class Scheduler:
         if not self.num_preemptions_step:
             self._schedule_waiting(output, budget)
         output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
+        output.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, set()
         if output or self.awaits_kv_transfer:  # (an empty step lets the workers report)
             self._register_step(output)
         if self.connector is not None:
@@ -279,8 +291,11 @@ class Scheduler:
             num_cached = len(cached) * self.block_manager.block_size
             num_external, load_async = self._external_tokens(request, num_cached)
             if load_async:
-                if not self._start_remote_load(request, cached, num_external):
+                if self._start_remote_load(request, cached, num_external):
+                    continue
+                if self._must_wait_for_blocks():
                     break
+                skipped.append(self.waiting.pop())
                 continue
             # (a request back from a remote load holds its blocks: its computed tokens count)
             remaining = request.num_tokens - request.num_computed_tokens - num_cached - num_external
@@ -295,12 +310,15 @@ class Scheduler:
                 skipped.append(self.waiting.pop())
                 continue
             if not self.block_manager.allocate_slots(request, num_external + chunk, cached):
-                break
+                if request.block_ids or self._must_wait_for_blocks():
+                    break
+                skipped.append(self.waiting.pop())
+                continue
             if self.connector is not None:
                 self.connector.update_state_after_alloc(
                     request, list(request.block_ids), num_external
                 )
-                request.num_computed_tokens += num_external
+                self._count_external(request, num_external)
             self.waiting.pop()
             output.add(self._admit(request, num_cached), chunk)
             self._count_partial(budget, remaining, chunk)
@@ -315,19 +333,37 @@ class Scheduler:
             return 0, False
         return self.connector.get_num_new_matched_tokens(request, num_cached)
 
+    def _must_wait_for_blocks(self) -> bool:
+        """Whether the first waiting request, short of blocks, keeps the others waiting: not
+        when some hold blocks already (their KV arrived from a connector), else each could wait
+        for the others' blocks for ever."""
+        return not any(request.block_ids for request in self.waiting)
+
     def _start_remote_load(self, request: Request, cached: list[int], num_external: int) -> bool:
         """Give ``request`` the blocks the connector fills for it (not findable by other requests
-        until filled) and set it aside until a worker reports them received."""
-        if not self.block_manager.allocate_slots(request, num_external, cached, findable=False):
+        until filled), and those of the rest of its tokens, so that it needs no more to start
+        once they arrive; set it aside until a worker reports them received."""
+        num_computed = request.num_computed_tokens + len(cached) * self.block_manager.block_size
+        num_new = request.num_tokens - num_computed
+        if not self.block_manager.allocate_slots(request, num_new, cached, findable=False):
             return False
         self.connector.update_state_after_alloc(  # type: ignore[union-attr]  # it brings them
             request, list(request.block_ids), num_external
         )
-        request.num_computed_tokens += num_external
+        self._count_external(request, num_external)
+        # its prefix-cache hit is counted now (admitted later, it looks up nothing more)
+        self.prefix_cache_stats.hits += len(cached) * self.block_manager.block_size
         self.waiting.pop()
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.waiting_for_remote_kvs[request.request_id] = request
         return True
+
+    @staticmethod
+    def _count_external(request: Request, num_external: int) -> None:
+        """The connector's tokens count as computed; on a first scheduling, as brought by it."""
+        request.num_computed_tokens += num_external
+        if request.num_cached_tokens < 0 and num_external:
+            request.num_external_computed_tokens = num_external
 
     def _remaining(self, request: Request) -> int:
         """Tokens a running request may compute next: those not computed yet, counting the
@@ -411,8 +447,8 @@ class Scheduler:
                 new_token_ids=self._sampled_tokens(request, request.num_tokens),
                 num_tokens=request.num_tokens if self.async_scheduling else None,
             )
-        if request.num_cached_tokens < 0:
-            request.num_cached_tokens = num_cached_tokens
+        if request.num_cached_tokens < 0:  # local hits, and what a connector brought
+            request.num_cached_tokens = request.num_computed_tokens
         self.prefix_cache_stats.queries += request.num_tokens
         self.prefix_cache_stats.hits += num_cached_tokens
         request.status = RequestStatus.RUNNING
@@ -462,6 +498,7 @@ class Scheduler:
         request.num_output_placeholders = 0  # a step in flight for it is discarded
         request.spec_token_ids = []
         self.num_preemptions_step += 1
+        self._preempted_req_ids.add(request.request_id)
         self.waiting.add_front(request)
 
     def _pick_victim(self, first_unscheduled: int) -> Request:
@@ -527,7 +564,11 @@ class Scheduler:
 
     def _first_token(self, request: Request, now: float, iteration: IterationStats) -> None:
         request.times.first_token = request.times.last_token = now
-        iteration.num_prompt_tokens += request.num_prompt_tokens
+        iteration.count_prompt(
+            request.num_prompt_tokens,
+            min(max(request.num_cached_tokens, 0), request.num_prompt_tokens),
+            request.num_external_computed_tokens,
+        )
         iteration.time_to_first_tokens_iter.append(now - request.times.arrival)
 
     def _append_tokens(

@@ -88,6 +88,8 @@ class SchedulerOutput:
     num_scheduled_tokens: list[int] = field(default_factory=list)
     # Requests that ended (finished or aborted) since the last step: the workers drop them.
     finished_req_ids: set[str] = field(default_factory=set)
+    # Requests preempted since the last step (their blocks freed): for the KV connector.
+    preempted_req_ids: set[str] = field(default_factory=set)
     step_id: int = 0  # the scheduler's number for this step (its output is matched back by it)
     # The KV connector's word to the workers' connectors (with --kv-transfer-config).
     kv_connector_metadata: KVConnectorMetadata | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:  # the API process reads these types without the engine's imports (torch)
     from infernetes.runtime.engine.request import Request
@@ -29,6 +29,16 @@ class PrefixCacheStats:
         return taken
 
 
+class KVTransfer(NamedTuple):
+    """One copy a KV connector finished: its direction (vLLM's ``transfer_type``, "GPU_to_CPU"
+    for a store, "CPU_to_GPU" for a load, whatever the device), its bytes over all ranks, and
+    how long it took."""
+
+    transfer_type: str
+    num_bytes: int
+    seconds: float
+
+
 @dataclass
 class SchedulerStats:
     num_running_reqs: int = 0
@@ -41,6 +51,7 @@ class SchedulerStats:
     running_lora_adapters: dict[str, int] = field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
     kv_events_dropped: int = 0  # KV-cache events dropped on the publisher's full queue
+    kv_transfers: list[KVTransfer] = field(default_factory=list)  # reported since the last step
 
 
 @dataclass
@@ -61,9 +72,17 @@ class FinishedRequestStats:
     model_execute_time: float = 0.0
 
 
+# computed here, found in the prefix cache, brought by a KV connector
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+
+
 @dataclass
 class IterationStats:
     num_prompt_tokens: int = 0  # prompt tokens of the requests that got their first token
+    # those prompt tokens by where their KV came from (vLLM's vllm:prompt_tokens_by_source)
+    prompt_tokens_by_source: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(PROMPT_TOKEN_SOURCES, 0)
+    )
     num_generation_tokens: int = 0  # tokens sampled this step
     time_to_first_tokens_iter: list[float] = field(default_factory=list)
     inter_token_latencies_iter: list[float] = field(default_factory=list)
@@ -73,6 +92,15 @@ class IterationStats:
     num_accepted_tokens: int = 0  # of those, the ones accepted
     # accepted drafts by their position in the draft (vLLM's per-position acceptance)
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def count_prompt(self, num_prompt_tokens: int, num_cached: int, num_external: int) -> None:
+        """A request's prompt, done: ``num_cached`` of its tokens were not computed here,
+        ``num_external`` of those brought by a KV connector."""
+        self.num_prompt_tokens += num_prompt_tokens
+        by_source = self.prompt_tokens_by_source
+        by_source["local_compute"] += num_prompt_tokens - num_cached
+        by_source["local_cache_hit"] += num_cached - num_external
+        by_source["external_kv_transfer"] += num_external
 
     def count_accepted(self, accepted: int, drafted: int) -> None:
         """One request's step accepted the first ``accepted`` of its ``drafted`` draft tokens

@@ -11,6 +11,8 @@ Scheduler side, called by the ``Scheduler``:
 - ``update_state_after_alloc(request, block_ids, num_external_tokens)`` once the blocks are held.
 - ``build_connector_meta(scheduler_output)`` for every step: what the workers' connectors need
   to know of it; it travels in ``SchedulerOutput.kv_connector_metadata``.
+- ``update_connector_output(output)`` with what the workers reported finished, and
+  ``take_events()``: the connector's own KV events, published each step.
 - ``request_finished(request, block_ids)`` when a request ends: whether its blocks must stay
   (they are being sent; freed when a worker reports it done sending), and the parameters another
   engine needs to fetch them (kept on ``Request.kv_transfer_params``).
@@ -21,7 +23,7 @@ forward; per attention layer ``wait_for_layer_load`` before the layer reads its 
 ``save_kv_layer`` after it wrote it (``layers/attention.py``, through the step's
 ``AttentionMetadata.kv_connector``); ``wait_for_save()`` after the forward; and
 ``get_finished(finished_req_ids)``, the requests done sending and done receiving, which go back
-in ``ModelRunnerOutput.kv_connector_output``. Under several ranks only the output rank's report
+in ``ModelRunnerOutput.kv_connector_output`` with ``get_kv_connector_stats()``, the copies done. Under several ranks only the output rank's report
 reaches the scheduler.
 """
 
@@ -34,11 +36,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from infernetes.runtime.engine.stats import KVTransfer
 
 if TYPE_CHECKING:
     from infernetes.runtime.config import RuntimeConfig
     from infernetes.runtime.engine.request import Request
     from infernetes.runtime.engine.scheduler_output import SchedulerOutput
+    from infernetes.runtime.kv_events.events import KVEvent
     from infernetes.runtime.model_executor.context import AttentionMetadata
 
 # Each attention layer's caches by its module name: (keys, values); a latent-attention layer's
@@ -62,10 +66,15 @@ class KVConnectorOutput:
 
     finished_sending: set[str] = field(default_factory=set)
     finished_recving: set[str] = field(default_factory=set)
+    transfers: list[KVTransfer] = field(default_factory=list)  # copies finished (vLLM's stats)
 
 
 class KVConnectorBase(abc.ABC):
-    def __init__(self, config: RuntimeConfig, role: KVConnectorRole) -> None:
+    def __init__(
+        self, config: RuntimeConfig, role: KVConnectorRole, rank_block_bytes: int = 0
+    ) -> None:
+        """``rank_block_bytes``: what one block of the device's cache takes on one rank (the
+        largest over the ranks, on the scheduler side)."""
         self.config = config
         self.role = role
 
@@ -87,6 +96,14 @@ class KVConnectorBase(abc.ABC):
     @abc.abstractmethod
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """What the workers' connectors need to know of this step."""
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:  # noqa: B027  # optional
+        """What the workers reported finished this step, before the scheduler acts on it."""
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events of the connector's own tiers since the last call (published with the
+        prefix cache's)."""
+        return []
 
     @abc.abstractmethod
     def request_finished(
@@ -118,6 +135,10 @@ class KVConnectorBase(abc.ABC):
     @abc.abstractmethod
     def wait_for_save(self) -> None:
         """After the forward: every save of this step is done (the cache may be overwritten)."""
+
+    def get_kv_connector_stats(self) -> list[KVTransfer]:
+        """The copies finished since the last call (for the transfer metrics)."""
+        return []
 
     @abc.abstractmethod
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:

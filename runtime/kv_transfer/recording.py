@@ -37,8 +37,10 @@ class RecordedStep(KVConnectorMetadata):
 class RecordingConnector(KVConnectorBase):
     """Each call as ``(method name, *what it was given)``, in ``calls``."""
 
-    def __init__(self, config: RuntimeConfig, role: KVConnectorRole) -> None:
-        super().__init__(config, role)
+    def __init__(
+        self, config: RuntimeConfig, role: KVConnectorRole, rank_block_bytes: int = 0
+    ) -> None:
+        super().__init__(config, role, rank_block_bytes)
         self.calls: list[tuple[Any, ...]] = []
 
     # -- scheduler side ------------------------------------------------------------------------

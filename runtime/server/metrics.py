@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
+from infernetes.runtime.engine.stats import PROMPT_TOKEN_SOURCES
+from infernetes.runtime.server.kv_transfer_metrics import KVTransferSeries
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
@@ -171,6 +173,7 @@ class EngineSeries:
         self._prefix_hits_seen = 0
         self._family = logger.family
         self._labels = (model_name, str(engine_index))
+        self.kv_transfers: KVTransferSeries | None = None  # made at the first KV copy
         tokens = token_count_buckets(max_model_len)
         self.running = self._gauge(
             "vllm:num_requests_running", "Number of requests currently running."
@@ -210,6 +213,19 @@ class EngineSeries:
         )
         self.generation_tokens = self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        by_source = self._family(
+            Counter,
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            [*ENGINE_LABELS, "source"],
+        )
+        self.prompt_tokens_by_source = {
+            source: by_source.labels(*self._labels, source) for source in PROMPT_TOKEN_SOURCES
+        }
+        self.prompt_tokens_cached = self._counter(
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local prefix cache and external KV transfer).",
         )
         self.iteration_tokens = self._histogram(
             "vllm:iteration_tokens_total",
@@ -379,6 +395,10 @@ class EngineSeries:
         self.gpu_cache_usage.set(stats.kv_cache_usage)
         self.preemptions.inc(stats.num_preemptions)
         self.kv_events_dropped.inc(stats.kv_events_dropped)
+        if stats.kv_transfers:
+            if self.kv_transfers is None:
+                self.kv_transfers = KVTransferSeries(self._family, ENGINE_LABELS, self._labels)
+            self.kv_transfers.record(stats.kv_transfers)
         self._record_lora(stats)
         prefix = stats.prefix_cache_stats
         self.prefix_queries.inc(prefix.queries)
@@ -402,6 +422,12 @@ class EngineSeries:
 
     def _record_iteration(self, stats: IterationStats) -> None:
         self.prompt_tokens.inc(stats.num_prompt_tokens)
+        for source, num_tokens in stats.prompt_tokens_by_source.items():
+            self.prompt_tokens_by_source[source].inc(num_tokens)
+        by_source = stats.prompt_tokens_by_source
+        self.prompt_tokens_cached.inc(
+            by_source["local_cache_hit"] + by_source["external_kv_transfer"]
+        )
         self.generation_tokens.inc(stats.num_generation_tokens)
         self.drafts.inc(stats.num_drafts)
         self.draft_tokens.inc(stats.num_draft_tokens)

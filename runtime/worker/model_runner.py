@@ -103,7 +103,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.block_table = BlockTable(-(-info.max_model_len // self.block_size))
         self.step_buffers = StepBuffers(device, persistent=device.type != "cpu")
-        self.kv_connector = create_connector(config, KVConnectorRole.WORKER)
+        self.kv_connector = create_connector(config, KVConnectorRole.WORKER, self.bytes_per_block)
 
     def load_model(self, use_tqdm: bool = False) -> None:
         """Build the model and read its weights (again after ``release_weights``)."""
@@ -511,7 +511,8 @@ class ModelRunner:
         output = self._execute(scheduler_output)
         connector.wait_for_save()
         output.kv_connector_output = KVConnectorOutput(
-            *connector.get_finished(scheduler_output.finished_req_ids)
+            *connector.get_finished(scheduler_output.finished_req_ids),
+            transfers=connector.get_kv_connector_stats(),
         )
         return output
 

@@ -198,6 +198,23 @@ REFUSED = [
     ),
     (
         {},
+        ["--kv-transfer-config", '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}'],
+        2,
+        "the OffloadingConnector needs one of cpu_bytes_to_use",
+    ),
+    (
+        {},
+        [
+            "--kv-offloading-size",
+            "1",
+            "--kv-transfer-config",
+            '{"kv_connector": "RecordingConnector", "kv_role": "kv_both"}',
+        ],
+        2,
+        "give it or --kv-transfer-config, not both",
+    ),
+    (
+        {},
         ["--kv-events-config", '{"enable_kv_cache_events": true, "hwm": -1}'],
         2,
         "kv_events_config.hwm must be an integer of 0 or more",

@@ -175,7 +175,8 @@ def test_tokens_a_connector_brings_count_as_computed_at_once_or_after_a_remote_l
     assert (data.num_computed_tokens, step.num_scheduled_tokens) == (8, [12])
     later = scheduler.waiting_for_remote_kvs["later"]
     assert later.status is RequestStatus.WAITING_FOR_REMOTE_KVS
-    assert len(later.block_ids) == 2 and later.num_computed_tokens == 8
+    # the blocks of all its tokens: back from the load, it starts without needing more
+    assert len(later.block_ids) == 5 and later.num_computed_tokens == 8
     # its blocks hold nothing yet: no other request may find them
     assert not set(later.block_hashes) & set(manager.cached)
     assert ("update_state_after_alloc", "later", later.block_ids, 8) in connector.calls
@@ -191,6 +192,22 @@ def test_tokens_a_connector_brings_count_as_computed_at_once_or_after_a_remote_l
     assert step.num_scheduled_tokens[step.request_ids.index("later")] == 12
     asked = [c[1] for c in connector.calls if c[0] == "get_num_new_matched_tokens"]
     assert asked == ["now", "later"]  # a request back from its load is not asked again
+
+
+def test_a_request_back_from_its_load_goes_ahead_of_one_short_of_blocks():
+    connector = _BringsTokens({"later": (8, True), "big": (0, False)})
+    scheduler, manager = _scheduler(connector)
+    scheduler.add_request(_request("later"))
+    scheduler.schedule()
+    scheduler.finish_kv_transfers(KVConnectorOutput(finished_recving={"later"}))
+    # a request needing more blocks than are free (as a preempted one is) comes first
+    big = Request("big", list(range(500, 548)), SamplingParams(max_tokens=4))  # 12 blocks
+    assert manager.num_free_blocks == 11
+    scheduler.requests["big"] = big
+    scheduler.waiting.add_front(big)
+    step = scheduler.schedule()
+    assert step.request_ids == ["later"]  # else each would wait for the other's blocks
+    assert scheduler.waiting.peek() is big
 
 
 def test_a_request_aborted_during_its_remote_load_frees_its_blocks():
@@ -210,7 +227,10 @@ def test_a_request_aborted_during_its_remote_load_frees_its_blocks():
 def test_the_support_table_names_the_connectors_built_here():
     assert set(KEY_SUPPORT["kv_transfer_config.kv_connector"].values) == set(CONNECTORS)
     config = build_config(model="m", kv_transfer_config={"kv_connector": "NixlConnector"})
-    with pytest.raises(ValueError, match=r"kv_connector NixlConnector.*supported: RecordingConn"):
+    with pytest.raises(
+        ValueError,
+        match=r"kv_connector NixlConnector.*supported: OffloadingConnector, RecordingConn",
+    ):
         refuse_unsupported(config, {})
 
 

@@ -164,7 +164,15 @@ ARGS = (
     ),
     Arg("replayssm-buffer-len", "int", 16, G, "Buffer length of the ReplaySSM state cache."),
     Arg("use-replayssm", "bool", False, G, "Cache Mamba states with ReplaySSM."),
-    Arg("kv-offloading-size", "float", None, G, "Size of the CPU KV-cache offload buffer, in GiB."),
+    Arg(
+        "kv-offloading-size",
+        "float",
+        None,
+        G,
+        "Size of the CPU KV-cache offload buffer, in GiB.",
+        minimum=0,
+        exclusive_minimum=True,
+    ),
     Arg(
         "kv-offloading-backend",
         "str",
