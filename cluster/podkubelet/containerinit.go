@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // launchSpec is what the kubelet hands to `podkubelet container-init`, which runs inside the pod's
@@ -52,10 +54,21 @@ func containerInit(specPath string) error {
 	sort.SliceStable(spec.Mounts, func(i, j int) bool {
 		return len(spec.Mounts[i].Target) < len(spec.Mounts[j].Target)
 	})
-	for _, m := range spec.Mounts {
-		if err := bind(m); err != nil {
+	// Every source is opened before anything is mounted: a mount (an emptyDir on /tmp, say) must
+	// not hide the source of a later one (a model directory under the host's /tmp).
+	sources := make([]*os.File, len(spec.Mounts))
+	for i, m := range spec.Mounts {
+		f, err := os.OpenFile(m.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("volume source %s: %w", m.Source, err)
+		}
+		sources[i] = f
+	}
+	for i, m := range spec.Mounts {
+		if err := bind(m, sources[i]); err != nil {
 			return err
 		}
+		_ = sources[i].Close()
 	}
 	for _, kv := range spec.Env {
 		if key, _, ok := strings.Cut(kv, "="); ok && key == "PATH" {
@@ -90,8 +103,8 @@ func containerInit(specPath string) error {
 	return syscall.Exec(path, spec.Argv, spec.Env)
 }
 
-func bind(m bindMount) error {
-	info, err := os.Stat(m.Source)
+func bind(m bindMount, source *os.File) error {
+	info, err := source.Stat()
 	if err != nil {
 		return fmt.Errorf("volume source %s: %w", m.Source, err)
 	}
@@ -110,7 +123,9 @@ func bind(m bindMount) error {
 	if err != nil {
 		return fmt.Errorf("mount point %s: %w", m.Target, err)
 	}
-	if err := syscall.Mount(m.Source, m.Target, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+	// The descriptor's /proc path names the source as it was opened.
+	fdPath := fmt.Sprintf("/proc/self/fd/%d", source.Fd())
+	if err := syscall.Mount(fdPath, m.Target, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind-mounting %s on %s: %w", m.Source, m.Target, err)
 	}
 	if m.ReadOnly {

@@ -58,6 +58,7 @@ func run() error {
 	memory := flag.String("memory", "64Gi", "the node's memory capacity")
 	maxPods := flag.String("pods", "110", "the node's pod capacity")
 	backoff := flag.Duration("restart-backoff", 10*time.Second, "first restart delay after a container exits (doubles up to 5 min)")
+	runAsRoot := flag.Bool("run-as-root", false, "run every container as root, whatever runAsUser says: for hosts whose programs other users cannot reach (logged once per pod)")
 	flag.Var(&labels, "label", "a node label key=value (repeatable)")
 	flag.Var(&taints, "taint", "a node taint key=value:Effect (repeatable)")
 	flag.Parse()
@@ -124,6 +125,7 @@ func run() error {
 			self:       self,
 			backoff:    backoffPolicy{initial: *backoff, max: 5 * time.Minute, resetAfter: 10 * time.Minute},
 			pods:       map[string]*podRuntime{},
+			runAsRoot:  *runAsRoot,
 		}
 		return provider, nil, nil
 	}, nodeutil.WithClient(client), func(cfg *nodeutil.NodeConfig) error {

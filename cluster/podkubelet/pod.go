@@ -207,7 +207,12 @@ func (r *podRuntime) launchSpec(pod *corev1.Pod, c *corev1.Container, facts podF
 	if len(argv) == 0 {
 		return launchSpec{}, "CreateContainerConfigError", errors.New("no command: neither the container nor its image map entry gives one")
 	}
-	spec := launchSpec{Argv: argv, Env: env, WorkingDir: c.WorkingDir, User: credentialsFor(pod, c)}
+	spec := launchSpec{Argv: argv, Env: env, WorkingDir: c.WorkingDir}
+	if creds := credentialsFor(pod, c); creds != nil && r.provider.runAsRoot {
+		log.G(r.ctx).Warnf("pod %s container %s: runs as root, not as uid %d (--run-as-root)", describe(pod), c.Name, creds.UID)
+	} else {
+		spec.User = creds
+	}
 	if spec.WorkingDir == "" {
 		spec.WorkingDir = image.WorkingDir
 	}
@@ -222,9 +227,19 @@ func (r *podRuntime) launchSpec(pod *corev1.Pod, c *corev1.Container, facts podF
 				return launchSpec{}, "CreateContainerConfigError", err
 			}
 		}
-		spec.Mounts = append(spec.Mounts, bindMount{Source: source, Target: m.MountPath, ReadOnly: m.ReadOnly})
+		spec.Mounts = append(spec.Mounts, bindMount{Source: source, Target: m.MountPath, ReadOnly: m.ReadOnly || readOnlyVolume(pod, m.Name)})
 	}
 	return spec, "", nil
+}
+
+func readOnlyVolume(pod *corev1.Pod, name string) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == name {
+			return v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ReadOnly ||
+				v.HostPath == nil && v.EmptyDir == nil && v.PersistentVolumeClaim == nil // configMap, secret, projected
+		}
+	}
+	return false
 }
 
 // credentialsFor is the user the container runs as: runAsUser/runAsGroup of the container, else

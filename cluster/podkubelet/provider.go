@@ -14,8 +14,8 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/log"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
-	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
 // processProvider is the virtual-kubelet provider: each pod bound to the node is a network
@@ -29,6 +29,7 @@ type processProvider struct {
 	stateDir   string
 	self       string // this executable, run as `container-init` inside each pod
 	backoff    backoffPolicy
+	runAsRoot  bool // securityContext users are not applied (see --run-as-root)
 
 	mu     sync.Mutex
 	pods   map[string]*podRuntime

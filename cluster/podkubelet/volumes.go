@@ -37,8 +37,10 @@ func (v volumePreparer) prepare(ctx context.Context, pod *corev1.Pod, facts podF
 			err = v.writeKeys(dir, pod.Namespace, vol.Secret.SecretName, vol.Secret.Items, vol.Secret.Optional, v.objects.secret)
 		case vol.Projected != nil:
 			err = v.writeProjected(ctx, pod, facts, dir, vol.Projected)
+		case vol.PersistentVolumeClaim != nil:
+			dir, err = v.claimSource(ctx, pod.Namespace, vol.PersistentVolumeClaim.ClaimName)
 		default:
-			err = fmt.Errorf("podkubelet supports emptyDir, hostPath, configMap, secret and projected volumes")
+			err = fmt.Errorf("podkubelet supports emptyDir, hostPath, configMap, secret, projected and persistentVolumeClaim (of a hostPath or local volume) volumes")
 		}
 		if err != nil {
 			return nil, fmt.Errorf("volume %q: %w", vol.Name, err)
@@ -195,4 +197,27 @@ func (v volumePreparer) writeToken(ctx context.Context, pod *corev1.Pod, dir str
 		return fmt.Errorf("service account token for %s: %w", sa, err)
 	}
 	return writeFile(dir, t.Path, token.Status.Token)
+}
+
+// claimSource is the directory behind a bound claim: its PersistentVolume must be a hostPath or
+// local volume (the only kinds a node of processes can attach).
+func (v volumePreparer) claimSource(ctx context.Context, namespace, claim string) (string, error) {
+	pvc, err := v.client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, claim, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	if pvc.Spec.VolumeName == "" || pvc.Status.Phase != corev1.ClaimBound {
+		return "", fmt.Errorf("claim %s is not bound", claim)
+	}
+	pv, err := v.client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case pv.Spec.HostPath != nil:
+		return hostPathSource(pv.Spec.HostPath)
+	case pv.Spec.Local != nil:
+		return pv.Spec.Local.Path, nil
+	}
+	return "", fmt.Errorf("claim %s: volume %s is neither hostPath nor local", claim, pv.Name)
 }
