@@ -20,7 +20,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"github.com/virtual-kubelet/virtual-kubelet/log"
+	logruslogger "github.com/virtual-kubelet/virtual-kubelet/log/logrus"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +49,7 @@ func main() {
 }
 
 func run() error {
+	log.L = logruslogger.FromLogrus(logrus.NewEntry(logrus.StandardLogger()))
 	var labels, taints listFlag
 	nodeName := flag.String("node-name", "", "the Node's name (required)")
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API server (required)")
