@@ -304,6 +304,8 @@ class LocalCluster:
                 kubeconfig=self.kubeconfig,
                 images=images_file,
                 state_dir=node_dir,
+                # Container logs stay with the cluster's logs (kept for a failed test's report).
+                log_dir=self.logs_dir / "pods",
                 restart_backoff=restart_backoff,
             )
             child = self._spawn(name, str(exe), args)

@@ -88,6 +88,7 @@ def podkubelet_args(
     kubeconfig: Path,
     images: Path,
     state_dir: Path,
+    log_dir: Path,
     restart_backoff: str,
 ) -> list[str]:
     args = [
@@ -97,6 +98,7 @@ def podkubelet_args(
         f"--bridge={BRIDGE_PREFIX}{index}",
         f"--images={images}",
         f"--state-dir={state_dir}",
+        f"--log-dir={log_dir}",
         f"--label={SERVING_NODE_LABEL}=true",
         f"--taint={SERVING_NODE_LABEL}=true:NoSchedule",
         f"--restart-backoff={restart_backoff}",

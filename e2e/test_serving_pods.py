@@ -110,7 +110,7 @@ def service(
                         "dtype": "float32",
                         "enforceEager": True,
                     },
-                    "engineEnv": {"HF_HUB_OFFLINE": "1"},
+                    "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
                     "nodeSelector": {SERVING_NODE_LABEL: "true"},
                     "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],

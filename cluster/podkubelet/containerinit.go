@@ -80,10 +80,13 @@ func containerInit(specPath string) error {
 	if err != nil {
 		return fmt.Errorf("executable %q not found in the container's PATH: %w", spec.Argv[0], err)
 	}
-	if spec.WorkingDir != "" {
-		if err := os.Chdir(spec.WorkingDir); err != nil {
-			return fmt.Errorf("workingDir: %w", err)
-		}
+	// A container starts in its workingDir, else its image's, else / (never the kubelet's).
+	workingDir := spec.WorkingDir
+	if workingDir == "" {
+		workingDir = "/"
+	}
+	if err := os.Chdir(workingDir); err != nil {
+		return fmt.Errorf("workingDir: %w", err)
 	}
 	if u := spec.User; u != nil {
 		groups := make([]int, 0, len(u.Groups))

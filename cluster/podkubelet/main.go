@@ -56,7 +56,8 @@ func run() error {
 	podCIDR := flag.String("pod-cidr", "", "this node's pod subnet, e.g. 10.245.1.0/24 (required)")
 	bridge := flag.String("bridge", "", "name of the host bridge (at most 8 characters; required)")
 	imagesPath := flag.String("images", "", "JSON file mapping images to entrypoint/cmd/env/workingDir (required)")
-	stateDir := flag.String("state-dir", "", "where pod directories and container logs go (required)")
+	stateDir := flag.String("state-dir", "", "where pod directories (emptyDir volumes, ...) go (required)")
+	logDir := flag.String("log-dir", "", "where container logs go, kept after their pod (default: <state-dir>/logs)")
 	cpu := flag.String("cpu", "16", "the node's cpu capacity")
 	memory := flag.String("memory", "64Gi", "the node's memory capacity")
 	maxPods := flag.String("pods", "110", "the node's pod capacity")
@@ -69,6 +70,9 @@ func run() error {
 		if value == "" {
 			return fmt.Errorf("%s is required", name)
 		}
+	}
+	if *logDir == "" {
+		*logDir = *stateDir + "/logs"
 	}
 	images, err := loadImageMap(*imagesPath)
 	if err != nil {
@@ -115,6 +119,8 @@ func run() error {
 	}
 	defer network.tearDown()
 
+	// nodeutil.NewNode makes a default client from $KUBECONFIG before it takes ours.
+	_ = os.Setenv("KUBECONFIG", *kubeconfig)
 	var provider *processProvider
 	n, err := nodeutil.NewNode(*nodeName, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		describeNode(pc.Node, nodeLabels, nodeTaints, capacity, network.gateway.String())
@@ -125,6 +131,7 @@ func run() error {
 			imagesPath: *imagesPath,
 			volumes:    volumePreparer{client: client, objects: objectSource{configMaps: pc.ConfigMaps, secrets: pc.Secrets}},
 			stateDir:   *stateDir,
+			logDir:     *logDir,
 			self:       self,
 			backoff:    backoffPolicy{initial: *backoff, max: 5 * time.Minute, resetAfter: 10 * time.Minute},
 			pods:       map[string]*podRuntime{},

@@ -78,7 +78,7 @@ func (r *podRuntime) dir() string {
 
 // logPath keeps the logs apart from the pod's directory, which goes with the pod.
 func (r *podRuntime) logPath(container string) string {
-	return filepath.Join(r.provider.stateDir, "logs", fmt.Sprintf("%s_%s_%s", r.pod.Namespace, r.pod.Name, r.pod.UID), container+".log")
+	return filepath.Join(r.provider.logDir, fmt.Sprintf("%s_%s_%s", r.pod.Namespace, r.pod.Name, r.pod.UID), container+".log")
 }
 
 func (r *podRuntime) updateSpec(pod *corev1.Pod) {

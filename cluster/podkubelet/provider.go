@@ -27,6 +27,7 @@ type processProvider struct {
 	imagesPath string
 	volumes    volumePreparer
 	stateDir   string
+	logDir     string
 	self       string // this executable, run as `container-init` inside each pod
 	backoff    backoffPolicy
 	runAsRoot  bool // securityContext users are not applied (see --run-as-root)
