@@ -15,6 +15,8 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/log"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
@@ -90,13 +92,21 @@ func (p *processProvider) DeletePod(ctx context.Context, pod *corev1.Pod) error 
 		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
 	}
 	go func() {
+		ctx := context.WithoutCancel(ctx)
 		r.stop(grace)
 		p.mu.Lock()
 		if p.pods[podKey(pod.Namespace, pod.Name)] == r {
 			delete(p.pods, podKey(pod.Namespace, pod.Name))
 		}
 		p.mu.Unlock()
-		log.G(ctx).Infof("pod %s/%s stopped", pod.Namespace, pod.Name)
+		log.G(ctx).Infof("pod %s stopped", describe(pod))
+		// As the kubelet does once every container has ended: the pod object goes now, not
+		// when the grace period (which virtual-kubelet waits out otherwise) is over.
+		options := metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0)), Preconditions: metav1.NewUIDPreconditions(string(pod.UID))}
+		err := p.volumes.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, options)
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			log.G(ctx).Warnf("pod %s: deleting the stopped pod: %v", describe(pod), err)
+		}
 	}()
 	return nil
 }
