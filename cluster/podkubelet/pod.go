@@ -33,6 +33,7 @@ type podRuntime struct {
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup // the container loops
 	stopOnce sync.Once
+	setUp    chan struct{} // closed once start has set up (or failed to set up) the pod
 
 	mu         sync.Mutex
 	pod        *corev1.Pod
@@ -52,7 +53,7 @@ type containerRuntime struct {
 
 func newPodRuntime(p *processProvider, pod *corev1.Pod) *podRuntime {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &podRuntime{provider: p, ctx: ctx, cancel: cancel, pod: pod}
+	r := &podRuntime{provider: p, ctx: ctx, cancel: cancel, pod: pod, setUp: make(chan struct{})}
 	for _, c := range pod.Spec.Containers {
 		r.containers = append(r.containers, &containerRuntime{
 			spec: c,
@@ -126,12 +127,14 @@ func (r *podRuntime) publish() {
 // reported on every container as the kubelet reports it (waiting, with the reason) and the pod
 // stays Pending.
 func (r *podRuntime) start(ctx context.Context) {
+	// stop waits for this, so that nothing it has removed is created after it.
+	defer close(r.setUp)
 	now := metav1.Now()
 	r.mu.Lock()
 	r.startTime = &now
 	r.mu.Unlock()
 	r.publish()
-	reason, err := r.setUp(ctx)
+	reason, err := r.prepare(ctx)
 	if err != nil {
 		log.G(ctx).Warnf("pod %s: %v", describe(r.pod), err)
 		r.mu.Lock()
@@ -152,7 +155,7 @@ func (r *podRuntime) start(ctx context.Context) {
 	}
 }
 
-func (r *podRuntime) setUp(ctx context.Context) (string, error) {
+func (r *podRuntime) prepare(ctx context.Context) (string, error) {
 	r.mu.Lock()
 	pod := r.pod.DeepCopy()
 	r.mu.Unlock()
@@ -485,6 +488,9 @@ func (r *podRuntime) stop(grace time.Duration) {
 	r.stopOnce.Do(func() {
 		r.mu.Lock()
 		r.deleting = true
+		r.mu.Unlock()
+		<-r.setUp
+		r.mu.Lock()
 		var groups []int
 		for _, c := range r.containers {
 			if c.process != nil {
@@ -494,7 +500,12 @@ func (r *podRuntime) stop(grace time.Duration) {
 				// Never started, or waiting to restart: ends without another run.
 				last := c.status.LastTerminationState.Terminated
 				if last == nil {
-					last = &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "ContainerCannotRun"}
+					// What the kubelet reports for a container that never ran.
+					last = &corev1.ContainerStateTerminated{
+						ExitCode: 137,
+						Reason:   "ContainerStatusUnknown",
+						Message:  "The container could not be located when the pod was deleted.",
+					}
 				}
 				c.status.State = corev1.ContainerState{Terminated: last}
 			}
