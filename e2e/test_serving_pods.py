@@ -4,16 +4,21 @@ really run, on serving nodes (podkubelet: cluster/serving_nodes.py, cluster/READ
 Two replicas of a tiny model on the CPU, its weights on a hostPath PersistentVolume given as
 `pvc://`: each pod starts the rendered `infernetes serve` command in a network namespace of its
 own, becomes Ready from its real startup and readiness probes, answers at its own pod IP, and
-the Service's EndpointSlice holds those addresses. A killed engine is a container exit the
-operator reports as a crash loop, then a restart; a deleted pod's process and netns go.
+the Service's EndpointSlice holds those addresses. The endpoint picker the operator renders for
+spec.routing runs as the real binary (the Inference Extension's cmd/epp, cluster/epp.sh) against
+the InferencePool, and a request it routes, asked as Envoy asks (ext-proc), reaches an engine. A
+killed engine is a container exit the operator reports as a crash loop, then a restart; a
+deleted pod's process and netns go.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +27,9 @@ from typing import Any
 import httpx
 import pytest
 from infernetes.operator.testing import (
+    apply_crds,
+    free_port,
+    go_module_crds,
     kubectl_get,
     running_operator,
     service_condition,
@@ -40,6 +48,33 @@ STARTUP_TIMEOUT = 240
 def ns(cluster: Any, serving_nodes: list[str]) -> Iterator[str]:
     with temporary_namespace(cluster, "e2e-serving") as name:
         yield name
+
+
+@pytest.fixture(scope="module")
+def extension_crds(cluster: Any) -> None:
+    """The Inference Extension's CRDs, before the operator starts: spec.routing renders the
+    InferencePool and its picker at once. The picker also watches InferenceObjectives
+    (inference.networking.x-k8s.io): without that CRD it does not start."""
+    apply_crds(
+        cluster,
+        go_module_crds(
+            "sigs.k8s.io/gateway-api-inference-extension",
+            "INFERENCE_EXTENSION_VERSION",
+            "config/crd/bases/*.yaml",
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def picker_binaries() -> tuple[Path, Path]:
+    """(epp, epp-pick), built by cluster/epp.sh."""
+    script = Path(__file__).resolve().parents[1] / "cluster" / "epp.sh"
+    result = subprocess.run([str(script)], stdout=subprocess.PIPE, text=True, check=False)
+    if result.returncode == 3:
+        pytest.skip("no Go toolchain to build the endpoint picker")
+    assert result.returncode == 0, f"{script} failed"
+    epp = Path(result.stdout.strip().splitlines()[-1])
+    return epp, epp.with_name("epp-pick")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +124,7 @@ def model_claim(cluster: Any, ns: str, model_dir: Path) -> Iterator[str]:
 def service(
     cluster: Any,
     ns: str,
+    extension_crds: None,
     model_claim: str,
     model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
@@ -114,6 +150,7 @@ def service(
                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
                     "nodeSelector": {SERVING_NODE_LABEL: "true"},
                     "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
+                    "routing": {},
                 },
             }
         )
@@ -257,3 +294,61 @@ def test_a_deleted_pod_stops_its_process_and_frees_its_netns(
     assert not Path(f"/proc/{pid}").exists()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     assert netns not in listed.stdout.split()
+
+
+def test_the_endpoint_picker_routes_a_request_to_a_serving_pod(
+    cluster: Any,
+    ns: str,
+    service: dict,
+    picker_binaries: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    epp, epp_pick = picker_binaries
+    wait_until(lambda: kubectl_get(cluster, ns, "inferencepool", NAME), timeout=30, what="the pool")
+    rendered = kubectl_get(cluster, ns, "deployment", f"{NAME}-epp")["spec"]["template"]["spec"]
+    container = rendered["containers"][0]
+    grpc, health, metrics = free_port(), free_port(), free_port()
+    # The rendered command line, run on the host: only the listening ports and the API server's
+    # address (a kubeconfig, where the pod would use its service account) are the host's.
+    args = [
+        *container["args"],
+        f"--grpc-port={grpc}",
+        f"--grpc-health-port={health}",
+        f"--metrics-port={metrics}",
+        f"--kubeconfig={cluster.kubeconfig}",
+    ]
+    env = {**os.environ, "NAMESPACE": ns, "POD_NAME": f"{NAME}-epp-local"}
+    log = tmp_path / "epp.log"
+    with log.open("w") as out:
+        picker = subprocess.Popen([str(epp), *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+    ips = {p["status"]["podIP"] for p in pods(cluster, ns)}
+    body = json.dumps({"model": NAME, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+
+    def picked() -> str | None:
+        assert picker.poll() is None, f"the picker exited:\n{log.read_text()[-4000:]}"
+        answer = subprocess.run(
+            [str(epp_pick), f"--addr=127.0.0.1:{grpc}", f"--body={body}", "--timeout=5s"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return answer.stdout.strip() if answer.returncode == 0 else None
+
+    try:
+        endpoint = wait_until(picked, timeout=60, what="the picker to pick an endpoint")
+        host, port = endpoint.rsplit(":", 1)
+        assert host in ips and port == "8000", (endpoint, ips)
+        response = httpx.post(
+            f"http://{endpoint}/v1/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["text"]
+    except BaseException:
+        print(log.read_text()[-4000:], file=sys.stderr)
+        raise
+    finally:
+        picker.terminate()
+        picker.wait(timeout=30)
