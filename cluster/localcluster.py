@@ -8,7 +8,7 @@ namespace of its own holding the pod's IP.
 
 Command line (what `make cluster` / `make cluster-down` run):
 
-    python cluster/localcluster.py up [--nodes N] [--state-dir DIR]   # build if needed, start
+    python cluster/localcluster.py up [--nodes N] [--serving-nodes N] [--state-dir DIR]
     python cluster/localcluster.py down [--state-dir DIR]             # stop by pid, remove state
     python cluster/localcluster.py status | logs [COMPONENT]
 
@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 import yaml
 from kube_pki import APISERVER_DNS_NAMES, ClusterPKI
 from serving_nodes import (
+    ServingNodesUnavailable,
     build_podkubelet,
     check_host,
     free_bridge_indexes,
@@ -668,6 +669,9 @@ def _main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build if needed, start, wait for the nodes")
     up.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="fake GPU nodes (default 2)")
+    up.add_argument(
+        "--serving-nodes", type=int, default=0, help="nodes whose pods run (podkubelet; root)"
+    )
     sub.add_parser("down", help="stop the components by pid and remove the state directory")
     sub.add_parser("status", help="exit 0 when the cluster is running")
     logs = sub.add_parser("logs", help="print the components' logs")
@@ -677,6 +681,8 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         if args.nodes < 1:
             parser.error(f"argument --nodes: must be at least 1, got {args.nodes}")
+        if args.serving_nodes < 0:
+            parser.error(f"argument --serving-nodes: must be 0 or more, got {args.serving_nodes}")
         bin_dir = build_binaries()
         cluster = LocalCluster(args.state_dir, bin_dir)
         if cluster.running():
@@ -684,6 +690,12 @@ def _main(argv: list[str] | None = None) -> int:
             return 0
         seconds = cluster.start(nodes=args.nodes)
         print(f"control plane ready in {seconds:.1f} s ({len(cluster.nodes)} fake GPU nodes)")
+        if args.serving_nodes > 0:
+            try:
+                print(f"serving nodes: {cluster.start_serving_nodes(args.serving_nodes)}")
+            except ServingNodesUnavailable as exc:
+                print(f"no serving nodes: {exc}", file=sys.stderr)
+                return 1
         print(f"export KUBECONFIG={cluster.kubeconfig} PATH={bin_dir}:$PATH")
         return 0
     cluster = LocalCluster(args.state_dir)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,8 @@ def check_host() -> None:
     """Raises ServingNodesUnavailable unless this process may create network namespaces."""
     if os.geteuid() != 0:
         raise ServingNodesUnavailable("serving nodes create network namespaces: they need root")
+    if not shutil.which("ip"):
+        raise ServingNodesUnavailable("no `ip` command (Debian: iproute2)")
     if subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode:
         raise ServingNodesUnavailable("`ip netns` does not work here (Debian: iproute2)")
 

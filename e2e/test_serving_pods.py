@@ -31,6 +31,7 @@ from infernetes.operator.testing import (
     free_port,
     go_module_crds,
     kubectl_get,
+    remove_crds,
     running_operator,
     service_condition,
     temporary_namespace,
@@ -51,18 +52,18 @@ def ns(cluster: Any, serving_nodes: list[str]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def extension_crds(cluster: Any) -> None:
+def extension_crds(cluster: Any) -> Iterator[None]:
     """The Inference Extension's CRDs, before the operator starts: spec.routing renders the
     InferencePool and its picker at once. The picker also watches InferenceObjectives
     (inference.networking.x-k8s.io): without that CRD it does not start."""
-    apply_crds(
-        cluster,
-        go_module_crds(
-            "sigs.k8s.io/gateway-api-inference-extension",
-            "INFERENCE_EXTENSION_VERSION",
-            "config/crd/bases/*.yaml",
-        ),
+    found = go_module_crds(
+        "sigs.k8s.io/gateway-api-inference-extension",
+        "INFERENCE_EXTENSION_VERSION",
+        "config/crd/bases/*.yaml",
     )
+    apply_crds(cluster, found)
+    yield
+    remove_crds(cluster, found, wait=False)
 
 
 @pytest.fixture(scope="module")
