@@ -47,12 +47,17 @@ $(LMEVAL_STAMP): tests/server/lmeval/requirements.txt
 	$(LMEVAL_BIN)/pip install --quiet -r tests/server/lmeval/requirements.txt
 	touch $(LMEVAL_STAMP)
 
-# build.sh (and lws.sh, the LeaderWorkerSet controller) first, so a cold build (tens of minutes)
-# shows its progress; a no-op once cached. prometheus.sh installs Debian's Prometheus if missing.
+# build.sh (and lws.sh, the LeaderWorkerSet controller; podkubelet.sh, the serving nodes' kubelet;
+# epp.sh, the endpoint picker) first, so a cold build (tens of minutes) shows its progress; a no-op
+# once cached. prometheus.sh installs Debian's Prometheus if missing, debian-package.sh iproute2
+# (`ip netns`, for the serving nodes).
 e2e: setup
 	cluster/build.sh >/dev/null
 	cluster/lws.sh >/dev/null
+	cluster/podkubelet.sh >/dev/null
+	cluster/epp.sh >/dev/null
 	cluster/prometheus.sh
+	cluster/debian-package.sh ip iproute2
 	$(BIN)/pytest e2e
 
 # A local control plane for development (kubeconfig in .cluster/); `make e2e` reuses it.

@@ -1,10 +1,14 @@
 """A real local Kubernetes control plane made of processes: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler and kwok (fake nodes with `nvidia.com/gpu` capacity, fake
-Running pods). No container runtime is involved; every address is loopback.
+Running pods). No container runtime is involved; every control-plane address is loopback.
+
+On demand, `start_serving_nodes()` adds nodes whose pods really run: podkubelet processes
+(cluster/serving_nodes.py, cluster/README.md) that start each container's command in a network
+namespace of its own holding the pod's IP.
 
 Command line (what `make cluster` / `make cluster-down` run):
 
-    python cluster/localcluster.py up [--nodes N] [--state-dir DIR]   # build if needed, start
+    python cluster/localcluster.py up [--nodes N] [--serving-nodes N] [--state-dir DIR]
     python cluster/localcluster.py down [--state-dir DIR]             # stop by pid, remove state
     python cluster/localcluster.py status | logs [COMPONENT]
 
@@ -37,6 +41,14 @@ from typing import Any, TypeVar
 
 import yaml
 from kube_pki import APISERVER_DNS_NAMES, ClusterPKI
+from serving_nodes import (
+    ServingNodesUnavailable,
+    build_podkubelet,
+    check_host,
+    free_bridge_indexes,
+    podkubelet_args,
+    write_images,
+)
 
 CLUSTER_DIR = Path(__file__).resolve().parent
 REPO_ROOT = CLUSTER_DIR.parent
@@ -218,26 +230,15 @@ class LocalCluster:
     def stop(self, keep_logs: bool = False) -> None:
         """Stops the processes this state directory records (by pid), then removes the state
         (all of it, or all but `logs/` when `keep_logs`)."""
+        # Serving nodes first: they stop their pods and remove their network while the API
+        # server can still take the pods' last status.
+        self.stop_serving_nodes(delete_nodes=False)
         processes = self._state.get("processes", {})
         # One at a time, in reverse start order: the API server shuts down in about a second
         # while etcd is still there, but hangs for many seconds when etcd goes first.
         for name in reversed(COMPONENTS):
-            proc = processes.get(name)
-            if proc and process_alive(proc["pid"], proc["exe"]):
-                os.kill(proc["pid"], signal.SIGTERM)
-                try:
-                    wait_for(
-                        lambda p=proc: not process_alive(p["pid"], p["exe"]),
-                        timeout=10,
-                        what=f"{name} to exit",
-                        interval=0.05,
-                    )
-                except TimeoutError:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(proc["pid"], signal.SIGKILL)
-            child = self._children.pop(name, None)
-            if child is not None:
-                child.wait()
+            if proc := processes.get(name):
+                self._stop_process(name, proc, timeout=10)
         self._state = {}
         if not keep_logs:
             shutil.rmtree(self.state_dir, ignore_errors=True)
@@ -247,6 +248,90 @@ class LocalCluster:
                 shutil.rmtree(path)
             elif path.is_file():
                 path.unlink()
+
+    def _stop_process(self, name: str, proc: dict[str, Any], timeout: float) -> None:
+        """SIGTERM, then SIGKILL after `timeout` s; reaps the child when this object started it."""
+        if process_alive(proc["pid"], proc["exe"]):
+            os.kill(proc["pid"], signal.SIGTERM)
+            try:
+                wait_for(
+                    lambda: not process_alive(proc["pid"], proc["exe"]),
+                    timeout=timeout,
+                    what=f"{name} to exit",
+                    interval=0.05,
+                )
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc["pid"], signal.SIGKILL)
+        child = self._children.pop(name, None)
+        if child is not None:
+            child.wait()
+
+    # ----- serving nodes (cluster/serving_nodes.py)
+
+    @property
+    def serving_nodes(self) -> list[str]:
+        """Names of the running podkubelet nodes."""
+        return list(self._state.get("serving_nodes", {}))
+
+    def start_serving_nodes(
+        self,
+        count: int = 1,
+        *,
+        images: dict[str, Any] | None = None,
+        restart_backoff: str = "10s",
+        timeout: float = 60.0,
+    ) -> list[str]:
+        """Starts `count` podkubelet nodes (building the binary if it is not cached), waits until
+        they are Ready and returns their names. `images` maps images to what their containers
+        run (see cluster/README.md; default: any image, with this Python's environment first on
+        PATH). `restart_backoff` is the first restart delay after a container exits (the
+        kubelet's 10 s by default). Raises serving_nodes.ServingNodesUnavailable when this
+        machine cannot run them."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        check_host()
+        exe = build_podkubelet()
+        images_file = write_images(self.state_dir / "podkubelet-images.json", images)
+        started = self._state.setdefault("serving_nodes", {})
+        names = []
+        for index in free_bridge_indexes(count):
+            name = f"podkubelet-{index}"
+            node_dir = self.state_dir / "podkubelet" / name
+            node_dir.mkdir(parents=True, exist_ok=True)
+            args = podkubelet_args(
+                name=name,
+                index=index,
+                kubeconfig=self.kubeconfig,
+                images=images_file,
+                state_dir=node_dir,
+                # Container logs stay with the cluster's logs (kept for a failed test's report).
+                log_dir=self.logs_dir / "pods",
+                restart_backoff=restart_backoff,
+            )
+            child = self._spawn(name, str(exe), args)
+            started[name] = {"pid": child.pid, "exe": str(exe)}
+            names.append(name)
+        self._save_state()
+        wait_for(
+            lambda: set(names) <= self._ready_nodes(),
+            timeout=timeout,
+            what=f"serving nodes {names} Ready",
+        )
+        return names
+
+    def stop_serving_nodes(self, delete_nodes: bool = True) -> None:
+        """Stops every podkubelet (each stops its pods: SIGTERM, then SIGKILL after 5 s) and,
+        when `delete_nodes`, deletes their Node objects."""
+        serving = self._state.get("serving_nodes")
+        if not serving:
+            return
+        for name, proc in list(serving.items()):
+            self._stop_process(name, proc, timeout=30)
+            if delete_nodes:
+                self.kubectl("delete", "node", name, "--wait=false", check=False)
+            del serving[name]
+        self._save_state()
 
     def running(self) -> bool:
         """True when every recorded process is alive and the API server answers /readyz."""
@@ -341,7 +426,7 @@ class LocalCluster:
     def log_tails(self, lines: int = 60) -> str:
         """The last `lines` of every component's log, with the full logs' paths."""
         parts = []
-        for name in COMPONENTS:
+        for name in (*COMPONENTS, *self.serving_nodes):
             path = self.logs_dir / f"{name}.log"
             parts.append(f"===== {name} ({path}) =====\n{_tail(path, lines)}")
         return "\n".join(parts)
@@ -370,6 +455,11 @@ class LocalCluster:
 
     def _launch(self, name: str, args: list[str]) -> None:
         exe = str(self.bin_dir / name)
+        child = self._spawn(name, exe, args)
+        self._state["processes"][name] = {"pid": child.pid, "exe": exe}
+        self._save_state()
+
+    def _spawn(self, name: str, exe: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = (self.logs_dir / f"{name}.log").open("ab")
         # A session of its own: `make cluster` exits and leaves the components running, and a
         # Ctrl-C in the terminal does not reach them; `stop()` ends them by pid.
@@ -383,8 +473,7 @@ class LocalCluster:
         )
         log.close()
         self._children[name] = child
-        self._state["processes"][name] = {"pid": child.pid, "exe": exe}
-        self._save_state()
+        return child
 
     def _check_children(self) -> None:
         for name, child in self._children.items():
@@ -425,14 +514,16 @@ class LocalCluster:
             return False
 
     def _nodes_ready(self) -> bool:
+        return set(self.nodes) <= self._ready_nodes()
+
+    def _ready_nodes(self) -> set[str]:
         self._check_children()
-        ready = {
+        return {
             item["metadata"]["name"]
             for item in self._api_get("/api/v1/nodes")["items"]
             for cond in item.get("status", {}).get("conditions", [])
             if cond["type"] == "Ready" and cond["status"] == "True"
         }
-        return set(self.nodes) <= ready
 
     def _node_manifests(self) -> list[dict]:
         template = NODE_MANIFEST.read_text()
@@ -578,6 +669,9 @@ def _main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build if needed, start, wait for the nodes")
     up.add_argument("--nodes", type=int, default=DEFAULT_NODES, help="fake GPU nodes (default 2)")
+    up.add_argument(
+        "--serving-nodes", type=int, default=0, help="nodes whose pods run (podkubelet; root)"
+    )
     sub.add_parser("down", help="stop the components by pid and remove the state directory")
     sub.add_parser("status", help="exit 0 when the cluster is running")
     logs = sub.add_parser("logs", help="print the components' logs")
@@ -587,6 +681,8 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         if args.nodes < 1:
             parser.error(f"argument --nodes: must be at least 1, got {args.nodes}")
+        if args.serving_nodes < 0:
+            parser.error(f"argument --serving-nodes: must be 0 or more, got {args.serving_nodes}")
         bin_dir = build_binaries()
         cluster = LocalCluster(args.state_dir, bin_dir)
         if cluster.running():
@@ -594,6 +690,12 @@ def _main(argv: list[str] | None = None) -> int:
             return 0
         seconds = cluster.start(nodes=args.nodes)
         print(f"control plane ready in {seconds:.1f} s ({len(cluster.nodes)} fake GPU nodes)")
+        if args.serving_nodes > 0:
+            try:
+                print(f"serving nodes: {cluster.start_serving_nodes(args.serving_nodes)}")
+            except ServingNodesUnavailable as exc:
+                print(f"no serving nodes: {exc}", file=sys.stderr)
+                return 1
         print(f"export KUBECONFIG={cluster.kubeconfig} PATH={bin_dir}:$PATH")
         return 0
     cluster = LocalCluster(args.state_dir)

@@ -21,6 +21,10 @@ Fixtures available to every test under e2e/:
 - ``api_client`` (session): one ``kubernetes.client.ApiClient`` for ``cluster``.
 - ``namespace`` (function): a new namespace whose ``default`` ServiceAccount exists (pods can be
   created in it at once); deleted after the test.
+- ``serving_nodes`` (session): names of 2 nodes whose pods really run (podkubelet processes,
+  ``cluster/serving_nodes.py``), labelled and tainted ``infernetes.io/serving-node=true``
+  (``SERVING_NODE_LABEL``): a pod lands there only when it selects and tolerates that. Skips
+  where this machine cannot run them (not root, no ``ip netns``, no Go toolchain).
 
 ``from localcluster import wait_for`` gives the polling helper
 (``wait_for(condition, timeout=..., what=...)`` returns the first truthy value).
@@ -50,6 +54,7 @@ from localcluster import (  # found through the sys.path entry above
     cached_bin_dir,
     wait_for,
 )
+from serving_nodes import ServingNodesUnavailable
 
 _active_cluster: LocalCluster | None = None
 _cluster_summary: str | None = None  # which cluster the session used, for the terminal summary
@@ -84,6 +89,18 @@ def api_client(cluster: LocalCluster) -> Iterator[Any]:
     client = cluster.api_client()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def serving_nodes(cluster: LocalCluster) -> Iterator[list[str]]:
+    try:
+        names = cluster.start_serving_nodes(2)
+    except ServingNodesUnavailable as exc:
+        pytest.skip(f"no serving nodes: {exc}")
+    try:
+        yield names
+    finally:
+        cluster.stop_serving_nodes()
 
 
 @pytest.fixture

@@ -1,0 +1,97 @@
+// epp-pick asks an endpoint picker which pod should serve one request, as Envoy does: it is an
+// Envoy external-processing (ext-proc) client that sends the request's headers and body and
+// prints the endpoint the picker chose (the x-gateway-destination-endpoint header it sets).
+// cluster/epp.sh builds it beside the picker itself (the Gateway API Inference Extension's
+// cmd/epp, from the same module version).
+//
+//	epp-pick --addr 127.0.0.1:9002 --path /v1/completions --body '{"model": ..., "prompt": ...}'
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"sigs.k8s.io/gateway-api-inference-extension/pkg/epp/metadata"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:9002", "the picker's ext-proc address")
+	path := flag.String("path", "/v1/completions", "the request's path")
+	body := flag.String("body", "", "the request's JSON body")
+	plaintext := flag.Bool("plaintext", false, "no TLS (a picker run with --secure-serving=false)")
+	timeout := flag.Duration("timeout", 30*time.Second, "give up after")
+	flag.Parse()
+	endpoint, err := pick(*addr, *path, []byte(*body), *plaintext, *timeout)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "epp-pick: %v\n", err)
+		os.Exit(1)
+	}
+	fmt.Println(endpoint)
+}
+
+func pick(addr, path string, body []byte, plaintext bool, timeout time.Duration) (string, error) {
+	// The picker serves a self-signed certificate, which Envoy does not check either.
+	creds := credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec
+	if plaintext {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		return "", err
+	}
+	headers := &corev3.HeaderMap{}
+	for k, v := range map[string]string{":method": "POST", ":path": path, ":authority": "inference", "content-type": "application/json"} {
+		headers.Headers = append(headers.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)})
+	}
+	requests := []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}},
+		{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}},
+	}
+	for _, r := range requests {
+		if err := stream.Send(r); err != nil {
+			return "", fmt.Errorf("sending to the picker: %w", err)
+		}
+	}
+	for {
+		response, err := stream.Recv()
+		if err != nil {
+			return "", fmt.Errorf("the picker's answer: %w", err)
+		}
+		if immediate := response.GetImmediateResponse(); immediate != nil {
+			return "", fmt.Errorf("the picker refused the request: %d %s", immediate.GetStatus().GetCode(), immediate.GetBody())
+		}
+		var common *extprocv3.CommonResponse
+		switch {
+		case response.GetRequestHeaders() != nil:
+			common = response.GetRequestHeaders().GetResponse()
+		case response.GetRequestBody() != nil:
+			common = response.GetRequestBody().GetResponse()
+		}
+		for _, h := range common.GetHeaderMutation().GetSetHeaders() {
+			if h.GetHeader().GetKey() == metadata.DestinationEndpointKey {
+				value := string(h.GetHeader().GetRawValue())
+				if value == "" {
+					value = h.GetHeader().GetValue()
+				}
+				return value, nil
+			}
+		}
+	}
+}

@@ -1,0 +1,116 @@
+"""Serving nodes for the local control plane: nodes whose pods really run.
+
+Each is a `podkubelet` process (cluster/podkubelet: a virtual-kubelet node whose provider runs
+every container of a pod bound to it as a process, in a network namespace of its own holding the
+pod IP; built by cluster/podkubelet.sh). They stand beside kwok's fake GPU nodes, labelled and
+tainted `infernetes.io/serving-node=true` so that only pods which select and tolerate them land
+there. `LocalCluster.start_serving_nodes()` starts them; see cluster/README.md for why this is
+not a real kubelet and what it does not do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+CLUSTER_DIR = Path(__file__).resolve().parent
+BUILD_SCRIPT = CLUSTER_DIR / "podkubelet.sh"
+# The label and taint that keep every other pod off these nodes.
+SERVING_NODE_LABEL = "infernetes.io/serving-node"
+# Pod subnets 10.245.N.0/24 on bridges ipkN (kwok's fake pod IPs are in 10.244.0.0/16).
+POD_NETWORK_PREFIX = "10.245"
+BRIDGE_PREFIX = "ipk"
+MAX_BRIDGES = 250
+
+
+class ServingNodesUnavailable(RuntimeError):
+    """This machine cannot run serving nodes (no Go toolchain, not root, no `ip`): tests skip."""
+
+
+def build_podkubelet() -> Path:
+    """Runs cluster/podkubelet.sh (a no-op when cached) and returns the binary's path."""
+    result = subprocess.run([str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
+    if result.returncode == 3:
+        raise ServingNodesUnavailable(f"{BUILD_SCRIPT}: no Go toolchain")
+    if result.returncode != 0:
+        raise RuntimeError(f"{BUILD_SCRIPT} failed with exit code {result.returncode}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def check_host() -> None:
+    """Raises ServingNodesUnavailable unless this process may create network namespaces."""
+    if os.geteuid() != 0:
+        raise ServingNodesUnavailable("serving nodes create network namespaces: they need root")
+    if not shutil.which("ip"):
+        raise ServingNodesUnavailable("no `ip` command (Debian: iproute2)")
+    if subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode:
+        raise ServingNodesUnavailable("`ip netns` does not work here (Debian: iproute2)")
+
+
+def free_bridge_indexes(count: int) -> list[int]:
+    """Indexes N whose bridge ipkN does not exist on this machine (another cluster's nodes may
+    hold some)."""
+    links = subprocess.run(
+        ["ip", "-o", "link", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    taken = {
+        name.split("@")[0]
+        for line in links.splitlines()
+        if len(parts := line.split(": ")) > 1
+        for name in [parts[1]]
+    }
+    free = [n for n in range(MAX_BRIDGES) if f"{BRIDGE_PREFIX}{n}" not in taken]
+    if len(free) < count:
+        raise ServingNodesUnavailable(f"fewer than {count} free bridge names {BRIDGE_PREFIX}N")
+    return free[:count]
+
+
+def default_images() -> dict[str, Any]:
+    """Every image runs with the tools of this Python's environment first on PATH (the runtime
+    image's `infernetes` console script is this environment's)."""
+    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    return {"*": {"env": {"PATH": path}}}
+
+
+def interpreter_reachable_by_others() -> bool:
+    """False when a directory above this Python is closed to other users (a venv under a 0700
+    home): a container that asks for a non-root user could not start it."""
+    path = Path(sys.executable).resolve()
+    return all(os.stat(parent).st_mode & 0o001 for parent in path.parents)
+
+
+def podkubelet_args(
+    *,
+    name: str,
+    index: int,
+    kubeconfig: Path,
+    images: Path,
+    state_dir: Path,
+    log_dir: Path,
+    restart_backoff: str,
+) -> list[str]:
+    args = [
+        f"--node-name={name}",
+        f"--kubeconfig={kubeconfig}",
+        f"--pod-cidr={POD_NETWORK_PREFIX}.{index}.0/24",
+        f"--bridge={BRIDGE_PREFIX}{index}",
+        f"--images={images}",
+        f"--state-dir={state_dir}",
+        f"--log-dir={log_dir}",
+        f"--label={SERVING_NODE_LABEL}=true",
+        f"--taint={SERVING_NODE_LABEL}=true:NoSchedule",
+        f"--restart-backoff={restart_backoff}",
+    ]
+    if not interpreter_reachable_by_others():
+        args.append("--run-as-root")
+    return args
+
+
+def write_images(path: Path, images: dict[str, Any] | None) -> Path:
+    path.write_text(json.dumps(images if images is not None else default_images(), indent=2))
+    return path
