@@ -65,6 +65,14 @@ def _llava() -> type[nn.Module]:
     return LlavaForConditionalGeneration
 
 
+def _llava_next() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llava_next import (
+        LlavaNextForConditionalGeneration,
+    )
+
+    return LlavaNextForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -88,6 +96,7 @@ GENERATIVE = {
     "OPTForCausalLM": _opt,
     "GPT2LMHeadModel": _gpt2,
     "LlavaForConditionalGeneration": _llava,
+    "LlavaNextForConditionalGeneration": _llava_next,
 }
 
 

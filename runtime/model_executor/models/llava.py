@@ -65,6 +65,8 @@ class LlavaForConditionalGeneration(nn.Module):
     supports_inputs_embeds = True  # models/interfaces.SupportsMultiModal
     supports_multimodal = True
     intermediate_names = LlamaForCausalLM.intermediate_names
+    # checkpoint names (beside the tower's) the first stage loads with the encoder
+    encoder_weights: tuple[str, ...] = ("multi_modal_projector.",)
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
@@ -119,7 +121,7 @@ class LlavaForConditionalGeneration(nn.Module):
         for name, tensor in _checkpoint_names(weights):
             if name.startswith("language_model."):
                 language.append((name.removeprefix("language_model."), tensor))
-            elif name.startswith("multi_modal_projector.") or (
+            elif name.startswith(self.encoder_weights) or (
                 name.startswith("vision_tower.")
                 and (
                     not name.startswith("vision_tower.encoder.layers.")
