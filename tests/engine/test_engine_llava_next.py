@@ -36,9 +36,7 @@ def llava_next(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected(llava_next):
-    return [
-        hf_llava_greedy(llava_next, text, _images(specs), MAX_TOKENS) for text, specs in CASES
-    ]
+    return [hf_llava_greedy(llava_next, text, _images(specs), MAX_TOKENS) for text, specs in CASES]
 
 
 def _prompt(text: str, specs) -> dict | str:
@@ -68,10 +66,27 @@ def test_anyres_images_equal_transformers_batched_with_text(llava_next, expected
 
 def test_the_tiling_changes_what_the_model_sees(llava_next, expected):
     # the same pixels at another size: another tiling and another continuation
-    _, tokens, _ = hf_llava_greedy(
-        llava_next, CASES[0][0], [random_image(1, (36, 40))], MAX_TOKENS
-    )
+    _, tokens, _ = hf_llava_greedy(llava_next, CASES[0][0], [random_image(1, (36, 40))], MAX_TOKENS)
     llm = LLM(llava_next, **ENGINE)
     [output] = llm.generate(_prompt(CASES[0][0], [(1, (36, 40))]), GREEDY)
     assert output.outputs[0].token_ids == tokens
     assert len(output.prompt_token_ids) != len(expected[0][0]) or tokens != expected[0][1]
+
+
+@pytest.mark.slow  # a worker process per rank, about ten seconds a case
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_anyres_images_across_ranks(llava_next, expected, tp, pp):
+    # the first stage tiles and encodes (its tower replicated on its tensor ranks)
+    llm = LLM(
+        llava_next,
+        **ENGINE,
+        device="cpu",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_batched_tokens=16,
+    )
+    outputs = llm.generate([_prompt(text, specs) for text, specs in CASES], GREEDY)
+    for output, (prompt_ids, tokens, logprobs) in zip(outputs, expected, strict=True):
+        assert output.prompt_token_ids == prompt_ids
+        assert output.outputs[0].token_ids == tokens
+        assert _logprobs(output.outputs[0]) == pytest.approx(logprobs, abs=1e-4)

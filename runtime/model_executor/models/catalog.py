@@ -96,8 +96,11 @@ LLaVA (`LlavaForConditionalGeneration`: CLIP vision tower, projector, Llama) tak
 chat `image_url` parts and offline `multi_modal_data` (`docs/multimodal.md`); tested against
 transformers token for token and logprob for logprob, on one rank and across tensor and pipeline
 ranks; its vision tower is replicated on the first stage's ranks (small beside the language
-model). LLaVA-NeXT/OneVision, Qwen2-VL/Qwen2.5-VL (M-RoPE), Gemma 3, Mistral 3 and
-Whisper are planned.
+model). LLaVA-NeXT (`LlavaNextForConditionalGeneration`) adds anyres tiling: each image is a
+base tile and 2 or more grid tiles through the same tower, unpadded, with a learned newline row;
+tested against transformers for images of different sizes and aspect ratios, whole and under
+chunked prefill. LLaVA-OneVision, Qwen2-VL/Qwen2.5-VL (M-RoPE), Gemma 3, Mistral 3 and Whisper
+are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.
