@@ -9,7 +9,10 @@ that grid row by row, as many as the processor's placeholder tokens for its size
 from __future__ import annotations
 
 import torch
-from infernetes.runtime.model_executor.models.llava import LlavaForConditionalGeneration
+from infernetes.runtime.model_executor.models.llava import (
+    VISION_TOWERS,
+    LlavaForConditionalGeneration,
+)
 from torch import nn
 from transformers import PretrainedConfig
 from transformers.image_processing_utils import select_best_resolution
@@ -41,13 +44,16 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
     encoder_weights = ("multi_modal_projector.", "image_newline")
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
-        if config.vision_feature_select_strategy != "default":
-            # with the CLS row a tile's features do not make a square grid (transformers fails too)
-            raise ValueError(
-                "LLaVA-NeXT takes vision_feature_select_strategy 'default', got "
-                f"{config.vision_feature_select_strategy!r}"
-            )
         super().__init__(config, max_position)
+        # a tile's rows must be its patches alone to make a square grid: the CLS row dropped
+        # from CLIP's (transformers fails otherwise too), nothing dropped from SigLIP's
+        with_cls = VISION_TOWERS[config.vision_config.model_type].has_class_token
+        if self.drop_cls != with_cls:
+            wanted = "default" if with_cls else "full"
+            raise ValueError(
+                f"vision_feature_select_strategy: {config.vision_config.model_type} tiles take "
+                f"{wanted!r}, got {config.vision_feature_select_strategy!r}"
+            )
         self.patches = config.vision_config.image_size // config.vision_config.patch_size
         # one vector of the language model's width: every stage holds it (loading stays simple)
         self.image_newline = nn.Parameter(torch.empty(config.text_config.hidden_size))
@@ -80,7 +86,11 @@ class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
         dim = rest.shape[-1]
         # [rows*cols, p*p, D] -> [D, rows*p, cols*p]: tile (r, c)'s patch (i, j) at (r*p+i, c*p+j)
         grid = rest.view(rows, cols, p, p, dim).permute(4, 0, 2, 1, 3).reshape(dim, rows * p, -1)
-        grid = unpad(grid, size)
+        grid = self.fit(unpad(grid, size))
         newline = self.image_newline.to(grid.dtype)[:, None, None].expand(dim, grid.shape[1], 1)
         grid = torch.cat([grid, newline], dim=2)
         return torch.cat([base, grid.flatten(1).t()])
+
+    def fit(self, grid: torch.Tensor) -> torch.Tensor:
+        """The unpadded grid as the language model takes it (LLaVA-NeXT: as it is)."""
+        return grid
