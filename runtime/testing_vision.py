@@ -132,6 +132,61 @@ def make_tiny_llava_next(directory: str | Path, *, seed: int = 0, dtype: str = "
     return directory
 
 
+VIDEO_TOKEN = "<video>"  # OneVision's processor wants one; videos are not served
+
+
+def make_tiny_llava_onevision(
+    directory: str | Path, *, seed: int = 0, dtype: str = "float32", max_tiles: int = 2
+) -> Path:
+    """Write a random ``LlavaOnevisionForConditionalGeneration`` (a SigLIP tower, a Qwen2 LM,
+    anyres tiling over ``GRID_PINPOINTS``; grids over ``max_tiles`` tiles' worth scaled down),
+    its image processor and tokenizer."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory,
+        extra_special_tokens=[IMAGE_TOKEN, VIDEO_TOKEN],
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    clip_config, llama_config = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, None)
+    vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    vision_config = transformers.SiglipVisionConfig(
+        **{key: getattr(clip_config, key) for key in vision_keys},
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH_SIZE,
+    )
+    text_config = transformers.Qwen2Config(**llama_config.to_diff_dict())
+    aspect_ratio = f"anyres_max_{max_tiles}"
+    config = transformers.LlavaOnevisionConfig(
+        vision_config=vision_config.to_dict(),
+        text_config=text_config.to_dict(),
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN),
+        image_grid_pinpoints=GRID_PINPOINTS,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        vision_aspect_ratio=aspect_ratio,
+    )
+    config.architectures = ["LlavaOnevisionForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.LlavaOnevisionForConditionalGeneration(config).to(getattr(torch, dtype))
+    _spread_projector(model.eval())
+    with torch.no_grad():
+        model.model.image_newline.normal_(0.0, 1.0)
+    model.save_pretrained(str(directory))
+    # Its LlavaOnevisionProcessor cannot be built without torchvision (transformers resolves
+    # the video processor's class at construction): the image processor and tokenizer only.
+    image_processor = transformers.LlavaOnevisionImageProcessor(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, image_grid_pinpoints=GRID_PINPOINTS
+    )
+    image_processor.save_pretrained(str(directory))
+    return directory
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
     """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
     import numpy as np

@@ -95,7 +95,7 @@ class MultiModalProcessor:
             hf_processor = AutoProcessor.from_pretrained(
                 str(path), trust_remote_code=trust_remote_code
             )
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, ImportError) as error:  # ImportError: e.g. no torchvision
             raise ValueError(f"cannot load the multimodal processor of {path}: {error}") from error
         finally:
             hf_logging.set_verbosity(verbosity)

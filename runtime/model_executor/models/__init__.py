@@ -73,6 +73,14 @@ def _llava_next() -> type[nn.Module]:
     return LlavaNextForConditionalGeneration
 
 
+def _llava_onevision() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llava_onevision import (
+        LlavaOnevisionForConditionalGeneration,
+    )
+
+    return LlavaOnevisionForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -97,6 +105,7 @@ GENERATIVE = {
     "GPT2LMHeadModel": _gpt2,
     "LlavaForConditionalGeneration": _llava,
     "LlavaNextForConditionalGeneration": _llava_next,
+    "LlavaOnevisionForConditionalGeneration": _llava_onevision,
 }
 
 

@@ -34,7 +34,10 @@ def feature_layers(config: PretrainedConfig) -> list[int]:
     return [layer % num_states for layer in layers]
 
 
-VISION_TOWERS = {"clip_vision_model": CLIPVisionTower, "siglip_vision_model": SiglipVisionTower}
+VISION_TOWERS: dict[str, type[CLIPVisionTower] | type[SiglipVisionTower]] = {
+    "clip_vision_model": CLIPVisionTower,
+    "siglip_vision_model": SiglipVisionTower,
+}
 
 
 def vision_tower(config: PretrainedConfig, num_layers: int) -> nn.Module:
