@@ -90,3 +90,16 @@ def test_anyres_images_across_ranks(llava_next, expected, tp, pp):
         assert output.prompt_token_ids == prompt_ids
         assert output.outputs[0].token_ids == tokens
         assert _logprobs(output.outputs[0]) == pytest.approx(logprobs, abs=1e-4)
+
+
+def test_a_clip_tower_with_the_full_strategy_is_refused(tmp_path):
+    # with CLIP's CLS row a tile's 17 rows make no 4 x 4 grid
+    import json
+
+    path = make_tiny_llava_next(tmp_path / "full")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(
+        json.dumps({**config, "vision_feature_select_strategy": "full"})
+    )
+    with pytest.raises(ValueError, match="clip_vision_model tiles take 'default', got 'full'"):
+        LLM(str(path), **ENGINE)
