@@ -50,36 +50,7 @@ def make_tiny_llava(
     tokenizer = build_tokenizer(
         directory, extra_special_tokens=[IMAGE_TOKEN], chat_template=LLAVA_CHAT_TEMPLATE
     )
-    vision_config = transformers.CLIPVisionConfig(
-        **{
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 3,
-            "num_attention_heads": 4,
-            "image_size": image_size,
-            "patch_size": patch_size,
-            "projection_dim": 32,
-            "initializer_range": 0.1,
-            **(vision or {}),
-        }
-    )
-    text_config = transformers.LlamaConfig(
-        **{
-            "vocab_size": len(tokenizer),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 512,
-            "tie_word_embeddings": False,
-            "initializer_range": 0.1,
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-            **(text or {}),
-        }
-    )
+    vision_config, text_config = _configs(tokenizer, image_size, patch_size, vision, text)
     config = transformers.LlavaConfig(
         vision_config=vision_config,
         text_config=text_config,
@@ -92,9 +63,7 @@ def make_tiny_llava(
     config.dtype = dtype
     torch.manual_seed(seed)
     model = transformers.LlavaForConditionalGeneration(config).to(getattr(torch, dtype)).eval()
-    with torch.no_grad():  # the projector starts near zero: make images move the logits
-        for parameter in model.model.multi_modal_projector.parameters():
-            parameter.normal_(0.0, 0.5)
+    _spread_projector(model)
     model.save_pretrained(str(directory))
     image_processor = transformers.CLIPImageProcessor(
         size={"shortest_edge": image_size},
@@ -113,6 +82,111 @@ def make_tiny_llava(
     return directory
 
 
+# Tilings (height, width) in multiples of the tower's input: an image gets 2 to 5 tiles
+GRID_PINPOINTS = [[32, 64], [64, 32], [64, 64], [32, 96]]
+
+
+def make_tiny_llava_next(directory: str | Path, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a random ``LlavaNextForConditionalGeneration`` (anyres tiling over
+    ``GRID_PINPOINTS``) and its ``LlavaNextProcessor``."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory, extra_special_tokens=[IMAGE_TOKEN], chat_template=LLAVA_CHAT_TEMPLATE
+    )
+    vision_config, text_config = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, None)
+    config = transformers.LlavaNextConfig(
+        vision_config=vision_config,
+        text_config=text_config,
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_grid_pinpoints=GRID_PINPOINTS,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    config.architectures = ["LlavaNextForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.LlavaNextForConditionalGeneration(config).to(getattr(torch, dtype))
+    _spread_projector(model.eval())
+    with torch.no_grad():
+        model.model.image_newline.normal_(0.0, 1.0)
+    model.save_pretrained(str(directory))
+    image_processor = transformers.LlavaNextImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=GRID_PINPOINTS,
+    )
+    processor = transformers.LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(str(directory))
+    return directory
+
+
+VIDEO_TOKEN = "<video>"  # OneVision's processor wants one; videos are not served
+
+
+def make_tiny_llava_onevision(
+    directory: str | Path, *, seed: int = 0, dtype: str = "float32", max_tiles: int = 2
+) -> Path:
+    """Write a random ``LlavaOnevisionForConditionalGeneration`` (a SigLIP tower, a Qwen2 LM,
+    anyres tiling over ``GRID_PINPOINTS``; grids over ``max_tiles`` tiles' worth scaled down),
+    its image processor and tokenizer."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory,
+        extra_special_tokens=[IMAGE_TOKEN, VIDEO_TOKEN],
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    clip_config, llama_config = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, None)
+    vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    vision_config = transformers.SiglipVisionConfig(
+        **{key: getattr(clip_config, key) for key in vision_keys},
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH_SIZE,
+    )
+    text_config = transformers.Qwen2Config(**llama_config.to_diff_dict())
+    aspect_ratio = f"anyres_max_{max_tiles}"
+    config = transformers.LlavaOnevisionConfig(
+        vision_config=vision_config.to_dict(),
+        text_config=text_config.to_dict(),
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN),
+        image_grid_pinpoints=GRID_PINPOINTS,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        vision_aspect_ratio=aspect_ratio,
+    )
+    config.architectures = ["LlavaOnevisionForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.LlavaOnevisionForConditionalGeneration(config).to(getattr(torch, dtype))
+    _spread_projector(model.eval())
+    with torch.no_grad():
+        model.model.image_newline.normal_(0.0, 1.0)
+    model.save_pretrained(str(directory))
+    # Its LlavaOnevisionProcessor cannot be built without torchvision (transformers resolves
+    # the video processor's class at construction): the image processor and tokenizer only.
+    image_processor = transformers.LlavaOnevisionImageProcessor(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, image_grid_pinpoints=GRID_PINPOINTS
+    )
+    image_processor.save_pretrained(str(directory))
+    return directory
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
     """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
     import numpy as np
@@ -125,9 +199,11 @@ def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
 @functools.cache
 def _hf_llava(path: str) -> Any:
     import torch
-    from transformers import LlavaForConditionalGeneration
+    import transformers
 
-    return LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    [architecture] = transformers.AutoConfig.from_pretrained(path).architectures
+    model_class = getattr(transformers, architecture)  # LLaVA or LLaVA-NeXT
+    return model_class.from_pretrained(path, dtype=torch.float32).eval()
 
 
 @functools.cache
@@ -163,3 +239,55 @@ def hf_llava_greedy(
         for scores, token in zip(out.scores, tokens, strict=True)
     ]
     return prompt_ids, tokens, logprobs
+
+
+def _configs(
+    tokenizer: Any,
+    image_size: int,
+    patch_size: int,
+    vision: dict[str, Any] | None,
+    text: dict[str, Any] | None,
+) -> tuple[Any, Any]:
+    """The tiny CLIP vision and Llama text configs (``vision`` and ``text`` override them)."""
+    import transformers
+
+    vision_config = transformers.CLIPVisionConfig(
+        **{
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "image_size": image_size,
+            "patch_size": patch_size,
+            "projection_dim": 32,
+            "initializer_range": 0.1,
+            **(vision or {}),
+        }
+    )
+    text_config = transformers.LlamaConfig(
+        **{
+            "vocab_size": len(tokenizer),
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": False,
+            "initializer_range": 0.1,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            **(text or {}),
+        }
+    )
+    return vision_config, text_config
+
+
+def _spread_projector(model: Any) -> None:
+    """The projector starts near zero: make images move the logits."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in model.model.multi_modal_projector.parameters():
+            parameter.normal_(0.0, 0.5)

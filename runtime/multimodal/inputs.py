@@ -16,7 +16,7 @@ class MultiModalFeature(NamedTuple):
     offset: int  # the position of its first placeholder token in the prompt
     length: int  # its placeholder tokens: one row of the encoder's output each
     identifier: str  # a digest of the item and the processor settings (prefix cache, encoder cache)
-    data: dict[str, Any]  # the processor's arrays of this item alone (pixel_values [C, H, W])
+    data: dict[str, Any]  # the processor's arrays of this item alone (pixel_values, image_sizes)
 
     @property
     def end(self) -> int:

@@ -9,6 +9,7 @@ vision-language model's API process has torch, a text model's still does not."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -94,7 +95,7 @@ class MultiModalProcessor:
             hf_processor = AutoProcessor.from_pretrained(
                 str(path), trust_remote_code=trust_remote_code
             )
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, ImportError) as error:  # ImportError: e.g. no torchvision
             raise ValueError(f"cannot load the multimodal processor of {path}: {error}") from error
         finally:
             hf_logging.set_verbosity(verbosity)
@@ -133,7 +134,8 @@ class MultiModalProcessor:
                 f"the model's processor refused the input: {error}", field
             ) from error
         ids = [int(t) for t in out["input_ids"][0]]
-        features = self._features(ids, images, out.get("pixel_values"), kwargs)
+        arrays = {k: out[k] for k in ("pixel_values", "image_sizes") if out.get(k) is not None}
+        features = self._features(ids, images, arrays, kwargs)
         return MultiModalPrompt(text, ids, features)
 
     def _images(self, data: Mapping[str, Any]) -> list[Any]:
@@ -173,14 +175,14 @@ class MultiModalProcessor:
         self,
         ids: Sequence[int],
         images: list[Any],
-        pixel_values: Any,
+        arrays: dict[str, Any],
         kwargs: dict[str, Any],
     ) -> list[MultiModalFeature]:
-        """Each image's run of placeholder tokens in ``ids`` (runs next to each other split
-        evenly: every image of these models has the same number of feature tokens)."""
+        """Each image's run of placeholder tokens in ``ids`` and its rows of the processor's
+        ``arrays`` (``pixel_values``; ``image_sizes`` for LLaVA-NeXT's tiling)."""
         if not images:
             return []
-        shape = tuple(pixel_values.shape[1:])
+        shape = tuple(arrays["pixel_values"].shape[-len(self.image_shape) :])
         if shape != self.image_shape:
             raise RequestError(
                 f"the processor made images of shape {list(shape)}; this model's vision tower "
@@ -188,28 +190,45 @@ class MultiModalProcessor:
                 "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
             )
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        per_image, rest = divmod(len(positions), len(images))
-        if rest or per_image == 0:
+        counts = self._placeholder_counts(positions, images, kwargs)
+        features = []
+        start = 0
+        for i, (image, count) in enumerate(zip(images, counts, strict=True)):
+            run = positions[start : start + count]
+            start += count
+            if run[-1] - run[0] != count - 1:
+                raise RequestError(
+                    "an image placeholder token appears in the prompt's text apart from an image",
+                    "multi_modal_data.image",
+                )
+            data = {name: array[i] for name, array in arrays.items()}
+            features.append(
+                MultiModalFeature("image", run[0], count, image_digest(image, kwargs), data)
+            )
+        return features
+
+    def _placeholder_counts(
+        self, positions: list[int], images: list[Any], kwargs: dict[str, Any]
+    ) -> list[int]:
+        """How many of the placeholder tokens at ``positions`` each image has: the runs apart
+        when there is one per image, else as the processor counts them for each image's size
+        (LLaVA-NeXT's depend on it), else split evenly (LLaVA's do not)."""
+        runs = [1 + i for i, (a, b) in enumerate(itertools.pairwise(positions)) if b != a + 1]
+        bounds = [0, *runs, len(positions)]
+        counts = [b - a for a, b in itertools.pairwise(bounds) if b > a]
+        if len(counts) != len(images):
+            counter = getattr(self.hf_processor, "_get_num_multimodal_tokens", None)
+            sizes = [(image.height, image.width) for image in images]
+            counted = counter(image_sizes=sizes, **kwargs).num_image_tokens if counter else None
+            if counted and sum(counted) == len(positions):
+                counts = list(counted)
+            else:
+                per_image, rest = divmod(len(positions), len(images))
+                counts = [] if rest or per_image == 0 else [per_image] * len(images)
+        if not counts or 0 in counts:
             raise RequestError(
                 f"the prompt's expanded placeholders ({len(positions)}) do not divide among "
                 f"{len(images)} image(s)",
                 "multi_modal_data.image",
             )
-        features = []
-        for i, image in enumerate(images):
-            run = positions[i * per_image : (i + 1) * per_image]
-            if run[-1] - run[0] != per_image - 1:
-                raise RequestError(
-                    "an image placeholder token appears in the prompt's text apart from an image",
-                    "multi_modal_data.image",
-                )
-            features.append(
-                MultiModalFeature(
-                    "image",
-                    run[0],
-                    per_image,
-                    image_digest(image, kwargs),
-                    {"pixel_values": pixel_values[i]},
-                )
-            )
-        return features
+        return counts

@@ -441,7 +441,7 @@ class ModelRunner:
         """Run the vision encoder once over the images this step reaches that are not encoded
         yet (all of the step's together, one call per input shape; an image a prompt repeats,
         once)."""
-        pending: dict[tuple[int, ...], list[tuple[CachedRequestState, MultiModalFeature]]] = {}
+        pending: dict[tuple, list[tuple[CachedRequestState, MultiModalFeature]]] = {}
         for request, num_new in zip(batch, num_scheduled, strict=True):
             first = request.num_computed_tokens
             reached = {
@@ -451,12 +451,17 @@ class ModelRunner:
             }
             for identifier, feature in reached.items():
                 if identifier not in request.encoder_outputs:
-                    shape = tuple(feature.data["pixel_values"].shape)
-                    pending.setdefault(shape, []).append((request, feature))
+                    shapes = tuple((k, v.shape) for k, v in sorted(feature.data.items()))
+                    pending.setdefault(shapes, []).append((request, feature))
         model: SupportsMultiModal = self.model  # type: ignore[assignment]  # only such models are sent images
         for items in pending.values():
-            pixels = torch.stack([torch.from_numpy(f.data["pixel_values"]) for _, f in items])
-            encoded = model.embed_multimodal("image", {"pixel_values": pixels.to(self.device)})
+            stacked = {
+                name: torch.stack([torch.from_numpy(f.data[name]) for _, f in items]).to(
+                    self.device
+                )
+                for name in items[0][1].data
+            }
+            encoded = model.embed_multimodal("image", stacked)
             for (request, feature), output in zip(items, encoded, strict=True):
                 if len(output) != feature.length:
                     raise ValueError(

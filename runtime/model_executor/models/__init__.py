@@ -65,6 +65,22 @@ def _llava() -> type[nn.Module]:
     return LlavaForConditionalGeneration
 
 
+def _llava_next() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llava_next import (
+        LlavaNextForConditionalGeneration,
+    )
+
+    return LlavaNextForConditionalGeneration
+
+
+def _llava_onevision() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llava_onevision import (
+        LlavaOnevisionForConditionalGeneration,
+    )
+
+    return LlavaOnevisionForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -88,6 +104,8 @@ GENERATIVE = {
     "OPTForCausalLM": _opt,
     "GPT2LMHeadModel": _gpt2,
     "LlavaForConditionalGeneration": _llava,
+    "LlavaNextForConditionalGeneration": _llava_next,
+    "LlavaOnevisionForConditionalGeneration": _llava_onevision,
 }
 
 

@@ -15,9 +15,15 @@ def _is_moe(cls: type[nn.Module]) -> bool:
     return issubclass(cls, MoeForCausalLM)
 
 
+# Tested at the model level only (its processor needs torchvision, which the test environment
+# lacks): no test runs it through the engine, on one rank or several.
+MODEL_LEVEL_ONLY = {"LlavaOnevisionForConditionalGeneration"}
+
+
 def _row(architecture: str) -> str:
     cls = ARCHITECTURES[architecture]()
     generative = architecture in GENERATIVE
+    ranks_tested = generative and architecture not in MODEL_LEVEL_ONLY
     vision = supports_multimodal(cls)
     task = "generate" if generative else ("score" if "Classification" in architecture else "embed")
     # The generative models are tested under TP and PP against transformers; the pooling models'
@@ -27,8 +33,8 @@ def _row(architecture: str) -> str:
         f"`{architecture}`",
         task + " (text + image)" if vision else task,
         f"`{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}`",
-        "yes" if generative else "untested",
-        "yes" if generative else "no",
+        "yes" if ranks_tested else "untested",
+        "yes" if ranks_tested else ("untested" if generative else "no"),
         "yes" if generative and not vision else "untested",
         "yes (TP slices every expert; `--enable-expert-parallel` spreads whole experts)"
         if _is_moe(cls)
@@ -96,8 +102,14 @@ LLaVA (`LlavaForConditionalGeneration`: CLIP vision tower, projector, Llama) tak
 chat `image_url` parts and offline `multi_modal_data` (`docs/multimodal.md`); tested against
 transformers token for token and logprob for logprob, on one rank and across tensor and pipeline
 ranks; its vision tower is replicated on the first stage's ranks (small beside the language
-model). LLaVA-NeXT/OneVision, Qwen2-VL/Qwen2.5-VL (M-RoPE), Gemma 3, Mistral 3 and
-Whisper are planned.
+model). LLaVA-NeXT (`LlavaNextForConditionalGeneration`) adds anyres tiling: each image is a
+base tile and 2 or more grid tiles through the same tower, unpadded, with a learned newline row;
+tested against transformers for images of different sizes and aspect ratios, whole and under
+chunked prefill. LLaVA-OneVision (`LlavaOnevisionForConditionalGeneration`: a SigLIP tower, a
+Qwen2, NeXT's tiling with grids over `anyres_max_N` tiles' worth scaled down) is built and its
+image features equal transformers', but serving it needs torchvision (its Hugging Face processor
+imports its video half), so it is untested end to end. Qwen2-VL/Qwen2.5-VL (M-RoPE), Gemma 3,
+Mistral 3 and Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.

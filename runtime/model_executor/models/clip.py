@@ -94,6 +94,8 @@ class CLIPVisionTower(nn.Module):
     """``forward(pixel_values [B, C, H, W], feature_layers)``: the hidden states after each of
     ``feature_layers`` (0: the embeddings, i: after layer i), ``[B, patches + 1, hidden]``."""
 
+    has_class_token = True  # the first row, before the patches
+
     def __init__(self, config: PretrainedConfig, num_layers: int) -> None:
         super().__init__()
         self.embeddings = CLIPVisionEmbeddings(config)

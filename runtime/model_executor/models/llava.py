@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from infernetes.runtime.model_executor.models.clip import CLIPVisionTower
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
+from infernetes.runtime.model_executor.models.siglip import SiglipVisionTower
 from infernetes.runtime.model_executor.models.utils import (
     IntermediateTensors,
     load_stacked_weights,
@@ -20,6 +21,8 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 SELECT_STRATEGIES = ("default", "full")
+# what only the towers' pooled output reads (CLIP's and SigLIP's post-layernorm, SigLIP's head)
+UNUSED_TOWER_WEIGHTS = ("vision_tower.post_layernorm.", "vision_tower.head.")
 
 
 def feature_layers(config: PretrainedConfig) -> list[int]:
@@ -29,6 +32,23 @@ def feature_layers(config: PretrainedConfig) -> list[int]:
     layers = list(layers) if isinstance(layers, list | tuple) else [layers]
     num_states = config.vision_config.num_hidden_layers + 1
     return [layer % num_states for layer in layers]
+
+
+VISION_TOWERS: dict[str, type[CLIPVisionTower] | type[SiglipVisionTower]] = {
+    "clip_vision_model": CLIPVisionTower,
+    "siglip_vision_model": SiglipVisionTower,
+}
+
+
+def vision_tower(config: PretrainedConfig, num_layers: int) -> nn.Module:
+    """The tower ``config`` names (CLIP's or SigLIP's), its first ``num_layers`` layers."""
+    tower = VISION_TOWERS.get(config.model_type)
+    if tower is None:
+        raise ValueError(
+            f"vision_config.model_type {config.model_type!r} is not supported; one of "
+            f"{', '.join(VISION_TOWERS)}"
+        )
+    return tower(config, num_layers)
 
 
 class LlavaMultiModalProjector(nn.Module):
@@ -65,6 +85,8 @@ class LlavaForConditionalGeneration(nn.Module):
     supports_inputs_embeds = True  # models/interfaces.SupportsMultiModal
     supports_multimodal = True
     intermediate_names = LlamaForCausalLM.intermediate_names
+    # checkpoint names (beside the tower's) the first stage loads with the encoder
+    encoder_weights: tuple[str, ...] = ("multi_modal_projector.",)
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
@@ -79,7 +101,7 @@ class LlavaForConditionalGeneration(nn.Module):
         self.feature_layers = feature_layers(config)
         # The pipeline's first stage embeds, so it alone encodes images.
         self.vision_tower = on_first_stage(
-            lambda: CLIPVisionTower(config.vision_config, max(self.feature_layers))
+            lambda: vision_tower(config.vision_config, max(self.feature_layers))
         )
         self.multi_modal_projector = on_first_stage(lambda: LlavaMultiModalProjector(config))
         self.language_model = LlamaForCausalLM(config.text_config, max_position)
@@ -119,15 +141,15 @@ class LlavaForConditionalGeneration(nn.Module):
         for name, tensor in _checkpoint_names(weights):
             if name.startswith("language_model."):
                 language.append((name.removeprefix("language_model."), tensor))
-            elif name.startswith("multi_modal_projector.") or (
+            elif name.startswith(self.encoder_weights) or (
                 name.startswith("vision_tower.")
                 and (
                     not name.startswith("vision_tower.encoder.layers.")
                     or name.startswith(tuple(built))
                 )
-                and not name.startswith("vision_tower.post_layernorm.")
+                and not name.startswith(UNUSED_TOWER_WEIGHTS)
             ):
                 vision.append((name, tensor))
-            # else: tower layers past the deepest one read, and the unused post-layernorm
+            # else: tower layers past the deepest one read, and the pooled output's weights
         loaded = {"language_model." + n for n in self.language_model.load_weights(language)}
         return loaded | load_stacked_weights(self, vision, [])
