@@ -21,6 +21,7 @@ from infernetes.operator.openapi import Schema, array, integer, obj, rule, strin
 from infernetes.operator.spec_schema import (
     CACHE_RULES,
     GPU_VENDORS,
+    PRECISE_ROUTING_RULES,
     ROOT_RULES,
     TERMINATION_GRACE_SECONDS,
     platform_properties,
@@ -167,6 +168,7 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
     rules += _gpu_limit_rules(product, gpu_free_device)
     rules += multinode_rules(engine_properties)
     rules += CACHE_RULES
+    rules += PRECISE_ROUTING_RULES
     gpus = f"(has(self.gpu) && has(self.gpu.count) ? self.gpu.count : {product})"
     rules.append(
         rule(

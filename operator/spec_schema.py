@@ -20,6 +20,15 @@ from infernetes.operator.openapi import (
     string,
     string_map,
 )
+from infernetes.operator.picker_config import (
+    APPROXIMATE,
+    DEFAULT_HASH_SEED,
+    LLMD_SCHEDULER_IMAGE,
+    MAX_WEIGHT,
+    PRECISE,
+    PRECISE_HASH_ALGO,
+    SCORER_TYPES,
+)
 
 from infernetes.schema.args import BY_NAME
 
@@ -445,6 +454,106 @@ def gateway_schema() -> Schema:
     )
 
 
+def scorers_schema() -> Schema:
+    scorer = obj(
+        {
+            "type": enum(
+                list(SCORER_TYPES),
+                f"{PRECISE}: the pod whose KV cache holds the prompt's longest prefix, as the "
+                "pods' KV events tell llm-d's indexer in the picker; "
+                f"{APPROXIMATE}: the pod the picker last sent that prefix to; queue-scorer: the "
+                "shortest queue; kv-cache-utilization-scorer: the emptiest KV cache.",
+            ),
+            "weight": integer(
+                "The scorer's weight in the picker's scheduling profile.",
+                minimum=1,
+                maximum=MAX_WEIGHT,
+            ),
+            "hashSeed": string(
+                f"{PRECISE} only: the seed of the block hashes (the indexer's hashSeed and "
+                f"every pod's PYTHONHASHSEED; default {DEFAULT_HASH_SEED}).",
+                minLength=1,
+                maxLength=64,
+                pattern="^[0-9]+$",
+            ),
+        },
+        required=["type", "weight"],
+        rules=[
+            rule(
+                f"!has(self.hashSeed) || self.type == '{PRECISE}'",
+                f"hashSeed applies to the {PRECISE} only",
+                field_path=".hashSeed",
+            )
+        ],
+    )
+    return array(
+        scorer,
+        max_items=len(SCORER_TYPES),
+        description="The picker's scorers and their weights (its EndpointPickerConfig's "
+        "default scheduling profile; default: queue-scorer 2, kv-cache-utilization-scorer 2, "
+        f"{APPROXIMATE} 3). With the {PRECISE} the picker is llm-d's inference scheduler and "
+        "every serving pod publishes its KV-cache events to it (engine.kvEventsConfig, "
+        f"prefixCachingHashAlgo {PRECISE_HASH_ALGO}, blockSize and PYTHONHASHSEED are the "
+        "operator's then).",
+        rules=[
+            rule("size(self) > 0", "scorers must name at least one scorer"),
+            rule(
+                "self.all(a, self.exists_one(b, b.type == a.type))",
+                "each scorer type may be listed once",
+            ),
+            rule(
+                f"!(self.exists(s, s.type == '{PRECISE}') && "
+                f"self.exists(s, s.type == '{APPROXIMATE}'))",
+                f"choose one prefix scorer: {PRECISE} or {APPROXIMATE}",
+            ),
+        ],
+    )
+
+
+# With precise routing the pods' KV events, hash and seed are the operator's.
+PRECISE_ROUTING = (
+    f"has(self.routing) && has(self.routing.scorers) && "
+    f"self.routing.scorers.exists(s, s.type == '{PRECISE}')"
+)
+PRECISE_ROUTING_RULES = [
+    rule(
+        f"!({PRECISE_ROUTING}) || !has(self.engine) || !has(self.engine.enablePrefixCaching) || "
+        "self.engine.enablePrefixCaching",
+        f"routing.scorers {PRECISE} routes by the pods' cached prefixes: "
+        "engine.enablePrefixCaching must not be false",
+        field_path=".engine.enablePrefixCaching",
+    ),
+    rule(
+        f"!({PRECISE_ROUTING}) || !has(self.engine) || !has(self.engine.kvEventsConfig)",
+        f"with routing.scorers {PRECISE} the operator sets engine.kvEventsConfig (the pods "
+        "publish to the picker's indexer): leave it unset",
+        field_path=".engine.kvEventsConfig",
+    ),
+    rule(
+        f"!({PRECISE_ROUTING}) || !has(self.engine) || "
+        f"!has(self.engine.prefixCachingHashAlgo) || "
+        f"self.engine.prefixCachingHashAlgo == '{PRECISE_HASH_ALGO}'",
+        f"with routing.scorers {PRECISE} engine.prefixCachingHashAlgo must be "
+        f"{PRECISE_HASH_ALGO} (the hash llm-d's indexer recomputes) or unset",
+        field_path=".engine.prefixCachingHashAlgo",
+    ),
+    rule(
+        f"!({PRECISE_ROUTING}) || !has(self.engine) || !has(self.engine.dataParallelSize) || "
+        "self.engine.dataParallelSize <= 1",
+        f"with routing.scorers {PRECISE} engine.dataParallelSize must be 1: a data-parallel "
+        "rank publishes its KV events on the endpoint's port plus its rank, where the picker's "
+        "indexer does not listen",
+        field_path=".engine.dataParallelSize",
+    ),
+    rule(
+        f"!({PRECISE_ROUTING}) || !has(self.env) || "
+        "!self.env.exists(e, e.name == 'PYTHONHASHSEED')",
+        f"with routing.scorers {PRECISE} PYTHONHASHSEED is the scorer's hashSeed: set it there",
+        field_path=".env",
+    ),
+]
+
+
 def routing_schema() -> Schema:
     return obj(
         {
@@ -452,7 +561,8 @@ def routing_schema() -> Schema:
                 {
                     "image": string(
                         "The endpoint picker's image (default "
-                        "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0).",
+                        "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0; with "
+                        f"the {PRECISE} llm-d's inference scheduler, {LLMD_SCHEDULER_IMAGE}).",
                         minLength=1,
                         maxLength=512,
                     ),
@@ -462,6 +572,7 @@ def routing_schema() -> Schema:
                 "one Deployment <name>-epp with a Service of that name.",
             ),
             "gateway": gateway_schema(),
+            "scorers": scorers_schema(),
             "failureMode": enum(
                 ["FailClose", "FailOpen"],
                 "What the Gateway does when the endpoint picker does not answer: refuse the "

@@ -12,12 +12,17 @@ from infernetes.operator.cache import ChildId, child_id
 from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import DRA_GV, LWS_GV, ClusterFacts
 from infernetes.operator.multinode import LWS_KIND, missing_api
+from infernetes.operator.picker_config import with_precise_routing
 from infernetes.operator.render.autoscaling import autoscaler
 from infernetes.operator.render.disruption import disruption_budget
 from infernetes.operator.render.dra import KIND as CLAIM_TEMPLATE_KIND
 from infernetes.operator.render.dra import claim_templates, uses_dra
 from infernetes.operator.render.dra import missing_api as dra_missing_api
-from infernetes.operator.render.inference_pool import routing_manifests
+from infernetes.operator.render.inference_pool import (
+    picker_name,
+    routing_manifests,
+    routing_rendered,
+)
 from infernetes.operator.render.leaderworkerset import (
     LEADER,
     ROLE_LABEL,
@@ -99,6 +104,10 @@ def plan(
     scrape = scrape_config(spec, cluster_facts, name=name, namespace=namespace)
     warnings.extend(scrape.warnings)
     placement = layout(spec, cluster_facts)
+    if routing_rendered(spec, cluster_facts):
+        spec = with_precise_routing(
+            spec, picker=picker_name(name), served_name=resolve_model(spec).served_name
+        )
     workloads, blocked = _workloads(
         spec,
         cluster_facts,

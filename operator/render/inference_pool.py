@@ -20,6 +20,14 @@ from typing import Any
 import yaml
 from infernetes.operator import names
 from infernetes.operator.facts import GATEWAY_GV, INFERENCE_POOL_GV, ClusterFacts
+from infernetes.operator.picker_config import (
+    KV_EVENTS_PORT,
+    KV_EVENTS_PORT_NAME,
+    LLMD_SCHEDULER_IMAGE,
+    picker_config,
+    precise_scorer,
+    scorers,
+)
 from infernetes.operator.render.http_route import ROUTE_KIND, gateways, http_route
 from infernetes.operator.render.picker_metrics import (
     METRICS_PORT,
@@ -43,26 +51,6 @@ PICKER_METRICS = {
     "--kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
     "--lora-info-metric": "vllm:lora_requests_info",
     "--cache-info-metric": "vllm:cache_config_info",
-}
-# The extension's default scheduling profile: least queue, least KV usage, longest cached prefix.
-PLUGINS = {
-    "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
-    "kind": "EndpointPickerConfig",
-    "plugins": [
-        {"type": "queue-scorer"},
-        {"type": "kv-cache-utilization-scorer"},
-        {"type": "prefix-cache-scorer"},
-    ],
-    "schedulingProfiles": [
-        {
-            "name": "default",
-            "plugins": [
-                {"pluginRef": "queue-scorer", "weight": 2},
-                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                {"pluginRef": "prefix-cache-scorer", "weight": 3},
-            ],
-        }
-    ],
 }
 
 
@@ -97,12 +85,17 @@ def inference_pool(
     }
 
 
-def _picker_args(name: str, namespace: str) -> list[str]:
+def routing_rendered(spec: Mapping[str, Any], facts: ClusterFacts) -> bool:
+    """Whether the pool and its picker are rendered: routing is set and the API is served."""
+    return spec.get("routing") is not None and facts.serves(INFERENCE_POOL_GV, POOL_KIND)
+
+
+def _picker_args(spec: Mapping[str, Any], name: str, namespace: str) -> list[str]:
     args = [
         f"--pool-name={name}",
         f"--pool-namespace={namespace}",
         f"--pool-group={POOL_GROUP}",
-        f"--config-text={yaml.safe_dump(PLUGINS, sort_keys=False)}",
+        f"--config-text={yaml.safe_dump(picker_config(spec), sort_keys=False)}",
         *(f"{flag}={metric}" for flag, metric in PICKER_METRICS.items()),
         "--metrics-endpoint-auth=false",
         "--tracing=false",
@@ -118,23 +111,32 @@ def _grpc_probe(period: int) -> dict[str, Any]:
     }
 
 
+def default_picker_image(routing: Mapping[str, Any]) -> str:
+    """The extension's picker, or llm-d's inference scheduler when a scorer is llm-d's."""
+    return LLMD_SCHEDULER_IMAGE if precise_scorer(routing) else DEFAULT_EPP_IMAGE
+
+
 def picker_deployment(
-    routing: Mapping[str, Any],
+    spec: Mapping[str, Any],
     *,
     name: str,
     namespace: str,
     pod_annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    routing = spec["routing"]
     picker = routing.get("endpointPicker") or {}
+    ports = [
+        {"name": "grpc", "containerPort": GRPC_PORT},
+        {"name": "grpc-health", "containerPort": HEALTH_PORT},
+        {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT},
+    ]
+    if precise_scorer(routing):
+        ports.append({"name": KV_EVENTS_PORT_NAME, "containerPort": KV_EVENTS_PORT})
     container: dict[str, Any] = {
         "name": "epp",
-        "image": picker.get("image", DEFAULT_EPP_IMAGE),
-        "args": _picker_args(name, namespace),
-        "ports": [
-            {"name": "grpc", "containerPort": GRPC_PORT},
-            {"name": "grpc-health", "containerPort": HEALTH_PORT},
-            {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT},
-        ],
+        "image": picker.get("image", default_picker_image(routing)),
+        "args": _picker_args(spec, name, namespace),
+        "ports": ports,
         "env": [
             {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -180,7 +182,14 @@ def picker_deployment(
     }
 
 
-def picker_service(*, name: str, namespace: str) -> dict[str, Any]:
+def picker_service(routing: Mapping[str, Any], *, name: str, namespace: str) -> dict[str, Any]:
+    ports: list[dict[str, Any]] = [
+        {"name": "grpc-ext-proc", "port": GRPC_PORT, "appProtocol": "http2"},
+        {"name": METRICS_SERVICE_PORT_NAME, "port": METRICS_PORT},
+    ]
+    if precise_scorer(routing):
+        # Where the serving pods publish their KV events (the indexer's ZMQ SUB socket binds).
+        ports.append({"name": KV_EVENTS_PORT_NAME, "port": KV_EVENTS_PORT, "protocol": "TCP"})
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -192,10 +201,7 @@ def picker_service(*, name: str, namespace: str) -> dict[str, Any]:
         },
         "spec": {
             "selector": picker_pod_labels(name),
-            "ports": [
-                {"name": "grpc-ext-proc", "port": GRPC_PORT, "appProtocol": "http2"},
-                {"name": METRICS_SERVICE_PORT_NAME, "port": METRICS_PORT},
-            ],
+            "ports": ports,
         },
     }
 
@@ -269,12 +275,12 @@ def routing_manifests(
     monitors, annotations = picker_scrape(
         scrape_mode, monitoring, name=name, namespace=namespace, picker=picker_name(name)
     )
-    picker = picker_deployment(routing, name=name, namespace=namespace, pod_annotations=annotations)
+    picker = picker_deployment(spec, name=name, namespace=namespace, pod_annotations=annotations)
     manifests = [
         inference_pool(routing, name=name, namespace=namespace, pod_selector=pod_selector),
         *picker_access(name=name, namespace=namespace),
         picker,
-        picker_service(name=name, namespace=namespace),
+        picker_service(routing, name=name, namespace=namespace),
         *monitors,
     ]
     demand = None
@@ -284,8 +290,8 @@ def routing_manifests(
     image = picker["spec"]["template"]["spec"]["containers"][0]["image"]
     served = (
         f"InferencePool {name} selects the serving pods on port {names.SERVER_PORT}; its "
-        f"endpoint picker {picker_name(name)} ({image}) picks by queue, KV-cache usage and "
-        "cached prefix"
+        f"endpoint picker {picker_name(name)} ({image}) picks by "
+        + ", ".join(f"{item['type']} {item['weight']}" for item in scorers(routing))
     )
     gateway = routing.get("gateway")
     if gateway is None:

@@ -1,0 +1,134 @@
+"""spec.routing.scorers -> the endpoint picker's EndpointPickerConfig, and what precise prefix-cache
+routing asks of the serving pods.
+
+The picker scores every pod with the scorers of its scheduling profile, each score weighted, and
+takes the best. `prefix-cache-scorer` (the Inference Extension's) guesses which pod holds a
+prompt's prefix from the requests it has routed; `precise-prefix-cache-scorer` (llm-d's, in
+llm-d's inference scheduler only) knows it: the pods publish their KV-cache events to the
+picker's indexer, which recomputes the prompt's block hashes as vLLM does (sha256_cbor, seeded by
+PYTHONHASHSEED) and looks them up. So with it every pod publishes its events to the picker
+(topic `kv@<pod-ip>:<port>@<model>`, the pod and model the indexer files the blocks under),
+hashes with sha256_cbor and the indexer's seed, and uses the indexer's block size.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from infernetes.operator import names
+
+PRECISE = "precise-prefix-cache-scorer"
+APPROXIMATE = "prefix-cache-scorer"
+QUEUE = "queue-scorer"
+KV_UTILISATION = "kv-cache-utilization-scorer"
+SCORER_TYPES = (PRECISE, APPROXIMATE, QUEUE, KV_UTILISATION)
+# The Inference Extension's default profile: least queue, least KV usage, longest cached prefix.
+DEFAULT_SCORERS = (
+    {"type": QUEUE, "weight": 2},
+    {"type": KV_UTILISATION, "weight": 2},
+    {"type": APPROXIMATE, "weight": 3},
+)
+MAX_WEIGHT = 100
+# llm-d's inference scheduler at LLMD_INFERENCE_SCHEDULER_VERSION (cluster/versions.env): the
+# picker build that has the precise scorer.
+LLMD_SCHEDULER_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.4.0"
+KV_EVENTS_PORT = 5557  # where llm-d's indexer binds its ZMQ SUB socket (its default)
+KV_EVENTS_PORT_NAME = "kv-events"
+TOPIC_PREFIX = "kv@"  # the indexer's topic filter
+DEFAULT_HASH_SEED = "42"  # llm-d's samples'; any string, the same on both sides
+PRECISE_HASH_ALGO = "sha256_cbor"  # the hash llm-d's indexer recomputes
+# The engine's own default (runtime/engine/engine_config.py's DEFAULT_BLOCK_SIZE), written out on
+# both sides with precise routing: the indexer chunks prompts by it.
+PRECISE_DEFAULT_BLOCK_SIZE = 16
+
+
+def scorers(routing: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(routing.get("scorers") or DEFAULT_SCORERS)
+
+
+def precise_scorer(routing: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The precise-prefix-cache-scorer entry of spec.routing.scorers, if routing uses it."""
+    if not routing:
+        return None
+    return next((item for item in scorers(routing) if item["type"] == PRECISE), None)
+
+
+def hash_seed(scorer: Mapping[str, Any]) -> str:
+    return str(scorer.get("hashSeed", DEFAULT_HASH_SEED))
+
+
+def precise_block_size(spec: Mapping[str, Any]) -> int:
+    return int((spec.get("engine") or {}).get("blockSize") or PRECISE_DEFAULT_BLOCK_SIZE)
+
+
+def _plugin(item: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    if item["type"] != PRECISE:
+        return {"type": item["type"]}
+    return {
+        "type": PRECISE,
+        "parameters": {
+            "indexerConfig": {
+                "tokenProcessorConfig": {
+                    "blockSize": precise_block_size(spec),
+                    "hashSeed": hash_seed(item),
+                },
+            },
+            "kvEventsConfig": {
+                "zmqEndpoint": f"tcp://*:{KV_EVENTS_PORT}",
+                "topicFilter": TOPIC_PREFIX,
+            },
+        },
+    }
+
+
+def picker_config(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The picker's EndpointPickerConfig: one plugin per scorer, weighted in the default
+    profile (the picker adds its single-profile handler and max-score picker itself)."""
+    chosen = scorers(spec["routing"])
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [_plugin(item, spec) for item in chosen],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": item["type"], "weight": item["weight"]} for item in chosen
+                ],
+            }
+        ],
+    }
+
+
+def kv_events_endpoint(picker: str) -> str:
+    # The picker's Service by its short name: it is in the pods' namespace (their DNS search path).
+    return f"tcp://{picker}:{KV_EVENTS_PORT}"
+
+
+def with_precise_routing(
+    spec: Mapping[str, Any], *, picker: str, served_name: str
+) -> Mapping[str, Any]:
+    """The spec with what precise routing sets on every serving pod: KV events published to the
+    picker's indexer under the pod's topic, hashed as the indexer hashes (sha256_cbor, its seed,
+    its block size). Admission keeps these fields the operator's; without the precise scorer the
+    spec is returned as it is."""
+    scorer = precise_scorer(spec.get("routing"))
+    if scorer is None:
+        return spec
+    engine = {
+        **(spec.get("engine") or {}),
+        "blockSize": precise_block_size(spec),
+        "prefixCachingHashAlgo": PRECISE_HASH_ALGO,
+        "kvEventsConfig": {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": kv_events_endpoint(picker),
+            # $(POD_IP): the kubelet substitutes the pod's address (the env var below).
+            "topic": f"{TOPIC_PREFIX}$(POD_IP):{names.SERVER_PORT}@{served_name}",
+        },
+    }
+    env = [
+        *(spec.get("env") or []),
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "PYTHONHASHSEED", "value": hash_seed(scorer)},
+    ]
+    return {**spec, "engine": engine, "env": env}
