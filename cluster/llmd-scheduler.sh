@@ -7,6 +7,10 @@
 #
 #   cluster/llmd-scheduler.sh    build if missing; print the binary's path on the last line
 #
+# The precise scorer's tokenizer imports a Python module of llm-d's KV-cache manager
+# (render_jinja_template_wrapper.py, which the project's image copies into site-packages): it is
+# copied into python/ beside the binary; run the binary with that directory on PYTHONPATH.
+#
 # Its cgo dependencies, as the project's Dockerfile.epp builds them: libzmq (pebbe/zmq4; Debian:
 # libzmq3-dev, pkg-config), libtokenizers.a (github.com/daulet/tokenizers, a Rust static library:
 # built here with cargo from the source in that Go module, at the version the scheduler's go.mod
@@ -25,8 +29,9 @@ module=github.com/llm-d/llm-d-inference-scheduler
 cache_root="${INFERNETES_LLMD_SCHEDULER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infernetes/llmd-scheduler}"
 out="$cache_root/llm-d-inference-scheduler-$version"
 bin="$out/epp"
+wrapper="$out/python/render_jinja_template_wrapper.py"
 
-if [[ -x "$bin" ]]; then
+if [[ -x "$bin" && -f "$wrapper" ]]; then
     echo "$bin"
     exit 0
 fi
@@ -56,7 +61,7 @@ pkg-config --exists libzmq 2>/dev/null ||
 mkdir -p "$out"
 exec 9>"$out/build.lock"
 flock 9
-if [[ -x "$bin" ]]; then
+if [[ -x "$bin" && -f "$wrapper" ]]; then
     echo "$bin"
     exit 0
 fi
@@ -77,18 +82,26 @@ nice_() { nice -n "${BUILD_NICE:-10}" "$@"; }
         mkdir -p "$lib" && cp "$lib.src/target/release/libtokenizers.a" "$lib/"
         rm -rf "$lib.src"
     fi
-    # The module cache is read-only; build in a copy so go.mod's own requirements apply.
-    work="$out/src" && rm -rf "$work" && cp -r "$src" "$work" && chmod -R u+w "$work"
-    cd "$work"
-    CGO_ENABLED=1 \
-        CGO_CFLAGS="$("$PYTHON_CONFIG" --cflags) -I$lib" \
-        CGO_LDFLAGS="$("$PYTHON_CONFIG" --ldflags --embed) -L$lib -ltokenizers -ldl -lm" \
-        nice_ "$GO" build -o "$bin.tmp" ./cmd/epp
-    cd "$out" && rm -rf "$work"
+    kv_src="$(cd "$src" && "$GO" mod download -json \
+        "github.com/llm-d/llm-d-kv-cache-manager@$(cd "$src" && "$GO" list -m -f '{{.Version}}' \
+            github.com/llm-d/llm-d-kv-cache-manager)" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+    mkdir -p "$out/python"
+    cp "$kv_src/pkg/preprocessing/chat_completions/render_jinja_template_wrapper.py" "$wrapper.tmp"
+    mv "$wrapper.tmp" "$wrapper"
+    if [[ ! -x "$bin" ]]; then
+        # The module cache is read-only; build in a copy so go.mod's own requirements apply.
+        work="$out/src" && rm -rf "$work" && cp -r "$src" "$work" && chmod -R u+w "$work"
+        cd "$work"
+        CGO_ENABLED=1 \
+            CGO_CFLAGS="$("$PYTHON_CONFIG" --cflags) -I$lib" \
+            CGO_LDFLAGS="$("$PYTHON_CONFIG" --ldflags --embed) -L$lib -ltokenizers -ldl -lm" \
+            nice_ "$GO" build -o "$bin.tmp" ./cmd/epp
+        cd "$out" && rm -rf "$work"
+        mv "$bin.tmp" "$bin"
+    fi
 } >"$out/build.log" 2>&1 || {
     tail -40 "$out/build.log" >&2
     exit 1
 }
-mv "$bin.tmp" "$bin"
 echo "llmd-scheduler.sh: built in $(($(date +%s) - start)) s" | tee -a "$out/build.log" >&2
 echo "$bin"
