@@ -34,7 +34,8 @@ LLMD_SCHEDULER_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.4.0"
 KV_EVENTS_PORT = 5557  # where llm-d's indexer binds its ZMQ SUB socket (its default)
 KV_EVENTS_PORT_NAME = "kv-events"
 TOPIC_PREFIX = "kv@"  # the indexer's topic filter
-DEFAULT_HASH_SEED = "42"  # llm-d's samples'; any string, the same on both sides
+DEFAULT_HASH_SEED = "42"  # llm-d's samples'; the same on both sides
+MAX_HASH_SEED = 4294967295  # the largest PYTHONHASHSEED Python accepts
 PRECISE_HASH_ALGO = "sha256_cbor"  # the hash llm-d's indexer recomputes
 # The engine's own default (runtime/engine/engine_config.py's DEFAULT_BLOCK_SIZE), written out on
 # both sides with precise routing: the indexer chunks prompts by it.

@@ -24,6 +24,7 @@ from infernetes.operator.picker_config import (
     APPROXIMATE,
     DEFAULT_HASH_SEED,
     LLMD_SCHEDULER_IMAGE,
+    MAX_HASH_SEED,
     MAX_WEIGHT,
     PRECISE,
     PRECISE_HASH_ALGO,
@@ -471,9 +472,10 @@ def scorers_schema() -> Schema:
             ),
             "hashSeed": string(
                 f"{PRECISE} only: the seed of the block hashes (the indexer's hashSeed and "
-                f"every pod's PYTHONHASHSEED; default {DEFAULT_HASH_SEED}).",
+                f"every pod's PYTHONHASHSEED, which Python takes from 0 to {MAX_HASH_SEED}; "
+                f"default {DEFAULT_HASH_SEED}).",
                 minLength=1,
-                maxLength=64,
+                maxLength=len(str(MAX_HASH_SEED)),
                 pattern="^[0-9]+$",
             ),
         },
@@ -483,7 +485,13 @@ def scorers_schema() -> Schema:
                 f"!has(self.hashSeed) || self.type == '{PRECISE}'",
                 f"hashSeed applies to the {PRECISE} only",
                 field_path=".hashSeed",
-            )
+            ),
+            rule(
+                f"!has(self.hashSeed) || int(self.hashSeed) <= {MAX_HASH_SEED}",
+                f"hashSeed must be at most {MAX_HASH_SEED} (Python refuses a larger "
+                "PYTHONHASHSEED at startup)",
+                field_path=".hashSeed",
+            ),
         ],
     )
     return array(

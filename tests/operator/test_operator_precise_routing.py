@@ -166,6 +166,8 @@ def test_crd_types_the_scorers_and_refuses_what_breaks_precise_routing() -> None
     ]
     assert item["required"] == ["type", "weight"]
     assert item["properties"]["weight"]["minimum"] == 1
+    item_rules = " ".join(r["rule"] for r in item["x-kubernetes-validations"])
+    assert "int(self.hashSeed) <= 4294967295" in item_rules
     messages = " ".join(r["message"] for r in scorers["x-kubernetes-validations"])
     assert "listed once" in messages and "choose one prefix scorer" in messages
     paths = {
