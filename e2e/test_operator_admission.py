@@ -44,6 +44,10 @@ VALID: dict[str, Any] = {
 }
 
 
+PRECISE_SCORER = {"type": "precise-prefix-cache-scorer", "weight": 2}
+QUEUE_SCORER = {"type": "queue-scorer", "weight": 1}
+
+
 def variant(
     spec_changes: dict[str, Any] | None = None,
     *,
@@ -291,6 +295,70 @@ INVALID = [
         variant({"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}}),
         ("spec.resources.requests: Invalid value", "must not exceed its limit"),
     ),
+    # routing.scorers: the picker's profile; precise prefix-cache routing keeps the pods' KV
+    # events, hash, seed and ranks the operator's.
+    (
+        "scorer-twice",
+        variant({"routing.scorers": [QUEUE_SCORER, QUEUE_SCORER]}),
+        ("spec.routing.scorers", "each scorer type may be listed once"),
+    ),
+    (
+        "both-prefix-scorers",
+        variant(
+            {"routing.scorers": [PRECISE_SCORER, {"type": "prefix-cache-scorer", "weight": 1}]}
+        ),
+        ("spec.routing.scorers", "choose one prefix scorer"),
+    ),
+    (
+        "scorer-weight-zero",
+        variant({"routing.scorers": [{"type": "queue-scorer", "weight": 0}]}),
+        "spec.routing.scorers[0].weight",
+    ),
+    (
+        "hash-seed-on-queue",
+        variant({"routing.scorers": [{**QUEUE_SCORER, "hashSeed": "1"}]}),
+        ("spec.routing.scorers[0].hashSeed", "applies to the precise-prefix-cache-scorer only"),
+    ),
+    (
+        "hash-seed-too-large",
+        variant({"routing.scorers": [{**PRECISE_SCORER, "hashSeed": "4294967296"}]}),
+        ("spec.routing.scorers[0].hashSeed", "at most 4294967295"),
+    ),
+    (
+        "precise-without-prefix-caching",
+        variant({"routing.scorers": [PRECISE_SCORER], "engine.enablePrefixCaching": False}),
+        ("spec.engine.enablePrefixCaching", "must not be false"),
+    ),
+    (
+        "precise-with-own-kv-events",
+        variant(
+            {
+                "routing.scorers": [PRECISE_SCORER],
+                "engine.kvEventsConfig": {"enable_kv_cache_events": True},
+            }
+        ),
+        ("spec.engine.kvEventsConfig", "leave it unset"),
+    ),
+    (
+        "precise-with-sha256",
+        variant({"routing.scorers": [PRECISE_SCORER], "engine.prefixCachingHashAlgo": "sha256"}),
+        ("spec.engine.prefixCachingHashAlgo", "sha256_cbor"),
+    ),
+    (
+        "precise-with-data-parallel",
+        variant({"routing.scorers": [PRECISE_SCORER], "engine.dataParallelSize": 2}),
+        ("spec.engine.dataParallelSize", "must be 1"),
+    ),
+    (
+        "precise-with-own-seed",
+        variant(
+            {
+                "routing.scorers": [PRECISE_SCORER],
+                "env": [{"name": "PYTHONHASHSEED", "value": "1"}],
+            }
+        ),
+        ("spec.env", "set it there"),
+    ),
 ]
 
 
@@ -329,6 +397,21 @@ def test_crd_is_established_with_short_name(cluster: Any, crds: None) -> None:
 
 def test_valid_resource_is_accepted(cluster: Any, crds: None, namespace: str) -> None:
     result = dry_run(cluster, namespace, VALID)
+    assert result.returncode == 0, result.stderr
+
+
+def test_precise_routing_is_accepted(cluster: Any, crds: None, namespace: str) -> None:
+    resource = variant(
+        {
+            "routing.scorers": [
+                {**PRECISE_SCORER, "hashSeed": "4294967295"},
+                QUEUE_SCORER,
+                {"type": "kv-cache-utilization-scorer", "weight": 1},
+            ],
+            "engine.prefixCachingHashAlgo": "sha256_cbor",
+        }
+    )
+    result = dry_run(cluster, namespace, resource)
     assert result.returncode == 0, result.stderr
 
 
