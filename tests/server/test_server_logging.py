@@ -120,23 +120,33 @@ def test_serve_exits_2_on_a_missing_logging_config(tiny_llama_dir, tmp_path):
     assert "VLLM_LOGGING_CONFIG_PATH" in result.stderr and "no such file" in result.stderr
 
 
-def test_prefix_and_level_reach_the_engine_core_process(tiny_llama_dir, server_process_factory):
+def _started_and_stopped(server_process_factory, args, env, log_name) -> list[str]:
+    """The log lines of a server started with ``args`` and ``env`` until ready, then stopped."""
     server = server_process_factory(
-        [str(tiny_llama_dir), "--max-model-len", "128", "--num-gpu-blocks-override", "16"],
-        env={
-            "VLLM_LOGGING_PREFIX": "<<pfx>> ",
-            "VLLM_LOGGING_LEVEL": "DEBUG",
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-        },
-        log_name="logging-prefix.log",
+        [*args, "--max-model-len", "128", "--num-gpu-blocks-override", "16"],
+        env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+        log_name=log_name,
     )
     try:
         server.wait_ready()
     finally:
         server.stop()
-    lines = server.log_path.read_text(errors="replace").splitlines()
+    return server.log_path.read_text(errors="replace").splitlines()
+
+
+def _core_logged_at_debug(lines: list[str]) -> bool:
     core = [line for line in lines if "[core pid " in line]
-    assert any("DEBUG" in line and "engine core process started" in line for line in core), lines
+    return any("DEBUG" in line and "engine core process started" in line for line in core)
+
+
+def test_prefix_and_level_reach_the_engine_core_process(tiny_llama_dir, server_process_factory):
+    lines = _started_and_stopped(
+        server_process_factory,
+        [str(tiny_llama_dir)],
+        {"VLLM_LOGGING_PREFIX": "<<pfx>> ", "VLLM_LOGGING_LEVEL": "DEBUG"},
+        "logging-prefix.log",
+    )
+    assert _core_logged_at_debug(lines), lines
     ours = [line for line in lines if " infernetes." in line]
     assert ours and all(line.startswith("<<pfx>> ") for line in ours), ours
 
@@ -144,23 +154,10 @@ def test_prefix_and_level_reach_the_engine_core_process(tiny_llama_dir, server_p
 def test_log_level_flag_wins_over_the_variable_in_every_process(
     tiny_llama_dir, server_process_factory
 ):
-    server = server_process_factory(
-        [
-            str(tiny_llama_dir),
-            "--max-model-len",
-            "128",
-            "--num-gpu-blocks-override",
-            "16",
-            "--log-level",
-            "DEBUG",
-        ],
-        env={"VLLM_LOGGING_LEVEL": "ERROR", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
-        log_name="logging-flag.log",
+    lines = _started_and_stopped(
+        server_process_factory,
+        [str(tiny_llama_dir), "--log-level", "DEBUG"],
+        {"VLLM_LOGGING_LEVEL": "ERROR"},
+        "logging-flag.log",
     )
-    try:
-        server.wait_ready()
-    finally:
-        server.stop()
-    lines = server.log_path.read_text(errors="replace").splitlines()
-    core = [line for line in lines if "[core pid " in line]
-    assert any("DEBUG" in line and "engine core process started" in line for line in core), lines
+    assert _core_logged_at_debug(lines), lines
