@@ -16,6 +16,8 @@ import pytest
 
 PROMPT = [1, 5, 9, 200, 17, 3, 44]
 MAX_TOKENS = 6
+# Loading an adapter reads and checks its files: seconds on a busy machine, past httpx's 5 s.
+HTTP_TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
@@ -117,13 +119,14 @@ def test_adapters_load_and_unload_at_run_time(lora_server, adapters, tiny_llama_
     loaded = httpx.post(
         f"{url}/v1/load_lora_adapter",
         json={"lora_name": "late", "lora_path": str(adapters["late"])},
+        timeout=HTTP_TIMEOUT,
     )
     assert loaded.status_code == 200, loaded.text
     assert "late" in {m.id for m in client.models.list().data}
     assert _greedy_tokens(client, "late") == _peft_tokens(tiny_llama_dir, adapters["late"])
 
     def error(path: str, body: dict) -> tuple[int, str]:
-        response = httpx.post(f"{url}{path}", json=body)
+        response = httpx.post(f"{url}{path}", json=body, timeout=HTTP_TIMEOUT)
         return response.status_code, response.json()["error"]["message"]
 
     status, message = error(
@@ -141,7 +144,9 @@ def test_adapters_load_and_unload_at_run_time(lora_server, adapters, tiny_llama_
     status, _ = error("/v1/load_lora_adapter", {"lora_name": "x"})
     assert status == 400  # lora_path missing
 
-    unloaded = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"})
+    unloaded = httpx.post(
+        f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=HTTP_TIMEOUT
+    )
     assert unloaded.status_code == 200, unloaded.text
     assert "late" not in {m.id for m in client.models.list().data}
     with pytest.raises(openai.NotFoundError):
@@ -167,7 +172,7 @@ def test_lora_requests_info_names_the_running_adapter(lora_server):
         from prometheus_client.parser import text_string_to_metric_families
 
         while not stop.is_set():
-            text = httpx.get(f"{lora_server.url}/metrics").text
+            text = httpx.get(f"{lora_server.url}/metrics", timeout=HTTP_TIMEOUT).text
             for family in text_string_to_metric_families(text):
                 if family.name == "vllm:lora_requests_info":
                     labels.extend(sample.labels for sample in family.samples)
@@ -195,6 +200,7 @@ def test_runtime_updates_need_the_variable_and_lora(main_server, auth_headers, a
         f"{main_server.url}/v1/load_lora_adapter",
         json={"lora_name": "attn", "lora_path": str(adapters["attn"])},
         headers=auth_headers,
+        timeout=HTTP_TIMEOUT,
     )
     assert response.status_code == 404
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in response.json()["error"]["message"]
