@@ -1,7 +1,7 @@
 """Changes that lose no request (issue 38, item 5), on pods that serve (podkubelet nodes).
 
 An InferenceService of three CPU replicas of a tiny model serves 200 streamed completions kept in
-flight (streaming_load.py: the client balances over the Service's ready endpoints, as kube-proxy
+flight (cluster/streaming_load.py: the client balances over the Service's ready endpoints, as kube-proxy
 would, and retries nothing) while it is rolled (a new engine flag), one serving node is drained
 (`kubectl drain`: cordon, then evictions the PodDisruptionBudget paces) and it is scaled in from
 3 replicas to 1. Every stream must end with finish_reason "length" and `[DONE]`, with no HTTP
@@ -26,7 +26,6 @@ from infernetes.operator.testing import (
 )
 from serving_nodes import SERVING_NODE_LABEL
 from streaming_load import StreamingLoad, ready_addresses
-from test_serving_pods import model_claim, model_dir  # noqa: F401 - fixtures shared with them
 
 NAME = "tiny"
 IN_FLIGHT = 200
@@ -44,8 +43,8 @@ def ns(cluster: Any, serving_nodes: list[str]) -> Iterator[str]:
 def service(
     cluster: Any,
     ns: str,
-    model_claim: str,  # noqa: F811
-    model_dir: Path,  # noqa: F811
+    model_claim: str,
+    model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[None]:
     with running_operator(cluster, ns, tmp_path_factory.mktemp("operator")):
