@@ -87,7 +87,12 @@ class StreamingLoad:
         return self.report
 
     async def _run(self) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        # An idle connection is dropped here before the server closes it (uvicorn after 5 s,
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE), as a proxy's idle timeout must be shorter than its
+        # upstream's: otherwise a request sent as the server closes is reset.
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=None, keepalive_expiry=2
+        )
         timeout = httpx.Timeout(120, connect=10)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
             poller = asyncio.create_task(self._poll_endpoints())
