@@ -12,6 +12,7 @@ its endpoint goes, and its drain lets the streams in flight finish.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,19 +124,21 @@ def test_a_roll_a_drain_and_a_scale_in_lose_no_request(
         wait_until(lambda: progressed(0), timeout=120, what="the load to get going")
 
         # (a) A rolling update: a new engine flag is a new pod template.
-        before = load.completed()
+        before, began = load.completed(), time.monotonic()
         patch_service(cluster, ns, {"engine": {"maxNumSeqs": 12}})
         wait_until(
             lambda: settled(cluster, ns, 3, api_client), timeout=STARTUP_TIMEOUT, what="the roll"
         )
-        steps.append(f"roll: {load.completed() - before} completed")
+        steps.append(
+            f"roll: {load.completed() - before} completed in {time.monotonic() - began:.0f} s"
+        )
         for pod in pods(cluster, ns):
             assert "--max-num-seqs=12" in " ".join(pod["spec"]["containers"][0]["args"])
 
         # (b) A drain of the node with the most pods (evictions, paced by the PDB).
         on_node = [p["spec"]["nodeName"] for p in pods(cluster, ns)]
         node = max(serving_nodes, key=on_node.count)
-        before = load.completed()
+        before, began = load.completed(), time.monotonic()
         cluster.kubectl(
             "drain",
             node,
@@ -149,15 +152,19 @@ def test_a_roll_a_drain_and_a_scale_in_lose_no_request(
         )
         assert all(p["spec"]["nodeName"] != node for p in pods(cluster, ns))
         cluster.kubectl("uncordon", node)
-        steps.append(f"drain of {node}: {load.completed() - before} completed")
+        steps.append(
+            f"drain of {node}: {load.completed() - before} completed in {time.monotonic() - began:.0f} s"
+        )
 
         # (c) A scale-in from 3 replicas to 1.
-        before = load.completed()
+        before, began = load.completed(), time.monotonic()
         patch_service(cluster, ns, {"replicas": 1})
         wait_until(lambda: settled(cluster, ns, 1, api_client), timeout=120, what="the scale-in")
         after = load.completed()
         wait_until(lambda: progressed(after), timeout=120, what="load on one replica")
-        steps.append(f"scale-in: {load.completed() - before} completed")
+        steps.append(
+            f"scale-in: {load.completed() - before} completed in {time.monotonic() - began:.0f} s"
+        )
     finally:
         report = load.stop()
         for node in serving_nodes:
