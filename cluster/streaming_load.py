@@ -69,11 +69,13 @@ class StreamingLoad:
         self.max_tokens = max_tokens
         self.report = LoadReport()
         self.addresses: list[str] = []
+        self._view_asked = time.monotonic()  # when the API server was asked for `addresses`
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     def start(self) -> None:
         self.addresses = ready_addresses(self.api_client, self.namespace, self.service)
+        self._view_asked = time.monotonic()
         assert self.addresses, "no ready endpoint to start the load on"
         self._thread.start()
 
@@ -102,13 +104,14 @@ class StreamingLoad:
     async def _poll_endpoints(self) -> None:
         while True:
             await asyncio.sleep(ENDPOINT_POLL_S)
+            asked = time.monotonic()
             try:
                 found = await asyncio.to_thread(
                     ready_addresses, self.api_client, self.namespace, self.service
                 )
             except Exception:  # a failed poll keeps the last view, as a proxy does
                 continue
-            self.addresses = found
+            self.addresses, self._view_asked = found, asked
 
     async def _client(self, http: httpx.AsyncClient, seed: int) -> None:
         rng = random.Random(seed)
@@ -118,10 +121,14 @@ class StreamingLoad:
                 await asyncio.sleep(0.5)
                 continue
             address = rng.choice(self.addresses)
+            view_age = time.monotonic() - self._view_asked
             prompt = [rng.randrange(3, 250) for _ in range(8)]
             problem = await self._one_stream(http, address, prompt)
             if problem:
-                self.report.lost.append(f"{time.strftime('%X')} {address}: {problem}")
+                self.report.lost.append(
+                    f"{time.strftime('%X')} {address} (endpoints as of {view_age:.1f} s before "
+                    f"sending): {problem}"
+                )
             else:
                 self.report.completed += 1
                 self.report.by_address[address] += 1
