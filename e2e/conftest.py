@@ -25,6 +25,9 @@ Fixtures available to every test under e2e/:
   ``cluster/serving_nodes.py``), labelled and tainted ``infernetes.io/serving-node=true``
   (``SERVING_NODE_LABEL``): a pod lands there only when it selects and tolerates that. Skips
   where this machine cannot run them (not root, no ``ip netns``, no Go toolchain).
+- ``model_dir`` (module): a tiny random Llama; ``model_claim`` (module): a claim ``models`` in
+  the module's own ``ns`` fixture bound to a hostPath volume of its parent, so that pods on
+  serving nodes get it as ``pvc://models/<model_dir.name>``.
 
 ``from localcluster import wait_for`` gives the polling helper
 (``wait_for(condition, timeout=..., what=...)`` returns the first truthy value).
@@ -101,6 +104,50 @@ def serving_nodes(cluster: LocalCluster) -> Iterator[list[str]]:
         yield names
     finally:
         cluster.stop_serving_nodes()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from infernetes.runtime.testing import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def model_claim(cluster: Any, ns: str, model_dir: Path) -> Iterator[str]:
+    """A claim named `models` in the module's `ns` (a fixture each module defines), bound to a
+    hostPath volume holding the model's parent directory: `pvc://models/<model_dir.name>`."""
+    volume = f"models-{uuid.uuid4().hex[:6]}"
+    cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "hostPath": {"path": str(model_dir.parent), "type": "Directory"},
+                    "claimRef": {"namespace": ns, "name": "models"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "models", "namespace": ns},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        ]
+    )
+    yield "models"
+    cluster.kubectl("delete", "pv", volume, "--wait=false", check=False)
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,49 +75,6 @@ def picker_binaries() -> tuple[Path, Path]:
     assert result.returncode == 0, f"{script} failed"
     epp = Path(result.stdout.strip().splitlines()[-1])
     return epp, epp.with_name("epp-pick")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from infernetes.runtime.testing import make_tiny_llama
-
-    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def model_claim(cluster: Any, ns: str, model_dir: Path) -> Iterator[str]:
-    """A claim bound to a hostPath volume holding the model's parent directory."""
-    volume = f"models-{uuid.uuid4().hex[:6]}"
-    cluster.apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": volume},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadOnlyMany"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
-                    "hostPath": {"path": str(model_dir.parent), "type": "Directory"},
-                    "claimRef": {"namespace": ns, "name": "models"},
-                },
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "models", "namespace": ns},
-                "spec": {
-                    "accessModes": ["ReadOnlyMany"],
-                    "storageClassName": "",
-                    "volumeName": volume,
-                    "resources": {"requests": {"storage": "1Gi"}},
-                },
-            },
-        ]
-    )
-    yield "models"
-    cluster.kubectl("delete", "pv", volume, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,10 @@ SHUTDOWN_MARGIN_SECONDS = 10
 # Services' proxies and the endpoint picker stop sending to it first. At most a sixth of the
 # grace period (none below 6 s).
 PRE_STOP_SECONDS = 5
+# The startup probe asks at least this often: a pod whose engine has loaded becomes Ready (and
+# takes its share of traffic, or lets a rolling update go on) within seconds, not a whole
+# spec.probes.periodSeconds. A /health request costs the server next to nothing.
+STARTUP_PROBE_PERIOD_SECONDS = 2
 
 
 def pre_stop_seconds(grace: int) -> int:
@@ -357,7 +361,14 @@ def probes_schema() -> Schema:
                 maximum=86400,
                 default=1800,
             ),
-            "periodSeconds": integer(minimum=1, maximum=300, default=10),
+            "periodSeconds": integer(
+                "How often the readiness and liveness probes run; the startup probe runs every "
+                f"{STARTUP_PROBE_PERIOD_SECONDS} s at most, so that a replica serves as soon as "
+                "its model is loaded.",
+                minimum=1,
+                maximum=300,
+                default=10,
+            ),
             "timeoutSeconds": integer(minimum=1, maximum=300, default=5),
             "failureThreshold": integer(
                 "Failed readiness/liveness checks in a row before acting.",

@@ -199,6 +199,9 @@ func (r *podRuntime) launchSpec(pod *corev1.Pod, c *corev1.Container, facts podF
 			return launchSpec{}, "CreateContainerConfigError", err
 		}
 	}
+	if err := checkLifecycle(c); err != nil {
+		return launchSpec{}, "CreateContainerConfigError", err
+	}
 	env, values, err := containerEnv(pod, c, r.provider.node, facts, image, r.provider.volumes.objects)
 	if err != nil {
 		return launchSpec{}, "CreateContainerConfigError", err
@@ -453,7 +456,8 @@ func (r *podRuntime) probe(ctx context.Context, c *containerRuntime, ip string, 
 	prober{&readiness, &spec, ip}.run(ctx, started, false, func(ok bool, _ error) { setReady(ok) })
 }
 
-// kill ends a container whose probe failed: SIGTERM, then SIGKILL after the grace period.
+// kill ends a container whose probe failed: its preStop hook, SIGTERM, then SIGKILL at the end
+// of the grace period.
 func (r *podRuntime) kill(c *containerRuntime, why string) {
 	r.mu.Lock()
 	process := c.process
@@ -466,7 +470,20 @@ func (r *podRuntime) kill(c *containerRuntime, why string) {
 		return
 	}
 	log.G(r.ctx).Infof("pod %s container %s: %s; killing it", describe(r.pod), c.spec.Name, why)
-	go terminate(process.Pid, grace)
+	go r.stopContainer(&c.spec, process.Pid, grace)
+}
+
+// stopContainer runs the container's preStop hook, then terminates its process group with the
+// grace left.
+func (r *podRuntime) stopContainer(c *corev1.Container, pgid int, grace time.Duration) {
+	r.mu.Lock()
+	ip := r.ip.String()
+	r.mu.Unlock()
+	left, err := runPreStop(c, ip, grace)
+	if err != nil {
+		log.G(r.ctx).Warnf("pod %s container %s: %v", describe(r.pod), c.Name, err)
+	}
+	terminate(pgid, left)
 }
 
 // terminate signals the process group, then kills it when it is still there after grace.
@@ -482,7 +499,8 @@ func terminate(pgid int, grace time.Duration) {
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 }
 
-// stop ends the pod: every container gets SIGTERM and, after the grace period, SIGKILL; then
+// stop ends the pod: every container runs its preStop hook, then gets SIGTERM and, at the end of
+// the grace period, SIGKILL; then
 // its netns and directory go, and the terminal status is published.
 func (r *podRuntime) stop(grace time.Duration) {
 	r.stopOnce.Do(func() {
@@ -491,10 +509,10 @@ func (r *podRuntime) stop(grace time.Duration) {
 		r.mu.Unlock()
 		<-r.setUp
 		r.mu.Lock()
-		var groups []int
+		groups := map[int]*corev1.Container{}
 		for _, c := range r.containers {
 			if c.process != nil {
-				groups = append(groups, c.process.Pid)
+				groups[c.process.Pid] = &c.spec
 			}
 			if c.status.State.Running == nil && c.status.State.Terminated == nil {
 				// Never started, or waiting to restart: ends without another run.
@@ -513,9 +531,9 @@ func (r *podRuntime) stop(grace time.Duration) {
 		r.mu.Unlock()
 		r.cancel()
 		var wg sync.WaitGroup
-		for _, pgid := range groups {
+		for pgid, spec := range groups {
 			wg.Add(1)
-			go func() { defer wg.Done(); terminate(pgid, grace) }()
+			go func() { defer wg.Done(); r.stopContainer(spec, pgid, grace) }()
 		}
 		wg.Wait()
 		r.wg.Wait()

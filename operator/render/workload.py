@@ -15,6 +15,7 @@ from infernetes.operator.spec_schema import (
     GPU_VENDORS,
     MEMORY_PER_GPU_GIB,
     SHUTDOWN_MARGIN_SECONDS,
+    STARTUP_PROBE_PERIOD_SECONDS,
     TERMINATION_GRACE_SECONDS,
     pre_stop_seconds,
 )
@@ -149,9 +150,13 @@ def _probes(spec: Mapping[str, Any]) -> dict[str, Any]:
             **extra,
         }
 
+    startup_period = min(period, STARTUP_PROBE_PERIOD_SECONDS)
     return {
         # Loading weights can take many minutes; the startup probe holds the others off until then.
-        "startupProbe": probe(failureThreshold=max(1, math.ceil(startup_budget / period))),
+        "startupProbe": probe(
+            periodSeconds=startup_period,
+            failureThreshold=max(1, math.ceil(startup_budget / startup_period)),
+        ),
         "readinessProbe": probe(failureThreshold=failures),
         "livenessProbe": probe(failureThreshold=failures),
     }

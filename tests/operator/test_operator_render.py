@@ -6,6 +6,7 @@ from infernetes.operator.gpus import pod_gpus, spare_gpus
 from infernetes.operator.render import SERVER, plan, render
 from infernetes.operator.render.service import service_link_variables, service_name_for
 from infernetes.operator.render.workload import gpus_per_replica, rollout_strategy
+from infernetes.operator.spec_schema import STARTUP_PROBE_PERIOD_SECONDS
 
 from infernetes.schema.parser import parse_serve_args
 
@@ -72,6 +73,18 @@ def test_pod_hygiene() -> None:
         container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"]
         >= 1800
     )
+
+
+def test_the_startup_probe_asks_often_so_a_loaded_replica_is_ready_promptly() -> None:
+    container = pod({"model": "x"})["containers"][0]
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] == STARTUP_PROBE_PERIOD_SECONDS < 10
+    assert container["readinessProbe"]["periodSeconds"] == 10
+    assert startup["failureThreshold"] * startup["periodSeconds"] == 1800
+    # A shorter period the user asks for holds for the startup probe too.
+    container = pod({"model": "x", "probes": {"periodSeconds": 1}})["containers"][0]
+    assert container["startupProbe"]["periodSeconds"] == 1
+    assert container["startupProbe"]["failureThreshold"] == 1800
 
 
 def test_user_env_wins_and_names_stay_unique() -> None:
