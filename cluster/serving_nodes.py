@@ -72,9 +72,12 @@ def free_bridge_indexes(count: int) -> list[int]:
 
 def default_images() -> dict[str, Any]:
     """Every image runs with the tools of this Python's environment first on PATH (the runtime
-    image's `infernetes` console script is this environment's)."""
+    image's `infernetes` console script is this environment's). That environment and the code it
+    imports stand for the image's files: kept visible under a volume a pod mounts above them (a
+    checkout under /tmp beneath the pod's /tmp emptyDir)."""
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-    return {"*": {"env": {"PATH": path}}}
+    keep = sorted({sys.prefix, sys.base_prefix, str(CLUSTER_DIR.parent)})
+    return {"*": {"env": {"PATH": path}, "keep": keep}}
 
 
 def interpreter_reachable_by_others() -> bool:

@@ -14,6 +14,11 @@ type imageConfig struct {
 	Cmd        []string          `json:"cmd,omitempty"`
 	Env        map[string]string `json:"env,omitempty"`
 	WorkingDir string            `json:"workingDir,omitempty"`
+	// Keep: host directories that stand for the image's own files (its interpreter and code).
+	// With no root filesystem of its own a pod shares the host's, so a volume mounted above one
+	// (an emptyDir on /tmp while the code lives under /tmp) would hide it: each is bound again
+	// on itself, above the volumes.
+	Keep []string `json:"keep,omitempty"`
 }
 
 // imageMap is keyed by image reference: exact, then without the digest, then without the tag,

@@ -235,7 +235,23 @@ func (r *podRuntime) launchSpec(pod *corev1.Pod, c *corev1.Container, facts podF
 		}
 		spec.Mounts = append(spec.Mounts, bindMount{Source: source, Target: m.MountPath, ReadOnly: m.ReadOnly || readOnlyVolume(pod, m.Name)})
 	}
+	spec.Mounts = append(spec.Mounts, keptMounts(image.Keep, spec.Mounts)...)
 	return spec, "", nil
+}
+
+// keptMounts binds each kept directory on itself when a volume is mounted above it (the mounts
+// go parents first, so it lands on top of that volume).
+func keptMounts(keep []string, mounts []bindMount) []bindMount {
+	var kept []bindMount
+	for _, dir := range keep {
+		for _, m := range mounts {
+			if target := filepath.Clean(m.Target); dir != target && strings.HasPrefix(dir, target+"/") {
+				kept = append(kept, bindMount{Source: dir, Target: dir, ReadOnly: true})
+				break
+			}
+		}
+	}
+	return kept
 }
 
 func readOnlyVolume(pod *corev1.Pod, name string) bool {

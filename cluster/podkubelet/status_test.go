@@ -169,3 +169,20 @@ func TestCredentials(t *testing.T) {
 		t.Errorf("no user asked for: %+v", got)
 	}
 }
+
+func TestKeptDirectoriesAreBoundAgainOnlyUnderAVolume(t *testing.T) {
+	mounts := []bindMount{{Source: "/var/lib/pods/x/tmp", Target: "/tmp"}, {Source: "/m", Target: "/mnt/models/"}}
+	got := keptMounts([]string{"/tmp/ci-clone/.venv", "/root/.pyenv", "/tmp", "/mnt/models/x"}, mounts)
+	want := []bindMount{
+		{Source: "/tmp/ci-clone/.venv", Target: "/tmp/ci-clone/.venv", ReadOnly: true},
+		{Source: "/mnt/models/x", Target: "/mnt/models/x", ReadOnly: true},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("keptMounts = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("keptMounts[%d] = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
