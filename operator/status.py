@@ -286,6 +286,17 @@ def derive_status(
     }
 
 
+def _another_repair(old: Mapping[str, Any], cond: Mapping[str, Any]) -> bool:
+    """A repair of other children while the last one is still on the status (someone deleted a
+    second child before the first was back): a repair of its own, told and written at once."""
+    return (
+        cond["type"] == "Progressing"
+        and cond["reason"] == "Repairing"
+        and old.get("reason") == "Repairing"
+        and old.get("message") != cond["message"]
+    )
+
+
 def transitions(
     previous: Sequence[Mapping[str, Any]] | None, current: Sequence[Mapping[str, Any]]
 ) -> list[tuple[str, str, str]]:
@@ -293,7 +304,8 @@ def transitions(
     events = []
     for cond in current:
         old = _condition(previous, cond["type"])
-        if old.get("status") == cond["status"] and old.get("reason") == cond["reason"]:
+        same = old.get("status") == cond["status"] and old.get("reason") == cond["reason"]
+        if same and not _another_repair(old, cond):
             continue
         kind, status = cond["type"], cond["status"]
         if kind == "Ready" and status == "True":
@@ -334,6 +346,8 @@ def progress_only(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     for cond in new["conditions"]:
         old = _condition(current.get("conditions"), cond["type"])
         if not old or old.get("observedGeneration") != cond["observedGeneration"]:
+            return False
+        if _another_repair(old, cond):
             return False
         if (old.get("status"), old.get("reason")) == (cond["status"], cond["reason"]):
             continue

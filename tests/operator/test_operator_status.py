@@ -252,6 +252,26 @@ def test_a_missing_child_makes_ready_false_while_it_is_repaired() -> None:
     assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "Repairing")
 
 
+def test_a_second_repair_before_the_first_is_over_is_written_and_told_at_once() -> None:
+    def repairing(stale: list[str], previous: Any = None) -> dict:
+        return derive_status(
+            generation=1,
+            desired_replicas=1,
+            deployment=deployment(ready=1, available="True"),
+            pods=[pod()],
+            previous=previous,
+            now=NOW,
+            stale_children=stale,
+        )
+
+    first = repairing(["Deployment llama: missing"])
+    second = repairing(["Service llama: missing"], previous=first["conditions"])
+    assert not progress_only(first, second)
+    events = transitions(first["conditions"], second["conditions"])
+    assert ("Warning", "Repairing", "re-applying Service llama: missing") in events
+    assert transitions(second["conditions"], second["conditions"]) == []
+
+
 def test_a_claim_the_replicas_cannot_share_is_a_condition_and_an_event() -> None:
     note = "spec.modelCache.claimName: PersistentVolumeClaim cache is ReadWriteOnce: ..."
     status = derive_status(
