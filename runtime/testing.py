@@ -167,12 +167,17 @@ def _tiny_config(
     elif architecture == "Qwen2ForCausalLM":
         config = transformers.Qwen2Config(**common, **{**decoder, "tie_word_embeddings": True})
     elif architecture == "Qwen3ForCausalLM":
-        config = transformers.Qwen3Config(**common, **decoder, head_dim=32)
+        config = transformers.Qwen3Config(**common, **{"head_dim": 32, **decoder})
     elif architecture == "Qwen2MoeForCausalLM":  # layer 1 dense, as mlp_only_layers allows
         config = transformers.Qwen2MoeConfig(
             **common,
-            **{**decoder, **QWEN_EXPERTS, "shared_expert_intermediate_size": 48},
-            mlp_only_layers=[1],
+            **{
+                **decoder,
+                **QWEN_EXPERTS,
+                "shared_expert_intermediate_size": 48,
+                "mlp_only_layers": [1],
+                **overrides,
+            },
         )
     elif architecture == "Qwen3MoeForCausalLM":
         config = transformers.Qwen3MoeConfig(
@@ -210,7 +215,7 @@ def _tiny_config(
         )
     elif architecture in FAMILY_CONFIGS:
         config_class, extra = FAMILY_CONFIGS[architecture]
-        config = getattr(transformers, config_class)(**common, **{**decoder, **extra})
+        config = getattr(transformers, config_class)(**common, **{**decoder, **extra, **overrides})
     elif architecture == "OPTForCausalLM":
         config = transformers.OPTConfig(
             **common,

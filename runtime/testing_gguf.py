@@ -6,6 +6,7 @@ rotary half), with its linear weights in a chosen block type, quantized by the `
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
@@ -54,6 +55,28 @@ def _interleave_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
+def _stack_experts(state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint with each layer's experts stacked into one 3-d tensor per projection
+    (``mlp.experts.gate_proj.weight``: ``[experts, out, in]``), as llama.cpp stores them."""
+    import re
+
+    import torch
+
+    expert = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+    stacked: dict[str, Any] = {}
+    groups: dict[str, dict[int, Any]] = {}
+    for name, tensor in state.items():
+        match = expert.match(name)
+        if match is None:
+            stacked[name] = tensor
+            continue
+        prefix, index, projection = match.groups()
+        groups.setdefault(f"{prefix}.{projection}.weight", {})[int(index)] = tensor
+    for name, by_index in groups.items():
+        stacked[name] = torch.stack([by_index[i] for i in sorted(by_index)])
+    return stacked
+
+
 def write_gguf(
     model_dir: str | Path,
     file: str | Path,
@@ -61,8 +84,8 @@ def write_gguf(
     seed: int = 0,
     types: dict[str, GGMLQuantizationType] | None = None,
 ) -> Path:
-    """The checkpoint in ``model_dir`` (a Llama or Qwen2: the GGUF architecture is its model
-    type) as the GGUF file ``file``: 2-d weights in ``qtype`` (norms and biases stay F32,
+    """The checkpoint in ``model_dir`` (the GGUF architecture is its model type; MoE experts
+    stacked per layer) as the GGUF file ``file``: 2-d weights in ``qtype`` (norms and biases stay F32,
     as llama.cpp keeps 1-d tensors): quantized by the gguf package where it can, else random
     blocks of that type (the K-quants), which makes a random model of the same shape. No
     tokenizer is written: load the folder's with ``--tokenizer``. ``types`` gives some tensors
@@ -75,7 +98,9 @@ def write_gguf(
     state = {}
     for part in sorted(Path(model_dir).glob("*.safetensors")):
         state.update(load_file(str(part)))
-    arch = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)
+    arch = {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(
+        config.model_type, config.model_type
+    )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer = GGUFWriter(str(file), arch)
     writer.add_context_length(config.max_position_embeddings)
@@ -88,7 +113,8 @@ def write_gguf(
     rope = config.rope_parameters
     rope = rope.get("full_attention", rope)  # Gemma 3 keeps one per layer kind
     writer.add_rope_freq_base(float(rope["rope_theta"]))
-    writer.add_rope_dimension_count(head_dim)
+    partial = rope.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", 1.0)
+    writer.add_rope_dimension_count(int(head_dim * (partial or 1.0)))
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(config.vocab_size)
@@ -96,15 +122,27 @@ def write_gguf(
         writer.add_sliding_window(config.sliding_window)
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_id)
+    if getattr(config, "pad_token_id", None) is not None:
+        writer.add_pad_token_id(config.pad_token_id)  # else Phi-3's config default (32000) stays
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        if getattr(config, "moe_intermediate_size", None):
+            writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        if getattr(config, "shared_expert_intermediate_size", None):
+            writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     model_arch = next(key for key, name in MODEL_ARCH_NAMES.items() if name == arch)
     names = get_tensor_name_map(model_arch, config.num_hidden_layers)
     rng = np.random.default_rng(seed)
-    for hf_name, tensor in state.items():
+    for hf_name, tensor in _stack_experts(state).items():
         base, _, suffix = hf_name.rpartition(".")
         name = f"{names.get_name(base)}.{suffix}"
         values = tensor.to(torch.float32).numpy()
         if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             values = values + 1  # llama.cpp stores Gemma's RMSNorm scale as 1 + w
+        elif ".ffn_gate_inp_shexp." in name:
+            values = values.reshape(-1)  # llama.cpp keeps the shared expert's gate as a vector
         elif arch != "llama":  # only llama.cpp's Llama converter interleaves
             pass
         elif ".attn_q." in name:
@@ -112,8 +150,10 @@ def write_gguf(
         elif ".attn_k." in name:
             values = _interleave_rotary(values, config.num_key_value_heads)
         kind = next((t for part, t in (types or {}).items() if f".{part}." in name), qtype)
-        if values.ndim == 2 and kind in QUANTIZABLE:
+        if values.ndim >= 2 and kind in QUANTIZABLE:
             writer.add_tensor(name, quantize(values, kind), raw_dtype=kind)
+        elif values.ndim >= 2 and kind == Q.F16:
+            writer.add_tensor(name, values.astype(np.float16))
         elif values.ndim == 2 and kind != Q.F32:
             per_row = values.shape[1] // BLOCK_TYPES[kind][1]
             blocks = random_blocks(kind, values.shape[0], per_row, rng, magnitude=1e-4)

@@ -10,6 +10,7 @@ reader does. Quantized blocks come as ``GroupQuantWeight``s (layers/quantization
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,16 @@ DENSE = {
 PERMUTED_QK = ("llama",)
 # ... and stores Gemma's RMSNorm weights as ``1 + w``.
 NORM_PLUS_ONE = ("gemma2", "gemma3")
+
+# Sizes transformers' GGUF reader maps for some families only, leaving the others their config
+# defaults (Qwen3's heads of 128, Qwen MoE's expert sizes), which a smaller model would not fit.
+SIZES_TRANSFORMERS_DROPS = {
+    "attention.key_length": "head_dim",
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
+}
+# llama.cpp stacks each layer's experts: ``blk.3.ffn_gate_exps`` holds every expert's gate_proj.
+STACKED_EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 
 GGUFWeight = torch.Tensor | GroupQuantWeight
 
@@ -94,14 +105,44 @@ def load_config(file: Path) -> PretrainedConfig:
     if not getattr(config, "architectures", None):
         architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
         config.architectures = [architecture] if architecture else []
+    metadata = _architecture_metadata(file)
+    for key, attribute in SIZES_TRANSFORMERS_DROPS.items():
+        if key in metadata and hasattr(config, attribute):
+            setattr(config, attribute, int(metadata[key]))
+    _rotary_dims_from_file(metadata, config)
     return config
+
+
+def _rotary_dims_from_file(metadata: dict[str, Any], config: PretrainedConfig) -> None:
+    """A rotary part of each head (Phi-4-mini rotates 3/4 of it) from ``rope.dimension_count``,
+    which transformers' reader drops for the families that have a ``partial_rotary_factor``."""
+    dims = metadata.get("rope.dimension_count")
+    rope = getattr(config, "rope_parameters", None)
+    if dims is None or not isinstance(rope, dict) or "partial_rotary_factor" not in rope:
+        return
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope["partial_rotary_factor"] = config.partial_rotary_factor = int(dims) / head_dim
+
+
+def _architecture_metadata(file: Path) -> dict[str, Any]:
+    """The file's ``<architecture>.*`` metadata keyed without the architecture."""
+    fields = GGUFReader(file).fields
+    architecture = fields.get("general.architecture")
+    if architecture is None:
+        return {}
+    prefix = f"{architecture.contents()}."
+    return {
+        key.removeprefix(prefix): field.contents()
+        for key, field in fields.items()
+        if key.startswith(prefix)
+    }
 
 
 def _hf_names(model: nn.Module, architecture: str, layers: int) -> dict[str, str]:
     """GGUF tensor name -> the checkpoint name the model loads, through the gguf package's map:
-    a fused layer's parts (``stacked_params``: the HF checkpoints of these families store them
+    a fused layer's parts (``stacked_params``: the HF checkpoints of most families store them
     apart) before its own name, since the map reads some fused names too (``gate_up_proj`` is
-    ``ffn_up``)."""
+    ``ffn_up``), unless the architecture has no tensor for one of the parts."""
     from infernetes.runtime.model_executor.layers.quantization.kept import checkpoint_parts
 
     arch = next((key for key, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
@@ -112,7 +153,10 @@ def _hf_names(model: nn.Module, architecture: str, layers: int) -> dict[str, str
     names: dict[str, str] = {}
     for param, _ in model.named_parameters(remove_duplicate=False):
         prefix, _, suffix = param.rpartition(".")
-        for candidate in [*(part for part, _ in checkpoint_parts(prefix, stacked)), prefix]:
+        parts = [part for part, _ in checkpoint_parts(prefix, stacked)]
+        if any(gguf_names.get_name(part) is None for part in parts):
+            parts = []  # the architecture stores this layer fused (Phi-3's ``ffn_up`` is gate+up)
+        for candidate in [*parts, prefix]:
             gguf_name = gguf_names.get_name(candidate)
             if gguf_name is not None:
                 names.setdefault(f"{gguf_name}.{suffix}", f"{candidate}.{suffix}")
@@ -133,6 +177,26 @@ def _tensor(tensor: ReaderTensor) -> GGUFWeight:
     )
 
 
+def _expert_tensors(
+    tensor: ReaderTensor, layer: str, projection: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A stacked expert tensor as each expert's checkpoint tensor, dense (experts are held dense
+    on every device, as GPTQ's and AWQ's are)."""
+    qtype = GGMLQuantizationType(tensor.tensor_type)
+    data = np.asarray(tensor.data)
+    for expert in range(data.shape[0]):
+        if qtype in DENSE:
+            value = torch.from_numpy(np.array(data[expert], copy=True)).view(DENSE[qtype])
+        elif qtype in BLOCK_TYPES:
+            value = group_quant_weight(data[expert], qtype).dequantize(torch.float32)
+        else:
+            raise ModelLoadError(
+                f"GGUF tensor {tensor.name!r} (MoE experts) is of type {qtype.name}, which is "
+                "not supported"
+            )
+        yield f"model.layers.{layer}.mlp.experts.{expert}.{projection}_proj.weight", value
+
+
 def _rotary_order(rows: int, heads: int) -> torch.Tensor:
     """The row order that undoes llama.cpp's interleave of each head's two rotary halves."""
     return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
@@ -150,6 +214,8 @@ def _undo_conversion(name: str, value: GGUFWeight, architecture: str, hf_config:
         return value.select_outputs(order) if isinstance(value, GroupQuantWeight) else value[order]
     if architecture in NORM_PLUS_ONE and "norm.weight" in name and isinstance(value, torch.Tensor):
         return value - 1
+    if ".ffn_gate_inp_shexp." in name and isinstance(value, torch.Tensor) and value.dim() == 1:
+        return value.unsqueeze(0)  # a vector in the file, the one-output gate's weight here
     return value
 
 
@@ -168,6 +234,10 @@ def gguf_weights(
     names = _hf_names(model, architecture, hf_config.num_hidden_layers)
     skipped = []
     for tensor in reader.tensors:
+        experts = STACKED_EXPERTS.match(tensor.name)
+        if experts is not None:
+            yield from _expert_tensors(tensor, *experts.groups())
+            continue
         hf_name = names.get(tensor.name)
         if hf_name is None:
             skipped.append(tensor.name)

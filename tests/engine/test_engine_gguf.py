@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
 from infernetes.runtime.engine.engine_config import resolve_config
 from infernetes.runtime.llm import LLM
+from infernetes.runtime.model_executor.gguf_checkpoint import load_config
 from infernetes.runtime.model_executor.layers.embedding import ParallelLMHead
 from infernetes.runtime.model_executor.layers.linear import LinearBase
 from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
@@ -38,11 +39,12 @@ def write(model_dir: str, folder: Path, qtype: Q, types: dict[str, Q] | None = N
     return write_gguf(model_dir, folder / f"tiny-{qtype.name}.gguf", qtype, types=types)
 
 
-def hf_gguf_greedy(file: Path, prompt: list[int]) -> list[int]:
+def hf_gguf_greedy(file: Path, prompt: list[int], config=None) -> list[int]:
     from transformers import AutoModelForCausalLM
 
+    extra = {} if config is None else {"config": config}
     model = AutoModelForCausalLM.from_pretrained(
-        str(file.parent), gguf_file=file.name, dtype=torch.float32
+        str(file.parent), gguf_file=file.name, dtype=torch.float32, **extra
     ).eval()
     ids = torch.tensor([prompt])
     with torch.inference_mode():
@@ -95,12 +97,22 @@ def test_greedy_tokens_equal_transformers_gguf(
 
 
 @pytest.mark.parametrize(
-    "architecture", ["Qwen2ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"]
+    ("architecture", "overrides"),
+    [
+        ("Qwen2ForCausalLM", {}),
+        # transformers' GGUF reader gives Qwen3 its default head size, as real Qwen3s have
+        ("Qwen3ForCausalLM", {"head_dim": 128}),
+        # ... and Phi-3 a whole rotary head (the tiny Phi-3 rotates half of each)
+        ("Phi3ForCausalLM", {"partial_rotary_factor": 1.0}),
+        ("Gemma2ForCausalLM", {}),
+        ("Gemma3ForCausalLM", {}),
+    ],
+    ids=["Qwen2", "Qwen3", "Phi3", "Gemma2", "Gemma3"],
 )
-def test_other_families_equal_transformers_gguf(model_factory, tmp_path, architecture):
-    """Qwen2 (Q/K/V biases, a tied head, rows not interleaved), Gemma 2 and 3 (norms stored as
-    ``1 + w``)."""
-    model_dir = model_factory(architecture)
+def test_other_families_equal_transformers_gguf(model_factory, tmp_path, architecture, overrides):
+    """Qwen2 (Q/K/V biases, a tied head, rows not interleaved), Qwen3 (Q/K norms), Phi-3 (Q/K/V
+    and gate/up stored fused), Gemma 2 and 3 (norms stored as ``1 + w``)."""
+    model_dir = model_factory(architecture, **overrides)
     file = write(model_dir, tmp_path, Q.Q8_0)
     llm = LLM(str(file), tokenizer=model_dir, **SMALL)
     outputs = llm.generate(
@@ -110,6 +122,36 @@ def test_other_families_equal_transformers_gguf(model_factory, tmp_path, archite
     assert [list(o.outputs[0].token_ids) for o in outputs] == [
         hf_gguf_greedy(file, p) for p in PROMPTS
     ]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "overrides", "qtype"),
+    [
+        ("Qwen3ForCausalLM", {}, Q.F32),
+        ("Phi3ForCausalLM", {}, Q.F32),
+        ("Qwen3MoeForCausalLM", {}, Q.F32),
+        ("Qwen3MoeForCausalLM", {}, Q.Q8_0),
+        ("Qwen2MoeForCausalLM", {"mlp_only_layers": []}, Q.F16),
+    ],
+    ids=["Qwen3", "Phi3", "Qwen3Moe", "Qwen3Moe-Q8_0", "Qwen2Moe-F16"],
+)
+def test_shapes_come_from_the_file(model_factory, tmp_path, architecture, overrides, qtype):
+    """Sizes from the file's metadata, where transformers' reader takes its config defaults: a
+    Qwen3 with heads of 32 (not 128), a Phi-3 rotating half of each head (Phi-4-mini rotates
+    3/4), Qwen MoE expert sizes (stacked experts, 3-d blocks dequantized per expert) give the
+    original checkpoint's greedy tokens (F16, Q8_0: transformers' load of the file, given the
+    config the file describes)."""
+    model_dir = model_factory(architecture, **overrides)
+    file = write(model_dir, tmp_path, qtype)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    from_file = LLM(str(file), tokenizer=model_dir, **SMALL).generate(prompts, params)
+    tokens = [list(o.outputs[0].token_ids) for o in from_file]
+    if qtype == Q.F32:
+        original = LLM(model_dir, **SMALL).generate(prompts, params)
+        assert tokens == [list(o.outputs[0].token_ids) for o in original]
+    else:
+        assert tokens == [hf_gguf_greedy(file, p, load_config(file)) for p in PROMPTS]
 
 
 @pytest.mark.parametrize(
