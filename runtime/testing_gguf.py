@@ -98,9 +98,12 @@ def write_gguf(
     state = {}
     for part in sorted(Path(model_dir).glob("*.safetensors")):
         state.update(load_file(str(part)))
-    arch = {"gemma3_text": "gemma3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(
-        config.model_type, config.model_type
-    )
+    arch = {
+        "gemma3_text": "gemma3",
+        "qwen2_moe": "qwen2moe",
+        "qwen3_moe": "qwen3moe",
+        "mixtral": "llama",  # llama.cpp writes Mixtral as a Llama with experts
+    }.get(config.model_type, config.model_type)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer = GGUFWriter(str(file), arch)
     writer.add_context_length(config.max_position_embeddings)

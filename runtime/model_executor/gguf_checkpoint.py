@@ -106,11 +106,30 @@ def load_config(file: Path) -> PretrainedConfig:
         architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
         config.architectures = [architecture] if architecture else []
     metadata = _architecture_metadata(file)
+    if config.model_type == "llama" and metadata.get("expert_count"):
+        config = _mixtral_config(config, metadata)
     for key, attribute in SIZES_TRANSFORMERS_DROPS.items():
         if key in metadata and hasattr(config, attribute):
             setattr(config, attribute, int(metadata[key]))
     _rotary_dims_from_file(metadata, config)
     return config
+
+
+def _mixtral_config(llama: PretrainedConfig, metadata: dict[str, Any]) -> PretrainedConfig:
+    """llama.cpp writes Mixtral as a Llama with experts, which transformers' reader reads as a
+    dense Llama: the same config as Mixtral's, with its experts."""
+    from transformers import MixtralConfig
+
+    settings = {
+        k: v for k, v in llama.to_dict().items() if k not in ("model_type", "architectures")
+    }
+    settings.update(
+        num_local_experts=int(metadata["expert_count"]),
+        num_experts_per_tok=int(metadata["expert_used_count"]),
+        sliding_window=None,
+        architectures=["MixtralForCausalLM"],
+    )
+    return MixtralConfig(**settings)
 
 
 def _rotary_dims_from_file(metadata: dict[str, Any], config: PretrainedConfig) -> None:

@@ -132,13 +132,15 @@ def test_other_families_equal_transformers_gguf(model_factory, tmp_path, archite
         ("Qwen3MoeForCausalLM", {}, Q.F32),
         ("Qwen3MoeForCausalLM", {}, Q.Q8_0),
         ("Qwen2MoeForCausalLM", {"mlp_only_layers": []}, Q.F16),
+        ("MixtralForCausalLM", {}, Q.F32),
     ],
-    ids=["Qwen3", "Phi3", "Qwen3Moe", "Qwen3Moe-Q8_0", "Qwen2Moe-F16"],
+    ids=["Qwen3", "Phi3", "Qwen3Moe", "Qwen3Moe-Q8_0", "Qwen2Moe-F16", "Mixtral"],
 )
 def test_shapes_come_from_the_file(model_factory, tmp_path, architecture, overrides, qtype):
     """Sizes from the file's metadata, where transformers' reader takes its config defaults: a
     Qwen3 with heads of 32 (not 128), a Phi-3 rotating half of each head (Phi-4-mini rotates
-    3/4), Qwen MoE expert sizes (stacked experts, 3-d blocks dequantized per expert) give the
+    3/4), Qwen MoE expert sizes (stacked experts, 3-d blocks dequantized per expert), a Mixtral
+    (written as a Llama with experts, which transformers reads as a dense Llama) give the
     original checkpoint's greedy tokens (F16, Q8_0: transformers' load of the file, given the
     config the file describes)."""
     model_dir = model_factory(architecture, **overrides)
