@@ -5,7 +5,9 @@ per-user cache, keyed by the source, the flags, the compiler and the CPU, and lo
 ctypes: no torch headers, so a build takes about a second. Without a working C compiler the CPU
 path falls back to the torch reference, with one warning in the log.
 
-``INFERNETES_CPU_KERNELS=0`` turns the C kernels off. The cache is ``INFERNETES_KERNEL_CACHE`` when
+``INFERNETES_CPU_KERNELS=0`` turns the C kernels off; ``INFERNETES_CPU_MARCH`` builds them for
+another ``-march`` than ``native`` (``x86-64-v3``: AVX2 without AVX-512; ``x86-64``: the scalar
+loops), which is how the tests run the paths this CPU would not take. The cache is ``INFERNETES_KERNEL_CACHE`` when
 set, else ``kernels/`` under ``VLLM_CACHE_ROOT`` (vLLM's folder for compiled artefacts), else
 ``$XDG_CACHE_HOME/infernetes/kernels`` (``~/.cache/infernetes/kernels``).
 """
@@ -31,11 +33,11 @@ SOURCE_DIR = Path(__file__).resolve().parent
 ENABLE_ENV = "INFERNETES_CPU_KERNELS"
 CACHE_ENV = "INFERNETES_KERNEL_CACHE"
 CACHE_ROOT_ENV = "VLLM_CACHE_ROOT"
+MARCH_ENV = "INFERNETES_CPU_MARCH"
 # Reassociation lets the compiler vectorise the dot products and sums; no -ffast-math, so exp,
 # infinities and NaNs keep their IEEE meaning.
 FLAGS = (
     "-O3",
-    "-march=native",
     "-shared",
     "-fPIC",
     "-std=c11",
@@ -212,7 +214,8 @@ def _build(name: str, compiler: str) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
-    flags = (*FLAGS, *EXTRA_FLAGS.get(name, ()))
+    march = os.environ.get(MARCH_ENV, "").strip() or "native"
+    flags = (*FLAGS, f"-march={march}", *EXTRA_FLAGS.get(name, ()))
     key = hashlib.sha256(
         "\0".join(
             [

@@ -6,6 +6,7 @@ wrong nibble, group or offset gives."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,33 @@ from infernetes.kernels.reference import group_quant as reference
 TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 
 
-@pytest.fixture(autouse=True)
-def _needs_the_kernel():
+# The paths of group_quant.c: this CPU's own (AVX-512 with the bf16 dot product here), AVX-512
+# without it, AVX2, and the scalar loops, each built with its -march and run where the CPU can.
+ISAS = {"native": None, "x86-64-v4": "avx512bw", "x86-64-v3": "avx2", "x86-64": None}
+
+
+def _cpu_has(flag: str | None) -> bool:
+    if flag is None:
+        return True
+    try:
+        return flag in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+@pytest.fixture(autouse=True, params=list(ISAS))
+def _needs_the_kernel(request, monkeypatch):
+    isa = request.param
+    if isa != "native" and (platform.machine() != "x86_64" or not _cpu_has(ISAS[isa])):
+        pytest.skip(f"this CPU cannot run the {isa} build")
+    if isa != "native":
+        monkeypatch.setenv(native.MARCH_ENV, isa)
+    native.load.cache_clear()
     if native.load("group_quant") is None:
         pytest.skip("no C compiler: the CPU path runs the torch reference")
+    yield
+    monkeypatch.undo()
+    native.load.cache_clear()
 
 
 def random_weight(outputs, inputs, group, bits, with_offset, seed=0):
