@@ -941,7 +941,9 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_USE_DUMMY_WEIGHTS": no_effect("use --load-format dummy"),
     "VLLM_CPU_OMP_THREADS_BIND": honoured(
         "auto, all, nobind or CPU lists per rank (0-3|4-7): the rank's threads are bound there and "
-        "run one intra-op thread per CPU; unset leaves torch's own placement"
+        "run one intra-op thread per CPU; unset leaves torch's own placement, with as many "
+        "threads as the CPUs the process may use and its CPU quota (a pod's limits.cpu) allow, "
+        "shared among the ranks (OMP_NUM_THREADS, when set, decides instead)"
     ),
     **{
         name: no_effect(OTHER_HARDWARE)

@@ -1,5 +1,6 @@
 """Where a CPU rank's intra-op threads run: ``VLLM_CPU_OMP_THREADS_BIND`` as vLLM's CPU backend
-reads it. Unset or ``nobind``: torch's own placement (and OMP_NUM_THREADS) stay; ``all``: every CPU
+reads it. Unset or ``nobind``: torch's own placement stays, with as many threads as the CPUs the
+process may use and its CPU quota allow (``usable_cpus``; OMP_NUM_THREADS decides when set); ``all``: every CPU
 this process may use; ``auto``: the CPUs of NUMA node ``index % nodes``, split evenly among the
 ranks that share a node; a list such as ``0-3,8|4-7,9``: rank ``index`` takes entry ``index``.
 
@@ -8,11 +9,13 @@ pool that torch creates from it inherits the CPUs, and runs one intra-op thread 
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 KEYWORDS = ("auto", "all", "nobind")
 _NODES = Path("/sys/devices/system/node")
+_CGROUP = Path("/sys/fs/cgroup")
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -64,6 +67,30 @@ def rank_cpus(bind: str | None, index: int, ranks: int) -> list[int] | None:
             f"rank {index} of this host needs one"
         )
     return parse_cpu_list(entries[index])
+
+
+def quota_cpus(cgroup: Path = _CGROUP) -> int | None:
+    """The CPUs this container's CFS quota buys (a pod's ``limits.cpu``, ``docker --cpus``),
+    rounded up; None without a quota. cgroup v2's ``cpu.max``, else v1's ``cpu.cfs_quota_us``."""
+    try:
+        quota, _, period = (cgroup / "cpu.max").read_text().partition(" ")
+    except OSError:
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text()
+        except OSError:
+            return None
+    quota, period = quota.strip(), period.strip()
+    if quota in ("max", "-1") or not quota.lstrip("-").isdigit() or not period.isdigit():
+        return None
+    return max(1, math.ceil(int(quota) / int(period))) if int(period) else None
+
+
+def usable_cpus(cgroup: Path = _CGROUP) -> int:
+    """How many CPUs this process can keep busy: those it may run on, capped by its quota."""
+    allowed = len(os.sched_getaffinity(0))
+    quota = quota_cpus(cgroup)
+    return min(allowed, quota) if quota else allowed
 
 
 def bind_threads(cpus: list[int]) -> None:

@@ -10,7 +10,13 @@ import sys
 
 import pytest
 from infernetes.runtime.engine.engine_config import _cpu_threads_bind
-from infernetes.runtime.worker.cpu_binding import check_bind, parse_cpu_list, rank_cpus
+from infernetes.runtime.worker.cpu_binding import (
+    check_bind,
+    parse_cpu_list,
+    quota_cpus,
+    rank_cpus,
+    usable_cpus,
+)
 
 
 def test_cpu_lists_read_as_the_kernel_writes_them():
@@ -70,3 +76,24 @@ def test_the_engine_runs_its_model_on_the_bound_cpus(tiny_llama):
     # the one-rank engine runs in this process's thread: it and its intra-op pool use one CPU
     assert report == {"cpus": [last], "threads": 1, "tokens": report["tokens"]}
     assert report["tokens"] > 0
+
+
+def test_a_cpu_quota_caps_the_cpus_a_rank_uses(tmp_path):
+    """A pod's ``limits.cpu`` (cgroup v2 ``cpu.max``, v1's CFS files) caps the threads: 1.5 CPUs
+    are 2, no quota leaves the CPUs the process may run on."""
+    allowed = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert quota_cpus(v2) == 2
+    assert usable_cpus(v2) == min(allowed, 2)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert quota_cpus(v2) is None and usable_cpus(v2) == allowed
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("50000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert quota_cpus(v1) == 1 and usable_cpus(v1) == 1
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert quota_cpus(v1) is None
+    assert quota_cpus(tmp_path / "none") is None
