@@ -1,7 +1,7 @@
 """Where a CPU rank's intra-op threads run: ``VLLM_CPU_OMP_THREADS_BIND`` as vLLM's CPU backend
 reads it. Unset or ``nobind``: torch's own placement stays, with as many threads as the CPUs the
-process may use and its CPU quota allow (``usable_cpus``; OMP_NUM_THREADS decides when set); ``all``: every CPU
-this process may use; ``auto``: the CPUs of NUMA node ``index % nodes``, split evenly among the
+process may use and its CPU quota allow (``usable_cpus``; OMP_NUM_THREADS decides when set);
+``all``: every CPU this process may use; ``auto``: the CPUs of NUMA node ``index % nodes``, split evenly among the
 ranks that share a node; a list such as ``0-3,8|4-7,9``: rank ``index`` takes entry ``index``.
 
 The worker binds the thread that runs the model before it starts any OpenMP work, so the thread

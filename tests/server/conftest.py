@@ -66,6 +66,18 @@ class ServerProcess:
             time.sleep(0.3)
         raise RuntimeError(f"server not ready after {STARTUP_TIMEOUT_S}s: {self.tail()}")
 
+    def __enter__(self) -> ServerProcess:
+        """Ready to serve (stopped again if it never gets there)."""
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
     def tail(self) -> str:
         if self.log_path and self.log_path.exists():
             return self.log_path.read_text(errors="replace")[-3000:]
@@ -154,11 +166,8 @@ def main_server(tiny_llama_dir, server_process_factory):
         log_name="main-server.log",
     )
     server.api_key = API_KEY
-    try:
-        server.wait_ready()
+    with server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

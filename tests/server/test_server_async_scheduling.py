@@ -25,7 +25,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def async_server(tiny_llama_dir, server_process_factory):
-    server = server_process_factory(
+    with server_process_factory(
         [
             str(tiny_llama_dir),
             "--async-scheduling",
@@ -41,12 +41,8 @@ def async_server(tiny_llama_dir, server_process_factory):
             "float32",
         ],
         log_name="async-scheduling.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

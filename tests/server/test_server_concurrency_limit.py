@@ -124,7 +124,7 @@ def test_middleware_rejects_a_limit_below_one():
 
 @pytest.fixture(scope="module")
 def limited_server(tiny_llama_dir, server_process_factory):
-    server = server_process_factory(
+    with server_process_factory(
         [
             str(tiny_llama_dir),
             "--max-concurrency",
@@ -137,12 +137,8 @@ def limited_server(tiny_llama_dir, server_process_factory):
         # Past the tiny model's 512 positions, so a stream outlasts the checks made during it.
         env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
         log_name="limited-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _stream_body(model: str, index: int, max_tokens: int = LONG_STREAM_TOKENS) -> dict:

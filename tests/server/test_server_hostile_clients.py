@@ -36,19 +36,15 @@ GUARDED_ARGS = [
 
 @pytest.fixture(scope="module")
 def guarded_server(tiny_llama_dir, server_process_factory):
-    server = server_process_factory(
+    with server_process_factory(
         [str(tiny_llama_dir), *GUARDED_ARGS],
         log_name="guarded-server.log",
         env={
             "INFERNETES_HTTP_BODY_TIMEOUT_S": str(STALL_TIMEOUT_S),
             "INFERNETES_HTTP_HEADER_TIMEOUT_S": str(STALL_TIMEOUT_S),
         },
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -28,19 +28,15 @@ def _tree_cpu_seconds(pid: int) -> float:
 
 @pytest.mark.parametrize("multiprocessing", ["1", "0"], ids=["core-process", "core-thread"])
 def test_idle_server_uses_almost_no_cpu(tiny_llama_dir, server_process_factory, multiprocessing):
-    server = server_process_factory(
+    with server_process_factory(
         [str(tiny_llama_dir), "--disable-uvicorn-access-log"],
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing},
         log_name=f"idle-{multiprocessing}.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         body = {"model": str(tiny_llama_dir), "prompt": "Hello", "max_tokens": 8}
         assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).status_code == 200
         time.sleep(1.0)  # past OpenMP's spin after the last step
         before = _tree_cpu_seconds(server.process.pid)
         time.sleep(IDLE_S)
         used = _tree_cpu_seconds(server.process.pid) - before
-    finally:
-        server.stop()
     assert used < MAX_IDLE_CPU_S, f"the idle server used {used:.2f} CPU-s in {IDLE_S} s"

@@ -30,13 +30,11 @@ def test_a_server_publishes_its_prefix_cache(tiny_llama_dir, server_process_fact
         "endpoint": f"tcp://*:{port}",
         "replay_endpoint": f"tcp://*:{replay_port}",
     }
-    server = server_process_factory(
+    with server_process_factory(
         [str(tiny_llama_dir), "--block-size", "8", "--kv-events-config", json.dumps(config)],
         env={"VLLM_SERVER_DEV_MODE": "1"},
         log_name="kv-events-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         prompt = list(range(10, 30))  # two full blocks of 8
         body = {"model": str(tiny_llama_dir), "prompt": prompt, "max_tokens": 1}
         assert httpx.post(f"{server.url}/v1/completions", json=body).status_code == 200
@@ -63,5 +61,3 @@ def test_a_server_publishes_its_prefix_cache(tiny_llama_dir, server_process_fact
             if sample.name == "vllm:kv_events_dropped_total"
         ]
         assert [(s.labels["engine"], s.value) for s in samples] == [("0", 0.0)]
-    finally:
-        server.stop()

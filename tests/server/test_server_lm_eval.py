@@ -20,15 +20,11 @@ import pytest
 
 @pytest.fixture(scope="module")
 def info_server(server_process_factory, tiny_llama_dir):
-    server = server_process_factory(
+    with server_process_factory(
         [str(tiny_llama_dir), "--served-model-name", "tiny", "--enable-tokenizer-info-endpoint"],
         log_name="tokenizer-info-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_startup_logs_the_resolved_settings(info_server):

@@ -122,15 +122,12 @@ def test_serve_exits_2_on_a_missing_logging_config(tiny_llama_dir, tmp_path):
 
 def _started_and_stopped(server_process_factory, args, env, log_name) -> list[str]:
     """The log lines of a server started with ``args`` and ``env`` until ready, then stopped."""
-    server = server_process_factory(
+    with server_process_factory(
         [*args, "--max-model-len", "128", "--num-gpu-blocks-override", "16"],
         env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
         log_name=log_name,
-    )
-    try:
-        server.wait_ready()
-    finally:
-        server.stop()
+    ) as server:
+        pass
     return server.log_path.read_text(errors="replace").splitlines()
 
 

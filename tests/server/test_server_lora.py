@@ -41,7 +41,7 @@ def adapters(tiny_llama_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora_server(tiny_llama_dir, adapters, server_process_factory):
-    server = server_process_factory(
+    with server_process_factory(
         [
             str(tiny_llama_dir),
             "--served-model-name",
@@ -61,12 +61,8 @@ def lora_server(tiny_llama_dir, adapters, server_process_factory):
         ],
         env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
         log_name="lora-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _client(server) -> openai.OpenAI:

@@ -37,14 +37,10 @@ def _workers(server) -> list[psutil.Process]:
 
 @pytest.fixture
 def tp_server(tiny_llama_dir, server_process_factory, request):
-    server = server_process_factory(
+    with server_process_factory(
         [str(tiny_llama_dir), *ARGS], log_name=f"tensor-parallel-{request.node.name}.log"
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.slow
@@ -82,11 +78,9 @@ def test_a_killed_worker_fails_health_and_stops_the_server(tp_server):
 @pytest.mark.slow
 def test_data_parallel_serves_from_two_cores(tiny_llama_dir, server_process_factory):
     args = [a for a in ARGS if a not in ("--tensor-parallel-size", "2")]
-    server = server_process_factory(
+    with server_process_factory(
         [str(tiny_llama_dir), *args, "--data-parallel-size", "2"], log_name="data-parallel.log"
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         cores = [
             p
             for p in psutil.Process(server.process.pid).children()
@@ -111,5 +105,3 @@ def test_data_parallel_serves_from_two_cores(tiny_llama_dir, server_process_fact
         assert 'vllm:num_requests_running{engine="1",model_name="tiny"}' in metrics
         assert server.stop(signal.SIGTERM) == 0
         assert wait_until(lambda: all(gone(p) for p in cores))
-    finally:
-        server.stop()

@@ -18,15 +18,11 @@ def bert_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embed_server(server_process_factory, bert_dir):
-    server = server_process_factory(
+    with server_process_factory(
         [str(bert_dir), "--task", "embed", "--served-model-name", "embedder"],
         log_name="pooling-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def post(server, path: str, body, headers=None) -> httpx.Response:

@@ -24,7 +24,7 @@ def _b64(value) -> str:
 
 @pytest.fixture(scope="module")
 def embeds_server(tiny_llama_dir, server_process_factory):
-    server = server_process_factory(
+    with server_process_factory(
         [
             str(tiny_llama_dir),
             "--served-model-name",
@@ -36,12 +36,8 @@ def embeds_server(tiny_llama_dir, server_process_factory):
             "--enable-prompt-embeds",
         ],
         log_name="prompt-embeds-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

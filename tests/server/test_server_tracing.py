@@ -51,7 +51,7 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def traced_server(tiny_llama_dir, server_process_factory, receiver):
-    server = server_process_factory(
+    with server_process_factory(
         [
             str(tiny_llama_dir),
             "--served-model-name",
@@ -66,12 +66,8 @@ def traced_server(tiny_llama_dir, server_process_factory, receiver):
         # export each span at once rather than after the SDK's 5 s batch delay
         env={"OTEL_BSP_SCHEDULE_DELAY": "50"},
         log_name="traced-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _attributes(span) -> dict:
@@ -140,7 +136,7 @@ def test_without_a_traceparent_the_span_starts_a_trace(traced_server, receiver):
 
 def test_a_receiver_that_is_gone_costs_no_request(tiny_llama_dir, server_process_factory):
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    server = server_process_factory(
+    with server_process_factory(
         [
             str(tiny_llama_dir),
             "--served-model-name",
@@ -152,9 +148,7 @@ def test_a_receiver_that_is_gone_costs_no_request(tiny_llama_dir, server_process
         ],
         env={"OTEL_BSP_SCHEDULE_DELAY": "50"},
         log_name="dead-receiver-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         for _ in range(5):
             response = requests.post(
                 f"{server.url}/v1/completions",
@@ -167,5 +161,3 @@ def test_a_receiver_that_is_gone_costs_no_request(tiny_llama_dir, server_process
         # the bench measures); the server is still up and ready
         assert server.process.poll() is None
         assert requests.get(f"{server.url}/health", timeout=10).status_code == 200
-    finally:
-        server.stop()

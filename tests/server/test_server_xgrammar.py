@@ -19,7 +19,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def client(tiny_llama_dir, server_process_factory):
-    server = server_process_factory(
+    with server_process_factory(
         [
             str(tiny_llama_dir),
             "--served-model-name",
@@ -30,12 +30,8 @@ def client(tiny_llama_dir, server_process_factory):
             json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
         ],
         log_name="xgrammar-server.log",
-    )
-    try:
-        server.wait_ready()
+    ) as server:
         yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-    finally:
-        server.stop()
 
 
 def complete(client, structured: dict, **extra) -> str:
