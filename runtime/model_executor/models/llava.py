@@ -65,7 +65,7 @@ class LlavaMultiModalProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(features)))
 
 
-def _checkpoint_names(
+def checkpoint_names(
     weights: Iterable[tuple[str, torch.Tensor]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """One naming for the layouts LLaVA checkpoints come in: llava-hf's
@@ -138,7 +138,7 @@ class LlavaForConditionalGeneration(nn.Module):
         language: list[tuple[str, torch.Tensor]] = []
         vision: list[tuple[str, torch.Tensor]] = []
         built = [f"vision_tower.encoder.layers.{i}." for i in range(max(self.feature_layers))]
-        for name, tensor in _checkpoint_names(weights):
+        for name, tensor in checkpoint_names(weights):
             if name.startswith("language_model."):
                 language.append((name.removeprefix("language_model."), tensor))
             elif name.startswith(self.encoder_weights) or (
