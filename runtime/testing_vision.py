@@ -243,7 +243,11 @@ def make_tiny_gemma3(directory: str | Path, *, seed: int = 0, dtype: str = "floa
         query_pre_attn_scalar=24,
         sliding_window=GEMMA3_SLIDING_WINDOW,
         layer_types=["sliding_attention", "full_attention"],
-        rope_local_base_freq=100.0,
+        # local and global layers with rope bases of their own
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
     )
     config = transformers.Gemma3Config(
         vision_config=vision_config.to_dict(),
