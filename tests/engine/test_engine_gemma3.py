@@ -12,6 +12,7 @@ from infernetes.runtime.testing_vision import (
     GEMMA3_SLIDING_WINDOW,
     GEMMA3_TOKENS_PER_IMAGE,
     hf_llava_greedy,
+    hf_processor,
     make_tiny_gemma3,
     random_image,
 )
@@ -158,3 +159,45 @@ def test_same_image_hits_the_prefix_cache_changed_pixel_misses(gemma3):
 def test_a_budget_smaller_than_an_image_is_refused(gemma3):
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         LLM(gemma3, **ENGINE, max_num_batched_tokens=GEMMA3_TOKENS_PER_IMAGE - 1)
+
+
+def _expanded(path: str, text: str, image) -> list[int]:
+    return hf_processor(path)(text=text, images=[image])["input_ids"][0]
+
+
+def test_a_prefix_cache_hit_ending_inside_an_image_equals_transformers(gemma3):
+    # The second prompt shares the first's text and image and differs after it: its cached
+    # blocks end inside the image, and its first chunk starts there and runs to the image's end.
+    llm = LLM(gemma3, **ENGINE, max_num_batched_tokens=8, enable_chunked_prefill=True)
+    soft = llm.get_tokenizer().convert_tokens_to_ids("<image_soft_token>")
+    image = random_image(11)
+    for head in ("Look", "Look at", "Look at it", "A look at it", "A good look at it", "Hello"):
+        first, second = f"{head} {IMG} yes", f"{head} {IMG} no, something else"
+        ids, other = _expanded(gemma3, first, image), _expanded(gemma3, second, image)
+        common = next(i for i, (a, b) in enumerate(zip(ids, other, strict=False)) if a != b)
+        offset, cached = ids.index(soft), common // 8 * 8
+        if offset < cached < offset + GEMMA3_TOKENS_PER_IMAGE:
+            break
+    else:
+        pytest.fail("no prompt puts the cached blocks' end inside the image")
+    llm.generate({"prompt": first, "multi_modal_data": {"image": image}}, GREEDY)
+    [output] = llm.generate({"prompt": second, "multi_modal_data": {"image": image}}, GREEDY)
+    assert output.num_cached_tokens == cached
+    _check([output], [hf_llava_greedy(gemma3, second, [image], MAX_TOKENS)])
+
+
+@pytest.mark.slow  # a worker process per rank, about ten seconds a case
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_images_across_ranks(gemma3, expected, tp, pp):
+    # The first stage encodes the images (the tower replicated on its tensor ranks); every
+    # stage's attention layers take the images' spans.
+    llm = LLM(
+        gemma3,
+        **ENGINE,
+        device="cpu",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_batched_tokens=8,
+    )
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
+    _check(outputs, expected)

@@ -18,14 +18,12 @@ def _is_moe(cls: type[nn.Module]) -> bool:
 # Tested at the model level only (its processor needs torchvision, which the test environment
 # lacks): no test runs it through the engine, on one rank or several.
 MODEL_LEVEL_ONLY = {"LlavaOnevisionForConditionalGeneration"}
-# Tested through the engine on one rank only (no test runs them across ranks yet).
-ONE_RANK_ONLY = {"Gemma3ForConditionalGeneration"}
 
 
 def _row(architecture: str) -> str:
     cls = ARCHITECTURES[architecture]()
     generative = architecture in GENERATIVE
-    ranks_tested = generative and architecture not in MODEL_LEVEL_ONLY | ONE_RANK_ONLY
+    ranks_tested = generative and architecture not in MODEL_LEVEL_ONLY
     vision = supports_multimodal(cls)
     task = "generate" if generative else ("score" if "Classification" in architecture else "embed")
     # The generative models are tested under TP and PP against transformers; the pooling models'
@@ -114,8 +112,8 @@ imports its video half), so it is untested end to end. Gemma 3
 (`Gemma3ForConditionalGeneration`: a SigLIP tower, an average-pooling projector, Gemma 3's text
 model) attends bidirectionally within each image's tokens as transformers does, and keeps every
 image whole in one prefill chunk; pan-and-scan is off unless `--mm-processor-kwargs` turns it on
-(`do_pan_and_scan`); tested against transformers on one rank, whole and under chunked prefill
-and preemption (not yet across tensor or pipeline ranks). Qwen2-VL/Qwen2.5-VL (M-RoPE),
+(`do_pan_and_scan`); tested against transformers whole, under chunked prefill and preemption,
+from a prefix-cache hit that ends inside an image, and across tensor and pipeline ranks. Qwen2-VL/Qwen2.5-VL (M-RoPE),
 Mistral 3 and Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
