@@ -194,10 +194,21 @@ GEMMA3_SLIDING_WINDOW = 3  # under an image's length: the window and the image r
 GEMMA3_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'<image>'", f"'{GEMMA3_BOI}'")
 
 
-def make_tiny_gemma3(directory: str | Path, *, seed: int = 0, dtype: str = "float32") -> Path:
+def make_tiny_gemma3(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    image_size: int = IMAGE_SIZE,
+    patch_size: int = PATCH_SIZE,
+    tokens_per_image: int = GEMMA3_TOKENS_PER_IMAGE,
+    sliding_window: int = GEMMA3_SLIDING_WINDOW,
+    vision: dict[str, Any] | None = None,
+    text: dict[str, Any] | None = None,
+) -> Path:
     """Write a random ``Gemma3ForConditionalGeneration`` (a SigLIP tower, a Gemma 3 text model
-    of a sliding and a full layer, 4 feature tokens per image) and its ``Gemma3Processor``
-    (the PIL image processor: no torchvision)."""
+    of sliding and full layers, 4 feature tokens per image) and its ``Gemma3Processor`` (the
+    PIL image processor: no torchvision): tiny by default; the rest override it (benchmarks)."""
     import torch
     import transformers
 
@@ -217,12 +228,12 @@ def make_tiny_gemma3(directory: str | Path, *, seed: int = 0, dtype: str = "floa
             "image_token": GEMMA3_SOFT,
         },
     )
-    clip_config, llama_config = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, None)
+    clip_config, llama_config = _configs(tokenizer, image_size, patch_size, vision, text)
     vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     vision_config = transformers.SiglipVisionConfig(
         **{key: getattr(clip_config, key) for key in vision_keys},
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
+        image_size=image_size,
+        patch_size=patch_size,
     )
     text_keys = (
         "vocab_size",
@@ -241,8 +252,11 @@ def make_tiny_gemma3(directory: str | Path, *, seed: int = 0, dtype: str = "floa
         **{key: getattr(llama_config, key) for key in text_keys},
         head_dim=16,
         query_pre_attn_scalar=24,
-        sliding_window=GEMMA3_SLIDING_WINDOW,
-        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=sliding_window,
+        layer_types=[
+            "full_attention" if i % 2 else "sliding_attention"
+            for i in range(llama_config.num_hidden_layers)
+        ],
         # local and global layers with rope bases of their own
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
@@ -252,7 +266,7 @@ def make_tiny_gemma3(directory: str | Path, *, seed: int = 0, dtype: str = "floa
     config = transformers.Gemma3Config(
         vision_config=vision_config.to_dict(),
         text_config=text_config.to_dict(),
-        mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+        mm_tokens_per_image=tokens_per_image,
         boi_token_index=tokenizer.convert_tokens_to_ids(GEMMA3_BOI),
         eoi_token_index=tokenizer.convert_tokens_to_ids(GEMMA3_EOI),
         image_token_index=tokenizer.convert_tokens_to_ids(GEMMA3_SOFT),
@@ -267,12 +281,12 @@ def make_tiny_gemma3(directory: str | Path, *, seed: int = 0, dtype: str = "floa
         projector.mm_soft_emb_norm.weight.normal_(0.0, 0.5)
     model.save_pretrained(str(directory))
     image_processor = transformers.Gemma3ImageProcessorPil(
-        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+        size={"height": image_size, "width": image_size}
     )
     processor = transformers.Gemma3Processor(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        image_seq_length=GEMMA3_TOKENS_PER_IMAGE,
+        image_seq_length=tokens_per_image,
         chat_template=GEMMA3_CHAT_TEMPLATE,
     )
     processor.save_pretrained(str(directory))
