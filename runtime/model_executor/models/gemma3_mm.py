@@ -12,18 +12,12 @@ an image."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.nn.functional as F
 from infernetes.runtime.model_executor.models.gemma import GemmaForCausalLM, GemmaRMSNorm
-from infernetes.runtime.model_executor.models.llava import checkpoint_names
 from infernetes.runtime.model_executor.models.siglip import SiglipVisionTower
-from infernetes.runtime.model_executor.models.utils import (
-    IntermediateTensors,
-    load_stacked_weights,
-    on_first_stage,
-)
+from infernetes.runtime.model_executor.models.utils import on_first_stage
+from infernetes.runtime.model_executor.models.vision_language import VisionLanguageModel
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -56,9 +50,7 @@ class Gemma3MultiModalProjector(nn.Module):
         return (self.mm_soft_emb_norm(pooled) @ self.mm_input_projection_weight).to(patches.dtype)
 
 
-class Gemma3ForConditionalGeneration(nn.Module):
-    supports_inputs_embeds = True  # models/interfaces.SupportsMultiModal
-    supports_multimodal = True
+class Gemma3ForConditionalGeneration(VisionLanguageModel):
     bidirectional_image_attention = True
     intermediate_names = GemmaForCausalLM.intermediate_names
 
@@ -73,11 +65,6 @@ class Gemma3ForConditionalGeneration(nn.Module):
         self.multi_modal_projector = on_first_stage(lambda: Gemma3MultiModalProjector(config))
         self.language_model = GemmaForCausalLM(config.text_config, max_position)
 
-    @staticmethod
-    def image_input_shape(config: PretrainedConfig) -> tuple[int, ...]:
-        vision = config.vision_config
-        return (vision.num_channels, vision.image_size, vision.image_size)
-
     def embed_multimodal(self, modality: str, data: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         if modality != "image":
             raise ValueError(f"Gemma 3 takes images, not {modality}")
@@ -90,27 +77,7 @@ class Gemma3ForConditionalGeneration(nn.Module):
         vocab = self.config.text_config.vocab_size
         return self.language_model.embed_input_ids(input_ids.masked_fill(input_ids >= vocab, 0))
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        intermediate: IntermediateTensors | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors:
-        return self.language_model(input_ids, positions, intermediate, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        language: list[tuple[str, torch.Tensor]] = []
-        vision: list[tuple[str, torch.Tensor]] = []
-        for name, tensor in checkpoint_names(weights):
-            if name.startswith("language_model."):
-                language.append((name.removeprefix("language_model."), tensor))
-            elif name.startswith(("multi_modal_projector.", "vision_tower.")) and not (
-                name.startswith("vision_tower.head.")  # SigLIP's pooled output's: never read
-            ):
-                vision.append((name, tensor))
-        loaded = {"language_model." + n for n in self.language_model.load_weights(language)}
-        return loaded | load_stacked_weights(self, vision, [])
+    def keeps_encoder_weight(self, name: str) -> bool:
+        return name.startswith(("multi_modal_projector.", "vision_tower.")) and not (
+            name.startswith("vision_tower.head.")  # SigLIP's pooled output's: never read
+        )
