@@ -347,6 +347,26 @@ def hf_llava_greedy(
     return prompt_ids, tokens, logprobs
 
 
+def assert_equals_transformers(
+    outputs: list[Any], expected: list[tuple[list[int], list[int], list[float]]]
+) -> None:
+    """Each ``RequestOutput``'s prompt ids, greedy tokens and their logprobs (``logprobs=0``)
+    equal ``hf_llava_greedy``'s, the logprobs within 1e-4."""
+    import math
+
+    for output, (prompt_ids, tokens, logprobs) in zip(outputs, expected, strict=True):
+        completion = output.outputs[0]
+        served = [
+            entry[token].logprob
+            for entry, token in zip(completion.logprobs, completion.token_ids, strict=True)
+        ]
+        assert output.prompt_token_ids == prompt_ids
+        assert completion.token_ids == tokens
+        assert all(
+            math.isclose(a, b, abs_tol=1e-4) for a, b in zip(served, logprobs, strict=True)
+        ), f"logprobs {served} != transformers' {logprobs}"
+
+
 def _configs(
     tokenizer: Any,
     image_size: int,

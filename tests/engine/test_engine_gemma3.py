@@ -11,6 +11,7 @@ from infernetes.runtime.testing_vision import (
     GEMMA3_BOI,
     GEMMA3_SLIDING_WINDOW,
     GEMMA3_TOKENS_PER_IMAGE,
+    assert_equals_transformers,
     hf_llava_greedy,
     hf_processor,
     make_tiny_gemma3,
@@ -56,21 +57,6 @@ def _prompt(text: str, seeds: list[int], size: tuple[int, int] = (40, 36)) -> di
     return {"prompt": text, "multi_modal_data": {"image": images}}
 
 
-def _logprobs(completion) -> list[float]:
-    return [
-        entry[token].logprob
-        for entry, token in zip(completion.logprobs, completion.token_ids, strict=True)
-    ]
-
-
-def _check(outputs, expected) -> None:
-    for output, (prompt_ids, tokens, logprobs) in zip(outputs, expected, strict=True):
-        completion = output.outputs[0]
-        assert output.prompt_token_ids == prompt_ids
-        assert completion.token_ids == tokens
-        assert _logprobs(completion) == pytest.approx(logprobs, abs=1e-4)
-
-
 def _chunk_ends(llm: LLM) -> list[tuple[list, int]]:
     """Each scheduled prefill chunk's request images and where it ends."""
     scheduler = llm.llm_engine.engine_core.scheduler
@@ -104,7 +90,7 @@ def test_images_equal_transformers_batched_with_text(gemma3, expected, budget):
     llm = LLM(gemma3, **ENGINE, **chunking, enable_chunked_prefill=True)
     ends = _chunk_ends(llm)
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
-    _check(outputs, expected)
+    assert_equals_transformers(outputs, expected)
     assert not [end for features, end in ends for f in features if f.offset < end < f.end], (
         "a chunk ended inside an image"
     )
@@ -121,7 +107,7 @@ def test_images_survive_preemption(gemma3, expected):
     llm.llm_engine.engine_core.stat_loggers.append(Counter())
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
     assert sum(preemptions) > 0
-    _check(outputs, expected)
+    assert_equals_transformers(outputs, expected)
 
 
 def test_pan_and_scan_crops_through_mm_processor_kwargs(gemma3):
@@ -132,7 +118,7 @@ def test_pan_and_scan_crops_through_mm_processor_kwargs(gemma3):
     prompt_ids, tokens, logprobs = hf_llava_greedy(gemma3, text, images, MAX_TOKENS, **PAN_AND_SCAN)
     llm = LLM(gemma3, **ENGINE, mm_processor_kwargs=PAN_AND_SCAN, max_num_batched_tokens=8)
     [output] = llm.generate({"prompt": text, "multi_modal_data": {"image": images}}, GREEDY)
-    _check([output], [(prompt_ids, tokens, logprobs)])
+    assert_equals_transformers([output], [(prompt_ids, tokens, logprobs)])
     soft = llm.get_tokenizer().convert_tokens_to_ids("<image_soft_token>")
     assert prompt_ids.count(soft) > 2 * GEMMA3_TOKENS_PER_IMAGE  # crops were made
 
@@ -183,7 +169,7 @@ def test_a_prefix_cache_hit_ending_inside_an_image_equals_transformers(gemma3):
     llm.generate({"prompt": first, "multi_modal_data": {"image": image}}, GREEDY)
     [output] = llm.generate({"prompt": second, "multi_modal_data": {"image": image}}, GREEDY)
     assert output.num_cached_tokens == cached
-    _check([output], [hf_llava_greedy(gemma3, second, [image], MAX_TOKENS)])
+    assert_equals_transformers([output], [hf_llava_greedy(gemma3, second, [image], MAX_TOKENS)])
 
 
 @pytest.mark.slow  # a worker process per rank, about ten seconds a case
@@ -200,4 +186,4 @@ def test_images_across_ranks(gemma3, expected, tp, pp):
         max_num_batched_tokens=8,
     )
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
-    _check(outputs, expected)
+    assert_equals_transformers(outputs, expected)
