@@ -26,6 +26,7 @@ from infernetes.kernels.reference import wna16 as _ref_wna16
 from infernetes.kernels.reference.fp8 import quantize_weight_fp8
 
 __all__ = [
+    "attend_within_images",
     "block_fp8_linear",
     "fp8_linear",
     "fused_moe",
@@ -124,6 +125,39 @@ def paged_attention(
         sliding_window=sliding_window,
         softcap=softcap,
         sinks=sinks,
+    )
+
+
+def attend_within_images(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    spans: list[tuple[int, int, int, int, int]],
+    scale: float,
+    out: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> None:
+    """Rewrite the rows of `out` (`paged_attention`'s) of image tokens that attend to their
+    whole image, later tokens too (Gemma 3): each span `(seq, first_row, end_row,
+    first_position, image_end)` sees every key before `image_end`, within `sliding_window` of
+    the query when given. The torch reference on every device: a few hundred rows per image,
+    only in the steps that reach one."""
+    _ref_attention.attend_within_images(
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        spans,
+        scale,
+        out,
+        k_scale,
+        v_scale,
+        sliding_window,
+        softcap,
     )
 
 

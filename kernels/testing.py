@@ -103,8 +103,11 @@ def naive_paged_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    images: list[list[tuple[int, int]]] | None = None,
 ) -> torch.Tensor:
-    """Token by token in float64: the oracle the reference and the kernels are checked against."""
+    """Token by token in float64: the oracle the reference and the kernels are checked against.
+    ``images``: per sequence, ``(start, end)`` position ranges whose tokens see the whole range
+    (Gemma 3's images)."""
     k_all, v_all = _dequant(batch.k_cache, batch.k_scale), _dequant(batch.v_cache, batch.v_scale)
     block_size, num_kv_heads = batch.k_cache.shape[1], batch.k_cache.shape[2]
     group = batch.query.shape[1] // num_kv_heads
@@ -122,8 +125,10 @@ def naive_paged_attention(
             pos = kv_len - q_len + i
             q = batch.query[cu[b] + i].double()  # [H, D]
             first = max(pos + 1 - sliding_window, 0) if sliding_window else 0
-            kk = k[first : pos + 1].repeat_interleave(group, dim=1)  # [P, H, D]
-            vv = v[first : pos + 1].repeat_interleave(group, dim=1)
+            spans = images[b] if images else []
+            last = max([pos, *(end - 1 for start, end in spans if start <= pos < end)])
+            kk = k[first : last + 1].repeat_interleave(group, dim=1)  # [P, H, D]
+            vv = v[first : last + 1].repeat_interleave(group, dim=1)
             scores = torch.einsum("hd,phd->hp", q, kk) * batch.scale
             if softcap:
                 scores = torch.tanh(scores / softcap) * softcap

@@ -187,6 +187,112 @@ def make_tiny_llava_onevision(
     return directory
 
 
+GEMMA3_BOI, GEMMA3_EOI, GEMMA3_SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+GEMMA3_TOKENS_PER_IMAGE = 4  # the 4 x 4 patches pooled 2 x 2
+GEMMA3_SLIDING_WINDOW = 3  # under an image's length: the window and the image rules meet
+# Gemma 3's own templates render an image part as <start_of_image>
+GEMMA3_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'<image>'", f"'{GEMMA3_BOI}'")
+
+
+def make_tiny_gemma3(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    image_size: int = IMAGE_SIZE,
+    patch_size: int = PATCH_SIZE,
+    tokens_per_image: int = GEMMA3_TOKENS_PER_IMAGE,
+    sliding_window: int = GEMMA3_SLIDING_WINDOW,
+    vision: dict[str, Any] | None = None,
+    text: dict[str, Any] | None = None,
+) -> Path:
+    """Write a random ``Gemma3ForConditionalGeneration`` (a SigLIP tower, a Gemma 3 text model
+    of sliding and full layers, 4 feature tokens per image) and its ``Gemma3Processor`` (the
+    PIL image processor: no torchvision): tiny by default; the rest override it (benchmarks)."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(
+        directory,
+        extra_special_tokens=[GEMMA3_BOI, GEMMA3_EOI, GEMMA3_SOFT],
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+    )
+    # the processor finds its tokens by these names on the tokenizer
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(
+        str(directory),
+        extra_special_tokens={
+            "boi_token": GEMMA3_BOI,
+            "eoi_token": GEMMA3_EOI,
+            "image_token": GEMMA3_SOFT,
+        },
+    )
+    clip_config, llama_config = _configs(tokenizer, image_size, patch_size, vision, text)
+    vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    vision_config = transformers.SiglipVisionConfig(
+        **{key: getattr(clip_config, key) for key in vision_keys},
+        image_size=image_size,
+        patch_size=patch_size,
+    )
+    text_keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "initializer_range",
+    )
+    text_config = transformers.Gemma3TextConfig(
+        **{key: getattr(llama_config, key) for key in text_keys},
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=sliding_window,
+        layer_types=[
+            "full_attention" if i % 2 else "sliding_attention"
+            for i in range(llama_config.num_hidden_layers)
+        ],
+        # local and global layers with rope bases of their own
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    )
+    config = transformers.Gemma3Config(
+        vision_config=vision_config.to_dict(),
+        text_config=text_config.to_dict(),
+        mm_tokens_per_image=tokens_per_image,
+        boi_token_index=tokenizer.convert_tokens_to_ids(GEMMA3_BOI),
+        eoi_token_index=tokenizer.convert_tokens_to_ids(GEMMA3_EOI),
+        image_token_index=tokenizer.convert_tokens_to_ids(GEMMA3_SOFT),
+    )
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config).to(getattr(torch, dtype)).eval()
+    with torch.no_grad():  # both start at zero: make images move the logits
+        projector = model.model.multi_modal_projector
+        projector.mm_input_projection_weight.normal_(0.0, 0.5)
+        projector.mm_soft_emb_norm.weight.normal_(0.0, 0.5)
+    model.save_pretrained(str(directory))
+    image_processor = transformers.Gemma3ImageProcessorPil(
+        size={"height": image_size, "width": image_size}
+    )
+    processor = transformers.Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_length=tokens_per_image,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(str(directory))
+    return directory
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
     """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
     import numpy as np
@@ -202,7 +308,7 @@ def _hf_llava(path: str) -> Any:
     import transformers
 
     [architecture] = transformers.AutoConfig.from_pretrained(path).architectures
-    model_class = getattr(transformers, architecture)  # LLaVA or LLaVA-NeXT
+    model_class = getattr(transformers, architecture)  # LLaVA, LLaVA-NeXT or Gemma 3
     return model_class.from_pretrained(path, dtype=torch.float32).eval()
 
 
@@ -239,6 +345,26 @@ def hf_llava_greedy(
         for scores, token in zip(out.scores, tokens, strict=True)
     ]
     return prompt_ids, tokens, logprobs
+
+
+def assert_equals_transformers(
+    outputs: list[Any], expected: list[tuple[list[int], list[int], list[float]]]
+) -> None:
+    """Each ``RequestOutput``'s prompt ids, greedy tokens and their logprobs (``logprobs=0``)
+    equal ``hf_llava_greedy``'s, the logprobs within 1e-4."""
+    import math
+
+    for output, (prompt_ids, tokens, logprobs) in zip(outputs, expected, strict=True):
+        completion = output.outputs[0]
+        served = [
+            entry[token].logprob
+            for entry, token in zip(completion.logprobs, completion.token_ids, strict=True)
+        ]
+        assert output.prompt_token_ids == prompt_ids
+        assert completion.token_ids == tokens
+        assert all(
+            math.isclose(a, b, abs_tol=1e-4) for a, b in zip(served, logprobs, strict=True)
+        ), f"logprobs {served} != transformers' {logprobs}"
 
 
 def _configs(

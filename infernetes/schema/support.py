@@ -645,7 +645,8 @@ ARG_SUPPORT: dict[str, Support] = {
     "scheduler_cls": refused("custom scheduler classes are not loaded"),
     "disable_chunked_mm_input": no_effect(
         "an image may be cut across chunked-prefill steps: it is encoded once per request and "
-        "each step takes its rows"
+        "each step takes its rows (never for Gemma 3, whose image tokens attend to each other: "
+        "its chunks always end outside images)"
     ),
     "disable_hybrid_kv_cache_manager": no_effect(
         "every layer shares one KV cache layout: there is no hybrid manager"

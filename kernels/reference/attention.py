@@ -120,6 +120,37 @@ def attend_prefills(
         out[seq.start : seq.end] = _prefill(q, k, v, mask, scale, softcap, sinks)[0].transpose(0, 1)
 
 
+def attend_within_images(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    spans: list[tuple[int, int, int, int, int]],
+    scale: float,
+    out: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> None:
+    """Attend again the rows of image tokens that see their whole image (Gemma 3), into `out`.
+    A span `(seq, first_row, end_row, first_position, image_end)`: query rows
+    `first_row:end_row` of sequence `seq`, at positions from `first_position`, see every key
+    before `image_end` (within `sliding_window` of the query when given). The image's keys are
+    in the cache already: a step stores all its keys before any query attends."""
+    block_size = k_cache.shape[1]
+    for seq, start, end, first, image_end in spans:
+        pos = torch.arange(image_end, device=query.device)
+        tables = block_tables[seq, : -(-image_end // block_size)].long()
+        slots = tables[pos // block_size] * block_size + pos % block_size
+        k = _gather_tokens(k_cache, slots, k_scale, query.dtype).transpose(0, 1).unsqueeze(0)
+        v = _gather_tokens(v_cache, slots, v_scale, query.dtype).transpose(0, 1).unsqueeze(0)
+        q = query[start:end].transpose(0, 1).unsqueeze(0)
+        q_pos = torch.arange(first, first + end - start, device=query.device)[:, None]
+        mask = pos[None, :] > (q_pos - sliding_window if sliding_window else -1)
+        out[start:end] = _prefill(q, k, v, mask, scale, softcap)[0].transpose(0, 1)
+
+
 @dataclass
 class _DecodePlan:
     """Decode rows of similar lengths, attended in one batched call."""

@@ -225,6 +225,20 @@ def _multimodal_settings(config: ServeConfig, info: ModelInfo) -> dict[str, Any]
     )
 
 
+def _check_whole_images_fit(scheduler: SchedulerConfig, info: ModelInfo) -> None:
+    """A model whose image tokens see their whole image computes an image in one step: the
+    step's token budget must hold one (else such a prompt would never be scheduled)."""
+    if not getattr(model_class_of(info), "bidirectional_image_attention", False):
+        return
+    tokens = info.hf_config.mm_tokens_per_image
+    if scheduler.max_num_batched_tokens < tokens:
+        raise ValueError(
+            f"max_num_batched_tokens ({scheduler.max_num_batched_tokens}) must be at least "
+            f"{tokens}: {info.architecture} computes each image's {tokens} tokens in one step "
+            "(they attend to each other)"
+        )
+
+
 def resolve_config(
     config: ServeConfig, environ: dict[str, str] | None = None, data_parallel_rank: int = 0
 ) -> tuple[RuntimeConfig, Any]:
@@ -278,6 +292,7 @@ def resolve_config(
     generation = read_generation_config(config.generation_config, path)
     eos, extra_eos = _eos_token_ids(tokenizer, hf_config, generation)
     scheduler = _scheduler_config(config, info.max_model_len, device, info.is_pooling)
+    _check_whole_images_fit(scheduler, info)
     compilation = parse_compilation_config(config.compilation_config)
     kv_transfer = kv_transfer_config(
         config.kv_transfer_config,

@@ -114,6 +114,9 @@ class EngineCore:
             connector=create_connector(
                 self.config, KVConnectorRole.SCHEDULER, self.executor.kv_cache_block_bytes()
             ),
+            whole_images=getattr(
+                model_class_of(model.info), "bidirectional_image_attention", False
+            ),
         )
         # Steps sent and not yet taken back (pipeline parallelism, async scheduling), oldest first.
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()

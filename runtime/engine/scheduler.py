@@ -82,8 +82,11 @@ class Scheduler:
         *,
         pipelined: bool = False,
         connector: KVConnectorBase | None = None,
+        whole_images: bool = False,
     ) -> None:
         self.config = config
+        # the model's image tokens see their whole image (Gemma 3): no chunk ends inside one
+        self.whole_images = whole_images
         self.block_manager = block_manager
         self.pipelined = pipelined  # the workers of the earlier stages need the sampled tokens
         self.async_scheduling = config.async_scheduling
@@ -256,7 +259,12 @@ class Scheduler:
                 i += 1
                 continue
             drafts = self._drafts_to_verify(request, remaining, budget.tokens)
-            num_new = self._prefill_chunk(remaining, budget.tokens) + len(drafts)
+            chunk = self._prefill_chunk(remaining, budget.tokens)
+            chunk = self._fit_images(request, request.num_computed_tokens, chunk, remaining, budget)
+            if chunk == 0:
+                i += 1
+                continue
+            num_new = chunk + len(drafts)
             num_blocks_before = len(request.block_ids)
             while not self.block_manager.allocate_slots(request, num_new):
                 victim = self._pick_victim(i)
@@ -305,6 +313,11 @@ class Scheduler:
                 skipped.append(self.waiting.pop())  # its adapter would be one too many
                 continue
             chunk = self._prefill_chunk(remaining, budget.tokens)
+            start = request.num_computed_tokens + num_cached + num_external
+            chunk = self._fit_images(request, start, chunk, remaining, budget)
+            if chunk == 0:  # an image that does not fit this step's budget
+                skipped.append(self.waiting.pop())
+                continue
             if chunk < remaining and not self._may_start_partial(budget, remaining):
                 # Another partial prefill is not allowed: let a shorter request go instead.
                 skipped.append(self.waiting.pop())
@@ -474,6 +487,23 @@ class Scheduler:
         if self._is_long(remaining):
             remaining = self._threshold
         return min(remaining, budget)
+
+    def _fit_images(
+        self, request: Request, start: int, chunk: int, remaining: int, budget: _StepBudget
+    ) -> int:
+        """``chunk`` (from position ``start``) kept from ending inside an image when the model's
+        image tokens see their whole image (its later tokens' keys would be missing): cut back
+        to the image's start, or, when the chunk starts in the image, stretched to its end (past
+        the long-prefill cap) if the step's budget holds it, else 0: it waits for room."""
+        if not self.whole_images or chunk >= remaining:
+            return chunk
+        end = start + chunk
+        for feature in request.mm_features:
+            if feature.offset < end < feature.end:
+                if feature.offset > start:
+                    return feature.offset - start
+                return feature.end - start if feature.end - start <= budget.tokens else 0
+        return chunk
 
     def _may_start_partial(self, budget: _StepBudget, remaining: int) -> bool:
         """Whether one more prefill may stop short of its end this step."""

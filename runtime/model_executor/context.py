@@ -25,6 +25,9 @@ class AttentionMetadata:
     calculate_kv_scales: bool = False
     # The KV connector's worker side, which each attention layer calls (a step's, not a graph's)
     kv_connector: KVConnectorBase | None = None
+    # Image tokens that see their whole image (Gemma 3): (seq, first_row, end_row,
+    # first_position, image_end) per image the step computes rows of (ops.attend_within_images)
+    image_spans: list[tuple[int, int, int, int, int]] | None = None
 
 
 # Per thread: a forward runs in the thread that set its metadata, and two engines in one process

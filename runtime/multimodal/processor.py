@@ -9,6 +9,7 @@ vision-language model's API process has torch, a text model's still does not."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
@@ -74,8 +75,15 @@ class MultiModalProcessor:
         self.image_shape = image_shape  # one image's pixel_values, as the vision tower takes it
         self.limits = limits  # a modality left out: no limit
         self.default_kwargs = dict(default_kwargs or {})
-        self.image_token: str = hf_processor.image_token
-        self.image_token_id: int = hf_processor.tokenizer.convert_tokens_to_ids(self.image_token)
+        self.image_token: str = hf_processor.image_token  # an image's placeholder in the text
+        # the token the processor expands it to, one per feature row (Gemma 3's differs from
+        # the placeholder: <start_of_image> becomes a run of <image_soft_token>)
+        [feature_token_id, *_] = hf_processor.image_token_ids
+        self.image_token_id: int = (
+            feature_token_id
+            if feature_token_id is not None
+            else hf_processor.tokenizer.convert_tokens_to_ids(self.image_token)
+        )
 
     @classmethod
     def load(
@@ -190,10 +198,18 @@ class MultiModalProcessor:
                 "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
             )
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        counts = self._placeholder_counts(positions, images, kwargs)
+        digests = [image_digest(image, kwargs) for image in images]
+        num_items = len(arrays["pixel_values"])
+        if num_items != len(images):
+            # Pan-and-scan (Gemma 3): each image's crops follow it, each an item with its own
+            # placeholders. The processor does not say which image a crop came from, so an
+            # item is known by all the prompt's images and its place among the items.
+            whole = hashlib.sha256("".join(digests).encode()).hexdigest()
+            digests = [f"{whole}:{i}" for i in range(num_items)]
+        counts = self._placeholder_counts(positions, images, num_items, kwargs)
         features = []
         start = 0
-        for i, (image, count) in enumerate(zip(images, counts, strict=True)):
+        for i, (digest, count) in enumerate(zip(digests, counts, strict=True)):
             run = positions[start : start + count]
             start += count
             if run[-1] - run[0] != count - 1:
@@ -202,21 +218,20 @@ class MultiModalProcessor:
                     "multi_modal_data.image",
                 )
             data = {name: array[i] for name, array in arrays.items()}
-            features.append(
-                MultiModalFeature("image", run[0], count, image_digest(image, kwargs), data)
-            )
+            features.append(MultiModalFeature("image", run[0], count, digest, data))
         return features
 
     def _placeholder_counts(
-        self, positions: list[int], images: list[Any], kwargs: dict[str, Any]
+        self, positions: list[int], images: list[Any], num_items: int, kwargs: dict[str, Any]
     ) -> list[int]:
-        """How many of the placeholder tokens at ``positions`` each image has: the runs apart
-        when there is one per image, else as the processor counts them for each image's size
-        (LLaVA-NeXT's depend on it), else split evenly (LLaVA's do not)."""
+        """How many of the placeholder tokens at ``positions`` each of ``num_items`` items (the
+        images, or their crops) has: the runs apart when there is one per item, else as the
+        processor counts them for each image's size (LLaVA-NeXT's depend on it), else split
+        evenly (LLaVA's do not)."""
         runs = [1 + i for i, (a, b) in enumerate(itertools.pairwise(positions)) if b != a + 1]
         bounds = [0, *runs, len(positions)]
         counts = [b - a for a, b in itertools.pairwise(bounds) if b > a]
-        if len(counts) != len(images):
+        if len(counts) != num_items and num_items == len(images):
             counter = getattr(self.hf_processor, "_get_num_multimodal_tokens", None)
             sizes = [(image.height, image.width) for image in images]
             counted = counter(image_sizes=sizes, **kwargs).num_image_tokens if counter else None
@@ -225,7 +240,7 @@ class MultiModalProcessor:
             else:
                 per_image, rest = divmod(len(positions), len(images))
                 counts = [] if rest or per_image == 0 else [per_image] * len(images)
-        if not counts or 0 in counts:
+        if len(counts) != num_items or 0 in counts:
             raise RequestError(
                 f"the prompt's expanded placeholders ({len(positions)}) do not divide among "
                 f"{len(images)} image(s)",

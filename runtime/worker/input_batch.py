@@ -160,3 +160,29 @@ def _split(buffer: torch.Tensor, arrays: Sequence[np.ndarray]) -> list[torch.Ten
         views.append(buffer[offset : offset + array.size].view(array.shape))
         offset += array.size
     return views
+
+
+def image_spans(
+    batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
+) -> list[tuple[int, int, int, int, int]]:
+    """The step's rows of image tokens for a model whose image tokens see their whole image
+    (``AttentionMetadata.image_spans``): ``(seq, first_row, end_row, first_position,
+    image_end)``. The scheduler never ends a chunk inside an image, so every image the step
+    computes rows of has all its keys in the step or before it."""
+    spans = []
+    row = 0
+    for seq, (request, num_new) in enumerate(zip(batch, num_scheduled, strict=True)):
+        first, end = request.num_computed_tokens, request.num_computed_tokens + num_new
+        for feature in request.mm_features:
+            start = max(first, feature.offset)
+            if start < min(end, feature.end):
+                if end < feature.end:
+                    raise RuntimeError(
+                        f"a chunk ends inside an image (positions {feature.offset}-"
+                        f"{feature.end - 1}) of a model whose image tokens see the whole image"
+                    )
+                spans.append(
+                    (seq, row + start - first, row + feature.end - first, start, feature.end)
+                )
+        row += num_new
+    return spans

@@ -60,7 +60,12 @@ from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.spec_decode.ngram import NgramProposer
 from infernetes.runtime.spec_decode.proposer import NoProposer, Proposer
 from infernetes.runtime.spec_decode.verify import accepted, sampling_positions
-from infernetes.runtime.worker.input_batch import BlockTable, StepBuffers, step_inputs
+from infernetes.runtime.worker.input_batch import (
+    BlockTable,
+    StepBuffers,
+    image_spans,
+    step_inputs,
+)
 from infernetes.runtime.worker.kv_cache_memory import zeroed
 from infernetes.runtime.worker.request_state import CachedRequestState
 from infernetes.runtime.worker.weight_offload import HostCopy
@@ -381,6 +386,8 @@ class ModelRunner:
             calculate_kv_scales=self.calculate_kv_scales,
             kv_connector=self.kv_connector if with_connector else None,
         )
+        if getattr(self.model, "bidirectional_image_attention", False):
+            meta.image_spans = image_spans(batch, num_scheduled)
         return input_ids, positions, meta
 
     def _intermediate(self, num_tokens: int, receive: bool) -> IntermediateTensors | None:

@@ -6,7 +6,12 @@ blocks and a changed pixel does not; bad multimodal input is refused naming the 
 from __future__ import annotations
 
 import pytest
-from infernetes.runtime.testing_vision import hf_llava_greedy, make_tiny_llava, random_image
+from infernetes.runtime.testing_vision import (
+    assert_equals_transformers,
+    hf_llava_greedy,
+    make_tiny_llava,
+    random_image,
+)
 
 from infernetes import LLM, SamplingParams
 
@@ -43,21 +48,6 @@ def _prompt(text: str, seeds: list[int]) -> dict | str:
     return {"prompt": text, "multi_modal_data": {"image": [random_image(s) for s in seeds]}}
 
 
-def _logprobs(completion) -> list[float]:
-    return [
-        entry[token].logprob
-        for entry, token in zip(completion.logprobs, completion.token_ids, strict=True)
-    ]
-
-
-def _check(outputs, expected) -> None:
-    for output, (prompt_ids, tokens, logprobs) in zip(outputs, expected, strict=True):
-        completion = output.outputs[0]
-        assert output.prompt_token_ids == prompt_ids
-        assert completion.token_ids == tokens
-        assert _logprobs(completion) == pytest.approx(logprobs, abs=1e-4)
-
-
 @pytest.mark.parametrize("budget", [None, 8])
 def test_images_equal_transformers_batched_with_text(llava, expected, budget):
     # A budget of 8 tokens a step cuts each image's 16 placeholder rows across chunks.
@@ -65,7 +55,7 @@ def test_images_equal_transformers_batched_with_text(llava, expected, budget):
     llm = LLM(llava, **ENGINE, **chunking)
     encoded = _count_encoded(llm)
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
-    _check(outputs, expected)
+    assert_equals_transformers(outputs, expected)
     # each image of a prompt once, however cut (one it repeats, once)
     assert sum(encoded) == sum(len(set(seeds)) for _, seeds in CASES)
 
@@ -97,7 +87,7 @@ def test_images_survive_preemption(llava, expected):
     llm.llm_engine.engine_core.stat_loggers.append(Counter())
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
     assert sum(preemptions) > 0
-    _check(outputs, expected)
+    assert_equals_transformers(outputs, expected)
 
 
 def test_same_image_hits_the_prefix_cache_changed_pixel_misses(llava):
@@ -234,7 +224,7 @@ def test_chat_with_image_parts_as_vllm_spells_them(llava):
     prompt_ids, tokens, logprobs = hf_llava_greedy(
         llava, text, [first, second], MAX_TOKENS, add_special_tokens=False
     )
-    _check([output], [(prompt_ids, tokens, logprobs)])
+    assert_equals_transformers([output], [(prompt_ids, tokens, logprobs)])
 
 
 @pytest.mark.slow  # a worker process per rank, about ten seconds a case
@@ -251,4 +241,4 @@ def test_images_across_ranks(llava, expected, tp, pp):
         max_num_batched_tokens=8,
     )
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
-    _check(outputs, expected)
+    assert_equals_transformers(outputs, expected)

@@ -7,7 +7,12 @@ batch, whole and under chunked prefill."""
 from __future__ import annotations
 
 import pytest
-from infernetes.runtime.testing_vision import hf_llava_greedy, make_tiny_llava_next, random_image
+from infernetes.runtime.testing_vision import (
+    assert_equals_transformers,
+    hf_llava_greedy,
+    make_tiny_llava_next,
+    random_image,
+)
 
 from infernetes import LLM, SamplingParams
 
@@ -45,23 +50,12 @@ def _prompt(text: str, specs) -> dict | str:
     return {"prompt": text, "multi_modal_data": {"image": _images(specs)}}
 
 
-def _logprobs(completion) -> list[float]:
-    return [
-        entry[token].logprob
-        for entry, token in zip(completion.logprobs, completion.token_ids, strict=True)
-    ]
-
-
 @pytest.mark.parametrize("budget", [None, 16])
 def test_anyres_images_equal_transformers_batched_with_text(llava_next, expected, budget):
     chunking = {} if budget is None else dict(max_num_batched_tokens=budget)
     llm = LLM(llava_next, **ENGINE, **chunking)
     outputs = llm.generate([_prompt(text, specs) for text, specs in CASES], GREEDY)
-    for output, (prompt_ids, tokens, logprobs) in zip(outputs, expected, strict=True):
-        completion = output.outputs[0]
-        assert output.prompt_token_ids == prompt_ids
-        assert completion.token_ids == tokens
-        assert _logprobs(completion) == pytest.approx(logprobs, abs=1e-4)
+    assert_equals_transformers(outputs, expected)
 
 
 def test_the_tiling_changes_what_the_model_sees(llava_next, expected):
@@ -86,10 +80,7 @@ def test_anyres_images_across_ranks(llava_next, expected, tp, pp):
         max_num_batched_tokens=16,
     )
     outputs = llm.generate([_prompt(text, specs) for text, specs in CASES], GREEDY)
-    for output, (prompt_ids, tokens, logprobs) in zip(outputs, expected, strict=True):
-        assert output.prompt_token_ids == prompt_ids
-        assert output.outputs[0].token_ids == tokens
-        assert _logprobs(output.outputs[0]) == pytest.approx(logprobs, abs=1e-4)
+    assert_equals_transformers(outputs, expected)
 
 
 def test_a_clip_tower_with_the_full_strategy_is_refused(tmp_path):

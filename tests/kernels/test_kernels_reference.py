@@ -264,3 +264,29 @@ def test_sliding_window_softcap_and_sinks_match_the_oracle(window, softcap, sink
         assert not torch.allclose(out.double(), naive_paged_attention(batch, None, softcap, sinks))
     if sinks is not None:
         assert not torch.allclose(out.double(), naive_paged_attention(batch, window, softcap))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_attention_within_whole_images_matches_the_oracle(window):
+    # Gemma 3: sequence 2 (12 new tokens) holds an image at positions 2-7 and sequence 3 (5 new
+    # of 21) one at 17-20, cut by its cached prefix: their rows see the whole image.
+    from infernetes.kernels import ops
+
+    batch = random_paged_batch(num_heads=4, num_kv_heads=2, **WINDOW_BATCH)
+    images = [[], [], [(2, 8)], [(17, 21)]]
+    out = attention.paged_attention(*batch.args(), sliding_window=window)
+    # (seq, first_row, end_row, first_position, image_end); sequence 2's rows start at 2
+    spans = [(2, 2 + 2, 2 + 8, 2, 8), (3, 14 + 1, 14 + 5, 17, 21)]
+    ops.attend_within_images(
+        batch.query,
+        batch.k_cache,
+        batch.v_cache,
+        batch.block_tables,
+        spans,
+        batch.scale,
+        out,
+        sliding_window=window,
+    )
+    expected = naive_paged_attention(batch, window, images=images)
+    torch.testing.assert_close(out.double(), expected, atol=5e-5, rtol=0)
+    assert not torch.allclose(out.double(), naive_paged_attention(batch, window))

@@ -76,7 +76,22 @@ class Attention(nn.Module):
         ops.store_kv(
             k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale
         )
-        out = self._attend(q, meta).reshape(-1, self.num_heads * self.head_dim)
+        out = self._attend(q, meta)
+        if meta.image_spans:
+            ops.attend_within_images(
+                q,
+                self.k_cache,
+                self.v_cache,
+                meta.block_tables,
+                meta.image_spans,
+                self.scale,
+                out,
+                self.k_scale,
+                self.v_scale,
+                self.sliding_window,
+                self.softcap,
+            )
+        out = out.reshape(-1, self.num_heads * self.head_dim)
         if connector is not None:
             connector.save_kv_layer(self.layer_name, (self.k_cache, self.v_cache), meta)
         return out

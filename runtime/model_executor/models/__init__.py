@@ -81,6 +81,12 @@ def _llava_onevision() -> type[nn.Module]:
     return LlavaOnevisionForConditionalGeneration
 
 
+def _gemma3_mm() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.gemma3_mm import Gemma3ForConditionalGeneration
+
+    return Gemma3ForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -101,6 +107,7 @@ GENERATIVE = {
     "GemmaForCausalLM": _gemma,
     "Gemma2ForCausalLM": _gemma,
     "Gemma3ForCausalLM": _gemma,
+    "Gemma3ForConditionalGeneration": _gemma3_mm,
     "OPTForCausalLM": _opt,
     "GPT2LMHeadModel": _gpt2,
     "LlavaForConditionalGeneration": _llava,

@@ -108,7 +108,12 @@ tested against transformers for images of different sizes and aspect ratios, who
 chunked prefill. LLaVA-OneVision (`LlavaOnevisionForConditionalGeneration`: a SigLIP tower, a
 Qwen2, NeXT's tiling with grids over `anyres_max_N` tiles' worth scaled down) is built and its
 image features equal transformers', but serving it needs torchvision (its Hugging Face processor
-imports its video half), so it is untested end to end. Qwen2-VL/Qwen2.5-VL (M-RoPE), Gemma 3,
+imports its video half), so it is untested end to end. Gemma 3
+(`Gemma3ForConditionalGeneration`: a SigLIP tower, an average-pooling projector, Gemma 3's text
+model) attends bidirectionally within each image's tokens as transformers does, and keeps every
+image whole in one prefill chunk; pan-and-scan is off unless `--mm-processor-kwargs` turns it on
+(`do_pan_and_scan`); tested against transformers whole, under chunked prefill and preemption,
+from a prefix-cache hit that ends inside an image, and across tensor and pipeline ranks. Qwen2-VL/Qwen2.5-VL (M-RoPE),
 Mistral 3 and Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing

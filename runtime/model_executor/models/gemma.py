@@ -150,6 +150,12 @@ class GemmaModel(nn.Module):
         )
         self.norm = on_last_stage(lambda: GemmaRMSNorm(config.hidden_size, config.rms_norm_eps))
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings scaled by sqrt(hidden_size), the scale rounded to the model
+        dtype first (transformers' scaled embedding)."""
+        hidden = self.embed_tokens(input_ids)
+        return hidden * torch.tensor(self.normalizer, dtype=hidden.dtype)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -158,10 +164,8 @@ class GemmaModel(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         if intermediate is None:
-            # given embeddings are scaled too, as transformers' inputs_embeds are
-            hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-            # the scale is rounded to the model dtype first, as transformers does
-            hidden = hidden * torch.tensor(self.normalizer, dtype=hidden.dtype)
+            # given embeddings are taken as they are (already scaled, as transformers' are)
+            hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         else:
             hidden = intermediate["hidden"]
         for layer in self.layers[self.start : self.end]:
@@ -178,6 +182,10 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def build_model(self, config: PretrainedConfig, max_position: int) -> nn.Module:
         return GemmaModel(config, max_position)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        model: GemmaModel = self.model  # type: ignore[assignment]  # build_model made it
+        return model.embed(input_ids)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden_states)

@@ -5,17 +5,12 @@ rows stand in for the image's placeholder tokens, and from there it is Llama."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-
 import torch
 from infernetes.runtime.model_executor.models.clip import CLIPVisionTower
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
 from infernetes.runtime.model_executor.models.siglip import SiglipVisionTower
-from infernetes.runtime.model_executor.models.utils import (
-    IntermediateTensors,
-    load_stacked_weights,
-    on_first_stage,
-)
+from infernetes.runtime.model_executor.models.utils import on_first_stage
+from infernetes.runtime.model_executor.models.vision_language import VisionLanguageModel
 from torch import nn
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
@@ -65,25 +60,7 @@ class LlavaMultiModalProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(features)))
 
 
-def _checkpoint_names(
-    weights: Iterable[tuple[str, torch.Tensor]],
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """One naming for the layouts LLaVA checkpoints come in: llava-hf's
-    (``language_model.model.*``, ``vision_tower.vision_model.*``) and transformers 5's
-    (``model.language_model.*``, ``model.vision_tower.*``, ``lm_head``)."""
-    for name, tensor in weights:
-        if name.startswith("model.language_model."):
-            name = "language_model.model." + name.removeprefix("model.language_model.")
-        elif name.startswith("lm_head."):
-            name = "language_model." + name
-        else:
-            name = name.removeprefix("model.")
-        yield name.replace("vision_tower.vision_model.", "vision_tower."), tensor
-
-
-class LlavaForConditionalGeneration(nn.Module):
-    supports_inputs_embeds = True  # models/interfaces.SupportsMultiModal
-    supports_multimodal = True
+class LlavaForConditionalGeneration(VisionLanguageModel):
     intermediate_names = LlamaForCausalLM.intermediate_names
     # checkpoint names (beside the tower's) the first stage loads with the encoder
     encoder_weights: tuple[str, ...] = ("multi_modal_projector.",)
@@ -106,11 +83,6 @@ class LlavaForConditionalGeneration(nn.Module):
         self.multi_modal_projector = on_first_stage(lambda: LlavaMultiModalProjector(config))
         self.language_model = LlamaForCausalLM(config.text_config, max_position)
 
-    @staticmethod
-    def image_input_shape(config: PretrainedConfig) -> tuple[int, ...]:
-        vision = config.vision_config
-        return (vision.num_channels, vision.image_size, vision.image_size)
-
     def embed_multimodal(self, modality: str, data: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         if modality != "image":
             raise ValueError(f"LLaVA takes images, not {modality}")
@@ -119,37 +91,11 @@ class LlavaForConditionalGeneration(nn.Module):
             states = [state[:, 1:] for state in states]
         return list(self.multi_modal_projector(torch.cat(states, dim=-1)))
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_input_ids(input_ids)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        intermediate: IntermediateTensors | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors:
-        return self.language_model(input_ids, positions, intermediate, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        language: list[tuple[str, torch.Tensor]] = []
-        vision: list[tuple[str, torch.Tensor]] = []
-        built = [f"vision_tower.encoder.layers.{i}." for i in range(max(self.feature_layers))]
-        for name, tensor in _checkpoint_names(weights):
-            if name.startswith("language_model."):
-                language.append((name.removeprefix("language_model."), tensor))
-            elif name.startswith(self.encoder_weights) or (
-                name.startswith("vision_tower.")
-                and (
-                    not name.startswith("vision_tower.encoder.layers.")
-                    or name.startswith(tuple(built))
-                )
-                and not name.startswith(UNUSED_TOWER_WEIGHTS)
-            ):
-                vision.append((name, tensor))
-            # else: tower layers past the deepest one read, and the pooled output's weights
-        loaded = {"language_model." + n for n in self.language_model.load_weights(language)}
-        return loaded | load_stacked_weights(self, vision, [])
+    def keeps_encoder_weight(self, name: str) -> bool:
+        # not the tower layers past the deepest one read, nor the pooled output's weights
+        built = tuple(f"vision_tower.encoder.layers.{i}." for i in range(max(self.feature_layers)))
+        return name.startswith(self.encoder_weights) or (
+            name.startswith("vision_tower.")
+            and (not name.startswith("vision_tower.encoder.layers.") or name.startswith(built))
+            and not name.startswith(UNUSED_TOWER_WEIGHTS)
+        )

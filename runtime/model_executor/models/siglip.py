@@ -1,7 +1,8 @@
 """SigLIP's vision transformer as an image encoder (LLaVA-OneVision's tower). CLIP's layers
 (``clip.py``) with other embeddings: a patch convolution with a bias, a position per patch and
-no class token, and no layernorm before the encoder. The post-layernorm and the attention-pooling
-head serve SigLIP's pooled output, which a vision-language model never reads: neither is built."""
+no class token, and no layernorm before the encoder. The attention-pooling head serves SigLIP's
+pooled output, which a vision-language model never reads: it is not built. The post-layernorm is
+built only for a model that reads the last hidden state as transformers returns it (Gemma 3)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,14 @@ class SiglipVisionTower(nn.Module):
 
     has_class_token = False  # every row is a patch
 
-    def __init__(self, config: PretrainedConfig, num_layers: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, num_layers: int, post_layernorm: bool = False
+    ) -> None:
         super().__init__()
         self.embeddings = SiglipVisionEmbeddings(config)
         self.encoder = CLIPEncoder(config, num_layers)
+        if post_layernorm:
+            self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(
         self, pixel_values: torch.Tensor, feature_layers: Sequence[int]
@@ -49,3 +54,8 @@ class SiglipVisionTower(nn.Module):
             hidden = layer(hidden)
             states.append(hidden)
         return [states[i] for i in feature_layers]
+
+    def last_hidden_state(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The post-layernormed output of the last layer built, ``[B, patches, hidden]``."""
+        [hidden] = self(pixel_values, [len(self.encoder.layers)])
+        return self.post_layernorm(hidden)
