@@ -290,3 +290,20 @@ def test_bad_parameters_leave_the_decode_engine_computing_the_prompt(
     params = {"do_remote_prefill": True, "remote_block_ids": "no"}
     assert _generate(consumer, PROMPTS[:1], [_greedy(params)]) == wanted[:1]
     assert counter.tokens["external_kv_transfer"] == 0
+
+
+@pytest.mark.slow  # a worker process per rank, on both sides
+def test_tensor_parallel_ranks_each_read_their_own_shard(tiny_llama, wanted, monkeypatch):
+    producer = Producer(tiny_llama, tensor_parallel_size=2)
+    counter = BySource()
+    consumer = _consumer(tiny_llama, monkeypatch, counter, tensor_parallel_size=2)
+    try:
+        answers = producer.prefill(PROMPTS)
+        assert {a["params"]["tp_size"] for a in answers} == {2}
+        got = _generate(consumer, PROMPTS, [_greedy(a["params"]) for a in answers])
+        assert got == wanted
+        assert counter.tokens["external_kv_transfer"] == sum(len(p) - 1 for p in PROMPTS)
+        producer.wait_until_all_free()
+    finally:
+        consumer.shutdown()
+        producer.stop()
