@@ -118,13 +118,15 @@ def _holder(port: int, ready: Any, done: Any) -> None:
     from infernetes.runtime.kv_transfer.nixl_peer import NixlPeer
 
     peer = NixlPeer("holder", 0, 1, BLOCK_SIZE, ("localhost", port), 600, ["UCX"])
-    peer.register(_caches())
+    caches = _caches()  # (NIXL keeps no reference: they must outlive the reads)
+    peer.register(caches)
     peer.held.hold([f"r{i}" for i in range(10)])
     ready.set()
     while not done.is_set():
         peer.take_sent()
         time.sleep(0.01)
     peer.close()
+    del caches
 
 
 def _read_rate() -> dict[str, float]:
@@ -137,7 +139,8 @@ def _read_rate() -> dict[str, float]:
     holder.start()
     ready.wait(300)
     reader = NixlPeer("reader", 0, 1, BLOCK_SIZE, ("localhost", free_port()), 600, ["UCX"])
-    reader.register(_caches())
+    caches = _caches()
+    reader.register(caches)
     blocks = list(range(BLOCKS))
     seconds = []
     for i in range(10):
@@ -148,6 +151,7 @@ def _read_rate() -> dict[str, float]:
     done.set()
     holder.join()
     reader.close()
+    del caches
     moved = 2 * LAYERS * BLOCKS * BLOCK_SIZE * HEADS * HEAD_DIM * 4
     best = min(seconds[1:])  # the first read makes the connection
     return {"read_bytes": moved, "read_s_best": best, "read_gb_per_s": moved / best / 1e9}
