@@ -62,6 +62,18 @@ def _serve(model: str, role: str, block_override: int) -> tuple[subprocess.Popen
     return process, url
 
 
+def _wait_listening(url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 def _ttft(url: str, prompt: list[int]) -> float:
     body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": True}
     start = time.perf_counter()
@@ -90,7 +102,7 @@ def _compare_ttft(model: str, num_prompts: int, prompt_len: int) -> dict[str, fl
     )
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     try:
-        time.sleep(3)
+        _wait_listening(proxy_url)
         _ttft(proxy_url, _prompts(1, prompt_len, 99)[0])  # warm-up: handshake, first forward
         _ttft(prefill_url, _prompts(1, prompt_len, 98)[0])
         pair = [_ttft(proxy_url, p) for p in _prompts(num_prompts, prompt_len, 1)]

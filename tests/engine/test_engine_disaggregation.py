@@ -95,6 +95,7 @@ class Producer:
         self.port = _free_port()
         env = {
             **os.environ,
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.port),
             "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": str(timeout_s),
         }
@@ -193,7 +194,7 @@ def test_the_prefill_engine_answers_with_vllms_parameters(tiny_llama, wanted):
             assert answer["tokens"] == tokens[:1]
             assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
             assert params["remote_port"] == producer.port
-            assert (params["remote_host"], params["tp_size"]) == ("localhost", 1)
+            assert (params["remote_host"], params["tp_size"]) == ("127.0.0.1", 1)
             assert len(params["remote_block_ids"]) == -(-len(prompt) // BLOCK_SIZE)
             assert params["remote_engine_id"] and params["remote_request_id"] == answer["id"]
         assert producer.free_blocks() < producer.num_blocks  # held for the decode engine
