@@ -134,7 +134,8 @@ class SideChannel:
         self._answers = (json.dumps(asdict(layout)).encode(), agent_metadata)
         self._held = held
         self._stop = threading.Event()
-        self._socket = zmq.Context.instance().socket(zmq.ROUTER)
+        context: zmq.Context = zmq.Context.instance()
+        self._socket = context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.RCVTIMEO, 200)
         self._socket.bind(f"tcp://{_bind_host(host)}:{port}")
@@ -170,7 +171,8 @@ def _bind_host(host: str) -> str:
 
 def ask(host: str, port: int, question: dict[str, Any]) -> list[bytes]:
     """One question to a side channel; a producer that does not answer in time is an error."""
-    socket = zmq.Context.instance().socket(zmq.REQ)
+    context: zmq.Context = zmq.Context.instance()
+    socket = context.socket(zmq.REQ)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.RCVTIMEO, SIDE_CHANNEL_TIMEOUT_MS)
     try:
@@ -204,7 +206,10 @@ class NixlPeer:
         timeout_s: float,
         backends: list[str],
     ) -> None:
-        from nixl._api import nixl_agent, nixl_agent_config
+        from nixl._api import (  # type: ignore[import-untyped]  # (the package has no stubs)
+            nixl_agent,
+            nixl_agent_config,
+        )
 
         self.engine_id = engine_id
         self.tp_rank = tp_rank
