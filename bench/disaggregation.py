@@ -11,7 +11,9 @@ on this machine's CPU, so the prefill and decode servers share its cores: the pa
 the sum of both sides' work plus the transfer, never less than one server's.
 
 Measured by ``python -m bench disaggregation`` (the defaults) on 2026-11-25, on the 2-core CPU
-machine shared with other jobs: see docs/disaggregation.md.
+machine shared with other jobs (load average about 12): TTFT 40.5 s through the pair against
+30.6 s from one server (medians of 6; 1.32x), and a NIXL read of 94 MB in 86 ms (1.10 GB/s).
+docs/disaggregation.md says what the figures mean.
 """
 
 from __future__ import annotations
