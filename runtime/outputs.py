@@ -55,6 +55,8 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    # what the KV connector says another engine needs to fetch its blocks (the final output)
+    kv_transfer_params: dict[str, Any] | None = None
 
     def followed_by(self, later: RequestOutput, delta: bool) -> RequestOutput:
         """This output and the next one of the same request as one: the later one where outputs

@@ -65,6 +65,9 @@ class SamplingParams:
     logits_processors: list[LogitsProcessor] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # vLLM's extra arguments for plugins and connectors: "kv_transfer_params" reaches the KV
+    # connector (a disaggregated prefill's parameters, ``kv_transfer/nixl.py``)
+    extra_args: dict[str, Any] | None = None
     # Filled by the engine from the model's generation config / tokenizer.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 

@@ -244,6 +244,26 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "Serve debugging endpoints such as /reset_prefix_cache.",
     ),
     E(
+        "VLLM_NIXL_SIDE_CHANNEL_HOST",
+        "str",
+        "localhost",
+        "Address the NixlConnector's side channel (its handshake) listens on and a producer "
+        "hands out as remote_host.",
+    ),
+    E(
+        "VLLM_NIXL_SIDE_CHANNEL_PORT",
+        "int",
+        5600,
+        "Port of the NixlConnector's side channel (tensor-parallel rank r listens on port + r).",
+    ),
+    E(
+        "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+        "int",
+        480,
+        "Seconds a prefill engine keeps a finished request's KV blocks for the decode engine "
+        "to pull before freeing them.",
+    ),
+    E(
         "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
         "bool",
         True,

@@ -683,9 +683,9 @@ ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- VllmConfig
     "kv_transfer_config": honoured(
         "kv_connector names a connector built here (OffloadingConnector: a host-memory KV tier; "
-        "RecordingConnector: a debug connector that records the calls and moves no KV; "
-        "disaggregated prefill is not supported yet); kv_role is kv_producer, kv_consumer or "
-        "kv_both; "
+        "NixlConnector: disaggregated prefill over NIXL, CPU engines; RecordingConnector: a "
+        "debug connector that records the calls and moves no KV); kv_role is kv_producer, "
+        "kv_consumer or kv_both; engine_id names the engine (a fresh id when not given); "
         "kv_connector_extra_config goes to the connector; the other keys are refused at startup; "
         "CUDA graphs are off with a connector"
     ),
@@ -736,9 +736,9 @@ ARG_SUPPORT: dict[str, Support] = {
 KEY_SUPPORT: dict[str, Support] = {
     # The same names as runtime/kv_transfer/registry.py's CONNECTORS (a test keeps them equal).
     "kv_transfer_config.kv_connector": partial(
-        ("OffloadingConnector", "RecordingConnector"),
-        "the connectors that move KV between engines (NixlConnector, LMCacheConnectorV1, "
-        "MooncakeConnector, ...) are not built yet",
+        ("NixlConnector", "OffloadingConnector", "RecordingConnector"),
+        "the other connectors (LMCacheConnectorV1, MooncakeConnector, P2pNcclConnector, ...) "
+        "are not built yet",
     ),
     # The same names as runtime/kv_events/publisher.py's PUBLISHERS (a test keeps them equal).
     "kv_events_config.publisher": partial(
@@ -858,6 +858,9 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": HONOURED,
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": HONOURED,
     "VLLM_SERVER_DEV_MODE": HONOURED,
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": HONOURED,
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": HONOURED,
+    "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": HONOURED,
     "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": partial(
         (True,),
         "KV-cache event block hashes go out as unsigned 64-bit integers (runtime/kv_events/); "

@@ -252,12 +252,22 @@ class OutputCodec:
                 m.num_cached_tokens,
             ),
             output.num_cached_tokens,
+            output.kv_transfer_params,
         )
 
     def unpack(self, packed: Any) -> Any:
         if not isinstance(packed, tuple):
             return packed
-        request_id, prompt, prompt_logprobs, completions, finished, metrics, num_cached = packed
+        (
+            request_id,
+            prompt,
+            prompt_logprobs,
+            completions,
+            finished,
+            metrics,
+            num_cached,
+            kv_transfer_params,
+        ) = packed
         if prompt is None:
             prompt = self.prompts[request_id]
         if finished:
@@ -273,6 +283,7 @@ class OutputCodec:
             finished,
             None if metrics is None else RequestMetrics(*metrics),
             num_cached,
+            kv_transfer_params,
         )
 
     def pack_message(self, message: EngineMessage) -> EngineMessage:

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 # While idle the loop wakes this often to see that its workers are still there.
 HEALTH_CHECK_INTERVAL_S = 1.0
+# Between the steps that only wait for another engine to pull blocks (its read ends without
+# this engine's work): not a busy loop for up to VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
+HOLDING_POLL_INTERVAL_S = 0.01
 
 
 class StatsBuffer:
@@ -71,7 +74,8 @@ class CoreLoop:
         engine = self.engine
         while True:
             busy = engine.has_unfinished_requests() and not engine.is_sleeping
-            command = next_command(0 if busy else HEALTH_CHECK_INTERVAL_S)
+            wait = HOLDING_POLL_INTERVAL_S if engine.only_holds_sent_blocks else 0
+            command = next_command(wait if busy else HEALTH_CHECK_INTERVAL_S)
             while command is not None:
                 if not self.handle(command):
                     return

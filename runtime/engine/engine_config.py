@@ -24,7 +24,12 @@ from infernetes.runtime.config import (
 from infernetes.runtime.engine.generation_config import read_generation_config, sampling_defaults
 from infernetes.runtime.executor.backend_check import check_executor_backend
 from infernetes.runtime.kv_events.config import kv_events_config
-from infernetes.runtime.kv_transfer.config import OFFLOADING_CONNECTOR, kv_transfer_config
+from infernetes.runtime.kv_transfer.config import (
+    NIXL_CONNECTOR,
+    OFFLOADING_CONNECTOR,
+    check_nixl_engine,
+    kv_transfer_config,
+)
 from infernetes.runtime.model_executor.compilation import parse_compilation_config
 from infernetes.runtime.model_executor.cuda_graph import decode_graph_settings
 from infernetes.runtime.model_executor.gguf_checkpoint import gguf_file
@@ -308,6 +313,10 @@ def resolve_config(
         raise ValueError(
             "--enable-sleep-mode with KV offloading (--kv-offloading-size, the "
             "OffloadingConnector) is not supported yet: give one or the other"
+        )
+    if kv_transfer is not None and kv_transfer.kv_connector == NIXL_CONNECTOR:
+        check_nixl_engine(
+            device.type, info.is_pooling, config.enable_sleep_mode, config.pipeline_parallel_size
         )
     speculative = speculative_config(
         config.speculative_config, config.async_scheduling, config.pipeline_parallel_size

@@ -232,6 +232,19 @@ class EngineCore:
             self._record_stats(IterationStats(finished_requests=finished))
         return outputs
 
+    @property
+    def only_holds_sent_blocks(self) -> bool:
+        """Every request ended; some keep their blocks for another engine to pull (a
+        disaggregated prefill's): steps only let the workers report the pulls."""
+        scheduler = self.scheduler
+        return (
+            bool(scheduler.sending)
+            and not scheduler.has_unfinished()
+            and not self.output_processor.has_unfinished()
+            and not self.held_outputs
+            and not self.batch_queue
+        )
+
     def has_unfinished_requests(self) -> bool:
         # A step still in flight is taken back even when all its requests have ended since.
         return (

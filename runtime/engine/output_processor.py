@@ -243,6 +243,7 @@ class OutputProcessor:
             finished=finished,
             metrics=_metrics(first),
             num_cached_tokens=max(first.num_cached_tokens, 0),
+            kv_transfer_params=first.kv_transfer_params if finished else None,
         )
 
     def _logprobs(self, parent: ParentRequest, child: Request) -> list[dict[int, Logprob]] | None:

@@ -122,8 +122,11 @@ class Request:
         self.pooled: Any = None  # a pooling request's embedding
 
         self.detokenizer: IncrementalDetokenizer | None = None  # text and stop strings
-        # What the KV connector said another engine needs to fetch its blocks (when it ended).
-        self.kv_transfer_params: dict[str, Any] | None = None
+        # What the KV connector is told of it (the request's own), and once it ended, what the
+        # connector said another engine needs to fetch its blocks.
+        given = (sampling_params.extra_args or {}) if sampling_params is not None else {}
+        params = given.get("kv_transfer_params")
+        self.kv_transfer_params: dict[str, Any] | None = dict(params) if params else None
         self.grammar: RequestGrammar | None = None  # its structured output's matcher
         self.times = RequestTimes()
 

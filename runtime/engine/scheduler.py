@@ -30,7 +30,8 @@ did not keep. Drafts wait for a synchronous step: under async scheduling none ar
 With a KV connector (``--kv-transfer-config``, ``runtime/kv_transfer/``) the scheduler asks it how
 many of a waiting request's tokens it brings (counted as computed; brought later, the request
 waits in ``waiting_for_remote_kvs``, holding the blocks of all its tokens, until a worker reports
-them received, then goes ahead of any waiting request short of blocks),
+them received, then goes ahead of any waiting request short of blocks; a failed load leaves
+those tokens to compute),
 gives it each step's metadata for the workers, and tells it when a request ends; a request whose
 blocks it is still sending keeps them in ``sending`` until a worker reports them sent. While
 either holds a request, steps run even with nothing to compute, so the workers can report.
@@ -153,9 +154,11 @@ class Scheduler:
         no longer waiting for it."""
         self.connector.update_connector_output(output)  # type: ignore[union-attr]  # it reported
         self._kv_transfers += output.transfers
-        for request_id in output.finished_recving:
+        for request_id in output.finished_recving | output.failed_recving:
             request = self.waiting_for_remote_kvs.pop(request_id, None)
             if request is not None:
+                if request_id in output.failed_recving:
+                    self._forget_external(request)
                 request.status = RequestStatus.WAITING
                 self.waiting.add_front(request)
         for request_id in output.finished_sending:
@@ -294,7 +297,9 @@ class Scheduler:
         ):
             request = self.waiting.peek()
             cached: list[int] = []
-            if request.num_computed_tokens == 0 and not _wants_prompt_logprobs(request):
+            # (a request back from a failed remote load holds its blocks, maybe none computed)
+            fresh = request.num_computed_tokens == 0 and not request.block_ids
+            if fresh and not _wants_prompt_logprobs(request):
                 cached = self.block_manager.find_cached_prefix(request)
             num_cached = len(cached) * self.block_manager.block_size
             num_external, load_async = self._external_tokens(request, num_cached)
@@ -342,7 +347,7 @@ class Scheduler:
     def _external_tokens(self, request: Request, num_cached: int) -> tuple[int, bool]:
         """The tokens past ``num_cached`` the connector brings for a request that holds no
         blocks yet, and whether they arrive later."""
-        if self.connector is None or request.num_computed_tokens:
+        if self.connector is None or request.num_computed_tokens or request.block_ids:
             return 0, False
         return self.connector.get_num_new_matched_tokens(request, num_cached)
 
@@ -370,6 +375,13 @@ class Scheduler:
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.waiting_for_remote_kvs[request.request_id] = request
         return True
+
+    @staticmethod
+    def _forget_external(request: Request) -> None:
+        """A failed load: the tokens it was to bring are computed instead (in the blocks the
+        request holds, not yet findable)."""
+        request.num_computed_tokens -= request.num_external_computed_tokens
+        request.num_external_computed_tokens = 0
 
     @staticmethod
     def _count_external(request: Request, num_external: int) -> None:

@@ -22,7 +22,8 @@ Worker side, called by the ``ModelRunner`` around each step (each call only with
 forward; per attention layer ``wait_for_layer_load`` before the layer reads its cache and
 ``save_kv_layer`` after it wrote it (``layers/attention.py``, through the step's
 ``AttentionMetadata.kv_connector``); ``wait_for_save()`` after the forward; and
-``get_finished(finished_req_ids)``, the requests done sending and done receiving, which go back
+``get_finished(finished_req_ids)``, the requests done sending and done receiving (and
+``get_failed_recving()``, those whose load failed), which go back
 in ``ModelRunnerOutput.kv_connector_output`` with ``get_kv_connector_stats()``, the copies done. Under several ranks only the output rank's report
 reaches the scheduler.
 """
@@ -66,6 +67,8 @@ class KVConnectorOutput:
 
     finished_sending: set[str] = field(default_factory=set)
     finished_recving: set[str] = field(default_factory=set)
+    # requests whose load failed: their tokens are computed instead (vLLM's load errors)
+    failed_recving: set[str] = field(default_factory=set)
     transfers: list[KVTransfer] = field(default_factory=list)  # copies finished (vLLM's stats)
 
 
@@ -135,6 +138,11 @@ class KVConnectorBase(abc.ABC):
     @abc.abstractmethod
     def wait_for_save(self) -> None:
         """After the forward: every save of this step is done (the cache may be overwritten)."""
+
+    def get_failed_recving(self) -> set[str]:
+        """Requests whose load failed since the last call (after ``get_finished``): not
+        received, their tokens are to be computed."""
+        return set()
 
     def get_kv_connector_stats(self) -> list[KVTransfer]:
         """The copies finished since the last call (for the transfer metrics)."""

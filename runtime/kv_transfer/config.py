@@ -5,6 +5,7 @@ engine resolves its configuration."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,9 +14,13 @@ from infernetes.runtime.config import KVTransferConfig
 from infernetes.schema.errors import check_json_keys
 
 _KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-_KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
+_KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config", "engine_id")
 
 OFFLOADING_CONNECTOR = "OffloadingConnector"
+NIXL_CONNECTOR = "NixlConnector"
+# What vLLM's NixlConnector reads of kv_connector_extra_config and is built here.
+_NIXL_KEYS = ("backends",)
+_NIXL_BACKENDS = ("UCX",)
 # What vLLM's OffloadingConnector (its CPU spec) reads of kv_connector_extra_config and is built
 # here; its other keys (spec_module_path, store_threshold, ...) are refused as unknown.
 _OFFLOADING_KEYS = (
@@ -71,7 +76,44 @@ def kv_transfer_config(
         raise ValueError("kv_transfer_config.kv_connector_extra_config must be a JSON object")
     if given["kv_connector"] == OFFLOADING_CONNECTOR:
         offloading_settings(extra, block_size)
-    return KVTransferConfig(given["kv_connector"], given["kv_role"], extra)
+    if given["kv_connector"] == NIXL_CONNECTOR:
+        _check_nixl_settings(extra)
+    # vLLM's default: a fresh id per engine, which a producer hands out as remote_engine_id
+    engine_id = str(given.get("engine_id") or uuid.uuid4())
+    return KVTransferConfig(given["kv_connector"], given["kv_role"], extra, engine_id)
+
+
+def _check_nixl_settings(extra: dict[str, Any]) -> None:
+    field = "kv_transfer_config.kv_connector_extra_config"
+    check_json_keys(field, extra, _NIXL_KEYS)
+    backends = extra.get("backends", list(_NIXL_BACKENDS))
+    if not isinstance(backends, list) or not set(backends) <= set(_NIXL_BACKENDS) or not backends:
+        raise ValueError(
+            f"{field}.backends {backends!r}: only {list(_NIXL_BACKENDS)} (NIXL's UCX backend, "
+            "which moves host memory over TCP or shared memory) is built"
+        )
+
+
+def check_nixl_engine(
+    device_type: str, pooling: bool, sleep_mode: bool, pipeline_parallel_size: int
+) -> None:
+    """What the NixlConnector serves: a CPU engine's cache (host memory, which NIXL registers
+    as DRAM), one pipeline stage, a generative model, a cache that stays where it was registered."""
+    name = f"--kv-transfer-config's {NIXL_CONNECTOR}"
+    if device_type != "cpu":
+        raise ValueError(
+            f"{name} moves a CPU engine's KV cache (host memory); registering a CUDA cache with "
+            "NIXL is not built yet"
+        )
+    if pooling:
+        raise ValueError(f"{name} serves generative models; this is a pooling model")
+    if sleep_mode:
+        raise ValueError(f"{name} with --enable-sleep-mode is not supported: give one or the other")
+    if pipeline_parallel_size > 1:
+        raise ValueError(
+            f"{name} with --pipeline-parallel-size {pipeline_parallel_size} is not built: "
+            "tensor-parallel ranks each move their own shard, pipeline stages do not yet"
+        )
 
 
 def _offloading_transfer_config(

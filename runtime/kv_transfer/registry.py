@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from infernetes.runtime.kv_transfer.base import KVConnectorBase, KVConnectorRole
+from infernetes.runtime.kv_transfer.nixl import NixlConnector
 from infernetes.runtime.kv_transfer.offloading import OffloadingConnector
 from infernetes.runtime.kv_transfer.recording import RecordingConnector
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from infernetes.runtime.config import RuntimeConfig
 
 CONNECTORS: dict[str, type[KVConnectorBase]] = {
+    "NixlConnector": NixlConnector,
     "OffloadingConnector": OffloadingConnector,
     "RecordingConnector": RecordingConnector,
 }

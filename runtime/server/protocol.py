@@ -220,6 +220,8 @@ class SamplingFields(RequestBody):
     guided_whitespace_pattern: str | None = None
     # structured output, current vLLM's spelling
     structured_outputs: StructuredOutputs | None = None
+    # a disaggregated prefill's parameters, for the KV connector (docs/disaggregation.md)
+    kv_transfer_params: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -331,6 +333,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill engine's, for the decode one
 
 
 # ---------------------------------------------------------------- chat
@@ -468,6 +471,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     prompt_logprobs: list[dict[int, Any] | None] | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill engine's, for the decode one
 
 
 # ---------------------------------------------------------------- embeddings

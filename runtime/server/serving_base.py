@@ -231,6 +231,14 @@ class ServingBase:
             self.check_token_ids(list(fields["logit_bias"]), "logit_bias")
         if guide is not None:
             fields["structured_outputs"] = self.structured_outputs(guide, request)
+        if request.kv_transfer_params is not None:
+            if request.n != 1:
+                raise APIError(
+                    "kv_transfer_params: a disaggregated prefill serves n 1 only",
+                    400,
+                    "kv_transfer_params",
+                )
+            fields["extra_args"] = {"kv_transfer_params": request.kv_transfer_params}
         try:
             return SamplingParams(**fields)
         except (ValueError, TypeError) as exc:

@@ -322,6 +322,7 @@ class ChatServing(ServingBase):
             model=request.model or self.settings.model_name,
             choices=choices,
             usage=usage,
+            kv_transfer_params=getattr(final, "kv_transfer_params", None),
         )
 
     # ------------------------------------------------------------ streaming

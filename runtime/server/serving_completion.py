@@ -228,7 +228,11 @@ class CompletionServing(ServingBase):
                 usage.prompt_tokens_details = details
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         return CompletionResponse(
-            id=request_id, model=self._model_name(request), choices=choices, usage=usage
+            id=request_id,
+            model=self._model_name(request),
+            choices=choices,
+            usage=usage,
+            kv_transfer_params=finals[0].kv_transfer_params,  # the first prompt's, as vLLM's
         )
 
     async def _stream(

@@ -524,6 +524,7 @@ class ModelRunner:
         connector.wait_for_save()
         output.kv_connector_output = KVConnectorOutput(
             *connector.get_finished(scheduler_output.finished_req_ids),
+            failed_recving=connector.get_failed_recving(),
             transfers=connector.get_kv_connector_stats(),
         )
         return output

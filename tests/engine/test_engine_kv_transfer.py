@@ -22,6 +22,7 @@ from infernetes.schema.support import KEY_SUPPORT
 from infernetes.schema.support_check import refuse_unsupported
 
 BLOCK_SIZE = 16
+NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 RECORDING = {"kv_connector": "RecordingConnector", "kv_role": "kv_both"}
 SHARED = [5, 17, 33, 2, 8, 41, 9, 12, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69]  # a block and more
 
@@ -226,10 +227,10 @@ def test_a_request_aborted_during_its_remote_load_frees_its_blocks():
 
 def test_the_support_table_names_the_connectors_built_here():
     assert set(KEY_SUPPORT["kv_transfer_config.kv_connector"].values) == set(CONNECTORS)
-    config = build_config(model="m", kv_transfer_config={"kv_connector": "NixlConnector"})
+    config = build_config(model="m", kv_transfer_config={"kv_connector": "LMCacheConnectorV1"})
     with pytest.raises(
         ValueError,
-        match=r"kv_connector NixlConnector.*supported: OffloadingConnector, RecordingConn",
+        match=r"kv_connector LMCacheConnectorV1.*supported: NixlConnector, OffloadingConnector",
     ):
         refuse_unsupported(config, {})
 
@@ -244,11 +245,42 @@ def test_the_support_table_names_the_connectors_built_here():
         ({"kv_connector": "RecordingConnector"}, "kv_transfer_config.kv_role is required"),
         ({**RECORDING, "kv_role": "kv_sender"}, "'kv_sender' is not one of kv_producer"),
         ({**RECORDING, "kv_connector_extra_config": [1]}, "extra_config must be a JSON object"),
+        (
+            {**NIXL, "kv_connector_extra_config": {"backends": ["LIBFABRIC"]}},
+            r"extra_config.backends \['LIBFABRIC'\]: only \['UCX'\]",
+        ),
+        (
+            {**NIXL, "kv_connector_extra_config": {"num_threads": 4}},
+            r"extra_config has unknown key.s. num_threads",
+        ),
     ],
 )
 def test_a_bad_kv_transfer_config_names_the_key(tiny_llama, given, error):
     with pytest.raises(ValueError, match=error):
         resolve_config(build_config(model=tiny_llama, kv_transfer_config=given), {})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        ({"pipeline_parallel_size": 2}, "NixlConnector with --pipeline-parallel-size 2 is not"),
+        ({"enable_sleep_mode": True}, "NixlConnector with --enable-sleep-mode is not supported"),
+    ],
+)
+def test_what_the_nixl_connector_does_not_serve_is_refused(tiny_llama, overrides, error):
+    config = build_config(model=tiny_llama, kv_transfer_config=NIXL, device="cpu", **overrides)
+    with pytest.raises(ValueError, match=error):
+        resolve_config(config, {})
+
+
+def test_the_nixl_connector_gets_an_engine_id(tiny_llama):
+    named, _ = resolve_config(
+        build_config(model=tiny_llama, kv_transfer_config={**NIXL, "engine_id": "prefill-0"}), {}
+    )
+    fresh, _ = resolve_config(build_config(model=tiny_llama, kv_transfer_config=NIXL), {})
+    assert named.kv_transfer is not None and fresh.kv_transfer is not None
+    assert named.kv_transfer.engine_id == "prefill-0"
+    assert fresh.kv_transfer.engine_id not in ("", "prefill-0")
 
 
 def test_the_kv_transfer_config_reaches_the_connector(tiny_llama):
