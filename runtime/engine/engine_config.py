@@ -41,7 +41,7 @@ from infernetes.runtime.model_executor.models.interfaces import supports_multimo
 from infernetes.runtime.model_executor.parallel import stage_layers
 from infernetes.runtime.multimodal.processor import check_limits
 from infernetes.runtime.preflight import pp_layer_partition
-from infernetes.runtime.spec_decode.config import speculative_config
+from infernetes.runtime.spec_decode.config import speculative_config, with_draft_model
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
 from infernetes.runtime.worker.cpu_binding import check_bind
 from transformers import PretrainedConfig
@@ -294,9 +294,25 @@ def resolve_config(
             "--enable-sleep-mode with KV offloading (--kv-offloading-size, the "
             "OffloadingConnector) is not supported yet: give one or the other"
         )
-    speculative = speculative_config(
-        config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
+    speculative = with_draft_model(
+        speculative_config(
+            config.speculative_config,
+            config.async_scheduling,
+            config.pipeline_parallel_size,
+            config.tensor_parallel_size,
+        ),
+        info,
+        device,
+        config.download_dir,
+        config.hf_token,
+        ignore,
     )
+    if speculative is not None and speculative.draft is not None and config.enable_sleep_mode:
+        # sleeping would free or offload the target's weights and cache and leave the draft's
+        raise ValueError(
+            "--enable-sleep-mode with a draft model (--speculative-config method draft_model) "
+            "is not supported yet (planned)"
+        )
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len
     )

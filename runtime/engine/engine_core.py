@@ -60,6 +60,7 @@ from infernetes.runtime.model_executor.models.interfaces import (
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
 from infernetes.runtime.multimodal.processor import MultiModalProcessor
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
+from infernetes.runtime.spec_decode.config import lookahead_tokens
 from infernetes.runtime.worker.worker import SLEEP_TAGS, Worker
 
 from infernetes.schema.config import ServeConfig
@@ -114,6 +115,7 @@ class EngineCore:
             connector=create_connector(
                 self.config, KVConnectorRole.SCHEDULER, self.executor.kv_cache_block_bytes()
             ),
+            num_lookahead_tokens=lookahead_tokens(self.config.speculative),
         )
         # Steps sent and not yet taken back (pipeline parallelism, async scheduling), oldest first.
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()

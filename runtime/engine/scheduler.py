@@ -82,8 +82,11 @@ class Scheduler:
         *,
         pipelined: bool = False,
         connector: KVConnectorBase | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         self.config = config
+        # slots past a step's tokens that its draft model writes (spec_decode/draft_model.py)
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.block_manager = block_manager
         self.pipelined = pipelined  # the workers of the earlier stages need the sampled tokens
         self.async_scheduling = config.async_scheduling
@@ -258,7 +261,9 @@ class Scheduler:
             drafts = self._drafts_to_verify(request, remaining, budget.tokens)
             num_new = self._prefill_chunk(remaining, budget.tokens) + len(drafts)
             num_blocks_before = len(request.block_ids)
-            while not self.block_manager.allocate_slots(request, num_new):
+            while not self.block_manager.allocate_slots(
+                request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
+            ):
                 victim = self._pick_victim(i)
                 self.running.remove(victim)
                 self._preempt(victim)
@@ -309,7 +314,12 @@ class Scheduler:
                 # Another partial prefill is not allowed: let a shorter request go instead.
                 skipped.append(self.waiting.pop())
                 continue
-            if not self.block_manager.allocate_slots(request, num_external + chunk, cached):
+            if not self.block_manager.allocate_slots(
+                request,
+                num_external + chunk,
+                cached,
+                num_lookahead_tokens=self.num_lookahead_tokens,
+            ):
                 if request.block_ids or self._must_wait_for_blocks():
                     break
                 skipped.append(self.waiting.pop())

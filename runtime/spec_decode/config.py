@@ -1,12 +1,22 @@
-"""--speculative-config read into a ``SpeculativeConfig`` as vLLM's checks it, for the method
-built here (n-gram prompt lookup). Called before serve starts (``runtime/preflight.py``) and when
-the engine resolves its configuration."""
+"""--speculative-config read into a ``SpeculativeConfig`` as vLLM's checks it, for the methods
+built here (n-gram prompt lookup, a draft model). Called before serve starts
+(``runtime/preflight.py``) and when the engine resolves its configuration, which then resolves the
+draft checkpoint against the target (``with_draft_model``)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from infernetes.runtime.config import SpeculativeConfig
+from infernetes.runtime.model_executor.loader import (
+    ModelInfo,
+    inspect_model,
+    load_hf_config,
+    resolve_model_path,
+)
 
 from infernetes.schema.errors import check_json_keys
 
@@ -16,37 +26,30 @@ _SPECULATIVE_KEYS = (
     "num_speculative_tokens",
     "prompt_lookup_min",
     "prompt_lookup_max",
+    "draft_tensor_parallel_size",
+    "max_model_len",
 )
+_NGRAM_NAMES = ("ngram", "[ngram]")
+_PLANNED_METHODS = ("eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "suffix")
 # vLLM's default when neither bound is given ("arbitrarily chosen", its comment says)
 _PROMPT_LOOKUP_DEFAULT = 5
 
 
 def speculative_config(
-    given: dict[str, Any] | None, async_scheduling: bool = False, pipeline_parallel_size: int = 1
+    given: dict[str, Any] | None,
+    async_scheduling: bool = False,
+    pipeline_parallel_size: int = 1,
+    tensor_parallel_size: int = 1,
 ) -> SpeculativeConfig | None:
-    """--speculative-config's keys checked as vLLM's SpeculativeConfig checks them, for the
-    n-gram method (the support table already refused other methods and draft models). As in
-    vLLM, ``model`` "ngram" or "[ngram]" (the deprecated --speculative-model) names the method,
+    """--speculative-config's keys checked as vLLM's SpeculativeConfig checks them, for n-gram
+    prompt lookup and draft models. As in vLLM, ``model`` "ngram" or "[ngram]" (the deprecated
+    --speculative-model) names the method, any other ``model`` without a method is a draft model,
     and a missing lookup bound takes the other's value (both missing: 5)."""
     if not given:
         return None
     check_json_keys("speculative_config", given, _SPECULATIVE_KEYS)
-    method = given.get("method") or given.get("model")
-    if method not in ("ngram", "[ngram]"):
-        raise ValueError(
-            'speculative_config.method must be "ngram" (n-gram prompt lookup), the method built '
-            f"here; got {method!r}"
-        )
+    method = _method(given)
     k = _positive_int("num_speculative_tokens", given.get("num_speculative_tokens"))
-    low, high = given.get("prompt_lookup_min"), given.get("prompt_lookup_max")
-    if low is None and high is None:
-        low = high = _PROMPT_LOOKUP_DEFAULT
-    low = _positive_int("prompt_lookup_min", high if low is None else low)
-    high = _positive_int("prompt_lookup_max", low if high is None else high)
-    if low > high:
-        raise ValueError(
-            f"speculative_config.prompt_lookup_min={low} must be <= prompt_lookup_max={high}"
-        )
     if async_scheduling:
         # the scheduler plans a step before the last one's drafts are known (_drafts_to_verify)
         raise ValueError(
@@ -59,7 +62,120 @@ def speculative_config(
             "--speculative-config cannot be combined with --pipeline-parallel-size above 1 yet: "
             "speculative decoding across pipeline stages is planned"
         )
+    if method == "ngram":
+        return _ngram(given, k)
+    return _draft_model(given, k, tensor_parallel_size)
+
+
+def _method(given: dict[str, Any]) -> str:
+    method, model = given.get("method"), given.get("model")
+    if method is None and model in _NGRAM_NAMES:
+        return "ngram"
+    if method is None and isinstance(model, str):  # vLLM's inference from the checkpoint's name
+        name = model.lower()
+        method = "eagle3" if "eagle3" in name else "eagle" if "eagle" in name else "draft_model"
+    if method in _PLANNED_METHODS:
+        raise ValueError(
+            f"speculative_config.method {method!r} is not built yet (planned); the methods built "
+            'are "ngram" and "draft_model"'
+        )
+    if method not in ("ngram", "draft_model"):
+        raise ValueError(
+            'speculative_config.method must be "ngram" (n-gram prompt lookup) or "draft_model" '
+            f"(a smaller model with the target's vocabulary, named by model); got {method!r}"
+        )
+    return method
+
+
+def _ngram(given: dict[str, Any], k: int) -> SpeculativeConfig:
+    for key in ("draft_tensor_parallel_size", "max_model_len"):
+        if key in given:
+            raise ValueError(
+                f"speculative_config.{key} is for a draft model; method ngram has none"
+            )
+    low, high = given.get("prompt_lookup_min"), given.get("prompt_lookup_max")
+    if low is None and high is None:
+        low = high = _PROMPT_LOOKUP_DEFAULT
+    low = _positive_int("prompt_lookup_min", high if low is None else low)
+    high = _positive_int("prompt_lookup_max", low if high is None else high)
+    if low > high:
+        raise ValueError(
+            f"speculative_config.prompt_lookup_min={low} must be <= prompt_lookup_max={high}"
+        )
     return SpeculativeConfig("ngram", k, low, high)
+
+
+def _draft_model(given: dict[str, Any], k: int, tensor_parallel_size: int) -> SpeculativeConfig:
+    model = given.get("model")
+    if not isinstance(model, str) or not model:
+        raise ValueError(
+            "speculative_config.model must name the draft checkpoint (a folder or hub id) for "
+            f"method draft_model; got {model!r}"
+        )
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if key in given:
+            raise ValueError(f"speculative_config.{key} is for method ngram, not draft_model")
+    draft_tp = given.get("draft_tensor_parallel_size", tensor_parallel_size)
+    if draft_tp != tensor_parallel_size:
+        allowed = "1 or the target's" if tensor_parallel_size == 1 else "the target's"
+        planned = (
+            " (a draft on one rank under a sharded target is planned)" if draft_tp == 1 else ""
+        )
+        raise ValueError(
+            f"speculative_config.draft_tensor_parallel_size must be {allowed} "
+            f"--tensor-parallel-size ({tensor_parallel_size}); got {draft_tp!r}{planned}"
+        )
+    max_len = given.get("max_model_len")
+    if max_len is not None:
+        max_len = _positive_int("max_model_len", max_len)
+    return SpeculativeConfig("draft_model", k, draft_model=model, draft_max_model_len=max_len)
+
+
+def with_draft_model(
+    spec: SpeculativeConfig | None,
+    target: ModelInfo,
+    device: torch.device,
+    download_dir: str | None = None,
+    hf_token: str | None = None,
+    ignore_patterns: Sequence[str] | None = None,
+) -> SpeculativeConfig | None:
+    """``spec`` with its draft checkpoint read and checked against the target: the same
+    vocabulary, the target's dtype, and a context no longer than the target's (by default the
+    shorter of the two models')."""
+    if spec is None or spec.draft_model is None:
+        return spec
+    path = resolve_model_path(
+        spec.draft_model, None, download_dir, hf_token, ignore_patterns=ignore_patterns
+    )
+    hf_config = load_hf_config(path, trust_remote_code=False)
+    if spec.draft_max_model_len is not None and spec.draft_max_model_len > target.max_model_len:
+        raise ValueError(
+            f"speculative_config.max_model_len={spec.draft_max_model_len} must not exceed the "
+            f"target's max_model_len of {target.max_model_len}"
+        )
+    dtype = str(target.dtype).removeprefix("torch.")
+    draft = inspect_model(path, hf_config, dtype, spec.draft_max_model_len, device)
+    if draft.is_pooling:
+        raise ValueError(
+            f"speculative_config.model {spec.draft_model!r} is a pooling model; a draft must "
+            "generate"
+        )
+    draft_vocab = draft.hf_config.get_text_config().vocab_size
+    target_vocab = target.hf_config.get_text_config().vocab_size
+    if draft_vocab != target_vocab:
+        raise ValueError(
+            f"speculative_config.model {spec.draft_model!r} has a vocabulary of {draft_vocab} "
+            f"tokens and the target one of {target_vocab}: a draft model must share the "
+            "target's tokenizer and vocabulary"
+        )
+    max_len = min(draft.max_model_len, target.max_model_len)
+    return dataclasses.replace(spec, draft=dataclasses.replace(draft, max_model_len=max_len))
+
+
+def lookahead_tokens(spec: SpeculativeConfig | None) -> int:
+    """The slots a step holds past its tokens for the draft model's guesses: its keys and values
+    at the positions of the drafts after the first (one spare)."""
+    return spec.num_speculative_tokens if spec is not None and spec.draft is not None else 0
 
 
 def _positive_int(key: str, value: Any) -> int:

@@ -43,7 +43,13 @@ class NgramProposer:
         self.max_n = config.prompt_lookup_max
         self.k = config.num_speculative_tokens
 
-    def propose(self, requests: Sequence[CachedRequestState]) -> list[list[int]]:
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+    ) -> list[list[int]]:
+        requests = [batch[i] for i in sampling]
         return [
             lookup(
                 r.token_ids if r.prompt_embeds is None else r.output_token_ids,

@@ -1,5 +1,6 @@
 """What proposes draft tokens: after a step, for each request that sampled, the tokens it guesses
-come next (vLLM V1's proposers run in the model runner the same way). The scheduler gives them to
+come next (vLLM V1's proposers run in the model runner the same way): n-gram lookup
+(``ngram.py``) and a draft model (``draft_model.py``). The scheduler gives them to
 the request's next step, which verifies them."""
 
 from __future__ import annotations
@@ -11,13 +12,25 @@ from infernetes.runtime.worker.request_state import CachedRequestState
 
 
 class Proposer(Protocol):
-    def propose(self, requests: Sequence[CachedRequestState]) -> list[list[int]]:
-        """Draft tokens for each request (its tokens so far in ``token_ids``); [] for none."""
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+    ) -> list[list[int]]:
+        """Draft tokens for each ``batch[i]``, ``i`` in ``sampling`` (the requests that sampled,
+        their tokens so far in ``token_ids``); [] for none. ``batch`` and ``num_scheduled`` are
+        the whole step, which a draft model computes too."""
         ...
 
 
 class NoProposer:
     """Proposes nothing: every step adds one token per request (the default)."""
 
-    def propose(self, requests: Sequence[CachedRequestState]) -> list[list[int]]:
-        return [[] for _ in requests]
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+    ) -> list[list[int]]:
+        return [[] for _ in sampling]

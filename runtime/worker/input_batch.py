@@ -108,16 +108,46 @@ def step_inputs(
                 for r, s, n in zip(batch, starts.tolist(), num_scheduled, strict=True)
             )
         )
-    blocks = table.table[token_rows, positions // block_size].astype(np.int64)
-    width = int(table.num_blocks[rows].max()) if count else 0
     return StepInputs(
         input_ids=np.asarray(input_ids, np.int64).reshape(total),
         positions=positions,
-        slot_mapping=blocks * block_size + positions % block_size,
+        slot_mapping=_slots(table, token_rows, positions, block_size),
         cu_seqlens_q=cu_seqlens,
         seq_lens=(starts + num_new).astype(np.int32),
-        block_tables=table.table[rows, :width],
+        block_tables=_rows_of(table, rows),
     )
+
+
+def decode_inputs(
+    rows: np.ndarray,
+    positions: np.ndarray,
+    input_ids: np.ndarray,
+    table: BlockTable,
+    block_size: int,
+) -> StepInputs:
+    """One token a request: ``input_ids[i]`` at ``positions[i]`` of the request in block-table
+    row ``rows[i]`` (a draft model's guesses, fed back one position at a time)."""
+    count = len(rows)
+    return StepInputs(
+        input_ids=input_ids.astype(np.int64),
+        positions=positions.astype(np.int64),
+        slot_mapping=_slots(table, rows, positions, block_size),
+        cu_seqlens_q=np.arange(count + 1, dtype=np.int32),
+        seq_lens=(positions + 1).astype(np.int32),
+        block_tables=_rows_of(table, rows),
+    )
+
+
+def _slots(
+    table: BlockTable, token_rows: np.ndarray, positions: np.ndarray, block_size: int
+) -> np.ndarray:
+    blocks = table.table[token_rows, positions // block_size].astype(np.int64)
+    return blocks * block_size + positions % block_size
+
+
+def _rows_of(table: BlockTable, rows: np.ndarray) -> np.ndarray:
+    width = int(table.num_blocks[rows].max()) if len(rows) else 0
+    return table.table[rows, :width]
 
 
 class StepBuffers:

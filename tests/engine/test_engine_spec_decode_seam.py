@@ -25,9 +25,14 @@ class TargetTokensProposer:
         self.continuations = continuations
         self.k = k
 
-    def propose(self, requests: Sequence[CachedRequestState]) -> list[list[int]]:
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+    ) -> list[list[int]]:
         drafts = []
-        for request in requests:
+        for request in (batch[i] for i in sampling):
             done = request.num_output_tokens
             known = self.continuations[tuple(request.prompt_token_ids)]
             drafts.append(known[done : done + self.k])
@@ -37,8 +42,13 @@ class TargetTokensProposer:
 class WrongTokensProposer:
     """Proposes tokens that disagree with what the request just sampled (mostly rejected)."""
 
-    def propose(self, requests: Sequence[CachedRequestState]) -> list[list[int]]:
-        return [[(r.token_ids[-1] + 1 + j) % 512 for j in range(3)] for r in requests]
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+    ) -> list[list[int]]:
+        return [[(batch[i].token_ids[-1] + 1 + j) % 512 for j in range(3)] for i in sampling]
 
 
 @pytest.fixture(scope="module")

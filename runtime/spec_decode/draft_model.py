@@ -1,0 +1,131 @@
+"""A draft model (vLLM's ``method: "draft_model"``): a smaller model with the target's vocabulary
+guesses each request's next tokens greedily, and the target verifies them (``verify.py``).
+
+The draft runs in the same worker over the same paged cache: its attention layers get their own
+key and value tensors in the target's block pool, indexed by the request's block ids, so
+allocation, prefix caching and preemption serve it unchanged. After each step it computes its
+keys and values wherever the target computed its own (a prefill chunk, the accepted drafts) and at
+the token just sampled, so a block the prefix cache holds has both models' entries. From there it
+feeds its own guesses back one position at a time, writing them into slots the scheduler holds
+past the step's tokens (``spec_decode.config.lookahead_tokens``); the target's later steps write
+over those positions as they verify them, and the draft's catch-up writes its own again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from infernetes.runtime.config import RuntimeConfig
+from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
+from infernetes.runtime.model_executor.layers.attention import Attention
+from infernetes.runtime.model_executor.loader import build_model
+from infernetes.runtime.worker.input_batch import (
+    BlockTable,
+    StepBuffers,
+    StepInputs,
+    decode_inputs,
+    step_inputs,
+)
+from infernetes.runtime.worker.request_state import CachedRequestState
+
+
+class DraftModelProposer:
+    """Proposes up to ``num_speculative_tokens`` greedy tokens of the draft checkpoint for each
+    request that sampled; ``block_table`` is the model runner's, which the draft shares."""
+
+    def __init__(self, config: RuntimeConfig, block_table: BlockTable) -> None:
+        spec = config.speculative
+        assert spec is not None and spec.draft is not None  # resolved by engine_config
+        self.k = spec.num_speculative_tokens
+        self.max_model_len = spec.draft.max_model_len  # at most the target's
+        self.target_max_model_len = config.model.info.max_model_len
+        device = config.device.device
+        self.model = build_model(
+            spec.draft,
+            device,
+            config.load.load_format,
+            config.load.use_tqdm_on_load,
+            config.model.seed or 0,
+            ignore_patterns=config.load.ignore_patterns,
+        )
+        self.attention_layers: list[Attention] = []
+        for name, module in self.model.named_modules():
+            if isinstance(module, Attention):
+                module.layer_name = f"draft.{name}"  # apart from the target's in a KV connector
+                self.attention_layers.append(module)
+        self.block_table = block_table
+        self.block_size = config.cache.block_size
+        self.buffers = StepBuffers(device, persistent=device.type != "cpu")
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+    ) -> list[list[int]]:
+        sampled = set(sampling)
+        # each request's tokens the draft computes: the target's, and the token just sampled
+        ends = [
+            min(r.num_tokens if i in sampled else r.num_computed_tokens + n, self.max_model_len)
+            for i, (r, n) in enumerate(zip(batch, num_scheduled, strict=True))
+        ]
+        catching_up = [i for i, r in enumerate(batch) if ends[i] > r.num_computed_tokens]
+        if not catching_up:
+            return [[] for _ in sampling]
+        lengths = [ends[i] - batch[i].num_computed_tokens for i in catching_up]
+        hidden = self._forward(
+            step_inputs([batch[i] for i in catching_up], lengths, self.block_table, self.block_size)
+        )
+        last_rows = dict(zip(catching_up, np.cumsum(lengths) - 1, strict=True))
+        # how many drafts each could verify: the scheduler's room, then the draft's context
+        budgets = {
+            i: min(
+                self.k,
+                self.target_max_model_len - batch[i].num_tokens - 1,
+                self.max_model_len - batch[i].num_tokens + 1,
+            )
+            for i in sampling
+        }
+        drafting = [i for i in sampling if budgets[i] > 0 and ends[i] == batch[i].num_tokens]
+        drafts: dict[int, list[int]] = {i: [] for i in drafting}
+        if drafting:
+            rows = torch.as_tensor([int(last_rows[i]) for i in drafting], device=hidden.device)
+            self._append_guesses(drafts, drafting, hidden[rows])
+        for step in range(1, self.k):
+            drafting = [i for i in drafting if budgets[i] > step]
+            if not drafting:
+                break
+            inputs = decode_inputs(
+                np.fromiter((batch[i].row for i in drafting), np.int64, len(drafting)),
+                np.fromiter((batch[i].num_tokens - 1 + step for i in drafting), np.int64),
+                np.fromiter((drafts[i][-1] for i in drafting), np.int64),
+                self.block_table,
+                self.block_size,
+            )
+            self._append_guesses(drafts, drafting, self._forward(inputs))
+        return [drafts.get(i, []) for i in sampling]
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        input_ids, positions, slots, cu_seqlens, seq_lens, tables = self.buffers.stage(inputs)
+        set_attention_metadata(
+            AttentionMetadata(
+                slot_mapping=slots,
+                block_tables=tables,
+                cu_seqlens_q=cu_seqlens,
+                seq_lens=seq_lens,
+            )
+        )
+        try:
+            return self.model(input_ids, positions)
+        finally:
+            set_attention_metadata(None)
+
+    def _append_guesses(
+        self, drafts: dict[int, list[int]], drafting: Sequence[int], hidden: torch.Tensor
+    ) -> None:
+        guesses = self.model.compute_logits(hidden).argmax(dim=-1).tolist()
+        for i, token in zip(drafting, guesses, strict=True):
+            drafts[i].append(token)
