@@ -11,6 +11,7 @@ import pytest
 from infernetes.runtime.config import SpeculativeConfig
 from infernetes.runtime.spec_decode.config import speculative_config
 from infernetes.runtime.spec_decode.draft_model import DraftModelProposer
+from infernetes.runtime.testing import SAMPLE_PROMPTS
 
 from infernetes import LLM, SamplingParams
 
@@ -208,3 +209,23 @@ def test_config_accepts_draft_model(tiny_llama, capsys):
     except SystemExit as exc:
         code = int(exc.code or 0)
     assert code == 0, capsys.readouterr().err
+
+
+def test_sampling_at_temperature_one_keeps_the_targets_distribution(sharp_llama, monkeypatch):
+    from infernetes.runtime.model_executor.sampler import SampledToken
+    from infernetes.runtime.worker import model_runner
+
+    from .spec_decode_sampling import ROOMY, verified_positions_p_values
+
+    plain = LLM(sharp_llama, **ROOMY)
+    drafted = LLM(sharp_llama, speculative_config=draft_config(sharp_llama), **ROOMY)
+    prompt = SAMPLE_PROMPTS[1]
+    p_values, accepted = verified_positions_p_values(plain, drafted, prompt)
+    assert min(p_values) > 0.001 and accepted > 0
+    # the test tells a rule that keeps every greedy draft from the target's sampling
+    monkeypatch.setattr(
+        model_runner,
+        "accepted",
+        lambda samples, drafts: [*map(SampledToken, drafts), samples[len(drafts)]],
+    )
+    assert min(verified_positions_p_values(plain, drafted, prompt)[0]) < 1e-6
