@@ -229,3 +229,17 @@ def test_sampling_at_temperature_one_keeps_the_targets_distribution(sharp_llama,
         lambda samples, drafts: [*map(SampledToken, drafts), samples[len(drafts)]],
     )
     assert min(verified_positions_p_values(plain, drafted, prompt)[0]) < 1e-6
+
+
+def test_a_shorter_draft_context_stops_drafting_past_it(tiny_llama, plain):
+    """Past the draft's max_model_len a request gets no more drafts; its tokens are unchanged."""
+    short = draft_config(tiny_llama, max_model_len=32)
+    llm = LLM(tiny_llama, speculative_config=short, **SMALL)
+    assert runner(llm).proposer.max_model_len == 32
+    tokens, (drafts, draft_tokens, accepted), _ = generate(llm, PROMPTS, GREEDY)
+    assert tokens == plain
+    # every draft still verifies, but fewer steps have any than with the whole context
+    _, (all_drafts, _, _), _ = generate(
+        LLM(tiny_llama, speculative_config=draft_config(tiny_llama), **SMALL), PROMPTS, GREEDY
+    )
+    assert 0 < drafts < all_drafts and accepted == draft_tokens
