@@ -243,3 +243,20 @@ def test_a_shorter_draft_context_stops_drafting_past_it(tiny_llama, plain):
         LLM(tiny_llama, speculative_config=draft_config(tiny_llama), **SMALL), PROMPTS, GREEDY
     )
     assert 0 < drafts < all_drafts and accepted == draft_tokens
+
+
+@pytest.mark.slow
+def test_tensor_parallel_draft(tiny_llama, plain):
+    """Target and draft sharded over two ranks (gloo): each rank runs its shard of the draft."""
+    llm = LLM(
+        tiny_llama,
+        tensor_parallel_size=2,
+        speculative_config=draft_config(tiny_llama, draft_tensor_parallel_size=2),
+        **SMALL,
+    )
+    try:
+        totals, outputs = per_position_counts(llm, PROMPTS, GREEDY)
+        assert {tuple(o.prompt_token_ids): list(o.outputs[0].token_ids) for o in outputs} == plain
+        assert totals[0] > 0  # drafts were proposed and accepted
+    finally:
+        llm.llm_engine.shutdown()
