@@ -29,16 +29,21 @@ from infernetes.runtime.worker.input_batch import (
     step_inputs,
 )
 from infernetes.runtime.worker.request_state import CachedRequestState
+from torch import nn
 
 
 class DraftModelProposer:
     """Proposes up to ``num_speculative_tokens`` greedy tokens of the draft checkpoint for each
-    request that sampled; ``block_table`` is the model runner's, which the draft shares."""
+    request that sampled; ``block_table`` is the model runner's, which the draft shares. An
+    EAGLE head (``method: "eagle"``) is run the same way, with two differences: each position
+    takes the token after it with the hidden state before it (the target's, then its own), and
+    it uses the ``target``'s embedding and LM head."""
 
-    def __init__(self, config: RuntimeConfig, block_table: BlockTable) -> None:
+    def __init__(self, config: RuntimeConfig, block_table: BlockTable, target: nn.Module) -> None:
         spec = config.speculative
         assert spec is not None and spec.draft is not None  # resolved by engine_config
         self.k = spec.num_speculative_tokens
+        self.shift = 1 if spec.method == "eagle" else 0
         self.max_model_len = spec.draft.max_model_len  # at most the target's
         self.target_max_model_len = config.model.info.max_model_len
         device = config.device.device
@@ -50,6 +55,8 @@ class DraftModelProposer:
             config.model.seed or 0,
             ignore_patterns=config.load.ignore_patterns,
         )
+        if self.shift:
+            self.model.share_target(target.model.embed_tokens, target.lm_head)  # type: ignore[attr-defined, union-attr]  # an EAGLE head; a Llama target
         self.attention_layers: list[Attention] = []
         for name, module in self.model.named_modules():
             if isinstance(module, Attention):
@@ -65,20 +72,26 @@ class DraftModelProposer:
         batch: Sequence[CachedRequestState],
         num_scheduled: Sequence[int],
         sampling: Sequence[int],
+        hidden: torch.Tensor,
     ) -> list[list[int]]:
         sampled = set(sampling)
-        # each request's tokens the draft computes: the target's, and the token just sampled
+        # each request's positions the draft computes: the target's, up to the token just sampled
+        # (an EAGLE head's position holds the token after it: one fewer)
         ends = [
-            min(r.num_tokens if i in sampled else r.num_computed_tokens + n, self.max_model_len)
+            min(
+                r.num_tokens - self.shift if i in sampled else r.num_computed_tokens + n,
+                self.max_model_len,
+            )
             for i, (r, n) in enumerate(zip(batch, num_scheduled, strict=True))
         ]
         catching_up = [i for i, r in enumerate(batch) if ends[i] > r.num_computed_tokens]
         if not catching_up:
             return [[] for _ in sampling]
         lengths = [ends[i] - batch[i].num_computed_tokens for i in catching_up]
-        hidden = self._forward(
-            step_inputs([batch[i] for i in catching_up], lengths, self.block_table, self.block_size)
+        inputs = step_inputs(
+            [batch[i] for i in catching_up], lengths, self.block_table, self.block_size, self.shift
         )
+        out = self._forward(inputs, self._target_rows(hidden, num_scheduled, catching_up, lengths))
         last_rows = dict(zip(catching_up, np.cumsum(lengths) - 1, strict=True))
         # how many drafts each could verify: the scheduler's room, then the draft's context
         budgets = {
@@ -89,26 +102,51 @@ class DraftModelProposer:
             )
             for i in sampling
         }
-        drafting = [i for i in sampling if budgets[i] > 0 and ends[i] == batch[i].num_tokens]
+        drafting = [
+            i for i in sampling if budgets[i] > 0 and ends[i] == batch[i].num_tokens - self.shift
+        ]
         drafts: dict[int, list[int]] = {i: [] for i in drafting}
         if drafting:
-            rows = torch.as_tensor([int(last_rows[i]) for i in drafting], device=hidden.device)
-            self._append_guesses(drafts, drafting, hidden[rows])
+            out = out[torch.as_tensor([int(last_rows[i]) for i in drafting], device=out.device)]
+            self._append_guesses(drafts, drafting, out)
         for step in range(1, self.k):
-            drafting = [i for i in drafting if budgets[i] > step]
-            if not drafting:
+            still = [j for j, i in enumerate(drafting) if budgets[i] > step]
+            if not still:
                 break
+            out = out[torch.as_tensor(still, device=out.device)]
+            drafting = [drafting[j] for j in still]
             inputs = decode_inputs(
                 np.fromiter((batch[i].row for i in drafting), np.int64, len(drafting)),
-                np.fromiter((batch[i].num_tokens - 1 + step for i in drafting), np.int64),
+                np.fromiter(
+                    (batch[i].num_tokens - 1 - self.shift + step for i in drafting), np.int64
+                ),
                 np.fromiter((drafts[i][-1] for i in drafting), np.int64),
                 self.block_table,
                 self.block_size,
             )
-            self._append_guesses(drafts, drafting, self._forward(inputs))
+            out = self._forward(inputs, out)
+            self._append_guesses(drafts, drafting, out)
         return [drafts.get(i, []) for i in sampling]
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+    def _target_rows(
+        self,
+        hidden: torch.Tensor,
+        num_scheduled: Sequence[int],
+        catching_up: Sequence[int],
+        lengths: Sequence[int],
+    ) -> torch.Tensor:
+        """The target's hidden states at the positions the catch-up computes (EAGLE only)."""
+        if not self.shift:
+            return hidden
+        starts = np.cumsum([0, *num_scheduled])  # each request's first row of ``hidden``
+        rows = np.concatenate(
+            [np.arange(starts[i], starts[i] + n) for i, n in zip(catching_up, lengths, strict=True)]
+        )
+        return hidden[torch.as_tensor(rows, device=hidden.device)]
+
+    def _forward(self, inputs: StepInputs, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft's output at ``inputs``; ``hidden`` holds each position's hidden state
+        before it (the target's, or the head's own), which only an EAGLE head reads."""
         input_ids, positions, slots, cu_seqlens, seq_lens, tables = self.buffers.stage(inputs)
         set_attention_metadata(
             AttentionMetadata(
@@ -119,6 +157,8 @@ class DraftModelProposer:
             )
         )
         try:
+            if self.shift:
+                return self.model(input_ids, positions, hidden)  # type: ignore[call-arg]  # an EAGLE head takes the hidden states
             return self.model(input_ids, positions)
         finally:
             set_attention_metadata(None)

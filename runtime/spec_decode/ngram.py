@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from infernetes.runtime.config import SpeculativeConfig
 from infernetes.runtime.worker.request_state import CachedRequestState
 from numpy.lib.stride_tricks import sliding_window_view
@@ -48,6 +49,7 @@ class NgramProposer:
         batch: Sequence[CachedRequestState],
         num_scheduled: Sequence[int],
         sampling: Sequence[int],
+        hidden: torch.Tensor,
     ) -> list[list[int]]:
         requests = [batch[i] for i in sampling]
         return [

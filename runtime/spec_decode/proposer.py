@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import torch
 from infernetes.runtime.worker.request_state import CachedRequestState
 
 
@@ -17,10 +18,12 @@ class Proposer(Protocol):
         batch: Sequence[CachedRequestState],
         num_scheduled: Sequence[int],
         sampling: Sequence[int],
+        hidden: torch.Tensor,
     ) -> list[list[int]]:
         """Draft tokens for each ``batch[i]``, ``i`` in ``sampling`` (the requests that sampled,
         their tokens so far in ``token_ids``); [] for none. ``batch`` and ``num_scheduled`` are
-        the whole step, which a draft model computes too."""
+        the whole step, which a draft model computes too; ``hidden`` the target's last hidden
+        states of the step's tokens, in order (an EAGLE head's input)."""
         ...
 
 
@@ -32,5 +35,6 @@ class NoProposer:
         batch: Sequence[CachedRequestState],
         num_scheduled: Sequence[int],
         sampling: Sequence[int],
+        hidden: torch.Tensor,
     ) -> list[list[int]]:
         return [[] for _ in sampling]

@@ -84,9 +84,12 @@ def step_inputs(
     num_scheduled: Sequence[int],
     table: BlockTable,
     block_size: int,
+    shift: int = 0,
 ) -> StepInputs:
     """Each scheduled token's id, position and cache slot, and each request's query range,
-    length and block-table row; a request computes tokens ``num_computed_tokens ..`` onward."""
+    length and block-table row; a request computes tokens ``num_computed_tokens ..`` onward.
+    ``shift``: each position takes the id of the token that many places after it (an EAGLE head
+    pairs a position's hidden state with the token that follows)."""
     count = len(batch)
     rows = np.fromiter((r.row for r in batch), np.int64, count)
     starts = np.fromiter((r.num_computed_tokens for r in batch), np.int64, count)
@@ -97,14 +100,14 @@ def step_inputs(
     if total == count:  # every row decodes one token, the common case
         positions = starts
         token_rows = rows
-        input_ids = [r.token_ids[s] for r, s in zip(batch, starts.tolist(), strict=True)]
+        input_ids = [r.token_ids[s + shift] for r, s in zip(batch, starts.tolist(), strict=True)]
     else:
         which = np.repeat(np.arange(count), num_new)
         positions = np.arange(total) - cu_seqlens[:-1][which] + starts[which]
         token_rows = rows[which]
         input_ids = list(
             itertools.chain.from_iterable(
-                r.token_ids[s : s + n]
+                r.token_ids[s + shift : s + shift + n]
                 for r, s, n in zip(batch, starts.tolist(), num_scheduled, strict=True)
             )
         )

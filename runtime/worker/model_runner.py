@@ -109,7 +109,7 @@ class ModelRunner:
             return NoProposer()
         if spec.method == "ngram":
             return NgramProposer(spec)
-        return DraftModelProposer(self.config, self.block_table)
+        return DraftModelProposer(self.config, self.block_table, self.model)  # type: ignore[arg-type]  # every servable model is an nn.Module
 
     @property
     def cache_layers(self) -> list[Attention]:
@@ -588,7 +588,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
             output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
         # after every step, not only those that sample: a draft model computes each prompt chunk
-        proposed = self.proposer.propose(batch, num_scheduled, sampling)
+        proposed = self.proposer.propose(batch, num_scheduled, sampling, hidden)
         for i, drafts in zip(sampling, proposed, strict=True):
             output.draft_token_ids[i] = drafts
         return output

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+import torch
 from infernetes.runtime.spec_decode.proposer import NoProposer
 from infernetes.runtime.testing import SAMPLE_PROMPTS
 from infernetes.runtime.worker.request_state import CachedRequestState
@@ -30,6 +31,7 @@ class TargetTokensProposer:
         batch: Sequence[CachedRequestState],
         num_scheduled: Sequence[int],
         sampling: Sequence[int],
+        hidden: torch.Tensor,
     ) -> list[list[int]]:
         drafts = []
         for request in (batch[i] for i in sampling):
@@ -47,6 +49,7 @@ class WrongTokensProposer:
         batch: Sequence[CachedRequestState],
         num_scheduled: Sequence[int],
         sampling: Sequence[int],
+        hidden: torch.Tensor,
     ) -> list[list[int]]:
         return [[(batch[i].token_ids[-1] + 1 + j) % 512 for j in range(3)] for i in sampling]
 
