@@ -302,6 +302,42 @@ def make_tiny_llama(directory: str | Path, **kwargs: Any) -> Path:
     return make_tiny_model(directory, "LlamaForCausalLM", **kwargs)
 
 
+def make_tiny_eagle(directory: str | Path, target: str | Path, seed: int = 0) -> Path:
+    """A random EAGLE-1 head for the tiny Llama at ``target``, in the published layout (as
+    yuhuili/EAGLE-LLaMA3-Instruct-8B is laid out): a one-layer LlamaForCausalLM config.json of
+    the target's widths and ``fc.weight``, ``layers.0.*`` (no input norm) and a copy of the
+    embedding in model.safetensors."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = json.loads((Path(target) / "config.json").read_text())
+    config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    shapes = {
+        "fc.weight": (hidden, 2 * hidden),
+        "embed_tokens.weight": (config["vocab_size"], hidden),
+        "layers.0.self_attn.q_proj.weight": (hidden, hidden),
+        "layers.0.self_attn.k_proj.weight": (kv, hidden),
+        "layers.0.self_attn.v_proj.weight": (kv, hidden),
+        "layers.0.self_attn.o_proj.weight": (hidden, hidden),
+        "layers.0.mlp.gate_proj.weight": (inner, hidden),
+        "layers.0.mlp.up_proj.weight": (inner, hidden),
+        "layers.0.mlp.down_proj.weight": (hidden, inner),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: torch.randn(shape, generator=generator) * 0.1 for name, shape in shapes.items()
+    }
+    tensors["layers.0.post_attention_layernorm.weight"] = torch.ones(hidden)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
 @functools.cache
 def _hf_causal_lm(path: str) -> Any:
     import torch

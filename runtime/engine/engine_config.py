@@ -37,6 +37,7 @@ from infernetes.runtime.model_executor.loader import (
     model_class_of,
     resolve_model_path,
 )
+from infernetes.runtime.model_executor.models import DRAFT_HEADS
 from infernetes.runtime.model_executor.models.interfaces import supports_multimodal
 from infernetes.runtime.model_executor.parallel import stage_layers
 from infernetes.runtime.multimodal.processor import check_limits
@@ -361,6 +362,11 @@ def resolve_config(
 
 def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
     """What the model's implementation and kind allow of the parallel layout and ``--task``."""
+    if info.architecture in DRAFT_HEADS:
+        raise ValueError(
+            f"{info.architecture} is a speculative decoding head, not a model to serve: give it "
+            "as --speculative-config's model beside its target"
+        )
     fallback = info.implementation == "transformers"
     if fallback and config.pipeline_parallel_size > 1:
         raise ValueError(

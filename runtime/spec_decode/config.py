@@ -30,7 +30,8 @@ _SPECULATIVE_KEYS = (
     "max_model_len",
 )
 _NGRAM_NAMES = ("ngram", "[ngram]")
-_PLANNED_METHODS = ("eagle", "eagle3", "mtp", "medusa", "mlp_speculator", "suffix")
+_PLANNED_METHODS = ("eagle3", "mtp", "medusa", "mlp_speculator", "suffix")
+_BUILT_METHODS = ("ngram", "draft_model", "eagle")
 # vLLM's default when neither bound is given ("arbitrarily chosen", its comment says)
 _PROMPT_LOOKUP_DEFAULT = 5
 
@@ -64,7 +65,7 @@ def speculative_config(
         )
     if method == "ngram":
         return _ngram(given, k)
-    return _draft_model(given, k, tensor_parallel_size)
+    return _draft_model(given, method, k, tensor_parallel_size)
 
 
 def _method(given: dict[str, Any]) -> str:
@@ -77,12 +78,13 @@ def _method(given: dict[str, Any]) -> str:
     if method in _PLANNED_METHODS:
         raise ValueError(
             f"speculative_config.method {method!r} is not built yet (planned); the methods built "
-            'are "ngram" and "draft_model"'
+            'are "ngram", "draft_model" and "eagle"'
         )
-    if method not in ("ngram", "draft_model"):
+    if method not in _BUILT_METHODS:
         raise ValueError(
-            'speculative_config.method must be "ngram" (n-gram prompt lookup) or "draft_model" '
-            f"(a smaller model with the target's vocabulary, named by model); got {method!r}"
+            'speculative_config.method must be "ngram" (n-gram prompt lookup), "draft_model" '
+            '(a smaller model with the target\'s vocabulary, named by model) or "eagle" (an '
+            f"EAGLE-1 head for a Llama target, named by model); got {method!r}"
         )
     return method
 
@@ -105,16 +107,18 @@ def _ngram(given: dict[str, Any], k: int) -> SpeculativeConfig:
     return SpeculativeConfig("ngram", k, low, high)
 
 
-def _draft_model(given: dict[str, Any], k: int, tensor_parallel_size: int) -> SpeculativeConfig:
+def _draft_model(
+    given: dict[str, Any], method: str, k: int, tensor_parallel_size: int
+) -> SpeculativeConfig:
     model = given.get("model")
     if not isinstance(model, str) or not model:
         raise ValueError(
             "speculative_config.model must name the draft checkpoint (a folder or hub id) for "
-            f"method draft_model; got {model!r}"
+            f"method {method}; got {model!r}"
         )
     for key in ("prompt_lookup_min", "prompt_lookup_max"):
         if key in given:
-            raise ValueError(f"speculative_config.{key} is for method ngram, not draft_model")
+            raise ValueError(f"speculative_config.{key} is for method ngram, not {method}")
     draft_tp = given.get("draft_tensor_parallel_size", tensor_parallel_size)
     if draft_tp != tensor_parallel_size:
         allowed = "1 or the target's" if tensor_parallel_size == 1 else "the target's"
@@ -128,7 +132,7 @@ def _draft_model(given: dict[str, Any], k: int, tensor_parallel_size: int) -> Sp
     max_len = given.get("max_model_len")
     if max_len is not None:
         max_len = _positive_int("max_model_len", max_len)
-    return SpeculativeConfig("draft_model", k, draft_model=model, draft_max_model_len=max_len)
+    return SpeculativeConfig(method, k, draft_model=model, draft_max_model_len=max_len)
 
 
 def with_draft_model(
@@ -148,6 +152,8 @@ def with_draft_model(
         spec.draft_model, None, download_dir, hf_token, ignore_patterns=ignore_patterns
     )
     hf_config = load_hf_config(path, trust_remote_code=False)
+    if spec.method == "eagle":
+        _check_eagle_head(spec.draft_model, hf_config, target)
     if spec.draft_max_model_len is not None and spec.draft_max_model_len > target.max_model_len:
         raise ValueError(
             f"speculative_config.max_model_len={spec.draft_max_model_len} must not exceed the "
@@ -170,6 +176,26 @@ def with_draft_model(
         )
     max_len = min(draft.max_model_len, target.max_model_len)
     return dataclasses.replace(spec, draft=dataclasses.replace(draft, max_model_len=max_len))
+
+
+def _check_eagle_head(name: str, head: Any, target: ModelInfo) -> None:
+    """An EAGLE-1 head runs on a Llama-family target's hidden states, of the same width; it is
+    read as vLLM reads one, whatever architecture its config.json names."""
+    from infernetes.runtime.model_executor.loader import model_class_of
+    from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
+
+    if not issubclass(model_class_of(target), LlamaForCausalLM):
+        raise ValueError(
+            f"speculative_config.method eagle runs EAGLE-1 heads for Llama-family targets; "
+            f"{target.architecture} is not one (EAGLE for other families is planned)"
+        )
+    width, target_width = head.hidden_size, target.hf_config.get_text_config().hidden_size
+    if width != target_width:
+        raise ValueError(
+            f"speculative_config.model {name!r} has hidden_size {width} and the target "
+            f"{target_width}: an EAGLE head reads the target's hidden states"
+        )
+    head.architectures = ["EagleLlamaForCausalLM"]
 
 
 def lookahead_tokens(spec: SpeculativeConfig | None) -> int:

@@ -140,6 +140,16 @@ POOLING = {
 ARCHITECTURES = {**GENERATIVE, **POOLING}
 
 
+def _eagle_llama() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llama_eagle import EagleLlamaForCausalLM
+
+    return EagleLlamaForCausalLM
+
+
+# Speculative decoding heads: run only as --speculative-config's model, never served
+DRAFT_HEADS = {"EagleLlamaForCausalLM": _eagle_llama}
+
+
 MODEL_IMPLS = ("auto", "vllm", "transformers")
 
 
@@ -153,6 +163,8 @@ def model_class(architectures: list[str], impl: str = "auto") -> tuple[str, type
         for name in architectures:
             if name in ARCHITECTURES:
                 return name, ARCHITECTURES[name]()
+            if name in DRAFT_HEADS:
+                return name, DRAFT_HEADS[name]()
     if impl == "vllm" or not architectures:
         raise ValueError(
             f"Model architectures {architectures} are not supported. "

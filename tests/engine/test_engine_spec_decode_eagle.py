@@ -1,0 +1,91 @@
+"""EAGLE-1 heads (``--speculative-config '{"method": "eagle", "model": ...}'``) in the published
+layout, random here: the engine emits with one the tokens it emits without (greedy; under chunked
+prefill and preemption), while its drafts are verified and counted; heads that do not fit the
+target are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from infernetes.runtime.spec_decode.config import speculative_config
+from infernetes.runtime.spec_decode.draft_model import DraftModelProposer
+from infernetes.runtime.testing import make_tiny_eagle
+
+from infernetes import LLM
+
+from .test_engine_spec_decode_ngram import GREEDY, PROMPTS, SMALL, generate, runner
+
+
+def eagle_config(model: str) -> dict:
+    return {"method": "eagle", "model": model, "num_speculative_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def head(tiny_llama, tmp_path_factory):
+    return str(make_tiny_eagle(tmp_path_factory.mktemp("eagle"), tiny_llama))
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_llama):
+    tokens, _, _ = generate(LLM(tiny_llama, **SMALL), PROMPTS, GREEDY)
+    return tokens
+
+
+def test_method_parsed_as_vllms():
+    spec = speculative_config(eagle_config("/heads/eagle"))
+    assert spec is not None and (spec.method, spec.draft_model) == ("eagle", "/heads/eagle")
+    inferred = speculative_config({"model": "org/EAGLE-LLaMA3-8B", "num_speculative_tokens": 2})
+    assert inferred is not None and inferred.method == "eagle"
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}],
+    ids=["whole", "chunked"],
+)
+def test_greedy_tokens_equal_those_without(tiny_llama, head, plain, settings):
+    llm = LLM(tiny_llama, speculative_config=eagle_config(head), **SMALL, **settings)
+    proposer = runner(llm).proposer
+    assert isinstance(proposer, DraftModelProposer) and proposer.shift == 1
+    tokens, (drafts, draft_tokens, accepted), _ = generate(llm, PROMPTS, GREEDY)
+    assert tokens == plain
+    assert drafts > 0 and 0 <= accepted <= draft_tokens
+
+
+def test_preemption(tiny_llama, head, plain):
+    small_cache = {**SMALL, "num_gpu_blocks_override": 16}
+    llm = LLM(tiny_llama, speculative_config=eagle_config(head), **small_cache)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    preempt = scheduler._preempt
+    preempted = []
+
+    def counted(request):
+        preempted.append(request.request_id)
+        return preempt(request)
+
+    scheduler._preempt = counted
+    try:
+        tokens, (drafts, _, _), _ = generate(llm, PROMPTS, GREEDY)
+    finally:
+        del scheduler._preempt
+    assert preempted and drafts > 0
+    assert tokens == plain
+
+
+def test_a_head_of_another_width_is_refused(model_factory, head):
+    wider = model_factory("LlamaForCausalLM", hidden_size=128, intermediate_size=256)
+    with pytest.raises(ValueError, match="has hidden_size 64 and the target 128"):
+        LLM(wider, speculative_config=eagle_config(head), **SMALL)
+
+
+def test_a_head_is_not_served_as_a_model(head, tmp_path):
+    """A head whose config.json names vLLM's EagleLlamaForCausalLM is refused as the target."""
+    import shutil
+
+    named = shutil.copytree(head, tmp_path / "named")
+    config = json.loads((named / "config.json").read_text())
+    config["architectures"] = ["EagleLlamaForCausalLM"]
+    (named / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="is a speculative decoding head, not a model to serve"):
+        LLM(str(named), **SMALL)
