@@ -156,9 +156,9 @@ class SpeculativeConfig:
     """--speculative-config: up to ``num_speculative_tokens`` drafts a step, from n-gram prompt
     lookup (``spec_decode/ngram.py``: the longest match of ``prompt_lookup_max`` down to
     ``prompt_lookup_min`` last tokens) or from a smaller draft model sharing the target's
-    vocabulary or an EAGLE-1 head (``spec_decode/draft_model.py``)."""
+    vocabulary or an EAGLE-1 or EAGLE-3 head (``spec_decode/draft_model.py``)."""
 
-    method: str  # "ngram", "draft_model" or "eagle"
+    method: str  # "ngram", "draft_model", "eagle" or "eagle3"
     num_speculative_tokens: int
     prompt_lookup_min: int = 0  # ngram only
     prompt_lookup_max: int = 0  # ngram only

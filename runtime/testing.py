@@ -338,6 +338,55 @@ def make_tiny_eagle(directory: str | Path, target: str | Path, seed: int = 0) ->
     return directory
 
 
+def make_tiny_eagle3(
+    directory: str | Path, target: str | Path, draft_vocab_size: int = 256, seed: int = 0
+) -> Path:
+    """A random EAGLE-3 head for the tiny Llama at ``target``, in the published layout (as
+    yuhuili/EAGLE3-LLaMA3.1-Instruct-8B is laid out): ``fc`` over three of the target's hidden
+    states, ``midlayer.*`` (its QKV projection twice as wide, ``hidden_norm``), ``norm``, an
+    ``lm_head`` over ``draft_vocab_size`` tokens and ``d2t``, each draft id's offset to its
+    target id (here every other target id), with ``t2d``."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = json.loads((Path(target) / "config.json").read_text())
+    config.update(
+        num_hidden_layers=1,
+        architectures=["LlamaForCausalLMEagle3"],
+        draft_vocab_size=draft_vocab_size,
+    )
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    hidden, inner, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * (hidden // config["num_attention_heads"])
+    shapes = {
+        "fc.weight": (hidden, 3 * hidden),
+        "midlayer.self_attn.q_proj.weight": (hidden, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, hidden),
+        "midlayer.mlp.gate_proj.weight": (inner, hidden),
+        "midlayer.mlp.up_proj.weight": (inner, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, inner),
+        "lm_head.weight": (draft_vocab_size, hidden),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: torch.randn(shape, generator=generator) * 0.1 for name, shape in shapes.items()
+    }
+    for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        tensors[f"midlayer.{norm}.weight"] = torch.ones(hidden)
+    tensors["norm.weight"] = torch.ones(hidden)
+    target_ids = torch.arange(draft_vocab_size) * (vocab // draft_vocab_size)
+    tensors["d2t"] = target_ids - torch.arange(draft_vocab_size)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[target_ids] = True
+    tensors["t2d"] = t2d
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
 @functools.cache
 def _hf_causal_lm(path: str) -> Any:
     import torch

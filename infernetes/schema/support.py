@@ -591,9 +591,10 @@ ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- SpeculativeConfig
     "speculative_config": honoured(
         "n-gram prompt lookup (method ngram, with num_speculative_tokens, prompt_lookup_min and "
-        "prompt_lookup_max), draft models and EAGLE-1 heads (methods draft_model and eagle, with "
-        "model, draft_tensor_parallel_size equal to the target's and max_model_len) are built; "
-        "EAGLE-3, MTP and the other methods are refused (speculative_config.method), as are "
+        "prompt_lookup_max), draft models and EAGLE-1 and EAGLE-3 heads (methods draft_model, "
+        "eagle and eagle3, with model, draft_tensor_parallel_size equal to the target's and "
+        "max_model_len) are built; MTP and the other methods are refused "
+        "(speculative_config.method), as are "
         "--async-scheduling, --pipeline-parallel-size above 1 and, with a draft model, "
         "--enable-sleep-mode"
     ),
@@ -747,16 +748,16 @@ KEY_SUPPORT: dict[str, Support] = {
         ("null", "zmq"), "publisher plugins (vLLM's register_publisher) are not loaded"
     ),
     "speculative_config.method": partial(
-        ("ngram", "[ngram]", "draft_model", "eagle"),
-        "n-gram prompt lookup, draft models and EAGLE-1 heads for Llama-family targets are "
-        "built; eagle3, mtp, medusa, mlp_speculator and suffix are planned",
+        ("ngram", "[ngram]", "draft_model", "eagle", "eagle3"),
+        "n-gram prompt lookup, draft models and EAGLE-1 and EAGLE-3 heads for Llama-family "
+        "targets are built; mtp, medusa, mlp_speculator and suffix are planned",
     ),
     # vLLM reads model "ngram" / "[ngram]" (the deprecated --speculative-model) as the method,
     # any other as a draft checkpoint (an EAGLE head by its name: refused by spec_decode/config.py)
     "speculative_config.model": honoured(
-        "a draft checkpoint with the target's vocabulary, or an EAGLE-1 head (method eagle, or "
-        "a name with eagle in it), run greedily in the target's worker and KV block pool; a name "
-        "with eagle3 in it means an EAGLE-3 head, which is planned"
+        "a draft checkpoint with the target's vocabulary, or an EAGLE-1 or EAGLE-3 head (methods "
+        "eagle and eagle3, or a name with eagle or eagle3 in it), run greedily in the target's "
+        "worker and KV block pool"
     ),
     "structured_outputs_config.backend": partial(
         STRUCTURED_OUTPUT_BACKENDS, STRUCTURED_OUTPUT_BACKEND_NOTE

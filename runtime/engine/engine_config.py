@@ -323,6 +323,12 @@ def resolve_config(
             "in Python, which a graph would not replay; every step runs eagerly"
         )
         decode_graphs = None
+    if decode_graphs is not None and speculative is not None and speculative.method == "eagle3":
+        logger.info(
+            "CUDA graphs are off with an EAGLE-3 head: it reads the hidden states of three "
+            "target layers, which a graph would not hand out; every step runs eagerly"
+        )
+        decode_graphs = None
     runtime = RuntimeConfig(
         model=ModelConfig(
             info=info,

@@ -30,8 +30,9 @@ _SPECULATIVE_KEYS = (
     "max_model_len",
 )
 _NGRAM_NAMES = ("ngram", "[ngram]")
-_PLANNED_METHODS = ("eagle3", "mtp", "medusa", "mlp_speculator", "suffix")
-_BUILT_METHODS = ("ngram", "draft_model", "eagle")
+_PLANNED_METHODS = ("mtp", "medusa", "mlp_speculator", "suffix")
+_BUILT_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+EAGLE_METHODS = ("eagle", "eagle3")
 # vLLM's default when neither bound is given ("arbitrarily chosen", its comment says)
 _PROMPT_LOOKUP_DEFAULT = 5
 
@@ -78,13 +79,13 @@ def _method(given: dict[str, Any]) -> str:
     if method in _PLANNED_METHODS:
         raise ValueError(
             f"speculative_config.method {method!r} is not built yet (planned); the methods built "
-            'are "ngram", "draft_model" and "eagle"'
+            'are "ngram", "draft_model", "eagle" and "eagle3"'
         )
     if method not in _BUILT_METHODS:
         raise ValueError(
             'speculative_config.method must be "ngram" (n-gram prompt lookup), "draft_model" '
-            '(a smaller model with the target\'s vocabulary, named by model) or "eagle" (an '
-            f"EAGLE-1 head for a Llama target, named by model); got {method!r}"
+            '(a smaller model with the target\'s vocabulary, named by model), "eagle" or "eagle3" '
+            f"(an EAGLE-1 or EAGLE-3 head for a Llama target, named by model); got {method!r}"
         )
     return method
 
@@ -152,8 +153,8 @@ def with_draft_model(
         spec.draft_model, None, download_dir, hf_token, ignore_patterns=ignore_patterns
     )
     hf_config = load_hf_config(path, trust_remote_code=False)
-    if spec.method == "eagle":
-        _check_eagle_head(spec.draft_model, hf_config, target)
+    if spec.method in EAGLE_METHODS:
+        _check_eagle_head(spec.method, spec.draft_model, hf_config, target)
     if spec.draft_max_model_len is not None and spec.draft_max_model_len > target.max_model_len:
         raise ValueError(
             f"speculative_config.max_model_len={spec.draft_max_model_len} must not exceed the "
@@ -178,24 +179,44 @@ def with_draft_model(
     return dataclasses.replace(spec, draft=dataclasses.replace(draft, max_model_len=max_len))
 
 
-def _check_eagle_head(name: str, head: Any, target: ModelInfo) -> None:
-    """An EAGLE-1 head runs on a Llama-family target's hidden states, of the same width; it is
-    read as vLLM reads one, whatever architecture its config.json names."""
+def _check_eagle_head(method: str, name: str, head: Any, target: ModelInfo) -> None:
+    """An EAGLE head runs on a Llama-family target's hidden states, of the same width (EAGLE-3:
+    of layers the target has); it is read as vLLM reads one, whatever architecture its
+    config.json names."""
     from infernetes.runtime.model_executor.loader import model_class_of
     from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
 
     if not issubclass(model_class_of(target), LlamaForCausalLM):
         raise ValueError(
-            f"speculative_config.method eagle runs EAGLE-1 heads for Llama-family targets; "
+            f"speculative_config.method {method} runs EAGLE heads for Llama-family targets; "
             f"{target.architecture} is not one (EAGLE for other families is planned)"
         )
-    width, target_width = head.hidden_size, target.hf_config.get_text_config().hidden_size
+    text = target.hf_config.get_text_config()
+    width = head.hidden_size
+    if method == "eagle3":
+        width = getattr(head, "target_hidden_size", None) or width
+        _check_aux_layers(name, head, text.num_hidden_layers)
+    target_width = text.hidden_size
     if width != target_width:
         raise ValueError(
             f"speculative_config.model {name!r} has hidden_size {width} and the target "
             f"{target_width}: an EAGLE head reads the target's hidden states"
         )
-    head.architectures = ["EagleLlamaForCausalLM"]
+    head.architectures = [
+        "Eagle3LlamaForCausalLM" if method == "eagle3" else "EagleLlamaForCausalLM"
+    ]
+
+
+def _check_aux_layers(name: str, head: Any, num_layers: int) -> None:
+    from infernetes.runtime.model_executor.models.llama_eagle3 import aux_layer_ids
+
+    layers = aux_layer_ids(head, num_layers)
+    if len(layers) != 3 or not all(0 <= i < num_layers for i in layers):
+        raise ValueError(
+            f"speculative_config.model {name!r} reads the target's hidden states at layers "
+            f"{list(layers)}, which a target of {num_layers} layers does not have (three are "
+            "needed)"
+        )
 
 
 def lookahead_tokens(spec: SpeculativeConfig | None) -> int:

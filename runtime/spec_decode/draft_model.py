@@ -13,7 +13,7 @@ over those positions as they verify them, and the draft's catch-up writes its ow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +21,8 @@ from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
 from infernetes.runtime.model_executor.layers.attention import Attention
 from infernetes.runtime.model_executor.loader import build_model
+from infernetes.runtime.model_executor.models.llama_eagle3 import aux_layer_ids
+from infernetes.runtime.spec_decode.config import EAGLE_METHODS
 from infernetes.runtime.worker.input_batch import (
     BlockTable,
     StepBuffers,
@@ -43,7 +45,7 @@ class DraftModelProposer:
         spec = config.speculative
         assert spec is not None and spec.draft is not None  # resolved by engine_config
         self.k = spec.num_speculative_tokens
-        self.shift = 1 if spec.method == "eagle" else 0
+        self.shift = 1 if spec.method in EAGLE_METHODS else 0
         self.max_model_len = spec.draft.max_model_len  # at most the target's
         self.target_max_model_len = config.model.info.max_model_len
         device = config.device.device
@@ -57,6 +59,13 @@ class DraftModelProposer:
         )
         if self.shift:
             self.model.share_target(target.model.embed_tokens, target.lm_head)  # type: ignore[attr-defined, union-attr]  # an EAGLE head; a Llama target
+        # EAGLE-3: the input of each of these target layers, kept by a hook in each forward
+        self.aux_layers: tuple[int, ...] = ()
+        self._aux: dict[int, torch.Tensor] = {}
+        if spec.method == "eagle3":
+            self.aux_layers = aux_layer_ids(spec.draft.hf_config, len(target.model.layers))  # type: ignore[union-attr, arg-type]  # a Llama target
+            for index in self.aux_layers:
+                target.model.layers[index].register_forward_pre_hook(self._keep_aux(index))  # type: ignore[union-attr, index]  # a Llama target
         self.attention_layers: list[Attention] = []
         for name, module in self.model.named_modules():
             if isinstance(module, Attention):
@@ -128,6 +137,13 @@ class DraftModelProposer:
             self._append_guesses(drafts, drafting, out)
         return [drafts.get(i, []) for i in sampling]
 
+    def _keep_aux(self, index: int) -> Callable[[nn.Module, tuple], None]:
+        def keep(module: nn.Module, args: tuple) -> None:
+            _, hidden, residual = args  # a decoder layer's (positions, hidden, residual)
+            self._aux[index] = hidden if residual is None else hidden + residual
+
+        return keep
+
     def _target_rows(
         self,
         hidden: torch.Tensor,
@@ -138,6 +154,9 @@ class DraftModelProposer:
         """The target's hidden states at the positions the catch-up computes (EAGLE only)."""
         if not self.shift:
             return hidden
+        if self.aux_layers:
+            aux = torch.cat([self._aux[i] for i in self.aux_layers], dim=-1)
+            hidden = self.model.combine_hidden_states(aux)  # type: ignore[attr-defined]  # an EAGLE-3 head
         starts = np.cumsum([0, *num_scheduled])  # each request's first row of ``hidden``
         rows = np.concatenate(
             [np.arange(starts[i], starts[i] + n) for i, n in zip(catching_up, lengths, strict=True)]

@@ -10,7 +10,7 @@ import json
 import pytest
 from infernetes.runtime.spec_decode.config import speculative_config
 from infernetes.runtime.spec_decode.draft_model import DraftModelProposer
-from infernetes.runtime.testing import make_tiny_eagle
+from infernetes.runtime.testing import make_tiny_eagle, make_tiny_eagle3
 
 from infernetes import LLM
 
@@ -89,3 +89,47 @@ def test_a_head_is_not_served_as_a_model(head, tmp_path):
     (named / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="is a speculative decoding head, not a model to serve"):
         LLM(str(named), **SMALL)
+
+
+@pytest.fixture(scope="module")
+def deeper_llama(model_factory):
+    """Four layers: EAGLE-3's default reads the hidden states entering layers 2, 2 and 1."""
+    return model_factory("LlamaForCausalLM", num_hidden_layers=4)
+
+
+@pytest.fixture(scope="module")
+def head3(deeper_llama, tmp_path_factory):
+    return str(make_tiny_eagle3(tmp_path_factory.mktemp("eagle3"), deeper_llama))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"enable_chunked_prefill": True, "max_num_batched_tokens": 16}],
+    ids=["whole", "chunked"],
+)
+def test_eagle3_greedy_tokens_equal_those_without(deeper_llama, head3, settings):
+    expected, _, _ = generate(LLM(deeper_llama, **SMALL), PROMPTS, GREEDY)
+    spec = {"method": "eagle3", "model": head3, "num_speculative_tokens": 3}
+    llm = LLM(deeper_llama, speculative_config=spec, **SMALL, **settings)
+    proposer = runner(llm).proposer
+    assert isinstance(proposer, DraftModelProposer) and proposer.aux_layers == (2, 2, 1)
+    proposed: list[int] = []
+    propose = proposer.propose
+
+    def recorded(*args):
+        drafts = propose(*args)
+        proposed.extend(token for request in drafts for token in request)
+        return drafts
+
+    proposer.propose = recorded
+    tokens, (drafts, draft_tokens, accepted), _ = generate(llm, PROMPTS, GREEDY)
+    assert tokens == expected
+    assert drafts > 0 and 0 <= accepted <= draft_tokens
+    # d2t maps the head's 256 ids onto every other target id: no odd token is ever guessed
+    assert proposed and all(token % 2 == 0 for token in proposed)
+
+
+def test_eagle3_needs_the_layers_it_reads(tiny_llama, head3):
+    spec = {"method": "eagle3", "model": head3, "num_speculative_tokens": 3}
+    with pytest.raises(ValueError, match=r"at layers \[2, 1, -1\], which a target of 2 layers"):
+        LLM(tiny_llama, speculative_config=spec, **SMALL)

@@ -146,8 +146,14 @@ def _eagle_llama() -> type[nn.Module]:
     return EagleLlamaForCausalLM
 
 
+def _eagle3_llama() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+    return Eagle3LlamaForCausalLM
+
+
 # Speculative decoding heads: run only as --speculative-config's model, never served
-DRAFT_HEADS = {"EagleLlamaForCausalLM": _eagle_llama}
+DRAFT_HEADS = {"EagleLlamaForCausalLM": _eagle_llama, "Eagle3LlamaForCausalLM": _eagle3_llama}
 
 
 MODEL_IMPLS = ("auto", "vllm", "transformers")
