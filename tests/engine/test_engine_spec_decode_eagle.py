@@ -1,6 +1,7 @@
 """EAGLE-1 heads (``--speculative-config '{"method": "eagle", "model": ...}'``) in the published
 layout, random here: the engine emits with one the tokens it emits without (greedy; under chunked
-prefill and preemption), while its drafts are verified and counted; heads that do not fit the
+prefill and preemption), while its drafts are verified and counted, and its guesses do not
+depend on how its cache was filled; heads that do not fit the
 target are refused."""
 
 from __future__ import annotations
@@ -133,3 +134,35 @@ def test_eagle3_needs_the_layers_it_reads(tiny_llama, head3):
     spec = {"method": "eagle3", "model": head3, "num_speculative_tokens": 3}
     with pytest.raises(ValueError, match=r"at layers \[2, 1, -1\], which a target of 2 layers"):
         LLM(tiny_llama, speculative_config=spec, **SMALL)
+
+
+def drafts_by_prompt(llm: LLM) -> dict[tuple[int, ...], list[list[int]]]:
+    """Every draft list the head proposes for each prompt while ``llm`` generates ``PROMPTS``."""
+    proposer = runner(llm).proposer
+    propose = proposer.propose
+    recorded: dict[tuple[int, ...], list[list[int]]] = {}
+
+    def recording(batch, num_scheduled, sampling, hidden):
+        drafts = propose(batch, num_scheduled, sampling, hidden)
+        for i, proposed in zip(sampling, drafts, strict=True):
+            recorded.setdefault(tuple(batch[i].prompt_token_ids), []).append(proposed)
+        return drafts
+
+    proposer.propose = recording
+    generate(llm, PROMPTS, GREEDY)
+    return recorded
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_a_heads_guesses_do_not_depend_on_how_its_cache_was_filled(
+    method, tiny_llama, deeper_llama, head, head3
+):
+    """The head's keys and values written by a whole prefill, by chunks beside other requests,
+    or again after a preemption, are the same: so are its guesses at each step."""
+    target, model = (tiny_llama, head) if method == "eagle" else (deeper_llama, head3)
+    spec = {"method": method, "model": model, "num_speculative_tokens": 3}
+    whole = drafts_by_prompt(LLM(target, speculative_config=spec, **SMALL))
+    chunked = {**SMALL, "enable_chunked_prefill": True, "max_num_batched_tokens": 8}
+    assert drafts_by_prompt(LLM(target, speculative_config=spec, **chunked)) == whole
+    preempting = {**SMALL, "num_gpu_blocks_override": 16}
+    assert drafts_by_prompt(LLM(target, speculative_config=spec, **preempting)) == whole
