@@ -166,6 +166,8 @@ class SpeculativeConfig:
     draft_max_model_len: int | None = None  # as given; None: the target's (or the draft's less)
     # the draft checkpoint resolved against the target (engine_config); None until then
     draft: ModelInfo | None = None
+    # no drafts are verified in a step that runs at least this many requests (None: always)
+    disable_by_batch_size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -593,9 +593,9 @@ ARG_SUPPORT: dict[str, Support] = {
         "n-gram prompt lookup (method ngram, with num_speculative_tokens, prompt_lookup_min and "
         "prompt_lookup_max), draft models and EAGLE-1 and EAGLE-3 heads (methods draft_model, "
         "eagle and eagle3, with model, draft_tensor_parallel_size equal to the target's and "
-        "max_model_len) are built; MTP and the other methods are refused "
-        "(speculative_config.method), as are "
-        "--async-scheduling, --pipeline-parallel-size above 1 and, with a draft model, "
+        "max_model_len) are built, and disable_by_batch_size for all; MTP and the other methods "
+        "are refused (speculative_config.method), as are --async-scheduling, "
+        "--pipeline-parallel-size above 1 and, with a draft model or EAGLE head, "
         "--enable-sleep-mode"
     ),
     # ---------------------------------------------------------------- ObservabilityConfig

@@ -311,8 +311,8 @@ def resolve_config(
     if speculative is not None and speculative.draft is not None and config.enable_sleep_mode:
         # sleeping would free or offload the target's weights and cache and leave the draft's
         raise ValueError(
-            "--enable-sleep-mode with a draft model (--speculative-config method draft_model) "
-            "is not supported yet (planned)"
+            "--enable-sleep-mode with a draft model or EAGLE head (--speculative-config methods "
+            "draft_model, eagle and eagle3) is not supported yet (planned)"
         )
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len

@@ -116,6 +116,9 @@ class EngineCore:
                 self.config, KVConnectorRole.SCHEDULER, self.executor.kv_cache_block_bytes()
             ),
             num_lookahead_tokens=lookahead_tokens(self.config.speculative),
+            spec_disable_batch_size=(
+                self.config.speculative.disable_by_batch_size if self.config.speculative else None
+            ),
         )
         # Steps sent and not yet taken back (pipeline parallelism, async scheduling), oldest first.
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()

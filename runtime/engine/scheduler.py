@@ -83,10 +83,13 @@ class Scheduler:
         pipelined: bool = False,
         connector: KVConnectorBase | None = None,
         num_lookahead_tokens: int = 0,
+        spec_disable_batch_size: int | None = None,
     ) -> None:
         self.config = config
         # slots past a step's tokens that its draft model writes (spec_decode/draft_model.py)
         self.num_lookahead_tokens = num_lookahead_tokens
+        # --speculative-config's disable_by_batch_size: under this much load drafts wait
+        self.spec_disable_batch_size = spec_disable_batch_size
         self.block_manager = block_manager
         self.pipelined = pipelined  # the workers of the earlier stages need the sampled tokens
         self.async_scheduling = config.async_scheduling
@@ -407,6 +410,8 @@ class Scheduler:
         # a grammar's mask is for the position after the known tokens: not yet for drafts
         if not drafts or remaining != 1 or self.async_scheduling or request.grammar is not None:
             return []
+        if self.spec_disable_batch_size and len(self.running) >= self.spec_disable_batch_size:
+            return []  # vLLM's disable_by_batch_size: at this load drafts cost more than they save
         room = min(budget, self.config.max_model_len - request.num_tokens) - 1
         params = request.sampling_params
         if params is not None and params.max_tokens is not None:

@@ -28,6 +28,7 @@ _SPECULATIVE_KEYS = (
     "prompt_lookup_max",
     "draft_tensor_parallel_size",
     "max_model_len",
+    "disable_by_batch_size",
 )
 _NGRAM_NAMES = ("ngram", "[ngram]")
 _PLANNED_METHODS = ("mtp", "medusa", "mlp_speculator", "suffix")
@@ -64,9 +65,17 @@ def speculative_config(
             "--speculative-config cannot be combined with --pipeline-parallel-size above 1 yet: "
             "speculative decoding across pipeline stages is planned"
         )
-    if method == "ngram":
-        return _ngram(given, k)
-    return _draft_model(given, method, k, tensor_parallel_size)
+    spec = (
+        _ngram(given, k)
+        if method == "ngram"
+        else _draft_model(given, method, k, tensor_parallel_size)
+    )
+    disable = given.get("disable_by_batch_size")
+    if disable is None:
+        return spec
+    return dataclasses.replace(
+        spec, disable_by_batch_size=_positive_int("disable_by_batch_size", disable)
+    )
 
 
 def _method(given: dict[str, Any]) -> str:

@@ -1,8 +1,8 @@
-"""EAGLE-1 heads (``--speculative-config '{"method": "eagle", "model": ...}'``) in the published
-layout, random here: the engine emits with one the tokens it emits without (greedy; under chunked
-prefill and preemption), while its drafts are verified and counted, and its guesses do not
-depend on how its cache was filled; heads that do not fit the
-target are refused."""
+"""EAGLE-1 and EAGLE-3 heads (``--speculative-config '{"method": "eagle", "model": ...}'``, and
+``eagle3``) in the published layouts, random here: the engine emits with one the tokens it emits
+without (greedy; under chunked prefill and preemption) while its drafts are verified and
+counted, the head's guesses do not depend on how its cache was filled, and heads that do not
+fit the target are refused."""
 
 from __future__ import annotations
 

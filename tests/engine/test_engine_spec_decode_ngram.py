@@ -85,7 +85,8 @@ def test_settings_default_as_vllms(given, expected):
             "prompt_lookup_min=4 must be <= prompt_lookup_max=3",
         ),
         ({**NGRAM, "prompt_lookup_min": 0}, "prompt_lookup_min must be an integer of 1 or more"),
-        ({**NGRAM, "disable_by_batch_size": 2}, "unknown key(s) disable_by_batch_size; allowed:"),
+        ({**NGRAM, "bogus": 2}, "unknown key(s) bogus; allowed:"),
+        ({**NGRAM, "disable_by_batch_size": 0}, "disable_by_batch_size must be an integer of 1"),
         ({**NGRAM, "draft_tensor_parallel_size": 2}, "is for a draft model; method ngram has none"),
     ],
 )
@@ -224,3 +225,15 @@ def test_seeded_sampling_gives_valid_tokens(llm):
     assert drafts > 0
     for output in tokens.values():
         assert len(output) == 24 and all(0 <= t < vocab for t in output)
+
+
+def test_disable_by_batch_size(tiny_llama, plain):
+    """No drafts are verified in a step of that many requests or more (vLLM's setting)."""
+    assert speculative_config({**NGRAM, "disable_by_batch_size": 3}) == SpeculativeConfig(
+        "ngram", 3, 1, 3, disable_by_batch_size=3
+    )
+    loaded = LLM(tiny_llama, speculative_config={**NGRAM, "disable_by_batch_size": 3}, **SMALL)
+    tokens, (drafts, _, _), _ = generate(loaded, PROMPTS, GREEDY)  # three at once, throughout
+    assert tokens == plain and drafts == 0
+    _, (drafts, _, _), _ = generate(loaded, PROMPTS[:2], GREEDY)
+    assert drafts > 0
