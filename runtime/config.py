@@ -158,7 +158,7 @@ class SpeculativeConfig:
     ``prompt_lookup_min`` last tokens) or from a smaller draft model sharing the target's
     vocabulary or an EAGLE-1 or EAGLE-3 head (``spec_decode/draft_model.py``)."""
 
-    method: str  # "ngram", "draft_model", "eagle" or "eagle3"
+    method: str  # "ngram", "draft_model", "eagle", "eagle3" or "mtp"
     num_speculative_tokens: int
     prompt_lookup_min: int = 0  # ngram only
     prompt_lookup_max: int = 0  # ngram only

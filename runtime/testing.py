@@ -387,6 +387,38 @@ def make_tiny_eagle3(
     return directory
 
 
+def make_tiny_deepseek_mtp(directory: str | Path, target: str | Path, seed: int = 0) -> Path:
+    """A copy of the tiny DeepSeek at ``target`` with a multi-token-prediction layer, as
+    DeepSeek-V3's checkpoint carries it (transformers drops it): ``num_nextn_predict_layers`` 1
+    and ``model.layers.{num_hidden_layers}.*``, a decoder layer of the last layer's kind (its
+    tensors, copied) with ``enorm``, ``hnorm``, a random ``eh_proj`` and ``shared_head``."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(shutil.copytree(target, directory))
+    config = json.loads((directory / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = load_file(str(directory / "model.safetensors"))
+    last, mtp = config["num_hidden_layers"] - 1, config["num_hidden_layers"]
+    for name, tensor in list(tensors.items()):
+        if name.startswith(f"model.layers.{last}."):
+            tensors[name.replace(f"layers.{last}.", f"layers.{mtp}.", 1)] = tensor.clone()
+    hidden = config["hidden_size"]
+    layer = f"model.layers.{mtp}."
+    generator = torch.Generator().manual_seed(seed)
+    tensors[layer + "enorm.weight"] = torch.ones(hidden)
+    tensors[layer + "hnorm.weight"] = torch.ones(hidden)
+    tensors[layer + "eh_proj.weight"] = torch.randn(hidden, 2 * hidden, generator=generator) * 0.1
+    tensors[layer + "shared_head.norm.weight"] = torch.ones(hidden)
+    tensors[layer + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    tensors[layer + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
 @functools.cache
 def _hf_causal_lm(path: str) -> Any:
     import torch

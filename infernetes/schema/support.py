@@ -593,10 +593,10 @@ ARG_SUPPORT: dict[str, Support] = {
         "n-gram prompt lookup (method ngram, with num_speculative_tokens, prompt_lookup_min and "
         "prompt_lookup_max), draft models and EAGLE-1 and EAGLE-3 heads (methods draft_model, "
         "eagle and eagle3, with model, draft_tensor_parallel_size equal to the target's and "
-        "max_model_len) are built, and disable_by_batch_size for all; MTP and the other methods "
-        "are refused (speculative_config.method), as are --async-scheduling, "
-        "--pipeline-parallel-size above 1 and, with a draft model or EAGLE head, "
-        "--enable-sleep-mode"
+        "max_model_len) and DeepSeek's MTP layer (method mtp) are built, and "
+        "disable_by_batch_size for all; the other methods are refused "
+        "(speculative_config.method), as are --async-scheduling, --pipeline-parallel-size above "
+        "1 and, with a draft model or head, --enable-sleep-mode"
     ),
     # ---------------------------------------------------------------- ObservabilityConfig
     "show_hidden_metrics_for_version": HONOURED,
@@ -748,9 +748,10 @@ KEY_SUPPORT: dict[str, Support] = {
         ("null", "zmq"), "publisher plugins (vLLM's register_publisher) are not loaded"
     ),
     "speculative_config.method": partial(
-        ("ngram", "[ngram]", "draft_model", "eagle", "eagle3"),
-        "n-gram prompt lookup, draft models and EAGLE-1 and EAGLE-3 heads for Llama-family "
-        "targets are built; mtp, medusa, mlp_speculator and suffix are planned",
+        ("ngram", "[ngram]", "draft_model", "eagle", "eagle3", "mtp"),
+        "n-gram prompt lookup, draft models, EAGLE-1 and EAGLE-3 heads for Llama-family "
+        "targets and DeepSeek's MTP layer are built; medusa, mlp_speculator and suffix are "
+        "planned",
     ),
     # vLLM reads model "ngram" / "[ngram]" (the deprecated --speculative-model) as the method,
     # any other as a draft checkpoint (an EAGLE head by its name: refused by spec_decode/config.py)

@@ -5,6 +5,7 @@ draft checkpoint against the target (``with_draft_model``)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -31,9 +32,11 @@ _SPECULATIVE_KEYS = (
     "disable_by_batch_size",
 )
 _NGRAM_NAMES = ("ngram", "[ngram]")
-_PLANNED_METHODS = ("mtp", "medusa", "mlp_speculator", "suffix")
-_BUILT_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
+_PLANNED_METHODS = ("medusa", "mlp_speculator", "suffix")
+_BUILT_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 EAGLE_METHODS = ("eagle", "eagle3")
+# heads whose position p reads the token at p + 1 with the hidden state at p
+HIDDEN_STATE_METHODS = (*EAGLE_METHODS, "mtp")
 # vLLM's default when neither bound is given ("arbitrarily chosen", its comment says)
 _PROMPT_LOOKUP_DEFAULT = 5
 
@@ -88,13 +91,14 @@ def _method(given: dict[str, Any]) -> str:
     if method in _PLANNED_METHODS:
         raise ValueError(
             f"speculative_config.method {method!r} is not built yet (planned); the methods built "
-            'are "ngram", "draft_model", "eagle" and "eagle3"'
+            'are "ngram", "draft_model", "eagle", "eagle3" and "mtp"'
         )
     if method not in _BUILT_METHODS:
         raise ValueError(
             'speculative_config.method must be "ngram" (n-gram prompt lookup), "draft_model" '
             '(a smaller model with the target\'s vocabulary, named by model), "eagle" or "eagle3" '
-            f"(an EAGLE-1 or EAGLE-3 head for a Llama target, named by model); got {method!r}"
+            '(an EAGLE-1 or EAGLE-3 head for a Llama target, named by model) or "mtp" (a '
+            f"DeepSeek target's own multi-token-prediction layer); got {method!r}"
         )
     return method
 
@@ -121,7 +125,9 @@ def _draft_model(
     given: dict[str, Any], method: str, k: int, tensor_parallel_size: int
 ) -> SpeculativeConfig:
     model = given.get("model")
-    if not isinstance(model, str) or not model:
+    if method == "mtp" and model is None:
+        model = ""  # the target's own checkpoint (with_draft_model)
+    elif not isinstance(model, str) or not model:
         raise ValueError(
             "speculative_config.model must name the draft checkpoint (a folder or hub id) for "
             f"method {method}; got {model!r}"
@@ -158,6 +164,8 @@ def with_draft_model(
     shorter of the two models')."""
     if spec is None or spec.draft_model is None:
         return spec
+    if spec.method == "mtp":
+        return dataclasses.replace(spec, draft=_mtp_layer(spec, target))
     path = resolve_model_path(
         spec.draft_model, None, download_dir, hf_token, ignore_patterns=ignore_patterns
     )
@@ -186,6 +194,26 @@ def with_draft_model(
         )
     max_len = min(draft.max_model_len, target.max_model_len)
     return dataclasses.replace(spec, draft=dataclasses.replace(draft, max_model_len=max_len))
+
+
+def _mtp_layer(spec: SpeculativeConfig, target: ModelInfo) -> ModelInfo:
+    """The target's multi-token-prediction layer as a head: a DeepSeek checkpoint's layer after
+    its decoder layers, read from the target's own files."""
+    if spec.draft_model not in ("", str(target.path)):
+        raise ValueError(
+            "speculative_config.model for method mtp must be the target itself (or left out): "
+            f"its MTP layers are in the target's checkpoint; got {spec.draft_model!r}"
+        )
+    layers = getattr(target.hf_config, "num_nextn_predict_layers", 0) or 0
+    if target.architecture not in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM") or not layers:
+        raise ValueError(
+            "speculative_config.method mtp runs a DeepSeek checkpoint's multi-token-prediction "
+            f"layers (num_nextn_predict_layers); {target.architecture} with "
+            f"num_nextn_predict_layers={layers} has none (MTP of other families is planned)"
+        )
+    hf_config = copy.deepcopy(target.hf_config)
+    hf_config.architectures = ["DeepseekMTP"]
+    return dataclasses.replace(target, hf_config=hf_config, architecture="DeepseekMTP")
 
 
 def _check_eagle_head(method: str, name: str, head: Any, target: ModelInfo) -> None:

@@ -22,7 +22,7 @@ from infernetes.runtime.model_executor.context import AttentionMetadata, set_att
 from infernetes.runtime.model_executor.layers.attention import Attention
 from infernetes.runtime.model_executor.loader import build_model
 from infernetes.runtime.model_executor.models.llama_eagle3 import aux_layer_ids
-from infernetes.runtime.spec_decode.config import EAGLE_METHODS
+from infernetes.runtime.spec_decode.config import HIDDEN_STATE_METHODS
 from infernetes.runtime.worker.input_batch import (
     BlockTable,
     StepBuffers,
@@ -45,7 +45,7 @@ class DraftModelProposer:
         spec = config.speculative
         assert spec is not None and spec.draft is not None  # resolved by engine_config
         self.k = spec.num_speculative_tokens
-        self.shift = 1 if spec.method in EAGLE_METHODS else 0
+        self.shift = 1 if spec.method in HIDDEN_STATE_METHODS else 0
         self.max_model_len = spec.draft.max_model_len  # at most the target's
         self.target_max_model_len = config.model.info.max_model_len
         device = config.device.device

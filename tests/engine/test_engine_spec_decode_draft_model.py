@@ -94,7 +94,7 @@ def test_settings_as_vllms():
         (draft_config("/d", max_model_len=0), 1, "max_model_len must be an integer of 1 or more"),
         (draft_config("/d", prompt_lookup_max=3), 1, "prompt_lookup_max is for method ngram"),
         (draft_config("/d", method="medusa"), 1, "'medusa' is not built yet (planned)"),
-        ({"method": "mtp", "num_speculative_tokens": 1}, 1, "'mtp' is not built yet"),
+        ({"method": "suffix", "num_speculative_tokens": 1}, 1, "'suffix' is not built yet"),
     ],
 )
 def test_settings_refused(given, tp, message):

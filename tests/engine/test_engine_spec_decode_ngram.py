@@ -114,10 +114,10 @@ def config_refusal(argv: list[str], capsys) -> tuple[int, str]:
 
 def test_config_refuses_other_methods_and_async_scheduling(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    eagle = {"method": "mtp", "num_speculative_tokens": 3}
+    eagle = {"method": "suffix", "num_speculative_tokens": 3}
     code, err = config_refusal(["--speculative-config", json.dumps(eagle)], capsys)
     assert code == 2
-    assert "--speculative-config.method mtp is not supported" in err
+    assert "--speculative-config.method suffix is not supported" in err
     argv = ["--speculative-config", json.dumps(NGRAM), "--async-scheduling"]
     code, err = config_refusal(argv, capsys)
     assert code == 2 and "speculative decoding with --async-scheduling is planned" in err

@@ -152,8 +152,18 @@ def _eagle3_llama() -> type[nn.Module]:
     return Eagle3LlamaForCausalLM
 
 
+def _deepseek_mtp() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.deepseek_mtp import DeepseekMTP
+
+    return DeepseekMTP
+
+
 # Speculative decoding heads: run only as --speculative-config's model, never served
-DRAFT_HEADS = {"EagleLlamaForCausalLM": _eagle_llama, "Eagle3LlamaForCausalLM": _eagle3_llama}
+DRAFT_HEADS = {
+    "EagleLlamaForCausalLM": _eagle_llama,
+    "Eagle3LlamaForCausalLM": _eagle3_llama,
+    "DeepseekMTP": _deepseek_mtp,
+}
 
 
 MODEL_IMPLS = ("auto", "vllm", "transformers")
