@@ -63,7 +63,9 @@ class DeepseekMTP(DeepseekV2ForCausalLM):
         self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor
     ) -> torch.Tensor:
         assert self._embedding is not None, "share_target first"
-        embeds = self.enorm(self._embedding[0](input_ids))
+        embeds = self._embedding[0](input_ids)
+        # position 0's embedding is masked, as DeepSeek's MTP is run (vLLM's does the same)
+        embeds = self.enorm(torch.where(positions.unsqueeze(-1) == 0, 0, embeds))
         x = self.eh_proj(torch.cat([embeds, self.hnorm(hidden_states)], dim=-1))
         x, residual = self.block(positions, x, None)
         return x + residual
