@@ -1,7 +1,8 @@
 """DeepSeek's multi-token-prediction layer as a draft head (``--speculative-config '{"method":
 "mtp", "num_speculative_tokens": ...}'``), read from the target's own checkpoint: the engine
 emits with it the tokens it emits without (greedy; under chunked prefill), while its drafts are
-verified and counted; targets without MTP layers are refused."""
+verified and counted, and its guesses do not depend on how its cache was filled; targets without
+MTP layers are refused."""
 
 from __future__ import annotations
 
@@ -43,3 +44,11 @@ def test_a_target_without_mtp_layers_is_refused(model_factory, tiny_llama):
     # transformers' DeepSeek-V3 config says one MTP layer, and its checkpoint holds none
     with pytest.raises(ValueError, match="lacks weights for"):
         LLM(model_factory("DeepseekV3ForCausalLM"), speculative_config=MTP, **SMALL)
+
+
+def test_its_guesses_do_not_depend_on_how_its_cache_was_filled(deepseek_with_mtp):
+    from .test_engine_spec_decode_eagle import drafts_by_prompt
+
+    whole = drafts_by_prompt(LLM(deepseek_with_mtp, speculative_config=MTP, **SMALL))
+    chunked = {**SMALL, "enable_chunked_prefill": True, "max_num_batched_tokens": 8}
+    assert drafts_by_prompt(LLM(deepseek_with_mtp, speculative_config=MTP, **chunked)) == whole
