@@ -154,14 +154,21 @@ class KVTransferConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """--speculative-config: n-gram prompt lookup (``spec_decode/ngram.py``) proposes up to
-    ``num_speculative_tokens`` drafts a step, after the longest match of ``prompt_lookup_max``
-    down to ``prompt_lookup_min`` last tokens."""
+    """--speculative-config: up to ``num_speculative_tokens`` drafts a step, from n-gram prompt
+    lookup (``spec_decode/ngram.py``: the longest match of ``prompt_lookup_max`` down to
+    ``prompt_lookup_min`` last tokens) or from a smaller draft model sharing the target's
+    vocabulary or an EAGLE-1 or EAGLE-3 head (``spec_decode/draft_model.py``)."""
 
-    method: str  # "ngram", the one built
+    method: str  # "ngram", "draft_model", "eagle", "eagle3" or "mtp"
     num_speculative_tokens: int
-    prompt_lookup_min: int
-    prompt_lookup_max: int
+    prompt_lookup_min: int = 0  # ngram only
+    prompt_lookup_max: int = 0  # ngram only
+    draft_model: str | None = None  # draft_model: the checkpoint as given (a path or hub id)
+    draft_max_model_len: int | None = None  # as given; None: the target's (or the draft's less)
+    # the draft checkpoint resolved against the target (engine_config); None until then
+    draft: ModelInfo | None = None
+    # no drafts are verified in a step that runs at least this many requests (None: always)
+    disable_by_batch_size: int | None = None
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,10 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
         )
         kv_events_config(config.kv_events_config, config.data_parallel_size)
         speculative_config(
-            config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
+            config.speculative_config,
+            config.async_scheduling,
+            config.pipeline_parallel_size,
+            config.tensor_parallel_size,
         )
     device = config.device
     if device in (None, "auto") and requested_backend(config.attention_backend) != TRITON_ATTN:

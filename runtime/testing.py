@@ -307,6 +307,123 @@ def make_tiny_llama(directory: str | Path, **kwargs: Any) -> Path:
     return make_tiny_model(directory, "LlamaForCausalLM", **kwargs)
 
 
+def make_tiny_eagle(directory: str | Path, target: str | Path, seed: int = 0) -> Path:
+    """A random EAGLE-1 head for the tiny Llama at ``target``, in the published layout (as
+    yuhuili/EAGLE-LLaMA3-Instruct-8B is laid out): a one-layer LlamaForCausalLM config.json of
+    the target's widths and ``fc.weight``, ``layers.0.*`` (no input norm) and a copy of the
+    embedding in model.safetensors."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = json.loads((Path(target) / "config.json").read_text())
+    config.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    shapes = {
+        "fc.weight": (hidden, 2 * hidden),
+        "embed_tokens.weight": (config["vocab_size"], hidden),
+        "layers.0.self_attn.q_proj.weight": (hidden, hidden),
+        "layers.0.self_attn.k_proj.weight": (kv, hidden),
+        "layers.0.self_attn.v_proj.weight": (kv, hidden),
+        "layers.0.self_attn.o_proj.weight": (hidden, hidden),
+        "layers.0.mlp.gate_proj.weight": (inner, hidden),
+        "layers.0.mlp.up_proj.weight": (inner, hidden),
+        "layers.0.mlp.down_proj.weight": (hidden, inner),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: torch.randn(shape, generator=generator) * 0.1 for name, shape in shapes.items()
+    }
+    tensors["layers.0.post_attention_layernorm.weight"] = torch.ones(hidden)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+def make_tiny_eagle3(
+    directory: str | Path, target: str | Path, draft_vocab_size: int = 256, seed: int = 0
+) -> Path:
+    """A random EAGLE-3 head for the tiny Llama at ``target``, in the published layout (as
+    yuhuili/EAGLE3-LLaMA3.1-Instruct-8B is laid out): ``fc`` over three of the target's hidden
+    states, ``midlayer.*`` (its QKV projection twice as wide, ``hidden_norm``), ``norm``, an
+    ``lm_head`` over ``draft_vocab_size`` tokens and ``d2t``, each draft id's offset to its
+    target id (here every other target id), with ``t2d``."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = json.loads((Path(target) / "config.json").read_text())
+    config.update(
+        num_hidden_layers=1,
+        architectures=["LlamaForCausalLMEagle3"],
+        draft_vocab_size=draft_vocab_size,
+    )
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    hidden, inner, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * (hidden // config["num_attention_heads"])
+    shapes = {
+        "fc.weight": (hidden, 3 * hidden),
+        "midlayer.self_attn.q_proj.weight": (hidden, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, hidden),
+        "midlayer.mlp.gate_proj.weight": (inner, hidden),
+        "midlayer.mlp.up_proj.weight": (inner, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, inner),
+        "lm_head.weight": (draft_vocab_size, hidden),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: torch.randn(shape, generator=generator) * 0.1 for name, shape in shapes.items()
+    }
+    for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        tensors[f"midlayer.{norm}.weight"] = torch.ones(hidden)
+    tensors["norm.weight"] = torch.ones(hidden)
+    target_ids = torch.arange(draft_vocab_size) * (vocab // draft_vocab_size)
+    tensors["d2t"] = target_ids - torch.arange(draft_vocab_size)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[target_ids] = True
+    tensors["t2d"] = t2d
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+def make_tiny_deepseek_mtp(directory: str | Path, target: str | Path, seed: int = 0) -> Path:
+    """A copy of the tiny DeepSeek at ``target`` with a multi-token-prediction layer, as
+    DeepSeek-V3's checkpoint carries it (transformers drops it): ``num_nextn_predict_layers`` 1
+    and ``model.layers.{num_hidden_layers}.*``, a decoder layer of the last layer's kind (its
+    tensors, copied) with ``enorm``, ``hnorm``, a random ``eh_proj`` and ``shared_head``."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(shutil.copytree(target, directory))
+    config = json.loads((directory / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = load_file(str(directory / "model.safetensors"))
+    last, mtp = config["num_hidden_layers"] - 1, config["num_hidden_layers"]
+    for name, tensor in list(tensors.items()):
+        if name.startswith(f"model.layers.{last}."):
+            tensors[name.replace(f"layers.{last}.", f"layers.{mtp}.", 1)] = tensor.clone()
+    hidden = config["hidden_size"]
+    layer = f"model.layers.{mtp}."
+    generator = torch.Generator().manual_seed(seed)
+    tensors[layer + "enorm.weight"] = torch.ones(hidden)
+    tensors[layer + "hnorm.weight"] = torch.ones(hidden)
+    tensors[layer + "eh_proj.weight"] = torch.randn(hidden, 2 * hidden, generator=generator) * 0.1
+    tensors[layer + "shared_head.norm.weight"] = torch.ones(hidden)
+    tensors[layer + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    tensors[layer + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
 @functools.cache
 def _hf_causal_lm(path: str) -> Any:
     import torch

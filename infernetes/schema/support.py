@@ -591,8 +591,12 @@ ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- SpeculativeConfig
     "speculative_config": honoured(
         "n-gram prompt lookup (method ngram, with num_speculative_tokens, prompt_lookup_min and "
-        "prompt_lookup_max) is built; draft models, EAGLE, MTP and the other methods are "
-        "refused (speculative_config.method), as is --async-scheduling with it"
+        "prompt_lookup_max), draft models and EAGLE-1 and EAGLE-3 heads (methods draft_model, "
+        "eagle and eagle3, with model, draft_tensor_parallel_size equal to the target's and "
+        "max_model_len) and DeepSeek's MTP layer (method mtp) are built, and "
+        "disable_by_batch_size for all; the other methods are refused "
+        "(speculative_config.method), as are --async-scheduling, --pipeline-parallel-size above "
+        "1 and, with a draft model or head, --enable-sleep-mode"
     ),
     # ---------------------------------------------------------------- ObservabilityConfig
     "show_hidden_metrics_for_version": HONOURED,
@@ -745,13 +749,17 @@ KEY_SUPPORT: dict[str, Support] = {
         ("null", "zmq"), "publisher plugins (vLLM's register_publisher) are not loaded"
     ),
     "speculative_config.method": partial(
-        ("ngram", "[ngram]"),
-        "n-gram prompt lookup is the one method built; draft_model, eagle, eagle3, mtp, "
-        "medusa, mlp_speculator and suffix are planned",
+        ("ngram", "[ngram]", "draft_model", "eagle", "eagle3", "mtp"),
+        "n-gram prompt lookup, draft models, EAGLE-1 and EAGLE-3 heads for Llama-family "
+        "targets and DeepSeek's MTP layer are built; medusa, mlp_speculator and suffix are "
+        "planned",
     ),
-    # vLLM reads model "ngram" / "[ngram]" (the deprecated --speculative-model) as the method
-    "speculative_config.model": partial(
-        ("ngram", "[ngram]"), "draft models are planned: n-gram prompt lookup needs none"
+    # vLLM reads model "ngram" / "[ngram]" (the deprecated --speculative-model) as the method,
+    # any other as a draft checkpoint (an EAGLE head by its name: refused by spec_decode/config.py)
+    "speculative_config.model": honoured(
+        "a draft checkpoint with the target's vocabulary, or an EAGLE-1 or EAGLE-3 head (methods "
+        "eagle and eagle3, or a name with eagle or eagle3 in it), run greedily in the target's "
+        "worker and KV block pool"
     ),
     "structured_outputs_config.backend": partial(
         STRUCTURED_OUTPUT_BACKENDS, STRUCTURED_OUTPUT_BACKEND_NOTE

@@ -254,8 +254,11 @@ class BlockManager:
         cached_blocks: Sequence[int] = (),
         *,
         findable: bool = True,
+        num_lookahead_tokens: int = 0,
     ) -> bool:
-        """Give ``request`` room for ``num_new_tokens`` more tokens after its computed ones.
+        """Give ``request`` room for ``num_new_tokens`` more tokens after its computed ones, and
+        slots for ``num_lookahead_tokens`` after those (where a draft model writes the keys and
+        values of its guesses; they hold no known token, so no hash).
 
         ``cached_blocks`` (only for a request that holds no blocks yet) are prefix-cache hits it
         takes over; ``request.num_computed_tokens`` then starts after them. Returns False and
@@ -265,7 +268,7 @@ class BlockManager:
         reused_free = sum(1 for b in cached_blocks if self.blocks[b].ref_count == 0)
         num_computed = request.num_computed_tokens + len(cached_blocks) * self.block_size
         held = len(request.block_ids) + len(cached_blocks)
-        needed = self.blocks_needed(num_computed + num_new_tokens) - held
+        needed = self.blocks_needed(num_computed + num_new_tokens + num_lookahead_tokens) - held
         if needed > self.num_free_blocks - reused_free:
             return False
         for block_id in cached_blocks:

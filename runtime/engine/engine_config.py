@@ -42,11 +42,12 @@ from infernetes.runtime.model_executor.loader import (
     model_class_of,
     resolve_model_path,
 )
+from infernetes.runtime.model_executor.models import DRAFT_HEADS
 from infernetes.runtime.model_executor.models.interfaces import supports_multimodal
 from infernetes.runtime.model_executor.parallel import stage_layers
 from infernetes.runtime.multimodal.processor import check_limits
 from infernetes.runtime.preflight import pp_layer_partition
-from infernetes.runtime.spec_decode.config import speculative_config
+from infernetes.runtime.spec_decode.config import speculative_config, with_draft_model
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
 from infernetes.runtime.worker.cpu_binding import check_bind
 from transformers import PretrainedConfig
@@ -318,9 +319,25 @@ def resolve_config(
         check_nixl_engine(
             device.type, info.is_pooling, config.enable_sleep_mode, config.pipeline_parallel_size
         )
-    speculative = speculative_config(
-        config.speculative_config, config.async_scheduling, config.pipeline_parallel_size
+    speculative = with_draft_model(
+        speculative_config(
+            config.speculative_config,
+            config.async_scheduling,
+            config.pipeline_parallel_size,
+            config.tensor_parallel_size,
+        ),
+        info,
+        device,
+        config.download_dir,
+        config.hf_token,
+        ignore,
     )
+    if speculative is not None and speculative.draft is not None and config.enable_sleep_mode:
+        # sleeping would free or offload the target's weights and cache and leave the draft's
+        raise ValueError(
+            "--enable-sleep-mode with a draft model or EAGLE head (--speculative-config methods "
+            "draft_model, eagle and eagle3) is not supported yet (planned)"
+        )
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len
     )
@@ -328,6 +345,12 @@ def resolve_config(
         logger.info(
             "CUDA graphs are off with --kv-transfer-config: the connector's per-layer calls run "
             "in Python, which a graph would not replay; every step runs eagerly"
+        )
+        decode_graphs = None
+    if decode_graphs is not None and speculative is not None and speculative.method == "eagle3":
+        logger.info(
+            "CUDA graphs are off with an EAGLE-3 head: it reads the hidden states of three "
+            "target layers, which a graph would not hand out; every step runs eagerly"
         )
         decode_graphs = None
     runtime = RuntimeConfig(
@@ -369,6 +392,11 @@ def resolve_config(
 
 def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
     """What the model's implementation and kind allow of the parallel layout and ``--task``."""
+    if info.architecture in DRAFT_HEADS:
+        raise ValueError(
+            f"{info.architecture} is a speculative decoding head, not a model to serve: give it "
+            "as --speculative-config's model beside its target"
+        )
     fallback = info.implementation == "transformers"
     if fallback and config.pipeline_parallel_size > 1:
         raise ValueError(

@@ -60,6 +60,7 @@ from infernetes.runtime.model_executor.models.interfaces import (
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
 from infernetes.runtime.multimodal.processor import MultiModalProcessor
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
+from infernetes.runtime.spec_decode.config import lookahead_tokens
 from infernetes.runtime.worker.worker import SLEEP_TAGS, Worker
 
 from infernetes.schema.config import ServeConfig
@@ -116,6 +117,10 @@ class EngineCore:
             ),
             whole_images=getattr(
                 model_class_of(model.info), "bidirectional_image_attention", False
+            ),
+            num_lookahead_tokens=lookahead_tokens(self.config.speculative),
+            spec_disable_batch_size=(
+                self.config.speculative.disable_by_batch_size if self.config.speculative else None
             ),
         )
         # Steps sent and not yet taken back (pipeline parallelism, async scheduling), oldest first.

@@ -84,10 +84,16 @@ class Scheduler:
         pipelined: bool = False,
         connector: KVConnectorBase | None = None,
         whole_images: bool = False,
+        num_lookahead_tokens: int = 0,
+        spec_disable_batch_size: int | None = None,
     ) -> None:
         self.config = config
         # the model's image tokens see their whole image (Gemma 3): no chunk ends inside one
         self.whole_images = whole_images
+        # slots past a step's tokens that its draft model writes (spec_decode/draft_model.py)
+        self.num_lookahead_tokens = num_lookahead_tokens
+        # --speculative-config's disable_by_batch_size: under this much load drafts wait
+        self.spec_disable_batch_size = spec_disable_batch_size
         self.block_manager = block_manager
         self.pipelined = pipelined  # the workers of the earlier stages need the sampled tokens
         self.async_scheduling = config.async_scheduling
@@ -269,7 +275,9 @@ class Scheduler:
                 continue
             num_new = chunk + len(drafts)
             num_blocks_before = len(request.block_ids)
-            while not self.block_manager.allocate_slots(request, num_new):
+            while not self.block_manager.allocate_slots(
+                request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
+            ):
                 victim = self._pick_victim(i)
                 self.running.remove(victim)
                 self._preempt(victim)
@@ -327,7 +335,12 @@ class Scheduler:
                 # Another partial prefill is not allowed: let a shorter request go instead.
                 skipped.append(self.waiting.pop())
                 continue
-            if not self.block_manager.allocate_slots(request, num_external + chunk, cached):
+            if not self.block_manager.allocate_slots(
+                request,
+                num_external + chunk,
+                cached,
+                num_lookahead_tokens=self.num_lookahead_tokens,
+            ):
                 if request.block_ids or self._must_wait_for_blocks():
                     break
                 skipped.append(self.waiting.pop())
@@ -422,6 +435,8 @@ class Scheduler:
         # a grammar's mask is for the position after the known tokens: not yet for drafts
         if not drafts or remaining != 1 or self.async_scheduling or request.grammar is not None:
             return []
+        if self.spec_disable_batch_size and len(self.running) >= self.spec_disable_batch_size:
+            return []  # vLLM's disable_by_batch_size: at this load drafts cost more than they save
         room = min(budget, self.config.max_model_len - request.num_tokens) - 1
         params = request.sampling_params
         if params is not None and params.max_tokens is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from infernetes.runtime.config import SpeculativeConfig
 from infernetes.runtime.worker.request_state import CachedRequestState
 from numpy.lib.stride_tricks import sliding_window_view
@@ -43,7 +44,14 @@ class NgramProposer:
         self.max_n = config.prompt_lookup_max
         self.k = config.num_speculative_tokens
 
-    def propose(self, requests: Sequence[CachedRequestState]) -> list[list[int]]:
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+        hidden: torch.Tensor,
+    ) -> list[list[int]]:
+        requests = [batch[i] for i in sampling]
         return [
             lookup(
                 r.token_ids if r.prompt_embeds is None else r.output_token_ids,

@@ -84,9 +84,12 @@ def step_inputs(
     num_scheduled: Sequence[int],
     table: BlockTable,
     block_size: int,
+    shift: int = 0,
 ) -> StepInputs:
     """Each scheduled token's id, position and cache slot, and each request's query range,
-    length and block-table row; a request computes tokens ``num_computed_tokens ..`` onward."""
+    length and block-table row; a request computes tokens ``num_computed_tokens ..`` onward.
+    ``shift``: each position takes the id of the token that many places after it (an EAGLE head
+    pairs a position's hidden state with the token that follows)."""
     count = len(batch)
     rows = np.fromiter((r.row for r in batch), np.int64, count)
     starts = np.fromiter((r.num_computed_tokens for r in batch), np.int64, count)
@@ -97,27 +100,57 @@ def step_inputs(
     if total == count:  # every row decodes one token, the common case
         positions = starts
         token_rows = rows
-        input_ids = [r.token_ids[s] for r, s in zip(batch, starts.tolist(), strict=True)]
+        input_ids = [r.token_ids[s + shift] for r, s in zip(batch, starts.tolist(), strict=True)]
     else:
         which = np.repeat(np.arange(count), num_new)
         positions = np.arange(total) - cu_seqlens[:-1][which] + starts[which]
         token_rows = rows[which]
         input_ids = list(
             itertools.chain.from_iterable(
-                r.token_ids[s : s + n]
+                r.token_ids[s + shift : s + shift + n]
                 for r, s, n in zip(batch, starts.tolist(), num_scheduled, strict=True)
             )
         )
-    blocks = table.table[token_rows, positions // block_size].astype(np.int64)
-    width = int(table.num_blocks[rows].max()) if count else 0
     return StepInputs(
         input_ids=np.asarray(input_ids, np.int64).reshape(total),
         positions=positions,
-        slot_mapping=blocks * block_size + positions % block_size,
+        slot_mapping=_slots(table, token_rows, positions, block_size),
         cu_seqlens_q=cu_seqlens,
         seq_lens=(starts + num_new).astype(np.int32),
-        block_tables=table.table[rows, :width],
+        block_tables=_rows_of(table, rows),
     )
+
+
+def decode_inputs(
+    rows: np.ndarray,
+    positions: np.ndarray,
+    input_ids: np.ndarray,
+    table: BlockTable,
+    block_size: int,
+) -> StepInputs:
+    """One token a request: ``input_ids[i]`` at ``positions[i]`` of the request in block-table
+    row ``rows[i]`` (a draft model's guesses, fed back one position at a time)."""
+    count = len(rows)
+    return StepInputs(
+        input_ids=input_ids.astype(np.int64),
+        positions=positions.astype(np.int64),
+        slot_mapping=_slots(table, rows, positions, block_size),
+        cu_seqlens_q=np.arange(count + 1, dtype=np.int32),
+        seq_lens=(positions + 1).astype(np.int32),
+        block_tables=_rows_of(table, rows),
+    )
+
+
+def _slots(
+    table: BlockTable, token_rows: np.ndarray, positions: np.ndarray, block_size: int
+) -> np.ndarray:
+    blocks = table.table[token_rows, positions // block_size].astype(np.int64)
+    return blocks * block_size + positions % block_size
+
+
+def _rows_of(table: BlockTable, rows: np.ndarray) -> np.ndarray:
+    width = int(table.num_blocks[rows].max()) if len(rows) else 0
+    return table.table[rows, :width]
 
 
 class StepBuffers:

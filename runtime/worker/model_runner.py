@@ -57,6 +57,7 @@ from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.model_executor.sampler import Sampler, prompt_logprobs
 from infernetes.runtime.multimodal.inputs import MultiModalFeature
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.spec_decode.draft_model import DraftModelProposer
 from infernetes.runtime.spec_decode.ngram import NgramProposer
 from infernetes.runtime.spec_decode.proposer import NoProposer, Proposer
 from infernetes.runtime.spec_decode.verify import accepted, sampling_positions
@@ -99,16 +100,26 @@ class ModelRunner:
             config.cache.calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
         )
         self.sampler = Sampler(config.model.seed)
-        # draft tokens for the next step
-        self.proposer: Proposer = (
-            NgramProposer(config.speculative) if config.speculative else NoProposer()
-        )
         self.num_blocks = 0
         self.host_weights: HostCopy | None = None  # sleep level 1's copy (GPU)
         self.requests: dict[str, CachedRequestState] = {}
         self.block_table = BlockTable(-(-info.max_model_len // self.block_size))
+        self.proposer: Proposer = self._proposer()  # draft tokens for the next step
         self.step_buffers = StepBuffers(device, persistent=device.type != "cpu")
         self.kv_connector = create_connector(config, KVConnectorRole.WORKER, self.bytes_per_block)
+
+    def _proposer(self) -> Proposer:
+        spec = self.config.speculative
+        if spec is None:
+            return NoProposer()
+        if spec.method == "ngram":
+            return NgramProposer(spec)
+        return DraftModelProposer(self.config, self.block_table, self.model)  # type: ignore[arg-type]  # every servable model is an nn.Module
+
+    @property
+    def cache_layers(self) -> list[Attention]:
+        """Every attention layer with a paged cache: the target's, then its draft model's."""
+        return self.attention_layers + getattr(self.proposer, "attention_layers", [])
 
     def load_model(self, use_tqdm: bool = False) -> None:
         """Build the model and read its weights (again after ``release_weights``)."""
@@ -145,8 +156,7 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         element = torch.empty((), dtype=self.kv_cache_dtype).element_size()
         per_token = (
-            sum(a.cache_tensors * a.num_kv_heads * a.head_dim for a in self.attention_layers)
-            * element
+            sum(a.cache_tensors * a.num_kv_heads * a.head_dim for a in self.cache_layers) * element
         )
         return per_token * self.block_size
 
@@ -158,7 +168,7 @@ class ModelRunner:
         """
         self.num_blocks = num_blocks
         fp8 = self.kv_cache_dtype in KV_CACHE_DTYPES.values()
-        for layer in self.attention_layers:
+        for layer in self.cache_layers:
             shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
             layer.k_cache = zeroed(shape, self.kv_cache_dtype, self.device)
             # a latent-attention layer's values are its keys' latent: one tensor serves both
@@ -170,7 +180,7 @@ class ModelRunner:
             if fp8:  # the checkpoint's scales, else 1.0 (vLLM's fallback) or measured ones
                 layer.k_scale = self._scale(layer.checkpoint_k_scale)
                 layer.v_scale = self._scale(layer.checkpoint_v_scale)
-        unscaled = [a for a in self.attention_layers if a.checkpoint_k_scale is None]
+        unscaled = [a for a in self.cache_layers if a.checkpoint_k_scale is None]
         if fp8 and unscaled and not self.config.cache.calculate_kv_scales:
             logger.warning(
                 "--kv-cache-dtype %s: the checkpoint carries no k_scale/v_scale for %d attention "
@@ -184,7 +194,7 @@ class ModelRunner:
         """Hand the allocated caches to the KV connector, by layer name."""
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(
-                {a.layer_name: (a.k_cache, a.v_cache) for a in self.attention_layers}
+                {a.layer_name: (a.k_cache, a.v_cache) for a in self.cache_layers}
             )
 
     def _scale(self, value: float | None) -> torch.Tensor:
@@ -192,7 +202,7 @@ class ModelRunner:
 
     def release_kv_cache(self) -> None:
         self.decode_graphs = None  # they hold the old caches' addresses
-        for layer in self.attention_layers:
+        for layer in self.cache_layers:
             layer.k_cache = torch.tensor([])
             layer.v_cache = torch.tensor([])
         self.num_blocks = 0
@@ -585,6 +595,10 @@ class ModelRunner:
         for i, rows, next_tokens, k in prompt_rows:
             logits = self.model.compute_logits(hidden[rows]) if rows else hidden.new_zeros(0)
             output.prompt_logprobs[i] = prompt_logprobs(logits, next_tokens, k) if rows else []
+        # after every step, not only those that sample: a draft model computes each prompt chunk
+        proposed = self.proposer.propose(batch, num_scheduled, sampling, hidden)
+        for i, drafts in zip(sampling, proposed, strict=True):
+            output.draft_token_ids[i] = drafts
         return output
 
     def _sample(
@@ -596,7 +610,7 @@ class ModelRunner:
         output: ModelRunnerOutput,
     ) -> None:
         """Sample each row of ``logits`` (a request's position, and one per draft), keep what
-        verifies, append it to the request (the next step's input) and ask for new drafts.
+        verifies and append it to the request (the next step's input).
         ``grammar`` masks the constrained requests' rows (they have no drafts)."""
         requests = [batch[i] for i in sampling]
         if self.config.scheduler.async_scheduling:
@@ -616,5 +630,3 @@ class ModelRunner:
             request.token_ids.extend(token.token_id for token in tokens)
             if request.error is not None:
                 output.errors[request.request_id] = str(request.error)
-        for i, drafts in zip(sampling, self.proposer.propose(requests), strict=True):
-            output.draft_token_ids[i] = drafts

@@ -33,6 +33,13 @@ def tiny_llama(model_factory):
 
 
 @pytest.fixture(scope="session")
+def sharp_llama(model_factory):
+    """A random Llama whose next-token distributions are peaked (larger weights): at temperature
+    1 its likely tokens carry a good share of the mass, as a trained model's do."""
+    return model_factory("LlamaForCausalLM", initializer_range=0.6)
+
+
+@pytest.fixture(scope="session")
 def hf_greedy():
     """Transformers' greedy continuation, the reference (``runtime.testing.hf_greedy_tokens``)."""
     from infernetes.runtime.testing import hf_greedy_tokens

@@ -85,10 +85,9 @@ def test_settings_default_as_vllms(given, expected):
             "prompt_lookup_min=4 must be <= prompt_lookup_max=3",
         ),
         ({**NGRAM, "prompt_lookup_min": 0}, "prompt_lookup_min must be an integer of 1 or more"),
-        (
-            {**NGRAM, "draft_tensor_parallel_size": 2},
-            "unknown key(s) draft_tensor_parallel_size; allowed:",
-        ),
+        ({**NGRAM, "bogus": 2}, "unknown key(s) bogus; allowed:"),
+        ({**NGRAM, "disable_by_batch_size": 0}, "disable_by_batch_size must be an integer of 1"),
+        ({**NGRAM, "draft_tensor_parallel_size": 2}, "is for a draft model; method ngram has none"),
     ],
 )
 def test_settings_vllm_refuses_are_refused(given, message):
@@ -115,11 +114,10 @@ def config_refusal(argv: list[str], capsys) -> tuple[int, str]:
 
 def test_config_refuses_other_methods_and_async_scheduling(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    eagle = {"method": "eagle", "model": "example-org/eagle", "num_speculative_tokens": 3}
+    eagle = {"method": "suffix", "num_speculative_tokens": 3}
     code, err = config_refusal(["--speculative-config", json.dumps(eagle)], capsys)
     assert code == 2
-    assert "--speculative-config.method eagle is not supported" in err
-    assert "--speculative-config.model example-org/eagle is not supported" in err
+    assert "--speculative-config.method suffix is not supported" in err
     argv = ["--speculative-config", json.dumps(NGRAM), "--async-scheduling"]
     code, err = config_refusal(argv, capsys)
     assert code == 2 and "speculative decoding with --async-scheduling is planned" in err
@@ -227,3 +225,15 @@ def test_seeded_sampling_gives_valid_tokens(llm):
     assert drafts > 0
     for output in tokens.values():
         assert len(output) == 24 and all(0 <= t < vocab for t in output)
+
+
+def test_disable_by_batch_size(tiny_llama, plain):
+    """No drafts are verified in a step of that many requests or more (vLLM's setting)."""
+    assert speculative_config({**NGRAM, "disable_by_batch_size": 3}) == SpeculativeConfig(
+        "ngram", 3, 1, 3, disable_by_batch_size=3
+    )
+    loaded = LLM(tiny_llama, speculative_config={**NGRAM, "disable_by_batch_size": 3}, **SMALL)
+    tokens, (drafts, _, _), _ = generate(loaded, PROMPTS, GREEDY)  # three at once, throughout
+    assert tokens == plain and drafts == 0
+    _, (drafts, _, _), _ = generate(loaded, PROMPTS[:2], GREEDY)
+    assert drafts > 0

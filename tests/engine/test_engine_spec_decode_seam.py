@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+import torch
 from infernetes.runtime.spec_decode.proposer import NoProposer
 from infernetes.runtime.testing import SAMPLE_PROMPTS
 from infernetes.runtime.worker.request_state import CachedRequestState
@@ -25,9 +26,15 @@ class TargetTokensProposer:
         self.continuations = continuations
         self.k = k
 
-    def propose(self, requests: Sequence[CachedRequestState]) -> list[list[int]]:
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+        hidden: torch.Tensor,
+    ) -> list[list[int]]:
         drafts = []
-        for request in requests:
+        for request in (batch[i] for i in sampling):
             done = request.num_output_tokens
             known = self.continuations[tuple(request.prompt_token_ids)]
             drafts.append(known[done : done + self.k])
@@ -37,8 +44,14 @@ class TargetTokensProposer:
 class WrongTokensProposer:
     """Proposes tokens that disagree with what the request just sampled (mostly rejected)."""
 
-    def propose(self, requests: Sequence[CachedRequestState]) -> list[list[int]]:
-        return [[(r.token_ids[-1] + 1 + j) % 512 for j in range(3)] for r in requests]
+    def propose(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        sampling: Sequence[int],
+        hidden: torch.Tensor,
+    ) -> list[list[int]]:
+        return [[(batch[i].token_ids[-1] + 1 + j) % 512 for j in range(3)] for i in sampling]
 
 
 @pytest.fixture(scope="module")

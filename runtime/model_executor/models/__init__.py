@@ -147,6 +147,32 @@ POOLING = {
 ARCHITECTURES = {**GENERATIVE, **POOLING}
 
 
+def _eagle_llama() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llama_eagle import EagleLlamaForCausalLM
+
+    return EagleLlamaForCausalLM
+
+
+def _eagle3_llama() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+    return Eagle3LlamaForCausalLM
+
+
+def _deepseek_mtp() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.deepseek_mtp import DeepseekMTP
+
+    return DeepseekMTP
+
+
+# Speculative decoding heads: run only as --speculative-config's model, never served
+DRAFT_HEADS = {
+    "EagleLlamaForCausalLM": _eagle_llama,
+    "Eagle3LlamaForCausalLM": _eagle3_llama,
+    "DeepseekMTP": _deepseek_mtp,
+}
+
+
 MODEL_IMPLS = ("auto", "vllm", "transformers")
 
 
@@ -160,6 +186,8 @@ def model_class(architectures: list[str], impl: str = "auto") -> tuple[str, type
         for name in architectures:
             if name in ARCHITECTURES:
                 return name, ARCHITECTURES[name]()
+            if name in DRAFT_HEADS:
+                return name, DRAFT_HEADS[name]()
     if impl == "vllm" or not architectures:
         raise ValueError(
             f"Model architectures {architectures} are not supported. "

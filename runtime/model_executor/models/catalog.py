@@ -95,7 +95,8 @@ after that point may differ from transformers'.
 DeepSeek-V2/V3 keep one latent per token in the KV cache (`kv_lora_rank + qk_rope_head_dim`
 values, not per-head keys and values) and attend over it with the key and value up-projections
 absorbed; the KV-cache sizing counts the latent. Their multi-token-prediction layer
-(`num_nextn_predict_layers`) is skipped at load: speculative decoding is not built. V2's routing
+(`num_nextn_predict_layers`) is skipped at load; `--speculative-config` method `mtp` runs it as a
+draft head (`models/deepseek_mtp.py`). V2's routing
 follows transformers' (`norm_topk_prob` is not read for V2, as there).
 
 LLaVA (`LlavaForConditionalGeneration`: CLIP vision tower, projector, Llama) takes images in

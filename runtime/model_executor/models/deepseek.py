@@ -259,7 +259,7 @@ class DeepseekV2ForCausalLM(MoeForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         # DeepSeek-V3 checkpoints carry a multi-token-prediction layer after the last decoder
-        # layer (num_nextn_predict_layers); it is only for speculative decoding, not served here.
+        # layer (num_nextn_predict_layers): a draft head (deepseek_mtp.py), not the target's.
         extra = f"model.layers.{self.config.num_hidden_layers}."
         return super().load_weights((n, t) for n, t in weights if not n.startswith(extra))
 
