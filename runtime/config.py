@@ -34,6 +34,7 @@ class ModelConfig:
     # modality left out has no limit) and the processor's settings (--mm-processor-kwargs)
     limit_mm_per_prompt: Mapping[str, int] = field(default_factory=dict)
     mm_processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    mm_processor_cache_gb: float = 0.0  # the processor cache's bound (--mm-processor-cache-gb)
 
     @property
     def max_model_len(self) -> int:

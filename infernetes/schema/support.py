@@ -74,10 +74,6 @@ DP_PLANNED = (
 )
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
 NO_AUDIO_VIDEO = "the models served here take text and images: none takes audio or video"
-NO_MM_CACHE = (
-    "there is no cache of preprocessed images yet: each request's images are preprocessed on the "
-    "API side, once per request (planned)"
-)
 VISION_TOWER = (
     "the vision tower runs replicated on every rank in eager torch (SDPA attention in the model "
     "dtype); its own parallel modes, backends and fp8 are not built"
@@ -523,16 +519,23 @@ ARG_SUPPORT: dict[str, Support] = {
         "(there is no multimodal memory profiling); a text model has no use for it"
     ),
     "mm_processor_kwargs": HONOURED,
-    "disable_mm_preprocessor_cache": no_effect(NO_MM_CACHE),
     "language_model_only": no_effect(MM_PLANNED),
     "enable_mm_embeds": no_effect(MM_PLANNED),
     "media_io_kwargs": no_effect("images are decoded by PIL with its defaults"),
-    "mm_processor_cache_gb": no_effect(NO_MM_CACHE),
-    "mm_processor_cache_type": no_effect(NO_MM_CACHE),
+    "mm_processor_cache_gb": honoured(
+        "each image's processed arrays kept by its digest in an LRU of this many GiB in the "
+        "process that runs the processor (0 disables); the engine core keeps no mirror, so the "
+        "arrays still cross the pipe with every request"
+    ),
+    "mm_processor_cache_type": partial(
+        ("lru",), "the shared-memory cache (shm) is not built; lru keeps each process its own"
+    ),
     "mm_hasher_algorithm": no_effect(
         "image digests are sha256 of the pixels and the processor settings"
     ),
-    "mm_shm_cache_max_object_size_mb": no_effect(NO_MM_CACHE),
+    "mm_shm_cache_max_object_size_mb": no_effect(
+        "the shared-memory processor cache (--mm-processor-cache-type shm) is not built"
+    ),
     "mm_encoder_only": no_effect(MM_PLANNED),
     "mm_encoder_tp_mode": no_effect(VISION_TOWER),
     "mm_encoder_attn_backend": no_effect(VISION_TOWER),
@@ -879,7 +882,9 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_IMAGE_FETCH_TIMEOUT": HONOURED,
     "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(NO_AUDIO_VIDEO),
     "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(NO_AUDIO_VIDEO),
-    "VLLM_MM_INPUT_CACHE_GIB": no_effect(NO_MM_CACHE),
+    "VLLM_MM_INPUT_CACHE_GIB": no_effect(
+        "vLLM's old bound of the processor cache; --mm-processor-cache-gb sets it"
+    ),
     "VLLM_XGRAMMAR_CACHE_MB": honoured("bounds the xgrammar backend's compiled-grammar cache"),
     "VLLM_V0_USE_OUTLINES_CACHE": no_effect("structured output runs on llguidance, not outlines"),
     "VLLM_LOGITS_PROCESSOR_THREADS": no_effect(

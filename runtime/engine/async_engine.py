@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -44,7 +45,7 @@ from infernetes.runtime.engine.messages import (
     UtilityCall,
     UtilityReply,
 )
-from infernetes.runtime.engine.stats import StatLogger
+from infernetes.runtime.engine.stats import IterationStats, StatLogger
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
@@ -159,7 +160,7 @@ class AsyncEngine:
                 if outputs:
                     self._deliver(outputs)
                 for scheduler_stats, iteration_stats in stats:
-                    self._record(scheduler_stats, iteration_stats)
+                    self._record(scheduler_stats, self._with_mm_cache_stats(iteration_stats))
             case UtilityReply(call_id=call_id, ok=ok, value=value):
                 future = self._calls.pop(call_id, None)
                 if future is not None and not future.done():
@@ -189,6 +190,15 @@ class AsyncEngine:
                         )
                     )
                 )
+
+    def _with_mm_cache_stats(self, iteration_stats: IterationStats | None) -> Any:
+        """The step's stats with the processor cache's lookups since the last step: the cache
+        is on this side of the pipe."""
+        processor = self.input_processor.mm_processor
+        cache = processor.cache if processor is not None else None
+        if cache is None or iteration_stats is None:
+            return iteration_stats
+        return dataclasses.replace(iteration_stats, mm_cache_stats=cache.take_stats())
 
     def _record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         for stat_logger in self.stat_loggers:

@@ -221,13 +221,14 @@ def _classifier_tokens(hf_config: PretrainedConfig, tokenizer: Any) -> None:
 
 
 def _multimodal_settings(config: ServeConfig, info: ModelInfo) -> dict[str, Any]:
-    """``--limit-mm-per-prompt`` and ``--mm-processor-kwargs`` of a vision-language model,
-    checked against what it takes; a text model has no use for them."""
+    """``--limit-mm-per-prompt``, ``--mm-processor-kwargs`` and ``--mm-processor-cache-gb`` of a
+    vision-language model, checked against what it takes; a text model has no use for them."""
     if not supports_multimodal(model_class_of(info)):
         return {}
     return dict(
         limit_mm_per_prompt=check_limits(config.limit_mm_per_prompt or {}, info.architecture),
         mm_processor_kwargs=dict(config.mm_processor_kwargs or {}),
+        mm_processor_cache_gb=config.mm_processor_cache_gb,
     )
 
 

@@ -50,6 +50,7 @@ from infernetes.runtime.lora.adapter import LoRAAdapterError
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.loader import model_class_of
 from infernetes.runtime.model_executor.memory_profile import (
+    GiB,
     kv_cache_num_blocks,
     log_kv_cache_capacity,
 )
@@ -171,6 +172,7 @@ class EngineCore:
             cls.image_input_shape(model.info.hf_config),  # type: ignore[attr-defined]  # models/interfaces.SupportsMultiModal
             dict(model.limit_mm_per_prompt),
             model.mm_processor_kwargs,
+            int(model.mm_processor_cache_gb * GiB),
         )
 
     # -- KV cache ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Self
 
 if TYPE_CHECKING:  # the API process reads these types without the engine's imports (torch)
     from infernetes.runtime.engine.request import Request
@@ -22,11 +22,16 @@ class PrefixCacheStats:
     queries: int = 0
     hits: int = 0
 
-    def take(self) -> PrefixCacheStats:
+    def take(self) -> Self:
         """Return the counts gathered so far and start again from zero."""
-        taken = PrefixCacheStats(self.queries, self.hits)
+        taken = type(self)(self.queries, self.hits)
         self.queries, self.hits = 0, 0
         return taken
+
+
+@dataclass
+class MultiModalCacheStats(PrefixCacheStats):
+    """Multimodal processor-cache lookups since the last snapshot, in items (vLLM's)."""
 
 
 class KVTransfer(NamedTuple):
@@ -92,6 +97,9 @@ class IterationStats:
     num_accepted_tokens: int = 0  # of those, the ones accepted
     # accepted drafts by their position in the draft (vLLM's per-position acceptance)
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    # the multimodal processor cache's lookups since the last step, added on the API side where
+    # the cache is (vLLM's mm_cache_stats); None when there is no cache
+    mm_cache_stats: MultiModalCacheStats | None = None
 
     def count_prompt(self, num_prompt_tokens: int, num_cached: int, num_external: int) -> None:
         """A request's prompt, done: ``num_cached`` of its tokens were not computed here,

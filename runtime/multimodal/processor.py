@@ -4,7 +4,8 @@ the text to the image's feature tokens and turns the image into the encoder's ar
 
 ``--limit-mm-per-prompt`` bounds the items of each modality a prompt may carry and
 ``--mm-processor-kwargs`` (a request's ``mm_processor_kwargs`` over it) goes to the processor's
-call. Loading a processor imports transformers' image processing, which imports torch: a
+call. ``--mm-processor-cache-gb`` keeps the image processor's output per image
+(``processor_cache.py``). Loading a processor imports transformers' image processing, which imports torch: a
 vision-language model's API process has torch, a text model's still does not."""
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from typing import Any
 
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.multimodal.inputs import MultiModalFeature, MultiModalPrompt, image_digest
+from infernetes.runtime.multimodal.processor_cache import (
+    CachedImageProcessor,
+    ProcessorCache,
+    item_digests,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +76,7 @@ class MultiModalProcessor:
         image_shape: tuple[int, ...],
         limits: dict[str, int],
         default_kwargs: Mapping[str, Any] | None,
+        cache_bytes: int = 0,
     ) -> None:
         self.hf_processor = hf_processor
         self.image_shape = image_shape  # one image's pixel_values, as the vision tower takes it
@@ -84,6 +91,11 @@ class MultiModalProcessor:
             if feature_token_id is not None
             else hf_processor.tokenizer.convert_tokens_to_ids(self.image_token)
         )
+        self.cache = ProcessorCache(cache_bytes) if cache_bytes > 0 else None  # 0: disabled
+        if self.cache is not None:
+            hf_processor.image_processor = CachedImageProcessor(
+                hf_processor.image_processor, self.cache
+            )
 
     @classmethod
     def load(
@@ -92,6 +104,7 @@ class MultiModalProcessor:
         image_shape: tuple[int, ...],
         limits: dict[str, int],
         default_kwargs: Mapping[str, Any] | None,
+        cache_bytes: int = 0,
         trust_remote_code: bool = False,
     ) -> MultiModalProcessor:
         from transformers import AutoProcessor
@@ -107,7 +120,7 @@ class MultiModalProcessor:
             raise ValueError(f"cannot load the multimodal processor of {path}: {error}") from error
         finally:
             hf_logging.set_verbosity(verbosity)
-        return cls(hf_processor, image_shape, limits, default_kwargs)
+        return cls(hf_processor, image_shape, limits, default_kwargs, cache_bytes)
 
     def process(
         self,
@@ -128,14 +141,16 @@ class MultiModalProcessor:
                 f"{len(images)} image(s) were given: one placeholder per image",
                 "multi_modal_data.image",
             )
+        digests = [image_digest(image, kwargs) for image in images]
         try:
-            out = self.hf_processor(
-                text=text,
-                images=images or None,
-                return_tensors="np",
-                add_special_tokens=add_special_tokens,
-                **kwargs,
-            )
+            with item_digests(digests):
+                out = self.hf_processor(
+                    text=text,
+                    images=images or None,
+                    return_tensors="np",
+                    add_special_tokens=add_special_tokens,
+                    **kwargs,
+                )
         except (ValueError, TypeError, KeyError) as error:
             field = "mm_processor_kwargs" if kwargs else "multi_modal_data.image"
             raise RequestError(
@@ -143,7 +158,7 @@ class MultiModalProcessor:
             ) from error
         ids = [int(t) for t in out["input_ids"][0]]
         arrays = {k: out[k] for k in ("pixel_values", "image_sizes") if out.get(k) is not None}
-        features = self._features(ids, images, arrays, kwargs)
+        features = self._features(ids, images, digests, arrays, kwargs)
         return MultiModalPrompt(text, ids, features)
 
     def _images(self, data: Mapping[str, Any]) -> list[Any]:
@@ -183,6 +198,7 @@ class MultiModalProcessor:
         self,
         ids: Sequence[int],
         images: list[Any],
+        digests: list[str],
         arrays: dict[str, Any],
         kwargs: dict[str, Any],
     ) -> list[MultiModalFeature]:
@@ -198,7 +214,6 @@ class MultiModalProcessor:
                 "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
             )
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        digests = [image_digest(image, kwargs) for image in images]
         num_items = len(arrays["pixel_values"])
         if num_items != len(images):
             # Pan-and-scan (Gemma 3): each image's crops follow it, each an item with its own

@@ -3,6 +3,8 @@
 ``Avg prompt throughput: 12.0 tokens/s, Avg generation throughput: 40.1 tokens/s, Running: 3
 reqs, Waiting: 0 reqs, GPU KV cache usage: 4.2%, Prefix cache hit rate: 50.0%``
 
+(", MM cache hit rate: 25.0%" follows once the multimodal processor cache has been looked up.)
+
 ("CPU KV cache usage" when the engine runs on the CPU.) With several data-parallel engine cores
 the line sums their running and waiting requests and averages their KV-cache usage. With
 speculative decoding, vLLM's second line follows when the window verified drafts:
@@ -34,6 +36,9 @@ class LoggingStatLogger:
         self.snapshots: dict[int, tuple[int, int, float]] = {}
         self.prefix_queries = 0
         self.prefix_hits = 0
+        # the multimodal processor cache's lookups; its hit rate is shown once there are some
+        self.mm_cache_queries = 0
+        self.mm_cache_hits = 0
         self.cache_label = "GPU"  # set to the engine's device once it has loaded
 
     def _reset(self, now: float) -> None:
@@ -61,6 +66,9 @@ class LoggingStatLogger:
             self.generation_tokens += iteration_stats.num_generation_tokens
             self.drafts += iteration_stats.num_drafts
             self.draft_tokens += iteration_stats.num_draft_tokens
+            if iteration_stats.mm_cache_stats is not None:
+                self.mm_cache_queries += iteration_stats.mm_cache_stats.queries
+                self.mm_cache_hits += iteration_stats.mm_cache_stats.hits
             per_pos = iteration_stats.num_accepted_tokens_per_pos
             self.accepted_per_pos.extend([0] * (len(per_pos) - len(self.accepted_per_pos)))
             for position, accepted in enumerate(per_pos):
@@ -88,13 +96,16 @@ class LoggingStatLogger:
     def line(self, now: float) -> str:
         elapsed = max(now - self.window_start, 1e-9)
         hit_rate = self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
-        return (
+        line = (
             f"Avg prompt throughput: {self.prompt_tokens / elapsed:.1f} tokens/s, "
             f"Avg generation throughput: {self.generation_tokens / elapsed:.1f} tokens/s, "
             f"Running: {self.running} reqs, Waiting: {self.waiting} reqs, "
             f"{self.cache_label} KV cache usage: {self.kv_usage * 100:.1f}%, "
             f"Prefix cache hit rate: {hit_rate * 100:.1f}%"
         )
+        if self.mm_cache_queries:
+            line += f", MM cache hit rate: {self.mm_cache_hits / self.mm_cache_queries * 100:.1f}%"
+        return line
 
     def spec_decode_line(self, now: float) -> str:
         """vLLM's SpecDecoding line for the window (mean acceptance length counts the bonus

@@ -201,6 +201,14 @@ class EngineSeries:
             "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."
         )
         self.prefix_hits = self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        # the multimodal processor cache (--mm-processor-cache-gb); zero for a text model
+        self.mm_cache_queries = self._counter(
+            "vllm:mm_cache_queries",
+            "Multi-modal cache queries, in terms of number of queried items.",
+        )
+        self.mm_cache_hits = self._counter(
+            "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."
+        )
         self.preemptions = self._counter(
             "vllm:num_preemptions", "Cumulative number of preemptions from the engine."
         )
@@ -429,6 +437,9 @@ class EngineSeries:
             by_source["local_cache_hit"] + by_source["external_kv_transfer"]
         )
         self.generation_tokens.inc(stats.num_generation_tokens)
+        if stats.mm_cache_stats is not None:
+            self.mm_cache_queries.inc(stats.mm_cache_stats.queries)
+            self.mm_cache_hits.inc(stats.mm_cache_stats.hits)
         self.drafts.inc(stats.num_drafts)
         self.draft_tokens.inc(stats.num_draft_tokens)
         self.accepted_tokens.inc(stats.num_accepted_tokens)

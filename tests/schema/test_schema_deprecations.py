@@ -11,6 +11,7 @@ from infernetes.schema.parser import parse_serve_args, parse_with_notices
     [
         (["--max-context-len-to-capture", "4096"], "max_seq_len_to_capture", 4096),
         (["--worker-use-ray"], "distributed_executor_backend", "ray"),
+        (["--disable-mm-preprocessor-cache"], "mm_processor_cache_gb", 0.0),
         (
             ["--speculative-model", "org/draft", "--num-speculative-tokens", "5"],
             "speculative_config",

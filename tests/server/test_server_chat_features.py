@@ -155,6 +155,18 @@ def test_periodic_stats_line(caplog):
     line = caplog.records[-1].getMessage()
     assert "Running: 2 reqs, Waiting: 1 reqs" in line
     assert "GPU KV cache usage: 50.0%" in line and "Prefix cache hit rate: 50.0%" in line
+    assert "MM cache" not in line  # a text model's: no processor cache looked up
+
+
+def test_periodic_stats_line_with_the_multimodal_cache(caplog):
+    from infernetes.runtime.engine.stats import IterationStats, MultiModalCacheStats
+
+    stats_logger = LoggingStatLogger(interval_s=0.0)
+    with caplog.at_level(logging.INFO, logger="infernetes.runtime.server.stats"):
+        stats_logger.record(None, IterationStats(mm_cache_stats=MultiModalCacheStats(3, 1)))
+        stats_logger.record(None, IterationStats(mm_cache_stats=MultiModalCacheStats(1, 0)))
+    line = caplog.records[-1].getMessage()
+    assert line.endswith("Prefix cache hit rate: 0.0%, MM cache hit rate: 25.0%")
 
 
 async def test_tokenize_returns_token_strings_when_asked(engine):

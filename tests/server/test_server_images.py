@@ -2,11 +2,13 @@
 URIs (PNG, JPEG), file:// under --allowed-local-media-path, http(s) URLs from a local server
 (domains, redirects, timeouts), --limit-mm-per-prompt, the Responses API's input_image, and
 hostile media (truncated, corrupt, decompression bombs, a MIME type that lies): each a 400
-naming the part, the server serving on."""
+naming the part, the server serving on; a repeated image hits the processor cache
+(vllm:mm_cache_*), and /health answers while a large image is processed."""
 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import http.server
 import io
@@ -23,6 +25,7 @@ from infernetes.runtime.testing_vision import (
     random_image,
 )
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
 MAX_TOKENS = 6
 PART = "messages[0].content[1]"
@@ -306,3 +309,55 @@ def test_tokenize_expands_each_image(client, vision_server, llava_dir):
     assert tokens["count"] == served.usage.prompt_tokens
     image_id = hf_processor(str(llava_dir)).tokenizer.convert_tokens_to_ids("<image>")
     assert tokens["tokens"].count(image_id) == 16  # the image's feature tokens
+
+
+def _mm_cache_counts(url: str) -> tuple[float, float]:
+    text = httpx.get(f"{url}/metrics").text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = sample.value
+    return values["vllm:mm_cache_queries_total"], values["vllm:mm_cache_hits_total"]
+
+
+def test_a_repeated_image_hits_the_processor_cache(client, vision_server, llava_dir):
+    image = random_image(34)
+    # lookups of requests refused after the processor ran reach the metrics with the next step
+    _chat(client, [{"role": "user", "content": "Hello"}])
+    queries, hits = _mm_cache_counts(vision_server.url)
+    first = _chat(client, _messages(_data_url(_encoded(image))))
+    again = _chat(client, _messages(_data_url(_encoded(image))))
+    _assert_equals_transformers(llava_dir, again, [image])
+    assert again.choices[0].message.content == first.choices[0].message.content
+    # the counts reach the metrics with the engine step after the request was prepared
+    for _ in range(100):
+        counts = _mm_cache_counts(vision_server.url)
+        if counts == (queries + 2, hits + 1):
+            break
+        time.sleep(0.1)
+    assert counts == (queries + 2, hits + 1)
+
+
+def test_health_answers_while_a_large_image_is_processed(client, vision_server):
+    # 6000 x 6000 pixels: seconds of decoding, hashing and resizing on the API side (a loop
+    # that did it would leave /health unanswered for as long)
+    image = Image.linear_gradient("L").resize((6000, 6000)).convert("RGB")
+    url = _data_url(_encoded(image))
+    done = threading.Event()
+    polls_during = 0
+
+    def chat():
+        try:
+            return _chat(client, _messages(url))
+        finally:
+            done.set()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(chat)
+        with httpx.Client(base_url=vision_server.url, timeout=1.0) as http:
+            while not done.is_set():
+                # a loop blocked by the image would leave this unanswered past the 1 s timeout
+                assert http.get("/health").status_code == 200
+                polls_during += not done.is_set()
+        assert answer.result().choices[0].message.content is not None
+    assert polls_during > 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from infernetes.runtime.engine.stats import (
     FinishedRequestStats,
     IterationStats,
+    MultiModalCacheStats,
     PrefixCacheStats,
     SchedulerStats,
 )
@@ -152,3 +153,17 @@ def test_the_stats_log_has_vllms_spec_decoding_line(caplog):
     assert "Accepted: 3 tokens, Drafted: 6 tokens" in line
     assert "Per-position acceptance rate: 1.000, 0.500, 0.000" in line
     assert "Avg Draft acceptance rate: 50.0%" in line
+
+
+def test_multimodal_cache_counters_in_items():
+    logger = PrometheusStatLogger("tiny", 512)
+    label = (("engine", "0"), ("model_name", "tiny"))
+    m = exposed(logger)
+    # registered from the start, as vLLM's, zero for a text model
+    assert m["vllm:mm_cache_queries_total"][label] == m["vllm:mm_cache_hits_total"][label] == 0
+    logger.record(None, IterationStats(mm_cache_stats=MultiModalCacheStats(queries=3, hits=1)))
+    logger.record(None, IterationStats(mm_cache_stats=MultiModalCacheStats(queries=2, hits=2)))
+    logger.record(None, IterationStats())  # no cache
+    m = exposed(logger)
+    assert m["vllm:mm_cache_queries_total"][label] == 5
+    assert m["vllm:mm_cache_hits_total"][label] == 3

@@ -25,6 +25,8 @@ ARGS = (
         False,
         G,
         "Do not cache preprocessed multimodal inputs.",
+        deprecated="use --mm-processor-cache-gb 0",
+        replaced_by="mm_processor_cache_gb=0",
     ),
     # Added in vLLM releases up to 0.33.
     Arg(
