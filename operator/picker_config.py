@@ -70,6 +70,8 @@ def _plugin(item: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
                     "blockSize": precise_block_size(spec),
                     "hashSeed": hash_seed(item),
                 },
+                # kvcache_index_* on the picker's metrics port: the blocks it has indexed.
+                "kvBlockIndexConfig": {"enableMetrics": True},
             },
             "kvEventsConfig": {
                 "zmqEndpoint": f"tcp://*:{KV_EVENTS_PORT}",

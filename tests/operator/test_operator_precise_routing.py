@@ -91,6 +91,7 @@ def test_precise_routing_runs_llmds_scheduler_with_its_indexer_listening() -> No
     (plugin,) = [p for p in picker_config(picker)["plugins"] if p["type"] == PRECISE]
     params = plugin["parameters"]
     assert params["indexerConfig"]["tokenProcessorConfig"] == {"blockSize": 32, "hashSeed": "1234"}
+    assert params["indexerConfig"]["kvBlockIndexConfig"] == {"enableMetrics": True}
     assert params["kvEventsConfig"] == {
         "zmqEndpoint": f"tcp://*:{KV_EVENTS_PORT}",
         "topicFilter": "kv@",
