@@ -1,0 +1,140 @@
+"""An endpoint picker run on this machine against an InferencePool of serving pods, and asked as
+Envoy asks it (ext-proc, through `epp-pick --lines`). Test infrastructure: the e2e tests and
+`bench prefix_routing` use it.
+
+The picker runs with the command line the operator rendered for its Deployment; only what is the
+host's differs: its listening ports, a kubeconfig where the pod would use its service account,
+and, for llm-d's scheduler, where it finds tokenizers (LOCAL_TOKENIZER_DIR: `<dir>/<model
+name>/tokenizer.json`, where its pod would fetch them from the Hugging Face Hub). The pods reach
+it at their node's address: its Service is annotated for podkubelet's hosts file
+(`HOST_BACKEND_ANNOTATION`, cluster/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+from infernetes.operator.testing import free_port
+
+CLUSTER_DIR = Path(__file__).resolve().parent
+# podkubelet resolves a Service annotated so to the pod's host address (hosts.go).
+HOST_BACKEND_ANNOTATION = {"podkubelet.infernetes.io/backend": "host"}
+
+
+class PickerUnavailable(RuntimeError):
+    """A picker's build needs a toolchain this machine lacks (its script exits 3): skip."""
+
+
+def build(script: str) -> Path:
+    """Runs a cluster/ build script (a no-op when cached) and returns the binary it names."""
+    result = subprocess.run(
+        [str(CLUSTER_DIR / script)], capture_output=True, text=True, check=False
+    )
+    if result.returncode == 3:
+        raise PickerUnavailable(result.stderr.strip())
+    if result.returncode != 0:
+        raise RuntimeError(f"cluster/{script} failed:\n{result.stderr[-4000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def local_tokenizers(directory: Path, models: dict[str, Path]) -> Path:
+    """A LOCAL_TOKENIZER_DIR for llm-d's scheduler: `<model name>/tokenizer.json` links."""
+    for name, model_dir in models.items():
+        (directory / name).mkdir(parents=True, exist_ok=True)
+        link = directory / name / "tokenizer.json"
+        link.unlink(missing_ok=True)
+        link.symlink_to(model_dir / "tokenizer.json")
+    return directory
+
+
+class HostPicker:
+    """The picker binary with the rendered `args`, and an ext-proc client that asks it."""
+
+    def __init__(
+        self,
+        binary: Path,
+        args: list[str],
+        *,
+        kubeconfig: Path,
+        namespace: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.grpc_port, self.metrics_port = free_port(), free_port()
+        command = [
+            str(binary),
+            *args,
+            f"--grpc-port={self.grpc_port}",
+            f"--grpc-health-port={free_port()}",
+            f"--metrics-port={self.metrics_port}",
+            f"--kubeconfig={kubeconfig}",
+        ]
+        environment = {
+            **os.environ,
+            "NAMESPACE": namespace,
+            "POD_NAME": f"{namespace}-picker-on-host",
+            **(env or {}),
+        }
+        self.log = log
+        with log.open("w") as out:
+            self.process = subprocess.Popen(
+                command, env=environment, stdout=out, stderr=subprocess.STDOUT
+            )
+        self._client: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def _pick_client(self) -> subprocess.Popen[str]:
+        if self._client is None or self._client.poll() is not None:
+            epp_pick = build("epp.sh").with_name("epp-pick")
+            self._client = subprocess.Popen(
+                [str(epp_pick), f"--addr=127.0.0.1:{self.grpc_port}", "--lines", "--timeout=10s"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        return self._client
+
+    def pick(self, body: dict[str, Any]) -> str | None:
+        """The endpoint (`ip:port`) the picker chose for a completion with this body, or None
+        when it did not answer with one (not ready yet, no endpoints, ...)."""
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the picker exited:\n{self.log_tail()}")
+        with self._lock:
+            client = self._pick_client()
+            stdin: IO[str] = client.stdin  # type: ignore[assignment]
+            stdout: IO[str] = client.stdout  # type: ignore[assignment]
+            stdin.write(json.dumps(body) + "\n")
+            stdin.flush()
+            answer = stdout.readline().strip()
+        return None if not answer or answer.startswith("error:") else answer
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples on the picker's metrics port (0 when absent)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{")
+        )
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.kill()
+            self._client.wait()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
