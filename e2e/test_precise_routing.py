@@ -190,7 +190,9 @@ def full_blocks(model_dir: Path, text: str) -> int:
 
 def pod_at(cluster: Any, ns: str, endpoint: str) -> dict[str, Any] | None:
     ip = endpoint.rsplit(":", 1)[0]
-    return next((p for p in serving_pods(cluster, ns, NAME) if p["status"].get("podIP") == ip), None)
+    return next(
+        (p for p in serving_pods(cluster, ns, NAME) if p["status"].get("podIP") == ip), None
+    )
 
 
 def test_a_shared_prefix_lands_on_the_pod_that_holds_it(
@@ -212,7 +214,9 @@ def test_a_shared_prefix_lands_on_the_pod_that_holds_it(
         serve(first, completion(prefix + " Question: what is first?"))
         # The pod's KV events reach the picker's index: it has the prompt's blocks.
         wait_until(
-            lambda: picker.metric("kvcache_index_admissions_total") >= admitted + blocks,
+            lambda expected=admitted + blocks: (
+                picker.metric("kvcache_index_admissions_total") >= expected
+            ),
             timeout=60,
             what="the first request's blocks in the picker's index",
         )
