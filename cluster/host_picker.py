@@ -12,15 +12,24 @@ it at their node's address: its Service is annotated for podkubelet's hosts file
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import threading
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from infernetes.operator.testing import free_port
+from infernetes.operator.picker_config import KV_EVENTS_PORT, KV_EVENTS_PORT_NAME
+from infernetes.operator.testing import (
+    free_port,
+    kubectl_get,
+    running_operator,
+    service_condition,
+    wait_until,
+)
 
 CLUSTER_DIR = Path(__file__).resolve().parent
 # podkubelet resolves a Service annotated so to the pod's host address (hosts.go).
@@ -138,3 +147,52 @@ class HostPicker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+@contextlib.contextmanager
+def routed_service(
+    cluster: Any, namespace: str, workdir: Path, name: str, spec: dict[str, Any], timeout: float
+) -> Iterator[dict[str, Any]]:
+    """An InferenceService with `spec` (its routing included) reconciled by an operator run on
+    this machine, Ready, its picker's Service annotated for a picker run on this machine. The
+    annotation comes first, on a Service the operator then applies its own fields to (another
+    manager's annotation stays), so that every pod's hosts file has it from the start."""
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": f"{name}-epp",
+                "namespace": namespace,
+                "annotations": HOST_BACKEND_ANNOTATION,
+            },
+            "spec": {"ports": [{"name": KV_EVENTS_PORT_NAME, "port": KV_EVENTS_PORT}]},
+        }
+    )
+    with running_operator(cluster, namespace, workdir):
+        cluster.apply(
+            {
+                "apiVersion": "infernetes.io/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec,
+            }
+        )
+        try:
+            wait_until(
+                lambda: (
+                    service_condition(cluster, namespace, name, "Ready").get("status") == "True"
+                ),
+                timeout=timeout,
+                what=f"{name} Ready",
+            )
+        except TimeoutError:
+            print(cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout)
+            raise
+        yield kubectl_get(cluster, namespace, "infsvc", name)
+
+
+def rendered_picker_args(cluster: Any, namespace: str, name: str) -> list[str]:
+    """The arguments of the picker's container, as the operator rendered its Deployment."""
+    deployment = kubectl_get(cluster, namespace, "deployment", f"{name}-epp")
+    return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])

@@ -21,24 +21,21 @@ from typing import Any
 import httpx
 import pytest
 from host_picker import (
-    HOST_BACKEND_ANNOTATION,
     HostPicker,
     PickerUnavailable,
     build,
     local_tokenizers,
+    rendered_picker_args,
+    routed_service,
 )
-from infernetes.operator.picker_config import KV_EVENTS_PORT, PRECISE
+from infernetes.operator.picker_config import PRECISE
 from infernetes.operator.testing import (
-    kubectl_get,
-    running_operator,
-    service_condition,
     temporary_namespace,
     wait_until,
 )
 from serving_nodes import SERVING_NODE_LABEL, pod_ready, serving_pods
 
 NAME = "routed"
-PICKER = f"{NAME}-epp"
 BLOCK_SIZE = 16
 # Three engines starting on two busy cores.
 STARTUP_TIMEOUT = 420
@@ -73,59 +70,33 @@ def service(
     model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict]:
-    # The picker runs on this machine, not in its pod: its Service is annotated, before any pod
-    # starts, so that the pods' hosts files resolve it to their node (the operator's apply keeps
-    # another manager's annotation).
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": PICKER, "namespace": ns, "annotations": HOST_BACKEND_ANNOTATION},
-            "spec": {"ports": [{"name": "kv-events", "port": KV_EVENTS_PORT}]},
-        }
-    )
-    with running_operator(cluster, ns, tmp_path_factory.mktemp("operator")):
-        cluster.apply(
-            {
-                "apiVersion": "infernetes.io/v1alpha1",
-                "kind": "InferenceService",
-                "metadata": {"name": NAME, "namespace": ns},
-                "spec": {
-                    "model": f"pvc://{model_claim}/{model_dir.name}",
-                    "servedModelName": NAME,
-                    "replicas": 3,
-                    "engine": {
-                        "device": "cpu",
-                        "maxModelLen": 512,
-                        "maxNumSeqs": 2,
-                        "dtype": "float32",
-                        "enforceEager": True,
-                        "blockSize": BLOCK_SIZE,
-                    },
-                    "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-                    "nodeSelector": {SERVING_NODE_LABEL: "true"},
-                    "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-                    "routing": {
-                        "scorers": [
-                            {"type": PRECISE, "weight": 2},
-                            {"type": "kv-cache-utilization-scorer", "weight": 1},
-                            {"type": "queue-scorer", "weight": 1},
-                        ]
-                    },
-                },
-            }
-        )
-        try:
-            wait_until(
-                lambda: service_condition(cluster, ns, NAME, "Ready").get("status") == "True",
-                timeout=STARTUP_TIMEOUT,
-                what=f"{NAME} Ready",
-            )
-        except TimeoutError:
-            print(cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout)
-            raise
-        yield kubectl_get(cluster, ns, "infsvc", NAME)
+    spec = {
+        "model": f"pvc://{model_claim}/{model_dir.name}",
+        "servedModelName": NAME,
+        "replicas": 3,
+        "engine": {
+            "device": "cpu",
+            "maxModelLen": 512,
+            "maxNumSeqs": 2,
+            "dtype": "float32",
+            "enforceEager": True,
+            "blockSize": BLOCK_SIZE,
+        },
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+        "nodeSelector": {SERVING_NODE_LABEL: "true"},
+        "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
+        "routing": {
+            "scorers": [
+                {"type": PRECISE, "weight": 2},
+                {"type": "kv-cache-utilization-scorer", "weight": 1},
+                {"type": "queue-scorer", "weight": 1},
+            ]
+        },
+    }
+    workdir = tmp_path_factory.mktemp("operator")
+    with routed_service(cluster, ns, workdir, NAME, spec, STARTUP_TIMEOUT) as service:
+        yield service
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +109,10 @@ def picker(
     tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[HostPicker]:
-    rendered = kubectl_get(cluster, ns, "deployment", PICKER)["spec"]["template"]["spec"]
     work = tmp_path_factory.mktemp("picker")
     running = HostPicker(
         scheduler,
-        rendered["containers"][0]["args"],
+        rendered_picker_args(cluster, ns, NAME),
         kubeconfig=cluster.kubeconfig,
         namespace=ns,
         log=work / "picker.log",
