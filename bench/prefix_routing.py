@@ -361,6 +361,7 @@ def run_all(
             "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
             "routing": {"scorers": scorers("precise-prefix-cache-scorer")},
         }
+        (work / "operator").mkdir(exist_ok=True)
         with routed_service(cluster, ns, work / "operator", NAME, spec, STARTUP_TIMEOUT):
             pods = [p for p in serving_pods(cluster, ns, NAME) if pod_ready(p)]
             endpoints = {p["metadata"]["name"]: f"{p['status']['podIP']}:8000" for p in pods}
