@@ -354,8 +354,8 @@ def run_all(
             "env": [
                 {"name": "HF_HUB_OFFLINE", "value": "1"},
                 {"name": "OMP_NUM_THREADS", "value": "1"},
-                {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
             ],
+            "engineEnv": {"VLLM_SERVER_DEV_MODE": True},  # for /reset_prefix_cache
             "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
             "nodeSelector": {SERVING_NODE_LABEL: "true"},
             "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
