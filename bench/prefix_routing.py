@@ -16,7 +16,7 @@ The model is a random-weight Llama (`--hidden-size`, `--layers`) sized so that a
 a system prompt takes a fraction of a second here (measured and printed); one torch thread per
 pod, so that 2 cores carry 3 pods.
 
-    python -m bench prefix_routing [--groups 9] [--questions 5] [--rate 1.0]
+    python -m bench prefix_routing [--groups 9] [--questions 6] [--rate 2.0]
 
 Needs root (network namespaces), Go, cargo, libzmq and Python 3.12's headers (the pickers'
 builds); reuses a running `make cluster`, else starts one.
@@ -214,16 +214,28 @@ def measure(
     return Outcome(ttfts, len(arrivals) * args.output_tokens, seconds, hit_rate)
 
 
-def cold_prefill_seconds(endpoint: str, model_dir: Path, args: argparse.Namespace) -> float:
-    """One request of a fresh system prompt alone: its prefill dominates (one output token)."""
+def cold_prefill_seconds(
+    endpoints: dict[str, str], model_dir: Path, args: argparse.Namespace
+) -> float:
+    """Warms every engine up (its first requests pay one-off costs), then times a request of a
+    fresh system prompt alone on one of them: its prefill dominates (one output token)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    prompt = text_of(tokenizer, random.Random(-1), args.prefix_tokens)
-    payload = {**body(prompt, args, stream=False), "max_tokens": 1}
-    started = time.monotonic()
-    httpx.post(f"http://{endpoint}/v1/completions", json=payload, timeout=600).raise_for_status()
-    return time.monotonic() - started
+    rng = random.Random(-1)
+
+    def seconds(endpoint: str) -> float:
+        prompt = text_of(tokenizer, rng, args.prefix_tokens)
+        payload = {**body(prompt, args, stream=False), "max_tokens": 1}
+        started = time.monotonic()
+        reply = httpx.post(f"http://{endpoint}/v1/completions", json=payload, timeout=600)
+        reply.raise_for_status()
+        return time.monotonic() - started
+
+    for endpoint in endpoints.values():
+        seconds(endpoint)
+        seconds(endpoint)
+    return statistics.median(seconds(next(iter(endpoints.values()))) for _ in range(3))
 
 
 def picked_by(picker: HostPicker) -> Any:
@@ -289,11 +301,11 @@ def report(outcomes: dict[str, Outcome], prefill: float, args: argparse.Namespac
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench prefix_routing")
     parser.add_argument("--groups", type=int, default=9)
-    parser.add_argument("--questions", type=int, default=5)
+    parser.add_argument("--questions", type=int, default=6)
     parser.add_argument("--prefix-tokens", type=int, default=512)
     parser.add_argument("--question-tokens", type=int, default=24)
     parser.add_argument("--output-tokens", type=int, default=16)
-    parser.add_argument("--rate", type=float, default=1.0, help="requests/s (Poisson)")
+    parser.add_argument("--rate", type=float, default=2.0, help="requests/s (Poisson)")
     parser.add_argument("--cache-prompts", type=int, default=4, help="prompts a pod's cache holds")
     parser.add_argument("--hidden-size", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
@@ -365,7 +377,7 @@ def run_all(
         with routed_service(cluster, ns, work / "operator", NAME, spec, STARTUP_TIMEOUT):
             pods = [p for p in serving_pods(cluster, ns, NAME) if pod_ready(p)]
             endpoints = {p["metadata"]["name"]: f"{p['status']['podIP']}:8000" for p in pods}
-            prefill = cold_prefill_seconds(next(iter(endpoints.values())), model_dir, args)
+            prefill = cold_prefill_seconds(endpoints, model_dir, args)
             tokenizers = local_tokenizers(work / "tokenizers", {NAME: model_dir})
             llmd_env = {
                 "LOCAL_TOKENIZER_DIR": str(tokenizers),
