@@ -67,6 +67,7 @@ WEIGHTS = {"prefix": 3, "kv-cache-utilization-scorer": 2, "queue-scorer": 2}  # 
 @dataclass
 class Outcome:
     ttft: list[float]
+    pick: list[float]  # seconds the picker took, part of the TTFT
     output_tokens: int
     seconds: float
     hit_rate: dict[str, float]  # pod name -> hits / queries
@@ -180,20 +181,23 @@ async def ttft_of(client: httpx.AsyncClient, endpoint: str, payload: dict[str, A
 
 async def run_mode(
     pick: Any, arrivals: list[tuple[float, str]], args: argparse.Namespace
-) -> tuple[list[float], float]:
-    """Sends every request at its arrival time to the endpoint `pick` names; (TTFTs, seconds)."""
+) -> tuple[list[float], list[float], float]:
+    """Sends every request at its arrival time to the endpoint `pick` names; (TTFTs, pick
+    times, seconds)."""
     async with httpx.AsyncClient(timeout=600) as client:
         start = time.monotonic()
 
-        async def one(at: float, prompt: str) -> float:
+        async def one(at: float, prompt: str) -> tuple[float, float]:
             await asyncio.sleep(max(0.0, start + at - time.monotonic()))
             arrived = time.monotonic()
             payload = body(prompt, args)
             endpoint = await asyncio.to_thread(pick, payload)
-            return await ttft_of(client, endpoint, payload) - arrived
+            picked = time.monotonic()
+            return await ttft_of(client, endpoint, payload) - arrived, picked - arrived
 
-        ttfts = await asyncio.gather(*(one(at, prompt) for at, prompt in arrivals))
-        return list(ttfts), time.monotonic() - start
+        timings = await asyncio.gather(*(one(at, prompt) for at, prompt in arrivals))
+        ttfts, picks = [t for t, _ in timings], [p for _, p in timings]
+        return ttfts, picks, time.monotonic() - start
 
 
 def measure(
@@ -205,13 +209,13 @@ def measure(
     for endpoint in endpoints.values():
         httpx.post(f"http://{endpoint}/reset_prefix_cache", timeout=60).raise_for_status()
     before = {pod: counters(endpoint) for pod, endpoint in endpoints.items()}
-    ttfts, seconds = asyncio.run(run_mode(pick, arrivals, args))
+    ttfts, picks, seconds = asyncio.run(run_mode(pick, arrivals, args))
     after = {pod: counters(endpoint) for pod, endpoint in endpoints.items()}
     hit_rate = {
         pod: (after[pod][0] - before[pod][0]) / max(1.0, after[pod][1] - before[pod][1])
         for pod in endpoints
     }
-    return Outcome(ttfts, len(arrivals) * args.output_tokens, seconds, hit_rate)
+    return Outcome(ttfts, picks, len(arrivals) * args.output_tokens, seconds, hit_rate)
 
 
 def cold_prefill_seconds(
@@ -284,14 +288,15 @@ def percentile(values: list[float], q: float) -> float:
 def report(outcomes: dict[str, Outcome], prefill: float, args: argparse.Namespace) -> None:
     print(f"cold prefill of a {args.prefix_tokens}-token system prompt: {prefill:.2f} s")
     print(
-        "| routing | TTFT p50 (s) | TTFT p90 (s) | output tok/s | prefix-cache hit rate per pod |"
+        "| routing | TTFT p50 (s) | TTFT p90 (s) | pick p90 (s) | output tok/s "
+        "| prefix-cache hit rate per pod |"
     )
-    print("|---|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---|")
     for mode, o in outcomes.items():
         rates = ", ".join(f"{rate:.0%}" for _, rate in sorted(o.hit_rate.items()))
         print(
             f"| {mode} | {percentile(o.ttft, 50):.2f} | {percentile(o.ttft, 90):.2f} "
-            f"| {o.output_tokens / o.seconds:.1f} | {rates} |"
+            f"| {percentile(o.pick, 90):.3f} | {o.output_tokens / o.seconds:.1f} | {rates} |"
         )
     precise = percentile(outcomes["precise"].ttft, 90)
     for other in ("approximate", "random"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import subprocess
 import threading
 import urllib.request
@@ -95,35 +96,43 @@ class HostPicker:
             self.process = subprocess.Popen(
                 command, env=environment, stdout=out, stderr=subprocess.STDOUT
             )
-        self._client: subprocess.Popen[str] | None = None
+        # Idle ext-proc clients: a pick takes one (or starts one), so picks run concurrently,
+        # as Envoy's streams do.
+        self._idle: queue.SimpleQueue[subprocess.Popen[str]] = queue.SimpleQueue()
+        self._clients: list[subprocess.Popen[str]] = []
         self._lock = threading.Lock()
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
-    def _pick_client(self) -> subprocess.Popen[str]:
-        if self._client is None or self._client.poll() is not None:
-            epp_pick = build("epp.sh").with_name("epp-pick")
-            self._client = subprocess.Popen(
-                [str(epp_pick), f"--addr=127.0.0.1:{self.grpc_port}", "--lines", "--timeout=10s"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        return self._client
+    def _take_client(self) -> subprocess.Popen[str]:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        epp_pick = build("epp.sh").with_name("epp-pick")
+        client = subprocess.Popen(
+            [str(epp_pick), f"--addr=127.0.0.1:{self.grpc_port}", "--lines", "--timeout=10s"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        with self._lock:
+            self._clients.append(client)
+        return client
 
     def pick(self, body: dict[str, Any]) -> str | None:
         """The endpoint (`ip:port`) the picker chose for a completion with this body, or None
         when it did not answer with one (not ready yet, no endpoints, ...)."""
         if self.process.poll() is not None:
             raise RuntimeError(f"the picker exited:\n{self.log_tail()}")
-        with self._lock:
-            client = self._pick_client()
-            stdin: IO[str] = client.stdin  # type: ignore[assignment]
-            stdout: IO[str] = client.stdout  # type: ignore[assignment]
-            stdin.write(json.dumps(body) + "\n")
-            stdin.flush()
-            answer = stdout.readline().strip()
+        client = self._take_client()
+        stdin: IO[str] = client.stdin  # type: ignore[assignment]
+        stdout: IO[str] = client.stdout  # type: ignore[assignment]
+        stdin.write(json.dumps(body) + "\n")
+        stdin.flush()
+        answer = stdout.readline().strip()
+        self._idle.put(client)
         return None if not answer or answer.startswith("error:") else answer
 
     def metric(self, name: str) -> float:
@@ -138,9 +147,9 @@ class HostPicker:
         )
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.kill()
-            self._client.wait()
+        for client in self._clients:
+            client.kill()
+            client.wait()
         self.process.terminate()
         try:
             self.process.wait(timeout=30)
