@@ -16,7 +16,7 @@ The model is a random-weight Llama (`--hidden-size`, `--layers`) sized so that a
 a system prompt takes a fraction of a second here (measured and printed); one torch thread per
 pod, so that 2 cores carry 3 pods.
 
-    python -m bench prefix_routing [--groups 9] [--questions 6] [--rate 2.0]
+    python -m bench prefix_routing [--groups 9] [--questions 8] [--rate 3.0]
 
 Needs root (network namespaces), Go, cargo, libzmq and Python 3.12's headers (the pickers'
 builds); reuses a running `make cluster`, else starts one.
@@ -306,11 +306,11 @@ def report(outcomes: dict[str, Outcome], prefill: float, args: argparse.Namespac
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench prefix_routing")
     parser.add_argument("--groups", type=int, default=9)
-    parser.add_argument("--questions", type=int, default=6)
+    parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--prefix-tokens", type=int, default=512)
     parser.add_argument("--question-tokens", type=int, default=24)
     parser.add_argument("--output-tokens", type=int, default=16)
-    parser.add_argument("--rate", type=float, default=2.0, help="requests/s (Poisson)")
+    parser.add_argument("--rate", type=float, default=3.0, help="requests/s (Poisson)")
     parser.add_argument("--cache-prompts", type=int, default=4, help="prompts a pod's cache holds")
     parser.add_argument("--hidden-size", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
