@@ -8,7 +8,9 @@ The workload has the shape of inference-perf's `shared_prefix`: `--groups` syste
 shuffled order, with Poisson arrivals at `--rate` requests/s; each answer is `--output-tokens`
 tokens (ignore_eos). Every pod's KV cache holds `--cache-prompts` prompts, fewer than the groups:
 a pod that is sent every group recomputes. Before each mode the pods' prefix caches are reset
-(the engines run in dev mode for `/reset_prefix_cache`), so each mode starts cold. Reported: TTFT
+(the engines run in dev mode for `/reset_prefix_cache`), so each mode starts cold; `--rounds`
+rounds of the three, the order rotated each round, pooled per mode; both pickers run (and scrape
+the pods) throughout. Reported: TTFT
 p50/p90 (from the request's arrival, the pick included), output tokens/s, each pod's
 prefix-cache hit rate (hits / queried tokens), and precise's TTFT p90 as a ratio of the others'.
 
@@ -252,6 +254,36 @@ def picked_by(picker: HostPicker) -> Any:
     return pick
 
 
+def random_pick(choices: list[str], seed: int) -> Any:
+    rng = random.Random(seed)
+    return lambda _payload: rng.choice(choices)
+
+
+def run_rounds(
+    picks: dict[str, Any],
+    endpoints: dict[str, str],
+    arrivals: list[tuple[float, str]],
+    args: argparse.Namespace,
+) -> dict[str, Outcome]:
+    """`--rounds` rounds of every mode, the order rotated each round (the load other jobs put on
+    this machine moves within a run); each mode's rounds pooled."""
+    modes = ["precise", "approximate", "random"]
+    rounds: dict[str, list[Outcome]] = {mode: [] for mode in modes}
+    for number in range(args.rounds):
+        for mode in modes[number % 3 :] + modes[: number % 3]:
+            rounds[mode].append(measure(picks[mode], endpoints, arrivals, args))
+    return {
+        mode: Outcome(
+            ttft=[t for o in outcomes for t in o.ttft],
+            pick=[t for o in outcomes for t in o.pick],
+            output_tokens=sum(o.output_tokens for o in outcomes),
+            seconds=sum(o.seconds for o in outcomes),
+            hit_rate={pod: statistics.mean(o.hit_rate[pod] for o in outcomes) for pod in endpoints},
+        )
+        for mode, outcomes in rounds.items()
+    }
+
+
 def start_picker(
     binary: Path, args_: list[str], cluster: LocalCluster, ns: str, work: Path, env: dict
 ) -> HostPicker:
@@ -315,6 +347,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hidden-size", type=int, default=384)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2, help="of every mode, order rotated")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-prefix-routing-"))
@@ -388,17 +421,17 @@ def run_all(
                 "LOCAL_TOKENIZER_DIR": str(tokenizers),
                 "PYTHONPATH": str(scheduler.parent / "python"),
             }
-            outcomes: dict[str, Outcome] = {}
-            for mode, binary, picker_args, env in (
-                ("precise", scheduler, rendered_picker_args(cluster, ns, NAME), llmd_env),
-                ("approximate", epp, approximate_args(ns, spec), {}),
-            ):
-                picker = start_picker(binary, picker_args, cluster, ns, work / f"{mode}.log", env)
-                try:
-                    outcomes[mode] = measure(picked_by(picker), endpoints, arrivals, args)
-                finally:
-                    picker.stop()
-            rng = random.Random(args.seed)
-            choices = sorted(endpoints.values())
-            outcomes["random"] = measure(lambda _: rng.choice(choices), endpoints, arrivals, args)
+            # Both pickers run through every mode: each scrapes every pod's /metrics (every
+            # 50 ms), a load the engines carry alike in every mode.
+            with contextlib.ExitStack() as pickers:
+                picks = {"random": random_pick(sorted(endpoints.values()), args.seed)}
+                for mode, binary, picker_args, env in (
+                    ("precise", scheduler, rendered_picker_args(cluster, ns, NAME), llmd_env),
+                    ("approximate", epp, approximate_args(ns, spec), {}),
+                ):
+                    log = work / f"{mode}.log"
+                    picker = start_picker(binary, picker_args, cluster, ns, log, env)
+                    pickers.callback(picker.stop)
+                    picks[mode] = picked_by(picker)
+                outcomes = run_rounds(picks, endpoints, arrivals, args)
     return outcomes, prefill
