@@ -25,20 +25,26 @@ builds); reuses a running `make cluster`, else starts one.
 
 Measured by `python -m bench prefix_routing` (the defaults: a 384-wide 6-layer Llama, 9 groups
 of 8 questions on 512-token system prompts, 3 requests/s, each pod's cache 4 prompts, 2 rounds)
-on 2026-11-25 on the 2-core machine shared with four other engineers' jobs (load average 6-15
-during the runs: the absolute figures move with it). Cold prefill of a system prompt: 0.42 s.
+twice on 2026-11-25 on the 2-core machine shared with four other engineers' jobs (load average
+6-15 during the runs: the absolute figures move with it). Cold prefill of a system prompt:
+0.42 s and 0.45 s.
 
-| routing | TTFT p50 (s) | TTFT p90 (s) | pick p90 (s) | output tok/s | prefix-cache hit rate per pod |
-|---|---:|---:|---:|---:|---|
-| precise | 0.53 | 1.94 | 0.003 | 42.2 | 71%, 71%, 72% |
-| approximate | 0.75 | 3.14 | 0.004 | 41.6 | 60%, 70%, 79% |
-| random | 4.06 | 13.35 | 0.000 | 29.1 | 32%, 34%, 32% |
+| run | routing | TTFT p50 (s) | TTFT p90 (s) | output tok/s | prefix-cache hit rate per pod |
+|---|---|---:|---:|---:|---|
+| 1 | precise | 0.53 | 1.94 | 42.2 | 71%, 71%, 72% |
+| 1 | approximate | 0.75 | 3.14 | 41.6 | 60%, 70%, 79% |
+| 1 | random | 4.06 | 13.35 | 29.1 | 32%, 34%, 32% |
+| 2 | precise | 3.30 | 8.38 | 35.7 | 69%, 56%, 57% |
+| 2 | approximate | 1.15 | 4.83 | 40.0 | 71%, 64%, 62% |
+| 2 | random | 5.14 | 14.28 | 23.9 | 32%, 31%, 32% |
 
-TTFT p90: approximate / precise 1.62x, random / precise 6.89x. Earlier single-round runs (one
-mode after the other, the pickers started per mode, so random ran without their scraping) did
-not order as clearly under the same load: there the hit rates kept their order (precise
-55-81%, approximate 59-81%, random 20-42%) but the TTFT p90s swapped places from run to run
-(precise 0.44-8.75 s, random 0.93-2.55 s), the machine's load deciding more than the routing.
+TTFT p90 random / precise: 6.89x and 1.70x; approximate / precise: 1.62x and 0.58x. Picks took
+at most 6 ms (p90). Random routing recomputes most prompts (hit rate about a third) and falls
+behind the offered 48 tokens/s; both prefix scorers keep the hit rate near the workload's bound
+(7 of 8 questions of a group can hit), but neither beats the other reliably here: precise
+learns of a prompt's blocks only once their events arrive, so questions of one group that
+arrive together scatter, where approximate records its pick at once. Earlier single-round runs
+(the pickers started per mode, so random ran without their scraping) ordered even less clearly.
 """
 
 from __future__ import annotations
