@@ -10,11 +10,14 @@ not a real kubelet and what it does not do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +120,55 @@ def podkubelet_args(
 def write_images(path: Path, images: dict[str, Any] | None) -> Path:
     path.write_text(json.dumps(images if images is not None else default_images(), indent=2))
     return path
+
+
+def serving_pods(cluster: Any, namespace: str, instance: str) -> list[dict[str, Any]]:
+    """The pods of an InferenceService that are not being deleted."""
+    items = cluster.kubectl_json(
+        "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={instance}"
+    )["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    conditions = pod["status"].get("conditions") or ()
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+@contextlib.contextmanager
+def model_claim(cluster: Any, namespace: str, model_dir: Path) -> Iterator[str]:
+    """A claim named `models` in `namespace`, bound to a hostPath volume holding the model's
+    parent directory: pods on serving nodes get the model as `pvc://models/<model_dir.name>`."""
+    volume = f"models-{uuid.uuid4().hex[:6]}"
+    cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "hostPath": {"path": str(model_dir.parent), "type": "Directory"},
+                    "claimRef": {"namespace": namespace, "name": "models"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "models", "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        ]
+    )
+    try:
+        yield "models"
+    finally:
+        cluster.kubectl("delete", "pv", volume, "--wait=false", check=False)

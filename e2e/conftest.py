@@ -25,6 +25,9 @@ Fixtures available to every test under e2e/:
   ``cluster/serving_nodes.py``), labelled and tainted ``infernetes.io/serving-node=true``
   (``SERVING_NODE_LABEL``): a pod lands there only when it selects and tolerates that. Skips
   where this machine cannot run them (not root, no ``ip netns``, no Go toolchain).
+- ``extension_crds`` (module): the Gateway API Inference Extension's CRDs (from its Go module),
+  applied before a module's operator starts and removed after it: spec.routing renders the
+  InferencePool and its picker at once, and the picker needs the InferenceObjective CRD.
 - ``model_dir`` (module): a tiny random Llama; ``model_claim`` (module): a claim ``models`` in
   the module's own ``ns`` fixture bound to a hostPath volume of its parent, so that pods on
   serving nodes get it as ``pvc://models/<model_dir.name>``.
@@ -58,6 +61,7 @@ from localcluster import (  # found through the sys.path entry above
     wait_for,
 )
 from serving_nodes import ServingNodesUnavailable
+from serving_nodes import model_claim as serving_model_claim
 
 _active_cluster: LocalCluster | None = None
 _cluster_summary: str | None = None  # which cluster the session used, for the terminal summary
@@ -107,6 +111,23 @@ def serving_nodes(cluster: LocalCluster) -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="module")
+def extension_crds(cluster: Any) -> Iterator[None]:
+    """The Inference Extension's CRDs, before the operator starts: spec.routing renders the
+    InferencePool and its picker at once. The picker also watches InferenceObjectives
+    (inference.networking.x-k8s.io): without that CRD it does not start."""
+    from infernetes.operator.testing import apply_crds, go_module_crds, remove_crds
+
+    found = go_module_crds(
+        "sigs.k8s.io/gateway-api-inference-extension",
+        "INFERENCE_EXTENSION_VERSION",
+        "config/crd/bases/*.yaml",
+    )
+    apply_crds(cluster, found)
+    yield
+    remove_crds(cluster, found, wait=False)
+
+
+@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from infernetes.runtime.testing import make_tiny_llama
 
@@ -117,37 +138,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def model_claim(cluster: Any, ns: str, model_dir: Path) -> Iterator[str]:
     """A claim named `models` in the module's `ns` (a fixture each module defines), bound to a
     hostPath volume holding the model's parent directory: `pvc://models/<model_dir.name>`."""
-    volume = f"models-{uuid.uuid4().hex[:6]}"
-    cluster.apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": volume},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadOnlyMany"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
-                    "hostPath": {"path": str(model_dir.parent), "type": "Directory"},
-                    "claimRef": {"namespace": ns, "name": "models"},
-                },
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "models", "namespace": ns},
-                "spec": {
-                    "accessModes": ["ReadOnlyMany"],
-                    "storageClassName": "",
-                    "volumeName": volume,
-                    "resources": {"requests": {"storage": "1Gi"}},
-                },
-            },
-        ]
-    )
-    yield "models"
-    cluster.kubectl("delete", "pv", volume, "--wait=false", check=False)
+    with serving_model_claim(cluster, ns, model_dir) as claim:
+        yield claim
 
 
 @pytest.fixture

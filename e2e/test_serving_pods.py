@@ -26,17 +26,14 @@ from typing import Any
 import httpx
 import pytest
 from infernetes.operator.testing import (
-    apply_crds,
     free_port,
-    go_module_crds,
     kubectl_get,
-    remove_crds,
     running_operator,
     service_condition,
     temporary_namespace,
     wait_until,
 )
-from serving_nodes import POD_NETWORK_PREFIX, SERVING_NODE_LABEL
+from serving_nodes import POD_NETWORK_PREFIX, SERVING_NODE_LABEL, pod_ready, serving_pods
 
 NAME = "tiny"
 PROMPT = [1, 5, 9, 200, 17, 3, 44, 8, 91, 12]
@@ -48,21 +45,6 @@ STARTUP_TIMEOUT = 240
 def ns(cluster: Any, serving_nodes: list[str]) -> Iterator[str]:
     with temporary_namespace(cluster, "e2e-serving") as name:
         yield name
-
-
-@pytest.fixture(scope="module")
-def extension_crds(cluster: Any) -> Iterator[None]:
-    """The Inference Extension's CRDs, before the operator starts: spec.routing renders the
-    InferencePool and its picker at once. The picker also watches InferenceObjectives
-    (inference.networking.x-k8s.io): without that CRD it does not start."""
-    found = go_module_crds(
-        "sigs.k8s.io/gateway-api-inference-extension",
-        "INFERENCE_EXTENSION_VERSION",
-        "config/crd/bases/*.yaml",
-    )
-    apply_crds(cluster, found)
-    yield
-    remove_crds(cluster, found, wait=False)
 
 
 @pytest.fixture(scope="module")
@@ -123,16 +105,6 @@ def service(
         yield kubectl_get(cluster, ns, "infsvc", NAME)
 
 
-def pods(cluster: Any, ns: str) -> list[dict]:
-    items = kubectl_get(cluster, ns, "pods", "-l", f"app.kubernetes.io/instance={NAME}")["items"]
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-
-def ready(pod: dict) -> bool:
-    conditions = pod["status"].get("conditions") or ()
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
 def engine_pid(pod: dict) -> int:
     """The container's process: podkubelet reports it as the container id."""
     container_id = pod["status"]["containerStatuses"][0]["containerID"]
@@ -176,8 +148,8 @@ def test_replicas_serve_at_their_pod_ips_behind_the_service(
 ) -> None:
     from infernetes.runtime.testing import hf_greedy_tokens
 
-    running = pods(cluster, ns)
-    assert len(running) == 2 and all(ready(p) for p in running)
+    running = serving_pods(cluster, ns, NAME)
+    assert len(running) == 2 and all(pod_ready(p) for p in running)
     assert {p["spec"]["nodeName"] for p in running} <= set(serving_nodes)
     ips = {p["status"]["podIP"] for p in running}
     assert len(ips) == 2
@@ -199,7 +171,7 @@ def test_replicas_serve_at_their_pod_ips_behind_the_service(
 def test_a_killed_engine_is_a_container_exit_and_a_restart(
     cluster: Any, ns: str, service: dict
 ) -> None:
-    pod = pods(cluster, ns)[0]
+    pod = serving_pods(cluster, ns, NAME)[0]
     name = pod["metadata"]["name"]
     os.kill(engine_pid(pod), signal.SIGKILL)
 
@@ -226,7 +198,7 @@ def test_a_killed_engine_is_a_container_exit_and_a_restart(
     def serving_again() -> Any:
         again = kubectl_get(cluster, ns, "pod", name)
         restarted = again["status"]["containerStatuses"][0]["restartCount"] == 1
-        return again if restarted and ready(again) else None
+        return again if restarted and pod_ready(again) else None
 
     again = wait_until(serving_again, timeout=STARTUP_TIMEOUT, what=f"{name} restarted and Ready")
     assert engine_pid(again) != engine_pid(pod)
@@ -240,7 +212,7 @@ def test_a_killed_engine_is_a_container_exit_and_a_restart(
 def test_a_deleted_pod_stops_its_process_and_frees_its_netns(
     cluster: Any, ns: str, service: dict
 ) -> None:
-    pod = pods(cluster, ns)[0]
+    pod = serving_pods(cluster, ns, NAME)[0]
     pid = engine_pid(pod)
     netns = subprocess.run(
         ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True
@@ -278,7 +250,7 @@ def test_the_endpoint_picker_routes_a_request_to_a_serving_pod(
     log = tmp_path / "epp.log"
     with log.open("w") as out:
         picker = subprocess.Popen([str(epp), *args], env=env, stdout=out, stderr=subprocess.STDOUT)
-    ips = {p["status"]["podIP"] for p in pods(cluster, ns)}
+    ips = {p["status"]["podIP"] for p in serving_pods(cluster, ns, NAME)}
     body = json.dumps({"model": NAME, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
 
     def picked() -> str | None:

@@ -7,14 +7,12 @@ prompt's prefix from the requests it has routed; `precise-prefix-cache-scorer` (
 llm-d's inference scheduler only) knows it: the pods publish their KV-cache events to the
 picker's indexer, which recomputes the prompt's block hashes as vLLM does (sha256_cbor, seeded by
 PYTHONHASHSEED) and looks them up. So with it every pod publishes its events to the picker
-(topic `kv@<pod-ip>:<port>@<model>`, the pod and model the indexer files the blocks under),
+(topic `kv@<pod-ip>@<model>`, the pod and model the indexer files the blocks under),
 hashes with sha256_cbor and the indexer's seed, and uses the indexer's block size.
 """
 
 from collections.abc import Mapping
 from typing import Any
-
-from infernetes.operator import names
 
 PRECISE = "precise-prefix-cache-scorer"
 APPROXIMATE = "prefix-cache-scorer"
@@ -72,6 +70,8 @@ def _plugin(item: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
                     "blockSize": precise_block_size(spec),
                     "hashSeed": hash_seed(item),
                 },
+                # kvcache_index_* on the picker's metrics port: the blocks it has indexed.
+                "kvBlockIndexConfig": {"enableMetrics": True},
             },
             "kvEventsConfig": {
                 "zmqEndpoint": f"tcp://*:{KV_EVENTS_PORT}",
@@ -123,8 +123,9 @@ def with_precise_routing(
             "enable_kv_cache_events": True,
             "publisher": "zmq",
             "endpoint": kv_events_endpoint(picker),
-            # $(POD_IP): the kubelet substitutes the pod's address (the env var below).
-            "topic": f"{TOPIC_PREFIX}$(POD_IP):{names.SERVER_PORT}@{served_name}",
+            # $(POD_IP): the kubelet substitutes the pod's address (the env var below). The
+            # address alone, no port: llm-d's scorer matches it to the pool's pod address.
+            "topic": f"{TOPIC_PREFIX}$(POD_IP)@{served_name}",
         },
     }
     env = [

@@ -5,14 +5,18 @@
 // cmd/epp, from the same module version).
 //
 //	epp-pick --addr 127.0.0.1:9002 --path /v1/completions --body '{"model": ..., "prompt": ...}'
+//	epp-pick --addr 127.0.0.1:9002 --lines   (one JSON body a line on stdin, one answer a line
+//	                                          on stdout: the endpoint, or "error: ...")
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -29,9 +33,25 @@ func main() {
 	path := flag.String("path", "/v1/completions", "the request's path")
 	body := flag.String("body", "", "the request's JSON body")
 	plaintext := flag.Bool("plaintext", false, "no TLS (a picker run with --secure-serving=false)")
-	timeout := flag.Duration("timeout", 30*time.Second, "give up after")
+	timeout := flag.Duration("timeout", 30*time.Second, "give up after (per request)")
+	lines := flag.Bool("lines", false, "pick for each line of stdin (a JSON body) over one connection")
 	flag.Parse()
-	endpoint, err := pick(*addr, *path, []byte(*body), *plaintext, *timeout)
+	// The picker serves a self-signed certificate, which Envoy does not check either.
+	creds := credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec
+	if *plaintext {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "epp-pick: %v\n", err)
+		os.Exit(1)
+	}
+	defer conn.Close()
+	if *lines {
+		pickLines(conn, *path, *timeout)
+		return
+	}
+	endpoint, err := pick(conn, *path, []byte(*body), *timeout)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "epp-pick: %v\n", err)
 		os.Exit(1)
@@ -39,17 +59,23 @@ func main() {
 	fmt.Println(endpoint)
 }
 
-func pick(addr, path string, body []byte, plaintext bool, timeout time.Duration) (string, error) {
-	// The picker serves a self-signed certificate, which Envoy does not check either.
-	creds := credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec
-	if plaintext {
-		creds = insecure.NewCredentials()
+// pickLines answers each body on stdin in order, one line each, until stdin ends: a caller that
+// picks for many requests keeps one connection (a process per pick would add its start-up).
+func pickLines(conn *grpc.ClientConn, path string, timeout time.Duration) {
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 64<<20)
+	out := bufio.NewWriter(os.Stdout)
+	for in.Scan() {
+		endpoint, err := pick(conn, path, in.Bytes(), timeout)
+		if err != nil {
+			endpoint = "error: " + strings.ReplaceAll(err.Error(), "\n", " ")
+		}
+		fmt.Fprintln(out, endpoint)
+		_ = out.Flush()
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close()
+}
+
+func pick(conn *grpc.ClientConn, path string, body []byte, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)

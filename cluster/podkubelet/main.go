@@ -159,6 +159,7 @@ func run() error {
 		return err
 	}
 	log.G(ctx).Infof("node %s ready; pods in %s on bridge %s", *nodeName, *podCIDR, *bridge)
+	go provider.refreshHosts(ctx)
 	<-ctx.Done()
 	provider.stopAll(5 * time.Second)
 	return nil

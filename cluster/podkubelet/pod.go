@@ -179,6 +179,16 @@ func (r *podRuntime) prepare(ctx context.Context) (string, error) {
 	if err != nil {
 		return "CreateContainerConfigError", err
 	}
+	services, err := r.provider.namespaceServices(ctx, pod.Namespace)
+	if err != nil {
+		return "CreateContainerError", err
+	}
+	if err := os.MkdirAll(r.dir(), 0o755); err != nil {
+		return "CreateContainerError", err
+	}
+	if err := r.writeHosts(services); err != nil {
+		return "CreateContainerError", fmt.Errorf("hosts file: %w", err)
+	}
 	for _, c := range r.containers {
 		launch, reason, err := r.launchSpec(pod, &c.spec, facts, volumes)
 		if err != nil {
@@ -235,6 +245,7 @@ func (r *podRuntime) launchSpec(pod *corev1.Pod, c *corev1.Container, facts podF
 		}
 		spec.Mounts = append(spec.Mounts, bindMount{Source: source, Target: m.MountPath, ReadOnly: m.ReadOnly || readOnlyVolume(pod, m.Name)})
 	}
+	spec.Mounts = append(spec.Mounts, hostsMount(r.hostsPath(), spec.Mounts)...)
 	spec.Mounts = append(spec.Mounts, keptMounts(image.Keep, spec.Mounts)...)
 	return spec, "", nil
 }

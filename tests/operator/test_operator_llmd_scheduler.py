@@ -94,6 +94,7 @@ def test_llmds_scheduler_takes_the_rendered_precise_config(scheduler: Path, tmp_
     log = result.stdout + result.stderr
     assert "loaded configuration from file/text successfully" in log, log[-4000:]
     assert '"msg":"NewKVCacheIndexer config","blockSize":32' in log, log[-4000:]
+    assert '\\"enableMetrics\\":true' in log, log[-4000:]
     # The events socket as configured (it binds in a goroutine that the run may end before: the
     # bind itself is not awaited).
     assert f'\\"zmqEndpoint\\":\\"tcp://*:{events}\\"' in log, log[-4000:]

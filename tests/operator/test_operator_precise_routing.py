@@ -91,6 +91,7 @@ def test_precise_routing_runs_llmds_scheduler_with_its_indexer_listening() -> No
     (plugin,) = [p for p in picker_config(picker)["plugins"] if p["type"] == PRECISE]
     params = plugin["parameters"]
     assert params["indexerConfig"]["tokenProcessorConfig"] == {"blockSize": 32, "hashSeed": "1234"}
+    assert params["indexerConfig"]["kvBlockIndexConfig"] == {"enableMetrics": True}
     assert params["kvEventsConfig"] == {
         "zmqEndpoint": f"tcp://*:{KV_EVENTS_PORT}",
         "topicFilter": "kv@",
@@ -121,7 +122,8 @@ def test_precise_routing_pods_publish_to_the_picker_as_llmd_expects() -> None:
     assert events is not None and events.enable_kv_cache_events
     assert events.publisher == "zmq"
     assert events.endpoint == f"tcp://svc-epp:{KV_EVENTS_PORT}"  # connected, not bound
-    assert events.topic == "kv@10.1.2.3:8000@chat"
+    # The pod's address alone: llm-d's scorer looks the pool's pod address (no port) up.
+    assert events.topic == "kv@10.1.2.3@chat"
 
 
 def test_precise_seed_defaults_and_the_users_engine_fields_stay() -> None:
