@@ -65,8 +65,7 @@ STRUCTURED_OUTPUT_BACKEND_NOTE = (
 )
 REASONING_NOT_BUILT = (
     "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format) "
-    "needs openai-harmony's vocabulary files, which it downloads at startup; deepseek_v3 needs "
-    "each request's thinking switch"
+    "needs openai-harmony's vocabulary files, which it downloads at startup"
 )
 DP_PLANNED = (
     "multi-node data parallelism is planned, not built yet: --data-parallel-size runs its engine "
@@ -379,7 +378,17 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "structured_outputs_config": HONOURED,  # key by key: KEY_SUPPORT
     "reasoning_parser": partial(
-        ("deepseek_r1", "glm45", "glm47", "granite", "minimax_m2", "mistral", "qwen3", "seed_oss"),
+        (
+            "deepseek_r1",
+            "deepseek_v3",
+            "glm45",
+            "glm47",
+            "granite",
+            "minimax_m2",
+            "mistral",
+            "qwen3",
+            "seed_oss",
+        ),
         REASONING_NOT_BUILT,
     ),
     "reasoning_parser_plugin": refused(
@@ -766,6 +775,7 @@ KEY_SUPPORT: dict[str, Support] = {
         (
             "",
             "deepseek_r1",
+            "deepseek_v3",
             "glm45",
             "glm47",
             "granite",
