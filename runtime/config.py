@@ -34,6 +34,8 @@ class ModelConfig:
     # modality left out has no limit) and the processor's settings (--mm-processor-kwargs)
     limit_mm_per_prompt: Mapping[str, int] = field(default_factory=dict)
     mm_processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    # --logits-processors: qualified class names, built in each worker (logits_processor.py)
+    logits_processors: tuple[str, ...] = ()
 
     @property
     def max_model_len(self) -> int:

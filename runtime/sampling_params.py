@@ -64,6 +64,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     logits_processors: list[LogitsProcessor] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # Arguments of --logits-processors classes (vLLM's extra_args; vllm_xargs over HTTP).
+    extra_args: dict[str, Any] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine from the model's generation config / tokenizer.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)

@@ -339,7 +339,12 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_nccl_comm_suspend": no_effect(
         "NCCL communicators are not suspended while the engine sleeps"
     ),
-    "logits_processors": refused("custom logits processor classes are not loaded"),
+    "logits_processors": honoured(
+        "classes with vLLM V1's LogitsProcessor interface (infernetes.runtime.logits_processor), "
+        "named module.Class or module:Class, built in each worker and given vllm_xargs as "
+        "SamplingParams.extra_args; a class that imports vllm is refused (vLLM is not part of "
+        "this server), as is the combination with --speculative-config"
+    ),
     "io_processor_plugin": refused("there is no plugin system"),
     "renderer_num_workers": no_effect("prompts are rendered in the API process's own thread pool"),
     # ---------------------------------------------------------------- LoadConfig

@@ -208,6 +208,8 @@ class SamplingFields(RequestBody):
     truncate_prompt_tokens: int | None = Field(default=None, ge=1)
     prompt_logprobs: int | None = Field(default=None, ge=0)
     priority: int = 0
+    # arguments of the server's --logits-processors (SamplingParams.extra_args), as in vLLM
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
     request_id: str | None = None
     add_special_tokens: bool | None = None
     return_tokens_as_token_ids: bool | None = None

@@ -389,7 +389,7 @@ class ResponsesServing:
                     lora_request=lora,
                 )
             )
-            state = self.chat._new_state(mode)
+            state = self.chat._new_state(chat_request, mode)
             message: dict[str, Any] | None = None
             calls: dict[int, dict[str, Any]] = {}
             output_tokens, finish_reason = 0, None
