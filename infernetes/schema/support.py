@@ -56,7 +56,7 @@ def refused(reason: str) -> Support:
 
 
 # vLLM's tool-call parsers this server does not have (tool_parsers/ has the rest).
-UNBUILT_TOOL_PARSERS = ("gigachat3", "openai", "step3p5", "xlam")
+UNBUILT_TOOL_PARSERS = ("openai",)
 
 # Reasons shared by several entries.
 STRUCTURED_OUTPUT_BACKEND_NOTE = (

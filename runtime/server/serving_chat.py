@@ -218,6 +218,8 @@ class ChatServing(ServingBase):
             stream=bool(request.stream),
             guide=guide,
         )
+        if mode.parser is not None and mode.parser.keeps_special_tokens:
+            params.skip_special_tokens = False
         return PreparedChat(mode, prompt_ids, params, lora, prompt)
 
     async def create(
