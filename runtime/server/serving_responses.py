@@ -134,6 +134,8 @@ def _chat_fields(request: ResponsesRequest) -> dict[str, Any]:
         "seed": request.seed,
         "user": request.user,
         "parallel_tool_calls": request.parallel_tool_calls,
+        "vllm_xargs": request.vllm_xargs,
+        "chat_template_kwargs": request.chat_template_kwargs,
     }
     if request.tools:
         tools = []
