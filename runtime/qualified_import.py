@@ -31,3 +31,8 @@ def import_qualified(flag: str, qualified: str) -> Any:
         if target is None:
             raise ValueError(f"{flag} {qualified!r}: module has no attribute {attr!r}")
     return target
+
+
+def qualified_name(target: Any) -> str:
+    """The ``module:attribute`` name ``import_qualified`` finds ``target`` by."""
+    return f"{target.__module__}:{target.__qualname__}"

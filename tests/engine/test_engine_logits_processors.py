@@ -121,6 +121,12 @@ def test_each_request_is_forced_by_its_own_arguments(llm):
     assert outputs[1].outputs[0].token_ids[:6] == alone[: len(outputs[1].outputs[0].token_ids)]
 
 
+def test_the_offline_llm_takes_the_class_itself(tiny_llama):
+    llm = LLM(tiny_llama, max_model_len=128, logits_processors=[ForceToken])
+    params = SamplingParams(max_tokens=3, ignore_eos=True, extra_args={"force": 4})
+    assert llm.generate(SAMPLE_PROMPTS[0], params)[0].outputs[0].token_ids == [4, 4, 4]
+
+
 def test_a_request_the_processor_refuses_is_refused(llm):
     params = SamplingParams(max_tokens=2, extra_args={"force": "x"})
     with pytest.raises(ValueError, match="force must be a token id"):
