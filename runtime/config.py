@@ -35,6 +35,8 @@ class ModelConfig:
     limit_mm_per_prompt: Mapping[str, int] = field(default_factory=dict)
     mm_processor_kwargs: Mapping[str, Any] = field(default_factory=dict)
     mm_processor_cache_gb: float = 0.0  # the processor cache's bound (--mm-processor-cache-gb)
+    # --logits-processors: qualified class names, built in each worker (logits_processor.py)
+    logits_processors: tuple[str, ...] = ()
 
     @property
     def max_model_len(self) -> int:

@@ -13,6 +13,7 @@ from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.multimodal.chat_parts import ImagePart, split_content
 from infernetes.runtime.multimodal.media import MediaSettings
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
+from infernetes.runtime.qualified_import import qualified_name
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 from infernetes.runtime.server.chat_template import resolve_content_format
 
@@ -59,6 +60,11 @@ class LLM:
         from infernetes.schema.config import build_config
         from infernetes.schema.support_check import check_support
 
+        if engine_args.get("logits_processors"):  # classes as well as names, as vLLM's LLM takes
+            engine_args["logits_processors"] = [
+                qualified_name(p) if isinstance(p, type) else p
+                for p in engine_args["logits_processors"]
+            ]
         self.config = build_config(model=model, **engine_args)
         for warning in check_support(self.config).warnings:
             logger.warning(warning)

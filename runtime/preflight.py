@@ -73,6 +73,10 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
     from infernetes.runtime.executor.backend_check import check_executor_backend
 
     check_executor_backend(config.distributed_executor_backend)
+    if config.logits_processors:
+        from infernetes.runtime.logits_processor import load_logits_processor_classes
+
+        load_logits_processor_classes(config.logits_processors)
     check_generation_overrides(config.override_generation_config)
     pp_layer_partition(environ)
     # their parsers' module needs torch

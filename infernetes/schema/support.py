@@ -56,7 +56,7 @@ def refused(reason: str) -> Support:
 
 
 # vLLM's tool-call parsers this server does not have (tool_parsers/ has the rest).
-UNBUILT_TOOL_PARSERS = ("gigachat3", "openai", "step3p5", "xlam")
+UNBUILT_TOOL_PARSERS = ("openai",)
 
 # Reasons shared by several entries.
 STRUCTURED_OUTPUT_BACKEND_NOTE = (
@@ -65,8 +65,7 @@ STRUCTURED_OUTPUT_BACKEND_NOTE = (
 )
 REASONING_NOT_BUILT = (
     "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format) "
-    "needs openai-harmony's vocabulary files, which it downloads at startup; deepseek_v3 needs "
-    "each request's thinking switch"
+    "needs openai-harmony's vocabulary files, which it downloads at startup"
 )
 DP_PLANNED = (
     "multi-node data parallelism is planned, not built yet: --data-parallel-size runs its engine "
@@ -162,7 +161,13 @@ ARG_SUPPORT: dict[str, Support] = {
     "max_concurrency": HONOURED,
     "shutdown_timeout": HONOURED,
     "reasoning_effort": HONOURED,
-    "api_server_count": partial((1,), "one API server process serves every engine core"),
+    "api_server_count": partial(
+        (1,),
+        "several API server processes are not built: the engine core is the child of the one "
+        "API process and answers it over a single pipe, so a second API process has no way to "
+        "reach it; sharing the core needs it to route each request's outputs to the process "
+        "that sent it, and the metrics of all of them merged (planned)",
+    ),
     "headless": HONOURED,  # with --nnodes > 1 and --node-rank > 0 (schema/rules.py)
     "data_parallel_start_rank": refused(DP_PLANNED),
     "grpc": refused(NO_GRPC),
@@ -229,7 +234,11 @@ ARG_SUPPORT: dict[str, Support] = {
     "tokenizer": HONOURED,
     "hf_config_path": HONOURED,
     "tokenizer_mode": partial(
-        ("auto", "slow"), "the mistral and custom tokenizer modes are not built yet"
+        ("auto", "slow"),
+        "mistral (mistral_common's tokenizer, whose chat requests are encoded to tokens without "
+        "a template) and custom are not built yet: the server renders chats with the Hugging "
+        "Face tokenizer's template and builds grammars and detokenizes from its vocabulary; use "
+        "a checkpoint's Hugging Face tokenizer files (planned)",
     ),
     "skip_tokenizer_init": HONOURED,
     "revision": HONOURED,
@@ -336,7 +345,12 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_nccl_comm_suspend": no_effect(
         "NCCL communicators are not suspended while the engine sleeps"
     ),
-    "logits_processors": refused("custom logits processor classes are not loaded"),
+    "logits_processors": honoured(
+        "classes with vLLM V1's LogitsProcessor interface (infernetes.runtime.logits_processor), "
+        "named module.Class or module:Class, built in each worker and given vllm_xargs as "
+        "SamplingParams.extra_args; a class that imports vllm is refused (vLLM is not part of "
+        "this server), as is the combination with --speculative-config"
+    ),
     "io_processor_plugin": refused("there is no plugin system"),
     "renderer_num_workers": no_effect("prompts are rendered in the API process's own thread pool"),
     # ---------------------------------------------------------------- LoadConfig
@@ -375,7 +389,17 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "structured_outputs_config": HONOURED,  # key by key: KEY_SUPPORT
     "reasoning_parser": partial(
-        ("deepseek_r1", "glm45", "glm47", "granite", "minimax_m2", "mistral", "qwen3", "seed_oss"),
+        (
+            "deepseek_r1",
+            "deepseek_v3",
+            "glm45",
+            "glm47",
+            "granite",
+            "minimax_m2",
+            "mistral",
+            "qwen3",
+            "seed_oss",
+        ),
         REASONING_NOT_BUILT,
     ),
     "reasoning_parser_plugin": refused(
@@ -778,6 +802,7 @@ KEY_SUPPORT: dict[str, Support] = {
         (
             "",
             "deepseek_r1",
+            "deepseek_v3",
             "glm45",
             "glm47",
             "granite",

@@ -339,6 +339,12 @@ def resolve_config(
             "--enable-sleep-mode with a draft model or EAGLE head (--speculative-config methods "
             "draft_model, eagle and eagle3) is not supported yet (planned)"
         )
+    if speculative is not None and config.logits_processors:
+        # a draft's row would need the processors' state as of the drafts before it
+        raise ValueError(
+            "--logits-processors cannot be combined with --speculative-config: the processors "
+            "see one row per request and step"
+        )
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len
     )
@@ -366,6 +372,7 @@ def resolve_config(
             eos_token_id=eos,
             extra_eos_token_ids=extra_eos,
             enable_prompt_embeds=config.enable_prompt_embeds,
+            logits_processors=tuple(config.logits_processors or ()),
             **_multimodal_settings(config, info),
         ),
         cache=_cache_config(config, info.is_pooling, environ),

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.engine.messages import EngineCoreRequest
+from infernetes.runtime.logits_processor import load_logits_processor_classes, validate_request
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import SamplingParams
@@ -51,6 +52,7 @@ class InputSettings(NamedTuple):
     hidden_size: int
     enable_prompt_embeds: bool  # --enable-prompt-embeds
     supports_prompt_embeds: bool  # the model takes input embeddings (models/interfaces.py)
+    logits_processors: tuple[str, ...] = ()  # --logits-processors: each may refuse a request
 
     @classmethod
     def of(cls, config: RuntimeConfig, supports_prompt_embeds: bool) -> InputSettings:
@@ -68,6 +70,7 @@ class InputSettings(NamedTuple):
             hidden_size=getattr(model.info.hf_config.get_text_config(), "hidden_size", 0),
             enable_prompt_embeds=model.enable_prompt_embeds,
             supports_prompt_embeds=supports_prompt_embeds,
+            logits_processors=model.logits_processors,
         )
 
 
@@ -81,6 +84,7 @@ class InputProcessor:
         self.settings = settings
         self.tokenizer = tokenizer
         self.mm_processor = mm_processor  # a vision-language model's
+        self.logits_processor_classes = load_logits_processor_classes(settings.logits_processors)
 
     def default_sampling_params(self) -> SamplingParams:
         return SamplingParams(**self.settings.default_sampling_params)
@@ -277,6 +281,10 @@ class InputProcessor:
                 )
         if not params.ignore_eos:
             params.all_stop_token_ids |= self.settings.extra_eos_token_ids
+        try:
+            validate_request(self.logits_processor_classes, params)
+        except ValueError as error:
+            raise RequestError(str(error), "vllm_xargs") from error
         return params
 
     def _settle_max_tokens(self, params: SamplingParams, prompt_len: int) -> None:

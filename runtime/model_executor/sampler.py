@@ -1,7 +1,8 @@
 """Sampler: turn each request's logits into its next token, by that request's own parameters.
 
 Order, as in vLLM v1: logprobs are taken from the raw logits; then logit bias, allowed tokens,
-``min_tokens`` (stop tokens masked), penalties and logits processors, then structured output's
+``min_tokens`` (stop tokens masked), penalties and logits processors (a request's own, then the
+server's ``--logits-processors`` over the whole batch), then structured output's
 bitmask (``apply_grammar_bitmask``, the engine core's); greedy rows take the argmax;
 the others apply temperature, ``min_p``, ``top_k``, ``top_p`` (all rows at once) and sample by
 inverse transform: one uniform draw per row, searched in the row's cumulative distribution (top_p
@@ -28,6 +29,7 @@ from infernetes.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.scheduler_output import GrammarBitmask
+    from infernetes.runtime.worker.logits_processor_batch import LogitsProcessorBatch
 
 logger = logging.getLogger(__name__)
 
@@ -400,9 +402,11 @@ class Sampler:
         logits: torch.Tensor,
         requests: Sequence[SamplingRequest],
         grammar: GrammarBitmask | None = None,
+        batch_processors: LogitsProcessorBatch | None = None,
     ) -> list[SampledToken]:
         """A token for each row of ``logits``; ``grammar``: structured output's allowed tokens
-        of some rows (indexed as ``requests``)."""
+        of some rows (indexed as ``requests``); ``batch_processors``: the
+        ``--logits-processors``, after every request's own processing."""
         logits = logits.float()
         batched = self.batched if self.batched is not None else logits.device.type != "cpu"
         meta = SamplingMetadata.from_requests(requests, batched)
@@ -410,6 +414,8 @@ class Sampler:
         raw_logprobs = torch.log_softmax(logits, dim=-1) if meta.logprobs else None
         if meta.processed:
             logits = process_logits(logits, meta)
+        if batch_processors is not None:
+            logits = _no_nan(batch_processors.apply(logits, requests))  # type: ignore[arg-type]
         if grammar is not None:
             logits = apply_grammar_bitmask(logits, grammar)
         tokens = self._sample(logits, meta)

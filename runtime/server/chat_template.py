@@ -122,6 +122,11 @@ class ChatRenderer:
         self.content_format = content_format
         self.sandbox = TemplateSandbox(tokenizer) if trust_request_templates else None
 
+    def template_kwargs(self, requested: Mapping[str, Any] | None) -> dict[str, Any]:
+        """What the template gets besides the conversation: the request's kwargs over the
+        server's defaults."""
+        return {**self.default_template_kwargs, **(requested or {})}
+
     def render(
         self,
         messages: list[Any],
@@ -164,7 +169,7 @@ class ChatRenderer:
                 400,
                 "continue_final_message",
             )
-        kwargs = {**self.default_template_kwargs, **(template_kwargs or {})}
+        kwargs = self.template_kwargs(template_kwargs)
         for reserved in ("conversation", "messages", "tokenize", "chat_template", "tools"):
             kwargs.pop(reserved, None)
         kwargs.update(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import importlib
 import inspect
 import json
 import os
@@ -18,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from fastapi import FastAPI
+from infernetes.runtime.qualified_import import import_qualified
 from infernetes.runtime.server.errors import error_body
 from infernetes.runtime.tracing import TRACE_HEADERS, trace_headers
 
@@ -326,18 +326,7 @@ def import_user_middleware(app: FastAPI, qualified_names: Iterable[str]) -> None
 def resolve_user_middleware(qualified: str) -> Any:
     """The class or coroutine function ``--middleware module.attr`` names; ValueError saying what
     is wrong otherwise (checked before anything loads, by ``serve`` and ``config`` alike)."""
-    module_name, _, attr = qualified.rpartition(".")
-    if not module_name:
-        raise ValueError(f"--middleware {qualified!r}: expected 'module.attribute'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(
-            f"--middleware {qualified!r}: cannot import module {module_name!r}: {error}"
-        ) from error
-    target = getattr(module, attr, None)
-    if target is None:
-        raise ValueError(f"--middleware {qualified!r}: module has no attribute {attr!r}")
+    target = import_qualified("--middleware", qualified)
     if not (inspect.isclass(target) or inspect.iscoroutinefunction(target)):
         raise ValueError(f"--middleware {qualified!r} must be a class or an async function")
     return target

@@ -177,6 +177,10 @@ class StructuredOutputs(OpenAIBase):
         return self
 
 
+# vllm_xargs: arguments of the server's --logits-processors (SamplingParams.extra_args)
+VllmXargs = dict[str, str | int | float | list[str | int | float]]
+
+
 class SamplingFields(RequestBody):
     """Fields common to completions and chat: OpenAI's plus vLLM's extras."""
 
@@ -208,6 +212,7 @@ class SamplingFields(RequestBody):
     truncate_prompt_tokens: int | None = Field(default=None, ge=1)
     prompt_logprobs: int | None = Field(default=None, ge=0)
     priority: int = 0
+    vllm_xargs: VllmXargs | None = None
     request_id: str | None = None
     add_special_tokens: bool | None = None
     return_tokens_as_token_ids: bool | None = None
@@ -677,6 +682,9 @@ class ResponsesRequest(RequestBody):
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = "disabled"
+    # vLLM's extras: --logits-processors' arguments, and the chat template's own
+    vllm_xargs: VllmXargs | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------- tokenizer routes

@@ -5,6 +5,9 @@ of tags) out of the output into ``reasoning_content``, whole or while streaming.
   the reasoning; everything before ``</think>`` is reasoning, and without ``</think>`` all of it is.
   ``glm45`` (GLM-4.5 to 4.7) and ``minimax_m2`` read the same way, ``seed_oss`` too with
   ``<seed:think>...</seed:think>``.
+- ``deepseek_v3`` (DeepSeek-V3.1 and later): hybrid; it thinks only when its chat template is told
+  to (``chat_template_kwargs`` ``thinking`` or ``enable_thinking``), and then reads as
+  ``deepseek_r1``; otherwise the whole output is content, as vLLM's parser reads it.
 - ``qwen3``: reasoning only when the output opens with ``<think>``; with thinking disabled
   (``enable_thinking=False``) there is none and everything is content. ``mistral`` (Magistral)
   reads the same way with ``[THINK]...[/THINK]``, ``granite`` (Granite 3.2+) with "Here is my
@@ -13,7 +16,9 @@ of tags) out of the output into ``reasoning_content``, whole or while streaming.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from infernetes.runtime.server.text_stream import find_first, partial_marker_len
 
@@ -62,10 +67,23 @@ class ReasoningParser:
     def stream(self) -> ReasoningStream:
         return ReasoningStream(self)
 
+    def for_request(self, template_kwargs: Mapping[str, Any]) -> ReasoningParser | None:
+        """The parser of a request whose chat template got ``template_kwargs``; None when its
+        output holds no reasoning."""
+        return self
+
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
     name = "deepseek_r1"
     starts_in_reasoning = True
+
+
+class DeepSeekV3ReasoningParser(DeepSeekR1ReasoningParser):
+    name = "deepseek_v3"
+
+    def for_request(self, template_kwargs: Mapping[str, Any]) -> ReasoningParser | None:
+        thinking = template_kwargs.get("thinking") or template_kwargs.get("enable_thinking")
+        return self if thinking else None
 
 
 class Qwen3ReasoningParser(ReasoningParser):
@@ -145,6 +163,7 @@ class ReasoningStream:
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
+    "deepseek_v3": DeepSeekV3ReasoningParser,
     "glm45": Glm45ReasoningParser,
     # GLM-4.7 thinks as GLM-4.5 does.
     "glm47": Glm45ReasoningParser,

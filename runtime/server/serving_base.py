@@ -213,6 +213,7 @@ class ServingBase:
             "spaces_between_special_tokens": request.spaces_between_special_tokens,
             "include_stop_str_in_output": request.include_stop_str_in_output,
             "output_kind": RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            "extra_args": dict(request.vllm_xargs) if request.vllm_xargs else None,
         }
         defaults = self._default_sampling()
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):

@@ -119,6 +119,15 @@ class ChatServing(ServingBase):
 
     # ------------------------------------------------------------ preparing
 
+    def _reasoning_parser(self, request: ChatCompletionRequest) -> ReasoningParser | None:
+        """The reasoning parser of this request (a hybrid model's depends on whether its
+        template was told to think)."""
+        if self.reasoning_parser is None:
+            return None
+        return self.reasoning_parser.for_request(
+            self.renderer.template_kwargs(_template_kwargs(request))
+        )
+
     def _tool_mode(self, request: ChatCompletionRequest) -> ToolMode:
         choice = request.tool_choice
         if not request.tools or choice == "none":
@@ -209,6 +218,8 @@ class ChatServing(ServingBase):
             stream=bool(request.stream),
             guide=guide,
         )
+        if mode.parser is not None and mode.parser.keeps_special_tokens:
+            params.skip_special_tokens = False
         return PreparedChat(mode, prompt_ids, params, lora, prompt)
 
     async def create(
@@ -247,8 +258,9 @@ class ChatServing(ServingBase):
     ) -> tuple[ChatMessageOut, bool]:
         reasoning = None
         content: str | None = text
-        if self.reasoning_parser is not None:
-            split = self.reasoning_parser.split(text)
+        reasoning_parser = self._reasoning_parser(request)
+        if reasoning_parser is not None:
+            split = reasoning_parser.split(text)
             reasoning, content = split.reasoning, split.content
         role = self.settings.response_role
         if mode.kind == "named":
@@ -327,9 +339,10 @@ class ChatServing(ServingBase):
 
     # ------------------------------------------------------------ streaming
 
-    def _new_state(self, mode: ToolMode) -> ChoiceState:
+    def _new_state(self, request: ChatCompletionRequest, mode: ToolMode) -> ChoiceState:
+        reasoning_parser = self._reasoning_parser(request)
         return ChoiceState(
-            reasoning=self.reasoning_parser.stream() if self.reasoning_parser else None,
+            reasoning=reasoning_parser.stream() if reasoning_parser else None,
             tools=mode.parser.stream() if mode.parser is not None else None,
         )
 
@@ -394,7 +407,7 @@ class ChatServing(ServingBase):
         model = request.model or self.settings.model_name
         include_usage, continuous = self.stream_usage(request.stream_options)
         formatter = LogprobFormatter(self.tokenizer, self._token_ids_mode(request))
-        states = {i: self._new_state(mode) for i in range(request.n)}
+        states = {i: self._new_state(request, mode) for i in range(request.n)}
         completion_tokens = 0
         cached_tokens = 0
         prompt_tokens = len(prompt_ids)

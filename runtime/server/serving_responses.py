@@ -134,6 +134,8 @@ def _chat_fields(request: ResponsesRequest) -> dict[str, Any]:
         "seed": request.seed,
         "user": request.user,
         "parallel_tool_calls": request.parallel_tool_calls,
+        "vllm_xargs": request.vllm_xargs,
+        "chat_template_kwargs": request.chat_template_kwargs,
     }
     if request.tools:
         tools = []
@@ -389,7 +391,7 @@ class ResponsesServing:
                     lora_request=lora,
                 )
             )
-            state = self.chat._new_state(mode)
+            state = self.chat._new_state(chat_request, mode)
             message: dict[str, Any] | None = None
             calls: dict[int, dict[str, Any]] = {}
             output_tokens, finish_reason = 0, None

@@ -68,6 +68,7 @@ from infernetes.runtime.worker.input_batch import (
     step_inputs,
 )
 from infernetes.runtime.worker.kv_cache_memory import zeroed
+from infernetes.runtime.worker.logits_processor_batch import LogitsProcessorBatch
 from infernetes.runtime.worker.request_state import CachedRequestState
 from infernetes.runtime.worker.weight_offload import HostCopy
 
@@ -100,6 +101,11 @@ class ModelRunner:
             config.cache.calculate_kv_scales and self.kv_cache_dtype in KV_CACHE_DTYPES.values()
         )
         self.sampler = Sampler(config.model.seed)
+        self.logits_processors = (
+            LogitsProcessorBatch.load(config.model.logits_processors, config, device)
+            if config.model.logits_processors
+            else None
+        )
         self.num_blocks = 0
         self.host_weights: HostCopy | None = None  # sleep level 1's copy (GPU)
         self.requests: dict[str, CachedRequestState] = {}
@@ -622,7 +628,7 @@ class ModelRunner:
                 i for i, r in zip(sampling, requests, strict=True) for _ in range(r.num_drafts + 1)
             ]
             grammar = grammar.of_rows(rows)
-        samples = iter(self.sampler(logits, positions, grammar))
+        samples = iter(self.sampler(logits, positions, grammar, self.logits_processors))
         for i, request in zip(sampling, requests, strict=True):
             drafts = request.drop_drafts()
             tokens = accepted([next(samples) for _ in range(len(drafts) + 1)], drafts)

@@ -76,6 +76,36 @@ async def test_reasoning_content_is_split_whole_and_streamed(engine, parser):
     assert "".join(d.get("content") or "" for d in deltas) == "The answer."
 
 
+@pytest.mark.parametrize(
+    ("template_kwargs", "default_kwargs", "thinks"),
+    [
+        ({"thinking": True}, None, True),
+        ({"enable_thinking": True}, None, True),
+        (None, {"thinking": True}, True),  # --default-chat-template-kwargs
+        ({"thinking": False}, {"thinking": True}, False),
+        (None, None, False),
+    ],
+)
+async def test_deepseek_v3_reasons_only_when_its_template_is_told_to_think(
+    engine, template_kwargs, default_kwargs, thinks
+):
+    text = "plan it</think>The answer."
+    body = chat_body(guided_regex=r"plan it</think>The answer\.")
+    if template_kwargs is not None:
+        body["chat_template_kwargs"] = template_kwargs
+    expected = ("plan it", "The answer.") if thinks else (None, text)
+    async with client(
+        engine, reasoning_parser="deepseek_v3", chat_template_kwargs=default_kwargs
+    ) as http:
+        message = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0][
+            "message"
+        ]
+        assert (message["reasoning_content"], message["content"]) == expected
+        deltas = await _stream_deltas(http, body)
+    streamed = "".join(d.get("reasoning_content") or "" for d in deltas)
+    assert (streamed or None, "".join(d.get("content") or "" for d in deltas)) == expected
+
+
 async def test_chat_template_options(engine, tiny_llama_dir, tmp_path):
     template_file = tmp_path / "parts.jinja"
     template_file.write_text(PARTS_TEMPLATE)

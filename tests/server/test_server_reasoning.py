@@ -9,6 +9,8 @@ CASES = [
     ("deepseek_r1", "<think>plan it</think>The answer.", "plan it", "The answer."),
     ("deepseek_r1", "plan it</think>The answer.", "plan it", "The answer."),
     ("deepseek_r1", "still thinking", "still thinking", None),
+    # deepseek_v3 reads as deepseek_r1 once its template was told to think.
+    ("deepseek_v3", "plan it</think>The answer.", "plan it", "The answer."),
     ("qwen3", "<think>plan it</think>The answer.", "plan it", "The answer."),
     ("qwen3", "No thinking here.", None, "No thinking here."),
     ("qwen3", "<think>cut off", "cut off", None),
@@ -76,6 +78,21 @@ def test_stream_split_anywhere_matches_split(name, text, reasoning, content):
         assert "".join(c for _, c in pieces) == (content or "")
 
 
+@pytest.mark.parametrize(
+    ("template_kwargs", "thinks"),
+    [
+        ({"thinking": True}, True),
+        ({"enable_thinking": True}, True),
+        ({"thinking": False, "enable_thinking": False}, False),
+        ({}, False),
+    ],
+)
+def test_deepseek_v3_thinks_only_when_its_template_is_told_to(template_kwargs, thinks):
+    parser = make_reasoning_parser("deepseek_v3").for_request(template_kwargs)
+    assert (parser is not None) == thinks
+    assert make_reasoning_parser("qwen3").for_request(template_kwargs) is not None
+
+
 def test_unknown_parser_named_in_error():
-    with pytest.raises(ValueError, match=r"nope.*supported: deepseek_r1, glm45"):
+    with pytest.raises(ValueError, match=r"nope.*supported: deepseek_r1, deepseek_v3, glm45"):
         make_reasoning_parser("nope")

@@ -244,3 +244,17 @@ def test_truncation_auto_drops_the_oldest_items_and_disabled_refuses(
     )
     assert first_kept > 0
     assert response.usage.input_tokens == prompt_tokens(items[first_kept:])
+
+
+def test_vllm_extras_reach_the_chat_path():
+    """vLLM's Responses extras: ``vllm_xargs`` (the --logits-processors' arguments) and
+    ``chat_template_kwargs`` (a hybrid reasoning model's thinking switch among them)."""
+    from infernetes.runtime.server.protocol import ResponsesRequest
+    from infernetes.runtime.server.serving_responses import _chat_fields
+
+    request = ResponsesRequest(
+        input="hi", vllm_xargs={"force": 3}, chat_template_kwargs={"thinking": True}
+    )
+    fields = _chat_fields(request)
+    assert fields["vllm_xargs"] == {"force": 3}
+    assert fields["chat_template_kwargs"] == {"thinking": True}

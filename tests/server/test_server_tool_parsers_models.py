@@ -1,4 +1,5 @@
-"""The tool-call formats of DeepSeek, Kimi, GLM, Granite, MiniMax and Seed-OSS models, each from
+"""The tool-call formats of DeepSeek, Kimi, GLM, Granite, MiniMax, Seed-OSS, Step, xLAM and
+GigaChat models, each from
 the model's published chat template: text before the calls, two calls, nested JSON and
 non-ASCII arguments; whole, and streamed in every split (the streamed pieces join up to exactly
 the whole result)."""
@@ -124,6 +125,17 @@ CASES: dict[str, str] = {
         f'<|action_end|>\n<|action_start|><|plugin|>\n{{"name": "search", "parameters": {ARGS[1]}}}'
         "<|action_end|>"
     ),
+    "xlam": (
+        f'{CONTENT}\n```json\n[{{"name": "get_weather", "arguments": {ARGS[0]}}}, '
+        f'{{"name": "search", "arguments": {ARGS[1]}}}]\n```'
+    ),
+    "step3p5": (
+        f"{CONTENT}\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n"
+        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n"
+        f"<tool_call>\n<function=search>\n<parameter=query>\n{EXPECTED[1][1]['query']}\n</parameter>\n"
+        f"<parameter=filters>\n{json.dumps(FILTERS, ensure_ascii=False)}\n</parameter>\n"
+        "</function>\n</tool_call>"
+    ),
     "kimi_k2": (
         f"{CONTENT}<|tool_calls_section_begin|>"
         f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"
@@ -240,6 +252,7 @@ CLOSING = {
     "kimi_k2": "<|tool_call_end|>",
     "minimax_m2": "</invoke>",
     "seed_oss": "</function>",
+    "step3p5": "</function>",
 }
 
 
@@ -295,3 +308,58 @@ def test_output_cut_by_max_tokens_never_becomes_content(name):
     for marker in (m for m in parser.markers if m in text):
         cut = text.index(marker) + len(marker) + 1
         assert parser.extract(text[:cut], cut=True).tools_called
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [
+        ("", ""),
+        ("[TOOL_CALLS]", ""),
+        ("<tool_call>", "</tool_call>"),
+        ("```\n", "\n```"),
+    ],
+)
+def test_xlam_list_in_each_of_its_wrappings(opening):
+    before, after = opening
+    text = CASES["xlam"].split("\n```json\n")[1].removesuffix("\n```")
+    text = before + text + after
+    result = make_tool_parser("xlam", TOOLS).extract(text)
+    assert _calls(result.tool_calls) == EXPECTED and result.content is None
+    for at in range(len(text) + 1):
+        content, deltas, _ = _stream("xlam", [text[:at], text[at:]])
+        assert content.strip() == "" and len([d for d in deltas if d.name]) == 2
+
+
+def test_xlam_code_block_stays_content():
+    text = "Here:\n```python\nprint([1, 2])\n```\nand [a, b]."
+    assert not make_tool_parser("xlam", TOOLS).extract(text).tools_called
+    content, deltas, _ = _stream("xlam", list(text))
+    assert content == text and not deltas
+
+
+GIGACHAT_CALL = f'{{"name": "search", "arguments": {ARGS[1]}}}'
+GIGACHAT_CASES = [
+    f"{CONTENT}<|message_sep|>\n\nfunction call<|role_sep|>\n{GIGACHAT_CALL}",
+    f"{CONTENT}<|function_call|>{GIGACHAT_CALL}</s>",
+    f"function call<|role_sep|>\n{GIGACHAT_CALL}",
+]
+
+
+@pytest.mark.parametrize("text", GIGACHAT_CASES)
+def test_gigachat3_one_call_whole_and_streamed_split_anywhere(text):
+    """GigaChat3 writes one call a message, after content and its separator."""
+    content = CONTENT if text.startswith(CONTENT) else None
+    result = make_tool_parser("gigachat3", TOOLS).extract(text)
+    assert _calls(result.tool_calls) == EXPECTED[1:] and result.content == content
+    for at in range(len(text) + 1):
+        streamed, deltas, _ = _stream("gigachat3", [text[:at], text[at:]])
+        assert streamed.strip() == (content or "")
+        assert [d.name for d in deltas if d.name] == ["search"]
+        assert "".join(d.arguments for d in deltas) == result.tool_calls[0].function.arguments
+    _, deltas, _ = _stream("gigachat3", list(text))
+    assert len([d for d in deltas if d.arguments]) > 3  # arguments go out as written
+
+
+def test_gigachat3_keeps_special_tokens_for_its_markers():
+    assert make_tool_parser("gigachat3", TOOLS).keeps_special_tokens
+    assert not make_tool_parser("hermes", TOOLS).keeps_special_tokens

@@ -14,6 +14,7 @@ from infernetes.runtime.server.tool_parsers.deepseek import (
     DeepSeekV3ToolParser,
     DeepSeekV31ToolParser,
 )
+from infernetes.runtime.server.tool_parsers.gigachat import GigaChat3ToolParser
 from infernetes.runtime.server.tool_parsers.glm import Glm45ToolParser
 from infernetes.runtime.server.tool_parsers.granite import (
     Granite20bFCToolParser,
@@ -31,10 +32,12 @@ from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
 from infernetes.runtime.server.tool_parsers.pythonic import Olmo3ToolParser, PythonicToolParser
 from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser, SeedOssToolParser
 from infernetes.runtime.server.tool_parsers.required import RequiredCallsParser
+from infernetes.runtime.server.tool_parsers.xlam import XLamToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "deepseek_v3": DeepSeekV3ToolParser,
     "deepseek_v31": DeepSeekV31ToolParser,
+    "gigachat3": GigaChat3ToolParser,
     # GLM-4.7 writes GLM-4.5's format without the new lines.
     "glm45": Glm45ToolParser,
     "glm47": Glm45ToolParser,
@@ -63,6 +66,9 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "qwen": QwenToolParser,
     "qwen3_coder": QwenToolParser,
     "seed_oss": SeedOssToolParser,
+    # Step-3.5 writes Qwen3-Coder's XML calls.
+    "step3p5": QwenToolParser,
+    "xlam": XLamToolParser,
 }
 
 # Parser names vLLM knows that are not implemented here: refused with a clear message.

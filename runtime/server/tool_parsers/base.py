@@ -233,6 +233,9 @@ class ToolParser(ABC):
     # Marker strings that may open the tool section; a tail of the output that could still grow
     # into one is held back while streaming.
     markers: ClassVar[tuple[str, ...]] = ()
+    # Whether its markers are special tokens, which a request with tools must then keep in the
+    # output (vLLM's adjust_request of the same parsers).
+    keeps_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tools: list[ChatTool] | None = None) -> None:
         self.tools = tools or []
