@@ -64,12 +64,11 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     logits_processors: list[LogitsProcessor] | None = None
     structured_outputs: StructuredOutputsParams | None = None
-    # Arguments of --logits-processors classes (vLLM's extra_args; vllm_xargs over HTTP).
+    # vLLM's extra arguments for plugins and connectors: the --logits-processors classes read
+    # theirs (vllm_xargs over HTTP), "kv_transfer_params" reaches the KV connector (a
+    # disaggregated prefill's parameters, ``kv_transfer/nixl.py``)
     extra_args: dict[str, Any] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    # vLLM's extra arguments for plugins and connectors: "kv_transfer_params" reaches the KV
-    # connector (a disaggregated prefill's parameters, ``kv_transfer/nixl.py``)
-    extra_args: dict[str, Any] | None = None
     # Filled by the engine from the model's generation config / tokenizer.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 

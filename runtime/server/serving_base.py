@@ -239,7 +239,10 @@ class ServingBase:
                     400,
                     "kv_transfer_params",
                 )
-            fields["extra_args"] = {"kv_transfer_params": request.kv_transfer_params}
+            fields["extra_args"] = {
+                **(fields["extra_args"] or {}),
+                "kv_transfer_params": request.kv_transfer_params,
+            }
         try:
             return SamplingParams(**fields)
         except (ValueError, TypeError) as exc:

@@ -152,6 +152,12 @@ async def test_vllm_xargs_reach_the_processors_over_http(tiny_llama):
         ) as http:
             forced = await http.post("/v1/completions", json={**body, "vllm_xargs": {"force": 9}})
             assert forced.json()["choices"][0]["logprobs"]["tokens"] == ["token_id:9"] * 4
+            # kv_transfer_params share extra_args with the processors' arguments, losing neither
+            both = await http.post(
+                "/v1/completions",
+                json={**body, "vllm_xargs": {"force": 7}, "kv_transfer_params": {"x": 1}},
+            )
+            assert both.json()["choices"][0]["logprobs"]["tokens"] == ["token_id:7"] * 4
             refused = await http.post(
                 "/v1/completions", json={**body, "vllm_xargs": {"force": "nine"}}
             )
