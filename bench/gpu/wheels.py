@@ -25,9 +25,11 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 WHEELS = ROOT / ".whl"
 # The device README's platforms; pip matches each manylinux_2_N tag exactly.
-PLATFORMS = [
-    f"manylinux_2_{n}_x86_64" for n in (39, 38, 35, 34, 31, 28, 27, 24, 17, 5)
-] + ["manylinux2014_x86_64", "manylinux1_x86_64", "any"]
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 38, 35, 34, 31, 28, 27, 24, 17, 5)] + [
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "any",
+]
 # The machine the wheels are for: Linux x86_64, CPython 3.12 (markers are evaluated for it).
 TARGET = {
     **default_environment(),
