@@ -51,7 +51,7 @@ declare -A BENCH=(
 )
 # The order of a whole run, each with its expected minutes.
 ORDER=(
-  "env:1" "tests-kernels:9" "tests-marked:6" "smoke:6"
+  "tests-kernels:9" "tests-marked:6" "smoke:6"
   "bench-decode:4" "bench-throughput:7" "bench-kernels:2" "bench-fp8:9" "bench-w4a16:9"
   "bench-moe-decode:4" "bench-moe-throughput:7" "bench-moe-kernels:3" "bench-moe-w4a16:9"
   "bench-profile:3"
