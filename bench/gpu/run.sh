@@ -10,8 +10,8 @@
 #   tests          tests-kernels, then tests-marked
 #   tests-kernels  tests/kernels on CUDA (every Triton kernel compiled and run, not interpreted)
 #   tests-marked   every other test marked gpu, outside tests/kernels
-#   smoke          tests/engine/test_engine_gpu_matches_cpu.py: each model family and quantized
-#                  format on CUDA gives the CPU's greedy tokens
+#   smoke          each model family and quantized format on CUDA gives the CPU's greedy tokens,
+#                  dummy weights serve, and so does `infernetes serve` (SMOKE_TESTS)
 #   bench-<part>   one part of `python -m bench gpu_llama8b` or `gpu_moe` (`all` lists them)
 #   all            prints the commands of a whole run, one per lease call, in order
 # Each step writes its JUnit XML or JSON report and its log under $OUT.
@@ -33,6 +33,8 @@ PYTHON="${PYTHON:-python3}"
 DRY_RUN="${DRY_RUN:-0}"
 STEP_TIMEOUT="${STEP_TIMEOUT:-560}"
 site=/tmp/site
+# The smoke step's tests (gpu-marked; the tests steps leave them to it).
+SMOKE_TESTS=(tests/engine/test_engine_gpu_matches_cpu.py tests/server/test_server_gpu.py)
 source_dir=/tmp/infernetes-src
 
 # bench-<part>: the benchmark and its --parts, with the minutes it is expected to take on an H100
@@ -104,6 +106,15 @@ run_pytest() {
     --junitxml "$OUT/$name.xml" "${collect[@]}" "$@"
 }
 
+# The gpu-marked tests outside tests/kernels and the smoke file: only the files that carry the
+# marker are collected, since the others import dev-only packages the image lacks.
+run_marked() {
+  local files
+  mapfile -t files < <(grep -rlE "pytest\.mark\.gpu" tests --include "test_*.py" |
+    grep -v -e "^tests/kernels/" $(printf -- "-e %s " "${SMOKE_TESTS[@]}") | sort)
+  run_pytest tests-marked -m gpu "${files[@]}"
+}
+
 run_bench() {
   local part="$1"
   local spec="${BENCH[$part]:-}"
@@ -142,15 +153,11 @@ case "$1" in
   tests)
     status=0
     run_pytest tests-kernels tests/kernels || status=$?
-    run_pytest tests-marked tests -m gpu --ignore tests/kernels \
-      --deselect tests/engine/test_engine_gpu_matches_cpu.py || status=$?
+    run_marked || status=$?
     exit "$status"
     ;;
   tests-kernels) run_pytest tests-kernels tests/kernels ;;
-  tests-marked)
-    run_pytest tests-marked tests -m gpu --ignore tests/kernels \
-      --deselect tests/engine/test_engine_gpu_matches_cpu.py
-    ;;
-  smoke) run_pytest smoke tests/engine/test_engine_gpu_matches_cpu.py ;;
+  tests-marked) run_marked ;;
+  smoke) run_pytest smoke "${SMOKE_TESTS[@]}" ;;
   bench-*) run_bench "${1#bench-}" ;;
 esac

@@ -1,5 +1,6 @@
 """On an NVIDIA GPU, every model family and quantized format the docs list generates the CPU's
-greedy tokens for the same tiny random model (``bench/gpu/run.sh smoke`` runs this file).
+greedy tokens for the same tiny random model, and each family serves with dummy bf16 weights
+(``bench/gpu/run.sh smoke`` runs this file).
 
 The CPU's tokens are the reference here: the CPU tests already hold them equal to transformers'.
 Skipped without a GPU (CI).
@@ -79,6 +80,14 @@ def _assert_same_tokens(path: str, **engine) -> None:
 @pytest.mark.parametrize("architecture", FAMILIES)
 def test_gpu_family_generates_the_cpus_tokens(model_factory, architecture):
     _assert_same_tokens(model_factory(architecture))
+
+
+@pytest.mark.parametrize("architecture", FAMILIES)
+def test_gpu_family_serves_dummy_weights_in_bf16(model_factory, architecture):
+    engine = {**ENGINE, "dtype": "bfloat16", "load_format": "dummy"}
+    llm = LLM(model_factory(architecture), device="cuda", **engine)
+    for output in llm.generate(SAMPLE_PROMPTS, GREEDY):
+        assert len(output.outputs[0].token_ids) == GREEDY.max_tokens
 
 
 @pytest.mark.parametrize("architecture", FAMILIES[:1])
