@@ -33,6 +33,7 @@ def link(target: Path) -> None:
                 _replace(package / entry.name, entry)
         else:
             _replace(package / name.split(".", 1)[1], ROOT / folder)
+    _replace(target / "bench", ROOT / "bench")  # for `python -m bench`
 
 
 def _replace(path: Path, target: Path) -> None:

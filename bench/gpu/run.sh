@@ -65,6 +65,10 @@ usage() {
   exit 2
 }
 
+# The checkout's operator/ would shadow the standard library's operator module wherever the
+# current folder is on sys.path (`python -m` from the root puts it first): never put it there.
+export PYTHONSAFEPATH=1
+
 install() {
   shopt -s nullglob
   local wheels=(.whl/*.whl)
@@ -75,7 +79,7 @@ install() {
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$site" "${wheels[@]}"
   "$PYTHON" bench/gpu/importable.py "$source_dir"
-  export PYTHONPATH="$source_dir:$site:$root${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$source_dir:$site${PYTHONPATH:+:$PYTHONPATH}"
   export PYTHONUNBUFFERED=1
 }
 
