@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One step of the GPU run, sized for one 10-minute command on a GPU machine (bench/gpu/README.md).
 #
-#   bench/gpu/run.sh env | tests | tests-kernels | tests-marked | smoke | bench-<part> | all
+#   bench/gpu/run.sh env | tests | tests-kernels[-e2e] | tests-marked | smoke | bench-<part> | all
 #
 # Every step first installs .whl/ (`make gpu-wheels`, beforehand) into /tmp/site, makes the
 # checkout importable as `infernetes` (bench/gpu/importable.py) and writes $OUT/env.json (the GPU,
 # the driver, torch, triton, and whether each of infernetes' runtime modules imports). Then:
 #   env            nothing more
-#   tests          tests-kernels, then tests-marked
-#   tests-kernels  tests/kernels on CUDA (every Triton kernel compiled and run, not interpreted)
+#   tests          tests-kernels, tests-kernels-e2e, then tests-marked
+#   tests-kernels  tests/kernels on CUDA (every Triton kernel compiled and run, not interpreted),
+#                  but for the end-to-end model tests (tests-kernels-e2e) and the CPU's C kernels
 #   tests-marked   every other test marked gpu, outside tests/kernels
 #   smoke          each model family and quantized format on CUDA gives the CPU's greedy tokens,
 #                  dummy weights serve, and so does `infernetes serve` (SMOKE_TESTS)
@@ -53,14 +54,14 @@ declare -A BENCH=(
 )
 # The order of a whole run, each with its expected minutes.
 ORDER=(
-  "tests-kernels:9" "tests-marked:6" "smoke:6"
+  "tests-kernels:8" "tests-kernels-e2e:6" "tests-marked:5" "smoke:6"
   "bench-decode:4" "bench-throughput:7" "bench-kernels:2" "bench-fp8:9" "bench-w4a16:9"
   "bench-moe-decode:4" "bench-moe-throughput:7" "bench-moe-kernels:3" "bench-moe-w4a16:9"
   "bench-profile:3"
 )
 
 usage() {
-  echo "usage: bench/gpu/run.sh env|tests|tests-kernels|tests-marked|smoke|bench-<part>|all" >&2
+  echo "usage: bench/gpu/run.sh env|tests|tests-kernels[-e2e]|tests-marked|smoke|bench-<part>|all" >&2
   echo "  parts: ${!BENCH[*]}" >&2
   exit 2
 }
@@ -119,6 +120,19 @@ run_marked() {
   run_pytest tests-marked -m gpu "${files[@]}"
 }
 
+# tests/kernels in two steps that each fit a lease: the end-to-end model tests (e2e), and the
+# kernels' own tests (the rest). The C kernels' tests (cpu_*) are the CPU's, run by CI.
+run_kernels() {
+  local which="$1" files
+  if [[ "$which" == e2e ]]; then
+    files=(tests/kernels/test_kernels_e2e_*.py)
+  else
+    mapfile -t files < <(find tests/kernels -name "test_kernels_*.py" \
+      ! -name "test_kernels_e2e_*" ! -name "test_kernels_cpu_*" | sort)
+  fi
+  run_pytest "tests-kernels${which:+-$which}" "${files[@]}"
+}
+
 run_bench() {
   local part="$1"
   local spec="${BENCH[$part]:-}"
@@ -147,7 +161,7 @@ case "$1" in
     print_all
     exit 0
     ;;
-  env | tests | tests-kernels | tests-marked | smoke | bench-*) ;;
+  env | tests | tests-kernels | tests-kernels-e2e | tests-marked | smoke | bench-*) ;;
   *) usage ;;
 esac
 install
@@ -156,11 +170,13 @@ case "$1" in
   env) ;;
   tests)
     status=0
-    run_pytest tests-kernels tests/kernels || status=$?
+    run_kernels "" || status=$?
+    run_kernels e2e || status=$?
     run_marked || status=$?
     exit "$status"
     ;;
-  tests-kernels) run_pytest tests-kernels tests/kernels ;;
+  tests-kernels) run_kernels "" ;;
+  tests-kernels-e2e) run_kernels e2e ;;
   tests-marked) run_marked ;;
   smoke) run_pytest smoke "${SMOKE_TESTS[@]}" ;;
   bench-*) run_bench "${1#bench-}" ;;
