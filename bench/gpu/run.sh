@@ -23,8 +23,8 @@
 #   DRY_RUN=1  on a machine without CUDA: pytest only collects, benchmarks run --smoke (tiny
 #              shapes on the CPU), so import errors, missing wheels and wrong paths show up there
 #   BENCH_ARGS extra arguments for a bench-<part> step (e.g. "--requests 128")
-#   STEP_TIMEOUT seconds a step may run before it is interrupted (default 560), leaving its
-#              report; a lease command is cut at 600
+#   STEP_TIMEOUT seconds a step may run before it is interrupted (default 500), leaving its
+#              report; a lease command is cut at 600, and installing and env.json take ~40
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -32,7 +32,7 @@ cd "$root"
 OUT="${OUT:-$root/gpu-out}"
 PYTHON="${PYTHON:-python3}"
 DRY_RUN="${DRY_RUN:-0}"
-STEP_TIMEOUT="${STEP_TIMEOUT:-560}"
+STEP_TIMEOUT="${STEP_TIMEOUT:-500}"
 site=/tmp/site
 # The smoke step's tests (gpu-marked; the tests steps leave them to it).
 SMOKE_TESTS=(tests/engine/test_engine_gpu_matches_cpu.py tests/server/test_server_gpu.py)
