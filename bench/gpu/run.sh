@@ -38,8 +38,7 @@ site=/tmp/site
 SMOKE_TESTS=(tests/engine/test_engine_gpu_matches_cpu.py tests/server/test_server_gpu.py)
 source_dir=/tmp/infernetes-src
 
-# bench-<part>: the benchmark and its --parts, with the minutes it is expected to take on an H100
-# (estimates from the parts' sizes, not yet measured: the first run's logs replace them).
+# bench-<part>: the benchmark and its --parts.
 declare -A BENCH=(
   [decode]="gpu_llama8b --parts decode"
   [throughput]="gpu_llama8b --parts throughput"
@@ -52,11 +51,16 @@ declare -A BENCH=(
   [moe-kernels]="gpu_moe --parts kernels"
   [moe-w4a16]="gpu_moe --parts w4a16"
 )
-# The order of a whole run, each with its expected minutes.
+# A whole run, in order: each step's command and the minutes expected on an H100 (estimates
+# from the parts' sizes until a run measures them). The quantized parts measure bf16 beside
+# themselves (four engine runs), so they take half the requests to fit a lease.
 ORDER=(
   "tests-kernels:8" "tests-kernels-e2e:6" "tests-marked:5" "smoke:6"
-  "bench-decode:4" "bench-throughput:7" "bench-kernels:2" "bench-fp8:9" "bench-w4a16:9"
-  "bench-moe-decode:4" "bench-moe-throughput:7" "bench-moe-kernels:3" "bench-moe-w4a16:9"
+  "bench-decode:4" "bench-throughput:7" "bench-kernels:2"
+  "BENCH_ARGS='--requests 128' bench/gpu/run.sh bench-fp8:8"
+  "BENCH_ARGS='--requests 128' bench/gpu/run.sh bench-w4a16:8"
+  "bench-moe-decode:4" "bench-moe-throughput:7" "bench-moe-kernels:3"
+  "BENCH_ARGS='--requests 128' bench/gpu/run.sh bench-moe-w4a16:8"
   "bench-profile:3"
 )
 
@@ -148,7 +152,9 @@ print_all() {
   local total=0 entry
   echo "# One lease call each, in this order (carry: [\".whl\"]); expected minutes on an H100:"
   for entry in "${ORDER[@]}"; do
-    echo "bench/gpu/run.sh ${entry%%:*}    # ~${entry##*:} min"
+    local command="${entry%%:*}"
+    [[ "$command" == *run.sh* ]] || command="bench/gpu/run.sh $command"
+    echo "$command    # ~${entry##*:} min"
     total=$((total + ${entry##*:}))
   done
   echo "# about $total minutes of commands in all, more than one 30-minute session: start at the"
