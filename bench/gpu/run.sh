@@ -38,7 +38,7 @@ site=/tmp/site
 SMOKE_TESTS=(tests/engine/test_engine_gpu_matches_cpu.py tests/server/test_server_gpu.py)
 source_dir=/tmp/infernetes-src
 
-# bench-<part>: the benchmark and its --parts.
+# bench-<part>: the benchmark and its --parts (gpu_serve has none: its start-up and load).
 declare -A BENCH=(
   [decode]="gpu_llama8b --parts decode"
   [throughput]="gpu_llama8b --parts throughput"
@@ -46,6 +46,7 @@ declare -A BENCH=(
   [fp8]="gpu_llama8b --parts fp8"
   [w4a16]="gpu_llama8b --parts w4a16"
   [profile]="gpu_llama8b --parts profile"
+  [server]="gpu_serve"
   [moe-decode]="gpu_moe --parts decode"
   [moe-throughput]="gpu_moe --parts throughput"
   [moe-kernels]="gpu_moe --parts kernels"
@@ -56,7 +57,7 @@ declare -A BENCH=(
 # themselves (four engine runs), so they take half the requests to fit a lease.
 ORDER=(
   "tests-kernels:8" "tests-kernels-e2e:6" "tests-marked:5" "smoke:6"
-  "bench-decode:4" "bench-throughput:7" "bench-kernels:2"
+  "bench-decode:4" "bench-throughput:7" "bench-kernels:2" "bench-server:8"
   "BENCH_ARGS='--requests 128' bench/gpu/run.sh bench-fp8:8"
   "BENCH_ARGS='--requests 128' bench/gpu/run.sh bench-w4a16:8"
   "bench-moe-decode:4" "bench-moe-throughput:7" "bench-moe-kernels:3"
