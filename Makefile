@@ -7,7 +7,7 @@ LMEVAL_VENV := .venv-lmeval
 LMEVAL_BIN := $(LMEVAL_VENV)/bin
 LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
 
-.PHONY: setup lmeval test test-fast unit e2e lint generate serve bench cluster cluster-down
+.PHONY: setup lmeval test test-fast unit e2e lint generate serve bench gpu-wheels cluster cluster-down
 
 setup: $(STAMP)
 
@@ -85,6 +85,11 @@ serve: setup
 
 bench: setup
 	$(BIN)/python -m bench
+
+# What the GPU machines lack, as wheels in .whl/ (git-ignored) that bench/gpu/run.sh installs there
+# offline; see bench/gpu/README.md.
+gpu-wheels: setup
+	$(BIN)/python bench/gpu/wheels.py
 
 # The runtime and operator images with podman; BASE_IMAGE=debootstrap builds from a local Debian
 # base instead of a registry's (see images/build-images.sh).

@@ -3,6 +3,7 @@ in a process of its own, and the report lines that set a figure against a bound 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -85,6 +86,21 @@ def run_part(
         f"{part}: {json.dumps(result)}", file=sys.stderr, flush=True
     )  # progress, and the raw figures
     return result
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the raw figures of every part as JSON to PATH (bench/gpu/run.sh's report)",
+    )
+
+
+def write_json(path: str | None, benchmark: str, device_name: str, argv: list[str], results: dict):
+    """The raw figures of a run, with what produced them, for ``--json``."""
+    if path:
+        report = {"benchmark": benchmark, "device": device_name, "argv": argv, "results": results}
+        Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
 def nominal(table: dict[str, float], device_name: str) -> float | None:

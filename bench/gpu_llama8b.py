@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from bench._gpu import add_json_option, write_json
 from bench._llama8b import decode, kernels, profile, quantized, throughput
 from bench._llama8b.model import LLAMA_31_8B, QUANTIZED, TINY, PartRunner, write_model_dir
 
@@ -88,6 +89,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="JSON of extra LLM keyword arguments, e.g. '{\"enforce_eager\": true}'",
     )
     parser.add_argument("--seed", type=int, default=0)
+    add_json_option(parser)
     parser.add_argument(
         "--smoke", action="store_true", help="tiny shapes on the CPU: checks the script runs"
     )
@@ -132,6 +134,7 @@ def main(argv: list[str]) -> int:
     for name, report in REPORT.items():
         if name in parts:
             report(device_name, config, results)
+    write_json(args.json, "gpu_llama8b", device_name, argv, results)
     return 0
 
 

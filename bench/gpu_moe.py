@@ -36,6 +36,7 @@ import torch
 
 from bench._gpu import (
     NOMINAL_BANDWIDTH,
+    add_json_option,
     against_bound,
     copy_bandwidth,
     nominal,
@@ -43,6 +44,7 @@ from bench._gpu import (
     run_part,
     seconds_per_call,
     throughput_beside_bf16,
+    write_json,
 )
 
 # config.json of Qwen/Qwen3-30B-A3B (shape only; the weights are dummies)
@@ -102,6 +104,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--engine-args", default="{}", help="JSON of extra LLM keyword arguments")
     parser.add_argument("--seed", type=int, default=0)
+    add_json_option(parser)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     parser.add_argument(
         "--part", choices=("decode", "throughput", "kernels"), help=argparse.SUPPRESS
@@ -371,6 +374,7 @@ def main(argv: list[str]) -> int:
                 results["copy_bandwidth"] = copy_bandwidth(1 << 20 if args.smoke else 1 << 30)
             results[part] = run_part(part, argv, model_dir, args.smoke, module="bench.gpu_moe")
     _report(device_name, config, results)
+    write_json(args.json, "gpu_moe", device_name, argv, results)
     return 0
 
 

@@ -1,0 +1,105 @@
+"""On an NVIDIA GPU, every model family and quantized format the docs list generates the CPU's
+greedy tokens for the same tiny random model, and each family serves with dummy bf16 weights
+(``bench/gpu/run.sh smoke`` runs this file).
+
+The CPU's tokens are the reference here: the CPU tests already hold them equal to transformers'.
+Skipped without a GPU (CI).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from infernetes.runtime.testing import SAMPLE_PROMPTS
+from infernetes.runtime.testing_quantized import (
+    write_awq,
+    write_fp8_blockwise,
+    write_fp8_static,
+    write_gptq,
+)
+
+from infernetes import LLM, SamplingParams
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+]
+
+ENGINE = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=64, block_size=16)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+FAMILIES = [
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "GemmaForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+    "GraniteForCausalLM",
+    "Olmo2ForCausalLM",
+    "Starcoder2ForCausalLM",
+    "OPTForCausalLM",
+    "GPT2LMHeadModel",
+]
+# Each quantized format as runtime.testing_quantized writes it, with the options it is read with.
+FORMATS = {
+    "gptq-4bit": (write_gptq, {}),
+    "gptq-8bit": (write_gptq, {"bits": 8}),
+    "gptq-desc-act": (write_gptq, {"desc_act": True}),
+    "awq": (write_awq, {}),
+    "fp8-block": (write_fp8_blockwise, {}),
+    "fp8-per-tensor": (write_fp8_static, {}),
+    "fp8-per-channel": (write_fp8_static, {"per_channel": True}),
+}
+
+
+def _greedy(path: str, device: str, **engine) -> list[list[int]]:
+    llm = LLM(path, device=device, **{**ENGINE, **engine})
+    tokens = [out.outputs[0].token_ids for out in llm.generate(SAMPLE_PROMPTS, GREEDY)]
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return tokens
+
+
+def _assert_same_tokens(path: str, **engine) -> None:
+    cpu = _greedy(path, "cpu", **engine)
+    gpu = _greedy(path, "cuda", **engine)
+    for prompt, want, got in zip(SAMPLE_PROMPTS, cpu, gpu, strict=True):
+        assert got == want, prompt
+
+
+@pytest.mark.parametrize("architecture", FAMILIES)
+def test_gpu_family_generates_the_cpus_tokens(model_factory, architecture):
+    _assert_same_tokens(model_factory(architecture))
+
+
+@pytest.mark.parametrize("architecture", FAMILIES)
+def test_gpu_family_serves_dummy_weights_in_bf16(model_factory, architecture):
+    engine = {**ENGINE, "dtype": "bfloat16", "load_format": "dummy"}
+    llm = LLM(model_factory(architecture), device="cuda", **engine)
+    for output in llm.generate(SAMPLE_PROMPTS, GREEDY):
+        assert len(output.outputs[0].token_ids) == GREEDY.max_tokens
+
+
+@pytest.mark.parametrize("architecture", FAMILIES[:1])
+def test_gpu_graphs_off_generates_the_cpus_tokens(model_factory, architecture):
+    _assert_same_tokens(model_factory(architecture), enforce_eager=True)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3MoeForCausalLM"])
+def test_gpu_quantized_format_generates_the_cpus_tokens(
+    model_factory, tmp_path, architecture, name
+):
+    write, options = FORMATS[name]
+    quantized, _ = write(model_factory(architecture), tmp_path / name, **options)
+    _assert_same_tokens(str(quantized))
