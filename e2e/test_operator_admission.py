@@ -475,7 +475,7 @@ def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(
     assert result.returncode != 0
     assert (
         "spec.engine.apiServerCount" in result.stderr
-        and "one API server process serves every engine core" in result.stderr
+        and "several API server processes are not built" in result.stderr
     )
     assert (
         "spec.engine.fullyShardedLoras" in result.stderr

@@ -80,7 +80,8 @@ def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
     by_field = {item.field: item for item in engine_refusals(ARGS)}
     count = by_field["apiServerCount"].message
     assert count.startswith(
-        "--api-server-count is not supported with this value: one API server process serves"
+        "--api-server-count is not supported with this value: several API server processes are "
+        "not built"
     )
     assert count.endswith("supported: 1")
     assert by_field["fullyShardedLoras"].message.endswith("only false is accepted")
