@@ -67,9 +67,23 @@ while True:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Two free consecutive ports (a side channel per TP rank) below the kernel's ephemeral
+    range, so no socket bound to port 0 (another xdist worker's, a client's) can take them
+    between this choice and the engine's bind, and in this xdist worker's own share."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    for _ in range(1000):
+        port = random.randrange(20000, 32000, 2)
+        if (port // 2) % workers != worker:
+            continue
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no two free consecutive ports between 20000 and 32000")
 
 
 def _settings(model: str, **overrides) -> dict:
