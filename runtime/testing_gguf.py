@@ -58,20 +58,18 @@ def _interleave_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
 def _stack_experts(state: dict[str, Any]) -> dict[str, Any]:
     """The checkpoint with each layer's experts stacked into one 3-d tensor per projection
     (``mlp.experts.gate_proj.weight``: ``[experts, out, in]``), as llama.cpp stores them."""
-    import re
-
     import torch
+    from infernetes.runtime.model_executor.models.moe import EXPERT_TENSOR
 
-    expert = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
     stacked: dict[str, Any] = {}
     groups: dict[str, dict[int, Any]] = {}
     for name, tensor in state.items():
-        match = expert.match(name)
+        match = EXPERT_TENSOR.match(name)
         if match is None:
             stacked[name] = tensor
             continue
         prefix, index, projection = match.groups()
-        groups.setdefault(f"{prefix}.{projection}.weight", {})[int(index)] = tensor
+        groups.setdefault(f"{prefix}.experts.{projection}.weight", {})[int(index)] = tensor
     for name, by_index in groups.items():
         stacked[name] = torch.stack([by_index[i] for i in sorted(by_index)])
     return stacked

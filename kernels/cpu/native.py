@@ -7,8 +7,8 @@ path falls back to the torch reference, with one warning in the log.
 
 ``INFERNETES_CPU_KERNELS=0`` turns the C kernels off; ``INFERNETES_CPU_MARCH`` builds them for
 another ``-march`` than ``native`` (``x86-64-v3``: AVX2 without AVX-512; ``x86-64``: the scalar
-loops), which is how the tests run the paths this CPU would not take. The cache is ``INFERNETES_KERNEL_CACHE`` when
-set, else ``kernels/`` under ``VLLM_CACHE_ROOT`` (vLLM's folder for compiled artefacts), else
+loops), which is how the tests run the paths this CPU would not take. The cache is
+``INFERNETES_KERNEL_CACHE`` when set, else ``kernels/`` under ``VLLM_CACHE_ROOT`` (vLLM's folder for compiled artefacts), else
 ``$XDG_CACHE_HOME/infernetes/kernels`` (``~/.cache/infernetes/kernels``).
 """
 

@@ -143,13 +143,20 @@ def _rotary_dims_from_file(metadata: dict[str, Any], config: PretrainedConfig) -
     rope["partial_rotary_factor"] = config.partial_rotary_factor = int(dims) / head_dim
 
 
+def _architecture(reader: GGUFReader) -> str:
+    """The file's ``general.architecture`` ("" when it has none)."""
+    field = reader.fields.get("general.architecture")
+    return str(field.contents()) if field is not None else ""
+
+
 def _architecture_metadata(file: Path) -> dict[str, Any]:
     """The file's ``<architecture>.*`` metadata keyed without the architecture."""
-    fields = GGUFReader(file).fields
-    architecture = fields.get("general.architecture")
-    if architecture is None:
+    reader = GGUFReader(file)
+    fields = reader.fields
+    architecture = _architecture(reader)
+    if not architecture:
         return {}
-    prefix = f"{architecture.contents()}."
+    prefix = f"{architecture}."
     return {
         key.removeprefix(prefix): field.contents()
         for key, field in fields.items()
@@ -248,8 +255,7 @@ def gguf_weights(
         reader = GGUFReader(file)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"cannot read the GGUF file {file}: {error}") from error
-    field = reader.fields.get("general.architecture")
-    architecture = str(field.contents()) if field is not None else ""
+    architecture = _architecture(reader)
     names = _hf_names(model, architecture, hf_config.num_hidden_layers)
     skipped = []
     for tensor in reader.tensors:

@@ -1,8 +1,9 @@
 """Where a CPU rank's intra-op threads run: ``VLLM_CPU_OMP_THREADS_BIND`` as vLLM's CPU backend
 reads it. Unset or ``nobind``: torch's own placement stays, with as many threads as the CPUs the
 process may use and its CPU quota allow (``usable_cpus``; OMP_NUM_THREADS decides when set);
-``all``: every CPU this process may use; ``auto``: the CPUs of NUMA node ``index % nodes``, split evenly among the
-ranks that share a node; a list such as ``0-3,8|4-7,9``: rank ``index`` takes entry ``index``.
+``all``: every CPU this process may use; ``auto``: the CPUs of NUMA node ``index % nodes``, split
+evenly among the ranks that share a node; a list such as ``0-3,8|4-7,9``: rank ``index`` takes
+entry ``index``.
 
 The worker binds the thread that runs the model before it starts any OpenMP work, so the thread
 pool that torch creates from it inherits the CPUs, and runs one intra-op thread per CPU."""
@@ -81,9 +82,10 @@ def quota_cpus(cgroup: Path = _CGROUP) -> int | None:
         except OSError:
             return None
     quota, period = quota.strip(), period.strip()
-    if quota in ("max", "-1") or not quota.lstrip("-").isdigit() or not period.isdigit():
+    # "max" (v2) and -1 (v1) mean no quota
+    if not quota.isdigit() or not period.isdigit() or not int(period):
         return None
-    return max(1, math.ceil(int(quota) / int(period))) if int(period) else None
+    return max(1, math.ceil(int(quota) / int(period)))
 
 
 def usable_cpus(cgroup: Path = _CGROUP) -> int:

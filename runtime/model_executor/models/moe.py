@@ -21,7 +21,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 # "model.layers.3.mlp.experts.17.gate_proj.weight" -> ("model.layers.3.mlp", 17, "gate_proj")
-_EXPERT_TENSOR = re.compile(r"^(.*)\.experts\.(\d+)\.(\w+)\.weight$")
+EXPERT_TENSOR = re.compile(r"^(.*)\.experts\.(\d+)\.(\w+)\.weight$")
 
 
 class RouterLinear(ReplicatedLinear):
@@ -71,7 +71,7 @@ class MoeForCausalLM(LlamaForCausalLM):
         def dense(items: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in items:
                 name = self.checkpoint_name(name)
-                match = _EXPERT_TENSOR.match(name)
+                match = EXPERT_TENSOR.match(name)
                 if match is None or match.group(3) not in EXPERT_PROJECTIONS:
                     yield name, tensor
                     continue
