@@ -15,9 +15,9 @@ infernetes / llama.cpp (above 1: infernetes does better, for TTFT, idle CPU and 
   token-id prompts (``bench/_llamacpp/servers.py``);
 - each server's idle CPU seconds per 10 s and its memory (PSS of its process tree after the load).
 
-Both engines use ``--threads`` threads (default: every CPU). infernetes loads GGUF files only once
-``--load-format gguf`` is supported; until then it runs the F32 and BF16 rows from the same
-weights as a safetensors checkpoint and leaves the quantized rows to llama.cpp alone.
+Both engines use ``--threads`` threads (default: every CPU) and load the same GGUF file, infernetes
+in the file's own precision (``--dtype float32`` for F32, ``bfloat16`` for BF16; the quantized types
+keep their blocks and compute with bf16 activations, ``--dtype auto``).
 
     python -m bench cpu_llamacpp [--quick] [--models f32,bf16,q8_0,q4_1,smollm2]
                                  [--concurrency 1,8,32] [--threads N] [--no-server]
@@ -73,12 +73,17 @@ def loads_gguf() -> bool:
     return "gguf" in (ARG_SUPPORT["load_format"].values or ())
 
 
+UNQUANTIZED_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
 def infernetes_source(model: BenchModel) -> tuple[str, str] | None:
     """(model argument, dtype) for infernetes, or None where it cannot load this model yet."""
     if loads_gguf():
-        return str(model.gguf), "auto"
+        # the file's own precision: "auto" would run an F32 file in bf16 on a CPU with fast bf16
+        # (vLLM's rule), which reads half the bytes llama.cpp reads and is no like-for-like figure
+        return str(model.gguf), UNQUANTIZED_DTYPES.get(model.key, "auto")
     if model.hf_dir is not None and not model.quantized:
-        return str(model.hf_dir), "float32" if model.key == "f32" else "bfloat16"
+        return str(model.hf_dir), UNQUANTIZED_DTYPES[model.key]
     return None
 
 
