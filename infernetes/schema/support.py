@@ -234,11 +234,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "tokenizer": HONOURED,
     "hf_config_path": HONOURED,
     "tokenizer_mode": partial(
-        ("auto", "slow"),
-        "mistral (mistral_common's tokenizer, whose chat requests are encoded to tokens without "
-        "a template) and custom are not built yet: the server renders chats with the Hugging "
-        "Face tokenizer's template and builds grammars and detokenizes from its vocabulary; use "
-        "a checkpoint's Hugging Face tokenizer files (planned)",
+        ("auto", "slow", "mistral"),
+        "custom (a tokenizer registered by name in vLLM's registry) has no registry here; "
+        "mistral reads the folder's tekken.json (a SentencePiece tokenizer.model.v* alone is "
+        "refused)",
     ),
     "skip_tokenizer_init": HONOURED,
     "revision": HONOURED,

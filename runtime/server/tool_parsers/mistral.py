@@ -20,6 +20,8 @@ TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 class MistralToolParser(ToolParser):
     name = "mistral"
     markers = (TOOL_CALLS,)
+    # [TOOL_CALLS] and [ARGS] are special tokens of Mistral's tokenizers (vLLM's adjust_request)
+    keeps_special_tokens = True
 
     def parse_section(self, section: str, final: bool) -> list[FunctionCall] | None:
         body = section[len(TOOL_CALLS) :]
