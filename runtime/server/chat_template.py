@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from infernetes.runtime.multimodal.chat_parts import ImagePart, split_content
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.template_sandbox import TemplateRenderError, TemplateSandbox
 from infernetes.runtime.tokenization.mistral import MistralTokenizer
+
+logger = logging.getLogger("infernetes.runtime.server")
 
 
 class ChatTemplateError(ValueError):
@@ -115,6 +118,11 @@ class ChatRenderer:
         image_placeholder: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        if template and isinstance(tokenizer, MistralTokenizer):
+            logger.warning(
+                "--chat-template has no effect with --tokenizer-mode mistral: mistral_common "
+                "encodes the chats"
+            )
         # A vision-language model's placeholder of one image (None: the model takes text only).
         self.image_placeholder = image_placeholder
         # What every template gets unless the request's chat_template_kwargs say otherwise.

@@ -119,8 +119,34 @@ class MistralTokenizer:
 
         try:
             request = ChatCompletionRequest.from_openai(
-                messages, tools=tools or None, continue_final_message=continue_final_message
+                _short_call_ids(messages),
+                tools=tools or None,
+                continue_final_message=continue_final_message,
             )
             return list(self.mistral.encode_chat_completion(request).tokens)
         except (MistralCommonException, ValueError, TypeError, KeyError) as error:
             raise ValueError(f"{type(error).__name__}: {error}") from error
+
+
+# mistral_common takes tool-call ids of 9 letters and digits.
+_CALL_ID_LENGTH = 9
+
+
+def _short_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with each tool-call id cut to its last 9 characters, as vLLM does for
+    mistral_common: ids from this server or other APIs are longer (``chatcmpl-tool-<hex>``)."""
+
+    def short(call_id: Any) -> Any:
+        return call_id[-_CALL_ID_LENGTH:] if isinstance(call_id, str) else call_id
+
+    out = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [
+                {**call, "id": short(call.get("id"))} for call in message["tool_calls"]
+            ]
+        if "tool_call_id" in message:
+            message["tool_call_id"] = short(message["tool_call_id"])
+        out.append(message)
+    return out
