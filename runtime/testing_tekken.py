@@ -25,7 +25,7 @@ _TOOL_TEXT = '{"city": "Paris", "unit": "celsius"} get_weather [{"name": "get_we
 def _train_bpe(text: str, num_merges: int) -> list[bytes]:
     """The 256 bytes, then one token per merge of the most frequent adjacent pair (ties: the
     pair seen first), as tiktoken's ranks expect: each token is two earlier ones joined."""
-    import regex
+    import regex  # type: ignore[import-untyped]  # \p{L}: tiktoken's pattern syntax
 
     vocab = [bytes([b]) for b in range(256)]
     words = Counter(

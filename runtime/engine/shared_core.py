@@ -54,10 +54,10 @@ CORE_WATCH_INTERVAL_S = 1.0
 
 
 class SharedCoreLink(NamedTuple):
-    """Where API process ``index`` finds the shared core: the sockets' folder, its pid."""
+    """Where API process ``server`` finds the shared core: the sockets' folder, its pid."""
 
     ipc_dir: str
-    index: int
+    server: int
     core_pid: int
 
 
@@ -145,11 +145,11 @@ class SharedCoreClient:
     ``info``, ``send``, ``alive``, ``pid``, ``stop``)."""
 
     def __init__(self, link: SharedCoreLink, on_message: Callable[[EngineMessage], None]) -> None:
-        self.index = link.index
+        self.index = link.server
         self.core_pid = link.core_pid
         self._context = zmq.Context()
         self._outputs = self._context.socket(zmq.PULL)
-        self._outputs.bind(outputs_address(link.ipc_dir, link.index))
+        self._outputs.bind(outputs_address(link.ipc_dir, link.server))
         self._commands = self._context.socket(zmq.PUSH)
         self._commands.connect(commands_address(link.ipc_dir))
         self._send_lock = threading.Lock()  # commands come from the loop and worker threads

@@ -414,7 +414,7 @@ def serve_on(
 
     app = build_app(state, engine_loader=load)
     if core_link is not None:
-        app.add_middleware(APIServerHeader, index=core_link.index)
+        app.add_middleware(APIServerHeader, index=core_link.server)
     server = DrainingServer(uvicorn_config(app, settings), app.state.drain)
     logging.getLogger("uvicorn.access").addFilter(QuietAccessLines(state))
     app.state.uvicorn_server = server

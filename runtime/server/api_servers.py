@@ -55,6 +55,7 @@ def run_api_servers(config: ServeConfig, listener: socket.socket) -> int:
         daemon=True,
     )
     core.start()
+    assert core.pid is not None  # started
     servers = [
         context.Process(
             target=run_api_server_process,
@@ -114,6 +115,6 @@ def run_api_server_process(
 
     _exit_with_parent()  # the supervisor killed outright: nobody would stop this one
     settings = FrontendSettings.from_config(config)
-    tag = f"api {link.index} pid {os.getpid()}"
+    tag = f"api {link.server} pid {os.getpid()}"
     configure_server_logging(settings, LoggingSettings.from_env(), tag)
     serve_on(config, settings, listener, link)
