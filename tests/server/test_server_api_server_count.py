@@ -128,3 +128,18 @@ def test_sigterm_ends_every_process(tiny_llama_dir, server_process_factory):
     assert code == 0, process.tail()
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == []
+
+
+def test_what_the_api_processes_cannot_share_is_refused_before_loading(tiny_llama_dir):
+    from infernetes.runtime.preflight import check_settings
+
+    from infernetes.schema.config import build_config
+
+    model = str(tiny_llama_dir)
+    lora = build_config(model, api_server_count=2, enable_lora=True)
+    with pytest.raises(ValueError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be combined"):
+        check_settings(lora, environ={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})
+    sleep = build_config(model, api_server_count=2, enable_sleep_mode=True)
+    with pytest.raises(ValueError, match="--enable-sleep-mode cannot be combined"):
+        check_settings(sleep, environ={})
+    check_settings(build_config(model, enable_sleep_mode=True, device="cpu"), environ={})
