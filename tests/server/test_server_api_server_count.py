@@ -1,7 +1,8 @@
 """``--api-server-count 2``: two API processes on one socket in front of one engine core. Many
 concurrent requests are all answered, both processes answer some (``X-API-Server``), the
 ``/metrics`` of either reports the engine's counters once (equal to what was sent), a stream
-cut by its client is aborted in the core, and SIGTERM ends every process."""
+cut by its client is aborted in the core, SIGTERM ends every process (exit 0), and so does the
+core's death (exit 1); only the core maps torch."""
 
 from __future__ import annotations
 
@@ -126,6 +127,23 @@ def test_sigterm_ends_every_process(tiny_llama_dir, server_process_factory):
         assert httpx.get(f"{process.url}/health").status_code == 200
         code = process.stop(signal.SIGTERM)
     assert code == 0, process.tail()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == []
+
+
+def test_a_dead_engine_core_ends_the_server_with_exit_1(
+    tiny_llama_dir, server_process_factory, maps_torch
+):
+    process = server_process_factory(
+        [str(tiny_llama_dir), "--max-model-len", "256", "--api-server-count", "2"],
+        log_name="api-server-count-core-death.log",
+    )
+    with process:
+        children = psutil.Process(process.process.pid).children(recursive=True)
+        [core] = [child for child in children if maps_torch(child.pid)]  # the API side has none
+        core.kill()
+        code = process.process.wait(60)
+    assert code == 1, process.tail()
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == []
 
