@@ -469,13 +469,13 @@ def test_kubectl_apply_of_a_refused_value_names_the_field_and_why(
     cluster: Any, crds: None, namespace: str
 ) -> None:
     resource = variant(
-        {"engine.apiServerCount": 2, "engine.fullyShardedLoras": True}, name="refused"
+        {"engine.ptLoadMapLocation": "cuda", "engine.fullyShardedLoras": True}, name="refused"
     )
     result = cluster.apply(resource, namespace=namespace, check=False)
     assert result.returncode != 0
     assert (
-        "spec.engine.apiServerCount" in result.stderr
-        and "several API server processes are not built" in result.stderr
+        "spec.engine.ptLoadMapLocation" in result.stderr
+        and "weights load to the CPU, then move to the device" in result.stderr
     )
     assert (
         "spec.engine.fullyShardedLoras" in result.stderr

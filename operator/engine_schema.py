@@ -221,6 +221,15 @@ ENGINE_RULES: list[tuple[tuple[str, ...], Schema]] = [
         ),
     ),
     (
+        ("apiServerCount", "dataParallelSize"),
+        rule(
+            "!has(self.apiServerCount) || self.apiServerCount <= 1"
+            " || !has(self.dataParallelSize) || self.dataParallelSize <= 1",
+            "apiServerCount above 1 cannot be combined with dataParallelSize above 1 yet",
+            field_path=".apiServerCount",
+        ),
+    ),
+    (
         ("collectDetailedTraces", "otlpTracesEndpoint"),
         rule(
             "!has(self.collectDetailedTraces) || size(self.collectDetailedTraces) == 0 || has(self.otlpTracesEndpoint)",

@@ -16,6 +16,7 @@ from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.qualified_import import qualified_name
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 from infernetes.runtime.server.chat_template import resolve_content_format
+from infernetes.runtime.tokenization.mistral import MistralTokenizer
 
 PromptInput = str | list[int] | dict[str, Any]
 
@@ -148,6 +149,9 @@ class LLM:
         content_format = resolve_content_format(chat_template_content_format, template)
         prompts: list[Prompt] = []
         for conversation in conversations:
+            if isinstance(tokenizer, MistralTokenizer):  # mistral_common encodes, no template
+                prompts.append(tokenizer.encode_chat(conversation, None))
+                continue
             images: list[ImagePart] | None = [] if placeholder else None
             shaped = [
                 {

@@ -30,8 +30,29 @@ def check_settings(config: ServeConfig, environ: Mapping[str, str] | None = None
     environ = os.environ if environ is None else environ
     check_env_values(environ)
     LoggingSettings.from_env(environ)
-    check_frontend_settings(FrontendSettings.from_config(config, environ))
+    settings = FrontendSettings.from_config(config, environ)
+    check_frontend_settings(settings)
+    check_api_servers(config, settings)
     check_engine_settings(config, environ)
+
+
+def check_api_servers(config: ServeConfig, settings: FrontendSettings) -> None:
+    """What several API processes (``--api-server-count``) cannot share: each keeps its own
+    adapter names and its own idea of whether the engine sleeps."""
+    if config.api_server_count <= 1:
+        return
+    if settings.allow_runtime_lora_updating:
+        raise ValueError(
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be combined with --api-server-count above 1: "
+            "an adapter loaded through one API process would be unknown to the others "
+            "(--lora-modules load in every one)"
+        )
+    if config.enable_sleep_mode:
+        raise ValueError(
+            "--enable-sleep-mode cannot be combined with --api-server-count above 1: a sleep "
+            "asked of one API process would leave the others sending requests to a sleeping "
+            "engine"
+        )
 
 
 def check_frontend_settings(settings: FrontendSettings) -> None:

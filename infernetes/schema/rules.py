@@ -103,6 +103,7 @@ def check_rules(values: dict[str, Any]) -> None:
     _check_batch_budget(v)
     _require(v, "collect_detailed_traces", "otlp_traces_endpoint")
     _check_local_data_parallel(v)
+    _check_api_servers(v)
 
 
 def _require(v: dict[str, Any], flag: str, needed: str, *, field: str | None = None) -> None:
@@ -170,4 +171,14 @@ def _check_local_data_parallel(v: dict[str, Any]) -> None:
         raise ConfigError(
             f"--data-parallel-size-local ({local}) must be <= --data-parallel-size ({v['data_parallel_size']})",
             "data_parallel_size_local",
+        )
+
+
+def _check_api_servers(v: dict[str, Any]) -> None:
+    if v["api_server_count"] > 1 and v["data_parallel_size"] > 1:
+        raise ConfigError(
+            f"--api-server-count ({v['api_server_count']}) above 1 cannot be combined with "
+            f"--data-parallel-size ({v['data_parallel_size']}) above 1 yet: the API processes "
+            "share one engine core",
+            "api_server_count",
         )

@@ -161,13 +161,7 @@ ARG_SUPPORT: dict[str, Support] = {
     "max_concurrency": HONOURED,
     "shutdown_timeout": HONOURED,
     "reasoning_effort": HONOURED,
-    "api_server_count": partial(
-        (1,),
-        "several API server processes are not built: the engine core is the child of the one "
-        "API process and answers it over a single pipe, so a second API process has no way to "
-        "reach it; sharing the core needs it to route each request's outputs to the process "
-        "that sent it, and the metrics of all of them merged (planned)",
-    ),
+    "api_server_count": HONOURED,  # runtime/server/api_servers.py
     "headless": HONOURED,  # with --nnodes > 1 and --node-rank > 0 (schema/rules.py)
     "data_parallel_start_rank": refused(DP_PLANNED),
     "grpc": refused(NO_GRPC),
@@ -234,11 +228,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "tokenizer": HONOURED,
     "hf_config_path": HONOURED,
     "tokenizer_mode": partial(
-        ("auto", "slow"),
-        "mistral (mistral_common's tokenizer, whose chat requests are encoded to tokens without "
-        "a template) and custom are not built yet: the server renders chats with the Hugging "
-        "Face tokenizer's template and builds grammars and detokenizes from its vocabulary; use "
-        "a checkpoint's Hugging Face tokenizer files (planned)",
+        ("auto", "slow", "mistral"),
+        "custom (a tokenizer registered by name in vLLM's registry) has no registry here; "
+        "mistral reads the folder's tekken.json (a SentencePiece tokenizer.model.v* alone is "
+        "refused)",
     ),
     "skip_tokenizer_init": HONOURED,
     "revision": HONOURED,

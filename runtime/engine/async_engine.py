@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.engine.input_processor import InputProcessor, Prompt
 from infernetes.runtime.engine.messages import (
@@ -53,6 +53,9 @@ from infernetes.runtime.tracing import request_tracer, trace_headers
 
 from infernetes.schema.config import ServeConfig
 from infernetes.schema.env import read_env
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.shared_core import SharedCoreLink
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,7 @@ class AsyncEngine:
         config: ServeConfig,
         stat_loggers: Sequence[StatLogger] = (),
         multiprocess: bool = False,
+        core_link: SharedCoreLink | None = None,
     ) -> None:
         self.stat_loggers = list(stat_loggers)
         names = config.served_model_name or [config.model]
@@ -95,7 +99,11 @@ class AsyncEngine:
         # Per core: when it last spoke (or last got work while idle), and its open streams.
         self._last_heard = [time.monotonic()] * size
         self._load = [0] * size
-        self.cores = _start_cores(config, multiprocess, self._on_message)
+        self.cores = (
+            _start_cores(config, multiprocess, self._on_message)
+            if core_link is None
+            else [_link_core(core_link, self._on_message)]
+        )
         # The first EngineCore itself when it runs in this process (tests reach into it).
         self.engine = getattr(self.cores[0], "engine", None)
         info = self.cores[0].info
@@ -122,11 +130,13 @@ class AsyncEngine:
         config: ServeConfig,
         stat_loggers: Sequence[StatLogger] = (),
         multiprocess: bool = False,
+        core_link: SharedCoreLink | None = None,
     ) -> AsyncEngine:
         """Load the model and start serving: the core in its own process when ``multiprocess``
         (what the server does, per VLLM_ENABLE_V1_MULTIPROCESSING; see ``core_process_enabled``),
-        else in a thread of this one."""
-        return cls(config, stat_loggers, multiprocess)
+        else in a thread of this one; with ``core_link``, the core another process started and
+        shares among the API processes (``--api-server-count``)."""
+        return cls(config, stat_loggers, multiprocess, core_link)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -476,6 +486,12 @@ def _start_cores(
                 future.result().stop()
         raise failed[0]  # type: ignore[misc]
     return [future.result() for future in futures]
+
+
+def _link_core(link: SharedCoreLink, on_message: Callable[[EngineMessage, int], None]) -> Any:
+    from infernetes.runtime.engine.shared_core import SharedCoreClient
+
+    return SharedCoreClient(link, functools.partial(_tagged, on_message, 0))
 
 
 def _tagged(

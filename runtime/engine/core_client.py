@@ -334,8 +334,31 @@ def run_core_process(
     logging_settings: LoggingSettings,
     data_parallel_rank: int = 0,
 ) -> None:
-    """The core process's main: load the engine, say ready (or why not), then serve commands
-    until shutdown or until the API process goes away (the pipe closes)."""
+    """The core process's main over its pipe to the one API process."""
+    codec = OutputCodec()
+
+    def emit(message: EngineMessage) -> None:
+        wire = to_wire(codec.pack_message(message))
+        conn.send_bytes(pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def next_command(timeout: float | None) -> EngineCommand | None:
+        if not conn.poll(timeout):
+            return None
+        return from_wire(pickle.loads(conn.recv_bytes()))
+
+    serve_core(config, logging_settings, data_parallel_rank, emit, next_command)
+
+
+def serve_core(
+    config: ServeConfig,
+    logging_settings: LoggingSettings,
+    data_parallel_rank: int,
+    emit: Callable[[EngineMessage], None],
+    next_command: Callable[[float | None], EngineCommand | None],
+) -> None:
+    """A core process's work, whatever carries its messages: load the engine, say ready (or why
+    not), then serve commands until shutdown or until the API side goes away (its channel
+    closes, or the parent process exits)."""
     global _process_engine
     # The API process owns the signals: SIGTERM drains there first, then it stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -344,12 +367,6 @@ def run_core_process(
     engine_tag = f"core {data_parallel_rank} " if config.data_parallel_size > 1 else "core "
     configure_logging(logging_settings, tag=f"{engine_tag}pid {os.getpid()}")
     logger.debug("engine core process started; loading %s", config.model)
-
-    codec = OutputCodec()
-
-    def emit(message: EngineMessage) -> None:
-        wire = to_wire(codec.pack_message(message))
-        conn.send_bytes(pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL))
 
     from infernetes.runtime.engine.engine_core import EngineCore
 
@@ -362,12 +379,6 @@ def run_core_process(
         return
     _process_engine = engine
     emit(EngineReady(engine.info()))
-
-    def next_command(timeout: float | None) -> EngineCommand | None:
-        if not conn.poll(timeout):
-            return None
-        return from_wire(pickle.loads(conn.recv_bytes()))
-
     try:
         CoreLoop(engine, stats, emit).run(next_command)
     except (EOFError, OSError):  # the pipe closed: the API process was killed

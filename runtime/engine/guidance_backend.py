@@ -16,6 +16,7 @@ import numpy as np
 from infernetes.runtime.engine.ascii_classes import ascii_classes, ascii_schema_patterns
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.sampling_params import StructuredOutputsParams
+from infernetes.runtime.tokenization.mistral import MistralTokenizer
 
 
 def grammar_for(constraint: StructuredOutputsParams) -> str:
@@ -84,7 +85,13 @@ class GuidanceCompiler:
     """Compiles constraints over one tokenizer, whose llguidance index is built once."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        self._ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
+        if isinstance(tokenizer, MistralTokenizer):  # mistral_common's own llguidance view
+            from mistral_common.guidance.tokenizer import MistralLLGTokenizer
+
+            wrapper = llguidance.TokenizerWrapper(MistralLLGTokenizer(tokenizer.tekken))
+            self._ll_tokenizer = llguidance.LLTokenizer(wrapper, n_vocab=vocab_size)
+        else:
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
 
     def compile(self, constraint: StructuredOutputsParams) -> GuidanceMatcher:
         matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar_for(constraint))

@@ -14,6 +14,7 @@ import xgrammar
 from infernetes.runtime.engine.ascii_classes import ascii_classes, ascii_schema_patterns
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.sampling_params import StructuredOutputsParams
+from infernetes.runtime.tokenization.mistral import MistralTokenizer
 
 from infernetes.schema.env import read_env
 
@@ -94,11 +95,26 @@ class XgrammarMatcher:
             self.matcher.fill_next_token_bitmask(bitmask, row)
 
 
+def _mistral_info(tokenizer: MistralTokenizer, vocab_size: int) -> Any:
+    """xgrammar's view of a Tekken vocabulary: raw bytes, special tokens empty (xgrammar then
+    takes them for special ones, never text), EOS the stop token."""
+    return xgrammar.TokenizerInfo(
+        tokenizer.token_bytes(),
+        vocab_type=xgrammar.VocabType.RAW,
+        vocab_size=vocab_size,
+        stop_token_ids=[tokenizer.eos_token_id],
+    )
+
+
 class XgrammarCompiler:
     """Compiles constraints over one tokenizer (its xgrammar index is built once)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        info = (
+            _mistral_info(tokenizer, vocab_size)
+            if isinstance(tokenizer, MistralTokenizer)
+            else xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        )
         cache_mb = read_env("VLLM_XGRAMMAR_CACHE_MB")
         self.compiler = xgrammar.GrammarCompiler(info, cache_limit_bytes=cache_mb * 1024 * 1024)
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -37,6 +37,7 @@ from infernetes.runtime.server.log_stats import LoggingStatLogger
 from infernetes.runtime.server.memory import ReleaseMemoryMiddleware
 from infernetes.runtime.server.middleware import (
     APIKeyMiddleware,
+    APIServerHeader,
     ConcurrencyLimitMiddleware,
     RequestBodyMiddleware,
     RequestIdMiddleware,
@@ -52,6 +53,9 @@ from infernetes.runtime.server.state import ServerState
 from infernetes import __version__
 from infernetes.cli.config import render as masked_config
 from infernetes.schema.config import ServeConfig
+
+if TYPE_CHECKING:
+    from infernetes.runtime.engine.shared_core import SharedCoreLink
 
 logger = logging.getLogger("infernetes.runtime.server")
 
@@ -271,10 +275,12 @@ def uvicorn_config(app: FastAPI, settings: FrontendSettings) -> Any:
     )
 
 
-def _configure_logging(settings: FrontendSettings, logging_settings: LoggingSettings) -> None:
+def configure_server_logging(
+    settings: FrontendSettings, logging_settings: LoggingSettings, tag: str = ""
+) -> None:
     """The VLLM_* logging variables (as in the engine-core process), then --log-config-file,
-    which uvicorn applies too."""
-    configure_logging(logging_settings)
+    which uvicorn applies too; ``tag`` marks the lines of one of several API processes."""
+    configure_logging(logging_settings, tag=tag)
     if settings.log_config_file:
         with open(settings.log_config_file) as handle:
             logging.config.dictConfig(json.load(handle))
@@ -357,7 +363,9 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 
 def run_server(config: ServeConfig) -> None:
-    """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death."""
+    """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death; with
+    ``--api-server-count`` above 1, as the supervisor of that many API processes
+    (``api_servers.py``)."""
     settings = FrontendSettings.from_config(config)
     try:
         check_settings(config)  # what `infernetes config` checks too
@@ -366,13 +374,28 @@ def run_server(config: ServeConfig) -> None:
     except ValueError as exc:
         print(f"infernetes serve: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    _configure_logging(settings, logging_settings)
+    configure_server_logging(settings, logging_settings)
     listener = listen(settings)
     scheme = "https" if settings.ssl_certfile else "http"
     if settings.uds:
         logger.info("listening on %s over the Unix socket %s", scheme, settings.uds)
     else:
         logger.info("listening on %s://%s:%d", scheme, settings.host or "0.0.0.0", settings.port)
+    if config.api_server_count > 1:
+        from infernetes.runtime.server.api_servers import run_api_servers
+
+        raise SystemExit(run_api_servers(config, listener))
+    serve_on(config, settings, listener)
+
+
+def serve_on(
+    config: ServeConfig,
+    settings: FrontendSettings,
+    listener: socket.socket,
+    core_link: SharedCoreLink | None = None,
+) -> None:
+    """This process's HTTP server on ``listener``, over its own engine core or, with
+    ``core_link``, the one it shares with other API processes."""
     state = ServerState(
         settings, cache_config=_cache_config_labels(config), serve_config=masked_config(config)
     )
@@ -383,10 +406,15 @@ def run_server(config: ServeConfig) -> None:
         from infernetes.runtime.engine.async_engine import AsyncEngine, core_process_enabled
 
         return AsyncEngine.from_config(
-            config, stat_loggers=[state.stat_fanout], multiprocess=core_process_enabled()
+            config,
+            stat_loggers=[state.stat_fanout],
+            multiprocess=core_process_enabled(),
+            core_link=core_link,
         )
 
     app = build_app(state, engine_loader=load)
+    if core_link is not None:
+        app.add_middleware(APIServerHeader, index=core_link.server)
     server = DrainingServer(uvicorn_config(app, settings), app.state.drain)
     logging.getLogger("uvicorn.access").addFilter(QuietAccessLines(state))
     app.state.uvicorn_server = server

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.multimodal.chat_parts import ImagePart, split_content
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.template_sandbox import TemplateRenderError, TemplateSandbox
+from infernetes.runtime.tokenization.mistral import MistralTokenizer
+
+logger = logging.getLogger("infernetes.runtime.server")
 
 
 class ChatTemplateError(ValueError):
@@ -114,6 +118,11 @@ class ChatRenderer:
         image_placeholder: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        if template and isinstance(tokenizer, MistralTokenizer):
+            logger.warning(
+                "--chat-template has no effect with --tokenizer-mode mistral: mistral_common "
+                "encodes the chats"
+            )
         # A vision-language model's placeholder of one image (None: the model takes text only).
         self.image_placeholder = image_placeholder
         # What every template gets unless the request's chat_template_kwargs say otherwise.
@@ -126,6 +135,33 @@ class ChatRenderer:
         """What the template gets besides the conversation: the request's kwargs over the
         server's defaults."""
         return {**self.default_template_kwargs, **(requested or {})}
+
+    def encode_chat(
+        self,
+        messages: list[Any],
+        *,
+        template: str | None,
+        tools: list[dict[str, Any]] | None,
+        continue_final_message: bool,
+    ) -> list[int] | None:
+        """The prompt's ids when the tokenizer encodes chats itself (``--tokenizer-mode
+        mistral``: mistral_common, no template), else None and ``render`` makes the text."""
+        if not isinstance(self.tokenizer, MistralTokenizer):
+            return None
+        if template is not None:
+            raise APIError(
+                "chat_template in a request has no use with --tokenizer-mode mistral: "
+                "mistral_common encodes the chat",
+                400,
+                "chat_template",
+            )
+        conversation = normalize_messages(messages, "string")
+        try:
+            return self.tokenizer.encode_chat(conversation, tools, continue_final_message)
+        except ValueError as error:
+            raise APIError(
+                f"mistral_common refused these messages: {error}", 400, "messages"
+            ) from error
 
     def render(
         self,

@@ -11,6 +11,7 @@ metric deprecated in X.Y is hidden from X.Y+1 on, and ``=X.Y`` shows it again).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import prometheus_client
 from infernetes.runtime.engine.stats import PROMPT_TOKEN_SOURCES
 from infernetes.runtime.server.kv_transfer_metrics import KVTransferSeries
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 if TYPE_CHECKING:
     from infernetes.runtime.engine.stats import IterationStats, SchedulerStats
@@ -145,7 +146,10 @@ class PrometheusStatLogger:
         self.engines = {index: EngineSeries(self, index) for index in range(engines)}
 
     def family(self, kind: type, name: str, doc: str, labels: list[str], **kwargs: Any) -> Any:
-        """The metric family ``name``, made once for all engines."""
+        """The metric family ``name``, made once for all engines. A gauge reads, across API
+        processes (``--api-server-count``), as its most recent value: API process 0 sets it."""
+        if kind is Gauge:
+            kwargs.setdefault("multiprocess_mode", "mostrecent")
         if name not in self._families:
             self._families[name] = kind(name, doc, labels, registry=self.registry, **kwargs)
         return self._families[name]
@@ -159,7 +163,14 @@ class PrometheusStatLogger:
         self.engines[index].record(scheduler_stats, iteration_stats)
 
     def exposition(self) -> bytes:
-        return prometheus_client.generate_latest(self.registry)
+        """The text format; with several API processes (PROMETHEUS_MULTIPROC_DIR, set by
+        ``api_servers``), every process's series merged from their files."""
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not folder:
+            return prometheus_client.generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path=folder)
+        return prometheus_client.generate_latest(merged)
 
 
 class EngineSeries:

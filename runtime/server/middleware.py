@@ -145,6 +145,27 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class APIServerHeader:
+    """Names the API process that answered (``X-API-Server: <index>``) when
+    ``--api-server-count`` runs several behind one socket."""
+
+    def __init__(self, app: ASGIApp, index: int) -> None:
+        self.app = app
+        self.value = str(index).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_index(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), (b"x-api-server", self.value)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_index)
+
+
 class TraceContextMiddleware:
     """Keeps the request's W3C trace context (``traceparent``, ``tracestate``) where the engine
     reads it as the request enters (``tracing.trace_headers``), so its span continues the

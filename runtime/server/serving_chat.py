@@ -178,6 +178,15 @@ class ChatServing(ServingBase):
             if request.tools and not excluded
             else None
         )
+        encoded = self.renderer.encode_chat(
+            request.messages,
+            template=request.chat_template,
+            tools=tools,
+            continue_final_message=request.continue_final_message,
+        )
+        if encoded is not None:
+            truncate = request.truncate_prompt_tokens
+            return encoded[-truncate:] if truncate else encoded
         images: list[ImagePart] = []
         text = self.renderer.render(
             request.messages,

@@ -42,28 +42,36 @@ class TokenizationServing(ServingBase):
         super().__init__(engine, settings)
         self.renderer = renderer
 
+    def _chat_tokens(self, request: TokenizeChatRequest) -> list[int]:
+        tools = [t.model_dump(exclude_none=True) for t in request.tools or []] or None
+        encoded = self.renderer.encode_chat(
+            request.messages,
+            template=request.chat_template,
+            tools=tools,
+            continue_final_message=request.continue_final_message,
+        )
+        if encoded is not None:
+            return encoded
+        images: list[ImagePart] = []
+        text = self.renderer.render(
+            request.messages,
+            images=images,
+            template=request.chat_template,
+            tools=tools,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            template_kwargs=request.chat_template_kwargs,
+        )
+        if images:  # each image's feature tokens, as the model sees them
+            return self.with_images(text, images, request.add_special_tokens).prompt_token_ids
+        return self.tokenize(text, request.add_special_tokens)
+
     def tokenize_request(
         self, request: TokenizeCompletionRequest | TokenizeChatRequest
     ) -> TokenizeResponse:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
-            images: list[ImagePart] = []
-            text = self.renderer.render(
-                request.messages,
-                images=images,
-                template=request.chat_template,
-                tools=[t.model_dump(exclude_none=True) for t in request.tools]
-                if request.tools
-                else None,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-                template_kwargs=request.chat_template_kwargs,
-            )
-            if images:  # each image's feature tokens, as the model sees them
-                prompt = self.with_images(text, images, request.add_special_tokens)
-                tokens = prompt.prompt_token_ids
-            else:
-                tokens = self.tokenize(text, request.add_special_tokens)
+            tokens = self._chat_tokens(request)
         else:
             tokens = self.tokenize(request.prompt, request.add_special_tokens)
         strings = (

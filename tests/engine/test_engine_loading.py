@@ -284,8 +284,8 @@ def test_fp8_weight_quantization(tiny_llama):
         LLM(tiny_llama, quantization="bitsandbytes", **SMALL)
     with pytest.raises(ValueError, match="--quantization awq needs a checkpoint quantized with"):
         LLM(tiny_llama, quantization="awq", **SMALL)
-    with pytest.raises(ValueError, match="--api-server-count/-asc 2 is not supported"):
-        LLM(tiny_llama, api_server_count=2, **SMALL)
+    with pytest.raises(ValueError, match="--tokenizer-mode custom is not supported"):
+        LLM(tiny_llama, tokenizer_mode="custom", **SMALL)
 
 
 def test_start_up_phases_are_timed_in_the_log(tiny_llama, caplog):

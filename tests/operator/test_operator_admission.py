@@ -33,14 +33,14 @@ def test_every_refused_engine_field_and_no_other_is_narrowed() -> None:
     expected = {camel(arg.dest) for arg in engine_args(ARGS) if refuses(ARG_SUPPORT[arg.dest])}
     assert narrowed == expected
     assert {
-        "apiServerCount",
+        "ptLoadMapLocation",
         "fullyShardedLoras",
         "longLoraScalingFactors",
         "quantization",
     } <= narrowed
     # No effect, or honoured (request traces since the runtime exports them).
     honoured = {"otlpTracesEndpoint", "collectDetailedTraces", "attentionBackend", "maxModelLen"}
-    assert not narrowed & {"swapSpace", *honoured}
+    assert not narrowed & {"swapSpace", "apiServerCount", *honoured}
 
 
 def test_every_refused_variable_and_no_other_is_narrowed() -> None:
@@ -78,12 +78,11 @@ def test_settings_without_effect_or_with_a_fallback_are_not_refused() -> None:
 
 def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
     by_field = {item.field: item for item in engine_refusals(ARGS)}
-    count = by_field["apiServerCount"].message
-    assert count.startswith(
-        "--api-server-count is not supported with this value: several API server processes are "
-        "not built"
+    location = by_field["ptLoadMapLocation"].message
+    assert location.startswith(
+        "--pt-load-map-location is not supported with this value: weights load to the CPU"
     )
-    assert count.endswith("supported: 1")
+    assert location.endswith("supported: cpu")
     assert by_field["fullyShardedLoras"].message.endswith("only false is accepted")
     assert by_field["longLoraScalingFactors"].message.endswith("leave it unset")
     assert by_field["cpuOffloadGb"].message.endswith("only 0 is accepted")
@@ -91,9 +90,11 @@ def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
 
 def test_the_crd_checks_allowed_values_on_the_field_and_unset_ones_on_the_object() -> None:
     engine = spec()["properties"]["engine"]
-    count = engine["properties"]["apiServerCount"]
-    assert count["x-kubernetes-validations"][-1]["rule"] == "self == 1"
-    assert count["description"].startswith("--api-server-count is not supported with this value")
+    location = engine["properties"]["ptLoadMapLocation"]
+    assert location["x-kubernetes-validations"][-1]["rule"] == "self == 'cpu'"
+    assert location["description"].startswith(
+        "--pt-load-map-location is not supported with this value"
+    )
     parser = engine["properties"]["toolCallParser"]["x-kubernetes-validations"][-1]["rule"]
     built = ARG_SUPPORT["tool_call_parser"].values
     assert parser == "self in [" + ", ".join(f"'{name}'" for name in built) + "]"

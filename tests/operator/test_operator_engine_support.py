@@ -46,10 +46,12 @@ def test_defaults_written_out_are_not_notes() -> None:
 
 
 def test_refused_settings_are_notes_of_their_own() -> None:
-    notes = review_engine({"engine": {"apiServerCount": 2}, "engineEnv": {"VLLM_USE_V1": False}})
+    notes = review_engine(
+        {"engine": {"ptLoadMapLocation": "cuda"}, "engineEnv": {"VLLM_USE_V1": False}}
+    )
     assert notes.ignored == []
     assert notes.refused[0].startswith(
-        "spec.engine.apiServerCount: argument --api-server-count/-asc 2 is not"
+        "spec.engine.ptLoadMapLocation: argument --pt-load-map-location cuda is not"
     )
     assert notes.refused[1].startswith("spec.engineEnv.VLLM_USE_V1: VLLM_USE_V1=0 is not supported")
 
@@ -69,7 +71,7 @@ def test_render_prints_them_on_stderr(tmp_path: Path) -> None:
     manifest = tmp_path / "isvc.yaml"
     manifest.write_text(
         "apiVersion: infernetes.io/v1alpha1\nkind: InferenceService\nmetadata: {name: noisy}\n"
-        "spec: {model: m, engine: {device: cpu, swapSpace: 8, apiServerCount: 2}}\n"
+        "spec: {model: m, engine: {device: cpu, swapSpace: 8, ptLoadMapLocation: cuda}}\n"
     )
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -79,7 +81,7 @@ def test_render_prints_them_on_stderr(tmp_path: Path) -> None:
         "warning: noisy: spec.engine.swapSpace: argument --swap-space 8.0 has no effect"
     )
     assert lines[1].startswith(
-        "warning: noisy: spec.engine.apiServerCount: argument --api-server-count"
+        "warning: noisy: spec.engine.ptLoadMapLocation: argument --pt-load-map-location"
     )
     assert lines[1].endswith("kubectl apply will reject it")
     assert "kind: Deployment" in out.getvalue()

@@ -89,6 +89,7 @@ def test_round_trip_of_many_arguments_at_once():
             "headless": False,
             "async_scheduling": True,
             "pipeline_parallel_size": 1,  # async scheduling refuses pipeline parallelism
+            "api_server_count": 1,  # several API processes refuse data parallelism (own test)
         }
     )
     config = build_config(**values)

@@ -19,6 +19,7 @@ RULES = [
     (dict(enable_chunked_prefill=False, max_num_partial_prefills=2), "--max-num-partial-prefills"),
     (dict(collect_detailed_traces=["all"]), "--otlp-traces-endpoint"),
     (dict(data_parallel_size=2, data_parallel_size_local=4), "--data-parallel-size-local"),
+    (dict(api_server_count=2, data_parallel_size=2), "--api-server-count (2) above 1"),
     (dict(gpu_memory_utilization=0.0), "--gpu-memory-utilization"),
     (dict(nnodes=2, tensor_parallel_size=2, node_rank=2, headless=True), "--node-rank (2)"),
     (dict(nnodes=2, tensor_parallel_size=3), "must be divisible by --nnodes"),

@@ -131,8 +131,8 @@ def test_serve_refuses_before_loading_anything():
             "infernetes.cli.main",
             "serve",
             "no/such-model",
-            "--api-server-count",
-            "2",
+            "--tokenizer-mode",
+            "custom",
             "--swap-space",
             "8",
         ],
@@ -141,7 +141,7 @@ def test_serve_refuses_before_loading_anything():
         timeout=60,
     )
     assert result.returncode == 2
-    assert "error: argument --api-server-count/-asc 2 is not supported" in result.stderr
+    assert "error: argument --tokenizer-mode custom is not supported" in result.stderr
     assert "warning: argument --swap-space 8.0 has no effect here" in result.stderr
     config = subprocess.run(
         [

@@ -3,7 +3,8 @@ a tool call in a parser's own format is well-formed.
 
 A request with ``vllm_xargs`` ``{"force_text": TEXT}`` writes exactly TEXT, then the end of text,
 unless its prompt already holds ``unless_prompt_has`` (the turn after a tool's answer, which is
-the model's own). Rows of other requests are left alone."""
+the model's own); ``{"force_ids": [...]}`` writes those token ids (a tokenizer other than the
+folder's Hugging Face one). Rows of other requests are left alone."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class ForceText:
 
     def _target(self, params, prompt_ids) -> list[int] | None:
         args = params.extra_args or {}
+        if args.get("force_ids"):  # token ids as given, special ones too (its own EOS last)
+            return [int(i) for i in args["force_ids"]]
         text, unless = args.get("force_text"), args.get("unless_prompt_has")
         if not text or (unless and unless in self.tokenizer.decode(prompt_ids or [])):
             return None

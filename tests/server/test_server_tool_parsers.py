@@ -188,6 +188,21 @@ def test_mistral_name_args_format():
     assert _calls(make_tool_parser("mistral", [WEATHER]).extract(text).tool_calls) == EXPECTED
 
 
+def test_mistral_call_ids_written_by_the_model_are_kept():
+    text = (
+        '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris", "days": 2}'
+        '[TOOL_CALLS]get_weather[CALL_ID]Z9y8X7w6v[ARGS]{"city": "Oslo"}'
+    )
+    calls = make_tool_parser("mistral", [WEATHER]).extract(text).tool_calls
+    assert _calls(calls) == EXPECTED
+    assert [c.id for c in calls] == ["a1B2c3D4e", "Z9y8X7w6v"]
+    _, pieces, _ = _stream_pieces("mistral", text, 3)
+    assert [(p.name, p.id) for p in pieces if p.name] == [
+        ("get_weather", "a1B2c3D4e"),
+        ("get_weather", "Z9y8X7w6v"),
+    ]
+
+
 def test_qwen_keeps_string_typed_values_as_text():
     tool = ChatTool.model_validate(
         {
