@@ -66,6 +66,15 @@ def status_schema() -> Schema:
             "serviceName": string(
                 "Name of the Service (differs from the resource's when it would collide)."
             ),
+            "prefill": obj(
+                {
+                    "replicas": integer(format="int32"),
+                    "readyReplicas": integer(format="int32"),
+                    "conditions": conditions,
+                },
+                description="The prefill role (spec.prefill): its replicas and its own Ready, "
+                "Available, Progressing and Degraded.",
+            ),
             "warnings": array(
                 string(),
                 max_items=256,
