@@ -31,7 +31,6 @@ OFFLOAD_TIERS = ["cpu"]
 # (the decode engine reads the prefill engine's blocks as its own), so they are set once, in
 # spec.engine, never in spec.prefill.engine.
 SHARED_ENGINE_FIELDS = (
-    "servedModelName",
     "revision",
     "codeRevision",
     "tokenizer",
@@ -135,6 +134,16 @@ def prefill_rules(engine_properties: Mapping[str, Any]) -> list[Schema]:
             field_path=".kvCache.offload",
         ),
     ]
+    dp = "dataParallelSize"
+    for path in ("engine", "prefill.engine") if dp in engine_properties else ():
+        rules.append(
+            rule(
+                with_prefill + f"{_unset(path, dp)} || self.{path}.{dp} <= 1",
+                f"spec.prefill with {path}.dataParallelSize above 1 is not built: llm-d's "
+                "sidecar and picker address data-parallel ranks by ports the engines do not open",
+                field_path=f".{path}.{dp}",
+            )
+        )
     tp = "tensorParallelSize"
     if tp in engine_properties:
         decode_tp = f"(has(self.engine) && has(self.engine.{tp}) ? self.engine.{tp} : 1)"
