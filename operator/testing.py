@@ -172,8 +172,23 @@ def install_crds(kubectl: Callable[..., Any]) -> None:
         input=yaml.safe_dump_all(documents),
     )
     for doc in documents:
-        kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{doc['metadata']['name']}"
+        name = doc["metadata"]["name"]
+        # Polled rather than `kubectl wait`, which fails at once while a new CRD has no
+        # conditions yet (a large one, such as ours, takes the API server a moment).
+        wait_until(
+            lambda name=name: (
+                kubectl(
+                    "get",
+                    "crd",
+                    name,
+                    "-o",
+                    'jsonpath={.status.conditions[?(@.type=="Established")].status}',
+                    check=False,
+                ).stdout.strip()
+                == "True"
+            ),
+            timeout=60,
+            what=f"crd/{name} Established",
         )
 
 
