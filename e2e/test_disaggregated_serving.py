@@ -60,6 +60,9 @@ def pd_spec(model: str, node: str) -> dict[str, Any]:
             "maxNumSeqs": 4,
             "dtype": "float32",
             "enforceEager": True,
+            # A small cache, as tests/server/test_server_disaggregation.py's: NIXL registers
+            # the whole of it, and a CPU engine's default is millions of tokens.
+            "numGpuBlocksOverride": 64,
         },
         "prefill": {"replicas": 1},
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
