@@ -50,6 +50,14 @@ def ns(cluster: Any, serving_nodes: list[str]) -> Iterator[str]:
         yield name
 
 
+def cpu_kernel_cache() -> Path:
+    from infernetes.kernels.cpu import native
+
+    for kernel in ("elementwise", "paged_decode"):
+        native.load(kernel)  # built here now, if it was not
+    return native.cache_dir()
+
+
 def pd_spec(model: str, node: str) -> dict[str, Any]:
     return {
         "model": model,
@@ -65,7 +73,12 @@ def pd_spec(model: str, node: str) -> dict[str, Any]:
             "numGpuBlocksOverride": 64,
         },
         "prefill": {"replicas": 1},
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "env": [
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            # The CPU kernels this machine has built: a pod's fresh home would build them again
+            # in its first step, which on two busy cores outlasts the engine's step watchdog.
+            {"name": "INFERNETES_KERNEL_CACHE", "value": str(cpu_kernel_cache())},
+        ],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
         "nodeSelector": {SERVING_NODE_LABEL: "true"},
         "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
