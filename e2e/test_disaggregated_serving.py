@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from host_picker import HostPicker, PickerUnavailable, build, rendered_picker_args
 from infernetes.operator.disaggregation import ROLE_LABEL
 from infernetes.operator.testing import (
     kubectl_get,
@@ -236,6 +237,59 @@ def test_deleting_the_prefill_pod_fails_no_request_in_flight(
         timeout=STARTUP_TIMEOUT,
         what="a new prefill pod Ready",
     )
+
+
+@pytest.fixture(scope="module")
+def picker(
+    cluster: Any, ns: str, service: dict, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HostPicker]:
+    """llm-d's inference scheduler (cluster/llmd-scheduler.sh) run on this machine with the
+    command line the operator rendered: its prefill and decode profiles."""
+    try:
+        scheduler = build("llmd-scheduler.sh")
+    except PickerUnavailable as exc:
+        pytest.skip(f"llm-d's inference scheduler cannot be built here: {exc}")
+    work = tmp_path_factory.mktemp("picker")
+    running = HostPicker(
+        scheduler,
+        rendered_picker_args(cluster, ns, NAME),
+        kubeconfig=cluster.kubeconfig,
+        namespace=ns,
+        log=work / "picker.log",
+        env={"PYTHONPATH": str(scheduler.parent / "python")},
+        header=PREFILL_HEADER,
+    )
+    yield running
+    running.stop()
+
+
+def test_the_picker_picks_a_decode_pod_and_names_a_prefill_pod(
+    cluster: Any, ns: str, service: dict, picker: HostPicker
+) -> None:
+    decode_ip = role_pod(cluster, ns, "decode")["status"]["podIP"]
+    prefill_ip = role_pod(cluster, ns, "prefill")["status"]["podIP"]
+    body = {"model": NAME, "prompt": "the picker sends this prompt to " * 4, "max_tokens": 4}
+    try:
+        answer = wait_until(lambda: picker.pick(body), timeout=90, what="a pick")
+    except TimeoutError:
+        print(picker.log_tail())
+        raise
+    endpoint, prefill = answer.split(" ")
+    assert (endpoint, prefill) == (f"{decode_ip}:8000", f"{prefill_ip}:8000")
+    request = {**body, "temperature": 0, "ignore_eos": True}
+    before = prompt_tokens_by_source(decode_ip)
+    routed = httpx.post(
+        f"http://{endpoint}/v1/completions",
+        json=request,
+        headers={PREFILL_HEADER: prefill},
+        timeout=180,
+    )
+    assert routed.status_code == 200, routed.text
+    transferred = prompt_tokens_by_source(decode_ip).get("external_kv_transfer", 0)
+    assert transferred > before.get("external_kv_transfer", 0)
+    # The same request without the P/D path: the same greedy text.
+    plain = httpx.post(f"http://{endpoint}/v1/completions", json=request, timeout=180)
+    assert routed.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
 
 
 @pytest.mark.parametrize(
