@@ -75,8 +75,12 @@ class HostPicker:
         namespace: str,
         log: Path,
         env: dict[str, str] | None = None,
+        header: str | None = None,
     ) -> None:
+        """`header`: a request header the picker sets beside the endpoint (llm-d's
+        x-prefiller-host-port), answered by `pick` after the endpoint and a space."""
         self.grpc_port, self.metrics_port = free_port(), free_port()
+        self.header = header
         command = [
             str(binary),
             *args,
@@ -111,8 +115,11 @@ class HostPicker:
         except queue.Empty:
             pass
         epp_pick = build("epp.sh").with_name("epp-pick")
+        command = [str(epp_pick), f"--addr=127.0.0.1:{self.grpc_port}", "--lines", "--timeout=10s"]
+        if self.header:
+            command.append(f"--header={self.header}")
         client = subprocess.Popen(
-            [str(epp_pick), f"--addr=127.0.0.1:{self.grpc_port}", "--lines", "--timeout=10s"],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -122,8 +129,9 @@ class HostPicker:
         return client
 
     def pick(self, body: dict[str, Any]) -> str | None:
-        """The endpoint (`ip:port`) the picker chose for a completion with this body, or None
-        when it did not answer with one (not ready yet, no endpoints, ...)."""
+        """The endpoint (`ip:port`) the picker chose for a completion with this body (with
+        `header`, then a space and that header's value, `-` when unset), or None when it did
+        not answer with one (not ready yet, no endpoints, ...)."""
         if self.process.poll() is not None:
             raise RuntimeError(f"the picker exited:\n{self.log_tail()}")
         client = self._take_client()

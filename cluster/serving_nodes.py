@@ -80,7 +80,26 @@ def default_images() -> dict[str, Any]:
     checkout under /tmp beneath the pod's /tmp emptyDir)."""
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
     keep = sorted({sys.prefix, sys.base_prefix, str(CLUSTER_DIR.parent)})
-    return {"*": {"env": {"PATH": path}, "keep": keep}}
+    images: dict[str, Any] = {"*": {"env": {"PATH": path}, "keep": keep}}
+    sidecar = routing_sidecar_binary()
+    if sidecar is not None:
+        # The decode pods' llm-d routing sidecar (spec.prefill): its image's entrypoint.
+        from infernetes.operator.render.disaggregation import SIDECAR_IMAGE
+
+        images[SIDECAR_IMAGE] = {"entrypoint": [str(sidecar)]}
+    return images
+
+
+def routing_sidecar_binary() -> Path | None:
+    """llm-d's pd-sidecar built by cluster/pd-sidecar.sh (cached), or None without Go."""
+    result = subprocess.run(
+        [str(CLUSTER_DIR / "pd-sidecar.sh")], capture_output=True, text=True, check=False
+    )
+    if result.returncode == 3:
+        return None
+    if result.returncode != 0:
+        raise RuntimeError(f"cluster/pd-sidecar.sh failed:\n{result.stderr[-4000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
 
 
 def interpreter_reachable_by_others() -> bool:

@@ -15,6 +15,7 @@ from infernetes.operator.admission import (
     key_refusals,
     narrow_with_cel,
 )
+from infernetes.operator.disaggregation import kv_cache_schema, prefill_rules, prefill_schema
 from infernetes.operator.engine_schema import engine_env_schema, engine_schema
 from infernetes.operator.multinode import multinode_rules
 from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
@@ -26,6 +27,7 @@ from infernetes.operator.spec_schema import (
     TERMINATION_GRACE_SECONDS,
     platform_properties,
     pre_stop_seconds_cel,
+    resources_schema,
 )
 from infernetes.operator.status import MESSAGE_MAX
 
@@ -63,6 +65,15 @@ def status_schema() -> Schema:
             "gpusPerReplica": integer(),
             "serviceName": string(
                 "Name of the Service (differs from the resource's when it would collide)."
+            ),
+            "prefill": obj(
+                {
+                    "replicas": integer(format="int32"),
+                    "readyReplicas": integer(format="int32"),
+                    "conditions": conditions,
+                },
+                description="The prefill role (spec.prefill): its replicas and its own Ready, "
+                "Available, Progressing and Degraded.",
             ),
             "warnings": array(
                 string(),
@@ -180,6 +191,7 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
         )
     )
     rules += _lora_rules()
+    rules += prefill_rules(engine_properties)
     if "shutdownTimeout" in engine_properties:
         grace = f"(has(self.terminationGracePeriodSeconds) ? self.terminationGracePeriodSeconds : {TERMINATION_GRACE_SECONDS})"
         rules.append(
@@ -232,7 +244,13 @@ def spec_schema() -> Schema:
         narrow_with_cel(engine["properties"][field], refusals)
     engine_env = engine_env_schema(ENV_VARS)
     narrow_with_cel(engine_env, env_refusals(ENV_VARS))
-    properties = {**platform_properties(), "engine": engine, "engineEnv": engine_env}
+    properties = {
+        **platform_properties(),
+        "engine": engine,
+        "engineEnv": engine_env,
+        "prefill": prefill_schema(engine, resources_schema()),
+        "kvCache": kv_cache_schema(),
+    }
     return obj(properties, required=["model"], rules=spec_rules(engine["properties"]))
 
 

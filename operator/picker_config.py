@@ -81,9 +81,51 @@ def _plugin(item: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# llm-d's P/D plugins (its inference scheduler): the profile handler runs the decode profile,
+# then the prefill one; each profile keeps the pods of its role (label llm-d.ai/role) and scores
+# them; the pre-request handler names the chosen prefill pod in the x-prefiller-host-port header
+# the decode pod's routing sidecar reads.
+PD_PROFILE_HANDLER = "pd-profile-handler"
+PREFILL_HEADER_HANDLER = "prefill-header-handler"
+ROLE_FILTERS = {"prefill": "prefill-filter", "decode": "decode-filter"}
+MAX_SCORE_PICKER = "max-score-picker"
+
+
+def pd_picker_config(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The EndpointPickerConfig with a prefill role: a prefill and a decode profile, each its
+    role's filter, the scorers weighted, the max-score picker; every request gets both (the
+    handler's threshold 0: the prefill role computes every prompt)."""
+    chosen = scorers(spec["routing"])
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": PREFILL_HEADER_HANDLER},
+            *(_plugin(item, spec) for item in chosen),
+            *({"type": role_filter} for role_filter in ROLE_FILTERS.values()),
+            {"type": MAX_SCORE_PICKER},
+            {"type": PD_PROFILE_HANDLER},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": role,
+                "plugins": [
+                    {"pluginRef": role_filter},
+                    {"pluginRef": MAX_SCORE_PICKER},
+                    *({"pluginRef": item["type"], "weight": item["weight"]} for item in chosen),
+                ],
+            }
+            for role, role_filter in ROLE_FILTERS.items()
+        ],
+    }
+
+
 def picker_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The picker's EndpointPickerConfig: one plugin per scorer, weighted in the default
-    profile (the picker adds its single-profile handler and max-score picker itself)."""
+    profile (the picker adds its single-profile handler and max-score picker itself); with
+    spec.prefill, the P/D profiles."""
+    if spec.get("prefill"):
+        return pd_picker_config(spec)
     chosen = scorers(spec["routing"])
     return {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1",

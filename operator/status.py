@@ -264,6 +264,49 @@ def derive_status(
     if verdict is not None:
         computed["Autoscaling"] = verdict
     computed.update(rendered or {})
+    return {
+        "conditions": _conditions(computed, previous, generation, now),
+        "replicas": seen.count("replicas"),
+        "readyReplicas": seen.count("readyReplicas"),
+    }
+
+
+def role_status(
+    *,
+    generation: int,
+    desired_replicas: int,
+    deployment: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+    previous: Sequence[Mapping[str, Any]] | None,
+    now: str,
+) -> dict[str, Any]:
+    """The status of a role beside the serving one (status.prefill): its replicas and its own
+    Ready, Available, Progressing and Degraded, read from its Deployment and pods as the
+    resource's are. The resource's Ready stays the serving role's: without a prefill pod the
+    decode engines compute prompts themselves."""
+    seen = Observed(desired_replicas, deployment, pods)
+    available = available_condition(seen)
+    degraded = degraded_condition(seen)
+    computed = {
+        "Ready": ready_condition(seen, available, _scheduled(pods), degraded),
+        "Available": available,
+        "Progressing": progressing_condition(seen),
+        "Degraded": degraded,
+    }
+    return {
+        "conditions": _conditions(computed, previous, generation, now),
+        "replicas": seen.count("replicas"),
+        "readyReplicas": seen.count("readyReplicas"),
+    }
+
+
+def _conditions(
+    computed: Mapping[str, Verdict],
+    previous: Sequence[Mapping[str, Any]] | None,
+    generation: int,
+    now: str,
+) -> list[dict[str, Any]]:
+    """Conditions as written: a transition time kept while a condition's status holds."""
     conditions = []
     for kind, (status, reason, message) in computed.items():
         old = _condition(previous, kind)
@@ -279,11 +322,7 @@ def derive_status(
                 else now,
             }
         )
-    return {
-        "conditions": conditions,
-        "replicas": seen.count("replicas"),
-        "readyReplicas": seen.count("readyReplicas"),
-    }
+    return conditions
 
 
 def _another_repair(old: Mapping[str, Any], cond: Mapping[str, Any]) -> bool:

@@ -14,16 +14,19 @@ from typing import Any
 
 from infernetes.operator import metrics, names
 from infernetes.operator.cache import Children, Key, Newest
+from infernetes.operator.disaggregation import PREFILL, ROLE_LABEL
 from infernetes.operator.drift import scaled_by_others
 from infernetes.operator.events import EventRecorder
 from infernetes.operator.facts import KEDA_GV, LWS_GV
 from infernetes.operator.kube import MERGE_PATCH, Call, KubeError, now, request
 from infernetes.operator.multinode import LWS_KIND, as_deployment_view
 from infernetes.operator.render import Plan
+from infernetes.operator.render.workload import workload_name
 from infernetes.operator.status import (
     Verdict,
     derive_status,
     progress_only,
+    role_status,
     same_status,
     transitions,
 )
@@ -124,12 +127,14 @@ class StatusWriter:
                 "selector": applied.selector,
                 "warnings": applied.warnings or None,
             }
+        pods = self.children.pods(key)
+        prefill_pods = [pod for pod in pods if _role(pod) == PREFILL]
         new.update(
             derive_status(
                 generation=generation,
                 desired_replicas=desired_replicas,
                 deployment=deployment,
-                pods=self.children.pods(key),
+                pods=[pod for pod in pods if _role(pod) != PREFILL],
                 previous=status.get("conditions"),
                 now=now(),
                 ignored_settings=outcome.ignored,
@@ -141,6 +146,20 @@ class StatusWriter:
                 stale_children=stale,
             )
         )
+        prefill = spec.get("prefill")
+        if prefill:
+            new["prefill"] = role_status(
+                generation=generation,
+                desired_replicas=prefill.get("replicas", 1),
+                deployment=self.children.of(key).get(
+                    ("apps/v1", "Deployment", workload_name(key[1], PREFILL))
+                ),
+                pods=prefill_pods,
+                previous=(status.get("prefill") or {}).get("conditions"),
+                now=now(),
+            )
+        elif status.get("prefill"):
+            new["prefill"] = None  # the role is gone (a merge patch's null removes it)
         return new
 
     def _due(self, key: Key, status: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -215,3 +234,7 @@ class StatusWriter:
             "HorizontalPodAutoscaler": "autoscaling/v2",
         }.get(kind)
         return self.children.of(key).get((api_version, kind, key[1])) if api_version else None
+
+
+def _role(pod: Mapping[str, Any]) -> str | None:
+    return (pod.get("metadata", {}).get("labels") or {}).get(ROLE_LABEL)

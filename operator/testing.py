@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -172,9 +173,16 @@ def install_crds(kubectl: Callable[..., Any]) -> None:
         input=yaml.safe_dump_all(documents),
     )
     for doc in documents:
-        kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{doc['metadata']['name']}"
-        )
+        name = doc["metadata"]["name"]
+        # Polled rather than `kubectl wait`, which fails at once while a new CRD has no
+        # conditions yet (a large one, such as ours, takes the API server a moment).
+        wait_until(partial(_established, kubectl, name), timeout=60, what=f"crd/{name} Established")
+
+
+def _established(kubectl: Callable[..., Any], crd: str) -> bool:
+    jsonpath = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    result = kubectl("get", "crd", crd, "-o", jsonpath, check=False)
+    return bool(result.stdout.strip() == "True")
 
 
 def service_account_kubeconfig(

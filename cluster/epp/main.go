@@ -7,6 +7,8 @@
 //	epp-pick --addr 127.0.0.1:9002 --path /v1/completions --body '{"model": ..., "prompt": ...}'
 //	epp-pick --addr 127.0.0.1:9002 --lines   (one JSON body a line on stdin, one answer a line
 //	                                          on stdout: the endpoint, or "error: ...")
+//	epp-pick --header x-prefiller-host-port ...  (the endpoint, a space, and the value the picker
+//	                                          set for that header too, "-" if none: llm-d's P/D)
 package main
 
 import (
@@ -35,6 +37,7 @@ func main() {
 	plaintext := flag.Bool("plaintext", false, "no TLS (a picker run with --secure-serving=false)")
 	timeout := flag.Duration("timeout", 30*time.Second, "give up after (per request)")
 	lines := flag.Bool("lines", false, "pick for each line of stdin (a JSON body) over one connection")
+	header := flag.String("header", "", "also print the value the picker set for this request header")
 	flag.Parse()
 	// The picker serves a self-signed certificate, which Envoy does not check either.
 	creds := credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec
@@ -48,10 +51,10 @@ func main() {
 	}
 	defer conn.Close()
 	if *lines {
-		pickLines(conn, *path, *timeout)
+		pickLines(conn, *path, *timeout, *header)
 		return
 	}
-	endpoint, err := pick(conn, *path, []byte(*body), *timeout)
+	endpoint, err := pick(conn, *path, []byte(*body), *timeout, *header)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "epp-pick: %v\n", err)
 		os.Exit(1)
@@ -61,12 +64,12 @@ func main() {
 
 // pickLines answers each body on stdin in order, one line each, until stdin ends: a caller that
 // picks for many requests keeps one connection (a process per pick would add its start-up).
-func pickLines(conn *grpc.ClientConn, path string, timeout time.Duration) {
+func pickLines(conn *grpc.ClientConn, path string, timeout time.Duration, header string) {
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 64<<20)
 	out := bufio.NewWriter(os.Stdout)
 	for in.Scan() {
-		endpoint, err := pick(conn, path, in.Bytes(), timeout)
+		endpoint, err := pick(conn, path, in.Bytes(), timeout, header)
 		if err != nil {
 			endpoint = "error: " + strings.ReplaceAll(err.Error(), "\n", " ")
 		}
@@ -75,7 +78,9 @@ func pickLines(conn *grpc.ClientConn, path string, timeout time.Duration) {
 	}
 }
 
-func pick(conn *grpc.ClientConn, path string, body []byte, timeout time.Duration) (string, error) {
+// pick returns the endpoint the picker chose and, when header is named, a space and the value it
+// set for that header ("-" when it set none).
+func pick(conn *grpc.ClientConn, path string, body []byte, timeout time.Duration, header string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
@@ -110,14 +115,25 @@ func pick(conn *grpc.ClientConn, path string, body []byte, timeout time.Duration
 		case response.GetRequestBody() != nil:
 			common = response.GetRequestBody().GetResponse()
 		}
+		extra := "-"
+		endpoint := ""
 		for _, h := range common.GetHeaderMutation().GetSetHeaders() {
-			if h.GetHeader().GetKey() == metadata.DestinationEndpointKey {
-				value := string(h.GetHeader().GetRawValue())
-				if value == "" {
-					value = h.GetHeader().GetValue()
-				}
-				return value, nil
+			value := string(h.GetHeader().GetRawValue())
+			if value == "" {
+				value = h.GetHeader().GetValue()
 			}
+			switch key := h.GetHeader().GetKey(); {
+			case key == metadata.DestinationEndpointKey:
+				endpoint = value
+			case header != "" && strings.EqualFold(key, header) && value != "":
+				extra = value
+			}
+		}
+		if endpoint != "" && header != "" {
+			return endpoint + " " + extra, nil
+		}
+		if endpoint != "" {
+			return endpoint, nil
 		}
 	}
 }

@@ -9,11 +9,13 @@ from typing import Any
 
 from infernetes.operator import names
 from infernetes.operator.cache import ChildId, child_id
+from infernetes.operator.disaggregation import DECODE, PREFILL
 from infernetes.operator.engine_support import review_engine
 from infernetes.operator.facts import DRA_GV, LWS_GV, ClusterFacts
 from infernetes.operator.multinode import LWS_KIND, missing_api
 from infernetes.operator.picker_config import with_precise_routing
 from infernetes.operator.render.autoscaling import autoscaler
+from infernetes.operator.render.disaggregation import role_specs
 from infernetes.operator.render.disruption import disruption_budget
 from infernetes.operator.render.dra import KIND as CLAIM_TEMPLATE_KIND
 from infernetes.operator.render.dra import claim_templates, uses_dra
@@ -37,7 +39,8 @@ from infernetes.operator.render.workload import deployment_manifest, gpus_per_re
 from infernetes.operator.render.workload import model_source as resolve_model
 from infernetes.operator.status import Verdict
 
-# The role of the one workload rendered today: the pods that serve the API.
+# The role of the workload whose pods serve the API: the one server, or with spec.prefill the
+# decode role (behind it, the PREFILL role's workload).
 SERVER = "server"
 
 
@@ -120,6 +123,9 @@ def plan(
     if placement.multi_node:
         service["spec"]["selector"][ROLE_LABEL] = LEADER  # the workers serve no API
     manifests = [*workloads.values(), service]
+    pod_selector = service["spec"]["selector"]
+    if spec.get("prefill"):
+        pod_selector = {names.LABEL_POOL: name}  # the picker chooses among both roles' pods
     manifests.extend(
         claim_templates(spec, name=name, namespace=namespace, gpus=gpus_per_replica(spec))
     )
@@ -133,7 +139,7 @@ def plan(
         cluster_facts,
         name=name,
         namespace=namespace,
-        pod_selector=service["spec"]["selector"],
+        pod_selector=pod_selector,
         scrape_mode=scrape.mode,
     )
     scaling = autoscaler(
@@ -184,6 +190,21 @@ def _workloads(
     is a Deployment, one across nodes a LeaderWorkerSet (when the cluster serves its API)."""
     if uses_dra(spec) and not cluster_facts.serves(DRA_GV, CLAIM_TEMPLATE_KIND):
         return {}, dra_missing_api()
+    if spec.get("prefill"):
+        # Both roles are CPU engines (admission), so each replica is one pod.
+        specs = role_specs(spec)
+        return {
+            role_key: deployment_manifest(
+                specs[role],
+                cluster_facts,
+                name=name,
+                namespace=namespace,
+                pod_annotations=pod_annotations,
+                role=role,
+            )
+            for role_key, role in ((SERVER, DECODE), (PREFILL, PREFILL))
+        }, None
+    spec = role_specs(spec)[DECODE]
     if not placement.multi_node:
         deployment = deployment_manifest(
             spec, cluster_facts, name=name, namespace=namespace, pod_annotations=pod_annotations

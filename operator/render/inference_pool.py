@@ -111,9 +111,11 @@ def _grpc_probe(period: int) -> dict[str, Any]:
     }
 
 
-def default_picker_image(routing: Mapping[str, Any]) -> str:
-    """The extension's picker, or llm-d's inference scheduler when a scorer is llm-d's."""
-    return LLMD_SCHEDULER_IMAGE if precise_scorer(routing) else DEFAULT_EPP_IMAGE
+def default_picker_image(spec: Mapping[str, Any]) -> str:
+    """The extension's picker, or llm-d's inference scheduler when a scorer is llm-d's or a
+    prefill role needs its P/D plugins."""
+    llmd = precise_scorer(spec["routing"]) or spec.get("prefill")
+    return LLMD_SCHEDULER_IMAGE if llmd else DEFAULT_EPP_IMAGE
 
 
 def picker_deployment(
@@ -134,7 +136,7 @@ def picker_deployment(
         ports.append({"name": KV_EVENTS_PORT_NAME, "containerPort": KV_EVENTS_PORT})
     container: dict[str, Any] = {
         "name": "epp",
-        "image": picker.get("image", default_picker_image(routing)),
+        "image": picker.get("image", default_picker_image(spec)),
         "args": _picker_args(spec, name, namespace),
         "ports": ports,
         "env": [

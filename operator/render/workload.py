@@ -7,7 +7,16 @@ from typing import Any
 
 from infernetes.operator import names
 from infernetes.operator.argv import engine_argv, engine_env
+from infernetes.operator.disaggregation import (
+    DECODE,
+    DEFAULT_SIDE_CHANNEL_PORT,
+    PREFILL,
+    ROLE_LABEL,
+    SIDE_CHANNEL_PORT,
+    SIDE_CHANNEL_PORT_NAME,
+)
 from infernetes.operator.facts import ClusterFacts
+from infernetes.operator.render.disaggregation import ENGINE_PORT, ENGINE_PORT_NAME, routing_sidecar
 from infernetes.operator.render.dra import CLAIM, pod_claims, uses_dra
 from infernetes.operator.render.lora import lora_args
 from infernetes.operator.spec_schema import (
@@ -135,7 +144,7 @@ def _env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [item for item in env if item["name"] not in user_names] + user
 
 
-def _probes(spec: Mapping[str, Any]) -> dict[str, Any]:
+def _probes(spec: Mapping[str, Any], port_name: str) -> dict[str, Any]:
     probes = spec.get("probes") or {}
     period = probes.get("periodSeconds", 10)
     timeout = probes.get("timeoutSeconds", 5)
@@ -144,7 +153,7 @@ def _probes(spec: Mapping[str, Any]) -> dict[str, Any]:
 
     def probe(**extra: Any) -> dict[str, Any]:
         return {
-            "httpGet": {"path": HEALTH_PATH, "port": names.PORT_NAME},
+            "httpGet": {"path": HEALTH_PATH, "port": port_name},
             "periodSeconds": period,
             "timeoutSeconds": timeout,
             **extra,
@@ -254,10 +263,12 @@ def grace_period(spec: Mapping[str, Any]) -> int:
     return spec.get("terminationGracePeriodSeconds", TERMINATION_GRACE_SECONDS)
 
 
-def container_args(spec: Mapping[str, Any], facts: ClusterFacts) -> list[str]:
+def container_args(
+    spec: Mapping[str, Any], facts: ClusterFacts, port: int = names.SERVER_PORT
+) -> list[str]:
     """The argv after `infernetes serve`: operator-owned flags, then spec.engine's."""
     source = model_source(spec)
-    args = [f"--model={source.arg}", "--host=0.0.0.0", f"--port={names.SERVER_PORT}"]
+    args = [f"--model={source.arg}", "--host=0.0.0.0", f"--port={port}"]
     if source.pass_served_name:
         args += ["--served-model-name", source.served_name]
     engine = spec.get("engine") or {}
@@ -273,16 +284,39 @@ def container_args(spec: Mapping[str, Any], facts: ClusterFacts) -> list[str]:
     return args + lora_args(spec, CACHE_MOUNT) + engine_argv(engine)
 
 
+def _engine_ports(spec: Mapping[str, Any], role: str | None) -> list[dict[str, Any]]:
+    """The engine's ports: its API (behind the routing sidecar on a decode pod) and, in a
+    prefill/decode role, the NixlConnector's side channel."""
+    api_port = (
+        (ENGINE_PORT_NAME, ENGINE_PORT) if role == DECODE else (names.PORT_NAME, names.SERVER_PORT)
+    )
+    ports = [{"name": api_port[0], "containerPort": api_port[1], "protocol": "TCP"}]
+    if role is not None:
+        side_channel = (spec.get("engineEnv") or {}).get(
+            SIDE_CHANNEL_PORT, DEFAULT_SIDE_CHANNEL_PORT
+        )
+        ports.append(
+            {"name": SIDE_CHANNEL_PORT_NAME, "containerPort": side_channel, "protocol": "TCP"}
+        )
+    return ports
+
+
 def container(
-    spec: Mapping[str, Any], facts: ClusterFacts, mounts: list[dict[str, Any]], gpus: int
+    spec: Mapping[str, Any],
+    facts: ClusterFacts,
+    mounts: list[dict[str, Any]],
+    gpus: int,
+    role: str | None = None,
 ) -> dict:
+    """The engine's container; `role` DECODE or PREFILL in a prefill/decode pair."""
+    ports = _engine_ports(spec, role)
     result: dict[str, Any] = {
         "name": names.CONTAINER_NAME,
         "image": spec.get("image") or facts.default_image,
         "command": ["infernetes", "serve"],
-        "args": container_args(spec, facts),
-        "ports": [{"name": names.PORT_NAME, "containerPort": names.SERVER_PORT, "protocol": "TCP"}],
-        **_probes(spec),
+        "args": container_args(spec, facts, ports[0]["containerPort"]),
+        "ports": ports,
+        **_probes(spec, ports[0]["name"]),
         **_lifecycle(spec),
         # The last lines of a crash end up in the pod's status, which the operator reports as Degraded.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -314,18 +348,26 @@ def topology_spread(spec: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
 
 
 def pod_spec(
-    spec: Mapping[str, Any], facts: ClusterFacts, name: str, gpus: int | None = None
+    spec: Mapping[str, Any],
+    facts: ClusterFacts,
+    name: str,
+    gpus: int | None = None,
+    role: str | None = None,
 ) -> dict[str, Any]:
-    """The pod of a replica, or with `gpus`, one of its pods (a replica across nodes)."""
+    """The pod of a replica, or with `gpus`, one of its pods (a replica across nodes); a
+    decode pod (`role` DECODE) has the routing sidecar in front of its engine."""
     source = model_source(spec)
     gpus = gpus_per_replica(spec) if gpus is None else gpus
     volumes, mounts = _volumes(spec, source, gpus)
+    containers = [container(spec, facts, mounts, gpus, role)]
+    if role == DECODE:
+        containers.append(routing_sidecar(container_security_context(spec), _lifecycle(spec)))
     pod: dict[str, Any] = {
         # Service links would put <SERVICE>_PORT variables (VLLM_PORT for a Service named vllm) in the env.
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace_period(spec),
         "securityContext": pod_security_context(spec),
-        "containers": [container(spec, facts, mounts, gpus)],
+        "containers": containers,
     }
     if spec.get("imagePullSecrets"):
         pod["imagePullSecrets"] = [{"name": item["name"]} for item in spec["imagePullSecrets"]]
@@ -375,6 +417,11 @@ def rollout_strategy(spec: Mapping[str, Any], facts: ClusterFacts) -> dict[str, 
     }
 
 
+def workload_name(name: str, role: str | None) -> str:
+    """The prefill role's workload is <name>-prefill; the decode (or only) one is <name>."""
+    return f"{name}-{PREFILL}" if role == PREFILL else name
+
+
 def deployment_manifest(
     spec: Mapping[str, Any],
     facts: ClusterFacts,
@@ -382,9 +429,21 @@ def deployment_manifest(
     name: str,
     namespace: str,
     pod_annotations: Mapping[str, str],
+    role: str | None = None,
 ) -> dict[str, Any]:
+    """The Deployment of the one server role, or with `role`, of the prefill or decode role."""
     labels = names.common_labels(name)
-    template_metadata: dict[str, Any] = {"labels": {**(spec.get("podLabels") or {}), **labels}}
+    pod_labels = {**(spec.get("podLabels") or {}), **labels}
+    if role is not None:
+        labels = {**labels, ROLE_LABEL: role}
+        # Both roles' pods are the pool's; the selectors keep each Deployment to its own.
+        pod_labels = {
+            **pod_labels,
+            **names.role_selector_labels(name, prefill=role == PREFILL),
+            ROLE_LABEL: role,
+        }
+        pod_labels[names.LABEL_POOL] = name
+    template_metadata: dict[str, Any] = {"labels": pod_labels}
     annotations = {**(spec.get("podAnnotations") or {}), **pod_annotations}
     if annotations:
         template_metadata["annotations"] = annotations
@@ -392,13 +451,16 @@ def deployment_manifest(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "metadata": {"name": workload_name(name, role), "namespace": namespace, "labels": labels},
         "spec": {
             "replicas": spec.get("replicas", 1),
-            "selector": {"matchLabels": names.selector_labels(name)},
+            "selector": {"matchLabels": names.role_selector_labels(name, prefill=role == PREFILL)},
             "strategy": rollout_strategy(spec, facts),
             "progressDeadlineSeconds": startup_budget + PROGRESS_MARGIN_SECONDS,
             "revisionHistoryLimit": 3,
-            "template": {"metadata": template_metadata, "spec": pod_spec(spec, facts, name)},
+            "template": {
+                "metadata": template_metadata,
+                "spec": pod_spec(spec, facts, name, role=role),
+            },
         },
     }

@@ -34,14 +34,23 @@ class MultiModalCacheStats(PrefixCacheStats):
     """Multimodal processor-cache lookups since the last snapshot, in items (vLLM's)."""
 
 
+# KVTransfer.transfer_type of the NixlConnector's reads and notifications.
+NIXL_READ = "NIXL_READ"
+NIXL_NOTIFY = "NIXL_NOTIFY"
+
+
 class KVTransfer(NamedTuple):
     """One copy a KV connector finished: its direction (vLLM's ``transfer_type``, "GPU_to_CPU"
-    for a store, "CPU_to_GPU" for a load, whatever the device), its bytes over all ranks, and
-    how long it took."""
+    for a store, "CPU_to_GPU" for a load, whatever the device; NIXL_READ for the NixlConnector's
+    read, NIXL_NOTIFY for its notification), its bytes over all ranks, and how long it took; a
+    NIXL read also how long posting it took and its descriptors, or that it failed."""
 
     transfer_type: str
     num_bytes: int
     seconds: float
+    post_seconds: float = 0.0
+    num_descriptors: int = 0
+    failed: bool = False
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from infernetes.runtime.engine.request import RequestStatus
+from infernetes.runtime.engine.stats import NIXL_NOTIFY, NIXL_READ, KVTransfer
 from infernetes.runtime.kv_transfer.base import (
     KVCaches,
     KVConnectorBase,
@@ -32,7 +33,7 @@ from infernetes.runtime.kv_transfer.base import (
     KVConnectorOutput,
     KVConnectorRole,
 )
-from infernetes.runtime.kv_transfer.nixl_peer import NixlPeer, RemoteSource
+from infernetes.runtime.kv_transfer.nixl_peer import NixlPeer, PendingRead, RemoteSource
 from infernetes.runtime.model_executor import parallel
 
 from infernetes.schema.env import read_env
@@ -111,8 +112,9 @@ class NixlConnector(KVConnectorBase):
         self._sending: set[str] = set()  # held for a reader, not yet reported freed
         # -- worker side
         self.peer: NixlPeer | None = None
-        self._started: dict[str, Any] = {}  # this step's reads in flight
+        self._started: dict[str, PendingRead] = {}  # this step's reads in flight
         self._failed: set[str] = set()  # this step's reads that failed
+        self._transfers: list[KVTransfer] = []  # reads and failures since the last report
 
     # -- scheduler side ------------------------------------------------------------------------
 
@@ -237,6 +239,7 @@ class NixlConnector(KVConnectorBase):
             self.peer.notify(source)
         except Exception as exc:  # its blocks time out there instead
             logger.warning("could not tell %s to free its blocks: %s", source.engine_id, exc)
+            self._transfers.append(KVTransfer(NIXL_NOTIFY, 0, 0.0, failed=True))
 
     def _fail(self, request_id: str, source: RemoteSource, exc: BaseException) -> None:
         logger.warning(
@@ -246,6 +249,7 @@ class NixlConnector(KVConnectorBase):
             exc,
         )
         self._failed.add(request_id)
+        self._transfers.append(KVTransfer(NIXL_READ, 0, 0.0, failed=True))
         if not isinstance(exc, LookupError):  # the producer answered: it is there
             assert self.peer is not None
             self.peer.forget(source.engine_id)
@@ -266,13 +270,23 @@ class NixlConnector(KVConnectorBase):
         them in the same step); the ranks agree on the failures."""
         assert self.peer is not None
         received = set()
-        for request_id, transfer in self._started.items():
+        for request_id, read in self._started.items():
             try:
-                self.peer.wait(transfer)
+                seconds = self.peer.wait(read)
                 received.add(request_id)
+                self._transfers.append(
+                    KVTransfer(
+                        NIXL_READ,
+                        read.num_bytes * self.tp_size,  # every rank reads its shard
+                        seconds,
+                        read.post_seconds,
+                        read.num_descriptors,
+                    )
+                )
             except Exception as exc:  # the prompt is computed here
                 logger.warning("request %s: the KV read failed (%s)", request_id, exc)
                 self._failed.add(request_id)
+                self._transfers.append(KVTransfer(NIXL_READ, 0, 0.0, failed=True))
         self._started = {}
         self._failed = _agree_on_failures(received | self._failed, self._failed)
         received -= self._failed
@@ -281,6 +295,12 @@ class NixlConnector(KVConnectorBase):
     def get_failed_recving(self) -> set[str]:
         failed, self._failed = self._failed, set()
         return failed
+
+    def get_kv_connector_stats(self) -> list[KVTransfer]:
+        """The reads done or failed, and the notifications that failed, since the last call
+        (vLLM's vllm:nixl_* metrics)."""
+        taken, self._transfers = self._transfers, []
+        return taken
 
 
 def _agree_on_failures(request_ids: set[str], failed: set[str]) -> set[str]:

@@ -67,6 +67,18 @@ class CacheLayout:
 
 
 @dataclass(frozen=True)
+class PendingRead:
+    """A read started: its NIXL handle, when it was posted (``perf_counter``), how long posting
+    took, and this rank's bytes and descriptors (vLLM's NIXL transfer metrics)."""
+
+    transfer: Any
+    started: float
+    post_seconds: float
+    num_bytes: int
+    num_descriptors: int
+
+
+@dataclass(frozen=True)
 class RemoteSource:
     """Where a request's prefilled blocks wait: the producer's side channel and names."""
 
@@ -259,9 +271,9 @@ class NixlPeer:
 
     def start_read(
         self, source: RemoteSource, remote_block_ids: list[int], local_block_ids: list[int]
-    ) -> Any:
+    ) -> PendingRead:
         """Claim the request's blocks and start reading them into ``local_block_ids``; the
-        returned transfer is waited for with ``wait``. Raises when it cannot be done."""
+        returned read is waited for with ``wait``. Raises when it cannot be done."""
         remote = self._remote(source)
         port = source.port + self.tp_rank
         (answer,) = ask(source.host, port, {"op": "claim", "request_id": source.request_id})
@@ -273,30 +285,35 @@ class NixlPeer:
         if max(remote_block_ids, default=-1) >= remote.layout.num_blocks:
             raise ValueError(f"remote_block_ids past the producer's {remote.layout.num_blocks}")
         assert self.layout is not None
+        local = self.layout.indices(local_block_ids)
+        started = time.perf_counter()
         transfer = self.agent.make_prepped_xfer(
             "READ",
             self._local_handle,
-            self.layout.indices(local_block_ids),
+            local,
             remote.handle,
             remote.layout.indices(remote_block_ids),
             source.request_id.encode(),
         )
         if self.agent.transfer(transfer) == "ERR":
             raise ConnectionError(f"NIXL could not start reading from {source.engine_id}")
-        return transfer
+        num_bytes = sum(self.layout.block_bytes[index // self.layout.num_blocks] for index in local)
+        return PendingRead(transfer, started, time.perf_counter() - started, num_bytes, len(local))
 
-    def wait(self, transfer: Any) -> None:
-        """Until the read is done; an error or ``timeout_s`` without an end raises."""
+    def wait(self, read: PendingRead) -> float:
+        """Until the read is done, its seconds from the start; an error or ``timeout_s`` without
+        an end raises."""
         deadline = time.monotonic() + self.timeout_s
         try:
-            while (state := self.agent.check_xfer_state(transfer)) == "PROC":
+            while (state := self.agent.check_xfer_state(read.transfer)) == "PROC":
                 if time.monotonic() > deadline:
                     raise TimeoutError("the KV read did not finish in time")
                 time.sleep(0.0005)
             if state != "DONE":
                 raise ConnectionError(f"the KV read ended in state {state}")
+            return time.perf_counter() - read.started
         finally:
-            self.agent.release_xfer_handle(transfer)
+            self.agent.release_xfer_handle(read.transfer)
 
     def notify(self, source: RemoteSource) -> None:
         """Tell the producer its blocks are not needed (nothing to read: a local hit)."""

@@ -1,15 +1,16 @@
-"""The KV offloading metrics of vLLM's OffloadingConnector, for one engine core: bytes, seconds
+"""The KV connectors' metrics, for one engine core. vLLM's OffloadingConnector's: bytes, seconds
 and sizes of the copies into the host tier (``store``) and back (``load``), under vLLM's flat
 names and its older ``transfer_type``-labelled ones (``GPU_to_CPU``, ``CPU_to_GPU``), which
-dashboards still read. Made at an engine core's first copy (only a connector that copies
-reports any)."""
+dashboards still read. Its NixlConnector's (``NixlSeries``): vllm:nixl_* histograms of each
+read's duration, post time, bytes and descriptors, and counters of failed reads and
+notifications. Each made at an engine core's first report of its kind."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infernetes.runtime.engine.stats import KVTransfer
+from infernetes.runtime.engine.stats import NIXL_READ, KVTransfer
 from prometheus_client import Counter, Histogram
 
 # vLLM's buckets for a copy's size, in bytes
@@ -20,6 +21,68 @@ _MOVED = {
     "load": "loaded from offload storage to GPU",
 }
 _WAY = {"store": "from GPU to offload storage", "load": "from offload storage to GPU"}
+
+
+# vLLM's NixlPromMetrics buckets: seconds (the transfer's start at 5 ms), bytes (2 KiB to 8 GiB,
+# every other power of two) and descriptors.
+NIXL_SECONDS_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]
+NIXL_BYTES_BUCKETS = [2 ** (10 + i) for i in range(1, 25, 2)]
+NIXL_DESCRIPTOR_BUCKETS = [10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000]
+
+
+class NixlSeries:
+    def __init__(
+        self, family: Callable[..., Any], engine_labels: list[str], labels: Sequence[str]
+    ) -> None:
+        def histogram(name: str, help_text: str, buckets: list[float] | list[int]) -> Any:
+            return family(Histogram, name, help_text, engine_labels, buckets=buckets).labels(
+                *labels
+            )
+
+        def counter(name: str, help_text: str) -> Any:
+            return family(Counter, name, help_text, engine_labels).labels(*labels)
+
+        self._xfer_time = histogram(
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            NIXL_SECONDS_BUCKETS[1:],
+        )
+        self._post_time = histogram(
+            "vllm:nixl_post_time_seconds",
+            "Histogram of transfer post time for NIXL KV Cache transfers.",
+            NIXL_SECONDS_BUCKETS,
+        )
+        self._bytes = histogram(
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            NIXL_BYTES_BUCKETS,
+        )
+        self._descriptors = histogram(
+            "vllm:nixl_num_descriptors",
+            "Histogram of number of descriptors per NIXL KV Cache transfers.",
+            NIXL_DESCRIPTOR_BUCKETS,
+        )
+        self._failed_transfers = counter(
+            "vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers."
+        )
+        self._failed_notifications = counter(
+            "vllm:nixl_num_failed_notifications", "Number of failed NIXL KV Cache notifications."
+        )
+
+    def record(self, transfers: Sequence[KVTransfer]) -> None:
+        for transfer in transfers:
+            if transfer.failed:
+                failures = (
+                    self._failed_transfers
+                    if transfer.transfer_type == NIXL_READ
+                    else self._failed_notifications
+                )
+                failures.inc()
+                continue
+            self._xfer_time.observe(transfer.seconds)
+            self._post_time.observe(transfer.post_seconds)
+            self._bytes.observe(transfer.num_bytes)
+            self._descriptors.observe(transfer.num_descriptors)
 
 
 class KVTransferSeries:

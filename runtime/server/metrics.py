@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
-from infernetes.runtime.engine.stats import PROMPT_TOKEN_SOURCES
-from infernetes.runtime.server.kv_transfer_metrics import KVTransferSeries
+from infernetes.runtime.engine.stats import NIXL_NOTIFY, NIXL_READ, PROMPT_TOKEN_SOURCES
+from infernetes.runtime.server.kv_transfer_metrics import KVTransferSeries, NixlSeries
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
 if TYPE_CHECKING:
@@ -185,6 +185,7 @@ class EngineSeries:
         self._family = logger.family
         self._labels = (model_name, str(engine_index))
         self.kv_transfers: KVTransferSeries | None = None  # made at the first KV copy
+        self.nixl: NixlSeries | None = None  # made at the first NIXL read
         tokens = token_count_buckets(max_model_len)
         self.running = self._gauge(
             "vllm:num_requests_running", "Number of requests currently running."
@@ -414,10 +415,16 @@ class EngineSeries:
         self.gpu_cache_usage.set(stats.kv_cache_usage)
         self.preemptions.inc(stats.num_preemptions)
         self.kv_events_dropped.inc(stats.kv_events_dropped)
-        if stats.kv_transfers:
+        nixl = [t for t in stats.kv_transfers if t.transfer_type in (NIXL_READ, NIXL_NOTIFY)]
+        copies = [t for t in stats.kv_transfers if t.transfer_type not in (NIXL_READ, NIXL_NOTIFY)]
+        if copies:
             if self.kv_transfers is None:
                 self.kv_transfers = KVTransferSeries(self._family, ENGINE_LABELS, self._labels)
-            self.kv_transfers.record(stats.kv_transfers)
+            self.kv_transfers.record(copies)
+        if nixl:
+            if self.nixl is None:
+                self.nixl = NixlSeries(self._family, ENGINE_LABELS, self._labels)
+            self.nixl.record(nixl)
         self._record_lora(stats)
         prefix = stats.prefix_cache_stats
         self.prefix_queries.inc(prefix.queries)

@@ -60,10 +60,10 @@ def test_runtime_is_the_default_target_and_runs_serve():
     assert runtime.last("EXPOSE") == str(names.SERVER_PORT)
 
 
-def test_runtime_image_has_ray_for_the_ray_executor():
+def test_runtime_image_has_ray_for_the_ray_executor_and_nixl_for_the_pd_roles():
     requirements = STAGES["requirements"].all("RUN")
     assert any(
-        "requirements.py pyproject.toml runtime ray > runtime.txt" in r for r in requirements
+        "requirements.py pyproject.toml runtime ray pd > runtime.txt" in r for r in requirements
     )
 
 

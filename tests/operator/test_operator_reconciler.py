@@ -618,3 +618,54 @@ def test_condition_metric_follows_the_written_status_and_goes_with_the_service(
 
     reconciler.resource_event("DELETED", api.resource)
     assert condition_series(*KEY) == {}
+
+
+# --- prefill role (spec.prefill) -------------------------------------------------------------
+
+
+def test_the_prefill_role_has_its_own_workload_and_status_and_goes_with_spec_prefill(
+    api: FakeApi,
+) -> None:
+    api.resource["spec"] = {
+        "model": "m",
+        "engine": {"device": "cpu"},
+        "prefill": {"replicas": 1},
+        "routing": {},
+    }
+    prefill_id = ("apps/v1", "Deployment", "llama-prefill")
+    seen: dict[str, Any] = {}
+
+    def prefill_ready(reconciler: Reconciler) -> None:
+        seen["applied"] = sorted(api.writes)
+        seen["before"] = api.resource["status"]["prefill"]
+        live = copy.deepcopy(api.objects[prefill_id])
+        live["metadata"]["generation"] = 1
+        live["metadata"]["resourceVersion"] = str(next(api.versions))
+        live["status"] = {
+            "observedGeneration": 1,
+            "replicas": 1,
+            "readyReplicas": 1,
+            "updatedReplicas": 1,
+            "availableReplicas": 1,
+            "conditions": [{"type": "Available", "status": "True", "reason": "Min"}],
+        }
+        api.objects[prefill_id] = live
+        reconciler.child_event("MODIFIED", copy.deepcopy(live))
+
+    def prefill_removed(reconciler: Reconciler) -> None:
+        seen["ready"] = api.resource["status"]["prefill"]
+        api.writes.clear()
+        api.resource["metadata"]["generation"] = 2
+        del api.resource["spec"]["prefill"]
+
+    run(api, nothing, prefill_ready, prefill_removed)
+    assert "apply Deployment" in seen["applied"]
+    ready = {c["type"]: c["status"] for c in seen["before"]["conditions"]}
+    assert ready["Ready"] == "False" and seen["before"]["readyReplicas"] == 0
+    assert seen["ready"]["readyReplicas"] == 1
+    assert {c["type"]: c["status"] for c in seen["ready"]["conditions"]}["Ready"] == "True"
+    # The decode role's Ready is the resource's; its Deployment never became available here.
+    assert condition(api, "Ready")["status"] == "False"
+    assert "delete Deployment" in api.writes
+    assert prefill_id not in api.objects
+    assert "prefill" not in api.resource["status"]

@@ -34,6 +34,8 @@ CASES = {
     "autoscaling-keda": ["--api-versions", "keda.sh/v1alpha1"],
     "autoscaling-hpa": [],
     "multinode-tp16": ["--api-versions", "leaderworkerset.x-k8s.io/v1"],
+    "kv-offload": [],
+    "prefill-decode": ["--api-versions", "inference.networking.k8s.io/v1"],
     "routing-gateway": [
         "--api-versions",
         "inference.networking.k8s.io/v1,gateway.networking.k8s.io/v1",

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from ports import free_port
-from test_server_kv_offload import prompt_tokens_by_source
+from test_server_kv_offload import prompt_tokens_by_source, samples
 
 pytest.importorskip("nixl", reason="the NixlConnector needs the nixl package (extra 'pd')")
 
@@ -123,6 +123,7 @@ def _token_ids(tokens: list[str]) -> list[int]:
 def test_the_pair_behind_the_proxy_gives_the_tokens_of_one_server(pd_pair):
     prefill, decode, proxy_url = pd_pair
     before = prompt_tokens_by_source(decode.url)
+    reads_before = nixl_reads(decode.url)
     whole = [_complete(proxy_url, p) for p in PROMPTS]
     streamed = [_complete(proxy_url, p, stream=True) for p in PROMPTS]
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -139,6 +140,20 @@ def test_the_pair_behind_the_proxy_gives_the_tokens_of_one_server(pd_pair):
     assert grown["external_kv_transfer"] + grown.get("local_cache_hit", 0) == 3 * sum(
         len(p) - 1 for p in PROMPTS
     )
+    # vLLM's NIXL metrics: one read per request that had blocks to read (the first round's at
+    # least), their bytes, and no failures.
+    reads, moved, failed = nixl_reads(decode.url)
+    assert reads - reads_before[0] >= len(PROMPTS)
+    assert moved > reads_before[1]
+    assert failed == reads_before[2] == 0
+
+
+def nixl_reads(url: str) -> tuple[float, float, float]:
+    """(vllm:nixl_xfer_time_seconds' count, vllm:nixl_bytes_transferred's sum, failed reads)."""
+    count = samples(url, "vllm:nixl_xfer_time_seconds_count", "engine")
+    moved = samples(url, "vllm:nixl_bytes_transferred_sum", "engine")
+    failed = samples(url, "vllm:nixl_num_failed_transfers_total", "engine")
+    return sum(count.values()), sum(moved.values()), sum(failed.values())
 
 
 def test_chat_through_the_proxy_answers_with_the_decode_servers_text(pd_pair):
