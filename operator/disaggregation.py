@@ -11,10 +11,14 @@ engine returned, and the decode engine reads the prompt's KV blocks over NIXL (v
 docs/disaggregation.md). A failed prefill read is recomputed by the decode engine.
 """
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from infernetes.operator.engine_schema import camel, engine_args
 from infernetes.operator.openapi import Schema, enum, integer, number, obj, rule
+
+from infernetes.schema.args import ARGS
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -44,10 +48,20 @@ SHARED_ENGINE_FIELDS = (
     "dtype",
     "kvCacheDtype",
     "blockSize",
+    "calculateKvScales",
+    "kvCacheDtypeSkipLayers",
+    "mambaCacheDtype",
+    "mambaSsmCacheDtype",
+    "mambaBlockSize",
     "device",
 )
 # What the operator sets on both roles' engines with spec.prefill.
 OPERATOR_ENGINE_FIELDS = ("kvTransferConfig", "kvOffloadingSize", "kvOffloadingBackend")
+# What a role tunes apart from the other (its batch budget, its cache's size and policy,
+# compilation, logs and traces): spec.prefill.engine holds these config groups' fields only.
+# The rest (the model, the frontend, parallelism) is both roles', set in spec.engine; a copy of
+# the whole engine schema would also take the CRD past the 256 KiB that `kubectl apply` can store.
+ROLE_ARG_GROUPS = ("SchedulerConfig", "CacheConfig", "VllmConfig", "ObservabilityConfig")
 
 
 def kv_cache_schema() -> Schema:
@@ -78,8 +92,39 @@ def kv_cache_schema() -> Schema:
     )
 
 
+def role_engine_fields() -> list[str]:
+    """The engine fields spec.prefill.engine may set (ROLE_ARG_GROUPS, less what is shared)."""
+    unsettable = {*SHARED_ENGINE_FIELDS, *OPERATOR_ENGINE_FIELDS}
+    return [
+        camel(arg.dest)
+        for arg in engine_args(ARGS)
+        if arg.group in ROLE_ARG_GROUPS and camel(arg.dest) not in unsettable
+    ]
+
+
+def role_engine_schema(engine: Schema) -> Schema:
+    """spec.engine's schema cut to role_engine_fields(), with the object rules on those alone."""
+    kept = set(role_engine_fields())
+    schema = {
+        **engine,
+        "properties": {k: v for k, v in engine["properties"].items() if k in kept},
+        "description": "Engine settings of the prefill role, merged field by field over "
+        "spec.engine: scheduling, the KV cache's size and policy, compilation, logs and "
+        "traces (" + ", ".join(ROLE_ARG_GROUPS) + "); the rest is both roles', in spec.engine.",
+    }
+    rules = [
+        item
+        for item in engine.get("x-kubernetes-validations", [])
+        if set(re.findall(r"self\.(\w+)", item["rule"])) <= kept
+    ]
+    schema.pop("x-kubernetes-validations", None)
+    if rules:
+        schema["x-kubernetes-validations"] = rules
+    return schema
+
+
 def prefill_schema(engine: Schema, resources: Schema) -> Schema:
-    """spec.prefill: `engine` is spec.engine's schema (the overrides are merged over it)."""
+    """spec.prefill: `engine` holds the role's own engine fields (merged over spec.engine)."""
     return obj(
         {
             "replicas": integer(
@@ -89,12 +134,7 @@ def prefill_schema(engine: Schema, resources: Schema) -> Schema:
                 default=1,
             ),
             "resources": resources,
-            "engine": {
-                **engine,
-                "description": "Engine settings of the prefill role, merged field by field over "
-                "spec.engine (the fields that choose the weights or the KV cache's layout are "
-                "spec.engine's alone).",
-            },
+            "engine": role_engine_schema(engine),
         },
         description="A prefill role beside the decode one (KServe's LLMInferenceService "
         "spec.prefill): a Deployment <name>-prefill whose engines compute prompts and hand "
@@ -134,49 +174,26 @@ def prefill_rules(engine_properties: Mapping[str, Any]) -> list[Schema]:
             field_path=".kvCache.offload",
         ),
     ]
+    # Fields outside role_engine_fields() are not in spec.prefill.engine's schema at all (the
+    # API server refuses them as unknown), so only spec.engine's are ruled on here.
     dp = "dataParallelSize"
-    for path in ("engine", "prefill.engine") if dp in engine_properties else ():
+    if dp in engine_properties:
         rules.append(
             rule(
-                with_prefill + f"{_unset(path, dp)} || self.{path}.{dp} <= 1",
-                f"spec.prefill with {path}.dataParallelSize above 1 is not built: llm-d's "
+                with_prefill + f"{_unset('engine', dp)} || self.engine.{dp} <= 1",
+                "spec.prefill with engine.dataParallelSize above 1 is not built: llm-d's "
                 "sidecar and picker address data-parallel ranks by ports the engines do not open",
-                field_path=f".{path}.{dp}",
+                field_path=f".engine.{dp}",
             )
         )
-    tp = "tensorParallelSize"
-    if tp in engine_properties:
-        decode_tp = f"(has(self.engine) && has(self.engine.{tp}) ? self.engine.{tp} : 1)"
-        rules.append(
-            rule(
-                with_prefill + f"!has(self.prefill.engine) || !has(self.prefill.engine.{tp}) "
-                f"|| self.prefill.engine.{tp} == {decode_tp}",
-                "prefill.engine.tensorParallelSize must equal the decode role's: each "
-                "tensor-parallel rank reads its own shard from the same rank of the prefill "
-                "engine",
-                field_path=".prefill.engine.tensorParallelSize",
-            )
-        )
-    for field in SHARED_ENGINE_FIELDS:
+    for field in OPERATOR_ENGINE_FIELDS:
         if field in engine_properties:
             rules.append(
                 rule(
-                    with_prefill + _unset("prefill.engine", field),
-                    f"prefill.engine.{field} must be unset: both roles serve the same model "
-                    f"with the same KV-cache layout, so it is set once, in spec.engine",
-                    field_path=f".prefill.engine.{field}",
-                )
-            )
-    for field in OPERATOR_ENGINE_FIELDS:
-        if field not in engine_properties:
-            continue
-        for path in ("engine", "prefill.engine"):
-            rules.append(
-                rule(
-                    with_prefill + _unset(path, field),
-                    f"with spec.prefill the operator sets {path}.{field} (the NixlConnector, "
+                    with_prefill + _unset("engine", field),
+                    f"with spec.prefill the operator sets engine.{field} (the NixlConnector, "
                     "kv_producer or kv_consumer by role): leave it unset",
-                    field_path=f".{path}.{field}",
+                    field_path=f".engine.{field}",
                 )
             )
     rules.append(

@@ -9,7 +9,11 @@ from typing import Any
 
 import yaml
 from infernetes.operator.crd import build_crd
-from infernetes.operator.disaggregation import ROLE_LABEL, SHARED_ENGINE_FIELDS
+from infernetes.operator.disaggregation import (
+    ROLE_LABEL,
+    SHARED_ENGINE_FIELDS,
+    role_engine_fields,
+)
 from infernetes.operator.facts import ClusterFacts
 from infernetes.operator.picker_config import picker_config
 from infernetes.operator.render import SERVER, plan
@@ -218,18 +222,24 @@ def test_the_crd_types_prefill_and_kv_cache() -> None:
     spec = crd_spec()
     prefill = spec["properties"]["prefill"]["properties"]
     assert set(prefill) == {"replicas", "resources", "engine"}
-    assert (
-        prefill["engine"]["properties"].keys() == spec["properties"]["engine"]["properties"].keys()
-    )
+    # The role's own fields only: scheduling and cache sizes, never the model or the KV layout.
+    role_fields = prefill["engine"]["properties"].keys()
+    assert role_fields == set(role_engine_fields())
+    assert {"maxNumBatchedTokens", "maxNumSeqs", "gpuMemoryUtilization"} <= role_fields
+    assert not role_fields & {*SHARED_ENGINE_FIELDS, "tensorParallelSize", "kvTransferConfig"}
+    assert role_fields < spec["properties"]["engine"]["properties"].keys()
     offload = spec["properties"]["kvCache"]["properties"]["offload"]
     assert offload["properties"]["tier"]["enum"] == ["cpu"]
     rules = json.dumps(spec["x-kubernetes-validations"])
     for path in (
         ".routing",
         ".engine.device",
-        ".prefill.engine.tensorParallelSize",
         ".kvCache.offload",
+        ".engine.kvTransferConfig",
     ):
         assert f'"fieldPath": "{path}"' in rules
-    for field in SHARED_ENGINE_FIELDS:
-        assert f".prefill.engine.{field}" in rules
+
+
+def test_the_crd_stays_within_what_kubectl_apply_can_store() -> None:
+    # Client-side `kubectl apply` keeps the whole object in an annotation of at most 256 KiB.
+    assert len(json.dumps(build_crd(), separators=(",", ":"))) < 262144
