@@ -300,12 +300,22 @@ QWEN_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'<image>'", f"'{QWEN_IMAGE}'")
 
 
 def make_tiny_qwen2_vl(
-    directory: str | Path, *, version: str = "2", seed: int = 0, dtype: str = "float32"
+    directory: str | Path,
+    *,
+    version: str = "2",
+    seed: int = 0,
+    dtype: str = "float32",
+    patch_size: int = QWEN_PATCH,
+    max_pixels: int = 9216,
+    vision: dict[str, Any] | None = None,
+    text: dict[str, Any] | None = None,
 ) -> Path:
     """Write a random ``Qwen2VLForConditionalGeneration`` (``version`` "2") or
     ``Qwen2_5_VLForConditionalGeneration`` ("2.5": window attention over 2 x 2 merge blocks,
-    the last of three blocks full), M-RoPE over sections [2, 3, 3] of a 16-wide head, and its
-    image processor (the PIL one: images of 256 to 9216 pixels) and tokenizer."""
+    the last of three blocks full), M-RoPE over sections [2, 3, 3] of a 16-wide head (the
+    released models' proportions), and its image processor (the PIL one: images of 256 to
+    ``max_pixels`` pixels) and tokenizer: tiny by default; ``vision`` and ``text`` override
+    the configs (benchmarks)."""
     import torch
     import transformers
 
@@ -317,8 +327,8 @@ def make_tiny_qwen2_vl(
     ids = dict(
         zip(QWEN_VISION_TOKENS, tokenizer.convert_tokens_to_ids(QWEN_VISION_TOKENS), strict=True)
     )
-    _, llama = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, None)
-    text = {
+    _, llama = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, text)
+    text_config = {
         key: getattr(llama, key)
         for key in (
             "vocab_size",
@@ -334,15 +344,16 @@ def make_tiny_qwen2_vl(
             "pad_token_id",
         )
     }
-    text["rope_parameters"] = {
+    eighth = llama.hidden_size // llama.num_attention_heads // 8
+    text_config["rope_parameters"] = {
         "rope_type": "default",
         "rope_theta": 10000.0,
-        "mrope_section": [2, 3, 3],
+        "mrope_section": [eighth, 3 * eighth // 2, 3 * eighth // 2],
     }
-    vision: dict[str, Any] = dict(
+    vision_config: dict[str, Any] = dict(
         depth=3,
         num_heads=4,
-        patch_size=QWEN_PATCH,
+        patch_size=patch_size,
         spatial_merge_size=QWEN_MERGE,
         temporal_patch_size=2,
         in_channels=3,
@@ -350,23 +361,23 @@ def make_tiny_qwen2_vl(
     )
     if version == "2":
         config_class, model_name = transformers.Qwen2VLConfig, "Qwen2VLForConditionalGeneration"
-        vision.update(embed_dim=32, hidden_size=llama.hidden_size, mlp_ratio=2)
+        vision_config.update(embed_dim=32, hidden_size=llama.hidden_size, mlp_ratio=2)
     else:
         config_class, model_name = (
             transformers.Qwen2_5_VLConfig,
             "Qwen2_5_VLForConditionalGeneration",
         )
-        vision.update(
+        vision_config.update(
             hidden_size=32,
             out_hidden_size=llama.hidden_size,
             intermediate_size=48,
-            window_size=2 * QWEN_MERGE * QWEN_PATCH,
+            window_size=2 * QWEN_MERGE * patch_size,
             fullatt_block_indexes=[2],
             hidden_act="silu",
         )
     config = config_class(
-        text_config=text,
-        vision_config=vision,
+        text_config=text_config,
+        vision_config={**vision_config, **(vision or {})},
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -382,8 +393,8 @@ def make_tiny_qwen2_vl(
     model.save_pretrained(str(directory))
     transformers.Qwen2VLImageProcessorPil(
         min_pixels=256,
-        max_pixels=9216,
-        patch_size=QWEN_PATCH,
+        max_pixels=max_pixels,
+        patch_size=patch_size,
         merge_size=QWEN_MERGE,
         temporal_patch_size=2,
     ).save_pretrained(str(directory))
