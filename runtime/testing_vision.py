@@ -359,6 +359,7 @@ def make_tiny_qwen2_vl(
         in_channels=3,
         initializer_range=0.1,
     )
+    config_class: Any
     if version == "2":
         config_class, model_name = transformers.Qwen2VLConfig, "Qwen2VLForConditionalGeneration"
         vision_config.update(embed_dim=32, hidden_size=llama.hidden_size, mlp_ratio=2)

@@ -51,6 +51,8 @@ class MRotaryEmbedding(RotaryEmbedding):
     to half the rotary dim), each rotated by its axis of a ``[3, T]`` position. A ``[T]``
     position (every axis the same: text, and every decode step) is the plain rotary."""
 
+    axis_of: torch.Tensor  # a buffer, [1, rotary_dim]
+
     def __init__(
         self,
         head_dim: int,

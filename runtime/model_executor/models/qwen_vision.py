@@ -200,6 +200,8 @@ class QwenVisionTransformer(nn.Module):
     """``forward(patches [N, C * t * p * p], grids)`` -> ``[N / merge**2, LM hidden]``: the
     images' rows for the language model, image after image."""
 
+    inv_freq: torch.Tensor  # a buffer: it follows the module to its device
+
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         width, _ = _widths(config)
