@@ -293,6 +293,115 @@ def make_tiny_gemma3(
     return directory
 
 
+QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # an image's place in a Qwen prompt
+QWEN_PATCH, QWEN_MERGE = 8, 2  # so image sides are multiples of 16 pixels
+QWEN_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'<image>'", f"'{QWEN_IMAGE}'")
+
+
+def make_tiny_qwen2_vl(
+    directory: str | Path,
+    *,
+    version: str = "2",
+    seed: int = 0,
+    dtype: str = "float32",
+    patch_size: int = QWEN_PATCH,
+    max_pixels: int = 9216,
+    vision: dict[str, Any] | None = None,
+    text: dict[str, Any] | None = None,
+) -> Path:
+    """Write a random ``Qwen2VLForConditionalGeneration`` (``version`` "2") or
+    ``Qwen2_5_VLForConditionalGeneration`` ("2.5": window attention over 2 x 2 merge blocks,
+    the last of three blocks full), M-RoPE over sections [2, 3, 3] of a 16-wide head (the
+    released models' proportions), and its image processor (the PIL one: images of 256 to
+    ``max_pixels`` pixels) and tokenizer: tiny by default; ``vision`` and ``text`` override
+    the configs (benchmarks)."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory, extra_special_tokens=QWEN_VISION_TOKENS, chat_template=QWEN_CHAT_TEMPLATE
+    )
+    ids = dict(
+        zip(QWEN_VISION_TOKENS, tokenizer.convert_tokens_to_ids(QWEN_VISION_TOKENS), strict=True)
+    )
+    _, llama = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, text)
+    text_config = {
+        key: getattr(llama, key)
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+            "initializer_range",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+        )
+    }
+    eighth = llama.hidden_size // llama.num_attention_heads // 8
+    text_config["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [eighth, 3 * eighth // 2, 3 * eighth // 2],
+    }
+    vision_config: dict[str, Any] = dict(
+        depth=3,
+        num_heads=4,
+        patch_size=patch_size,
+        spatial_merge_size=QWEN_MERGE,
+        temporal_patch_size=2,
+        in_channels=3,
+        initializer_range=0.1,
+    )
+    config_class: Any
+    if version == "2":
+        config_class, model_name = transformers.Qwen2VLConfig, "Qwen2VLForConditionalGeneration"
+        vision_config.update(embed_dim=32, hidden_size=llama.hidden_size, mlp_ratio=2)
+    else:
+        config_class, model_name = (
+            transformers.Qwen2_5_VLConfig,
+            "Qwen2_5_VLForConditionalGeneration",
+        )
+        vision_config.update(
+            hidden_size=32,
+            out_hidden_size=llama.hidden_size,
+            intermediate_size=48,
+            window_size=2 * QWEN_MERGE * patch_size,
+            fullatt_block_indexes=[2],
+            hidden_act="silu",
+        )
+    config = config_class(
+        text_config=text_config,
+        vision_config={**vision_config, **(vision or {})},
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    config.architectures = [model_name]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).to(getattr(torch, dtype)).eval()
+    with torch.no_grad():  # make images move the logits
+        for parameter in model.model.visual.merger.parameters():
+            parameter.normal_(0.0, 0.5)
+    model.save_pretrained(str(directory))
+    transformers.Qwen2VLImageProcessorPil(
+        min_pixels=256,
+        max_pixels=max_pixels,
+        patch_size=patch_size,
+        merge_size=QWEN_MERGE,
+        temporal_patch_size=2,
+    ).save_pretrained(str(directory))
+    return directory
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
     """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
     import numpy as np
@@ -314,9 +423,15 @@ def _hf_llava(path: str) -> Any:
 
 @functools.cache
 def hf_processor(path: str) -> Any:
-    from transformers import AutoProcessor
+    """The model's processor; for Qwen2-VL the stand-in ours uses (its own needs torchvision)."""
+    import transformers
 
-    return AutoProcessor.from_pretrained(path)
+    [architecture] = transformers.AutoConfig.from_pretrained(path).architectures
+    if architecture in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"):
+        from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
+
+        return QwenVLProcessor.from_pretrained(path)
+    return transformers.AutoProcessor.from_pretrained(path)
 
 
 def hf_llava_greedy(
@@ -328,6 +443,10 @@ def hf_llava_greedy(
 
     processor = hf_processor(str(path))
     inputs = processor(text=prompt, images=images or None, return_tensors="pt", **processor_kwargs)
+    inputs = {name: torch.as_tensor(value) for name, value in inputs.items()}
+    if "image_grid_thw" in inputs:  # Qwen2-VL: which tokens are an image's, for its M-RoPE
+        image_token = processor.image_token_ids[0]
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).int()
     with torch.inference_mode():
         out = _hf_llava(str(path)).generate(
             **inputs,

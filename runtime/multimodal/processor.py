@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 MODALITIES = ("image", "video", "audio")
 SUPPORTED_MODALITIES = ("image",)  # of the models served here
+# What the processors return of each image: its pixels, its size (LLaVA-NeXT's tiling), its grid
+# of patches (Qwen2-VL's dynamic resolution: pixel_values then holds every image's patches)
+ITEM_ARRAYS = ("pixel_values", "image_sizes", "image_grid_thw")
 # The longer side of an image at most this many times the shorter (Qwen2-VL's processor's
 # bound): processors resize the shorter side up, and a thin strip would grow to gigabytes.
 MAX_ASPECT_RATIO = 200
@@ -106,14 +109,17 @@ class MultiModalProcessor:
         default_kwargs: Mapping[str, Any] | None,
         cache_bytes: int = 0,
         trust_remote_code: bool = False,
+        processor_class: Any = None,
     ) -> MultiModalProcessor:
+        """``processor_class``: the model's own stand-in for its Hugging Face processor (one
+        with ``from_pretrained``), where that cannot be built here; None: ``AutoProcessor``."""
         from transformers import AutoProcessor
         from transformers.utils import logging as hf_logging
 
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # "requires torchvision ... falling back": both work
         try:
-            hf_processor = AutoProcessor.from_pretrained(
+            hf_processor = (processor_class or AutoProcessor).from_pretrained(
                 str(path), trust_remote_code=trust_remote_code
             )
         except (OSError, ValueError, ImportError) as error:  # ImportError: e.g. no torchvision
@@ -157,7 +163,7 @@ class MultiModalProcessor:
                 f"the model's processor refused the input: {error}", field
             ) from error
         ids = [int(t) for t in out["input_ids"][0]]
-        arrays = {k: out[k] for k in ("pixel_values", "image_sizes") if out.get(k) is not None}
+        arrays = {k: out[k] for k in ITEM_ARRAYS if out.get(k) is not None}
         features = self._features(ids, images, digests, arrays, kwargs)
         return MultiModalPrompt(text, ids, features)
 
@@ -214,7 +220,8 @@ class MultiModalProcessor:
                 "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
             )
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        num_items = len(arrays["pixel_values"])
+        items = _item_arrays(arrays)
+        num_items = len(items)
         if num_items != len(images):
             # Pan-and-scan (Gemma 3): each image's crops follow it, each an item with its own
             # placeholders. The processor does not say which image a crop came from, so an
@@ -232,8 +239,7 @@ class MultiModalProcessor:
                     "an image placeholder token appears in the prompt's text apart from an image",
                     "multi_modal_data.image",
                 )
-            data = {name: array[i] for name, array in arrays.items()}
-            features.append(MultiModalFeature("image", run[0], count, digest, data))
+            features.append(MultiModalFeature("image", run[0], count, digest, items[i]))
         return features
 
     def _placeholder_counts(
@@ -262,3 +268,24 @@ class MultiModalProcessor:
                 "multi_modal_data.image",
             )
         return counts
+
+
+def _item_arrays(arrays: dict[str, Any]) -> list[dict[str, Any]]:
+    """The processor's batch arrays split into each item's: row ``i`` of each, or, with an
+    ``image_grid_thw``, item ``i``'s ``t * h * w`` rows of the patches in ``pixel_values``."""
+    grids = arrays.get("image_grid_thw")
+    if grids is None:
+        return [
+            {name: array[i] for name, array in arrays.items()}
+            for i in range(len(arrays["pixel_values"]))
+        ]
+    bounds = [0, *itertools.accumulate(int(grid.prod()) for grid in grids)]
+    if bounds[-1] != len(arrays["pixel_values"]):
+        raise RequestError(
+            f"the processor made {len(arrays['pixel_values'])} patches for grids of {bounds[-1]}",
+            "multi_modal_data.image",
+        )
+    return [
+        {"pixel_values": arrays["pixel_values"][a:b], "image_grid_thw": grid}
+        for (a, b), grid in zip(itertools.pairwise(bounds), grids, strict=True)
+    ]

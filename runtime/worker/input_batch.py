@@ -69,7 +69,8 @@ class BlockTable:
 
 @dataclass
 class StepInputs:
-    """A step's inputs on the host: ``[T]`` int64 and ``[B]``/``[B + 1]``/``[B, W]`` int32."""
+    """A step's inputs on the host: ``[T]`` int64 (positions ``[3, T]`` under M-RoPE) and
+    ``[B]``/``[B + 1]``/``[B, W]`` int32."""
 
     input_ids: np.ndarray
     positions: np.ndarray
@@ -173,7 +174,7 @@ class StepBuffers:
         ints = (inputs.cu_seqlens_q, inputs.seq_lens, inputs.block_tables)
         if not self.persistent:
             return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in longs + ints)  # type: ignore[return-value]  # six tensors
-        self._long = self._copied(np.concatenate(longs), self._long)
+        self._long = self._copied(np.concatenate([a.reshape(-1) for a in longs]), self._long)
         self._int = self._copied(np.concatenate([a.reshape(-1) for a in ints]), self._int)
         return (*_split(self._long, longs), *_split(self._int, ints))  # type: ignore[return-value]  # six tensors
 

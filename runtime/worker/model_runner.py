@@ -69,6 +69,7 @@ from infernetes.runtime.worker.input_batch import (
 )
 from infernetes.runtime.worker.kv_cache_memory import zeroed
 from infernetes.runtime.worker.logits_processor_batch import LogitsProcessorBatch
+from infernetes.runtime.worker.mrope import prompt_layout, step_positions
 from infernetes.runtime.worker.request_state import CachedRequestState
 from infernetes.runtime.worker.weight_offload import HostCopy
 
@@ -364,6 +365,11 @@ class ModelRunner:
         for data in scheduler_output.scheduled_reqs:
             if isinstance(data, NewRequestData):
                 state = CachedRequestState.from_new(data, self.block_table.add(data.block_ids))
+                merge = getattr(self.model, "mrope_merge_size", None)
+                if merge and state.mm_features:  # laid out once, from the whole prompt
+                    state.mrope_layout = prompt_layout(
+                        state.num_prompt_tokens, state.mm_features, merge
+                    )
                 self.requests[data.request_id] = state
             else:
                 state = self._update_cached(data)
@@ -393,6 +399,13 @@ class ModelRunner:
         with_connector: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         inputs = step_inputs(batch, num_scheduled, self.block_table, self.block_size)
+        if getattr(self.model, "mrope_merge_size", None):  # M-RoPE: [3, T] rope positions
+            inputs.positions = step_positions(
+                inputs.positions,
+                [request.mrope_layout for request in batch],
+                [request.num_computed_tokens for request in batch],
+                num_scheduled,
+            )
         input_ids, positions, slots, cu_seqlens, seq_lens, tables = self.step_buffers.stage(inputs)
         meta = AttentionMetadata(
             slot_mapping=slots,

@@ -40,6 +40,8 @@ class CachedRequestState:
     # yet: encoded once for all the chunks it spans; dropped once passed (a preemption that
     # recomputes the prompt encodes it again), and with the request.
     encoder_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    # An M-RoPE model's positions of the prompt (worker/mrope.PromptLayout); None: text only
+    mrope_layout: Any = None
 
     @classmethod
     def from_new(cls, data: NewRequestData, row: int) -> CachedRequestState:

@@ -87,6 +87,20 @@ def _gemma3_mm() -> type[nn.Module]:
     return Gemma3ForConditionalGeneration
 
 
+def _qwen2_vl() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.qwen2_vl import Qwen2VLForConditionalGeneration
+
+    return Qwen2VLForConditionalGeneration
+
+
+def _qwen2_5_vl() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.qwen2_vl import (
+        Qwen2_5_VLForConditionalGeneration,
+    )
+
+    return Qwen2_5_VLForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -113,6 +127,8 @@ GENERATIVE = {
     "LlavaForConditionalGeneration": _llava,
     "LlavaNextForConditionalGeneration": _llava_next,
     "LlavaOnevisionForConditionalGeneration": _llava_onevision,
+    "Qwen2VLForConditionalGeneration": _qwen2_vl,
+    "Qwen2_5_VLForConditionalGeneration": _qwen2_5_vl,
 }
 
 

@@ -114,8 +114,13 @@ imports its video half), so it is untested end to end. Gemma 3
 model) attends bidirectionally within each image's tokens as transformers does, and keeps every
 image whole in one prefill chunk; pan-and-scan is off unless `--mm-processor-kwargs` turns it on
 (`do_pan_and_scan`); tested against transformers whole, under chunked prefill and preemption,
-from a prefix-cache hit that ends inside an image, and across tensor and pipeline ranks. Qwen2-VL/Qwen2.5-VL (M-RoPE),
-Mistral 3 and Whisper are planned.
+from a prefix-cache hit that ends inside an image, and across tensor and pipeline ranks.
+Qwen2-VL and Qwen2.5-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`:
+the Qwen vision transformer at each image's own resolution, 2.5's with window attention, and a
+Qwen2 with M-RoPE) are tested against transformers for images of different sizes, whole, under
+chunked prefill and preemption, from prefix-cache hits, and across tensor and pipeline ranks;
+their vision tower is replicated on the first stage's ranks. Videos, Mistral 3 and Whisper are
+planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.

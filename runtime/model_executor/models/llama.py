@@ -35,7 +35,7 @@ from transformers import PretrainedConfig
 def _attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
     """Whether the QKV and the output projections have biases: Qwen2 always has a QKV bias
     (Qwen2-MoE as its ``qkv_bias`` says) and no output bias; the others follow attention_bias."""
-    if config.model_type == "qwen2":
+    if config.model_type in ("qwen2", "qwen2_vl_text", "qwen2_5_vl_text"):
         return True, False
     if config.model_type == "qwen2_moe":
         return bool(getattr(config, "qkv_bias", True)), False
