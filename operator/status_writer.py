@@ -123,6 +123,7 @@ class StatusWriter:
                 "serviceName": applied.service_name,
                 "selector": applied.selector,
                 "warnings": applied.warnings or None,
+                "trafficSplit": applied.traffic_split or None,
             }
         new.update(
             derive_status(

@@ -183,6 +183,7 @@ def test_crd_types_the_scorers_and_refuses_what_breaks_precise_routing() -> None
         ".engine.prefixCachingHashAlgo",
         ".engine.dataParallelSize",
         ".env",
+        ".routing.flowControl",
     }
     # Every engine field a rule names exists (CEL refuses a rule on an undeclared field).
     engine = schema["properties"]["engine"]["properties"]
