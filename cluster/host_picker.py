@@ -75,6 +75,7 @@ class HostPicker:
         namespace: str,
         log: Path,
         env: dict[str, str] | None = None,
+        answer_within: float = 10,
     ) -> None:
         self.grpc_port, self.metrics_port = free_port(), free_port()
         command = [
@@ -92,6 +93,8 @@ class HostPicker:
             **(env or {}),
         }
         self.log = log
+        # How long a client waits for the picker's answer (longer than a request it holds).
+        self.answer_within = answer_within
         with log.open("w") as out:
             self.process = subprocess.Popen(
                 command, env=environment, stdout=out, stderr=subprocess.STDOUT
@@ -112,7 +115,13 @@ class HostPicker:
             pass
         epp_pick = build("epp.sh").with_name("epp-pick")
         client = subprocess.Popen(
-            [str(epp_pick), f"--addr=127.0.0.1:{self.grpc_port}", "--lines", "--timeout=10s"],
+            [
+                str(epp_pick),
+                f"--addr=127.0.0.1:{self.grpc_port}",
+                "--lines",
+                "--with-body",
+                f"--timeout={self.answer_within}s",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -121,9 +130,10 @@ class HostPicker:
             self._clients.append(client)
         return client
 
-    def pick(self, body: dict[str, Any]) -> str | None:
-        """The endpoint (`ip:port`) the picker chose for a completion with this body, or None
-        when it did not answer with one (not ready yet, no endpoints, ...)."""
+    def route(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What the picker answered for a completion with this body: `endpoint` (`ip:port`) and
+        `body` (the JSON it forwards there, rewritten as it rewrites it), or `error` (not
+        ready yet, no endpoints, a refusal with its status and message, ...)."""
         if self.process.poll() is not None:
             raise RuntimeError(f"the picker exited:\n{self.log_tail()}")
         client = self._take_client()
@@ -133,7 +143,12 @@ class HostPicker:
         stdin.flush()
         answer = stdout.readline().strip()
         self._idle.put(client)
-        return None if not answer or answer.startswith("error:") else answer
+        return json.loads(answer) if answer else {"error": "epp-pick gave no answer"}
+
+    def pick(self, body: dict[str, Any]) -> str | None:
+        """The endpoint (`ip:port`) the picker chose for a completion with this body, or None
+        when it did not answer with one (not ready yet, no endpoints, ...)."""
+        return self.route(body).get("endpoint")
 
     def metric(self, name: str) -> float:
         """The sum of a metric's samples on the picker's metrics port (0 when absent)."""

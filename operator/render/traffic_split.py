@@ -59,7 +59,7 @@ def model_rewrite(
             "rules": [
                 {
                     "matches": [{"model": {"type": "Exact", "value": served_name}}],
-                    "split": targets,
+                    "targets": targets,
                 }
             ],
         },

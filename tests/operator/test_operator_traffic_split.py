@@ -49,7 +49,7 @@ def test_split_renders_a_weighted_rewrite_of_the_served_name_for_the_pool() -> N
         "rules": [
             {
                 "matches": [{"model": {"type": "Exact", "value": "chat"}}],
-                "split": [
+                "targets": [
                     {"modelRewrite": "chat", "weight": 90},
                     {"modelRewrite": "canary", "weight": 10},
                 ],
@@ -69,7 +69,7 @@ def test_a_target_of_weight_zero_gets_nothing_and_is_left_out_of_the_rewrite() -
     facts = ClusterFacts.from_api_versions([POOL, REWRITE])
     result = plan(split_spec(("svc", 3), ("canary", 0)), facts, name="svc", namespace="ns")
     (rewrite,) = of_kind(result.manifests, "InferenceModelRewrite")
-    assert rewrite["spec"]["rules"][0]["split"] == [{"modelRewrite": "chat", "weight": 3}]
+    assert rewrite["spec"]["rules"][0]["targets"] == [{"modelRewrite": "chat", "weight": 3}]
     assert [item["percent"] for item in result.traffic_split] == [100.0, 0.0]
 
 
