@@ -84,10 +84,11 @@ class HostPicker:
             f"--grpc-port={self.grpc_port}",
             f"--grpc-health-port={free_port()}",
             f"--metrics-port={self.metrics_port}",
-            f"--kubeconfig={kubeconfig}",
         ]
         environment = {
             **os.environ,
+            # controller-runtime's own variable: the extension's v1.5.0 picker has no flag for it.
+            "KUBECONFIG": str(kubeconfig),
             "NAMESPACE": namespace,
             "POD_NAME": f"{namespace}-picker-on-host",
             **(env or {}),

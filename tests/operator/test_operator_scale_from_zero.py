@@ -1,6 +1,7 @@
 """Scale from zero on demand: with spec.routing the endpoint picker is scraped like the engine,
 and a ScaledObject with minReplicas 0 gets an activation trigger on the picker's request
-counters (the metric names of Gateway API Inference Extension v1.2.0); without a scraped picker
+counters and the requests its flow control holds (the metric names of Gateway API Inference
+Extension v1.5.0); without a scraped picker
 nothing records demand at zero and the Autoscaling condition says what would."""
 
 from typing import Any
