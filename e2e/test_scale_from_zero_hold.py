@@ -135,7 +135,7 @@ def host_picker(
 
 
 def completion() -> dict[str, Any]:
-    return {"model": NAME, "prompt": [1, 5, 9, 200, 17], "max_tokens": 2, "temperature": 0}
+    return {"model": NAME, "prompt": "Hello there", "max_tokens": 2, "temperature": 0}
 
 
 def picker_answers(picker: HostPicker) -> bool:

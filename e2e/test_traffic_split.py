@@ -102,7 +102,7 @@ def picker(
 
 
 def completion(model: str) -> dict[str, Any]:
-    return {"model": model, "prompt": [1, 5, 9, 200, 17], "max_tokens": 1, "temperature": 0}
+    return {"model": model, "prompt": "Hello there", "max_tokens": 1, "temperature": 0}
 
 
 def test_status_shows_the_split_the_picker_is_given(cluster: Any, ns: str, service: dict) -> None:
