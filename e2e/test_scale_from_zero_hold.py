@@ -138,12 +138,13 @@ def completion() -> dict[str, Any]:
     return {"model": NAME, "prompt": "Hello there", "max_tokens": 2, "temperature": 0}
 
 
-def picker_answers(picker: HostPicker) -> bool:
-    """The picker serves ext-proc (any answer but a connection failure)."""
-    try:
-        return picker.metric("inference_extension_flow_control_pool_saturation") >= 0
-    except OSError:
-        return False
+def answer(picker: HostPicker) -> dict[str, Any] | None:
+    """The picker's answer to one request: an endpoint, or its refusal; None while its ext-proc
+    server is not up yet."""
+    routed = picker.route(completion())
+    if "endpoint" in routed or routed["error"].startswith("the picker refused"):
+        return routed
+    return None
 
 
 def test_at_zero_a_request_waits_its_hold_then_gets_503(
@@ -172,18 +173,10 @@ def test_at_zero_a_request_waits_its_hold_then_gets_503(
     assert "flow control holds requests while no pod can take them, up to 3 s" in autoscaling
     assert kubectl_get(cluster, ns, "deployment", NAME)["spec"]["replicas"] == 0
     with host_picker(cluster, ns, picker_binary, args, tmp_path / "picker.log") as picker:
-        wait_until(lambda: picker_answers(picker), timeout=60, what="the picker's metrics")
-        refused = wait_until(
-            lambda: (
-                (answer := picker.route(completion()))
-                .get("error", "")
-                .startswith("the picker refused")
-                and answer
-            ),
-            timeout=60,
-            what="the picker's refusal",
-        )
-    assert "503 request timed out in queue" in refused["error"], refused
+        refused = wait_until(lambda: answer(picker), timeout=60, what="the picker's answer")
+    # "503 inference error: ServiceUnavailable - request timed out in queue: ... TTL expired"
+    assert "refused the request: 503 " in refused["error"], refused
+    assert "request timed out in queue" in refused["error"], refused
 
 
 def test_at_zero_the_first_request_is_held_until_a_replica_serves_it(
@@ -205,9 +198,12 @@ def test_at_zero_the_first_request_is_held_until_a_replica_serves_it(
     )
     args = picker_args_holding(cluster, ns, LONG_HOLD_SECONDS)
     with host_picker(cluster, ns, picker_binary, args, tmp_path / "picker.log") as picker:
-        wait_until(lambda: picker_answers(picker), timeout=60, what="the picker's metrics")
         answers: list[dict[str, Any]] = []
-        held = threading.Thread(target=lambda: answers.append(picker.route(completion())))
+        held = threading.Thread(
+            target=lambda: answers.append(
+                wait_until(lambda: answer(picker), timeout=60, what="the picker's answer")
+            )
+        )
         held.start()
         # The demand KEDA's activation query reads: a request held in the picker's queue.
         wait_until(
