@@ -138,6 +138,14 @@ def completion() -> dict[str, Any]:
     return {"model": NAME, "prompt": "Hello there", "max_tokens": 2, "temperature": 0}
 
 
+def held_requests(picker: HostPicker) -> float:
+    """The requests the picker's flow control holds now (0 before its metrics are served)."""
+    try:
+        return picker.metric("inference_extension_flow_control_queue_size")
+    except OSError:
+        return 0
+
+
 def answer(picker: HostPicker) -> dict[str, Any] | None:
     """The picker's answer to one request: an endpoint, or its refusal; None while its ext-proc
     server is not up yet."""
@@ -207,7 +215,7 @@ def test_at_zero_the_first_request_is_held_until_a_replica_serves_it(
         held.start()
         # The demand KEDA's activation query reads: a request held in the picker's queue.
         wait_until(
-            lambda: picker.metric("inference_extension_flow_control_queue_size") >= 1,
+            lambda: held_requests(picker) >= 1,
             timeout=60,
             what="the request held in the picker's flow-control queue",
         )
