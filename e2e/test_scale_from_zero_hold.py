@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -221,8 +222,10 @@ def test_at_zero_the_first_request_is_held_until_a_replica_serves_it(
         )
         assert not answers  # still waiting: no replica, no refusal
         # KEDA's activation, through the scale subresource.
+        woken = time.monotonic()
         cluster.kubectl("scale", "infsvc", NAME, "-n", ns, "--replicas=1")
         held.join(timeout=LONG_HOLD_SECONDS + 90)
+        print(f"the held request was released {time.monotonic() - woken:.1f} s after 0 -> 1")
         assert answers and "endpoint" in answers[0], answers
         response = httpx.post(
             f"http://{answers[0]['endpoint']}/v1/completions",
