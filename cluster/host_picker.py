@@ -75,6 +75,7 @@ class HostPicker:
         namespace: str,
         log: Path,
         env: dict[str, str] | None = None,
+        answer_within: float = 10,
         header: str | None = None,
     ) -> None:
         """`header`: a request header the picker sets beside the endpoint (llm-d's
@@ -87,15 +88,18 @@ class HostPicker:
             f"--grpc-port={self.grpc_port}",
             f"--grpc-health-port={free_port()}",
             f"--metrics-port={self.metrics_port}",
-            f"--kubeconfig={kubeconfig}",
         ]
         environment = {
             **os.environ,
+            # controller-runtime's own variable: the extension's v1.5.0 picker has no flag for it.
+            "KUBECONFIG": str(kubeconfig),
             "NAMESPACE": namespace,
             "POD_NAME": f"{namespace}-picker-on-host",
             **(env or {}),
         }
         self.log = log
+        # How long a client waits for the picker's answer (longer than a request it holds).
+        self.answer_within = answer_within
         with log.open("w") as out:
             self.process = subprocess.Popen(
                 command, env=environment, stdout=out, stderr=subprocess.STDOUT
@@ -115,11 +119,15 @@ class HostPicker:
         except queue.Empty:
             pass
         epp_pick = build("epp.sh").with_name("epp-pick")
-        command = [str(epp_pick), f"--addr=127.0.0.1:{self.grpc_port}", "--lines", "--timeout=10s"]
-        if self.header:
-            command.append(f"--header={self.header}")
         client = subprocess.Popen(
-            command,
+            [
+                str(epp_pick),
+                f"--addr=127.0.0.1:{self.grpc_port}",
+                "--lines",
+                "--with-body",
+                f"--timeout={self.answer_within}s",
+                *([f"--header={self.header}"] if self.header else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -128,10 +136,11 @@ class HostPicker:
             self._clients.append(client)
         return client
 
-    def pick(self, body: dict[str, Any]) -> str | None:
-        """The endpoint (`ip:port`) the picker chose for a completion with this body (with
-        `header`, then a space and that header's value, `-` when unset), or None when it did
-        not answer with one (not ready yet, no endpoints, ...)."""
+    def route(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What the picker answered for a completion with this body: `endpoint` (`ip:port`) and
+        `body` (the JSON it forwards there, rewritten as it rewrites it), `header` (with
+        `header`: the value it set, `-` when unset), or `error` (not ready yet, no endpoints, a
+        refusal with its status and message, ...)."""
         if self.process.poll() is not None:
             raise RuntimeError(f"the picker exited:\n{self.log_tail()}")
         client = self._take_client()
@@ -141,7 +150,17 @@ class HostPicker:
         stdin.flush()
         answer = stdout.readline().strip()
         self._idle.put(client)
-        return None if not answer or answer.startswith("error:") else answer
+        return json.loads(answer) if answer else {"error": "epp-pick gave no answer"}
+
+    def pick(self, body: dict[str, Any]) -> str | None:
+        """The endpoint (`ip:port`) the picker chose for a completion with this body (with
+        `header`, then a space and that header's value, `-` when unset), or None when it did
+        not answer with one (not ready yet, no endpoints, ...)."""
+        routed = self.route(body)
+        endpoint = routed.get("endpoint")
+        if endpoint and self.header:
+            return f"{endpoint} {routed.get('header', '-')}"
+        return endpoint
 
     def metric(self, name: str) -> float:
         """The sum of a metric's samples on the picker's metrics port (0 when absent)."""

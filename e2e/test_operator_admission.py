@@ -359,6 +359,33 @@ INVALID = [
         ),
         ("spec.env", "set it there"),
     ),
+    (
+        "precise-with-flow-control",
+        variant({"routing.scorers": [PRECISE_SCORER], "routing.flowControl": {}}),
+        ("spec.routing.flowControl", "refuses a request when no pod is ready"),
+    ),
+    (
+        "split-to-a-name-it-does-not-serve",
+        variant(
+            {"routing.splits": [{"target": "valid", "weight": 9}, {"target": "b", "weight": 1}]}
+        ),
+        ("spec.routing.splits", "spec.lora.adapters"),
+    ),
+    (
+        "split-of-zero-weights",
+        variant({"routing.splits": [{"target": "valid", "weight": 0}]}),
+        ("spec.routing.splits", "sum to more than 0"),
+    ),
+    (
+        "split-negative-weight",
+        variant({"routing.splits": [{"target": "valid", "weight": -1}]}),
+        "spec.routing.splits[0].weight",
+    ),
+    (
+        "split-target-twice",
+        variant({"routing.splits": [{"target": "valid", "weight": 1}] * 2}),
+        "spec.routing.splits[1]: Duplicate value",
+    ),
 ]
 
 

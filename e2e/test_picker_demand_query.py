@@ -1,16 +1,18 @@
 """A real Prometheus evaluates the rendered activation query over series shaped like the endpoint
 picker's.
 
-The Gateway API Inference Extension's picker (v1.2.0, pkg/epp/metrics and pkg/epp/handlers)
+The Gateway API Inference Extension's picker (v1.5.0, pkg/epp/metrics and pkg/epp/handlers)
 counts every request it routes in `inference_objective_request_total` and every one it cannot
 route in `inference_objective_request_error_total` (labels model_name, target_model_name and
-error_code; at zero replicas the code is ServiceUnavailable). The picker's image is not run here:
-a stand-in HTTP endpoint serves those two counters in the Prometheus text format, and Debian's
+error_code), and shows the requests its flow control holds (at zero replicas, with minReplicas
+0) in the gauge `inference_extension_flow_control_queue_size`. The picker's image is not run
+here: a stand-in HTTP endpoint serves those series in the Prometheus text format, and Debian's
 `prometheus` scrapes it with a scrape config translated from the rendered picker ServiceMonitor
 (interval, path, the `namespace` label the Prometheus operator adds, and its podTargetLabels as
 the operator writes them: the pod label's name with `.`, `/` and `-` made `_`). The
 ScaledObject's `gateway-requests` trigger query, exactly as rendered, then reads 0 while the
-counters stand still and 1 once refused requests arrive: KEDA activates the service on that 1.
+counters stand still and 1 once refused requests arrive, or while one request is held: KEDA
+activates the service on that 1.
 
 No cluster is needed. `make e2e` installs the prometheus package (cluster/prometheus.sh).
 """
@@ -60,6 +62,7 @@ class Counters:
     def __init__(self) -> None:
         self.routed = 5  # requests routed before the service went to zero
         self.refused = 0  # none yet: the picker shows no error series until the first
+        self.held = 0  # requests in the flow-control queue now
         self.lock = threading.Lock()
 
     def text(self) -> str:
@@ -70,6 +73,13 @@ class Counters:
                 f"{self.routed}",
                 "# TYPE inference_objective_request_error_total counter",
             ]
+            if self.held:
+                lines += [
+                    "# TYPE inference_extension_flow_control_queue_size gauge",
+                    'inference_extension_flow_control_queue_size{fairness_id="default-flow",'
+                    f'priority="0",inference_pool="chat",model_name="chat",target_model_name=""}} '
+                    f"{self.held}",
+                ]
             if self.refused:
                 lines.append(
                     'inference_objective_request_error_total{model_name="chat",'
@@ -201,3 +211,14 @@ def test_activation_query_reads_0_while_still_and_1_once_refused_requests_arrive
     with counters.lock:
         counters.refused = 3
     wait_for_value(url, promql, "1", "the activation query to read 1 once requests are refused")
+
+
+def test_activation_query_reads_1_while_the_picker_holds_a_request(
+    prometheus: tuple[str, str, Counters],
+) -> None:
+    url, promql, counters = prometheus
+    wait_for_value(url, promql, "0", "the activation query to read 0 over still counters")
+    # One request held at zero replicas: no counter moves until it leaves the queue.
+    with counters.lock:
+        counters.held = 1
+    wait_for_value(url, promql, "1", "the activation query to read 1 while a request is held")

@@ -238,15 +238,19 @@ def test_the_endpoint_picker_routes_a_request_to_a_serving_pod(
     container = rendered["containers"][0]
     grpc, health, metrics = free_port(), free_port(), free_port()
     # The rendered command line, run on the host: only the listening ports and the API server's
-    # address (a kubeconfig, where the pod would use its service account) are the host's.
+    # address (KUBECONFIG, where the pod would use its service account) are the host's.
     args = [
         *container["args"],
         f"--grpc-port={grpc}",
         f"--grpc-health-port={health}",
         f"--metrics-port={metrics}",
-        f"--kubeconfig={cluster.kubeconfig}",
     ]
-    env = {**os.environ, "NAMESPACE": ns, "POD_NAME": f"{NAME}-epp-local"}
+    env = {
+        **os.environ,
+        "NAMESPACE": ns,
+        "POD_NAME": f"{NAME}-epp-local",
+        "KUBECONFIG": str(cluster.kubeconfig),
+    }
     log = tmp_path / "epp.log"
     with log.open("w") as out:
         picker = subprocess.Popen([str(epp), *args], env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -33,6 +33,7 @@ PLURALS = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes",
+    ("inference.networking.x-k8s.io/v1alpha2", "InferenceModelRewrite"): "inferencemodelrewrites",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("batch/v1", "Job"): "jobs",
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): "resourceclaimtemplates",

@@ -18,10 +18,11 @@ from infernetes.operator.admission import (
 from infernetes.operator.disaggregation import kv_cache_schema, prefill_rules, prefill_schema
 from infernetes.operator.engine_schema import engine_env_schema, engine_schema
 from infernetes.operator.multinode import multinode_rules
-from infernetes.operator.openapi import Schema, array, integer, obj, rule, string
+from infernetes.operator.openapi import Schema, array, integer, number, obj, rule, string
 from infernetes.operator.spec_schema import (
     CACHE_RULES,
     GPU_VENDORS,
+    MAX_SPLIT_TARGETS,
     PRECISE_ROUTING_RULES,
     ROOT_RULES,
     TERMINATION_GRACE_SECONDS,
@@ -74,6 +75,19 @@ def status_schema() -> Schema:
                 },
                 description="The prefill role (spec.prefill): its replicas and its own Ready, "
                 "Available, Progressing and Degraded.",
+            ),
+            "trafficSplit": array(
+                obj(
+                    {
+                        "target": string(),
+                        "model": string("The model name the picker rewrites requests to."),
+                        "weight": integer(),
+                        "percent": number("The target's share of the requests, in percent."),
+                    }
+                ),
+                max_items=MAX_SPLIT_TARGETS,
+                description="spec.routing.splits as the endpoint picker applies it (its "
+                "InferenceModelRewrite); absent while none is.",
             ),
             "warnings": array(
                 string(),

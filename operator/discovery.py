@@ -16,6 +16,7 @@ from infernetes.operator.facts import (
     INFERENCE_POOL_GV,
     KEDA_GV,
     LWS_GV,
+    MODEL_REWRITE_GV,
     MONITORING_GV,
 )
 from infernetes.operator.kube import Call, KubeError, request
@@ -23,7 +24,15 @@ from infernetes.operator.kube import Call, KubeError, request
 log = logging.getLogger("infernetes.operator")
 
 # DRA is built into the API server (1.34+), not a CRD: only the periodic discovery sees it come.
-OPTIONAL_GROUP_VERSIONS = (MONITORING_GV, KEDA_GV, LWS_GV, INFERENCE_POOL_GV, GATEWAY_GV, DRA_GV)
+OPTIONAL_GROUP_VERSIONS = (
+    MONITORING_GV,
+    KEDA_GV,
+    LWS_GV,
+    INFERENCE_POOL_GV,
+    MODEL_REWRITE_GV,
+    GATEWAY_GV,
+    DRA_GV,
+)
 OPTIONAL_GROUPS = frozenset(gv.split("/")[0] for gv in OPTIONAL_GROUP_VERSIONS)
 REDISCOVER_SECONDS = 60.0
 REDISCOVER_AFTER_CRD_SECONDS = (1.0, 4.0)

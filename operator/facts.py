@@ -11,6 +11,8 @@ LWS_GV = "leaderworkerset.x-k8s.io/v1"
 INFERENCE_POOL_GV = "inference.networking.k8s.io/v1"  # the Gateway API Inference Extension
 GATEWAY_GV = "gateway.networking.k8s.io/v1"  # the Gateway API (HTTPRoute)
 DRA_GV = "resource.k8s.io/v1"  # Dynamic Resource Allocation (GA in Kubernetes 1.34)
+# The extension's InferenceModelRewrite (weighted model-name rewrites, read by its picker).
+MODEL_REWRITE_GV = "inference.networking.x-k8s.io/v1alpha2"
 # Kinds a bare group/version stands for (like `helm template --api-versions`).
 KNOWN_KINDS = {
     MONITORING_GV: ("ServiceMonitor", "PodMonitor"),
@@ -19,6 +21,7 @@ KNOWN_KINDS = {
     INFERENCE_POOL_GV: ("InferencePool",),
     GATEWAY_GV: ("HTTPRoute",),
     DRA_GV: ("ResourceClaimTemplate",),
+    MODEL_REWRITE_GV: ("InferenceModelRewrite",),
 }
 
 

@@ -7,7 +7,7 @@ finalizer or last-handled annotation on the resources (no writes of its own).
 
 Watched: InferenceServices; what the operator creates (Deployments, Services, ServiceMonitors,
 PodMonitors, PodDisruptionBudgets, ScaledObjects, HorizontalPodAutoscalers, LeaderWorkerSets, and
-a ResourceClaimTemplate for GPUs through DRA, for routing an InferencePool, the HTTPRoute to it and its endpoint picker's ServiceAccount, Role and RoleBinding, by
+a ResourceClaimTemplate for GPUs through DRA, for routing an InferencePool, the HTTPRoute to it, the InferenceModelRewrite of its traffic split and its endpoint picker's ServiceAccount, Role and RoleBinding, by
 the managed-by label); pods (status, and GPU headroom) and nodes (GPU headroom); CRDs of the optional API groups (their appearance and removal, re-discovered).
 """
 
@@ -35,6 +35,7 @@ CHILD_RESOURCES = [
     ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
     ("inference.networking.k8s.io", "v1", "inferencepools"),
     ("gateway.networking.k8s.io", "v1", "httproutes"),
+    ("inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites"),
     ("", "v1", "serviceaccounts"),
     ("batch", "v1", "jobs"),
     ("resource.k8s.io", "v1", "resourceclaimtemplates"),
@@ -104,6 +105,7 @@ async def resource_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_
 @kopf.on.event("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", labels=OWNED)
 @kopf.on.event("inference.networking.k8s.io", "v1", "inferencepools", labels=OWNED)
 @kopf.on.event("gateway.networking.k8s.io", "v1", "httproutes", labels=OWNED)
+@kopf.on.event("inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites", labels=OWNED)
 @kopf.on.event("", "v1", "serviceaccounts", labels=OWNED)
 @kopf.on.event("batch", "v1", "jobs", labels=OWNED)
 @kopf.on.event("resource.k8s.io", "v1", "resourceclaimtemplates", labels=OWNED)

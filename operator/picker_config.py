@@ -26,6 +26,14 @@ DEFAULT_SCORERS = (
     {"type": APPROXIMATE, "weight": 3},
 )
 MAX_WEIGHT = 100
+# The Gateway API Inference Extension's picker at INFERENCE_EXTENSION_VERSION
+# (cluster/versions.env): the build the tests run (cluster/epp.sh).
+DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
+# Its flow control (feature gate `flowControl`): a request waits in the picker while no pod can
+# take it (none at all, at zero replicas, or all saturated), up to a TTL and a queue bound.
+FLOW_CONTROL_GATE = "flowControl"
+DEFAULT_HOLD_SECONDS = 120
+DEFAULT_MAX_HELD_REQUESTS = 1000
 # llm-d's inference scheduler at LLMD_INFERENCE_SCHEDULER_VERSION (cluster/versions.env): the
 # picker build that has the precise scorer.
 LLMD_SCHEDULER_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.4.0"
@@ -120,14 +128,35 @@ def pd_picker_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def uses_llmd_scheduler(spec: Mapping[str, Any]) -> bool:
+    """Whether the picker is llm-d's inference scheduler (LLMD_SCHEDULER_IMAGE), not the
+    Inference Extension's: the precise scorer and the P/D profiles are its plugins."""
+    return bool(precise_scorer(spec.get("routing")) or spec.get("prefill"))
+
+
+def flow_control(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """routing.flowControl with its defaults, when the picker holds requests: asked for, or
+    needed because the service scales to zero (a request then waits for the first replica)."""
+    routing = spec.get("routing") or {}
+    scales_to_zero = (spec.get("autoscaling") or {}).get("minReplicas") == 0
+    if uses_llmd_scheduler(spec) or (routing.get("flowControl") is None and not scales_to_zero):
+        # llm-d's scheduler (v0.4.0) fails a request at zero endpoints before its flow control.
+        return None
+    return {
+        "holdSeconds": DEFAULT_HOLD_SECONDS,
+        "maxHeldRequests": DEFAULT_MAX_HELD_REQUESTS,
+        **(routing.get("flowControl") or {}),
+    }
+
+
 def picker_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The picker's EndpointPickerConfig: one plugin per scorer, weighted in the default
-    profile (the picker adds its single-profile handler and max-score picker itself); with
-    spec.prefill, the P/D profiles."""
+    profile (the picker adds its single-profile handler and max-score picker itself), and its
+    flow control when requests are held; with spec.prefill, the P/D profiles."""
     if spec.get("prefill"):
         return pd_picker_config(spec)
     chosen = scorers(spec["routing"])
-    return {
+    config: dict[str, Any] = {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
         "kind": "EndpointPickerConfig",
         "plugins": [_plugin(item, spec) for item in chosen],
@@ -140,6 +169,14 @@ def picker_config(spec: Mapping[str, Any]) -> dict[str, Any]:
             }
         ],
     }
+    held = flow_control(spec)
+    if held is not None:
+        config["featureGates"] = [FLOW_CONTROL_GATE]
+        config["flowControl"] = {
+            "maxRequests": str(held["maxHeldRequests"]),
+            "defaultRequestTTL": f"{held['holdSeconds']}s",
+        }
+    return config
 
 
 def kv_events_endpoint(picker: str) -> str:

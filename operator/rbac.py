@@ -57,6 +57,12 @@ def cluster_rules() -> list[dict[str, Any]]:
             "resources": ["inferenceobjectives"],
             "verbs": READ,
         },
+        # spec.routing.splits: the InferenceModelRewrite the picker reads its split from.
+        {
+            "apiGroups": ["inference.networking.x-k8s.io"],
+            "resources": ["inferencemodelrewrites"],
+            "verbs": CHILD_VERBS,
+        },
         {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": CHILD_VERBS},
         # spec.modelCache.download: the Job that fills the cache before the server starts.
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": CHILD_VERBS},

@@ -22,7 +22,10 @@ from infernetes.operator.openapi import (
 )
 from infernetes.operator.picker_config import (
     APPROXIMATE,
+    DEFAULT_EPP_IMAGE,
     DEFAULT_HASH_SEED,
+    DEFAULT_HOLD_SECONDS,
+    DEFAULT_MAX_HELD_REQUESTS,
     LLMD_SCHEDULER_IMAGE,
     MAX_HASH_SEED,
     MAX_WEIGHT,
@@ -534,6 +537,8 @@ PRECISE_ROUTING = (
     f"has(self.routing) && has(self.routing.scorers) && "
     f"self.routing.scorers.exists(s, s.type == '{PRECISE}')"
 )
+# The picker is llm-d's inference scheduler (picker_config.uses_llmd_scheduler, in CEL).
+LLMD_PICKER = f"({PRECISE_ROUTING}) || has(self.prefill)"
 PRECISE_ROUTING_RULES = [
     rule(
         f"!({PRECISE_ROUTING}) || !has(self.engine) || !has(self.engine.enablePrefixCaching) || "
@@ -570,7 +575,86 @@ PRECISE_ROUTING_RULES = [
         f"with routing.scorers {PRECISE} PYTHONHASHSEED is the scorer's hashSeed: set it there",
         field_path=".env",
     ),
+    rule(
+        f"!({LLMD_PICKER}) || !has(self.routing.flowControl)",
+        f"routing.flowControl needs the Inference Extension's picker: with routing.scorers "
+        f"{PRECISE} or spec.prefill the picker is llm-d's scheduler ({LLMD_SCHEDULER_IMAGE}), "
+        "which refuses a request when no pod is ready rather than holding it",
+        field_path=".routing.flowControl",
+    ),
+    rule(
+        f"!({LLMD_PICKER}) || !has(self.routing.splits)",
+        f"routing.splits needs the Inference Extension's picker: with routing.scorers {PRECISE} "
+        f"or spec.prefill the picker is llm-d's scheduler ({LLMD_SCHEDULER_IMAGE}), which does "
+        "not read InferenceModelRewrites",
+        field_path=".routing.splits",
+    ),
 ]
+
+MAX_SPLIT_TARGETS = 16
+MAX_SPLIT_WEIGHT = 1000000  # the InferenceModelRewrite's own limit
+
+
+def splits_schema() -> Schema:
+    target = obj(
+        {
+            "target": string(
+                "Where the share goes: this InferenceService's name (its served model) or the "
+                "name of one of its spec.lora adapters.",
+                minLength=1,
+                maxLength=128,
+                pattern=LORA_NAME_PATTERN,
+            ),
+            "weight": integer(
+                "The target's share is weight / the sum of the weights (0: none).",
+                minimum=0,
+                maximum=MAX_SPLIT_WEIGHT,
+            ),
+        },
+        required=["target", "weight"],
+    )
+    splits = array(
+        target,
+        max_items=MAX_SPLIT_TARGETS,
+        description="A weighted split of the requests for the served model name (canaries, "
+        "blue/green between adapters): the endpoint picker rewrites each request's model to a "
+        "target drawn by weight (an InferenceModelRewrite <name> of the pool). status."
+        "trafficSplit shows the split in force.",
+        rules=[
+            rule(
+                "self.exists(s, s.weight > 0)",
+                "routing.splits: the weights must sum to more than 0",
+            )
+        ],
+    )
+    splits["minItems"] = 1
+    splits["x-kubernetes-list-type"] = "map"  # each target once
+    splits["x-kubernetes-list-map-keys"] = ["target"]
+    return splits
+
+
+def flow_control_schema() -> Schema:
+    return obj(
+        {
+            "holdSeconds": integer(
+                "How long a request may wait in the picker for a pod (then 503).",
+                minimum=1,
+                maximum=3600,
+                default=DEFAULT_HOLD_SECONDS,
+            ),
+            "maxHeldRequests": integer(
+                "How many requests may wait at once (more are refused with 429).",
+                minimum=1,
+                maximum=1000000,
+                default=DEFAULT_MAX_HELD_REQUESTS,
+            ),
+        },
+        description="The endpoint picker's flow control: a request no pod can take (none is "
+        "ready, as at zero replicas, or all are saturated) waits in the picker up to "
+        "holdSeconds, instead of being refused at once. On by default with "
+        "autoscaling.minReplicas 0, so the first request after zero waits for the replica it "
+        "wakes. Keep holdSeconds below the Gateway's request timeout.",
+    )
 
 
 def routing_schema() -> Schema:
@@ -579,8 +663,7 @@ def routing_schema() -> Schema:
             "endpointPicker": obj(
                 {
                     "image": string(
-                        "The endpoint picker's image (default "
-                        "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0; with "
+                        f"The endpoint picker's image (default {DEFAULT_EPP_IMAGE}; with "
                         f"the {PRECISE} llm-d's inference scheduler, {LLMD_SCHEDULER_IMAGE}).",
                         minLength=1,
                         maxLength=512,
@@ -592,6 +675,8 @@ def routing_schema() -> Schema:
             ),
             "gateway": gateway_schema(),
             "scorers": scorers_schema(),
+            "splits": splits_schema(),
+            "flowControl": flow_control_schema(),
             "failureMode": enum(
                 ["FailClose", "FailOpen"],
                 "What the Gateway does when the endpoint picker does not answer: refuse the "
@@ -926,5 +1011,13 @@ ROOT_RULES = [
         f"metadata.name must be a DNS-1035 label of at most {SERVICE_NAME_MAX} characters "
         "(it names the Service)",
         field_path=".metadata.name",
-    )
+    ),
+    rule(
+        "!has(self.spec.routing) || !has(self.spec.routing.splits) || "
+        "self.spec.routing.splits.all(s, s.target == self.metadata.name || "
+        "(has(self.spec.lora) && self.spec.lora.adapters.exists(a, a.name == s.target)))",
+        "routing.splits: each target must be this InferenceService's name (its served model) "
+        "or the name of one of spec.lora.adapters (the picker rewrites within its own pool)",
+        field_path=".spec.routing.splits",
+    ),
 ]

@@ -126,6 +126,7 @@ class StatusWriter:
                 "serviceName": applied.service_name,
                 "selector": applied.selector,
                 "warnings": applied.warnings or None,
+                "trafficSplit": applied.traffic_split or None,
             }
         pods = self.children.pods(key)
         prefill_pods = [pod for pod in pods if _role(pod) == PREFILL]

@@ -60,6 +60,8 @@ class Plan:
     ignored: list[str] = field(default_factory=list)  # those engine settings alone
     refused: list[str] = field(default_factory=list)  # settings the CRD and the runtime refuse
     autoscaling: Verdict | None = None  # the Autoscaling condition; None without spec.autoscaling
+    # spec.routing.splits as the picker applies it (status.trafficSplit); empty without one.
+    traffic_split: list[dict[str, Any]] = field(default_factory=list)
     nodes_per_replica: int = 1  # more than one: a LeaderWorkerSet instead of a Deployment
     gpus_per_pod: int = 0
     # (reason, message) when the workload cannot be rendered for this cluster (no LWS API).
@@ -140,6 +142,7 @@ def plan(
         name=name,
         namespace=namespace,
         pod_selector=pod_selector,
+        served_name=model_name,
         scrape_mode=scrape.mode,
     )
     scaling = autoscaler(
@@ -149,6 +152,7 @@ def plan(
         namespace=namespace,
         model_name=model_name,
         demand=routing.demand,
+        at_zero=routing.at_zero,
     )
     manifests.extend(scaling.manifests)
     manifests.extend(routing.manifests)
@@ -169,6 +173,7 @@ def plan(
         ignored=support.ignored,
         refused=support.refused,
         autoscaling=scaling.verdict,
+        traffic_split=routing.split,
         nodes_per_replica=placement.nodes,
         gpus_per_pod=placement.gpus_per_pod,
         blocked=blocked,

@@ -290,9 +290,11 @@ def autoscaler(
     namespace: str,
     model_name: str,
     demand: str | None = None,
+    at_zero: str = "",
 ) -> Autoscaler:
     """The autoscaler for spec.autoscaling; `demand` is the endpoint picker's request query
-    (render.picker_metrics), when one is rendered and scraped."""
+    (render.picker_metrics), when one is rendered and scraped, and `at_zero` what the picker
+    does with the requests that arrive meanwhile."""
     autoscaling = spec.get("autoscaling")
     if not autoscaling:
         return Autoscaler()
@@ -317,7 +319,8 @@ def autoscaler(
                 "True",
                 "ScaledObject",
                 f"{scales}; from zero when the endpoint picker sees requests (its "
-                "inference_objective_request_total and _error_total counters)",
+                "inference_objective_request_total and _error_total counters, and the "
+                f"requests its flow control holds); meanwhile {at_zero}",
             ),
         )
     if minimum == 0:

@@ -19,14 +19,17 @@ from typing import Any
 
 import yaml
 from infernetes.operator import names
-from infernetes.operator.facts import GATEWAY_GV, INFERENCE_POOL_GV, ClusterFacts
+from infernetes.operator.facts import GATEWAY_GV, INFERENCE_POOL_GV, MODEL_REWRITE_GV, ClusterFacts
 from infernetes.operator.picker_config import (
+    DEFAULT_EPP_IMAGE,
     KV_EVENTS_PORT,
     KV_EVENTS_PORT_NAME,
     LLMD_SCHEDULER_IMAGE,
+    flow_control,
     picker_config,
     precise_scorer,
     scorers,
+    uses_llmd_scheduler,
 )
 from infernetes.operator.render.http_route import ROUTE_KIND, gateways, http_route
 from infernetes.operator.render.picker_metrics import (
@@ -38,14 +41,22 @@ from infernetes.operator.render.picker_metrics import (
     picker_pod_labels,
     picker_scrape,
 )
+from infernetes.operator.render.traffic_split import (
+    REWRITE_KIND,
+    describe,
+    model_rewrite,
+    split_models,
+)
 from infernetes.operator.status import Verdict
 
 POOL_KIND = "InferencePool"
 POOL_GROUP = INFERENCE_POOL_GV.split("/")[0]
-OBJECTIVE_GROUP = "inference.networking.x-k8s.io"  # InferenceObjectives, read by the picker
-DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+# InferenceObjectives and InferenceModelRewrites, read by the picker.
+OBJECTIVE_GROUP = MODEL_REWRITE_GV.split("/")[0]
 GRPC_PORT, HEALTH_PORT = 9002, 9003
-# What the picker reads from each pod, under vLLM's names (the runtime's /metrics).
+# What llm-d's scheduler (v0.4.0, on the extension's v1.2.0 picker) reads from each pod, under
+# vLLM's current names; its default for the KV cache is an older one. The extension's v1.5.0
+# picker has no such flags: it reads these four names by default.
 PICKER_METRICS = {
     "--total-queued-requests-metric": "vllm:num_requests_waiting",
     "--kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
@@ -60,6 +71,10 @@ class Routing:
     verdict: Verdict | None = None  # None: spec.routing is not set
     # PromQL: 1 while the picker sees requests, else 0 (None: no picker, or it is not scraped).
     demand: str | None = None
+    # spec.routing.splits as rendered (status.trafficSplit); empty without a rendered split.
+    split: list[dict[str, Any]] = field(default_factory=list)
+    # What the picker does with a request no pod can take (hold it, or refuse it), for status.
+    at_zero: str = ""
 
 
 def picker_name(name: str) -> str:
@@ -96,7 +111,11 @@ def _picker_args(spec: Mapping[str, Any], name: str, namespace: str) -> list[str
         f"--pool-namespace={namespace}",
         f"--pool-group={POOL_GROUP}",
         f"--config-text={yaml.safe_dump(picker_config(spec), sort_keys=False)}",
-        *(f"{flag}={metric}" for flag, metric in PICKER_METRICS.items()),
+        *(
+            f"{flag}={metric}"
+            for flag, metric in PICKER_METRICS.items()
+            if uses_llmd_scheduler(spec)
+        ),
         "--metrics-endpoint-auth=false",
         "--tracing=false",
         "--zap-encoder=json",
@@ -114,8 +133,7 @@ def _grpc_probe(period: int) -> dict[str, Any]:
 def default_picker_image(spec: Mapping[str, Any]) -> str:
     """The extension's picker, or llm-d's inference scheduler when a scorer is llm-d's or a
     prefill role needs its P/D plugins."""
-    llmd = precise_scorer(spec["routing"]) or spec.get("prefill")
-    return LLMD_SCHEDULER_IMAGE if llmd else DEFAULT_EPP_IMAGE
+    return LLMD_SCHEDULER_IMAGE if uses_llmd_scheduler(spec) else DEFAULT_EPP_IMAGE
 
 
 def picker_deployment(
@@ -226,7 +244,7 @@ def picker_access(*, name: str, namespace: str) -> list[dict[str, Any]]:
                 {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": read},
                 {
                     "apiGroups": [OBJECTIVE_GROUP],
-                    "resources": ["inferenceobjectives"],
+                    "resources": ["inferenceobjectives", "inferencemodelrewrites"],
                     "verbs": read,
                 },
                 {"apiGroups": [""], "resources": ["pods"], "verbs": read},
@@ -255,10 +273,12 @@ def routing_manifests(
     name: str,
     namespace: str,
     pod_selector: Mapping[str, str],
+    served_name: str,
     scrape_mode: str = "none",
 ) -> Routing:
     """The pool and its picker when spec.routing is set and the cluster serves the pool's API;
-    with routing.gateway, the HTTPRoute to the pool too, once the cluster serves HTTPRoutes."""
+    with routing.gateway, the HTTPRoute to the pool too, once the cluster serves HTTPRoutes;
+    with routing.splits, the InferenceModelRewrite of the split, once the cluster serves it."""
     routing = spec.get("routing")
     if routing is None:
         return Routing()
@@ -295,33 +315,58 @@ def routing_manifests(
         f"endpoint picker {picker_name(name)} ({image}) picks by "
         + ", ".join(f"{item['type']} {item['weight']}" for item in scorers(routing))
     )
+    result = Routing(manifests, None, demand, at_zero=_at_zero(spec))
+    if routing.get("splits"):
+        if not facts.serves(MODEL_REWRITE_GV, REWRITE_KIND):
+            result.verdict = (
+                "False",
+                "InferenceModelRewriteMissing",
+                f"routing.splits is set but the cluster does not serve {MODEL_REWRITE_GV} "
+                f"{REWRITE_KIND}: install the Gateway API Inference Extension's CRDs (v1.3 or "
+                f"later); every request for {served_name} goes to {served_name}; {served}",
+            )
+            return result
+        manifests.append(
+            model_rewrite(routing, name=name, namespace=namespace, served_name=served_name)
+        )
+        result.split = split_models(routing, name=name, served_name=served_name)
+        served += f"; {REWRITE_KIND} {name} splits the requests for {served_name}: " + describe(
+            result.split
+        )
     gateway = routing.get("gateway")
     if gateway is None:
-        return Routing(manifests, ("True", POOL_KIND, served), demand)
-    if not facts.serves(GATEWAY_GV, ROUTE_KIND):
-        return Routing(
-            manifests,
-            (
-                "False",
-                "HTTPRouteMissing",
-                f"routing.gateway is set but the cluster does not serve {GATEWAY_GV} "
-                f"{ROUTE_KIND}: install the Gateway API's CRDs; {served}, but no route from "
-                "a Gateway reaches it",
-            ),
-            demand,
+        result.verdict = ("True", POOL_KIND, served)
+    elif not facts.serves(GATEWAY_GV, ROUTE_KIND):
+        result.verdict = (
+            "False",
+            "HTTPRouteMissing",
+            f"routing.gateway is set but the cluster does not serve {GATEWAY_GV} "
+            f"{ROUTE_KIND}: install the Gateway API's CRDs; {served}, but no route from "
+            "a Gateway reaches it",
         )
-    manifests.append(
-        http_route(
-            gateway, name=name, namespace=namespace, pool_group=POOL_GROUP, pool_kind=POOL_KIND
+    else:
+        manifests.append(
+            http_route(
+                gateway, name=name, namespace=namespace, pool_group=POOL_GROUP, pool_kind=POOL_KIND
+            )
         )
-    )
-    return Routing(
-        manifests,
-        (
+        result.verdict = (
             "True",
             ROUTE_KIND,
             f"HTTPRoute {name} attaches the pool to Gateway {gateways(gateway, namespace)}; "
             f"{served}",
-        ),
-        demand,
+        )
+    return result
+
+
+def _at_zero(spec: Mapping[str, Any]) -> str:
+    """What the picker does with a request while no pod can take it (none ready, or all
+    saturated), as status says it."""
+    held = flow_control(spec)
+    if held is None:
+        return "the endpoint picker refuses requests while no pod is ready (503)"
+    return (
+        f"the endpoint picker's flow control holds requests while no pod can take them, up to "
+        f"{held['holdSeconds']} s and {held['maxHeldRequests']} requests, then refuses them "
+        "(503 after the wait, 429 over the bound)"
     )

@@ -1,10 +1,11 @@
 """The endpoint picker's own metrics: how Prometheus scrapes them, and the demand they show.
 
 Every request a Gateway sends through an InferencePool passes the pool's endpoint picker, which
-counts it (Gateway API Inference Extension v1.2.0, pkg/epp/metrics): a request it routed in
+counts it (Gateway API Inference Extension v1.5.0, pkg/epp/metrics): a request it routed in
 `inference_objective_request_total`, one it could not in `inference_objective_request_error_total`
-(at zero replicas: error_code "ServiceUnavailable", "failed to find candidate pods"). The picker
-keeps running while the InferenceService has no replica, so these counters are the one record of
+(at zero replicas without flow control: error_code "ServiceUnavailable"); with flow control, a
+request it holds while no pod can take it in `inference_extension_flow_control_queue_size`. The
+picker keeps running while the InferenceService has no replica, so these are the one record of
 demand for a service at zero: KEDA's activation trigger reads them (render.autoscaling).
 
 The picker is scraped the way the engine is (monitoring.py's mode): a ServiceMonitor or PodMonitor
@@ -27,6 +28,8 @@ PICKER_LABEL = f"{names.GROUP}/endpoint-picker-for"
 PICKER_SERIES_LABEL = re.sub(r"[^a-zA-Z0-9_]", "_", PICKER_LABEL)
 METRICS_PORT, METRICS_PORT_NAME, METRICS_SERVICE_PORT_NAME = 9090, "metrics", "http-metrics"
 REQUEST_COUNTERS = ("inference_objective_request_total", "inference_objective_request_error_total")
+# The requests its flow control holds now (none are counted above until they leave the queue).
+HELD_GAUGE = "inference_extension_flow_control_queue_size"
 # rate() needs two samples in its window: at least this long, and four scrape intervals.
 MIN_RATE_WINDOW_SECONDS = 120
 UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
@@ -79,9 +82,12 @@ def interval_seconds(interval: str) -> float:
 
 
 def demand_query(*, name: str, namespace: str, interval: str) -> str:
-    """1 while the picker of `name` has seen requests within the window (routed or refused),
-    else 0; no series (never scraped yet) reads as 0 to KEDA."""
+    """1 while the picker of `name` has seen requests within the window (routed or refused) or
+    holds some now, else 0; a part with no series (never scraped yet, or no flow control) reads
+    as 0."""
     window = max(MIN_RATE_WINDOW_SECONDS, int(4 * interval_seconds(interval)))
     counters = "|".join(REQUEST_COUNTERS)
-    selector = f'__name__=~"{counters}",namespace="{namespace}",{PICKER_SERIES_LABEL}="{name}"'
-    return f"sum(rate({{{selector}}}[{window}s])) > bool 0"
+    picker = f'namespace="{namespace}",{PICKER_SERIES_LABEL}="{name}"'
+    seen = f'sum(rate({{__name__=~"{counters}",{picker}}}[{window}s]))'
+    held = f"sum({HELD_GAUGE}{{{picker}}})"
+    return f"((({seen}) or vector(0)) + (({held}) or vector(0))) > bool 0"

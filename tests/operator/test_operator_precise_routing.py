@@ -183,7 +183,12 @@ def test_crd_types_the_scorers_and_refuses_what_breaks_precise_routing() -> None
         ".engine.prefixCachingHashAlgo",
         ".engine.dataParallelSize",
         ".env",
+        ".routing.flowControl",
+        ".routing.splits",
     }
+    # llm-d's scheduler is also the picker with spec.prefill: the same two refusals say so.
+    for path in (".routing.flowControl", ".routing.splits"):
+        assert "spec.prefill" in paths[path]
     # Every engine field a rule names exists (CEL refuses a rule on an undeclared field).
     engine = schema["properties"]["engine"]["properties"]
     for path in paths:

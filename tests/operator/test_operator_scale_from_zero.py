@@ -1,6 +1,7 @@
 """Scale from zero on demand: with spec.routing the endpoint picker is scraped like the engine,
 and a ScaledObject with minReplicas 0 gets an activation trigger on the picker's request
-counters (the metric names of Gateway API Inference Extension v1.2.0); without a scraped picker
+counters and the requests its flow control holds (the metric names of Gateway API Inference
+Extension v1.5.0); without a scraped picker
 nothing records demand at zero and the Autoscaling condition says what would."""
 
 from typing import Any
@@ -54,10 +55,13 @@ def test_activation_trigger_reads_the_pickers_request_counters() -> None:
         "metricType": "AverageValue",
         "metadata": {
             "serverAddress": SERVER,
+            # Requests the picker counted (routed or refused) or holds now (flow control).
             "query": (
-                'sum(rate({__name__=~"inference_objective_request_total|'
+                '(((sum(rate({__name__=~"inference_objective_request_total|'
                 'inference_objective_request_error_total",namespace="ns",'
-                'infernetes_io_endpoint_picker_for="svc"}[120s])) > bool 0'
+                'infernetes_io_endpoint_picker_for="svc"}[120s]))) or vector(0)) + '
+                '((sum(inference_extension_flow_control_queue_size{namespace="ns",'
+                'infernetes_io_endpoint_picker_for="svc"})) or vector(0))) > bool 0'
             ),
             # 0 or 1 as an average of 1 per replica: asks for one replica at most, so it never
             # holds more up than the queue and KV-cache targets want.
@@ -68,6 +72,7 @@ def test_activation_trigger_reads_the_pickers_request_counters() -> None:
     status, reason, message = result.autoscaling
     assert (status, reason) == ("True", "ScaledObject")
     assert "from zero when the endpoint picker sees requests" in message
+    assert "flow control holds requests while no pod can take them, up to 120 s" in message
 
 
 def test_picker_service_monitor_selects_the_picker_alone_and_labels_its_series() -> None:
