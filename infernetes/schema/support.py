@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infernetes.schema.choices import TOOL_CALL_PARSERS
 from infernetes.schema.rules import STRUCTURED_OUTPUT_BACKENDS
 
 Kind = Literal["honoured", "partial", "no_effect", "refused"]
@@ -54,9 +53,6 @@ def no_effect(reason: str) -> Support:
 def refused(reason: str) -> Support:
     return Support("refused", reason)
 
-
-# vLLM's tool-call parsers this server does not have (tool_parsers/ has the rest).
-UNBUILT_TOOL_PARSERS = ("openai",)
 
 # Reasons shared by several entries.
 STRUCTURED_OUTPUT_BACKEND_NOTE = (
@@ -143,13 +139,15 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "enable_request_id_headers": HONOURED,
     "enable_auto_tool_choice": HONOURED,
-    "tool_call_parser": partial(
-        tuple(p for p in TOOL_CALL_PARSERS if p not in UNBUILT_TOOL_PARSERS),
-        "the other parsers are not built yet; openai (gpt-oss's harmony format) needs "
-        "openai-harmony's vocabulary files, which it downloads at startup",
+    "tool_call_parser": honoured(
+        "every built-in name but openai (gpt-oss's harmony format, not built yet: refused at "
+        "startup), and any name a --tool-parser-plugin file registers"
     ),
-    "tool_parser_plugin": refused(
-        "tool-parser plugins are not loaded; use a built-in --tool-call-parser"
+    "tool_parser_plugin": honoured(
+        "the file is run once at startup, as vLLM runs it; its parsers register with "
+        "infernetes.runtime.server.tool_parsers.register_tool_parser on a subclass of that "
+        "module's ToolParser. A plugin written for vLLM imports vllm and is refused with that "
+        "reason"
     ),
     "log_config_file": HONOURED,
     "max_log_len": HONOURED,

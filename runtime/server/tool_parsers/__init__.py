@@ -1,7 +1,16 @@
-"""Tool-call parsers, chosen by ``--tool-call-parser``."""
+"""Tool-call parsers, chosen by ``--tool-call-parser``; ``--tool-parser-plugin`` adds more.
+
+A plugin is a Python file, run once at startup as vLLM runs one, that registers its parsers by
+name with this module's ``register_tool_parser`` (vLLM's ``ToolParserManager.register_module``)
+on a subclass of this module's ``ToolParser``. Plugins written against vLLM's own classes import
+``vllm``, which is not part of this server: they are refused with that reason.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from infernetes.runtime.qualified_import import import_file
 from infernetes.runtime.server.protocol import ChatTool
 from infernetes.runtime.server.tool_parsers.base import (
     ExtractedToolCalls,
@@ -78,6 +87,30 @@ KNOWN_UNSUPPORTED = (
 )
 
 
+def register_tool_parser(
+    names: str | list[str],
+) -> Callable[[type[ToolParser]], type[ToolParser]]:
+    """Class decorator: registers a ToolParser subclass under each of ``names`` (a plugin's name
+    replaces a built-in one of the same name, as in vLLM)."""
+
+    def register(parser: type[ToolParser]) -> type[ToolParser]:
+        if not (isinstance(parser, type) and issubclass(parser, ToolParser)):
+            raise TypeError(
+                f"register_tool_parser: {parser!r} is not a subclass of "
+                "infernetes.runtime.server.tool_parsers.ToolParser"
+            )
+        for name in [names] if isinstance(names, str) else names:
+            TOOL_PARSERS[name] = parser
+        return parser
+
+    return register
+
+
+def load_tool_parser_plugin(path: str) -> None:
+    """Runs the ``--tool-parser-plugin`` file, whose parsers register themselves."""
+    import_file("--tool-parser-plugin", path)
+
+
 def check_tool_parser_name(name: str) -> None:
     """Raises ValueError naming the supported parsers unless ``name`` is one of them."""
     if name in TOOL_PARSERS:
@@ -104,5 +137,7 @@ __all__ = [
     "ToolCallStream",
     "ToolParser",
     "check_tool_parser_name",
+    "load_tool_parser_plugin",
     "make_tool_parser",
+    "register_tool_parser",
 ]
