@@ -53,6 +53,10 @@ def check_frontend_settings(settings: FrontendSettings) -> None:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
     if settings.reasoning_parser:
         make_reasoning_parser(settings.reasoning_parser)
+    if settings.tool_call_parser == "openai" or settings.reasoning_parser == "openai_gptoss":
+        from infernetes.runtime.server.harmony import harmony_encoding
+
+        harmony_encoding()  # a vocabulary it cannot find fails now, not at the first request
     load_chat_template(settings.chat_template)  # a missing file fails now, not after loading
     for qualified in settings.middleware:
         resolve_user_middleware(qualified)

@@ -60,8 +60,9 @@ STRUCTURED_OUTPUT_BACKEND_NOTE = (
     "vLLM), xgrammar or guidance (llguidance)"
 )
 REASONING_NOT_BUILT = (
-    "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format) "
-    "needs openai-harmony's vocabulary files, which it downloads at startup"
+    "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format, "
+    "read with openai-harmony) needs o200k_base.tiktoken in the folder TIKTOKEN_ENCODINGS_BASE "
+    "names, else it downloads it"
 )
 DP_PLANNED = (
     "multi-node data parallelism is planned, not built yet: --data-parallel-size runs its engine "
@@ -140,8 +141,11 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_request_id_headers": HONOURED,
     "enable_auto_tool_choice": HONOURED,
     "tool_call_parser": honoured(
-        "every built-in name but openai (gpt-oss's harmony format, not built yet: refused at "
-        "startup), and any name a --tool-parser-plugin file registers"
+        "every built-in name, and any name a --tool-parser-plugin file registers. openai "
+        "(gpt-oss's harmony format) reads the output with openai-harmony, which needs "
+        "o200k_base.tiktoken in the folder TIKTOKEN_ENCODINGS_BASE names (else it downloads "
+        "it); the prompt is the model's chat template (gpt-oss's writes the harmony format), "
+        "not openai-harmony's rendering, and built-in tools (browser, python) are not run"
     ),
     "tool_parser_plugin": honoured(
         "the file is run once at startup, as vLLM runs it; its parsers register with "
@@ -395,6 +399,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "granite",
             "minimax_m2",
             "mistral",
+            "openai_gptoss",
             "qwen3",
             "seed_oss",
         ),
@@ -806,6 +811,7 @@ KEY_SUPPORT: dict[str, Support] = {
             "granite",
             "minimax_m2",
             "mistral",
+            "openai_gptoss",
             "qwen3",
             "seed_oss",
         ),

@@ -38,6 +38,7 @@ from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from infernetes.runtime.server.tool_parsers.minimax import MiniMaxM2ToolParser
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
+from infernetes.runtime.server.tool_parsers.openai import OpenAIToolParser
 from infernetes.runtime.server.tool_parsers.pythonic import Olmo3ToolParser, PythonicToolParser
 from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser, SeedOssToolParser
 from infernetes.runtime.server.tool_parsers.required import RequiredCallsParser
@@ -70,6 +71,8 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "minimax_m2": MiniMaxM2ToolParser,
     "mistral": MistralToolParser,
     "olmo3": Olmo3ToolParser,
+    # gpt-oss's harmony format.
+    "openai": OpenAIToolParser,
     "phi4_mini_json": Phi4MiniJsonToolParser,
     "pythonic": PythonicToolParser,
     "qwen": QwenToolParser,
@@ -79,12 +82,6 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "step3p5": QwenToolParser,
     "xlam": XLamToolParser,
 }
-
-# Parser names vLLM knows that are not implemented here: refused with a clear message.
-KNOWN_UNSUPPORTED = (
-    # gpt-oss's harmony format: openai-harmony downloads its vocabulary files at startup.
-    "openai",
-)
 
 
 def register_tool_parser(
@@ -116,10 +113,6 @@ def check_tool_parser_name(name: str) -> None:
     if name in TOOL_PARSERS:
         return
     supported = ", ".join(sorted(TOOL_PARSERS))
-    if name in KNOWN_UNSUPPORTED:
-        raise ValueError(
-            f"--tool-call-parser {name!r} is not supported yet; supported: {supported}"
-        )
     raise ValueError(f"--tool-call-parser {name!r} is unknown; supported: {supported}")
 
 
