@@ -110,8 +110,10 @@ class HarmonyReader:
         open (a call cut off is no call)."""
         pieces = self._read(self.pending)
         self.pending = ""
-        if self.plain or cut:
+        if self.plain:
             return pieces
+        if cut:  # plain text cut short is still text; a header cut short shows nothing
+            return pieces + self._fall_back([])
         from openai_harmony import HarmonyError
 
         try:

@@ -158,6 +158,8 @@ def test_plain_text_is_content():
     assert not found.tools_called and found.content == text
     assert make_reasoning_parser("openai_gptoss").split(text).content == text
     assert _stream_tools(text, list(text))[0] == text
+    assert make_tool_parser("openai", None).extract(text, cut=True).content == text
+    assert _stream_tools(text, list(text), cut=True)[0] == text
 
 
 def test_a_missing_vocabulary_is_named_with_the_setting(tmp_path, monkeypatch):
