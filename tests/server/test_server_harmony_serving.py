@@ -148,6 +148,14 @@ def test_responses_reasoning_item_and_function_call(client):
     assert len(arguments) > 1 and json.loads("".join(arguments)) == ARGS
     final = events[-1].response
     assert [item.type for item in final.output] == [item.type for item in response.output]
+    thought = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert len(thought) > 1 and "".join(thought) == REASONING  # streamed as generated
+    kinds = [e.type for e in events]
+    assert kinds.index("response.reasoning_text.delta") < kinds.index(
+        "response.function_call_arguments.delta"
+    )
+    (done,) = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert done.text == REASONING
 
 
 def test_responses_final_answer_is_the_message(client):
