@@ -63,6 +63,10 @@ def test_several_calls_with_nested_and_unicode_arguments():
     found = make_tool_parser("openai", None).extract(CALLS)
     assert found.tools_called and _calls(found.tool_calls) == EXPECTED_CALLS
     assert found.content == PREAMBLE  # a commentary message to no one is shown to the user
+    parser = make_tool_parser("openai", None)
+    assert [(c.name, json.loads(c.arguments)) for c in parser.parse_section(CALLS, True)] == (
+        EXPECTED_CALLS
+    )
     assert make_reasoning_parser("openai_gptoss").split(CALLS).reasoning == REASONING
 
 

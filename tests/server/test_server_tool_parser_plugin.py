@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 from infernetes.runtime.preflight import check_frontend_settings
@@ -104,3 +105,43 @@ def test_config_accepts_the_plugin_name_and_refuses_an_unknown_one(tmp_path, cap
     finally:
         TOOL_PARSERS.pop("call_line_cli", None)
     assert "'call_lines' is unknown" in capsys.readouterr().err
+
+
+def test_a_server_calls_tools_through_the_plugin_parser(
+    tiny_llama_dir, server_process_factory, tmp_path
+):
+    import openai
+
+    plugin = tmp_path / "call_line_server_plugin.py"
+    plugin.write_text(PLUGIN.format(name="call_line_server"))
+    args = {"city": "Zürich", "filters": {"days": [1, 2]}}
+    text = f"Checking.\nCALL get_weather {json.dumps(args, ensure_ascii=False)}"
+    process = server_process_factory(
+        [
+            str(tiny_llama_dir),
+            "--served-model-name",
+            "tiny",
+            "--enable-auto-tool-choice",
+            "--tool-parser-plugin",
+            str(plugin),
+            "--tool-call-parser",
+            "call_line_server",
+            "--logits-processors",
+            "force_text_processor:ForceText",
+        ],
+        env={"PYTHONPATH": str(Path(__file__).resolve().parent)},
+        log_name="tool-parser-plugin.log",
+    )
+    with process:
+        client = openai.OpenAI(base_url=f"{process.url}/v1", api_key="none", max_retries=0)
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+        choice = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=[tool],
+            max_tokens=100,
+            extra_body={"vllm_xargs": {"force_text": text}},
+        ).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == args
