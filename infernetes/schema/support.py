@@ -142,7 +142,8 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_auto_tool_choice": HONOURED,
     "tool_call_parser": honoured(
         "every built-in name, and any name a --tool-parser-plugin file registers. openai "
-        "(gpt-oss's harmony format) reads the output with openai-harmony, which needs "
+        "(gpt-oss's harmony format; its analysis channel is reasoning_content with "
+        "--reasoning-parser openai_gptoss) reads the output with openai-harmony, which needs "
         "o200k_base.tiktoken in the folder TIKTOKEN_ENCODINGS_BASE names (else it downloads "
         "it); the prompt is the model's chat template (gpt-oss's writes the harmony format), "
         "not openai-harmony's rendering, and built-in tools (browser, python) are not run"
