@@ -33,6 +33,7 @@ test-fast: setup
 # fixtures start) in one worker; tests/server/ports.py keeps the workers' ports apart.
 unit: setup lmeval
 	images/install-tools.sh
+	images/harmony-vocab.sh
 	$(BIN)/pytest tests --ignore=tests/server
 	INFERNETES_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL_BIN)/python $(BIN)/pytest tests/server \
 		--numprocesses 2 --dist loadfile

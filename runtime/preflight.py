@@ -61,14 +61,23 @@ def check_frontend_settings(settings: FrontendSettings) -> None:
     from infernetes.runtime.server.middleware import resolve_user_middleware
     from infernetes.runtime.server.reasoning import make_reasoning_parser
     from infernetes.runtime.server.structured_output import GuideError, check_backend
-    from infernetes.runtime.server.tool_parsers import check_tool_parser_name
+    from infernetes.runtime.server.tool_parsers import (
+        check_tool_parser_name,
+        load_tool_parser_plugin,
+    )
 
+    if settings.tool_parser_plugin:  # first: its parsers are valid --tool-call-parser names
+        load_tool_parser_plugin(settings.tool_parser_plugin)
     if settings.tool_call_parser:
         check_tool_parser_name(settings.tool_call_parser)
     if settings.enable_auto_tool_choice and not settings.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
     if settings.reasoning_parser:
         make_reasoning_parser(settings.reasoning_parser)
+    if settings.tool_call_parser == "openai" or settings.reasoning_parser == "openai_gptoss":
+        from infernetes.runtime.server.harmony import harmony_encoding
+
+        harmony_encoding()  # a vocabulary it cannot find fails now, not at the first request
     load_chat_template(settings.chat_template)  # a missing file fails now, not after loading
     for qualified in settings.middleware:
         resolve_user_middleware(qualified)

@@ -507,3 +507,10 @@ def hf_peft_greedy_tokens(
             pad_token_id=0,
         )
     return out[0, len(prompt_ids) :].tolist()
+
+
+def harmony_vocab_dir() -> Path | None:
+    """The folder ``images/harmony-vocab.sh`` puts ``o200k_base.tiktoken`` in (openai-harmony's
+    vocabulary, for TIKTOKEN_ENCODINGS_BASE), if the file is there."""
+    folder = Path.home() / ".cache" / "infernetes" / "tiktoken"
+    return folder if (folder / "o200k_base.tiktoken").is_file() else None

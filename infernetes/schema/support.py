@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from infernetes.schema.choices import TOOL_CALL_PARSERS
 from infernetes.schema.rules import STRUCTURED_OUTPUT_BACKENDS
 
 Kind = Literal["honoured", "partial", "no_effect", "refused"]
@@ -55,17 +54,15 @@ def refused(reason: str) -> Support:
     return Support("refused", reason)
 
 
-# vLLM's tool-call parsers this server does not have (tool_parsers/ has the rest).
-UNBUILT_TOOL_PARSERS = ("openai",)
-
 # Reasons shared by several entries.
 STRUCTURED_OUTPUT_BACKEND_NOTE = (
     "auto (xgrammar, falling back to guidance for a constraint xgrammar cannot take, as in "
     "vLLM), xgrammar or guidance (llguidance)"
 )
 REASONING_NOT_BUILT = (
-    "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format) "
-    "needs openai-harmony's vocabulary files, which it downloads at startup"
+    "the other reasoning parsers are not built yet; openai_gptoss (gpt-oss's harmony format, "
+    "read with openai-harmony) needs o200k_base.tiktoken in the folder TIKTOKEN_ENCODINGS_BASE "
+    "names, else it downloads it"
 )
 DP_PLANNED = (
     "multi-node data parallelism is planned, not built yet: --data-parallel-size runs its engine "
@@ -143,13 +140,19 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     "enable_request_id_headers": HONOURED,
     "enable_auto_tool_choice": HONOURED,
-    "tool_call_parser": partial(
-        tuple(p for p in TOOL_CALL_PARSERS if p not in UNBUILT_TOOL_PARSERS),
-        "the other parsers are not built yet; openai (gpt-oss's harmony format) needs "
-        "openai-harmony's vocabulary files, which it downloads at startup",
+    "tool_call_parser": honoured(
+        "every built-in name, and any name a --tool-parser-plugin file registers. openai "
+        "(gpt-oss's harmony format; its analysis channel is reasoning_content with "
+        "--reasoning-parser openai_gptoss) reads the output with openai-harmony, which needs "
+        "o200k_base.tiktoken in the folder TIKTOKEN_ENCODINGS_BASE names (else it downloads "
+        "it); the prompt is the model's chat template (gpt-oss's writes the harmony format), "
+        "not openai-harmony's rendering, and built-in tools (browser, python) are not run"
     ),
-    "tool_parser_plugin": refused(
-        "tool-parser plugins are not loaded; use a built-in --tool-call-parser"
+    "tool_parser_plugin": honoured(
+        "the file is run once at startup, as vLLM runs it; its parsers register with "
+        "infernetes.runtime.server.tool_parsers.register_tool_parser on a subclass of that "
+        "module's ToolParser. A plugin written for vLLM imports vllm and is refused with that "
+        "reason"
     ),
     "log_config_file": HONOURED,
     "max_log_len": HONOURED,
@@ -390,6 +393,7 @@ ARG_SUPPORT: dict[str, Support] = {
             "granite",
             "minimax_m2",
             "mistral",
+            "openai_gptoss",
             "qwen3",
             "seed_oss",
         ),
@@ -801,6 +805,7 @@ KEY_SUPPORT: dict[str, Support] = {
             "granite",
             "minimax_m2",
             "mistral",
+            "openai_gptoss",
             "qwen3",
             "seed_oss",
         ),

@@ -12,6 +12,8 @@ of tags) out of the output into ``reasoning_content``, whole or while streaming.
   (``enable_thinking=False``) there is none and everything is content. ``mistral`` (Magistral)
   reads the same way with ``[THINK]...[/THINK]``, ``granite`` (Granite 3.2+) with "Here is my
   thought process:" ... "Here is my response:".
+- ``openai_gptoss`` (gpt-oss): the ``analysis`` channel of its harmony output is the reasoning;
+  the ``final`` channel (and a preamble) the content; ``harmony.py`` reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from infernetes.runtime.server.harmony import HarmonyPiece, HarmonyReader, read_harmony
 from infernetes.runtime.server.text_stream import find_first, partial_marker_len
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -38,6 +41,8 @@ class ReasoningParser:
     ends: tuple[str, ...] = (THINK_END,)
     # Whether the output counts as reasoning before any start tag is seen.
     starts_in_reasoning = False
+    # Whether it reads special tokens, which the output must then keep.
+    keeps_special_tokens = False
 
     def opening(self, stripped: str) -> str | None:
         """The start tag ``stripped`` (the output less leading whitespace) opens with."""
@@ -161,6 +166,38 @@ class ReasoningStream:
         return "", rest
 
 
+def _channels(pieces: list[HarmonyPiece]) -> tuple[str, str]:
+    """``(reasoning, content)`` of harmony pieces."""
+    reasoning = "".join(p.text for p in pieces if p.channel == "analysis")
+    return reasoning, "".join(p.text for p in pieces if p.visible)
+
+
+class GptOssReasoningParser(ReasoningParser):
+    name = "openai_gptoss"
+    keeps_special_tokens = True
+
+    def split(self, text: str) -> ReasoningSplit:
+        reasoning, content = _channels(read_harmony(text)[0])
+        return ReasoningSplit(reasoning or None, content or None)
+
+    def stream(self) -> ReasoningStream:
+        return HarmonyReasoningStream(self)
+
+
+class HarmonyReasoningStream(ReasoningStream):
+    """The channels of harmony output as they stream."""
+
+    def __init__(self, parser: ReasoningParser) -> None:
+        super().__init__(parser)
+        self.reader = HarmonyReader()
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        return _channels(self.reader.feed(piece))
+
+    def finish(self) -> tuple[str, str]:
+        return _channels(self.reader.finish())
+
+
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "deepseek_v3": DeepSeekV3ReasoningParser,
@@ -168,6 +205,7 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     # GLM-4.7 thinks as GLM-4.5 does.
     "glm47": Glm45ReasoningParser,
     "minimax_m2": MiniMaxM2ReasoningParser,
+    "openai_gptoss": GptOssReasoningParser,
     "granite": GraniteReasoningParser,
     "mistral": MistralReasoningParser,
     "qwen3": Qwen3ReasoningParser,

@@ -227,7 +227,10 @@ class ChatServing(ServingBase):
             stream=bool(request.stream),
             guide=guide,
         )
-        if mode.parser is not None and mode.parser.keeps_special_tokens:
+        reasoning_parser = self._reasoning_parser(request)
+        if (mode.parser is not None and mode.parser.keeps_special_tokens) or (
+            reasoning_parser is not None and reasoning_parser.keeps_special_tokens
+        ):
             params.skip_special_tokens = False
         return PreparedChat(mode, prompt_ids, params, lora, prompt)
 
@@ -277,10 +280,11 @@ class ChatServing(ServingBase):
             return ChatMessageOut(
                 role=role, content="", reasoning_content=reasoning, tool_calls=[call]
             ), False
-        if mode.parser is not None and content:
+        raw = mode.parser is not None and mode.parser.reads_raw_output
+        if mode.parser is not None and (content or raw):
             # Cut by max_tokens, the calls closed before the cut (as streamed) and never the
             # raw text of the one being written.
-            extracted = mode.parser.extract(content, cut=finish == "length")
+            extracted = mode.parser.extract(text if raw else content or "", cut=finish == "length")
             if extracted.tools_called:
                 return ChatMessageOut(
                     role=role,
@@ -288,6 +292,8 @@ class ChatServing(ServingBase):
                     reasoning_content=reasoning,
                     tool_calls=extracted.tool_calls,
                 ), bool(extracted.tool_calls)
+            if raw:
+                content = extracted.content
         return ChatMessageOut(
             role=role,
             content=self._echo_prefix(request) + (content or ""),
@@ -390,7 +396,8 @@ class ChatServing(ServingBase):
                 deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": content}}]})
             return deltas
         if state.tools is not None:
-            pieces = [state.tools.feed(content)] if content else []
+            source = piece if state.tools.parser.reads_raw_output else content
+            pieces = [state.tools.feed(source)] if source else []
             if final:
                 pieces.append(state.tools.finish(cut=finish == "length"))
             for delta in pieces:

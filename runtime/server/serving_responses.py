@@ -373,7 +373,6 @@ class ResponsesServing:
     ) -> AsyncIterator[bytes]:
         events = ResponseEvents()
         output: list[dict[str, Any]] = []
-        reasoning = ""
         started = self._response(request, response_id, created, [], (0, 0), None, "in_progress")
         yield events.send("response.created", response=started)
         yield events.send("response.in_progress", response=started)
@@ -393,6 +392,7 @@ class ResponsesServing:
             )
             state = self.chat._new_state(chat_request, mode)
             message: dict[str, Any] | None = None
+            reasoning: dict[str, Any] | None = None
             calls: dict[int, dict[str, Any]] = {}
             output_tokens, finish_reason = 0, None
             async for step in stream:
@@ -400,7 +400,24 @@ class ResponsesServing:
                 output_tokens += len(out.token_ids)
                 finish_reason = out.finish_reason
                 for delta in self.chat._deltas(state, mode, out.text, finish_reason):
-                    reasoning += delta.get("reasoning_content") or ""
+                    if delta.get("reasoning_content"):
+                        if reasoning is None:
+                            reasoning = reasoning_item("")
+                            reasoning["status"] = "in_progress"
+                            output.append(reasoning)
+                            yield events.send(
+                                "response.output_item.added",
+                                output_index=len(output) - 1,
+                                item={**reasoning, "content": []},
+                            )
+                        reasoning["content"][0]["text"] += delta["reasoning_content"]
+                        yield events.send(
+                            "response.reasoning_text.delta",
+                            item_id=reasoning["id"],
+                            output_index=output.index(reasoning),
+                            content_index=0,
+                            delta=delta["reasoning_content"],
+                        )
                     if delta.get("content"):
                         if message is None:
                             message = message_item("")
@@ -440,8 +457,6 @@ class ResponsesServing:
                                 output_index=output.index(call),
                                 delta=function["arguments"],
                             )
-            if reasoning:  # announced at the end: the indices already sent stay valid
-                output.append(reasoning_item(reasoning))
             for index, item in enumerate(output):
                 for chunk in events.close_item(item, index, item_status(item, finish_reason)):
                     yield chunk
@@ -522,6 +537,14 @@ class ResponseEvents:
                 )
             )
         elif item["type"] == "reasoning":
-            chunks.append(self.send("response.output_item.added", output_index=index, item=item))
+            chunks.append(
+                self.send(
+                    "response.reasoning_text.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    text=item["content"][0]["text"],
+                )
+            )
         chunks.append(self.send("response.output_item.done", output_index=index, item=item))
         return chunks

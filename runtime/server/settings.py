@@ -76,6 +76,7 @@ class FrontendSettings:
     response_role: str = "assistant"
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    tool_parser_plugin: str = ""  # a Python file registering more tool-call parsers
     reasoning_parser: str | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None  # --default-chat-template-kwargs
@@ -172,6 +173,7 @@ class FrontendSettings:
             response_role=str(get("response_role", "assistant")),
             enable_auto_tool_choice=bool(get("enable_auto_tool_choice", False)),
             tool_call_parser=get("tool_call_parser"),
+            tool_parser_plugin=str(get("tool_parser_plugin") or ""),
             reasoning_parser=get("reasoning_parser") or structured.get("reasoning_parser") or None,
             reasoning_effort=get("reasoning_effort"),
             chat_template_kwargs=dict(get("default_chat_template_kwargs", {})),

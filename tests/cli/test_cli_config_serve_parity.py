@@ -7,14 +7,25 @@ from __future__ import annotations
 import pytest
 from infernetes.runtime.server.reasoning import REASONING_PARSERS
 from infernetes.runtime.server.settings import FrontendSettings
-from infernetes.runtime.server.tool_parsers import KNOWN_UNSUPPORTED, TOOL_PARSERS
+from infernetes.runtime.server.tool_parsers import TOOL_PARSERS
+from infernetes.runtime.testing import harmony_vocab_dir
 
 from infernetes.cli import main as cli_main
 from infernetes.schema.choices import REASONING_PARSERS as REASONING_CHOICES
 from infernetes.schema.choices import TOOL_CALL_PARSERS
 
-TOOL_NAMES = sorted({*TOOL_CALL_PARSERS, *TOOL_PARSERS, *KNOWN_UNSUPPORTED})
+TOOL_NAMES = sorted({*TOOL_CALL_PARSERS, *TOOL_PARSERS})
 REASONING_NAMES = sorted({*REASONING_CHOICES, *REASONING_PARSERS})
+# The harmony parsers need openai-harmony's vocabulary: without it both refuse them alike.
+HARMONY = {"openai", "openai_gptoss"}
+
+
+def has_parser(name: str, built: dict, monkeypatch) -> bool:
+    """Whether the server has the parser; a harmony one only with its vocabulary."""
+    folder = harmony_vocab_dir()
+    if folder is not None:
+        monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(folder))
+    return name in built and (name not in HARMONY or folder is not None)
 
 
 def config_accepts(argv: list[str]) -> bool:
@@ -46,18 +57,20 @@ def serve_accepts(argv: list[str], monkeypatch) -> bool:
 @pytest.mark.parametrize("name", TOOL_NAMES)
 def test_tool_call_parser_names(name, monkeypatch, capsys):
     argv = ["org/model", "--enable-auto-tool-choice", "--tool-call-parser", name]
+    expected = has_parser(name, TOOL_PARSERS, monkeypatch)
     accepted = config_accepts(argv)
     assert serve_accepts(argv, monkeypatch) == accepted
-    assert accepted == (name in TOOL_PARSERS)
+    assert accepted == expected
     capsys.readouterr()
 
 
 @pytest.mark.parametrize("name", REASONING_NAMES)
 def test_reasoning_parser_names(name, monkeypatch, capsys):
     argv = ["org/model", "--reasoning-parser", name]
+    expected = has_parser(name, REASONING_PARSERS, monkeypatch)
     accepted = config_accepts(argv)
     assert serve_accepts(argv, monkeypatch) == accepted
-    assert accepted == (name in REASONING_PARSERS)
+    assert accepted == expected
     capsys.readouterr()
 
 

@@ -95,10 +95,10 @@ def test_the_crd_checks_allowed_values_on_the_field_and_unset_ones_on_the_object
     assert location["description"].startswith(
         "--pt-load-map-location is not supported with this value"
     )
-    parser = engine["properties"]["toolCallParser"]["x-kubernetes-validations"][-1]["rule"]
-    built = ARG_SUPPORT["tool_call_parser"].values
+    parser = engine["properties"]["reasoningParser"]["x-kubernetes-validations"][-1]["rule"]
+    built = ARG_SUPPORT["reasoning_parser"].values
     assert parser == "self in [" + ", ".join(f"'{name}'" for name in built) + "]"
-    assert "'hermes'" in parser and "'openai'" not in parser  # not built: harmony's downloads
+    assert "'qwen3'" in parser and "'step3p5'" not in parser  # not built
     (unset,) = [
         r
         for r in engine["x-kubernetes-validations"]

@@ -185,3 +185,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         node_id = getattr(item, "_id", None)  # pytest's structured node id (_pytest/nodeid.py)
         if label and node_id is not None and node_id.params is None:
             item._id = node_id.with_params(label)
+
+
+@pytest.fixture(scope="session")
+def harmony_vocab() -> Path:
+    """The folder holding openai-harmony's vocabulary (for TIKTOKEN_ENCODINGS_BASE); skips the
+    test when images/harmony-vocab.sh has not put it there."""
+    from infernetes.runtime.testing import harmony_vocab_dir
+
+    folder = harmony_vocab_dir()
+    if folder is None:
+        pytest.skip(
+            "o200k_base.tiktoken is not in ~/.cache/infernetes/tiktoken: run images/harmony-vocab.sh"
+        )
+    return folder
+
+
+@pytest.fixture
+def harmony_env(harmony_vocab, monkeypatch) -> Path:
+    """TIKTOKEN_ENCODINGS_BASE set to the vocabulary's folder for this test."""
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(harmony_vocab))
+    return harmony_vocab

@@ -61,6 +61,15 @@ FORMATS = {
     "gigachat3": lambda name, args: f"function call<|role_sep|>\n{_json_call(name, args)}",
 }
 FORMATS["step3p5"] = FORMATS["qwen3_coder"]
+# gpt-oss's harmony: reasoning on the analysis channel, then the call on commentary (the output
+# opens after the prompt's ``<|start|>assistant``).
+FORMATS["openai"] = lambda name, args: (
+    "<|channel|>analysis<|message|>The weather tool answers that.<|end|>"
+    f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json"
+    f"<|message|>{json.dumps(args)}<|call|>"
+)
+# With openai, its reasoning parser too: the analysis channel becomes reasoning (Responses items).
+HARMONY_ARGS = ["--reasoning-parser", "openai_gptoss"]
 
 
 def forcing(parser: str, name: str = "get_weather", args: dict | None = None) -> dict:
@@ -72,6 +81,9 @@ def forcing(parser: str, name: str = "get_weather", args: dict | None = None) ->
 @pytest.fixture(scope="module", params=sorted(FORMATS))
 def server(request, tiny_llama_dir, server_process_factory):
     parser = request.param
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
+    if parser == "openai":
+        env["TIKTOKEN_ENCODINGS_BASE"] = str(request.getfixturevalue("harmony_vocab"))
     process = server_process_factory(
         [
             str(tiny_llama_dir),
@@ -84,8 +96,9 @@ def server(request, tiny_llama_dir, server_process_factory):
             parser,
             "--logits-processors",
             "force_text_processor:ForceText",
+            *(HARMONY_ARGS if parser == "openai" else []),
         ],
-        env={"PYTHONPATH": str(Path(__file__).resolve().parent)},
+        env=env,
         log_name=f"agent-clients-{parser}.log",
     )
     try:

@@ -174,12 +174,10 @@ def test_malformed_calls_stay_content(name):
     assert not result.tools_called and result.content == broken
 
 
-def test_unsupported_parsers_are_refused_by_name():
-    with pytest.raises(ValueError, match="not supported yet"):
-        check_tool_parser_name("openai")
-    with pytest.raises(ValueError, match="unknown"):
+def test_unknown_parsers_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"'nope' is unknown; supported: .*hermes"):
         check_tool_parser_name("nope")
-    for name in ("hermes", "llama3_json", "mistral", "pythonic", "qwen"):
+    for name in ("hermes", "llama3_json", "mistral", "openai", "pythonic", "qwen"):
         assert name in TOOL_PARSERS
 
 

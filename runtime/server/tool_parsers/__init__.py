@@ -1,7 +1,16 @@
-"""Tool-call parsers, chosen by ``--tool-call-parser``."""
+"""Tool-call parsers, chosen by ``--tool-call-parser``; ``--tool-parser-plugin`` adds more.
+
+A plugin is a Python file, run once at startup as vLLM runs one, that registers its parsers by
+name with this module's ``register_tool_parser`` (vLLM's ``ToolParserManager.register_module``)
+on a subclass of this module's ``ToolParser``. Plugins written against vLLM's own classes import
+``vllm``, which is not part of this server: they are refused with that reason.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from infernetes.runtime.qualified_import import import_file
 from infernetes.runtime.server.protocol import ChatTool
 from infernetes.runtime.server.tool_parsers.base import (
     ExtractedToolCalls,
@@ -29,6 +38,7 @@ from infernetes.runtime.server.tool_parsers.kimi import KimiK2ToolParser
 from infernetes.runtime.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from infernetes.runtime.server.tool_parsers.minimax import MiniMaxM2ToolParser
 from infernetes.runtime.server.tool_parsers.mistral import MistralToolParser
+from infernetes.runtime.server.tool_parsers.openai import OpenAIToolParser
 from infernetes.runtime.server.tool_parsers.pythonic import Olmo3ToolParser, PythonicToolParser
 from infernetes.runtime.server.tool_parsers.qwen import QwenToolParser, SeedOssToolParser
 from infernetes.runtime.server.tool_parsers.required import RequiredCallsParser
@@ -61,6 +71,8 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "minimax_m2": MiniMaxM2ToolParser,
     "mistral": MistralToolParser,
     "olmo3": Olmo3ToolParser,
+    # gpt-oss's harmony format.
+    "openai": OpenAIToolParser,
     "phi4_mini_json": Phi4MiniJsonToolParser,
     "pythonic": PythonicToolParser,
     "qwen": QwenToolParser,
@@ -71,11 +83,29 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "xlam": XLamToolParser,
 }
 
-# Parser names vLLM knows that are not implemented here: refused with a clear message.
-KNOWN_UNSUPPORTED = (
-    # gpt-oss's harmony format: openai-harmony downloads its vocabulary files at startup.
-    "openai",
-)
+
+def register_tool_parser(
+    names: str | list[str],
+) -> Callable[[type[ToolParser]], type[ToolParser]]:
+    """Class decorator: registers a ToolParser subclass under each of ``names`` (a plugin's name
+    replaces a built-in one of the same name, as in vLLM)."""
+
+    def register(parser: type[ToolParser]) -> type[ToolParser]:
+        if not (isinstance(parser, type) and issubclass(parser, ToolParser)):
+            raise TypeError(
+                f"register_tool_parser: {parser!r} is not a subclass of "
+                "infernetes.runtime.server.tool_parsers.ToolParser"
+            )
+        for name in [names] if isinstance(names, str) else names:
+            TOOL_PARSERS[name] = parser
+        return parser
+
+    return register
+
+
+def load_tool_parser_plugin(path: str) -> None:
+    """Runs the ``--tool-parser-plugin`` file, whose parsers register themselves."""
+    import_file("--tool-parser-plugin", path)
 
 
 def check_tool_parser_name(name: str) -> None:
@@ -83,10 +113,6 @@ def check_tool_parser_name(name: str) -> None:
     if name in TOOL_PARSERS:
         return
     supported = ", ".join(sorted(TOOL_PARSERS))
-    if name in KNOWN_UNSUPPORTED:
-        raise ValueError(
-            f"--tool-call-parser {name!r} is not supported yet; supported: {supported}"
-        )
     raise ValueError(f"--tool-call-parser {name!r} is unknown; supported: {supported}")
 
 
@@ -104,5 +130,7 @@ __all__ = [
     "ToolCallStream",
     "ToolParser",
     "check_tool_parser_name",
+    "load_tool_parser_plugin",
     "make_tool_parser",
+    "register_tool_parser",
 ]

@@ -236,6 +236,9 @@ class ToolParser(ABC):
     # Whether its markers are special tokens, which a request with tools must then keep in the
     # output (vLLM's adjust_request of the same parsers).
     keeps_special_tokens: ClassVar[bool] = False
+    # Whether it reads the raw output rather than what a reasoning parser leaves of it (harmony,
+    # whose channels carry reasoning, content and calls alike); its content is then the content.
+    reads_raw_output: ClassVar[bool] = False
 
     def __init__(self, tools: list[ChatTool] | None = None) -> None:
         self.tools = tools or []
@@ -445,7 +448,7 @@ class ToolCallStream:
             partial = self.parser.partial_call(section, self.calls_done)
             if partial is not None:
                 out.extend(self._send_partial(section, partial))
-        return _coalesce(out)
+        return coalesce(out)
 
     def _id(self, section: str, index: int) -> str:
         return self.parser.call_id(section, index) or random_id("chatcmpl-tool")
@@ -463,7 +466,7 @@ class ToolCallStream:
         return out
 
 
-def _coalesce(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+def coalesce(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
     """Joins consecutive pieces of the same call into one."""
     out: list[ToolCallDelta] = []
     for delta in deltas:
