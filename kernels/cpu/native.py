@@ -273,3 +273,11 @@ def load(name: str) -> ctypes.CDLL | None:
             function = getattr(library, symbol)
             function.restype, function.argtypes = restype, argtypes
     return library
+
+
+def prebuild() -> None:
+    """Builds (or finds in the cache) every kernel here now: an engine calls this before it
+    serves, so that no step waits for the compiler (a cold build on busy cores took over a
+    minute, past the engine's step watchdog)."""
+    for source in sorted(SOURCE_DIR.glob("*.c")):
+        load(source.stem)

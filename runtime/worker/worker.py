@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from infernetes.kernels.backend import select_backend
+from infernetes.kernels.cpu import native
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
@@ -36,6 +37,8 @@ class Worker:
         )
         _share_cpu_cores(config, rank)
         self.device = config.device.device
+        if self.device.type == "cpu":
+            native.prebuild()  # the C kernels, before the first step needs them
         # The first rank of the last pipeline stage returns the sampled tokens; the others
         # sample the same ones (same logits, same seed) and keep them for their own inputs.
         self.returns_output = rank == config.parallel.output_rank

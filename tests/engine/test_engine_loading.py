@@ -300,3 +300,18 @@ def test_start_up_phases_are_timed_in_the_log(tiny_llama, caplog):
         r"init engine \(profile, create kv cache, warmup model\) took \d+\.\d\d seconds",
         caplog.text,
     )
+
+
+def test_a_cpu_engine_builds_every_kernel_before_its_first_step(tmp_path, tiny_llama, monkeypatch):
+    # A pod with an empty kernel cache must not compile inside a step, on the step watchdog's
+    # time (a cold build on busy cores took over a minute).
+    from infernetes.kernels.cpu import native
+
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "kernels"))
+    native.load.cache_clear()
+    try:
+        LLM(tiny_llama, **SMALL)  # loads and profiles: no request has run
+        built = {path.name.split("-")[0] for path in (tmp_path / "kernels").glob("*.so")}
+        assert built == {source.stem for source in native.SOURCE_DIR.glob("*.c")}
+    finally:
+        native.load.cache_clear()
