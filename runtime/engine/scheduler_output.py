@@ -10,7 +10,10 @@ stages before the last have not seen. Under async scheduling a step may compute 
 scheduler has not seen yet (the previous step's, still running): the worker takes it from its
 own state, where it appended it. A decoding request may carry draft tokens
 (``spec_token_ids``, a proposer's guess at what follows): the step computes them too, and the
-worker returns the longest prefix its own samples agree with plus its next sample. Structured output reaches the workers as a bitmask of the
+worker returns the longest prefix its own samples agree with plus its next sample. Under async
+scheduling a step scheduled before the request's last one ended does not know that step's
+drafts: it carries ``DRAFT_PLACEHOLDER`` for each, and the worker puts in those the proposer
+guessed (as vLLM's async scheduler does). Structured output reaches the workers as a bitmask of the
 tokens each constrained row may sample (``GrammarBitmask``), never as a grammar.
 """
 
@@ -27,6 +30,10 @@ from infernetes.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
     from infernetes.runtime.multimodal.inputs import MultiModalFeature
+
+
+# A draft slot of a step scheduled before the step that guesses its token has ended.
+DRAFT_PLACEHOLDER = -1
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class CachedRequestData:
     num_tokens: int | None = None
     # Draft tokens this step verifies after the request's last token (counted in its scheduled
     # tokens): the worker computes them with it and keeps the prefix its own samples agree with.
+    # DRAFT_PLACEHOLDER each under async scheduling when the step guessing them still runs.
     spec_token_ids: list[int] = field(default_factory=list)
 
 
