@@ -444,15 +444,14 @@ class Scheduler:
         """The draft tokens a decoding request verifies this step: as many as fit the budget,
         the context length and ``max_tokens`` (a step adds at most one token past its drafts).
         While a step of the request is in flight (async scheduling), placeholders for the drafts
-        it will guess, the room counted as if it kept all of its own. None for structured
-        output, whose mask covers one position a step."""
+        it will guess, the room counted as if it kept all of its own (never for structured
+        output, whose masks need the drafts: it waits for that step, ``_remaining``)."""
         placeholders = request.num_output_placeholders
         if placeholders:
             drafts = [DRAFT_PLACEHOLDER] * self.num_spec_tokens
         else:
             drafts = request.spec_token_ids
-        # a grammar's mask is for the position after the known tokens: not yet for drafts
-        if not drafts or remaining != 1 or request.grammar is not None:
+        if not drafts or remaining != 1:
             return []
         if self.spec_disable_batch_size and len(self.running) >= self.spec_disable_batch_size:
             return []  # vLLM's disable_by_batch_size: at this load drafts cost more than they save

@@ -19,6 +19,7 @@ tokens each constrained row may sample (``GrammarBitmask``), never as a grammar.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -72,7 +73,8 @@ class CachedRequestData:
 @dataclass(frozen=True)
 class GrammarBitmask:
     """The tokens structured output allows the step's constrained rows (``engine/structured_output.py``):
-    ``rows`` index ``scheduled_reqs``; bit ``t % 32`` of word ``t // 32`` of a row of ``bitmask``
+    ``rows`` index ``scheduled_reqs``, a request with drafts once per position it samples (after
+    its tokens, then after each draft); bit ``t % 32`` of word ``t // 32`` of a row of ``bitmask``
     (int32 ``[len(rows), ceil(vocab / 32)]``) is set when token ``t`` may come next."""
 
     rows: list[int]
@@ -80,12 +82,24 @@ class GrammarBitmask:
 
     def of_rows(self, batch_rows: list[int]) -> GrammarBitmask | None:
         """The masks of those of ``batch_rows`` that have one, their rows now positions in
-        ``batch_rows`` (the rows that sample, as the sampler counts them)."""
-        position = {i: r for r, i in enumerate(batch_rows)}
-        keep = [k for k, i in enumerate(self.rows) if i in position]
+        ``batch_rows`` (the rows that sample, as the sampler counts them: a request's n-th row
+        there takes its n-th mask)."""
+        position = dict(zip(_numbered(batch_rows), itertools.count()))
+        keys = _numbered(self.rows)
+        keep = [k for k, key in enumerate(keys) if key in position]
         if not keep:
             return None
-        return GrammarBitmask([position[self.rows[k]] for k in keep], self.bitmask[keep])
+        return GrammarBitmask([position[keys[k]] for k in keep], self.bitmask[keep])
+
+
+def _numbered(rows: list[int]) -> list[tuple[int, int]]:
+    """Each row with how many times it came before (a request's sampling positions, in order)."""
+    seen: dict[int, int] = {}
+    numbered = []
+    for row in rows:
+        numbered.append((row, seen.get(row, 0)))
+        seen[row] = seen.get(row, 0) + 1
+    return numbered
 
 
 @dataclass

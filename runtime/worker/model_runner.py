@@ -640,7 +640,7 @@ class ModelRunner:
     ) -> None:
         """Sample each row of ``logits`` (a request's position, and one per draft), keep what
         verifies and append it to the request (the next step's input).
-        ``grammar`` masks the constrained requests' rows (they have no drafts)."""
+        ``grammar`` masks the constrained requests' rows, one mask for each."""
         requests = [batch[i] for i in sampling]
         if self.config.scheduler.async_scheduling:
             for request in requests:  # a preemption may discard this step's draw
