@@ -13,6 +13,8 @@ Each side runs ``--rounds`` times, alternating; the best round counts.
     python -m bench spec_decode [--model PATH] [--num-speculative-tokens 4] [--concurrency 32]
     python -m bench spec_decode --method draft_model [--draft PATH]   (default: the model itself,
                                                                       every draft accepted)
+    python -m bench spec_decode --disable-by-batch-size 16   (a third side: speculation that
+                                                             stops verifying drafts at that load)
 """
 
 from __future__ import annotations
@@ -88,6 +90,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--disable-by-batch-size",
+        type=int,
+        help="also run speculation with this disable_by_batch_size (below --concurrency: the "
+        "batch runs without drafts, the single request with them)",
+    )
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument(
         "--dtype",
@@ -119,8 +127,18 @@ def main(argv: list[str]) -> int:
         "seed": 0,
         "max_num_seqs": args.concurrency,
     }
-    plain = LLM(args.model, **common)
-    spec = LLM(args.model, speculative_config=speculative, **common)
+    sides = {
+        "none": LLM(args.model, **common),
+        args.method: LLM(args.model, speculative_config=speculative, **common),
+    }
+    disabled = f"{args.method}_disable_by_batch_size_{args.disable_by_batch_size}"
+    if args.disable_by_batch_size:
+        sides[disabled] = LLM(
+            args.model,
+            speculative_config={**speculative, "disable_by_batch_size": args.disable_by_batch_size},
+            **common,
+        )
+    plain = sides["none"]
     tokenizer = plain.get_tokenizer()
     rng = random.Random(0)
     batch = [
@@ -135,24 +153,25 @@ def main(argv: list[str]) -> int:
     prompts = [{"prompt_token_ids": list(ids)} for ids in batch]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     results: dict[str, dict[str, list[float]]] = {
-        name: {"single": [], "batch": []} for name in ("none", args.method)
+        name: {"single": [], "batch": []} for name in sides
     }
-    for llm in (plain, spec):  # first calls pay one-time costs (kernel builds, oneDNN shapes)
+    for llm in sides.values():  # first calls pay one-time costs (kernel builds, oneDNN shapes)
         _run(llm, prompts[:2], SamplingParams(temperature=0.0, max_tokens=8))
     acceptance = 0.0
     reference: list[list[int]] = []
     same = True
     for _ in range(args.rounds):
-        for name, llm in (("none", plain), (args.method, spec)):
+        for name, llm in sides.items():
             single, one, _ = _run(llm, prompts[:1], params)
             rate, tokens, per_step = _run(llm, prompts, params)
             results[name]["single"].append(single)
             results[name]["batch"].append(rate)
+            if name == "none":
+                reference = tokens
+                continue
+            same = same and tokens == reference and one == reference[:1]
             if name == args.method:
                 acceptance = per_step
-                same = tokens == reference and one == reference[:1]
-            else:
-                reference = tokens
     best = {name: {k: max(v) for k, v in r.items()} for name, r in results.items()}
     summary = {
         "model": args.model,
@@ -163,6 +182,11 @@ def main(argv: list[str]) -> int:
         "batch_tok_s": {name: best[name]["batch"] for name in best},
         "single_ratio": best[args.method]["single"] / best["none"]["single"],
         "batch_ratio": best[args.method]["batch"] / best["none"]["batch"],
+        **(
+            {"disabled_batch_ratio": best[disabled]["batch"] / best["none"]["batch"]}
+            if args.disable_by_batch_size
+            else {}
+        ),
         "mean_acceptance_length": 1 + acceptance,
         "dtype": args.dtype,
         "greedy_tokens_identical": same,
@@ -174,4 +198,9 @@ def main(argv: list[str]) -> int:
         f"{summary['mean_acceptance_length']:.2f} (vLLM documents a 1.4-1.8x slowdown at high "
         "load as the cost not to exceed)"
     )
+    if args.disable_by_batch_size:
+        print(
+            f"with disable_by_batch_size {args.disable_by_batch_size}: concurrency "
+            f"{args.concurrency} {summary['disabled_batch_ratio']:.2f}x"
+        )
     return 0

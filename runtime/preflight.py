@@ -132,7 +132,6 @@ def check_engine_settings(config: ServeConfig, environ: Mapping[str, str]) -> No
         kv_events_config(config.kv_events_config, config.data_parallel_size)
         speculative_config(
             config.speculative_config,
-            config.async_scheduling,
             config.pipeline_parallel_size,
             config.tensor_parallel_size,
         )

@@ -345,7 +345,7 @@ ARG_SUPPORT: dict[str, Support] = {
         "classes with vLLM V1's LogitsProcessor interface (infernetes.runtime.logits_processor), "
         "named module.Class or module:Class, built in each worker and given vllm_xargs as "
         "SamplingParams.extra_args; a class that imports vllm is refused (vLLM is not part of "
-        "this server), as is the combination with --speculative-config"
+        "this server), as is the combination with --speculative-config (vLLM refuses it too)"
     ),
     "io_processor_plugin": refused("there is no plugin system"),
     "renderer_num_workers": no_effect("prompts are rendered in the API process's own thread pool"),
@@ -618,9 +618,9 @@ ARG_SUPPORT: dict[str, Support] = {
         "prompt_lookup_max), draft models and EAGLE-1 and EAGLE-3 heads (methods draft_model, "
         "eagle and eagle3, with model, draft_tensor_parallel_size equal to the target's and "
         "max_model_len) and DeepSeek's MTP layer (method mtp) are built, and "
-        "disable_by_batch_size for all; the other methods are refused "
-        "(speculative_config.method), as are --async-scheduling, --pipeline-parallel-size above "
-        "1 and, with a draft model or head, --enable-sleep-mode"
+        "disable_by_batch_size for all, with or without --async-scheduling; the other methods "
+        "are refused (speculative_config.method), as are --pipeline-parallel-size above 1, "
+        "--logits-processors and, with a draft model or head, --enable-sleep-mode"
     ),
     # ---------------------------------------------------------------- ObservabilityConfig
     "show_hidden_metrics_for_version": HONOURED,
@@ -682,7 +682,9 @@ ARG_SUPPORT: dict[str, Support] = {
     "cuda_graph_sizes": HONOURED,
     "async_scheduling": honoured(
         "not with --pipeline-parallel-size above 1 (refused, naming both flags); a finished "
-        "request may run one more step whose token is discarded"
+        "request may run one more step whose token is discarded; with --speculative-config a "
+        "step planned before the last one's drafts are known reserves num_speculative_tokens "
+        "draft slots that the worker fills"
     ),
     "max_num_scheduled_tokens": refused(
         "the scheduler's token budget is --max-num-batched-tokens; a separate one is not built"

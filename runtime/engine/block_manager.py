@@ -289,7 +289,9 @@ class BlockManager:
         elif self.hash_without_caching:
             self._update_hashes(request, known // self.block_size * self.block_size)
         if self.sliding_window is not None:
-            self._release_out_of_window(request, num_computed)
+            # (async scheduling: its computed count may run ahead of its real first query, by
+            # the drafts in flight it does not keep; it is at its last known token at most)
+            self._release_out_of_window(request, min(num_computed, request.num_tokens - 1))
         return True
 
     def _release_out_of_window(self, request: Request, first_query: int) -> None:

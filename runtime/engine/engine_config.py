@@ -323,7 +323,6 @@ def resolve_config(
     speculative = with_draft_model(
         speculative_config(
             config.speculative_config,
-            config.async_scheduling,
             config.pipeline_parallel_size,
             config.tensor_parallel_size,
         ),
@@ -340,10 +339,12 @@ def resolve_config(
             "draft_model, eagle and eagle3) is not supported yet (planned)"
         )
     if speculative is not None and config.logits_processors:
-        # a draft's row would need the processors' state as of the drafts before it
+        # vLLM refuses it the same way (its STR_SPEC_DEC_REJECTS_LOGITSPROCS): a processor keeps
+        # one state per request, which a draft's row would need as of the drafts before it
         raise ValueError(
-            "--logits-processors cannot be combined with --speculative-config: the processors "
-            "see one row per request and step"
+            "--logits-processors cannot be combined with --speculative-config, as in vLLM: "
+            "custom logits processors are not supported when speculative decoding is enabled "
+            "(a processor keeps one state per request and sees one row of it per step)"
         )
     decode_graphs = decode_graph_settings(
         config, compilation, scheduler.max_num_seqs, info.max_model_len

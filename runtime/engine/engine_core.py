@@ -99,7 +99,7 @@ class EngineCore:
             "init engine (profile, create kv cache, warmup model) took %.2f seconds",
             time.perf_counter() - start,
         )
-        cache = self.config.cache
+        cache, spec = self.config.cache, self.config.speculative
         self.block_manager = BlockManager(
             self.num_blocks,
             cache.block_size,
@@ -120,9 +120,8 @@ class EngineCore:
                 model_class_of(model.info), "bidirectional_image_attention", False
             ),
             num_lookahead_tokens=lookahead_tokens(self.config.speculative),
-            spec_disable_batch_size=(
-                self.config.speculative.disable_by_batch_size if self.config.speculative else None
-            ),
+            num_spec_tokens=spec.num_speculative_tokens if spec else 0,
+            spec_disable_batch_size=spec.disable_by_batch_size if spec else None,
         )
         # Steps sent and not yet taken back (pipeline parallelism, async scheduling), oldest first.
         self.batch_queue: deque[tuple[SchedulerOutput, PendingOutput]] = deque()

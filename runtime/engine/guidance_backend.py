@@ -74,6 +74,14 @@ class GuidanceMatcher:
     def accept(self, token: int) -> None:
         self.matcher.consume_token(token)
 
+    def try_accept(self, token: int) -> bool:
+        if self.matcher.is_stopped() or self.matcher.validate_tokens([token]) != 1:
+            return False
+        return self.matcher.consume_token(token)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
     def fill(self, bitmask: np.ndarray, row: int) -> None:
         if self.matcher.is_error():  # it cannot go on: every token, so its limits end it
             bitmask[row] = -1

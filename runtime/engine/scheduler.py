@@ -25,7 +25,12 @@ A step may add several tokens to a request (speculative decoding's seam): the dr
 proposer guessed after its last step (``Request.spec_token_ids``) are scheduled after its last
 token, the workers verify them, and ``update_from_output()`` appends every token the step kept,
 checking the stop conditions after each, and takes back the computed count of the drafts it
-did not keep. Drafts wait for a synchronous step: under async scheduling none are scheduled.
+did not keep. Under async scheduling, a step scheduled while the request's last one still runs
+cannot know that step's drafts nor how many of its own it keeps (vLLM's async scheduler's
+case): it reserves ``num_speculative_tokens`` draft slots (``DRAFT_PLACEHOLDER``) as if every
+draft in flight were kept, counting the step's drafts and next token as placeholders; the
+worker fills the slots with the drafts it guessed and computes from where its own kept tokens
+end, and ``update_from_output()`` takes back what the step did not keep.
 
 With a KV connector (``--kv-transfer-config``, ``runtime/kv_transfer/``) the scheduler asks it how
 many of a waiting request's tokens it brings (counted as computed; brought later, the request
@@ -49,6 +54,7 @@ from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.request import Request, RequestStatus
 from infernetes.runtime.engine.request_queue import FCFSQueue, PriorityQueue
 from infernetes.runtime.engine.scheduler_output import (
+    DRAFT_PLACEHOLDER,
     CachedRequestData,
     NewRequestData,
     SchedulerOutput,
@@ -85,6 +91,7 @@ class Scheduler:
         connector: KVConnectorBase | None = None,
         whole_images: bool = False,
         num_lookahead_tokens: int = 0,
+        num_spec_tokens: int = 0,
         spec_disable_batch_size: int | None = None,
     ) -> None:
         self.config = config
@@ -92,6 +99,9 @@ class Scheduler:
         self.whole_images = whole_images
         # slots past a step's tokens that its draft model writes (spec_decode/draft_model.py)
         self.num_lookahead_tokens = num_lookahead_tokens
+        # --speculative-config's num_speculative_tokens: the draft slots a step scheduled before
+        # its drafts are known reserves (async scheduling)
+        self.num_spec_tokens = num_spec_tokens
         # --speculative-config's disable_by_batch_size: under this much load drafts wait
         self.spec_disable_batch_size = spec_disable_batch_size
         self.block_manager = block_manager
@@ -241,7 +251,7 @@ class Scheduler:
 
     def _register_step(self, output: SchedulerOutput) -> None:
         """Number the step and remember its requests; under async scheduling, advance them past
-        it now, a placeholder for each token it will sample."""
+        it now, a placeholder for each token it may add (its drafts and the next one)."""
         output.step_id = self._next_step_id
         self._next_step_id += 1
         requests = [self.requests[request_id] for request_id in output.request_ids]
@@ -250,10 +260,15 @@ class Scheduler:
             self.in_flight.update(output.request_ids)
         if not self.async_scheduling:
             return
-        for request, num_new in zip(requests, output.num_scheduled_tokens, strict=True):
+        for request, data, num_new in zip(
+            requests, output.scheduled_reqs, output.num_scheduled_tokens, strict=True
+        ):
+            num_drafts = _num_drafts(data)
             end = request.num_computed_tokens + num_new
-            if not request.pooling and end == request.num_tokens + request.num_output_placeholders:
-                request.num_output_placeholders += 1
+            if not request.pooling and end - num_drafts == (
+                request.num_tokens + request.num_output_placeholders
+            ):
+                request.num_output_placeholders += 1 + num_drafts
             request.num_computed_tokens = end
 
     def _schedule_running(self, output: SchedulerOutput, budget: _StepBudget) -> None:
@@ -428,19 +443,22 @@ class Scheduler:
     def _drafts_to_verify(self, request: Request, remaining: int, budget: int) -> list[int]:
         """The draft tokens a decoding request verifies this step: as many as fit the budget,
         the context length and ``max_tokens`` (a step adds at most one token past its drafts).
-        None under async scheduling: a step scheduled before the last one's drafts are known
-        would verify stale ones (speculative decoding with it is planned); none for structured
-        output, whose mask covers one position a step."""
-        drafts = request.spec_token_ids
-        # a grammar's mask is for the position after the known tokens: not yet for drafts
-        if not drafts or remaining != 1 or self.async_scheduling or request.grammar is not None:
+        While a step of the request is in flight (async scheduling), placeholders for the drafts
+        it will guess, the room counted as if it kept all of its own (never for structured
+        output, whose masks need the drafts: it waits for that step, ``_remaining``)."""
+        placeholders = request.num_output_placeholders
+        if placeholders:
+            drafts = [DRAFT_PLACEHOLDER] * self.num_spec_tokens
+        else:
+            drafts = request.spec_token_ids
+        if not drafts or remaining != 1:
             return []
         if self.spec_disable_batch_size and len(self.running) >= self.spec_disable_batch_size:
             return []  # vLLM's disable_by_batch_size: at this load drafts cost more than they save
-        room = min(budget, self.config.max_model_len - request.num_tokens) - 1
+        room = min(budget, self.config.max_model_len - request.num_tokens - placeholders) - 1
         params = request.sampling_params
         if params is not None and params.max_tokens is not None:
-            room = min(room, params.max_tokens - request.num_output_tokens - 1)
+            room = min(room, params.max_tokens - request.num_output_tokens - placeholders - 1)
         return drafts[: max(room, 0)]
 
     def _sampled_tokens(self, request: Request, num_new: int) -> list[int]:
@@ -603,11 +621,13 @@ class Scheduler:
             sampled = model_output.sampled[i]
             if not sampled:
                 continue  # a prefill chunk that does not reach the end of the prompt
-            request.num_output_placeholders = max(request.num_output_placeholders - 1, 0)
-            data = scheduler_output.scheduled_reqs[i]
-            num_drafts = len(data.spec_token_ids) if isinstance(data, CachedRequestData) else 0
-            # the rejected drafts' positions were computed for nothing: they come again
-            request.num_computed_tokens -= num_drafts + 1 - len(sampled)
+            # the draft slots not kept (rejected, or never filled) were counted for nothing
+            num_slots = _num_drafts(scheduler_output.scheduled_reqs[i])
+            request.num_output_placeholders = max(
+                request.num_output_placeholders - 1 - num_slots, 0
+            )
+            request.num_computed_tokens -= num_slots + 1 - len(sampled)
+            num_drafts = model_output.num_drafts[i]  # those the worker had and verified
             iteration.num_drafts += int(num_drafts > 0)
             iteration.num_draft_tokens += num_drafts
             iteration.count_accepted(len(sampled) - 1, num_drafts)
@@ -660,6 +680,11 @@ class Scheduler:
                 request.stop_reason = stop_reason
                 self.finish_request(request, status)
                 return
+
+
+def _num_drafts(data: NewRequestData | CachedRequestData) -> int:
+    """The draft slots a request's step holds (known drafts or placeholders)."""
+    return len(data.spec_token_ids) if isinstance(data, CachedRequestData) else 0
 
 
 def _count_adapters(requests: Iterable[Request]) -> dict[str, int]:

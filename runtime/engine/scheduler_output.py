@@ -10,12 +10,16 @@ stages before the last have not seen. Under async scheduling a step may compute 
 scheduler has not seen yet (the previous step's, still running): the worker takes it from its
 own state, where it appended it. A decoding request may carry draft tokens
 (``spec_token_ids``, a proposer's guess at what follows): the step computes them too, and the
-worker returns the longest prefix its own samples agree with plus its next sample. Structured output reaches the workers as a bitmask of the
+worker returns the longest prefix its own samples agree with plus its next sample. Under async
+scheduling a step scheduled before the request's last one ended does not know that step's
+drafts: it carries ``DRAFT_PLACEHOLDER`` for each, and the worker puts in those the proposer
+guessed (as vLLM's async scheduler does). Structured output reaches the workers as a bitmask of the
 tokens each constrained row may sample (``GrammarBitmask``), never as a grammar.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,6 +31,10 @@ from infernetes.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
     from infernetes.runtime.multimodal.inputs import MultiModalFeature
+
+
+# A draft slot of a step scheduled before the step that guesses its token has ended.
+DRAFT_PLACEHOLDER = -1
 
 
 @dataclass(frozen=True)
@@ -58,13 +66,15 @@ class CachedRequestData:
     num_tokens: int | None = None
     # Draft tokens this step verifies after the request's last token (counted in its scheduled
     # tokens): the worker computes them with it and keeps the prefix its own samples agree with.
+    # DRAFT_PLACEHOLDER each under async scheduling when the step guessing them still runs.
     spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class GrammarBitmask:
     """The tokens structured output allows the step's constrained rows (``engine/structured_output.py``):
-    ``rows`` index ``scheduled_reqs``; bit ``t % 32`` of word ``t // 32`` of a row of ``bitmask``
+    ``rows`` index ``scheduled_reqs``, a request with drafts once per position it samples (after
+    its tokens, then after each draft); bit ``t % 32`` of word ``t // 32`` of a row of ``bitmask``
     (int32 ``[len(rows), ceil(vocab / 32)]``) is set when token ``t`` may come next."""
 
     rows: list[int]
@@ -72,12 +82,24 @@ class GrammarBitmask:
 
     def of_rows(self, batch_rows: list[int]) -> GrammarBitmask | None:
         """The masks of those of ``batch_rows`` that have one, their rows now positions in
-        ``batch_rows`` (the rows that sample, as the sampler counts them)."""
-        position = {i: r for r, i in enumerate(batch_rows)}
-        keep = [k for k, i in enumerate(self.rows) if i in position]
+        ``batch_rows`` (the rows that sample, as the sampler counts them: a request's n-th row
+        there takes its n-th mask)."""
+        position = dict(zip(_numbered(batch_rows), itertools.count()))
+        keys = _numbered(self.rows)
+        keep = [k for k, key in enumerate(keys) if key in position]
         if not keep:
             return None
-        return GrammarBitmask([position[self.rows[k]] for k in keep], self.bitmask[keep])
+        return GrammarBitmask([position[keys[k]] for k in keep], self.bitmask[keep])
+
+
+def _numbered(rows: list[int]) -> list[tuple[int, int]]:
+    """Each row with how many times it came before (a request's sampling positions, in order)."""
+    seen: dict[int, int] = {}
+    numbered = []
+    for row in rows:
+        numbered.append((row, seen.get(row, 0)))
+        seen[row] = seen.get(row, 0) + 1
+    return numbered
 
 
 @dataclass

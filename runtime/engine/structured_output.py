@@ -9,7 +9,9 @@ whose index the backend builds once per engine. Each
 sequence of the request (``n > 1``) gets its own copy of that matcher (``RequestGrammar``),
 advanced with every token the request accepts. Each step the manager fills the allowed-token
 bitmask of the constrained rows (``GrammarBitmask``), which the workers get with the step and
-apply to the logits before sampling: they never see a grammar or a tokenizer.
+apply to the logits before sampling: they never see a grammar or a tokenizer. A request with
+draft tokens gets a mask for each position it samples (vLLM's way): after its tokens, then after
+each draft in turn, the matcher advanced through the drafts and rolled back.
 
 The API process sends the constraint as asked, not compiled: checking a grammar means compiling
 it (llguidance's own validation builds it), a matcher cannot cross the pipe, and a compile here
@@ -30,7 +32,11 @@ from typing import Any, Protocol
 import numpy as np
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.engine.request import Request
-from infernetes.runtime.engine.scheduler_output import GrammarBitmask, SchedulerOutput
+from infernetes.runtime.engine.scheduler_output import (
+    CachedRequestData,
+    GrammarBitmask,
+    SchedulerOutput,
+)
 from infernetes.runtime.sampling_params import StructuredOutputsParams
 
 
@@ -40,6 +46,11 @@ class Matcher(Protocol):
     def fork(self) -> Matcher: ...
     def is_stopped(self) -> bool: ...
     def accept(self, token: int) -> None: ...
+    def try_accept(self, token: int) -> bool:
+        """Accept ``token`` if the grammar allows it here; else change nothing."""
+        ...
+
+    def rollback(self, num_tokens: int) -> None: ...
     def fill(self, bitmask: np.ndarray, row: int) -> None: ...
 
 
@@ -66,6 +77,21 @@ class RequestGrammar:
         """Row ``row`` of ``bitmask``: the tokens the grammar allows next (only EOS once it is
         complete); every token when it cannot go on, so generation ends by its limits."""
         self.matcher.fill(bitmask, row)
+
+    def fill_with_drafts(self, bitmask: np.ndarray, row: int, drafts: Sequence[int]) -> None:
+        """Rows ``row`` to ``row + len(drafts)``: the tokens allowed after the request's tokens,
+        then after each draft as if those before it were kept. Past a draft the grammar refuses,
+        every token: its position cannot sample it, so no later sample is kept."""
+        self.fill(bitmask, row)
+        advanced = 0
+        for offset, draft in enumerate(drafts, start=1):
+            if advanced == offset - 1 and self.matcher.try_accept(draft):
+                advanced += 1
+                self.fill(bitmask, row + offset)
+            else:
+                bitmask[row + offset] = -1
+        if advanced:
+            self.matcher.rollback(advanced)
 
 
 class StructuredOutputManager:
@@ -113,19 +139,23 @@ class StructuredOutputManager:
     def grammar_bitmask(
         self, scheduler_output: SchedulerOutput, requests: dict[str, Request]
     ) -> GrammarBitmask | None:
-        """The allowed tokens of the step's constrained rows, after every token each has. A row
-        whose prefill chunk does not sample gets one too: cheaper than asking which rows do."""
+        """The allowed tokens of the step's constrained rows, after every token each has (and
+        after each of its drafts). A row whose prefill chunk does not sample gets one too:
+        cheaper than asking which rows do."""
         rows = [
-            (i, request)
-            for i, request_id in enumerate(scheduler_output.request_ids)
-            if (request := requests[request_id]).grammar is not None
+            (i, request, data.spec_token_ids if isinstance(data, CachedRequestData) else [])
+            for i, data in enumerate(scheduler_output.scheduled_reqs)
+            if (request := requests[data.request_id]).grammar is not None
         ]
         if not rows:
             return None
         # 32 tokens a word, bit set = allowed: llguidance's and xgrammar's layout alike
-        bitmask = np.zeros((len(rows), (self.vocab_size + 31) // 32), dtype=np.int32)
-        for row, (_, request) in enumerate(rows):
+        num_rows = sum(1 + len(drafts) for _, _, drafts in rows)
+        bitmask = np.zeros((num_rows, (self.vocab_size + 31) // 32), dtype=np.int32)
+        batch_rows: list[int] = []
+        for i, request, drafts in rows:
             assert request.grammar is not None
             request.grammar.catch_up(request.output_token_ids)
-            request.grammar.fill(bitmask, row)
-        return GrammarBitmask([i for i, _ in rows], bitmask)
+            request.grammar.fill_with_drafts(bitmask, len(batch_rows), drafts)
+            batch_rows += [i] * (1 + len(drafts))
+        return GrammarBitmask(batch_rows, bitmask)

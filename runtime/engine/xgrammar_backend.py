@@ -88,8 +88,16 @@ class XgrammarMatcher:
         if not self.matcher.accept_token(token):
             self.failed = True
 
+    def try_accept(self, token: int) -> bool:
+        # xgrammar leaves its state as it was when it refuses a token
+        return not self.is_stopped() and self.matcher.accept_token(token)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
     def fill(self, bitmask: np.ndarray, row: int) -> None:
-        if self.failed:
+        # after its stop token (a draft's) the request ends: whatever follows is not kept
+        if self.failed or self.matcher.is_terminated():
             bitmask[row] = -1
         else:
             self.matcher.fill_next_token_bitmask(bitmask, row)

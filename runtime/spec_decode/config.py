@@ -43,7 +43,6 @@ _PROMPT_LOOKUP_DEFAULT = 5
 
 def speculative_config(
     given: dict[str, Any] | None,
-    async_scheduling: bool = False,
     pipeline_parallel_size: int = 1,
     tensor_parallel_size: int = 1,
 ) -> SpeculativeConfig | None:
@@ -56,17 +55,12 @@ def speculative_config(
     check_json_keys("speculative_config", given, _SPECULATIVE_KEYS)
     method = _method(given)
     k = _positive_int("num_speculative_tokens", given.get("num_speculative_tokens"))
-    if async_scheduling:
-        # the scheduler plans a step before the last one's drafts are known (_drafts_to_verify)
-        raise ValueError(
-            "--speculative-config cannot be combined with --async-scheduling yet: speculative "
-            "decoding with --async-scheduling is planned"
-        )
     if pipeline_parallel_size > 1:
-        # the earlier stages learn a step's sampled tokens from the scheduler, not its drafts
         raise ValueError(
             "--speculative-config cannot be combined with --pipeline-parallel-size above 1 yet: "
-            "speculative decoding across pipeline stages is planned"
+            "the stages before the last learn each step's sampled tokens from the scheduler, "
+            "not its drafts nor how many the last stage kept; speculative decoding across "
+            "pipeline stages is planned"
         )
     spec = (
         _ngram(given, k)

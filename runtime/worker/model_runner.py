@@ -24,6 +24,7 @@ import torch
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import (
+    DRAFT_PLACEHOLDER,
     CachedRequestData,
     GrammarBitmask,
     NewRequestData,
@@ -355,14 +356,18 @@ class ModelRunner:
 
     # -- a step --------------------------------------------------------------------------------
 
-    def _update_states(self, scheduler_output: SchedulerOutput) -> list[CachedRequestState]:
-        """Bring the request states up to this step; the batch's states, in order."""
+    def _update_states(
+        self, scheduler_output: SchedulerOutput
+    ) -> tuple[list[CachedRequestState], list[int]]:
+        """Bring the request states up to this step; the batch's states, in order, and the
+        tokens each computes (fewer than scheduled where draft slots stay empty)."""
         for request_id in scheduler_output.finished_req_ids:
             finished = self.requests.pop(request_id, None)
             if finished is not None:
                 self.block_table.remove(finished.row)
         batch = []
-        for data in scheduler_output.scheduled_reqs:
+        num_scheduled = list(scheduler_output.num_scheduled_tokens)
+        for i, data in enumerate(scheduler_output.scheduled_reqs):
             if isinstance(data, NewRequestData):
                 state = CachedRequestState.from_new(data, self.block_table.add(data.block_ids))
                 merge = getattr(self.model, "mrope_merge_size", None)
@@ -373,8 +378,9 @@ class ModelRunner:
                 self.requests[data.request_id] = state
             else:
                 state = self._update_cached(data)
+                num_scheduled[i] -= len(data.spec_token_ids) - state.num_drafts
             batch.append(state)
-        return batch
+        return batch, num_scheduled
 
     def _update_cached(self, data: CachedRequestData) -> CachedRequestState:
         state = self.requests[data.request_id]
@@ -387,9 +393,16 @@ class ModelRunner:
         if data.new_token_ids:  # a stage before the last learns what the last one sampled
             start = max(data.num_computed_tokens, state.num_prompt_tokens)
             state.token_ids[start : start + len(data.new_token_ids)] = data.new_token_ids
-        state.num_computed_tokens = data.num_computed_tokens
-        if data.spec_token_ids:  # computed after its last token this step, then verified
-            state.add_drafts(data.spec_token_ids)
+        if data.resumed_from_preemption or not self.config.scheduler.async_scheduling:
+            state.num_computed_tokens = data.num_computed_tokens
+        # (async: its own count, advanced after each step; the scheduler's counts every draft of
+        # a step in flight as kept)
+        drafts = data.spec_token_ids
+        if drafts and drafts[0] == DRAFT_PLACEHOLDER:  # scheduled before its proposer ran
+            drafts = state.next_drafts[: len(drafts)]
+        state.next_drafts = []
+        if drafts:  # computed after its last token this step, then verified
+            state.add_drafts(drafts)
         return state
 
     def _prepare(
@@ -560,11 +573,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        batch = self._update_states(scheduler_output)
-        num_scheduled = scheduler_output.num_scheduled_tokens
+        batch, num_scheduled = self._update_states(scheduler_output)
         output = ModelRunnerOutput.empty(len(batch))
-        if not batch:
-            return output
+        if batch:
+            self._run_step(batch, num_scheduled, scheduler_output, output)
+        for request, num_new in zip(batch, num_scheduled, strict=True):
+            request.advance(num_new)
+        return output
+
+    def _run_step(
+        self,
+        batch: Sequence[CachedRequestState],
+        num_scheduled: Sequence[int],
+        scheduler_output: SchedulerOutput,
+        output: ModelRunnerOutput,
+    ) -> None:
+        """Compute the step, sample and verify, propose the next drafts, into ``output``."""
         assert self.model is not None
         started = time.perf_counter()
         hidden, meta = self._forward(
@@ -581,10 +605,10 @@ class ModelRunner:
             parallel.send_to_next_stage([hidden[name] for name in self.model.intermediate_names])  # type: ignore[attr-defined]
             for request in batch:  # the last stage returns what it kept of them
                 request.drop_drafts()
-            return output
+            return
         if self.info.is_pooling:
             output.pooled = list(self.model.pool(hidden, meta.cu_seqlens_q).float().cpu())
-            return output
+            return
         # from the host's own counts: reading cu_seqlens_q back would wait for the forward to finish
         starts = [0, *itertools.accumulate(num_scheduled)]
         sample_rows: list[int] = []
@@ -617,8 +641,7 @@ class ModelRunner:
         # after every step, not only those that sample: a draft model computes each prompt chunk
         proposed = self.proposer.propose(batch, num_scheduled, sampling, hidden)
         for i, drafts in zip(sampling, proposed, strict=True):
-            output.draft_token_ids[i] = drafts
-        return output
+            output.draft_token_ids[i] = batch[i].next_drafts = drafts
 
     def _sample(
         self,
@@ -630,7 +653,7 @@ class ModelRunner:
     ) -> None:
         """Sample each row of ``logits`` (a request's position, and one per draft), keep what
         verifies and append it to the request (the next step's input).
-        ``grammar`` masks the constrained requests' rows (they have no drafts)."""
+        ``grammar`` masks the constrained requests' rows, one mask for each."""
         requests = [batch[i] for i in sampling]
         if self.config.scheduler.async_scheduling:
             for request in requests:  # a preemption may discard this step's draw
@@ -644,6 +667,7 @@ class ModelRunner:
         samples = iter(self.sampler(logits, positions, grammar, self.logits_processors))
         for i, request in zip(sampling, requests, strict=True):
             drafts = request.drop_drafts()
+            output.num_drafts[i] = len(drafts)
             tokens = accepted([next(samples) for _ in range(len(drafts) + 1)], drafts)
             output.sampled[i] = tokens
             request.token_ids.extend(token.token_id for token in tokens)

@@ -31,6 +31,9 @@ class CachedRequestState:
     generator_state: torch.Tensor | None = None
     # Draft tokens of this step, at the end of token_ids while it runs (spec_decode.verify).
     num_drafts: int = 0
+    # What the proposer guessed after its last step: the drafts of a step the scheduler planned
+    # before it learnt them (async scheduling, scheduler_output.DRAFT_PLACEHOLDER).
+    next_drafts: list[int] = field(default_factory=list)
     # A prompt given as embeddings: the model runner feeds their rows in place of the prompt's
     # placeholder token ids.
     prompt_embeds: torch.Tensor | None = None
@@ -76,6 +79,11 @@ class CachedRequestState:
         self.error = None  # its logits processor's, raised in that step: the scheduler dropped it
         if self.generator is not None and self.generator_state is not None:
             self.generator.set_state(self.generator_state)
+
+    def advance(self, num_new: int) -> None:
+        """Count a step's ``num_new`` tokens as computed, less its drafts not kept: after a step
+        that sampled, every token it kept but the last (the next step's input)."""
+        self.num_computed_tokens = min(self.num_computed_tokens + num_new, self.num_tokens - 1)
 
     def add_drafts(self, drafts: list[int]) -> None:
         self.token_ids.extend(drafts)

@@ -1,7 +1,9 @@
 """Async scheduling's scheduler under random traffic (no model): the next step is scheduled before
 the last one's token is known. A fake worker keeps its own request states, as the model runner
 does, feeds each placeholder from them and writes a fingerprint of each token's prefix into the
-slot it computes, so a block table that points at the wrong or an overwritten slot shows."""
+slot it computes, so a block table that points at the wrong or an overwritten slot shows. With
+speculation, it guesses drafts (some right, some wrong, some none), fills the draft slots of the
+steps planned before them, and computes from its own count of the tokens it kept."""
 
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ from infernetes.runtime.engine.block_manager import BlockManager
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.request import Request, RequestStatus
 from infernetes.runtime.engine.scheduler import Scheduler
-from infernetes.runtime.engine.scheduler_output import NewRequestData, SchedulerOutput
+from infernetes.runtime.engine.scheduler_output import (
+    DRAFT_PLACEHOLDER,
+    NewRequestData,
+    SchedulerOutput,
+)
 from infernetes.runtime.model_executor.sampler import SampledToken
 from infernetes.runtime.sampling_params import SamplingParams
 
@@ -31,13 +37,39 @@ def next_token(tokens: list[int]) -> int:
 class _FakeWorker:
     """Runs each step as it is sent, from the SchedulerOutputs alone (as the runner does)."""
 
-    def __init__(self, block_size: int, max_model_len: int) -> None:
+    def __init__(
+        self, block_size: int, max_model_len: int, spec_tokens: int = 0, seed: int = 0
+    ) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.tokens: dict[str, list[int]] = {}
         self.blocks: dict[str, list[int]] = {}
         self.limits: dict[str, int] = {}  # the most tokens each may hold
         self.kv: dict[int, int] = {}  # slot -> fingerprint of the prefix ending there
+        self.spec_tokens = spec_tokens
+        self.rng = random.Random(seed)
+        self.computed: dict[str, int] = {}  # its own count of each request's computed tokens
+        self.next_drafts: dict[str, list[int]] = {}  # guessed after its last step
+
+    def _guess(self, tokens: list[int]) -> list[int]:
+        """Up to ``spec_tokens`` drafts: the fake model's own tokens, with a wrong one now and
+        then, or none."""
+        drafts: list[int] = []
+        for _ in range(self.rng.randint(0, self.spec_tokens)):
+            right = next_token(tokens + drafts)
+            drafts.append(right if self.rng.random() < 0.7 else (right + 1) % VOCAB)
+        return drafts
+
+    def _sample(self, tokens: list[int], drafts: list[int]) -> list[int]:
+        """The kept drafts and the next token, appended to ``tokens``."""
+        kept = []
+        for draft in [*drafts, None]:
+            token = next_token(tokens)
+            tokens.append(token)
+            kept.append(token)
+            if token != draft:
+                break
+        return kept
 
     def _slot(self, request_id: str, position: int) -> int:
         size = self.block_size
@@ -52,6 +84,8 @@ class _FakeWorker:
             zip(batch.scheduled_reqs, batch.num_scheduled_tokens, strict=True)
         ):
             request_id = data.request_id
+            start = data.num_computed_tokens
+            drafts: list[int] = []
             if isinstance(data, NewRequestData):
                 self.tokens[request_id] = list(data.token_ids)
                 self.blocks[request_id] = list(data.block_ids)
@@ -65,22 +99,35 @@ class _FakeWorker:
                 del self.tokens[request_id][data.num_tokens :]  # a discarded step's token
             else:
                 self.blocks[request_id].extend(data.new_block_ids)
+                # the scheduler counts the drafts in flight as kept: it may only run ahead
+                start = self.computed[request_id]
+                assert start <= data.num_computed_tokens
+                drafts = data.spec_token_ids
+                if DRAFT_PLACEHOLDER in drafts:
+                    assert set(drafts) == {DRAFT_PLACEHOLDER}
+                    drafts = self.next_drafts.get(request_id, [])[: len(drafts)]
+                num_new -= len(data.spec_token_ids) - len(drafts)
+            self.next_drafts.pop(request_id, None)
             tokens = self.tokens[request_id]
-            start, end = data.num_computed_tokens, data.num_computed_tokens + num_new
-            assert end <= len(tokens), "a placeholder the worker has not sampled"
+            end = start + num_new
+            with_drafts = tokens + drafts
+            assert end <= len(with_drafts), "a placeholder the worker has not sampled"
             assert end <= self.max_model_len
             for position in range(start):  # what it attends to is its own prefix
                 assert self.kv[self._slot(request_id, position)] == hash(
                     tuple(tokens[: position + 1])
                 )
             for position in range(start, end):
-                self.kv[self._slot(request_id, position)] = hash(tuple(tokens[: position + 1]))
-            if end == len(tokens):
+                self.kv[self._slot(request_id, position)] = hash(tuple(with_drafts[: position + 1]))
+            if end == len(with_drafts):
                 # a step for a request sure to have ended is never scheduled (EOS can't be known)
-                assert len(tokens) < self.limits[request_id], "a step past the length limit"
-                token = next_token(tokens)
-                tokens.append(token)
-                output.sampled[i] = [SampledToken(token)]
+                limit = self.limits[request_id]
+                assert len(with_drafts) < limit, "a step past the length limit"
+                output.sampled[i] = [SampledToken(t) for t in self._sample(tokens, drafts)]
+                output.num_drafts[i] = len(drafts)
+                if self.spec_tokens:
+                    output.draft_token_ids[i] = self.next_drafts[request_id] = self._guess(tokens)
+            self.computed[request_id] = min(end, len(tokens) - 1)
         return output
 
 
@@ -100,7 +147,7 @@ def _check_blocks(scheduler: Scheduler, manager: BlockManager) -> None:
             held[block_id] = held.get(block_id, 0) + 1
         # room for every token computed or in flight
         assert len(request.block_ids) * manager.block_size >= request.num_computed_tokens
-        assert request.num_output_placeholders <= 2
+        assert request.num_output_placeholders <= 2 * (1 + scheduler.num_spec_tokens)
     for block in manager.blocks:
         assert block.ref_count == held.get(block.block_id, 0)
         assert (block.ref_count == 0) == (block.block_id in manager.free_queue)
@@ -116,9 +163,10 @@ def _check_blocks(scheduler: Scheduler, manager: BlockManager) -> None:
     policy=st.sampled_from(["fcfs", "priority"]),
     caching=st.booleans(),
     chunked=st.booleans(),
+    spec_tokens=st.sampled_from([0, 0, 1, 3]),
 )
 def test_async_steps_emit_every_token_once_and_keep_block_accounting_exact(
-    seed, num_blocks, block_size, budget, max_num_seqs, policy, caching, chunked
+    seed, num_blocks, block_size, budget, max_num_seqs, policy, caching, chunked, spec_tokens
 ):
     rng = random.Random(seed)
     max_model_len = num_blocks * block_size
@@ -135,8 +183,8 @@ def test_async_steps_emit_every_token_once_and_keep_block_accounting_exact(
         async_scheduling=True,
     )
     manager = BlockManager(num_blocks, block_size, enable_caching=caching)
-    scheduler = Scheduler(limits, manager)
-    worker = _FakeWorker(block_size, max_model_len)
+    scheduler = Scheduler(limits, manager, num_spec_tokens=spec_tokens)
+    worker = _FakeWorker(block_size, max_model_len, spec_tokens, seed)
     queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
     prefixes = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 12))] for _ in range(3)]
     expected: dict[str, list[int]] = {}
@@ -173,9 +221,20 @@ def test_async_steps_emit_every_token_once_and_keep_block_accounting_exact(
             queue.append((batch, worker.execute(batch)))  # the worker runs steps in order
         _check_blocks(scheduler, manager)
         if queue and (len(queue) == 2 or not batch):
-            updated, _ = scheduler.update_from_output(*queue.popleft())
+            step_output, model_output = queue.popleft()
+            num_tokens = {r.request_id: r.num_tokens for r in scheduler.requests.values()}
+            # the drafts verified for requests still running count (not the empty draft slots)
+            verified = sum(
+                n
+                for request, n in zip(
+                    scheduler._steps[step_output.step_id], model_output.num_drafts, strict=True
+                )
+                if request.status == RequestStatus.RUNNING
+            )
+            updated, iteration = scheduler.update_from_output(step_output, model_output)
+            assert iteration.num_draft_tokens == verified
             for request in updated:
-                emitted[request.request_id].append(request.token_ids[-1])
+                emitted[request.request_id] += request.token_ids[num_tokens[request.request_id] :]
                 if request.is_finished:
                     ended[request.request_id] = request.status
         for request_id, tokens in emitted.items():

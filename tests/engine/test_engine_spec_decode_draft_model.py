@@ -260,3 +260,30 @@ def test_tensor_parallel_draft(tiny_llama, plain):
         assert totals[0] > 0  # drafts were proposed and accepted
     finally:
         llm.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_structured_output_beside_drafted_requests(tiny_llama, backend):
+    """JSON-schema and regex requests under a draft model: the tokens a run without
+    speculation emits, valid, while the unconstrained requests beside them are drafted (a
+    constrained request decodes one token a step: its grammar's mask covers one position)."""
+    import re
+
+    from infernetes.runtime.sampling_params import StructuredOutputsParams
+
+    from .test_engine_structured_output import REGEX, SCHEMA, _is_answer
+
+    def params(kind: str, spec) -> SamplingParams:
+        constraint = StructuredOutputsParams(kind, spec, compact=True)
+        return SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=constraint)
+
+    requests = [*PROMPTS, *SAMPLE_PROMPTS[:2]]
+    sampling = [GREEDY] * len(PROMPTS) + [params("json", SCHEMA), params("regex", REGEX)]
+    settings = {**SMALL, "structured_outputs_config": {"backend": backend}}
+    expected = LLM(tiny_llama, **settings).generate(requests, sampling)
+    llm = LLM(tiny_llama, speculative_config=draft_config(tiny_llama), **settings)
+    per_pos, outputs = per_position_counts(llm, requests, sampling)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in expected]
+    assert per_pos[0] > 0  # the unconstrained requests were drafted
+    assert _is_answer(outputs[-2].outputs[0].text)
+    assert re.fullmatch(REGEX, outputs[-1].outputs[0].text)

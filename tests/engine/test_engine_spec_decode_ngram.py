@@ -96,9 +96,7 @@ def test_settings_vllm_refuses_are_refused(given, message):
     assert message in str(caught.value)
 
 
-def test_async_scheduling_and_pipeline_stages_with_drafts_are_refused():
-    with pytest.raises(ValueError, match="with --async-scheduling is planned"):
-        speculative_config(NGRAM, async_scheduling=True)
+def test_pipeline_stages_with_drafts_are_refused():
     with pytest.raises(ValueError, match="across pipeline stages is planned"):
         speculative_config(NGRAM, pipeline_parallel_size=2)
 
@@ -112,15 +110,12 @@ def config_refusal(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def test_config_refuses_other_methods_and_async_scheduling(capsys, monkeypatch):
+def test_config_refuses_other_methods_and_pipeline_stages(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     eagle = {"method": "suffix", "num_speculative_tokens": 3}
     code, err = config_refusal(["--speculative-config", json.dumps(eagle)], capsys)
     assert code == 2
     assert "--speculative-config.method suffix is not supported" in err
-    argv = ["--speculative-config", json.dumps(NGRAM), "--async-scheduling"]
-    code, err = config_refusal(argv, capsys)
-    assert code == 2 and "speculative decoding with --async-scheduling is planned" in err
     argv = ["--speculative-config", json.dumps(NGRAM), "--pipeline-parallel-size", "2"]
     code, err = config_refusal(argv, capsys)
     assert code == 2 and "speculative decoding across pipeline stages is planned" in err

@@ -5,6 +5,7 @@ under penalties and with a seed; stop conditions cut a step's tokens where they 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import pytest
@@ -160,8 +161,8 @@ def test_drafts_counted_in_the_step_statistics(llm):
 
 
 def test_a_constrained_request_beside_drafted_ones(llm):
-    """Structured output's mask covers one position a step: its request gets no drafts, and its
-    mask lands on its own row among the drafted requests' rows."""
+    """A constrained request's masks land on its own rows among the drafted requests' rows; the
+    drafts it gets (another request's tokens) the grammar mostly refuses, and it stays valid."""
     from infernetes.runtime.sampling_params import StructuredOutputsParams
 
     plain, _ = generate(llm, GREEDY)
@@ -178,3 +179,49 @@ def test_a_constrained_request_beside_drafted_ones(llm):
         model_runner.proposer = NoProposer()
     assert [list(o.outputs[0].token_ids) for o in outputs[:3]] == list(plain.values())
     assert outputs[3].outputs[0].text in ("yes", "no")
+
+
+REGEX = r"[0-9]{3}-(ok|ko)-[a-z]{3}"
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+@pytest.mark.parametrize("kind", ["json", "regex"])
+def test_structured_output_masks_every_draft_position(tiny_llama, backend, kind):
+    """A constrained request's drafts each get the mask of the grammar advanced through the
+    drafts before it: proposing its own constrained tokens, every draft is accepted (a position
+    masked as another would sample off the grammar's path and reject it) and the output is the
+    one without drafts, valid."""
+    from infernetes.runtime.sampling_params import StructuredOutputsParams
+
+    from .test_engine_structured_output import SCHEMA, _is_answer
+
+    llm = LLM(tiny_llama, **SMALL, structured_outputs_config={"backend": backend})
+    spec, valid = (SCHEMA, _is_answer) if kind == "json" else (REGEX, _matches_regex)
+    constraint = StructuredOutputsParams(kind, spec, compact=True)
+    params = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=constraint)
+    plain, plain_steps = generate(llm, params)
+    scheduler = llm.llm_engine.engine_core.scheduler
+    update = scheduler.update_from_output
+    counts = [0, 0]
+
+    def counted(scheduler_output, model_output):
+        updated, iteration = update(scheduler_output, model_output)
+        counts[0] += iteration.num_draft_tokens
+        counts[1] += iteration.num_accepted_tokens
+        return updated, iteration
+
+    scheduler.update_from_output = counted
+    try:
+        verified, steps = generate(llm, params, TargetTokensProposer(plain, k=4))
+    finally:
+        del scheduler.update_from_output
+    assert verified == plain
+    assert counts[0] > 0 and counts[1] == counts[0]
+    assert steps < plain_steps
+    tokenizer = llm.get_tokenizer()
+    for tokens in verified.values():
+        assert valid(tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+def _matches_regex(text: str) -> bool:
+    return re.fullmatch(REGEX, text) is not None
