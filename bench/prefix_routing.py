@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ BLOCK_SIZE = 16
 REPLICAS = 3
 STARTUP_TIMEOUT = 900  # three engines loading on two busy cores
 WEIGHTS = {"prefix": 3, "kv-cache-utilization-scorer": 2, "queue-scorer": 2}  # the default's
+ADMISSIONS = "kvcache_index_admissions_total"  # blocks llm-d's index has taken in
+LAG_TIMEOUT = 120  # a ceiling for a loaded machine, never what is reported
+LAG_POLL_S = 0.01  # between looks at the picker: a busy loop would slow the engines down
 
 
 @dataclass
@@ -267,6 +271,61 @@ def cold_prefill_seconds(
     return statistics.median(seconds(next(iter(endpoints.values()))) for _ in range(3))
 
 
+@dataclass
+class Lag:
+    """Seconds from a request's pick, on idle pods, to: its first token; llm-d's index holding
+    its prompt's blocks; the precise picker sending another question on that prompt to the
+    same pod (after the index has them). None: not within LAG_TIMEOUT."""
+
+    ttft: float
+    indexed: float | None
+    scored: float | None
+
+
+def event_lag(picker: HostPicker, model_dir: Path, args: argparse.Namespace) -> list[Lag]:
+    """`--lag-probes` fresh system prompts, one at a time: the precise picker picks a pod for a
+    question on each; while it is served the picker's index is polled for its blocks
+    (kvcache_index_admissions_total) and asked about a second question on the same prompt."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    rng = random.Random(-2)
+    full_blocks = args.prefix_tokens // BLOCK_SIZE
+    lags = []
+    sender = ThreadPoolExecutor(1)
+    for probe in range(args.lag_probes):
+        system = f"Probe {probe}. " + text_of(tokenizer, rng, args.prefix_tokens)
+        question, sibling = (
+            body(f"{system}\nQuestion {q}: " + text_of(tokenizer, rng, args.question_tokens), args)
+            for q in (0, 1)
+        )
+        needed = picker.metric(ADMISSIONS) + full_blocks
+        started = time.monotonic()
+        endpoint = picked_by(picker)(question)
+        first_token = sender.submit(first_token_at, endpoint, question)
+        indexed = scored = None
+        deadline = started + LAG_TIMEOUT
+        while indexed is None and time.monotonic() < deadline:
+            if picker.metric(ADMISSIONS) >= needed:
+                indexed = time.monotonic() - started
+            time.sleep(LAG_POLL_S)
+        while indexed is not None and scored is None and time.monotonic() < deadline:
+            if picker.pick(sibling) == endpoint:
+                scored = time.monotonic() - started
+            time.sleep(LAG_POLL_S)
+        lags.append(Lag(first_token.result() - started, indexed, scored))
+    sender.shutdown()
+    return lags
+
+
+def first_token_at(endpoint: str, payload: dict[str, Any]) -> float:
+    async def streamed() -> float:
+        async with httpx.AsyncClient(timeout=600) as client:
+            return await ttft_of(client, endpoint, payload)
+
+    return asyncio.run(streamed())
+
+
 def picked_by(picker: HostPicker) -> Any:
     def pick(payload: dict[str, Any]) -> str:
         endpoint = picker.pick(payload)
@@ -340,6 +399,20 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+def seconds_or_never(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f}"
+
+
+def report_lags(lags: list[Lag]) -> None:
+    for lag in lags:
+        print(
+            f"event lag (s from the pick, idle pods): first token {lag.ttft:.2f}, "
+            f"in llm-d's index {seconds_or_never(lag.indexed)}, "
+            f"scored to the same pod {seconds_or_never(lag.scored)}",
+            flush=True,
+        )
+
+
 def report(outcomes: dict[str, Outcome], prefill: float, args: argparse.Namespace) -> None:
     print(f"cold prefill of a {args.prefix_tokens}-token system prompt: {prefill:.2f} s")
     print(
@@ -371,6 +444,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="of every mode, order rotated")
+    parser.add_argument(
+        "--lag-probes", type=int, default=3, help="KV-event lag probes before the rounds"
+    )
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-prefix-routing-"))
@@ -393,7 +469,8 @@ def run_all(
     work: Path,
     args: argparse.Namespace,
 ) -> tuple[dict[str, Outcome], float]:
-    """Every mode against one InferenceService's pods; (outcomes, cold prefill seconds)."""
+    """Every mode against one InferenceService's pods (the precise picker's event lag printed
+    first); (outcomes, cold prefill seconds)."""
     from infernetes.operator.testing import apply_crds, go_module_crds, temporary_namespace
 
     scheduler, epp = build("llmd-scheduler.sh"), build("epp.sh")
@@ -448,13 +525,15 @@ def run_all(
             # 50 ms), a load the engines carry alike in every mode.
             with contextlib.ExitStack() as pickers:
                 picks = {"random": random_pick(sorted(endpoints.values()), args.seed)}
+                started = {}
                 for mode, binary, picker_args, env in (
                     ("precise", scheduler, rendered_picker_args(cluster, ns, NAME), llmd_env),
                     ("approximate", epp, approximate_args(ns, spec), {}),
                 ):
                     log = work / f"{mode}.log"
-                    picker = start_picker(binary, picker_args, cluster, ns, log, env)
-                    pickers.callback(picker.stop)
-                    picks[mode] = picked_by(picker)
+                    started[mode] = start_picker(binary, picker_args, cluster, ns, log, env)
+                    pickers.callback(started[mode].stop)
+                    picks[mode] = picked_by(started[mode])
+                report_lags(event_lag(started["precise"], model_dir, args))
                 outcomes = run_rounds(picks, endpoints, arrivals, args)
     return outcomes, prefill
