@@ -23,28 +23,10 @@ pod, so that 2 cores carry 3 pods.
 Needs root (network namespaces), Go, cargo, libzmq and Python 3.12's headers (the pickers'
 builds); reuses a running `make cluster`, else starts one.
 
-Measured by `python -m bench prefix_routing` (the defaults: a 384-wide 6-layer Llama, 9 groups
-of 8 questions on 512-token system prompts, 3 requests/s, each pod's cache 4 prompts, 2 rounds)
-twice on 2026-11-25 on the 2-core machine shared with four other engineers' jobs (load average
-6-15 during the runs: the absolute figures move with it). Cold prefill of a system prompt:
-0.42 s and 0.45 s.
+Before the rounds, `--lag-probes` requests on idle pods measure how soon llm-d's index holds a
+prompt's blocks (and the picker scores them) against when its first token arrives.
 
-| run | routing | TTFT p50 (s) | TTFT p90 (s) | output tok/s | prefix-cache hit rate per pod |
-|---|---|---:|---:|---:|---|
-| 1 | precise | 0.53 | 1.94 | 42.2 | 71%, 71%, 72% |
-| 1 | approximate | 0.75 | 3.14 | 41.6 | 60%, 70%, 79% |
-| 1 | random | 4.06 | 13.35 | 29.1 | 32%, 34%, 32% |
-| 2 | precise | 3.30 | 8.38 | 35.7 | 69%, 56%, 57% |
-| 2 | approximate | 1.15 | 4.83 | 40.0 | 71%, 64%, 62% |
-| 2 | random | 5.14 | 14.28 | 23.9 | 32%, 31%, 32% |
-
-TTFT p90 random / precise: 6.89x and 1.70x; approximate / precise: 1.62x and 0.58x. Picks took
-at most 6 ms (p90). Random routing recomputes most prompts (hit rate about a third) and falls
-behind the offered 48 tokens/s; both prefix scorers keep the hit rate near the workload's bound
-(7 of 8 questions of a group can hit), but neither beats the other reliably here: precise
-learns of a prompt's blocks only once their events arrive, so questions of one group that
-arrive together scatter, where approximate records its pick at once. Earlier single-round runs
-(the pickers started per mode, so random ran without their scraping) ordered even less clearly.
+The figures measured, with their commands and the machine's load: bench/results/prefix_routing.md.
 """
 
 from __future__ import annotations
@@ -52,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import statistics
 import sys
@@ -87,7 +70,9 @@ NAME = "prefixes"
 BLOCK_SIZE = 16
 REPLICAS = 3
 STARTUP_TIMEOUT = 900  # three engines loading on two busy cores
-WEIGHTS = {"prefix": 3, "kv-cache-utilization-scorer": 2, "queue-scorer": 2}  # the default's
+# The Inference Extension's default profile, and llm-d's precise well-lit path's (its guide's
+# gaie-kv-events values at scheduler v0.5.0, its published figures'): both modes alike.
+WEIGHTS = {"prefix": 3, "kv-cache-utilization-scorer": 2, "queue-scorer": 2}
 ADMISSIONS = "kvcache_index_admissions_total"  # blocks llm-d's index has taken in
 LAG_TIMEOUT = 120  # a ceiling for a loaded machine, never what is reported
 LAG_POLL_S = 0.01  # between looks at the picker: a busy loop would slow the engines down
@@ -415,6 +400,8 @@ def report_lags(lags: list[Lag]) -> None:
 
 def report(outcomes: dict[str, Outcome], prefill: float, args: argparse.Namespace) -> None:
     print(f"cold prefill of a {args.prefix_tokens}-token system prompt: {prefill:.2f} s")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"load average at the end (1, 5, 15 min): {load}")
     print(
         "| routing | TTFT p50 (s) | TTFT p90 (s) | pick p90 (s) | output tok/s "
         "| prefix-cache hit rate per pod |"
