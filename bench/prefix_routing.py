@@ -71,7 +71,7 @@ BLOCK_SIZE = 16
 REPLICAS = 3
 STARTUP_TIMEOUT = 900  # three engines loading on two busy cores
 # The Inference Extension's default profile, and llm-d's precise well-lit path's (its guide's
-# gaie-kv-events values at scheduler v0.5.0, its published figures'): both modes alike.
+# gaie-kv-events values, with scheduler v0.5.0): both modes alike.
 WEIGHTS = {"prefix": 3, "kv-cache-utilization-scorer": 2, "queue-scorer": 2}
 ADMISSIONS = "kvcache_index_admissions_total"  # blocks llm-d's index has taken in
 LAG_TIMEOUT = 120  # a ceiling for a loaded machine, never what is reported
