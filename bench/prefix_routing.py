@@ -458,7 +458,12 @@ def run_all(
 ) -> tuple[dict[str, Outcome], float]:
     """Every mode against one InferenceService's pods (the precise picker's event lag printed
     first); (outcomes, cold prefill seconds)."""
-    from infernetes.operator.testing import apply_crds, go_module_crds, temporary_namespace
+    from infernetes.operator.testing import (
+        apply_crds,
+        go_module_crds,
+        temporary_namespace,
+        wait_until,
+    )
 
     scheduler, epp = build("llmd-scheduler.sh"), build("epp.sh")
     apply_crds(
@@ -521,6 +526,11 @@ def run_all(
                     started[mode] = start_picker(binary, picker_args, cluster, ns, log, env)
                     pickers.callback(started[mode].stop)
                     picks[mode] = picked_by(started[mode])
+                wait_until(
+                    started["precise"].kv_events_bound,
+                    timeout=180,
+                    what="llm-d's KV-events socket to bind (another picker may hold port 5557)",
+                )
                 report_lags(event_lag(started["precise"], model_dir, args))
                 outcomes = run_rounds(picks, endpoints, arrivals, args)
     return outcomes, prefill
