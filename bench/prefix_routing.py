@@ -380,6 +380,26 @@ def approximate_args(ns: str, spec: dict[str, Any]) -> list[str]:
     return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
+def with_approximate_too(picker_args: list[str]) -> list[str]:
+    """The precise picker's arguments with the approximate scorer added to its profile at the
+    prefix weight (llm-d's scheduler has both): an experiment (--precise-plus-approximate) on
+    whether the picks approximate records at once close the gap before KV events arrive, as
+    llm-d's later speculativeIndexing does. Admission refuses both scorers in a spec."""
+    import yaml
+
+    config_flag = "--config-text="
+    result = []
+    for arg in picker_args:
+        if arg.startswith(config_flag):
+            config = yaml.safe_load(arg[len(config_flag) :])
+            config["plugins"].append({"type": "prefix-cache-scorer"})
+            profile = config["schedulingProfiles"][0]["plugins"]
+            profile.append({"pluginRef": "prefix-cache-scorer", "weight": WEIGHTS["prefix"]})
+            arg = config_flag + yaml.safe_dump(config, sort_keys=False)
+        result.append(arg)
+    return result
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
@@ -431,6 +451,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="of every mode, order rotated")
+    parser.add_argument(
+        "--precise-plus-approximate",
+        action="store_true",
+        help="an experiment: the precise picker scores with the approximate scorer too",
+    )
     parser.add_argument(
         "--lag-probes", type=int, default=3, help="KV-event lag probes before the rounds"
     )
@@ -515,11 +540,14 @@ def run_all(
             }
             # Both pickers run through every mode: each scrapes every pod's /metrics (every
             # 50 ms), a load the engines carry alike in every mode.
+            precise_args = rendered_picker_args(cluster, ns, NAME)
+            if args.precise_plus_approximate:
+                precise_args = with_approximate_too(precise_args)
             with contextlib.ExitStack() as pickers:
                 picks = {"random": random_pick(sorted(endpoints.values()), args.seed)}
                 started = {}
                 for mode, binary, picker_args, env in (
-                    ("precise", scheduler, rendered_picker_args(cluster, ns, NAME), llmd_env),
+                    ("precise", scheduler, precise_args, llmd_env),
                     ("approximate", epp, approximate_args(ns, spec), {}),
                 ):
                     log = work / f"{mode}.log"
