@@ -23,28 +23,10 @@ pod, so that 2 cores carry 3 pods.
 Needs root (network namespaces), Go, cargo, libzmq and Python 3.12's headers (the pickers'
 builds); reuses a running `make cluster`, else starts one.
 
-Measured by `python -m bench prefix_routing` (the defaults: a 384-wide 6-layer Llama, 9 groups
-of 8 questions on 512-token system prompts, 3 requests/s, each pod's cache 4 prompts, 2 rounds)
-twice on 2026-11-25 on the 2-core machine shared with four other engineers' jobs (load average
-6-15 during the runs: the absolute figures move with it). Cold prefill of a system prompt:
-0.42 s and 0.45 s.
+Before the rounds, `--lag-probes` requests on idle pods measure how soon llm-d's index holds a
+prompt's blocks (and the picker scores them) against when its first token arrives.
 
-| run | routing | TTFT p50 (s) | TTFT p90 (s) | output tok/s | prefix-cache hit rate per pod |
-|---|---|---:|---:|---:|---|
-| 1 | precise | 0.53 | 1.94 | 42.2 | 71%, 71%, 72% |
-| 1 | approximate | 0.75 | 3.14 | 41.6 | 60%, 70%, 79% |
-| 1 | random | 4.06 | 13.35 | 29.1 | 32%, 34%, 32% |
-| 2 | precise | 3.30 | 8.38 | 35.7 | 69%, 56%, 57% |
-| 2 | approximate | 1.15 | 4.83 | 40.0 | 71%, 64%, 62% |
-| 2 | random | 5.14 | 14.28 | 23.9 | 32%, 31%, 32% |
-
-TTFT p90 random / precise: 6.89x and 1.70x; approximate / precise: 1.62x and 0.58x. Picks took
-at most 6 ms (p90). Random routing recomputes most prompts (hit rate about a third) and falls
-behind the offered 48 tokens/s; both prefix scorers keep the hit rate near the workload's bound
-(7 of 8 questions of a group can hit), but neither beats the other reliably here: precise
-learns of a prompt's blocks only once their events arrive, so questions of one group that
-arrive together scatter, where approximate records its pick at once. Earlier single-round runs
-(the pickers started per mode, so random ran without their scraping) ordered even less clearly.
+The figures measured, with their commands and the machine's load: bench/results/prefix_routing.md.
 """
 
 from __future__ import annotations
@@ -52,12 +34,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +70,12 @@ NAME = "prefixes"
 BLOCK_SIZE = 16
 REPLICAS = 3
 STARTUP_TIMEOUT = 900  # three engines loading on two busy cores
-WEIGHTS = {"prefix": 3, "kv-cache-utilization-scorer": 2, "queue-scorer": 2}  # the default's
+# The Inference Extension's default profile, and llm-d's precise well-lit path's (its guide's
+# gaie-kv-events values, with scheduler v0.5.0): both modes alike.
+WEIGHTS = {"prefix": 3, "kv-cache-utilization-scorer": 2, "queue-scorer": 2}
+ADMISSIONS = "kvcache_index_admissions_total"  # blocks llm-d's index has taken in
+LAG_TIMEOUT = 120  # a ceiling for a loaded machine, never what is reported
+LAG_POLL_S = 0.01  # between looks at the picker: a busy loop would slow the engines down
 
 
 @dataclass
@@ -267,6 +256,61 @@ def cold_prefill_seconds(
     return statistics.median(seconds(next(iter(endpoints.values()))) for _ in range(3))
 
 
+@dataclass
+class Lag:
+    """Seconds from a request's pick, on idle pods, to: its first token; llm-d's index holding
+    its prompt's blocks; the precise picker sending another question on that prompt to the
+    same pod (after the index has them). None: not within LAG_TIMEOUT."""
+
+    ttft: float
+    indexed: float | None
+    scored: float | None
+
+
+def event_lag(picker: HostPicker, model_dir: Path, args: argparse.Namespace) -> list[Lag]:
+    """`--lag-probes` fresh system prompts, one at a time: the precise picker picks a pod for a
+    question on each; while it is served the picker's index is polled for its blocks
+    (kvcache_index_admissions_total) and asked about a second question on the same prompt."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    rng = random.Random(-2)
+    full_blocks = args.prefix_tokens // BLOCK_SIZE
+    lags = []
+    sender = ThreadPoolExecutor(1)
+    for probe in range(args.lag_probes):
+        system = f"Probe {probe}. " + text_of(tokenizer, rng, args.prefix_tokens)
+        question, sibling = (
+            body(f"{system}\nQuestion {q}: " + text_of(tokenizer, rng, args.question_tokens), args)
+            for q in (0, 1)
+        )
+        needed = picker.metric(ADMISSIONS) + full_blocks
+        started = time.monotonic()
+        endpoint = picked_by(picker)(question)
+        first_token = sender.submit(first_token_at, endpoint, question)
+        indexed = scored = None
+        deadline = started + LAG_TIMEOUT
+        while indexed is None and time.monotonic() < deadline:
+            if picker.metric(ADMISSIONS) >= needed:
+                indexed = time.monotonic() - started
+            time.sleep(LAG_POLL_S)
+        while indexed is not None and scored is None and time.monotonic() < deadline:
+            if picker.pick(sibling) == endpoint:
+                scored = time.monotonic() - started
+            time.sleep(LAG_POLL_S)
+        lags.append(Lag(first_token.result() - started, indexed, scored))
+    sender.shutdown()
+    return lags
+
+
+def first_token_at(endpoint: str, payload: dict[str, Any]) -> float:
+    async def streamed() -> float:
+        async with httpx.AsyncClient(timeout=600) as client:
+            return await ttft_of(client, endpoint, payload)
+
+    return asyncio.run(streamed())
+
+
 def picked_by(picker: HostPicker) -> Any:
     def pick(payload: dict[str, Any]) -> str:
         endpoint = picker.pick(payload)
@@ -336,12 +380,48 @@ def approximate_args(ns: str, spec: dict[str, Any]) -> list[str]:
     return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
+def with_approximate_too(picker_args: list[str]) -> list[str]:
+    """The precise picker's arguments with the approximate scorer added to its profile at the
+    prefix weight (llm-d's scheduler has both): an experiment (--precise-plus-approximate) on
+    whether the picks approximate records at once close the gap before KV events arrive, as
+    llm-d's later speculativeIndexing does. Admission refuses both scorers in a spec."""
+    import yaml
+
+    config_flag = "--config-text="
+    result = []
+    for arg in picker_args:
+        if arg.startswith(config_flag):
+            config = yaml.safe_load(arg[len(config_flag) :])
+            config["plugins"].append({"type": "prefix-cache-scorer"})
+            profile = config["schedulingProfiles"][0]["plugins"]
+            profile.append({"pluginRef": "prefix-cache-scorer", "weight": WEIGHTS["prefix"]})
+            arg = config_flag + yaml.safe_dump(config, sort_keys=False)
+        result.append(arg)
+    return result
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+def seconds_or_never(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f}"
+
+
+def report_lags(lags: list[Lag]) -> None:
+    for lag in lags:
+        print(
+            f"event lag (s from the pick, idle pods): first token {lag.ttft:.2f}, "
+            f"in llm-d's index {seconds_or_never(lag.indexed)}, "
+            f"scored to the same pod {seconds_or_never(lag.scored)}",
+            flush=True,
+        )
+
+
 def report(outcomes: dict[str, Outcome], prefill: float, args: argparse.Namespace) -> None:
     print(f"cold prefill of a {args.prefix_tokens}-token system prompt: {prefill:.2f} s")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"load average at the end (1, 5, 15 min): {load}")
     print(
         "| routing | TTFT p50 (s) | TTFT p90 (s) | pick p90 (s) | output tok/s "
         "| prefix-cache hit rate per pod |"
@@ -371,6 +451,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="of every mode, order rotated")
+    parser.add_argument(
+        "--precise-plus-approximate",
+        action="store_true",
+        help="an experiment: the precise picker scores with the approximate scorer too",
+    )
+    parser.add_argument(
+        "--lag-probes", type=int, default=3, help="KV-event lag probes before the rounds"
+    )
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-prefix-routing-"))
@@ -393,8 +481,14 @@ def run_all(
     work: Path,
     args: argparse.Namespace,
 ) -> tuple[dict[str, Outcome], float]:
-    """Every mode against one InferenceService's pods; (outcomes, cold prefill seconds)."""
-    from infernetes.operator.testing import apply_crds, go_module_crds, temporary_namespace
+    """Every mode against one InferenceService's pods (the precise picker's event lag printed
+    first); (outcomes, cold prefill seconds)."""
+    from infernetes.operator.testing import (
+        apply_crds,
+        go_module_crds,
+        temporary_namespace,
+        wait_until,
+    )
 
     scheduler, epp = build("llmd-scheduler.sh"), build("epp.sh")
     apply_crds(
@@ -446,15 +540,25 @@ def run_all(
             }
             # Both pickers run through every mode: each scrapes every pod's /metrics (every
             # 50 ms), a load the engines carry alike in every mode.
+            precise_args = rendered_picker_args(cluster, ns, NAME)
+            if args.precise_plus_approximate:
+                precise_args = with_approximate_too(precise_args)
             with contextlib.ExitStack() as pickers:
                 picks = {"random": random_pick(sorted(endpoints.values()), args.seed)}
+                started = {}
                 for mode, binary, picker_args, env in (
-                    ("precise", scheduler, rendered_picker_args(cluster, ns, NAME), llmd_env),
+                    ("precise", scheduler, precise_args, llmd_env),
                     ("approximate", epp, approximate_args(ns, spec), {}),
                 ):
                     log = work / f"{mode}.log"
-                    picker = start_picker(binary, picker_args, cluster, ns, log, env)
-                    pickers.callback(picker.stop)
-                    picks[mode] = picked_by(picker)
+                    started[mode] = start_picker(binary, picker_args, cluster, ns, log, env)
+                    pickers.callback(started[mode].stop)
+                    picks[mode] = picked_by(started[mode])
+                wait_until(
+                    started["precise"].kv_events_bound,
+                    timeout=180,
+                    what="llm-d's KV-events socket to bind (another picker may hold port 5557)",
+                )
+                report_lags(event_lag(started["precise"], model_dir, args))
                 outcomes = run_rounds(picks, endpoints, arrivals, args)
     return outcomes, prefill

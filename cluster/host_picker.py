@@ -110,6 +110,12 @@ class HostPicker:
         self._clients: list[subprocess.Popen[str]] = []
         self._lock = threading.Lock()
 
+    def kv_events_bound(self) -> bool:
+        """Whether llm-d's KV-events subscriber has bound its port (the host's 5557, where the
+        pods publish): until then their events are lost, and while another picker on this
+        machine holds the port they go there (llm-d's subscriber retries every 5 s)."""
+        return "Bound subscriber socket" in self.log.read_text(errors="replace")
+
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 

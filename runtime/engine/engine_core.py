@@ -265,7 +265,7 @@ class EngineCore:
 
     def step(self) -> list[EngineOutput]:
         outputs = self._step()
-        self._publish_kv_events()
+        self._publish_kv_events()  # what the step recorded after its scheduling (connectors')
         return outputs
 
     def _step(self) -> list[EngineOutput]:
@@ -310,6 +310,9 @@ class EngineCore:
     def _schedule(self) -> SchedulerOutput:
         """The scheduler's next step, with the masks of its structured-output rows."""
         scheduler_output = self.scheduler.schedule()
+        # The blocks this step caches are published now, before the forward that fills them,
+        # as vLLM's scheduler does: a router learns of a prompt's prefix one prefill sooner.
+        self._publish_kv_events()
         scheduler_output.time_forward = self.time_forward
         if scheduler_output:
             scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(

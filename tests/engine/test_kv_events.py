@@ -5,7 +5,8 @@ that vLLM does not send). A
 request's blocks arrive in order, chained by their parents' hashes, with their tokens; eviction
 gives BlockRemoved; a reset and sleep give AllBlocksCleared; a late subscriber replays what it
 missed; data parallel ranks publish on consecutive ports; a full queue drops and counts; a
-subscriber that never reads holds nothing up."""
+subscriber that never reads holds nothing up; a prompt's blocks go out before the forward that
+fills them."""
 
 from __future__ import annotations
 
@@ -254,6 +255,35 @@ def test_a_request_s_blocks_arrive_in_order_then_evictions_then_a_reset(tiny_lla
     finally:
         subscriber.close()
         llm.llm_engine.engine_core.shutdown()
+
+
+def test_a_prompt_s_blocks_go_out_before_the_forward_that_fills_them(tiny_llama, ports):
+    # As vLLM's scheduler publishes: a router hears of a prefix when the engine schedules its
+    # prefill, not a prefill later.
+    port, replay_port = ports
+    llm = _llm(tiny_llama, events_config(port, replay_port))
+    subscriber = Subscriber(port, replay_port)
+    core = llm.llm_engine.engine_core
+    execute_model = core.executor.execute_model
+    seen_before_forward: list[list] = []
+
+    def execute_after_looking(scheduler_output, *args, **kwargs):
+        if not seen_before_forward:  # the prefill: its blocks must already be out
+            seen_before_forward.append(
+                stored_blocks(subscriber.events_until(lambda e: len(stored_blocks(e)) >= 3))
+            )
+        return execute_model(scheduler_output, *args, **kwargs)
+
+    core.executor.execute_model = execute_after_looking
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        prompt = list(range(40, 65))  # 25 tokens: 3 full blocks
+        llm.generate([{"prompt_token_ids": prompt}], params)
+        (blocks,) = seen_before_forward
+        assert [b[2] for b in blocks[:3]] == [prompt[i : i + BLOCK_SIZE] for i in (0, 8, 16)]
+    finally:
+        subscriber.close()
+        core.shutdown()
 
 
 def test_a_late_subscriber_replays_what_it_missed_and_sleep_clears(tiny_llama, ports):
