@@ -166,3 +166,53 @@ def test_a_heads_guesses_do_not_depend_on_how_its_cache_was_filled(
     assert drafts_by_prompt(LLM(target, speculative_config=spec, **chunked)) == whole
     preempting = {**SMALL, "num_gpu_blocks_override": 16}
     assert drafts_by_prompt(LLM(target, speculative_config=spec, **preempting)) == whole
+
+
+def test_lora_requests_and_structured_outputs(tiny_llama, head, tmp_path):
+    """An EAGLE head beside LoRA requests (the target verifies with the adapter; the head
+    guesses from the adapted hidden states) and constrained requests (a grammar mask at every
+    draft position): the tokens a run without speculation emits, valid."""
+    import re
+
+    from infernetes.runtime.lora.request import LoRARequest
+    from infernetes.runtime.sampling_params import StructuredOutputsParams
+    from infernetes.runtime.testing import SAMPLE_PROMPTS, make_tiny_lora
+
+    from infernetes import SamplingParams
+
+    from .test_engine_spec_decode_draft_model import per_position_counts
+    from .test_engine_structured_output import REGEX, SCHEMA, _is_answer
+
+    settings = {**SMALL, "enable_lora": True, "max_lora_rank": 8}
+    lora = LoRARequest("adapter", 1, str(make_tiny_lora(tiny_llama, tmp_path / "adapter")))
+    plain = LLM(tiny_llama, **settings)
+    expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, GREEDY, lora_request=lora)]
+    llm = LLM(tiny_llama, speculative_config=eagle_config(head), **settings)
+    per_pos, outputs = per_position_counts(llm, PROMPTS, GREEDY, lora_request=lora)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert per_pos[0] > 0  # drafts were made and verified
+
+    def constrained(kind: str, spec) -> SamplingParams:
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=40,
+            structured_outputs=StructuredOutputsParams(kind, spec, compact=True),
+        )
+
+    requests = [*PROMPTS, *SAMPLE_PROMPTS[:2]]
+    sampling = [GREEDY] * len(PROMPTS) + [constrained("json", SCHEMA), constrained("regex", REGEX)]
+    expected = [o.outputs[0].token_ids for o in plain.generate(requests, sampling)]
+    scheduler = llm.llm_engine.engine_core.scheduler
+    update, drafted = scheduler.update_from_output, []
+
+    def counted(scheduler_output, model_output):
+        updated, iteration = update(scheduler_output, model_output)
+        drafted.append(iteration.num_draft_tokens)
+        return updated, iteration
+
+    scheduler.update_from_output = counted
+    outputs = llm.generate(requests, sampling)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert sum(drafted) > 0  # drafts were verified beside the constrained requests
+    assert _is_answer(outputs[-2].outputs[0].text)
+    assert re.fullmatch(REGEX, outputs[-1].outputs[0].text)
