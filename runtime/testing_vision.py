@@ -6,6 +6,7 @@ downloaded."""
 from __future__ import annotations
 
 import functools
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -435,20 +436,36 @@ def hf_processor(path: str) -> Any:
 
 
 def hf_llava_greedy(
-    path: str | Path, prompt: str, images: list[Any], max_tokens: int, **processor_kwargs: Any
+    path: str | Path,
+    prompt: str,
+    images: list[Any],
+    max_tokens: int,
+    videos: list[list[Any]] | None = None,
+    **processor_kwargs: Any,
 ) -> tuple[list[int], list[int], list[float]]:
-    """Transformers' greedy continuation of ``prompt`` with ``images`` (one ``<image>`` each) in
-    float32, EOS ignored: the prompt's expanded ids, the new tokens and each one's logprob."""
+    """Transformers' greedy continuation of ``prompt`` with ``images`` (one ``<image>`` each)
+    and ``videos`` (Qwen2-VL: each a list of frames) in float32, EOS ignored: the prompt's
+    expanded ids, the new tokens and each one's logprob."""
     import torch
 
     processor = hf_processor(str(path))
-    inputs = processor(text=prompt, images=images or None, return_tensors="pt", **processor_kwargs)
+    with_videos = {"videos": videos} if videos else {}
+    inputs = processor(
+        text=prompt, images=images or None, return_tensors="pt", **with_videos, **processor_kwargs
+    )
     inputs = {name: torch.as_tensor(value) for name, value in inputs.items()}
-    if "image_grid_thw" in inputs:  # Qwen2-VL: which tokens are an image's, for its M-RoPE
-        image_token = processor.image_token_ids[0]
-        inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).int()
+    if "image_grid_thw" in inputs or "video_grid_thw" in inputs:
+        # Qwen2-VL: which tokens are an image's (1) and a video's (2), for its M-RoPE
+        ids = inputs["input_ids"]
+        video_token = processor.tokenizer.convert_tokens_to_ids(processor.video_token)
+        inputs["mm_token_type_ids"] = (ids == processor.image_token_ids[0]).int() + 2 * (
+            ids == video_token
+        ).int()
+    model = _hf_llava(str(path))
+    if "second_per_grid_ts" not in inspect.signature(model.forward).parameters:
+        inputs.pop("second_per_grid_ts", None)  # Qwen2-VL: a video's frames one position apart
     with torch.inference_mode():
-        out = _hf_llava(str(path)).generate(
+        out = model.generate(
             **inputs,
             eos_token_id=[],
             max_new_tokens=max_tokens,

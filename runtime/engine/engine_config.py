@@ -45,7 +45,7 @@ from infernetes.runtime.model_executor.loader import (
 from infernetes.runtime.model_executor.models import DRAFT_HEADS
 from infernetes.runtime.model_executor.models.interfaces import supports_multimodal
 from infernetes.runtime.model_executor.parallel import stage_layers
-from infernetes.runtime.multimodal.processor import check_limits
+from infernetes.runtime.multimodal.processor import SUPPORTED_MODALITIES, check_limits
 from infernetes.runtime.preflight import pp_layer_partition
 from infernetes.runtime.spec_decode.config import speculative_config, with_draft_model
 from infernetes.runtime.tokenization.tokenizer import get_tokenizer
@@ -223,10 +223,14 @@ def _classifier_tokens(hf_config: PretrainedConfig, tokenizer: Any) -> None:
 def _multimodal_settings(config: ServeConfig, info: ModelInfo) -> dict[str, Any]:
     """``--limit-mm-per-prompt``, ``--mm-processor-kwargs`` and ``--mm-processor-cache-gb`` of a
     vision-language model, checked against what it takes; a text model has no use for them."""
-    if not supports_multimodal(model_class_of(info)):
+    model_class = model_class_of(info)
+    if not supports_multimodal(model_class):
         return {}
+    modalities = getattr(model_class, "modalities", SUPPORTED_MODALITIES)
     return dict(
-        limit_mm_per_prompt=check_limits(config.limit_mm_per_prompt or {}, info.architecture),
+        limit_mm_per_prompt=check_limits(
+            config.limit_mm_per_prompt or {}, info.architecture, modalities
+        ),
         mm_processor_kwargs=dict(config.mm_processor_kwargs or {}),
         mm_processor_cache_gb=config.mm_processor_cache_gb,
     )

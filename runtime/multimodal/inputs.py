@@ -44,3 +44,11 @@ def image_digest(image: Any, processor_kwargs: dict[str, Any]) -> str:
 def overlapping(features: list[MultiModalFeature], start: int, end: int) -> list[str]:
     """The identifiers of the items whose placeholders overlap token positions [start, end)."""
     return [f.identifier for f in features if f.offset < end and start < f.end]
+
+
+def video_digest(frames: list[Any], processor_kwargs: dict[str, Any]) -> str:
+    """sha256 of a video's frames (each as ``image_digest`` hashes it) and the settings."""
+    digest = hashlib.sha256(b"video")
+    for frame in frames:
+        digest.update(image_digest(frame, processor_kwargs).encode())
+    return digest.hexdigest()

@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from infernetes.runtime.engine.errors import RequestError
-from infernetes.runtime.multimodal.inputs import MultiModalFeature, MultiModalPrompt, image_digest
+from infernetes.runtime.multimodal.inputs import (
+    MultiModalFeature,
+    MultiModalPrompt,
+    image_digest,
+    video_digest,
+)
 from infernetes.runtime.multimodal.processor_cache import (
     CachedImageProcessor,
     ProcessorCache,
@@ -28,7 +33,11 @@ from infernetes.runtime.multimodal.processor_cache import (
 logger = logging.getLogger(__name__)
 
 MODALITIES = ("image", "video", "audio")
-SUPPORTED_MODALITIES = ("image",)  # of the models served here
+SUPPORTED_MODALITIES = ("image",)  # of every vision-language model served here
+VIDEO_MODALITIES = ("image", "video")  # of those whose processor has a video token (Qwen2-VL)
+# A video's frames at most (as given, or as sampled at --mm-processor-kwargs' fps): each is an
+# image's work for the processor and the tower
+MAX_VIDEO_FRAMES = 768
 # What the processors return of each image: its pixels, its size (LLaVA-NeXT's tiling), its grid
 # of patches (Qwen2-VL's dynamic resolution: pixel_values then holds every image's patches)
 ITEM_ARRAYS = ("pixel_values", "image_sizes", "image_grid_thw")
@@ -53,15 +62,17 @@ def parse_limits(limits: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
-def check_limits(limits: Mapping[str, Any], architecture: str) -> dict[str, int]:
+def check_limits(
+    limits: Mapping[str, Any], architecture: str, supported: Sequence[str] = SUPPORTED_MODALITIES
+) -> dict[str, int]:
     """The counts, or ValueError when one allows a modality the model does not take (as vLLM
     refuses it at startup)."""
     counts = parse_limits(limits)
     for modality, count in counts.items():
-        if count > 0 and modality not in SUPPORTED_MODALITIES:
+        if count > 0 and modality not in supported:
             raise ValueError(
                 f"limit_mm_per_prompt.{modality}: {architecture} takes "
-                f"{', '.join(SUPPORTED_MODALITIES)} only; set it to 0 or leave it out"
+                f"{', '.join(supported)} only; set it to 0 or leave it out"
             )
     return counts
 
@@ -94,6 +105,8 @@ class MultiModalProcessor:
             if feature_token_id is not None
             else hf_processor.tokenizer.convert_tokens_to_ids(self.image_token)
         )
+        self.video_token: str | None = getattr(hf_processor, "video_token", None)
+        self.modalities = VIDEO_MODALITIES if self.video_token else SUPPORTED_MODALITIES
         self.cache = ProcessorCache(cache_bytes) if cache_bytes > 0 else None  # 0: disabled
         if self.cache is not None:
             hf_processor.image_processor = CachedImageProcessor(
@@ -139,6 +152,7 @@ class MultiModalProcessor:
         ``{"image": PIL image or a list of them}``) -> its expanded ids and the items; a
         RequestError naming the field when anything is wrong."""
         images = self._images(data)
+        videos = self._videos(data)
         kwargs = {**self.default_kwargs, **(request_kwargs or {})}
         text_images = text.count(self.image_token)
         if text_images != len(images):
@@ -147,7 +161,14 @@ class MultiModalProcessor:
                 f"{len(images)} image(s) were given: one placeholder per image",
                 "multi_modal_data.image",
             )
+        if videos and text.count(self.video_token or "") != len(videos):
+            raise RequestError(
+                f"the prompt has {text.count(self.video_token or '')} video placeholder(s) "
+                f"{self.video_token!r} but {len(videos)} video(s) were given: one per video",
+                "multi_modal_data.video",
+            )
         digests = [image_digest(image, kwargs) for image in images]
+        with_videos = {"videos": videos} if videos else {}
         try:
             with item_digests(digests):
                 out = self.hf_processor(
@@ -155,6 +176,7 @@ class MultiModalProcessor:
                     images=images or None,
                     return_tensors="np",
                     add_special_tokens=add_special_tokens,
+                    **with_videos,
                     **kwargs,
                 )
         except (ValueError, TypeError, KeyError) as error:
@@ -165,16 +187,93 @@ class MultiModalProcessor:
         ids = [int(t) for t in out["input_ids"][0]]
         arrays = {k: out[k] for k in ITEM_ARRAYS if out.get(k) is not None}
         features = self._features(ids, images, digests, arrays, kwargs)
+        if videos:
+            features += self._video_features(ids, videos, out, kwargs)
+            features.sort(key=lambda feature: feature.offset)
         return MultiModalPrompt(text, ids, features)
+
+    def _videos(self, data: Mapping[str, Any]) -> list[list[Any]]:
+        """``multi_modal_data.video``: one video (a list of PIL frames, or a ``[frames, H, W, 3]``
+        uint8 array, as vLLM takes it) or a list of them -> each video's RGB PIL frames."""
+        import numpy as np
+        from PIL import Image
+
+        given = data.get("video")
+        if given is None:
+            return []
+        one = isinstance(given, np.ndarray) or (
+            isinstance(given, list | tuple) and given and isinstance(given[0], Image.Image)
+        )
+        videos = [given] if one else _as_list(given)
+        limit = self.limits.get("video")
+        if limit is not None and len(videos) > limit:
+            raise RequestError(
+                f"At most {limit} video(s) may be provided in one prompt (--limit-mm-per-prompt); "
+                f"got {len(videos)}",
+                "multi_modal_data.video",
+            )
+        out = []
+        for i, video in enumerate(videos):
+            where = f"multi_modal_data.video[{i}]"
+            if isinstance(video, np.ndarray):
+                if video.ndim != 4 or video.shape[-1] != 3 or video.dtype != np.uint8:
+                    raise RequestError(
+                        f"{where}: an array of [frames, height, width, 3] uint8, got "
+                        f"{video.dtype} {list(video.shape)}",
+                        where,
+                    )
+                video = [Image.fromarray(frame) for frame in video]
+            if not isinstance(video, list | tuple) or not all(
+                isinstance(frame, Image.Image) for frame in video
+            ):
+                raise RequestError(f"{where}: a list of PIL frames or a uint8 array", where)
+            if not 0 < len(video) <= MAX_VIDEO_FRAMES:
+                raise RequestError(
+                    f"{where}: {len(video)} frames; from 1 to {MAX_VIDEO_FRAMES} are allowed", where
+                )
+            if len({frame.size for frame in video}) != 1:
+                raise RequestError(f"{where}: its frames must all have one size", where)
+            out.append([f if f.mode == "RGB" else f.convert("RGB") for f in video])
+        return out
+
+    def _video_features(
+        self, ids: Sequence[int], videos: list[list[Any]], out: Any, kwargs: dict[str, Any]
+    ) -> list[MultiModalFeature]:
+        """Each video's run of ``<|video_pad|>`` tokens and its rows of the processor's
+        ``pixel_values_videos`` (its ``video_grid_thw`` patches) and its ``second_per_grid_ts``."""
+        token_id = self.hf_processor.tokenizer.convert_tokens_to_ids(self.video_token)
+        positions = [i for i, t in enumerate(ids) if t == token_id]
+        grids = out["video_grid_thw"]
+        merge = kwargs.get("merge_size") or self.hf_processor.image_processor.merge_size
+        bounds = [0, *itertools.accumulate(int(grid.prod()) for grid in grids)]
+        features = []
+        start = 0
+        for i, (frames, grid) in enumerate(zip(videos, grids, strict=True)):
+            count = int(grid.prod()) // merge**2
+            run = positions[start : start + count]
+            start += count
+            if len(run) != count or run[-1] - run[0] != count - 1:
+                raise RequestError(
+                    "a video placeholder token appears in the prompt's text apart from a video",
+                    "multi_modal_data.video",
+                )
+            data = {
+                "pixel_values_videos": out["pixel_values_videos"][bounds[i] : bounds[i + 1]],
+                "video_grid_thw": grid,
+                "second_per_grid_ts": out["second_per_grid_ts"][i : i + 1],
+            }
+            digest = video_digest(frames, kwargs)
+            features.append(MultiModalFeature("video", run[0], count, digest, data))
+        return features
 
     def _images(self, data: Mapping[str, Any]) -> list[Any]:
         from PIL import Image
 
         for modality in data:
-            if modality not in SUPPORTED_MODALITIES:
+            if modality not in self.modalities:
                 raise RequestError(
                     f"multi_modal_data.{modality}: this model takes "
-                    f"{', '.join(SUPPORTED_MODALITIES)} only",
+                    f"{', '.join(self.modalities)} only",
                     f"multi_modal_data.{modality}",
                 )
         images = _as_list(data.get("image", []))

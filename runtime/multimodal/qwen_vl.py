@@ -16,6 +16,27 @@ from typing import Any
 import numpy as np
 
 IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+DEFAULT_FPS = 2.0  # the frame rate a video's frames are taken at when none is given (Qwen's)
+
+
+def video_patches(
+    frame_patches: np.ndarray, temporal_patch_size: int, patch_size: int
+) -> np.ndarray:
+    """One video's patches from its frames' (the image processor's, which repeats a frame over
+    the temporal patch): ``[frames, patches, C * t * p * p]`` -> the frames taken
+    ``temporal_patch_size`` at a time (the last repeated to fill the last), ``[grid_t * patches,
+    C * t * p * p]``, each patch holding its frames' pixels in turn, as Qwen's video processor
+    lays them out."""
+    frames, patches, width = frame_patches.shape
+    channels = width // (temporal_patch_size * patch_size**2)
+    one = frame_patches.reshape(frames, patches, channels, temporal_patch_size, -1)[:, :, :, 0]
+    missing = -frames % temporal_patch_size
+    if missing:
+        one = np.concatenate([one, np.repeat(one[-1:], missing, axis=0)])
+    grid_t = len(one) // temporal_patch_size
+    grouped = one.reshape(grid_t, temporal_patch_size, patches, channels, -1)
+    return grouped.transpose(0, 2, 3, 1, 4).reshape(grid_t * patches, width)
 
 
 class QwenVLProcessor:
@@ -24,6 +45,7 @@ class QwenVLProcessor:
         self.tokenizer = tokenizer
         self.image_token = getattr(tokenizer, "image_token", None) or IMAGE_PAD
         self.image_token_ids = [tokenizer.convert_tokens_to_ids(self.image_token)]
+        self.video_token = getattr(tokenizer, "video_token", None) or VIDEO_PAD
 
     @classmethod
     def from_pretrained(cls, path: str | Path, trust_remote_code: bool = False) -> QwenVLProcessor:
@@ -38,31 +60,68 @@ class QwenVLProcessor:
         self,
         text: str,
         images: list[Any] | None = None,
+        videos: list[list[Any]] | None = None,
         return_tensors: str = "np",
         add_special_tokens: bool = True,
+        fps: float = DEFAULT_FPS,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """``input_ids`` and ``attention_mask`` ``[1, L]`` and, with images, ``pixel_values`` (their patches, one row
-        each, image after image) and ``image_grid_thw`` ``[images, 3]``; numpy arrays."""
+        """``input_ids`` and ``attention_mask`` ``[1, L]`` and, with images, ``pixel_values`` (their
+        patches, one row each, image after image) and ``image_grid_thw`` ``[images, 3]``; with
+        videos (each a list of frames of one size, taken at ``fps``) ``pixel_values_videos``,
+        ``video_grid_thw`` and ``second_per_grid_ts`` (the seconds a temporal patch spans);
+        numpy arrays."""
         out: dict[str, Any] = {}
+        if videos:
+            out.update(self._videos(videos, fps, kwargs))
+            text = self._expand(text, VIDEO_PAD, out["video_grid_thw"], kwargs)
         if images:
             processed = self.image_processor(images, return_tensors="np", **kwargs)
-            out = {name: np.asarray(processed[name]) for name in ("pixel_values", "image_grid_thw")}
-            merge = kwargs.get("merge_size") or self.image_processor.merge_size
-            pieces = text.split(self.image_token)
-            if len(pieces) != len(images) + 1:
-                raise ValueError(
-                    f"{len(pieces) - 1} {self.image_token} placeholder(s) for {len(images)} images"
-                )
-            counts = [int(grid.prod()) // merge**2 for grid in out["image_grid_thw"]]
-            text = pieces[0] + "".join(
-                self.image_token * count + piece
-                for count, piece in zip(counts, pieces[1:], strict=True)
+            out.update(
+                {name: np.asarray(processed[name]) for name in ("pixel_values", "image_grid_thw")}
             )
+            text = self._expand(text, self.image_token, out["image_grid_thw"], kwargs)
         ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
         out["input_ids"] = np.asarray([ids], np.int64)
         out["attention_mask"] = np.ones_like(out["input_ids"])
         return out
+
+    def _expand(self, text: str, token: str, grids: np.ndarray, kwargs: dict[str, Any]) -> str:
+        """Each ``token`` of ``text`` repeated once per merged patch of its item's grid."""
+        merge = kwargs.get("merge_size") or self.image_processor.merge_size
+        pieces = text.split(token)
+        if len(pieces) != len(grids) + 1:
+            raise ValueError(f"{len(pieces) - 1} {token} placeholder(s) for {len(grids)} item(s)")
+        counts = [int(grid.prod()) // merge**2 for grid in grids]
+        return pieces[0] + "".join(
+            token * count + piece for count, piece in zip(counts, pieces[1:], strict=True)
+        )
+
+    def _videos(
+        self, videos: list[list[Any]], fps: float, kwargs: dict[str, Any]
+    ) -> dict[str, np.ndarray]:
+        """Each video's frames through the image processor (the processor cache is for images:
+        its inner one), then taken ``temporal_patch_size`` at a time."""
+        processor = getattr(self.image_processor, "inner", self.image_processor)
+        temporal = kwargs.get("temporal_patch_size") or processor.temporal_patch_size
+        patch = kwargs.get("patch_size") or processor.patch_size
+        patches, grids = [], []
+        for frames in videos:
+            processed = processor(frames, return_tensors="np", **kwargs)
+            frame_grids = np.asarray(processed["image_grid_thw"])
+            if (frame_grids != frame_grids[0]).any():
+                raise ValueError("a video's frames must all have one size")
+            flat = np.asarray(processed["pixel_values"])
+            pixels = flat.reshape(len(frames), -1, flat.shape[-1])
+            one = video_patches(pixels, temporal, patch)
+            patches.append(one)
+            _, height, width = (int(v) for v in frame_grids[0])
+            grids.append([len(one) // (height * width), height, width])
+        return {
+            "pixel_values_videos": np.concatenate(patches),
+            "video_grid_thw": np.asarray(grids, np.int64),
+            "second_per_grid_ts": np.full(len(videos), temporal / fps, np.float32),
+        }
 
     def _get_num_multimodal_tokens(
         self, image_sizes: list[tuple[int, int]], **kwargs: Any

@@ -373,7 +373,10 @@ class ModelRunner:
                 merge = getattr(self.model, "mrope_merge_size", None)
                 if merge and state.mm_features:  # laid out once, from the whole prompt
                     state.mrope_layout = prompt_layout(
-                        state.num_prompt_tokens, state.mm_features, merge
+                        state.num_prompt_tokens,
+                        state.mm_features,
+                        merge,
+                        getattr(self.model, "mrope_tokens_per_second", None),
                     )
                 self.requests[data.request_id] = state
             else:
@@ -501,16 +504,16 @@ class ModelRunner:
             for identifier, feature in reached.items():
                 if identifier not in request.encoder_outputs:
                     shapes = tuple((k, v.shape) for k, v in sorted(feature.data.items()))
-                    pending.setdefault(shapes, []).append((request, feature))
+                    pending.setdefault((feature.modality, shapes), []).append((request, feature))
         model: SupportsMultiModal = self.model  # type: ignore[assignment]  # only such models are sent images
-        for items in pending.values():
+        for (modality, _), items in pending.items():
             stacked = {
                 name: torch.stack([torch.from_numpy(f.data[name]) for _, f in items]).to(
                     self.device
                 )
                 for name in items[0][1].data
             }
-            encoded = model.embed_multimodal("image", stacked)
+            encoded = model.embed_multimodal(modality, stacked)
             for (request, feature), output in zip(items, encoded, strict=True):
                 if len(output) != feature.length:
                     raise ValueError(

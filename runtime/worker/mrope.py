@@ -7,7 +7,10 @@ puts its tokens at ``(p + frame, p + row, p + column)``, and the text after it s
 ``p + max(h, w)``. The layout is a function of the whole prompt, so it is made once per request
 (``prompt_layout``) and a prefill chunk starting anywhere takes its columns; a token past the
 prompt (decode, or output recomputed after a preemption) at index ``i`` is at ``i + delta`` on
-every axis, ``delta`` being the layout's largest position + 1 less the prompt's length."""
+every axis, ``delta`` being the layout's largest position + 1 less the prompt's length.
+
+A video's frames (Qwen2.5-VL's, which says ``tokens_per_second``) are spaced in time: temporal
+patch ``i`` is at ``p + floor(i * second_per_grid_t * tokens_per_second)``; Qwen2-VL's at ``p + i``."""
 
 from __future__ import annotations
 
@@ -25,12 +28,16 @@ class PromptLayout(NamedTuple):
 
 def image_grid(feature: MultiModalFeature, spatial_merge_size: int) -> tuple[int, int, int]:
     """The item's ``(t, h, w)`` in merged patches (its tokens), from the processor's grid."""
-    t, h, w = (int(v) for v in np.asarray(feature.data["image_grid_thw"]).reshape(3))
+    grid = feature.data.get("image_grid_thw", feature.data.get("video_grid_thw"))
+    t, h, w = (int(v) for v in np.asarray(grid).reshape(3))
     return t, h // spatial_merge_size, w // spatial_merge_size
 
 
 def prompt_layout(
-    num_tokens: int, features: Sequence[MultiModalFeature], spatial_merge_size: int
+    num_tokens: int,
+    features: Sequence[MultiModalFeature],
+    spatial_merge_size: int,
+    tokens_per_second: float | None = None,
 ) -> PromptLayout:
     """The positions of a prompt of ``num_tokens`` whose items are ``features``."""
     positions = np.empty((3, num_tokens), np.int64)
@@ -46,7 +53,13 @@ def prompt_layout(
                 f"an image of {t} x {h} x {w} merged patches has {feature.length} placeholder "
                 "tokens"
             )
-        axes = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
+        frames = np.arange(t)
+        seconds = feature.data.get("second_per_grid_ts")
+        if seconds is not None and tokens_per_second:
+            # in float32 then truncated, as transformers' get_rope_index does
+            interval = np.float32(np.asarray(seconds).item() * tokens_per_second)
+            frames = (frames.astype(np.float32) * interval).astype(np.int64)
+        axes = np.meshgrid(frames, np.arange(h), np.arange(w), indexing="ij")
         positions[:, feature.offset : feature.end] = np.stack(axes).reshape(3, -1) + next_position
         next_position += max(h, w)
         index = feature.end

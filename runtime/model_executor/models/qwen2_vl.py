@@ -37,12 +37,15 @@ def _qwen_checkpoint_names(
 class Qwen2VLForConditionalGeneration(VisionLanguageModel):
     intermediate_names = LlamaForCausalLM.intermediate_names
     hf_processor_class = QwenVLProcessor  # transformers' needs torchvision (qwen_vl.py)
+    modalities = ("image", "video")
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         self.config = config
         vision = config.vision_config
         self.mrope_merge_size = vision.spatial_merge_size  # the runner lays out M-RoPE
+        # Qwen2.5-VL spaces a video's frames by their time; Qwen2-VL (None) by their index
+        self.mrope_tokens_per_second = getattr(vision, "tokens_per_second", None)
         # The pipeline's first stage embeds, so it alone encodes images.
         self.visual = on_first_stage(lambda: QwenVisionTransformer(vision))
         text = config.text_config
@@ -57,11 +60,14 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
 
     def embed_multimodal(self, modality: str, data: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """``pixel_values`` ``[items, patches, C * t * p * p]`` and ``image_grid_thw``
-        ``[items, 3]`` (items of one size, stacked) -> each item's rows."""
-        if modality != "image":
-            raise ValueError(f"Qwen2-VL takes images, not {modality}")
-        pixels = data["pixel_values"]
-        grids = [(int(t), int(h), int(w)) for t, h, w in data["image_grid_thw"].tolist()]
+        ``[items, 3]`` (items of one size, stacked), or a video's ``pixel_values_videos`` and
+        ``video_grid_thw`` -> each item's rows."""
+        if modality not in ("image", "video"):
+            raise ValueError(f"Qwen2-VL takes images and videos, not {modality}")
+        # a video's: pixel_values_videos and video_grid_thw (its temporal patches, t > 1)
+        pixels = data["pixel_values" if modality == "image" else "pixel_values_videos"]
+        grid_name = "image_grid_thw" if modality == "image" else "video_grid_thw"
+        grids = [(int(t), int(h), int(w)) for t, h, w in data[grid_name].tolist()]
         tower: QwenVisionTransformer = self.visual  # type: ignore[assignment]  # first stage
         rows = tower(pixels.reshape(-1, pixels.shape[-1]), grids)
         sizes = [t * h * w // self.mrope_merge_size**2 for t, h, w in grids]
