@@ -1,0 +1,120 @@
+"""--cpu-offload-gb: the first decoder layers' weights in host memory, copied to the device for
+each forward. The mechanism is device-agnostic, so these tests run it with the CPU as the device
+(the engine config itself leaves the flag without effect on a CPU engine and warns)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from infernetes.runtime.engine import engine_config
+from infernetes.runtime.model_executor.cpu_offload import decoder_layers
+from infernetes.runtime.sampling_params import SamplingParams
+
+from infernetes import LLM
+
+PROMPTS = ["the cache keeps", "a slow request"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+# float32: on a CPU bf16 linear weights are packed for oneDNN, a layout that is never offloaded
+# (it exists only on a CPU); plain weights exercise what a GPU's layers go through
+PLAIN = {"num_gpu_blocks_override": 32, "seed": 0, "dtype": "float32"}
+
+
+def _runner(llm: LLM):
+    return llm.llm_engine.engine_core.executor.driver_worker.model_runner
+
+
+def _tokens(llm: LLM) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY)]
+
+
+def _layer_bytes(layer: torch.nn.Module) -> int:
+    """What the offload moves: the layer's own weights (its rotary cache is shared)."""
+    return sum(p.numel() * p.element_size() for p in layer.parameters())
+
+
+def _offloading(monkeypatch, budget_bytes: int) -> None:
+    """Force the offload path on the CPU: the budget as the engine config would hand it over on
+    a GPU."""
+    monkeypatch.setattr(engine_config, "_cpu_offload_bytes", lambda config, device: budget_bytes)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    llm = LLM(tiny_llama, **PLAIN)
+    # measured before any forward: a layer may add caches of its own on its first one
+    sizes = [_layer_bytes(layer) for layer in decoder_layers(_runner(llm).model)]
+    return _tokens(llm), sizes
+
+
+def test_budget_takes_whole_layers_from_the_first_and_tokens_match(
+    tiny_llama, reference, monkeypatch
+):
+    tokens, sizes = reference
+    assert len(sizes) >= 2
+    # room for the first layer and most of the second: only the first fits whole
+    _offloading(monkeypatch, sizes[0] + sizes[1] - 1)
+    llm = LLM(tiny_llama, **PLAIN)
+    runner = _runner(llm)
+    layers = decoder_layers(runner.model)
+    assert len(runner.offloaded) == 1
+    assert runner.offloaded[0].bytes == sizes[0]
+    assert _tokens(llm) == tokens
+    # between forwards the offloaded layer's tensors are empty; the host copies hold the weights
+    assert all(p.numel() == 0 for p in layers[0].parameters())
+    assert all(p.numel() > 0 for p in layers[1].parameters())
+    hosts = runner.offloaded[0].saved
+    assert hosts and all(host.device.type == "cpu" for _, host in hosts)
+    if torch.cuda.is_available():
+        assert all(host.is_pinned() for _, host in hosts)
+
+
+def test_budget_past_the_model_offloads_every_layer_and_still_runs(
+    tiny_llama, reference, monkeypatch
+):
+    tokens, sizes = reference
+    _offloading(monkeypatch, 2**40)
+    llm = LLM(tiny_llama, **PLAIN)
+    runner = _runner(llm)
+    assert len(runner.offloaded) == len(sizes)
+    assert _tokens(llm) == tokens
+    assert _tokens(llm) == tokens  # the hooks fetch the weights again for every forward
+
+
+def test_no_effect_on_a_cpu_engine(tiny_llama, caplog):
+    with caplog.at_level(logging.WARNING):
+        llm = LLM(tiny_llama, **PLAIN, cpu_offload_gb=4)
+    assert _runner(llm).offloaded == []
+    assert "--cpu-offload-gb has no effect on a CPU engine" in caplog.text
+
+
+@pytest.mark.gpu
+def test_device_memory_drops_by_the_budget_and_tokens_match(model_factory):
+    path = model_factory(
+        "LlamaForCausalLM",
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        vocab_size=32000,
+    )
+
+    def load(offload_gb: float) -> tuple[LLM, int]:
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        llm = LLM(
+            path, num_gpu_blocks_override=32, seed=0, cpu_offload_gb=offload_gb, device="cuda"
+        )
+        return llm, torch.cuda.memory_allocated() - before
+
+    plain, plain_bytes = load(0)
+    tokens = _tokens(plain)
+    layers = decoder_layers(_runner(plain).model)
+    budget = 4 * _layer_bytes(layers[0])
+    del plain
+    offloaded, offloaded_bytes = load(budget / 2**30)
+    assert len(_runner(offloaded).offloaded) == 4
+    assert _tokens(offloaded) == tokens
+    assert plain_bytes - offloaded_bytes == pytest.approx(budget, rel=0.05)
