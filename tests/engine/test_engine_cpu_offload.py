@@ -4,6 +4,7 @@ each forward. The mechanism is device-agnostic, so these tests run it with the C
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
@@ -90,6 +91,7 @@ def test_no_effect_on_a_cpu_engine(tiny_llama, caplog):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_device_memory_drops_by_the_budget_and_tokens_match(model_factory):
     path = model_factory(
         "LlamaForCausalLM",
@@ -102,19 +104,21 @@ def test_device_memory_drops_by_the_budget_and_tokens_match(model_factory):
     )
 
     def load(offload_gb: float) -> tuple[LLM, int]:
+        gc.collect()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated()
-        llm = LLM(
-            path, num_gpu_blocks_override=32, seed=0, cpu_offload_gb=offload_gb, device="cuda"
-        )
+        llm = LLM(path, **PLAIN, cpu_offload_gb=offload_gb, enforce_eager=True)
         return llm, torch.cuda.memory_allocated() - before
 
     plain, plain_bytes = load(0)
     tokens = _tokens(plain)
-    layers = decoder_layers(_runner(plain).model)
-    budget = 4 * _layer_bytes(layers[0])
+    budget = 4 * _layer_bytes(decoder_layers(_runner(plain).model)[0])
     del plain
     offloaded, offloaded_bytes = load(budget / 2**30)
-    assert len(_runner(offloaded).offloaded) == 4
+    runner = _runner(offloaded)
+    assert len(runner.offloaded) == 4
+    moved = sum(layer.bytes for layer in runner.offloaded)
+    assert moved <= budget
+    assert all(host.is_pinned() for layer in runner.offloaded for _, host in layer.saved)
+    assert plain_bytes - offloaded_bytes == pytest.approx(moved, rel=0.05)
     assert _tokens(offloaded) == tokens
-    assert plain_bytes - offloaded_bytes == pytest.approx(budget, rel=0.05)
