@@ -152,12 +152,11 @@ class ModelRunner:
                 self.attention_layers.append(module)
         if config.lora is not None:  # wraps the linear layers: before compiling the forward
             self.lora = LoRAManager(self.model, config.lora, self.info.dtype, self.device)  # type: ignore[arg-type]  # every servable model is an nn.Module
-        # offloaded layers copy their weights in Python hooks: the forward stays eager
-        self.run_model = (
-            self.model
-            if self.offloaded
-            else compile_forward(self.model, config.compilation, self.device)
-        )
+        if self.offloaded:  # their weights are copied in Python hooks, which compiling would skip
+            logger.info("The forward is not compiled with --cpu-offload-gb: it runs eagerly")
+            self.run_model = self.model
+        else:
+            self.run_model = compile_forward(self.model, config.compilation, self.device)
         seconds = time.perf_counter() - start
         if self.device.type == "cuda":
             weights = torch.cuda.memory_allocated(self.device) - allocated

@@ -14,6 +14,7 @@ from infernetes.runtime.model_executor.cpu_offload import decoder_layers
 from infernetes.runtime.sampling_params import SamplingParams
 
 from infernetes import LLM
+from infernetes.schema.config import build_config
 
 PROMPTS = ["the cache keeps", "a slow request"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -122,3 +123,15 @@ def test_device_memory_drops_by_the_budget_and_tokens_match(model_factory):
     assert all(host.is_pinned() for layer in runner.offloaded for _, host in layer.saved)
     assert plain_bytes - offloaded_bytes == pytest.approx(moved, rel=0.05)
     assert _tokens(offloaded) == tokens
+
+
+def test_budget_in_bytes_on_a_gpu_and_refused_with_lora():
+    gpu = torch.device("cuda")
+    assert engine_config._cpu_offload_bytes(build_config(model="m", cpu_offload_gb=1.5), gpu) == (
+        3 * 2**29
+    )
+    assert engine_config._cpu_offload_bytes(build_config(model="m"), gpu) == 0
+    with pytest.raises(ValueError, match="--cpu-offload-gb cannot be combined with --enable-lora"):
+        engine_config._cpu_offload_bytes(
+            build_config(model="m", cpu_offload_gb=1, enable_lora=True), gpu
+        )
