@@ -375,8 +375,7 @@ ARG_SUPPORT: dict[str, Support] = {
         ("auto", "uva"),
         "auto and uva take --cpu-offload-gb: the offloaded layers' weights stay in host memory "
         "and are copied to the device for each forward (vLLM's fallback for uva; its kernels "
-        "reading host memory in place are not built); "
-        + PREFETCH_OFFLOAD,
+        "reading host memory in place are not built); " + PREFETCH_OFFLOAD,
     ),
     "cpu_offload_params": refused(
         "offloading chosen parameters by name is not built: --cpu-offload-gb offloads whole "

@@ -35,9 +35,9 @@ from infernetes.runtime.lora.manager import LoRAManager
 from infernetes.runtime.model_executor import cuda_graph, parallel
 from infernetes.runtime.model_executor.compilation import compile_forward
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
+from infernetes.runtime.model_executor.cpu_offload import offload_layers
 from infernetes.runtime.model_executor.cuda_graph import DecodeGraphs
 from infernetes.runtime.model_executor.layers.attention import Attention
-from infernetes.runtime.model_executor.cpu_offload import offload_layers
 from infernetes.runtime.model_executor.loader import build_model
 from infernetes.runtime.model_executor.memory_profile import (
     CudaMemoryProbe,
