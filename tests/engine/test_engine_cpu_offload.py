@@ -15,6 +15,7 @@ from infernetes.runtime.sampling_params import SamplingParams
 
 from infernetes import LLM
 from infernetes.schema.config import build_config
+from infernetes.schema.support_check import refuse_unsupported
 
 PROMPTS = ["the cache keeps", "a slow request"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -135,3 +136,16 @@ def test_budget_in_bytes_on_a_gpu_and_refused_with_lora():
         engine_config._cpu_offload_bytes(
             build_config(model="m", cpu_offload_gb=1, enable_lora=True), gpu
         )
+
+
+def test_the_uva_backend_takes_the_budget_and_prefetch_is_refused():
+    uva = build_config(model="m", cpu_offload_gb=1, offload_backend="uva")
+    assert refuse_unsupported(uva) == []
+    assert engine_config._cpu_offload_bytes(uva, torch.device("cuda")) == 2**30
+    for refused in (
+        {"offload_backend": "prefetch"},
+        {"offload_group_size": 4},
+        {"cpu_offload_params": ["mlp"]},
+    ):
+        with pytest.raises(ValueError, match="not built"):
+            refuse_unsupported(build_config(model="m", **refused))
