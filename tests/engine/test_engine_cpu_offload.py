@@ -149,3 +149,27 @@ def test_the_uva_backend_takes_the_budget_and_prefetch_is_refused():
     ):
         with pytest.raises(ValueError, match="not built"):
             refuse_unsupported(build_config(model="m", **refused))
+
+
+def test_sleep_level_2_offloads_again_on_waking(tiny_llama, reference, monkeypatch):
+    tokens, sizes = reference
+    _offloading(monkeypatch, sizes[0])
+    llm = LLM(tiny_llama, **PLAIN, enable_sleep_mode=True)
+    llm.sleep(2)
+    llm.wake_up()
+    runner = _runner(llm)
+    assert len(runner.offloaded) == 1
+    assert all(p.numel() == 0 for p in decoder_layers(runner.model)[0].parameters())
+    assert _tokens(llm) == tokens
+
+
+def test_quantized_layers_are_offloaded_and_give_the_same_tokens(tiny_llama, monkeypatch):
+    online_fp8 = {**PLAIN, "dtype": "bfloat16", "quantization": "fp8"}
+    tokens = _tokens(LLM(tiny_llama, **online_fp8))
+    _offloading(monkeypatch, 2**40)
+    llm = LLM(tiny_llama, **online_fp8)
+    offloaded = _runner(llm).offloaded
+    assert offloaded
+    held = [host.dtype for layer in offloaded for _, host in layer.saved]
+    assert torch.float8_e4m3fn in held
+    assert _tokens(llm) == tokens
