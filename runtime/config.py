@@ -135,6 +135,7 @@ class LoadConfig:
     load_format: str
     ignore_patterns: tuple[str, ...]
     use_tqdm_on_load: bool
+    cpu_offload_bytes: int = 0  # --cpu-offload-gb: decoder layers kept in host memory
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,10 @@ CONTEXT_PARALLEL = (
 )
 EPLB_PLANNED = "expert parallelism and its load balancer are planned, not built yet"
 EP_ALL2ALL = "expert parallelism moves no tokens all-to-all here"
-WEIGHT_OFFLOAD = "weight offloading to the CPU is not supported yet"
+PREFETCH_OFFLOAD = (
+    "the prefetch weight-offload backend (groups of layers whose weights are fetched some layers "
+    "ahead) is planned, not built yet; --cpu-offload-gb (the uva backend's budget) is built"
+)
 OPT_LEVEL = (
     "the compilation level is -O / --compilation-config's; the optimization level's other "
     "defaults are not built"
@@ -368,12 +371,20 @@ ARG_SUPPORT: dict[str, Support] = {
     "safetensors_prefetch_block_size": no_effect(
         "safetensors files are memory-mapped, not prefetched"
     ),
-    "offload_backend": refused(WEIGHT_OFFLOAD),
-    "cpu_offload_params": refused(WEIGHT_OFFLOAD),
-    "offload_group_size": refused(WEIGHT_OFFLOAD),
-    "offload_num_in_group": refused(WEIGHT_OFFLOAD),
-    "offload_prefetch_step": refused(WEIGHT_OFFLOAD),
-    "offload_params": refused(WEIGHT_OFFLOAD),
+    "offload_backend": partial(
+        ("auto", "uva"),
+        "auto and uva take --cpu-offload-gb: the offloaded layers' weights stay in host memory "
+        "and are copied to the device for each forward (vLLM's fallback for uva; its kernels "
+        "reading host memory in place are not built); " + PREFETCH_OFFLOAD,
+    ),
+    "cpu_offload_params": refused(
+        "offloading chosen parameters by name is not built: --cpu-offload-gb offloads whole "
+        "decoder layers from the first"
+    ),
+    "offload_group_size": refused(PREFETCH_OFFLOAD),
+    "offload_num_in_group": refused(PREFETCH_OFFLOAD),
+    "offload_prefetch_step": refused(PREFETCH_OFFLOAD),
+    "offload_params": refused(PREFETCH_OFFLOAD),
     # ---------------------------------------------------------------- DecodingConfig
     "guided_decoding_backend": partial(STRUCTURED_OUTPUT_BACKENDS, STRUCTURED_OUTPUT_BACKEND_NOTE),
     "guided_decoding_disable_fallback": honoured(
@@ -500,7 +511,12 @@ ARG_SUPPORT: dict[str, Support] = {
         "PYTHONHASHSEED) is the one llm-d's indexer recomputes",
         others="no_effect",
     ),
-    "cpu_offload_gb": refused(WEIGHT_OFFLOAD),
+    "cpu_offload_gb": honoured(
+        "on a GPU, whole decoder layers from the first, up to that many GiB, kept in (pinned) host "
+        "memory and copied to the device for each forward: more room for the KV cache, a slower "
+        "step; CUDA graphs and compilation are off with it, and --enable-lora is refused with it; "
+        "on a CPU engine it has no effect (warned): the weights are in host memory already"
+    ),
     "calculate_kv_scales": HONOURED,
     "kv_sharing_fast_prefill": refused("KV sharing across layers is not supported yet"),
     "mamba_backend": no_effect(NO_SSM),

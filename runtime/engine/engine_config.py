@@ -359,6 +359,13 @@ def resolve_config(
             "in Python, which a graph would not replay; every step runs eagerly"
         )
         decode_graphs = None
+    cpu_offload_bytes = _cpu_offload_bytes(config, device)
+    if cpu_offload_bytes and decode_graphs is not None:
+        logger.info(
+            "CUDA graphs are off with --cpu-offload-gb: the offloaded layers' weights are copied "
+            "to the device by Python hooks, which a graph would not replay; every step runs eagerly"
+        )
+        decode_graphs = None
     if decode_graphs is not None and speculative is not None and speculative.method == "eagle3":
         logger.info(
             "CUDA graphs are off with an EAGLE-3 head: it reads the hidden states of three "
@@ -392,6 +399,7 @@ def resolve_config(
             load_format=config.load_format,
             ignore_patterns=tuple(ignore),
             use_tqdm_on_load=bool(config.use_tqdm_on_load),
+            cpu_offload_bytes=cpu_offload_bytes,
         ),
         compilation=compilation,
         decode_graphs=decode_graphs,
@@ -471,3 +479,21 @@ def _lora_config(config: ServeConfig, pooling: bool) -> LoRAConfig | None:
 
 
 __all__ = ["resolve_config", "resolve_device"]
+
+
+def _cpu_offload_bytes(config: ServeConfig, device: torch.device) -> int:
+    """--cpu-offload-gb in bytes; 0 on a CPU, where the weights are in host memory already."""
+    gigabytes = float(config.cpu_offload_gb or 0)  # (the schema's minimum refuses a negative)
+    if not gigabytes:
+        return 0
+    if device.type == "cpu":
+        logger.warning(
+            "--cpu-offload-gb has no effect on a CPU engine: the weights are in host memory already"
+        )
+        return 0
+    if config.enable_lora:
+        raise ValueError(
+            "--cpu-offload-gb cannot be combined with --enable-lora: adapters are written into "
+            "the linear layers' device tensors, which offloaded layers do not keep between forwards"
+        )
+    return int(gigabytes * 2**30)

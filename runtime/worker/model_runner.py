@@ -36,6 +36,7 @@ from infernetes.runtime.lora.manager import LoRAManager
 from infernetes.runtime.model_executor import cuda_graph, parallel
 from infernetes.runtime.model_executor.compilation import compile_forward
 from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
+from infernetes.runtime.model_executor.cpu_offload import offload_layers
 from infernetes.runtime.model_executor.cuda_graph import DecodeGraphs
 from infernetes.runtime.model_executor.layers.attention import Attention
 from infernetes.runtime.model_executor.loader import build_model
@@ -143,6 +144,8 @@ class ModelRunner:
             config.model.quantization,
             config.load.ignore_patterns,
         )
+        # (the engine config leaves this 0 on a CPU, where the weights are in host memory already)
+        self.offloaded = offload_layers(self.model, config.load.cpu_offload_bytes, self.device)  # type: ignore[arg-type]  # every servable model is an nn.Module
         self.attention_layers: list[Attention] = []
         for name, module in self.model.named_modules():
             if isinstance(module, Attention):
@@ -150,7 +153,11 @@ class ModelRunner:
                 self.attention_layers.append(module)
         if config.lora is not None:  # wraps the linear layers: before compiling the forward
             self.lora = LoRAManager(self.model, config.lora, self.info.dtype, self.device)  # type: ignore[arg-type]  # every servable model is an nn.Module
-        self.run_model = compile_forward(self.model, config.compilation, self.device)
+        if self.offloaded:  # their weights are copied in Python hooks, which compiling would skip
+            logger.info("The forward is not compiled with --cpu-offload-gb: it runs eagerly")
+            self.run_model = self.model
+        else:
+            self.run_model = compile_forward(self.model, config.compilation, self.device)
         seconds = time.perf_counter() - start
         if self.device.type == "cuda":
             weights = torch.cuda.memory_allocated(self.device) - allocated

@@ -27,14 +27,20 @@ def _tensors_of(value: object) -> Iterator[torch.Tensor]:
             yield from _tensors_of(item)
 
 
+def own_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
+    """The tensors ``module`` itself holds (by attribute, parameter or buffer), not its
+    children's."""
+    held = [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]
+    for value in held:
+        yield from _tensors_of(value)
+
+
 def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Each tensor the model's modules hold (by attribute, parameter or buffer), once."""
     seen: dict[int, torch.Tensor] = {}
     for module in model.modules():
-        held = [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]
-        for value in held:
-            for tensor in _tensors_of(value):
-                seen.setdefault(id(tensor), tensor)
+        for tensor in own_tensors(module):
+            seen.setdefault(id(tensor), tensor)
     return list(seen.values())
 
 

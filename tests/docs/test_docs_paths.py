@@ -365,7 +365,7 @@ def test_readme_tables_say_what_the_support_table_says() -> None:
 
 
 def test_a_flag_in_the_wrong_table_is_found() -> None:
-    assert support_kind("--cpu-offload-gb", None) not in README_TABLES["### What works"]
+    assert support_kind("--enable-eplb", None) not in README_TABLES["### What works"]
     assert support_kind("--preemption-mode", "swap") in README_TABLES["### What is refused"]
     assert support_kind("--preemption-mode", "recompute") not in README_TABLES["### Planned"]
 
