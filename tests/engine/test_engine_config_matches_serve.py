@@ -224,10 +224,11 @@ REFUSED = [
         [
             "--speculative-config",
             '{"method": "ngram", "num_speculative_tokens": 3}',
-            "--async-scheduling",
+            "--pipeline-parallel-size",
+            "2",
         ],
         2,
-        "speculative decoding with --async-scheduling is planned",
+        "speculative decoding across pipeline stages is planned",
     ),
     # the engine's rule, against the model's 2 layers: only `resolve_config` knows them
     (

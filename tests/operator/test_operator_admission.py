@@ -85,7 +85,7 @@ def test_messages_name_the_flag_the_reason_and_what_is_accepted() -> None:
     assert location.endswith("supported: cpu")
     assert by_field["fullyShardedLoras"].message.endswith("only false is accepted")
     assert by_field["longLoraScalingFactors"].message.endswith("leave it unset")
-    assert by_field["cpuOffloadGb"].message.endswith("only 0 is accepted")
+    assert by_field["ubatchSize"].message.endswith("only 0 is accepted")
 
 
 def test_the_crd_checks_allowed_values_on_the_field_and_unset_ones_on_the_object() -> None:
