@@ -158,8 +158,8 @@ async def test_user_middleware_is_installed():
 
 
 def test_refused_settings_name_the_flag():
-    with pytest.raises(ValueError, match=r"openai.*not supported yet"):
-        check_frontend_settings(FrontendSettings(tool_call_parser="openai"))
+    with pytest.raises(ValueError, match=r"--tool-call-parser 'ernie45' is unknown; supported: .*hermes"):
+        check_frontend_settings(FrontendSettings(tool_call_parser="ernie45"))
     with pytest.raises(ValueError, match="--tool-call-parser"):
         check_frontend_settings(FrontendSettings(enable_auto_tool_choice=True))
     with pytest.raises(ValueError, match="outlines"):
@@ -168,9 +168,9 @@ def test_refused_settings_name_the_flag():
         check_frontend_settings(FrontendSettings(chat_template="missing.jinja"))
 
 
-def test_run_server_exits_2_on_unsupported_parser(capsys):
-    config = build_config("some/model", tool_call_parser="openai", enable_auto_tool_choice=True)
+def test_run_server_exits_2_on_a_refused_frontend_setting(capsys):
+    config = build_config("some/model", chat_template="missing.jinja")
     with pytest.raises(SystemExit) as info:
         run_server(config)
     assert info.value.code == 2
-    assert "openai" in capsys.readouterr().err
+    assert "missing.jinja" in capsys.readouterr().err
