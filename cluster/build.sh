@@ -22,6 +22,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
+# shellcheck source=gobuild.sh
+source "$here/gobuild.sh"
 
 cache_root="${INFERNETES_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infernetes/cluster}"
 key="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
@@ -48,10 +50,8 @@ if all_built; then
     exit 0
 fi
 
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x "$GO" ]] || { echo "build.sh: no Go toolchain found (set GO=/path/to/go)" >&2; exit 1; }
-export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-nice_cmd=(nice -n "${BUILD_NICE:-10}")
+gobuild_toolchain build.sh
+export CGO_ENABLED=0
 
 mkdir -p "$bin" "$top/src"
 log="$top/build.log"
@@ -90,7 +90,7 @@ echo "build.sh: $(date -u +%FT%TZ) building $key with $("$GO" version)" >>"$log"
 build_kubernetes() {
     local dir="$top/src/kubernetes" kmod minor commit date_now
     mkdir -p "$dir"
-    kmod="$(cd "$dir" && "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    kmod="$(cd "$dir" && gobuild_module_dir "k8s.io/kubernetes@$KUBERNETES_VERSION" GoMod)"
     commit="$(cd "$dir" && "$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | awk -F'"' '$2 == "Hash" && !found {print $4; found = 1}')"
     minor="${KUBERNETES_VERSION#v1.}"
     minor="${minor%%.*}"
@@ -118,7 +118,7 @@ build_kubernetes() {
         ldflags+=" -X $pkg.gitCommit=$commit"  # empty when the proxy gives no origin hash
     done
     mkdir -p "$dir/out"
-    (cd "$dir" && "${nice_cmd[@]}" "$GO" build -trimpath -ldflags "$ldflags" -o "$dir/out/" "${pkgs[@]}")
+    (cd "$dir" && gobuild_nice "$GO" build -trimpath -ldflags "$ldflags" -o "$dir/out/" "${pkgs[@]}")
     mv "$dir/out/"* "$bin/"
 }
 
@@ -140,7 +140,7 @@ require (
 )
 EOF
     (cd "$dir" && "$GO" get "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
-    (cd "$dir" && "${nice_cmd[@]}" "$GO" build -trimpath -ldflags "-s -w" -o "$dir/etcd.new" go.etcd.io/etcd/server/v3)
+    (cd "$dir" && gobuild_nice "$GO" build -trimpath -ldflags "-s -w" -o "$dir/etcd.new" go.etcd.io/etcd/server/v3)
     # `go get` of the wrong version would pass silently; the binary says what it is.
     local reported
     reported="$("$dir/etcd.new" --version)"
@@ -150,7 +150,7 @@ EOF
 }
 
 build_kwok() {
-    GOBIN="$top/src/gobin" "${nice_cmd[@]}" "$GO" install -trimpath \
+    GOBIN="$top/src/gobin" gobuild_nice "$GO" install -trimpath \
         -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
         "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
     mv "$top/src/gobin/kwok" "$bin/kwok"
@@ -158,7 +158,7 @@ build_kwok() {
 
 extract_kwok_stages() {
     local src
-    src="$("$GO" mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')/kustomize/stage"
+    src="$(gobuild_module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")/kustomize/stage"
     local f out="$kwok_stages.new"
     : >"$out"
     for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
@@ -173,14 +173,14 @@ build_helm() {
     local base="helm.sh/helm/v3/internal/version" hmod k8s_minor ldflags
     # As helm's own Makefile does: the default Kubernetes version of `helm template`/`helm lint`
     # is the minor of the client-go that helm is built with.
-    hmod="$("$GO" mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    hmod="$(gobuild_module_dir "helm.sh/helm/v3@$HELM_VERSION" GoMod)"
     k8s_minor="$(awk '$1 == "k8s.io/client-go" {split($2, v, "."); print v[2]}' "$hmod")"
     ldflags="-s -w -X $base.version=$HELM_VERSION -X $base.gitTreeState=clean"
     local pkg
     for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
         ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
     done
-    GOBIN="$top/src/gobin" "${nice_cmd[@]}" "$GO" install -trimpath -ldflags "$ldflags" \
+    GOBIN="$top/src/gobin" gobuild_nice "$GO" install -trimpath -ldflags "$ldflags" \
         "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
     mv "$top/src/gobin/helm" "$bin/helm"
 }

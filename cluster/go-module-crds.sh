@@ -13,6 +13,9 @@
 # Environment: INFERNETES_CRD_CACHE (default ~/.cache/infernetes/crds), GO (go binary).
 set -euo pipefail
 
+# shellcheck source=gobuild.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gobuild.sh"
+
 [[ $# -eq 3 ]] || { echo "usage: $0 MODULE VERSION GLOB" >&2; exit 2; }
 module="$1" version="$2" glob="$3"
 
@@ -25,14 +28,12 @@ if [[ -f "$out/.complete" ]]; then
     exit 0
 fi
 
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x "$GO" ]] || { echo "go-module-crds.sh: no Go toolchain found (set GO=/path/to/go)" >&2; exit 1; }
+gobuild_toolchain go-module-crds.sh
 mkdir -p "$cache_root"
 exec 9>"$cache_root/fetch.lock"
 flock 9
 if [[ ! -f "$out/.complete" ]]; then
-    dir="$(GOTOOLCHAIN=local "$GO" mod download -json "$module@$version" \
-        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+    dir="$(gobuild_module_dir "$module@$version")"
     [[ -d "$dir" ]] || { echo "go-module-crds.sh: $module@$version did not download" >&2; exit 1; }
     shopt -s nullglob
     # shellcheck disable=SC2206  # the glob is meant to expand

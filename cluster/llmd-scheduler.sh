@@ -24,6 +24,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
+# shellcheck source=gobuild.sh
+source "$here/gobuild.sh"
 version="$LLMD_INFERENCE_SCHEDULER_VERSION"
 module=github.com/llm-d/llm-d-inference-scheduler
 cache_root="${INFERNETES_LLMD_SCHEDULER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infernetes/llmd-scheduler}"
@@ -31,13 +33,9 @@ out="$cache_root/llm-d-inference-scheduler-$version"
 bin="$out/epp"
 wrapper="$out/python/render_jinja_template_wrapper.py"
 
-if [[ -x "$bin" && -f "$wrapper" ]]; then
-    echo "$bin"
-    exit 0
-fi
+built() { [[ -x "$bin" && -f "$wrapper" ]]; }
+gobuild_done built "$bin"
 
-missing() { echo "llmd-scheduler.sh: $*" >&2; exit 3; }
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 CARGO="${CARGO:-$(command -v cargo || echo "$HOME/.cargo/bin/cargo")}"
 # The first python3.12-config that answers (a pyenv shim may exist and refuse).
 python_config() {
@@ -51,57 +49,45 @@ python_config() {
     done
 }
 PYTHON_CONFIG="$(python_config)"
-[[ -x "$GO" ]] || missing "no Go toolchain found (set GO=/path/to/go)"
-[[ -x "$CARGO" ]] || missing "no cargo (libtokenizers.a is Rust; set CARGO=/path/to/cargo)"
-[[ -n "$PYTHON_CONFIG" ]] || missing "no python3.12-config (the scheduler embeds Python 3.12)"
-command -v cc >/dev/null || missing "no C compiler (the scheduler is cgo)"
+script=llmd-scheduler.sh
+gobuild_toolchain $script
+[[ -x "$CARGO" ]] || gobuild_missing $script "no cargo (libtokenizers.a is Rust; set CARGO=/path/to/cargo)"
+[[ -n "$PYTHON_CONFIG" ]] || gobuild_missing $script "no python3.12-config (the scheduler embeds Python 3.12)"
+command -v cc >/dev/null || gobuild_missing $script "no C compiler (the scheduler is cgo)"
 pkg-config --exists libzmq 2>/dev/null ||
-    missing "no libzmq for pkg-config (Debian: apt-get install libzmq3-dev pkg-config)"
+    gobuild_missing $script "no libzmq for pkg-config (Debian: apt-get install libzmq3-dev pkg-config)"
 
-mkdir -p "$out"
-exec 9>"$out/build.lock"
-flock 9
-if [[ -x "$bin" && -f "$wrapper" ]]; then
-    echo "$bin"
-    exit 0
-fi
-start=$(date +%s)
-echo "llmd-scheduler.sh: building llm-d's inference scheduler ($version) ..." >&2
-export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-nice_() { nice -n "${BUILD_NICE:-10}" "$@"; }
-{
-    src="$("$GO" mod download -json "$module@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+build() {
+    local src tok_version tok_src lib kv_src work="$out/src"
+    src="$(gobuild_module_dir "$module@$version")"
     # The tokenizers version the scheduler's own go.mod resolves to.
     tok_version="$(cd "$src" && "$GO" list -m -f '{{.Version}}' github.com/daulet/tokenizers)"
-    tok_src="$(cd "$src" && "$GO" mod download -json "github.com/daulet/tokenizers@$tok_version" |
-        sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+    tok_src="$(cd "$src" && gobuild_module_dir "github.com/daulet/tokenizers@$tok_version")"
     lib="$out/tokenizers-$tok_version"
     if [[ ! -f "$lib/libtokenizers.a" ]]; then
         rm -rf "$lib.src" && cp -r "$tok_src" "$lib.src" && chmod -R u+w "$lib.src"
-        (cd "$lib.src" && nice_ "$CARGO" build --release --locked --lib)
+        (cd "$lib.src" && gobuild_nice "$CARGO" build --release --locked --lib)
         mkdir -p "$lib" && cp "$lib.src/target/release/libtokenizers.a" "$lib/"
         rm -rf "$lib.src"
     fi
-    kv_src="$(cd "$src" && "$GO" mod download -json \
+    kv_src="$(cd "$src" && gobuild_module_dir \
         "github.com/llm-d/llm-d-kv-cache-manager@$(cd "$src" && "$GO" list -m -f '{{.Version}}' \
-            github.com/llm-d/llm-d-kv-cache-manager)" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+            github.com/llm-d/llm-d-kv-cache-manager)")"
     mkdir -p "$out/python"
     cp "$kv_src/pkg/preprocessing/chat_completions/render_jinja_template_wrapper.py" "$wrapper.tmp"
     mv "$wrapper.tmp" "$wrapper"
     if [[ ! -x "$bin" ]]; then
         # The module cache is read-only; build in a copy so go.mod's own requirements apply.
-        work="$out/src" && rm -rf "$work" && cp -r "$src" "$work" && chmod -R u+w "$work"
+        rm -rf "$work" && cp -r "$src" "$work" && chmod -R u+w "$work"
         cd "$work"
-        CGO_ENABLED=1 \
-            CGO_CFLAGS="$("$PYTHON_CONFIG" --cflags) -I$lib" \
-            CGO_LDFLAGS="$("$PYTHON_CONFIG" --ldflags --embed) -L$lib -ltokenizers -ldl -lm" \
-            nice_ "$GO" build -o "$bin.tmp" ./cmd/epp
+        export CGO_ENABLED=1
+        CGO_CFLAGS="$("$PYTHON_CONFIG" --cflags) -I$lib"
+        CGO_LDFLAGS="$("$PYTHON_CONFIG" --ldflags --embed) -L$lib -ltokenizers -ldl -lm"
+        export CGO_CFLAGS CGO_LDFLAGS
+        gobuild_nice "$GO" build -o "$bin.tmp" ./cmd/epp
         cd "$out" && rm -rf "$work"
         mv "$bin.tmp" "$bin"
     fi
-} >"$out/build.log" 2>&1 || {
-    tail -40 "$out/build.log" >&2
-    exit 1
 }
-echo "llmd-scheduler.sh: built in $(($(date +%s) - start)) s" | tee -a "$out/build.log" >&2
-echo "$bin"
+
+gobuild_cached $script "$out" "$bin" built build "llm-d's inference scheduler ($version)"

@@ -15,6 +15,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
+# shellcheck source=gobuild.sh
+source "$here/gobuild.sh"
 
 cache_root="${INFERNETES_LWS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infernetes/lws}"
 out="$cache_root/$LWS_VERSION"
@@ -24,61 +26,37 @@ built() {
         && -s "$out/webhook/manifests.yaml" ]]
 }
 
-if built; then
-    echo "$out"
-    exit 0
-fi
-
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x "$GO" ]] || { echo "lws.sh: no Go toolchain found (set GO=/path/to/go)" >&2; exit 1; }
-export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-mkdir -p "$out"
-exec 9>"$out/build.lock"
-flock 9
-if built; then
-    echo "$out"
-    exit 0
-fi
-
-start=$(date +%s)
-log="$out/build.log"
-echo "lws.sh: $(date -u +%FT%TZ) building sigs.k8s.io/lws $LWS_VERSION with $("$GO" version)" >>"$log"
-echo "lws.sh: building the LeaderWorkerSet controller $LWS_VERSION ..." >&2
-dir="$("$GO" mod download -json "sigs.k8s.io/lws@$LWS_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-[[ -d "$dir/config/crd/bases" ]] || { echo "lws.sh: no config/crd/bases in $dir" >&2; exit 1; }
-base="sigs.k8s.io/lws/pkg/version"
-ldflags="-s -w -X $base.GitVersion=$LWS_VERSION"
-# A wrapper module (as build.sh does for etcd): `go install module@version` would ask the proxy
-# for the module's version list, which it may refuse.
-src="$out/src"
-rm -rf "$src" "$out/crds.new" "$out/webhook.new"
-mkdir -p "$src"
-cat >"$src/go.mod" <<MOD
+build() {
+    local dir src="$out/src" ldflags="-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION"
+    export CGO_ENABLED=0
+    dir="$(gobuild_module_dir "sigs.k8s.io/lws@$LWS_VERSION")"
+    [[ -d "$dir/config/crd/bases" ]] || { echo "lws.sh: no config/crd/bases in $dir"; return 1; }
+    # A wrapper module (as build.sh does for etcd): `go install module@version` would ask the proxy
+    # for the module's version list, which it may refuse.
+    rm -rf "$src" "$out/crds.new" "$out/webhook.new"
+    mkdir -p "$src"
+    cat >"$src/go.mod" <<MOD
 module infernetes.local/cluster/lws
 
 go $(sed -n 's/^go //p' "$dir/go.mod")
 
 require sigs.k8s.io/lws $LWS_VERSION
 MOD
-build() {
-    (cd "$src" && "$GO" get "sigs.k8s.io/lws/cmd@$LWS_VERSION" \
-        && nice -n "${BUILD_NICE:-10}" "$GO" build -trimpath -ldflags "$ldflags" \
-            -o "$src/lws-manager" sigs.k8s.io/lws/cmd)
+    cd "$src"
+    "$GO" get "sigs.k8s.io/lws/cmd@$LWS_VERSION"
+    gobuild_nice "$GO" build -trimpath -ldflags "$ldflags" -o "$src/lws-manager" sigs.k8s.io/lws/cmd
+    mkdir -p "$out/bin" "$out/crds.new" "$out/webhook.new"
+    mv "$src/lws-manager" "$out/bin/lws-manager"
+    cp "$dir"/config/crd/bases/*.yaml "$out/crds.new/"
+    # The webhooks as the release's kustomization patches them (the pod webhooks only see pods
+    # labelled by LWS); e2e/lws.py points them at the manager on the host.
+    cp "$dir"/config/webhook/manifests.yaml "$dir"/config/webhook/*-patch.yaml "$out/webhook.new/"
+    chmod -R u+w "$out/crds.new" "$out/webhook.new"
+    rm -rf "$out/crds" "$out/webhook"
+    mv "$out/crds.new" "$out/crds"
+    mv "$out/webhook.new" "$out/webhook"
 }
-if ! build >>"$log" 2>&1; then
-    echo "lws.sh: build failed; last lines of $log:" >&2
-    tail -40 "$log" >&2
-    exit 1
-fi
-mkdir -p "$out/bin" "$out/crds.new" "$out/webhook.new"
-mv "$src/lws-manager" "$out/bin/lws-manager"
-cp "$dir"/config/crd/bases/*.yaml "$out/crds.new/"
-# The webhooks as the release's kustomization patches them (the pod webhooks only see pods
-# labelled by LWS); e2e/lws.py points them at the manager on the host.
-cp "$dir"/config/webhook/manifests.yaml "$dir"/config/webhook/*-patch.yaml "$out/webhook.new/"
-chmod -R u+w "$out/crds.new" "$out/webhook.new"
-rm -rf "$out/crds" "$out/webhook"
-mv "$out/crds.new" "$out/crds"
-mv "$out/webhook.new" "$out/webhook"
-echo "lws.sh: built in $(( $(date +%s) - start )) s" | tee -a "$log" >&2
-echo "$out"
+
+gobuild_done built "$out"
+gobuild_toolchain lws.sh
+gobuild_cached lws.sh "$out" "$out" built build "the LeaderWorkerSet controller $LWS_VERSION"

@@ -15,40 +15,25 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
+# shellcheck source=gobuild.sh
+source "$here/gobuild.sh"
 src="$here/podkubelet"
 version="$VIRTUAL_KUBELET_VERSION"
-grep -q "github.com/virtual-kubelet/virtual-kubelet $version\$" "$src/go.mod" || {
-    echo "podkubelet.sh: $src/go.mod does not require virtual-kubelet $version" >&2
-    exit 1
-}
-digest="$(cat "$src/go.mod" "$src/go.sum" "$src"/*.go | sha256sum | cut -c1-12)"
+digest="$(gobuild_source_digest podkubelet.sh "$src" github.com/virtual-kubelet/virtual-kubelet "$version")"
 cache_root="${INFERNETES_PODKUBELET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infernetes/podkubelet}"
 out="$cache_root/virtual-kubelet-$version-$digest"
 bin="$out/podkubelet"
 
-if [[ -x "$bin" ]]; then
-    echo "$bin"
-    exit 0
-fi
-
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x "$GO" ]] || { echo "podkubelet.sh: no Go toolchain found (set GO=/path/to/go)" >&2; exit 3; }
-mkdir -p "$out"
-exec 9>"$out/build.lock"
-flock 9
-if [[ -x "$bin" ]]; then
-    echo "$bin"
-    exit 0
-fi
-start=$(date +%s)
-echo "podkubelet.sh: building podkubelet on virtual-kubelet $version ..." >&2
-# The provider's unit tests (status mapping, env expansion, the image map) gate the binary.
-(cd "$src" && export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:-} -buildvcs=false" &&
-    nice -n "${BUILD_NICE:-10}" "$GO" test . &&
-    nice -n "${BUILD_NICE:-10}" "$GO" build -o "$bin.tmp" .) >"$out/build.log" 2>&1 || {
-    tail -40 "$out/build.log" >&2
-    exit 1
+built() { [[ -x "$bin" ]]; }
+build() {
+    cd "$src"
+    export CGO_ENABLED=0
+    # The provider's unit tests (status mapping, env expansion, the image map) gate the binary.
+    gobuild_nice "$GO" test .
+    gobuild_nice "$GO" build -o "$bin.tmp" .
+    mv "$bin.tmp" "$bin"
 }
-mv "$bin.tmp" "$bin"
-echo "podkubelet.sh: built in $(($(date +%s) - start)) s" | tee -a "$out/build.log" >&2
-echo "$bin"
+
+gobuild_done built "$bin"
+gobuild_toolchain podkubelet.sh
+gobuild_cached podkubelet.sh "$out" "$bin" built build "podkubelet on virtual-kubelet $version"
