@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from infernetes.runtime.engine.stats import PROMPT_TOKEN_SOURCES
+
 _CORPUS = """\
 The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step.
 Kubernetes schedules pods onto nodes; each pod runs one or more containers that share a network.
@@ -514,3 +516,35 @@ def harmony_vocab_dir() -> Path | None:
     vocabulary, for TIKTOKEN_ENCODINGS_BASE), if the file is there."""
     folder = Path.home() / ".cache" / "infernetes" / "tiktoken"
     return folder if (folder / "o200k_base.tiktoken").is_file() else None
+
+
+class StepTotals:
+    """A stat logger for tests: what an engine's steps added up to, so a test can show that the
+    path it meant to exercise ran (a preemption happened, the prefix cache hit, KV moved)."""
+
+    def __init__(self) -> None:
+        self.preemptions = 0
+        self.prefix_hits = 0  # vllm:prefix_cache_hits: the device's cache only
+        self.tokens_by_source = dict.fromkeys(
+            PROMPT_TOKEN_SOURCES, 0
+        )  # vllm:prompt_tokens_by_source
+        self.copied_bytes: dict[str, int] = {}  # KV bytes moved, by transfer type
+        self.transfers: list[Any] = []  # each KV transfer as the scheduler reported it
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        self.preemptions += scheduler_stats.num_preemptions
+        self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
+        for source, count in iteration_stats.prompt_tokens_by_source.items():
+            self.tokens_by_source[source] += count
+        self.transfers += scheduler_stats.kv_transfers
+        for transfer in scheduler_stats.kv_transfers:
+            kind = transfer.transfer_type
+            self.copied_bytes[kind] = self.copied_bytes.get(kind, 0) + transfer.num_bytes
+
+    @classmethod
+    def attach(cls, llm: Any) -> StepTotals:
+        """A new one, recording every later step of the offline ``LLM``'s engine. (The engine
+        logs and swallows a stat logger's exceptions, so assert on the totals, not in here.)"""
+        totals = cls()
+        llm.llm_engine.engine_core.stat_loggers.append(totals)
+        return totals

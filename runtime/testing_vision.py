@@ -483,6 +483,27 @@ def hf_llava_greedy(
     return prompt_ids, tokens, logprobs
 
 
+def record_chunk_ends(llm: Any) -> list[tuple[list, int]]:
+    """From now on, each scheduled chunk of the offline ``LLM``: its request's multimodal items
+    (``mm_features``) and the prompt position the chunk ends at, so a test can see whether a
+    chunk ended inside an item."""
+    scheduler = llm.llm_engine.engine_core.scheduler
+    ends: list[tuple[list, int]] = []
+    schedule = scheduler.schedule
+
+    def recorded() -> Any:
+        output = schedule()
+        for request_id, num_new in zip(
+            output.request_ids, output.num_scheduled_tokens, strict=True
+        ):
+            request = scheduler.requests[request_id]
+            ends.append((request.mm_features, request.num_computed_tokens + num_new))
+        return output
+
+    scheduler.schedule = recorded
+    return ends
+
+
 def assert_equals_transformers(
     outputs: list[Any], expected: list[tuple[list[int], list[int], list[float]]]
 ) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from infernetes.runtime.testing import SAMPLE_PROMPTS
+from infernetes.runtime.testing import SAMPLE_PROMPTS, StepTotals
 
 from infernetes import LLM, SamplingParams
 
@@ -112,14 +112,6 @@ def test_sliding_window_past_the_window_matches_transformers(
         _assert_exact(llm, path, hf_greedy, [*LONG_PROMPTS, LONG_PROMPTS[0]], max_tokens=24)
 
 
-class _Preemptions:
-    def __init__(self) -> None:
-        self.count = 0
-
-    def record(self, scheduler_stats, iteration_stats) -> None:
-        self.count += scheduler_stats.num_preemptions
-
-
 @pytest.mark.parametrize(
     ("architecture", "overrides", "releases"),
     [
@@ -137,11 +129,11 @@ def test_blocks_behind_every_layers_window_go_back(
     from infernetes.schema.config import build_config
 
     path = model_factory(architecture, **overrides)
-    preemptions = _Preemptions()
+    totals = StepTotals()
     config = build_config(
         path, dtype="float32", max_model_len=128, block_size=8, num_gpu_blocks_override=24
     )
-    engine = LLMEngine(config, stat_loggers=[preemptions])
+    engine = LLMEngine(config, stat_loggers=[totals])
     tokenizer = engine.tokenizer
     prompts = [tokenizer(text).input_ids[:80] for text in [*LONG_PROMPTS, *LONG_PROMPTS]]
     assert all(len(ids) > 60 for ids in prompts)
@@ -158,7 +150,7 @@ def test_blocks_behind_every_layers_window_go_back(
     engine.shutdown()
     for i, ids in enumerate(prompts):
         assert tokens[i] == hf_greedy(path, ids, 24)
-    assert (preemptions.count == 0) == releases, preemptions.count
+    assert (totals.preemptions == 0) == releases, totals.preemptions
     assert (most_held < 4 * 13) if releases else most_held == 24
 
 

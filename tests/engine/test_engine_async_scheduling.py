@@ -13,6 +13,7 @@ import threading
 import pytest
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.testing import SAMPLE_PROMPTS as PROMPTS
+from infernetes.runtime.testing import StepTotals
 
 from infernetes import LLM, SamplingParams
 from infernetes.schema.config import build_config
@@ -20,17 +21,7 @@ from infernetes.schema.config import build_config
 BASE = {"dtype": "float32", "max_model_len": 128, "block_size": 8}
 
 
-class Counter:
-    def __init__(self) -> None:
-        self.preemptions = 0
-        self.prefix_hits = 0
-
-    def record(self, scheduler_stats, iteration_stats) -> None:
-        self.preemptions += scheduler_stats.num_preemptions
-        self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
-
-
-def _llm(model: str, counter: Counter | None = None, **settings) -> LLM:
+def _llm(model: str, counter: StepTotals | None = None, **settings) -> LLM:
     llm = LLM(model, **{**BASE, **settings})
     if counter is not None:
         llm.llm_engine.engine_core.stat_loggers.append(counter)
@@ -133,7 +124,7 @@ def test_prompt_logprobs_under_chunked_prefill(tiny_llama):
 
 
 def test_prefix_cache_hit(tiny_llama, hf_greedy):
-    counter = Counter()
+    counter = StepTotals()
     llm = _llm(tiny_llama, counter, async_scheduling=True, num_gpu_blocks_override=64)
     shared = PROMPTS[3]
     first = llm.generate(shared + " One", GREEDY)
@@ -146,7 +137,7 @@ def test_prefix_cache_hit(tiny_llama, hf_greedy):
     ("policy", "caching"), [("fcfs", False), ("priority", False), ("fcfs", True)]
 )
 def test_preemption_of_requests_in_flight(tiny_llama, hf_greedy, policy, caching):
-    counter = Counter()
+    counter = StepTotals()
     settings = {
         "max_model_len": 64,
         "num_gpu_blocks_override": 10,
@@ -172,7 +163,7 @@ def test_seeded_sampling_and_n_survive_preemption(tiny_llama):
     ]
     params[1] = SamplingParams(n=3, temperature=0.8, seed=3, max_tokens=20, ignore_eos=True)
     roomy = _llm(tiny_llama, max_model_len=64, num_gpu_blocks_override=64).generate(PROMPTS, params)
-    counter = Counter()
+    counter = StepTotals()
     tight = _llm(
         tiny_llama, counter, async_scheduling=True, max_model_len=64, num_gpu_blocks_override=10
     )
@@ -315,7 +306,7 @@ def test_refused_with_pipeline_parallelism(tiny_llama):
 def test_tensor_parallel_worker_processes(tiny_llama, hf_greedy):
     """With --distributed-executor-backend mp each rank takes the next step as soon as it has
     sent this one's output; every rank keeps the tokens it sampled."""
-    counter = Counter()
+    counter = StepTotals()
     config = build_config(
         tiny_llama,
         **{**BASE, "max_model_len": 64},

@@ -18,6 +18,7 @@ import time
 import pytest
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.testing import StepTotals
 
 from infernetes.schema.config import build_config
 
@@ -158,16 +159,7 @@ class Producer:
         self.process.wait()
 
 
-class BySource:
-    def __init__(self) -> None:
-        self.tokens = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
-
-    def record(self, scheduler_stats, iteration_stats) -> None:
-        for source, count in iteration_stats.prompt_tokens_by_source.items():
-            self.tokens[source] += count
-
-
-def _engine(model: str, counter: BySource | None = None, **overrides) -> LLMEngine:
+def _engine(model: str, counter: StepTotals | None = None, **overrides) -> LLMEngine:
     config = build_config(**_settings(model, **overrides))
     return LLMEngine(config, stat_loggers=[counter] if counter else [])
 
@@ -189,7 +181,7 @@ def _greedy(kv_transfer_params: dict | None = None) -> SamplingParams:
     return SamplingParams(max_tokens=MAX_TOKENS, temperature=0, extra_args=extra)
 
 
-def _consumer(model: str, monkeypatch, counter: BySource, **overrides) -> LLMEngine:
+def _consumer(model: str, monkeypatch, counter: StepTotals, **overrides) -> LLMEngine:
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(_free_port()))
     return _engine(model, counter, kv_transfer_config=_nixl("kv_consumer"), **overrides)
 
@@ -227,12 +219,12 @@ def test_the_decode_engine_continues_from_the_prefilled_blocks(
     producer = Producer(tiny_llama, enable_chunked_prefill=True, max_num_batched_tokens=32)
     try:
         answers = producer.prefill(PROMPTS)
-        counter = BySource()
+        counter = StepTotals()
         consumer = _consumer(tiny_llama, monkeypatch, counter, **consumer_overrides)
         got = _generate(consumer, PROMPTS, [_greedy(a["params"]) for a in answers])
         assert got == wanted
         # every prompt token but the last came from the producer
-        assert counter.tokens == {
+        assert counter.tokens_by_source == {
             "local_compute": len(PROMPTS),
             "local_cache_hit": 0,
             "external_kv_transfer": sum(len(p) - 1 for p in PROMPTS),
@@ -245,14 +237,14 @@ def test_the_decode_engine_continues_from_the_prefilled_blocks(
 def test_a_local_prefix_hit_is_not_read_again(tiny_llama, wanted, monkeypatch):
     producer = Producer(tiny_llama)
     try:
-        counter = BySource()
+        counter = StepTotals()
         consumer = _consumer(tiny_llama, monkeypatch, counter)
         head = PROMPTS[0][: 3 * BLOCK_SIZE]
         _generate(consumer, [head], [_greedy()])  # three blocks cached here
-        counter.tokens = dict.fromkeys(counter.tokens, 0)
+        counter.tokens_by_source = dict.fromkeys(counter.tokens_by_source, 0)
         (answer,) = producer.prefill(PROMPTS[:1])
         assert _generate(consumer, PROMPTS[:1], [_greedy(answer["params"])]) == wanted[:1]
-        assert counter.tokens == {
+        assert counter.tokens_by_source == {
             "local_compute": 1,
             "local_cache_hit": 3 * BLOCK_SIZE,
             "external_kv_transfer": len(PROMPTS[0]) - 1 - 3 * BLOCK_SIZE,
@@ -269,12 +261,12 @@ def test_timed_out_blocks_are_freed_and_the_decode_engine_computes_the_prompt(
     try:
         answers = producer.prefill(PROMPTS)
         producer.wait_until_all_free()  # nobody pulled them
-        counter = BySource()
+        counter = StepTotals()
         consumer = _consumer(tiny_llama, monkeypatch, counter)
         got = _generate(consumer, PROMPTS, [_greedy(a["params"]) for a in answers])
         assert got == wanted
-        assert counter.tokens["external_kv_transfer"] == 0
-        assert counter.tokens["local_compute"] == sum(len(p) for p in PROMPTS)
+        assert counter.tokens_by_source["external_kv_transfer"] == 0
+        assert counter.tokens_by_source["local_compute"] == sum(len(p) for p in PROMPTS)
     finally:
         producer.stop()
 
@@ -283,7 +275,7 @@ def test_a_producer_gone_leaves_the_decode_engine_computing_the_prompt(
     tiny_llama, wanted, monkeypatch
 ):
     producer = Producer(tiny_llama)
-    counter = BySource()
+    counter = StepTotals()
     consumer = _consumer(tiny_llama, monkeypatch, counter)
     try:
         first, *rest = producer.prefill(PROMPTS)
@@ -291,33 +283,33 @@ def test_a_producer_gone_leaves_the_decode_engine_computing_the_prompt(
         assert _generate(consumer, PROMPTS[:1], [_greedy(first["params"])]) == wanted[:1]
     finally:
         producer.stop()
-    counter.tokens = dict.fromkeys(counter.tokens, 0)
+    counter.tokens_by_source = dict.fromkeys(counter.tokens_by_source, 0)
     got = _generate(consumer, PROMPTS[1:], [_greedy(a["params"]) for a in rest])
     assert got == wanted[1:]
-    assert counter.tokens["external_kv_transfer"] == 0
+    assert counter.tokens_by_source["external_kv_transfer"] == 0
 
 
 def test_bad_parameters_leave_the_decode_engine_computing_the_prompt(
     tiny_llama, wanted, monkeypatch
 ):
-    counter = BySource()
+    counter = StepTotals()
     consumer = _consumer(tiny_llama, monkeypatch, counter)
     params = {"do_remote_prefill": True, "remote_block_ids": "no"}
     assert _generate(consumer, PROMPTS[:1], [_greedy(params)]) == wanted[:1]
-    assert counter.tokens["external_kv_transfer"] == 0
+    assert counter.tokens_by_source["external_kv_transfer"] == 0
 
 
 @pytest.mark.slow  # a worker process per rank, on both sides
 def test_tensor_parallel_ranks_each_read_their_own_shard(tiny_llama, wanted, monkeypatch):
     producer = Producer(tiny_llama, tensor_parallel_size=2)
-    counter = BySource()
+    counter = StepTotals()
     consumer = _consumer(tiny_llama, monkeypatch, counter, tensor_parallel_size=2)
     try:
         answers = producer.prefill(PROMPTS)
         assert {a["params"]["tp_size"] for a in answers} == {2}
         got = _generate(consumer, PROMPTS, [_greedy(a["params"]) for a in answers])
         assert got == wanted
-        assert counter.tokens["external_kv_transfer"] == sum(len(p) - 1 for p in PROMPTS)
+        assert counter.tokens_by_source["external_kv_transfer"] == sum(len(p) - 1 for p in PROMPTS)
         producer.wait_until_all_free()
     finally:
         consumer.shutdown()

@@ -14,7 +14,9 @@ from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.kv_events.events import KVEventCollector
 from infernetes.runtime.kv_transfer.config import kv_transfer_config
 from infernetes.runtime.kv_transfer.host_tier import MEDIUM_CPU, HostTierIndex
+from infernetes.runtime.kv_transfer.offloading import LOAD, STORE
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.testing import StepTotals
 
 from infernetes.schema.config import build_config
 
@@ -35,27 +37,7 @@ def offloading(num_cpu_blocks: int = 64) -> dict:
     }
 
 
-class BySource:
-    """Prompt tokens by where their KV came from, bytes copied each way, and preemptions, over
-    the engine's steps."""
-
-    def __init__(self) -> None:
-        self.tokens = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
-        self.copied = {"GPU_to_CPU": 0, "CPU_to_GPU": 0}
-        self.preemptions = 0
-        self.prefix_hits = 0  # vllm:prefix_cache_hits, the device's cache only
-
-    def record(self, scheduler_stats, iteration_stats) -> None:
-        self.preemptions += scheduler_stats.num_preemptions
-        self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
-        for source, count in iteration_stats.prompt_tokens_by_source.items():
-            self.tokens[source] += count
-        for transfer in scheduler_stats.kv_transfers:
-            self.copied[transfer.transfer_type] += transfer.num_bytes
-            assert transfer.seconds >= 0
-
-
-def _engine(model: str, counter: BySource | None = None, **overrides) -> LLMEngine:
+def _engine(model: str, counter: StepTotals | None = None, **overrides) -> LLMEngine:
     settings = {
         "device": "cpu",
         # float32: in bfloat16 a prefix computed in other chunks than before may flip a token
@@ -91,31 +73,32 @@ def _one_at_a_time(engine: LLMEngine, rounds: int = 2) -> list[list[int]]:
 
 def test_a_repeated_working_set_larger_than_the_cache_comes_back_from_the_host_tier(tiny_llama):
     wanted = _one_at_a_time(_engine(tiny_llama))
-    counter = BySource()
+    counter = StepTotals()
     engine = _engine(tiny_llama, counter, kv_transfer_config=offloading())
     assert _one_at_a_time(engine, rounds=1) == wanted[:NUM_PROMPTS]
     # the first round computed every prompt token; the device cache kept none of it for later
-    assert counter.tokens == {
+    assert counter.tokens_by_source == {
         "local_compute": NUM_PROMPTS * PROMPT_LEN,
         "local_cache_hit": 0,
         "external_kv_transfer": 0,
     }
     block_bytes = engine.engine_core.executor.kv_cache_block_bytes()
     stored = NUM_PROMPTS * FULL_BLOCKS * block_bytes  # each prompt's full blocks, once
-    assert counter.copied == {"GPU_to_CPU": stored, "CPU_to_GPU": 0}
+    assert counter.copied_bytes == {STORE: stored}
     assert _one_at_a_time(engine, rounds=1) == wanted[NUM_PROMPTS:]
     # the second round loaded every full prompt block back and computed only the rest
     loaded = NUM_PROMPTS * FULL_BLOCKS * BLOCK_SIZE
-    assert counter.tokens == {
+    assert counter.tokens_by_source == {
         "local_compute": 2 * NUM_PROMPTS * PROMPT_LEN - loaded,
         "local_cache_hit": 0,
         "external_kv_transfer": loaded,
     }
-    assert counter.copied == {"GPU_to_CPU": stored, "CPU_to_GPU": stored}  # nothing new stored
+    assert counter.copied_bytes == {STORE: stored, LOAD: stored}  # nothing new stored
+    assert all(transfer.seconds >= 0 for transfer in counter.transfers)
 
 
 def test_the_prefix_cache_hit_comes_first_and_the_tier_brings_what_follows(tiny_llama):
-    counter = BySource()
+    counter = StepTotals()
     engine = _engine(tiny_llama, counter, kv_transfer_config=offloading())
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     wanted = _generate(_engine(tiny_llama), [PROMPTS[0]], params)["0"]
@@ -123,11 +106,11 @@ def test_the_prefix_cache_hit_comes_first_and_the_tier_brings_what_follows(tiny_
     # its first two full blocks (the device's 16 blocks hold two prompts and two blocks).
     for i in range(3):
         _generate(engine, [PROMPTS[i]], params, start=i)
-    before, prefix_hits = dict(counter.tokens), counter.prefix_hits
+    before, prefix_hits = dict(counter.tokens_by_source), counter.prefix_hits
     assert _generate(engine, [PROMPTS[0]], params, start=3)["3"] == wanted
     assert counter.prefix_hits - prefix_hits == 2 * BLOCK_SIZE
-    hit = counter.tokens["local_cache_hit"] - before["local_cache_hit"]
-    external = counter.tokens["external_kv_transfer"] - before["external_kv_transfer"]
+    hit = counter.tokens_by_source["local_cache_hit"] - before["local_cache_hit"]
+    external = counter.tokens_by_source["external_kv_transfer"] - before["external_kv_transfer"]
     assert (hit, external) == (2 * BLOCK_SIZE, (FULL_BLOCKS - 2) * BLOCK_SIZE)
 
 
@@ -145,13 +128,13 @@ def test_the_prefix_cache_hit_comes_first_and_the_tier_brings_what_follows(tiny_
 def test_concurrent_requests_give_the_tokens_of_an_engine_without_the_tier(tiny_llama, overrides):
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     wanted = _generate(_engine(tiny_llama, **overrides), PROMPTS * 2, params)
-    counter = BySource()
+    counter = StepTotals()
     engine = _engine(tiny_llama, counter, kv_transfer_config=offloading(), **overrides)
     assert _generate(engine, PROMPTS * 2, params) == wanted
     assert _generate(engine, PROMPTS, params, start=10) == {
         str(10 + i): wanted[str(i)] for i in range(NUM_PROMPTS)
     }
-    assert counter.tokens["external_kv_transfer"] > 0
+    assert counter.tokens_by_source["external_kv_transfer"] > 0
     if "num_gpu_blocks_override" in overrides:
         assert counter.preemptions > 0
     scheduler = engine.engine_core.scheduler
@@ -165,13 +148,13 @@ def test_a_sliding_window_model_gives_the_tokens_of_an_engine_without_the_tier(m
     model = model_factory("MistralForCausalLM", sliding_window=48)
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     wanted = _generate(_engine(model), PROMPTS * 2, params)
-    counter = BySource()
+    counter = StepTotals()
     engine = _engine(model, counter, kv_transfer_config=offloading())
     assert _generate(engine, PROMPTS * 2, params) == wanted
     assert _generate(engine, PROMPTS, params, start=10) == {
         str(10 + i): wanted[str(i)] for i in range(NUM_PROMPTS)
     }
-    assert counter.tokens["external_kv_transfer"] > 0
+    assert counter.tokens_by_source["external_kv_transfer"] > 0
 
 
 def test_a_finished_request_keeps_its_blocks_until_its_stores_are_done(tiny_llama):
@@ -219,7 +202,7 @@ def test_an_aborted_request_keeps_its_blocks_until_its_stores_are_done(tiny_llam
 def test_parallel_ranks_offload_their_own_shards(tiny_llama, tp, pp):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     wanted = _generate(_engine(tiny_llama), PROMPTS * 2, params)
-    counter = BySource()
+    counter = StepTotals()
     engine = _engine(
         tiny_llama,
         counter,
@@ -232,13 +215,13 @@ def test_parallel_ranks_offload_their_own_shards(tiny_llama, tp, pp):
         assert _generate(engine, PROMPTS, params, start=10) == {
             str(10 + i): wanted[str(i)] for i in range(NUM_PROMPTS)
         }
-        assert counter.tokens["external_kv_transfer"] > 0
+        assert counter.tokens_by_source["external_kv_transfer"] > 0
     finally:
         engine.shutdown()
 
 
 def test_a_tier_smaller_than_the_working_set_keeps_the_most_recent_blocks(tiny_llama):
-    counter = BySource()
+    counter = StepTotals()
     # room for two prompts' blocks: the last two evict the first two
     engine = _engine(tiny_llama, counter, kv_transfer_config=offloading(2 * FULL_BLOCKS))
     core = engine.engine_core
@@ -249,9 +232,9 @@ def test_a_tier_smaller_than_the_working_set_keeps_the_most_recent_blocks(tiny_l
     assert held == [0, 0, FULL_BLOCKS, FULL_BLOCKS]
     # the first prompt, evicted from both the device and the tier, is computed again
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    before = dict(counter.tokens)
+    before = dict(counter.tokens_by_source)
     assert _generate(engine, [PROMPTS[0]], params, start=20)["20"] == wanted[0]
-    assert counter.tokens["local_compute"] - before["local_compute"] == PROMPT_LEN
+    assert counter.tokens_by_source["local_compute"] - before["local_compute"] == PROMPT_LEN
 
 
 # -- the tier's index ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from infernetes.runtime.testing import SAMPLE_PROMPTS as PROMPTS
+from infernetes.runtime.testing import StepTotals
 
 from infernetes import LLM, SamplingParams
 
@@ -73,12 +74,6 @@ def test_prefix_cache_hit_is_exact(hf_greedy, tiny_llama):
     ("policy", "caching"), [("fcfs", False), ("priority", False), ("fcfs", True)]
 )
 def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy, caching):
-    preemptions = []
-
-    class Counter:
-        def record(self, scheduler_stats, iteration_stats):
-            preemptions.append(scheduler_stats.num_preemptions)
-
     llm = LLM(
         tiny_llama,
         dtype="float32",
@@ -88,10 +83,10 @@ def test_preemption_by_recompute_is_exact(hf_greedy, tiny_llama, policy, caching
         scheduling_policy=policy,
         enable_prefix_caching=caching,
     )
-    llm.llm_engine.engine_core.stat_loggers.append(Counter())
+    totals = StepTotals.attach(llm)
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, priority=[0, 1, 2, 3] if policy == "priority" else None)
-    assert sum(preemptions) > 0
+    assert totals.preemptions > 0
     _check_exact(hf_greedy, llm, tiny_llama, outputs, max_tokens=24)
     assert llm.llm_engine.engine_core.block_manager.num_free_blocks == 10
 

@@ -6,6 +6,7 @@ blocks and a changed pixel does not; bad multimodal input is refused naming the 
 from __future__ import annotations
 
 import pytest
+from infernetes.runtime.testing import StepTotals
 from infernetes.runtime.testing_vision import (
     assert_equals_transformers,
     hf_llava_greedy,
@@ -75,18 +76,12 @@ def _count_encoded(llm: LLM) -> list[int]:
 
 
 def test_images_survive_preemption(llava, expected):
-    preemptions = []
-
-    class Counter:
-        def record(self, scheduler_stats, iteration_stats):
-            preemptions.append(scheduler_stats.num_preemptions)
-
     # 12 blocks of 8 for prompts of up to 68 tokens: requests are preempted and recompute
     # their prompts, images encoded again.
     llm = LLM(llava, **{**ENGINE, "max_model_len": 96, "num_gpu_blocks_override": 12})
-    llm.llm_engine.engine_core.stat_loggers.append(Counter())
+    totals = StepTotals.attach(llm)
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
-    assert sum(preemptions) > 0
+    assert totals.preemptions > 0
     assert_equals_transformers(outputs, expected)
 
 

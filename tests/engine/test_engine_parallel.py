@@ -18,6 +18,7 @@ import pytest
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.executor.abstract import WorkerDiedError
 from infernetes.runtime.sampling_params import SamplingParams
+from infernetes.runtime.testing import StepTotals
 
 from infernetes.schema.config import build_config
 
@@ -33,16 +34,6 @@ ENGINE = {
     "max_num_batched_tokens": 8,
     "enable_prefix_caching": True,
 }
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.preemptions = 0
-        self.prefix_hits = 0
-
-    def record(self, scheduler_stats, iteration_stats) -> None:
-        self.preemptions += scheduler_stats.num_preemptions
-        self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
 
 
 def _generate(engine: LLMEngine) -> dict[str, tuple[list[int], list[float]]]:
@@ -62,7 +53,7 @@ def _generate(engine: LLMEngine) -> dict[str, tuple[list[int], list[float]]]:
     return results
 
 
-def _engine(model: str, counter: Counter | None = None, **overrides) -> LLMEngine:
+def _engine(model: str, counter: StepTotals | None = None, **overrides) -> LLMEngine:
     config = build_config(model, device="cpu", **{**ENGINE, **overrides})
     return LLMEngine(config, stat_loggers=[counter] if counter else [])
 
@@ -107,7 +98,7 @@ def test_parallel_matches_tp1_and_transformers(
 ):
     model = model_factory(architecture, **overrides)
     expected = _generate(_engine(model))
-    counter = Counter()
+    counter = StepTotals()
     engine = _engine(model, counter, tensor_parallel_size=tp, pipeline_parallel_size=pp)
     core = engine.engine_core
     in_flight = []  # steps already in flight each time one is sent
@@ -229,7 +220,7 @@ def test_ray_ranks_match_tp1_and_transformers(ray, tiny_llama, hf_greedy, tp, pp
         expected = _generate(reference)
     finally:
         reference.shutdown()
-    counter = Counter()
+    counter = StepTotals()
     engine = _engine(
         tiny_llama,
         counter,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from infernetes.runtime.testing import SAMPLE_PROMPTS as PROMPTS
+from infernetes.runtime.testing import StepTotals
 from infernetes.runtime.worker.request_state import CachedRequestState
 
 from infernetes import LLM, SamplingParams
@@ -61,11 +62,6 @@ def test_embeds_equal_token_ids_chunked_beside_token_prompts(model_factory, arch
 def test_embeds_survive_preemption_by_recompute(tiny_llama, async_scheduling):
     # 10 blocks for 4 prompts of up to 24 + 24 tokens: requests are preempted and recompute
     # their prompts from their embeddings again.
-    preemptions = []
-
-    class Counter:
-        def record(self, scheduler_stats, iteration_stats):
-            preemptions.append(scheduler_stats.num_preemptions)
 
     llm = LLM(
         tiny_llama,
@@ -75,9 +71,9 @@ def test_embeds_survive_preemption_by_recompute(tiny_llama, async_scheduling):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     ids = [llm.get_tokenizer()(prompt).input_ids for prompt in PROMPTS]
     expected = llm.generate(ids, params)
-    llm.llm_engine.engine_core.stat_loggers.append(Counter())
+    totals = StepTotals.attach(llm)
     outputs = llm.generate([{"prompt_embeds": _embed(llm, i)} for i in ids], params)
-    assert sum(preemptions) > 0
+    assert totals.preemptions > 0
     assert _tokens(outputs) == _tokens(expected)
 
 
