@@ -1,0 +1,163 @@
+"""Qwen3-VL end to end on the CPU: greedy tokens and logprobs equal transformers' for one image,
+two of different sizes, images between text, an image alone and text-only prompts in one
+batch; whole, under chunked prefill (chunks starting inside images: the DeepStack rows of the
+chunk's part of the image go into the first decoder layers) and preemption; videos (offline
+frames, each temporal patch after its timestamp) with and without an image, whole and chunked;
+the same image finds its prefix-cache blocks and a changed pixel does not; the checkpoint's older
+layout (``model.layers.*``, ``visual.*``) loads the same model."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from infernetes.runtime.testing_vision import (
+    QWEN_IMAGE,
+    assert_equals_transformers,
+    hf_llava_greedy,
+    make_tiny_qwen2_vl,
+    random_image,
+)
+
+from infernetes import LLM, SamplingParams
+
+MAX_TOKENS = 6
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+ENGINE = dict(dtype="float32", max_model_len=256, num_gpu_blocks_override=128, block_size=8)
+IMG = QWEN_IMAGE
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+WIDE, SMALL, TALL = (70, 50), (40, 36), (30, 90)  # 12, 4 and 12 tokens: grids 3x4, 2x2, 6x2
+
+# (prompt, [(image seed, size)]): one image, two of different sizes, text between images (one
+# repeated), text only, an image alone (the prompt ends inside the image's positions)
+CASES = [
+    (f"Describe {IMG} please.", [(1, WIDE)]),
+    (f"Compare {IMG} with {IMG}", [(2, SMALL), (3, TALL)]),
+    (
+        f"The quick brown fox {IMG} jumps over {IMG} the lazy dog {IMG} and",
+        [(4, WIDE), (5, SMALL), (4, WIDE)],
+    ),
+    ("Hello world, what is the capital of France?", []),
+    (IMG, [(6, TALL)]),
+]
+# (prompt, images, (video seed, frames)): four frames (two temporal patches), three (the last
+# repeated), a video then an image
+VIDEO_CASES = [
+    (f"What happens in {VIDEO} here?", [], (1, 4)),
+    (f"{VIDEO} describe", [], (2, 3)),
+    (f"Compare {VIDEO} and {IMG} now", [(3, SMALL)], (4, 4)),
+]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    return str(make_tiny_qwen2_vl(tmp_path_factory.mktemp("qwen3_vl"), version="3"))
+
+
+def _images(seeds: list[tuple[int, tuple[int, int]]]) -> list:
+    return [random_image(seed, size) for seed, size in seeds]
+
+
+def _video(seed: int, frames: int) -> list:
+    return [random_image(seed * 100 + i, (48, 32)) for i in range(frames)]
+
+
+@pytest.fixture(scope="module")
+def expected(qwen):
+    return [hf_llava_greedy(qwen, text, _images(seeds), MAX_TOKENS) for text, seeds in CASES]
+
+
+def _prompt(text: str, seeds: list) -> dict | str:
+    return {"prompt": text, "multi_modal_data": {"image": _images(seeds)}} if seeds else text
+
+
+def _chunk_starts(llm: LLM) -> list[tuple[list, int]]:
+    """Each scheduled chunk's request items and where it starts."""
+    scheduler = llm.llm_engine.engine_core.scheduler
+    starts: list[tuple[list, int]] = []
+    schedule = scheduler.schedule
+
+    def recorded():
+        output = schedule()
+        for request_id in output.request_ids:
+            request = scheduler.requests[request_id]
+            starts.append((request.mm_features, request.num_computed_tokens))
+        return output
+
+    scheduler.schedule = recorded
+    return starts
+
+
+@pytest.mark.parametrize("budget", [None, 8, 5])
+def test_images_equal_transformers_batched_with_text(qwen, expected, budget):
+    chunking = {} if budget is None else dict(max_num_batched_tokens=budget)
+    llm = LLM(qwen, **ENGINE, **chunking, enable_chunked_prefill=True)
+    starts = _chunk_starts(llm)
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
+    assert_equals_transformers(outputs, expected)
+    inside = [start for features, start in starts for f in features if f.offset < start < f.end]
+    assert bool(inside) == (budget is not None), "chunks of 8 and 5 tokens start inside images"
+
+
+def test_images_survive_preemption(qwen, expected):
+    preemptions = []
+
+    class Counter:
+        def record(self, scheduler_stats, iteration_stats):
+            preemptions.append(scheduler_stats.num_preemptions)
+
+    llm = LLM(qwen, **{**ENGINE, "max_model_len": 72, "num_gpu_blocks_override": 9})
+    llm.llm_engine.engine_core.stat_loggers.append(Counter())
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
+    assert sum(preemptions) > 0
+    assert_equals_transformers(outputs, expected)
+
+
+@pytest.mark.parametrize("budget", [None, 8])
+def test_videos_equal_transformers(qwen, budget):
+    chunking = {} if budget is None else dict(max_num_batched_tokens=budget)
+    llm = LLM(qwen, **ENGINE, **chunking, enable_chunked_prefill=True)
+    expected, prompts = [], []
+    for text, seeds, (seed, count) in VIDEO_CASES:
+        images, frames = _images(seeds), _video(seed, count)
+        expected.append(hf_llava_greedy(qwen, text, images, MAX_TOKENS, videos=[frames]))
+        data = {"video": frames, **({"image": images} if images else {})}
+        prompts.append({"prompt": text, "multi_modal_data": data})
+    outputs = llm.generate(prompts, GREEDY)
+    assert_equals_transformers(outputs, expected)
+    assert "seconds>" in llm.get_tokenizer().decode(outputs[0].prompt_token_ids)
+
+
+def test_same_image_hits_the_prefix_cache_changed_pixel_misses(qwen):
+    llm = LLM(qwen, **ENGINE)
+    text = f"The quick brown fox jumps over the lazy dog. {IMG} What is it?"
+    image = random_image(7, WIDE)
+    changed = image.copy()
+    changed.putpixel((20, 18), tuple(255 - v for v in image.getpixel((20, 18))))
+    [first] = llm.generate({"prompt": text, "multi_modal_data": {"image": image}}, GREEDY)
+    [again] = llm.generate({"prompt": text, "multi_modal_data": {"image": image}}, GREEDY)
+    [other] = llm.generate({"prompt": text, "multi_modal_data": {"image": changed}}, GREEDY)
+    assert first.num_cached_tokens == 0
+    assert again.num_cached_tokens == len(first.prompt_token_ids) // 8 * 8
+    pad = llm.get_tokenizer().convert_tokens_to_ids("<|image_pad|>")
+    offset = first.prompt_token_ids.index(pad)
+    assert 0 < other.num_cached_tokens == offset // 8 * 8 < again.num_cached_tokens
+    assert_equals_transformers([other], [hf_llava_greedy(qwen, text, [changed], MAX_TOKENS)])
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_the_older_checkpoint_layout_loads_the_same_model(qwen, expected, tmp_path):
+    import safetensors.torch
+
+    older = tmp_path / "older"
+    shutil.copytree(qwen, older)
+    weights = safetensors.torch.load_file(str(older / "model.safetensors"))
+    renamed = {
+        name.replace("model.language_model.", "model.").replace("model.visual.", "visual."): tensor
+        for name, tensor in weights.items()
+    }
+    assert any(name.startswith("visual.") for name in renamed)
+    safetensors.torch.save_file(renamed, str(older / "model.safetensors"), {"format": "pt"})
+    llm = LLM(str(older), **ENGINE)
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES[:2]], GREEDY)
+    assert_equals_transformers(outputs, expected[:2])
