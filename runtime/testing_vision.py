@@ -403,7 +403,10 @@ def make_tiny_qwen2_vl(
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).to(getattr(torch, dtype)).eval()
     with torch.no_grad():  # make images move the logits
-        mergers = [model.model.visual.merger, *getattr(model.model.visual, "deepstack_merger_list", [])]
+        mergers = [
+            model.model.visual.merger,
+            *getattr(model.model.visual, "deepstack_merger_list", []),
+        ]
         for parameter in (p for merger in mergers for p in merger.parameters()):
             parameter.normal_(0.0, 0.5)
     model.save_pretrained(str(directory))

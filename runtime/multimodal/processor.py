@@ -268,7 +268,10 @@ class MultiModalProcessor:
                 ]
             digest = video_digest(frames, kwargs)
             for j, (tokens, item_grid, rows) in enumerate(items):
-                if len(tokens) != len(rows) // merge**2 or tokens[-1] - tokens[0] != len(tokens) - 1:
+                if (
+                    len(tokens) != len(rows) // merge**2
+                    or tokens[-1] - tokens[0] != len(tokens) - 1
+                ):
                     raise RequestError(
                         "a video placeholder token appears in the prompt's text apart from a video",
                         "multi_modal_data.video",
@@ -279,7 +282,9 @@ class MultiModalProcessor:
                     "second_per_grid_ts": out["second_per_grid_ts"][i : i + 1],
                 }
                 identifier = digest if len(items) == 1 else f"{digest}:{j}"
-                features.append(MultiModalFeature("video", tokens[0], len(tokens), identifier, data))
+                features.append(
+                    MultiModalFeature("video", tokens[0], len(tokens), identifier, data)
+                )
         return features
 
     def _images(self, data: Mapping[str, Any]) -> list[Any]:

@@ -169,7 +169,9 @@ class Qwen3VLProcessor(QwenVLProcessor):
         temporal = kwargs.get("temporal_patch_size") or processor.temporal_patch_size
         pieces = text.split(VIDEO_PAD)
         if len(pieces) != len(grids) + 1:
-            raise ValueError(f"{len(pieces) - 1} {VIDEO_PAD} placeholder(s) for {len(grids)} video(s)")
+            raise ValueError(
+                f"{len(pieces) - 1} {VIDEO_PAD} placeholder(s) for {len(grids)} video(s)"
+            )
         expanded = [pieces[0]]
         for count, grid, piece in zip(frames, grids, pieces[1:], strict=True):
             grid_t, height, width = (int(v) for v in grid)

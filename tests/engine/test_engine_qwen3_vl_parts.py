@@ -70,7 +70,8 @@ def test_interleaved_rotary_equals_transformers():
     scaling = {"rope_type": "default", "mrope_section": SECTION, "mrope_interleaved": True}
     rope = get_rope(HEAD_DIM, HEAD_DIM, 64, 1e4, scaling)
     assert isinstance(rope, MRotaryEmbedding)
-    for got, want in zip(rope(positions, q.clone(), k.clone()), _hf_rotary(positions, q, k)):
+    ours = rope(positions, q.clone(), k.clone())
+    for got, want in zip(ours, _hf_rotary(positions, q, k), strict=True):
         torch.testing.assert_close(got, want)
     # the sections in runs (Qwen2-VL's) turn other frequencies by other axes
     runs = get_rope(HEAD_DIM, HEAD_DIM, 64, 1e4, {**scaling, "mrope_interleaved": False})
@@ -186,8 +187,6 @@ def test_video_timestamps_equal_the_processors(frames):
     want = hf_processing.Qwen3VLProcessor.replace_video_token(
         theirs, {"video_grid_thw": grids, "video_metadata": [metadata]}, 0
     )
-    ours = SimpleNamespace(
-        image_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2)
-    )
+    ours = SimpleNamespace(image_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2))
     got = Qwen3VLProcessor._expand_videos(ours, "<|video_pad|>", [frames], grids, 2.0, {})  # type: ignore[arg-type]
     assert got == want

@@ -38,7 +38,7 @@ class DeepStackModel(LlamaModel):
                 "first pipeline stage must hold them; use fewer pipeline stages"
             )
 
-    def forward(  # type: ignore[override]  # the DeepStack rows besides
+    def forward(  # the DeepStack rows besides Llama's
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
@@ -101,4 +101,6 @@ class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
         if inputs_embeds is not None:
             deepstack = inputs_embeds[:, self.width :].reshape(len(inputs_embeds), -1, self.width)
             inputs_embeds = inputs_embeds[:, : self.width]
-        return self.language_model.model(input_ids, positions, intermediate, inputs_embeds, deepstack)
+        return self.language_model.model(
+            input_ids, positions, intermediate, inputs_embeds, deepstack
+        )
