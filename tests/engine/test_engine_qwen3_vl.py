@@ -161,3 +161,20 @@ def test_the_older_checkpoint_layout_loads_the_same_model(qwen, expected, tmp_pa
     llm = LLM(str(older), **ENGINE)
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES[:2]], GREEDY)
     assert_equals_transformers(outputs, expected[:2])
+
+
+@pytest.mark.slow  # a worker process per rank, about ten seconds a case
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_images_across_ranks(qwen, expected, tp, pp):
+    # The first stage encodes the images and holds the DeepStack layers; every stage lays out
+    # the M-RoPE positions.
+    llm = LLM(
+        qwen,
+        **ENGINE,
+        device="cpu",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_batched_tokens=8,
+    )
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
+    assert_equals_transformers(outputs, expected)

@@ -190,3 +190,21 @@ def test_video_timestamps_equal_the_processors(frames):
     ours = SimpleNamespace(image_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2))
     got = Qwen3VLProcessor._expand_videos(ours, "<|video_pad|>", [frames], grids, 2.0, {})  # type: ignore[arg-type]
     assert got == want
+
+
+def test_a_first_pipeline_stage_without_the_deepstack_layers_is_refused(monkeypatch, tmp_path):
+    import transformers
+    from infernetes.runtime.model_executor.models import llama
+    from infernetes.runtime.model_executor.models.qwen3_vl import DeepStackModel
+
+    path = make_tiny_qwen2_vl(tmp_path, version="3")
+    text = transformers.AutoConfig.from_pretrained(path).text_config
+    real = llama.stage_layers
+
+    def one_layer_first(num_layers, build):  # as a first stage of one layer would be
+        _, _, layers = real(num_layers, build)
+        return 0, 1, layers
+
+    monkeypatch.setattr(llama, "stage_layers", one_layer_first)
+    with pytest.raises(ValueError, match="first 2 decoder layers"):
+        DeepStackModel(text, 64, 2, lambda i: llama.LlamaMLP(text))
