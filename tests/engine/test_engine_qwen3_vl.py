@@ -3,8 +3,9 @@ two of different sizes, images between text, an image alone and text-only prompt
 batch; whole, under chunked prefill (chunks starting inside images: the DeepStack rows of the
 chunk's part of the image go into the first decoder layers) and preemption; videos (offline
 frames, each temporal patch after its timestamp) with and without an image, whole and chunked;
-the same image finds its prefix-cache blocks and a changed pixel does not; the checkpoint's older
-layout (``model.layers.*``, ``visual.*``) loads the same model."""
+the same image finds its prefix-cache blocks and a changed pixel does not, and a hit ending
+inside an image resumes there; the checkpoint's older layout (``model.layers.*``,
+``visual.*``) loads the same model; across tensor and pipeline ranks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from infernetes.runtime.testing_vision import (
     QWEN_IMAGE,
     assert_equals_transformers,
     hf_llava_greedy,
+    hf_processor,
     make_tiny_qwen2_vl,
     random_image,
 )
@@ -178,3 +180,27 @@ def test_images_across_ranks(qwen, expected, tp, pp):
     )
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
     assert_equals_transformers(outputs, expected)
+
+
+def test_a_prefix_cache_hit_ending_inside_an_image_equals_transformers(qwen):
+    # The second prompt shares the first's text and image and differs after it: its cached
+    # blocks end inside the image, so its first chunk starts there, with the DeepStack rows of
+    # the image's rest.
+    llm = LLM(qwen, **ENGINE, max_num_batched_tokens=8, enable_chunked_prefill=True)
+    processor = hf_processor(qwen)
+    pad = processor.image_token_ids[0]
+    image = random_image(11, WIDE)
+    for head in ("Look", "Look at", "Look at it", "A look at it", "A good look at it", "Hello"):
+        first, second = f"{head} {IMG} yes", f"{head} {IMG} no, something else"
+        ids = processor(text=first, images=[image])["input_ids"][0].tolist()
+        other = processor(text=second, images=[image])["input_ids"][0].tolist()
+        common = next(i for i, (a, b) in enumerate(zip(ids, other, strict=False)) if a != b)
+        offset, cached = ids.index(pad), common // 8 * 8
+        if offset < cached < offset + ids.count(pad):
+            break
+    else:
+        pytest.fail("no prompt puts the cached blocks' end inside the image")
+    llm.generate({"prompt": first, "multi_modal_data": {"image": image}}, GREEDY)
+    [output] = llm.generate({"prompt": second, "multi_modal_data": {"image": image}}, GREEDY)
+    assert output.num_cached_tokens == cached
+    assert_equals_transformers([output], [hf_llava_greedy(qwen, second, [image], MAX_TOKENS)])
