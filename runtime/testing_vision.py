@@ -313,9 +313,10 @@ def make_tiny_qwen2_vl(
 ) -> Path:
     """Write a random ``Qwen2VLForConditionalGeneration`` (``version`` "2"),
     ``Qwen2_5_VLForConditionalGeneration`` ("2.5": window attention over 2 x 2 merge blocks,
-    the last of three blocks full) or ``Qwen3VLForConditionalGeneration`` ("3": a 4 x 4 grid of
+    the last of three blocks full), ``Qwen3VLForConditionalGeneration`` ("3": a 4 x 4 grid of
     learned position embeddings, DeepStack from tower blocks 0 and 1 into three Qwen3 decoder
-    layers, interleaved M-RoPE), M-RoPE over sections [2, 3, 3] of a 16-wide head (the
+    layers, interleaved M-RoPE) or ``Qwen3VLMoeForConditionalGeneration`` ("3-moe": the same
+    with experts), M-RoPE over sections [2, 3, 3] of a 16-wide head (the
     released models' proportions), and its image processor (the PIL one: images of 256 to
     ``max_pixels`` pixels) and tokenizer: tiny by default; ``vision`` and ``text`` override
     the configs (benchmarks)."""
@@ -363,9 +364,13 @@ def make_tiny_qwen2_vl(
         initializer_range=0.1,
     )
     config_class: Any
-    if version == "3":
+    if version in ("3", "3-moe"):
         config_class, model_name = transformers.Qwen3VLConfig, "Qwen3VLForConditionalGeneration"
         text_config.update(num_hidden_layers=3, head_dim=text_config["hidden_size"] // 4)
+        if version == "3-moe":  # 4 experts of 48, 2 a token (not 32: 2 x 32 would be square)
+            config_class = transformers.Qwen3VLMoeConfig
+            model_name = "Qwen3VLMoeForConditionalGeneration"
+            text_config.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48)
         text_config["rope_parameters"]["mrope_interleaved"] = True
         vision_config.update(
             hidden_size=32,
@@ -450,7 +455,7 @@ def hf_processor(path: str) -> Any:
         from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
 
         return QwenVLProcessor.from_pretrained(path)
-    if architecture == "Qwen3VLForConditionalGeneration":
+    if architecture in ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"):
         from infernetes.runtime.multimodal.qwen_vl import Qwen3VLProcessor
 
         return Qwen3VLProcessor.from_pretrained(path)

@@ -107,6 +107,14 @@ def _qwen3_vl() -> type[nn.Module]:
     return Qwen3VLForConditionalGeneration
 
 
+def _qwen3_vl_moe() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.qwen3_vl import (
+        Qwen3VLMoeForConditionalGeneration,
+    )
+
+    return Qwen3VLMoeForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -136,6 +144,7 @@ GENERATIVE = {
     "Qwen2VLForConditionalGeneration": _qwen2_vl,
     "Qwen2_5_VLForConditionalGeneration": _qwen2_5_vl,
     "Qwen3VLForConditionalGeneration": _qwen3_vl,
+    "Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe,
 }
 
 

@@ -74,7 +74,12 @@ class LlamaAttention(nn.Module):
             self.num_kv_heads,
             layer_sliding_window(config, layer),
         )
-        self.qk_norm = config.model_type in ("qwen3", "qwen3_moe", "qwen3_vl_text")
+        self.qk_norm = config.model_type in (
+            "qwen3",
+            "qwen3_moe",
+            "qwen3_vl_text",
+            "qwen3_vl_moe_text",
+        )
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

@@ -53,8 +53,9 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         # The pipeline's first stage embeds, so it alone encodes images.
         self.visual = on_first_stage(lambda: self.tower_class(vision))
         text = config.text_config
-        if getattr(config, "tie_word_embeddings", False):  # the 2B's says so at the top only
-            text.tie_word_embeddings = True
+        # transformers ties by the top config (the 2B's says so there only; Qwen3-VL-MoE's
+        # text config says True by default while its top one says False)
+        text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.language_model = self.build_language_model(text, max_position)
 
     def build_language_model(self, text: PretrainedConfig, max_position: int) -> LlamaForCausalLM:

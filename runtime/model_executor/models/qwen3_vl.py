@@ -14,8 +14,12 @@ A video's frames are spaced by the timestamps its processor writes between them
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
+from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM, LlamaModel
+from infernetes.runtime.model_executor.models.moe import Qwen2MoeForCausalLM
 from infernetes.runtime.model_executor.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from infernetes.runtime.model_executor.models.qwen3_vision import Qwen3VisionTransformer
 from infernetes.runtime.model_executor.models.utils import IntermediateTensors, PPMissingLayer
@@ -71,9 +75,14 @@ class DeepStackLanguageModel(LlamaForCausalLM):
         return DeepStackModel(config, max_position, self.num_deepstack, self.mlp)
 
 
+class DeepStackMoeLanguageModel(DeepStackLanguageModel, Qwen2MoeForCausalLM):
+    """Qwen3-VL-MoE's: Qwen3-MoE's sparse layers through the fused MoE, and DeepStack."""
+
+
 class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
     hf_processor_class = Qwen3VLProcessor  # transformers' needs torchvision (qwen_vl.py)
     tower_class = Qwen3VisionTransformer
+    language_model_class: type[DeepStackLanguageModel] = DeepStackLanguageModel
     language_model: DeepStackLanguageModel
 
     def build_language_model(self, text: PretrainedConfig, max_position: int) -> LlamaForCausalLM:
@@ -83,7 +92,7 @@ class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
         text.rope_parameters = {**rope, "mrope_interleaved": True}
         self.num_deepstack = len(self.config.vision_config.deepstack_visual_indexes)
         self.width = text.hidden_size
-        return DeepStackLanguageModel(text, max_position, self.num_deepstack)
+        return self.language_model_class(text, max_position, self.num_deepstack)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Each token's embedding and zero DeepStack rows: the width of an image token's."""
@@ -104,3 +113,45 @@ class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
         return self.language_model.model(
             input_ids, positions, intermediate, inputs_embeds, deepstack
         )
+
+
+class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):
+    """Qwen3-VL with Qwen3-MoE's decoder (every ``decoder_sparse_step``-th layer but the
+    ``mlp_only_layers`` sparse). Its checkpoints keep each layer's experts fused:
+    ``experts.gate_up_proj`` and ``experts.down_proj``, ``[experts, in, out]`` on the Hub and
+    ``[experts, out, in]`` as transformers 5 saves them; they load expert by expert."""
+
+    language_model_class = DeepStackMoeLanguageModel
+
+    def build_language_model(self, text: PretrainedConfig, max_position: int) -> LlamaForCausalLM:
+        text.norm_topk_prob = True  # its router always renormalises the top k (Qwen3-MoE's says)
+        return super().build_language_model(text, max_position)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return super().load_weights(expert_by_expert(weights, self.width))
+
+
+def expert_by_expert(
+    weights: Iterable[tuple[str, torch.Tensor]], hidden: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Fused expert tensors as one ``experts.{e}.{gate,up,down}_proj.weight`` ``[out, in]`` per
+    expert, the rest as they are. A tensor already ``[experts, out, in]`` (its input side the
+    hidden size for ``gate_up_proj``, its output side for ``down_proj``) is not transposed.
+    A fused tensor is read whole (each tensor rank then takes its slice of each expert)."""
+    for name, weight in weights:
+        prefix, _, part = name.rpartition(".experts.")
+        tensor = as_tensor(weight) if part in ("gate_up_proj", "down_proj") else weight
+        if part == "gate_up_proj":
+            if tensor.shape[-1] != hidden:  # the Hub's [experts, hidden, 2 x intermediate]
+                tensor = tensor.transpose(1, 2)
+            gate, up = tensor.chunk(2, dim=1)
+            for expert in range(len(tensor)):
+                yield f"{prefix}.experts.{expert}.gate_proj.weight", gate[expert]
+                yield f"{prefix}.experts.{expert}.up_proj.weight", up[expert]
+        elif part == "down_proj":
+            if tensor.shape[-2] != hidden:  # the Hub's [experts, intermediate, hidden]
+                tensor = tensor.transpose(1, 2)
+            for expert in range(len(tensor)):
+                yield f"{prefix}.experts.{expert}.down_proj.weight", tensor[expert]
+        else:
+            yield name, tensor
