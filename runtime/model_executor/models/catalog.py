@@ -122,8 +122,9 @@ chunked prefill and preemption, from prefix-cache hits, and across tensor and pi
 their vision tower is replicated on the first stage's ranks. Qwen3-VL
 (`Qwen3VLForConditionalGeneration`: a tower with learned position embeddings and DeepStack
 rows added to the first decoder layers, a Qwen3 with interleaved M-RoPE) is tested the same
-ways, and with offline videos (timestamped frames). Qwen3-VL-MoE, Mistral 3 and Whisper are
-planned.
+ways, and with offline videos (timestamped frames); Qwen3-VL-MoE
+(`Qwen3VLMoeForConditionalGeneration`, its experts through the fused MoE) against transformers
+whole, chunked and across ranks. Mistral 3 and Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.
