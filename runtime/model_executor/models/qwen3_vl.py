@@ -14,7 +14,7 @@ A video's frames are spaced by the timestamps its processor writes between them
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
@@ -22,8 +22,9 @@ from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM, Lla
 from infernetes.runtime.model_executor.models.moe import Qwen2MoeForCausalLM
 from infernetes.runtime.model_executor.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from infernetes.runtime.model_executor.models.qwen3_vision import Qwen3VisionTransformer
-from infernetes.runtime.model_executor.models.utils import IntermediateTensors, PPMissingLayer
+from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.multimodal.qwen_vl import Qwen3VLProcessor
+from torch import nn
 from transformers import PretrainedConfig
 
 MROPE_SECTION = [24, 20, 20]  # transformers' when a config names none
@@ -34,7 +35,13 @@ class DeepStackModel(LlamaModel):
     ``num_deepstack`` layers, which must all be on the first pipeline stage (it alone has the
     image rows)."""
 
-    def __init__(self, config: PretrainedConfig, max_position: int, num_deepstack: int, mlp):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        max_position: int,
+        num_deepstack: int,
+        mlp: Callable[[int], nn.Module],
+    ) -> None:
         super().__init__(config, max_position, mlp)
         if self.start < num_deepstack and (self.start > 0 or self.end < num_deepstack):
             raise ValueError(
@@ -50,20 +57,12 @@ class DeepStackModel(LlamaModel):
         inputs_embeds: torch.Tensor | None = None,
         deepstack: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        if intermediate is None:
-            hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-            residual = None
-        else:  # a later pipeline stage goes on from the previous one's
-            hidden, residual = intermediate["hidden"], intermediate["residual"]
+        hidden, residual = self.stage_input(input_ids, intermediate, inputs_embeds)
         for i in range(self.start, self.end):
             hidden, residual = self.layers[i](positions, hidden, residual)
             if deepstack is not None and i < deepstack.shape[1]:
                 hidden = hidden + deepstack[:, i]  # the layer's output is hidden + residual
-        if isinstance(self.norm, PPMissingLayer):
-            assert residual is not None
-            return {"hidden": hidden, "residual": residual}
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        return self.stage_output(hidden, residual)
 
 
 class DeepStackLanguageModel(LlamaForCausalLM):
