@@ -91,12 +91,8 @@ class QwenVLProcessor:
     def _expand(self, text: str, token: str, grids: np.ndarray, kwargs: dict[str, Any]) -> str:
         """Each ``token`` of ``text`` repeated once per merged patch of its item's grid."""
         merge = kwargs.get("merge_size") or self.image_processor.merge_size
-        pieces = text.split(token)
-        if len(pieces) != len(grids) + 1:
-            raise ValueError(f"{len(pieces) - 1} {token} placeholder(s) for {len(grids)} item(s)")
-        counts = [int(grid.prod()) // merge**2 for grid in grids]
-        return pieces[0] + "".join(
-            token * count + piece for count, piece in zip(counts, pieces[1:], strict=True)
+        return _replace_each(
+            text, token, [token * (int(grid.prod()) // merge**2) for grid in grids]
         )
 
     def _expand_videos(
@@ -167,19 +163,27 @@ class Qwen3VLProcessor(QwenVLProcessor):
         merge = kwargs.get("merge_size") or self.image_processor.merge_size
         processor = getattr(self.image_processor, "inner", self.image_processor)
         temporal = kwargs.get("temporal_patch_size") or processor.temporal_patch_size
-        pieces = text.split(VIDEO_PAD)
-        if len(pieces) != len(grids) + 1:
-            raise ValueError(
-                f"{len(pieces) - 1} {VIDEO_PAD} placeholder(s) for {len(grids)} video(s)"
-            )
-        expanded = [pieces[0]]
-        for count, grid, piece in zip(frames, grids, pieces[1:], strict=True):
+        placeholders = []
+        for count, grid in zip(frames, grids, strict=True):
             grid_t, height, width = (int(v) for v in grid)
             tokens = VIDEO_PAD * (height * width // merge**2)
+            patches = []
             for patch in range(grid_t):
                 first = patch * temporal
                 last = min(first + temporal - 1, count - 1)
                 seconds = (first / fps + last / fps) / 2
-                expanded.append(f"<{seconds:.1f} seconds>{VISION_START}{tokens}{VISION_END}")
-            expanded.append(piece)
-        return "".join(expanded)
+                patches.append(f"<{seconds:.1f} seconds>{VISION_START}{tokens}{VISION_END}")
+            placeholders.append("".join(patches))
+        return _replace_each(text, VIDEO_PAD, placeholders)
+
+
+def _replace_each(text: str, token: str, replacements: list[str]) -> str:
+    """``text`` with its ``token``s replaced by ``replacements`` in turn, one each."""
+    pieces = text.split(token)
+    if len(pieces) != len(replacements) + 1:
+        raise ValueError(
+            f"{len(pieces) - 1} {token} placeholder(s) for {len(replacements)} item(s)"
+        )
+    return pieces[0] + "".join(
+        new + piece for new, piece in zip(replacements, pieces[1:], strict=True)
+    )

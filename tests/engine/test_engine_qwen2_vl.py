@@ -1,11 +1,15 @@
-"""Qwen2-VL and Qwen2.5-VL end to end on the CPU: greedy tokens and logprobs equal
-transformers' for one image, two of different sizes (so different grids and token counts),
-images between text, an image alone and text-only prompts in one batch; under chunked prefill
-(chunks ending inside images: each chunk takes its M-RoPE positions from the whole prompt's
-layout) and preemption; the same image finds its prefix-cache blocks and a changed pixel does
-not; a cache hit ending inside an image resumes there."""
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE end to end on the CPU: greedy tokens and
+logprobs equal transformers' for one image, two of different sizes (so different grids and
+token counts), images between text, an image alone and text-only prompts in one batch; under
+chunked prefill (chunks ending inside images: each chunk takes its M-RoPE positions from the
+whole prompt's layout, and Qwen3-VL its part of the image's DeepStack rows) and preemption; the
+same image finds its prefix-cache blocks and a changed pixel does not; a cache hit ending
+inside an image resumes there; the checkpoints' older layout (``model.layers.*``,
+``visual.*``) loads the same model; across tensor and pipeline ranks."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 from infernetes.runtime.testing_vision import (
@@ -39,7 +43,11 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["2", "2.5"], ids=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(
+    scope="module",
+    params=["2", "2.5", "3", "3-moe"],
+    ids=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"],
+)
 def qwen(request, tmp_path_factory):
     return str(make_tiny_qwen2_vl(tmp_path_factory.mktemp("qwen"), version=request.param))
 
@@ -149,6 +157,23 @@ def test_a_prefix_cache_hit_ending_inside_an_image_equals_transformers(qwen):
     [output] = llm.generate({"prompt": second, "multi_modal_data": {"image": image}}, GREEDY)
     assert output.num_cached_tokens == cached
     assert_equals_transformers([output], [hf_llava_greedy(qwen, second, [image], MAX_TOKENS)])
+
+
+def test_the_older_checkpoint_layout_loads_the_same_model(qwen, expected, tmp_path):
+    import safetensors.torch
+
+    older = tmp_path / "older"
+    shutil.copytree(qwen, older)
+    weights = safetensors.torch.load_file(str(older / "model.safetensors"))
+    renamed = {
+        name.replace("model.language_model.", "model.").replace("model.visual.", "visual."): tensor
+        for name, tensor in weights.items()
+    }
+    assert any(name.startswith("visual.") for name in renamed)
+    safetensors.torch.save_file(renamed, str(older / "model.safetensors"), {"format": "pt"})
+    llm = LLM(str(older), **ENGINE)
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES[:2]], GREEDY)
+    assert_equals_transformers(outputs, expected[:2])
 
 
 def test_a_prompt_without_its_image_placeholder_is_refused(qwen):
