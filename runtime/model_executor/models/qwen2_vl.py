@@ -37,9 +37,8 @@ def _qwen_checkpoint_names(
 
 class Qwen2VLForConditionalGeneration(VisionLanguageModel):
     intermediate_names = LlamaForCausalLM.intermediate_names
-    hf_processor_class: type[QwenVLProcessor] = (
-        QwenVLProcessor  # transformers' needs torchvision (qwen_vl.py)
-    )
+    # transformers' processor needs torchvision (qwen_vl.py)
+    hf_processor_class: type[QwenVLProcessor] = QwenVLProcessor
     modalities = ("image", "video")
     tower_class: type[nn.Module] = QwenVisionTransformer
 
