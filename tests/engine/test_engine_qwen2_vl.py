@@ -4,14 +4,16 @@ token counts), images between text, an image alone and text-only prompts in one 
 chunked prefill (chunks ending inside images: each chunk takes its M-RoPE positions from the
 whole prompt's layout, and Qwen3-VL its part of the image's DeepStack rows) and preemption; the
 same image finds its prefix-cache blocks and a changed pixel does not; a cache hit ending
-inside an image resumes there; the checkpoints' older layout (``model.layers.*``,
-``visual.*``) loads the same model; across tensor and pipeline ranks."""
+inside an image resumes there; a prompt's embeddings share a step with an image prompt; the
+checkpoints' older layout (``model.layers.*``, ``visual.*``) loads the same model; across
+tensor and pipeline ranks."""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
+import torch
 from infernetes.runtime.testing_vision import (
     QWEN_IMAGE,
     assert_equals_transformers,
@@ -174,6 +176,20 @@ def test_the_older_checkpoint_layout_loads_the_same_model(qwen, expected, tmp_pa
     llm = LLM(str(older), **ENGINE)
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES[:2]], GREEDY)
     assert_equals_transformers(outputs, expected[:2])
+
+
+def test_prompt_embeds_beside_an_image_prompt_equal_token_ids(qwen):
+    # A step holds both: the prompt's embeddings fill a token's width of the step's rows
+    # (Qwen3-VL's rows hold DeepStack rows besides, zero for them).
+    llm = LLM(qwen, **ENGINE, enable_prompt_embeds=True, max_num_batched_tokens=8)
+    ids = llm.get_tokenizer()("Hello world, what is the capital of France? It is").input_ids
+    image = _prompt(*CASES[0])
+    expected = llm.generate([ids, image], GREEDY)
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    with torch.no_grad():
+        embeds = model.language_model.embed_input_ids(torch.tensor(ids))
+    outputs = llm.generate([{"prompt_embeds": embeds}, image], GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in expected]
 
 
 def test_a_prompt_without_its_image_placeholder_is_refused(qwen):
