@@ -311,9 +311,12 @@ def make_tiny_qwen2_vl(
     vision: dict[str, Any] | None = None,
     text: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a random ``Qwen2VLForConditionalGeneration`` (``version`` "2") or
+    """Write a random ``Qwen2VLForConditionalGeneration`` (``version`` "2"),
     ``Qwen2_5_VLForConditionalGeneration`` ("2.5": window attention over 2 x 2 merge blocks,
-    the last of three blocks full), M-RoPE over sections [2, 3, 3] of a 16-wide head (the
+    the last of three blocks full), ``Qwen3VLForConditionalGeneration`` ("3": a 4 x 4 grid of
+    learned position embeddings, DeepStack from tower blocks 0 and 1 into three Qwen3 decoder
+    layers, interleaved M-RoPE) or ``Qwen3VLMoeForConditionalGeneration`` ("3-moe": the same
+    with experts), M-RoPE over sections [2, 3, 3] of a 16-wide head (the
     released models' proportions), and its image processor (the PIL one: images of 256 to
     ``max_pixels`` pixels) and tokenizer: tiny by default; ``vision`` and ``text`` override
     the configs (benchmarks)."""
@@ -361,7 +364,22 @@ def make_tiny_qwen2_vl(
         initializer_range=0.1,
     )
     config_class: Any
-    if version == "2":
+    if version in ("3", "3-moe"):
+        config_class, model_name = transformers.Qwen3VLConfig, "Qwen3VLForConditionalGeneration"
+        text_config.update(num_hidden_layers=3, head_dim=text_config["hidden_size"] // 4)
+        if version == "3-moe":  # 4 experts of 48, 2 a token (not 32: 2 x 32 would be square)
+            config_class = transformers.Qwen3VLMoeConfig
+            model_name = "Qwen3VLMoeForConditionalGeneration"
+            text_config.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48)
+        text_config["rope_parameters"]["mrope_interleaved"] = True
+        vision_config.update(
+            hidden_size=32,
+            out_hidden_size=llama.hidden_size,
+            intermediate_size=48,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0, 1],
+        )
+    elif version == "2":
         config_class, model_name = transformers.Qwen2VLConfig, "Qwen2VLForConditionalGeneration"
         vision_config.update(embed_dim=32, hidden_size=llama.hidden_size, mlp_ratio=2)
     else:
@@ -390,7 +408,11 @@ def make_tiny_qwen2_vl(
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).to(getattr(torch, dtype)).eval()
     with torch.no_grad():  # make images move the logits
-        for parameter in model.model.visual.merger.parameters():
+        mergers = [
+            model.model.visual.merger,
+            *getattr(model.model.visual, "deepstack_merger_list", []),
+        ]
+        for parameter in (p for merger in mergers for p in merger.parameters()):
             parameter.normal_(0.0, 0.5)
     model.save_pretrained(str(directory))
     transformers.Qwen2VLImageProcessorPil(
@@ -424,7 +446,8 @@ def _hf_llava(path: str) -> Any:
 
 @functools.cache
 def hf_processor(path: str) -> Any:
-    """The model's processor; for Qwen2-VL the stand-in ours uses (its own needs torchvision)."""
+    """The model's processor; for Qwen2-VL and Qwen3-VL the stand-in ours uses (their own need
+    torchvision)."""
     import transformers
 
     [architecture] = transformers.AutoConfig.from_pretrained(path).architectures
@@ -432,6 +455,10 @@ def hf_processor(path: str) -> Any:
         from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
 
         return QwenVLProcessor.from_pretrained(path)
+    if architecture in ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"):
+        from infernetes.runtime.multimodal.qwen_vl import Qwen3VLProcessor
+
+        return Qwen3VLProcessor.from_pretrained(path)
     return transformers.AutoProcessor.from_pretrained(path)
 
 

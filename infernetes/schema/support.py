@@ -552,8 +552,8 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     # ---------------------------------------------------------------- MultiModalConfig
     "limit_mm_per_prompt": honoured(
-        "image counts, and video counts for Qwen2-VL and Qwen2.5-VL; the size hints of vLLM's "
-        '{"count", "width", ...} form are not read '
+        "image counts, and video counts for Qwen2-VL, Qwen2.5-VL and Qwen3-VL; the size hints "
+        'of vLLM\'s {"count", "width", ...} form are not read '
         "(there is no multimodal memory profiling); a text model has no use for it"
     ),
     "mm_processor_kwargs": HONOURED,

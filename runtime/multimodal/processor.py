@@ -240,7 +240,11 @@ class MultiModalProcessor:
         self, ids: Sequence[int], videos: list[list[Any]], out: Any, kwargs: dict[str, Any]
     ) -> list[MultiModalFeature]:
         """Each video's run of ``<|video_pad|>`` tokens and its rows of the processor's
-        ``pixel_values_videos`` (its ``video_grid_thw`` patches) and its ``second_per_grid_ts``."""
+        ``pixel_values_videos`` (its ``video_grid_thw`` patches) and its ``second_per_grid_ts``;
+        or, where its temporal patches' runs stand apart (Qwen3-VL writes each one's time
+        between them), one item per temporal patch, at ``t = 1``."""
+        import numpy as np
+
         token_id = self.hf_processor.tokenizer.convert_tokens_to_ids(self.video_token)
         positions = [i for i, t in enumerate(ids) if t == token_id]
         grids = out["video_grid_thw"]
@@ -252,18 +256,35 @@ class MultiModalProcessor:
             count = int(grid.prod()) // merge**2
             run = positions[start : start + count]
             start += count
-            if len(run) != count or run[-1] - run[0] != count - 1:
-                raise RequestError(
-                    "a video placeholder token appears in the prompt's text apart from a video",
-                    "multi_modal_data.video",
-                )
-            data = {
-                "pixel_values_videos": out["pixel_values_videos"][bounds[i] : bounds[i + 1]],
-                "video_grid_thw": grid,
-                "second_per_grid_ts": out["second_per_grid_ts"][i : i + 1],
-            }
+            grid_t = int(grid[0])
+            patches = out["pixel_values_videos"][bounds[i] : bounds[i + 1]]
+            items = [(run, grid, patches)]
+            if len(run) == count and run[-1] - run[0] != count - 1:  # a run per temporal patch
+                per_frame = count // grid_t
+                frame = np.array([1, *grid[1:]], grid.dtype)
+                items = [
+                    (run[j * per_frame : (j + 1) * per_frame], frame, rows)
+                    for j, rows in enumerate(np.split(patches, grid_t))
+                ]
             digest = video_digest(frames, kwargs)
-            features.append(MultiModalFeature("video", run[0], count, digest, data))
+            for j, (tokens, item_grid, rows) in enumerate(items):
+                if (
+                    len(tokens) != len(rows) // merge**2
+                    or tokens[-1] - tokens[0] != len(tokens) - 1
+                ):
+                    raise RequestError(
+                        "a video placeholder token appears in the prompt's text apart from a video",
+                        "multi_modal_data.video",
+                    )
+                data = {
+                    "pixel_values_videos": rows,
+                    "video_grid_thw": item_grid,
+                    "second_per_grid_ts": out["second_per_grid_ts"][i : i + 1],
+                }
+                identifier = digest if len(items) == 1 else f"{digest}:{j}"
+                features.append(
+                    MultiModalFeature("video", tokens[0], len(tokens), identifier, data)
+                )
         return features
 
     def _images(self, data: Mapping[str, Any]) -> list[Any]:

@@ -17,6 +17,7 @@ import numpy as np
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
+VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 DEFAULT_FPS = 2.0  # the frame rate a video's frames are taken at when none is given (Qwen's)
 
 
@@ -74,7 +75,8 @@ class QwenVLProcessor:
         out: dict[str, Any] = {}
         if videos:
             out.update(self._videos(videos, fps, kwargs))
-            text = self._expand(text, VIDEO_PAD, out["video_grid_thw"], kwargs)
+            frames = [len(video) for video in videos]
+            text = self._expand_videos(text, frames, out["video_grid_thw"], fps, kwargs)
         if images:
             processed = self.image_processor(images, return_tensors="np", **kwargs)
             out.update(
@@ -89,13 +91,21 @@ class QwenVLProcessor:
     def _expand(self, text: str, token: str, grids: np.ndarray, kwargs: dict[str, Any]) -> str:
         """Each ``token`` of ``text`` repeated once per merged patch of its item's grid."""
         merge = kwargs.get("merge_size") or self.image_processor.merge_size
-        pieces = text.split(token)
-        if len(pieces) != len(grids) + 1:
-            raise ValueError(f"{len(pieces) - 1} {token} placeholder(s) for {len(grids)} item(s)")
-        counts = [int(grid.prod()) // merge**2 for grid in grids]
-        return pieces[0] + "".join(
-            token * count + piece for count, piece in zip(counts, pieces[1:], strict=True)
+        return _replace_each(
+            text, token, [token * (int(grid.prod()) // merge**2) for grid in grids]
         )
+
+    def _expand_videos(
+        self,
+        text: str,
+        frames: list[int],
+        grids: np.ndarray,
+        fps: float,
+        kwargs: dict[str, Any],
+    ) -> str:
+        """Each ``<|video_pad|>`` of ``text`` (its video of ``frames`` frames taken at ``fps``)
+        repeated once per merged patch of its video."""
+        return self._expand(text, VIDEO_PAD, grids, kwargs)
 
     def _videos(
         self, videos: list[list[Any]], fps: float, kwargs: dict[str, Any]
@@ -134,3 +144,46 @@ class QwenVLProcessor:
             for height, width in image_sizes
         ]
         return SimpleNamespace(num_image_tokens=[count // merge**2 for count in patches])
+
+
+class Qwen3VLProcessor(QwenVLProcessor):
+    """Qwen3-VL's: a video's frames are told apart by their time in the text rather than in
+    M-RoPE. Its ``<|video_pad|>`` becomes, for each temporal patch, ``<{seconds:.1f} seconds>``
+    (the mean time of the patch's first and last frame; the last frame repeated to fill the
+    last patch) and the patch's tokens between ``<|vision_start|>`` and ``<|vision_end|>``."""
+
+    def _expand_videos(
+        self,
+        text: str,
+        frames: list[int],
+        grids: np.ndarray,
+        fps: float,
+        kwargs: dict[str, Any],
+    ) -> str:
+        merge = kwargs.get("merge_size") or self.image_processor.merge_size
+        processor = getattr(self.image_processor, "inner", self.image_processor)
+        temporal = kwargs.get("temporal_patch_size") or processor.temporal_patch_size
+        placeholders = []
+        for count, grid in zip(frames, grids, strict=True):
+            grid_t, height, width = (int(v) for v in grid)
+            tokens = VIDEO_PAD * (height * width // merge**2)
+            patches = []
+            for patch in range(grid_t):
+                first = patch * temporal
+                last = min(first + temporal - 1, count - 1)
+                seconds = (first / fps + last / fps) / 2
+                patches.append(f"<{seconds:.1f} seconds>{VISION_START}{tokens}{VISION_END}")
+            placeholders.append("".join(patches))
+        return _replace_each(text, VIDEO_PAD, placeholders)
+
+
+def _replace_each(text: str, token: str, replacements: list[str]) -> str:
+    """``text`` with its ``token``s replaced by ``replacements`` in turn, one each."""
+    pieces = text.split(token)
+    if len(pieces) != len(replacements) + 1:
+        raise ValueError(
+            f"{len(pieces) - 1} {token} placeholder(s) for {len(replacements)} item(s)"
+        )
+    return pieces[0] + "".join(
+        new + piece for new, piece in zip(replacements, pieces[1:], strict=True)
+    )

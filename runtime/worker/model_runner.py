@@ -491,7 +491,10 @@ class ModelRunner:
         model: SupportsInputsEmbeds = self.model  # type: ignore[assignment]  # only such models are sent embeddings
         embeds = model.embed_input_ids(input_ids)
         for row, chunk in chunks:
-            embeds[row : row + len(chunk)] = chunk.to(embeds.device, embeds.dtype)
+            # a prompt's embeddings fill a token's; a model's rows may hold more (Qwen3-VL's
+            # DeepStack rows after an image token's embedding, zero for other tokens)
+            width = chunk.shape[-1]
+            embeds[row : row + len(chunk), :width] = chunk.to(embeds.device, embeds.dtype)
         return embeds
 
     def _encode_images(

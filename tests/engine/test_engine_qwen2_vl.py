@@ -1,13 +1,19 @@
-"""Qwen2-VL and Qwen2.5-VL end to end on the CPU: greedy tokens and logprobs equal
-transformers' for one image, two of different sizes (so different grids and token counts),
-images between text, an image alone and text-only prompts in one batch; under chunked prefill
-(chunks ending inside images: each chunk takes its M-RoPE positions from the whole prompt's
-layout) and preemption; the same image finds its prefix-cache blocks and a changed pixel does
-not; a cache hit ending inside an image resumes there."""
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE end to end on the CPU: greedy tokens and
+logprobs equal transformers' for one image, two of different sizes (so different grids and
+token counts), images between text, an image alone and text-only prompts in one batch; under
+chunked prefill (chunks ending inside images: each chunk takes its M-RoPE positions from the
+whole prompt's layout, and Qwen3-VL its part of the image's DeepStack rows) and preemption; the
+same image finds its prefix-cache blocks and a changed pixel does not; a cache hit ending
+inside an image resumes there; a prompt's embeddings share a step with an image prompt; the
+checkpoints' older layout (``model.layers.*``, ``visual.*``) loads the same model; across
+tensor and pipeline ranks."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+import torch
 from infernetes.runtime.testing import StepTotals
 from infernetes.runtime.testing_vision import (
     QWEN_IMAGE,
@@ -41,7 +47,11 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["2", "2.5"], ids=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(
+    scope="module",
+    params=["2", "2.5", "3", "3-moe"],
+    ids=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"],
+)
 def qwen(request, tmp_path_factory):
     return str(make_tiny_qwen2_vl(tmp_path_factory.mktemp("qwen"), version=request.param))
 
@@ -126,6 +136,37 @@ def test_a_prefix_cache_hit_ending_inside_an_image_equals_transformers(qwen):
     [output] = llm.generate({"prompt": second, "multi_modal_data": {"image": image}}, GREEDY)
     assert output.num_cached_tokens == cached
     assert_equals_transformers([output], [hf_llava_greedy(qwen, second, [image], MAX_TOKENS)])
+
+
+def test_the_older_checkpoint_layout_loads_the_same_model(qwen, expected, tmp_path):
+    import safetensors.torch
+
+    older = tmp_path / "older"
+    shutil.copytree(qwen, older)
+    weights = safetensors.torch.load_file(str(older / "model.safetensors"))
+    renamed = {
+        name.replace("model.language_model.", "model.").replace("model.visual.", "visual."): tensor
+        for name, tensor in weights.items()
+    }
+    assert any(name.startswith("visual.") for name in renamed)
+    safetensors.torch.save_file(renamed, str(older / "model.safetensors"), {"format": "pt"})
+    llm = LLM(str(older), **ENGINE)
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES[:2]], GREEDY)
+    assert_equals_transformers(outputs, expected[:2])
+
+
+def test_prompt_embeds_beside_an_image_prompt_equal_token_ids(qwen):
+    # A step holds both: the prompt's embeddings fill a token's width of the step's rows
+    # (Qwen3-VL's rows hold DeepStack rows besides, zero for them).
+    llm = LLM(qwen, **ENGINE, enable_prompt_embeds=True, max_num_batched_tokens=8)
+    ids = llm.get_tokenizer()("Hello world, what is the capital of France? It is").input_ids
+    image = _prompt(*CASES[0])
+    expected = llm.generate([ids, image], GREEDY)
+    model = llm.llm_engine.engine_core.executor.driver_worker.model_runner.model
+    with torch.no_grad():
+        embeds = model.language_model.embed_input_ids(torch.tensor(ids))
+    outputs = llm.generate([{"prompt_embeds": embeds}, image], GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in expected]
 
 
 def test_a_prompt_without_its_image_placeholder_is_refused(qwen):

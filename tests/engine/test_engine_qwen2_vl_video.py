@@ -1,6 +1,7 @@
-"""Qwen2-VL and Qwen2.5-VL videos on the CPU, offline (``multi_modal_data={"video": frames}``):
-greedy tokens and logprobs equal transformers' given ``pixel_values_videos``,
-``video_grid_thw`` and ``second_per_grid_ts`` (Qwen2.5-VL's frames spaced in time in M-RoPE)
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL videos on the CPU, offline (``multi_modal_data={"video":
+frames}``): greedy tokens and logprobs equal transformers' given ``pixel_values_videos``,
+``video_grid_thw`` and ``second_per_grid_ts`` (Qwen2.5-VL's frames spaced in time in M-RoPE;
+Qwen3-VL's by timestamps in the text, each temporal patch an item of its own)
 for one video, a video with an odd frame count (its last frame repeated) and a video with an
 image; the frames' patches are laid out as Qwen's video processor does; the same video hits the
 prefix cache and a changed frame misses; too many videos or frames are refused naming the
@@ -41,7 +42,9 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["2", "2.5"], ids=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(
+    scope="module", params=["2", "2.5", "3"], ids=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+)
 def qwen(request, tmp_path_factory):
     return str(make_tiny_qwen2_vl(tmp_path_factory.mktemp("qwen"), version=request.param))
 

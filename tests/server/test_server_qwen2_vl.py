@@ -1,4 +1,4 @@
-"""Qwen2.5-VL with images behind the chat API, with the openai client: data: URIs of images of
+"""Qwen2.5-VL and Qwen3-VL with images behind the chat API, with the openai client: data: URIs of images of
 different sizes (so different grids) equal transformers' continuation, and
 ``--mm-processor-kwargs`` (``size``'s pixel bounds) resizes them as the image processor does."""
 
@@ -30,9 +30,9 @@ def _data_url(image) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory):
-    return make_tiny_qwen2_vl(tmp_path_factory.mktemp("qwen2_5_vl"), version="2.5")
+@pytest.fixture(scope="module", params=["2.5", "3"], ids=["qwen2_5_vl", "qwen3_vl"])
+def qwen_dir(request, tmp_path_factory):
+    return make_tiny_qwen2_vl(tmp_path_factory.mktemp("qwen_vl"), version=request.param)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Rotary position embedding: one cos/sin cache per model, applied by the kernels' op; M-RoPE
 (Qwen2-VL's multimodal rotary: ``rope_scaling.mrope_section``) rotates each section of the
-frequencies by its own axis of a ``[3, T]`` position (temporal, height, width)."""
+frequencies by its own axis of a ``[3, T]`` position (temporal, height, width); Qwen3-VL's
+(``mrope_interleaved``) deals the frequencies out to the axes in turn instead."""
 
 from __future__ import annotations
 
@@ -49,7 +50,11 @@ class RotaryEmbedding(nn.Module):
 class MRotaryEmbedding(RotaryEmbedding):
     """M-RoPE: the rotary frequencies split into ``mrope_section`` (``[t, h, w]`` counts summing
     to half the rotary dim), each rotated by its axis of a ``[3, T]`` position. A ``[T]``
-    position (every axis the same: text, and every decode step) is the plain rotary."""
+    position (every axis the same: text, and every decode step) is the plain rotary.
+
+    Sections are runs of frequencies (Qwen2-VL), or with ``interleaved`` (Qwen3-VL) dealt out
+    t, h, w, t, h, w, ...: frequency ``i`` turns by h when ``i % 3 == 1`` and ``i < 3 * h``, by
+    w when ``i % 3 == 2`` and ``i < 3 * w``, else by t."""
 
     axis_of: torch.Tensor  # a buffer, [1, rotary_dim]
 
@@ -61,6 +66,7 @@ class MRotaryEmbedding(RotaryEmbedding):
         base: float,
         mrope_section: Sequence[int],
         is_neox: bool = True,
+        interleaved: bool = False,
     ) -> None:
         super().__init__(head_dim, rotary_dim, max_position, base, None, None, is_neox)
         if len(mrope_section) != 3 or sum(mrope_section) != rotary_dim // 2:
@@ -69,7 +75,11 @@ class MRotaryEmbedding(RotaryEmbedding):
                 f"the rotary dim), got {list(mrope_section)}"
             )
         # the axis (0 t, 1 h, 2 w) each frequency turns by, for the cos half and the sin half
-        axes = torch.repeat_interleave(torch.arange(3), torch.tensor(list(mrope_section)))
+        axes = (
+            _interleaved_axes(mrope_section)
+            if interleaved
+            else torch.repeat_interleave(torch.arange(3), torch.tensor(list(mrope_section)))
+        )
         self.register_buffer("axis_of", torch.cat([axes, axes])[None], persistent=False)
 
     def forward(
@@ -86,6 +96,16 @@ class MRotaryEmbedding(RotaryEmbedding):
         order = torch.arange(num_tokens, device=positions.device)
         q3, k3 = ops.rotary_embedding(order, q3, k3, per_token, self.is_neox)
         return q3.reshape(num_tokens, -1), k3.reshape(num_tokens, -1)
+
+
+def _interleaved_axes(mrope_section: Sequence[int]) -> torch.Tensor:
+    """Each frequency's axis when the sections are dealt out in turn (Qwen3-VL's layout)."""
+    _, h, w = mrope_section
+    index = torch.arange(sum(mrope_section))
+    axes = torch.zeros_like(index)
+    axes[(index % 3 == 1) & (index < 3 * h)] = 1
+    axes[(index % 3 == 2) & (index < 3 * w)] = 2
+    return axes
 
 
 _cache: dict[tuple, RotaryEmbedding] = {}
@@ -112,7 +132,13 @@ def get_rope(
     )
     if key not in _cache and rope_scaling and "mrope_section" in rope_scaling:
         _cache[key] = MRotaryEmbedding(
-            head_dim, rotary_dim, max_position, base, rope_scaling["mrope_section"], is_neox
+            head_dim,
+            rotary_dim,
+            max_position,
+            base,
+            rope_scaling["mrope_section"],
+            is_neox,
+            bool(rope_scaling.get("mrope_interleaved", False)),
         )
     elif key not in _cache:
         _cache[key] = RotaryEmbedding(

@@ -101,6 +101,20 @@ def _qwen2_5_vl() -> type[nn.Module]:
     return Qwen2_5_VLForConditionalGeneration
 
 
+def _qwen3_vl() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.qwen3_vl import Qwen3VLForConditionalGeneration
+
+    return Qwen3VLForConditionalGeneration
+
+
+def _qwen3_vl_moe() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.qwen3_vl import (
+        Qwen3VLMoeForConditionalGeneration,
+    )
+
+    return Qwen3VLMoeForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -129,6 +143,8 @@ GENERATIVE = {
     "LlavaOnevisionForConditionalGeneration": _llava_onevision,
     "Qwen2VLForConditionalGeneration": _qwen2_vl,
     "Qwen2_5_VLForConditionalGeneration": _qwen2_5_vl,
+    "Qwen3VLForConditionalGeneration": _qwen3_vl,
+    "Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe,
 }
 
 

@@ -74,7 +74,12 @@ class LlamaAttention(nn.Module):
             self.num_kv_heads,
             layer_sliding_window(config, layer),
         )
-        self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")
+        self.qk_norm = config.model_type in (
+            "qwen3",
+            "qwen3_moe",
+            "qwen3_vl_text",
+            "qwen3_vl_moe_text",
+        )
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -161,13 +166,27 @@ class LlamaModel(nn.Module):
         intermediate: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        if intermediate is None:
-            hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-            residual = None
-        else:  # a later pipeline stage goes on from the previous one's
-            hidden, residual = intermediate["hidden"], intermediate["residual"]
+        hidden, residual = self.stage_input(input_ids, intermediate, inputs_embeds)
         for layer in self.layers[self.start : self.end]:
             hidden, residual = layer(positions, hidden, residual)
+        return self.stage_output(hidden, residual)
+
+    def stage_input(
+        self,
+        input_ids: torch.Tensor,
+        intermediate: IntermediateTensors | None,
+        inputs_embeds: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This stage's first layer's input: the embeddings, or the previous stage's output."""
+        if intermediate is None:
+            hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+            return hidden, None
+        return intermediate["hidden"], intermediate["residual"]
+
+    def stage_output(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> torch.Tensor | IntermediateTensors:
+        """The normed hidden states on the last stage, else what the next stage goes on from."""
         if isinstance(self.norm, PPMissingLayer):
             assert residual is not None
             return {"hidden": hidden, "residual": residual}

@@ -19,6 +19,7 @@ from infernetes.runtime.model_executor.models.qwen_vision import QwenVisionTrans
 from infernetes.runtime.model_executor.models.utils import on_first_stage
 from infernetes.runtime.model_executor.models.vision_language import VisionLanguageModel
 from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
+from torch import nn
 from transformers import PretrainedConfig
 
 
@@ -36,8 +37,10 @@ def _qwen_checkpoint_names(
 
 class Qwen2VLForConditionalGeneration(VisionLanguageModel):
     intermediate_names = LlamaForCausalLM.intermediate_names
-    hf_processor_class = QwenVLProcessor  # transformers' needs torchvision (qwen_vl.py)
+    # transformers' processor needs torchvision (qwen_vl.py)
+    hf_processor_class: type[QwenVLProcessor] = QwenVLProcessor
     modalities = ("image", "video")
+    tower_class: type[nn.Module] = QwenVisionTransformer
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
@@ -47,11 +50,15 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         # Qwen2.5-VL spaces a video's frames by their time; Qwen2-VL (None) by their index
         self.mrope_tokens_per_second = getattr(vision, "tokens_per_second", None)
         # The pipeline's first stage embeds, so it alone encodes images.
-        self.visual = on_first_stage(lambda: QwenVisionTransformer(vision))
+        self.visual = on_first_stage(lambda: self.tower_class(vision))
         text = config.text_config
-        if getattr(config, "tie_word_embeddings", False):  # the 2B's says so at the top only
-            text.tie_word_embeddings = True
-        self.language_model = LlamaForCausalLM(text, max_position)
+        # transformers ties by the top config (the 2B's says so there only; Qwen3-VL-MoE's
+        # text config says True by default while its top one says False)
+        text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.language_model = self.build_language_model(text, max_position)
+
+    def build_language_model(self, text: PretrainedConfig, max_position: int) -> LlamaForCausalLM:
+        return LlamaForCausalLM(text, max_position)
 
     @staticmethod
     def image_input_shape(config: PretrainedConfig) -> tuple[int, ...]:
@@ -68,8 +75,7 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         pixels = data["pixel_values" if modality == "image" else "pixel_values_videos"]
         grid_name = "image_grid_thw" if modality == "image" else "video_grid_thw"
         grids = [(int(t), int(h), int(w)) for t, h, w in data[grid_name].tolist()]
-        tower: QwenVisionTransformer = self.visual  # type: ignore[assignment]  # first stage
-        rows = tower(pixels.reshape(-1, pixels.shape[-1]), grids)
+        rows = self.visual(pixels.reshape(-1, pixels.shape[-1]), grids)
         sizes = [t * h * w // self.mrope_merge_size**2 for t, h, w in grids]
         return list(rows.split(sizes))
 

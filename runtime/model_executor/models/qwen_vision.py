@@ -108,6 +108,23 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos + torch.cat([-second, first], dim=-1) * sin).to(dtype)
 
 
+def rotary_inv_freq(config: PretrainedConfig, width: int) -> torch.Tensor:
+    """The 2-D rotary's frequencies: a quarter of the head's width, turned by the row in one
+    half of the head and by the column in the other."""
+    base = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    half = width // config.num_heads // 2
+    return 1.0 / (base ** (torch.arange(0, half, 2, dtype=torch.float) / half))
+
+
+def rotary_cos_sin(
+    grids: Sequence[Grid], merge: int, inv_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, 1, head_dim]`` cos and sin of each patch's (row, column) angles."""
+    angles = patch_positions(grids, merge).to(inv_freq.device)[..., None] * inv_freq
+    angles = torch.cat([angles.flatten(1)] * 2, dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
 class VisionAttention(nn.Module):
     def __init__(self, width: int, num_heads: int) -> None:
         super().__init__()
@@ -171,15 +188,15 @@ class VisionBlock(nn.Module):
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, config: PretrainedConfig, width: int) -> None:
+    def __init__(self, config: PretrainedConfig, width: int, bias: bool = False) -> None:
         super().__init__()
         kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.proj = nn.Conv3d(config.in_channels, width, kernel, kernel, bias=False)
+        self.proj = nn.Conv3d(config.in_channels, width, kernel, kernel, bias=bias)
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         # the kernel covers the whole patch: the convolution is one matrix product
         weight = self.proj.weight
-        return F.linear(patches.to(weight.dtype), weight.flatten(1))
+        return F.linear(patches.to(weight.dtype), weight.flatten(1), self.proj.bias)
 
 
 class PatchMerger(nn.Module):
@@ -209,10 +226,7 @@ class QwenVisionTransformer(nn.Module):
         self.patch_embed = PatchEmbed(config, width)
         self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
         self.merger = PatchMerger(config)
-        base = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-        half = width // config.num_heads // 2  # rows turn one half of the head, columns the other
-        inv_freq = 1.0 / (base ** (torch.arange(0, half, 2, dtype=torch.float) / half))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rotary_inv_freq(config, width), persistent=False)
         self.windowed = is_windowed(config)
         if self.windowed:
             self.full_blocks = set(config.fullatt_block_indexes)
@@ -220,9 +234,7 @@ class QwenVisionTransformer(nn.Module):
 
     def forward(self, patches: torch.Tensor, grids: Sequence[Grid]) -> torch.Tensor:
         x = self.patch_embed(patches)
-        angles = patch_positions(grids, self.merge).to(x.device)[..., None] * self.inv_freq
-        angles = torch.cat([angles.flatten(1)] * 2, dim=-1)[:, None]  # [N, 1, head_dim]
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = rotary_cos_sin(grids, self.merge, self.inv_freq)
         frames = frame_bounds(grids)
         windows, order = frames, None
         if self.windowed:
