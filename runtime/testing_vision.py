@@ -403,6 +403,82 @@ def make_tiny_qwen2_vl(
     return directory
 
 
+PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+PIXTRAL_PATCH, PIXTRAL_MERGE = 4, 2  # so image sides are multiples of 8 pixels
+PIXTRAL_LONGEST_EDGE = 48  # at most 6 x 6 merged patches
+PIXTRAL_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'<image>'", "'[IMG]'")
+
+
+def make_tiny_mistral3(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    vision: dict[str, Any] | None = None,
+    text: dict[str, Any] | None = None,
+) -> Path:
+    """Write a random ``Mistral3ForConditionalGeneration`` (a Pixtral tower of 4-pixel patches,
+    2 x 2 of them merged, a Mistral language model), its PIL image processor (images fit into
+    ``PIXTRAL_LONGEST_EDGE`` pixels), its tokenizer with Pixtral's image tokens and the
+    ``processor_config.json`` transformers' ``PixtralProcessor`` writes: tiny by default;
+    ``vision`` and ``text`` override the configs (benchmarks)."""
+    import json
+
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory, extra_special_tokens=PIXTRAL_TOKENS, chat_template=PIXTRAL_CHAT_TEMPLATE
+    )
+    _, llama = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, text)
+    text_config = transformers.MistralConfig(**llama.to_diff_dict(), sliding_window=None)
+    vision_config = transformers.PixtralVisionConfig(
+        **{
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 2,  # a 16-wide head: 4 frequencies each for rows and columns
+            "image_size": PIXTRAL_LONGEST_EDGE,
+            "patch_size": PIXTRAL_PATCH,
+            "hidden_act": "silu",
+            "initializer_range": 0.1,
+            **(vision or {}),
+        }
+    )
+    config = transformers.Mistral3Config(
+        vision_config=vision_config.to_dict(),
+        text_config=text_config.to_dict(),
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=PIXTRAL_MERGE,
+        vision_feature_layer=-1,
+        multimodal_projector_bias=False,
+        projector_hidden_act="gelu",
+        tie_word_embeddings=False,  # as the released models (the default ties them)
+    )
+    config.architectures = ["Mistral3ForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.Mistral3ForConditionalGeneration(config).to(getattr(torch, dtype))
+    _spread_projector(model.eval())
+    model.save_pretrained(str(directory))
+    transformers.PixtralImageProcessorPil(
+        size={"longest_edge": PIXTRAL_LONGEST_EDGE},
+        patch_size={"height": PIXTRAL_PATCH, "width": PIXTRAL_PATCH},
+    ).save_pretrained(str(directory))
+    settings = {
+        "processor_class": "PixtralProcessor",
+        "patch_size": PIXTRAL_PATCH,
+        "spatial_merge_size": PIXTRAL_MERGE,
+        "image_token": "[IMG]",
+        "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]",
+    }
+    (directory / "processor_config.json").write_text(json.dumps(settings, indent=2))
+    return directory
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
     """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
     import numpy as np
@@ -424,7 +500,8 @@ def _hf_llava(path: str) -> Any:
 
 @functools.cache
 def hf_processor(path: str) -> Any:
-    """The model's processor; for Qwen2-VL the stand-in ours uses (its own needs torchvision)."""
+    """The model's processor; for Qwen2-VL and Mistral 3 the stand-in ours uses (their own
+    need torchvision)."""
     import transformers
 
     [architecture] = transformers.AutoConfig.from_pretrained(path).architectures
@@ -432,6 +509,10 @@ def hf_processor(path: str) -> Any:
         from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
 
         return QwenVLProcessor.from_pretrained(path)
+    if architecture == "Mistral3ForConditionalGeneration":
+        from infernetes.runtime.multimodal.pixtral import PixtralVLProcessor
+
+        return PixtralVLProcessor.from_pretrained(path)
     return transformers.AutoProcessor.from_pretrained(path)
 
 

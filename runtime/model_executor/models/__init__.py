@@ -101,6 +101,14 @@ def _qwen2_5_vl() -> type[nn.Module]:
     return Qwen2_5_VLForConditionalGeneration
 
 
+def _mistral3() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.mistral3 import (
+        Mistral3ForConditionalGeneration,
+    )
+
+    return Mistral3ForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -129,6 +137,7 @@ GENERATIVE = {
     "LlavaOnevisionForConditionalGeneration": _llava_onevision,
     "Qwen2VLForConditionalGeneration": _qwen2_vl,
     "Qwen2_5_VLForConditionalGeneration": _qwen2_5_vl,
+    "Mistral3ForConditionalGeneration": _mistral3,
 }
 
 

@@ -17,7 +17,10 @@ import torch
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
 from infernetes.runtime.model_executor.models.qwen_vision import QwenVisionTransformer
 from infernetes.runtime.model_executor.models.utils import on_first_stage
-from infernetes.runtime.model_executor.models.vision_language import VisionLanguageModel
+from infernetes.runtime.model_executor.models.vision_language import (
+    VisionLanguageModel,
+    text_config,
+)
 from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
 from transformers import PretrainedConfig
 
@@ -48,10 +51,7 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         self.mrope_tokens_per_second = getattr(vision, "tokens_per_second", None)
         # The pipeline's first stage embeds, so it alone encodes images.
         self.visual = on_first_stage(lambda: QwenVisionTransformer(vision))
-        text = config.text_config
-        if getattr(config, "tie_word_embeddings", False):  # the 2B's says so at the top only
-            text.tie_word_embeddings = True
-        self.language_model = LlamaForCausalLM(text, max_position)
+        self.language_model = LlamaForCausalLM(text_config(config), max_position)
 
     @staticmethod
     def image_input_shape(config: PretrainedConfig) -> tuple[int, ...]:

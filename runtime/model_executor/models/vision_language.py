@@ -34,13 +34,22 @@ def checkpoint_names(
         yield name.replace("vision_tower.vision_model.", "vision_tower."), tensor
 
 
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The language model's config, tied to its embeddings when the top level says so (as
+    transformers reads it: Qwen2-VL-2B's and Mistral 3's defaults say it there only)."""
+    text = config.text_config
+    if getattr(config, "tie_word_embeddings", False):
+        text.tie_word_embeddings = True
+    return text
+
+
 class VisionLanguageModel(nn.Module):
     supports_inputs_embeds = True  # models/interfaces.SupportsMultiModal
     supports_multimodal = True
     language_model: LlamaForCausalLM  # or a family built on it (Gemma's)
 
     @staticmethod
-    def image_input_shape(config: PretrainedConfig) -> tuple[int, ...]:
+    def image_input_shape(config: PretrainedConfig) -> tuple[int | None, ...]:
         vision = config.vision_config
         return (vision.num_channels, vision.image_size, vision.image_size)
 
