@@ -35,14 +35,16 @@ class PixtralVLProcessor:
     def from_pretrained(
         cls, path: str | Path, trust_remote_code: bool = False
     ) -> PixtralVLProcessor:
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+        from infernetes.runtime.tokenization.tokenizer import get_tokenizer
+        from transformers import AutoConfig, AutoImageProcessor
 
         settings_path = Path(path) / PROCESSOR_CONFIG
         settings = json.loads(settings_path.read_text()) if settings_path.exists() else {}
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         return cls(
             AutoImageProcessor.from_pretrained(str(path), trust_remote_code=trust_remote_code),
-            AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code),
+            # the Hugging Face files, where the folder has a tekken.json beside them too
+            get_tokenizer(path, trust_remote_code=trust_remote_code),
             settings.get("patch_size", config.vision_config.patch_size),
             settings.get("spatial_merge_size", getattr(config, "spatial_merge_size", 1)),
         )

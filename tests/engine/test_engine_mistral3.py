@@ -144,3 +144,20 @@ def test_a_prompt_without_its_image_placeholder_is_refused(mistral3):
     image = random_image(1, SMALL)
     with pytest.raises(ValueError, match="placeholder"):
         llm.generate({"prompt": "no image here", "multi_modal_data": {"image": image}}, GREEDY)
+
+
+@pytest.mark.slow  # a worker process per rank, about ten seconds a case
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_images_across_ranks(mistral3, expected, tp, pp):
+    # The first stage encodes the images (the tower replicated on its tensor ranks) and embeds
+    # each grid's [IMG_BREAK] and [IMG_END] through the vocabulary-split embedding.
+    llm = LLM(
+        mistral3,
+        **ENGINE,
+        device="cpu",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_batched_tokens=8,
+    )
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
+    assert_equals_transformers(outputs, expected)

@@ -119,8 +119,12 @@ Qwen2-VL and Qwen2.5-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForCondit
 the Qwen vision transformer at each image's own resolution, 2.5's with window attention, and a
 Qwen2 with M-RoPE) are tested against transformers for images of different sizes, whole, under
 chunked prefill and preemption, from prefix-cache hits, and across tensor and pipeline ranks;
-their vision tower is replicated on the first stage's ranks. Videos, Mistral 3 and Whisper are
-planned.
+their vision tower is replicated on the first stage's ranks. Mistral 3
+(`Mistral3ForConditionalGeneration`: the Pixtral tower at each image's own size, block-diagonal
+attention between images, a patch merger, Mistral's language model) is tested against
+transformers for images of different sizes, whole, under chunked prefill and preemption, and
+from prefix-cache hits; its vision tower is replicated on the first stage's ranks. Pixtral-12B's
+layout, videos for the other models and Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.
