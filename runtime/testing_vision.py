@@ -479,6 +479,47 @@ def make_tiny_mistral3(
     return directory
 
 
+def make_tiny_pixtral(directory: str | Path, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a random ``LlavaForConditionalGeneration`` with a Pixtral tower (Pixtral-12B's
+    layout: no merging, so 8-pixel patches make ``make_tiny_mistral3``'s grids), its image
+    processor, tokenizer and ``processor_config.json``."""
+    import json
+
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    unit = PIXTRAL_PATCH * PIXTRAL_MERGE
+    mistral3 = transformers.AutoConfig.from_pretrained(
+        make_tiny_mistral3(directory, seed=seed, dtype=dtype)
+    )
+    vision = mistral3.vision_config.to_dict() | {"patch_size": unit}
+    config = transformers.LlavaConfig(
+        vision_config=transformers.PixtralVisionConfig(**vision).to_dict(),
+        text_config=mistral3.text_config.to_dict(),
+        image_token_index=mistral3.image_token_index,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        projector_hidden_act="gelu",
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["LlavaForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(config).to(getattr(torch, dtype)).eval()
+    _spread_projector(model)
+    for stale in directory.glob("model*.safetensors*"):
+        stale.unlink()
+    model.save_pretrained(str(directory))
+    transformers.PixtralImageProcessorPil(
+        size={"longest_edge": PIXTRAL_LONGEST_EDGE}, patch_size={"height": unit, "width": unit}
+    ).save_pretrained(str(directory))
+    settings = json.loads((directory / "processor_config.json").read_text())
+    settings.update(patch_size=unit, spatial_merge_size=1)
+    (directory / "processor_config.json").write_text(json.dumps(settings, indent=2))
+    return directory
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
     """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
     import numpy as np
@@ -500,20 +541,15 @@ def _hf_llava(path: str) -> Any:
 
 @functools.cache
 def hf_processor(path: str) -> Any:
-    """The model's processor; for Qwen2-VL and Mistral 3 the stand-in ours uses (their own
-    need torchvision)."""
+    """The model's processor as the engine loads it: the model's stand-in where transformers'
+    needs torchvision (Qwen2-VL's, Pixtral's), else transformers' own."""
     import transformers
+    from infernetes.runtime.model_executor.models import model_class
 
-    [architecture] = transformers.AutoConfig.from_pretrained(path).architectures
-    if architecture in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"):
-        from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
-
-        return QwenVLProcessor.from_pretrained(path)
-    if architecture == "Mistral3ForConditionalGeneration":
-        from infernetes.runtime.multimodal.pixtral import PixtralVLProcessor
-
-        return PixtralVLProcessor.from_pretrained(path)
-    return transformers.AutoProcessor.from_pretrained(path)
+    config = transformers.AutoConfig.from_pretrained(path)
+    _, cls = model_class(config.architectures)
+    stand_in = cls.processor_class(config)  # type: ignore[attr-defined]  # a vision-language model's
+    return (stand_in or transformers.AutoProcessor).from_pretrained(path)
 
 
 def hf_llava_greedy(

@@ -1,4 +1,5 @@
-"""Mistral 3 (the Pixtral tower) end to end on the CPU: greedy tokens and logprobs equal
+"""Mistral 3 (the Pixtral tower) and Pixtral-12B's layout (LLaVA with that tower) end to end on
+the CPU: greedy tokens and logprobs equal
 transformers' for one image, two of different sizes (grids of their own shapes, encoded together
 with block-diagonal attention), images between text, an image alone and text-only prompts in one
 batch; under chunked prefill (chunks ending inside an image's grid, between its [IMG_BREAK]s) and
@@ -15,6 +16,7 @@ from infernetes.runtime.testing_vision import (
     hf_llava_greedy,
     hf_processor,
     make_tiny_mistral3,
+    make_tiny_pixtral,
     random_image,
 )
 
@@ -24,7 +26,7 @@ MAX_TOKENS = 6
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
 ENGINE = dict(dtype="float32", max_model_len=192, num_gpu_blocks_override=96, block_size=8)
 IMG = "[IMG]"
-UNIT = PIXTRAL_PATCH * PIXTRAL_MERGE  # pixels of a merged patch's side
+UNIT = PIXTRAL_PATCH * PIXTRAL_MERGE  # pixels of a merged patch's side (Pixtral's patch)
 # (width, height) -> grids of merged patches (rows x columns): 5 x 6, 5 x 5, 6 x 2
 WIDE, SMALL, TALL = (70, 50), (40, 36), (30, 90)
 
@@ -40,9 +42,11 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mistral3(tmp_path_factory):
-    return str(make_tiny_mistral3(tmp_path_factory.mktemp("mistral3")))
+@pytest.fixture(scope="module", params=["mistral3", "pixtral"])
+def mistral3(request, tmp_path_factory):
+    """Mistral 3, and Pixtral-12B's layout (LLaVA with the Pixtral tower, one row a patch)."""
+    make = make_tiny_mistral3 if request.param == "mistral3" else make_tiny_pixtral
+    return str(make(tmp_path_factory.mktemp(request.param)))
 
 
 def _images(seeds: list[tuple[int, tuple[int, int]]]) -> list:

@@ -70,6 +70,12 @@ class SupportsMultiModal(SupportsInputsEmbeds, Protocol):
         is checked against it on the API side, so a bad one is a 400, not a failed step)."""
         ...
 
+    @classmethod
+    def processor_class(cls, config: Any) -> Any:
+        """The model's stand-in for its Hugging Face processor, where that cannot be built here
+        (None: ``AutoProcessor``)."""
+        ...
+
     def embed_multimodal(
         self, modality: str, data: dict[str, torch.Tensor]
     ) -> list[torch.Tensor]: ...

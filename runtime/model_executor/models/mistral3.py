@@ -15,7 +15,11 @@ import torch
 from infernetes.runtime.model_executor.layers.norm import RMSNorm
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
 from infernetes.runtime.model_executor.models.llava import feature_layers
-from infernetes.runtime.model_executor.models.pixtral import PixtralVisionTower
+from infernetes.runtime.model_executor.models.pixtral import (
+    PixtralVisionTower,
+    image_grids,
+    placeholder_rows,
+)
 from infernetes.runtime.model_executor.models.utils import on_first_stage
 from infernetes.runtime.model_executor.models.vision_language import (
     VisionLanguageModel,
@@ -69,7 +73,6 @@ class Mistral3ForConditionalGeneration(VisionLanguageModel):
         self.config = config
         self.image_token_id = config.image_token_index
         self.patch_size = config.vision_config.patch_size
-        self.merge = config.spatial_merge_size
         self.feature_layers = feature_layers(config)
         # The pipeline's first stage embeds, so it alone encodes images.
         self.vision_tower = on_first_stage(
@@ -88,9 +91,7 @@ class Mistral3ForConditionalGeneration(VisionLanguageModel):
         L]`` (its grid of tokens) -> each item's ``L`` rows."""
         if modality != "image":
             raise ValueError(f"Mistral 3 takes images, not {modality}")
-        grids = [
-            (h // self.patch_size, w // self.patch_size) for h, w in data["image_sizes"].tolist()
-        ]
+        grids = image_grids(data["image_sizes"], self.patch_size)
         states = self.vision_tower(data["pixel_values"], grids, self.feature_layers)
         patches = torch.cat(states, dim=-1).split([rows * columns for rows, columns in grids])
         outputs = []
@@ -98,15 +99,9 @@ class Mistral3ForConditionalGeneration(VisionLanguageModel):
             patches, grids, data["placeholder_ids"], strict=True
         ):
             features = self.multi_modal_projector(image, rows, columns)
-            embeds = self.embed_input_ids(ids)
-            is_image = ids == self.image_token_id
-            if int(is_image.sum()) != len(features):
-                raise ValueError(
-                    f"an image of {rows // self.merge} x {columns // self.merge} merged patches "
-                    f"has {int(is_image.sum())} placeholder tokens"
-                )
-            embeds[is_image] = features.to(embeds.dtype)
-            outputs.append(embeds)
+            outputs.append(
+                placeholder_rows(self.embed_input_ids(ids), ids, self.image_token_id, features)
+            )
         return outputs
 
     def keeps_encoder_weight(self, name: str) -> bool:

@@ -23,6 +23,25 @@ from transformers.activations import ACT2FN
 EPS = 1e-5  # the tower's norms (not in its config)
 
 
+def image_grids(image_sizes: torch.Tensor, patch_size: int) -> list[tuple[int, int]]:
+    """Each image's (rows, columns) of patches from its processed ``(height, width)``."""
+    return [(h // patch_size, w // patch_size) for h, w in image_sizes.tolist()]
+
+
+def placeholder_rows(
+    embeds: torch.Tensor, ids: torch.Tensor, image_token_id: int, features: torch.Tensor
+) -> torch.Tensor:
+    """An image's rows for its placeholder grid ``ids``: ``embeds`` (the grid tokens' text
+    embeddings) with ``features`` in place of its ``image_token_id`` ones, in order."""
+    is_image = ids == image_token_id
+    if int(is_image.sum()) != len(features):
+        raise ValueError(
+            f"an image of {len(features)} feature rows has {int(is_image.sum())} placeholder tokens"
+        )
+    embeds[is_image] = features.to(embeds.dtype)
+    return embeds
+
+
 class PixtralAttention(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()

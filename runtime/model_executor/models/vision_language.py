@@ -7,6 +7,7 @@ image (``embed_multimodal``) and which checkpoint tensors its encoder loads
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
@@ -47,6 +48,13 @@ class VisionLanguageModel(nn.Module):
     supports_inputs_embeds = True  # models/interfaces.SupportsMultiModal
     supports_multimodal = True
     language_model: LlamaForCausalLM  # or a family built on it (Gemma's)
+    # a stand-in for the Hugging Face processor where that cannot be built here (torchvision)
+    hf_processor_class: Any = None
+
+    @classmethod
+    def processor_class(cls, config: PretrainedConfig) -> Any:
+        """The processor to load for ``config`` (None: transformers' ``AutoProcessor``)."""
+        return cls.hf_processor_class
 
     @staticmethod
     def image_input_shape(config: PretrainedConfig) -> tuple[int | None, ...]:
