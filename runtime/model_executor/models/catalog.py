@@ -123,8 +123,10 @@ their vision tower is replicated on the first stage's ranks. Mistral 3
 (`Mistral3ForConditionalGeneration`: the Pixtral tower at each image's own size, block-diagonal
 attention between images, a patch merger, Mistral's language model) is tested against
 transformers for images of different sizes, whole, under chunked prefill and preemption, and
-from prefix-cache hits; its vision tower is replicated on the first stage's ranks. Pixtral-12B's
-layout, videos for the other models and Whisper are planned.
+from prefix-cache hits, and across tensor and pipeline ranks; its vision tower is replicated on
+the first stage's ranks. Pixtral-12B's Hugging Face layout (`LlavaForConditionalGeneration` with
+a Pixtral tower) runs through the same tower, tested with Mistral 3's cases. Videos for the other
+models and Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.
