@@ -414,14 +414,16 @@ def make_tiny_mistral3(
     *,
     seed: int = 0,
     dtype: str = "float32",
+    patch_size: int = PIXTRAL_PATCH,
+    longest_edge: int = PIXTRAL_LONGEST_EDGE,
     vision: dict[str, Any] | None = None,
     text: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a random ``Mistral3ForConditionalGeneration`` (a Pixtral tower of 4-pixel patches,
-    2 x 2 of them merged, a Mistral language model), its PIL image processor (images fit into
-    ``PIXTRAL_LONGEST_EDGE`` pixels), its tokenizer with Pixtral's image tokens and the
-    ``processor_config.json`` transformers' ``PixtralProcessor`` writes: tiny by default;
-    ``vision`` and ``text`` override the configs (benchmarks)."""
+    """Write a random ``Mistral3ForConditionalGeneration`` (a Pixtral tower of ``patch_size``
+    pixel patches, 2 x 2 of them merged, a Mistral language model), its PIL image processor
+    (images fit into ``longest_edge`` pixels), its tokenizer with Pixtral's image tokens and the
+    ``processor_config.json`` transformers' ``PixtralProcessor`` writes: tiny by default; the
+    rest override it (benchmarks)."""
     import json
 
     import torch
@@ -440,8 +442,8 @@ def make_tiny_mistral3(
             "intermediate_size": 64,
             "num_hidden_layers": 3,
             "num_attention_heads": 2,  # a 16-wide head: 4 frequencies each for rows and columns
-            "image_size": PIXTRAL_LONGEST_EDGE,
-            "patch_size": PIXTRAL_PATCH,
+            "image_size": longest_edge,
+            "patch_size": patch_size,
             "hidden_act": "silu",
             "initializer_range": 0.1,
             **(vision or {}),
@@ -464,12 +466,12 @@ def make_tiny_mistral3(
     _spread_projector(model.eval())
     model.save_pretrained(str(directory))
     transformers.PixtralImageProcessorPil(
-        size={"longest_edge": PIXTRAL_LONGEST_EDGE},
-        patch_size={"height": PIXTRAL_PATCH, "width": PIXTRAL_PATCH},
+        size={"longest_edge": longest_edge},
+        patch_size={"height": patch_size, "width": patch_size},
     ).save_pretrained(str(directory))
     settings = {
         "processor_class": "PixtralProcessor",
-        "patch_size": PIXTRAL_PATCH,
+        "patch_size": patch_size,
         "spatial_merge_size": PIXTRAL_MERGE,
         "image_token": "[IMG]",
         "image_break_token": "[IMG_BREAK]",
