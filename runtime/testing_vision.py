@@ -522,6 +522,36 @@ def make_tiny_pixtral(directory: str | Path, *, seed: int = 0, dtype: str = "flo
     return directory
 
 
+def png_data_url(image: Any) -> str:
+    """A ``data:image/png;base64,`` URI of a PIL image (a chat ``image_url`` part's)."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def record_chunk_ends(llm: Any) -> list[tuple[list, int]]:
+    """From now on, each scheduled chunk of ``llm``'s engine as its request's multimodal items
+    and where the chunk ends (so a test sees whether chunks cut an image)."""
+    scheduler = llm.llm_engine.engine_core.scheduler
+    ends: list[tuple[list, int]] = []
+    schedule = scheduler.schedule
+
+    def recorded() -> Any:
+        output = schedule()
+        for request_id, num_new in zip(
+            output.request_ids, output.num_scheduled_tokens, strict=True
+        ):
+            request = scheduler.requests[request_id]
+            ends.append((request.mm_features, request.num_computed_tokens + num_new))
+        return output
+
+    scheduler.schedule = recorded
+    return ends
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
     """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
     import numpy as np

@@ -16,6 +16,7 @@ from infernetes.runtime.testing_vision import (
     hf_processor,
     make_tiny_gemma3,
     random_image,
+    record_chunk_ends,
 )
 
 from infernetes import LLM, SamplingParams
@@ -57,25 +58,6 @@ def _prompt(text: str, seeds: list[int], size: tuple[int, int] = (40, 36)) -> di
     return {"prompt": text, "multi_modal_data": {"image": images}}
 
 
-def _chunk_ends(llm: LLM) -> list[tuple[list, int]]:
-    """Each scheduled prefill chunk's request images and where it ends."""
-    scheduler = llm.llm_engine.engine_core.scheduler
-    ends: list[tuple[list, int]] = []
-    schedule = scheduler.schedule
-
-    def recorded():
-        output = schedule()
-        for request_id, num_new in zip(
-            output.request_ids, output.num_scheduled_tokens, strict=True
-        ):
-            request = scheduler.requests[request_id]
-            ends.append((request.mm_features, request.num_computed_tokens + num_new))
-        return output
-
-    scheduler.schedule = recorded
-    return ends
-
-
 def test_the_test_model_attends_within_images_through_a_window():
     # what the cases below rely on: an image is longer than the sliding window, so a sliding
     # layer's image token sees later tokens of its image but not every earlier one
@@ -88,7 +70,7 @@ def test_images_equal_transformers_batched_with_text(gemma3, expected, budget):
     # each chunk's end out of them.
     chunking = {} if budget is None else dict(max_num_batched_tokens=budget)
     llm = LLM(gemma3, **ENGINE, **chunking, enable_chunked_prefill=True)
-    ends = _chunk_ends(llm)
+    ends = record_chunk_ends(llm)
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
     assert_equals_transformers(outputs, expected)
     assert not [end for features, end in ends for f in features if f.offset < end < f.end], (

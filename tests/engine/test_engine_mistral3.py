@@ -18,6 +18,7 @@ from infernetes.runtime.testing_vision import (
     make_tiny_mistral3,
     make_tiny_pixtral,
     random_image,
+    record_chunk_ends,
 )
 
 from infernetes import LLM, SamplingParams
@@ -62,25 +63,6 @@ def _prompt(text: str, seeds: list) -> dict | str:
     return {"prompt": text, "multi_modal_data": {"image": _images(seeds)}} if seeds else text
 
 
-def _chunk_ends(llm: LLM) -> list[tuple[list, int]]:
-    """Each scheduled chunk's request images and where it ends."""
-    scheduler = llm.llm_engine.engine_core.scheduler
-    ends: list[tuple[list, int]] = []
-    schedule = scheduler.schedule
-
-    def recorded():
-        output = schedule()
-        for request_id, num_new in zip(
-            output.request_ids, output.num_scheduled_tokens, strict=True
-        ):
-            request = scheduler.requests[request_id]
-            ends.append((request.mm_features, request.num_computed_tokens + num_new))
-        return output
-
-    scheduler.schedule = recorded
-    return ends
-
-
 def test_each_image_is_a_grid_of_its_merged_patches(mistral3):
     # transformers' PixtralProcessor's layout: a row of [IMG] per row of merged patches, each
     # row ended by [IMG_BREAK], the last by [IMG_END]; the image resized into the longest edge
@@ -105,7 +87,7 @@ def test_each_image_is_a_grid_of_its_merged_patches(mistral3):
 def test_images_equal_transformers_batched_with_text(mistral3, expected, budget):
     chunking = {} if budget is None else dict(max_num_batched_tokens=budget)
     llm = LLM(mistral3, **ENGINE, **chunking, enable_chunked_prefill=True)
-    ends = _chunk_ends(llm)
+    ends = record_chunk_ends(llm)
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
     assert_equals_transformers(outputs, expected)
     inside = [end for features, end in ends for f in features if f.offset < end < f.end]

@@ -15,6 +15,7 @@ from infernetes.runtime.testing_vision import (
     hf_processor,
     make_tiny_qwen2_vl,
     random_image,
+    record_chunk_ends,
 )
 
 from infernetes import LLM, SamplingParams
@@ -57,25 +58,6 @@ def _prompt(text: str, seeds: list) -> dict | str:
     return {"prompt": text, "multi_modal_data": {"image": _images(seeds)}} if seeds else text
 
 
-def _chunk_ends(llm: LLM) -> list[tuple[list, int]]:
-    """Each scheduled chunk's request images and where it ends."""
-    scheduler = llm.llm_engine.engine_core.scheduler
-    ends: list[tuple[list, int]] = []
-    schedule = scheduler.schedule
-
-    def recorded():
-        output = schedule()
-        for request_id, num_new in zip(
-            output.request_ids, output.num_scheduled_tokens, strict=True
-        ):
-            request = scheduler.requests[request_id]
-            ends.append((request.mm_features, request.num_computed_tokens + num_new))
-        return output
-
-    scheduler.schedule = recorded
-    return ends
-
-
 def test_the_cases_have_the_grids_they_say(qwen):
     # what the cases rely on: the images' token counts differ, so do their grids' shapes
     tokens = []
@@ -89,7 +71,7 @@ def test_the_cases_have_the_grids_they_say(qwen):
 def test_images_equal_transformers_batched_with_text(qwen, expected, budget):
     chunking = {} if budget is None else dict(max_num_batched_tokens=budget)
     llm = LLM(qwen, **ENGINE, **chunking, enable_chunked_prefill=True)
-    ends = _chunk_ends(llm)
+    ends = record_chunk_ends(llm)
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
     assert_equals_transformers(outputs, expected)
     inside = [end for features, end in ends for f in features if f.offset < end < f.end]

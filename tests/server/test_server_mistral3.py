@@ -4,8 +4,6 @@ different sizes (grids of their own shapes) equal transformers' continuation, an
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 
 import openai
@@ -14,17 +12,12 @@ from infernetes.runtime.testing_vision import (
     hf_llava_greedy,
     hf_processor,
     make_tiny_mistral3,
+    png_data_url,
     random_image,
 )
 
 MAX_TOKENS = 6
 PROCESSOR_KWARGS = {"size": {"longest_edge": 32}}  # the tiny model's default is 48
-
-
-def _data_url(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +51,7 @@ def client(mistral3_dir, server_process_factory):
 @pytest.mark.parametrize("sizes", [[(40, 36)], [(70, 50), (30, 90)]], ids=["one", "two"])
 def test_chat_with_images_equals_transformers(client, mistral3_dir, sizes):
     images = [random_image(30 + i, size) for i, size in enumerate(sizes)]
-    parts = [{"type": "image_url", "image_url": {"url": _data_url(image)}} for image in images]
+    parts = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images]
     response = client.chat.completions.create(
         model="mistral3",
         messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"}, *parts]}],
@@ -86,7 +79,7 @@ def test_chat_with_images_equals_transformers(client, mistral3_dir, sizes):
 
 def test_an_image_for_a_prompt_over_the_context_is_a_400(client):
     # 40 wide images of 5 x 6 merged patches: 1,200 placeholder tokens
-    parts = [{"type": "image_url", "image_url": {"url": _data_url(random_image(1, (70, 50)))}}]
+    parts = [{"type": "image_url", "image_url": {"url": png_data_url(random_image(1, (70, 50)))}}]
     with pytest.raises(openai.BadRequestError, match=r"maximum model length|context"):
         client.chat.completions.create(
             model="mistral3",
