@@ -416,14 +416,15 @@ def make_tiny_mistral3(
     dtype: str = "float32",
     patch_size: int = PIXTRAL_PATCH,
     longest_edge: int = PIXTRAL_LONGEST_EDGE,
+    feature_layer: int = -1,
     vision: dict[str, Any] | None = None,
     text: dict[str, Any] | None = None,
 ) -> Path:
     """Write a random ``Mistral3ForConditionalGeneration`` (a Pixtral tower of ``patch_size``
     pixel patches, 2 x 2 of them merged, a Mistral language model), its PIL image processor
     (images fit into ``longest_edge`` pixels), its tokenizer with Pixtral's image tokens and the
-    ``processor_config.json`` transformers' ``PixtralProcessor`` writes: tiny by default; the
-    rest override it (benchmarks)."""
+    ``processor_config.json`` transformers' ``PixtralProcessor`` writes: tiny by default, the
+    last tower layer read; the rest override it (benchmarks, other layers)."""
     import json
 
     import torch
@@ -454,7 +455,7 @@ def make_tiny_mistral3(
         text_config=text_config.to_dict(),
         image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
         spatial_merge_size=PIXTRAL_MERGE,
-        vision_feature_layer=-1,
+        vision_feature_layer=feature_layer,
         multimodal_projector_bias=False,
         projector_hidden_act="gelu",
         tie_word_embeddings=False,  # as the released models (the default ties them)

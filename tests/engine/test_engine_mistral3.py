@@ -147,3 +147,24 @@ def test_images_across_ranks(mistral3, expected, tp, pp):
     )
     outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
     assert_equals_transformers(outputs, expected)
+
+
+def test_an_earlier_tower_layer_equals_transformers(tmp_path):
+    # vision_feature_layer -2: the tower is built up to the layer read, the rest not loaded
+    path = str(make_tiny_mistral3(tmp_path / "second_to_last", feature_layer=-2))
+    text, seeds = CASES[1]
+    llm = LLM(path, **ENGINE)
+    outputs = llm.generate([_prompt(text, seeds)], GREEDY)
+    assert_equals_transformers(outputs, [hf_llava_greedy(path, text, _images(seeds), MAX_TOKENS)])
+
+
+def test_several_tower_layers_are_refused():
+    # transformers' projector norms one layer's width and fails on several too
+    import transformers
+    from infernetes.runtime.model_executor.models.mistral3 import (
+        Mistral3ForConditionalGeneration,
+    )
+
+    config = transformers.Mistral3Config(vision_feature_layer=[-1, -2])
+    with pytest.raises(ValueError, match=r"vision_feature_layer .* one layer"):
+        Mistral3ForConditionalGeneration(config, 64)

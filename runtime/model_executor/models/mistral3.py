@@ -55,7 +55,7 @@ class Mistral3MultiModalProjector(nn.Module):
         self.norm = RMSNorm(vision, config.text_config.rms_norm_eps)
         self.patch_merger = Mistral3PatchMerger(config)
         bias = config.multimodal_projector_bias
-        self.linear_1 = nn.Linear(vision * len(feature_layers(config)), text, bias=bias)
+        self.linear_1 = nn.Linear(vision, text, bias=bias)
         self.act = ACT2FN[config.projector_hidden_act]
         self.linear_2 = nn.Linear(text, text, bias=bias)
 
@@ -74,6 +74,11 @@ class Mistral3ForConditionalGeneration(VisionLanguageModel):
         self.image_token_id = config.image_token_index
         self.patch_size = config.vision_config.patch_size
         self.feature_layers = feature_layers(config)
+        if len(self.feature_layers) != 1:  # the projector norms one layer's width
+            raise ValueError(
+                f"vision_feature_layer {config.vision_feature_layer!r}: Mistral 3 reads one "
+                "layer of its vision tower (as transformers' does)"
+            )
         # The pipeline's first stage embeds, so it alone encodes images.
         self.vision_tower = on_first_stage(
             lambda: PixtralVisionTower(config.vision_config, max(self.feature_layers))
