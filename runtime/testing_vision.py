@@ -425,6 +425,156 @@ def make_tiny_qwen2_vl(
     return directory
 
 
+PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+PIXTRAL_PATCH, PIXTRAL_MERGE = 4, 2  # so image sides are multiples of 8 pixels
+PIXTRAL_LONGEST_EDGE = 48  # at most 6 x 6 merged patches
+PIXTRAL_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'<image>'", "'[IMG]'")
+
+
+def make_tiny_mistral3(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    patch_size: int = PIXTRAL_PATCH,
+    longest_edge: int = PIXTRAL_LONGEST_EDGE,
+    feature_layer: int = -1,
+    vision: dict[str, Any] | None = None,
+    text: dict[str, Any] | None = None,
+) -> Path:
+    """Write a random ``Mistral3ForConditionalGeneration`` (a Pixtral tower of ``patch_size``
+    pixel patches, 2 x 2 of them merged, a Mistral language model), its PIL image processor
+    (images fit into ``longest_edge`` pixels), its tokenizer with Pixtral's image tokens and the
+    ``processor_config.json`` transformers' ``PixtralProcessor`` writes: tiny by default, the
+    last tower layer read; the rest override it (benchmarks, other layers)."""
+    import json
+
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory, extra_special_tokens=PIXTRAL_TOKENS, chat_template=PIXTRAL_CHAT_TEMPLATE
+    )
+    _, llama = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, text)
+    text_config = transformers.MistralConfig(**llama.to_diff_dict(), sliding_window=None)
+    vision_config = transformers.PixtralVisionConfig(
+        **{
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 2,  # a 16-wide head: 4 frequencies each for rows and columns
+            "image_size": longest_edge,
+            "patch_size": patch_size,
+            "hidden_act": "silu",
+            "initializer_range": 0.1,
+            **(vision or {}),
+        }
+    )
+    config = transformers.Mistral3Config(
+        vision_config=vision_config.to_dict(),
+        text_config=text_config.to_dict(),
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=PIXTRAL_MERGE,
+        vision_feature_layer=feature_layer,
+        multimodal_projector_bias=False,
+        projector_hidden_act="gelu",
+        tie_word_embeddings=False,  # as the released models (the default ties them)
+    )
+    config.architectures = ["Mistral3ForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.Mistral3ForConditionalGeneration(config).to(getattr(torch, dtype))
+    _spread_projector(model.eval())
+    model.save_pretrained(str(directory))
+    transformers.PixtralImageProcessorPil(
+        size={"longest_edge": longest_edge},
+        patch_size={"height": patch_size, "width": patch_size},
+    ).save_pretrained(str(directory))
+    settings = {
+        "processor_class": "PixtralProcessor",
+        "patch_size": patch_size,
+        "spatial_merge_size": PIXTRAL_MERGE,
+        "image_token": "[IMG]",
+        "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]",
+    }
+    (directory / "processor_config.json").write_text(json.dumps(settings, indent=2))
+    return directory
+
+
+def make_tiny_pixtral(directory: str | Path, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a random ``LlavaForConditionalGeneration`` with a Pixtral tower (Pixtral-12B's
+    layout: no merging, so 8-pixel patches make ``make_tiny_mistral3``'s grids), its image
+    processor, tokenizer and ``processor_config.json``."""
+    import json
+
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    unit = PIXTRAL_PATCH * PIXTRAL_MERGE
+    mistral3 = transformers.AutoConfig.from_pretrained(
+        make_tiny_mistral3(directory, seed=seed, dtype=dtype)
+    )
+    vision = mistral3.vision_config.to_dict() | {"patch_size": unit}
+    config = transformers.LlavaConfig(
+        vision_config=transformers.PixtralVisionConfig(**vision).to_dict(),
+        text_config=mistral3.text_config.to_dict(),
+        image_token_index=mistral3.image_token_index,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        projector_hidden_act="gelu",
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["LlavaForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(config).to(getattr(torch, dtype)).eval()
+    _spread_projector(model)
+    for stale in directory.glob("model*.safetensors*"):
+        stale.unlink()
+    model.save_pretrained(str(directory))
+    transformers.PixtralImageProcessorPil(
+        size={"longest_edge": PIXTRAL_LONGEST_EDGE}, patch_size={"height": unit, "width": unit}
+    ).save_pretrained(str(directory))
+    settings = json.loads((directory / "processor_config.json").read_text())
+    settings.update(patch_size=unit, spatial_merge_size=1)
+    (directory / "processor_config.json").write_text(json.dumps(settings, indent=2))
+    return directory
+
+
+def png_data_url(image: Any) -> str:
+    """A ``data:image/png;base64,`` URI of a PIL image (a chat ``image_url`` part's)."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def record_chunk_ends(llm: Any) -> list[tuple[list, int]]:
+    """From now on, each scheduled chunk of ``llm``'s engine as its request's multimodal items
+    and where the chunk ends (so a test sees whether chunks cut an image)."""
+    scheduler = llm.llm_engine.engine_core.scheduler
+    ends: list[tuple[list, int]] = []
+    schedule = scheduler.schedule
+
+    def recorded() -> Any:
+        output = schedule()
+        for request_id, num_new in zip(
+            output.request_ids, output.num_scheduled_tokens, strict=True
+        ):
+            request = scheduler.requests[request_id]
+            ends.append((request.mm_features, request.num_computed_tokens + num_new))
+        return output
+
+    scheduler.schedule = recorded
+    return ends
+
+
 def random_image(seed: int, size: tuple[int, int] = (40, 36)) -> Any:
     """A PIL RGB image of random pixels (not square, so the processor resizes and crops)."""
     import numpy as np
@@ -446,20 +596,15 @@ def _hf_llava(path: str) -> Any:
 
 @functools.cache
 def hf_processor(path: str) -> Any:
-    """The model's processor; for Qwen2-VL and Qwen3-VL the stand-in ours uses (their own need
-    torchvision)."""
+    """The model's processor as the engine loads it: the model's stand-in where transformers'
+    needs torchvision (Qwen2-VL's, Pixtral's), else transformers' own."""
     import transformers
+    from infernetes.runtime.model_executor.models import model_class
 
-    [architecture] = transformers.AutoConfig.from_pretrained(path).architectures
-    if architecture in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"):
-        from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
-
-        return QwenVLProcessor.from_pretrained(path)
-    if architecture in ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"):
-        from infernetes.runtime.multimodal.qwen_vl import Qwen3VLProcessor
-
-        return Qwen3VLProcessor.from_pretrained(path)
-    return transformers.AutoProcessor.from_pretrained(path)
+    config = transformers.AutoConfig.from_pretrained(path)
+    _, cls = model_class(config.architectures)
+    stand_in = cls.processor_class(config)  # type: ignore[attr-defined]  # a vision-language model's
+    return (stand_in or transformers.AutoProcessor).from_pretrained(path)
 
 
 def hf_llava_greedy(
@@ -508,27 +653,6 @@ def hf_llava_greedy(
         for scores, token in zip(out.scores, tokens, strict=True)
     ]
     return prompt_ids, tokens, logprobs
-
-
-def record_chunk_ends(llm: Any) -> list[tuple[list, int]]:
-    """From now on, each scheduled chunk of the offline ``LLM``: its request's multimodal items
-    (``mm_features``) and the prompt position the chunk ends at, so a test can see whether a
-    chunk ended inside an item."""
-    scheduler = llm.llm_engine.engine_core.scheduler
-    ends: list[tuple[list, int]] = []
-    schedule = scheduler.schedule
-
-    def recorded() -> Any:
-        output = schedule()
-        for request_id, num_new in zip(
-            output.request_ids, output.num_scheduled_tokens, strict=True
-        ):
-            request = scheduler.requests[request_id]
-            ends.append((request.mm_features, request.num_computed_tokens + num_new))
-        return output
-
-    scheduler.schedule = recorded
-    return ends
 
 
 def assert_equals_transformers(

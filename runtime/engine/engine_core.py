@@ -172,7 +172,7 @@ class EngineCore:
             dict(model.limit_mm_per_prompt),
             model.mm_processor_kwargs,
             int(model.mm_processor_cache_gb * GiB),
-            processor_class=getattr(cls, "hf_processor_class", None),
+            processor_class=cls.processor_class(model.info.hf_config),  # type: ignore[attr-defined]  # models/interfaces.SupportsMultiModal
         )
 
     # -- KV cache ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.multimodal.inputs import (
     MultiModalFeature,
@@ -87,24 +88,29 @@ class MultiModalProcessor:
     def __init__(
         self,
         hf_processor: Any,
-        image_shape: tuple[int, ...],
+        image_shape: tuple[int | None, ...],
         limits: dict[str, int],
         default_kwargs: Mapping[str, Any] | None,
         cache_bytes: int = 0,
     ) -> None:
         self.hf_processor = hf_processor
-        self.image_shape = image_shape  # one image's pixel_values, as the vision tower takes it
+        # one image's pixel_values, as the vision tower takes it (None: a side of any size)
+        self.image_shape = image_shape
         self.limits = limits  # a modality left out: no limit
         self.default_kwargs = dict(default_kwargs or {})
         self.image_token: str = hf_processor.image_token  # an image's placeholder in the text
         # the token the processor expands it to, one per feature row (Gemma 3's differs from
         # the placeholder: <start_of_image> becomes a run of <image_soft_token>)
-        [feature_token_id, *_] = hf_processor.image_token_ids
+        [feature_token_id, *structure] = hf_processor.image_token_ids
         self.image_token_id: int = (
             feature_token_id
             if feature_token_id is not None
             else hf_processor.tokenizer.convert_tokens_to_ids(self.image_token)
         )
+        # the tokens an image's placeholder is made of: its feature token, and for a grid
+        # (Pixtral's) the tokens that end its rows; each item then carries its own
+        # (placeholder_ids), for the model to lay the features among them
+        self.placeholder_token_ids = {self.image_token_id, *(t for t in structure if t is not None)}
         self.video_token: str | None = getattr(hf_processor, "video_token", None)
         self.modalities = VIDEO_MODALITIES if self.video_token else SUPPORTED_MODALITIES
         self.cache = ProcessorCache(cache_bytes) if cache_bytes > 0 else None  # 0: disabled
@@ -117,7 +123,7 @@ class MultiModalProcessor:
     def load(
         cls,
         path: str | Path,
-        image_shape: tuple[int, ...],
+        image_shape: tuple[int | None, ...],
         limits: dict[str, int],
         default_kwargs: Mapping[str, Any] | None,
         cache_bytes: int = 0,
@@ -333,13 +339,13 @@ class MultiModalProcessor:
         if not images:
             return []
         shape = tuple(arrays["pixel_values"].shape[-len(self.image_shape) :])
-        if shape != self.image_shape:
+        if any(want not in (None, got) for want, got in zip(self.image_shape, shape, strict=True)):
             raise RequestError(
                 f"the processor made images of shape {list(shape)}; this model's vision tower "
                 f"takes {list(self.image_shape)}",
                 "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
             )
-        positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        positions = [i for i, t in enumerate(ids) if t in self.placeholder_token_ids]
         items = _item_arrays(arrays)
         num_items = len(items)
         if num_items != len(images):
@@ -359,7 +365,10 @@ class MultiModalProcessor:
                     "an image placeholder token appears in the prompt's text apart from an image",
                     "multi_modal_data.image",
                 )
-            features.append(MultiModalFeature("image", run[0], count, digest, items[i]))
+            item = items[i]
+            if len(self.placeholder_token_ids) > 1:
+                item = {**item, "placeholder_ids": np.asarray(ids[run[0] : run[-1] + 1], np.int64)}
+            features.append(MultiModalFeature("image", run[0], count, digest, item))
         return features
 
     def _placeholder_counts(

@@ -98,7 +98,7 @@ class CachedImageProcessor:
     """Stands in for a Hugging Face processor's ``image_processor``: each image of a call whose
     digest is cached takes its arrays from the cache, the others are processed one by one and
     kept; the batch is then put together as the image processor would have made it (rows
-    concatenated; LLaVA-NeXT's tiles padded with zeros to the batch's most)."""
+    concatenated; LLaVA-NeXT's tiles and Pixtral's sides padded with zeros to the batch's most)."""
 
     def __init__(self, inner: Any, cache: ProcessorCache) -> None:
         self.inner = inner
@@ -132,10 +132,13 @@ def _batched(items: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     batch = {}
     for name in items[0]:
         arrays = [item[name] for item in items]
-        if arrays[0].ndim >= 3 and len({array.shape[1] for array in arrays}) > 1:
-            most = max(array.shape[1] for array in arrays)
+        if arrays[0].ndim >= 3:  # LLaVA-NeXT's tiles, Pixtral's sides: padded to the most
+            most = np.max([array.shape[1:] for array in arrays], axis=0)
             arrays = [
-                np.pad(array, [(0, 0), (0, most - array.shape[1])] + [(0, 0)] * (array.ndim - 2))
+                np.pad(
+                    array,
+                    [(0, 0), *((0, m - n) for m, n in zip(most, array.shape[1:], strict=True))],
+                )
                 for array in arrays
             ]
         batch[name] = np.concatenate(arrays)

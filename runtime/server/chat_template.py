@@ -155,7 +155,15 @@ class ChatRenderer:
                 400,
                 "chat_template",
             )
-        conversation = normalize_messages(messages, "string")
+        images: list[ImagePart] | None = None if self.image_placeholder is None else []
+        conversation = normalize_messages(messages, "string", images, self.image_placeholder)
+        if images:
+            raise APIError(
+                "image parts with --tokenizer-mode mistral are planned (mistral_common encodes "
+                "images itself); with --tokenizer-mode auto the model's processor takes them",
+                400,
+                "messages",
+            )
         try:
             return self.tokenizer.encode_chat(conversation, tools, continue_final_message)
         except ValueError as error:

@@ -160,3 +160,27 @@ def test_shared_memory_cache_is_refused(tmp_path):
     llava = str(make_tiny_llava(tmp_path / "llava"))
     with pytest.raises(ValueError, match="--mm-processor-cache-type shm is not supported"):
         LLM(llava, **ENGINE, mm_processor_cache_type="shm")
+
+
+def test_pixtral_images_of_different_sides_are_padded_as_without_the_cache(tmp_path, monkeypatch):
+    from infernetes.runtime.multimodal.pixtral import PixtralVLProcessor
+    from infernetes.runtime.testing_vision import make_tiny_mistral3
+
+    mistral3 = str(make_tiny_mistral3(tmp_path / "mistral3"))
+
+    def processor(cache_bytes: int) -> MultiModalProcessor:
+        return MultiModalProcessor.load(
+            mistral3, (3, None, None), {}, {}, cache_bytes, processor_class=PixtralVLProcessor
+        )
+
+    cached, plain = processor(64 * MiB), processor(0)
+    calls = _count_image_processor_calls(cached, monkeypatch)
+    text = "[IMG] and [IMG]"
+    wide, tall = random_image(1, (70, 50)), random_image(2, (30, 90))
+    cached.process("[IMG]", {"image": [wide]})
+    first = cached.process("[IMG]", {"image": [tall]})
+    both = cached.process(text, {"image": [wide, tall]})  # each from the cache, then padded
+    assert calls == [1, 1]
+    _assert_same(first, plain.process("[IMG]", {"image": [tall]}))
+    _assert_same(both, plain.process(text, {"image": [wide, tall]}))
+    assert [f.data["pixel_values"].shape for f in both.features] == [(3, 48, 48)] * 2

@@ -4,8 +4,6 @@ crops each become an image of their own)."""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 
 import openai
@@ -16,17 +14,12 @@ from infernetes.runtime.testing_vision import (
     hf_llava_greedy,
     hf_processor,
     make_tiny_gemma3,
+    png_data_url,
     random_image,
 )
 
 MAX_TOKENS = 6
 PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
-
-
-def _data_url(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +53,7 @@ def client(gemma3_dir, server_process_factory):
 @pytest.mark.parametrize("sizes", [[(40, 36)], [(40, 36), (96, 30)]], ids=["one", "wide"])
 def test_chat_with_images_equals_transformers(client, gemma3_dir, sizes):
     images = [random_image(30 + i, size) for i, size in enumerate(sizes)]
-    parts = [{"type": "image_url", "image_url": {"url": _data_url(image)}} for image in images]
+    parts = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images]
     response = client.chat.completions.create(
         model="gemma3",
         messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"}, *parts]}],

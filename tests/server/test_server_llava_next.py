@@ -4,15 +4,13 @@ logprobs."""
 
 from __future__ import annotations
 
-import base64
-import io
-
 import openai
 import pytest
 from infernetes.runtime.testing_vision import (
     hf_llava_greedy,
     hf_processor,
     make_tiny_llava_next,
+    png_data_url,
     random_image,
 )
 
@@ -37,15 +35,9 @@ def client(llava_next_dir, server_process_factory):
         server.stop()
 
 
-def _data_url(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
 def test_two_images_of_different_sizes_equal_transformers(client, llava_next_dir):
     images = [random_image(31, (100, 30)), random_image(32, (40, 64))]
-    parts = [{"type": "image_url", "image_url": {"url": _data_url(image)}} for image in images]
+    parts = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images]
     response = client.chat.completions.create(
         model="next",
         messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"}, *parts]}],

@@ -163,3 +163,22 @@ def test_a_request_template_is_refused(client):
             max_tokens=4,
             extra_body={"chat_template": "{{ messages }}"},
         )
+
+
+@pytest.mark.parametrize("placeholder", [None, "[IMG]"], ids=["text_model", "vision_model"])
+def test_image_parts_in_mistral_mode_are_a_400(tmp_path, placeholder):
+    # A vision-language model (Mistral 3) hears that images there are planned, not that it
+    # takes text only; a text model still hears that.
+    from infernetes.runtime.server.chat_template import ChatRenderer
+    from infernetes.runtime.server.errors import APIError
+    from infernetes.runtime.testing_tekken import write_tekken
+    from infernetes.runtime.tokenization.mistral import MistralTokenizer as Tekken
+
+    renderer = ChatRenderer(
+        Tekken(write_tekken(tmp_path)), None, "string", image_placeholder=placeholder
+    )
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Look"}, image]}]
+    with pytest.raises(APIError, match="planned" if placeholder else "text only") as error:
+        renderer.encode_chat(messages, template=None, tools=None, continue_final_message=False)
+    assert error.value.status == 400

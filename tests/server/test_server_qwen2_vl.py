@@ -4,8 +4,6 @@ different sizes (so different grids) equal transformers' continuation, and
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 
 import openai
@@ -15,6 +13,7 @@ from infernetes.runtime.testing_vision import (
     hf_llava_greedy,
     hf_processor,
     make_tiny_qwen2_vl,
+    png_data_url,
     random_image,
 )
 
@@ -22,12 +21,6 @@ MAX_TOKENS = 6
 # at most 2048 pixels, so the larger images are scaled down (transformers' spelling of
 # max_pixels, which it deprecates)
 PROCESSOR_KWARGS = {"size": {"shortest_edge": 256, "longest_edge": 2048}}
-
-
-def _data_url(image) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 @pytest.fixture(scope="module", params=["2.5", "3"], ids=["qwen2_5_vl", "qwen3_vl"])
@@ -61,7 +54,7 @@ def client(qwen_dir, server_process_factory):
 @pytest.mark.parametrize("sizes", [[(40, 36)], [(70, 50), (30, 90)]], ids=["one", "two"])
 def test_chat_with_images_equals_transformers(client, qwen_dir, sizes):
     images = [random_image(30 + i, size) for i, size in enumerate(sizes)]
-    parts = [{"type": "image_url", "image_url": {"url": _data_url(image)}} for image in images]
+    parts = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in images]
     response = client.chat.completions.create(
         model="qwen",
         messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"}, *parts]}],
@@ -91,7 +84,7 @@ def test_an_unknown_processor_argument_is_a_400(client):
                 {
                     "role": "user",
                     "content": [
-                        {"type": "image_url", "image_url": {"url": _data_url(random_image(1))}}
+                        {"type": "image_url", "image_url": {"url": png_data_url(random_image(1))}}
                     ],
                 }
             ],

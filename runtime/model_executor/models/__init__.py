@@ -115,6 +115,14 @@ def _qwen3_vl_moe() -> type[nn.Module]:
     return Qwen3VLMoeForConditionalGeneration
 
 
+def _mistral3() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.mistral3 import (
+        Mistral3ForConditionalGeneration,
+    )
+
+    return Mistral3ForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -145,6 +153,7 @@ GENERATIVE = {
     "Qwen2_5_VLForConditionalGeneration": _qwen2_5_vl,
     "Qwen3VLForConditionalGeneration": _qwen3_vl,
     "Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe,
+    "Mistral3ForConditionalGeneration": _mistral3,
 }
 
 

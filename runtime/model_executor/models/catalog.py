@@ -124,7 +124,14 @@ their vision tower is replicated on the first stage's ranks. Qwen3-VL
 rows added to the first decoder layers, a Qwen3 with interleaved M-RoPE) is tested the same
 ways, and with offline videos (timestamped frames); Qwen3-VL-MoE
 (`Qwen3VLMoeForConditionalGeneration`, its experts through the fused MoE) against transformers
-whole, chunked and across ranks. Mistral 3 and Whisper are planned.
+whole, chunked and across ranks. Mistral 3
+(`Mistral3ForConditionalGeneration`: the Pixtral tower at each image's own size, block-diagonal
+attention between images, a patch merger, Mistral's language model) is tested against
+transformers for images of different sizes, whole, under chunked prefill and preemption, and
+from prefix-cache hits, and across tensor and pipeline ranks; its vision tower is replicated on
+the first stage's ranks. Pixtral-12B's Hugging Face layout (`LlavaForConditionalGeneration` with
+a Pixtral tower) runs through the same tower, tested with Mistral 3's cases. Videos for the other
+models and Whisper are planned.
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.

@@ -65,9 +65,15 @@ class SupportsMultiModal(SupportsInputsEmbeds, Protocol):
     supports_multimodal: bool
 
     @staticmethod
-    def image_input_shape(config: Any) -> tuple[int, ...]:
+    def image_input_shape(config: Any) -> tuple[int | None, ...]:
         """The shape of one image's ``pixel_values`` the encoder takes (the processor's output
         is checked against it on the API side, so a bad one is a 400, not a failed step)."""
+        ...
+
+    @classmethod
+    def processor_class(cls, config: Any) -> Any:
+        """The model's stand-in for its Hugging Face processor, where that cannot be built here
+        (None: ``AutoProcessor``)."""
         ...
 
     def embed_multimodal(

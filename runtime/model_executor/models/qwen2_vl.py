@@ -17,7 +17,10 @@ import torch
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
 from infernetes.runtime.model_executor.models.qwen_vision import QwenVisionTransformer
 from infernetes.runtime.model_executor.models.utils import on_first_stage
-from infernetes.runtime.model_executor.models.vision_language import VisionLanguageModel
+from infernetes.runtime.model_executor.models.vision_language import (
+    VisionLanguageModel,
+    text_config,
+)
 from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
 from torch import nn
 from transformers import PretrainedConfig
@@ -51,11 +54,7 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         self.mrope_tokens_per_second = getattr(vision, "tokens_per_second", None)
         # The pipeline's first stage embeds, so it alone encodes images.
         self.visual = on_first_stage(lambda: self.tower_class(vision))
-        text = config.text_config
-        # transformers ties by the top config (the 2B's says so there only; Qwen3-VL-MoE's
-        # text config says True by default while its top one says False)
-        text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.language_model = self.build_language_model(text, max_position)
+        self.language_model = self.build_language_model(text_config(config), max_position)
 
     def build_language_model(self, text: PretrainedConfig, max_position: int) -> LlamaForCausalLM:
         return LlamaForCausalLM(text, max_position)

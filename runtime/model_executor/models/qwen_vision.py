@@ -101,7 +101,7 @@ def segment_attention(
     return out
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The rotary over the whole head (halves rotated), in float32 as transformers does."""
     dtype, x = x.dtype, x.float()
     first, second = x.chunk(2, dim=-1)
@@ -136,7 +136,7 @@ class VisionAttention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bounds: Sequence[int]
     ) -> torch.Tensor:
         q, k, v = self.qkv(x).view(len(x), 3, self.num_heads, -1).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         return self.proj(segment_attention(q, k, v, bounds).reshape(len(x), -1))
 
 

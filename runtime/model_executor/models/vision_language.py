@@ -7,6 +7,7 @@ image (``embed_multimodal``) and which checkpoint tensors its encoder loads
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from infernetes.runtime.model_executor.models.llama import LlamaForCausalLM
@@ -34,13 +35,29 @@ def checkpoint_names(
         yield name.replace("vision_tower.vision_model.", "vision_tower."), tensor
 
 
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The language model's config, tied to its embeddings as the top level says (transformers
+    ties by the top config: Qwen2-VL-2B's and Mistral 3's say True there only, Qwen3-VL-MoE's
+    text config says True by default where its top one says False)."""
+    text = config.text_config
+    text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+    return text
+
+
 class VisionLanguageModel(nn.Module):
     supports_inputs_embeds = True  # models/interfaces.SupportsMultiModal
     supports_multimodal = True
     language_model: LlamaForCausalLM  # or a family built on it (Gemma's)
+    # a stand-in for the Hugging Face processor where that cannot be built here (torchvision)
+    hf_processor_class: Any = None
+
+    @classmethod
+    def processor_class(cls, config: PretrainedConfig) -> Any:
+        """The processor to load for ``config`` (None: transformers' ``AutoProcessor``)."""
+        return cls.hf_processor_class
 
     @staticmethod
-    def image_input_shape(config: PretrainedConfig) -> tuple[int, ...]:
+    def image_input_shape(config: PretrainedConfig) -> tuple[int | None, ...]:
         vision = config.vision_config
         return (vision.num_channels, vision.image_size, vision.image_size)
 
