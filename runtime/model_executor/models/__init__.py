@@ -101,6 +101,12 @@ def _qwen2_5_vl() -> type[nn.Module]:
     return Qwen2_5_VLForConditionalGeneration
 
 
+def _whisper() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.whisper import WhisperForConditionalGeneration
+
+    return WhisperForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -129,6 +135,7 @@ GENERATIVE = {
     "LlavaOnevisionForConditionalGeneration": _llava_onevision,
     "Qwen2VLForConditionalGeneration": _qwen2_vl,
     "Qwen2_5_VLForConditionalGeneration": _qwen2_5_vl,
+    "WhisperForConditionalGeneration": _whisper,
 }
 
 
