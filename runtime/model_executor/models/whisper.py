@@ -76,7 +76,9 @@ class WhisperEncoder(nn.Module):
         self.conv1 = nn.Conv1d(config.num_mel_bins, width, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(width, width, kernel_size=3, stride=2, padding=1)
         self.embed_positions = nn.Embedding(config.max_source_positions, width)
-        self.layers = nn.ModuleList(WhisperEncoderLayer(config) for _ in range(config.encoder_layers))
+        self.layers = nn.ModuleList(
+            WhisperEncoderLayer(config) for _ in range(config.encoder_layers)
+        )
         self.layer_norm = nn.LayerNorm(width)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
