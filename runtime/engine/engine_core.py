@@ -55,8 +55,8 @@ from infernetes.runtime.model_executor.memory_profile import (
     log_kv_cache_capacity,
 )
 from infernetes.runtime.model_executor.models.interfaces import (
-    supports_inputs_embeds,
     is_encoder_decoder,
+    supports_inputs_embeds,
     supports_multimodal,
 )
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer

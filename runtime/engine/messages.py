@@ -19,8 +19,8 @@ from infernetes.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
     from infernetes.runtime.engine.input_processor import InputSettings
-    from infernetes.runtime.multimodal.inputs import MultiModalFeature
     from infernetes.runtime.multimodal.audio import AudioProcessor
+    from infernetes.runtime.multimodal.inputs import MultiModalFeature
     from infernetes.runtime.multimodal.processor import MultiModalProcessor
     from transformers import PretrainedConfig
 
