@@ -455,6 +455,11 @@ def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
         if wanted_pooling != info.is_pooling:
             kind = "an embedding" if info.is_pooling else "a generative"
             raise ValueError(f"task={config.task!r} does not fit {info.architecture}, {kind} model")
+        if (config.task == "transcription") != is_encoder_decoder(model_class):
+            raise ValueError(
+                f"task={config.task!r} does not fit {info.architecture}: transcription is for "
+                "speech models (Whisper), which serve nothing else"
+            )
 
 
 def _cache_config(config: ServeConfig, pooling: bool, environ: dict[str, str]) -> CacheConfig:

@@ -20,7 +20,14 @@ from infernetes.runtime.multimodal.inputs import MultiModalFeature, MultiModalPr
 
 # What one prompt's encoder takes: Whisper's 30 s window (longer audio is split by the server)
 MAX_CLIP_SECONDS = 30.0
-TASKS = ("transcribe", "translate")
+# Longer audio is cut in its quietest stretch (RMS over windows of this many samples, vLLM's
+# 0.1 s at 16 kHz) within the last second before each 30 s
+SPLIT_SEARCH_SECONDS = 1.0
+SPLIT_WINDOW = 1600
+# What a file may decode to: its duration, and its samples over all channels (a small
+# compressed file can hold hours of silence)
+MAX_FILE_SECONDS = 15 * 60.0
+MAX_FILE_SAMPLES = int(MAX_FILE_SECONDS * 48000 * 2)
 
 
 def decode_audio(data: bytes, field: str = "file") -> tuple[np.ndarray, int]:
@@ -31,7 +38,19 @@ def decode_audio(data: bytes, field: str = "file") -> tuple[np.ndarray, int]:
     if not data:
         raise RequestError(f"{field}: the audio file is empty", field)
     try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with soundfile.SoundFile(io.BytesIO(data)) as audio:
+            seconds = audio.frames / audio.samplerate
+            if seconds > MAX_FILE_SECONDS or audio.frames * audio.channels > MAX_FILE_SAMPLES:
+                raise RequestError(
+                    f"{field}: {seconds:.0f} s of audio ({audio.channels} channel(s) at "
+                    f"{audio.samplerate} Hz); at most {MAX_FILE_SECONDS:.0f} s of 48 kHz stereo "
+                    "are taken",
+                    field,
+                )
+            samples = audio.read(dtype="float32", always_2d=True)
+            rate = audio.samplerate
+    except RequestError:
+        raise
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
         raise RequestError(
             f"{field}: not an audio file that can be decoded (WAV, FLAC, OGG, MP3, ...): {error}",
@@ -40,6 +59,24 @@ def decode_audio(data: bytes, field: str = "file") -> tuple[np.ndarray, int]:
     if samples.shape[0] == 0:
         raise RequestError(f"{field}: the audio file holds no samples", field)
     return samples.mean(axis=1), int(rate)
+
+
+def split_clips(samples: np.ndarray, rate: int) -> list[np.ndarray]:
+    """``samples`` in clips of at most ``MAX_CLIP_SECONDS``, as vLLM splits long audio: each
+    cut at the quietest window of the last ``SPLIT_SEARCH_SECONDS`` before the limit."""
+    limit = int(MAX_CLIP_SECONDS * rate)
+    search = int(SPLIT_SEARCH_SECONDS * rate)
+    clips = []
+    start = 0
+    while len(samples) - start > limit:
+        stretch = samples[start + limit - search : start + limit]
+        windows = len(stretch) // SPLIT_WINDOW
+        energy = (stretch[: windows * SPLIT_WINDOW].reshape(windows, -1) ** 2).mean(axis=1)
+        cut = start + limit - search + int(energy.argmin()) * SPLIT_WINDOW
+        clips.append(samples[start:cut])
+        start = cut
+    clips.append(samples[start:])
+    return clips
 
 
 def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
