@@ -12,7 +12,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from infernetes.runtime.engine.errors import RequestError
-from infernetes.runtime.multimodal.audio import decode_audio, resample, split_clips
+from infernetes.runtime.multimodal.audio import (
+    AudioProcessor,
+    decode_audio,
+    resample,
+    split_clips,
+)
 from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import RequestOutputKind, SamplingParams
 from infernetes.runtime.server.errors import APIError, error_body
@@ -63,6 +68,7 @@ class TranscriptionServing(ServingBase):
                 "file",
             )
         processor = self.engine.input_processor.mm_processor
+        assert isinstance(processor, AudioProcessor)  # the route serves speech models only
         try:
             samples, rate = decode_audio(audio)
             samples = resample(samples, rate, processor.sampling_rate)

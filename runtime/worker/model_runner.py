@@ -473,9 +473,9 @@ class ModelRunner:
             encoded = model.encode(torch.stack(features).to(self.device))
             for request, keys_values in zip(pending, encoded, strict=True):
                 request.cross_keys_values = keys_values
-        return CrossAttentionBatch(
-            list(num_scheduled), [request.cross_keys_values for request in batch]
-        )
+        keys_values = [request.cross_keys_values for request in batch]
+        assert all(kv is not None for kv in keys_values)  # each encoded above if not before
+        return CrossAttentionBatch(list(num_scheduled), keys_values)
 
     def _intermediate(self, num_tokens: int, receive: bool) -> IntermediateTensors | None:
         """What this pipeline stage starts from: None on the first stage, else the previous

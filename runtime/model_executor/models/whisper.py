@@ -182,7 +182,8 @@ class WhisperForConditionalGeneration(nn.Module):
         """``[items, mel_bins, 3000]`` -> per item, per decoder layer, its cross-attention keys
         and values of the item's 1500 frames."""
         states = self.model.encoder(input_features.to(self.model.encoder.conv1.weight.dtype))
-        per_layer = [layer.encoder_attn.keys_values(states) for layer in self.model.decoder.layers]
+        layers: list[WhisperDecoderLayer] = list(self.model.decoder.layers)  # type: ignore[arg-type]  # a ModuleList of them
+        per_layer = [layer.encoder_attn.keys_values(states) for layer in layers]
         return [[(k[i], v[i]) for k, v in per_layer] for i in range(len(states))]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
