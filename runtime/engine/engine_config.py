@@ -429,11 +429,8 @@ def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
             f"{info.architecture} runs on one rank: tensor_parallel_size and "
             "pipeline_parallel_size must be 1 (splitting it is planned)"
         )
-    if is_encoder_decoder(model_class) and config.skip_tokenizer_init:
-        raise ValueError(
-            f"{info.architecture} needs its tokenizer and feature extractor to build each "
-            "prompt from its audio: skip_tokenizer_init is not supported for it"
-        )
+    if is_encoder_decoder(model_class):
+        _check_encoder_decoder_fits(config, info.architecture)
     fallback = info.implementation == "transformers"
     if fallback and config.pipeline_parallel_size > 1:
         raise ValueError(
@@ -455,11 +452,26 @@ def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
         if wanted_pooling != info.is_pooling:
             kind = "an embedding" if info.is_pooling else "a generative"
             raise ValueError(f"task={config.task!r} does not fit {info.architecture}, {kind} model")
-        if (config.task == "transcription") != is_encoder_decoder(model_class):
+        if config.task == "transcription" and not is_encoder_decoder(model_class):
             raise ValueError(
-                f"task={config.task!r} does not fit {info.architecture}: transcription is for "
-                "speech models (Whisper), which serve nothing else"
+                f"task='transcription' does not fit {info.architecture}: transcription is for "
+                "speech models (Whisper)"
             )
+
+
+def _check_encoder_decoder_fits(config: ServeConfig, architecture: str) -> None:
+    """What a speech model (Whisper) cannot be served with here."""
+    if config.skip_tokenizer_init:
+        raise ValueError(
+            f"{architecture} needs its tokenizer and feature extractor to build each prompt "
+            "from its audio: skip_tokenizer_init is not supported for it"
+        )
+    for name, value in (
+        ("enable_lora", config.enable_lora),
+        ("speculative_config", config.speculative_config),
+    ):
+        if value:
+            raise ValueError(f"{name} is not supported for {architecture} yet (planned)")
 
 
 def _cache_config(config: ServeConfig, pooling: bool, environ: dict[str, str]) -> CacheConfig:

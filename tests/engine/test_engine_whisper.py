@@ -154,6 +154,30 @@ def test_bad_audio_is_refused_naming_the_field(whisper, prompt, field, message):
     assert len(output.outputs[0].token_ids) == MAX_TOKENS
 
 
-def test_whisper_runs_on_one_rank(whisper):
-    with pytest.raises(ValueError, match="runs on one rank"):
-        LLM(whisper, **ENGINE, tensor_parallel_size=2)
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(tensor_parallel_size=2), "runs on one rank"),
+        (dict(pipeline_parallel_size=2), "runs on one rank"),
+        (dict(skip_tokenizer_init=True), "skip_tokenizer_init is not supported"),
+        (dict(enable_lora=True), "enable_lora is not supported for Whisper"),
+        (
+            dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+            "speculative_config is not supported for Whisper",
+        ),
+        (dict(task="embed"), "task='embed' does not fit Whisper"),
+        (dict(limit_mm_per_prompt={"image": 1}), "takes audio only"),
+    ],
+)
+def test_what_whisper_is_not_served_with_is_refused(whisper, settings, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(whisper, **ENGINE, **settings)
+
+
+def test_task_transcription_is_for_speech_models(whisper, tmp_path):
+    from infernetes.runtime.testing import make_tiny_llama
+
+    for task in ("transcription", "generate"):
+        LLM(whisper, **ENGINE, task=task)
+    with pytest.raises(ValueError, match="transcription is for speech models"):
+        LLM(str(make_tiny_llama(tmp_path)), dtype="float32", task="transcription")
