@@ -181,6 +181,12 @@ class ModelRunner:
         )
         return per_token * self.block_size
 
+    def cross_attention_bytes_per_request(self) -> int:
+        """What an encoder-decoder model keeps of each running request beside the paged cache:
+        every decoder layer's keys and values of the encoder's frames (0 for other models)."""
+        measure = getattr(self.model, "cross_attention_bytes", None)
+        return 0 if measure is None else int(measure())
+
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Give every attention layer its ``[num_blocks, block_size, Hkv, D]`` key and value caches.
 

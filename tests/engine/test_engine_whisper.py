@@ -181,3 +181,20 @@ def test_task_transcription_is_for_speech_models(whisper, tmp_path):
         LLM(whisper, **ENGINE, task=task)
     with pytest.raises(ValueError, match="transcription is for speech models"):
         LLM(str(make_tiny_llama(tmp_path)), dtype="float32", task="transcription")
+
+
+def test_the_kv_memory_keeps_room_for_each_running_requests_cross_attention(whisper):
+    # tiny: 2 layers x 1500 frames x 64 wide, keys and values, float32: 1.5 MiB a request
+    per_request = 2 * 2 * 1500 * 64 * 4
+    memory = 64 * per_request
+    blocks = {
+        seqs: LLM(
+            whisper, dtype="float32", block_size=8, kv_cache_memory_bytes=memory, max_num_seqs=seqs
+        ).llm_engine.engine_core.num_blocks
+        for seqs in (4, 8)
+    }
+    runner = LLM(whisper, **ENGINE).llm_engine.engine_core.executor.driver_worker.model_runner
+    assert runner.cross_attention_bytes_per_request() == per_request
+    assert blocks[4] - blocks[8] == 4 * per_request // runner.bytes_per_block
+    with pytest.raises(ValueError, match="lower --max-num-seqs"):
+        LLM(whisper, dtype="float32", kv_cache_memory_bytes=memory, max_num_seqs=64)

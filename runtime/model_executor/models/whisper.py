@@ -186,6 +186,13 @@ class WhisperForConditionalGeneration(nn.Module):
         per_layer = [layer.encoder_attn.keys_values(states) for layer in layers]
         return [[(k[i], v[i]) for k, v in per_layer] for i in range(len(states))]
 
+    def cross_attention_bytes(self) -> int:
+        """What ``encode`` keeps of one request: every decoder layer's keys and values of the
+        encoder's frames."""
+        config = self.config
+        element = self.model.decoder.embed_tokens.weight.element_size()
+        return 2 * config.decoder_layers * config.max_source_positions * config.d_model * element
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model.decoder(input_ids, positions)
 
