@@ -26,9 +26,16 @@ WHISPER_TOKENS = [
 SAMPLE_RATE = 16000
 
 
-def make_tiny_whisper(directory: str | Path, *, seed: int = 0, dtype: str = "float32") -> Path:
-    """Write a random ``WhisperForConditionalGeneration``, its tokenizer and feature extractor.
-    The weights are spread wider than Whisper's init so that greedy tokens vary."""
+def make_tiny_whisper(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    sizes: dict[str, Any] | None = None,
+) -> Path:
+    """Write a random ``WhisperForConditionalGeneration``, its tokenizer and feature extractor;
+    tiny unless ``sizes`` overrides the config (benchmarks). The weights are spread wider than
+    Whisper's init so that greedy tokens vary."""
     import torch
     import transformers
 
@@ -36,7 +43,7 @@ def make_tiny_whisper(directory: str | Path, *, seed: int = 0, dtype: str = "flo
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(directory, add_bos=False, extra_special_tokens=WHISPER_TOKENS)
     end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = transformers.WhisperConfig(
+    settings: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         num_mel_bins=80,
         d_model=64,
@@ -56,6 +63,7 @@ def make_tiny_whisper(directory: str | Path, *, seed: int = 0, dtype: str = "flo
         suppress_tokens=None,
         begin_suppress_tokens=None,
     )
+    config = transformers.WhisperConfig(**{**settings, **(sizes or {})})
     config.architectures = ["WhisperForConditionalGeneration"]
     config.dtype = dtype
     torch.manual_seed(seed)
