@@ -256,10 +256,8 @@ async def audio_translations(request: Request) -> Response:
 async def _audio(request: Request, task: str) -> Response:
     """A multipart form: the audio ``file`` and ``TranscriptionRequest``'s fields."""
     servings = server(request).require_transcription()
-    try:
-        form = await request.form(max_files=1, max_fields=64)
-    except (AssertionError, ValueError, KeyError) as exc:  # python-multipart's parse faults
-        raise APIError(f"the request body is not a multipart form: {exc}", 400) from exc
+    # a malformed form, or more files or fields than these, is Starlette's 400
+    form = await request.form(max_files=1, max_fields=64)
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raise APIError("file: the audio file is required, as a multipart file field", 400, "file")
@@ -275,6 +273,7 @@ async def _audio(request: Request, task: str) -> Response:
         body = TranscriptionRequest.model_validate(fields)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
+    servings.transcription.check_file_size(upload.size)  # before it is read
     audio = await upload.read()
     await form.close()
     work = servings.transcription.create(body, audio, task)

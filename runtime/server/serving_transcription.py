@@ -59,14 +59,7 @@ class TranscriptionServing(ServingBase):
             )
         if task == "translate" and request.to_language not in (None, "en"):
             raise APIError("Whisper translates into English only", 400, "to_language")
-        limit = self.settings.max_audio_file_mb
-        if len(audio) > limit * 2**20:
-            raise APIError(
-                f"file: {len(audio) / 2**20:.1f} MiB; at most {limit} MiB are taken "
-                "(VLLM_MAX_AUDIO_CLIP_FILESIZE_MB)",
-                400,
-                "file",
-            )
+        self.check_file_size(len(audio))
         processor = self.engine.input_processor.mm_processor
         assert isinstance(processor, AudioProcessor)  # the route serves speech models only
         try:
@@ -86,6 +79,17 @@ class TranscriptionServing(ServingBase):
             raise APIError(str(error), 400, param) from error
         params = [self._sampling(request, len(prompt.prompt_token_ids)) for prompt in prompts]
         return prompts, params, len(samples) / processor.sampling_rate
+
+    def check_file_size(self, size: int | None) -> None:
+        """A 400 naming ``file`` for an upload over ``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB``."""
+        limit = self.settings.max_audio_file_mb
+        if size is not None and size > limit * 2**20:
+            raise APIError(
+                f"file: {size / 2**20:.1f} MiB; at most {limit} MiB are taken "
+                "(VLLM_MAX_AUDIO_CLIP_FILESIZE_MB)",
+                400,
+                "file",
+            )
 
     def _sampling(self, request: TranscriptionRequest, prompt_length: int) -> SamplingParams:
         fields: dict[str, Any] = {

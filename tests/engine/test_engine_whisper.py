@@ -198,3 +198,9 @@ def test_the_kv_memory_keeps_room_for_each_running_requests_cross_attention(whis
     assert blocks[4] - blocks[8] == 4 * per_request // runner.bytes_per_block
     with pytest.raises(ValueError, match="lower --max-num-seqs"):
         LLM(whisper, dtype="float32", kv_cache_memory_bytes=memory, max_num_seqs=64)
+
+
+def test_a_context_past_the_decoders_positions_is_refused(whisper, monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    with pytest.raises(ValueError, match="it has 64 learned positions"):
+        LLM(whisper, **ENGINE, max_model_len=100)

@@ -167,6 +167,20 @@ def test_a_missing_file_is_a_400(audio_server):
     assert answer.json()["error"]["param"] == "file"
 
 
+def test_two_files_or_a_malformed_form_are_a_400(audio_server):
+    url = f"{audio_server.url}/v1/audio/transcriptions"
+    data = wav_bytes(tone(21, 1.0))
+    two = httpx.post(url, files=[("file", ("a.wav", data)), ("file", ("b.wav", data))])
+    assert two.status_code == 400
+    assert "files" in two.json()["error"]["message"]
+    malformed = httpx.post(
+        url,
+        content=b'--xyz\r\nContent-Disposition: form-data; name="file"\r\n\r\nabc',
+        headers={"Content-Type": "multipart/form-data; boundary=xyz"},
+    )
+    assert malformed.status_code == 400
+
+
 def test_health_answers_while_audio_is_processed(client, audio_server):
     data = wav_bytes(tone(20, 60.0))  # decoded, resampled and featurized in two clips
     done = threading.Event()
@@ -191,3 +205,15 @@ def test_health_answers_while_audio_is_processed(client, audio_server):
                 polls_during += not done.is_set()
         assert answer.result().status_code == 200
     assert polls_during > 0
+
+
+@pytest.mark.parametrize("route", ["transcriptions", "translations"])
+def test_a_text_model_refuses_the_audio_routes_naming_model(main_server, auth_headers, route):
+    answer = httpx.post(
+        f"{main_server.url}/v1/audio/{route}",
+        files={"file": ("a.wav", wav_bytes(tone(22, 1.0)))},
+        headers=auth_headers,
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "model"
+    assert "does not transcribe audio" in answer.json()["error"]["message"]

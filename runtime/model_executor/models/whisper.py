@@ -171,6 +171,11 @@ class WhisperForConditionalGeneration(nn.Module):
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
+        if max_position > config.max_target_positions:
+            raise ValueError(
+                f"max_model_len {max_position} is longer than Whisper's decoder: it has "
+                f"{config.max_target_positions} learned positions"
+            )
         self.config = config
         self.model = WhisperModel(config)
         tied = getattr(config, "tie_word_embeddings", True)
