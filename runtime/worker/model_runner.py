@@ -470,14 +470,20 @@ class ModelRunner:
         at its first step (the step's new ones together), its keys and values kept with the
         request for its later steps (a preemption keeps them too)."""
         pending = [request for request in batch if request.cross_keys_values is None]
-        if pending:
+        # at most as many clips at once as the memory profile's dummy step encodes
+        limits = self.config.scheduler
+        at_once = min(
+            -(-limits.max_num_batched_tokens // self.info.max_model_len), limits.max_num_seqs
+        )
+        model: Any = self.model
+        for start in range(0, len(pending), at_once):
+            group = pending[start : start + at_once]
             features = []
-            for request in pending:
+            for request in group:
                 [audio] = request.mm_features  # the input processor gives each request one
                 features.append(torch.from_numpy(audio.data["input_features"]))
-            model: Any = self.model
             encoded = model.encode(torch.stack(features).to(self.device))
-            for request, keys_values in zip(pending, encoded, strict=True):
+            for request, keys_values in zip(group, encoded, strict=True):
                 request.cross_keys_values = keys_values
         keys_values = [request.cross_keys_values for request in batch]
         assert all(kv is not None for kv in keys_values)  # each encoded above if not before

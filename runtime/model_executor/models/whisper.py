@@ -189,7 +189,8 @@ class WhisperForConditionalGeneration(nn.Module):
         states = self.model.encoder(input_features.to(self.model.encoder.conv1.weight.dtype))
         layers: list[WhisperDecoderLayer] = list(self.model.decoder.layers)  # type: ignore[arg-type]  # a ModuleList of them
         per_layer = [layer.encoder_attn.keys_values(states) for layer in layers]
-        return [[(k[i], v[i]) for k, v in per_layer] for i in range(len(states))]
+        # copies: a request's keys and values outlive the others' of its batch
+        return [[(k[i].clone(), v[i].clone()) for k, v in per_layer] for i in range(len(states))]
 
     def cross_attention_bytes(self) -> int:
         """What ``encode`` keeps of one request: every decoder layer's keys and values of the
