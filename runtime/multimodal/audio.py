@@ -70,7 +70,7 @@ def split_clips(samples: np.ndarray, rate: int) -> list[np.ndarray]:
     start = 0
     while len(samples) - start > limit:
         stretch = samples[start + limit - search : start + limit]
-        windows = len(stretch) // SPLIT_WINDOW
+        windows = -(-(len(stretch) - SPLIT_WINDOW) // SPLIT_WINDOW)  # not the last (vLLM's)
         energy = (stretch[: windows * SPLIT_WINDOW].reshape(windows, -1) ** 2).mean(axis=1)
         cut = start + limit - search + int(energy.argmin()) * SPLIT_WINDOW
         clips.append(samples[start:cut])

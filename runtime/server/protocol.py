@@ -800,4 +800,8 @@ class TranscriptionUsage(OpenAIBase):
 
 class TranscriptionResponse(OpenAIBase):
     text: str
-    usage: TranscriptionUsage | None = None
+    usage: TranscriptionUsage
+
+
+class TranslationResponse(OpenAIBase):
+    text: str

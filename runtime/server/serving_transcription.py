@@ -26,6 +26,7 @@ from infernetes.runtime.server.protocol import (
     TranscriptionRequest,
     TranscriptionResponse,
     TranscriptionUsage,
+    TranslationResponse,
     random_id,
 )
 from infernetes.runtime.server.serving_base import ServingBase
@@ -34,6 +35,7 @@ from infernetes.runtime.server.streaming import DONE, engine_stream, merge, sse
 # What vLLM answers in: the rest of OpenAI's formats need timestamps (planned here)
 RESPONSE_FORMATS = ("json", "text")
 DEFAULT_LANGUAGE = "en"  # vLLM's, when a request names none
+_NOUNS = {"transcribe": "transcription", "translate": "translation"}
 
 
 class TranscriptionServing(ServingBase):
@@ -114,11 +116,11 @@ class TranscriptionServing(ServingBase):
 
     async def create(
         self, request: TranscriptionRequest, audio: bytes, task: str
-    ) -> TranscriptionResponse | str | AsyncIterator[bytes]:
+    ) -> TranscriptionResponse | TranslationResponse | str | AsyncIterator[bytes]:
         prompts, params, seconds = await off_loop(self._prepare, request, audio, task)
-        request_id = random_id("trsc" if task == "transcribe" else "trsl")
+        request_id = random_id(_NOUNS[task])
         if request.stream:
-            return self._stream(request, request_id, prompts, params)
+            return self._stream(request, request_id, prompts, params, f"{_NOUNS[task]}.chunk")
         texts = [""] * len(prompts)
         # the clips decoded together, their texts joined in order
         async for i, output in merge(self._generators(request_id, prompts, params)):
@@ -126,6 +128,8 @@ class TranscriptionServing(ServingBase):
         text = "".join(texts)
         if request.response_format == "text":
             return text
+        if task == "translate":  # vLLM's translations carry no usage
+            return TranslationResponse(text=text)
         usage = TranscriptionUsage(seconds=math.ceil(seconds))
         return TranscriptionResponse(text=text, usage=usage)
 
@@ -145,9 +149,11 @@ class TranscriptionServing(ServingBase):
         request_id: str,
         prompts: list[MultiModalPrompt],
         params: list[SamplingParams],
+        chunk_object: str,
     ) -> AsyncIterator[bytes]:
-        """vLLM's ``transcription.chunk`` events: each piece of text as it is decoded, clip
-        after clip, then the usage (``stream_include_usage``) and ``[DONE]``."""
+        """vLLM's ``transcription.chunk`` (``translation.chunk``) events: each piece of text as
+        it is decoded, clip after clip (each clip's last with its finish reason), then the usage
+        (``stream_include_usage``) and ``[DONE]``."""
         created = int(time.time())
         model = request.model or self.settings.model_name
         prompt_tokens = completion_tokens = 0
@@ -159,20 +165,18 @@ class TranscriptionServing(ServingBase):
                 async for output in stream:
                     [out] = output.outputs
                     completion_tokens += len(out.token_ids)
-                    last = i == len(prompts) - 1
-                    finish = out.finish_reason if last else None
-                    if not out.text and finish is None:
+                    if not out.text and out.finish_reason is None:
                         continue
                     chunk: dict[str, Any] = {
                         "id": request_id,
-                        "object": "transcription.chunk",
+                        "object": chunk_object,
                         "created": created,
                         "model": model,
                         "choices": [
                             {
                                 "delta": {"content": out.text},
-                                "finish_reason": finish,
-                                "stop_reason": out.stop_reason if last else None,
+                                "finish_reason": out.finish_reason,
+                                "stop_reason": out.stop_reason,
                             }
                         ],
                     }
@@ -183,7 +187,7 @@ class TranscriptionServing(ServingBase):
                 yield sse(
                     {
                         "id": request_id,
-                        "object": "transcription.chunk",
+                        "object": chunk_object,
                         "created": created,
                         "model": model,
                         "choices": [],

@@ -105,7 +105,26 @@ def test_stream_gives_the_same_text(client):
     events = list(_transcribe(client, data, stream=True, extra_body={"stream_include_usage": True}))
     pieces = [e.choices[0]["delta"]["content"] for e in events if e.choices]
     assert "".join(pieces) == whole
+    assert {e.object for e in events} == {"transcription.chunk"}
+    assert events[-2].choices[0]["finish_reason"] == "length"
     assert events[-1].usage["completion_tokens"] == MAX_TOKENS
+
+
+def test_translation_json_carries_no_usage(audio_server):
+    answer = httpx.post(
+        f"{audio_server.url}/v1/audio/translations",
+        files={"file": ("a.wav", wav_bytes(tone(23, 1.0)))},
+        data={"max_completion_tokens": str(MAX_TOKENS)},
+    )
+    assert answer.status_code == 200
+    assert set(answer.json()) == {"text"}  # vLLM's: no usage for translations
+    streamed = httpx.post(
+        f"{audio_server.url}/v1/audio/translations",
+        files={"file": ("a.wav", wav_bytes(tone(23, 1.0)))},
+        data={"max_completion_tokens": str(MAX_TOKENS), "stream": "true"},
+    )
+    assert '"object": "translation.chunk"' in streamed.text
+    assert streamed.text.endswith("data: [DONE]\n\n")
 
 
 def test_audio_over_30_seconds_is_split_into_clips(client, audio_server):
