@@ -168,7 +168,8 @@ class ServerState:
     def require_transcription(self) -> Servings:
         """The serving objects of a speech model (Whisper), else a 400 naming ``model``."""
         servings = self.require_engine()
-        processor = getattr(servings.engine.input_processor, "mm_processor", None)
+        inputs = getattr(servings.engine, "input_processor", None)  # a stand-in engine has none
+        processor = getattr(inputs, "mm_processor", None)
         if not getattr(processor, "requires_audio", False):
             raise APIError(
                 "this model does not transcribe audio: /v1/audio/transcriptions and "
