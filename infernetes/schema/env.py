@@ -284,6 +284,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     E("VLLM_IMAGE_FETCH_TIMEOUT", "int", 5, "Seconds to fetch one image URL."),
     E("VLLM_VIDEO_FETCH_TIMEOUT", "int", 30, "Seconds to fetch one video URL."),
     E("VLLM_AUDIO_FETCH_TIMEOUT", "int", 10, "Seconds to fetch one audio URL."),
+    E(
+        "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB",
+        "int",
+        25,
+        "MiB an audio file uploaded to /v1/audio/transcriptions or /translations may have.",
+    ),
     E("VLLM_MM_INPUT_CACHE_GIB", "int", 8, "GiB of cache for processed multimodal inputs."),
     E("VLLM_XGRAMMAR_CACHE_MB", "int", 512, "MiB of cache for compiled xgrammar grammars."),
     E(

@@ -69,7 +69,11 @@ DP_PLANNED = (
     "cores on this node"
 )
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
-NO_AUDIO_VIDEO = "the models served here take text and images: none takes audio or video"
+VIDEO_PRUNING = "video tokens are not pruned: every frame a video gives is encoded (planned)"
+AUDIO_URLS = (
+    "audio comes as a file uploaded to /v1/audio/transcriptions or /v1/audio/translations, or "
+    "offline as multi_modal_data; audio URLs and input_audio chat parts are planned"
+)
 VISION_TOWER = (
     "the vision tower runs replicated on every rank in eager torch (SDPA attention in the model "
     "dtype); its own parallel modes, backends and fp8 are not built"
@@ -227,9 +231,9 @@ ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- ModelConfig
     "model": HONOURED,
     "task": partial(
-        ("auto", "generate", "embedding", "embed", "classify", "score"),
-        "generation, embeddings and cross-encoders (classify, score) are served; reward, "
-        "transcription and draft models are not yet",
+        ("auto", "generate", "embedding", "embed", "classify", "score", "transcription"),
+        "generation, embeddings, cross-encoders (classify, score) and transcription (Whisper) "
+        "are served; reward and draft models are not yet",
     ),
     "tokenizer": HONOURED,
     "hf_config_path": HONOURED,
@@ -586,8 +590,8 @@ ARG_SUPPORT: dict[str, Support] = {
         "them in place is planned (templates of the openai format keep them in place)"
     ),
     "skip_mm_profiling": no_effect("memory profiling runs no image through the vision tower"),
-    "video_pruning_rate": no_effect(NO_AUDIO_VIDEO),
-    "video_pruning_method": no_effect(NO_AUDIO_VIDEO),
+    "video_pruning_rate": no_effect(VIDEO_PRUNING),
+    "video_pruning_method": no_effect(VIDEO_PRUNING),
     "mm_tensor_ipc": no_effect("images reach the engine core as numpy arrays in its pipe"),
     "mm_ipc_gpu_memory_gb": no_effect("images reach the engine core as numpy arrays in its pipe"),
     "mm_device_do_normalize": no_effect("the model's processor normalizes on the API side's CPU"),
@@ -922,8 +926,11 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
     "VLLM_IMAGE_FETCH_TIMEOUT": HONOURED,
-    "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(NO_AUDIO_VIDEO),
-    "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(NO_AUDIO_VIDEO),
+    "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": HONOURED,
+    "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(
+        "videos are taken offline as frames; video_url chat parts are planned"
+    ),
+    "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(AUDIO_URLS),
     "VLLM_MM_INPUT_CACHE_GIB": no_effect(
         "vLLM's old bound of the processor cache; --mm-processor-cache-gb sets it"
     ),

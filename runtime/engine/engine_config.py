@@ -43,7 +43,10 @@ from infernetes.runtime.model_executor.loader import (
     resolve_model_path,
 )
 from infernetes.runtime.model_executor.models import DRAFT_HEADS
-from infernetes.runtime.model_executor.models.interfaces import supports_multimodal
+from infernetes.runtime.model_executor.models.interfaces import (
+    is_encoder_decoder,
+    supports_multimodal,
+)
 from infernetes.runtime.model_executor.parallel import stage_layers
 from infernetes.runtime.multimodal.processor import SUPPORTED_MODALITIES, check_limits
 from infernetes.runtime.preflight import pp_layer_partition
@@ -224,7 +227,7 @@ def _multimodal_settings(config: ServeConfig, info: ModelInfo) -> dict[str, Any]
     """``--limit-mm-per-prompt``, ``--mm-processor-kwargs`` and ``--mm-processor-cache-gb`` of a
     vision-language model, checked against what it takes; a text model has no use for them."""
     model_class = model_class_of(info)
-    if not supports_multimodal(model_class):
+    if not (supports_multimodal(model_class) or is_encoder_decoder(model_class)):
         return {}
     modalities = getattr(model_class, "modalities", SUPPORTED_MODALITIES)
     return dict(
@@ -418,6 +421,16 @@ def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
             f"{info.architecture} is a speculative decoding head, not a model to serve: give it "
             "as --speculative-config's model beside its target"
         )
+    model_class = model_class_of(info)
+    if getattr(model_class, "single_rank", False) and (
+        config.tensor_parallel_size * config.pipeline_parallel_size > 1
+    ):
+        raise ValueError(
+            f"{info.architecture} runs on one rank: tensor_parallel_size and "
+            "pipeline_parallel_size must be 1 (splitting it is planned)"
+        )
+    if is_encoder_decoder(model_class):
+        _check_encoder_decoder_fits(config, info.architecture)
     fallback = info.implementation == "transformers"
     if fallback and config.pipeline_parallel_size > 1:
         raise ValueError(
@@ -439,6 +452,26 @@ def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
         if wanted_pooling != info.is_pooling:
             kind = "an embedding" if info.is_pooling else "a generative"
             raise ValueError(f"task={config.task!r} does not fit {info.architecture}, {kind} model")
+        if config.task == "transcription" and not is_encoder_decoder(model_class):
+            raise ValueError(
+                f"task='transcription' does not fit {info.architecture}: transcription is for "
+                "speech models (Whisper)"
+            )
+
+
+def _check_encoder_decoder_fits(config: ServeConfig, architecture: str) -> None:
+    """What a speech model (Whisper) cannot be served with here."""
+    if config.skip_tokenizer_init:
+        raise ValueError(
+            f"{architecture} needs its tokenizer and feature extractor to build each prompt "
+            "from its audio: skip_tokenizer_init is not supported for it"
+        )
+    for name, value in (
+        ("enable_lora", config.enable_lora),
+        ("speculative_config", config.speculative_config),
+    ):
+        if value:
+            raise ValueError(f"{name} is not supported for {architecture} yet (planned)")
 
 
 def _cache_config(config: ServeConfig, pooling: bool, environ: dict[str, str]) -> CacheConfig:

@@ -55,10 +55,12 @@ from infernetes.runtime.model_executor.memory_profile import (
     log_kv_cache_capacity,
 )
 from infernetes.runtime.model_executor.models.interfaces import (
+    is_encoder_decoder,
     supports_inputs_embeds,
     supports_multimodal,
 )
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
+from infernetes.runtime.multimodal.audio import AudioProcessor
 from infernetes.runtime.multimodal.processor import MultiModalProcessor
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.spec_decode.config import lookahead_tokens
@@ -159,11 +161,18 @@ class EngineCore:
             mm_processor=self._multimodal_processor(),
         )
 
-    def _multimodal_processor(self) -> MultiModalProcessor | None:
+    def _multimodal_processor(self) -> MultiModalProcessor | AudioProcessor | None:
         """A vision-language model's processor, for the API side (None for a text model, or
         with --skip-tokenizer-init: its processor tokenizes)."""
         model = self.config.model
         cls = model_class_of(model.info)
+        if self.tokenizer is not None and is_encoder_decoder(cls):
+            return AudioProcessor.load(
+                model.info.path,
+                self.tokenizer,
+                dict(model.limit_mm_per_prompt),
+                model.mm_processor_kwargs,
+            )
         if self.tokenizer is None or not supports_multimodal(cls):
             return None
         return MultiModalProcessor.load(

@@ -29,6 +29,7 @@ from infernetes.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from infernetes.runtime.config import RuntimeConfig
+    from infernetes.runtime.multimodal.audio import AudioProcessor
     from infernetes.runtime.multimodal.processor import MultiModalProcessor
 
 # Text, token ids, vLLM's EmbedsPrompt ({"prompt_embeds": tensor [num_prompt_tokens, hidden]}) or
@@ -79,7 +80,7 @@ class InputProcessor:
         self,
         settings: InputSettings,
         tokenizer: Any,
-        mm_processor: MultiModalProcessor | None = None,
+        mm_processor: MultiModalProcessor | AudioProcessor | None = None,
     ) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
@@ -111,6 +112,13 @@ class InputProcessor:
             text, ids = None, [0] * len(embeds)
         else:
             text, ids = self._tokenize(prompt)
+        if features is None and getattr(self.mm_processor, "requires_audio", False):
+            raise RequestError(
+                f"{self.settings.architecture} transcribes audio: a prompt needs "
+                'multi_modal_data {"audio": (samples, sample_rate)} (or use '
+                "/v1/audio/transcriptions)",
+                "multi_modal_data.audio",
+            )
         self._check_prompt(ids)
         if not self.settings.is_pooling:
             if params is None:

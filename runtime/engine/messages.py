@@ -19,6 +19,7 @@ from infernetes.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
     from infernetes.runtime.engine.input_processor import InputSettings
+    from infernetes.runtime.multimodal.audio import AudioProcessor
     from infernetes.runtime.multimodal.inputs import MultiModalFeature
     from infernetes.runtime.multimodal.processor import MultiModalProcessor
     from transformers import PretrainedConfig
@@ -111,7 +112,8 @@ class EngineInfo(NamedTuple):
     model_config: ModelFacts
     device: str  # "cuda" or "cpu"
     inputs: InputSettings  # what the API side's input processor checks requests against
-    mm_processor: MultiModalProcessor | None = None  # a vision-language model's processor
+    # a vision-language model's processor, or a speech model's (Whisper's)
+    mm_processor: MultiModalProcessor | AudioProcessor | None = None
 
 
 class EngineReady(NamedTuple):

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 if TYPE_CHECKING:
     from infernetes.runtime.kv_transfer.base import KVConnectorBase
+
+
+class CrossAttentionBatch(NamedTuple):
+    """An encoder-decoder step's (Whisper's): each sequence's rows of the step, in order, and
+    its encoder output's keys and values per decoder layer (``[heads, frames, head_dim]``)."""
+
+    query_lens: list[int]
+    keys_values: list[list[tuple[torch.Tensor, torch.Tensor]]]
 
 
 @dataclass
@@ -28,6 +36,7 @@ class AttentionMetadata:
     # Image tokens that see their whole image (Gemma 3): (seq, first_row, end_row,
     # first_position, image_end) per image the step computes rows of (ops.attend_within_images)
     image_spans: list[tuple[int, int, int, int, int]] | None = None
+    cross_attention: CrossAttentionBatch | None = None
 
 
 # Per thread: a forward runs in the thread that set its metadata, and two engines in one process

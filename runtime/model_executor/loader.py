@@ -34,6 +34,7 @@ _CONTEXT_KEYS = (
     "max_sequence_length",
     "max_seq_length",
     "seq_len",
+    "max_target_positions",  # Whisper's decoder
 )
 _WEIGHT_PATTERNS = ["*.safetensors", "*.bin", "*.pt", "*.json", "*.txt", "*.model", "*.jinja"]
 # vLLM's --ignore-patterns default: Llama repositories carry a second, original-format checkpoint.

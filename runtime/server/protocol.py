@@ -763,3 +763,45 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TranscriptionRequest(RequestBody):
+    """The form fields of ``/v1/audio/transcriptions`` and ``/v1/audio/translations`` beside
+    the ``file`` (vLLM's): the decoder's language and previous text, the answer's format, and
+    vLLM's sampling extras."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str = ""
+    response_format: Literal["json", "text", "srt", "verbose_json", "vtt"] = "json"
+    timestamp_granularities: list[Literal["word", "segment"]] = Field(
+        default_factory=list, alias="timestamp_granularities[]"
+    )
+    # a translation's target: Whisper translates into English only
+    to_language: str | None = None
+    stream: bool = False
+    stream_include_usage: bool = False
+    stream_continuous_usage_stats: bool = False
+    temperature: float = Field(default=0.0, ge=0.0, le=100.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, ge=0.01, le=100.0)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+class TranscriptionUsage(OpenAIBase):
+    type: Literal["duration"] = "duration"
+    seconds: int
+
+
+class TranscriptionResponse(OpenAIBase):
+    text: str
+    usage: TranscriptionUsage
+
+
+class TranslationResponse(OpenAIBase):
+    text: str

@@ -30,6 +30,7 @@ from infernetes.runtime.server.protocol import (
     ScoreRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    TranscriptionRequest,
     UnloadLoRAAdapterRequest,
 )
 from infernetes.runtime.server.state import ServerState
@@ -240,6 +241,51 @@ async def rerank(body: RerankRequest, request: Request) -> Response:
 async def classify(body: ClassificationRequest, request: Request) -> Response:
     servings = server(request).require_cross_encoder()
     return await _answer(request, servings.score.classify(body))
+
+
+@router.post("/v1/audio/transcriptions")
+async def audio_transcriptions(request: Request) -> Response:
+    return await _audio(request, "transcribe")
+
+
+@router.post("/v1/audio/translations")
+async def audio_translations(request: Request) -> Response:
+    return await _audio(request, "translate")
+
+
+async def _audio(request: Request, task: str) -> Response:
+    """A multipart form: the audio ``file`` and ``TranscriptionRequest``'s fields."""
+    servings = server(request).require_transcription()
+    # a malformed form, or more files or fields than these, is Starlette's 400
+    form = await request.form(max_files=1, max_fields=64)
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise APIError("file: the audio file is required, as a multipart file field", 400, "file")
+    fields: dict[str, Any] = {}
+    for name, value in form.multi_items():
+        if name == "file":
+            continue
+        if name == "timestamp_granularities[]":
+            fields.setdefault(name, []).append(value)
+        else:
+            fields[name] = value
+    try:
+        body = TranscriptionRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from exc
+    servings.transcription.check_file_size(upload.size)  # before it is read
+    audio = await upload.read()
+    await form.close()
+    work = servings.transcription.create(body, audio, task)
+    try:
+        result = await until_disconnected(request, work)
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    if isinstance(result, str):
+        return PlainTextResponse(result)
+    if isinstance(result, AsyncIterator):
+        return _event_stream(request, result)
+    return _json(result)
 
 
 # /invocations (SageMaker's one route): the payload's shape picks the endpoint, as vLLM does.

@@ -94,6 +94,7 @@ class FrontendSettings:
     allow_runtime_lora_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
     media: MediaSettings = field(default_factory=MediaSettings)  # where images come from
     trust_request_mm_kwargs: bool = False  # requests may set mm_processor_kwargs
+    max_audio_file_mb: int = 25  # VLLM_MAX_AUDIO_CLIP_FILESIZE_MB: an upload to /v1/audio/*
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
@@ -197,4 +198,5 @@ class FrontendSettings:
             max_loras=int(get("max_loras", 1)) if get("enable_lora", False) else 0,
             lora_modules=tuple(dict(m) for m in get("lora_modules", [])),
             allow_runtime_lora_updating=env_flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING", environ),
+            max_audio_file_mb=read_env("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", environ),
         )

@@ -18,6 +18,7 @@ from infernetes.runtime.server.serving_embedding import EmbeddingServing
 from infernetes.runtime.server.serving_responses import ResponsesServing
 from infernetes.runtime.server.serving_score import ScoreServing
 from infernetes.runtime.server.serving_tokenization import TokenizationServing
+from infernetes.runtime.server.serving_transcription import TranscriptionServing
 from infernetes.runtime.server.settings import FrontendSettings
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class Servings:
     embedding: EmbeddingServing
     score: ScoreServing
     tokenization: TokenizationServing
+    transcription: TranscriptionServing
 
 
 @dataclass
@@ -108,6 +110,7 @@ class ServerState:
             embedding=EmbeddingServing(engine, settings),
             score=ScoreServing(engine, settings),
             tokenization=TokenizationServing(engine, settings, renderer),
+            transcription=TranscriptionServing(engine, settings),
         )
         for serving in (
             self.servings.completion,
@@ -115,6 +118,7 @@ class ServerState:
             self.servings.embedding,
             self.servings.score,
             self.servings.tokenization,
+            self.servings.transcription,
         ):
             serving.loras = self.loras
         pooling = bool(getattr(engine, "is_pooling", False))
@@ -156,6 +160,20 @@ class ServerState:
         if self.is_embedding_model:
             raise APIError(
                 "this model is served for embeddings (--task embed); it has no completions or chat",
+                400,
+                "model",
+            )
+        return servings
+
+    def require_transcription(self) -> Servings:
+        """The serving objects of a speech model (Whisper), else a 400 naming ``model``."""
+        servings = self.require_engine()
+        inputs = getattr(servings.engine, "input_processor", None)  # a stand-in engine has none
+        processor = getattr(inputs, "mm_processor", None)
+        if not getattr(processor, "requires_audio", False):
+            raise APIError(
+                "this model does not transcribe audio: /v1/audio/transcriptions and "
+                "/v1/audio/translations need a speech model such as Whisper",
                 400,
                 "model",
             )

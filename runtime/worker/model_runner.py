@@ -19,7 +19,9 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
@@ -35,7 +37,11 @@ from infernetes.runtime.kv_transfer.registry import create_connector
 from infernetes.runtime.lora.manager import LoRAManager
 from infernetes.runtime.model_executor import cuda_graph, parallel
 from infernetes.runtime.model_executor.compilation import compile_forward
-from infernetes.runtime.model_executor.context import AttentionMetadata, set_attention_metadata
+from infernetes.runtime.model_executor.context import (
+    AttentionMetadata,
+    CrossAttentionBatch,
+    set_attention_metadata,
+)
 from infernetes.runtime.model_executor.cpu_offload import offload_layers
 from infernetes.runtime.model_executor.cuda_graph import DecodeGraphs
 from infernetes.runtime.model_executor.layers.attention import Attention
@@ -175,6 +181,12 @@ class ModelRunner:
         )
         return per_token * self.block_size
 
+    def cross_attention_bytes_per_request(self) -> int:
+        """What an encoder-decoder model keeps of each running request beside the paged cache:
+        every decoder layer's keys and values of the encoder's frames (0 for other models)."""
+        measure = getattr(self.model, "cross_attention_bytes", None)
+        return 0 if measure is None else int(measure())
+
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Give every attention layer its ``[num_blocks, block_size, Hkv, D]`` key and value caches.
 
@@ -310,6 +322,13 @@ class ModelRunner:
             next_block += blocks
             lengths.append(length)
             num_tokens -= length
+        if getattr(self.model, "is_encoder_decoder", False):  # each with 30 s of silence
+            config = self.info.hf_config
+            silence = np.zeros((config.num_mel_bins, 2 * config.max_source_positions), np.float32)
+            for state, length in zip(states, lengths, strict=True):
+                state.mm_features = [
+                    MultiModalFeature("audio", 0, length, "profile", {"input_features": silence})
+                ]
         return states, lengths
 
     def offload_weights(self) -> int:
@@ -440,7 +459,35 @@ class ModelRunner:
         )
         if getattr(self.model, "bidirectional_image_attention", False):
             meta.image_spans = image_spans(batch, num_scheduled)
+        if getattr(self.model, "is_encoder_decoder", False):
+            meta.cross_attention = self._cross_attention(batch, num_scheduled)
         return input_ids, positions, meta
+
+    def _cross_attention(
+        self, batch: Sequence[CachedRequestState], num_scheduled: Sequence[int]
+    ) -> CrossAttentionBatch:
+        """An encoder-decoder step's cross-attention inputs: each request's audio encoded once,
+        at its first step (the step's new ones together), its keys and values kept with the
+        request for its later steps (a preemption keeps them too)."""
+        pending = [request for request in batch if request.cross_keys_values is None]
+        # at most as many clips at once as the memory profile's dummy step encodes
+        limits = self.config.scheduler
+        at_once = min(
+            -(-limits.max_num_batched_tokens // self.info.max_model_len), limits.max_num_seqs
+        )
+        model: Any = self.model
+        for start in range(0, len(pending), at_once):
+            group = pending[start : start + at_once]
+            features = []
+            for request in group:
+                [audio] = request.mm_features  # the input processor gives each request one
+                features.append(torch.from_numpy(audio.data["input_features"]))
+            encoded = model.encode(torch.stack(features).to(self.device))
+            for request, keys_values in zip(group, encoded, strict=True):
+                request.cross_keys_values = keys_values
+        keys_values = [request.cross_keys_values for request in batch]
+        assert all(kv is not None for kv in keys_values)  # each encoded above if not before
+        return CrossAttentionBatch(list(num_scheduled), keys_values)
 
     def _intermediate(self, num_tokens: int, receive: bool) -> IntermediateTensors | None:
         """What this pipeline stage starts from: None on the first stage, else the previous
@@ -467,7 +514,9 @@ class ModelRunner:
         placeholders, have rows in it: each such chunk takes its slice of the tensor (an image's
         encoder output, cut where the chunk cuts it), every other row the embedding of its token
         id (tokens sampled after the prompt too). None when every row is a token: the model
-        embeds them itself."""
+        embeds them itself (an encoder-decoder model's audio goes to its cross-attention)."""
+        if getattr(self.model, "is_encoder_decoder", False):
+            return None
         self._encode_images(batch, num_scheduled)
         chunks: list[tuple[int, torch.Tensor]] = []  # (first row in the step, embeddings)
         row = 0

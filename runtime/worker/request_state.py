@@ -43,6 +43,9 @@ class CachedRequestState:
     # yet: encoded once for all the chunks it spans; dropped once passed (a preemption that
     # recomputes the prompt encodes it again), and with the request.
     encoder_outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    # An encoder-decoder model's (Whisper's) cross-attention keys and values of its audio, per
+    # decoder layer: made at its first step, kept until it finishes
+    cross_keys_values: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     # An M-RoPE model's positions of the prompt (worker/mrope.PromptLayout); None: text only
     mrope_layout: Any = None
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -16,13 +17,15 @@ from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
-from infernetes.runtime.model_executor.memory_profile import log_kv_cache_budget
+from infernetes.runtime.model_executor.memory_profile import GiB, log_kv_cache_budget
 from infernetes.runtime.worker.cpu_binding import bind_threads, rank_cpus, usable_cpus
 from infernetes.runtime.worker.model_runner import ModelRunner
 from infernetes.runtime.worker.weight_offload import return_freed_host_memory
 
 # What sleep frees and wake_up brings back, by vLLM's tag names.
 SLEEP_TAGS = ("weights", "kv_cache")
+
+logger = logging.getLogger(__name__)
 
 
 class Worker:
@@ -73,7 +76,27 @@ class Worker:
 
     def determine_available_memory(self) -> int:
         """Bytes this rank can give the KV cache: ``--kv-cache-memory-bytes``, on a CPU
-        ``VLLM_CPU_KVCACHE_SPACE``, else what profiling leaves of ``--gpu-memory-utilization``."""
+        ``VLLM_CPU_KVCACHE_SPACE``, else what profiling leaves of ``--gpu-memory-utilization``;
+        less what an encoder-decoder model keeps for ``--max-num-seqs`` running requests
+        outside the paged cache (their cross-attention keys and values)."""
+        available = self._kv_memory()
+        max_num_seqs = self.config.scheduler.max_num_seqs
+        reserved = max_num_seqs * self.model_runner.cross_attention_bytes_per_request()
+        if reserved and reserved >= available:
+            raise ValueError(
+                f"the cross-attention keys and values of max_num_seqs={max_num_seqs} running "
+                f"requests take {reserved / GiB:.2f} GiB, more than the {available / GiB:.2f} "
+                "GiB the KV cache may have: lower --max-num-seqs"
+            )
+        if reserved:
+            logger.info(
+                "%.2f GiB of the KV cache's memory kept for the cross-attention of %d requests",
+                reserved / GiB,
+                max_num_seqs,
+            )
+        return available - reserved
+
+    def _kv_memory(self) -> int:
         cache = self.config.cache
         if cache.kv_cache_memory_bytes:
             return cache.kv_cache_memory_bytes

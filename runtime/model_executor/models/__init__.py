@@ -123,6 +123,12 @@ def _mistral3() -> type[nn.Module]:
     return Mistral3ForConditionalGeneration
 
 
+def _whisper() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.whisper import WhisperForConditionalGeneration
+
+    return WhisperForConditionalGeneration
+
+
 def _bert() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.bert import BertModel
 
@@ -154,6 +160,7 @@ GENERATIVE = {
     "Qwen3VLForConditionalGeneration": _qwen3_vl,
     "Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe,
     "Mistral3ForConditionalGeneration": _mistral3,
+    "WhisperForConditionalGeneration": _whisper,
 }
 
 

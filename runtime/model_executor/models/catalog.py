@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 from infernetes.runtime.model_executor.models import ARCHITECTURES, GENERATIVE, POOLING
-from infernetes.runtime.model_executor.models.interfaces import supports_multimodal
+from infernetes.runtime.model_executor.models.interfaces import (
+    is_encoder_decoder,
+    supports_multimodal,
+)
 from infernetes.runtime.testing import FAMILY_CONFIGS  # what the tests run through the fallback
 from torch import nn
 
@@ -25,17 +28,22 @@ def _row(architecture: str) -> str:
     generative = architecture in GENERATIVE
     ranks_tested = generative and architecture not in MODEL_LEVEL_ONLY
     vision = supports_multimodal(cls)
+    one_rank = getattr(cls, "single_rank", False)
     task = "generate" if generative else ("score" if "Classification" in architecture else "embed")
     # The generative models are tested under TP and PP against transformers; the pooling models'
     # layers are the same parallel layers, but no test runs them on several ranks yet. No test
     # runs a vision-language model with fp8 yet.
     cells = [
         f"`{architecture}`",
-        task + " (text + image)" if vision else task,
+        "transcription (audio)"
+        if is_encoder_decoder(cls)
+        else (task + " (text + image)" if vision else task),
         f"`{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}`",
-        "yes" if ranks_tested else "untested",
-        "yes" if ranks_tested else ("untested" if generative else "no"),
-        "yes" if generative and not vision else "untested",
+        "no (one rank)" if one_rank else ("yes" if ranks_tested else "untested"),
+        "no (one rank)"
+        if one_rank
+        else ("yes" if ranks_tested else ("untested" if generative else "no")),
+        "yes" if generative and not vision and not one_rank else "untested",
         "yes (TP slices every expert; `--enable-expert-parallel` spreads whole experts)"
         if _is_moe(cls)
         else "",
@@ -131,7 +139,15 @@ transformers for images of different sizes, whole, under chunked prefill and pre
 from prefix-cache hits, and across tensor and pipeline ranks; its vision tower is replicated on
 the first stage's ranks. Pixtral-12B's Hugging Face layout (`LlavaForConditionalGeneration` with
 a Pixtral tower) runs through the same tower, tested with Mistral 3's cases. Videos for the other
-models and Whisper are planned.
+models are planned.
+
+Whisper (`WhisperForConditionalGeneration`) serves `/v1/audio/transcriptions` and
+`/v1/audio/translations` and offline prompts with `multi_modal_data={{"audio": (samples, rate)}}`
+(`docs/multimodal.md`): each request's audio is encoded once at its first step and its
+cross-attention keys and values are kept with the request; the decoder's self-attention uses the
+paged KV cache, the scheduler and the sampler as any model's. Tested against transformers token
+for token and logprob for logprob, batched, under chunked prefill and preemption, and from
+prefix-cache hits (keyed by the audio). It runs on one rank, eagerly (no CUDA graphs).
 
 Planned: native gpt-oss (CUDA graphs, torch.compile, MXFP4 experts kept packed), expert-parallel load balancing
 (`--enable-eplb`), and the fallback across pipeline stages.

@@ -84,3 +84,10 @@ class SupportsMultiModal(SupportsInputsEmbeds, Protocol):
 def supports_multimodal(model: object) -> bool:
     """Whether ``model`` (a class or an instance) encodes images into its input embeddings."""
     return bool(getattr(model, "supports_multimodal", False))
+
+
+def is_encoder_decoder(model: object) -> bool:
+    """Whether ``model`` (a class or an instance) decodes from an encoder's output through
+    cross-attention (Whisper): each prompt carries the encoder's input, the decoder's tokens
+    go through the paged cache."""
+    return bool(getattr(model, "is_encoder_decoder", False))

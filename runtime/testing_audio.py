@@ -1,0 +1,130 @@
+"""A tiny random Whisper for tests: ``WhisperForConditionalGeneration`` from a ``WhisperConfig``,
+the byte-level tokenizer of ``testing.py`` with Whisper's special tokens, and a
+``WhisperFeatureExtractor``, all built here (nothing is downloaded); generated waveforms; and
+transformers' greedy continuation as the reference."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from infernetes.runtime.testing import build_tokenizer
+
+LANGUAGES = ("en", "fr", "de")
+WHISPER_TOKENS = [
+    "<|endoftext|>",
+    "<|startoftranscript|>",
+    *(f"<|{language}|>" for language in LANGUAGES),
+    "<|translate|>",
+    "<|transcribe|>",
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nocaptions|>",
+    "<|notimestamps|>",
+]
+SAMPLE_RATE = 16000
+
+
+def make_tiny_whisper(
+    directory: str | Path,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    sizes: dict[str, Any] | None = None,
+) -> Path:
+    """Write a random ``WhisperForConditionalGeneration``, its tokenizer and feature extractor;
+    tiny unless ``sizes`` overrides the config (benchmarks). The weights are spread wider than
+    Whisper's init so that greedy tokens vary."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(directory, add_bos=False, extra_special_tokens=WHISPER_TOKENS)
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    settings: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
+        num_mel_bins=80,
+        d_model=64,
+        encoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_layers=2,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=1500,
+        max_target_positions=64,
+        decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
+        eos_token_id=end,
+        pad_token_id=end,
+        bos_token_id=end,
+        init_std=0.5,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
+    )
+    config = transformers.WhisperConfig(**{**settings, **(sizes or {})})
+    config.architectures = ["WhisperForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.WhisperForConditionalGeneration(config).to(getattr(torch, dtype)).eval()
+    model.save_pretrained(str(directory))
+    transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(str(directory))
+    return directory
+
+
+def tone(seed: int, seconds: float = 2.0, rate: int = SAMPLE_RATE) -> Any:
+    """A few sine tones and some noise: float32 samples at ``rate``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    waves = sum(
+        rng.uniform(0.1, 0.3) * np.sin(2 * np.pi * rng.uniform(100, 2000) * t) for _ in range(3)
+    )
+    return (waves + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def wav_bytes(samples: Any, rate: int = SAMPLE_RATE, format: str = "WAV") -> bytes:
+    """``samples`` as an audio file (16-bit PCM WAV by default)."""
+    import soundfile
+
+    buffer = io.BytesIO()
+    subtype = "PCM_16" if format == "WAV" else None
+    soundfile.write(buffer, samples, rate, format=format, subtype=subtype)
+    return buffer.getvalue()
+
+
+def hf_whisper_greedy(
+    path: str | Path, samples: Any, prompt: str, max_tokens: int
+) -> tuple[list[int], list[int], list[float]]:
+    """Transformers' greedy continuation of the decoder ``prompt`` over ``samples`` (16 kHz) in
+    float32, EOS ignored: the prompt's ids, the new tokens and each one's logprob."""
+    import torch
+    import transformers
+
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(str(path))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    features = extractor(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+    prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(
+        str(path), dtype=torch.float32
+    ).eval()
+    with torch.inference_mode():
+        # the generic generate: Whisper's own builds its prompt and runs long-form segments
+        out = transformers.GenerationMixin.generate(
+            model,
+            input_features=features,
+            decoder_input_ids=torch.tensor([prompt_ids]),
+            eos_token_id=[],
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, len(prompt_ids) :].tolist()
+    logprobs = [
+        torch.log_softmax(scores[0].float(), -1)[token].item()
+        for scores, token in zip(out.scores, tokens, strict=True)
+    ]
+    return prompt_ids, tokens, logprobs
