@@ -6,10 +6,11 @@ scrapes those the operator marks in `monitoring.mode: annotations` (`prometheus.
 the labels the queries the operator renders read: `namespace`, `pod`, and every pod label as a
 Prometheus label (`infernetes.io/endpoint-picker-for` -> `infernetes_io_endpoint_picker_for`),
 the usual annotation-scrape relabelling. Processes on the host (the endpoint picker of
-cluster/host_picker.py) are added as static targets with the labels their pod would give.
+cluster/host_picker.py) are added while it runs (a file Prometheus watches) with the labels their
+pod would give.
 
     with HostPrometheus(cluster, workdir, namespaces=[ns]) as prometheus:
-        prometheus.url; prometheus.query('up')
+        prometheus.url; prometheus.add_host_target("127.0.0.1:9090", {...}); prometheus.value('up')
 """
 
 from __future__ import annotations
@@ -69,31 +70,22 @@ def pod_scrape_job(kubeconfig: Path, namespaces: list[str]) -> dict[str, Any]:
 
 
 class HostPrometheus:
-    def __init__(
-        self,
-        cluster: Any,
-        workdir: Path,
-        *,
-        namespaces: list[str],
-        static_targets: dict[str, dict[str, str]] | None = None,
-    ) -> None:
-        """`static_targets` maps host addresses (`127.0.0.1:PORT`) to their target labels."""
+    def __init__(self, cluster: Any, workdir: Path, *, namespaces: list[str]) -> None:
         if shutil.which("prometheus") is None:
             raise PrometheusUnavailable("needs Debian's prometheus (cluster/prometheus.sh)")
         self.workdir = workdir
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        jobs = [pod_scrape_job(cluster.kubeconfig, namespaces)]
-        for address, labels in (static_targets or {}).items():
-            jobs.append(
-                {
-                    "job_name": f"host-{address}",
-                    "static_configs": [{"targets": [address], "labels": labels}],
-                }
-            )
+        self.host_targets_path = workdir / "host-targets.json"
+        self.host_targets: list[dict[str, Any]] = []
+        self.host_targets_path.write_text("[]")
+        host_job = {
+            "job_name": "host",
+            "file_sd_configs": [{"files": [str(self.host_targets_path)]}],
+        }
         config = {
             "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
-            "scrape_configs": jobs,
+            "scrape_configs": [pod_scrape_job(cluster.kubeconfig, namespaces), host_job],
         }
         self.config_path = workdir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config))
@@ -139,6 +131,14 @@ class HostPrometheus:
                 return answer.status == 200
         except OSError:
             return False
+
+    def add_host_target(self, address: str, labels: dict[str, str]) -> None:
+        """Scrapes `address` (`127.0.0.1:PORT`, a process on the host) with `labels` from now on
+        (Prometheus watches the file)."""
+        self.host_targets.append({"targets": [address], "labels": labels})
+        written = self.host_targets_path.with_suffix(".tmp")
+        written.write_text(json.dumps(self.host_targets))
+        written.replace(self.host_targets_path)
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """The instant vector a query returns now."""
