@@ -1,13 +1,15 @@
 """Debian's Prometheus on the host, scraping the local cluster's pods that serve.
 
-It discovers pods through the API server (kubernetes_sd_configs with the admin kubeconfig) and
-scrapes those the operator marks in `monitoring.mode: annotations` (`prometheus.io/scrape`,
-`port`, `path`) at their pod IPs, which the host reaches (cluster/serving_nodes.py). Targets get
-the labels the queries the operator renders read: `namespace`, `pod`, and every pod label as a
-Prometheus label (`infernetes.io/endpoint-picker-for` -> `infernetes_io_endpoint_picker_for`),
-the usual annotation-scrape relabelling. Processes on the host (the endpoint picker of
-cluster/host_picker.py) are added while it runs (a file Prometheus watches) with the labels their
-pod would give.
+Debian builds Prometheus without Kubernetes service discovery, so this module discovers the
+pods itself, as kubernetes_sd_configs (role pod) with the usual annotation-scrape relabelling
+would: every second it lists the pods of the given namespaces and writes those the operator
+marks in `monitoring.mode: annotations` (`prometheus.io/scrape`, `port`, `path`), Running with
+an IP, to a file Prometheus watches (file_sd_configs). They are scraped at their pod IPs, which
+the host reaches (cluster/serving_nodes.py), with the labels the queries the operator renders
+read: `namespace`, `pod`, and every pod label as a Prometheus label
+(`infernetes.io/endpoint-picker-for` -> `infernetes_io_endpoint_picker_for`). Processes on the
+host (the endpoint picker of cluster/host_picker.py) are added with `add_host_target` and the
+labels their pod would give.
 
     with HostPrometheus(cluster, workdir, namespaces=[ns]) as prometheus:
         prometheus.url; prometheus.add_host_target("127.0.0.1:9090", {...}); prometheus.value('up')
@@ -16,10 +18,12 @@ pod would give.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -30,6 +34,8 @@ from typing import Any
 import yaml
 
 SCRAPE_INTERVAL = "2s"
+ANNOTATION = "prometheus.io"
+DISCOVERY_INTERVAL_S = 1.0
 
 
 class PrometheusUnavailable(RuntimeError):
@@ -42,55 +48,55 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def pod_scrape_job(kubeconfig: Path, namespaces: list[str]) -> dict[str, Any]:
-    """The annotation-based pod scrape, as a Prometheus in the cluster would run it."""
-    meta = "__meta_kubernetes_pod_"
-    return {
-        "job_name": "kubernetes-pods",
-        "kubernetes_sd_configs": [
-            {
-                "role": "pod",
-                "kubeconfig_file": str(kubeconfig),
-                "namespaces": {"names": namespaces},
-            }
-        ],
-        "relabel_configs": [
-            {"source_labels": [f"{meta}annotation_prometheus_io_scrape"], "regex": "true",
-             "action": "keep"},
-            {"source_labels": [f"{meta}phase"], "regex": "Running", "action": "keep"},
-            {"source_labels": [f"{meta}annotation_prometheus_io_path"], "regex": "(.+)",
-             "target_label": "__metrics_path__"},
-            {"source_labels": [f"{meta}ip", f"{meta}annotation_prometheus_io_port"],
-             "regex": r"(.+);(\d+)", "replacement": "$1:$2", "target_label": "__address__"},
-            {"action": "labelmap", "regex": f"{meta}label_(.+)"},
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": [f"{meta}name"], "target_label": "pod"},
-        ],
-    }  # fmt: skip
+def series_label(name: str) -> str:
+    """A pod label's name as Prometheus's labelmap writes it."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """file_sd target groups for the pods marked for an annotation-based scrape."""
+    groups = []
+    for pod in pods:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        notes = meta.get("annotations") or {}
+        if notes.get(f"{ANNOTATION}/scrape") != "true" or status.get("phase") != "Running":
+            continue
+        if not status.get("podIP") or f"{ANNOTATION}/port" not in notes:
+            continue
+        labels = {series_label(k): v for k, v in (meta.get("labels") or {}).items()}
+        labels.update(namespace=meta["namespace"], pod=meta["name"])
+        labels["__metrics_path__"] = notes.get(f"{ANNOTATION}/path", "/metrics")
+        target = f"{status['podIP']}:{notes[f'{ANNOTATION}/port']}"
+        groups.append({"targets": [target], "labels": labels})
+    return groups
 
 
 class HostPrometheus:
     def __init__(self, cluster: Any, workdir: Path, *, namespaces: list[str]) -> None:
         if shutil.which("prometheus") is None:
             raise PrometheusUnavailable("needs Debian's prometheus (cluster/prometheus.sh)")
+        self.cluster = cluster
+        self.namespaces = namespaces
         self.workdir = workdir
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.host_targets_path = workdir / "host-targets.json"
         self.host_targets: list[dict[str, Any]] = []
-        self.host_targets_path.write_text("[]")
-        host_job = {
-            "job_name": "host",
-            "file_sd_configs": [{"files": [str(self.host_targets_path)]}],
-        }
+        self.targets_path = {job: workdir / f"{job}-targets.json" for job in ("pods", "host")}
+        for path in self.targets_path.values():
+            path.write_text("[]")
         config = {
             "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
-            "scrape_configs": [pod_scrape_job(cluster.kubeconfig, namespaces), host_job],
+            "scrape_configs": [
+                {"job_name": job, "file_sd_configs": [{"files": [str(path)]}]}
+                for job, path in self.targets_path.items()
+            ],
         }
         self.config_path = workdir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = workdir / "prometheus.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._discovery = threading.Thread(target=self._discover, daemon=True)
 
     def __enter__(self) -> HostPrometheus:
         self.start()
@@ -124,6 +130,24 @@ class HostPrometheus:
                 tail = self.log_path.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"Prometheus did not become ready:\n{tail}")
             time.sleep(0.5)
+        self._discovery.start()
+
+    def _discover(self) -> None:
+        while not self._stopping.wait(DISCOVERY_INTERVAL_S):
+            try:
+                pods = [
+                    pod
+                    for namespace in self.namespaces
+                    for pod in self.cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+                ]
+            except Exception:  # a slow or failed listing keeps the last targets, as SD does
+                continue
+            self._write("pods", pod_targets(pods))
+
+    def _write(self, job: str, groups: list[dict[str, Any]]) -> None:
+        written = self.targets_path[job].with_suffix(".tmp")
+        written.write_text(json.dumps(groups))
+        written.replace(self.targets_path[job])
 
     def _ready(self) -> bool:
         try:
@@ -136,9 +160,7 @@ class HostPrometheus:
         """Scrapes `address` (`127.0.0.1:PORT`, a process on the host) with `labels` from now on
         (Prometheus watches the file)."""
         self.host_targets.append({"targets": [address], "labels": labels})
-        written = self.host_targets_path.with_suffix(".tmp")
-        written.write_text(json.dumps(self.host_targets))
-        written.replace(self.host_targets_path)
+        self._write("host", self.host_targets)
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """The instant vector a query returns now."""
@@ -152,6 +174,9 @@ class HostPrometheus:
         return float(result[0]["value"][1]) if result else None
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._discovery.is_alive():
+            self._discovery.join()
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

@@ -2,7 +2,7 @@
 
 KEDA's operator and metrics API server built from its Go module run against the local control
 plane (the `keda` fixture, cluster/keda_controller.py); Debian's Prometheus scrapes the serving
-pods through the annotations `monitoring.mode: annotations` renders (cluster/host_prometheus.py).
+pods by the annotations `monitoring.mode: annotations` renders (cluster/host_prometheus.py).
 An InferenceService with `autoscaling.latency.ttftSeconds`, 1 to 2 replicas, renders a
 ScaledObject whose TTFT trigger KEDA evaluates against that Prometheus; the HPA KEDA creates reads
 it through the external-metrics API the aggregation layer serves. Under a streamed load that
