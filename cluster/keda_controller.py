@@ -106,7 +106,10 @@ class Keda:
         self.cluster.kubectl("create", "namespace", NAMESPACE, check=False)
         grpc_port, operator_health = _free_port(), _free_port()
         env = dict(self.cluster.env)  # KUBECONFIG: the admin's
-        env.update(KEDA_CLUSTER_OBJECT_NAMESPACE=NAMESPACE, POD_NAMESPACE=NAMESPACE)
+        # WATCH_NAMESPACE empty: every namespace (the operator refuses to start without it).
+        env.update(
+            KEDA_CLUSTER_OBJECT_NAMESPACE=NAMESPACE, POD_NAMESPACE=NAMESPACE, WATCH_NAMESPACE=""
+        )
         self._launch(
             "keda-operator",
             [
