@@ -139,6 +139,7 @@ class Keda:
                 f"--tls-private-key-file={certs / 'tls.key'}",
                 f"--cert-dir={certs}",
                 f"--metrics-service-address=127.0.0.1:{grpc_port}",
+                f"--lister-kubeconfig={kubeconfig}",  # else it looks for in-cluster config
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
                 "--zap-log-level=info",
