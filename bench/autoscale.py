@@ -14,7 +14,7 @@ Reported: replicas over time (the autoscaler's `spec.replicas` and the ready pod
 `--sample` s, with Prometheus's p90 TTFT as KEDA reads it), per phase the TTFT p50/p90 the
 clients measured, requests sent/completed/lost (the target: 0 lost), and the lost requests.
 
-    sudo .venv/bin/python -m bench autoscale [--levels 1,4,12,4,1] [--phase-seconds 90]
+    sudo .venv/bin/python -m bench autoscale [--levels 1,4,12,4,1] [--phase-seconds 60]
 
 Needs root (network namespaces), Go (KEDA's build) and Debian's prometheus; reuses a running
 `make cluster` built from this checkout, else starts one.
@@ -247,9 +247,9 @@ def print_report(
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench autoscale", description=__doc__)
     parser.add_argument("--levels", default="1,4,12,4,1", help="clients in each phase")
-    parser.add_argument("--phase-seconds", type=float, default=90)
+    parser.add_argument("--phase-seconds", type=float, default=60)
     parser.add_argument("--settle", type=float, default=300, help="most seconds to wait for 1")
-    parser.add_argument("--ttft", type=float, default=0.25, help="the p90 TTFT target, seconds")
+    parser.add_argument("--ttft", type=float, default=1.0, help="the p90 TTFT target, seconds")
     parser.add_argument("--window", type=int, default=30, help="latency window, seconds (>= 30)")
     parser.add_argument("--max-replicas", type=int, default=3)
     parser.add_argument("--max-num-seqs", type=int, default=2)

@@ -21,6 +21,7 @@ in place of a Deployment:
 from __future__ import annotations
 
 import base64
+import json
 import signal
 import socket
 import subprocess
@@ -38,6 +39,7 @@ NAMESPACE = "keda"  # the release's; the operator keeps its cluster-wide objects
 METRICS_SERVICE = "keda-metrics-apiserver"
 API_SERVICE = "v1beta1.external.metrics.k8s.io"
 EXTERNAL_METRICS = "/apis/external.metrics.k8s.io/v1beta1"
+KEDA_FINALIZER = "finalizer.keda.sh"
 
 
 class KedaUnavailable(RuntimeError):
@@ -204,7 +206,10 @@ class Keda:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """The APIService first: with its server gone, API discovery reports it unavailable."""
+        """The APIService first: with its server gone, API discovery reports it unavailable.
+        Then KEDA's finalizers go from the ScaledObjects left: only KEDA removes them, so without
+        it they (their namespaces, KEDA's CRDs) would stay terminating for good. The HPAs KEDA made
+        are owned by their ScaledObjects and go with them."""
         self.cluster.kubectl("delete", "apiservice", API_SERVICE, "--ignore-not-found", check=False)
         for process in reversed(list(self.processes.values())):
             if process.poll() is None:
@@ -214,3 +219,26 @@ class Keda:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+        self.release_scaled_objects()
+
+    def release_scaled_objects(self) -> None:
+        found = self.cluster.kubectl(
+            "get", "scaledobjects.keda.sh", "-A", "-o", "json", check=False
+        )
+        if found.returncode != 0:  # the CRD is gone: nothing holds a finalizer
+            return
+        for item in json.loads(found.stdout)["items"]:
+            kept = [f for f in item["metadata"].get("finalizers") or () if f != KEDA_FINALIZER]
+            if kept == (item["metadata"].get("finalizers") or []):
+                continue
+            self.cluster.kubectl(
+                "patch",
+                "scaledobjects.keda.sh",
+                item["metadata"]["name"],
+                "-n",
+                item["metadata"]["namespace"],
+                "--type=merge",
+                "-p",
+                json.dumps({"metadata": {"finalizers": kept or None}}),
+                check=False,
+            )
