@@ -21,7 +21,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -32,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from infernetes.operator.testing import free_port
 
 SCRAPE_INTERVAL = "2s"
 ANNOTATION = "prometheus.io"
@@ -40,12 +40,6 @@ DISCOVERY_INTERVAL_S = 1.0
 
 class PrometheusUnavailable(RuntimeError):
     """No `prometheus` on PATH (cluster/prometheus.sh installs Debian's)."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def series_label(name: str) -> str:
@@ -78,7 +72,7 @@ class HostPrometheus:
         self.cluster = cluster
         self.namespaces = namespaces
         self.workdir = workdir
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.host_targets: list[dict[str, Any]] = []
         self.targets_path = {job: workdir / f"{job}-targets.json" for job in ("pods", "host")}

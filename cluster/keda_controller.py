@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import json
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -31,6 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from infernetes.operator.testing import free_port
 from kube_pki import ClusterPKI
 
 CLUSTER_DIR = Path(__file__).resolve().parent
@@ -55,12 +55,6 @@ def build() -> Path:
     if result.returncode != 0:
         raise RuntimeError(f"{BUILD_SCRIPT} failed with exit code {result.returncode}")
     return Path(result.stdout.strip().splitlines()[-1])
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ready(port: int) -> bool:
@@ -106,7 +100,7 @@ class Keda:
             ip_addresses=("127.0.0.1",),
         )
         self.cluster.kubectl("create", "namespace", NAMESPACE, check=False)
-        grpc_port, operator_health = _free_port(), _free_port()
+        grpc_port, operator_health = free_port(), free_port()
         env = dict(self.cluster.env)  # KUBECONFIG: the admin's
         # WATCH_NAMESPACE empty: every namespace (the operator refuses to start without it).
         env.update(
@@ -116,7 +110,7 @@ class Keda:
             "keda-operator",
             [
                 "--leader-elect=false",
-                f"--metrics-bind-address=127.0.0.1:{_free_port()}",
+                f"--metrics-bind-address=127.0.0.1:{free_port()}",
                 f"--health-probe-bind-address=127.0.0.1:{operator_health}",
                 f"--metrics-service-bind-address=127.0.0.1:{grpc_port}",
                 f"--cert-dir={certs}",
@@ -129,14 +123,14 @@ class Keda:
             env,
         )
         self._wait(lambda: _ready(operator_health), timeout, "the KEDA operator /readyz")
-        port = _free_port()
+        port = free_port()
         kubeconfig = str(self.cluster.kubeconfig)
         self._launch(
             "keda-metrics-apiserver",
             [
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
-                f"--port={_free_port()}",  # its own Prometheus metrics
+                f"--port={free_port()}",  # its own Prometheus metrics
                 f"--tls-cert-file={certs / 'tls.crt'}",
                 f"--tls-private-key-file={certs / 'tls.key'}",
                 f"--cert-dir={certs}",
