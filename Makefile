@@ -49,7 +49,7 @@ $(LMEVAL_STAMP): tests/server/lmeval/requirements.txt
 	touch $(LMEVAL_STAMP)
 
 # build.sh (and lws.sh, the LeaderWorkerSet controller; podkubelet.sh, the serving nodes' kubelet;
-# epp.sh, the endpoint picker) first, so a cold build (tens of minutes) shows its progress; a no-op
+# epp.sh, the endpoint picker; keda.sh, KEDA's operator and metrics API server) first, so a cold build (tens of minutes) shows its progress; a no-op
 # once cached. prometheus.sh installs Debian's Prometheus if missing, debian-package.sh iproute2
 # (`ip netns`, for the serving nodes).
 e2e: setup
@@ -57,6 +57,7 @@ e2e: setup
 	cluster/lws.sh >/dev/null
 	cluster/podkubelet.sh >/dev/null
 	cluster/epp.sh >/dev/null
+	cluster/keda.sh >/dev/null
 	cluster/prometheus.sh
 	cluster/debian-package.sh ip iproute2
 	$(BIN)/pytest e2e

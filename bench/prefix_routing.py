@@ -40,7 +40,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,13 +57,15 @@ from host_picker import (  # noqa: E402  (cluster/, put on the path above)
     rendered_picker_args,
     routed_service,
 )
-from localcluster import DEFAULT_STATE_DIR, LocalCluster, build_binaries, cached_bin_dir  # noqa: E402
+from localcluster import LocalCluster  # noqa: E402
 from serving_nodes import (  # noqa: E402
     SERVING_NODE_LABEL,
     model_claim,
     pod_ready,
     serving_pods,
 )
+
+from bench._cluster import local_cluster  # noqa: E402
 
 NAME = "prefixes"
 BLOCK_SIZE = 16
@@ -93,22 +94,6 @@ def scorers(prefix_type: str) -> list[dict[str, Any]]:
         {"type": "kv-cache-utilization-scorer", "weight": WEIGHTS["kv-cache-utilization-scorer"]},
         {"type": "queue-scorer", "weight": WEIGHTS["queue-scorer"]},
     ]
-
-
-@contextlib.contextmanager
-def local_cluster() -> Iterator[LocalCluster]:
-    """A running `make cluster` built from the pinned versions, else a private one."""
-    shared = LocalCluster(DEFAULT_STATE_DIR)
-    if shared.running() and shared.bin_dir == cached_bin_dir():
-        yield shared
-        return
-    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as state:
-        private = LocalCluster(Path(state), build_binaries())
-        private.start()
-        try:
-            yield private
-        finally:
-            private.stop()
 
 
 def make_model(directory: Path, args: argparse.Namespace) -> Path:

@@ -103,14 +103,18 @@ class ClusterPKI:
         *,
         organization: str | None = None,
         server: bool = False,
+        client: bool | None = None,
         dns_names: tuple[str, ...] = (),
         ip_addresses: tuple[str, ...] = (),
     ) -> CertPair:
         """Issues `<name>.crt`/`<name>.key`: a client certificate (Kubernetes reads the user from
-        the common name and the groups from the organization), or a serving one with SANs."""
+        the common name and the groups from the organization), or a serving one with SANs, or,
+        with `server` and `client`, one for a peer that is both (KEDA's gRPC metrics service)."""
         key = _new_key()
         now = datetime.datetime.now(datetime.UTC)
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+        if client if client is not None else not server:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(common_name, organization))
@@ -120,7 +124,7 @@ class ClusterPKI:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]

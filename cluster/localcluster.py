@@ -60,6 +60,8 @@ DEFAULT_NODES = 2
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# The one name an extension API server accepts X-Remote-* headers from.
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 T = TypeVar("T")
 
@@ -540,6 +542,9 @@ class LocalCluster:
             ip_addresses=("127.0.0.1", service_ip),
         )
         pki.service_account_keys()
+        # The aggregation layer's client: the API server proxies to an extension API server
+        # (KEDA's metrics API server) with this certificate and X-Remote-* headers.
+        pki.issue("front-proxy-client", FRONT_PROXY_CLIENT)
         identities = {
             # Kubernetes reads the user from CN and the groups from O.
             "admin": ("kubernetes-admin", "system:masters"),
@@ -619,6 +624,16 @@ class LocalCluster:
             # forbids (every 10 s an error); nothing in this cluster dials the Service anyway.
             "--endpoint-reconciler-type=none",
             "--authorization-mode=RBAC",
+            # The aggregation layer (extension API servers such as KEDA's metrics API server).
+            # One CA for everything: the allowed name keeps other client certificates from
+            # asserting a user through the headers.
+            f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
             "--allow-privileged=true",
             "--profiling=false",
         ]

@@ -29,6 +29,8 @@ class LoadReport:
     completed: int = 0
     lost: list[str] = field(default_factory=list)
     by_address: Counter[str] = field(default_factory=Counter)
+    # (time.monotonic() when sent, seconds to its first token) of every completed stream
+    first_tokens: list[tuple[float, float]] = field(default_factory=list)
 
 
 def ready_addresses(client: Any, namespace: str, service: str) -> list[str]:
@@ -49,7 +51,8 @@ def ready_addresses(client: Any, namespace: str, service: str) -> list[str]:
 
 class StreamingLoad:
     """``concurrency`` clients, each sending one streamed completion after another, in a thread
-    of its own, from ``start()`` until ``stop()`` (which returns the report)."""
+    of its own, from ``start()`` until ``stop()`` (which returns the report). Setting ``active``
+    (at most ``concurrency``) ramps the load: only that many clients send."""
 
     def __init__(
         self,
@@ -67,6 +70,7 @@ class StreamingLoad:
         self.model = model
         self.concurrency = concurrency
         self.max_tokens = max_tokens
+        self.active = concurrency
         self.report = LoadReport()
         self.addresses: list[str] = []
         self._view_asked = time.monotonic()  # when the API server was asked for `addresses`
@@ -116,6 +120,9 @@ class StreamingLoad:
     async def _client(self, http: httpx.AsyncClient, seed: int) -> None:
         rng = random.Random(seed)
         while not self._stopping.is_set():
+            if seed >= self.active:
+                await asyncio.sleep(0.2)
+                continue
             if not self.addresses:
                 self.report.lost.append(f"{time.strftime('%X')} no ready endpoint")
                 await asyncio.sleep(0.5)
@@ -123,7 +130,8 @@ class StreamingLoad:
             address = rng.choice(self.addresses)
             view_age = time.monotonic() - self._view_asked
             prompt = [rng.randrange(3, 250) for _ in range(8)]
-            problem = await self._one_stream(http, address, prompt)
+            sent = time.monotonic()
+            problem = await self._one_stream(http, address, prompt, sent)
             if problem:
                 self.report.lost.append(
                     f"{time.strftime('%X')} {address} (endpoints as of {view_age:.1f} s before "
@@ -133,8 +141,11 @@ class StreamingLoad:
                 self.report.completed += 1
                 self.report.by_address[address] += 1
 
-    async def _one_stream(self, http: httpx.AsyncClient, address: str, prompt: list[int]) -> str:
-        """'' when the stream ended as it must, else what went wrong."""
+    async def _one_stream(
+        self, http: httpx.AsyncClient, address: str, prompt: list[int], sent: float
+    ) -> str:
+        """'' when the stream ended as it must (its first token's time recorded), else what went
+        wrong."""
         body = {
             "model": self.model,
             "prompt": prompt,
@@ -142,7 +153,7 @@ class StreamingLoad:
             "ignore_eos": True,
             "stream": True,
         }
-        finish, done = None, False
+        finish, done, first_token = None, False, 0.0
         try:
             url = f"http://{address}:{PORT}/v1/completions"
             async with http.stream("POST", url, json=body) as response:
@@ -158,8 +169,11 @@ class StreamingLoad:
                         continue
                     for choice in json.loads(data).get("choices") or ():
                         finish = choice.get("finish_reason") or finish
+                        if not first_token:
+                            first_token = time.monotonic() - sent
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             return f"{type(exc).__name__}: {exc}"
         if finish != "length" or not done:
             return f"stream ended with finish_reason={finish!r}, [DONE] {'seen' if done else 'missing'}"
+        self.report.first_tokens.append((sent, first_token))
         return ""

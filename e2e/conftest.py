@@ -28,6 +28,12 @@ Fixtures available to every test under e2e/:
 - ``extension_crds`` (module): the Gateway API Inference Extension's CRDs (from its Go module),
   applied before a module's operator starts and removed after it: spec.routing renders the
   InferencePool and its picker at once, and the picker needs the InferenceObjective CRD.
+- ``keda_crds`` (module): KEDA's CRDs (from its Go module), applied before a module's operator
+  starts (it renders ScaledObjects only when the API serves them) and removed after it.
+- ``keda`` (module): KEDA's operator and metrics API server running against ``cluster``
+  (``cluster/keda_controller.py``; built by ``cluster/keda.sh`` if not cached), the
+  external-metrics APIService served through the aggregation layer. Skips without a Go
+  toolchain.
 - ``model_dir`` (module): a tiny random Llama; ``model_claim`` (module): a claim ``models`` in
   the module's own ``ns`` fixture bound to a hostPath volume of its parent, so that pods on
   serving nodes get it as ``pvc://models/<model_dir.name>``.
@@ -53,7 +59,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
 
-from localcluster import (  # found through the sys.path entry above
+from keda_controller import Keda, KedaUnavailable  # found through the sys.path entry above
+from localcluster import (
     DEFAULT_STATE_DIR,
     LocalCluster,
     build_binaries,
@@ -125,6 +132,29 @@ def extension_crds(cluster: Any) -> Iterator[None]:
     apply_crds(cluster, found)
     yield
     remove_crds(cluster, found, wait=False)
+
+
+@pytest.fixture(scope="module")
+def keda_crds(cluster: Any) -> Iterator[None]:
+    from infernetes.operator.testing import apply_crds, go_module_crds, remove_crds
+
+    found = go_module_crds("github.com/kedacore/keda/v2", "KEDA_VERSION", "config/crd/bases/*.yaml")
+    apply_crds(cluster, found)
+    yield
+    remove_crds(cluster, found, wait=False)
+
+
+@pytest.fixture(scope="module")
+def keda(cluster: Any, keda_crds: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keda]:
+    try:
+        running = Keda(cluster, tmp_path_factory.mktemp("keda"))
+    except KedaUnavailable as exc:
+        pytest.skip(str(exc))
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,11 @@ and is asked as Envoy asks (ext-proc, epp-pick).
 - With no replica and nothing scaling it up, a request waits `routing.flowControl.holdSeconds`
   in the picker, then is refused with 503 ("request timed out in queue").
 - With a longer hold, a request waits while its demand shows in the picker's
-  `inference_extension_flow_control_queue_size` (the series the rendered KEDA activation query
-  adds); the test then does what KEDA's activation does (KEDA's operator is not run here): it
-  sets the InferenceService's replicas to 1 through the scale subresource. The held request is
-  released to the new pod once it is ready, and served: the first request after zero gets no
+  `inference_extension_flow_control_queue_size`. Debian's Prometheus scrapes the picker with the
+  labels its pod would have (cluster/host_prometheus.py), and KEDA itself (its operator and
+  metrics API server from its Go module, the `keda` fixture) reads the rendered activation query
+  and sets the InferenceService's replicas to 1 through the scale subresource. The held request
+  is released to the new pod once it is ready, and served: the first request after zero gets no
   error.
 """
 
@@ -26,11 +27,10 @@ from typing import Any
 import httpx
 import pytest
 from host_picker import HostPicker, PickerUnavailable, build, rendered_picker_args
+from host_prometheus import HostPrometheus, PrometheusUnavailable
+from infernetes.operator.render.picker_metrics import PICKER_SERIES_LABEL
 from infernetes.operator.testing import (
-    apply_crds,
-    go_module_crds,
     kubectl_get,
-    remove_crds,
     running_operator,
     service_condition,
     temporary_namespace,
@@ -41,6 +41,8 @@ from serving_nodes import SERVING_NODE_LABEL
 NAME = "zero"
 # One engine starting on two busy cores: the held request waits for it.
 LONG_HOLD_SECONDS = 300
+# Where the ScaledObject points while KEDA does not run (the first test).
+UNUSED_PROMETHEUS = "http://prometheus.monitoring.svc:9090"
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +52,13 @@ def ns(cluster: Any, serving_nodes: list[str]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def keda_crds(cluster: Any) -> Iterator[None]:
-    """KEDA's CRDs (no KEDA operator): the ScaledObject with the activation trigger exists."""
-    found = go_module_crds("github.com/kedacore/keda/v2", "KEDA_VERSION", "config/crd/bases/*.yaml")
-    apply_crds(cluster, found)
-    yield
-    remove_crds(cluster, found, wait=False)
+def prometheus(cluster: Any, ns: str, tmp_path_factory: Any) -> Iterator[HostPrometheus]:
+    try:
+        server = HostPrometheus(cluster, tmp_path_factory.mktemp("prometheus"), namespaces=[ns])
+    except PrometheusUnavailable as exc:
+        pytest.skip(str(exc))
+    with server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,9 @@ def picker_binary() -> Path:
         pytest.skip(str(exc))
 
 
-def spec(model_claim: str, model_dir: Path, hold_seconds: int) -> dict[str, Any]:
+def spec(
+    model_claim: str, model_dir: Path, hold_seconds: int, prometheus_url: str = UNUSED_PROMETHEUS
+) -> dict[str, Any]:
     return {
         "model": f"pvc://{model_claim}/{model_dir.name}",
         "servedModelName": NAME,
@@ -81,7 +86,7 @@ def spec(model_claim: str, model_dir: Path, hold_seconds: int) -> dict[str, Any]
             "minReplicas": 0,
             "maxReplicas": 1,
             "targetQueuedRequests": 5,
-            "keda": {"prometheusServerAddress": "http://prometheus.monitoring.svc:9090"},
+            "keda": {"prometheusServerAddress": prometheus_url},
         },
         "routing": {"flowControl": {"holdSeconds": hold_seconds, "maxHeldRequests": 8}},
     }
@@ -188,10 +193,12 @@ def test_at_zero_a_request_waits_its_hold_then_gets_503(
     assert "request timed out in queue" in refused["error"], refused
 
 
-def test_at_zero_the_first_request_is_held_until_a_replica_serves_it(
+def test_at_zero_keda_brings_up_a_replica_for_the_held_request_which_it_serves(
     cluster: Any,
     ns: str,
     operator: None,
+    keda: Any,
+    prometheus: HostPrometheus,
     model_claim: str,
     model_dir: Path,
     picker_binary: Path,
@@ -202,11 +209,16 @@ def test_at_zero_the_first_request_is_held_until_a_replica_serves_it(
             "apiVersion": "infernetes.io/v1alpha1",
             "kind": "InferenceService",
             "metadata": {"name": NAME, "namespace": ns},
-            "spec": spec(model_claim, model_dir, hold_seconds=LONG_HOLD_SECONDS),
+            "spec": spec(model_claim, model_dir, LONG_HOLD_SECONDS, prometheus.url),
         }
     )
     args = picker_args_holding(cluster, ns, LONG_HOLD_SECONDS)
     with host_picker(cluster, ns, picker_binary, args, tmp_path / "picker.log") as picker:
+        # The labels the picker's pod and its ServiceMonitor would give its series.
+        prometheus.add_host_target(
+            f"127.0.0.1:{picker.metrics_port}",
+            {"namespace": ns, PICKER_SERIES_LABEL: NAME},
+        )
         answers: list[dict[str, Any]] = []
         held = threading.Thread(
             target=lambda: answers.append(
@@ -221,12 +233,19 @@ def test_at_zero_the_first_request_is_held_until_a_replica_serves_it(
             what="the request held in the picker's flow-control queue",
         )
         assert not answers  # still waiting: no replica, no refusal
-        # KEDA's activation, through the scale subresource.
-        woken = time.monotonic()
-        cluster.kubectl("scale", "infsvc", NAME, "-n", ns, "--replicas=1")
+        assert kubectl_get(cluster, ns, "deployment", NAME)["spec"]["replicas"] == 0
+        # KEDA reads the held request through Prometheus and activates the service.
+        held_since = time.monotonic()
         held.join(timeout=LONG_HOLD_SECONDS + 90)
-        print(f"the held request was released {time.monotonic() - woken:.1f} s after 0 -> 1")
+        print(
+            f"the held request was released {time.monotonic() - held_since:.1f} s after it showed"
+        )
         assert answers and "endpoint" in answers[0], answers
+        assert kubectl_get(cluster, ns, "infsvc", NAME)["spec"]["replicas"] == 1
+        scaled = kubectl_get(cluster, ns, "scaledobject", NAME)["status"]["conditions"]
+        assert {"type": "Active", "status": "True"}.items() <= next(
+            c for c in scaled if c["type"] == "Active"
+        ).items(), scaled
         response = httpx.post(
             f"http://{answers[0]['endpoint']}/v1/completions",
             content=answers[0]["body"],
