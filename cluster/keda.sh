@@ -18,69 +18,47 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
+# shellcheck source=gobuild.sh
+source "$here/gobuild.sh"
 
 cache_root="${INFERNETES_KEDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infernetes/keda}"
 out="$cache_root/$KEDA_VERSION"
+module=github.com/kedacore/keda/v2
 
 built() {
     [[ -x "$out/bin/keda-operator" && -x "$out/bin/keda-metrics-apiserver" ]]
 }
 
-if built; then
-    echo "$out"
-    exit 0
-fi
-
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-[[ -x "$GO" ]] || { echo "keda.sh: no Go toolchain found (set GO=/path/to/go)" >&2; exit 3; }
-export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-mkdir -p "$out"
-exec 9>"$out/build.lock"
-flock 9
-if built; then
-    echo "$out"
-    exit 0
-fi
-
-start=$(date +%s)
-log="$out/build.log"
-module=github.com/kedacore/keda/v2
-echo "keda.sh: $(date -u +%FT%TZ) building $module $KEDA_VERSION with $("$GO" version)" >>"$log"
-echo "keda.sh: building KEDA $KEDA_VERSION (operator, metrics API server) ..." >&2
-info="$("$GO" mod download -json "$module@$KEDA_VERSION")"
-dir="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$info")"
-[[ -s "$dir/go.mod" ]] || { echo "keda.sh: $module@$KEDA_VERSION did not download" >&2; exit 1; }
-# Only one-line directives are carried over; a block would need parsing, so it stops the build.
-if grep -Eq '^(replace|exclude)[[:space:]]*\(' "$dir/go.mod"; then
-    echo "keda.sh: $dir/go.mod has a replace/exclude block; extend keda.sh to carry it" >&2
-    exit 1
-fi
-src="$out/src"
-rm -rf "$src"
-mkdir -p "$src"
-{
-    echo "module infernetes.local/cluster/keda"
-    echo
-    echo "go $(sed -n 's/^go //p' "$dir/go.mod")"
-    echo
-    echo "require $module $KEDA_VERSION"
-    echo
-    grep -E '^(replace|exclude|godebug)[[:space:]]' "$dir/go.mod" || true
-} >"$src/go.mod"
-ldflags="-s -w -X $module/version.Version=$KEDA_VERSION"
 build() {
-    (cd "$src" && "$GO" get "$module/cmd/operator@$KEDA_VERSION" "$module/cmd/adapter@$KEDA_VERSION" \
-        && nice -n "${BUILD_NICE:-10}" "$GO" build -trimpath -ldflags "$ldflags" \
-            -o "$src/keda-operator" "$module/cmd/operator" \
-        && nice -n "${BUILD_NICE:-10}" "$GO" build -trimpath -ldflags "$ldflags" \
-            -o "$src/keda-metrics-apiserver" "$module/cmd/adapter")
+    local dir src="$out/src" ldflags="-s -w -X $module/version.Version=$KEDA_VERSION"
+    export CGO_ENABLED=0
+    dir="$(gobuild_module_dir "$module@$KEDA_VERSION")"
+    [[ -s "$dir/go.mod" ]] || { echo "keda.sh: $module@$KEDA_VERSION did not download"; return 1; }
+    # Only one-line directives are carried over; a block would need parsing, so it stops the build.
+    if grep -Eq '^(replace|exclude)[[:space:]]*\(' "$dir/go.mod"; then
+        echo "keda.sh: $dir/go.mod has a replace/exclude block; extend keda.sh to carry it"
+        return 1
+    fi
+    rm -rf "$src"
+    mkdir -p "$src"
+    {
+        echo "module infernetes.local/cluster/keda"
+        echo
+        echo "go $(sed -n 's/^go //p' "$dir/go.mod")"
+        echo
+        echo "require $module $KEDA_VERSION"
+        echo
+        grep -E '^(replace|exclude|godebug)[[:space:]]' "$dir/go.mod" || true
+    } >"$src/go.mod"
+    cd "$src"
+    "$GO" get "$module/cmd/operator@$KEDA_VERSION" "$module/cmd/adapter@$KEDA_VERSION"
+    gobuild_nice "$GO" build -trimpath -ldflags "$ldflags" -o "$src/keda-operator" "$module/cmd/operator"
+    gobuild_nice "$GO" build -trimpath -ldflags "$ldflags" -o "$src/keda-metrics-apiserver" \
+        "$module/cmd/adapter"
+    mkdir -p "$out/bin"
+    mv "$src/keda-operator" "$src/keda-metrics-apiserver" "$out/bin/"
 }
-if ! build >>"$log" 2>&1; then
-    echo "keda.sh: build failed; last lines of $log:" >&2
-    tail -40 "$log" >&2
-    exit 1
-fi
-mkdir -p "$out/bin"
-mv "$src/keda-operator" "$src/keda-metrics-apiserver" "$out/bin/"
-echo "keda.sh: built in $(($(date +%s) - start)) s" | tee -a "$log" >&2
-echo "$out"
+
+gobuild_done built "$out"
+gobuild_toolchain keda.sh
+gobuild_cached keda.sh "$out" "$out" built build "KEDA $KEDA_VERSION (operator, metrics API server)"
