@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
 from host_prometheus import HostPrometheus
 from keda_controller import Keda
-from serving_nodes import SERVING_NODE_LABEL, model_claim
+from serving_nodes import model_claim, serving_spec
 from streaming_load import LoadReport, StreamingLoad
 
 from bench._cluster import local_cluster
@@ -56,29 +56,21 @@ class Sample:
 
 
 def service_spec(claim: str, model_dir: Path, prometheus: str, args: argparse.Namespace) -> dict:
-    return {
-        "model": f"pvc://{claim}/{model_dir.name}",
-        "servedModelName": NAME,
-        "engine": {
-            "device": "cpu",
-            "maxModelLen": 128,
-            "maxNumSeqs": args.max_num_seqs,
-            "dtype": "float32",
-            "enforceEager": True,
-        },
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
-        "nodeSelector": {SERVING_NODE_LABEL: "true"},
-        "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-        "monitoring": {"mode": "annotations"},
-        "autoscaling": {
+    return serving_spec(
+        f"pvc://{claim}/{model_dir.name}",
+        NAME,
+        engine={"maxNumSeqs": args.max_num_seqs},
+        cpu="100m",
+        memory="512Mi",
+        monitoring={"mode": "annotations"},
+        autoscaling={
             "minReplicas": 1,
             "maxReplicas": args.max_replicas,
             "latency": {"ttftSeconds": args.ttft, "windowSeconds": args.window},
             "scaleDownStabilizationSeconds": args.window,
             "keda": {"prometheusServerAddress": prometheus},
         },
-    }
+    )
 
 
 def replicas(cluster: Any, ns: str) -> tuple[int, int]:

@@ -59,10 +59,10 @@ from host_picker import (  # noqa: E402  (cluster/, put on the path above)
 )
 from localcluster import LocalCluster  # noqa: E402
 from serving_nodes import (  # noqa: E402
-    SERVING_NODE_LABEL,
     model_claim,
     pod_ready,
     serving_pods,
+    serving_spec,
 )
 
 from bench._cluster import local_cluster  # noqa: E402
@@ -490,29 +490,20 @@ def run_all(
         temporary_namespace(cluster, "bench-prefix") as ns,
         model_claim(cluster, ns, model_dir) as claim,
     ):
-        spec = {
-            "model": f"pvc://{claim}/{model_dir.name}",
-            "servedModelName": NAME,
-            "replicas": REPLICAS,
-            "engine": {
-                "device": "cpu",
+        spec = serving_spec(
+            f"pvc://{claim}/{model_dir.name}",
+            NAME,
+            engine={
                 "maxModelLen": args.prefix_tokens + args.question_tokens + 256,
                 "maxNumSeqs": 4,
-                "dtype": "float32",
-                "enforceEager": True,
                 "blockSize": BLOCK_SIZE,
                 "numGpuBlocksOverride": args.cache_prompts * prompt_blocks,
             },
-            "env": [
-                {"name": "HF_HUB_OFFLINE", "value": "1"},
-                {"name": "OMP_NUM_THREADS", "value": "1"},
-            ],
-            "engineEnv": {"VLLM_SERVER_DEV_MODE": True},  # for /reset_prefix_cache
-            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-            "nodeSelector": {SERVING_NODE_LABEL: "true"},
-            "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-            "routing": {"scorers": scorers("precise-prefix-cache-scorer")},
-        }
+            env=({"name": "OMP_NUM_THREADS", "value": "1"},),
+            replicas=REPLICAS,
+            engineEnv={"VLLM_SERVER_DEV_MODE": True},  # for /reset_prefix_cache
+            routing={"scorers": scorers("precise-prefix-cache-scorer")},
+        )
         (work / "operator").mkdir(exist_ok=True)
         with routed_service(cluster, ns, work / "operator", NAME, spec, STARTUP_TIMEOUT):
             pods = [p for p in serving_pods(cluster, ns, NAME) if pod_ready(p)]

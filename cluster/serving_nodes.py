@@ -31,6 +31,37 @@ BRIDGE_PREFIX = "ipk"
 MAX_BRIDGES = 250
 
 
+def serving_spec(
+    model: str,
+    name: str,
+    *,
+    engine: dict[str, Any] | None = None,
+    cpu: str = "500m",
+    memory: str = "1Gi",
+    env: tuple[dict[str, Any], ...] = (),
+    **fields: Any,
+) -> dict[str, Any]:
+    """An InferenceService spec whose pods run on these nodes: a float32 CPU engine without CUDA
+    graphs (``engine`` adds to or overrides it), offline from the Hub (the model is local),
+    selecting and tolerating the serving nodes; ``fields`` add the rest of the spec."""
+    return {
+        "model": model,
+        "servedModelName": name,
+        "engine": {
+            "device": "cpu",
+            "maxModelLen": 128,
+            "dtype": "float32",
+            "enforceEager": True,
+            **(engine or {}),
+        },
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}, *env],
+        "resources": {"requests": {"cpu": cpu, "memory": memory}},
+        "nodeSelector": {SERVING_NODE_LABEL: "true"},
+        "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
+        **fields,
+    }
+
+
 class ServingNodesUnavailable(RuntimeError):
     """This machine cannot run serving nodes (no Go toolchain, not root, no `ip`): tests skip."""
 

@@ -30,7 +30,12 @@ from infernetes.operator.testing import (
     temporary_namespace,
     wait_until,
 )
-from serving_nodes import SERVING_NODE_LABEL, pod_ready, routing_sidecar_binary, serving_pods
+from serving_nodes import (
+    pod_ready,
+    routing_sidecar_binary,
+    serving_pods,
+    serving_spec,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -60,31 +65,23 @@ def cpu_kernel_cache() -> Path:
 
 
 def pd_spec(model: str, node: str) -> dict[str, Any]:
-    return {
-        "model": model,
-        "servedModelName": NAME,
-        "engine": {
-            "device": "cpu",
+    return serving_spec(
+        model,
+        NAME,
+        engine={
             "maxModelLen": 256,
             "maxNumSeqs": 4,
-            "dtype": "float32",
-            "enforceEager": True,
             # A small cache, as tests/server/test_server_disaggregation.py's: NIXL registers
             # the whole of it, and a CPU engine's default is millions of tokens.
             "numGpuBlocksOverride": 64,
         },
-        "prefill": {"replicas": 1},
-        "env": [
-            {"name": "HF_HUB_OFFLINE", "value": "1"},
-            # The CPU kernels this machine has built: a pod's fresh home would build them again
-            # in its first step, which on two busy cores outlasts the engine's step watchdog.
-            {"name": "INFERNETES_KERNEL_CACHE", "value": str(cpu_kernel_cache())},
-        ],
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-        "nodeSelector": {SERVING_NODE_LABEL: "true"},
-        "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
+        cpu="1",
+        # The CPU kernels this machine has built: a pod's fresh home would build them again
+        # in its first step, which on two busy cores outlasts the engine's step watchdog.
+        env=({"name": "INFERNETES_KERNEL_CACHE", "value": str(cpu_kernel_cache())},),
+        prefill={"replicas": 1},
         # Pods on one serving node reach each other (across nodes they would need forwarding).
-        "affinity": {
+        affinity={
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
                     "nodeSelectorTerms": [
@@ -97,8 +94,8 @@ def pd_spec(model: str, node: str) -> dict[str, Any]:
                 }
             }
         },
-        "routing": {},
-    }
+        routing={},
+    )
 
 
 @pytest.fixture(scope="module")

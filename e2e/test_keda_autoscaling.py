@@ -27,7 +27,7 @@ from infernetes.operator.testing import (
     temporary_namespace,
     wait_until,
 )
-from serving_nodes import SERVING_NODE_LABEL
+from serving_nodes import serving_spec
 from streaming_load import StreamingLoad
 
 NAME = "ttft"
@@ -55,29 +55,22 @@ def prometheus(cluster: Any, ns: str, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def service_spec(model_claim: str, model_dir: Path, prometheus_url: str) -> dict[str, Any]:
-    return {
-        "model": f"pvc://{model_claim}/{model_dir.name}",
-        "servedModelName": NAME,
-        "engine": {
-            "device": "cpu",
-            "maxModelLen": 128,
-            "maxNumSeqs": 2,  # requests beyond two queue: their first token waits
-            "dtype": "float32",
-            "enforceEager": True,
-        },
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
-        "nodeSelector": {SERVING_NODE_LABEL: "true"},
-        "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-        "monitoring": {"mode": "annotations"},
-        "autoscaling": {
+    return serving_spec(
+        f"pvc://{model_claim}/{model_dir.name}",
+        NAME,
+        # requests beyond two queue: their first token waits
+        engine={"maxNumSeqs": 2},
+        cpu="100m",
+        memory="512Mi",
+        monitoring={"mode": "annotations"},
+        autoscaling={
             "minReplicas": 1,
             "maxReplicas": 2,
             "latency": {"ttftSeconds": TTFT_TARGET_SECONDS, "windowSeconds": WINDOW_SECONDS},
             "scaleDownStabilizationSeconds": WINDOW_SECONDS,
             "keda": {"prometheusServerAddress": prometheus_url},
         },
-    }
+    )
 
 
 def ready_replicas(cluster: Any, ns: str) -> int:

@@ -33,7 +33,7 @@ from infernetes.operator.testing import (
     temporary_namespace,
     wait_until,
 )
-from serving_nodes import SERVING_NODE_LABEL, pod_ready, serving_pods
+from serving_nodes import pod_ready, serving_pods, serving_spec
 
 NAME = "routed"
 BLOCK_SIZE = 16
@@ -70,30 +70,19 @@ def service(
     model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict]:
-    spec = {
-        "model": f"pvc://{model_claim}/{model_dir.name}",
-        "servedModelName": NAME,
-        "replicas": 3,
-        "engine": {
-            "device": "cpu",
-            "maxModelLen": 512,
-            "maxNumSeqs": 2,
-            "dtype": "float32",
-            "enforceEager": True,
-            "blockSize": BLOCK_SIZE,
-        },
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-        "nodeSelector": {SERVING_NODE_LABEL: "true"},
-        "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-        "routing": {
+    spec = serving_spec(
+        f"pvc://{model_claim}/{model_dir.name}",
+        NAME,
+        engine={"maxModelLen": 512, "maxNumSeqs": 2, "blockSize": BLOCK_SIZE},
+        replicas=3,
+        routing={
             "scorers": [
                 {"type": PRECISE, "weight": 2},
                 {"type": "kv-cache-utilization-scorer", "weight": 1},
                 {"type": "queue-scorer", "weight": 1},
             ]
         },
-    }
+    )
     workdir = tmp_path_factory.mktemp("operator")
     with routed_service(cluster, ns, workdir, NAME, spec, STARTUP_TIMEOUT) as service:
         yield service

@@ -36,7 +36,7 @@ from infernetes.operator.testing import (
     temporary_namespace,
     wait_until,
 )
-from serving_nodes import SERVING_NODE_LABEL
+from serving_nodes import serving_spec
 
 NAME = "zero"
 # One engine starting on two busy cores: the held request waits for it.
@@ -72,24 +72,19 @@ def picker_binary() -> Path:
 def spec(
     model_claim: str, model_dir: Path, hold_seconds: int, prometheus_url: str = UNUSED_PROMETHEUS
 ) -> dict[str, Any]:
-    return {
-        "model": f"pvc://{model_claim}/{model_dir.name}",
-        "servedModelName": NAME,
-        "replicas": 0,
-        "engine": {"device": "cpu", "maxModelLen": 128, "dtype": "float32", "enforceEager": True},
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-        "nodeSelector": {SERVING_NODE_LABEL: "true"},
-        "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-        "monitoring": {"mode": "annotations"},
-        "autoscaling": {
+    return serving_spec(
+        f"pvc://{model_claim}/{model_dir.name}",
+        NAME,
+        replicas=0,
+        monitoring={"mode": "annotations"},
+        autoscaling={
             "minReplicas": 0,
             "maxReplicas": 1,
             "targetQueuedRequests": 5,
             "keda": {"prometheusServerAddress": prometheus_url},
         },
-        "routing": {"flowControl": {"holdSeconds": hold_seconds, "maxHeldRequests": 8}},
-    }
+        routing={"flowControl": {"holdSeconds": hold_seconds, "maxHeldRequests": 8}},
+    )
 
 
 @pytest.fixture(scope="module")

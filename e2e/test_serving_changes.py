@@ -26,7 +26,7 @@ from infernetes.operator.testing import (
     temporary_namespace,
     wait_until,
 )
-from serving_nodes import SERVING_NODE_LABEL
+from serving_nodes import serving_spec
 from streaming_load import StreamingLoad, ready_addresses
 
 NAME = "tiny"
@@ -55,22 +55,14 @@ def service(
                 "apiVersion": "infernetes.io/v1alpha1",
                 "kind": "InferenceService",
                 "metadata": {"name": NAME, "namespace": ns},
-                "spec": {
-                    "model": f"pvc://{model_claim}/{model_dir.name}",
-                    "servedModelName": NAME,
-                    "replicas": 3,
-                    "engine": {
-                        "device": "cpu",
-                        "maxModelLen": 128,
-                        "maxNumSeqs": 16,
-                        "dtype": "float32",
-                        "enforceEager": True,
-                    },
-                    "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-                    "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
-                    "nodeSelector": {SERVING_NODE_LABEL: "true"},
-                    "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-                },
+                "spec": serving_spec(
+                    f"pvc://{model_claim}/{model_dir.name}",
+                    NAME,
+                    engine={"maxNumSeqs": 16},
+                    cpu="100m",
+                    memory="512Mi",
+                    replicas=3,
+                ),
             }
         )
         try:

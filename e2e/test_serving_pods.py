@@ -33,7 +33,12 @@ from infernetes.operator.testing import (
     temporary_namespace,
     wait_until,
 )
-from serving_nodes import POD_NETWORK_PREFIX, SERVING_NODE_LABEL, pod_ready, serving_pods
+from serving_nodes import (
+    POD_NETWORK_PREFIX,
+    pod_ready,
+    serving_pods,
+    serving_spec,
+)
 
 NAME = "tiny"
 PROMPT = [1, 5, 9, 200, 17, 3, 44, 8, 91, 12]
@@ -74,23 +79,14 @@ def service(
                 "apiVersion": "infernetes.io/v1alpha1",
                 "kind": "InferenceService",
                 "metadata": {"name": NAME, "namespace": ns},
-                "spec": {
-                    "model": f"pvc://{model_claim}/{model_dir.name}",
-                    "servedModelName": NAME,
-                    "replicas": 2,
-                    "engine": {
-                        "device": "cpu",
-                        "maxModelLen": 256,
-                        "maxNumSeqs": 2,
-                        "dtype": "float32",
-                        "enforceEager": True,
-                    },
-                    "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-                    "nodeSelector": {SERVING_NODE_LABEL: "true"},
-                    "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-                    "routing": {},
-                },
+                "spec": serving_spec(
+                    f"pvc://{model_claim}/{model_dir.name}",
+                    NAME,
+                    engine={"maxModelLen": 256, "maxNumSeqs": 2},
+                    cpu="1",
+                    replicas=2,
+                    routing={},
+                ),
             }
         )
         try:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from host_picker import HostPicker, PickerUnavailable, build, rendered_picker_args, routed_service
 from infernetes.operator.testing import kubectl_get, temporary_namespace, wait_until
-from serving_nodes import SERVING_NODE_LABEL
+from serving_nodes import serving_spec
 
 NAME = "split"
 ADAPTER = "canary"
@@ -55,25 +55,15 @@ def service(
 
     # The adapter beside the model, in the claim that is also the pods' model cache.
     make_tiny_lora(model_dir, model_dir.parent / "canary-lora")
-    spec = {
-        "model": f"pvc://{model_claim}/{model_dir.name}",
-        "servedModelName": NAME,
-        "replicas": 1,
-        "engine": {
-            "device": "cpu",
-            "maxModelLen": 128,
-            "maxNumSeqs": 4,
-            "dtype": "float32",
-            "enforceEager": True,
-        },
-        "modelCache": {"claimName": model_claim, "readOnly": True},
-        "lora": {"adapters": [{"name": ADAPTER, "source": "cache://canary-lora"}]},
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
-        "nodeSelector": {SERVING_NODE_LABEL: "true"},
-        "tolerations": [{"key": SERVING_NODE_LABEL, "operator": "Exists"}],
-        "routing": {"splits": [{"target": NAME, "weight": 90}, {"target": ADAPTER, "weight": 10}]},
-    }
+    spec = serving_spec(
+        f"pvc://{model_claim}/{model_dir.name}",
+        NAME,
+        engine={"maxNumSeqs": 4},
+        replicas=1,
+        modelCache={"claimName": model_claim, "readOnly": True},
+        lora={"adapters": [{"name": ADAPTER, "source": "cache://canary-lora"}]},
+        routing={"splits": [{"target": NAME, "weight": 90}, {"target": ADAPTER, "weight": 10}]},
+    )
     workdir = tmp_path_factory.mktemp("operator")
     with routed_service(cluster, ns, workdir, NAME, spec, STARTUP_TIMEOUT) as service:
         yield service
