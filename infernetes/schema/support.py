@@ -69,7 +69,10 @@ DP_PLANNED = (
     "cores on this node"
 )
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
-NO_AUDIO_VIDEO = "the models served here take text and images: none takes audio or video"
+NO_AUDIO = (
+    "the models served here take text, images and (Qwen2-VL, Qwen2.5-VL) videos: none takes audio"
+)
+VIDEO_PRUNING = "video pruning (EVS) is not built: a video keeps every one of its tokens"
 VISION_TOWER = (
     "the vision tower runs replicated on every rank in eager torch (SDPA attention in the model "
     "dtype); its own parallel modes, backends and fp8 are not built"
@@ -556,10 +559,18 @@ ARG_SUPPORT: dict[str, Support] = {
         '{"count", "width", ...} form are not read '
         "(there is no multimodal memory profiling); a text model has no use for it"
     ),
-    "mm_processor_kwargs": HONOURED,
+    "mm_processor_kwargs": honoured(
+        "passed to the model's processor; for a video_url's frames Qwen2-VL's do_sample_frames "
+        "with fps or num_frames (within min_frames and max_frames) sample them as its video "
+        "processor does"
+    ),
     "language_model_only": no_effect(MM_PLANNED),
     "enable_mm_embeds": no_effect(MM_PLANNED),
-    "media_io_kwargs": no_effect("images are decoded by PIL with its defaults"),
+    "media_io_kwargs": honoured(
+        "video.num_frames: the frames a video_url's loader keeps, spread evenly (vLLM's default "
+        "32; -1 every frame, at most 768); any other key is refused at startup (images are "
+        "decoded by PIL with its defaults)"
+    ),
     "mm_processor_cache_gb": honoured(
         "each image's processed arrays kept by its digest in an LRU of this many GiB in the "
         "process that runs the processor (0 disables); the engine core keeps no mirror, so the "
@@ -586,8 +597,8 @@ ARG_SUPPORT: dict[str, Support] = {
         "them in place is planned (templates of the openai format keep them in place)"
     ),
     "skip_mm_profiling": no_effect("memory profiling runs no image through the vision tower"),
-    "video_pruning_rate": no_effect(NO_AUDIO_VIDEO),
-    "video_pruning_method": no_effect(NO_AUDIO_VIDEO),
+    "video_pruning_rate": no_effect(VIDEO_PRUNING),
+    "video_pruning_method": no_effect(VIDEO_PRUNING),
     "mm_tensor_ipc": no_effect("images reach the engine core as numpy arrays in its pipe"),
     "mm_ipc_gpu_memory_gb": no_effect("images reach the engine core as numpy arrays in its pipe"),
     "mm_device_do_normalize": no_effect("the model's processor normalizes on the API side's CPU"),
@@ -922,8 +933,8 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
     "VLLM_IMAGE_FETCH_TIMEOUT": HONOURED,
-    "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(NO_AUDIO_VIDEO),
-    "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(NO_AUDIO_VIDEO),
+    "VLLM_VIDEO_FETCH_TIMEOUT": HONOURED,
+    "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(NO_AUDIO),
     "VLLM_MM_INPUT_CACHE_GIB": no_effect(
         "vLLM's old bound of the processor cache; --mm-processor-cache-gb sets it"
     ),
