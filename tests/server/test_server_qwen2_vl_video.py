@@ -1,6 +1,6 @@
 """Qwen2.5-VL with ``video_url`` chat parts, with the openai client: an mp4 made here with PyAV
-(frames of a few colours), sent as a ``data:`` URI and as a ``file://`` URL under
-``--allowed-local-media-path``, gives the greedy tokens and logprobs of the same frames given
+(frames of a few colours), sent as a ``data:`` URI, a ``file://`` URL under
+``--allowed-local-media-path`` and an ``http://`` URL (within ``VLLM_VIDEO_FETCH_TIMEOUT``), gives the greedy tokens and logprobs of the same frames given
 offline (the loader's ``--media-io-kwargs`` video.num_frames spread evenly, spaced in time at the
 rate they were kept at; with ``do_sample_frames`` Qwen2-VL's processor's ``fps`` rule on top);
 hostile videos get a 400 naming the part, and /health answers while a large one is decoded."""
@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
+import http.server
 import io
 import json
+import threading
+import time
 
 import httpx
 import numpy as np
@@ -85,6 +89,32 @@ def media_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("media")
 
 
+class _VideoHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # http.server's name
+        if self.path == "/slow.mp4":
+            time.sleep(3)
+        body = make_video(SOURCE_FRAMES, SOURCE_FPS)
+        self.send_response(200)
+        self.send_header("Content-Type", "video/mp4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(BrokenPipeError):  # the slow one's reader has given up
+            self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def video_host():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _VideoHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
 @pytest.fixture(scope="module")
 def server(qwen_dir, media_dir, server_process_factory):
     process = server_process_factory(
@@ -99,6 +129,7 @@ def server(qwen_dir, media_dir, server_process_factory):
             str(media_dir),
             "--trust-request-mm-kwargs",
         ],
+        env={"VLLM_VIDEO_FETCH_TIMEOUT": "1"},
         log_name="qwen2-vl-video-server.log",
     )
     try:
@@ -182,7 +213,7 @@ def test_loader_settings_refuse_unknown_keys():
         loader_frames({"video": {"num_frames": 0}})
 
 
-def test_video_url_equals_the_same_frames_offline(client, offline, media_dir):
+def test_video_url_equals_the_same_frames_offline(client, offline, media_dir, video_host):
     data = make_video(SOURCE_FRAMES, SOURCE_FPS)
     kept = even_indices(SOURCE_FRAMES, LOADER_FRAMES)
     frames = decoded_frames(data, kept)
@@ -194,6 +225,9 @@ def test_video_url_equals_the_same_frames_offline(client, offline, media_dir):
     assert logprobs == pytest.approx(expected_logprobs, abs=1e-4)
     (media_dir / "clip.mp4").write_bytes(data)
     assert chat(client, f"file://{media_dir / 'clip.mp4'}")[0] == expected_text
+    assert chat(client, f"{video_host}/clip.mp4")[0] == expected_text
+    with pytest.raises(openai.BadRequestError, match=r"VLLM_VIDEO_FETCH_TIMEOUT \(1 s\)"):
+        chat(client, f"{video_host}/slow.mp4")
 
 
 def test_processor_sampling_at_an_fps_equals_its_frames_offline(client, offline):
