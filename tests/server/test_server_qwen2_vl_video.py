@@ -21,6 +21,7 @@ import numpy as np
 import openai
 import pytest
 from infernetes.runtime.engine.errors import RequestError
+from infernetes.runtime.multimodal.chat_parts import split_content
 from infernetes.runtime.multimodal.video import (
     DecodedVideo,
     decode_video,
@@ -28,9 +29,11 @@ from infernetes.runtime.multimodal.video import (
     loader_frames,
     processor_picks,
 )
+from infernetes.runtime.preflight import check_settings
 from infernetes.runtime.testing_vision import QWEN_VIDEO, make_tiny_qwen2_vl
 
 from infernetes import LLM, SamplingParams
+from infernetes.schema.config import build_config
 
 MAX_TOKENS = 5
 LOADER_FRAMES = 6
@@ -211,6 +214,10 @@ def test_loader_settings_refuse_unknown_keys():
         loader_frames({"image": {"rgba_background_color": [0, 0, 0]}})
     with pytest.raises(ValueError, match=r"media_io_kwargs\.video\.num_frames: -1"):
         loader_frames({"video": {"num_frames": 0}})
+    # as `infernetes serve` checks its settings before it starts (exit 2 with the message)
+    config = build_config("org/model", media_io_kwargs={"video": {"num_fraems": 8}})
+    with pytest.raises(ValueError, match=r"media_io_kwargs\.video\.num_fraems"):
+        check_settings(config, {})
 
 
 def test_video_url_equals_the_same_frames_offline(client, offline, media_dir, video_host):
@@ -291,3 +298,12 @@ def test_health_answers_while_a_large_video_is_decoded(client, server):
                 polls_during += not answer.done()
         assert answer.result()[0] is not None
     assert polls_during > 0
+
+
+def test_a_video_part_to_a_model_without_videos_is_refused():
+    parts = [{"type": "video_url", "video_url": {"url": data_url(b"x")}}]
+    with pytest.raises(RequestError, match="this model takes image only; video_url parts") as error:
+        split_content(parts, "messages[0].content", "openai", [], {"image": "<image>"})
+    assert error.value.param == "messages[0].content[0]"
+    with pytest.raises(RequestError, match="this model takes text only"):
+        split_content(parts, "messages[0].content", "openai", [], None)
