@@ -572,9 +572,9 @@ ARG_SUPPORT: dict[str, Support] = {
         "decoded by PIL with its defaults)"
     ),
     "mm_processor_cache_gb": honoured(
-        "each image's processed arrays kept by its digest in an LRU of this many GiB in the "
-        "process that runs the processor (0 disables); the engine core keeps no mirror, so the "
-        "arrays still cross the pipe with every request"
+        "each image's (and video frame's) processed arrays kept by its digest in an LRU of this "
+        "many GiB in the process that runs the processor (0 disables); the engine core keeps no "
+        "mirror, so the arrays still cross the pipe with every request"
     ),
     "mm_processor_cache_type": partial(
         ("lru",), "the shared-memory cache (shm) is not built; lru keeps each process its own"

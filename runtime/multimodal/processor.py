@@ -174,9 +174,15 @@ class MultiModalProcessor:
                 "multi_modal_data.video",
             )
         digests = [image_digest(image, kwargs) for image in images]
+        frame_digests = [[image_digest(frame, kwargs) for frame in video] for video in videos]
+        by_frame = {
+            id(frame): digest
+            for video, video_digests in zip(videos, frame_digests, strict=True)
+            for frame, digest in zip(video, video_digests, strict=True)
+        }
         with_videos = {"videos": videos, "fps": video_fps} if videos else {}
         try:
-            with item_digests(digests):
+            with item_digests(digests, by_frame):
                 out = self.hf_processor(
                     text=text,
                     images=images or None,
@@ -194,7 +200,7 @@ class MultiModalProcessor:
         arrays = {k: out[k] for k in ITEM_ARRAYS if out.get(k) is not None}
         features = self._features(ids, images, digests, arrays, kwargs)
         if videos:
-            features += self._video_features(ids, videos, video_fps, out, kwargs)
+            features += self._video_features(ids, frame_digests, video_fps, out, kwargs)
             features.sort(key=lambda feature: feature.offset)
         return MultiModalPrompt(text, ids, features)
 
@@ -275,7 +281,7 @@ class MultiModalProcessor:
     def _video_features(
         self,
         ids: Sequence[int],
-        videos: list[list[Any]],
+        frame_digests: list[list[str]],
         fps: list[float],
         out: Any,
         kwargs: dict[str, Any],
@@ -289,7 +295,7 @@ class MultiModalProcessor:
         bounds = [0, *itertools.accumulate(int(grid.prod()) for grid in grids)]
         features = []
         start = 0
-        for i, (frames, rate, grid) in enumerate(zip(videos, fps, grids, strict=True)):
+        for i, (frames, rate, grid) in enumerate(zip(frame_digests, fps, grids, strict=True)):
             count = int(grid.prod()) // merge**2
             run = positions[start : start + count]
             start += count
@@ -303,7 +309,7 @@ class MultiModalProcessor:
                 "video_grid_thw": grid,
                 "second_per_grid_ts": out["second_per_grid_ts"][i : i + 1],
             }
-            digest = video_digest(frames, {**kwargs, "fps": rate})
+            digest = video_digest(frames, rate)
             features.append(MultiModalFeature("video", run[0], count, digest, data))
         return features
 

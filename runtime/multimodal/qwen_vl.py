@@ -100,9 +100,9 @@ class QwenVLProcessor:
     def _videos(
         self, videos: list[list[Any]], fps: float | list[float], kwargs: dict[str, Any]
     ) -> dict[str, np.ndarray]:
-        """Each video's frames through the image processor (the processor cache is for images:
-        its inner one), then taken ``temporal_patch_size`` at a time."""
-        processor = getattr(self.image_processor, "inner", self.image_processor)
+        """Each video's frames through the image processor (the processor cache keeps each
+        frame's arrays), then taken ``temporal_patch_size`` at a time."""
+        processor = self.image_processor
         temporal = kwargs.get("temporal_patch_size") or processor.temporal_patch_size
         patch = kwargs.get("patch_size") or processor.patch_size
         patches, grids = [], []
