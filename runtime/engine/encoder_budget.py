@@ -8,7 +8,9 @@ splits stays until the last chunk reading it) stay within the encoder cache's si
 An item larger than a whole budget is encoded alone, in a step that encodes nothing else
 while nothing else is held (vLLM raises both budgets to its largest item, so such an item is
 never refused either). What the workers hold mirrors the model runner's rule exactly: an item
-is held from the step that first reaches it until the step whose chunk ends at or past its end.
+is held from the step that first reaches it until the step whose chunk ends at or past its end,
+or until its request is preempted (a held item could otherwise keep the one before it, which the
+request computes again first, from ever fitting).
 """
 
 from __future__ import annotations

@@ -587,6 +587,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a step in flight for it is discarded
         request.spec_token_ids = []
+        request.encoder_held.clear()  # the workers drop its encoder outputs when it resumes
         self.num_preemptions_step += 1
         self._preempted_req_ids.add(request.request_id)
         self.waiting.add_front(request)
