@@ -5,9 +5,10 @@ items (vLLM's compute budget), and the outputs the workers hold between steps (a
 splits stays until the last chunk reading it) stay within the encoder cache's size. Both are
 ``max_num_batched_tokens`` by default, as in vLLM.
 
-An item larger than a whole budget is encoded alone, in a step that encodes nothing else
-while nothing else is held (vLLM raises both budgets to its largest item, so such an item is
-never refused either). What the workers hold mirrors the model runner's rule exactly: an item
+The first item a step encodes is always allowed, however large and whatever is held: an item
+larger than a whole budget is encoded alone (vLLM raises both budgets to its largest item, so
+such an item is never refused either), and no request waits for ever on outputs held for
+another, or for itself (a prompt that repeats an image holds it until its last use). What the workers hold mirrors the model runner's rule exactly: an item
 is held from the step that first reaches it until the step whose chunk ends at or past its end,
 or until its request is preempted (a held item could otherwise keep the one before it, which the
 request computes again first, from ever fitting).
@@ -26,14 +27,10 @@ class EncoderBudget:
     """What is left of one step's encoder budget while the step is scheduled."""
 
     def __init__(self, compute_tokens: int, cache_tokens: int, held: Iterable[Request]) -> None:
-        self.compute_full = compute_tokens
         self.compute_left = compute_tokens
-        self.cache_empty = True  # nothing held, nothing encoded yet this step
-        self.cache_free = cache_tokens
-        for request in held:
-            for length in request.encoder_held.values():
-                self.cache_free -= length
-                self.cache_empty = False
+        self.cache_free = cache_tokens - sum(
+            length for request in held for length in request.encoder_held.values()
+        )
         self.num_tokens = 0  # encoder tokens this step (SchedulerOutput.num_encoder_tokens)
 
     def fit(self, request: Request, start: int, chunk: int) -> int:
@@ -41,7 +38,7 @@ class EncoderBudget:
         does not fit what is left; 0 when that item began before ``start``."""
         pending = 0  # of the items this chunk encodes before the one looked at
         for offset, length in _new_items(request, start, start + chunk):
-            alone = self.cache_empty and self.compute_left == self.compute_full and not pending
+            alone = self.num_tokens == 0 and not pending  # the step's first item
             fits = pending + length <= min(self.compute_left, self.cache_free)
             if not (fits or alone):
                 return max(offset - start, 0)
@@ -62,7 +59,6 @@ class EncoderBudget:
                 self.compute_left -= feature.length
                 self.cache_free -= feature.length
                 self.num_tokens += feature.length
-                self.cache_empty = False
         # released after this step (the workers free them once its forward has read them)
         ahead = {f.identifier for f in request.mm_features if f.end > end}
         for identifier in set(request.encoder_held) - ahead:  # no later chunk reads it

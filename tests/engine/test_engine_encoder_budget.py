@@ -54,11 +54,19 @@ def test_an_item_larger_than_the_budget_is_encoded_alone():
     assert budget.fit(_request([(0, 1, "x")]), 0, 10) == 0  # nothing more this step
 
 
-def test_items_whose_outputs_fill_the_cache_wait():
+def test_items_whose_outputs_fill_the_cache_wait_but_the_first_of_a_step():
     holder = _request([(0, 50, "held")])
     holder.encoder_held = {"held": 50}
     budget = EncoderBudget(100, 60, [holder])
-    assert budget.fit(_request([(3, 20, "new")]), 0, 30) == 3  # 50 held + 20 > 60
+    first = _request([(0, 5, "first")])
+    assert budget.fit(first, 0, 10) == 10  # 50 held + 5: fits
+    budget.charge(first, 0, 4)
+    assert budget.fit(_request([(3, 20, "new")]), 0, 30) == 3  # 55 held + 20 > 60
+    # a request holding a repeated image (its later use ahead) still encodes the one between
+    repeated = _request([(0, 12, "x"), (20, 4, "y"), (40, 12, "x")])
+    repeated.encoder_held = {"x": 12}
+    step = EncoderBudget(8, 8, [repeated])
+    assert step.fit(repeated, 12, 20) == 20
 
 
 def _prompts() -> list[dict]:
