@@ -77,6 +77,10 @@ class SchedulerConfig:
     max_loras: int = 0  # distinct adapters among the running requests (0: LoRA off)
     # --async-scheduling: the next step is scheduled while the workers run this one
     async_scheduling: bool = False
+    # multimodal items' encoder tokens one step may encode, and the encoder outputs the workers
+    # may hold between steps (vLLM's; neither is a flag there): 0, max_num_batched_tokens
+    max_num_encoder_input_tokens: int = 0
+    encoder_cache_size: int = 0
 
 
 @dataclass(frozen=True)

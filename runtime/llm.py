@@ -10,7 +10,7 @@ from typing import Any
 from infernetes.runtime.engine.input_processor import Prompt
 from infernetes.runtime.engine.llm_engine import LLMEngine
 from infernetes.runtime.lora.request import LoRARequest
-from infernetes.runtime.multimodal.chat_parts import ImagePart, split_content
+from infernetes.runtime.multimodal.chat_parts import MediaPart, load_media, split_content
 from infernetes.runtime.multimodal.media import MediaSettings
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.qualified_import import qualified_name
@@ -144,7 +144,9 @@ class LLM:
             messages if messages and isinstance(messages[0], list) else [messages]  # type: ignore[list-item]  # one conversation or a list of them
         )
         processor = self.llm_engine.input_processor
-        placeholder = None if processor.mm_processor is None else processor.mm_processor.image_token
+        placeholders = (
+            None if processor.mm_processor is None else processor.mm_processor.placeholders
+        )
         template = chat_template or tokenizer.chat_template or ""
         content_format = resolve_content_format(chat_template_content_format, template)
         prompts: list[Prompt] = []
@@ -152,7 +154,7 @@ class LLM:
             if isinstance(tokenizer, MistralTokenizer):  # mistral_common encodes, no template
                 prompts.append(tokenizer.encode_chat(conversation, None))
                 continue
-            images: list[ImagePart] | None = [] if placeholder else None
+            media: list[MediaPart] = []
             shaped = [
                 {
                     **message,
@@ -160,8 +162,8 @@ class LLM:
                         message["content"],
                         f"messages[{i}].content",
                         content_format,
-                        images,
-                        placeholder,
+                        media,
+                        placeholders,
                     ),
                 }
                 if isinstance(message.get("content"), list)
@@ -174,8 +176,8 @@ class LLM:
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
             )
-            if images:
-                loaded = {"image": [part.load(self.media) for part in images]}
+            if media:
+                loaded = load_media(media, self.media)
                 prompts.append(
                     processor.process_multimodal(text, loaded, mm_processor_kwargs, False)
                 )

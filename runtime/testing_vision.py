@@ -297,7 +297,11 @@ def make_tiny_gemma3(
 QWEN_VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # an image's place in a Qwen prompt
 QWEN_PATCH, QWEN_MERGE = 8, 2  # so image sides are multiples of 16 pixels
-QWEN_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'<image>'", f"'{QWEN_IMAGE}'")
+QWEN_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"  # a video's place in a Qwen prompt
+QWEN_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace(
+    "{% else %}{{ '<image>' }}",
+    f"{{% elif part['type'] == 'video' %}}{{{{ '{QWEN_VIDEO}' }}}}{{% else %}}{{{{ '{QWEN_IMAGE}' }}}}",
+)
 
 
 def make_tiny_qwen2_vl(

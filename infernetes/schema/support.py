@@ -69,7 +69,7 @@ DP_PLANNED = (
     "cores on this node"
 )
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
-VIDEO_PRUNING = "video tokens are not pruned: every frame a video gives is encoded (planned)"
+VIDEO_PRUNING = "video pruning (EVS) is not built: a video keeps every one of its tokens"
 AUDIO_URLS = (
     "audio comes as a file uploaded to /v1/audio/transcriptions or /v1/audio/translations, or "
     "offline as multi_modal_data; audio URLs and input_audio chat parts are planned"
@@ -560,14 +560,22 @@ ARG_SUPPORT: dict[str, Support] = {
         'of vLLM\'s {"count", "width", ...} form are not read '
         "(there is no multimodal memory profiling); a text model has no use for it"
     ),
-    "mm_processor_kwargs": HONOURED,
+    "mm_processor_kwargs": honoured(
+        "passed to the model's processor; for a video_url's frames Qwen2-VL's do_sample_frames "
+        "with fps or num_frames (within min_frames and max_frames) sample them as its video "
+        "processor does"
+    ),
     "language_model_only": no_effect(MM_PLANNED),
     "enable_mm_embeds": no_effect(MM_PLANNED),
-    "media_io_kwargs": no_effect("images are decoded by PIL with its defaults"),
+    "media_io_kwargs": honoured(
+        "video.num_frames: the frames a video_url's loader keeps, spread evenly (vLLM's default "
+        "32; -1 every frame, at most 768); any other key is refused at startup (images are "
+        "decoded by PIL with its defaults)"
+    ),
     "mm_processor_cache_gb": honoured(
-        "each image's processed arrays kept by its digest in an LRU of this many GiB in the "
-        "process that runs the processor (0 disables); the engine core keeps no mirror, so the "
-        "arrays still cross the pipe with every request"
+        "each image's (and video frame's) processed arrays kept by its digest in an LRU of this "
+        "many GiB in the process that runs the processor (0 disables); the engine core keeps no "
+        "mirror, so the arrays still cross the pipe with every request"
     ),
     "mm_processor_cache_type": partial(
         ("lru",), "the shared-memory cache (shm) is not built; lru keeps each process its own"
@@ -927,9 +935,7 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
     "VLLM_IMAGE_FETCH_TIMEOUT": HONOURED,
     "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": HONOURED,
-    "VLLM_VIDEO_FETCH_TIMEOUT": no_effect(
-        "videos are taken offline as frames; video_url chat parts are planned"
-    ),
+    "VLLM_VIDEO_FETCH_TIMEOUT": HONOURED,
     "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(AUDIO_URLS),
     "VLLM_MM_INPUT_CACHE_GIB": no_effect(
         "vLLM's old bound of the processor cache; --mm-processor-cache-gb sets it"

@@ -110,9 +110,9 @@ class AsyncEngine:
         # Requests are prepared here, off the cores' loops (every core runs the same model).
         self.input_processor = InputProcessor(info.inputs, info.tokenizer, info.mm_processor)
         self.tokenizer = info.tokenizer
-        # what stands for an image in a prompt's text (None: the model takes text only)
-        self.image_placeholder = (
-            None if info.mm_processor is None else info.mm_processor.image_token
+        # what stands for an item of each modality in a prompt's text (None: text only)
+        self.media_placeholders = (
+            None if info.mm_processor is None else info.mm_processor.placeholders
         )
         self.max_model_len = info.inputs.max_model_len
         self.model_config = info.model_config

@@ -92,6 +92,8 @@ class Request:
         self.prompt_embeds = prompt_embeds
         self.prompt_embeds_digest = prompt_embeds_digest
         self.mm_features = mm_features or []  # its images (placeholder positions, digests)
+        # its items whose encoder outputs the workers hold, and their lengths (encoder_budget.py)
+        self.encoder_held: dict[str, int] = {}
 
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from infernetes.runtime.config import SchedulerConfig
 from infernetes.runtime.engine.block_manager import BlockManager
+from infernetes.runtime.engine.encoder_budget import EncoderBudget
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.request import Request, RequestStatus
 from infernetes.runtime.engine.request_queue import FCFSQueue, PriorityQueue
@@ -77,6 +78,7 @@ class _StepBudget:
     """What is left of one step while it is being scheduled."""
 
     tokens: int
+    encoder: EncoderBudget
     partial_prefills: int = 0  # prefills that will not finish this step
     long_partial_prefills: int = 0
 
@@ -234,13 +236,20 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput()
-        budget = _StepBudget(self.config.max_num_batched_tokens)
+        config = self.config
+        encoder = EncoderBudget(
+            config.max_num_encoder_input_tokens or config.max_num_batched_tokens,
+            config.encoder_cache_size or config.max_num_batched_tokens,
+            (request for request in self.requests.values() if request.encoder_held),
+        )
+        budget = _StepBudget(config.max_num_batched_tokens, encoder)
         self.num_preemptions_step = 0
         # First, the RUNNING requests, in order, preempting the last to arrive when blocks run out.
         self._schedule_running(output, budget)
         # Next, the WAITING requests (new or preempted), only when nothing had to be preempted.
         if not self.num_preemptions_step:
             self._schedule_waiting(output, budget)
+        output.num_encoder_tokens = encoder.num_tokens
         output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
         output.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, set()
         if output or self.awaits_kv_transfer:  # (an empty step lets the workers report)
@@ -285,6 +294,7 @@ class Scheduler:
             drafts = self._drafts_to_verify(request, remaining, budget.tokens)
             chunk = self._prefill_chunk(remaining, budget.tokens)
             chunk = self._fit_images(request, request.num_computed_tokens, chunk, remaining, budget)
+            chunk = budget.encoder.fit(request, request.num_computed_tokens, chunk)
             if chunk == 0:
                 i += 1
                 continue
@@ -310,6 +320,7 @@ class Scheduler:
                 spec_token_ids=drafts,
             )
             output.add(data, num_new)
+            budget.encoder.charge(request, request.num_computed_tokens, num_new)
             budget.tokens -= num_new
             i += 1
 
@@ -343,7 +354,10 @@ class Scheduler:
             chunk = self._prefill_chunk(remaining, budget.tokens)
             start = request.num_computed_tokens + num_cached + num_external
             chunk = self._fit_images(request, start, chunk, remaining, budget)
-            if chunk == 0:  # an image that does not fit this step's budget
+            chunk = budget.encoder.fit(request, start, chunk)
+            if chunk < remaining and not self.config.enable_chunked_prefill:
+                chunk = 0  # its items' encoding waits for a step with room for all of them
+            if chunk == 0:  # an item that does not fit this step's budgets
                 skipped.append(self.waiting.pop())
                 continue
             if chunk < remaining and not self._may_start_partial(budget, remaining):
@@ -367,6 +381,7 @@ class Scheduler:
                 self._count_external(request, num_external)
             self.waiting.pop()
             output.add(self._admit(request, num_cached), chunk)
+            budget.encoder.charge(request, start, chunk)
             self._count_partial(budget, remaining, chunk)
             budget.tokens -= chunk
         for request in reversed(skipped):
@@ -572,6 +587,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0  # a step in flight for it is discarded
         request.spec_token_ids = []
+        request.encoder_held.clear()  # the workers drop its encoder outputs when it resumes
         self.num_preemptions_step += 1
         self._preempted_req_ids.add(request.request_id)
         self.waiting.add_front(request)

@@ -119,6 +119,7 @@ class SchedulerOutput:
     # time the forward, waiting for the device (--collect-detailed-traces model or all)
     time_forward: bool = False
     submitted: float = 0.0  # perf_counter when the engine core handed it to the executor
+    num_encoder_tokens: int = 0  # multimodal items' encoder tokens the step encodes
 
     def add(self, request: NewRequestData | CachedRequestData, num_tokens: int) -> None:
         self.scheduled_reqs.append(request)

@@ -46,9 +46,11 @@ def overlapping(features: list[MultiModalFeature], start: int, end: int) -> list
     return [f.identifier for f in features if f.offset < end and start < f.end]
 
 
-def video_digest(frames: list[Any], processor_kwargs: dict[str, Any]) -> str:
-    """sha256 of a video's frames (each as ``image_digest`` hashes it) and the settings."""
+def video_digest(frame_digests: list[str], fps: float) -> str:
+    """sha256 of a video's frames' digests (each ``image_digest``, with the processor settings)
+    and the rate they are spaced at."""
     digest = hashlib.sha256(b"video")
-    for frame in frames:
-        digest.update(image_digest(frame, processor_kwargs).encode())
+    for frame in frame_digests:
+        digest.update(frame.encode())
+    digest.update(repr(float(fps)).encode())
     return digest.hexdigest()

@@ -1,11 +1,13 @@
-"""Images a request names by URL, read and checked before anything decodes them.
+"""Images and videos a request names by URL, read and checked before anything decodes them.
 
 ``data:`` URIs (base64), ``file://`` paths only inside ``--allowed-local-media-path``, and
-``http(s)://`` URLs fetched within ``VLLM_IMAGE_FETCH_TIMEOUT`` seconds from the
+``http(s)://`` URLs fetched within ``VLLM_IMAGE_FETCH_TIMEOUT`` (a video's:
+``VLLM_VIDEO_FETCH_TIMEOUT``) seconds from the
 ``--allowed-media-domains`` (any, when not given), never following a redirect and never reading
 more than ``MAX_MEDIA_BYTES``. Before decoding, the header's pixel count is checked against
 PIL's ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb is refused without being decoded), and
-the format against the declared MIME type. Every fault is a ``RequestError`` naming the part.
+the format against the declared MIME type (videos: ``video.py``). Every fault is a
+``RequestError`` naming the part.
 """
 
 from __future__ import annotations
@@ -21,18 +23,27 @@ from typing import Any, NamedTuple
 from urllib.parse import unquote, urlparse
 
 from infernetes.runtime.engine.errors import RequestError
+from infernetes.runtime.multimodal.video import (
+    DEFAULT_LOADER_FRAMES,
+    DecodedVideo,
+    decode_video,
+    loader_frames,
+)
 
-MAX_MEDIA_BYTES = 32 * 1024 * 1024  # one image's encoded bytes, as much as a request body holds
+MAX_MEDIA_BYTES = 32 * 1024 * 1024  # one item's encoded bytes, as much as a request body holds
 
 
 class MediaSettings(NamedTuple):
     allowed_local_media_path: str = ""  # "": file:// URLs are refused
     allowed_media_domains: tuple[str, ...] | None = None  # None: any host
     fetch_timeout_s: float = 5.0  # VLLM_IMAGE_FETCH_TIMEOUT
+    video_fetch_timeout_s: float = 30.0  # VLLM_VIDEO_FETCH_TIMEOUT
+    video_num_frames: int = DEFAULT_LOADER_FRAMES  # --media-io-kwargs' video.num_frames
 
     @classmethod
     def of(cls, config: Any, environ: Any = None) -> MediaSettings:
-        """From a ``ServeConfig`` and the environment (``VLLM_IMAGE_FETCH_TIMEOUT``)."""
+        """From a ``ServeConfig`` and the environment (``VLLM_*_FETCH_TIMEOUT``); ValueError
+        naming a ``--media-io-kwargs`` key that is not allowed."""
         from infernetes.schema.env import read_env
 
         domains = getattr(config, "allowed_media_domains", None)
@@ -40,33 +51,53 @@ class MediaSettings(NamedTuple):
             getattr(config, "allowed_local_media_path", "") or "",
             tuple(domains) if domains else None,
             float(read_env("VLLM_IMAGE_FETCH_TIMEOUT", environ)),
+            float(read_env("VLLM_VIDEO_FETCH_TIMEOUT", environ)),
+            loader_frames(getattr(config, "media_io_kwargs", None)),
         )
 
 
 def load_image(url: Any, settings: MediaSettings, param: str) -> Any:
     """The PIL image ``url`` names, decoded and checked; RequestError naming ``param``."""
-    if not isinstance(url, str):
-        raise RequestError(f"{param}: the image URL must be a string", param)
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-    if scheme == "data":
-        mime, data = _data_uri(url, param)
-    elif scheme == "file":
-        mime, data = _local_file(url, settings, param)
-    elif scheme in ("http", "https"):
-        mime, data = _fetch(url, settings, param)
-    else:
-        raise RequestError(
-            f"{param}: the image URL must be a data:, file:// or http(s):// URL", param
-        )
+    mime, data = read_media(url, settings, param, "image")
     return decode_image(data, mime, param)
 
 
-def _data_uri(url: str, param: str) -> tuple[str | None, bytes]:
+def load_video(url: Any, settings: MediaSettings, param: str) -> DecodedVideo:
+    """The loader's frames of the video ``url`` names; RequestError naming ``param``."""
+    from infernetes.runtime.multimodal.processor import MAX_VIDEO_FRAMES
+    from PIL import Image
+
+    mime, data = read_media(url, settings, param, "video")
+    max_pixels = Image.MAX_IMAGE_PIXELS or 0  # (None: PIL's limit is off; so is this one)
+    return decode_video(
+        data, mime, param, settings.video_num_frames, MAX_VIDEO_FRAMES, max_pixels or 2**62
+    )
+
+
+def read_media(
+    url: Any, settings: MediaSettings, param: str, what: str
+) -> tuple[str | None, bytes]:
+    """The declared MIME type (None: not declared) and the bytes of the ``what`` (image or
+    video) ``url`` names."""
+    if not isinstance(url, str):
+        raise RequestError(f"{param}: the {what} URL must be a string", param)
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "data":
+        return _data_uri(url, param, what)
+    if scheme == "file":
+        return _local_file(url, settings, param, what)
+    if scheme in ("http", "https"):
+        timeout = settings.fetch_timeout_s if what == "image" else settings.video_fetch_timeout_s
+        return _fetch(url, settings, param, what, timeout)
+    raise RequestError(f"{param}: the {what} URL must be a data:, file:// or http(s):// URL", param)
+
+
+def _data_uri(url: str, param: str, what: str) -> tuple[str | None, bytes]:
     header, sep, payload = url[len("data:") :].partition(",")
     if not sep or not header.endswith(";base64"):
         raise RequestError(f"{param}: a data: URL must be data:<mime type>;base64,<data>", param)
     if len(payload) > MAX_MEDIA_BYTES * 4 // 3 + 4:
-        raise RequestError(f"{param}: the image is larger than {MAX_MEDIA_BYTES} bytes", param)
+        raise RequestError(f"{param}: the {what} is larger than {MAX_MEDIA_BYTES} bytes", param)
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as error:
@@ -76,7 +107,9 @@ def _data_uri(url: str, param: str) -> tuple[str | None, bytes]:
     return header.removesuffix(";base64") or None, data
 
 
-def _local_file(url: str, settings: MediaSettings, param: str) -> tuple[str | None, bytes]:
+def _local_file(
+    url: str, settings: MediaSettings, param: str, what: str
+) -> tuple[str | None, bytes]:
     if not settings.allowed_local_media_path:
         raise RequestError(
             f"{param}: file:// URLs are refused unless the server is started with "
@@ -89,14 +122,16 @@ def _local_file(url: str, settings: MediaSettings, param: str) -> tuple[str | No
         raise RequestError(f"{param}: the file is outside --allowed-local-media-path", param)
     try:
         if path.stat().st_size > MAX_MEDIA_BYTES:
-            raise RequestError(f"{param}: the image is larger than {MAX_MEDIA_BYTES} bytes", param)
+            raise RequestError(f"{param}: the {what} is larger than {MAX_MEDIA_BYTES} bytes", param)
         data = path.read_bytes()
     except OSError as error:
         raise RequestError(f"{param}: cannot read the file: {error.strerror}", param) from error
     return mimetypes.guess_type(path.name)[0], data
 
 
-def _fetch(url: str, settings: MediaSettings, param: str) -> tuple[str | None, bytes]:
+def _fetch(
+    url: str, settings: MediaSettings, param: str, what: str, timeout: float
+) -> tuple[str | None, bytes]:
     import httpx
 
     host = urlparse(url).hostname or ""
@@ -106,10 +141,10 @@ def _fetch(url: str, settings: MediaSettings, param: str) -> tuple[str | None, b
             f"{param}: {host!r} is not one of --allowed-media-domains ({', '.join(domains)})",
             param,
         )
-    timeout = settings.fetch_timeout_s
     deadline = time.monotonic() + timeout
     too_slow = (
-        f"{param}: fetching the image took longer than VLLM_IMAGE_FETCH_TIMEOUT ({timeout:g} s)"
+        f"{param}: fetching the {what} took longer than "
+        f"VLLM_{what.upper()}_FETCH_TIMEOUT ({timeout:g} s)"
     )
     chunks, size = [], 0
     try:
@@ -119,17 +154,17 @@ def _fetch(url: str, settings: MediaSettings, param: str) -> tuple[str | None, b
         ):
             if response.is_redirect:
                 raise RequestError(
-                    f"{param}: the image URL redirects; redirects are not followed", param
+                    f"{param}: the {what} URL redirects; redirects are not followed", param
                 )
             if response.status_code != 200:
                 raise RequestError(
-                    f"{param}: fetching the image returned HTTP {response.status_code}", param
+                    f"{param}: fetching the {what} returned HTTP {response.status_code}", param
                 )
             for chunk in response.iter_bytes():
                 size += len(chunk)
                 if size > MAX_MEDIA_BYTES:
                     raise RequestError(
-                        f"{param}: the image is larger than {MAX_MEDIA_BYTES} bytes", param
+                        f"{param}: the {what} is larger than {MAX_MEDIA_BYTES} bytes", param
                     )
                 if time.monotonic() > deadline:
                     raise RequestError(too_slow, param)
@@ -138,7 +173,7 @@ def _fetch(url: str, settings: MediaSettings, param: str) -> tuple[str | None, b
     except httpx.TimeoutException as error:
         raise RequestError(too_slow, param) from error
     except httpx.HTTPError as error:
-        raise RequestError(f"{param}: cannot fetch the image: {error}", param) from error
+        raise RequestError(f"{param}: cannot fetch the {what}: {error}", param) from error
     return mime, b"".join(chunks)
 
 

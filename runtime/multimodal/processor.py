@@ -30,6 +30,8 @@ from infernetes.runtime.multimodal.processor_cache import (
     ProcessorCache,
     item_digests,
 )
+from infernetes.runtime.multimodal.qwen_vl import DEFAULT_FPS
+from infernetes.runtime.multimodal.video import DecodedVideo, processor_picks, sampling_settings
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,10 @@ class MultiModalProcessor:
         self.placeholder_token_ids = {self.image_token_id, *(t for t in structure if t is not None)}
         self.video_token: str | None = getattr(hf_processor, "video_token", None)
         self.modalities = VIDEO_MODALITIES if self.video_token else SUPPORTED_MODALITIES
+        # what stands for one item of each modality in a chat's text
+        self.placeholders = {"image": self.image_token}
+        if self.video_token:
+            self.placeholders["video"] = self.video_token
         self.cache = ProcessorCache(cache_bytes) if cache_bytes > 0 else None  # 0: disabled
         if self.cache is not None:
             hf_processor.image_processor = CachedImageProcessor(
@@ -158,8 +164,8 @@ class MultiModalProcessor:
         ``{"image": PIL image or a list of them}``) -> its expanded ids and the items; a
         RequestError naming the field when anything is wrong."""
         images = self._images(data)
-        videos = self._videos(data)
         kwargs = {**self.default_kwargs, **(request_kwargs or {})}
+        videos, video_fps = self._sampled_videos(data, sampling_settings(kwargs))
         text_images = text.count(self.image_token)
         if text_images != len(images):
             raise RequestError(
@@ -174,9 +180,15 @@ class MultiModalProcessor:
                 "multi_modal_data.video",
             )
         digests = [image_digest(image, kwargs) for image in images]
-        with_videos = {"videos": videos} if videos else {}
+        frame_digests = [[image_digest(frame, kwargs) for frame in video] for video in videos]
+        by_frame = {
+            id(frame): digest
+            for video, video_digests in zip(videos, frame_digests, strict=True)
+            for frame, digest in zip(video, video_digests, strict=True)
+        }
+        with_videos = {"videos": videos, "fps": video_fps} if videos else {}
         try:
-            with item_digests(digests):
+            with item_digests(digests, by_frame):
                 out = self.hf_processor(
                     text=text,
                     images=images or None,
@@ -194,20 +206,47 @@ class MultiModalProcessor:
         arrays = {k: out[k] for k in ITEM_ARRAYS if out.get(k) is not None}
         features = self._features(ids, images, digests, arrays, kwargs)
         if videos:
-            features += self._video_features(ids, videos, out, kwargs)
+            features += self._video_features(ids, frame_digests, video_fps, out, kwargs)
             features.sort(key=lambda feature: feature.offset)
         return MultiModalPrompt(text, ids, features)
 
-    def _videos(self, data: Mapping[str, Any]) -> list[list[Any]]:
+    def _sampled_videos(
+        self, data: Mapping[str, Any], sampling: dict[str, Any]
+    ) -> tuple[list[list[Any]], list[float]]:
+        """Each video's frames the processor takes and their rate: a decoded video's
+        (``video_url``) sampled as ``sampling`` says, at the rate they were sampled at; frames
+        given as such all of them, at ``fps`` (Qwen's 2 when not given)."""
+        videos, fps = [], []
+        for i, video in enumerate(self._videos(data)):
+            where = f"multi_modal_data.video[{i}]"
+            if isinstance(video, DecodedVideo):
+                temporal = self.hf_processor.image_processor.temporal_patch_size
+                video = video.taking(processor_picks(video, sampling, temporal, where))
+                videos.append(video.frames)
+                fps.append(video.sampled_fps)
+                continue
+            if sampling.get("do_sample_frames") or set(sampling) - {"fps", "do_sample_frames"}:
+                raise RequestError(
+                    "mm_processor_kwargs: do_sample_frames, num_frames, min_frames and "
+                    "max_frames sample a decoded video (a video_url); frames given as such are "
+                    "taken as given",
+                    "mm_processor_kwargs",
+                )
+            videos.append(video)
+            fps.append(float(sampling.get("fps", DEFAULT_FPS)))
+        return videos, fps
+
+    def _videos(self, data: Mapping[str, Any]) -> list[Any]:
         """``multi_modal_data.video``: one video (a list of PIL frames, or a ``[frames, H, W, 3]``
-        uint8 array, as vLLM takes it) or a list of them -> each video's RGB PIL frames."""
+        uint8 array, as vLLM takes it; or a ``DecodedVideo``, a ``video_url``'s) or a list of them
+        -> each video's RGB PIL frames (a decoded video stays one)."""
         import numpy as np
         from PIL import Image
 
         given = data.get("video")
         if given is None:
             return []
-        one = isinstance(given, np.ndarray) or (
+        one = isinstance(given, np.ndarray | DecodedVideo) or (
             isinstance(given, list | tuple) and given and isinstance(given[0], Image.Image)
         )
         videos = [given] if one else _as_list(given)
@@ -218,9 +257,12 @@ class MultiModalProcessor:
                 f"got {len(videos)}",
                 "multi_modal_data.video",
             )
-        out = []
+        out: list[Any] = []
         for i, video in enumerate(videos):
             where = f"multi_modal_data.video[{i}]"
+            if isinstance(video, DecodedVideo):
+                out.append(video)
+                continue
             if isinstance(video, np.ndarray):
                 if video.ndim != 4 or video.shape[-1] != 3 or video.dtype != np.uint8:
                     raise RequestError(
@@ -243,7 +285,12 @@ class MultiModalProcessor:
         return out
 
     def _video_features(
-        self, ids: Sequence[int], videos: list[list[Any]], out: Any, kwargs: dict[str, Any]
+        self,
+        ids: Sequence[int],
+        frame_digests: list[list[str]],
+        fps: list[float],
+        out: Any,
+        kwargs: dict[str, Any],
     ) -> list[MultiModalFeature]:
         """Each video's run of ``<|video_pad|>`` tokens and its rows of the processor's
         ``pixel_values_videos`` (its ``video_grid_thw`` patches) and its ``second_per_grid_ts``;
@@ -258,7 +305,7 @@ class MultiModalProcessor:
         bounds = [0, *itertools.accumulate(int(grid.prod()) for grid in grids)]
         features = []
         start = 0
-        for i, (frames, grid) in enumerate(zip(videos, grids, strict=True)):
+        for i, (frames, rate, grid) in enumerate(zip(frame_digests, fps, grids, strict=True)):
             count = int(grid.prod()) // merge**2
             run = positions[start : start + count]
             start += count
@@ -272,7 +319,7 @@ class MultiModalProcessor:
                     (run[j * per_frame : (j + 1) * per_frame], frame, rows)
                     for j, rows in enumerate(np.split(patches, grid_t))
                 ]
-            digest = video_digest(frames, kwargs)
+            digest = video_digest(frames, rate)
             for j, (tokens, item_grid, rows) in enumerate(items):
                 if (
                     len(tokens) != len(rows) // merge**2

@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,11 @@ from infernetes.runtime.engine.stats import MultiModalCacheStats
 # MultiModalProcessor.process): the image processor sees only the images.
 _CALL_DIGESTS: contextvars.ContextVar[Sequence[str] | None] = contextvars.ContextVar(
     "mm_call_digests", default=None
+)
+# The digests of the videos' frames, by the frame object: a video processor sees one video's
+# frames a call, in an order of its own.
+_CALL_FRAME_DIGESTS: contextvars.ContextVar[Mapping[int, str] | None] = contextvars.ContextVar(
+    "mm_call_frame_digests", default=None
 )
 
 
@@ -85,18 +90,35 @@ class ProcessorCache:
 
 
 @contextlib.contextmanager
-def item_digests(digests: Sequence[str]) -> Iterator[None]:
-    """The digests of the images of the processor call made inside, in order."""
+def item_digests(
+    digests: Sequence[str], frame_digests: Mapping[int, str] | None = None
+) -> Iterator[None]:
+    """The digests of the images of the processor call made inside, in order, and of the
+    videos' frames by ``id()`` of each frame."""
     token = _CALL_DIGESTS.set(digests)
+    frames_token = _CALL_FRAME_DIGESTS.set(frame_digests)
     try:
         yield
     finally:
+        _CALL_FRAME_DIGESTS.reset(frames_token)
         _CALL_DIGESTS.reset(token)
 
 
+def _call_digests(flat: Any) -> Sequence[str] | None:
+    """The digests of a call's images: all of them a video's frames, or the call's images."""
+    if not isinstance(flat, list) or not flat:
+        return None
+    frames = _CALL_FRAME_DIGESTS.get() or {}
+    found = [frames.get(id(image)) for image in flat]
+    if None not in found:
+        return found  # type: ignore[return-value]  # no None among them
+    images = _CALL_DIGESTS.get()
+    return images if images is not None and len(images) == len(flat) else None
+
+
 class CachedImageProcessor:
-    """Stands in for a Hugging Face processor's ``image_processor``: each image of a call whose
-    digest is cached takes its arrays from the cache, the others are processed one by one and
+    """Stands in for a Hugging Face processor's ``image_processor``: each image (or video
+    frame) of a call whose digest is cached takes its arrays from the cache, the others are processed one by one and
     kept; the batch is then put together as the image processor would have made it (rows
     concatenated; LLaVA-NeXT's tiles and Pixtral's sides padded with zeros to the batch's most)."""
 
@@ -112,10 +134,10 @@ class CachedImageProcessor:
     def __call__(self, images: Any, *args: Any, **kwargs: Any) -> Any:
         from transformers import BatchFeature
 
-        digests = _CALL_DIGESTS.get()
         nested = isinstance(images, list) and bool(images) and isinstance(images[0], list)
         flat = [image for group in images for image in group] if nested else images
-        if digests is None or args or not isinstance(flat, list) or len(flat) != len(digests):
+        digests = _call_digests(flat)
+        if digests is None or args:
             return self.inner(images, *args, **kwargs)
         items = []
         for image, digest in zip(flat, digests, strict=True):

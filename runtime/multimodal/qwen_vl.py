@@ -64,12 +64,12 @@ class QwenVLProcessor:
         videos: list[list[Any]] | None = None,
         return_tensors: str = "np",
         add_special_tokens: bool = True,
-        fps: float = DEFAULT_FPS,
+        fps: float | list[float] = DEFAULT_FPS,
         **kwargs: Any,
     ) -> dict[str, Any]:
         """``input_ids`` and ``attention_mask`` ``[1, L]`` and, with images, ``pixel_values`` (their
         patches, one row each, image after image) and ``image_grid_thw`` ``[images, 3]``; with
-        videos (each a list of frames of one size, taken at ``fps``) ``pixel_values_videos``,
+        videos (each a list of frames of one size, taken at ``fps``, one rate or each video's) ``pixel_values_videos``,
         ``video_grid_thw`` and ``second_per_grid_ts`` (the seconds a temporal patch spans);
         numpy arrays."""
         out: dict[str, Any] = {}
@@ -108,11 +108,11 @@ class QwenVLProcessor:
         return self._expand(text, VIDEO_PAD, grids, kwargs)
 
     def _videos(
-        self, videos: list[list[Any]], fps: float, kwargs: dict[str, Any]
+        self, videos: list[list[Any]], fps: float | list[float], kwargs: dict[str, Any]
     ) -> dict[str, np.ndarray]:
-        """Each video's frames through the image processor (the processor cache is for images:
-        its inner one), then taken ``temporal_patch_size`` at a time."""
-        processor = getattr(self.image_processor, "inner", self.image_processor)
+        """Each video's frames through the image processor (the processor cache keeps each
+        frame's arrays), then taken ``temporal_patch_size`` at a time."""
+        processor = self.image_processor
         temporal = kwargs.get("temporal_patch_size") or processor.temporal_patch_size
         patch = kwargs.get("patch_size") or processor.patch_size
         patches, grids = [], []
@@ -130,7 +130,9 @@ class QwenVLProcessor:
         return {
             "pixel_values_videos": np.concatenate(patches),
             "video_grid_thw": np.asarray(grids, np.int64),
-            "second_per_grid_ts": np.full(len(videos), temporal / fps, np.float32),
+            "second_per_grid_ts": np.broadcast_to(
+                temporal / np.asarray(fps, np.float32), len(videos)
+            ).astype(np.float32),
         }
 
     def _get_num_multimodal_tokens(

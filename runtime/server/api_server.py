@@ -366,9 +366,9 @@ def run_server(config: ServeConfig) -> None:
     """Serve ``config`` (a ServeConfig) until SIGINT/SIGTERM or engine death; with
     ``--api-server-count`` above 1, as the supervisor of that many API processes
     (``api_servers.py``)."""
-    settings = FrontendSettings.from_config(config)
     try:
         check_settings(config)  # what `infernetes config` checks too
+        settings = FrontendSettings.from_config(config)
         apply_log_level(config.log_level)
         logging_settings = LoggingSettings.from_env()
     except ValueError as exc:

@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 import jinja2.nodes
 from infernetes.runtime.engine.errors import RequestError
-from infernetes.runtime.multimodal.chat_parts import ImagePart, split_content
+from infernetes.runtime.multimodal.chat_parts import MediaPart, split_content
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.template_sandbox import TemplateRenderError, TemplateSandbox
 from infernetes.runtime.tokenization.mistral import MistralTokenizer
@@ -70,11 +70,12 @@ def resolve_content_format(setting: str, template: str) -> str:
 def normalize_messages(
     messages: list[Any],
     content_format: str,
-    images: list[ImagePart] | None = None,
-    image_placeholder: str | None = None,
+    media: list[MediaPart] | None = None,
+    placeholders: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Messages (pydantic or dicts) -> the dicts the template sees, content shaped per
-    ``content_format``; image parts go to ``images`` (None: refused, a text model's)."""
+    ``content_format``; image and video parts go to ``media`` (``placeholders`` None: refused,
+    a text model's)."""
     out = []
     for i, message in enumerate(messages):
         item = message if isinstance(message, dict) else message.model_dump(exclude_none=True)
@@ -83,9 +84,7 @@ def normalize_messages(
         param = f"messages[{i}].content"
         if isinstance(content, list):
             try:
-                item["content"] = split_content(
-                    content, param, content_format, images, image_placeholder
-                )
+                item["content"] = split_content(content, param, content_format, media, placeholders)
             except RequestError as error:
                 raise APIError(str(error), 400, error.param) from error
         elif content is None:
@@ -115,7 +114,7 @@ class ChatRenderer:
         content_format: str,
         trust_request_templates: bool = False,
         default_template_kwargs: Mapping[str, Any] | None = None,
-        image_placeholder: str | None = None,
+        media_placeholders: dict[str, str] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         if template and isinstance(tokenizer, MistralTokenizer):
@@ -123,8 +122,9 @@ class ChatRenderer:
                 "--chat-template has no effect with --tokenizer-mode mistral: mistral_common "
                 "encodes the chats"
             )
-        # A vision-language model's placeholder of one image (None: the model takes text only).
-        self.image_placeholder = image_placeholder
+        # A vision-language model's placeholder of one item of each modality it takes (None:
+        # the model takes text only).
+        self.media_placeholders = media_placeholders
         # What every template gets unless the request's chat_template_kwargs say otherwise.
         self.default_template_kwargs = dict(default_template_kwargs or {})
         self.default_template = template or getattr(tokenizer, "chat_template", None)
@@ -181,9 +181,9 @@ class ChatRenderer:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
-        images: list[ImagePart] | None = None,
+        media: list[MediaPart] | None = None,
     ) -> str:
-        """The prompt text; the messages' image parts are appended to ``images`` (refused when
+        """The prompt text; the messages' image and video parts are appended to ``media`` (refused when
         it is None or the model takes text only)."""
         if template is not None and self.sandbox is None:
             raise APIError(
@@ -204,9 +204,7 @@ class ChatRenderer:
         if isinstance(chosen, dict):  # some tokenizers keep several named templates
             chosen = chosen.get("default") or next(iter(chosen.values()))
         content_format = resolve_content_format(self.content_format, chosen)
-        if self.image_placeholder is None:
-            images = None
-        conversation = normalize_messages(messages, content_format, images, self.image_placeholder)
+        conversation = normalize_messages(messages, content_format, media, self.media_placeholders)
         if continue_final_message and conversation[-1].get("role") != "assistant":
             raise APIError(
                 "continue_final_message needs the last message to be from the assistant",

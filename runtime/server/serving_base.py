@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.engine.errors import RequestError
-from infernetes.runtime.multimodal.chat_parts import ImagePart
+from infernetes.runtime.multimodal.chat_parts import MediaPart, load_media
 from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import (
     RequestOutputKind,
@@ -127,14 +127,14 @@ class ServingBase:
 
     # ------------------------------------------------------------ prompts
 
-    def with_images(
+    def with_media(
         self,
         text: str,
-        images: list[ImagePart],
+        media: list[MediaPart],
         add_special_tokens: bool,
         processor_kwargs: dict[str, Any] | None = None,
     ) -> MultiModalPrompt:
-        """A rendered chat's text and its image parts, read and run through the model's
+        """A rendered chat's text and its image and video parts, read and run through the model's
         processor (in the preparation threads); every fault a 400 naming its field."""
         if processor_kwargs and not self.settings.trust_request_mm_kwargs:
             raise APIError(
@@ -144,9 +144,8 @@ class ServingBase:
                 "mm_processor_kwargs",
             )
         try:
-            loaded = [part.load(self.settings.media) for part in images]
             return self.engine.input_processor.process_multimodal(
-                text, {"image": loaded}, processor_kwargs, add_special_tokens
+                text, load_media(media, self.settings.media), processor_kwargs, add_special_tokens
             )
         except RequestError as error:
             raise APIError(str(error), 400, error.param) from error

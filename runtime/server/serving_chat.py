@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from infernetes.runtime.multimodal.chat_parts import ImagePart
+from infernetes.runtime.multimodal.chat_parts import MediaPart
 from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import SamplingParams, StructuredOutputsParams
 from infernetes.runtime.server.chat_template import ChatRenderer
@@ -187,10 +187,10 @@ class ChatServing(ServingBase):
         if encoded is not None:
             truncate = request.truncate_prompt_tokens
             return encoded[-truncate:] if truncate else encoded
-        images: list[ImagePart] = []
+        media: list[MediaPart] = []
         text = self.renderer.render(
             request.messages,
-            images=images,
+            media=media,
             template=request.chat_template,
             tools=tools,
             documents=request.documents,
@@ -199,15 +199,15 @@ class ChatServing(ServingBase):
             template_kwargs=_template_kwargs(request),
         )
         add_special = bool(request.add_special_tokens)
-        if not images:
+        if not media:
             return self.tokenize(text, add_special, request.truncate_prompt_tokens)
         if request.truncate_prompt_tokens:
             raise APIError(
-                "truncate_prompt_tokens cannot cut a prompt with images",
+                "truncate_prompt_tokens cannot cut a prompt with images or videos",
                 400,
                 "truncate_prompt_tokens",
             )
-        return self.with_images(text, images, add_special, request.mm_processor_kwargs)
+        return self.with_media(text, media, add_special, request.mm_processor_kwargs)
 
     def _prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         lora = self.check_model(request.model)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from infernetes.runtime.multimodal.chat_parts import ImagePart
+from infernetes.runtime.multimodal.chat_parts import MediaPart
 from infernetes.runtime.server.chat_template import ChatRenderer
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.protocol import (
@@ -52,18 +52,18 @@ class TokenizationServing(ServingBase):
         )
         if encoded is not None:
             return encoded
-        images: list[ImagePart] = []
+        media: list[MediaPart] = []
         text = self.renderer.render(
             request.messages,
-            images=images,
+            media=media,
             template=request.chat_template,
             tools=tools,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             template_kwargs=request.chat_template_kwargs,
         )
-        if images:  # each image's feature tokens, as the model sees them
-            return self.with_images(text, images, request.add_special_tokens).prompt_token_ids
+        if media:  # each item's feature tokens, as the model sees them
+            return self.with_media(text, media, request.add_special_tokens).prompt_token_ids
         return self.tokenize(text, request.add_special_tokens)
 
     def tokenize_request(

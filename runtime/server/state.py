@@ -82,7 +82,7 @@ class ServerState:
             settings.chat_template_content_format,
             settings.trust_request_chat_template,
             settings.default_chat_template_kwargs,
-            engine.image_placeholder,
+            engine.media_placeholders,
         )
         reasoning = (
             make_reasoning_parser(settings.reasoning_parser) if settings.reasoning_parser else None

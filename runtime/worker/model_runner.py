@@ -415,6 +415,8 @@ class ModelRunner:
         state = self.requests[data.request_id]
         if data.resumed_from_preemption:
             self.block_table.set(state.row, data.new_block_ids)
+            # encoded again as its chunks reach them (the scheduler's encoder budget counts so)
+            state.encoder_outputs.clear()
             if data.num_tokens is not None:
                 state.drop_discarded_tokens(data.num_tokens)
         elif data.new_block_ids:

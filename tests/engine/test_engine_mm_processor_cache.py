@@ -1,5 +1,5 @@
 """The multimodal processor cache (--mm-processor-cache-gb): a repeated image skips the image
-processor, a changed one does not, the byte bound evicts the least recently used, 0 disables;
+processor, a changed one does not (and so a video's frames), the byte bound evicts the least recently used, 0 disables;
 the tokens and arrays are the same either way (LLaVA-NeXT's tiles, padded across a batch, and
 Gemma 3's pan-and-scan crops included), and the engine's outputs still equal transformers'."""
 
@@ -11,12 +11,16 @@ import numpy as np
 import pytest
 from infernetes.runtime.engine.stats import MultiModalCacheStats
 from infernetes.runtime.multimodal.processor import MultiModalProcessor
+from infernetes.runtime.multimodal.qwen_vl import QwenVLProcessor
 from infernetes.runtime.testing_vision import (
+    QWEN_IMAGE,
+    QWEN_VIDEO,
     assert_equals_transformers,
     hf_llava_greedy,
     make_tiny_gemma3,
     make_tiny_llava,
     make_tiny_llava_next,
+    make_tiny_qwen2_vl,
     random_image,
 )
 
@@ -184,3 +188,34 @@ def test_pixtral_images_of_different_sides_are_padded_as_without_the_cache(tmp_p
     _assert_same(first, plain.process("[IMG]", {"image": [tall]}))
     _assert_same(both, plain.process(text, {"image": [wide, tall]}))
     assert [f.data["pixel_values"].shape for f in both.features] == [(3, 48, 48)] * 2
+
+
+def _qwen_processor(path: str, cache_bytes: int) -> MultiModalProcessor:
+    from infernetes.runtime.model_executor.models.qwen2_vl import (
+        Qwen2VLForConditionalGeneration,
+    )
+    from transformers import AutoConfig
+
+    shape = Qwen2VLForConditionalGeneration.image_input_shape(AutoConfig.from_pretrained(path))
+    return MultiModalProcessor.load(
+        path, shape, {}, {}, cache_bytes, processor_class=QwenVLProcessor
+    )
+
+
+def test_videos_frames_are_cached_as_images_are(tmp_path, monkeypatch):
+    path = str(make_tiny_qwen2_vl(tmp_path))
+    cached, plain = _qwen_processor(path, 64 * MiB), _qwen_processor(path, 0)
+    calls = _count_image_processor_calls(cached, monkeypatch)
+    video = [random_image(50 + i, (48, 32)) for i in range(4)]
+    text = f"Watch {QWEN_VIDEO} and {QWEN_IMAGE}."
+    first = cached.process(text, {"video": video, "image": video[0]})
+    assert calls == [1, 1, 1, 1]  # each frame once; the image is the first frame
+    again = cached.process(text, {"video": video, "image": video[0]})
+    assert calls == [1, 1, 1, 1]
+    changed = [frame.copy() for frame in video]
+    changed[2].putpixel((3, 4), (0, 0, 0))
+    other = cached.process(text, {"video": changed, "image": video[0]})
+    assert calls == [1, 1, 1, 1, 1]  # the changed frame only
+    assert other.features[0].identifier != first.features[0].identifier
+    for result, frames in ((first, video), (again, video), (other, changed)):
+        _assert_same(result, plain.process(text, {"video": frames, "image": video[0]}))

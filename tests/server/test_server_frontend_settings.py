@@ -155,7 +155,7 @@ def test_stats_line_names_the_engines_device(caplog):
         device="cpu",
         is_pooling=False,
         cores=[None],  # one engine core
-        image_placeholder=None,  # a text model
+        media_placeholders=None,  # a text model
     )
     state.attach_engine(engine)
     with caplog.at_level(logging.INFO, logger="infernetes.runtime.server.stats"):
