@@ -103,6 +103,8 @@ class AudioProcessor:
     decoder's prompt. Picklable (it travels to the API side in ``EngineInfo``)."""
 
     image_token = None  # takes no images
+    # no chat media parts: audio comes as a file to /v1/audio/* or offline as multi_modal_data
+    placeholders: dict[str, str] | None = None
     cache = None  # no processor cache: each clip is its own
     requires_audio = True  # a prompt without audio has nothing to decode from
 

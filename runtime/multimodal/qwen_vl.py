@@ -100,11 +100,11 @@ class QwenVLProcessor:
         text: str,
         frames: list[int],
         grids: np.ndarray,
-        fps: float,
+        fps: float | list[float],
         kwargs: dict[str, Any],
     ) -> str:
-        """Each ``<|video_pad|>`` of ``text`` (its video of ``frames`` frames taken at ``fps``)
-        repeated once per merged patch of its video."""
+        """Each ``<|video_pad|>`` of ``text`` (its video of ``frames`` frames taken at ``fps``,
+        one rate or each video's) repeated once per merged patch of its video."""
         return self._expand(text, VIDEO_PAD, grids, kwargs)
 
     def _videos(
@@ -159,21 +159,22 @@ class Qwen3VLProcessor(QwenVLProcessor):
         text: str,
         frames: list[int],
         grids: np.ndarray,
-        fps: float,
+        fps: float | list[float],
         kwargs: dict[str, Any],
     ) -> str:
+        rates = fps if isinstance(fps, list) else [fps] * len(frames)
         merge = kwargs.get("merge_size") or self.image_processor.merge_size
         processor = getattr(self.image_processor, "inner", self.image_processor)
         temporal = kwargs.get("temporal_patch_size") or processor.temporal_patch_size
         placeholders = []
-        for count, grid in zip(frames, grids, strict=True):
+        for count, grid, rate in zip(frames, grids, rates, strict=True):
             grid_t, height, width = (int(v) for v in grid)
             tokens = VIDEO_PAD * (height * width // merge**2)
             patches = []
             for patch in range(grid_t):
                 first = patch * temporal
                 last = min(first + temporal - 1, count - 1)
-                seconds = (first / fps + last / fps) / 2
+                seconds = (first / rate + last / rate) / 2
                 patches.append(f"<{seconds:.1f} seconds>{VISION_START}{tokens}{VISION_END}")
             placeholders.append("".join(patches))
         return _replace_each(text, VIDEO_PAD, placeholders)

@@ -155,12 +155,12 @@ class ChatRenderer:
                 400,
                 "chat_template",
             )
-        images: list[ImagePart] | None = None if self.image_placeholder is None else []
-        conversation = normalize_messages(messages, "string", images, self.image_placeholder)
-        if images:
+        media: list[MediaPart] | None = None if self.media_placeholders is None else []
+        conversation = normalize_messages(messages, "string", media, self.media_placeholders)
+        if media:
             raise APIError(
-                "image parts with --tokenizer-mode mistral are planned (mistral_common encodes "
-                "images itself); with --tokenizer-mode auto the model's processor takes them",
+                "image and video parts with --tokenizer-mode mistral are planned (mistral_common "
+                "encodes images itself); with --tokenizer-mode auto the model's processor takes them",
                 400,
                 "messages",
             )
