@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from infernetes.kernels import ops
-from infernetes.kernels.cpu import packed_linear
+from infernetes.kernels.cpu import packed_linear, skinny_linear
 from infernetes.runtime.model_executor.layers.deferred_weights import weight_parameter, writable
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
@@ -70,16 +70,20 @@ class LinearBase(nn.Module):
         self.weight_scale = nn.Parameter(scale.reshape(1).float(), requires_grad=False)
 
     def pack_for_cpu(self) -> None:
-        """Pack a loaded CPU bf16/fp16 weight for oneDNN once (see kernels/cpu/packed_linear.py);
-        the plain copy is dropped so the weights are not held twice."""
+        """Pack a loaded CPU bf16/fp16 weight for oneDNN once (see kernels/cpu/packed_linear.py).
+        The plain copy stays only where decode reads it (kernels/cpu/skinny_linear.py: bf16 with
+        the kernel built), else it is dropped so the weights are not held twice."""
         packed = packed_linear.pack_weight(self.weight.data)
         if packed is not None:
             self.packed_weight = packed
-            self.weight.data = self.weight.data.new_empty(0)
+            if not skinny_linear.takes(self.weight.data):
+                self.weight.data = self.weight.data.new_empty(0)
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant_method is not None:
             return self.quant_method(x, bias)
+        if skinny_linear.handles(x, self.weight):
+            return skinny_linear.linear(x, self.weight, bias)
         if self.packed_weight is not None:
             return packed_linear.linear(x, self.packed_weight, bias)
         if self.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
