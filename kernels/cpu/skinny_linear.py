@@ -1,11 +1,13 @@
 """Linear layers of few rows (decode) on dense float32/bfloat16 weights on the CPU, through the C
-kernel of skinny_linear.c, which streams each weight row once per call.
+kernel of skinny_linear.c, which streams each weight row once per call over all threads.
 
-torch's own path for one row read the weights at about a quarter of the copy bandwidth at float32
-(aten::mm took 87% of a decode step) and half at bfloat16 (oneDNN on its packed layout); the
-kernel reads them at most of it (bench/cpu_gemv.py). Above ``MAX_ROWS`` rows the product is
-bound by arithmetic and torch's GEMM wins. Same contract as ``F.linear``; the caller falls back
-to torch where `handles` says no.
+torch's float32 product of one row ran on one thread (MKL's GEMV; aten::mm was 87% of a decode
+step and read the weights at a quarter of the copy bandwidth on 2 cores); the kernel splits the
+rows between the threads. bfloat16 weights packed for oneDNN stay there (oneDNN spreads a row's
+product over the threads and reads as fast: bench/cpu_gemv.py); the kernel takes the plain ones
+(a tied LM head's, or where oneDNN cannot pack). Above ``MAX_ROWS`` rows the product is bound by
+arithmetic and torch's GEMM wins. Same contract as ``F.linear``; callers fall back to torch where
+`handles` says no.
 """
 
 from __future__ import annotations
@@ -21,27 +23,19 @@ def _library():
     return native.load("skinny_linear")
 
 
-def takes(weight: torch.Tensor) -> bool:
-    """Whether decode batches on this weight run the kernel: a plain contiguous CPU weight of
-    float32 or bfloat16, and the kernel built."""
+def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel computes ``F.linear(x, weight)``: a plain contiguous CPU weight of
+    x's dtype (float32 or bfloat16), at most ``MAX_ROWS`` rows, and the kernel built."""
     return (
         weight.device.type == "cpu"
         and weight.dtype in _DTYPE_CODES
+        and x.dtype == weight.dtype
         and weight.dim() == 2
+        and x.shape[-1] == weight.shape[1]
         and weight.is_contiguous()
-        and _library() is not None
-    )
-
-
-def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the kernel computes ``F.linear(x, weight)``: few rows of x's dtype on a weight
-    it `takes`."""
-    return (
-        x.dtype == weight.dtype
-        and x.shape[-1] == (weight.shape[-1] if weight.dim() else -1)
         and 0 < x.numel() // max(x.shape[-1], 1) <= MAX_ROWS
-        and takes(weight)
         and not torch.compiler.is_compiling()
+        and _library() is not None
     )
 
 

@@ -70,14 +70,14 @@ class LinearBase(nn.Module):
         self.weight_scale = nn.Parameter(scale.reshape(1).float(), requires_grad=False)
 
     def pack_for_cpu(self) -> None:
-        """Pack a loaded CPU bf16/fp16 weight for oneDNN once (see kernels/cpu/packed_linear.py).
-        The plain copy stays only where decode reads it (kernels/cpu/skinny_linear.py: bf16 with
-        the kernel built), else it is dropped so the weights are not held twice."""
+        """Pack a loaded CPU bf16/fp16 weight for oneDNN once (see kernels/cpu/packed_linear.py);
+        the plain copy is dropped so the weights are not held twice. (oneDNN's packed bf16
+        product of one row spreads over the threads and reads as fast as skinny_linear's, so a
+        plain copy for decode would cost memory and gain nothing: bench/cpu_gemv.py.)"""
         packed = packed_linear.pack_weight(self.weight.data)
         if packed is not None:
             self.packed_weight = packed
-            if not skinny_linear.takes(self.weight.data):
-                self.weight.data = self.weight.data.new_empty(0)
+            self.weight.data = self.weight.data.new_empty(0)
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant_method is not None:
