@@ -382,7 +382,8 @@ static int q4_decode(const uint16_t *x, void *y, const uint8_t *qweight, const f
         for (int k = g * G; k < (g + 1) * G; k++) sum += load_one(x, k, BF16, NULL);
         xsum[g] = sum;
     }
-#pragma omp parallel for schedule(static) num_threads(threads)
+    /* spans of rows handed out as threads come free, as in skinny_linear.c */
+#pragma omp parallel for schedule(dynamic, 64) num_threads(threads)
     for (int n = 0; n < N; n++) {
         const uint8_t *q = qweight + (int64_t)n * K / 2;
         const float *s = scale + n * groups, *o = offset ? offset + n * groups : NULL;

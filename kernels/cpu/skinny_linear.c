@@ -2,8 +2,7 @@
  * y = x @ w.T + bias, with w [N, K] row-major and contiguous, x [M, K] and y [M, N] rows with a
  * row stride, all of one dtype (dtypes.h: float32 or bfloat16; bias too, or NULL).
  *
- * Decode is bound by reading the weight once per token. Each thread takes a contiguous span of
- * weight rows (OpenMP, sharing torch's pool as group_quant.c does) and reads them BLOCK rows at a
+ * Decode is bound by reading the weight once per token. Threads take spans of weight rows (OpenMP, sharing torch's pool as group_quant.c does) and reads them BLOCK rows at a
  * time, every cache line once, each loaded vector serving up to ROWS rows of x (more rows of x
  * read the block again, from the cache). Sums in float32: with AVX-512 BF16 the CPU's bf16 dot
  * product (32 products per instruction), else bfloat16 widened to float32 and a multiply-add.
@@ -26,7 +25,7 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef uint16_t v16u16 __attribute__((vector_size(32)));
 typedef uint32_t v16u32 __attribute__((vector_size(64)));
 
-enum { LANES = 16, BLOCK = 4, ROWS = 4, PREFETCH = 2 };
+enum { LANES = 16, BLOCK = 4, ROWS = 4, PREFETCH = 2, CHUNK = 16 };
 
 static inline v16f load_f32(const float *restrict p) {
     v16f v;
@@ -156,7 +155,10 @@ int skinny_linear(const void *x, int64_t x_stride, void *y, int64_t y_stride, co
         p.x = widened, p.x_stride = K;
     }
     const int blocks = (N + BLOCK - 1) / BLOCK;
-#pragma omp parallel for schedule(static) num_threads(threads)
+    /* Spans of CHUNK blocks handed out as threads come free, not one fixed half each: on cores
+     * shared with other work a thread that is descheduled leaves its rows to the other(s)
+     * rather than hold up the whole call. */
+#pragma omp parallel for schedule(dynamic, CHUNK) num_threads(threads)
     for (int block = 0; block < blocks; block++) linear_block(&p, block);
     free(widened);
     return 0;
