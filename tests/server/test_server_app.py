@@ -158,9 +158,7 @@ async def test_user_middleware_is_installed():
 
 
 def test_refused_settings_name_the_flag():
-    with pytest.raises(
-        ValueError, match=r"--tool-call-parser 'ernie45' is unknown; supported: .*hermes"
-    ):
+    with pytest.raises(ValueError, match=r"--tool-call-parser 'ernie45' is unknown; supported: .*hermes"):
         check_frontend_settings(FrontendSettings(tool_call_parser="ernie45"))
     with pytest.raises(ValueError, match="--tool-call-parser"):
         check_frontend_settings(FrontendSettings(enable_auto_tool_choice=True))
