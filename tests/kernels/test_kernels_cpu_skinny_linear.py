@@ -113,3 +113,18 @@ def test_linear_layers_use_it_for_decode_only(monkeypatch):
         x = torch.randn(rows, 48, generator=gen)
         assert_close(layer(x), expected(x, layer.weight, layer.bias), torch.float32)
     assert calls == [(1, 48), (4, 48)]
+
+
+def test_a_float32_lm_head_uses_it(monkeypatch):
+    from infernetes.runtime.model_executor.layers.embedding import ParallelLMHead
+
+    head = ParallelLMHead(50, 48)
+    gen = torch.Generator().manual_seed(10)
+    head.weight.data.copy_(torch.randn(50, 48, generator=gen))
+    head.pack_for_cpu()  # float32: nothing to pack
+    calls = []
+    kernel = cpu.linear
+    monkeypatch.setattr(cpu, "linear", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    x = torch.randn(2, 48, generator=gen)
+    assert_close(head(x), expected(x, head.weight, None), torch.float32)
+    assert calls == [(2, 48)]
