@@ -2,8 +2,9 @@
  * y = x @ w.T + bias, with w [N, K] row-major and contiguous, x [M, K] and y [M, N] rows with a
  * row stride, all of one dtype (dtypes.h: float32 or bfloat16; bias too, or NULL).
  *
- * Decode is bound by reading the weight once per token. Threads take spans of weight rows (OpenMP, sharing torch's pool as group_quant.c does) and reads them BLOCK rows at a
- * time, every cache line once, each loaded vector serving up to ROWS rows of x (more rows of x
+ * Decode is bound by reading the weight once per token. Threads take spans of weight rows
+ * (OpenMP, sharing torch's pool as group_quant.c does) and read them BLOCK rows at a time, every
+ * cache line once, each loaded vector serving up to ROWS rows of x (more rows of x
  * read the block again, from the cache). Sums in float32: with AVX-512 BF16 the CPU's bf16 dot
  * product (32 products per instruction), else bfloat16 widened to float32 and a multiply-add.
  * The vector types below compile to AVX-512, AVX2 or SSE as -march allows.
