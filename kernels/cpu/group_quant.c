@@ -327,11 +327,89 @@ static void permute_row(const void *x, int64_t offset, int dtype, void *out, int
     memset((char *)out + element * K, 0, element * (size_t)(width - K));
 }
 
+#if HAVE_BF16_DOT
+/* One row of bfloat16 x against 4-bit weights in groups of whole 32s (decode's common case, GGUF
+ * Q4_0/Q4_1 among them), with no conversion to float32: a nibble n becomes the bfloat16 of 128 + n
+ * by one OR (0x4300 | n, exact: 128 + n needs 7 bits of mantissa), so
+ *   sum_k (n_k * s + o) * x_k = s * dot(128 + n, x) + (o - 128 * s) * sum_k x_k
+ * per group: the bf16 dot product runs on the packed nibbles, and the second term is a short dot
+ * over the groups with x's group sums. 64 inputs (32 bytes) per step, two groups wide (each
+ * vector's lanes 0-7 sum the first group, 8-15 the second), about half the instructions of
+ * converting each nibble to float32. x is ordered per 64 inputs as [evens, odds]; a last group of
+ * 32 alone as [its evens, 16 zeros, its odds, 16 zeros]. */
+static inline __attribute__((always_inline)) float q4_row_dot(const uint8_t *restrict q, const float *restrict scale,
+                                                              const float *restrict offset, const uint16_t *restrict x,
+                                                              const float *restrict xsum, int K, const int G) {
+    const __m256i mask = _mm256_set1_epi8(15);
+    const __m512i magic = _mm512_set1_epi16(0x4300);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int base = 0; base < K; base += 64) {
+        const int whole = K - base >= 64;
+        const __m256i b = whole ? _mm256_loadu_si256((const __m256i *)(q + base / 2))
+                                : _mm256_maskz_loadu_epi8(0xffff, q + base / 2);
+        const __m256i lo = _mm256_and_si256(b, mask), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+        const __m512bh wlo = (__m512bh)_mm512_or_si512(_mm512_cvtepu8_epi16(lo), magic);
+        const __m512bh whi = (__m512bh)_mm512_or_si512(_mm512_cvtepu8_epi16(hi), magic);
+        __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), wlo, (__m512bh)_mm512_loadu_si512(x + base));
+        t = _mm512_dpbf16_ps(t, whi, (__m512bh)_mm512_loadu_si512(x + base + 32));
+        const float s0 = scale[base / G], s1 = whole ? scale[(base + 32) / G] : 0.0f;
+        const __m512 s = _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
+        acc[(base / 64) & 1] = _mm512_fmadd_ps(t, s, acc[(base / 64) & 1]);
+    }
+    float total = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+    for (int g = 0; g < K / G; g++) total += ((offset ? offset[g] : 0.0f) - 128.0f * scale[g]) * xsum[g];
+    return total;
+}
+
+static int q4_decode(const uint16_t *x, void *y, const uint8_t *qweight, const float *scale, const float *offset,
+                     const void *bias, int N, int K, int G, int threads) {
+    const int64_t width = (K + 63) / 64 * 64, groups = K / G;
+    uint16_t *xs = malloc(sizeof(uint16_t) * width);
+    float *xsum = malloc(sizeof(float) * groups);
+    if (!xs || !xsum) {
+        free(xs), free(xsum);
+        return -1;
+    }
+    for (int base = 0; base < K; base += 64) {
+        const int half = (K - base >= 64 ? 64 : 32) / 2;
+        for (int j = 0; j < 32; j++) {
+            xs[base + j] = j < half ? x[base + 2 * j] : 0;
+            xs[base + 32 + j] = j < half ? x[base + 2 * j + 1] : 0;
+        }
+    }
+    for (int g = 0; g < groups; g++) {
+        float sum = 0.0f;
+        for (int k = g * G; k < (g + 1) * G; k++) sum += load_one(x, k, BF16, NULL);
+        xsum[g] = sum;
+    }
+    /* spans of rows handed out as threads come free, as in skinny_linear.c */
+#pragma omp parallel for schedule(dynamic, 64) num_threads(threads)
+    for (int n = 0; n < N; n++) {
+        const uint8_t *q = qweight + (int64_t)n * K / 2;
+        const float *s = scale + n * groups, *o = offset ? offset + n * groups : NULL;
+        float v;
+        switch (G) {
+        case 32: v = q4_row_dot(q, s, o, xs, xsum, K, 32); break;
+        case 64: v = q4_row_dot(q, s, o, xs, xsum, K, 64); break;
+        case 128: v = q4_row_dot(q, s, o, xs, xsum, K, 128); break;
+        default: v = q4_row_dot(q, s, o, xs, xsum, K, G); break;
+        }
+        store_one(y, n, v + (bias ? load_one(bias, n, BF16, NULL) : 0.0f), BF16);
+    }
+    free(xs), free(xsum);
+    return 0;
+}
+#endif
+
 /* Returns 0, or -1 when scratch memory cannot be allocated. */
 int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_stride,
                        const uint8_t *qweight, const float *scale, const float *offset, const void *bias,
                        int M, int N, int K, int group, int bits, int threads) {
     const int bf16_dot = HAVE_BF16_DOT && dtype == BF16;
+#if HAVE_BF16_DOT
+    if (bf16_dot && M == 1 && bits == 4 && group % 32 == 0 && x_stride >= 0)
+        return q4_decode(x, y, qweight, scale, offset, bias, N, K, group, threads);
+#endif
     const int64_t width = (K + 31) / 32 * 32;
     int span = CHUNK;
 #define SPAN(G, BITS) span = TABLE_Q4(G, BITS) ? 32 : CHUNK

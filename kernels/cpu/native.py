@@ -55,6 +55,7 @@ _WIDE = ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD6
 EXTRA_FLAGS = {
     "elementwise": ("-ffp-contract=off", *_WIDE),
     "group_quant": ("-fopenmp", *_WIDE),
+    "skinny_linear": ("-fopenmp", *_WIDE),
 }
 
 _i32_p = ctypes.POINTER(ctypes.c_int32)
@@ -162,6 +163,22 @@ _SIGNATURES = {
             ctypes.c_int,
             ctypes.c_int,
             ctypes.c_int,  # T, D, rot_dim, neox, dtype
+        ],
+    ),
+    "skinny_linear": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,
+            ctypes.c_int64,  # x, its row stride
+            ctypes.c_void_p,
+            ctypes.c_int64,  # y, its row stride
+            ctypes.c_void_p,
+            ctypes.c_void_p,  # weight, bias
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,  # dtype, M, N, K, threads
         ],
     ),
     "silu_and_mul": (

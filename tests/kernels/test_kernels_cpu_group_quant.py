@@ -99,6 +99,18 @@ def test_without_offset_with_bias_and_a_strided_batch(bits, rows, dtype):
     assert_close(out.reshape(-1, outputs), want, dtype)
 
 
+@pytest.mark.parametrize("with_offset", [True, False])
+@pytest.mark.parametrize("group, inputs", [(32, 160), (32, 96), (64, 192), (96, 288)])
+def test_one_bfloat16_row_on_4_bit_groups_of_32s(group, inputs, with_offset):
+    """Decode's 4-bit path (nibbles as bf16 of 128 + n, two groups per step): an odd number of
+    32-input groups leaves a last group alone; groups of 96 straddle the steps; bias added."""
+    qweight, scale, offset = random_weight(19, inputs, group, 4, with_offset, seed=10)
+    bias = torch.randn(19).bfloat16()
+    x = torch.randn(1, inputs).bfloat16()
+    out = ops.group_quant_linear(x, qweight, scale, offset, group, 4, bias)
+    assert_close(out, expected(x, qweight, scale, offset, group, 4, bias), torch.bfloat16)
+
+
 def test_a_wrong_nibble_order_would_fail():
     """The tolerance catches the mistakes it is there for: swapping the nibbles of the weight
     (inputs 2j and 2j + 1 exchanged) changes the product far beyond it."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from infernetes.kernels.cpu import packed_linear
+from infernetes.kernels.cpu import packed_linear, skinny_linear
 from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.parallel import (
@@ -70,8 +70,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         """Logits ``[N, vocab]`` for the rows given (only those that are sampled)."""
         if self.quantized is not None:
             logits = self.quantized(hidden_states, self.bias)
-        elif self.packed_weight is not None:
+        elif self.packed_weight is not None:  # oneDNN's is as fast for bf16 (skinny_linear.py)
             logits = packed_linear.linear(hidden_states, self.packed_weight, self.bias)
+        elif skinny_linear.handles(hidden_states, self.weight):
+            logits = skinny_linear.linear(hidden_states, self.weight, self.bias)
         else:
             logits = F.linear(hidden_states, self.weight, self.bias)
         return all_gather_last_dim(logits)[..., : self.num_embeddings]

@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from infernetes.kernels import ops
-from infernetes.kernels.cpu import packed_linear
+from infernetes.kernels.cpu import packed_linear, skinny_linear
 from infernetes.runtime.model_executor.layers.deferred_weights import weight_parameter, writable
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.parallel import all_reduce, tp_rank, tp_size
@@ -71,7 +71,9 @@ class LinearBase(nn.Module):
 
     def pack_for_cpu(self) -> None:
         """Pack a loaded CPU bf16/fp16 weight for oneDNN once (see kernels/cpu/packed_linear.py);
-        the plain copy is dropped so the weights are not held twice."""
+        the plain copy is dropped so the weights are not held twice. (oneDNN's packed bf16
+        product of one row spreads over the threads and reads as fast as skinny_linear's, so a
+        plain copy for decode would cost memory and gain nothing: bench/cpu_gemv.py.)"""
         packed = packed_linear.pack_weight(self.weight.data)
         if packed is not None:
             self.packed_weight = packed
@@ -80,6 +82,8 @@ class LinearBase(nn.Module):
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.quant_method is not None:
             return self.quant_method(x, bias)
+        if skinny_linear.handles(x, self.weight):
+            return skinny_linear.linear(x, self.weight, bias)
         if self.packed_weight is not None:
             return packed_linear.linear(x, self.packed_weight, bias)
         if self.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
