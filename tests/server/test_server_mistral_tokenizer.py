@@ -165,8 +165,10 @@ def test_a_request_template_is_refused(client):
         )
 
 
-@pytest.mark.parametrize("placeholder", [None, "[IMG]"], ids=["text_model", "vision_model"])
-def test_image_parts_in_mistral_mode_are_a_400(tmp_path, placeholder):
+@pytest.mark.parametrize(
+    "placeholders", [None, {"image": "[IMG]"}], ids=["text_model", "vision_model"]
+)
+def test_image_parts_in_mistral_mode_are_a_400(tmp_path, placeholders):
     # A vision-language model (Mistral 3) hears that images there are planned, not that it
     # takes text only; a text model still hears that.
     from infernetes.runtime.server.chat_template import ChatRenderer
@@ -175,10 +177,10 @@ def test_image_parts_in_mistral_mode_are_a_400(tmp_path, placeholder):
     from infernetes.runtime.tokenization.mistral import MistralTokenizer as Tekken
 
     renderer = ChatRenderer(
-        Tekken(write_tekken(tmp_path)), None, "string", image_placeholder=placeholder
+        Tekken(write_tekken(tmp_path)), None, "string", media_placeholders=placeholders
     )
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     messages = [{"role": "user", "content": [{"type": "text", "text": "Look"}, image]}]
-    with pytest.raises(APIError, match="planned" if placeholder else "text only") as error:
+    with pytest.raises(APIError, match="planned" if placeholders else "text only") as error:
         renderer.encode_chat(messages, template=None, tools=None, continue_final_message=False)
     assert error.value.status == 400
