@@ -57,6 +57,11 @@ CHILD_DELAY_SECONDS = 0.2
 # A pass's status is written this long after it, off the path that creates children, once for
 # the passes of a burst.
 STATUS_DELAY_SECONDS = 0.5
+# A service not Ready yet is reconciled again this often: the pass's apply responses carry its
+# children's live status, which covers a watch event kopf never delivered (its scan of a CRD
+# installed after the operator started can run just before API discovery serves it, and no
+# later event makes it scan again).
+UNREADY_RECHECK_SECONDS = 30.0
 # At start-up, the first listing of the resources waits this long for the children's listings.
 STARTUP_DELAY_SECONDS = 1.0
 LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
@@ -287,11 +292,16 @@ class Reconciler:
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
     async def refresh_status(self, key: Key) -> None:
-        """Write the status the last pass and the children's current state call for."""
+        """Write the status the last pass and the children's current state call for; while the
+        service is not Ready, pass again later (see UNREADY_RECHECK_SECONDS)."""
         resource, outcome = self.resources.get(key), self.outcomes.get(key)
         if resource is None or outcome is None or resource["metadata"].get("deletionTimestamp"):
             return
         await self.status_writer.write(key, resource, outcome)
+        written = self.resources.get(key) or resource
+        conditions = (written.get("status") or {}).get("conditions") or ()
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            self.queue.add(key, UNREADY_RECHECK_SECONDS)
 
     async def _converge(
         self, key: Key, resource: Mapping[str, Any], result: Plan, notes: Outcome
