@@ -39,6 +39,7 @@ from infernetes.operator.render import SERVER, Plan, plan
 from infernetes.operator.render.dra import uses_dra
 from infernetes.operator.render.model_cache import held_workloads
 from infernetes.operator.render.workload import gpu_resource
+from infernetes.operator.status import condition_of
 from infernetes.operator.status_writer import Outcome, StatusWriter
 from infernetes.operator.workqueue import WorkQueue
 
@@ -299,8 +300,8 @@ class Reconciler:
             return
         await self.status_writer.write(key, resource, outcome)
         written = self.resources.get(key) or resource
-        conditions = (written.get("status") or {}).get("conditions") or ()
-        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+        ready = condition_of((written.get("status") or {}).get("conditions"), "Ready")
+        if ready.get("status") != "True":
             self.queue.add(key, UNREADY_RECHECK_SECONDS)
 
     async def _converge(

@@ -23,7 +23,7 @@ STUCK_WAITING_REASONS = frozenset(
 )
 
 
-def _condition(items: Sequence[Mapping[str, Any]] | None, kind: str) -> Mapping[str, Any]:
+def condition_of(items: Sequence[Mapping[str, Any]] | None, kind: str) -> Mapping[str, Any]:
     for item in items or ():
         if item.get("type") == kind:
             return item
@@ -33,7 +33,7 @@ def _condition(items: Sequence[Mapping[str, Any]] | None, kind: str) -> Mapping[
 def _scheduled(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str, str]:
     live = [pod for pod in pods if not pod.get("metadata", {}).get("deletionTimestamp")]
     for pod in live:
-        cond = _condition(pod.get("status", {}).get("conditions"), "PodScheduled")
+        cond = condition_of(pod.get("status", {}).get("conditions"), "PodScheduled")
         if cond.get("status") == "False":
             pod_name = pod.get("metadata", {}).get("name", "")
             return (
@@ -112,7 +112,7 @@ class Observed:
         return int(self.dep_status.get(field) or 0)
 
     def dep_condition(self, kind: str) -> Mapping[str, Any]:
-        return _condition(self.dep_status.get("conditions"), kind)
+        return condition_of(self.dep_status.get("conditions"), kind)
 
     @property
     def deployment_current(self) -> bool:
@@ -216,7 +216,7 @@ def autoscaling_condition(
     kind, name = autoscaler["kind"], autoscaler["metadata"]["name"]
     conditions = (autoscaler.get("status") or {}).get("conditions")
     for kind_of_condition in AUTOSCALER_HEALTH.get(kind, ()):
-        found = _condition(conditions, kind_of_condition)
+        found = condition_of(conditions, kind_of_condition)
         if found.get("status") == "False":
             reason = found.get("reason") or f"Not{kind_of_condition}"
             return "False", reason, f"{kind} {name}: {found.get('message', '')}".strip()
@@ -309,7 +309,7 @@ def _conditions(
     """Conditions as written: a transition time kept while a condition's status holds."""
     conditions = []
     for kind, (status, reason, message) in computed.items():
-        old = _condition(previous, kind)
+        old = condition_of(previous, kind)
         conditions.append(
             {
                 "type": kind,
@@ -342,7 +342,7 @@ def transitions(
     """(event type, reason, message) for the changes a user should hear about."""
     events = []
     for cond in current:
-        old = _condition(previous, cond["type"])
+        old = condition_of(previous, cond["type"])
         same = old.get("status") == cond["status"] and old.get("reason") == cond["reason"]
         if same and not _another_repair(old, cond):
             continue
@@ -383,7 +383,7 @@ def progress_only(current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     ):
         return False
     for cond in new["conditions"]:
-        old = _condition(current.get("conditions"), cond["type"])
+        old = condition_of(current.get("conditions"), cond["type"])
         if not old or old.get("observedGeneration") != cond["observedGeneration"]:
             return False
         if _another_repair(old, cond):

@@ -102,7 +102,6 @@ class AudioProcessor:
     (``multi_modal_data={"audio": (samples, rate)}`` as vLLM takes it) and its text is the
     decoder's prompt. Picklable (it travels to the API side in ``EngineInfo``)."""
 
-    image_token = None  # takes no images
     # no chat media parts: audio comes as a file to /v1/audio/* or offline as multi_modal_data
     placeholders: dict[str, str] | None = None
     cache = None  # no processor cache: each clip is its own
