@@ -705,6 +705,7 @@ class TokenizeChatRequest(RequestBody):
     add_special_tokens: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
     tools: list[ChatTool] | None = None
     return_token_strs: bool | None = False
 

@@ -23,6 +23,7 @@ from infernetes.runtime.server.structured_output import GuideError, check_backen
 if TYPE_CHECKING:
     from infernetes.runtime.engine.async_engine import AsyncEngine
     from infernetes.runtime.lora.request import LoRARequest
+    from infernetes.runtime.server.chat_template import ChatRenderer
     from infernetes.runtime.server.lora_models import LoRAModels
 
 logger = logging.getLogger("infernetes.runtime.server")
@@ -149,6 +150,53 @@ class ServingBase:
             )
         except RequestError as error:
             raise APIError(str(error), 400, error.param) from error
+
+    def chat_prompt(
+        self,
+        renderer: ChatRenderer,
+        messages: list[Any],
+        *,
+        add_special_tokens: bool,
+        template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+        processor_kwargs: dict[str, Any] | None = None,
+        truncate: int | None = None,
+    ) -> list[int] | MultiModalPrompt:
+        """A chat's prompt as the model sees it: the tokenizer's own chat encoding where it has
+        one, else the rendered template tokenized, with each media part's feature tokens. Chat
+        completions and /tokenize both call this, so /tokenize counts what chat would send."""
+        encoded = renderer.encode_chat(
+            messages,
+            template=template,
+            tools=tools,
+            continue_final_message=continue_final_message,
+        )
+        if encoded is not None:
+            return encoded[-truncate:] if truncate else encoded
+        media: list[MediaPart] = []
+        text = renderer.render(
+            messages,
+            media=media,
+            template=template,
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
+        )
+        if not media:
+            return self.tokenize(text, add_special_tokens, truncate)
+        if truncate:
+            raise APIError(
+                "truncate_prompt_tokens cannot cut a prompt with images or videos",
+                400,
+                "truncate_prompt_tokens",
+            )
+        return self.with_media(text, media, add_special_tokens, processor_kwargs)
 
     def tokenize(
         self, text: str, add_special_tokens: bool, truncate: int | None = None

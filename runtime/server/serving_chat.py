@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from infernetes.runtime.multimodal.chat_parts import MediaPart
 from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import SamplingParams, StructuredOutputsParams
 from infernetes.runtime.server.chat_template import ChatRenderer
@@ -178,36 +177,19 @@ class ChatServing(ServingBase):
             if request.tools and not excluded
             else None
         )
-        encoded = self.renderer.encode_chat(
+        return self.chat_prompt(
+            self.renderer,
             request.messages,
-            template=request.chat_template,
-            tools=tools,
-            continue_final_message=request.continue_final_message,
-        )
-        if encoded is not None:
-            truncate = request.truncate_prompt_tokens
-            return encoded[-truncate:] if truncate else encoded
-        media: list[MediaPart] = []
-        text = self.renderer.render(
-            request.messages,
-            media=media,
+            add_special_tokens=bool(request.add_special_tokens),
             template=request.chat_template,
             tools=tools,
             documents=request.documents,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             template_kwargs=_template_kwargs(request),
+            processor_kwargs=request.mm_processor_kwargs,
+            truncate=request.truncate_prompt_tokens,
         )
-        add_special = bool(request.add_special_tokens)
-        if not media:
-            return self.tokenize(text, add_special, request.truncate_prompt_tokens)
-        if request.truncate_prompt_tokens:
-            raise APIError(
-                "truncate_prompt_tokens cannot cut a prompt with images or videos",
-                400,
-                "truncate_prompt_tokens",
-            )
-        return self.with_media(text, media, add_special, request.mm_processor_kwargs)
 
     def _prepare(self, request: ChatCompletionRequest) -> PreparedChat:
         lora = self.check_model(request.model)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from infernetes.runtime.multimodal.chat_parts import MediaPart
 from infernetes.runtime.server.chat_template import ChatRenderer
 from infernetes.runtime.server.errors import APIError
 from infernetes.runtime.server.protocol import (
@@ -43,28 +42,18 @@ class TokenizationServing(ServingBase):
         self.renderer = renderer
 
     def _chat_tokens(self, request: TokenizeChatRequest) -> list[int]:
-        tools = [t.model_dump(exclude_none=True) for t in request.tools or []] or None
-        encoded = self.renderer.encode_chat(
+        prompt = self.chat_prompt(
+            self.renderer,
             request.messages,
+            add_special_tokens=request.add_special_tokens,
             template=request.chat_template,
-            tools=tools,
-            continue_final_message=request.continue_final_message,
-        )
-        if encoded is not None:
-            return encoded
-        media: list[MediaPart] = []
-        text = self.renderer.render(
-            request.messages,
-            media=media,
-            template=request.chat_template,
-            tools=tools,
+            tools=[t.model_dump(exclude_none=True) for t in request.tools or []] or None,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             template_kwargs=request.chat_template_kwargs,
+            processor_kwargs=request.mm_processor_kwargs,
         )
-        if media:  # each item's feature tokens, as the model sees them
-            return self.with_media(text, media, request.add_special_tokens).prompt_token_ids
-        return self.tokenize(text, request.add_special_tokens)
+        return prompt if isinstance(prompt, list) else prompt.prompt_token_ids
 
     def tokenize_request(
         self, request: TokenizeCompletionRequest | TokenizeChatRequest

@@ -209,3 +209,35 @@ async def test_tokenize_returns_token_strings_when_asked(engine):
     tokenizer = engine.tokenizer
     assert asked["token_strs"] == tokenizer.convert_ids_to_tokens(asked["tokens"])
     assert len(asked["token_strs"]) == asked["count"] > 0
+
+
+TOOLS_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    "{% for t in tools or [] %}[tool {{ t['function']['name'] }}]{% endfor %}"
+)
+
+
+async def test_tokenize_counts_what_the_chat_sends(engine, tmp_path):
+    """/tokenize of a chat and the chat itself render through one path: with tools in the
+    prompt, the count /tokenize gives is the chat's prompt_tokens."""
+    template_file = tmp_path / "tools.jinja"
+    template_file.write_text(TOOLS_TEMPLATE)
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {}}}
+    messages = [{"role": "user", "content": "Rain in Paris?"}]
+    async with client(engine, chat_template=str(template_file)) as http:
+        counted = (
+            await http.post("/tokenize", json={"messages": messages, "tools": [tool]})
+        ).json()
+        served = await http.post(
+            "/v1/chat/completions",
+            json={"model": "tiny", "messages": messages, "tools": [tool], "max_tokens": 1},
+        )
+    assert served.status_code == 200, served.text
+    assert counted["count"] == served.json()["usage"]["prompt_tokens"]
+    without_tools = await _count(engine, template_file, messages)
+    assert counted["count"] > without_tools
+
+
+async def _count(engine, template_file, messages) -> int:
+    async with client(engine, chat_template=str(template_file)) as http:
+        return (await http.post("/tokenize", json={"messages": messages})).json()["count"]
