@@ -13,6 +13,8 @@
 #   tests-marked   every other test marked gpu, outside tests/kernels
 #   smoke          each model family and quantized format on CUDA gives the CPU's greedy tokens,
 #                  dummy weights serve, and so does `infernetes serve` (SMOKE_TESTS)
+#   smoke-mm       each vision-language model and Whisper on CUDA gives the CPU's greedy tokens
+#                  (SMOKE_MM_TESTS)
 #   bench-<part>   one part of `python -m bench gpu_llama8b` or `gpu_moe` (`all` lists them)
 #   all            prints the commands of a whole run, one per lease call, in order
 # Each step writes its JUnit XML or JSON report and its log under $OUT.
@@ -36,6 +38,7 @@ STEP_TIMEOUT="${STEP_TIMEOUT:-500}"
 site=/tmp/site
 # The smoke step's tests (gpu-marked; the tests steps leave them to it).
 SMOKE_TESTS=(tests/engine/test_engine_gpu_matches_cpu.py tests/server/test_server_gpu.py)
+SMOKE_MM_TESTS=(tests/engine/test_engine_gpu_multimodal.py)
 source_dir=/tmp/infernetes-src
 
 # bench-<part>: the benchmark and its --parts (gpu_serve has none: its start-up and load).
@@ -56,7 +59,7 @@ declare -A BENCH=(
 # from the parts' sizes until a run measures them). The quantized parts measure bf16 beside
 # themselves (four engine runs), so they take half the requests to fit a lease.
 ORDER=(
-  "tests-kernels:8" "tests-kernels-e2e:6" "tests-marked:5" "smoke:6"
+  "smoke:6" "tests-kernels:8" "smoke-mm:5" "tests-kernels-e2e:6" "tests-marked:5"
   "bench-decode:4" "bench-throughput:7" "bench-kernels:2" "bench-server:8"
   "BENCH_ARGS='--requests 128' bench/gpu/run.sh bench-fp8:8"
   "BENCH_ARGS='--requests 128' bench/gpu/run.sh bench-w4a16:8"
@@ -66,7 +69,7 @@ ORDER=(
 )
 
 usage() {
-  echo "usage: bench/gpu/run.sh env|tests|tests-kernels[-e2e]|tests-marked|smoke|bench-<part>|all" >&2
+  echo "usage: bench/gpu/run.sh env|tests|tests-kernels[-e2e]|tests-marked|smoke|smoke-mm|bench-<part>|all" >&2
   echo "  parts: ${!BENCH[*]}" >&2
   exit 2
 }
@@ -121,7 +124,8 @@ run_pytest() {
 run_marked() {
   local files
   mapfile -t files < <(grep -rlE "pytest\.mark\.gpu" tests --include "test_*.py" |
-    grep -v -e "^tests/kernels/" $(printf -- "-e %s " "${SMOKE_TESTS[@]}") | sort)
+    grep -v -e "^tests/kernels/" $(printf -- "-e %s " "${SMOKE_TESTS[@]}" "${SMOKE_MM_TESTS[@]}") |
+    sort)
   run_pytest tests-marked -m gpu "${files[@]}"
 }
 
@@ -158,8 +162,9 @@ print_all() {
     echo "$command    # ~${entry##*:} min"
     total=$((total + ${entry##*:}))
   done
-  echo "# about $total minutes of commands in all, more than one 30-minute session: start at the"
-  echo "# first step whose report is not yet in bench/results/."
+  echo "# about $total minutes of commands in all, far more than one session's device time (15"
+  echo "# minutes today, start included): start at the first step whose report is not yet in"
+  echo "# bench/results/."
 }
 
 [[ $# -eq 1 ]] || usage
@@ -168,7 +173,7 @@ case "$1" in
     print_all
     exit 0
     ;;
-  env | tests | tests-kernels | tests-kernels-e2e | tests-marked | smoke | bench-*) ;;
+  env | tests | tests-kernels | tests-kernels-e2e | tests-marked | smoke | smoke-mm | bench-*) ;;
   *) usage ;;
 esac
 install
@@ -186,5 +191,6 @@ case "$1" in
   tests-kernels-e2e) run_kernels e2e ;;
   tests-marked) run_marked ;;
   smoke) run_pytest smoke "${SMOKE_TESTS[@]}" ;;
+  smoke-mm) run_pytest smoke-mm "${SMOKE_MM_TESTS[@]}" ;;
   bench-*) run_bench "${1#bench-}" ;;
 esac
