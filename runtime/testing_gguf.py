@@ -156,7 +156,12 @@ def write_gguf(
         elif values.ndim >= 2 and kind == Q.F16:
             writer.add_tensor(name, values.astype(np.float16))
         elif values.ndim == 2 and kind != Q.F32:
-            per_row = values.shape[1] // BLOCK_TYPES[kind][1]
+            per_row, rest = divmod(values.shape[1], BLOCK_TYPES[kind][1])
+            if rest or not per_row:
+                raise ValueError(
+                    f"{name}: rows of {values.shape[1]} values are not whole {kind.name} "
+                    f"blocks of {BLOCK_TYPES[kind][1]}"
+                )
             blocks = random_blocks(kind, values.shape[0], per_row, rng, magnitude=1e-4)
             writer.add_tensor(name, blocks, raw_dtype=kind)
         else:
@@ -166,3 +171,26 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return Path(file)
+
+
+def hf_gguf_greedy(file: Path, prompt: list[int], max_tokens: int, config: Any = None) -> list[int]:
+    """transformers' greedy tokens for ``prompt`` from the GGUF ``file`` (its reader dequantises
+    every tensor to float32): the reference for a GGUF model's tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    extra = {} if config is None else {"config": config}
+    model = AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=torch.float32, **extra
+    ).eval()
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=[],
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()

@@ -19,7 +19,7 @@ from infernetes.runtime.model_executor.layers.linear import LinearBase
 from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 from infernetes.runtime.model_executor.loader import ModelLoadError
 from infernetes.runtime.sampling_params import SamplingParams
-from infernetes.runtime.testing_gguf import write_gguf
+from infernetes.runtime.testing_gguf import hf_gguf_greedy, write_gguf
 
 from infernetes.schema.config import build_config
 from infernetes.schema.errors import ConfigError
@@ -37,26 +37,6 @@ def tied_llama(model_factory) -> str:
 def write(model_dir: str, folder: Path, qtype: Q, types: dict[str, Q] | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     return write_gguf(model_dir, folder / f"tiny-{qtype.name}.gguf", qtype, types=types)
-
-
-def hf_gguf_greedy(file: Path, prompt: list[int], config=None) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    extra = {} if config is None else {"config": config}
-    model = AutoModelForCausalLM.from_pretrained(
-        str(file.parent), gguf_file=file.name, dtype=torch.float32, **extra
-    ).eval()
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-            eos_token_id=[],
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 def engine_model(llm: LLM):
@@ -78,7 +58,7 @@ def test_greedy_tokens_equal_transformers_gguf(
         SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True),
     )
     assert [list(o.outputs[0].token_ids) for o in outputs] == [
-        hf_gguf_greedy(file, p) for p in PROMPTS
+        hf_gguf_greedy(file, p, MAX_TOKENS) for p in PROMPTS
     ]
     model = engine_model(llm)
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
@@ -120,7 +100,7 @@ def test_other_families_equal_transformers_gguf(model_factory, tmp_path, archite
         SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True),
     )
     assert [list(o.outputs[0].token_ids) for o in outputs] == [
-        hf_gguf_greedy(file, p) for p in PROMPTS
+        hf_gguf_greedy(file, p, MAX_TOKENS) for p in PROMPTS
     ]
 
 
@@ -153,7 +133,7 @@ def test_shapes_come_from_the_file(model_factory, tmp_path, architecture, overri
         original = LLM(model_dir, **SMALL).generate(prompts, params)
         assert tokens == [list(o.outputs[0].token_ids) for o in original]
     else:
-        assert tokens == [hf_gguf_greedy(file, p, load_config(file)) for p in PROMPTS]
+        assert tokens == [hf_gguf_greedy(file, p, MAX_TOKENS, load_config(file)) for p in PROMPTS]
 
 
 @pytest.mark.parametrize(
@@ -178,7 +158,7 @@ def test_k_quants_equal_transformers_gguf(model_factory, tmp_path, qtype: Q, typ
         SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True),
     )
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    assert tokens == [hf_gguf_greedy(file, p) for p in PROMPTS]
+    assert tokens == [hf_gguf_greedy(file, p, MAX_TOKENS) for p in PROMPTS]
     assert len({t for row in tokens for t in row}) > 1  # not a constant output
     kept = [m.quant_method for m in engine_model(llm).modules() if isinstance(m, LinearBase)]
     assert all(isinstance(k, GroupQuantWeight) for k in kept)
@@ -207,7 +187,7 @@ def test_dense_at_load_where_blocks_are_not_kept(tiny_llama, tmp_path, monkeypat
         SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True),
     )
     assert [list(o.outputs[0].token_ids) for o in outputs] == [
-        hf_gguf_greedy(file, p) for p in PROMPTS
+        hf_gguf_greedy(file, p, MAX_TOKENS) for p in PROMPTS
     ]
 
 

@@ -1,6 +1,6 @@
 """On an NVIDIA GPU, every model family and quantized format the docs list generates the CPU's
 greedy tokens for the same tiny random model, and each family serves with dummy bf16 weights
-(``bench/gpu/run.sh smoke`` runs this file).
+(``bench/gpu/run.sh smoke`` runs this file); GGUF files give transformers' tokens.
 
 The CPU's tokens are the reference here: the CPU tests already hold them equal to transformers'.
 Skipped without a GPU (CI).
@@ -12,7 +12,9 @@ import gc
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 from infernetes.runtime.testing import SAMPLE_PROMPTS
+from infernetes.runtime.testing_gguf import hf_gguf_greedy, write_gguf
 from infernetes.runtime.testing_quantized import (
     write_awq,
     write_fp8_blockwise,
@@ -103,3 +105,18 @@ def test_gpu_quantized_format_generates_the_cpus_tokens(
     write, options = FORMATS[name]
     quantized, _ = write(model_factory(architecture), tmp_path / name, **options)
     _assert_same_tokens(str(quantized))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_gpu_gguf_generates_transformers_tokens(model_factory, tmp_path, qtype):
+    """A GGUF file on the GPU (its blocks dequantised at load) against transformers' reader: the
+    CPU keeps the blocks and may round its activations as llama.cpp does, so transformers'
+    float32 dequantisation is the reference here, as in tests/engine/test_engine_gguf.py."""
+    # rows of whole K-quant super-blocks (256 values)
+    model_dir = model_factory("LlamaForCausalLM", hidden_size=256, intermediate_size=512)
+    file = write_gguf(model_dir, tmp_path / f"model-{qtype.name}.gguf", qtype)
+    llm = LLM(str(file), tokenizer=str(model_dir), device="cuda", **ENGINE)
+    prompts = [[1, 17, 29, 41, 5, 9], [1, 300, 12, 7]]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert list(output.outputs[0].token_ids) == hf_gguf_greedy(file, prompt, 12)
