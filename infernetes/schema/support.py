@@ -105,7 +105,10 @@ NUMA = "workers are not bound to NUMA nodes"
 CONTEXT_PARALLEL = (
     "context parallelism is not built: each tensor-parallel rank attends over the whole sequence"
 )
-EPLB_PLANNED = "expert parallelism and its load balancer are planned, not built yet"
+EPLB_PLANNED = (
+    "the expert-parallel load balancer (and elastic expert parallelism) is planned, not built "
+    "yet; --enable-expert-parallel itself is built (experts split over the ranks in order)"
+)
 EP_ALL2ALL = "expert parallelism moves no tokens all-to-all here"
 PREFETCH_OFFLOAD = (
     "the prefetch weight-offload backend (groups of layers whose weights are fetched some layers "
@@ -473,7 +476,10 @@ ARG_SUPPORT: dict[str, Support] = {
     "enable_batch_sharded_sampling": no_effect(
         "sampling is not sharded across ranks here; the result is the same"
     ),
-    "enable_ep_weight_filter": refused(EPLB_PLANNED),
+    "enable_ep_weight_filter": no_effect(
+        "each expert-parallel rank keeps only its own experts already; the others' tensors are "
+        "read and dropped at load, not filtered out before reading"
+    ),
     "all2all_backend": no_effect(EP_ALL2ALL),
     "enable_dbo": refused("dual-batch overlap is not built"),
     "enable_shm_tensor_arena": no_effect(
@@ -489,7 +495,11 @@ ARG_SUPPORT: dict[str, Support] = {
         "data-parallel engine cores do not synchronise their steps here"
     ),
     "eplb_config": refused(EPLB_PLANNED),
-    "expert_placement_strategy": refused(EPLB_PLANNED),
+    "expert_placement_strategy": partial(
+        ("linear",),
+        "round_robin placement is not built; each expert-parallel rank holds a contiguous range "
+        "of the experts (linear)",
+    ),
     "enable_fault_tolerance": refused(
         "recovering a failed engine in place is not built: the server stops "
         "(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps it up)"
