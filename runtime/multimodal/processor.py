@@ -94,8 +94,12 @@ class MultiModalProcessor:
         limits: dict[str, int],
         default_kwargs: Mapping[str, Any] | None,
         cache_bytes: int = 0,
+        one_item_per_image: bool = False,
     ) -> None:
         self.hf_processor = hf_processor
+        # the model encodes each image as one array (the transformers fallback): crops and
+        # tiles the processor makes of an image are refused, not taken for images
+        self.one_item_per_image = one_item_per_image
         # one image's pixel_values, as the vision tower takes it (None: a side of any size)
         self.image_shape = image_shape
         self.limits = limits  # a modality left out: no limit
@@ -135,6 +139,7 @@ class MultiModalProcessor:
         cache_bytes: int = 0,
         trust_remote_code: bool = False,
         processor_class: Any = None,
+        one_item_per_image: bool = False,
     ) -> MultiModalProcessor:
         """``processor_class``: the model's own stand-in for its Hugging Face processor (one
         with ``from_pretrained``), where that cannot be built here; None: ``AutoProcessor``."""
@@ -151,7 +156,9 @@ class MultiModalProcessor:
             raise ValueError(f"cannot load the multimodal processor of {path}: {error}") from error
         finally:
             hf_logging.set_verbosity(verbosity)
-        return cls(hf_processor, image_shape, limits, default_kwargs, cache_bytes)
+        return cls(
+            hf_processor, image_shape, limits, default_kwargs, cache_bytes, one_item_per_image
+        )
 
     def process(
         self,
@@ -395,6 +402,13 @@ class MultiModalProcessor:
         positions = [i for i, t in enumerate(ids) if t in self.placeholder_token_ids]
         items = _item_arrays(arrays)
         num_items = len(items)
+        if num_items != len(images) and self.one_item_per_image:
+            raise RequestError(
+                f"the model's processor made {num_items} image arrays of {len(images)} image(s) "
+                "(crops or tiles); this model takes one per image: turn the processor's "
+                "cropping off in mm_processor_kwargs (e.g. crop_to_patches: false)",
+                "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
+            )
         if num_items != len(images):
             # Pan-and-scan (Gemma 3): each image's crops follow it, each an item with its own
             # placeholders. The processor does not say which image a crop came from, so an

@@ -35,6 +35,7 @@ from transformers.initialization import no_init_weights
 logger = logging.getLogger(__name__)
 
 ATTENTION_IMPLEMENTATION = "infernetes_paged"
+LOGIT_SCALINGS = frozenset(("logits_scaling", "logit_scale", "final_logit_softcapping"))
 
 
 class FallbackUnsupported(ValueError):
@@ -77,8 +78,9 @@ def is_image_text_to_text(architecture: str) -> bool:
     """Whether transformers builds ``architecture`` as an image-text-to-text model (a vision
     tower and a language model; ``AutoModelForImageTextToText``), not a causal LM."""
     mapping = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-    causal_lms = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    return architecture in set(mapping.values()) - set(causal_lms.values())
+    # Fuyu's and GIT's causal LMs read images in their own forward, not as a tower beside a
+    # language model; Gemma 3's composite class is in both mappings, and is one
+    return architecture in set(mapping.values()) and not architecture.endswith("ForCausalLM")
 
 
 def check_image_text_to_text(cls: type[nn.Module], architecture: str) -> None:
@@ -184,6 +186,8 @@ class TransformersForCausalLM(nn.Module):
 
     eager_only = True  # transformers' Python control flow is not captured or compiled here
     is_transformers_fallback = True
+    # the scalings of the logits (names in the text config) that transformers' head applies
+    logit_scalings: frozenset[str] = LOGIT_SCALINGS
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
@@ -270,11 +274,14 @@ class TransformersForCausalLM(nn.Module):
         config = self.text_config
         logits = self.hf.get_output_embeddings()(hidden_states)
         # What transformers' causal-LM heads do to the logits after the projection.
-        if getattr(config, "logits_scaling", None):  # Granite
+        scalings = self.logit_scalings
+        if "logits_scaling" in scalings and getattr(config, "logits_scaling", None):  # Granite
             logits = logits / config.logits_scaling
-        if getattr(config, "logit_scale", None):  # Cohere
+        if "logit_scale" in scalings and getattr(config, "logit_scale", None):  # Cohere
             logits = logits * config.logit_scale
-        if getattr(config, "final_logit_softcapping", None):  # Gemma 2 and 3
+        if "final_logit_softcapping" in scalings and getattr(  # Gemma 2 and 3
+            config, "final_logit_softcapping", None
+        ):
             cap = config.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits

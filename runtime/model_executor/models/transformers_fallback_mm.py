@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from infernetes.runtime.model_executor.models.transformers_fallback import (
     ATTENTION_IMPLEMENTATION,
+    LOGIT_SCALINGS,
     FallbackUnsupported,
     TransformersForCausalLM,
 )
@@ -39,6 +40,7 @@ class TransformersForImageTextToText(TransformersForCausalLM):
     supports_inputs_embeds = True
     supports_multimodal = True
     modalities = SUPPORTED_MODALITIES
+    one_item_per_image = True  # each image one array for get_image_features (no crops, tiles)
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__(config, max_position)
@@ -47,6 +49,10 @@ class TransformersForImageTextToText(TransformersForCausalLM):
         self.image_features_args = set(
             inspect.signature(self.hf.model.get_image_features).parameters
         )
+        # A composite model's head applies the scalings its forward reads, and no other (Aya
+        # Vision's leaves Cohere 2's logit_scale unread): what its source names.
+        head = inspect.getsource(type(self.hf).forward)
+        self.logit_scalings = frozenset(name for name in LOGIT_SCALINGS if name in head)
 
     def _build(self, config: PretrainedConfig) -> nn.Module:
         # the language model's attention is the paged cache's; every other tower's transformers'
