@@ -29,7 +29,7 @@ from infernetes.runtime.model_executor.layers.linear import ColumnParallelLinear
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.mxfp4 import dequantize_mxfp4
 from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 logger = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ class TransformersForCausalLM(nn.Module):
         architecture = (config.architectures or ["?"])[0]
         fallback_class(architecture)
         with no_init_weights():  # every weight comes from the checkpoint
-            self.hf = self._build(config)
+            self.hf: PreTrainedModel = self._build(config)
         self.config = config
         self.text_config = config.get_text_config()
         if parallel.tp_size() > 1:
@@ -212,7 +212,7 @@ class TransformersForCausalLM(nn.Module):
             type(self.hf).__name__,
         )
 
-    def _build(self, config: PretrainedConfig) -> nn.Module:
+    def _build(self, config: PretrainedConfig) -> PreTrainedModel:
         """transformers' model of ``config``, its attention through ``paged_attention_forward``."""
         config._attn_implementation = ATTENTION_IMPLEMENTATION
         return AutoModelForCausalLM.from_config(

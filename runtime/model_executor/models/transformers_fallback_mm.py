@@ -25,7 +25,7 @@ from infernetes.runtime.model_executor.models.transformers_fallback import (
 from infernetes.runtime.model_executor.models.utils import IntermediateTensors
 from infernetes.runtime.multimodal.processor import SUPPORTED_MODALITIES
 from torch import nn
-from transformers import AutoModelForImageTextToText, PretrainedConfig
+from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, rename_source_key
 
@@ -47,14 +47,14 @@ class TransformersForImageTextToText(TransformersForCausalLM):
         # the token whose rows the image's features fill (transformers' get_placeholder_mask)
         self.image_token_id = _image_token_id(config)
         self.image_features_args = set(
-            inspect.signature(self.hf.model.get_image_features).parameters
+            inspect.signature(self.composite.get_image_features).parameters
         )
         # A composite model's head applies the scalings its forward reads, and no other (Aya
         # Vision's leaves Cohere 2's logit_scale unread): what its source names.
         head = inspect.getsource(type(self.hf).forward)
         self.logit_scalings = frozenset(name for name in LOGIT_SCALINGS if name in head)
 
-    def _build(self, config: PretrainedConfig) -> nn.Module:
+    def _build(self, config: PretrainedConfig) -> PreTrainedModel:
         # the language model's attention is the paged cache's; every other tower's transformers'
         implementations = {key: VISION_ATTENTION for key in config.sub_configs}
         implementations["text_config"] = ATTENTION_IMPLEMENTATION
@@ -63,8 +63,13 @@ class TransformersForImageTextToText(TransformersForCausalLM):
         )
 
     @property
+    def composite(self) -> Any:
+        """transformers' inner model: its vision tower, projector and language model."""
+        return self.hf.base_model
+
+    @property
     def language_model(self) -> nn.Module:
-        return self.hf.model.language_model
+        return self.composite.language_model
 
     def checkpoint_names(
         self, weights: Iterable[tuple[str, torch.Tensor]]
@@ -115,12 +120,14 @@ class TransformersForImageTextToText(TransformersForCausalLM):
         where its placeholder holds other tokens too (``placeholder_ids``: begin, end, tile
         marks), their own embeddings."""
         if modality not in self.modalities:
-            raise ValueError(f"{self.config.architectures[0]} takes images, not {modality}")
+            raise ValueError(f"{type(self.hf).__name__} takes images, not {modality}")
         pixel_values = data["pixel_values"]
         items = len(pixel_values)
         extra = {k: v for k, v in data.items() if k in self.image_features_args}
         extra.pop("pixel_values", None)
-        out = self.hf.model.get_image_features(pixel_values=pixel_values, return_dict=True, **extra)
+        out = self.composite.get_image_features(
+            pixel_values=pixel_values, return_dict=True, **extra
+        )
         features = _per_item(getattr(out, "pooler_output", out), items)
         if "placeholder_ids" not in data:
             return features
@@ -136,9 +143,7 @@ def _image_token_id(config: PretrainedConfig) -> int:
     token = getattr(config, "image_token_id", None)
     token = token if token is not None else getattr(config, "image_token_index", None)
     if token is None:
-        raise FallbackUnsupported(
-            f"{config.architectures[0]}'s config names no image token (image_token_id)"
-        )
+        raise FallbackUnsupported(f"{type(config).__name__} names no image token (image_token_id)")
     return int(token)
 
 
