@@ -40,7 +40,7 @@ class TransformersForImageTextToText(TransformersForCausalLM):
     supports_inputs_embeds = True
     supports_multimodal = True
     modalities = SUPPORTED_MODALITIES
-    one_item_per_image = True  # each image one array for get_image_features (no crops, tiles)
+    one_item_per_image = True  # an image's tiles together, as get_image_features takes them
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__(config, max_position)
@@ -116,21 +116,21 @@ class TransformersForImageTextToText(TransformersForCausalLM):
         return out.last_hidden_state[0]
 
     def embed_multimodal(self, modality: str, data: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """Each image's rows: transformers' ``get_image_features`` for its feature tokens, and
-        where its placeholder holds other tokens too (``placeholder_ids``: begin, end, tile
-        marks), their own embeddings."""
+        """Each image's rows: transformers' ``get_image_features`` of its tiles for its feature
+        tokens, and the other tokens of its span (``placeholder_ids``: tile marks) their own
+        embeddings."""
         if modality not in self.modalities:
             raise ValueError(f"{type(self.hf).__name__} takes images, not {modality}")
-        pixel_values = data["pixel_values"]
-        items = len(pixel_values)
+        items = len(data["pixel_values"])
+        # each item's tiles ([items, tiles, C, H, W]) as one batch of them, as transformers
+        # takes a prompt's
+        pixel_values = data["pixel_values"].flatten(0, 1)
         extra = {k: v for k, v in data.items() if k in self.image_features_args}
         extra.pop("pixel_values", None)
         out = self.composite.get_image_features(
             pixel_values=pixel_values, return_dict=True, **extra
         )
         features = _per_item(getattr(out, "pooler_output", out), items)
-        if "placeholder_ids" not in data:
-            return features
         rows = []
         for ids, image_rows in zip(data["placeholder_ids"], features, strict=True):
             embeds = self.embed_input_ids(ids)
