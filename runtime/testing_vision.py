@@ -153,12 +153,7 @@ def make_tiny_llava_onevision(
         chat_template=LLAVA_CHAT_TEMPLATE,
     )
     clip_config, llama_config = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, None)
-    vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    vision_config = transformers.SiglipVisionConfig(
-        **{key: getattr(clip_config, key) for key in vision_keys},
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
-    )
+    vision_config = _siglip_config(clip_config)
     text_config = transformers.Qwen2Config(**llama_config.to_diff_dict())
     aspect_ratio = f"anyres_max_{max_tiles}"
     config = transformers.LlavaOnevisionConfig(
@@ -230,27 +225,9 @@ def make_tiny_gemma3(
         },
     )
     clip_config, llama_config = _configs(tokenizer, image_size, patch_size, vision, text)
-    vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    vision_config = transformers.SiglipVisionConfig(
-        **{key: getattr(clip_config, key) for key in vision_keys},
-        image_size=image_size,
-        patch_size=patch_size,
-    )
-    text_keys = (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "max_position_embeddings",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "initializer_range",
-    )
+    vision_config = _siglip_config(clip_config)
     text_config = transformers.Gemma3TextConfig(
-        **{key: getattr(llama_config, key) for key in text_keys},
+        **_text_settings(llama_config),
         head_dim=16,
         query_pre_attn_scalar=24,
         sliding_window=sliding_window,
@@ -336,22 +313,7 @@ def make_tiny_qwen2_vl(
         zip(QWEN_VISION_TOKENS, tokenizer.convert_tokens_to_ids(QWEN_VISION_TOKENS), strict=True)
     )
     _, llama = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, text)
-    text_config = {
-        key: getattr(llama, key)
-        for key in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "max_position_embeddings",
-            "initializer_range",
-            "bos_token_id",
-            "eos_token_id",
-            "pad_token_id",
-        )
-    }
+    text_config = _text_settings(llama)
     eighth = llama.hidden_size // llama.num_attention_heads // 8
     text_config["rope_parameters"] = {
         "rope_type": "default",
@@ -722,6 +684,41 @@ def _configs(
     return vision_config, text_config
 
 
+def _siglip_config(clip_config: Any, **settings: Any) -> Any:
+    """A SigLIP tower of the tiny CLIP tower's sizes, image and patch."""
+    import transformers
+
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "image_size",
+        "patch_size",
+    )
+    return transformers.SiglipVisionConfig(
+        **{key: getattr(clip_config, key) for key in keys}, **settings
+    )
+
+
+def _text_settings(llama_config: Any) -> dict[str, Any]:
+    """The tiny Llama's sizes, token ids and initialisation, for another family's text config."""
+    keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    )
+    return {key: getattr(llama_config, key) for key in keys}
+
+
 def _spread_projector(model: Any) -> None:
     """The projector starts near zero: make images move the logits."""
     import torch
@@ -761,30 +758,9 @@ def make_tiny_aya_vision(
         chat_template=LLAVA_CHAT_TEMPLATE,
     )
     clip_config, llama = _configs(tokenizer, IMAGE_SIZE, AYA_PATCH, None, None)
-    vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    vision_config = transformers.SiglipVisionConfig(
-        **{key: getattr(clip_config, key) for key in vision_keys},
-        image_size=IMAGE_SIZE,
-        patch_size=AYA_PATCH,
-        vision_use_head=False,
-    )
+    vision_config = _siglip_config(clip_config, vision_use_head=False)
     text_config = transformers.Cohere2Config(
-        **{
-            key: getattr(llama, key)
-            for key in (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "max_position_embeddings",
-                "initializer_range",
-                "bos_token_id",
-                "eos_token_id",
-                "pad_token_id",
-            )
-        },
-        num_hidden_layers=3,
+        **{**_text_settings(llama), "num_hidden_layers": 3},
         sliding_window=6,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"],
         logit_scale=0.5,

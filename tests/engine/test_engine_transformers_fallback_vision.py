@@ -142,7 +142,9 @@ def test_what_the_fallback_cannot_take_is_refused(aya, prompt, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(prompt(), GREEDY)
     assert not llm.llm_engine.has_unfinished_requests()
-    [output] = llm.generate(_prompt("Describe <image> please.", [(1, None)]), GREEDY)  # still serving
+    [output] = llm.generate(
+        _prompt("Describe <image> please.", [(1, None)]), GREEDY
+    )  # still serving
     assert len(output.outputs[0].token_ids) == MAX_TOKENS
 
 

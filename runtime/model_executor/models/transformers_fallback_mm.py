@@ -2,12 +2,9 @@
 transformers' vision tower and projector encode an image through the model's own
 ``get_image_features``; its rows take the places of the image's feature tokens, which the
 model's Hugging Face processor expanded on the API side (``multimodal/processor.py``); the
-language model runs as the causal fallback's, on this engine's paged attention.
-
-Two kinds are refused, each with its reason: M-RoPE models (Qwen2-VL's family), whose position
-ids transformers derives from the whole prompt's image grids (``get_rope_index``) where this path
-gives each token one position; and models whose text attends bidirectionally within an image or
-a prefix (``token_type_ids``: Gemma 3, PaliGemma), where the paged kernels are causal."""
+language model runs as the causal fallback's, on this engine's paged attention. Which models
+fit is ``transformers_fallback.check_image_text_to_text``'s to say (M-RoPE models and those whose
+images attend both ways do not)."""
 
 from __future__ import annotations
 
@@ -28,9 +25,6 @@ from torch import nn
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import WeightRenaming, rename_source_key
-
-# the vision tower's attention, as transformers' own default picks for a model built for use
-VISION_ATTENTION = "sdpa"
 
 
 class TransformersForImageTextToText(TransformersForCausalLM):
@@ -55,11 +49,12 @@ class TransformersForImageTextToText(TransformersForCausalLM):
         self.logit_scalings = frozenset(name for name in LOGIT_SCALINGS if name in head)
 
     def _build(self, config: PretrainedConfig) -> PreTrainedModel:
-        # the language model's attention is the paged cache's; every other tower's transformers'
-        implementations = {key: VISION_ATTENTION for key in config.sub_configs}
-        implementations["text_config"] = ATTENTION_IMPLEMENTATION
+        # the language model's attention is the paged cache's; the vision tower keeps the one
+        # transformers picks for it (SDPA where the tower has it)
         return AutoModelForImageTextToText.from_config(
-            config, attn_implementation=implementations, dtype=torch.get_default_dtype()
+            config,
+            attn_implementation={"text_config": ATTENTION_IMPLEMENTATION},
+            dtype=torch.get_default_dtype(),
         )
 
     @property
