@@ -153,12 +153,7 @@ def make_tiny_llava_onevision(
         chat_template=LLAVA_CHAT_TEMPLATE,
     )
     clip_config, llama_config = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, None)
-    vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    vision_config = transformers.SiglipVisionConfig(
-        **{key: getattr(clip_config, key) for key in vision_keys},
-        image_size=IMAGE_SIZE,
-        patch_size=PATCH_SIZE,
-    )
+    vision_config = _siglip_config(clip_config)
     text_config = transformers.Qwen2Config(**llama_config.to_diff_dict())
     aspect_ratio = f"anyres_max_{max_tiles}"
     config = transformers.LlavaOnevisionConfig(
@@ -230,27 +225,9 @@ def make_tiny_gemma3(
         },
     )
     clip_config, llama_config = _configs(tokenizer, image_size, patch_size, vision, text)
-    vision_keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    vision_config = transformers.SiglipVisionConfig(
-        **{key: getattr(clip_config, key) for key in vision_keys},
-        image_size=image_size,
-        patch_size=patch_size,
-    )
-    text_keys = (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "max_position_embeddings",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "initializer_range",
-    )
+    vision_config = _siglip_config(clip_config)
     text_config = transformers.Gemma3TextConfig(
-        **{key: getattr(llama_config, key) for key in text_keys},
+        **_text_settings(llama_config),
         head_dim=16,
         query_pre_attn_scalar=24,
         sliding_window=sliding_window,
@@ -336,22 +313,7 @@ def make_tiny_qwen2_vl(
         zip(QWEN_VISION_TOKENS, tokenizer.convert_tokens_to_ids(QWEN_VISION_TOKENS), strict=True)
     )
     _, llama = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, text)
-    text_config = {
-        key: getattr(llama, key)
-        for key in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "max_position_embeddings",
-            "initializer_range",
-            "bos_token_id",
-            "eos_token_id",
-            "pad_token_id",
-        )
-    }
+    text_config = _text_settings(llama)
     eighth = llama.hidden_size // llama.num_attention_heads // 8
     text_config["rope_parameters"] = {
         "rope_type": "default",
@@ -722,6 +684,41 @@ def _configs(
     return vision_config, text_config
 
 
+def _siglip_config(clip_config: Any, **settings: Any) -> Any:
+    """A SigLIP tower of the tiny CLIP tower's sizes, image and patch."""
+    import transformers
+
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "image_size",
+        "patch_size",
+    )
+    return transformers.SiglipVisionConfig(
+        **{key: getattr(clip_config, key) for key in keys}, **settings
+    )
+
+
+def _text_settings(llama_config: Any) -> dict[str, Any]:
+    """The tiny Llama's sizes, token ids and initialisation, for another family's text config."""
+    keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    )
+    return {key: getattr(llama_config, key) for key in keys}
+
+
 def _spread_projector(model: Any) -> None:
     """The projector starts near zero: make images move the logits."""
     import torch
@@ -729,3 +726,71 @@ def _spread_projector(model: Any) -> None:
     with torch.no_grad():
         for parameter in model.model.multi_modal_projector.parameters():
             parameter.normal_(0.0, 0.5)
+
+
+AYA_TOKENS = [
+    "<|START_OF_IMG|>",
+    "<|END_OF_IMG|>",
+    "<|IMG_PATCH|>",
+    "<|IMG_LINE_BREAK|>",
+    "TILE",
+    "TILE_GLOBAL",
+]
+AYA_PATCH, AYA_DOWNSAMPLE = 4, 2  # 8 x 8 patches of a 32-pixel tile, shuffled to 16 tokens
+
+
+def make_tiny_aya_vision(
+    directory: str | Path, *, seed: int = 0, dtype: str = "float32", crop_to_patches: bool = False
+) -> Path:
+    """Write a random ``AyaVisionForConditionalGeneration`` (a SigLIP tower, a pixel-shuffle
+    SwiGLU projector, a Cohere 2 language model of sliding and full layers; no native
+    implementation here) and its ``AyaVisionProcessor`` (the PIL image processor): an image is
+    its begin token, a global-tile mark, 16 patch tokens and its end token, or with
+    ``crop_to_patches`` a run of tiles before them."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory,
+        extra_special_tokens=[IMAGE_TOKEN, *AYA_TOKENS],
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    clip_config, llama = _configs(tokenizer, IMAGE_SIZE, AYA_PATCH, None, None)
+    vision_config = _siglip_config(clip_config, vision_use_head=False)
+    text_config = transformers.Cohere2Config(
+        **{**_text_settings(llama), "num_hidden_layers": 3},
+        sliding_window=6,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        logit_scale=0.5,
+    )
+    config = transformers.AyaVisionConfig(
+        vision_config=vision_config.to_dict(),
+        text_config=text_config.to_dict(),
+        downsample_factor=AYA_DOWNSAMPLE,
+        image_token_index=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["AyaVisionForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.AyaVisionForConditionalGeneration(config).to(getattr(torch, dtype))
+    _spread_projector(model.eval())
+    model.save_pretrained(str(directory))
+    image_processor = transformers.GotOcr2ImageProcessorPil(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        crop_to_patches=crop_to_patches,
+        max_patches=4,
+    )
+    processor = transformers.AyaVisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=AYA_PATCH,
+        img_size=IMAGE_SIZE,
+        downsample_factor=AYA_DOWNSAMPLE,
+        image_token=IMAGE_TOKEN,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(str(directory))
+    return directory

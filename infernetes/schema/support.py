@@ -292,7 +292,12 @@ ARG_SUPPORT: dict[str, Support] = {
         "level 2 drops them (read from the checkpoint on waking); the /sleep, /wake_up?tags=, "
         "/is_sleeping and /collective_rpc routes need VLLM_SERVER_DEV_MODE=1"
     ),
-    "model_impl": HONOURED,
+    "model_impl": honoured(
+        "transformers runs transformers' own causal LMs and image-text-to-text models (images "
+        "only, one rank, eagerly) on this engine's paged KV cache; auto does so for an "
+        "architecture with no native implementation; M-RoPE models and those whose images "
+        "attend both ways are refused with the reason (docs/multimodal.md)"
+    ),
     "enable_prompt_embeds": honoured(
         "the offline LLM takes {'prompt_embeds': tensor} on the Llama and Gemma families, "
         "Mistral, Qwen2/3, Phi-3, the Qwen and Mixtral MoEs and DeepSeek (other models refuse "
@@ -566,7 +571,8 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     # ---------------------------------------------------------------- MultiModalConfig
     "limit_mm_per_prompt": honoured(
-        "image counts, and video counts for Qwen2-VL, Qwen2.5-VL and Qwen3-VL; the size hints "
+        "image counts (of the transformers fallback's image-text-to-text models too), and video "
+        "counts for Qwen2-VL, Qwen2.5-VL and Qwen3-VL; the size hints "
         'of vLLM\'s {"count", "width", ...} form are not read '
         "(there is no multimodal memory profiling); a text model has no use for it"
     ),

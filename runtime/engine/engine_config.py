@@ -438,6 +438,12 @@ def _check_model_fits(config: ServeConfig, info: ModelInfo) -> None:
             "pipeline stage: --pipeline-parallel-size above 1 needs a native implementation (for "
             "the fallback it is planned)"
         )
+    if fallback and config.tensor_parallel_size > 1 and supports_multimodal(model_class):
+        raise ValueError(
+            f"{info.architecture} runs through the transformers fallback for image-text-to-text "
+            "models, which runs on one rank: --tensor-parallel-size above 1 needs a native "
+            "implementation (for this fallback it is planned)"
+        )
     if (
         fallback
         and config.tensor_parallel_size > 1

@@ -182,6 +182,7 @@ class EngineCore:
             model.mm_processor_kwargs,
             int(model.mm_processor_cache_gb * GiB),
             processor_class=cls.processor_class(model.info.hf_config),  # type: ignore[attr-defined]  # models/interfaces.SupportsMultiModal
+            one_item_per_image=getattr(cls, "one_item_per_image", False),
         )
 
     # -- KV cache ------------------------------------------------------------------------------

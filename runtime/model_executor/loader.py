@@ -279,7 +279,9 @@ def inspect_model(
         dtype=resolve_dtype(hf_config, dtype, device),
         max_model_len=max_len,
         is_pooling=architecture in POOLING,
-        implementation="transformers" if cls.__name__ == "TransformersForCausalLM" else "native",
+        implementation=(
+            "transformers" if getattr(cls, "is_transformers_fallback", False) else "native"
+        ),
     )
 
 

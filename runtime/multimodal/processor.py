@@ -94,8 +94,12 @@ class MultiModalProcessor:
         limits: dict[str, int],
         default_kwargs: Mapping[str, Any] | None,
         cache_bytes: int = 0,
+        one_item_per_image: bool = False,
     ) -> None:
         self.hf_processor = hf_processor
+        # each image one item, the tiles its processor cuts it into together (the transformers
+        # fallback: the model encodes an item's tiles as transformers' get_image_features does)
+        self.one_item_per_image = one_item_per_image
         # one image's pixel_values, as the vision tower takes it (None: a side of any size)
         self.image_shape = image_shape
         self.limits = limits  # a modality left out: no limit
@@ -135,6 +139,7 @@ class MultiModalProcessor:
         cache_bytes: int = 0,
         trust_remote_code: bool = False,
         processor_class: Any = None,
+        one_item_per_image: bool = False,
     ) -> MultiModalProcessor:
         """``processor_class``: the model's own stand-in for its Hugging Face processor (one
         with ``from_pretrained``), where that cannot be built here; None: ``AutoProcessor``."""
@@ -151,7 +156,9 @@ class MultiModalProcessor:
             raise ValueError(f"cannot load the multimodal processor of {path}: {error}") from error
         finally:
             hf_logging.set_verbosity(verbosity)
-        return cls(hf_processor, image_shape, limits, default_kwargs, cache_bytes)
+        return cls(
+            hf_processor, image_shape, limits, default_kwargs, cache_bytes, one_item_per_image
+        )
 
     def process(
         self,
@@ -392,6 +399,8 @@ class MultiModalProcessor:
                 f"takes {list(self.image_shape)}",
                 "mm_processor_kwargs" if kwargs else "multi_modal_data.image",
             )
+        if self.one_item_per_image:
+            return self._tiled_features(ids, images, digests, arrays, kwargs)
         positions = [i for i, t in enumerate(ids) if t in self.placeholder_token_ids]
         items = _item_arrays(arrays)
         num_items = len(items)
@@ -416,6 +425,51 @@ class MultiModalProcessor:
             if len(self.placeholder_token_ids) > 1:
                 item = {**item, "placeholder_ids": np.asarray(ids[run[0] : run[-1] + 1], np.int64)}
             features.append(MultiModalFeature("image", run[0], count, digest, item))
+        return features
+
+    def _tiled_features(
+        self,
+        ids: Sequence[int],
+        images: list[Any],
+        digests: list[str],
+        arrays: dict[str, Any],
+        kwargs: dict[str, Any],
+    ) -> list[MultiModalFeature]:
+        """Each image one item with the tiles the processor cut it into (``pixel_values``
+        ``[tiles, C, H, W]``, as many as the processor counts for its size), spanning its ids
+        from its first feature token to its last; the tile marks between them, text or not,
+        keep their own embeddings (``placeholder_ids``)."""
+        field = "mm_processor_kwargs" if kwargs else "multi_modal_data.image"
+        rows = len(arrays["pixel_values"])
+        tiles = [1] * len(images)
+        if rows != len(images):
+            counter = getattr(self.hf_processor, "_get_num_multimodal_tokens", None)
+            sizes = [(image.height, image.width) for image in images]
+            counted = counter(image_sizes=sizes, **kwargs) if counter else None
+            tiles = list(getattr(counted, "num_image_patches", None) or [])
+            if sum(tiles) != rows or len(tiles) != len(images):
+                raise RequestError(
+                    f"the model's processor made {rows} image arrays of {len(images)} "
+                    "image(s) and does not say which image each is of",
+                    field,
+                )
+        positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        per_tile, rest = divmod(len(positions), rows)
+        if rest or per_tile == 0:
+            raise RequestError(
+                f"the prompt's {len(positions)} image feature tokens do not divide among the "
+                f"{rows} image arrays the processor made",
+                field,
+            )
+        per_image = {name: array for name, array in arrays.items() if len(array) == len(images)}
+        bounds = [0, *itertools.accumulate(tiles)]
+        features = []
+        for i, (digest, (a, b)) in enumerate(zip(digests, itertools.pairwise(bounds), strict=True)):
+            first, last = positions[a * per_tile], positions[b * per_tile - 1]
+            item = {name: array[i] for name, array in per_image.items()}
+            item["pixel_values"] = arrays["pixel_values"][a:b]
+            item["placeholder_ids"] = np.asarray(ids[first : last + 1], np.int64)
+            features.append(MultiModalFeature("image", first, last + 1 - first, digest, item))
         return features
 
     def _placeholder_counts(

@@ -250,6 +250,10 @@ def model_class(architectures: list[str], impl: str = "auto") -> tuple[str, type
         FallbackUnsupported,
         TransformersForCausalLM,
         fallback_class,
+        is_image_text_to_text,
+    )
+    from infernetes.runtime.model_executor.models.transformers_fallback_mm import (
+        TransformersForImageTextToText,
     )
 
     reasons = []
@@ -259,6 +263,8 @@ def model_class(architectures: list[str], impl: str = "auto") -> tuple[str, type
         except FallbackUnsupported as error:
             reasons.append(str(error))
             continue
+        if is_image_text_to_text(name):
+            return name, TransformersForImageTextToText
         return name, TransformersForCausalLM
     raise ValueError(
         f"Model architectures {architectures} are not supported: this engine has no "

@@ -91,6 +91,12 @@ layer's sliding window, attention soft-capping and attention sinks go to the ker
 Cohere and Gemma are applied. Tested against transformers, token for token:
 {tested}. An architecture neither path can run is refused at startup with the reason.
 
+Image-text-to-text models (`AutoModelForImageTextToText`) run the same way, their vision tower
+and projector through transformers' `get_image_features`, on one rank; tested with images
+against transformers: `AyaVisionForConditionalGeneration`, and `LlavaForConditionalGeneration`
+forced through it. M-RoPE models and those whose images attend both ways are refused
+(`docs/multimodal.md`).
+
 gpt-oss runs through the fallback, its attention sinks in the kernels and its experts in
 transformers' own code; its MXFP4 checkpoints (`*_blocks`, `*_scales`) are dequantised to the
 model dtype at load (an MXFP4 kernel is planned).

@@ -16,6 +16,7 @@ transformers' call and go to the kernels.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from collections.abc import Iterable
@@ -28,12 +29,13 @@ from infernetes.runtime.model_executor.layers.linear import ColumnParallelLinear
 from infernetes.runtime.model_executor.lazy_weight import as_tensor
 from infernetes.runtime.model_executor.mxfp4 import dequantize_mxfp4
 from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 logger = logging.getLogger(__name__)
 
 ATTENTION_IMPLEMENTATION = "infernetes_paged"
+LOGIT_SCALINGS = frozenset(("logits_scaling", "logit_scale", "final_logit_softcapping"))
 
 
 class FallbackUnsupported(ValueError):
@@ -72,22 +74,55 @@ def paged_attention_forward(
 transformers.AttentionInterface.register(ATTENTION_IMPLEMENTATION, paged_attention_forward)
 
 
+def is_image_text_to_text(architecture: str) -> bool:
+    """Whether transformers builds ``architecture`` as an image-text-to-text model (a vision
+    tower and a language model; ``AutoModelForImageTextToText``), not a causal LM."""
+    mapping = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    # Fuyu's and GIT's causal LMs read images in their own forward, not as a tower beside a
+    # language model; Gemma 3's composite class is in both mappings, and is one
+    return architecture in set(mapping.values()) and not architecture.endswith("ForCausalLM")
+
+
+def check_image_text_to_text(cls: type[nn.Module], architecture: str) -> None:
+    """FallbackUnsupported when transformers' ``cls`` (an image-text-to-text model) does not
+    fit this path."""
+    forward = inspect.signature(cls.forward).parameters
+    if "mm_token_type_ids" in forward or hasattr(cls, "get_rope_index"):
+        raise FallbackUnsupported(
+            f"transformers' {architecture} places image tokens with M-RoPE (position ids from "
+            "the whole prompt's image grids), which this fallback does not derive; it needs a "
+            "native implementation"
+        )
+    if "token_type_ids" in forward:
+        raise FallbackUnsupported(
+            f"transformers' {architecture} attends bidirectionally within images or its prefix "
+            "(token_type_ids), which the fallback's causal paged attention does not do; it needs "
+            "a native implementation"
+        )
+    if not hasattr(cls, "get_image_features"):
+        raise FallbackUnsupported(
+            f"transformers' {architecture} has no get_image_features to encode images with"
+        )
+
+
 def fallback_class(architecture: str) -> type[nn.Module]:
     """The transformers class of ``architecture`` if the fallback can run it, else a clear error."""
     cls = getattr(transformers, architecture, None)
     causal_lms = set(
         transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
     )
-    if cls is None or architecture not in causal_lms:
+    if cls is None or not (architecture in causal_lms or is_image_text_to_text(architecture)):
         raise FallbackUnsupported(
-            f"{architecture} is not a causal language model that transformers "
-            f"{transformers.__version__} can build"
+            f"{architecture} is neither a causal language model nor an image-text-to-text "
+            f"model that transformers {transformers.__version__} can build"
         )
     if not getattr(cls, "_supports_attention_backend", False):
         raise FallbackUnsupported(
             f"transformers' {architecture} does not route its attention through transformers' "
             "attention interface, so the paged KV cache cannot be plugged into it"
         )
+    if is_image_text_to_text(architecture):
+        check_image_text_to_text(cls, architecture)
     return cls
 
 
@@ -150,20 +185,19 @@ class TransformersForCausalLM(nn.Module):
     """A transformers causal LM behind the engine's model interface."""
 
     eager_only = True  # transformers' Python control flow is not captured or compiled here
+    is_transformers_fallback = True
+    # the scalings of the logits (names in the text config) that transformers' head applies
+    logit_scalings: frozenset[str] = LOGIT_SCALINGS
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__()
         _check_supported(config)
         architecture = (config.architectures or ["?"])[0]
         fallback_class(architecture)
-        config._attn_implementation = ATTENTION_IMPLEMENTATION
         with no_init_weights():  # every weight comes from the checkpoint
-            self.hf = AutoModelForCausalLM.from_config(
-                config,
-                attn_implementation=ATTENTION_IMPLEMENTATION,
-                dtype=torch.get_default_dtype(),
-            )
+            self.hf: PreTrainedModel = self._build(config)
         self.config = config
+        self.text_config = config.get_text_config()
         if parallel.tp_size() > 1:
             plan = getattr(config, "base_model_tp_plan", None) or {}
             if not shard_linear_layers(self.hf.base_model, plan):
@@ -171,18 +205,30 @@ class TransformersForCausalLM(nn.Module):
                     f"transformers' {architecture} has no tensor-parallel plan this engine can "
                     "apply (base_model_tp_plan with colwise/rowwise layers)"
                 )
-        self._bind_attention(config)
+        self._bind_attention(self.text_config)
         logger.info(
             "%s runs through the transformers fallback (transformers' modelling code, this "
             "engine's paged attention), eagerly",
             type(self.hf).__name__,
         )
 
+    def _build(self, config: PretrainedConfig) -> PreTrainedModel:
+        """transformers' model of ``config``, its attention through ``paged_attention_forward``."""
+        config._attn_implementation = ATTENTION_IMPLEMENTATION
+        return AutoModelForCausalLM.from_config(
+            config, attn_implementation=ATTENTION_IMPLEMENTATION, dtype=torch.get_default_dtype()
+        )
+
+    @property
+    def language_model(self) -> nn.Module:
+        """transformers' decoder stack: ids or embeddings and positions in, hidden states out."""
+        return self.hf.base_model
+
     def _bind_attention(self, config: PretrainedConfig) -> None:
         """Give each of transformers' attention modules this engine's ``Attention``."""
         modules = [
             m
-            for m in self.hf.modules()
+            for m in self.language_model.modules()
             if type(m).__name__.endswith("Attention")
             and isinstance(getattr(m, "layer_idx", None), int)
         ]
@@ -219,28 +265,37 @@ class TransformersForCausalLM(nn.Module):
         positions: torch.Tensor,
         intermediate: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        out = self.hf.base_model(
+        out = self.language_model(
             input_ids=input_ids[None], position_ids=positions[None], use_cache=False
         )
         return out.last_hidden_state[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        config = self.config
+        config = self.text_config
         logits = self.hf.get_output_embeddings()(hidden_states)
         # What transformers' causal-LM heads do to the logits after the projection.
-        if getattr(config, "logits_scaling", None):  # Granite
+        scalings = self.logit_scalings
+        if "logits_scaling" in scalings and getattr(config, "logits_scaling", None):  # Granite
             logits = logits / config.logits_scaling
-        if getattr(config, "logit_scale", None):  # Cohere
+        if "logit_scale" in scalings and getattr(config, "logit_scale", None):  # Cohere
             logits = logits * config.logit_scale
-        if getattr(config, "final_logit_softcapping", None):  # Gemma 2 and 3
+        if "final_logit_softcapping" in scalings and getattr(  # Gemma 2 and 3
+            config, "final_logit_softcapping", None
+        ):
             cap = config.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits
 
+    def checkpoint_names(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors by the names of transformers' parameters."""
+        return weights
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.hf.named_parameters(remove_duplicate=False))  # tied: both names
         loaded: set[str] = set()
-        for name, tensor in dequantized_mxfp4(weights, params):
+        for name, tensor in dequantized_mxfp4(self.checkpoint_names(weights), params):
             if name not in params:
                 if "rotary_emb." in name:  # buffers some checkpoints carry
                     continue
@@ -262,6 +317,6 @@ class TransformersForCausalLM(nn.Module):
                 )
             param.data.copy_(tensor)
             loaded.add(f"hf.{name}")
-        if getattr(self.config, "tie_word_embeddings", False):
+        if getattr(self.config, "tie_word_embeddings", False):  # transformers ties by the top one
             self.hf.tie_weights()
         return loaded
