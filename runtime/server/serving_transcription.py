@@ -27,8 +27,8 @@ from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
     TranscriptionRequest,
     TranscriptionResponse,
-    TranscriptionUsage,
     TranscriptionSegment,
+    TranscriptionUsage,
     TranslationResponse,
     VerboseTranscriptionResponse,
     VerboseTranslationResponse,
@@ -169,7 +169,9 @@ class TranscriptionServing(ServingBase):
         offset = 0.0
         for output, seconds in zip(outputs, clip_seconds, strict=True):
             tokens = list(output.token_ids)
-            logprobs = [top[token].logprob for token, top in zip(tokens, output.logprobs)]
+            logprobs = [
+                top[token].logprob for token, top in zip(tokens, output.logprobs, strict=True)
+            ]
             if tokens and tokens[-1] == tokenizer.eos_token_id:
                 del tokens[-1], logprobs[-1]
             for piece in clip_segments(tokens, logprobs, processor.first_timestamp, seconds):
@@ -300,8 +302,7 @@ def _check_format(request: TranscriptionRequest) -> bool:
     timed = request.response_format in TIMED_FORMATS
     if timed and request.stream:  # vLLM's refusal too: segments need the whole clip
         raise APIError(
-            f"response_format {request.response_format!r} cannot be streamed; stream json or "
-            "text",
+            f"response_format {request.response_format!r} cannot be streamed; stream json or text",
             400,
             "stream",
         )
