@@ -31,7 +31,5 @@ def srt(segments: Sequence[TranscriptionSegment]) -> str:
 
 
 def vtt(segments: Sequence[TranscriptionSegment]) -> str:
-    cues = [
-        f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{_cue_text(s)}\n" for s in segments
-    ]
+    cues = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{_cue_text(s)}\n" for s in segments]
     return "\n".join(["WEBVTT\n", *cues])

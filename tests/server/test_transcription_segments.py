@@ -140,10 +140,8 @@ def _segment(i: int, start: float, end: float, text: str) -> TranscriptionSegmen
 def test_subtitles():
     segments = [_segment(0, 0.0, 1.5, " Hello."), _segment(1, 3599.98, 3725.04, " a --> b ")]
     assert srt(segments) == (
-        "1\n00:00:00,000 --> 00:00:01,500\nHello.\n\n"
-        "2\n00:59:59,980 --> 01:02:05,040\na -> b\n"
+        "1\n00:00:00,000 --> 00:00:01,500\nHello.\n\n2\n00:59:59,980 --> 01:02:05,040\na -> b\n"
     )
     assert vtt(segments) == (
-        "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello.\n\n"
-        "00:59:59.980 --> 01:02:05.040\na -> b\n"
+        "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello.\n\n00:59:59.980 --> 01:02:05.040\na -> b\n"
     )
