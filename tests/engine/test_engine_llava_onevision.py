@@ -12,9 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from infernetes import LLM
 from infernetes.runtime.model_executor.loader import build_model, inspect_model, load_hf_config
-from infernetes.runtime.sampling_params import SamplingParams
 from infernetes.runtime.testing_vision import (
     assert_equals_transformers,
     hf_llava_greedy,
@@ -22,6 +20,8 @@ from infernetes.runtime.testing_vision import (
     make_tiny_llava_onevision,
     random_image,
 )
+
+from infernetes import LLM, SamplingParams
 
 # (width, height): 2 to 4 grid tiles; the 4-tile grids are over 2 tiles' worth: scaled down
 SIZES = [(40, 36), (100, 30), (30, 70), (64, 64), (90, 40)]
