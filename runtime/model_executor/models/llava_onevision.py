@@ -24,6 +24,7 @@ from transformers import PretrainedConfig
 
 class LlavaOnevisionForConditionalGeneration(LlavaNextForConditionalGeneration):
     hf_processor_class = LlavaOnevisionVLProcessor  # transformers' needs torchvision
+    modalities = ("image", "video")
 
     def __init__(self, config: PretrainedConfig, max_position: int) -> None:
         super().__init__(config, max_position)
