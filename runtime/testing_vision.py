@@ -767,6 +767,6 @@ def decoded_frames(data: bytes, indices: list[int]) -> list:
     """The frames at ``indices`` as PyAV decodes them (the lossy codec's pixels)."""
     import av
 
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), "r") as container:
         frames = [frame.to_image() for frame in container.decode(video=0)]
     return [frames[i] for i in indices]
