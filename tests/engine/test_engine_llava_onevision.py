@@ -2,14 +2,14 @@
 each image's placeholder count equals what transformers' processor's own arithmetic gives for
 it; the model's image features equal transformers' row for row for sizes that pick every tiling
 here; greedy tokens and logprobs equal transformers' (fed the stand-in's arrays) for one image,
-two images (each then squared and untiled), a video, and a text prompt batched with them."""
+two images (each then squared and untiled), a video, and a text prompt batched with them, whole
+and cut across prefill chunks; an image among several is keyed apart from the same one alone."""
 
 from __future__ import annotations
 
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from infernetes.runtime.model_executor.loader import build_model, inspect_model, load_hf_config
@@ -26,6 +26,7 @@ from infernetes import LLM, SamplingParams
 # (width, height): 2 to 4 grid tiles; the 4-tile grids are over 2 tiles' worth: scaled down
 SIZES = [(40, 36), (100, 30), (30, 70), (64, 64), (90, 40)]
 MAX_TOKENS = 5
+ENGINE = dict(dtype="float32", max_model_len=400, num_gpu_blocks_override=64)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
 
 
@@ -102,24 +103,41 @@ CASES = [
 ]
 
 
-def test_greedy_equals_transformers_batched(onevision):
-    expected = [
+@pytest.fixture(scope="module")
+def expected(onevision):
+    return [
         hf_llava_greedy(onevision, prompt, images, MAX_TOKENS, videos=videos)
         for prompt, images, videos in CASES
     ]
-    llm = LLM(onevision, dtype="float32", max_model_len=400, num_gpu_blocks_override=64)
-    prompts = []
-    for prompt, images, videos in CASES:
-        data = {}
-        if images:
-            data["image"] = images if len(images) > 1 else images[0]
-        if videos:
-            data["video"] = videos[0]
-        prompts.append({"prompt": prompt, "multi_modal_data": data} if data else prompt)
-    outputs = llm.generate(prompts, GREEDY)
+
+
+def _prompt(text: str, images: list, videos: list | None) -> dict | str:
+    data: dict = {}
+    if images:
+        data["image"] = images if len(images) > 1 else images[0]
+    if videos:
+        data["video"] = videos[0]
+    return {"prompt": text, "multi_modal_data": data} if data else text
+
+
+@pytest.mark.parametrize("budget", [None, 16])
+def test_greedy_equals_transformers_batched(onevision, expected, budget):
+    # a budget of 16 tokens a step cuts every image and the video across prefill chunks
+    chunking = {} if budget is None else dict(max_num_batched_tokens=budget)
+    llm = LLM(onevision, **ENGINE, **chunking)
+    outputs = llm.generate([_prompt(*case) for case in CASES], GREEDY)
     assert_equals_transformers(outputs, expected)
-    video_tokens = np.sum(
-        np.asarray(outputs[2].prompt_token_ids)
-        == llm.llm_engine.tokenizer.convert_tokens_to_ids("<video>")
-    )
-    assert video_tokens == 3 * 2 * 2 + 1  # 3 frames of 4 x 4 patches pooled to 2 x 2, a newline
+    video = llm.llm_engine.tokenizer.convert_tokens_to_ids("<video>")
+    # 3 frames of 4 x 4 patches pooled to 2 x 2, and a newline
+    assert outputs[2].prompt_token_ids.count(video) == 3 * 2 * 2 + 1
+
+
+def test_an_image_among_several_is_keyed_apart(onevision):
+    # alone it is tiled, among others squared: other features, so another prefix-cache key
+    llm = LLM(onevision, **ENGINE)
+    processor = llm.llm_engine.input_processor.mm_processor
+    image = random_image(7, (90, 40))
+    [alone] = processor.process("<image>", {"image": image}).features
+    first, _ = processor.process("<image><image>", {"image": [image, image]}).features
+    assert alone.identifier != first.identifier
+    assert alone.length > first.length
