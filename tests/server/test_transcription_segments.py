@@ -145,3 +145,18 @@ def test_subtitles():
     assert vtt(segments) == (
         "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello.\n\n00:59:59.980 --> 01:02:05.040\na -> b\n"
     )
+
+
+def test_the_prompt_asks_for_timestamps_where_the_tokenizer_has_them(tmp_path):
+    from infernetes.runtime.multimodal.audio import AudioProcessor
+    from transformers import AutoTokenizer
+
+    for timestamps in (True, False):
+        path = make_tiny_whisper(tmp_path / str(timestamps), timestamps=timestamps)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        processor = AudioProcessor.load(path, tokenizer, {}, None)
+        first = processor.first_timestamp
+        assert first == (tokenizer.convert_tokens_to_ids("<|0.00|>") if timestamps else None)
+    prompt = processor.decoder_prompt("transcribe", "en", "before", timestamps=True)
+    assert prompt == "<|startofprev|>before<|startoftranscript|><|en|><|transcribe|><|0.00|>"
+    assert processor.decoder_prompt("translate", "fr").endswith("<|translate|><|notimestamps|>")
