@@ -61,6 +61,13 @@ class TranscriptionServing(ServingBase):
         self.check_file_size(len(audio))
         processor = self.engine.input_processor.mm_processor
         assert isinstance(processor, AudioProcessor)  # the route serves speech models only
+        if timed and processor.first_timestamp is None:
+            raise APIError(
+                f"response_format {request.response_format!r} needs timestamps, and this "
+                "model's tokenizer has no <|0.00|> token; use json or text",
+                400,
+                "response_format",
+            )
         try:
             samples, rate = decode_audio(audio)
             samples = resample(samples, rate, processor.sampling_rate)
@@ -77,13 +84,6 @@ class TranscriptionServing(ServingBase):
         except RequestError as error:
             param = "file" if error.param == "multi_modal_data.audio" else error.param
             raise APIError(str(error), 400, param) from error
-        if timed and processor.first_timestamp is None:
-            raise APIError(
-                f"response_format {request.response_format!r} needs timestamps, and this "
-                "model's tokenizer has no <|0.00|> token; use json or text",
-                400,
-                "response_format",
-            )
         params = [
             self._sampling(request, len(prompt.prompt_token_ids), timed) for prompt in prompts
         ]
