@@ -23,6 +23,9 @@ WHISPER_TOKENS = [
     "<|nocaptions|>",
     "<|notimestamps|>",
 ]
+# Whisper's timestamp tokens, 0.02 s apart over the 30 s window, numbered right after
+# ``<|notimestamps|>`` and not special (as in the released tokenizers)
+TIMESTAMP_TOKENS = [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
 SAMPLE_RATE = 16000
 
 
@@ -32,16 +35,21 @@ def make_tiny_whisper(
     seed: int = 0,
     dtype: str = "float32",
     sizes: dict[str, Any] | None = None,
+    timestamps: bool = False,
 ) -> Path:
     """Write a random ``WhisperForConditionalGeneration``, its tokenizer and feature extractor;
     tiny unless ``sizes`` overrides the config (benchmarks). The weights are spread wider than
-    Whisper's init so that greedy tokens vary."""
+    Whisper's init so that greedy tokens vary. ``timestamps`` adds Whisper's 1501 timestamp
+    tokens to the vocabulary."""
     import torch
     import transformers
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(directory, add_bos=False, extra_special_tokens=WHISPER_TOKENS)
+    if timestamps:
+        tokenizer = _timestamped_tokenizer(directory)
+    else:
+        tokenizer = build_tokenizer(directory, add_bos=False, extra_special_tokens=WHISPER_TOKENS)
     end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     settings: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
@@ -71,6 +79,19 @@ def make_tiny_whisper(
     model.save_pretrained(str(directory))
     transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(str(directory))
     return directory
+
+
+def _timestamped_tokenizer(directory: Path) -> Any:
+    """The tokenizer laid out as Whisper's: text tokens first, then the special tokens, then the
+    timestamp tokens as plain added tokens (transformers' Whisper code finds them by id order)."""
+    import transformers
+
+    build_tokenizer(directory, add_bos=False)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    tokenizer.add_tokens(WHISPER_TOKENS, special_tokens=True)
+    tokenizer.add_tokens(TIMESTAMP_TOKENS)
+    tokenizer.save_pretrained(str(directory))
+    return transformers.AutoTokenizer.from_pretrained(str(directory))
 
 
 def tone(seed: int, seconds: float = 2.0, rate: int = SAMPLE_RATE) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import io
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,12 @@ def make_tiny_llava_next(directory: str | Path, *, seed: int = 0, dtype: str = "
     return directory
 
 
-VIDEO_TOKEN = "<video>"  # OneVision's processor wants one; videos are not served
+VIDEO_TOKEN = "<video>"
+# LLaVA-OneVision's templates write a video part as <video>
+ONEVISION_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace(
+    "{% else %}{{ '<image>' }}",
+    "{% elif part['type'] == 'video' %}{{ '<video>' }}{% else %}{{ '<image>' }}",
+)
 
 
 def make_tiny_llava_onevision(
@@ -150,7 +156,7 @@ def make_tiny_llava_onevision(
     tokenizer = build_tokenizer(
         directory,
         extra_special_tokens=[IMAGE_TOKEN, VIDEO_TOKEN],
-        chat_template=LLAVA_CHAT_TEMPLATE,
+        chat_template=ONEVISION_CHAT_TEMPLATE,
     )
     clip_config, llama_config = _configs(tokenizer, IMAGE_SIZE, PATCH_SIZE, None, None)
     vision_config = _siglip_config(clip_config)
@@ -175,7 +181,8 @@ def make_tiny_llava_onevision(
         model.model.image_newline.normal_(0.0, 1.0)
     model.save_pretrained(str(directory))
     # Its LlavaOnevisionProcessor cannot be built without torchvision (transformers resolves
-    # the video processor's class at construction): the image processor and tokenizer only.
+    # the video processor's class at construction): the image processor and tokenizer only,
+    # which the served stand-in (multimodal/llava_onevision.py) reads.
     image_processor = transformers.LlavaOnevisionImageProcessor(
         size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, image_grid_pinpoints=GRID_PINPOINTS
     )
@@ -794,3 +801,37 @@ def make_tiny_aya_vision(
     )
     processor.save_pretrained(str(directory))
     return directory
+
+
+# the colours of make_video's frames, in turn
+COLOURS = [(220, 30, 30), (30, 200, 40), (40, 60, 210), (230, 220, 40), (20, 20, 20)]
+
+
+def make_video(frames: int, fps: int, size: tuple[int, int] = (48, 32), fmt: str = "mp4") -> bytes:
+    """An encoded video of ``frames`` frames, each one colour of COLOURS in turn (a corner of
+    each inverted)."""
+    import av
+    import numpy as np
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=fmt) as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        for i in range(frames):
+            pixels = np.full((size[1], size[0], 3), COLOURS[i % len(COLOURS)], np.uint8)
+            pixels[: size[1] // 2, : size[0] // 2] = 255 - pixels[0, 0]  # not one flat colour
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        if frames:
+            container.mux(stream.encode())
+        else:  # a header and no frame (an encoder flushed unused writes none)
+            container.start_encoding()
+    return buffer.getvalue()
+
+
+def decoded_frames(data: bytes, indices: list[int]) -> list:
+    """The frames at ``indices`` as PyAV decodes them (the lossy codec's pixels)."""
+    import av
+
+    with av.open(io.BytesIO(data), "r") as container:
+        frames = [frame.to_image() for frame in container.decode(video=0)]
+    return [frames[i] for i in indices]

@@ -572,7 +572,7 @@ ARG_SUPPORT: dict[str, Support] = {
     # ---------------------------------------------------------------- MultiModalConfig
     "limit_mm_per_prompt": honoured(
         "image counts (of the transformers fallback's image-text-to-text models too), and video "
-        "counts for Qwen2-VL, Qwen2.5-VL and Qwen3-VL; the size hints "
+        "counts for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and LLaVA-OneVision; the size hints "
         'of vLLM\'s {"count", "width", ...} form are not read '
         "(there is no multimodal memory profiling); a text model has no use for it"
     ),
@@ -591,7 +591,8 @@ ARG_SUPPORT: dict[str, Support] = {
     "mm_processor_cache_gb": honoured(
         "each image's (and video frame's) processed arrays kept by its digest in an LRU of this "
         "many GiB in the process that runs the processor (0 disables); the engine core keeps no "
-        "mirror, so the arrays still cross the pipe with every request"
+        "mirror, so the arrays still cross the pipe with every request; LLaVA-OneVision's "
+        "images among several in a prompt and its video frames are processed uncached"
     ),
     "mm_processor_cache_type": partial(
         ("lru",), "the shared-memory cache (shm) is not built; lru keeps each process its own"

@@ -18,6 +18,8 @@ import numpy as np
 from infernetes.runtime.engine.errors import RequestError
 from infernetes.runtime.multimodal.inputs import MultiModalFeature, MultiModalPrompt
 
+FIRST_TIMESTAMP = "<|0.00|>"  # Whisper's first timestamp token; 0.02 s steps follow it
+
 # What one prompt's encoder takes: Whisper's 30 s window (longer audio is split by the server)
 MAX_CLIP_SECONDS = 30.0
 # Longer audio is cut in its quietest stretch (RMS over windows of this many samples, vLLM's
@@ -150,14 +152,21 @@ class AudioProcessor:
             "language",
         )
 
-    def decoder_prompt(self, task: str, language: str, prompt: str = "") -> str:
+    def decoder_prompt(
+        self, task: str, language: str, prompt: str = "", timestamps: bool = False
+    ) -> str:
         """Whisper's decoder prompt as vLLM builds it: the previous text (``prompt``) after
-        ``<|startofprev|>``, then the start, language and task tokens, without timestamps."""
+        ``<|startofprev|>``, then the start, language and task tokens, then ``<|notimestamps|>``
+        or, with ``timestamps``, the first timestamp ``<|0.00|>`` (the model then writes them)."""
         previous = f"<|startofprev|>{prompt}" if prompt else ""
-        return (
-            f"{previous}<|startoftranscript|>{self.language_token(language)}"
-            f"<|{task}|><|notimestamps|>"
-        )
+        last = FIRST_TIMESTAMP if timestamps else "<|notimestamps|>"
+        return f"{previous}<|startoftranscript|>{self.language_token(language)}<|{task}|>{last}"
+
+    @property
+    def first_timestamp(self) -> int | None:
+        """``<|0.00|>``'s id; None when the tokenizer has no timestamp tokens."""
+        token = self.tokenizer.convert_tokens_to_ids(FIRST_TIMESTAMP)
+        return None if token in (None, self.tokenizer.unk_token_id) else int(token)
 
     def process(
         self,

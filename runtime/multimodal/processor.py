@@ -210,6 +210,10 @@ class MultiModalProcessor:
                 f"the model's processor refused the input: {error}", field
             ) from error
         ids = [int(t) for t in out["input_ids"][0]]
+        if out.get("batch_num_images") is not None and len(images) > 1:
+            # LLaVA-OneVision takes an image among several otherwise than one alone: its
+            # features (and the prefix cache's key) differ
+            digests = [f"{digest}:among-several" for digest in digests]
         arrays = {k: out[k] for k in ITEM_ARRAYS if out.get(k) is not None}
         features = self._features(ids, images, digests, arrays, kwargs)
         if videos:
@@ -227,7 +231,8 @@ class MultiModalProcessor:
         for i, video in enumerate(self._videos(data)):
             where = f"multi_modal_data.video[{i}]"
             if isinstance(video, DecodedVideo):
-                temporal = self.hf_processor.image_processor.temporal_patch_size
+                # frames are taken in temporal patches (Qwen's 2); one at a time elsewhere
+                temporal = getattr(self.hf_processor.image_processor, "temporal_patch_size", 1)
                 video = video.taking(processor_picks(video, sampling, temporal, where))
                 videos.append(video.frames)
                 fps.append(video.sampled_fps)
@@ -307,6 +312,8 @@ class MultiModalProcessor:
 
         token_id = self.hf_processor.tokenizer.convert_tokens_to_ids(self.video_token)
         positions = [i for i, t in enumerate(ids) if t == token_id]
+        if "video_grid_thw" not in out:
+            return _whole_video_features(positions, frame_digests, fps, out["pixel_values_videos"])
         grids = out["video_grid_thw"]
         merge = kwargs.get("merge_size") or self.hf_processor.image_processor.merge_size
         bounds = [0, *itertools.accumulate(int(grid.prod()) for grid in grids)]
@@ -498,6 +505,33 @@ class MultiModalProcessor:
                 "multi_modal_data.image",
             )
         return counts
+
+
+def _whole_video_features(
+    positions: list[int], frame_digests: list[list[str]], fps: list[float], pixels: Any
+) -> list[MultiModalFeature]:
+    """Each video as one item (LLaVA-OneVision's): its frames' ``pixel_values_videos`` and the
+    run of its placeholder tokens, the runs apart in the prompt's order."""
+    runs = [1 + i for i, (a, b) in enumerate(itertools.pairwise(positions)) if b != a + 1]
+    bounds = [0, *runs, len(positions)]
+    if len(bounds) - 1 != len(frame_digests) or not positions:
+        raise RequestError(
+            f"the prompt's {len(frame_digests)} video(s) must each stand apart in the text, "
+            "their placeholders not side by side",
+            "multi_modal_data.video",
+        )
+    return [
+        MultiModalFeature(
+            "video",
+            positions[a],
+            b - a,
+            video_digest(frames, rate),
+            {"pixel_values_videos": frames_pixels},
+        )
+        for (a, b), frames, rate, frames_pixels in zip(
+            itertools.pairwise(bounds), frame_digests, fps, pixels, strict=True
+        )
+    ]
 
 
 def _item_arrays(arrays: dict[str, Any]) -> list[dict[str, Any]]:

@@ -806,3 +806,32 @@ class TranscriptionResponse(OpenAIBase):
 
 class TranslationResponse(OpenAIBase):
     text: str
+
+
+class TranscriptionSegment(OpenAIBase):
+    """One timed stretch of a ``verbose_json`` answer (OpenAI's fields): ``seek`` is its clip's
+    start in mel frames (10 ms), ``no_speech_prob`` is not computed (null)."""
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float | None = None
+
+
+class VerboseTranslationResponse(OpenAIBase):
+    task: Literal["transcribe", "translate"] = "translate"
+    language: str
+    duration: float
+    text: str
+    segments: list[TranscriptionSegment]
+
+
+class VerboseTranscriptionResponse(VerboseTranslationResponse):
+    task: Literal["transcribe", "translate"] = "transcribe"
+    usage: TranscriptionUsage

@@ -2,7 +2,9 @@
 multipart form with the audio ``file``; the audio decoded, resampled to 16 kHz and cut into
 clips of at most 30 s at quiet points (vLLM's splitting), each clip one engine request with the
 decoder prompt ``[<|startofprev|>prompt]<|startoftranscript|><|lang|><|task|><|notimestamps|>``;
-their texts joined, whole (``json``, ``text``) or streamed as they are decoded."""
+their texts joined, whole (``json``, ``text``) or streamed as they are decoded. With timestamps
+(``verbose_json``, ``srt``, ``vtt``) the prompt ends in ``<|0.00|>`` instead and the timestamp
+tokens the model writes become segments, offset by their clip's start."""
 
 from __future__ import annotations
 
@@ -25,15 +27,22 @@ from infernetes.runtime.server.off_loop import off_loop
 from infernetes.runtime.server.protocol import (
     TranscriptionRequest,
     TranscriptionResponse,
+    TranscriptionSegment,
     TranscriptionUsage,
     TranslationResponse,
+    VerboseTranscriptionResponse,
+    VerboseTranslationResponse,
     random_id,
 )
 from infernetes.runtime.server.serving_base import ServingBase
 from infernetes.runtime.server.streaming import DONE, engine_stream, merge, sse
+from infernetes.runtime.server.subtitles import srt, vtt
+from infernetes.runtime.server.transcription_segments import clip_segments, compression_ratio
+from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
-# What vLLM answers in: the rest of OpenAI's formats need timestamps (planned here)
-RESPONSE_FORMATS = ("json", "text")
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+TIMED_FORMATS = ("verbose_json", "srt", "vtt")  # answered from timestamped segments
+FRAMES_PER_SECOND = 100  # a segment's seek counts mel frames (10 ms), as openai/whisper does
 DEFAULT_LANGUAGE = "en"  # vLLM's, when a request names none
 _NOUNS = {"transcribe": "transcription", "translate": "translation"}
 
@@ -41,46 +50,45 @@ _NOUNS = {"transcribe": "transcription", "translate": "translation"}
 class TranscriptionServing(ServingBase):
     def _prepare(
         self, request: TranscriptionRequest, audio: bytes, task: str
-    ) -> tuple[list[MultiModalPrompt], list[SamplingParams], float]:
-        """The request's clips as engine prompts, their sampling parameters and the audio's
-        duration; every fault a 400 naming its field (in the preparation threads)."""
+    ) -> tuple[list[MultiModalPrompt], list[SamplingParams], list[float]]:
+        """The request's clips as engine prompts, their sampling parameters and durations;
+        every fault a 400 naming its field (in the preparation threads)."""
         self.check_model(request.model)
         self.check_engine()
-        if request.response_format not in RESPONSE_FORMATS:
-            raise APIError(
-                f"response_format {request.response_format!r} is not supported; one of "
-                f"{', '.join(RESPONSE_FORMATS)} (segments with timestamps are planned)",
-                400,
-                "response_format",
-            )
-        if request.timestamp_granularities:
-            raise APIError(
-                "timestamp_granularities needs verbose_json, whose timestamps are planned",
-                400,
-                "timestamp_granularities",
-            )
+        timed = _check_format(request)
         if task == "translate" and request.to_language not in (None, "en"):
             raise APIError("Whisper translates into English only", 400, "to_language")
         self.check_file_size(len(audio))
         processor = self.engine.input_processor.mm_processor
         assert isinstance(processor, AudioProcessor)  # the route serves speech models only
+        if timed and processor.first_timestamp is None:
+            raise APIError(
+                f"response_format {request.response_format!r} needs timestamps, and this "
+                "model's tokenizer has no <|0.00|> token; use json or text",
+                400,
+                "response_format",
+            )
         try:
             samples, rate = decode_audio(audio)
             samples = resample(samples, rate, processor.sampling_rate)
             text = processor.decoder_prompt(
-                task, request.language or DEFAULT_LANGUAGE, request.prompt
+                task, request.language or DEFAULT_LANGUAGE, request.prompt, timed
             )
+            clips = split_clips(samples, processor.sampling_rate)
             prompts = [
                 self.engine.input_processor.process_multimodal(
                     text, {"audio": (clip, processor.sampling_rate)}
                 )
-                for clip in split_clips(samples, processor.sampling_rate)
+                for clip in clips
             ]
         except RequestError as error:
             param = "file" if error.param == "multi_modal_data.audio" else error.param
             raise APIError(str(error), 400, param) from error
-        params = [self._sampling(request, len(prompt.prompt_token_ids)) for prompt in prompts]
-        return prompts, params, len(samples) / processor.sampling_rate
+        params = [
+            self._sampling(request, len(prompt.prompt_token_ids), timed) for prompt in prompts
+        ]
+        seconds = [len(clip) / processor.sampling_rate for clip in clips]
+        return prompts, params, seconds
 
     def check_file_size(self, size: int | None) -> None:
         """A 400 naming ``file`` for an upload over ``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB``."""
@@ -93,7 +101,9 @@ class TranscriptionServing(ServingBase):
                 "file",
             )
 
-    def _sampling(self, request: TranscriptionRequest, prompt_length: int) -> SamplingParams:
+    def _sampling(
+        self, request: TranscriptionRequest, prompt_length: int, timed: bool
+    ) -> SamplingParams:
         fields: dict[str, Any] = {
             "temperature": request.temperature,
             "seed": request.seed,
@@ -103,6 +113,8 @@ class TranscriptionServing(ServingBase):
             "output_kind": RequestOutputKind.DELTA
             if request.stream
             else RequestOutputKind.FINAL_ONLY,
+            # a segment's avg_logprob: each sampled token's own logprob (vLLM asks for them too)
+            "logprobs": 0 if timed else None,
         }
         for name in ("top_p", "top_k", "min_p", "repetition_penalty"):
             if getattr(request, name) is not None:
@@ -116,22 +128,87 @@ class TranscriptionServing(ServingBase):
 
     async def create(
         self, request: TranscriptionRequest, audio: bytes, task: str
-    ) -> TranscriptionResponse | TranslationResponse | str | AsyncIterator[bytes]:
-        prompts, params, seconds = await off_loop(self._prepare, request, audio, task)
+    ) -> (
+        TranscriptionResponse
+        | TranslationResponse
+        | VerboseTranslationResponse
+        | str
+        | AsyncIterator[bytes]
+    ):
+        prompts, params, clip_seconds = await off_loop(self._prepare, request, audio, task)
         request_id = random_id(_NOUNS[task])
         if request.stream:
             return self._stream(request, request_id, prompts, params, f"{_NOUNS[task]}.chunk")
-        texts = [""] * len(prompts)
+        outputs: list[Any] = [None] * len(prompts)
         # the clips decoded together, their texts joined in order
         async for i, output in merge(self._generators(request_id, prompts, params)):
-            texts[i] = output.outputs[0].text
-        text = "".join(texts)
+            outputs[i] = output.outputs[0]
+        seconds = sum(clip_seconds)
+        if request.response_format in TIMED_FORMATS:
+            return self._timed(request, task, outputs, clip_seconds)
+        text = "".join(output.text for output in outputs)
         if request.response_format == "text":
             return text
         if task == "translate":  # vLLM's translations carry no usage
             return TranslationResponse(text=text)
         usage = TranscriptionUsage(seconds=math.ceil(seconds))
         return TranscriptionResponse(text=text, usage=usage)
+
+    def _timed(
+        self,
+        request: TranscriptionRequest,
+        task: str,
+        outputs: list[Any],
+        clip_seconds: list[float],
+    ) -> VerboseTranslationResponse | str:
+        """The clips' timestamped tokens as ``verbose_json``, ``srt`` or ``vtt``."""
+        processor = self.engine.input_processor.mm_processor
+        assert isinstance(processor, AudioProcessor) and processor.first_timestamp is not None
+        tokenizer = processor.tokenizer
+        segments: list[TranscriptionSegment] = []
+        offset = 0.0
+        for output, seconds in zip(outputs, clip_seconds, strict=True):
+            tokens = list(output.token_ids)
+            logprobs = [
+                top[token].logprob for token, top in zip(tokens, output.logprobs, strict=True)
+            ]
+            if tokens and tokens[-1] == tokenizer.eos_token_id:
+                del tokens[-1], logprobs[-1]
+            for piece in clip_segments(tokens, logprobs, processor.first_timestamp, seconds):
+                text = tokenizer.decode(piece.tokens, skip_special_tokens=True)
+                segments.append(
+                    TranscriptionSegment(
+                        id=len(segments),
+                        seek=round(offset * FRAMES_PER_SECOND),
+                        start=round(offset + piece.start, 2),
+                        end=round(offset + piece.end, 2),
+                        text=text,
+                        tokens=piece.tokens,
+                        temperature=request.temperature,
+                        avg_logprob=piece.avg_logprob,
+                        compression_ratio=compression_ratio(text),
+                    )
+                )
+            offset += seconds
+        if request.response_format == "srt":
+            return srt(segments)
+        if request.response_format == "vtt":
+            return vtt(segments)
+        text = "".join(segment.text for segment in segments)
+        code = request.language or DEFAULT_LANGUAGE
+        # OpenAI names the language in English words; a translation's is always English
+        language = "english" if task == "translate" else LANGUAGES.get(code, code)
+        if task == "translate":
+            return VerboseTranslationResponse(
+                language=language, duration=offset, text=text, segments=segments
+            )
+        return VerboseTranscriptionResponse(
+            language=language,
+            duration=offset,
+            text=text,
+            segments=segments,
+            usage=TranscriptionUsage(seconds=math.ceil(offset)),
+        )
 
     def _generators(
         self, request_id: str, prompts: list[MultiModalPrompt], params: list[SamplingParams]
@@ -197,6 +274,39 @@ class TranscriptionServing(ServingBase):
         except APIError as exc:
             yield sse(error_body(exc.message, exc.status, exc.param))
         yield DONE
+
+
+def _check_format(request: TranscriptionRequest) -> bool:
+    """Whether the answer is timed (``verbose_json``, ``srt``, ``vtt``); a 400 naming the field
+    for a format, granularity or streaming the server does not give."""
+    if request.response_format not in RESPONSE_FORMATS:
+        raise APIError(
+            f"response_format {request.response_format!r} is not supported; one of "
+            f"{', '.join(RESPONSE_FORMATS)}",
+            400,
+            "response_format",
+        )
+    if "word" in request.timestamp_granularities:
+        raise APIError(
+            "timestamp_granularities: word-level timestamps are not served (they need the "
+            "decoder's cross-attention aligned to the audio); 'segment' is",
+            400,
+            "timestamp_granularities",
+        )
+    if request.timestamp_granularities and request.response_format != "verbose_json":
+        raise APIError(
+            "timestamp_granularities needs response_format 'verbose_json'",
+            400,
+            "timestamp_granularities",
+        )
+    timed = request.response_format in TIMED_FORMATS
+    if timed and request.stream:  # vLLM's refusal too: segments need the whole clip
+        raise APIError(
+            f"response_format {request.response_format!r} cannot be streamed; stream json or text",
+            400,
+            "stream",
+        )
+    return timed
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -29,7 +29,7 @@ MAX_TOKENS = 6
 
 @pytest.fixture(scope="module")
 def whisper_dir(tmp_path_factory):
-    return make_tiny_whisper(tmp_path_factory.mktemp("whisper"))
+    return make_tiny_whisper(tmp_path_factory.mktemp("whisper"), timestamps=True)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,9 @@ def test_hostile_files_are_a_400_naming_the_file(client, data, message):
     ("fields", "param", "message"),
     [
         ({"language": "xx"}, "language", "language 'xx' is not one the model knows"),
-        ({"response_format": "srt"}, "response_format", "one of json, text"),
+        ({"timestamp_granularities[]": "word"}, "timestamp_granularities", "word-level"),
+        ({"timestamp_granularities[]": "segment"}, "timestamp_granularities", "verbose_json"),
+        ({"response_format": "srt", "stream": "true"}, "stream", "cannot be streamed"),
         ({"temperature": "-1"}, "temperature", "greater than or equal to 0"),
     ],
 )
@@ -178,6 +180,111 @@ def test_bad_fields_are_a_400_naming_them(audio_server, fields, param, message):
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == param
     assert message in answer.json()["error"]["message"]
+
+
+TIMED = "<|startoftranscript|><|en|><|transcribe|><|0.00|>"
+TIMED_TOKENS = 24
+
+
+def _timed_reference(whisper_dir, samples: np.ndarray, offset: float = 0.0):
+    """What the segments of ``samples`` (one clip, starting ``offset`` s into the file) hold:
+    transformers' greedy tokens after the ``<|0.00|>`` prompt, cut as the server cuts them."""
+    from infernetes.runtime.server.transcription_segments import clip_segments
+
+    _, tokens, logprobs = hf_whisper_greedy(whisper_dir, samples, TIMED, TIMED_TOKENS)
+    tokenizer = AutoTokenizer.from_pretrained(str(whisper_dir))
+    first = tokenizer.convert_tokens_to_ids("<|0.00|>")
+    seconds = len(samples) / SAMPLE_RATE
+    return [
+        (
+            round(offset + piece.start, 2),
+            round(offset + piece.end, 2),
+            tokenizer.decode(piece.tokens, skip_special_tokens=True),
+            piece.tokens,
+            piece.avg_logprob,
+        )
+        for piece in clip_segments(tokens, logprobs, first, seconds)
+    ]
+
+
+def _pcm(samples: np.ndarray) -> np.ndarray:
+    """``samples`` as the server reads them back from a 16-bit WAV file."""
+    from infernetes.runtime.multimodal.audio import decode_audio
+
+    decoded, _ = decode_audio(wav_bytes(samples))
+    return decoded
+
+
+def _timed(client, data: bytes, response_format: str, **kwargs):
+    return client.audio.transcriptions.create(
+        model="whisper",
+        file=("speech.wav", io.BytesIO(data)),
+        response_format=response_format,
+        extra_body={"max_completion_tokens": TIMED_TOKENS},
+        **kwargs,
+    )
+
+
+def test_verbose_json_segments_come_from_the_timestamps(client, whisper_dir):
+    samples = tone(31, 4.0)
+    answer = _timed(client, wav_bytes(samples), "verbose_json", timestamp_granularities=["segment"])
+    expected = _timed_reference(whisper_dir, _pcm(samples))
+    assert len(expected) > 1  # the tiny model writes timestamps
+    got = [(s.start, s.end, s.text, s.tokens, s.avg_logprob) for s in answer.segments]
+    assert [g[:4] for g in got] == [e[:4] for e in expected]
+    assert [g[4] for g in got] == pytest.approx([e[4] for e in expected], abs=1e-4)
+    assert [s.id for s in answer.segments] == list(range(len(expected)))
+    assert {(s.seek, s.temperature, s.no_speech_prob) for s in answer.segments} == {(0, 0.0, None)}
+    assert answer.segments[0].compression_ratio > 0
+    assert answer.text == "".join(e[2] for e in expected)
+    assert (answer.task, answer.language, answer.duration) == ("transcribe", "english", 4.0)
+    assert answer.usage.seconds == 4
+
+
+def test_srt_and_vtt_are_the_same_segments(client):
+    data = wav_bytes(tone(32, 3.0))
+    segments = _timed(client, data, "verbose_json").segments
+    subrip = _timed(client, data, "srt")
+    webvtt = _timed(client, data, "vtt")
+    assert isinstance(subrip, str) and isinstance(webvtt, str)
+    first = segments[0]
+    clock = f"00:00:{first.start:06.3f} --> 00:00:{first.end:06.3f}"
+    assert subrip.startswith(f"1\n{clock.replace('.', ',')}\n{first.text.strip()}\n")
+    assert webvtt.startswith(f"WEBVTT\n\n{clock}\n{first.text.strip()}\n")
+    assert subrip.count(" --> ") == webvtt.count(" --> ") == len(segments)
+
+
+def test_long_audio_segments_are_offset_by_their_clip(audio_server, whisper_dir):
+    samples = tone(33, 40.0)
+    cut = int(29.5 * SAMPLE_RATE)
+    samples[cut : cut + 1600] = 0  # the quiet place to cut
+    answer = httpx.post(
+        f"{audio_server.url}/v1/audio/translations",
+        files={"file": ("long.wav", wav_bytes(samples))},
+        data={"response_format": "verbose_json", "max_completion_tokens": str(TIMED_TOKENS)},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    pcm = _pcm(samples)
+    prompt = TIMED.replace("transcribe", "translate")
+    expected = []
+    for clip, offset in ((pcm[:cut], 0.0), (pcm[cut:], 29.5)):
+        _, tokens, _ = hf_whisper_greedy(whisper_dir, clip, prompt, TIMED_TOKENS)
+        expected += [(start, end) for start, end, *_ in _offset(whisper_dir, tokens, clip, offset)]
+    assert [(s["start"], s["end"]) for s in body["segments"]] == expected
+    assert {s["seek"] for s in body["segments"]} == {0, 2950}
+    assert (body["task"], body["language"], body["duration"]) == ("translate", "english", 40.0)
+    assert "usage" not in body  # as a json translation, none
+
+
+def _offset(whisper_dir, tokens, clip, offset):
+    from infernetes.runtime.server.transcription_segments import clip_segments
+
+    tokenizer = AutoTokenizer.from_pretrained(str(whisper_dir))
+    first = tokenizer.convert_tokens_to_ids("<|0.00|>")
+    pieces = clip_segments(tokens, [0.0] * len(tokens), first, len(clip) / SAMPLE_RATE)
+    return [(round(offset + p.start, 2), round(offset + p.end, 2)) for p in pieces]
 
 
 def test_a_missing_file_is_a_400(audio_server):

@@ -17,7 +17,6 @@ import threading
 import time
 
 import httpx
-import numpy as np
 import openai
 import pytest
 from infernetes.runtime.engine.errors import RequestError
@@ -30,7 +29,12 @@ from infernetes.runtime.multimodal.video import (
     processor_picks,
 )
 from infernetes.runtime.preflight import check_settings
-from infernetes.runtime.testing_vision import QWEN_VIDEO, make_tiny_qwen2_vl
+from infernetes.runtime.testing_vision import (
+    QWEN_VIDEO,
+    decoded_frames,
+    make_tiny_qwen2_vl,
+    make_video,
+)
 
 from infernetes import LLM, SamplingParams
 from infernetes.schema.config import build_config
@@ -38,36 +42,7 @@ from infernetes.schema.config import build_config
 MAX_TOKENS = 5
 LOADER_FRAMES = 6
 SOURCE_FRAMES, SOURCE_FPS = 10, 5
-COLOURS = [(220, 30, 30), (30, 200, 40), (40, 60, 210), (230, 220, 40), (20, 20, 20)]
 ENGINE = ["--dtype", "float32", "--max-model-len", "512", "--block-size", "8"]
-
-
-def make_video(frames: int, fps: int, size: tuple[int, int] = (48, 32), fmt: str = "mp4") -> bytes:
-    """An encoded video of ``frames`` frames, each one colour of COLOURS in turn."""
-    import av
-
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format=fmt) as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
-        for i in range(frames):
-            pixels = np.full((size[1], size[0], 3), COLOURS[i % len(COLOURS)], np.uint8)
-            pixels[: size[1] // 2, : size[0] // 2] = 255 - pixels[0, 0]  # not one flat colour
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
-        if frames:
-            container.mux(stream.encode())
-        else:  # a header and no frame (an encoder flushed unused writes none)
-            container.start_encoding()
-    return buffer.getvalue()
-
-
-def decoded_frames(data: bytes, indices: list[int]) -> list:
-    """The frames at ``indices`` as PyAV decodes them (the lossy codec's pixels)."""
-    import av
-
-    with av.open(io.BytesIO(data)) as container:
-        frames = [frame.to_image() for frame in container.decode(video=0)]
-    return [frames[i] for i in indices]
 
 
 def data_url(data: bytes, mime: str = "video/mp4") -> str:

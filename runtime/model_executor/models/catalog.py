@@ -121,9 +121,10 @@ model). LLaVA-NeXT (`LlavaNextForConditionalGeneration`) adds anyres tiling: eac
 base tile and 2 or more grid tiles through the same tower, unpadded, with a learned newline row;
 tested against transformers for images of different sizes and aspect ratios, whole and under
 chunked prefill. LLaVA-OneVision (`LlavaOnevisionForConditionalGeneration`: a SigLIP tower, a
-Qwen2, NeXT's tiling with grids over `anyres_max_N` tiles' worth scaled down) is built and its
-image features equal transformers', but serving it needs torchvision (its Hugging Face processor
-imports its video half), so it is untested end to end. Gemma 3
+Qwen2, NeXT's tiling with grids over `anyres_max_N` tiles' worth scaled down) takes images and
+videos through a stand-in for its Hugging Face processor (which needs torchvision); tested
+against transformers for one image, two, a video and text batched with them, offline and in
+chat. Gemma 3
 (`Gemma3ForConditionalGeneration`: a SigLIP tower, an average-pooling projector, Gemma 3's text
 model) attends bidirectionally within each image's tokens as transformers does, and keeps every
 image whole in one prefill chunk; pan-and-scan is off unless `--mm-processor-kwargs` turns it on

@@ -26,18 +26,23 @@ def tile_grid(image_size: tuple[int, int], config: PretrainedConfig) -> tuple[in
     return height // tile, width // tile
 
 
-def unpad(grid: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
-    """``grid`` [D, H, W] without the rows or columns of the padding that fit an image of
-    ``(height, width)`` into the grid's aspect ratio (centred; rounded as transformers does)."""
+def unpadded_padding(image_size: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
+    """The rows and the columns cut from each side of a feature grid of ``rows x cols``: the
+    padding that fit an image of ``(height, width)`` into the grid's aspect ratio (centred;
+    rounded as transformers does)."""
     height, width = image_size
-    rows, cols = grid.shape[1:]
     if width / height > cols / rows:  # wider than the grid: padded above and below
         kept = int(round(height * cols / width, 7))
-        pad = (rows - kept) // 2
-        return grid[:, pad : rows - pad]
+        return (rows - kept) // 2, 0
     kept = int(round(width * rows / height, 7))
-    pad = (cols - kept) // 2
-    return grid[:, :, pad : cols - pad]
+    return 0, (cols - kept) // 2
+
+
+def unpad(grid: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:
+    """``grid`` [D, H, W] without the rows or columns of its padding (``unpadded_padding``)."""
+    rows, cols = grid.shape[1:]
+    pad_rows, pad_cols = unpadded_padding(image_size, rows, cols)
+    return grid[:, pad_rows : rows - pad_rows, pad_cols : cols - pad_cols]
 
 
 class LlavaNextForConditionalGeneration(LlavaForConditionalGeneration):
