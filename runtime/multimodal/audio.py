@@ -207,19 +207,29 @@ class AudioProcessor:
         if limit == 0:
             raise RequestError(f"{field}: --limit-mm-per-prompt allows no audio", field)
         [clip] = clips
-        samples, rate = clip if isinstance(clip, tuple) else (clip, self.sampling_rate)
+        return clip_samples(clip, self.sampling_rate, field)
+
+
+def clip_samples(clip: Any, sampling_rate: int, field: str) -> np.ndarray:
+    """One clip as a prompt gives it, ``(samples, rate)`` (or samples at ``sampling_rate``) ->
+    float32 mono samples at ``sampling_rate``, at most ``MAX_CLIP_SECONDS`` of them;
+    RequestError naming ``field`` when they are not that."""
+    samples, rate = clip if isinstance(clip, tuple) and len(clip) == 2 else (clip, sampling_rate)
+    try:
         samples = np.asarray(samples)
-        if samples.ndim != 1 or samples.size == 0 or not np.issubdtype(samples.dtype, np.number):
-            raise RequestError(f"{field}: a non-empty 1-D array of samples", field)
-        if not isinstance(rate, int | np.integer) or isinstance(rate, bool) or rate <= 0:
-            raise RequestError(f"{field}: the sample rate must be a positive integer", field)
-        if not np.isfinite(samples).all():
-            raise RequestError(f"{field}: the samples must be finite numbers", field)
-        seconds = samples.size / rate
-        if seconds > MAX_CLIP_SECONDS:
-            raise RequestError(
-                f"{field}: {seconds:.1f} s of audio; one prompt takes at most "
-                f"{MAX_CLIP_SECONDS:.0f} s (the encoder's window)",
-                field,
-            )
-        return resample(samples.astype(np.float32), int(rate), self.sampling_rate)
+    except (TypeError, ValueError) as error:  # ragged lists
+        raise RequestError(f"{field}: a non-empty 1-D array of samples", field) from error
+    if samples.ndim != 1 or samples.size == 0 or not np.issubdtype(samples.dtype, np.number):
+        raise RequestError(f"{field}: a non-empty 1-D array of samples", field)
+    if not isinstance(rate, int | np.integer) or isinstance(rate, bool) or rate <= 0:
+        raise RequestError(f"{field}: the sample rate must be a positive integer", field)
+    if not np.isfinite(samples).all():
+        raise RequestError(f"{field}: the samples must be finite numbers", field)
+    seconds = samples.size / rate
+    if seconds > MAX_CLIP_SECONDS:
+        raise RequestError(
+            f"{field}: {seconds:.1f} s of audio; one prompt takes at most "
+            f"{MAX_CLIP_SECONDS:.0f} s (the encoder's window)",
+            field,
+        )
+    return resample(samples.astype(np.float32), int(rate), sampling_rate)
