@@ -626,7 +626,7 @@ def hf_llava_greedy(
     import torch
 
     processor = hf_processor(str(path))
-    with_videos = {"videos": videos} if videos else {}
+    with_videos: dict[str, Any] = {"videos": videos} if videos else {}
     if audio:
         with_videos = {"audio": audio, "sampling_rate": 16000}
     inputs = processor(

@@ -27,12 +27,14 @@ SPLIT_WINDOW = 1600
 # What a file may decode to: its duration, and its samples over all channels (a small
 # compressed file can hold hours of silence)
 MAX_FILE_SECONDS = 15 * 60.0
-MAX_FILE_SAMPLES = int(MAX_FILE_SECONDS * 48000 * 2)
 
 
-def decode_audio(data: bytes, field: str = "file") -> tuple[np.ndarray, int]:
+def decode_audio(
+    data: bytes, field: str = "file", max_seconds: float = MAX_FILE_SECONDS
+) -> tuple[np.ndarray, int]:
     """An audio file's bytes -> its samples (float32, mono: channels averaged) and their rate;
-    RequestError naming ``field`` when they are not audio soundfile can read."""
+    RequestError naming ``field`` when they are not audio soundfile can read or its header says
+    more than ``max_seconds`` (checked before decoding)."""
     import soundfile
 
     if not data:
@@ -40,10 +42,11 @@ def decode_audio(data: bytes, field: str = "file") -> tuple[np.ndarray, int]:
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as audio:
             seconds = audio.frames / audio.samplerate
-            if seconds > MAX_FILE_SECONDS or audio.frames * audio.channels > MAX_FILE_SAMPLES:
+            limit = max_seconds * 48000 * 2
+            if seconds > max_seconds or audio.frames * audio.channels > limit:
                 raise RequestError(
-                    f"{field}: {seconds:.0f} s of audio ({audio.channels} channel(s) at "
-                    f"{audio.samplerate} Hz); at most {MAX_FILE_SECONDS:.0f} s of 48 kHz stereo "
+                    f"{field}: {seconds:.1f} s of audio ({audio.channels} channel(s) at "
+                    f"{audio.samplerate} Hz); at most {max_seconds:.0f} s of 48 kHz stereo "
                     "are taken",
                     field,
                 )
