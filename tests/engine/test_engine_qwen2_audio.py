@@ -2,7 +2,7 @@
 clip, two of different lengths (so different token counts), clips between text (one repeated)
 and a text-only prompt in one batch; under chunked prefill (chunks ending inside clips) and
 preemption; each clip encoded once; the same clip finds its prefix-cache blocks and a changed
-sample does not; bad audio is refused naming the field."""
+sample does not; bad audio is refused naming the field; across tensor and pipeline ranks."""
 
 from __future__ import annotations
 
@@ -161,3 +161,19 @@ def test_bad_audio_is_refused_naming_the_field(qwen_audio, audio, prompt, field,
 def test_a_limit_for_images_is_refused_at_startup(qwen_audio):
     with pytest.raises(ValueError, match="limit_mm_per_prompt.image: .* takes audio only"):
         LLM(qwen_audio, **ENGINE, limit_mm_per_prompt={"image": 1})
+
+
+@pytest.mark.slow  # a worker process per rank, about ten seconds a case
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_audio_across_ranks(qwen_audio, expected, tp, pp):
+    # The first stage encodes the clips (the encoder replicated on its tensor ranks).
+    llm = LLM(
+        qwen_audio,
+        **ENGINE,
+        device="cpu",
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_batched_tokens=8,
+    )
+    outputs = llm.generate([_prompt(text, seeds) for text, seeds in CASES], GREEDY)
+    assert_equals_transformers(outputs, expected)
