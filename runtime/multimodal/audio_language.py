@@ -17,10 +17,15 @@ from infernetes.runtime.multimodal.audio import audio_digest, clip_samples
 from infernetes.runtime.multimodal.inputs import MultiModalFeature, MultiModalPrompt
 
 
+def convolved_frames(frames: int) -> int:
+    """``frames`` log-mel frames after the encoder's second convolution (stride 2, padding 1)."""
+    return (frames - 1) // 2 + 1
+
+
 def audio_token_count(frames: int) -> int:
-    """The encoder's rows of a clip of ``frames`` log-mel frames of audio: its second
-    convolution halves them (stride 2, padding 1), then the average pool halves them again."""
-    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+    """The encoder's rows of a clip of ``frames`` log-mel frames of audio: the convolutions
+    halve them, then the average pool (two frames, no padding) halves them again."""
+    return (convolved_frames(frames) - 2) // 2 + 1
 
 
 class AudioLanguageProcessor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from infernetes.runtime.engine.errors import RequestError
+from infernetes.runtime.multimodal.audio import decode_audio
 from infernetes.runtime.multimodal.audio_language import audio_token_count
 from infernetes.runtime.testing import StepTotals
 from infernetes.runtime.testing_audio import QWEN_AUDIO, make_tiny_qwen2_audio, tone
@@ -158,8 +159,25 @@ def test_bad_audio_is_refused_naming_the_field(qwen_audio, audio, prompt, field,
     assert len(output.outputs[0].token_ids) == MAX_TOKENS
 
 
+def test_offline_chat_with_an_input_audio_part(qwen_audio):
+    import base64
+
+    from infernetes.runtime.testing_audio import wav_bytes
+
+    llm = LLM(qwen_audio, **ENGINE)
+    data = wav_bytes(tone(8, 1.0))
+    part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode()}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hear:"}, part]}]
+    [chatted] = llm.chat(messages, GREEDY)
+    text = f"<|im_start|>user\nHear:{A}<|im_end|>\n<|im_start|>assistant\n"
+    samples, rate = decode_audio(data)
+    [given] = llm.generate({"prompt": text, "multi_modal_data": {"audio": (samples, rate)}}, GREEDY)
+    assert chatted.prompt_token_ids == given.prompt_token_ids
+    assert chatted.outputs[0].token_ids == given.outputs[0].token_ids
+
+
 def test_a_limit_for_images_is_refused_at_startup(qwen_audio):
-    with pytest.raises(ValueError, match="limit_mm_per_prompt.image: .* takes audio only"):
+    with pytest.raises(ValueError, match=r"limit_mm_per_prompt\.image: .* takes audio only"):
         LLM(qwen_audio, **ENGINE, limit_mm_per_prompt={"image": 1})
 
 

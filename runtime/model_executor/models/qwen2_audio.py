@@ -19,7 +19,7 @@ from infernetes.runtime.model_executor.models.vision_language import (
     text_config,
 )
 from infernetes.runtime.model_executor.models.whisper import WhisperEncoder
-from infernetes.runtime.multimodal.audio_language import audio_token_count
+from infernetes.runtime.multimodal.audio_language import audio_token_count, convolved_frames
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -29,8 +29,8 @@ class Qwen2AudioEncoder(WhisperEncoder):
         """``[clips, mel_bins, 3000]`` log-mel features, each clip's ``frames`` of audio ->
         each clip's ``audio_token_count(frames)`` rows."""
         features = features.to(self.conv1.weight.dtype)
-        positions = (features.shape[-1] - 1) // 2 + 1  # after the second convolution
-        lengths = torch.tensor([(f - 1) // 2 + 1 for f in frames], device=features.device)
+        positions = convolved_frames(features.shape[-1])
+        lengths = torch.tensor([convolved_frames(f) for f in frames], device=features.device)
         seen = torch.arange(positions, device=features.device) < lengths[:, None]
         x = self.blocks(features, seen[:, None, None, :])
         x = self.layer_norm(F.avg_pool1d(x.transpose(1, 2), 2).transpose(1, 2))
