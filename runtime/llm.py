@@ -136,7 +136,8 @@ class LLM:
         mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Chat turns through the chat template; with a vision-language model, content parts
-        may be images (``image_url`` with a data:, file:// or http(s) URL, or ``image_pil``)."""
+        may be images (``image_url`` with a data:, file:// or http(s) URL, or ``image_pil``),
+        with an audio-language model audio (``input_audio``, ``audio_url``)."""
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs a tokenizer; the engine runs with --skip-tokenizer-init")

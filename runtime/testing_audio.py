@@ -1,7 +1,9 @@
-"""A tiny random Whisper for tests: ``WhisperForConditionalGeneration`` from a ``WhisperConfig``,
-the byte-level tokenizer of ``testing.py`` with Whisper's special tokens, and a
+"""Tiny random speech models for tests: ``WhisperForConditionalGeneration`` from a
+``WhisperConfig`` and ``Qwen2AudioForConditionalGeneration`` from a ``Qwen2AudioConfig``, each
+with the byte-level tokenizer of ``testing.py`` and its special tokens and a
 ``WhisperFeatureExtractor``, all built here (nothing is downloaded); generated waveforms; and
-transformers' greedy continuation as the reference."""
+transformers' greedy continuation as the reference (Qwen2-Audio's:
+``testing_vision.hf_llava_greedy`` with ``audio``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from infernetes.runtime.testing import build_tokenizer
+from infernetes.runtime.testing_vision import LLAVA_CHAT_TEMPLATE
 
 LANGUAGES = ("en", "fr", "de")
 WHISPER_TOKENS = [
@@ -27,6 +30,10 @@ WHISPER_TOKENS = [
 # ``<|notimestamps|>`` and not special (as in the released tokenizers)
 TIMESTAMP_TOKENS = [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
 SAMPLE_RATE = 16000
+QWEN_AUDIO_TOKENS = ["<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]
+QWEN_AUDIO = "<|audio_bos|><|AUDIO|><|audio_eos|>"  # a clip's place in a Qwen2-Audio prompt
+# content given as a string or as OpenAI-style parts, an audio part as its placeholder
+QWEN_AUDIO_CHAT_TEMPLATE = LLAVA_CHAT_TEMPLATE.replace("'<image>'", f"'{QWEN_AUDIO}'")
 
 
 def make_tiny_whisper(
@@ -92,6 +99,63 @@ def _timestamped_tokenizer(directory: Path) -> Any:
     tokenizer.add_tokens(TIMESTAMP_TOKENS)
     tokenizer.save_pretrained(str(directory))
     return transformers.AutoTokenizer.from_pretrained(str(directory))
+
+
+def make_tiny_qwen2_audio(directory: str | Path, *, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a random ``Qwen2AudioForConditionalGeneration`` (a two-layer Whisper-style encoder
+    over 80 mel bins, a two-layer Qwen2) and its ``Qwen2AudioProcessor``; the projector is spread
+    wider than its init so that audio moves the logits."""
+    import torch
+    import transformers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(
+        directory,
+        add_bos=False,
+        extra_special_tokens=QWEN_AUDIO_TOKENS,
+        chat_template=QWEN_AUDIO_CHAT_TEMPLATE,
+    )
+    audio_config = dict(
+        num_mel_bins=80,
+        d_model=32,
+        encoder_layers=2,
+        encoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        max_source_positions=1500,
+    )
+    text_config = dict(
+        model_type="qwen2",
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        initializer_range=0.1,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config = transformers.Qwen2AudioConfig(
+        audio_config=audio_config,
+        text_config=text_config,
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
+    )
+    config.architectures = ["Qwen2AudioForConditionalGeneration"]
+    config.dtype = dtype
+    torch.manual_seed(seed)
+    model = transformers.Qwen2AudioForConditionalGeneration(config).to(getattr(torch, dtype))
+    with torch.no_grad():
+        for parameter in model.model.multi_modal_projector.parameters():
+            parameter.normal_(0.0, 0.5)
+    model.eval().save_pretrained(str(directory))
+    transformers.Qwen2AudioProcessor(
+        feature_extractor=transformers.WhisperFeatureExtractor(feature_size=80),
+        tokenizer=tokenizer,
+        chat_template=QWEN_AUDIO_CHAT_TEMPLATE,
+    ).save_pretrained(str(directory))
+    return directory
 
 
 def tone(seed: int, seconds: float = 2.0, rate: int = SAMPLE_RATE) -> Any:

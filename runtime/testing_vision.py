@@ -586,15 +586,18 @@ def hf_llava_greedy(
     images: list[Any],
     max_tokens: int,
     videos: list[list[Any]] | None = None,
+    audio: list[Any] | None = None,
     **processor_kwargs: Any,
 ) -> tuple[list[int], list[int], list[float]]:
-    """Transformers' greedy continuation of ``prompt`` with ``images`` (one ``<image>`` each)
-    and ``videos`` (Qwen2-VL: each a list of frames) in float32, EOS ignored: the prompt's
-    expanded ids, the new tokens and each one's logprob."""
+    """Transformers' greedy continuation of ``prompt`` with ``images`` (one ``<image>`` each),
+    ``videos`` (Qwen2-VL: each a list of frames) and ``audio`` (Qwen2-Audio: clips at 16 kHz)
+    in float32, EOS ignored: the prompt's expanded ids, the new tokens and each one's logprob."""
     import torch
 
     processor = hf_processor(str(path))
-    with_videos = {"videos": videos} if videos else {}
+    with_videos: dict[str, Any] = {"videos": videos} if videos else {}
+    if audio:
+        with_videos = {"audio": audio, "sampling_rate": 16000}
     inputs = processor(
         text=prompt, images=images or None, return_tensors="pt", **with_videos, **processor_kwargs
     )

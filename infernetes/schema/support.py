@@ -70,10 +70,6 @@ DP_PLANNED = (
 )
 PROMPT_ADAPTERS = "prompt adapters are not supported (vLLM has removed them too)"
 VIDEO_PRUNING = "video pruning (EVS) is not built: a video keeps every one of its tokens"
-AUDIO_URLS = (
-    "audio comes as a file uploaded to /v1/audio/transcriptions or /v1/audio/translations, or "
-    "offline as multi_modal_data; audio URLs and input_audio chat parts are planned"
-)
 VISION_TOWER = (
     "the vision tower runs replicated on every rank in eager torch (SDPA attention in the model "
     "dtype); its own parallel modes, backends and fp8 are not built"
@@ -571,8 +567,9 @@ ARG_SUPPORT: dict[str, Support] = {
     ),
     # ---------------------------------------------------------------- MultiModalConfig
     "limit_mm_per_prompt": honoured(
-        "image counts (of the transformers fallback's image-text-to-text models too), and video "
-        "counts for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and LLaVA-OneVision; the size hints "
+        "image counts (of the transformers fallback's image-text-to-text models too), video "
+        "counts for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and LLaVA-OneVision, audio counts for "
+        "Qwen2-Audio (Whisper takes one clip a prompt); the size hints "
         'of vLLM\'s {"count", "width", ...} form are not read '
         "(there is no multimodal memory profiling); a text model has no use for it"
     ),
@@ -592,13 +589,15 @@ ARG_SUPPORT: dict[str, Support] = {
         "each image's (and video frame's) processed arrays kept by its digest in an LRU of this "
         "many GiB in the process that runs the processor (0 disables); the engine core keeps no "
         "mirror, so the arrays still cross the pipe with every request; LLaVA-OneVision's "
-        "images among several in a prompt and its video frames are processed uncached"
+        "images among several in a prompt and its video frames are processed uncached, and "
+        "audio clips are not kept (each is processed again)"
     ),
     "mm_processor_cache_type": partial(
         ("lru",), "the shared-memory cache (shm) is not built; lru keeps each process its own"
     ),
     "mm_hasher_algorithm": no_effect(
-        "image digests are sha256 of the pixels and the processor settings"
+        "image digests are sha256 of the pixels and the processor settings (audio's: of the "
+        "samples and the settings)"
     ),
     "mm_shm_cache_max_object_size_mb": no_effect(
         "the shared-memory processor cache (--mm-processor-cache-type shm) is not built"
@@ -614,7 +613,9 @@ ARG_SUPPORT: dict[str, Support] = {
         "with the string content format image placeholders come first (vLLM's default); keeping "
         "them in place is planned (templates of the openai format keep them in place)"
     ),
-    "skip_mm_profiling": no_effect("memory profiling runs no image through the vision tower"),
+    "skip_mm_profiling": no_effect(
+        "memory profiling runs no image or clip through the model's encoder"
+    ),
     "video_pruning_rate": no_effect(VIDEO_PRUNING),
     "video_pruning_method": no_effect(VIDEO_PRUNING),
     "mm_tensor_ipc": no_effect("images reach the engine core as numpy arrays in its pipe"),
@@ -951,9 +952,13 @@ ENV_SUPPORT: dict[str, Support] = {
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": HONOURED,
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": HONOURED,
     "VLLM_IMAGE_FETCH_TIMEOUT": HONOURED,
-    "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": HONOURED,
+    "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": honoured(
+        "a file uploaded to /v1/audio/* and a chat input_audio or audio_url part's audio"
+    ),
     "VLLM_VIDEO_FETCH_TIMEOUT": HONOURED,
-    "VLLM_AUDIO_FETCH_TIMEOUT": no_effect(AUDIO_URLS),
+    "VLLM_AUDIO_FETCH_TIMEOUT": honoured(
+        "an http(s) audio_url's fetch (chat parts of a model that takes audio: Qwen2-Audio)"
+    ),
     "VLLM_MM_INPUT_CACHE_GIB": no_effect(
         "vLLM's old bound of the processor cache; --mm-processor-cache-gb sets it"
     ),

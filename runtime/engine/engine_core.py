@@ -61,6 +61,7 @@ from infernetes.runtime.model_executor.models.interfaces import (
 )
 from infernetes.runtime.model_executor.sliding_window import window_of_every_layer
 from infernetes.runtime.multimodal.audio import AudioProcessor
+from infernetes.runtime.multimodal.audio_language import AudioLanguageProcessor
 from infernetes.runtime.multimodal.processor import MultiModalProcessor
 from infernetes.runtime.outputs import PoolingRequestOutput, RequestOutput
 from infernetes.runtime.spec_decode.config import lookahead_tokens
@@ -161,7 +162,9 @@ class EngineCore:
             mm_processor=self._multimodal_processor(),
         )
 
-    def _multimodal_processor(self) -> MultiModalProcessor | AudioProcessor | None:
+    def _multimodal_processor(
+        self,
+    ) -> MultiModalProcessor | AudioProcessor | AudioLanguageProcessor | None:
         """A vision-language model's processor, for the API side (None for a text model, or
         with --skip-tokenizer-init: its processor tokenizes)."""
         model = self.config.model
@@ -175,6 +178,10 @@ class EngineCore:
             )
         if self.tokenizer is None or not supports_multimodal(cls):
             return None
+        if "audio" in getattr(cls, "modalities", ()):  # an audio-language model (Qwen2-Audio)
+            return AudioLanguageProcessor.load(
+                model.info.path, dict(model.limit_mm_per_prompt), model.mm_processor_kwargs
+            )
         return MultiModalProcessor.load(
             model.info.path,
             cls.image_input_shape(model.info.hf_config),  # type: ignore[attr-defined]  # models/interfaces.SupportsMultiModal

@@ -30,6 +30,7 @@ from infernetes.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from infernetes.runtime.config import RuntimeConfig
     from infernetes.runtime.multimodal.audio import AudioProcessor
+    from infernetes.runtime.multimodal.audio_language import AudioLanguageProcessor
     from infernetes.runtime.multimodal.processor import MultiModalProcessor
 
 # Text, token ids, vLLM's EmbedsPrompt ({"prompt_embeds": tensor [num_prompt_tokens, hidden]}) or
@@ -80,7 +81,7 @@ class InputProcessor:
         self,
         settings: InputSettings,
         tokenizer: Any,
-        mm_processor: MultiModalProcessor | AudioProcessor | None = None,
+        mm_processor: MultiModalProcessor | AudioProcessor | AudioLanguageProcessor | None = None,
     ) -> None:
         self.settings = settings
         self.tokenizer = tokenizer

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
     from infernetes.runtime.engine.input_processor import InputSettings
     from infernetes.runtime.multimodal.audio import AudioProcessor
+    from infernetes.runtime.multimodal.audio_language import AudioLanguageProcessor
     from infernetes.runtime.multimodal.inputs import MultiModalFeature
     from infernetes.runtime.multimodal.processor import MultiModalProcessor
     from transformers import PretrainedConfig
@@ -113,7 +114,7 @@ class EngineInfo(NamedTuple):
     device: str  # "cuda" or "cpu"
     inputs: InputSettings  # what the API side's input processor checks requests against
     # a vision-language model's processor, or a speech model's (Whisper's)
-    mm_processor: MultiModalProcessor | AudioProcessor | None = None
+    mm_processor: MultiModalProcessor | AudioProcessor | AudioLanguageProcessor | None = None
 
 
 class EngineReady(NamedTuple):

@@ -29,12 +29,14 @@ SPLIT_WINDOW = 1600
 # What a file may decode to: its duration, and its samples over all channels (a small
 # compressed file can hold hours of silence)
 MAX_FILE_SECONDS = 15 * 60.0
-MAX_FILE_SAMPLES = int(MAX_FILE_SECONDS * 48000 * 2)
 
 
-def decode_audio(data: bytes, field: str = "file") -> tuple[np.ndarray, int]:
+def decode_audio(
+    data: bytes, field: str = "file", max_seconds: float = MAX_FILE_SECONDS
+) -> tuple[np.ndarray, int]:
     """An audio file's bytes -> its samples (float32, mono: channels averaged) and their rate;
-    RequestError naming ``field`` when they are not audio soundfile can read."""
+    RequestError naming ``field`` when they are not audio soundfile can read or its header says
+    more than ``max_seconds`` (checked before decoding)."""
     import soundfile
 
     if not data:
@@ -42,10 +44,11 @@ def decode_audio(data: bytes, field: str = "file") -> tuple[np.ndarray, int]:
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as audio:
             seconds = audio.frames / audio.samplerate
-            if seconds > MAX_FILE_SECONDS or audio.frames * audio.channels > MAX_FILE_SAMPLES:
+            limit = max_seconds * 48000 * 2
+            if seconds > max_seconds or audio.frames * audio.channels > limit:
                 raise RequestError(
-                    f"{field}: {seconds:.0f} s of audio ({audio.channels} channel(s) at "
-                    f"{audio.samplerate} Hz); at most {MAX_FILE_SECONDS:.0f} s of 48 kHz stereo "
+                    f"{field}: {seconds:.1f} s of audio ({audio.channels} channel(s) at "
+                    f"{audio.samplerate} Hz); at most {max_seconds:.0f} s of 48 kHz stereo "
                     "are taken",
                     field,
                 )
@@ -216,19 +219,29 @@ class AudioProcessor:
         if limit == 0:
             raise RequestError(f"{field}: --limit-mm-per-prompt allows no audio", field)
         [clip] = clips
-        samples, rate = clip if isinstance(clip, tuple) else (clip, self.sampling_rate)
+        return clip_samples(clip, self.sampling_rate, field)
+
+
+def clip_samples(clip: Any, sampling_rate: int, field: str) -> np.ndarray:
+    """One clip as a prompt gives it, ``(samples, rate)`` (or samples at ``sampling_rate``) ->
+    float32 mono samples at ``sampling_rate``, at most ``MAX_CLIP_SECONDS`` of them;
+    RequestError naming ``field`` when they are not that."""
+    samples, rate = clip if isinstance(clip, tuple) and len(clip) == 2 else (clip, sampling_rate)
+    try:
         samples = np.asarray(samples)
-        if samples.ndim != 1 or samples.size == 0 or not np.issubdtype(samples.dtype, np.number):
-            raise RequestError(f"{field}: a non-empty 1-D array of samples", field)
-        if not isinstance(rate, int | np.integer) or isinstance(rate, bool) or rate <= 0:
-            raise RequestError(f"{field}: the sample rate must be a positive integer", field)
-        if not np.isfinite(samples).all():
-            raise RequestError(f"{field}: the samples must be finite numbers", field)
-        seconds = samples.size / rate
-        if seconds > MAX_CLIP_SECONDS:
-            raise RequestError(
-                f"{field}: {seconds:.1f} s of audio; one prompt takes at most "
-                f"{MAX_CLIP_SECONDS:.0f} s (the encoder's window)",
-                field,
-            )
-        return resample(samples.astype(np.float32), int(rate), self.sampling_rate)
+    except (TypeError, ValueError) as error:  # ragged lists
+        raise RequestError(f"{field}: a non-empty 1-D array of samples", field) from error
+    if samples.ndim != 1 or samples.size == 0 or not np.issubdtype(samples.dtype, np.number):
+        raise RequestError(f"{field}: a non-empty 1-D array of samples", field)
+    if not isinstance(rate, int | np.integer) or isinstance(rate, bool) or rate <= 0:
+        raise RequestError(f"{field}: the sample rate must be a positive integer", field)
+    if not np.isfinite(samples).all():
+        raise RequestError(f"{field}: the samples must be finite numbers", field)
+    seconds = samples.size / rate
+    if seconds > MAX_CLIP_SECONDS:
+        raise RequestError(
+            f"{field}: {seconds:.1f} s of audio; one prompt takes at most "
+            f"{MAX_CLIP_SECONDS:.0f} s (the encoder's window)",
+            field,
+        )
+    return resample(samples.astype(np.float32), int(rate), sampling_rate)

@@ -3,18 +3,26 @@
 Image parts: ``{"type": "image_url", "image_url": {"url": ...}}`` (or the URL alone),
 the Responses API's ``{"type": "input_image", "image_url": ...}`` and, offline only, vLLM's
 ``{"type": "image_pil", "image_pil": <PIL image>}``; video parts: vLLM's ``{"type":
-"video_url", "video_url": {"url": ...}}``, for models that take videos. What reaches the chat
-template: with the ``openai`` content format each media part becomes ``{"type": "image"}`` or
-``{"type": "video"}`` where it stood; with ``string`` the placeholders come first, one line
-each, then the text (vLLM's order).
+"video_url", "video_url": {"url": ...}}``, for models that take videos; audio parts, for models
+that take audio: OpenAI's ``{"type": "input_audio", "input_audio": {"data": <base64>,
+"format": "wav"}}`` and vLLM's ``{"type": "audio_url", "audio_url": {"url": ...}}``. What
+reaches the chat template: with the ``openai`` content format each media part becomes
+``{"type": "image"}``, ``{"type": "video"}`` or ``{"type": "audio"}`` where it stood; with
+``string`` the placeholders come first, one line each, then the text (vLLM's order).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 from infernetes.runtime.engine.errors import RequestError
-from infernetes.runtime.multimodal.media import MediaSettings, load_image, load_video
+from infernetes.runtime.multimodal.media import (
+    MediaSettings,
+    load_audio,
+    load_image,
+    load_video,
+)
 
 TEXT_TYPES = ("text", "input_text")
 MEDIA_TYPES = {  # part type -> modality
@@ -22,13 +30,19 @@ MEDIA_TYPES = {  # part type -> modality
     "input_image": "image",
     "image_pil": "image",
     "video_url": "video",
+    "input_audio": "audio",
+    "audio_url": "audio",
 }
+# A field of one item of the prompt the processor was given (RequestError.param)
+ITEM_FIELD = re.compile(r"multi_modal_data\.(\w+)\[(\d+)\]")
+# An input_audio part's format: a file name's extension (wav, mp3, flac, ogg, ...)
+AUDIO_FORMAT = re.compile(r"[a-z0-9]{1,16}")
 
 
 class MediaPart(NamedTuple):
-    """An image or video part of a chat, loaded when the request is prepared."""
+    """An image, video or audio part of a chat, loaded when the request is prepared."""
 
-    modality: str  # "image" or "video"
+    modality: str  # "image", "video" or "audio"
     param: str  # where it is in the request, e.g. messages[0].content[1]
     url: str | None
     image: Any = None  # a PIL image given as such (offline)
@@ -38,6 +52,8 @@ class MediaPart(NamedTuple):
             return self.image
         if self.modality == "video":
             return load_video(self.url, settings, self.param)
+        if self.modality == "audio":
+            return load_audio(self.url, settings, self.param)
         return load_image(self.url, settings, self.param)
 
 
@@ -46,12 +62,33 @@ def _media_part(part: dict[str, Any], param: str) -> MediaPart:
     modality = MEDIA_TYPES[kind]
     if kind == "image_pil":
         return MediaPart(modality, param, None, part.get("image_pil"))
-    url = part.get("video_url" if modality == "video" else "image_url")
+    if kind == "input_audio":
+        return MediaPart(modality, param, _input_audio_url(part.get("input_audio"), param))
+    url = part.get(kind if kind.endswith("_url") else "image_url")  # input_image: image_url
     if isinstance(url, dict):
         url = url.get("url")
     if not isinstance(url, str):
         raise RequestError(f"{param}: a {kind} part needs its {modality} URL", param)
     return MediaPart(modality, param, url)
+
+
+def _input_audio_url(given: Any, param: str) -> str:
+    """An ``input_audio`` part's base64 ``data`` and ``format`` as a ``data:`` URL, read as an
+    ``audio_url``'s is."""
+    if not isinstance(given, dict) or not isinstance(given.get("data"), str):
+        raise RequestError(
+            f'{param}: an input_audio part needs "input_audio": {{"data": <base64>, '
+            '"format": "wav"}',
+            param,
+        )
+    audio_format = given.get("format", "wav")
+    if not isinstance(audio_format, str) or not AUDIO_FORMAT.fullmatch(audio_format):
+        raise RequestError(
+            f"{param}: input_audio.format must be a file extension such as 'wav' or 'mp3', "
+            f"got {audio_format!r}",
+            param,
+        )
+    return f"data:audio/{audio_format};base64,{given['data']}"
 
 
 def split_content(
@@ -99,8 +136,20 @@ def split_content(
 
 
 def load_media(parts: list[MediaPart], settings: MediaSettings) -> dict[str, list[Any]]:
-    """The parts loaded, as ``multi_modal_data``: ``{"image": [...], "video": [...]}``."""
+    """The parts loaded, as ``multi_modal_data``: ``{"image": [...], "video": [...], "audio":
+    [(samples, rate), ...]}``."""
     data: dict[str, list[Any]] = {}
     for part in parts:
         data.setdefault(part.modality, []).append(part.load(settings))
     return data
+
+
+def naming_the_part(error: RequestError, parts: list[MediaPart]) -> RequestError:
+    """``error`` about item ``i`` of a modality (``multi_modal_data.audio[1]``, as the processor
+    names it) as one about the chat part it came from (the request's second audio part)."""
+    match = ITEM_FIELD.fullmatch(error.param or "")
+    of_modality = [part for part in parts if match and part.modality == match[1]]
+    if match is None or int(match[2]) >= len(of_modality):
+        return error
+    param = of_modality[int(match[2])].param
+    return RequestError(str(error).replace(match[0], param), param)

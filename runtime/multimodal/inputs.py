@@ -9,10 +9,10 @@ from typing import Any, NamedTuple
 
 
 class MultiModalFeature(NamedTuple):
-    """One item (an image) of a prompt: where its placeholder tokens are and what the model's
-    encoder makes their embeddings from."""
+    """One item (an image, a video, an audio clip) of a prompt: where its placeholder tokens
+    are and what the model's encoder makes their embeddings from."""
 
-    modality: str  # "image"
+    modality: str  # "image", "video" or "audio"
     offset: int  # the position of its first placeholder token in the prompt
     length: int  # its placeholder tokens: one row of the encoder's output each
     identifier: str  # a digest of the item and the processor settings (prefix cache, encoder cache)

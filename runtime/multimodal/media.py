@@ -1,13 +1,14 @@
-"""Images and videos a request names by URL, read and checked before anything decodes them.
+"""Images, videos and audio a request names by URL, read and checked before anything decodes them.
 
 ``data:`` URIs (base64), ``file://`` paths only inside ``--allowed-local-media-path``, and
 ``http(s)://`` URLs fetched within ``VLLM_IMAGE_FETCH_TIMEOUT`` (a video's:
-``VLLM_VIDEO_FETCH_TIMEOUT``) seconds from the
+``VLLM_VIDEO_FETCH_TIMEOUT``, audio's: ``VLLM_AUDIO_FETCH_TIMEOUT``) seconds from the
 ``--allowed-media-domains`` (any, when not given), never following a redirect and never reading
 more than ``MAX_MEDIA_BYTES``. Before decoding, the header's pixel count is checked against
 PIL's ``Image.MAX_IMAGE_PIXELS`` (a decompression bomb is refused without being decoded), and
-the format against the declared MIME type (videos: ``video.py``). Every fault is a
-``RequestError`` naming the part.
+the format against the declared MIME type (videos: ``video.py``); audio is at most
+``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB`` and one clip's ``audio.MAX_CLIP_SECONDS`` (checked from its
+header, before decoding). Every fault is a ``RequestError`` naming the part.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class MediaSettings(NamedTuple):
     fetch_timeout_s: float = 5.0  # VLLM_IMAGE_FETCH_TIMEOUT
     video_fetch_timeout_s: float = 30.0  # VLLM_VIDEO_FETCH_TIMEOUT
     video_num_frames: int = DEFAULT_LOADER_FRAMES  # --media-io-kwargs' video.num_frames
+    audio_fetch_timeout_s: float = 10.0  # VLLM_AUDIO_FETCH_TIMEOUT
+    # VLLM_MAX_AUDIO_CLIP_FILESIZE_MB: an audio file's bytes (a chat part's, an upload's)
+    max_audio_file_mb: int = 25
 
     @classmethod
     def of(cls, config: Any, environ: Any = None) -> MediaSettings:
@@ -53,6 +57,8 @@ class MediaSettings(NamedTuple):
             float(read_env("VLLM_IMAGE_FETCH_TIMEOUT", environ)),
             float(read_env("VLLM_VIDEO_FETCH_TIMEOUT", environ)),
             loader_frames(getattr(config, "media_io_kwargs", None)),
+            float(read_env("VLLM_AUDIO_FETCH_TIMEOUT", environ)),
+            int(read_env("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", environ)),
         )
 
 
@@ -74,11 +80,29 @@ def load_video(url: Any, settings: MediaSettings, param: str) -> DecodedVideo:
     )
 
 
+def load_audio(url: Any, settings: MediaSettings, param: str) -> tuple[Any, int]:
+    """The samples (float32, mono) and rate of the audio ``url`` names, one clip's length at
+    most; RequestError naming ``param``."""
+    from infernetes.runtime.multimodal.audio import MAX_CLIP_SECONDS, decode_audio
+
+    mime, data = read_media(url, settings, param, "audio")
+    if mime is not None and not mime.startswith("audio/") and mime != "application/octet-stream":
+        raise RequestError(f"{param}: the MIME type {mime!r} is not an audio type", param)
+    limit = settings.max_audio_file_mb
+    if len(data) > limit * 2**20:
+        raise RequestError(
+            f"{param}: {len(data) / 2**20:.1f} MiB of audio; at most {limit} MiB are taken "
+            "(VLLM_MAX_AUDIO_CLIP_FILESIZE_MB)",
+            param,
+        )
+    return decode_audio(data, param, MAX_CLIP_SECONDS)
+
+
 def read_media(
     url: Any, settings: MediaSettings, param: str, what: str
 ) -> tuple[str | None, bytes]:
-    """The declared MIME type (None: not declared) and the bytes of the ``what`` (image or
-    video) ``url`` names."""
+    """The declared MIME type (None: not declared) and the bytes of the ``what`` (image, video
+    or audio) ``url`` names."""
     if not isinstance(url, str):
         raise RequestError(f"{param}: the {what} URL must be a string", param)
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
@@ -87,7 +111,11 @@ def read_media(
     if scheme == "file":
         return _local_file(url, settings, param, what)
     if scheme in ("http", "https"):
-        timeout = settings.fetch_timeout_s if what == "image" else settings.video_fetch_timeout_s
+        timeout = {
+            "image": settings.fetch_timeout_s,
+            "video": settings.video_fetch_timeout_s,
+            "audio": settings.audio_fetch_timeout_s,
+        }[what]
         return _fetch(url, settings, param, what, timeout)
     raise RequestError(f"{param}: the {what} URL must be a data:, file:// or http(s):// URL", param)
 

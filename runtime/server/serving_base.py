@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from infernetes.runtime.engine.errors import RequestError
-from infernetes.runtime.multimodal.chat_parts import MediaPart, load_media
+from infernetes.runtime.multimodal.chat_parts import MediaPart, load_media, naming_the_part
 from infernetes.runtime.multimodal.inputs import MultiModalPrompt
 from infernetes.runtime.sampling_params import (
     RequestOutputKind,
@@ -135,8 +135,9 @@ class ServingBase:
         add_special_tokens: bool,
         processor_kwargs: dict[str, Any] | None = None,
     ) -> MultiModalPrompt:
-        """A rendered chat's text and its image and video parts, read and run through the model's
-        processor (in the preparation threads); every fault a 400 naming its field."""
+        """A rendered chat's text and its image, video and audio parts, read and run through the
+        model's processor (in the preparation threads); every fault a 400 naming its field (an
+        item's: its part)."""
         if processor_kwargs and not self.settings.trust_request_mm_kwargs:
             raise APIError(
                 "mm_processor_kwargs in a request is refused unless the server is started with "
@@ -149,6 +150,7 @@ class ServingBase:
                 text, load_media(media, self.settings.media), processor_kwargs, add_special_tokens
             )
         except RequestError as error:
+            error = naming_the_part(error, media)
             raise APIError(str(error), 400, error.param) from error
 
     def chat_prompt(

@@ -51,6 +51,10 @@ class ResponseStore:
         return self._items[response_id]
 
 
+# The Responses API's media parts, spelled as chat parts are (``multimodal/chat_parts.py``)
+MEDIA_PARTS = ("input_image", "input_audio")
+
+
 def _text_of(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
@@ -72,17 +76,17 @@ def _text_of(content: Any, param: str) -> str:
     raise APIError(f"{param} must be a string or a list of text parts", 400, param)
 
 
+def _is_media(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in MEDIA_PARTS
+
+
 def _message_content(content: Any, param: str) -> str | list[dict[str, Any]]:
-    """A message's content: its text, or with ``input_image`` parts the chat's content parts
-    (text and images in their order)."""
-    if not isinstance(content, list) or not any(
-        isinstance(part, dict) and part.get("type") == "input_image" for part in content
-    ):
+    """A message's content: its text, or with ``input_image`` or ``input_audio`` parts the
+    chat's content parts (text and media in their order)."""
+    if not isinstance(content, list) or not any(_is_media(part) for part in content):
         return _text_of(content, param)
     return [
-        part
-        if isinstance(part, dict) and part.get("type") == "input_image"
-        else {"type": "text", "text": _text_of([part], f"{param}[{i}]")}
+        part if _is_media(part) else {"type": "text", "text": _text_of([part], f"{param}[{i}]")}
         for i, part in enumerate(content)
     ]
 

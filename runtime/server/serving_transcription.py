@@ -92,7 +92,7 @@ class TranscriptionServing(ServingBase):
 
     def check_file_size(self, size: int | None) -> None:
         """A 400 naming ``file`` for an upload over ``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB``."""
-        limit = self.settings.max_audio_file_mb
+        limit = self.settings.media.max_audio_file_mb
         if size is not None and size > limit * 2**20:
             raise APIError(
                 f"file: {size / 2**20:.1f} MiB; at most {limit} MiB are taken "

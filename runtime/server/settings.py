@@ -92,9 +92,9 @@ class FrontendSettings:
     max_loras: int = 0  # with --enable-lora (the lora_requests_info gauge's max_lora)
     lora_modules: tuple[Mapping[str, Any], ...] = ()  # loaded at startup
     allow_runtime_lora_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
-    media: MediaSettings = field(default_factory=MediaSettings)  # where images come from
+    # where images, videos and audio come from; the audio file size limit
+    media: MediaSettings = field(default_factory=MediaSettings)
     trust_request_mm_kwargs: bool = False  # requests may set mm_processor_kwargs
-    max_audio_file_mb: int = 25  # VLLM_MAX_AUDIO_CLIP_FILESIZE_MB: an upload to /v1/audio/*
 
     @property
     def default_chat_template_kwargs(self) -> dict[str, Any]:
@@ -198,5 +198,4 @@ class FrontendSettings:
             max_loras=int(get("max_loras", 1)) if get("enable_lora", False) else 0,
             lora_modules=tuple(dict(m) for m in get("lora_modules", [])),
             allow_runtime_lora_updating=env_flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING", environ),
-            max_audio_file_mb=read_env("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", environ),
         )

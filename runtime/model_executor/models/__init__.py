@@ -123,6 +123,14 @@ def _mistral3() -> type[nn.Module]:
     return Mistral3ForConditionalGeneration
 
 
+def _qwen2_audio() -> type[nn.Module]:
+    from infernetes.runtime.model_executor.models.qwen2_audio import (
+        Qwen2AudioForConditionalGeneration,
+    )
+
+    return Qwen2AudioForConditionalGeneration
+
+
 def _whisper() -> type[nn.Module]:
     from infernetes.runtime.model_executor.models.whisper import WhisperForConditionalGeneration
 
@@ -160,6 +168,7 @@ GENERATIVE = {
     "Qwen3VLForConditionalGeneration": _qwen3_vl,
     "Qwen3VLMoeForConditionalGeneration": _qwen3_vl_moe,
     "Mistral3ForConditionalGeneration": _mistral3,
+    "Qwen2AudioForConditionalGeneration": _qwen2_audio,
     "WhisperForConditionalGeneration": _whisper,
 }
 

@@ -37,7 +37,11 @@ def _row(architecture: str) -> str:
         f"`{architecture}`",
         "transcription (audio)"
         if is_encoder_decoder(cls)
-        else (task + " (text + image)" if vision else task),
+        else (
+            f"{task} (text + {' + '.join(getattr(cls, 'modalities', ('image',)))})"
+            if vision
+            else task
+        ),
         f"`{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}`",
         "no (one rank)" if one_rank else ("yes" if ranks_tested else "untested"),
         "no (one rank)"
@@ -147,6 +151,13 @@ from prefix-cache hits, and across tensor and pipeline ranks; its vision tower i
 the first stage's ranks. Pixtral-12B's Hugging Face layout (`LlavaForConditionalGeneration` with
 a Pixtral tower) runs through the same tower, tested with Mistral 3's cases. Videos for the other
 models are planned.
+
+Qwen2-Audio (`Qwen2AudioForConditionalGeneration`: Whisper's encoder layers over each clip's
+frames of audio, an average pool, a projector and a Qwen2) takes audio in chat `input_audio` and
+`audio_url` parts and offline `multi_modal_data` (`docs/multimodal.md`); tested against
+transformers token for token and logprob for logprob for one clip, two, clips between text,
+batched with text, under chunked prefill and preemption, from prefix-cache hits, and across
+tensor and pipeline ranks; its encoder is replicated on the first stage's ranks.
 
 Whisper (`WhisperForConditionalGeneration`) serves `/v1/audio/transcriptions` and
 `/v1/audio/translations` and offline prompts with `multi_modal_data={{"audio": (samples, rate)}}`

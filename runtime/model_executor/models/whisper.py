@@ -59,12 +59,13 @@ class WhisperEncoderLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(width)
         self.act = get_activation(config.activation_function)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: ``[items, frames, width]``; every frame sees every frame."""
+    def forward(self, x: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
+        """``x``: ``[items, frames, width]``; every frame sees every frame, or those ``seen``
+        (``[items, 1, 1, frames]``, True where a frame is audio, not padding) marks."""
         attn = self.self_attn
         h = self.self_attn_layer_norm(x)
         k, v = attn.keys_values(h)
-        mixed = F.scaled_dot_product_attention(attn.split_heads(attn.q_proj(h)), k, v)
+        mixed = F.scaled_dot_product_attention(attn.split_heads(attn.q_proj(h)), k, v, seen)
         x = x + attn.out_proj(mixed.transpose(-3, -2).flatten(-2))
         return x + self.fc2(self.act(self.fc1(self.final_layer_norm(x))))
 
@@ -83,12 +84,17 @@ class WhisperEncoder(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """``[items, mel_bins, 3000]`` log-mel features -> ``[items, 1500, width]``."""
+        return self.layer_norm(self.blocks(features))
+
+    def blocks(self, features: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
+        """The convolutions and the layers, before the final norm (``seen``: the frames each
+        attends to, ``WhisperEncoderLayer``)."""
         x = F.gelu(self.conv1(features))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         x = x + self.embed_positions.weight[: x.shape[1]]
         for layer in self.layers:
-            x = layer(x)
-        return self.layer_norm(x)
+            x = layer(x, seen)
+        return x
 
 
 class WhisperCrossAttention(WhisperAttention):
