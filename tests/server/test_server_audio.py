@@ -27,6 +27,12 @@ TRANSCRIBE = "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
 MAX_TOKENS = 6
 
 
+def post(*args, **kwargs) -> httpx.Response:
+    """httpx.post with room for a loaded machine (its default is 5 s)."""
+    kwargs.setdefault("timeout", 60)
+    return httpx.post(*args, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def whisper_dir(tmp_path_factory):
     return make_tiny_whisper(tmp_path_factory.mktemp("whisper"), timestamps=True)
@@ -111,14 +117,14 @@ def test_stream_gives_the_same_text(client):
 
 
 def test_translation_json_carries_no_usage(audio_server):
-    answer = httpx.post(
+    answer = post(
         f"{audio_server.url}/v1/audio/translations",
         files={"file": ("a.wav", wav_bytes(tone(23, 1.0)))},
         data={"max_completion_tokens": str(MAX_TOKENS)},
     )
     assert answer.status_code == 200
     assert set(answer.json()) == {"text"}  # vLLM's: no usage for translations
-    streamed = httpx.post(
+    streamed = post(
         f"{audio_server.url}/v1/audio/translations",
         files={"file": ("a.wav", wav_bytes(tone(23, 1.0)))},
         data={"max_completion_tokens": str(MAX_TOKENS), "stream": "true"},
@@ -132,7 +138,7 @@ def test_audio_over_30_seconds_is_split_into_clips(client, audio_server):
     samples[int(29.5 * SAMPLE_RATE) : int(29.6 * SAMPLE_RATE)] = 0  # the quiet place to cut
     first, second = samples[: int(29.5 * SAMPLE_RATE)], samples[int(29.5 * SAMPLE_RATE) :]
     texts = [_transcribe(client, wav_bytes(part)).text for part in (first, second)]
-    answer = httpx.post(
+    answer = post(
         f"{audio_server.url}/v1/audio/transcriptions",
         files={"file": ("long.wav", wav_bytes(samples))},
         data={"max_completion_tokens": str(MAX_TOKENS)},
@@ -172,7 +178,7 @@ def test_hostile_files_are_a_400_naming_the_file(client, data, message):
     ],
 )
 def test_bad_fields_are_a_400_naming_them(audio_server, fields, param, message):
-    answer = httpx.post(
+    answer = post(
         f"{audio_server.url}/v1/audio/transcriptions",
         files={"file": ("a.wav", wav_bytes(tone(19, 1.0)))},
         data=fields,
@@ -258,7 +264,7 @@ def test_long_audio_segments_are_offset_by_their_clip(audio_server, whisper_dir)
     samples = tone(33, 40.0)
     cut = int(29.5 * SAMPLE_RATE)
     samples[cut : cut + 1600] = 0  # the quiet place to cut
-    answer = httpx.post(
+    answer = post(
         f"{audio_server.url}/v1/audio/translations",
         files={"file": ("long.wav", wav_bytes(samples))},
         data={"response_format": "verbose_json", "max_completion_tokens": str(TIMED_TOKENS)},
@@ -288,7 +294,7 @@ def _offset(whisper_dir, tokens, clip, offset):
 
 
 def test_a_missing_file_is_a_400(audio_server):
-    answer = httpx.post(f"{audio_server.url}/v1/audio/transcriptions", data={"model": "whisper"})
+    answer = post(f"{audio_server.url}/v1/audio/transcriptions", data={"model": "whisper"})
     assert answer.status_code == 400
     assert answer.json()["error"]["param"] == "file"
 
@@ -296,10 +302,10 @@ def test_a_missing_file_is_a_400(audio_server):
 def test_two_files_or_a_malformed_form_are_a_400(audio_server):
     url = f"{audio_server.url}/v1/audio/transcriptions"
     data = wav_bytes(tone(21, 1.0))
-    two = httpx.post(url, files=[("file", ("a.wav", data)), ("file", ("b.wav", data))])
+    two = post(url, files=[("file", ("a.wav", data)), ("file", ("b.wav", data))])
     assert two.status_code == 400
     assert "files" in two.json()["error"]["message"]
-    malformed = httpx.post(
+    malformed = post(
         url,
         content=b'--xyz\r\nContent-Disposition: form-data; name="file"\r\n\r\nabc',
         headers={"Content-Type": "multipart/form-data; boundary=xyz"},
@@ -314,7 +320,7 @@ def test_health_answers_while_audio_is_processed(client, audio_server):
 
     def transcribe():
         try:
-            return httpx.post(
+            return post(
                 f"{audio_server.url}/v1/audio/transcriptions",
                 files={"file": ("a.wav", data)},
                 data={"max_completion_tokens": str(MAX_TOKENS)},
@@ -335,7 +341,7 @@ def test_health_answers_while_audio_is_processed(client, audio_server):
 
 @pytest.mark.parametrize("route", ["transcriptions", "translations"])
 def test_a_text_model_refuses_the_audio_routes_naming_model(main_server, auth_headers, route):
-    answer = httpx.post(
+    answer = post(
         f"{main_server.url}/v1/audio/{route}",
         files={"file": ("a.wav", wav_bytes(tone(22, 1.0)))},
         headers=auth_headers,
