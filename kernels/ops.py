@@ -10,6 +10,7 @@ from types import ModuleType
 import torch
 from infernetes.kernels import backend
 from infernetes.kernels.cpu import attention as _cpu_attention
+from infernetes.kernels.cpu import cache as _cpu_cache
 from infernetes.kernels.cpu import elementwise as _cpu_elementwise
 from infernetes.kernels.cpu import group_quant as _cpu_group_quant
 from infernetes.kernels.reference import activation as _ref_activation
@@ -84,7 +85,12 @@ def store_kv(
 ) -> None:
     """Write `key`/`value` `[T, Hkv, D]` into the caches at `slot_mapping` (`-1` skips); fp8
     caches store `x / scale`."""
-    impl = _triton().store_kv if _use_triton(key) else _ref_cache.store_kv
+    if _use_triton(key):
+        impl = _triton().store_kv
+    elif key.device.type == "cpu":
+        impl = _cpu_cache.store_kv  # the C kernel, the reference for what it does not handle
+    else:
+        impl = _ref_cache.store_kv
     impl(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 

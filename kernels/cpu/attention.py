@@ -7,8 +7,6 @@ Falls back to the torch reference as a whole when the C kernel is unavailable (n
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from infernetes.kernels.cpu import native
 from infernetes.kernels.reference import attention as reference
@@ -24,10 +22,6 @@ def _byte_table(dtype: torch.dtype) -> torch.Tensor:
     if dtype not in _byte_tables:
         _byte_tables[dtype] = torch.arange(256, dtype=torch.uint8).view(dtype).float().contiguous()
     return _byte_tables[dtype]
-
-
-def _i32(tensor: torch.Tensor):
-    return ctypes.cast(tensor.data_ptr(), ctypes.POINTER(ctypes.c_int32))
 
 
 def _native_decode_ok(query, k_cache, v_cache, block_tables, seq_lens) -> bool:
@@ -113,7 +107,7 @@ def _decode(
             raise ValueError("an fp8 KV cache needs k_scale and v_scale")
         kv_code, table = _BYTE_TABLE, _byte_table(k_cache.dtype)
         scales = (float(k_scale), float(v_scale))
-        table_p = ctypes.cast(table.data_ptr(), ctypes.POINTER(ctypes.c_float))
+        table_p = table.data_ptr()
     else:
         kv_code, scales, table_p = _DTYPE_CODES[k_cache.dtype], (1.0, 1.0), None
     _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -131,11 +125,11 @@ def _decode(
         table_p,
         scales[0],
         scales[1],
-        _i32(block_tables),
+        block_tables.data_ptr(),
         block_tables.stride(0),
-        _i32(seq_lens),
-        _i32(plan.decode_rows),
-        _i32(plan.decode_seqs),
+        seq_lens.data_ptr(),
+        plan.decode_rows.data_ptr(),
+        plan.decode_seqs.data_ptr(),
         plan.decode_rows.shape[0],
         query.shape[1],
         num_kv_heads,

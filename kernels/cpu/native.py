@@ -58,8 +58,8 @@ EXTRA_FLAGS = {
     "skinny_linear": ("-fopenmp", *_WIDE),
 }
 
-_i32_p = ctypes.POINTER(ctypes.c_int32)
-_f32_p = ctypes.POINTER(ctypes.c_float)
+# Pointers go as plain addresses (``tensor.data_ptr()``): a ctypes.cast to a typed pointer costs
+# half a microsecond, and decode attention passed four per layer in every step.
 _SIGNATURES = {
     "paged_decode_attention": (
         ctypes.c_int,
@@ -74,14 +74,14 @@ _SIGNATURES = {
             ctypes.c_void_p,
             ctypes.c_void_p,
             ctypes.c_int,
-            _f32_p,  # k/v cache, dtype, byte table
+            ctypes.c_void_p,  # k/v cache, dtype, byte table (float32)
             ctypes.c_float,
             ctypes.c_float,  # k_scale, v_scale
-            _i32_p,
+            ctypes.c_void_p,
             ctypes.c_int64,
-            _i32_p,  # block tables, their row stride, seq_lens
-            _i32_p,
-            _i32_p,
+            ctypes.c_void_p,  # block tables, their row stride, seq_lens (int32)
+            ctypes.c_void_p,
+            ctypes.c_void_p,
             ctypes.c_int,  # rows, seqs, n
             ctypes.c_int,
             ctypes.c_int,
@@ -179,6 +179,25 @@ _SIGNATURES = {
             ctypes.c_int,
             ctypes.c_int,
             ctypes.c_int,  # dtype, M, N, K, threads
+        ],
+    ),
+    "store_kv": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,  # key and its strides
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,  # value and its strides
+            ctypes.c_void_p,
+            ctypes.c_void_p,  # k/v cache
+            ctypes.c_void_p,
+            ctypes.c_int64,  # slots, the caches' slot count
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,  # T, Hkv, D, element size
         ],
     ),
     "silu_and_mul": (

@@ -79,7 +79,7 @@ from infernetes.runtime.worker.kv_cache_memory import zeroed
 from infernetes.runtime.worker.logits_processor_batch import LogitsProcessorBatch
 from infernetes.runtime.worker.mrope import prompt_layout, step_positions
 from infernetes.runtime.worker.request_state import CachedRequestState
-from infernetes.runtime.worker.weight_offload import HostCopy
+from infernetes.runtime.worker.weight_offload import HostCopy, return_freed_host_memory
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,10 @@ class ModelRunner:
             self.run_model = self.model
         else:
             self.run_model = compile_forward(self.model, config.compilation, self.device)
+        # The stream's transient tensors (a GGUF file's blocks regrouped, dequantized tiles) are
+        # freed into glibc's heap, which keeps them: 270 MB of a Qwen2.5-0.5B Q4_1 file's 351
+        # stayed resident after loading until trimmed.
+        return_freed_host_memory()
         seconds = time.perf_counter() - start
         if self.device.type == "cuda":
             weights = torch.cuda.memory_allocated(self.device) - allocated
