@@ -13,29 +13,11 @@ only cost time.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-from collections.abc import Callable
 
+from infernetes.runtime.host_memory import release_free_memory
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LARGE_BODY_BYTES = 128 << 10
-
-
-def _find_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return None
-
-
-malloc_trim = _find_malloc_trim()
-
-
-def release_free_memory() -> None:
-    """Return the C heaps' free pages to the operating system (a no-op without glibc)."""
-    if malloc_trim is not None:
-        malloc_trim(0)
 
 
 class ReleaseMemoryMiddleware:

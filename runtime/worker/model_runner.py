@@ -32,6 +32,7 @@ from infernetes.runtime.engine.scheduler_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from infernetes.runtime.host_memory import release_free_memory
 from infernetes.runtime.kv_transfer.base import KVConnectorOutput, KVConnectorRole
 from infernetes.runtime.kv_transfer.registry import create_connector
 from infernetes.runtime.lora.manager import LoRAManager
@@ -79,7 +80,7 @@ from infernetes.runtime.worker.kv_cache_memory import zeroed
 from infernetes.runtime.worker.logits_processor_batch import LogitsProcessorBatch
 from infernetes.runtime.worker.mrope import prompt_layout, step_positions
 from infernetes.runtime.worker.request_state import CachedRequestState
-from infernetes.runtime.worker.weight_offload import HostCopy, return_freed_host_memory
+from infernetes.runtime.worker.weight_offload import HostCopy
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class ModelRunner:
         # The stream's transient tensors (a GGUF file's blocks regrouped, dequantized tiles) are
         # freed into glibc's heap, which keeps them: 270 MB of a Qwen2.5-0.5B Q4_1 file's 351
         # stayed resident after loading until trimmed.
-        return_freed_host_memory()
+        release_free_memory()
         seconds = time.perf_counter() - start
         if self.device.type == "cuda":
             weights = torch.cuda.memory_allocated(self.device) - allocated

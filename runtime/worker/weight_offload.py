@@ -6,11 +6,8 @@ storage is swapped through ``tensor.data``: the tensor object stays."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
 from collections.abc import Iterator
-from functools import cache
 
 import torch
 from torch import nn
@@ -67,19 +64,3 @@ class HostCopy:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.saved = []
-
-
-@cache
-def _libc_trim() -> object | None:
-    name = ctypes.util.find_library("c")
-    library = ctypes.CDLL(name) if name else None
-    return getattr(library, "malloc_trim", None)
-
-
-def return_freed_host_memory() -> None:
-    """Hand the heap pages freed by a sleep back to the OS: glibc keeps freed chunks for reuse
-    (large tensors too, once its mmap threshold has grown), so without this a sleeping engine's
-    resident memory would not shrink. A no-op where the C library has no ``malloc_trim``."""
-    trim = _libc_trim()
-    if trim is not None:
-        trim(0)  # type: ignore[operator]

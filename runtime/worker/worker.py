@@ -15,12 +15,12 @@ from infernetes.kernels.cpu import native
 from infernetes.runtime.config import RuntimeConfig
 from infernetes.runtime.engine.model_runner_output import ModelRunnerOutput
 from infernetes.runtime.engine.scheduler_output import SchedulerOutput
+from infernetes.runtime.host_memory import release_free_memory
 from infernetes.runtime.lora.request import LoRARequest
 from infernetes.runtime.model_executor.layers.fused_moe import FusedMoE
 from infernetes.runtime.model_executor.memory_profile import GiB, log_kv_cache_budget
 from infernetes.runtime.worker.cpu_binding import bind_threads, rank_cpus, usable_cpus
 from infernetes.runtime.worker.model_runner import ModelRunner
-from infernetes.runtime.worker.weight_offload import return_freed_host_memory
 
 # What sleep frees and wake_up brings back, by vLLM's tag names.
 SLEEP_TAGS = ("weights", "kv_cache")
@@ -151,7 +151,7 @@ class Worker:
         else:
             self.model_runner.release_weights()
         if self.model_runner.device.type == "cpu":
-            return_freed_host_memory()
+            release_free_memory()
 
     def wake_up(self, num_blocks: int, tags: Sequence[str] = SLEEP_TAGS) -> None:
         """Bring back what ``tags`` name: ``weights`` (first: the graphs captured over the cache

@@ -9,6 +9,7 @@ import time
 import httpx
 import psutil
 import pytest
+from infernetes.runtime import host_memory
 from infernetes.runtime.server import memory
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,7 +38,7 @@ async def test_memory_is_released_after_large_bodies_only(monkeypatch):
         assert releases == [True]
 
 
-@pytest.mark.skipif(memory.malloc_trim is None, reason="no glibc malloc_trim here")
+@pytest.mark.skipif(host_memory.malloc_trim is None, reason="no glibc malloc_trim here")
 def test_api_process_rss_returns_near_baseline_after_a_large_prompt(main_server, auth_headers):
     api_process = psutil.Process(main_server.process.pid)
     normal = {"model": "tiny", "prompt": "Hello there", "max_tokens": 2}
