@@ -56,6 +56,7 @@ EXTRA_FLAGS = {
     "elementwise": ("-ffp-contract=off", *_WIDE),
     "group_quant": ("-fopenmp", *_WIDE),
     "skinny_linear": ("-fopenmp", *_WIDE),
+    "int8_linear": ("-fopenmp", *_WIDE),
 }
 
 _i32_p = ctypes.POINTER(ctypes.c_int32)
@@ -124,6 +125,23 @@ _SIGNATURES = {
             ctypes.c_int,
             ctypes.c_int,
             ctypes.c_int,  # n0, n1, K, group, bits, threads
+        ],
+    ),
+    "int8_linear": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int,  # x, its row stride, dtype
+            ctypes.c_void_p,
+            ctypes.c_int64,  # y, its row stride
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,  # qweight, scale, bias
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,  # M, N, K, threads
         ],
     ),
     "rms_norm": (

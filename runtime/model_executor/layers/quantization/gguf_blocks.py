@@ -5,7 +5,8 @@ and its scale and minimum become a group's ``scale`` and ``offset``, computed in
 
 A row of a GGUF tensor (``[N, K]``, the layout of a torch weight) is a run of blocks along K:
 
-- Q8_0: 32 int8 after one f16 scale ``d``: group 32, 8 bits, ``w = d * q``.
+- Q8_0: 32 int8 after one f16 scale ``d``: group 32, 8 bits, ``w = d * q``; decode on the CPU
+  multiplies it with int8 activations, as llama.cpp does (``int8_activations``).
 - Q4_0 / Q4_1: 32 4-bit codes after ``d`` (and Q4_1's f16 minimum ``m``), element ``j`` in the
   low nibble of byte ``j``, ``j + 16`` in its high one: ``w = d * (q - 8)``, ``w = d * q + m``.
 - Q4_K / Q5_K: super-blocks of 256 with ``d``, ``dmin`` and eight 6-bit scales and minimums, one
@@ -70,7 +71,7 @@ def _flat(values: torch.Tensor) -> torch.Tensor:
 
 def _q8_0(blocks: torch.Tensor) -> GroupQuantWeight:
     q = blocks[..., 2:34].contiguous().view(torch.int8)
-    return GroupQuantWeight(_flat(q), _flat(_f16(blocks, 0)), None, 32, 8)
+    return GroupQuantWeight(_flat(q), _flat(_f16(blocks, 0)), None, 32, 8, int8_activations=True)
 
 
 def _q4_0(blocks: torch.Tensor) -> GroupQuantWeight:
