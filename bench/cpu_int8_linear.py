@@ -1,13 +1,14 @@
-"""Decode's linear layers on Q8_0 weights: int8 activations (kernels/cpu/int8_linear.c, as
-llama.cpp computes them) against the same weights with float activations (group_quant.c's
-8-bit path, which the engine ran before).
+"""Decode's linear layers on GGUF Q8_0 and Q4_1 blocks: int8 activations
+(kernels/cpu/int8_linear.c, as llama.cpp computes them) against the same weights with float
+activations (group_quant.c's paths, which the engine ran before).
 
-    python -m bench cpu_int8_linear [--threads N] [--rows 1 4 8] [--dtypes bfloat16 float32]
+    python -m bench cpu_int8_linear [--threads N] [--rows 1 4 8] [--bits 8 4]
+                                    [--dtypes bfloat16 float32]
 
 The layers are a Qwen2.5-0.5B's (as in ``cpu_quant_linear``), each call on the next of several
 copies so that every call streams its weight from memory. Prints milliseconds per call (best of
-the repeats), the speedup, and each path's reading rate over the weight's bytes (int8 values and
-float32 scales) against the copy bandwidth measured in the same run.
+the repeats), the speedup, and each path's reading rate over the weight's bytes (integers, float32
+scales and offsets) against the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -20,22 +21,22 @@ from infernetes.kernels.cpu import group_quant, int8_linear
 from bench.cpu_quant_linear import LAYERS, _best_ms, _copies, _nbytes, _weights, copy_bandwidth
 
 
-def run_layer(name: str, inputs: int, outputs: int, rows: int, dtype, bound: float, repeats: int):
-    probe = _weights(inputs, outputs, 32, 8, 1, 0)[0]
+def run_layer(name, inputs, outputs, bits, rows, dtype, bound, repeats):
+    probe = _weights(inputs, outputs, 32, bits, 1, 0)[0]
     weight_bytes = _nbytes(*probe)
-    weights = _weights(inputs, outputs, 32, 8, _copies(weight_bytes), 0)
+    weights = _weights(inputs, outputs, 32, bits, _copies(weight_bytes), 0)
     x = torch.randn(rows, inputs).to(dtype)
-    assert int8_linear.handles(x, probe[0], probe[1], rows), "the kernel is not built here"
+    int8_linear.MAX_ROWS = max(int8_linear.MAX_ROWS, rows)  # measured past the engine's choice
+    assert int8_linear.handles(x, *probe, bits, rows), "the kernel is not built here"
     int8_ms = _best_ms(
-        [lambda w=w: int8_linear.linear(x, w[0], w[1], None) for w in weights], repeats
+        [lambda w=w: int8_linear.linear(x, *w, bits, None) for w in weights], repeats
     )
     float_ms = _best_ms(
-        [lambda w=w: group_quant.group_quant_linear(x, w[0], w[1], None, 32, 8) for w in weights],
-        repeats,
+        [lambda w=w: group_quant.group_quant_linear(x, *w, 32, bits) for w in weights], repeats
     )
     rate, float_rate = weight_bytes / int8_ms / 1e6, weight_bytes / float_ms / 1e6
     print(
-        f"{name:9s} {rows:>4d} {str(dtype).removeprefix('torch.'):>8s} {int8_ms:9.3f} "
+        f"{name:9s} {bits:>4d} {rows:>4d} {str(dtype).removeprefix('torch.'):>8s} {int8_ms:9.3f} "
         f"{float_ms:9.3f} {float_ms / int8_ms:7.2f}x {rate:7.1f} {rate / bound:6.0%} "
         f"{float_rate:7.1f} {float_rate / bound:6.0%}",
         flush=True,
@@ -46,6 +47,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench cpu_int8_linear")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--bits", type=int, nargs="+", default=[8, 4])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--layers", nargs="+", default=list(LAYERS), choices=list(LAYERS))
     parser.add_argument("--repeats", type=int, default=20)
@@ -54,14 +56,14 @@ def main(argv: list[str]) -> int:
     bound = copy_bandwidth()
     print(f"threads {args.threads}; copy bandwidth {bound:.1f} GB/s (read + write)")
     print(
-        f"{'layer':9s} {'rows':>4s} {'dtype':>8s} {'int8 ms':>9s} {'float ms':>9s} "
+        f"{'layer':9s} {'bits':>4s} {'rows':>4s} {'dtype':>8s} {'int8 ms':>9s} {'float ms':>9s} "
         f"{'speedup':>8s} {'GB/s':>7s} {'of copy':>6s} {'float':>7s} {'of copy':>6s}"
     )
     for layer in args.layers:
         inputs, outputs = LAYERS[layer]
-        for dtype_name in args.dtypes:
-            for rows in args.rows:
-                run_layer(
-                    layer, inputs, outputs, rows, getattr(torch, dtype_name), bound, args.repeats
-                )
+        for bits in args.bits:
+            for dtype_name in args.dtypes:
+                for rows in args.rows:
+                    dtype = getattr(torch, dtype_name)
+                    run_layer(layer, inputs, outputs, bits, rows, dtype, bound, args.repeats)
     return 0

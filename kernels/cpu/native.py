@@ -137,11 +137,13 @@ _SIGNATURES = {
             ctypes.c_int64,  # y, its row stride
             ctypes.c_void_p,
             ctypes.c_void_p,
-            ctypes.c_void_p,  # qweight, scale, bias
+            ctypes.c_void_p,
+            ctypes.c_void_p,  # qweight, scale, offset, bias
             ctypes.c_int,
             ctypes.c_int,
             ctypes.c_int,
-            ctypes.c_int,  # M, N, K, threads
+            ctypes.c_int,
+            ctypes.c_int,  # M, N, K, bits, threads
         ],
     ),
     "rms_norm": (

@@ -211,15 +211,16 @@ def test_dense_at_load_where_blocks_are_not_kept(tiny_llama, tmp_path, monkeypat
     ]
 
 
-def test_q8_0_int8_activations_keep_greedy_tokens(tiny_llama, tmp_path, monkeypatch):
-    """bf16 decode on Q8_0 blocks multiplies x quantized to int8 (kernels/cpu/int8_linear.py,
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda t: t.name)
+def test_int8_activations_keep_greedy_tokens(tiny_llama, tmp_path, monkeypatch, qtype: Q):
+    """bf16 decode on Q8_0/Q4_1 blocks multiplies x quantized to int8 (kernels/cpu/int8_linear.py,
     llama.cpp's method). The greedy tokens stay those of the same blocks with bf16 x up to a
     near tie of the random model's logits: where they part, the int8 run's token was within
     NEAR_TIE of the best by the bf16 run's own log-probabilities."""
     from infernetes.kernels.cpu import int8_linear
 
     near_tie = 0.05
-    file = write(tiny_llama, tmp_path, Q.Q8_0)
+    file = write(tiny_llama, tmp_path, qtype)
     calls = []
     counted = int8_linear.linear
     monkeypatch.setattr(int8_linear, "linear", lambda *a: calls.append(1) or counted(*a))
