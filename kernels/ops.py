@@ -312,12 +312,14 @@ def group_quant_linear(
     group_size: int,
     bits: int,
     bias: torch.Tensor | None = None,
+    int8_activations: bool = False,
 ) -> torch.Tensor:
     """`x @ W.T + bias` with `W` group-quantized (layout in
     `infernetes.kernels.reference.group_quant`): on the CPU the C kernel reads the 4- or 8-bit
-    weights; elsewhere the reference dequantizes the whole weight."""
+    weights (with `int8_activations`, a Q8_0 weight's decode rows multiply x quantized to int8
+    blocks, as llama.cpp does); elsewhere the reference dequantizes the whole weight."""
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
-        impl = _cpu_group_quant.group_quant_linear
-    else:
-        impl = _ref_group_quant.group_quant_linear
-    return impl(x, qweight, scale, offset, group_size, bits, bias)
+        return _cpu_group_quant.group_quant_linear(
+            x, qweight, scale, offset, group_size, bits, bias, int8_activations
+        )
+    return _ref_group_quant.group_quant_linear(x, qweight, scale, offset, group_size, bits, bias)

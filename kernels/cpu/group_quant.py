@@ -10,7 +10,7 @@ they handle."""
 from __future__ import annotations
 
 import torch
-from infernetes.kernels.cpu import native, packed_linear
+from infernetes.kernels.cpu import int8_linear, native, packed_linear
 from infernetes.kernels.reference import group_quant as reference
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -31,10 +31,21 @@ def handles(group_size: int, inputs: int) -> bool:
     return group_size % CHUNK == 0 and group_size > 0 and inputs % group_size == 0
 
 
-def group_quant_linear(x, qweight, scale, offset, group_size, bits, bias=None):
+def group_quant_linear(
+    x, qweight, scale, offset, group_size, bits, bias=None, int8_activations=False
+):
     library = _library()
     rows_x = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
     inputs = x.shape[-1]
+    # float32 activations stay float: those runs are compared exactly with transformers, and
+    # int8 rounding (about bf16's) would undo what float32 was asked for
+    if (
+        int8_activations
+        and x.dtype == torch.bfloat16
+        and group_size == int8_linear.BLOCK
+        and int8_linear.handles(x, qweight, scale, offset, bits, rows_x.shape[0])
+    ):
+        return int8_linear.linear(x, qweight, scale, offset, bits, bias)
     if (
         library is None
         or x.dtype not in _DTYPE_CODES

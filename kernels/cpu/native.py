@@ -56,6 +56,7 @@ EXTRA_FLAGS = {
     "elementwise": ("-ffp-contract=off", *_WIDE),
     "group_quant": ("-fopenmp", *_WIDE),
     "skinny_linear": ("-fopenmp", *_WIDE),
+    "int8_linear": ("-fopenmp", *_WIDE),
 }
 
 # Pointers go as plain addresses (``tensor.data_ptr()``): a ctypes.cast to a typed pointer costs
@@ -124,6 +125,25 @@ _SIGNATURES = {
             ctypes.c_int,
             ctypes.c_int,
             ctypes.c_int,  # n0, n1, K, group, bits, threads
+        ],
+    ),
+    "int8_linear": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int,  # x, its row stride, dtype
+            ctypes.c_void_p,
+            ctypes.c_int64,  # y, its row stride
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,  # qweight, scale, offset, bias
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,  # M, N, K, bits, threads
         ],
     ),
     "rms_norm": (

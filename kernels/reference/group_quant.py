@@ -52,3 +52,33 @@ def group_quant_linear(
 ) -> torch.Tensor:
     """``x @ w.T + bias`` with the weight dequantized whole."""
     return F.linear(x, dequantize(qweight, scale, offset, group_size, bits, x.dtype), bias)
+
+
+def quantize_int8_blocks(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., K]`` as llama.cpp quantizes activations for Q8_0 weights: int8 values
+    ``[..., K]`` and a float32 scale ``d = max|x| / 127`` per block of ``block`` inputs
+    ``[..., K / block]``, each value ``x / d`` rounded to nearest (0 where a block is all 0)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, block)
+    scale = blocks.abs().amax(dim=-1) / 127
+    inverse = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
+    q = torch.round(blocks * inverse.unsqueeze(-1)).to(torch.int8)
+    return q.reshape(x.shape), scale
+
+
+def int8_activation_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+    bits: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ w.T + bias`` for a weight in groups of 32 (GGUF's Q8_0, Q4_0, Q4_1), x first
+    quantized by `quantize_int8_blocks`: the product llama.cpp computes, here in float64 and
+    returned in x's dtype."""
+    q, x_scale = quantize_int8_blocks(x, 32)
+    rows = q.reshape(-1, x.shape[-1])
+    x_int8 = dequantize(rows, x_scale.reshape(rows.shape[0], -1), None, 32, 8, torch.float64)
+    weight = dequantize(qweight, scale, offset, 32, bits, torch.float64)
+    out = F.linear(x_int8, weight, None if bias is None else bias.double())
+    return out.reshape(*x.shape[:-1], -1).to(x.dtype)

@@ -191,6 +191,44 @@ def test_dense_at_load_where_blocks_are_not_kept(tiny_llama, tmp_path, monkeypat
     ]
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda t: t.name)
+def test_int8_activations_keep_greedy_tokens(tiny_llama, tmp_path, monkeypatch, qtype: Q):
+    """bf16 decode on Q8_0/Q4_1 blocks multiplies x quantized to int8 (kernels/cpu/int8_linear.py,
+    llama.cpp's method). The greedy tokens stay those of the same blocks with bf16 x up to a
+    near tie of the random model's logits: where they part, the int8 run's token was within
+    NEAR_TIE of the best by the bf16 run's own log-probabilities."""
+    from infernetes.kernels.cpu import int8_linear
+
+    near_tie = 0.05
+    file = write(tiny_llama, tmp_path, qtype)
+    calls = []
+    counted = int8_linear.linear
+    monkeypatch.setattr(int8_linear, "linear", lambda *a: calls.append(1) or counted(*a))
+
+    def greedy():
+        llm = LLM(str(file), tokenizer=tiny_llama, **{**SMALL, "dtype": "bfloat16"})
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in PROMPTS],
+            SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=5),
+        )
+        return [o.outputs[0] for o in outputs]
+
+    with_int8 = greedy()
+    assert calls  # decode's rows took the int8 kernel
+    monkeypatch.setattr(int8_linear, "MAX_ROWS", 0)
+    calls.clear()
+    with_bf16 = greedy()
+    assert not calls
+    for int8_run, bf16_run in zip(with_int8, with_bf16, strict=True):
+        tokens, reference = list(int8_run.token_ids), list(bf16_run.token_ids)
+        if tokens == reference:
+            continue
+        step = next(i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b)
+        chances = {t: lp.logprob for t, lp in bf16_run.logprobs[step].items()}
+        assert tokens[step] in chances, (step, tokens, reference)
+        assert chances[reference[step]] - chances[tokens[step]] < near_tie
+
+
 def test_folder_and_load_format_gguf(tiny_llama, tmp_path):
     file = write(tiny_llama, tmp_path / "one", Q.Q8_0)
     for model, load_format in [(file.parent, "auto"), (file.parent, "gguf"), (file, "gguf")]:

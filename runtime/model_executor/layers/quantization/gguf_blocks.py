@@ -13,6 +13,9 @@ A row of a GGUF tensor (``[N, K]``, the layout of a torch weight) is a run of bl
   so its codes (0..31) are kept as 8 bits.
 - Q6_K: super-blocks of 256 in 16 groups of 16 with an int8 scale each and ``d`` at the end:
   ``w = d * sc * (q - 32)``, kept as 8 bits.
+
+Q8_0, Q4_0 and Q4_1 are marked ``int8_activations``: decode on the CPU multiplies them with x
+quantized to int8 blocks, as llama.cpp does (kernels/cpu/int8_linear.py).
 """
 
 from __future__ import annotations
@@ -70,18 +73,19 @@ def _flat(values: torch.Tensor) -> torch.Tensor:
 
 def _q8_0(blocks: torch.Tensor) -> GroupQuantWeight:
     q = blocks[..., 2:34].contiguous().view(torch.int8)
-    return GroupQuantWeight(_flat(q), _flat(_f16(blocks, 0)), None, 32, 8)
+    return GroupQuantWeight(_flat(q), _flat(_f16(blocks, 0)), None, 32, 8, int8_activations=True)
 
 
 def _q4_0(blocks: torch.Tensor) -> GroupQuantWeight:
     d = _f16(blocks, 0)
     q = _repack4(blocks[..., 2:18], 16)
-    return GroupQuantWeight(q, _flat(d), _flat(-8 * d), 32, 4)
+    return GroupQuantWeight(q, _flat(d), _flat(-8 * d), 32, 4, int8_activations=True)
 
 
 def _q4_1(blocks: torch.Tensor) -> GroupQuantWeight:
     q = _repack4(blocks[..., 4:20], 16)
-    return GroupQuantWeight(q, _flat(_f16(blocks, 0)), _flat(_f16(blocks, 2)), 32, 4)
+    scale, offset = _flat(_f16(blocks, 0)), _flat(_f16(blocks, 2))
+    return GroupQuantWeight(q, scale, offset, 32, 4, int8_activations=True)
 
 
 def _k_groups(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

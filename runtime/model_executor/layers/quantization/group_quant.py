@@ -35,6 +35,9 @@ class GroupQuantWeight:
     offset: torch.Tensor | None  # float32 [N, K // group_size]; None: no offset
     group_size: int
     bits: int
+    # Decode rows of bf16 x on the CPU are quantized to int8 blocks of 32 and multiplied as
+    # integers, as llama.cpp does on the same GGUF file (Q8_0: kernels/cpu/int8_linear.py).
+    int8_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.bits not in BITS:
@@ -60,7 +63,14 @@ class GroupQuantWeight:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return ops.group_quant_linear(
-            x, self.qweight, self.scale, self.offset, self.group_size, self.bits, bias
+            x,
+            self.qweight,
+            self.scale,
+            self.offset,
+            self.group_size,
+            self.bits,
+            bias,
+            int8_activations=self.int8_activations,
         )
 
     @staticmethod
@@ -111,6 +121,7 @@ class GroupQuantWeight:
             offset=offset,
             group_size=first.group_size,
             bits=first.bits,
+            int8_activations=all(p.int8_activations for p in parts),
         )
 
     def select_outputs(self, rows: torch.Tensor) -> GroupQuantWeight:

@@ -1,0 +1,92 @@
+"""Decode's linear layers on GGUF's Q8_0, Q4_0 and Q4_1 blocks with int8 activations, as
+llama.cpp computes them, through the C kernel of int8_linear.c: each x row is quantized to int8
+in blocks of 32 (one scale each, ``reference.quantize_int8_blocks``), and every block's product
+with the weight's block is an integer dot product (AVX-512 VNNI / AVX2) times the two scales,
+plus the block's offset times the sum of its x.
+
+The weight is read as 8- or 4-bit integers and never widened to float, so decode reads it at
+close to the memory's rate; the activations lose what int8 rounding loses (at most half a block's
+scale per element), which is llama.cpp's own trade on the same file. Many rows (prefill) stay on
+group_quant's path (torch's GEMM on dequantized tiles), bound by arithmetic, not by the weight.
+"""
+
+from __future__ import annotations
+
+import torch
+from infernetes.kernels.cpu import native
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
+BLOCK = 32  # GGUF's block: one weight scale and one activation scale per 32 inputs
+MAX_ROWS = 4  # decode batches where it measured faster (bench/cpu_int8_linear.py)
+
+
+def _library():
+    return native.load("int8_linear")
+
+
+def handles(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+    bits: int,
+    rows: int,
+) -> bool:
+    """Whether the kernel computes this layer: groups of 32 (int8 ``[N, K]`` or packed nibbles
+    ``[N, K / 2]``, float32 scales and offsets), float32 or bfloat16 x of at most ``MAX_ROWS``
+    rows, and the kernel built."""
+    inputs, groups = x.shape[-1], (qweight.shape[0], x.shape[-1] // BLOCK)
+    return (
+        x.dtype in _DTYPE_CODES
+        and qweight.dtype == _QWEIGHT_DTYPES.get(bits)
+        and qweight.dim() == 2
+        and qweight.shape[1] * 8 // bits == inputs
+        and inputs % BLOCK == 0
+        and all(
+            t.dtype == torch.float32 and tuple(t.shape) == groups and t.is_contiguous()
+            for t in (scale, offset)
+            if t is not None
+        )
+        and qweight.is_contiguous()
+        and 0 < rows <= MAX_ROWS
+        and _library() is not None
+    )
+
+
+def linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+    bits: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """``x @ w.T + bias`` with ``w = q * scale + offset`` per block of 32 and x quantized to int8
+    blocks, for inputs `handles` accepts; `x` is ``[..., K]``."""
+    rows_x = x.reshape(-1, x.shape[-1])
+    if rows_x.stride(-1) != 1:
+        rows_x = rows_x.contiguous()
+    rows, outputs = rows_x.shape[0], qweight.shape[0]
+    if bias is not None:
+        bias = bias.to(x.dtype).contiguous()
+    out = torch.empty((rows, outputs), dtype=x.dtype)
+    status = _library().int8_linear(
+        rows_x.data_ptr(),
+        rows_x.stride(0),
+        _DTYPE_CODES[x.dtype],
+        out.data_ptr(),
+        out.stride(0),
+        qweight.data_ptr(),
+        scale.data_ptr(),
+        offset.data_ptr() if offset is not None else None,
+        bias.data_ptr() if bias is not None else None,
+        rows,
+        outputs,
+        x.shape[-1],
+        bits,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise MemoryError("int8_linear: the CPU kernel could not allocate its scratch")
+    return out.view(*x.shape[:-1], outputs)
