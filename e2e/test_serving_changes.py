@@ -171,4 +171,4 @@ def test_a_roll_a_drain_and_a_scale_in_lose_no_request(
         for node in serving_nodes:
             cluster.kubectl("uncordon", node, check=False)
     print(f"{report.completed} streams completed; " + "; ".join(steps))
-    assert report.lost == [], f"{len(report.lost)} lost:\n" + "\n".join(report.lost[:40])
+    assert report.lost == [], f"{len(report.lost)} lost:\n" + "\n".join(map(str, report.lost[:40]))
