@@ -11,8 +11,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "cluster"))
 
-from streaming_load import LoadReport, Lost, serving_addresses  # noqa: E402  (bench's path)
+from streaming_load import LoadReport, Lost, serving_addresses  # noqa: E402
 
 from bench.autoscale import FromZero, Sample, Sampler, print_report, quantile  # noqa: E402
 
