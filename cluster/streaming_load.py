@@ -100,15 +100,17 @@ class EndpointView:
         self.left: dict[str, float] = {}
         self._slices: dict[str, dict[str, Any]] = {}
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._list()
+        version = self._list()
+        self._thread = threading.Thread(target=self._run, args=(version,), daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._thread.join(WATCH_SECONDS + 30)
+        if self._thread:
+            self._thread.join(WATCH_SECONDS + 30)
 
     def _update(self) -> None:
         now, before = time.monotonic(), set(self.addresses)
@@ -122,12 +124,11 @@ class EndpointView:
         self._update()
         return listed["metadata"]["resourceVersion"]
 
-    def _run(self) -> None:
+    def _run(self, version: str | None) -> None:
         from kubernetes import client as k8s
         from kubernetes import watch
 
         api = k8s.DiscoveryV1Api(self.client)
-        version = None
         while not self._stopping.is_set():
             try:
                 version = version or self._list()

@@ -31,7 +31,11 @@ from streaming_load import StreamingLoad, ready_addresses
 
 NAME = "tiny"
 IN_FLIGHT = 200
-# Three engines, and replacements, starting on two busy cores.
+REPLICAS = 3
+# One engine starting on two busy cores while the others serve the load (up to 4 minutes seen on
+# the shared machine). A roll starts its pods one after another (a surge of one), and a drain
+# replaces the drained node's pods one after another (the PodDisruptionBudget lets one go at a
+# time): each waits for that many starts.
 STARTUP_TIMEOUT = 300
 
 
@@ -61,7 +65,7 @@ def service(
                     engine={"maxNumSeqs": 16},
                     cpu="100m",
                     memory="512Mi",
-                    replicas=3,
+                    replicas=REPLICAS,
                 ),
             }
         )
@@ -128,7 +132,9 @@ def test_a_roll_a_drain_and_a_scale_in_lose_no_request(
         before, began = load.completed(), time.monotonic()
         patch_service(cluster, ns, {"engine": {"maxNumSeqs": 12}})
         wait_until(
-            lambda: settled(cluster, ns, 3, api_client), timeout=STARTUP_TIMEOUT, what="the roll"
+            lambda: settled(cluster, ns, REPLICAS, api_client),
+            timeout=REPLICAS * STARTUP_TIMEOUT,
+            what="the roll",
         )
         steps.append(
             f"roll: {load.completed() - before} completed in {time.monotonic() - began:.0f} s"
@@ -145,11 +151,13 @@ def test_a_roll_a_drain_and_a_scale_in_lose_no_request(
             node,
             "--ignore-daemonsets",
             "--delete-emptydir-data",
-            "--timeout=300s",
-            timeout=330,
+            f"--timeout={on_node.count(node) * STARTUP_TIMEOUT}s",
+            timeout=on_node.count(node) * STARTUP_TIMEOUT + 30,
         )
         wait_until(
-            lambda: settled(cluster, ns, 3, api_client), timeout=STARTUP_TIMEOUT, what="the drain"
+            lambda: settled(cluster, ns, REPLICAS, api_client),
+            timeout=STARTUP_TIMEOUT,
+            what="the drain",
         )
         assert all(p["spec"]["nodeName"] != node for p in pods(cluster, ns))
         cluster.kubectl("uncordon", node)
