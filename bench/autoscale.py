@@ -59,6 +59,10 @@ NAME = "autoscaled"
 STARTUP_TIMEOUT = 600  # an engine loading on two busy cores
 # How long the picker holds the first request: KEDA's activation, then that engine's start.
 HOLD_SECONDS = STARTUP_TIMEOUT + 120
+# A queue target is what minReplicas 0 requires (the engines' queue activates a service at zero
+# as the picker's held requests do); this one is above what the ramp's clients can queue, so the
+# TTFT target alone scales between 1 and maxReplicas.
+QUEUE_TARGET = 100
 # How long a picker started on a busy machine may take to answer at all.
 PICKER_START_SECONDS = 120
 
@@ -93,6 +97,7 @@ def service_spec(claim: str, model_dir: Path, prometheus: str, args: argparse.Na
         autoscaling={
             "minReplicas": 0,
             "maxReplicas": args.max_replicas,
+            "targetQueuedRequests": QUEUE_TARGET,
             "latency": {"ttftSeconds": args.ttft, "windowSeconds": args.window},
             "scaleDownStabilizationSeconds": args.window,
             "keda": {"prometheusServerAddress": prometheus},
