@@ -1,8 +1,8 @@
 """Changes that lose no request (issue 38, item 5), on pods that serve (podkubelet nodes).
 
 An InferenceService of three CPU replicas of a tiny model serves 200 streamed completions kept in
-flight (cluster/streaming_load.py: the client balances over the Service's ready endpoints, as kube-proxy
-would, and retries nothing) while it is rolled (a new engine flag), one serving node is drained
+flight (cluster/streaming_load.py: the client balances over the Service's ready endpoints, which
+it watches as kube-proxy does, and retries nothing) while it is rolled (a new engine flag), one serving node is drained
 (`kubectl drain`: cordon, then evictions the PodDisruptionBudget paces) and it is scaled in from
 3 replicas to 1. Every stream must end with finish_reason "length" and `[DONE]`, with no HTTP
 error: readiness gates a new pod until it serves, a going pod's preStop keeps it serving while
@@ -12,7 +12,6 @@ its endpoint goes, and its drain lets the streams in flight finish.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,14 +106,6 @@ def patch_service(cluster: Any, ns: str, spec: dict) -> None:
     )
 
 
-# Opt-in until it is steady: it lost 15 requests in 1 of 5 runs on the loaded 2-core machine
-# (all to one address during the scale-in, 5 s after its pod was deleted, cause not yet known:
-# a stale endpoint view of the client or a slow endpoint controller). Each lost request now says
-# how old the client's endpoint view was.
-@pytest.mark.skipif(
-    os.environ.get("INFERNETES_E2E_ROLLOUTS") != "1",
-    reason="opt-in (INFERNETES_E2E_ROLLOUTS=1): lost requests once in 5 runs, cause under study",
-)
 def test_a_roll_a_drain_and_a_scale_in_lose_no_request(
     cluster: Any, ns: str, service: None, api_client: Any, serving_nodes: list[str]
 ) -> None:
