@@ -51,7 +51,13 @@ from host_picker import HostPicker, build, rendered_picker_args
 from host_prometheus import HostPrometheus
 from keda_controller import Keda
 from serving_nodes import model_claim, serving_spec
-from streaming_load import LoadReport, StreamingLoad, completion_body, stream_completion
+from streaming_load import (
+    LoadReport,
+    StreamingLoad,
+    completion_body,
+    ready_addresses,
+    stream_completion,
+)
 
 from bench._cluster import local_cluster
 
@@ -210,6 +216,7 @@ def run(cluster: Any, work: Path, args: argparse.Namespace) -> None:
                 sampler = Sampler(cluster, ns, prometheus, args.sample)
                 sampler.start(args.window)
                 from_zero = first_request_from_zero(picker, args.output_tokens)
+                print(from_zero_line(from_zero), flush=True)
                 report, phases = ramp(cluster, ns, api_client, args)
                 sampler.stop()
             except BaseException:
@@ -271,7 +278,16 @@ def ramp(
 ) -> tuple[LoadReport, list[tuple[int, float, float, int]]]:
     """The load's phases, then none until the service is back at zero: the report and, per
     phase, (clients, start, end, requests lost before it)."""
+    from infernetes.operator.testing import wait_until
+
     levels = [int(level) for level in args.levels.split(",")]
+    # The picker saw the new pod ready from the pod itself; the Service's EndpointSlice, which
+    # the load balances over, follows when the endpoint controller gets to it.
+    wait_until(
+        lambda: ready_addresses(api_client, ns, NAME),
+        timeout=120,
+        what="the woken replica in the Service's endpoints",
+    )
     load = StreamingLoad(
         api_client, ns, NAME, NAME, concurrency=max(levels), max_tokens=args.output_tokens
     )
@@ -294,6 +310,15 @@ def ramp(
     return report, phases
 
 
+def from_zero_line(from_zero: FromZero) -> str:
+    if from_zero.problem:
+        return f"first request at zero replicas: lost after {from_zero.held:.1f} s"
+    return (
+        f"first request at zero replicas: first token after {from_zero.first_token:.1f} s "
+        f"(held {from_zero.held:.1f} s in the picker while a replica came up)"
+    )
+
+
 def print_report(
     report: LoadReport,
     phases: list[tuple[int, float, float, int]],
@@ -305,13 +330,7 @@ def print_report(
         f"TTFT target p90 {args.ttft} s over {args.window} s; 0..{args.max_replicas} replicas; "
         f"max-num-seqs {args.max_num_seqs}; {args.output_tokens} output tokens per request"
     )
-    if from_zero.problem:
-        print(f"\nfirst request at zero replicas: lost after {from_zero.held:.1f} s")
-    else:
-        print(
-            f"\nfirst request at zero replicas: first token after {from_zero.first_token:.1f} s "
-            f"(held {from_zero.held:.1f} s in the picker while a replica came up)"
-        )
+    print(f"\n{from_zero_line(from_zero)}")
     print(
         "\n| phase | clients | seconds | completed | lost | TTFT p50 s | TTFT p90 s | ready replicas |"
     )
