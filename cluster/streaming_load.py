@@ -43,7 +43,7 @@ class Lost:
         if self.address is None:
             return f"{self.clock} {self.problem}"
         if self.left_view is None:
-            where = "still in the client's view at the end"
+            where = "in the client's view until the end"
         else:
             where = f"left the client's view {self.left_view - self.sent:+.1f} s after it was sent"
         return f"{self.clock} {self.address} ({where}): {self.problem}"
@@ -92,12 +92,13 @@ def ready_addresses(client: Any, namespace: str, service: str) -> list[str]:
 class EndpointView:
     """A Service's ready endpoint addresses, kept current in a thread by a list, then a watch
     from that list's resourceVersion (listing again whenever the watch ends or fails), as an
-    informer does. ``left[address]`` is when (time.monotonic()) an address last left the view."""
+    informer does. ``left[address]``: the times (time.monotonic()) an address left the view (a
+    pod's IP may come back with a later pod)."""
 
     def __init__(self, client: Any, namespace: str, service: str) -> None:
         self.client, self.namespace, self.service = client, namespace, service
         self.addresses: list[str] = []
-        self.left: dict[str, float] = {}
+        self.left: dict[str, list[float]] = {}
         self._slices: dict[str, dict[str, Any]] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,7 +117,7 @@ class EndpointView:
         now, before = time.monotonic(), set(self.addresses)
         self.addresses = serving_addresses(self._slices.values())
         for address in before - set(self.addresses):
-            self.left[address] = now
+            self.left.setdefault(address, []).append(now)
 
     def _list(self) -> str:
         listed = _list_slices(self.client, self.namespace, self.service)
@@ -198,8 +199,8 @@ class StreamingLoad:
         assert not self._thread.is_alive(), "requests still in flight after the load stopped"
         self.view.stop()
         for lost in self.report.lost:
-            if lost.address is not None and lost.address not in self.view.addresses:
-                lost.left_view = self.view.left.get(lost.address)
+            departures = self.view.left.get(lost.address or "", [])
+            lost.left_view = next((when for when in departures if when >= lost.sent), None)
         return self.report
 
     async def _run(self) -> None:

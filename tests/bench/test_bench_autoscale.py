@@ -99,7 +99,7 @@ def test_the_view_holds_only_ready_endpoints_that_are_not_terminating() -> None:
 def test_a_lost_request_says_when_its_endpoint_left_the_view() -> None:
     assert str(Lost("04:00:00", None, 1.0, "no ready endpoint")) == "04:00:00 no ready endpoint"
     still = Lost("04:00:00", "10.0.0.1", 1.0, "HTTP 503")
-    assert "still in the client's view at the end" in str(still)
+    assert "in the client's view until the end" in str(still)
     early = Lost("04:00:00", "10.0.0.1", 10.0, "HTTP 503", left_view=12.25)
     assert (
         str(early)
