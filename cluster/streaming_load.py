@@ -204,12 +204,12 @@ class StreamingLoad:
         return self.report
 
     async def _run(self) -> None:
-        # An idle connection is dropped here before the server closes it (uvicorn after 5 s,
-        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE), as a proxy's idle timeout must be shorter than its
-        # upstream's: otherwise a request sent as the server closes is reset.
-        limits = httpx.Limits(
-            max_connections=None, max_keepalive_connections=None, keepalive_expiry=2
-        )
+        # A connection per request, as each client of a Service opens its own through
+        # kube-proxy. Reusing idle ones races the server's keep-alive (uvicorn closes after 5 s,
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE): a proxy drops them sooner, but this client's idle clock
+        # starts when its event loop gets to a response's end, seconds late on a starved
+        # machine, and a request sent on a connection the server had just closed was reset.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
         timeout = httpx.Timeout(120, connect=10)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
             await asyncio.gather(*(self._client(http, i) for i in range(self.concurrency)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,4 +182,7 @@ def test_a_roll_a_drain_and_a_scale_in_lose_no_request(
         for node in serving_nodes:
             cluster.kubectl("uncordon", node, check=False)
     print(f"{report.completed} streams completed; " + "; ".join(steps))
-    assert report.lost == [], f"{len(report.lost)} lost:\n" + "\n".join(map(str, report.lost[:40]))
+    kinds = Counter(lost.problem.split(":")[0] for lost in report.lost)
+    assert report.lost == [], f"{len(report.lost)} lost ({dict(kinds)}):\n" + "\n".join(
+        map(str, report.lost[:40])
+    )
