@@ -24,6 +24,11 @@ from typing import Any
 import httpx
 
 PORT = 8000
+# How long a stream may go without a byte before it counts as lost. A request queued behind
+# others on a draining engine waits its turn: on the shared machine at a load average near 30,
+# engines finished about one request a second and queued ones waited over 120 s, then were
+# served (e2e/test_serving_changes.py's going pods drain up to 170 s).
+READ_TIMEOUT = 300
 # The API server ends each watch after this long (the view then lists and watches again), which
 # also bounds how long EndpointView.stop() waits.
 WATCH_SECONDS = 5
@@ -193,7 +198,7 @@ class StreamingLoad:
     def completed(self) -> int:
         return self.report.completed
 
-    def stop(self, timeout: float = 180) -> LoadReport:
+    def stop(self, timeout: float = READ_TIMEOUT + 60) -> LoadReport:
         self._stopping.set()
         self._thread.join(timeout)
         assert not self._thread.is_alive(), "requests still in flight after the load stopped"
@@ -210,7 +215,7 @@ class StreamingLoad:
         # starts when its event loop gets to a response's end, seconds late on a starved
         # machine, and a request sent on a connection the server had just closed was reset.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-        timeout = httpx.Timeout(120, connect=10)
+        timeout = httpx.Timeout(READ_TIMEOUT, connect=10)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
             await asyncio.gather(*(self._client(http, i) for i in range(self.concurrency)))
 
