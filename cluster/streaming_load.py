@@ -26,8 +26,8 @@ import httpx
 PORT = 8000
 # How long a stream may go without a byte before it counts as lost. A request queued behind
 # others on a draining engine waits its turn: on the shared machine at a load average near 30,
-# engines finished about one request a second and queued ones waited over 120 s, then were
-# served (e2e/test_serving_changes.py's going pods drain up to 170 s).
+# engines finished about one request a second and queued ones waited over 120 s for a byte
+# (e2e/test_serving_changes.py's going pods may drain for up to 170 s).
 READ_TIMEOUT = 300
 # The API server ends each watch after this long (the view then lists and watches again), which
 # also bounds how long EndpointView.stop() waits.
