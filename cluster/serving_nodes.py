@@ -108,10 +108,17 @@ def default_images() -> dict[str, Any]:
     """Every image runs with the tools of this Python's environment first on PATH (the runtime
     image's `infernetes` console script is this environment's). That environment and the code it
     imports stand for the image's files: kept visible under a volume a pod mounts above them (a
-    checkout under /tmp beneath the pod's /tmp emptyDir)."""
+    checkout under /tmp beneath the pod's /tmp emptyDir). So does this machine's cache of the CPU
+    engine's C kernels (INFERNETES_KERNEL_CACHE), as kernels built into the image: without it
+    every pod compiles them into its emptyDir home as its engine starts, which took minutes of
+    a busy machine's cores per pod and held rolling updates up."""
+    from infernetes.kernels.cpu.native import CACHE_ENV, cache_dir
+
+    kernels = cache_dir()
+    kernels.mkdir(parents=True, exist_ok=True)
     path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-    keep = sorted({sys.prefix, sys.base_prefix, str(CLUSTER_DIR.parent)})
-    images: dict[str, Any] = {"*": {"env": {"PATH": path}, "keep": keep}}
+    keep = sorted({sys.prefix, sys.base_prefix, str(CLUSTER_DIR.parent), str(kernels)})
+    images: dict[str, Any] = {"*": {"env": {"PATH": path, CACHE_ENV: str(kernels)}, "keep": keep}}
     sidecar = routing_sidecar_binary()
     if sidecar is not None:
         # The decode pods' llm-d routing sidecar (spec.prefill): its image's entrypoint.

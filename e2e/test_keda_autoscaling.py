@@ -144,7 +144,9 @@ def test_a_ttft_target_scales_out_under_load_and_back_in_after(
             report = load.stop()
         print(f"p90 TTFT under load {measured} s (target {TTFT_TARGET_SECONDS} s)")
         assert measured is not None and measured > TTFT_TARGET_SECONDS
-        assert report.lost == [], f"{len(report.lost)} lost:\n" + "\n".join(report.lost[:40])
+        assert report.lost == [], f"{len(report.lost)} lost:\n" + "\n".join(
+            map(str, report.lost[:40])
+        )
 
         # The window empties (the query answers 0), then the scale-down window passes.
         wait_until(

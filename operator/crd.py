@@ -23,6 +23,7 @@ from infernetes.operator.spec_schema import (
     CACHE_RULES,
     GPU_VENDORS,
     MAX_SPLIT_TARGETS,
+    PRE_STOP_SECONDS,
     PRECISE_ROUTING_RULES,
     ROOT_RULES,
     TERMINATION_GRACE_SECONDS,
@@ -213,8 +214,8 @@ def spec_rules(engine_properties: dict[str, Any]) -> list[Schema]:
                 "!has(self.engine) || !has(self.engine.shutdownTimeout) || "
                 f"self.engine.shutdownTimeout + {pre_stop_seconds_cel(grace)} < {grace}",
                 "engine.shutdownTimeout must be less than terminationGracePeriodSeconds minus the "
-                "preStop sleep (a sixth of it, at most 5 s): the pod is killed when the grace "
-                "period ends, cutting the drain short",
+                f"preStop sleep (a sixth of it, at most {PRE_STOP_SECONDS} s): the pod is killed "
+                "when the grace period ends, cutting the drain short",
                 field_path=".engine.shutdownTimeout",
             )
         )

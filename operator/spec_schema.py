@@ -62,9 +62,12 @@ MEMORY_PER_GPU_GIB = 16
 # engine and exiting, when spec.engine.shutdownTimeout is unset.
 SHUTDOWN_MARGIN_SECONDS = 10
 # A terminating pod keeps serving this long before its server is told to drain: the endpoints,
-# Services' proxies and the endpoint picker stop sending to it first. At most a sixth of the
-# grace period (none below 6 s).
-PRE_STOP_SECONDS = 5
+# Services' proxies and the endpoint picker stop sending to it first. That takes the endpoint
+# controller's update (retried after 1 s, 2 s, 4 s when its cache is stale, as under load),
+# then each proxy's or gateway's own sync (kube-proxy's at most once a second, load balancers
+# and gateways that poll, several seconds); 5 s let a loaded client keep sending to a draining
+# pod (e2e/test_serving_changes.py). At most a sixth of the grace period (none below 6 s).
+PRE_STOP_SECONDS = 10
 # The startup probe asks at least this often: a pod whose engine has loaded becomes Ready (and
 # takes its share of traffic, or lets a rolling update go on) within seconds, not a whole
 # spec.probes.periodSeconds. A /health request costs the server next to nothing.

@@ -201,8 +201,8 @@ def test_facts_from_api_versions() -> None:
 @pytest.mark.parametrize(
     ("spec", "grace", "flag"),
     [
-        ({"model": "x"}, 60, "--shutdown-timeout=45"),
-        ({"model": "x", "terminationGracePeriodSeconds": 300}, 300, "--shutdown-timeout=285"),
+        ({"model": "x"}, 60, "--shutdown-timeout=40"),
+        ({"model": "x", "terminationGracePeriodSeconds": 300}, 300, "--shutdown-timeout=280"),
         ({"model": "x", "terminationGracePeriodSeconds": 5}, 5, "--shutdown-timeout=0"),
         (
             {
@@ -228,7 +228,7 @@ def test_drain_ends_before_the_grace_period(spec: dict, grace: int, flag: str) -
     assert parse_serve_args(args).shutdown_timeout + slept < max(grace, 1)
 
 
-@pytest.mark.parametrize(("grace", "sleep"), [(60, 5), (300, 5), (12, 2), (5, 0)])
+@pytest.mark.parametrize(("grace", "sleep"), [(60, 10), (300, 10), (30, 5), (12, 2), (5, 0)])
 def test_a_terminating_pod_serves_through_a_pre_stop_sleep_before_it_drains(
     grace: int, sleep: int
 ) -> None:
