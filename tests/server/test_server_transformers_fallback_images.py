@@ -84,7 +84,7 @@ def test_chat_with_an_image_equals_transformers(client, aya_dir, size):
         ),
         (
             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
-            r"messages\[0\].content\[1\]: content part type 'input_audio' is not supported",
+            r"messages\[0\].content\[1\]: this model takes image only; input_audio parts",
         ),
     ],
 )
