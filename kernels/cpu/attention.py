@@ -12,7 +12,7 @@ from infernetes.kernels.cpu import native
 from infernetes.kernels.reference import attention as reference
 from infernetes.kernels.reference.fp8 import FP8_DTYPES
 
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPE_CODES = native.DTYPE_CODES
 _BYTE_TABLE = 3
 _byte_tables: dict[torch.dtype, torch.Tensor] = {}
 

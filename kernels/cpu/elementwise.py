@@ -11,7 +11,7 @@ from infernetes.kernels.reference import activation as _ref_activation
 from infernetes.kernels.reference import norm as _ref_norm
 from infernetes.kernels.reference import rotary as _ref_rotary
 
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_DTYPE_CODES = native.DTYPE_CODES
 
 
 def _library():

@@ -13,7 +13,7 @@ import torch
 from infernetes.kernels.cpu import int8_linear, native, packed_linear
 from infernetes.kernels.reference import group_quant as reference
 
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_DTYPE_CODES = native.dtype_codes(torch.float32, torch.bfloat16)
 _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 CHUNK = 16  # inputs the kernel unpacks at a time: a group is whole chunks
 # Above this many rows the product is bound by arithmetic, and torch's GEMM on dequantized tiles

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from infernetes.kernels.cpu import native
 
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_DTYPE_CODES = native.dtype_codes(torch.float32, torch.bfloat16)
 _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 BLOCK = 32  # GGUF's block: one weight scale and one activation scale per 32 inputs
 MAX_ROWS = 4  # decode batches where it measured faster (bench/cpu_int8_linear.py)

@@ -25,9 +25,21 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+import torch
+
 from infernetes.schema.env import read_env
 
 logger = logging.getLogger(__name__)
+
+# How the C kernels name an element type (their `dtype` arguments): one ABI for every kernel;
+# each module keeps the subset its kernels take.
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def dtype_codes(*dtypes: torch.dtype) -> dict[torch.dtype, int]:
+    """The codes of ``dtypes``, the element types a kernel takes."""
+    return {dtype: DTYPE_CODES[dtype] for dtype in dtypes}
+
 
 SOURCE_DIR = Path(__file__).resolve().parent
 ENABLE_ENV = "INFERNETES_CPU_KERNELS"

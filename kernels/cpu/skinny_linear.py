@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from infernetes.kernels.cpu import native
 
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_DTYPE_CODES = native.dtype_codes(torch.float32, torch.bfloat16)
 MAX_ROWS = 8  # decode batches; more rows go to torch's GEMM (bench/cpu_gemv.py)
 
 
