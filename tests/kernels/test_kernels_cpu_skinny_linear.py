@@ -59,7 +59,8 @@ def assert_close(out, want, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("outputs, inputs", [(37, 384), (5, 7), (130, 897), (1, 48)])
+# (33, 4500): one row of x streams row by row, more go block by block (x past 32 KB of L1)
+@pytest.mark.parametrize("outputs, inputs", [(37, 384), (5, 7), (130, 897), (1, 48), (33, 4500)])
 def test_matches_the_float64_product(dtype, rows, outputs, inputs):
     gen = torch.Generator().manual_seed(rows * 1000 + outputs + inputs)
     weight = torch.randn(outputs, inputs, generator=gen).to(dtype)
