@@ -1,6 +1,6 @@
 """The applier: server-side apply of rendered objects under one field manager ("infernetes"),
-and pruning of the children this resource owns (by owner reference) that the render no longer
-produces.
+pruning of the children this resource owns (by owner reference) that the render no longer
+produces, and reading a child back (a GET, for the reconciler's recheck of a service not Ready).
 
 A pass applies its workloads at once and its other children SECONDARY_APPLIES at a time; which
 children are stale is drift.py's question, when to retry the reconciler's.
@@ -89,6 +89,16 @@ def delete(api: Any, manifest: Mapping[str, Any]) -> None:
             raise
 
 
+def read(api: Any, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The live object `manifest` names; None when it is gone."""
+    try:
+        return request(api, "GET", object_path(manifest))
+    except KubeError as exc:
+        if exc.status != 404:
+            raise
+        return None
+
+
 def unrendered(
     live: Mapping[ChildId, dict[str, Any]], rendered: Iterable[ChildId], uid: str
 ) -> list[dict[str, Any]]:
@@ -120,6 +130,10 @@ class Applier:
     async def delete(self, manifest: Mapping[str, Any]) -> None:
         await self.call(delete, self.api, manifest)
         metrics.API_WRITES.labels(manifest["kind"], "delete").inc()
+
+    async def read(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The child as the API server holds it now (None when it is gone); writes nothing."""
+        return await self.call(read, self.api, manifest)
 
     async def _apply(self, manifest: Mapping[str, Any], *, edited: bool) -> dict[str, Any]:
         """Server-side apply; an edited child whose edit apply cannot merge back (the API server

@@ -58,14 +58,20 @@ CHILD_DELAY_SECONDS = 0.2
 # A pass's status is written this long after it, off the path that creates children, once for
 # the passes of a burst.
 STATUS_DELAY_SECONDS = 0.5
-# A service not Ready yet is reconciled again this often: the pass's apply responses carry its
-# children's live status, which covers a watch event kopf never delivered (its scan of a CRD
-# installed after the operator started can run just before API discovery serves it, and no
-# later event makes it scan again).
+# A service not Ready yet is reconciled again this often, and a pass with nothing to apply reads
+# its workloads back (a GET each): kopf may never deliver their events (its scan of a CRD
+# installed after the operator started can run just before API discovery serves it, and no later
+# event makes it scan again), and only a pass that writes gets their status in the response.
 UNREADY_RECHECK_SECONDS = 30.0
 # At start-up, the first listing of the resources waits this long for the children's listings.
 STARTUP_DELAY_SECONDS = 1.0
 LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
+
+
+def ready(resource: Mapping[str, Any]) -> bool:
+    """Whether the resource's status, as last written, says Ready."""
+    conditions = (resource.get("status") or {}).get("conditions")
+    return condition_of(conditions, "Ready").get("status") == "True"
 
 
 @dataclass(frozen=True)
@@ -300,8 +306,7 @@ class Reconciler:
             return
         await self.status_writer.write(key, resource, outcome)
         written = self.resources.get(key) or resource
-        ready = condition_of((written.get("status") or {}).get("conditions"), "Ready")
-        if ready.get("status") != "True":
+        if not ready(written):
             self.queue.add(key, UNREADY_RECHECK_SECONDS)
 
     async def _converge(
@@ -312,6 +317,8 @@ class Reconciler:
         generation = resource["metadata"].get("generation", 0)
         work, extra = self._changes(key, resource, result)
         if not work and not extra:
+            if not ready(resource):
+                await self._read_back(key, resource, result)
             self._settled(key, "unchanged")
             return True, None
         retry = self.retries.get(key)
@@ -335,6 +342,27 @@ class Reconciler:
         self._settled(key, "applied")
         log.info("reconciled %s/%s generation %s", *key, generation)
         return True, None
+
+    async def _read_back(self, key: Key, resource: Mapping[str, Any], result: Plan) -> None:
+        """Read the workloads back from the API server (see UNREADY_RECHECK_SECONDS); one gone
+        or edited meanwhile is the next pass's to repair."""
+        live = self.children.of(key)
+        for cid in result.roles.values():
+            if (cached := live.get(cid)) is None:
+                continue  # held for the model download (a pass with work never reads back)
+            try:
+                current = await self.applier.read(cached)
+            except KubeError as exc:
+                # The next recheck reads again; this pass's outcome does not depend on it.
+                log.warning("%s/%s: reading %s %s back: %s", *key, cid[1], cid[2], exc.message)
+                return
+            if current is None:
+                self.children.observe(cached, deleted=True)
+            else:
+                self.children.observe(current)
+        work, extra = self._changes(key, resource, result)
+        if work or extra:
+            self.queue.add(key)
 
     def _changes(
         self, key: Key, resource: Mapping[str, Any], result: Plan

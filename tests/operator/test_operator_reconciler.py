@@ -18,12 +18,14 @@ KEY = ("ns", "llama")
 
 
 class FakeApi:
-    """Objects by (apiVersion, kind, name); counts writes; refuses what `refuse` says."""
+    """Objects by (apiVersion, kind, name); counts writes and reads (GETs of children);
+    refuses what `refuse` says."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple, dict] = {}
         self.versions = itertools.count(10)
         self.writes: list[str] = []
+        self.reads: list[str] = []
         self.events: list[tuple[str, str]] = []
         self.refuse: Any = None
         self.ready_when_applied: list[str | None] = []
@@ -63,8 +65,17 @@ class FakeApi:
         self.writes.append(f"delete {manifest['kind']}")
         self.objects.pop(child_id(manifest), None)
 
+    def get(self, path: str) -> dict:
+        self.reads.append("get " + "/".join(path.split("/")[-2:]))  # e.g. get deployments/llama
+        found = [obj for obj in self.objects.values() if apply.object_path(obj) == path]
+        if not found:
+            raise KubeError(404, f"{path} not found")
+        return copy.deepcopy(found[0])
+
     def request(self, api: Any, method: str, path: str, **kwargs: Any) -> Any:
         body = kwargs.get("body")
+        if method == "GET":
+            return self.get(path)
         if path.endswith("/events"):
             self.events.append((body["reason"], body["message"]))
             return body
@@ -91,7 +102,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     fake = FakeApi()
     monkeypatch.setattr(apply, "apply", fake.apply)
     monkeypatch.setattr(apply, "delete", fake.delete)
-    for requests in (module, status_writer, events):
+    for requests in (apply, module, status_writer, events):
         monkeypatch.setattr(requests, "request", fake.request)
     return fake
 
@@ -123,6 +134,9 @@ def test_create_writes_each_child_once_and_a_second_pass_writes_nothing(api: Fak
     run(api, nothing, nothing, nothing)
     assert api.writes == ["apply Deployment", "apply Service", "status"]
     assert api.resource["status"]["observedGeneration"] == 1
+    # Not Ready (no Deployment controller here): each unchanged pass reads the workload back,
+    # and only the workload.
+    assert api.reads == ["get deployments/llama"] * 2
 
 
 def test_a_deleted_child_is_applied_again_and_status_tells_meanwhile(api: FakeApi) -> None:
@@ -136,6 +150,32 @@ def test_a_deleted_child_is_applied_again_and_status_tells_meanwhile(api: FakeAp
     assert ("Repairing", "re-applying Service llama: missing") in api.events
     assert api.ready_when_applied[-1] == "ChildrenStale"
     assert condition(api, "Ready")["reason"] != "ChildrenStale"
+
+
+def test_a_workload_deleted_without_an_event_is_recreated_after_the_recheck(
+    api: FakeApi,
+) -> None:
+    """The recheck of a service not Ready reads its Deployment back; gone, it is observed
+    deleted and the next pass (queued at once) applies it again, saying so."""
+    seen: dict[str, Any] = {}
+
+    def delete_unseen(reconciler: Reconciler) -> None:
+        del api.objects[("apps/v1", "Deployment", "llama")]
+        api.writes.clear()
+        seen["queued before"] = len(reconciler.queue)  # the recheck's timer
+
+    def after_the_recheck(reconciler: Reconciler) -> None:
+        seen["writes"], seen["reads"] = list(api.writes), list(api.reads)
+        seen["queued"] = len(reconciler.queue)
+        api.writes.clear()
+
+    run(api, nothing, delete_unseen, after_the_recheck)
+    assert seen["reads"] == ["get deployments/llama"]
+    assert not [write for write in seen["writes"] if write.startswith("apply")]
+    assert seen["queued"] == seen["queued before"] + 1  # the repair, now
+    assert "apply Deployment" in api.writes
+    assert ("apps/v1", "Deployment", "llama") in api.objects
+    assert ("Repairing", "re-applying Deployment llama: missing") in api.events
 
 
 def test_an_edited_deployment_is_restored(api: FakeApi) -> None:
@@ -386,6 +426,50 @@ def test_switching_between_deployment_and_leaderworkerset_removes_the_other(
     assert "LeaderWorkerSet" not in kinds and "Deployment" in kinds
 
 
+def lws_groups_ready(api: FakeApi, groups: int) -> dict[str, Any]:
+    """The LeaderWorkerSet controller's view: all its `groups` ready."""
+    lws_id = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "llama")
+    live = copy.deepcopy(api.objects[lws_id])
+    live["metadata"]["generation"] = 1
+    live["metadata"]["resourceVersion"] = str(next(api.versions))
+    live["status"] = {
+        "observedGeneration": 1,
+        "replicas": groups,
+        "readyReplicas": groups,
+        "updatedReplicas": groups,
+        "conditions": [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}],
+    }
+    api.objects[lws_id] = live
+    return live
+
+
+def test_a_leaderworkerset_whose_kind_kopf_never_watched_is_read_back_until_ready(
+    api: FakeApi,
+) -> None:
+    """The e2e's race: the LeaderWorkerSet API appears after the operator started and kopf
+    never watches its kind, so no event tells that its groups became ready. The recheck pass
+    (nothing to apply, not Ready) reads it back with a GET and the service becomes Ready."""
+    api.resource["spec"] = {"model": "m", "engine": {"tensorParallelSize": 16}}
+    seen: dict[str, Any] = {}
+
+    def lws_appears(reconciler: Reconciler) -> None:
+        reconciler.served.discovered = frozenset({LWS})
+
+    def groups_ready_untold(reconciler: Reconciler) -> None:
+        seen["ready"] = condition(api, "Ready")["status"]
+        seen["reads"] = list(api.reads)
+        lws_groups_ready(api, 1)
+        api.writes.clear()
+
+    run(api, eight_gpu_nodes, lws_appears, groups_ready_untold)
+    assert seen["ready"] == "False"
+    assert seen["reads"] == []
+    assert api.reads == ["get leaderworkersets/llama"]
+    assert api.writes == ["status"]
+    assert condition(api, "Ready")["status"] == "True"
+    assert api.resource["status"]["readyReplicas"] == 1
+
+
 def test_status_reads_the_leaderworkerset_and_drift_is_repaired(api: FakeApi) -> None:
     api.resource["spec"] = {
         "model": "m",
@@ -401,18 +485,7 @@ def test_status_reads_the_leaderworkerset_and_drift_is_repaired(api: FakeApi) ->
 
     def groups_ready(reconciler: Reconciler) -> None:
         seen["before"] = condition(api, "Ready")
-        live = copy.deepcopy(api.objects[lws_id])
-        live["metadata"]["generation"] = 1
-        live["metadata"]["resourceVersion"] = str(next(api.versions))
-        live["status"] = {
-            "observedGeneration": 1,
-            "replicas": 2,
-            "readyReplicas": 2,
-            "updatedReplicas": 2,
-            "conditions": [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}],
-        }
-        api.objects[lws_id] = live
-        reconciler.child_event("MODIFIED", copy.deepcopy(live))
+        reconciler.child_event("MODIFIED", copy.deepcopy(lws_groups_ready(api, 2)))
 
     def image_edited(reconciler: Reconciler) -> None:
         seen["ready"] = condition(api, "Ready")
@@ -505,8 +578,9 @@ def test_the_deployment_waits_for_the_download_job_and_a_new_model_keeps_the_old
     assert ("apps/v1", "Deployment", "llama") in api.objects
 
 
-def deployment_status(api: FakeApi, reconciler: Reconciler, ready: int) -> None:
-    """The Deployment controller's view: its one replica created, `ready` of it ready."""
+def deployment_status(api: FakeApi, reconciler: Reconciler, ready: int, told: bool = True) -> None:
+    """The Deployment controller's view: its one replica created, `ready` of it ready; the
+    watch event delivered unless not `told`."""
     live = copy.deepcopy(api.objects[("apps/v1", "Deployment", "llama")])
     live["metadata"]["generation"] = 1
     live["status"] = {
@@ -521,7 +595,29 @@ def deployment_status(api: FakeApi, reconciler: Reconciler, ready: int) -> None:
     }
     live["metadata"]["resourceVersion"] = str(next(api.versions))
     api.objects[child_id(live)] = live
-    reconciler.child_event("MODIFIED", live)
+    if told:
+        reconciler.child_event("MODIFIED", copy.deepcopy(live))
+
+
+def test_a_deployment_ready_without_an_event_is_read_back_on_the_recheck(api: FakeApi) -> None:
+    """The Deployment became ready and no watch event said so: the recheck pass of the service
+    not Ready reads it back (writing nothing but the status) and the service becomes Ready;
+    once Ready, a pass reads nothing."""
+    seen: dict[str, Any] = {}
+
+    def ready_untold(reconciler: Reconciler) -> None:
+        seen["reads"] = list(api.reads)
+        deployment_status(api, reconciler, ready=1, told=False)
+        api.writes.clear()
+
+    def after_the_recheck(reconciler: Reconciler) -> None:
+        seen["ready"] = condition(api, "Ready")["status"]
+
+    run(api, nothing, ready_untold, after_the_recheck)
+    assert seen["reads"] == []  # the first pass applied: its responses were read
+    assert seen["ready"] == "True"
+    assert api.writes == ["status"]
+    assert api.reads == ["get deployments/llama"]
 
 
 def scheduled_pod(reconciler: Reconciler) -> None:
