@@ -77,8 +77,27 @@ def paged_attention(
             softcap,
             sinks,
         )
-    plan = reference.step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
     out = torch.empty(query.shape, dtype=query.dtype)
+    if query.shape[0] == seq_lens.shape[0]:
+        # One query row per sequence, all decode (a padding row's length is 0, which the kernel
+        # answers with zeros): no plan, so nothing read on the host (a replayed step reads none).
+        rows = _first_rows(query.shape[0])
+        _decode(
+            library,
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            rows,
+            rows,
+            scale,
+            k_scale,
+            v_scale,
+            out,
+        )
+        return out
+    plan = reference.step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
     if plan.padding_rows is not None:  # padding rows: nothing to attend to
         out[plan.padding_rows] = 0
     if plan.decode_rows is not None:
@@ -89,7 +108,8 @@ def paged_attention(
             v_cache,
             block_tables,
             seq_lens,
-            plan,
+            plan.decode_rows,
+            plan.decode_seqs,
             scale,
             k_scale,
             v_scale,
@@ -99,8 +119,31 @@ def paged_attention(
     return out
 
 
+_identity = torch.arange(256, dtype=torch.int32)
+
+
+def _first_rows(n: int) -> torch.Tensor:
+    """``arange(n)`` as int32, a decode batch's query rows and sequences: a slice of one kept
+    tensor (a view, so a replayed step computes nothing for it)."""
+    global _identity
+    if n > _identity.shape[0]:
+        _identity = torch.arange(2 * n, dtype=torch.int32)
+    return _identity[:n]
+
+
 def _decode(
-    library, query, k_cache, v_cache, block_tables, seq_lens, plan, scale, k_scale, v_scale, out
+    library,
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    rows,
+    seqs,
+    scale,
+    k_scale,
+    v_scale,
+    out,
 ) -> None:
     if k_cache.dtype in FP8_DTYPES:
         if k_scale is None or v_scale is None:
@@ -128,9 +171,9 @@ def _decode(
         block_tables.data_ptr(),
         block_tables.stride(0),
         seq_lens.data_ptr(),
-        plan.decode_rows.data_ptr(),
-        plan.decode_seqs.data_ptr(),
-        plan.decode_rows.shape[0],
+        rows.data_ptr(),
+        seqs.data_ptr(),
+        rows.shape[0],
         query.shape[1],
         num_kv_heads,
         head_dim,

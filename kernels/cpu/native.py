@@ -22,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -71,9 +72,11 @@ EXTRA_FLAGS = {
     "int8_linear": ("-fopenmp", *_WIDE),
 }
 
-# Pointers go as plain addresses (``tensor.data_ptr()``): a ctypes.cast to a typed pointer costs
-# half a microsecond, and decode attention passed four per layer in every step.
-_SIGNATURES = {
+# Each kernel's C signature, its one home: ctypes converts the calls' arguments by it, and
+# replay.py generates the C trampolines that replay recorded calls from it. Pointers go as plain
+# addresses (``tensor.data_ptr()``): a ctypes.cast to a typed pointer costs half a microsecond, and
+# decode attention passed four per layer in every step.
+SIGNATURES = {
     "paged_decode_attention": (
         ctypes.c_int,
         [
@@ -276,8 +279,9 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(lines)))
 
 
-def _build(name: str, compiler: str) -> Path:
-    source = SOURCE_DIR / f"{name}.c"
+def _build(name: str, compiler: str, text: str | None = None) -> Path:
+    """The library of ``name.c`` here, or of the C source ``text`` (generated) under that name."""
+    source = text if text is not None else (SOURCE_DIR / f"{name}.c").read_text()
     headers = [path.read_text() for path in sorted(SOURCE_DIR.glob("*.h"))]
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
@@ -287,7 +291,7 @@ def _build(name: str, compiler: str) -> Path:
     key = hashlib.sha256(
         "\0".join(
             [
-                source.read_text(),
+                source,
                 *headers,
                 " ".join(flags),
                 version,
@@ -303,23 +307,54 @@ def _build(name: str, compiler: str) -> Path:
     # Build beside the target and rename: processes starting together never load half a file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
+        source_file = Path(scratch) / f"{name}.c"
+        source_file.write_text(source)
         result = subprocess.run(
-            [compiler, *flags, "-o", str(built), str(source), "-lm"],
+            [compiler, *flags, f"-I{SOURCE_DIR}", "-o", str(built), str(source_file), "-lm"],
             capture_output=True,
             text=True,
             check=False,
         )
         if result.returncode != 0:
-            raise RuntimeError(
-                f"{compiler} could not build {source.name}:\n{result.stderr.strip()}"
-            )
+            raise RuntimeError(f"{compiler} could not build {name}.c:\n{result.stderr.strip()}")
         os.replace(built, target)
     return target
+
+
+class Traced:
+    """A kernel's ctypes function that also writes each call to the tape of a recording in
+    progress (replay.py), after making it."""
+
+    __slots__ = ("function", "symbol")
+
+    def __init__(self, symbol: str, function: ctypes._CFuncPtr) -> None:
+        self.symbol, self.function = symbol, function
+
+    def __call__(self, *args: object) -> int:
+        status = self.function(*args)
+        tape = getattr(recording, "tape", None)
+        if tape is not None:
+            tape.kernel_call(self, args, status)
+        return status
+
+
+# ``recording.tape``: this thread's recording in progress (replay.Tape), set only by replay.record
+# (an engine steps on its own thread under async scheduling).
+recording = threading.local()
 
 
 @cache
 def load(name: str) -> ctypes.CDLL | None:
     """The built library `name` (a ``.c`` file here), or None when it cannot be built or is off."""
+    return _load(name, None)
+
+
+def load_generated(name: str, text: str) -> ctypes.CDLL | None:
+    """The library built from the generated C source ``text``, or None (as `load`)."""
+    return _load(name, text)
+
+
+def _load(name: str, text: str | None) -> ctypes.CDLL | None:
     if not enabled():
         return None
     compiler = _compiler()
@@ -330,16 +365,17 @@ def load(name: str) -> ctypes.CDLL | None:
         )
         return None
     try:
-        library = ctypes.CDLL(str(_build(name, compiler)))
+        library = ctypes.CDLL(str(_build(name, compiler, text)))
     except (OSError, RuntimeError) as error:
         logger.warning(
             "the C kernel %s is unavailable (%s): using the torch reference", name, error
         )
         return None
-    for symbol, (restype, argtypes) in _SIGNATURES.items():
+    for symbol, (restype, argtypes) in SIGNATURES.items():
         if hasattr(library, symbol):
             function = getattr(library, symbol)
             function.restype, function.argtypes = restype, argtypes
+            setattr(library, symbol, Traced(symbol, function))
     return library
 
 
@@ -347,5 +383,8 @@ def prebuild() -> None:
     """Builds (or finds in the cache) every kernel here now: an engine calls this before it
     serves, so that no step waits for the compiler (a cold build on busy cores took over a
     minute, past the engine's step watchdog)."""
+    from infernetes.kernels.cpu import replay
+
     for source in sorted(SOURCE_DIR.glob("*.c")):
         load(source.stem)
+    replay.library()

@@ -9,8 +9,10 @@ mixed batches, batches larger than the largest size and sequences longer than
 ``--max-seq-len-to-capture`` (wider block tables than the static one) run eagerly.
 
 The capture mechanism is a ``GraphBackend``: ``CudaGraphBackend`` records real CUDA graphs;
-``RerunBackend`` "replays" by running the forward again on the same static buffers, which is how
-the padding and static-buffer logic is tested on the CPU.
+``CpuKernelBackend`` records the CPU's C kernel calls and replays them from C
+(kernels/cpu/replay.py), each size at its first decode step; ``RerunBackend`` "replays" by running
+the forward again on the same static buffers, which is how the padding and static-buffer logic is
+tested without either.
 """
 
 from __future__ import annotations
@@ -146,6 +148,30 @@ class CudaGraphBackend:
         return replay  # its closure keeps the graph alive
 
 
+class CpuKernelBackend:
+    """The CPU's C kernel calls, recorded at a size's first decode step and replayed from C
+    (kernels/cpu/replay.py). A forward that cannot be replayed (it reads tensor values on the host:
+    fp8 KV scales, MoE routing, the Triton interpreter) keeps running eagerly on the static
+    buffers, with the reason logged once."""
+
+    name = "cpu"
+    lazy = True  # recording is one forward: no start-up cost for sizes never used
+
+    def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        from infernetes.kernels.cpu import replay
+
+        try:
+            return replay.record(run)
+        except replay.Refused as refused:
+            _log_refusal(str(refused))
+            return run
+
+
+@functools.cache
+def _log_refusal(reason: str) -> None:
+    logger.info("decode steps run eagerly: the CPU kernel replay is refused (%s)", reason)
+
+
 class RerunBackend:
     """No device graph: the replay runs the forward again on the static buffers. It exercises
     everything about graph replay but the recording (padding, static metadata, slicing) on any
@@ -161,6 +187,18 @@ class RerunBackend:
 
 def select_graph_backend(device: torch.device) -> GraphBackend | None:
     """The backend for a device, or None (reason logged) where decode must run eagerly."""
+    if device.type == "cpu":
+        from infernetes.kernels.cpu import native
+
+        name = attention_backends.attention_backend(device)
+        if not native.enabled() or name != attention_backends.TORCH_SDPA:
+            logger.info(
+                "CPU decode steps run eagerly (C kernels %s, attention backend %s)",
+                "on" if native.enabled() else "off",
+                name,
+            )
+            return None
+        return CpuKernelBackend()
     if device.type != "cuda":
         logger.info("CUDA graphs need a CUDA device; decode runs eagerly on %s", device.type)
         return None
@@ -231,6 +269,15 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        if getattr(self.backend, "lazy", False):
+            logger.info(
+                "Decode graphs for %d batch sizes (%s) with the %s backend: each recorded at its "
+                "first decode step",
+                len(self.sizes),
+                _describe(self.sizes),
+                self.backend.name,
+            )
+            return
         start = time.perf_counter()
         free_before = _free_device_memory(self.input_ids.device)
         for size in reversed(self.sizes):
@@ -265,7 +312,7 @@ class DecodeGraphs:
         if input_ids.shape[0] != num_seqs or meta.calculate_kv_scales or width > self.max_blocks:
             return None
         size = self.padded_size(num_seqs)
-        if size is None or size not in self._replays:
+        if size is None or (size not in self._replays and not getattr(self.backend, "lazy", False)):
             return None
         self.input_ids[:num_seqs].copy_(input_ids)
         self.positions[:num_seqs].copy_(positions)
@@ -282,6 +329,8 @@ class DecodeGraphs:
             self.positions[num_seqs:size].zero_()
             self.slot_mapping[num_seqs:size].fill_(-1)
             self.seq_lens[num_seqs:size].zero_()
+        if size not in self._replays:  # a lazy backend: recorded now, on this step's buffers
+            self._replays[size] = self.backend.capture(functools.partial(self._run_static, size))
         self.replays[size] += 1
         return self._replays[size]()[:num_seqs]
 
@@ -295,6 +344,7 @@ def _describe(sizes: Sequence[int]) -> str:
 
 
 __all__ = [
+    "CpuKernelBackend",
     "CudaGraphBackend",
     "DecodeGraphSettings",
     "DecodeGraphs",

@@ -79,9 +79,19 @@ def test_settings_from_serve_arguments(caplog):
     assert "CUDA graphs are off (compilation_config)" in caplog.text
 
 
-def test_cpu_device_has_no_graph_backend(caplog):
+def test_cpu_device_replays_its_c_kernels_unless_they_are_off(monkeypatch, caplog):
+    assert isinstance(
+        cuda_graph.select_graph_backend(torch.device("cpu")), cuda_graph.CpuKernelBackend
+    )
+    monkeypatch.setenv("INFERNETES_CPU_KERNELS", "0")
     with caplog.at_level(logging.INFO, logger=cuda_graph.__name__):
         assert cuda_graph.select_graph_backend(torch.device("cpu")) is None
+    assert "CPU decode steps run eagerly (C kernels off" in caplog.text
+
+
+def test_other_devices_have_no_graph_backend(caplog):
+    with caplog.at_level(logging.INFO, logger=cuda_graph.__name__):
+        assert cuda_graph.select_graph_backend(torch.device("meta")) is None
     assert "CUDA graphs need a CUDA device" in caplog.text
 
 
