@@ -13,7 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "cluster"))
 
-from streaming_load import LoadReport, Lost, serving_addresses, sse_lines  # noqa: E402
+from streaming_load import LoadReport, Lost, serving_addresses  # noqa: E402
 
 from bench.autoscale import FromZero, Sample, Sampler, print_report, quantile  # noqa: E402
 
@@ -105,12 +105,3 @@ def test_a_lost_request_says_when_its_endpoint_left_the_view() -> None:
         str(early)
         == "04:00:00 10.0.0.1 (left the client's view +2.2 s after it was sent): HTTP 503"
     )
-
-
-def test_event_stream_lines_end_only_at_line_feeds() -> None:
-    # A token's text may hold U+2028 or U+0085 raw inside the JSON: not a line end in SSE.
-    chunk = 'data: {"text": "a\u2028b\x85c"}\r\n\ndata: [DO'
-    lines, rest = sse_lines(chunk)
-    assert lines == ['data: {"text": "a\u2028b\x85c"}', ""]
-    assert rest == "data: [DO"
-    assert sse_lines(rest + "NE]\n\n") == (["data: [DONE]", ""], "")
