@@ -15,7 +15,15 @@ sys.path.insert(0, str(REPO_ROOT / "cluster"))
 
 from streaming_load import LoadReport, Lost, serving_addresses  # noqa: E402
 
-from bench.autoscale import FromZero, Sample, Sampler, print_report, quantile  # noqa: E402
+from bench.autoscale import (  # noqa: E402
+    FromZero,
+    Sample,
+    Sampler,
+    from_zero_line,
+    print_report,
+    quantile,
+    settings_line,
+)
 
 ARGS = argparse.Namespace(ttft=1.0, window=30, max_replicas=3, max_num_seqs=2, output_tokens=12)
 
@@ -40,16 +48,20 @@ def report_of(from_zero: FromZero, capsys: pytest.CaptureFixture[str]) -> str:
         Sample(70, 3, 2, 2.0),
         Sample(125, 0, 0, None),  # 225 s: settling
     ]
-    print_report(report, phases, sampler_with(samples, began=100.0), from_zero, ARGS)
+    print_report(report, phases, sampler_with(samples, began=100.0), from_zero)
     return capsys.readouterr().out
 
 
 def test_the_report_gives_the_first_token_from_zero_and_each_phase(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    out = report_of(FromZero(held=41.25, first_token=41.5, problem=""), capsys)
-    assert "0..3 replicas" in out
-    assert "first request at zero replicas: first token after 41.5 s (held 41.2 s" in out
+    from_zero = FromZero(held=41.25, first_token=41.5, problem="")
+    assert "0..3 replicas" in settings_line(ARGS)
+    line = from_zero_line(from_zero)
+    assert line.startswith("first request at zero replicas: first token after 41.5 s (held 41.2 s")
+    out = report_of(from_zero, capsys)
+    # The bench printed those two lines before the ramp: the report does not repeat them.
+    assert line not in out and settings_line(ARGS) not in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "phase" not in line]
     # Requests count in the phase they were sent in; the lost one in the phase it was lost.
     assert rows[0] == "| 1 | 1 | 60 | 3 | 0 | 0.200 | 0.280 | 0..1 |"
@@ -63,8 +75,10 @@ def test_the_report_gives_the_first_token_from_zero_and_each_phase(
 
 
 def test_a_lost_first_request_counts_as_lost(capsys: pytest.CaptureFixture[str]) -> None:
-    out = report_of(FromZero(held=720.0, first_token=0.0, problem="HTTP 503: no pod"), capsys)
-    assert "first request at zero replicas: lost after 720.0 s" in out
+    from_zero = FromZero(held=720.0, first_token=0.0, problem="HTTP 503: no pod")
+    assert from_zero_line(from_zero) == "first request at zero replicas: lost after 720.0 s"
+    out = report_of(from_zero, capsys)
+    assert from_zero_line(from_zero) not in out
     assert "requests sent 7 (the first one included), completed 5, lost 2" in out
     assert "lost: the first request: HTTP 503: no pod" in out
 
