@@ -4,16 +4,18 @@ view of the load it drives (cluster/streaming_load.py), without a cluster."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "cluster"))
 
-from streaming_load import LoadReport, Lost, serving_addresses  # noqa: E402
+from streaming_load import LoadReport, Lost, serving_addresses, stream_completion  # noqa: E402
 
 from bench.autoscale import (  # noqa: E402
     FromZero,
@@ -119,3 +121,26 @@ def test_a_lost_request_says_when_its_endpoint_left_the_view() -> None:
         str(early)
         == "04:00:00 10.0.0.1 (left the client's view +2.2 s after it was sent): HTTP 503"
     )
+
+
+def _streamed(*events: dict | str) -> httpx.AsyncClient:
+    """A client whose every request gets these events as a server-sent event stream."""
+    body = "".join(
+        f"data: {e if isinstance(e, str) else json.dumps(e, ensure_ascii=False)}\n\n"
+        for e in events
+    )
+    return httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda _: httpx.Response(200, text=body))
+    )
+
+
+async def test_a_stream_whose_tokens_hold_unicode_line_separators_completes() -> None:
+    # Raw U+2028 and U+0085 in a token's text: one event each (read line by line only at LF).
+    token = {"choices": [{"text": "a\u2028b\x85c", "finish_reason": None}]}
+    last = {"choices": [{"text": "d", "finish_reason": "length"}]}
+    async with _streamed(token, last, "[DONE]") as http:
+        problem, _ = await stream_completion(http, "10.0.0.1", {}, sent=0.0)
+    assert problem == ""
+    async with _streamed(token, last) as http:
+        problem, _ = await stream_completion(http, "10.0.0.1", {}, sent=0.0)
+    assert problem == "stream ended with finish_reason='length', [DONE] missing"
