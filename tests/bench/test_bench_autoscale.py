@@ -1,5 +1,5 @@
 """`python -m bench autoscale`'s own arithmetic and report (bench/autoscale.py), and the endpoint
-view of the load it drives (cluster/streaming_load.py), without a cluster."""
+view and the streams of the load it drives (cluster/streaming_load.py), without a cluster."""
 
 from __future__ import annotations
 
