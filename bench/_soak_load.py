@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from infernetes.runtime.server.sse_reader import asse_lines
 
 WORDS = (
     "the",
@@ -190,7 +191,7 @@ async def send(client: httpx.AsyncClient, call: Call) -> str:
                 await response.aread()
                 return str(response.status_code)
             events = 0
-            async for line in response.aiter_lines():
+            async for line in asse_lines(response.aiter_text()):
                 if line.startswith("data: {"):
                     events += 1
                     if '"error"' in line and "error" in json.loads(line[6:]):

@@ -215,8 +215,10 @@ def run(cluster: Any, work: Path, args: argparse.Namespace) -> None:
                 )
                 sampler = Sampler(cluster, ns, prometheus, args.sample)
                 sampler.start(args.window)
+                # Each line once, as soon as it is known: the report follows the ramp.
+                print(settings_line(args), flush=True)
                 from_zero = first_request_from_zero(picker, args.output_tokens)
-                print(from_zero_line(from_zero), flush=True)
+                print(f"\n{from_zero_line(from_zero)}", flush=True)
                 report, phases = ramp(cluster, ns, api_client, args)
                 sampler.stop()
             except BaseException:
@@ -224,7 +226,7 @@ def run(cluster: Any, work: Path, args: argparse.Namespace) -> None:
                 raise
             finally:
                 picker.stop()
-            print_report(report, phases, sampler, from_zero, args)
+            print_report(report, phases, sampler, from_zero)
     finally:
         api_client.close()
         keda.stop()
@@ -310,6 +312,13 @@ def ramp(
     return report, phases
 
 
+def settings_line(args: argparse.Namespace) -> str:
+    return (
+        f"TTFT target p90 {args.ttft} s over {args.window} s; 0..{args.max_replicas} replicas; "
+        f"max-num-seqs {args.max_num_seqs}; {args.output_tokens} output tokens per request"
+    )
+
+
 def from_zero_line(from_zero: FromZero) -> str:
     if from_zero.problem:
         return f"first request at zero replicas: lost after {from_zero.held:.1f} s"
@@ -324,13 +333,8 @@ def print_report(
     phases: list[tuple[int, float, float, int]],
     sampler: Sampler,
     from_zero: FromZero,
-    args: argparse.Namespace,
 ) -> None:
-    print(
-        f"TTFT target p90 {args.ttft} s over {args.window} s; 0..{args.max_replicas} replicas; "
-        f"max-num-seqs {args.max_num_seqs}; {args.output_tokens} output tokens per request"
-    )
-    print(f"\n{from_zero_line(from_zero)}")
+    """What the ramp gave; the settings and the first request's line came before it."""
     print(
         "\n| phase | clients | seconds | completed | lost | TTFT p50 s | TTFT p90 s | ready replicas |"
     )

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from infernetes.runtime.server.sse_reader import sse_lines
 
 from bench._server import cli, free_port, wait_healthy
 
@@ -80,7 +81,7 @@ def _ttft(url: str, prompt: list[int]) -> float:
     body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": True}
     start = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as answer:
-        for line in answer.iter_lines():
+        for line in sse_lines(answer.iter_text()):
             if line.startswith("data: ") and '"text"' in line:
                 return time.perf_counter() - start
     raise RuntimeError(f"no token from {url}")

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from infernetes.runtime.server.sse_reader import asse_lines
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "cluster"))
@@ -170,7 +171,7 @@ async def ttft_of(client: httpx.AsyncClient, endpoint: str, payload: dict[str, A
         if reply.status_code != 200:
             raise RuntimeError(f"{endpoint}: {reply.status_code} {await reply.aread()!r}")
         first: float | None = None
-        async for line in reply.aiter_lines():
+        async for line in asse_lines(reply.aiter_text()):
             if first is None and line.startswith("data: {"):
                 first = time.monotonic()
         if first is None:

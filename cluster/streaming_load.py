@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from infernetes.runtime.server.sse_reader import asse_lines
 
 PORT = 8000
 # How long a stream may go without a byte before it counts as lost. A request queued behind
@@ -264,14 +265,6 @@ def completion_body(model: str, prompt: list[int] | str, max_tokens: int) -> dic
     }
 
 
-def sse_lines(text: str) -> tuple[list[str], str]:
-    """The complete lines of a server-sent event stream's text, and the unfinished rest. Only
-    CR LF and LF end a line here: httpx's aiter_lines also splits at U+2028, U+0085 and the other
-    Unicode line boundaries, which a JSON string may hold raw (a random model's tokens did)."""
-    *lines, rest = text.split("\n")
-    return [line.removesuffix("\r") for line in lines], rest
-
-
 async def stream_completion(
     http: httpx.AsyncClient, address: str, body: dict[str, Any], sent: float
 ) -> tuple[str, float]:
@@ -284,20 +277,17 @@ async def stream_completion(
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 return f"HTTP {response.status_code}: {text[:200]}", 0.0
-            rest = ""
-            async for text in response.aiter_text():
-                lines, rest = sse_lines(rest + text)
-                for line in lines:
-                    if not line.startswith("data: "):
-                        continue
-                    data = line.removeprefix("data: ")
-                    if data == "[DONE]":
-                        done = True
-                        continue
-                    for choice in json.loads(data).get("choices") or ():
-                        finish = choice.get("finish_reason") or finish
-                        if not first_token:
-                            first_token = time.monotonic() - sent
+            async for line in asse_lines(response.aiter_text()):
+                if not line.startswith("data: "):
+                    continue
+                data = line.removeprefix("data: ")
+                if data == "[DONE]":
+                    done = True
+                    continue
+                for choice in json.loads(data).get("choices") or ():
+                    finish = choice.get("finish_reason") or finish
+                    if not first_token:
+                        first_token = time.monotonic() - sent
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         return f"{type(exc).__name__}: {exc}", 0.0
     if finish != "length" or not done:

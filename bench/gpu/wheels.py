@@ -79,22 +79,43 @@ def download(wanted: dict[str, str]) -> None:
     )
 
 
+def _requires(wheel: Path) -> list[Requirement]:
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        headers = HeaderParser().parsestr(archive.read(metadata).decode())
+    return [Requirement(line) for line in headers.get_all("Requires-Dist") or []]
+
+
 def unmet(wanted: dict[str, str]) -> list[str]:
-    """``wheel: requirement`` for each requirement neither a wheel nor the image provides."""
+    """``wheel: requirement`` for each requirement neither a wheel nor the image provides,
+    following the extras one wheel asks of another (mistral-common needs
+    ``pydantic-extra-types[pycountry]``, and without pycountry gguf fails to import)."""
     provided = set(wanted) | {canonicalize_name(n) for n in _names(HERE / "image-packages.txt")}
+    requires = {
+        parse_wheel_filename(wheel.name)[0]: (wheel.name, _requires(wheel))
+        for wheel in WHEELS.glob("*.whl")
+    }
+    # (wheel, extra) pairs to check: each wheel as such, then the extras asked of it
+    pending = [(name, "") for name in requires]
+    checked: set[tuple[str, str]] = set()
     problems = []
-    for wheel in sorted(WHEELS.glob("*.whl")):
-        with zipfile.ZipFile(wheel) as archive:
-            metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-            headers = HeaderParser().parsestr(archive.read(metadata).decode())
-        for line in headers.get_all("Requires-Dist") or []:
-            requirement = Requirement(line)
-            applies = requirement.marker is None or requirement.marker.evaluate(
-                {**TARGET, "extra": ""}
-            )
-            if applies and canonicalize_name(requirement.name) not in provided:
-                problems.append(f"{wheel.name}: {line}")
-    return problems
+    while pending:
+        name, extra = pending.pop()
+        if (name, extra) in checked or name not in requires:
+            continue  # an extra asked of a package on the image: its metadata is not here
+        checked.add((name, extra))
+        wheel, requirements = requires[name]
+        for requirement in requirements:
+            marker = requirement.marker
+            if marker is not None and not marker.evaluate({**TARGET, "extra": extra}):
+                continue
+            if extra and (marker is None or "extra" not in str(marker)):
+                continue  # a base requirement, checked with the wheel itself
+            target = canonicalize_name(requirement.name)
+            if target not in provided:
+                problems.append(f"{wheel}{f'[{extra}]' if extra else ''}: {requirement}")
+            pending += [(target, wanted_extra) for wanted_extra in requirement.extras]
+    return sorted(problems)
 
 
 def main() -> int:

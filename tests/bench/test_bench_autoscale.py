@@ -1,21 +1,31 @@
 """`python -m bench autoscale`'s own arithmetic and report (bench/autoscale.py), and the endpoint
-view of the load it drives (cluster/streaming_load.py), without a cluster."""
+view and the streams of the load it drives (cluster/streaming_load.py), without a cluster."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "cluster"))
 
-from streaming_load import LoadReport, Lost, serving_addresses, sse_lines  # noqa: E402
+from streaming_load import LoadReport, Lost, serving_addresses, stream_completion  # noqa: E402
 
-from bench.autoscale import FromZero, Sample, Sampler, print_report, quantile  # noqa: E402
+from bench.autoscale import (  # noqa: E402
+    FromZero,
+    Sample,
+    Sampler,
+    from_zero_line,
+    print_report,
+    quantile,
+    settings_line,
+)
 
 ARGS = argparse.Namespace(ttft=1.0, window=30, max_replicas=3, max_num_seqs=2, output_tokens=12)
 
@@ -40,16 +50,20 @@ def report_of(from_zero: FromZero, capsys: pytest.CaptureFixture[str]) -> str:
         Sample(70, 3, 2, 2.0),
         Sample(125, 0, 0, None),  # 225 s: settling
     ]
-    print_report(report, phases, sampler_with(samples, began=100.0), from_zero, ARGS)
+    print_report(report, phases, sampler_with(samples, began=100.0), from_zero)
     return capsys.readouterr().out
 
 
 def test_the_report_gives_the_first_token_from_zero_and_each_phase(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    out = report_of(FromZero(held=41.25, first_token=41.5, problem=""), capsys)
-    assert "0..3 replicas" in out
-    assert "first request at zero replicas: first token after 41.5 s (held 41.2 s" in out
+    from_zero = FromZero(held=41.25, first_token=41.5, problem="")
+    assert "0..3 replicas" in settings_line(ARGS)
+    line = from_zero_line(from_zero)
+    assert line.startswith("first request at zero replicas: first token after 41.5 s (held 41.2 s")
+    out = report_of(from_zero, capsys)
+    # The bench printed those two lines before the ramp: the report does not repeat them.
+    assert line not in out and settings_line(ARGS) not in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "phase" not in line]
     # Requests count in the phase they were sent in; the lost one in the phase it was lost.
     assert rows[0] == "| 1 | 1 | 60 | 3 | 0 | 0.200 | 0.280 | 0..1 |"
@@ -63,8 +77,10 @@ def test_the_report_gives_the_first_token_from_zero_and_each_phase(
 
 
 def test_a_lost_first_request_counts_as_lost(capsys: pytest.CaptureFixture[str]) -> None:
-    out = report_of(FromZero(held=720.0, first_token=0.0, problem="HTTP 503: no pod"), capsys)
-    assert "first request at zero replicas: lost after 720.0 s" in out
+    from_zero = FromZero(held=720.0, first_token=0.0, problem="HTTP 503: no pod")
+    assert from_zero_line(from_zero) == "first request at zero replicas: lost after 720.0 s"
+    out = report_of(from_zero, capsys)
+    assert from_zero_line(from_zero) not in out
     assert "requests sent 7 (the first one included), completed 5, lost 2" in out
     assert "lost: the first request: HTTP 503: no pod" in out
 
@@ -107,10 +123,24 @@ def test_a_lost_request_says_when_its_endpoint_left_the_view() -> None:
     )
 
 
-def test_event_stream_lines_end_only_at_line_feeds() -> None:
-    # A token's text may hold U+2028 or U+0085 raw inside the JSON: not a line end in SSE.
-    chunk = 'data: {"text": "a\u2028b\x85c"}\r\n\ndata: [DO'
-    lines, rest = sse_lines(chunk)
-    assert lines == ['data: {"text": "a\u2028b\x85c"}', ""]
-    assert rest == "data: [DO"
-    assert sse_lines(rest + "NE]\n\n") == (["data: [DONE]", ""], "")
+def _streamed(*events: dict | str) -> httpx.AsyncClient:
+    """A client whose every request gets these events as a server-sent event stream."""
+    body = "".join(
+        f"data: {e if isinstance(e, str) else json.dumps(e, ensure_ascii=False)}\n\n"
+        for e in events
+    )
+    return httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda _: httpx.Response(200, text=body))
+    )
+
+
+async def test_a_stream_whose_tokens_hold_unicode_line_separators_completes() -> None:
+    # Raw U+2028 and U+0085 in a token's text: one event each (read line by line only at LF).
+    token = {"choices": [{"text": "a\u2028b\x85c", "finish_reason": None}]}
+    last = {"choices": [{"text": "d", "finish_reason": "length"}]}
+    async with _streamed(token, last, "[DONE]") as http:
+        problem, _ = await stream_completion(http, "10.0.0.1", {}, sent=0.0)
+    assert problem == ""
+    async with _streamed(token, last) as http:
+        problem, _ = await stream_completion(http, "10.0.0.1", {}, sent=0.0)
+    assert problem == "stream ended with finish_reason='length', [DONE] missing"

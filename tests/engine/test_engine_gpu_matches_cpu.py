@@ -8,8 +8,6 @@ Skipped without a GPU (CI).
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -23,6 +21,8 @@ from infernetes.runtime.testing_quantized import (
 )
 
 from infernetes import LLM, SamplingParams
+
+from .gpu_smoke import assert_same_greedy_tokens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -63,20 +63,8 @@ FORMATS = {
 }
 
 
-def _greedy(path: str, device: str, **engine) -> list[list[int]]:
-    llm = LLM(path, device=device, **{**ENGINE, **engine})
-    tokens = [out.outputs[0].token_ids for out in llm.generate(SAMPLE_PROMPTS, GREEDY)]
-    del llm
-    gc.collect()
-    torch.cuda.empty_cache()
-    return tokens
-
-
 def _assert_same_tokens(path: str, **engine) -> None:
-    cpu = _greedy(path, "cpu", **engine)
-    gpu = _greedy(path, "cuda", **engine)
-    for prompt, want, got in zip(SAMPLE_PROMPTS, cpu, gpu, strict=True):
-        assert got == want, prompt
+    assert_same_greedy_tokens(path, SAMPLE_PROMPTS, GREEDY, {**ENGINE, **engine})
 
 
 @pytest.mark.parametrize("architecture", FAMILIES)

@@ -10,7 +10,6 @@ Skipped without a GPU (CI).
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,9 @@ from infernetes.runtime.testing_vision import (
     random_image,
 )
 
-from infernetes import LLM, SamplingParams
+from infernetes import SamplingParams
+
+from .gpu_smoke import assert_same_greedy_tokens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -75,20 +76,8 @@ def _prompts(placeholder: str) -> list[Any]:
     ]
 
 
-def _greedy(path: str, prompts: list[Any], device: str, **engine: Any) -> list[list[int]]:
-    llm = LLM(path, device=device, **{**ENGINE, **engine})
-    tokens = [list(out.outputs[0].token_ids) for out in llm.generate(prompts, GREEDY)]
-    del llm
-    gc.collect()
-    torch.cuda.empty_cache()
-    return tokens
-
-
 def _assert_same_tokens(path: str, prompts: list[Any], **engine: Any) -> None:
-    cpu = _greedy(path, prompts, "cpu", **engine)
-    gpu = _greedy(path, prompts, "cuda", **engine)
-    for index, (want, got) in enumerate(zip(cpu, gpu, strict=True)):
-        assert got == want, f"prompt {index}"
+    assert_same_greedy_tokens(path, prompts, GREEDY, {**ENGINE, **engine})
 
 
 @pytest.mark.parametrize("name", sorted(VISION))

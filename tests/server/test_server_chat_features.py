@@ -14,6 +14,7 @@ from infernetes.runtime.server.api_server import build_app
 from infernetes.runtime.server.chat_template import resolve_content_format
 from infernetes.runtime.server.log_stats import LoggingStatLogger
 from infernetes.runtime.server.settings import FrontendSettings
+from infernetes.runtime.server.sse_reader import asse_lines
 from infernetes.runtime.server.state import ServerState
 
 from infernetes.schema.config import build_config
@@ -55,7 +56,7 @@ async def _stream_deltas(http: httpx.AsyncClient, body: dict) -> list[dict]:
     async with http.stream(
         "POST", "/v1/chat/completions", json={**body, "stream": True}
     ) as response:
-        async for line in response.aiter_lines():
+        async for line in asse_lines(response.aiter_text()):
             if line.startswith("data: {"):
                 event = json.loads(line[6:])
                 deltas += [c["delta"] for c in event["choices"]]

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 from infernetes.runtime.server.middleware import ConcurrencyLimitMiddleware
+from infernetes.runtime.server.sse_reader import asse_lines
 
 LIMIT = 2
 LONG_STREAM_TOKENS = 4000  # far longer than the checks made while the stream is open (seconds)
@@ -171,7 +172,7 @@ async def _open_stream(
         lambda: stack.enter_async_context(client.stream("POST", "/v1/completions", json=body))
     )
     assert response.status_code == 200, await response.aread()
-    lines = response.aiter_lines()
+    lines = asse_lines(response.aiter_text())
     async for line in lines:
         if line.startswith("data: "):
             break

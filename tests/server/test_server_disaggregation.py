@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from infernetes.runtime.server.sse_reader import sse_lines
 from ports import free_port
 from test_server_kv_offload import prompt_tokens_by_source, samples
 
@@ -109,7 +110,7 @@ def _complete(url: str, prompt: list[int], stream: bool = False) -> list[int]:
     tokens: list[str] = []
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=DEADLINE_S) as answer:
         assert answer.status_code == 200
-        for line in answer.iter_lines():
+        for line in sse_lines(answer.iter_text()):
             if line.startswith("data: ") and line != "data: [DONE]":
                 choice = json.loads(line[6:])["choices"][0]
                 tokens += (choice.get("logprobs") or {}).get("tokens") or []

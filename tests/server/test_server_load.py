@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import httpx
+from infernetes.runtime.server.sse_reader import asse_lines
 from prometheus_client.parser import text_string_to_metric_families
 
 CONCURRENT_STREAMS = 256
@@ -42,7 +43,7 @@ async def _stream_tokens(client: httpx.AsyncClient, index: int) -> tuple[int, in
     finish = ""
     async with client.stream("POST", "/v1/completions", json=body) as response:
         assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
+        async for line in asse_lines(response.aiter_text()):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[6:])
@@ -63,7 +64,7 @@ async def _cut_stream(client: httpx.AsyncClient, index: int) -> None:
         "ignore_eos": True,
     }
     async with client.stream("POST", "/v1/completions", json=body) as response:
-        async for line in response.aiter_lines():
+        async for line in asse_lines(response.aiter_text()):
             if line.startswith("data: "):
                 return  # leaving the block closes the connection mid-stream
 

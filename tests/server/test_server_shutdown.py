@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 from infernetes.runtime.server.shutdown import Drain
+from infernetes.runtime.server.sse_reader import sse_lines
 
 # A context long enough that a stream outlasts the drain by far (the tiny model writes a few
 # hundred tokens a second on a CPU).
@@ -101,7 +102,7 @@ def test_sigterm_aborts_what_outlasts_the_timeout(server_process_factory, long_c
             ThreadPoolExecutor(1) as pool,
             http.stream("POST", f"{server.url}/v1/completions", json=body) as response,
         ):
-            lines = response.iter_lines()
+            lines = sse_lines(response.iter_text())
             first = next(line for line in lines if line.startswith("data: {"))
             assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
             whole = pool.submit(
@@ -154,7 +155,7 @@ def test_sigterm_lets_a_short_request_finish(server_process_factory, long_contex
             httpx.Client(timeout=60) as http,
             http.stream("POST", f"{server.url}/v1/completions", json=body) as response,
         ):
-            lines = response.iter_lines()
+            lines = sse_lines(response.iter_text())
             next(line for line in lines if line.startswith("data: {"))
             children = engine_children(server)
             signalled = time.monotonic()

@@ -12,6 +12,7 @@ import pytest
 from infernetes.runtime.engine.async_engine import AsyncEngine
 from infernetes.runtime.server.api_server import build_app
 from infernetes.runtime.server.settings import FrontendSettings
+from infernetes.runtime.server.sse_reader import sse_lines
 from infernetes.runtime.server.state import ServerState
 
 from infernetes.schema.config import build_config
@@ -33,7 +34,7 @@ async def _chunks(engine, forced: bool, path: str, body: dict) -> list[dict]:
         body = {"model": "tiny", "max_tokens": 3, "temperature": 0, "stream": True, **body}
         response = await http.post(path, json=body)
     assert response.status_code == 200, response.text
-    lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    lines = [line[6:] for line in sse_lines([response.text]) if line.startswith("data: ")]
     return [json.loads(line) for line in lines if line != "[DONE]"]
 
 

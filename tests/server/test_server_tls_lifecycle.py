@@ -18,6 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from infernetes.runtime.server.sse_reader import sse_lines
 
 
 def write_self_signed(directory) -> tuple[str, str]:
@@ -121,7 +122,7 @@ def test_sigterm_drains_in_flight_streams(tls_server):
         httpx.Client(verify=tls_server.ssl, timeout=120) as http,
         http.stream("POST", f"{tls_server.url}/v1/completions", json=body) as response,
     ):
-        lines = response.iter_lines()
+        lines = sse_lines(response.iter_text())
         first = next(line for line in lines if line.startswith("data: "))
         assert json.loads(first[6:])["choices"]
         tls_server.process.send_signal(signal.SIGTERM)
