@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import torch
 import triton
@@ -47,6 +48,13 @@ def dot_dtype(dtype: torch.dtype):
     if dtype == torch.float32 or interpreting():
         return tl.float32
     return TL_DTYPES[dtype]
+
+
+def dot_precision(dot: Any) -> str:
+    """`tl.dot`'s ``input_precision`` for operands of the `dot_dtype` ``dot``: float32 products in
+    full precision ("ieee"; Triton's default on a GPU is TF32, whose 10-bit mantissa parts from the
+    CPU's float32 tokens), the rest on the tensor cores as they are."""
+    return "ieee" if dot == tl.float32 else "tf32"
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:

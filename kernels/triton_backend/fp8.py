@@ -15,6 +15,7 @@ from infernetes.kernels.reference.fp8 import MIN_SCALE, check_fp8_dtype
 from infernetes.kernels.triton_backend.common import (
     check_fp8_supported,
     dot_dtype,
+    dot_precision,
     fp8_rounding_args,
 )
 from infernetes.kernels.triton_backend.fp8_rounding import round_to_fp8_grid
@@ -195,7 +196,7 @@ def _dequant_linear(x2, qweight, scale, bias) -> torch.Tensor:
         PER_CHANNEL=scale.numel() > 1,
         HAS_BIAS=bias is not None,
         DOT_DTYPE=dtype,
-        PRECISION="ieee" if dtype == tl.float32 else "tf32",
+        PRECISION=dot_precision(dtype),
         BLOCK_M=block_m,
         BLOCK_N=64,
         BLOCK_K=64,

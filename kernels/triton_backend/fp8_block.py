@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from infernetes.kernels.triton_backend.common import dot_dtype
+from infernetes.kernels.triton_backend.common import dot_dtype, dot_precision
 from infernetes.kernels.triton_backend.wna16 import k_splits
 
 
@@ -31,6 +31,7 @@ def block_fp8_matmul_kernel(
     BLOCK_SK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -60,7 +61,7 @@ def block_fp8_matmul_kernel(
         scale = tl.load(
             scale_ptr + scale_rows[None, :] + (kk // BLOCK_SK)[:, None], mask=tile_mask, other=0.0
         )
-        acc += tl.dot(x.to(DOT_DTYPE), (w * scale).to(DOT_DTYPE))
+        acc += tl.dot(x.to(DOT_DTYPE), (w * scale).to(DOT_DTYPE), input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -108,6 +109,7 @@ def block_fp8_linear(
         BLOCK_SK=block[1],
         HAS_BIAS=bias is not None and splits == 1,
         DOT_DTYPE=dot_dtype(x.dtype),
+        PRECISION=dot_precision(dot_dtype(x.dtype)),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

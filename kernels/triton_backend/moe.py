@@ -18,7 +18,7 @@ import triton.language as tl
 from infernetes.kernels.reference.fp8 import FP8_DTYPES
 from infernetes.kernels.reference.moe import check_expert_scales, check_moe_shapes
 from infernetes.kernels.triton_backend.activation import silu_and_mul
-from infernetes.kernels.triton_backend.common import dot_dtype
+from infernetes.kernels.triton_backend.common import dot_dtype, dot_precision
 
 SCALE_NONE, SCALE_PER_EXPERT, SCALE_PER_CHANNEL, SCALE_PER_BLOCK = 0, 1, 2, 3
 
@@ -178,7 +178,7 @@ def _grouped_gemm(
         BLOCK_SK=block[1] if block else 1,
         MUL_ROUTING_WEIGHT=routing_weights is not None,
         DOT_DTYPE=dtype,
-        PRECISION="ieee" if dtype == tl.float32 else "tf32",
+        PRECISION=dot_precision(dtype),
         BLOCK_M=block_m,
         BLOCK_N=64,
         BLOCK_K=64,

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 from infernetes.kernels.reference.wna16 import PackedExperts, check_bits
-from infernetes.kernels.triton_backend.common import dot_dtype
+from infernetes.kernels.triton_backend.common import dot_dtype, dot_precision
 from infernetes.kernels.triton_backend.moe import grouped_experts
 from infernetes.kernels.triton_backend.wna16 import dequantized_tile
 
@@ -129,7 +129,7 @@ def _grouped_gemm(
         HAS_ZEROS=experts.zeros is not None,
         MUL_ROUTING_WEIGHT=routing_weights is not None,
         DOT_DTYPE=dtype,
-        PRECISION="ieee" if dtype == tl.float32 else "tf32",
+        PRECISION=dot_precision(dtype),
         BLOCK_M=block_m,
         BLOCK_N=64,
         BLOCK_K=64,

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 from infernetes.kernels.reference.wna16 import check_bits
-from infernetes.kernels.triton_backend.common import dot_dtype
+from infernetes.kernels.triton_backend.common import dot_dtype, dot_precision
 
 
 @triton.jit
@@ -68,6 +68,7 @@ def wna16_matmul_kernel(
     HAS_ZEROS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -105,7 +106,7 @@ def wna16_matmul_kernel(
             BLOCK_K,
             BLOCK_N,
         )
-        acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE))
+        acc += tl.dot(x.to(DOT_DTYPE), w.to(DOT_DTYPE), input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -158,6 +159,7 @@ def wna16_linear(
         HAS_ZEROS=zeros is not None,
         HAS_BIAS=bias is not None and splits == 1,
         DOT_DTYPE=dot_dtype(x.dtype),
+        PRECISION=dot_precision(dot_dtype(x.dtype)),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

@@ -77,8 +77,8 @@ def test_triton_wna16_linear_matches_reference(bits, group, reorder, asym, dtype
     assert got.shape == (rows, n) and got.dtype == dtype
     torch.testing.assert_close(got, want, atol=TOL[dtype] * 10, rtol=TOL[dtype])
     # The dequantised weight is the formula of the layout, written out once more by hand.
-    zero = 2 ** (bits - 1) if zeros is None else zeros.cpu().long()[g_idx.long()]
-    expected = ((values - zero) * scales.cpu().float()[g_idx.long()]).t()
+    zero = 2 ** (bits - 1) if zeros is None else zeros.cpu().long()[g_idx.cpu().long()]
+    expected = ((values - zero) * scales.cpu().float()[g_idx.cpu().long()]).t()
     torch.testing.assert_close(
         wna16.dequantize_wna16(qweight, scales, zeros, g_idx, bits, torch.float32).cpu(),
         expected.float(),

@@ -120,8 +120,11 @@ def get_rope(
     max_position_embeddings: int | None = None,
     is_neox: bool = True,
 ) -> RotaryEmbedding:
-    """One RotaryEmbedding shared by every layer with the same settings."""
+    """One RotaryEmbedding shared by every layer with the same settings on the device models are
+    being built on (a CPU model and a GPU one in a process, as the GPU smoke tests build them,
+    must not share a cache)."""
     key = (
+        str(torch.get_default_device()),
         head_dim,
         rotary_dim,
         max_position,
