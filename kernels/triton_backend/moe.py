@@ -109,7 +109,10 @@ def sort_rows_by_expert(
     flat = topk_ids.reshape(-1).long()
     flat = torch.where(flat < 0, num_experts, flat)
     num_rows = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts + 1)
+    # scatter_add into a fixed size, not bincount: bincount reads the largest id on the host,
+    # which a CUDA graph capture refuses (measured on an H200: every MoE model's capture failed)
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = padded.cumsum(0)
     order = torch.argsort(flat, stable=True)
