@@ -132,7 +132,13 @@ ARGS = (
         secret=True,
     ),
     Arg("hf-overrides", "json", {}, G, "Values to override in the Hugging Face config, as JSON."),
-    Arg("enforce-eager", "bool", False, G, "Always run eagerly: no CUDA graphs."),
+    Arg(
+        "enforce-eager",
+        "bool",
+        False,
+        G,
+        "Always run eagerly: no CUDA graphs (on a CPU, no replay of the decode step's C kernels).",
+    ),
     Arg(
         "max-seq-len-to-capture",
         "int",
