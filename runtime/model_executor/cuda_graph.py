@@ -160,6 +160,10 @@ class CpuKernelBackend:
     def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         from infernetes.kernels.cpu import replay
 
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # gloo's collectives are called past the dispatcher, so a recording would miss them
+            _log_refusal("the ranks' all-reduces and sends are not recorded")
+            return run
         try:
             return replay.record(run)
         except replay.Refused as refused:
