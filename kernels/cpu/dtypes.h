@@ -67,4 +67,16 @@ static inline __attribute__((always_inline)) float round_to(float v, const int d
     }
     return v;
 }
+/* Row `row` of `n` scales (or offsets) at `base` of `dtype` (F32, or F16 as GGUF stores them) as
+ * float32: the row itself when stored so, else widened (exactly) into `buf`. NULL stays NULL. A
+ * row's scales are widened once before its weights are read, so the arithmetic after is the same
+ * code, and gives the same bits, for either dtype. */
+static inline __attribute__((always_inline)) const float *scale_row(const void *base, int64_t row, int64_t n,
+                                                                    int dtype, float *restrict buf) {
+    if (!base) return NULL;
+    if (dtype == F32) return (const float *)base + row * n;
+    const _Float16 *half = (const _Float16 *)base + row * n;
+    for (int64_t i = 0; i < n; i++) buf[i] = (float)half[i];
+    return buf;
+}
 #endif

@@ -3,8 +3,9 @@
  * w[n, k] = q[n, k] * scale[n, k / 32] + offset[n, k / 32] (group_quant.c's form, groups of 32).
  *
  * bits 8: qweight int8 [N, K]; bits 4: uint8 [N, K / 2], input 2j in the low nibble of byte j and
- * 2j + 1 in the high one, values 0..15. scale and offset (or NULL) float32 [N, K / 32]; K a
- * multiple of 32. x [M, K] and y [M, N] rows with a row stride, of type dtype (dtypes.h: float32
+ * 2j + 1 in the high one, values 0..15. scale and offset (or NULL) [N, K / 32] of scale_dtype:
+ * float16 as GGUF stores them, or float32 (each row's widened before use: dtypes.h's scale_row);
+ * K a multiple of 32. x [M, K] and y [M, N] rows with a row stride, of type dtype (dtypes.h: float32
  * or bfloat16; bias too, or NULL).
  *
  * Each x row is cut into blocks of 32, each quantized to int8 with one scale d = max|x| / 127
@@ -184,8 +185,8 @@ static inline __attribute__((always_inline)) void row_dots(const uint8_t *restri
 
 /* Returns 0, or -1 when scratch memory cannot be allocated. */
 int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_stride, const uint8_t *qweight,
-                const float *scale, const float *offset, const void *bias, int M, int N, int K, int bits,
-                int threads) {
+                const void *scale, const void *offset, const void *bias, int scale_dtype, int M, int N, int K,
+                int bits, int threads) {
     const int blocks = K / BLOCK;
     Quantized xq = {NULL, NULL, NULL, 0, (blocks + 1) / 2, blocks};
     xq.width = xq.steps * STEP;
@@ -204,7 +205,9 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
         /* the rows a few on: short rows end before the hardware's prefetcher ramps up */
         if (n + PREFETCH_ROWS < N)
             for (int64_t k = 0; k < row_bytes; k += 64) __builtin_prefetch(w + PREFETCH_ROWS * row_bytes + k, 0, 0);
-        const float *ws = scale + (int64_t)n * blocks, *wo = offset ? offset + (int64_t)n * blocks : NULL;
+        float widened[2][blocks];
+        const float *ws = scale_row(scale, n, blocks, scale_dtype, widened[0]);
+        const float *wo = scale_row(offset, n, blocks, scale_dtype, widened[1]);
         const float b = bias ? load_one(bias, n, dtype, NULL) : 0.0f;
         for (int m = 0; m < M; m += ROWS) {
             float out[ROWS];
