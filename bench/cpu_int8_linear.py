@@ -7,8 +7,8 @@ activations (group_quant.c's paths, which the engine ran before).
 
 The layers are a Qwen2.5-0.5B's (as in ``cpu_quant_linear``), each call on the next of several
 copies so that every call streams its weight from memory. Prints milliseconds per call (best of
-the repeats), the speedup, and each path's reading rate over the weight's bytes (integers, float32
-scales and offsets) against the copy bandwidth measured in the same run.
+the repeats), the speedup, and each path's reading rate over the weight's bytes (integers, float16
+scales and offsets as GGUF stores them) against the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
