@@ -3,6 +3,9 @@
 #define INFERNETES_CPU_DTYPES_H
 #include <stdint.h>
 #include <string.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 enum { F32 = 0, BF16 = 1, F16 = 2, BYTE_LUT = 3 };
 
@@ -76,7 +79,12 @@ static inline __attribute__((always_inline)) const float *scale_row(const void *
     if (!base) return NULL;
     if (dtype == F32) return (const float *)base + row * n;
     const _Float16 *half = (const _Float16 *)base + row * n;
-    for (int64_t i = 0; i < n; i++) buf[i] = (float)half[i];
+    int64_t i = 0;
+#if defined(__F16C__)
+    /* gcc leaves this loop scalar; 8 a time it costs a few ns a row (decode reads ~1 KB a row) */
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(half + i))));
+#endif
+    for (; i < n; i++) buf[i] = (float)half[i];
     return buf;
 }
 #endif
