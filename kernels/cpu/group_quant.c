@@ -4,9 +4,10 @@
  *
  * bits 4: qweight uint8 [N, K / 2], input 2j in the low nibble of byte j and 2j + 1 in the high
  * one; bits 8: int8 [N, K]. scale and offset [N, K / G] (offset may be NULL) of scale_dtype:
- * float32, or float16 as GGUF's blocks store them (each row's widened before use: dtypes.h's
- * scale_row). G is a multiple of 16 dividing K. x [M, K] rows with a row stride, y [M, N] rows with a row stride,
- * both of type x_dtype (dtypes.h: float32 or bfloat16; bias too, or NULL).
+ * float32, or float16 as GGUF's blocks store them (a row's, or a pair's, widened before its
+ * weights are read: dtypes.h's scales_f32). G is a multiple of 16 dividing K. x [M, K] rows with a
+ * row stride, y [M, N] rows with a row stride, both of type x_dtype (dtypes.h: float32 or
+ * bfloat16; bias too, or NULL).
  *
  * Decode is bound by reading the weight: each weight row is read once for all M rows, unpacked 16
  * inputs at a time into float32 vectors, and the rows are split between threads (OpenMP: the .so
@@ -253,13 +254,15 @@ static inline __attribute__((always_inline)) void linear_rows(const Linear *p, v
 #pragma omp for schedule(static)
     for (int pair = 0; pair < (p->N + 1) / 2; pair++) {
         const int n0 = 2 * pair, nw = n0 + 1 < p->N ? 2 : 1;
+        /* the pair's scales widened at once: whole vectors for the common shapes */
+        float widened[2][2 * groups];
+        const float *scales = scales_f32(p->scale, n0 * groups, nw * groups, p->scale_dtype, widened[0]);
+        const float *offsets = scales_f32(p->offset, n0 * groups, nw * groups, p->scale_dtype, widened[1]);
         float out[2][4];
         for (int i = 0; i < nw; i++) {
             const int n = n0 + i;
             const uint8_t *q = p->qweight + n * row_bytes;
-            float widened[2][groups];
-            const float *s = scale_row(p->scale, n, groups, p->scale_dtype, widened[0]);
-            const float *o = scale_row(p->offset, n, groups, p->scale_dtype, widened[1]);
+            const float *s = scales + i * groups, *o = offsets ? offsets + i * groups : NULL;
             void *row = (char *)rows + element * i * p->width;
             if (p->M == 1) {
 #if HAVE_BF16_DOT
@@ -391,8 +394,8 @@ static int q4_decode(const uint16_t *x, void *y, const uint8_t *qweight, const v
     for (int n = 0; n < N; n++) {
         const uint8_t *q = qweight + (int64_t)n * K / 2;
         float widened[2][groups];
-        const float *s = scale_row(scale, n, groups, scale_dtype, widened[0]);
-        const float *o = scale_row(offset, n, groups, scale_dtype, widened[1]);
+        const float *s = scales_f32(scale, n * groups, groups, scale_dtype, widened[0]);
+        const float *o = scales_f32(offset, n * groups, groups, scale_dtype, widened[1]);
         float v;
         switch (G) {
         case 32: v = q4_row_dot(q, s, o, xs, xsum, K, 32); break;
@@ -473,8 +476,8 @@ static inline __attribute__((always_inline)) void dequantize_rows(const uint8_t 
         const uint8_t *q = qweight + n * row_bytes;
         const int64_t dst = (int64_t)(n - n0) * K;
         float widened[2][groups];
-        const float *row_scale = scale_row(scale, n, groups, scale_dtype, widened[0]);
-        const float *row_offset = scale_row(offset, n, groups, scale_dtype, widened[1]);
+        const float *row_scale = scales_f32(scale, n * groups, groups, scale_dtype, widened[0]);
+        const float *row_offset = scales_f32(offset, n * groups, groups, scale_dtype, widened[1]);
         for (int g = 0; g < groups; g++) {
             const float s = row_scale[g], o = row_offset ? row_offset[g] : 0.0f;
             for (int j = 0; j < per_group; j++) {

@@ -196,6 +196,36 @@ static inline __attribute__((always_inline)) void row_dots(const uint8_t *restri
 }
 #endif
 
+/* sum_g offset[g] * sums[g] over a row's n blocks, offset of dtype (F32 or F16): one order of
+ * sums for both, so float16 offsets give the bits of their float32 values. */
+static inline float offset_dot(const void *offset, int dtype, const float *sums, int n) {
+#if VNNI512
+    __m512 acc = _mm512_setzero_ps();
+    for (int g = 0; g < n; g += 16) {
+        const __mmask16 lanes = n - g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - g)) - 1);
+        const __m512 o = dtype == F16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (const uint16_t *)offset + g))
+                                      : _mm512_maskz_loadu_ps(lanes, (const float *)offset + g);
+        acc = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(lanes, sums + g), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+#elif AVX2
+    __m256 acc = _mm256_setzero_ps();
+    int g = 0;
+    for (; g + 8 <= n; g += 8) {
+        const __m256 o = dtype == F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)offset + g)))
+                                      : _mm256_loadu_ps((const float *)offset + g);
+        acc = _mm256_fmadd_ps(o, _mm256_loadu_ps(sums + g), acc);
+    }
+    float total = sum8(acc);
+    for (; g < n; g++) total += load_one(offset, g, dtype, NULL) * sums[g];
+    return total;
+#else
+    float total = 0.0f;
+    for (int g = 0; g < n; g++) total += load_one(offset, g, dtype, NULL) * sums[g];
+    return total;
+#endif
+}
+
 /* Returns 0, or -1 when scratch memory cannot be allocated. */
 int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_stride, const uint8_t *qweight,
                 const void *scale, const void *offset, const void *bias, int scale_dtype, int M, int N, int K,
@@ -218,7 +248,7 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
         /* the rows a few on: short rows end before the hardware's prefetcher ramps up */
         if (n + PREFETCH_ROWS < N)
             for (int64_t k = 0; k < row_bytes; k += 64) __builtin_prefetch(w + PREFETCH_ROWS * row_bytes + k, 0, 0);
-        const void *ws = (const char *)scale + n * scale_bytes;
+        const void *ws = (const char *)scale + n * scale_bytes; /* each step's two widened as read */
         const void *wo = offset ? (const char *)offset + n * scale_bytes : NULL;
         const float b = bias ? load_one(bias, n, dtype, NULL) : 0.0f;
         for (int m = 0; m < M; m += ROWS) {
@@ -235,10 +265,7 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
 #undef DOTS_SD
             for (int r = 0; r < ROWS && m + r < M; r++) {
                 float v = out[r] + b;
-                if (wo) {
-                    const float *sums = xq.sums + (m + r) * blocks;
-                    for (int g = 0; g < blocks; g++) v += load_one(wo, g, scale_dtype, NULL) * sums[g];
-                }
+                if (wo) v += offset_dot(wo, scale_dtype, xq.sums + (m + r) * blocks, blocks);
                 store_one(y, (int64_t)(m + r) * y_stride + n, v, dtype);
             }
         }
