@@ -210,16 +210,16 @@ def held_tensor_bytes(model: torch.nn.Module) -> int:
             storages[storage.data_ptr()] = storage.nbytes()
 
     for module in model.modules():
-        for tensor in module.parameters(recurse=False):
-            hold(tensor)
-        for name, tensor in module.named_buffers(recurse=False):
+        for parameter in module.parameters(recurse=False):
+            hold(parameter)
+        for name, buffer in module.named_buffers(recurse=False):
             if name not in module._non_persistent_buffers_set:
-                hold(tensor)
+                hold(buffer)
         for name, value in vars(module).items():
             if name not in ("k_cache", "v_cache"):
                 hold(value)
         for form in (getattr(module, "quant_method", None), getattr(module, "quantized", None)):
             if isinstance(form, GroupQuantWeight):
-                for tensor in (form.qweight, form.scale, form.offset):
-                    hold(tensor)
+                for kept in (form.qweight, form.scale, form.offset):
+                    hold(kept)
     return sum(storages.values())
