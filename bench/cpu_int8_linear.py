@@ -3,12 +3,12 @@
 activations (group_quant.c's paths, which the engine ran before).
 
     python -m bench cpu_int8_linear [--threads N] [--rows 1 4 8] [--bits 8 4]
-                                    [--dtypes bfloat16 float32]
+                                    [--dtypes bfloat16 float32] [--scale-dtype float16|float32]
 
 The layers are a Qwen2.5-0.5B's (as in ``cpu_quant_linear``), each call on the next of several
 copies so that every call streams its weight from memory. Prints milliseconds per call (best of
-the repeats), the speedup, and each path's reading rate over the weight's bytes (integers, float32
-scales and offsets) against the copy bandwidth measured in the same run.
+the repeats), the speedup, and each path's reading rate over the weight's bytes (integers, float16
+scales and offsets as GGUF stores them) against the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from infernetes.kernels.cpu import group_quant, int8_linear
 from bench.cpu_quant_linear import LAYERS, _best_ms, _copies, _nbytes, _weights, copy_bandwidth
 
 
-def run_layer(name, inputs, outputs, bits, rows, dtype, bound, repeats):
-    probe = _weights(inputs, outputs, 32, bits, 1, 0)[0]
+def run_layer(name, inputs, outputs, bits, rows, dtype, bound, repeats, scale_dtype):
+    probe = _weights(inputs, outputs, 32, bits, 1, 0, scale_dtype)[0]
     weight_bytes = _nbytes(*probe)
-    weights = _weights(inputs, outputs, 32, bits, _copies(weight_bytes), 0)
+    weights = _weights(inputs, outputs, 32, bits, _copies(weight_bytes), 0, scale_dtype)
     x = torch.randn(rows, inputs).to(dtype)
     # measured past the engine's row limit too: `handles` is asked about one row
     assert int8_linear.handles(x[:1], *probe, bits, 1), "the kernel is not built here"
@@ -51,6 +51,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--layers", nargs="+", default=list(LAYERS), choices=list(LAYERS))
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--scale-dtype", choices=["float16", "float32"], default="float16")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     bound = copy_bandwidth()
@@ -65,5 +66,8 @@ def main(argv: list[str]) -> int:
             for dtype_name in args.dtypes:
                 for rows in args.rows:
                     dtype = getattr(torch, dtype_name)
-                    run_layer(layer, inputs, outputs, bits, rows, dtype, bound, args.repeats)
+                    scale_dtype = getattr(torch, args.scale_dtype)
+                    run_layer(
+                        layer, inputs, outputs, bits, rows, dtype, bound, args.repeats, scale_dtype
+                    )
     return 0

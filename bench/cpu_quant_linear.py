@@ -3,12 +3,14 @@ dequantizing the whole weight then `F.linear` (the reference), and against a den
 activations' dtype (bf16 as the engine runs it, packed once for oneDNN; f32 through `F.linear`).
 
     python -m bench cpu_quant_linear [--threads N] [--rows 1 32] [--bits 4 8] [--group 32]
+                                     [--scale-dtype float16|float32]
 
 The layers are a Qwen2.5-0.5B's (896 -> 4864 MLP up, 4864 -> 896 down, 896 -> 1152 fused QKV,
 896 -> 151936 LM head). Each call reads the next of several copies of the layer, together larger
 than the caches, so every call streams its weight from memory as a model's decode step does.
 Prints milliseconds per call (best of the repeats), the ratios, and the kernel's reading rate
-over the weight's bytes (integers, scales, offsets) against the machine's copy bandwidth measured
+over the weight's bytes (integers, scales, offsets: float16 as GGUF's blocks keep them, or
+float32 as GPTQ/AWQ's are held) against the machine's copy bandwidth measured
 in the same run (a large torch tensor copy; bytes read plus bytes written per second).
 
 Measured here (2 shared cores of an AVX512-BF16 EPYC under a load average near 10, so the
@@ -66,12 +68,20 @@ def _copies(bytes_each: int) -> int:
     return max(2, -(-STREAM_BYTES // bytes_each))
 
 
-def _weights(inputs: int, outputs: int, group: int, bits: int, count: int, seed: int) -> list:
+def _weights(
+    inputs: int,
+    outputs: int,
+    group: int,
+    bits: int,
+    count: int,
+    seed: int,
+    scale_dtype: torch.dtype = torch.float16,
+) -> list:
     gen = torch.Generator().manual_seed(seed)
     qweight = torch.randint(0, 256, (outputs, inputs * bits // 8), generator=gen, dtype=torch.uint8)
     if bits == 8:
         qweight = qweight.view(torch.int8)
-    scale = torch.rand(outputs, inputs // group, generator=gen) / 64
+    scale = (torch.rand(outputs, inputs // group, generator=gen) / 64).to(scale_dtype)
     offset = -8 * scale if bits == 4 else None
     # copies, not views: each its own memory
     return [
@@ -94,10 +104,11 @@ def run_layer(
     dtype,
     bound: float,
     repeats: int,
+    scale_dtype: torch.dtype,
 ) -> None:
-    probe = _weights(inputs, outputs, group, bits, 1, 0)[0]
+    probe = _weights(inputs, outputs, group, bits, 1, 0, scale_dtype)[0]
     quant_bytes = _nbytes(*probe)
-    weights = _weights(inputs, outputs, group, bits, _copies(quant_bytes), 0)
+    weights = _weights(inputs, outputs, group, bits, _copies(quant_bytes), 0, scale_dtype)
     x = torch.randn(rows, inputs).to(dtype)
     kernel = [lambda w=w: ops.group_quant_linear(x, w[0], w[1], w[2], group, bits) for w in weights]
     kernel_ms = _best_ms(kernel, repeats)
@@ -135,6 +146,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--group", type=int, default=32)
+    parser.add_argument("--scale-dtype", choices=["float16", "float32"], default="float16")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--layers", nargs="+", default=list(LAYERS), choices=list(LAYERS))
     parser.add_argument("--repeats", type=int, default=20)
@@ -142,7 +154,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(args.threads)
     bound = copy_bandwidth()
     print(
-        f"threads {args.threads}; copy bandwidth {bound:.1f} GB/s (read + write); group {args.group}"
+        f"threads {args.threads}; copy bandwidth {bound:.1f} GB/s (read + write); group "
+        f"{args.group}; {args.scale_dtype} scales"
     )
     print(
         f"{'layer':9s} {'bits':>4s} {'rows':>4s} {'dtype':>8s} {'kernel ms':>9s} {'vs deq+lin':>10s} "
@@ -163,5 +176,6 @@ def main(argv: list[str]) -> int:
                         getattr(torch, dtype_name),
                         bound,
                         args.repeats,
+                        getattr(torch, args.scale_dtype),
                     )
     return 0

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
 from gguf.quants import quantize
 from infernetes.runtime.model_executor.layers.quantization.gguf_blocks import BLOCK_TYPES
+from infernetes.runtime.model_executor.layers.quantization.group_quant import GroupQuantWeight
 
 Q = GGMLQuantizationType
 # Byte offsets of each block type's f16 fields; the rest of a block is integers of any value.
@@ -194,3 +196,30 @@ def hf_gguf_greedy(file: Path, prompt: list[int], max_tokens: int, config: Any =
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
+
+
+def held_tensor_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every weight the model holds, each storage once: parameters, persistent buffers,
+    tensors kept as module attributes (a packed copy), and the stored forms of quantized layers
+    and vocabularies. Derived tables (the rotary cache) and the KV cache are not weights."""
+    storages: dict[int, int] = {}
+
+    def hold(tensor: object) -> None:
+        if isinstance(tensor, torch.Tensor) and tensor.numel():
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+
+    for module in model.modules():
+        for parameter in module.parameters(recurse=False):
+            hold(parameter)
+        for name, buffer in module.named_buffers(recurse=False):
+            if name not in module._non_persistent_buffers_set:
+                hold(buffer)
+        for name, value in vars(module).items():
+            if name not in ("k_cache", "v_cache"):
+                hold(value)
+        for form in (getattr(module, "quant_method", None), getattr(module, "quantized", None)):
+            if isinstance(form, GroupQuantWeight):
+                for kept in (form.qweight, form.scale, form.offset):
+                    hold(kept)
+    return sum(storages.values())

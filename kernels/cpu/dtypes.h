@@ -3,6 +3,9 @@
 #define INFERNETES_CPU_DTYPES_H
 #include <stdint.h>
 #include <string.h>
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 enum { F32 = 0, BF16 = 1, F16 = 2, BYTE_LUT = 3 };
 
@@ -66,5 +69,26 @@ static inline __attribute__((always_inline)) float round_to(float v, const int d
         v = (float)(_Float16)v;
     }
     return v;
+}
+/* Elements first .. first + n of the scales (or offsets) at `base` of `dtype` (F32, or F16 as GGUF
+ * stores them) as float32: those themselves when stored so, else widened (exactly) into `buf`.
+ * NULL stays NULL. A row's scales are widened before its weights are read, so the arithmetic
+ * after is the same code, and gives the same bits, for either dtype. */
+static inline __attribute__((always_inline)) const float *scales_f32(const void *base, int64_t first, int64_t n,
+                                                                    int dtype, float *restrict buf) {
+    if (!base) return NULL;
+    if (dtype == F32) return (const float *)base + first;
+    const _Float16 *half = (const _Float16 *)base + first;
+    int64_t i = 0;
+    /* gcc leaves the plain loop scalar, a conversion per value; whole vectors instead (unmasked:
+     * a masked store stalls the loads of the row's scales that follow it) */
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(buf + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(half + i))));
+#endif
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(half + i))));
+#endif
+    for (; i < n; i++) buf[i] = (float)half[i];
+    return buf;
 }
 #endif

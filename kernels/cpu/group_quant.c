@@ -3,9 +3,11 @@
  * runtime/model_executor/layers/quantization/group_quant.py).
  *
  * bits 4: qweight uint8 [N, K / 2], input 2j in the low nibble of byte j and 2j + 1 in the high
- * one; bits 8: int8 [N, K]. scale and offset float32 [N, K / G] (offset may be NULL). G is a
- * multiple of 16 dividing K. x [M, K] rows with a row stride, y [M, N] rows with a row stride,
- * both of type x_dtype (dtypes.h: float32 or bfloat16; bias too, or NULL).
+ * one; bits 8: int8 [N, K]. scale and offset [N, K / G] (offset may be NULL) of scale_dtype:
+ * float32, or float16 as GGUF's blocks store them (a row's, or a pair's, widened before its
+ * weights are read: dtypes.h's scales_f32). G is a multiple of 16 dividing K. x [M, K] rows with a
+ * row stride, y [M, N] rows with a row stride, both of type x_dtype (dtypes.h: float32 or
+ * bfloat16; bias too, or NULL).
  *
  * Decode is bound by reading the weight: each weight row is read once for all M rows, unpacked 16
  * inputs at a time into float32 vectors, and the rows are split between threads (OpenMP: the .so
@@ -224,7 +226,8 @@ typedef struct {
     int64_t y_stride;
     int dtype, bf16_dot;
     const uint8_t *qweight;
-    const float *scale, *offset;
+    const void *scale, *offset; /* of scale_dtype */
+    int scale_dtype;
     const void *bias;
     int M, N, K;
 } Linear;
@@ -251,11 +254,15 @@ static inline __attribute__((always_inline)) void linear_rows(const Linear *p, v
 #pragma omp for schedule(static)
     for (int pair = 0; pair < (p->N + 1) / 2; pair++) {
         const int n0 = 2 * pair, nw = n0 + 1 < p->N ? 2 : 1;
+        /* the pair's scales widened at once: whole vectors for the common shapes */
+        float widened[2][2 * groups];
+        const float *scales = scales_f32(p->scale, n0 * groups, nw * groups, p->scale_dtype, widened[0]);
+        const float *offsets = scales_f32(p->offset, n0 * groups, nw * groups, p->scale_dtype, widened[1]);
         float out[2][4];
         for (int i = 0; i < nw; i++) {
             const int n = n0 + i;
             const uint8_t *q = p->qweight + n * row_bytes;
-            const float *s = p->scale + n * groups, *o = p->offset ? p->offset + n * groups : NULL;
+            const float *s = scales + i * groups, *o = offsets ? offsets + i * groups : NULL;
             void *row = (char *)rows + element * i * p->width;
             if (p->M == 1) {
 #if HAVE_BF16_DOT
@@ -361,8 +368,8 @@ static inline __attribute__((always_inline)) float q4_row_dot(const uint8_t *res
     return total;
 }
 
-static int q4_decode(const uint16_t *x, void *y, const uint8_t *qweight, const float *scale, const float *offset,
-                     const void *bias, int N, int K, int G, int threads) {
+static int q4_decode(const uint16_t *x, void *y, const uint8_t *qweight, const void *scale, const void *offset,
+                     int scale_dtype, const void *bias, int N, int K, int G, int threads) {
     const int64_t width = (K + 63) / 64 * 64, groups = K / G;
     uint16_t *xs = malloc(sizeof(uint16_t) * width);
     float *xsum = malloc(sizeof(float) * groups);
@@ -386,7 +393,9 @@ static int q4_decode(const uint16_t *x, void *y, const uint8_t *qweight, const f
 #pragma omp parallel for schedule(dynamic, 64) num_threads(threads)
     for (int n = 0; n < N; n++) {
         const uint8_t *q = qweight + (int64_t)n * K / 2;
-        const float *s = scale + n * groups, *o = offset ? offset + n * groups : NULL;
+        float widened[2][groups];
+        const float *s = scales_f32(scale, n * groups, groups, scale_dtype, widened[0]);
+        const float *o = scales_f32(offset, n * groups, groups, scale_dtype, widened[1]);
         float v;
         switch (G) {
         case 32: v = q4_row_dot(q, s, o, xs, xsum, K, 32); break;
@@ -403,12 +412,12 @@ static int q4_decode(const uint16_t *x, void *y, const uint8_t *qweight, const f
 
 /* Returns 0, or -1 when scratch memory cannot be allocated. */
 int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_stride,
-                       const uint8_t *qweight, const float *scale, const float *offset, const void *bias,
-                       int M, int N, int K, int group, int bits, int threads) {
+                       const uint8_t *qweight, const void *scale, const void *offset, const void *bias,
+                       int scale_dtype, int M, int N, int K, int group, int bits, int threads) {
     const int bf16_dot = HAVE_BF16_DOT && dtype == BF16;
 #if HAVE_BF16_DOT
     if (bf16_dot && M == 1 && bits == 4 && group % 32 == 0 && x_stride >= 0)
-        return q4_decode(x, y, qweight, scale, offset, bias, N, K, group, threads);
+        return q4_decode(x, y, qweight, scale, offset, scale_dtype, bias, N, K, group, threads);
 #endif
     const int64_t width = (K + 31) / 32 * 32;
     int span = CHUNK;
@@ -422,7 +431,7 @@ int group_quant_linear(const void *x, int64_t x_stride, int dtype, void *y, int6
         free(xs), free(rows);
         return -1;
     }
-    const Linear p = {xs, width, y, y_stride, dtype, bf16_dot, qweight, scale, offset, bias, M, N, K};
+    const Linear p = {xs, width, y, y_stride, dtype, bf16_dot, qweight, scale, offset, scale_dtype, bias, M, N, K};
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
@@ -456,9 +465,9 @@ static inline __attribute__((always_inline)) void store16(void *restrict out, in
 }
 
 /* Rows n0 .. n1 of the dense weight, in natural input order, into out [n1 - n0, K] of out_dtype. */
-static inline __attribute__((always_inline)) void dequantize_rows(const uint8_t *qweight, const float *scale,
-                                                                  const float *offset, void *out, int n0, int n1,
-                                                                  int K, const int G, const int bits,
+static inline __attribute__((always_inline)) void dequantize_rows(const uint8_t *qweight, const void *scale,
+                                                                  const void *offset, int scale_dtype, void *out,
+                                                                  int n0, int n1, int K, const int G, const int bits,
                                                                   const int out_dtype) {
     const int64_t row_bytes = (int64_t)K * bits / 8, groups = K / G;
     const int per_group = G / CHUNK;
@@ -466,8 +475,11 @@ static inline __attribute__((always_inline)) void dequantize_rows(const uint8_t 
     for (int n = n0; n < n1; n++) {
         const uint8_t *q = qweight + n * row_bytes;
         const int64_t dst = (int64_t)(n - n0) * K;
+        float widened[2][groups];
+        const float *row_scale = scales_f32(scale, n * groups, groups, scale_dtype, widened[0]);
+        const float *row_offset = scales_f32(offset, n * groups, groups, scale_dtype, widened[1]);
         for (int g = 0; g < groups; g++) {
-            const float s = scale[n * groups + g], o = offset ? offset[n * groups + g] : 0.0f;
+            const float s = row_scale[g], o = row_offset ? row_offset[g] : 0.0f;
             for (int j = 0; j < per_group; j++) {
                 const int64_t c = (int64_t)g * per_group + j;
                 v16f v = chunk_q(q, c, bits) * s + o;
@@ -479,13 +491,13 @@ static inline __attribute__((always_inline)) void dequantize_rows(const uint8_t 
     }
 }
 
-int group_quant_dequantize(const uint8_t *qweight, const float *scale, const float *offset, void *out, int out_dtype,
-                           int n0, int n1, int K, int group, int bits, int threads) {
+int group_quant_dequantize(const uint8_t *qweight, const void *scale, const void *offset, int scale_dtype,
+                           void *out, int out_dtype, int n0, int n1, int K, int group, int bits, int threads) {
 #pragma omp parallel num_threads(threads)
     {
 #define DEQUANT(G, BITS)                                                                                        \
-    (out_dtype == F32 ? dequantize_rows(qweight, scale, offset, out, n0, n1, K, G, BITS, F32)                   \
-                      : dequantize_rows(qweight, scale, offset, out, n0, n1, K, G, BITS, BF16))
+    (out_dtype == F32 ? dequantize_rows(qweight, scale, offset, scale_dtype, out, n0, n1, K, G, BITS, F32)      \
+                      : dequantize_rows(qweight, scale, offset, scale_dtype, out, n0, n1, K, G, BITS, BF16))
         if (bits == 4) FOR_GROUP(DEQUANT, group, 4) else FOR_GROUP(DEQUANT, group, 8)
 #undef DEQUANT
     }

@@ -53,9 +53,8 @@ def group_quant_linear(
         or not handles(group_size, inputs)
         or rows_x.stride(-1) != 1
         or qweight.shape[1] * 8 // bits != inputs
-        or not (qweight.is_contiguous() and scale.is_contiguous())
-        or scale.dtype != torch.float32
-        or (offset is not None and (not offset.is_contiguous() or offset.dtype != torch.float32))
+        or not qweight.is_contiguous()
+        or not native.takes_scales(scale, offset)
     ):
         return reference.group_quant_linear(x, qweight, scale, offset, group_size, bits, bias)
     rows, outputs = rows_x.shape[0], qweight.shape[0]
@@ -65,28 +64,9 @@ def group_quant_linear(
         return _tiled(rows_x, qweight, scale, offset, group_size, bits, bias).view(
             *x.shape[:-1], outputs
         )
-    if bias is not None:
-        bias = bias.to(x.dtype).contiguous()
-    out = torch.empty((rows, outputs), dtype=x.dtype)
-    status = library.group_quant_linear(
-        rows_x.data_ptr(),
-        rows_x.stride(0),
-        _DTYPE_CODES[x.dtype],
-        out.data_ptr(),
-        out.stride(0),
-        qweight.data_ptr(),
-        scale.data_ptr(),
-        offset.data_ptr() if offset is not None else None,
-        bias.data_ptr() if bias is not None else None,
-        rows,
-        outputs,
-        inputs,
-        group_size,
-        bits,
-        torch.get_num_threads(),
+    out = native.quantized_linear(
+        library.group_quant_linear, rows_x, qweight, scale, offset, bias, group_size, bits
     )
-    if status != 0:
-        raise MemoryError("group_quant_linear: the CPU kernel could not allocate its scratch")
     return out.view(*x.shape[:-1], outputs)
 
 
@@ -116,6 +96,7 @@ def dequantize(
         qweight.data_ptr(),
         scale.data_ptr(),
         offset.data_ptr() if offset is not None else None,
+        native.SCALE_DTYPE_CODES[scale.dtype],
         out.data_ptr(),
         _DTYPE_CODES[dtype],
         start,

@@ -34,8 +34,8 @@ def handles(
     rows: int,
 ) -> bool:
     """Whether the kernel computes this layer: groups of 32 (int8 ``[N, K]`` or packed nibbles
-    ``[N, K / 2]``, float32 scales and offsets), float32 or bfloat16 x of at most ``MAX_ROWS``
-    rows, and the kernel built."""
+    ``[N, K / 2]``, float16 or float32 scales and offsets), float32 or bfloat16 x of at most
+    ``MAX_ROWS`` rows, and the kernel built."""
     inputs, groups = x.shape[-1], (qweight.shape[0], x.shape[-1] // BLOCK)
     return (
         x.dtype in _DTYPE_CODES
@@ -43,11 +43,8 @@ def handles(
         and qweight.dim() == 2
         and qweight.shape[1] * 8 // bits == inputs
         and inputs % BLOCK == 0
-        and all(
-            t.dtype == torch.float32 and tuple(t.shape) == groups and t.is_contiguous()
-            for t in (scale, offset)
-            if t is not None
-        )
+        and tuple(scale.shape) == groups
+        and native.takes_scales(scale, offset)
         and qweight.is_contiguous()
         and 0 < rows <= MAX_ROWS
         and _library() is not None
@@ -67,26 +64,7 @@ def linear(
     rows_x = x.reshape(-1, x.shape[-1])
     if rows_x.stride(-1) != 1:
         rows_x = rows_x.contiguous()
-    rows, outputs = rows_x.shape[0], qweight.shape[0]
-    if bias is not None:
-        bias = bias.to(x.dtype).contiguous()
-    out = torch.empty((rows, outputs), dtype=x.dtype)
-    status = _library().int8_linear(
-        rows_x.data_ptr(),
-        rows_x.stride(0),
-        _DTYPE_CODES[x.dtype],
-        out.data_ptr(),
-        out.stride(0),
-        qweight.data_ptr(),
-        scale.data_ptr(),
-        offset.data_ptr() if offset is not None else None,
-        bias.data_ptr() if bias is not None else None,
-        rows,
-        outputs,
-        x.shape[-1],
-        bits,
-        torch.get_num_threads(),
+    out = native.quantized_linear(
+        _library().int8_linear, rows_x, qweight, scale, offset, bias, bits
     )
-    if status != 0:
-        raise MemoryError("int8_linear: the CPU kernel could not allocate its scratch")
-    return out.view(*x.shape[:-1], outputs)
+    return out.view(*x.shape[:-1], qweight.shape[0])

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -72,6 +73,24 @@ EXTRA_FLAGS = {
     "int8_linear": ("-fopenmp", *_WIDE),
 }
 
+# The leading arguments of the kernels on quantized weights (group_quant_linear, int8_linear),
+# marshalled by `quantized_linear`.
+_QUANT_LINEAR_ARGS = [
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int,  # x, its row stride, dtype
+    ctypes.c_void_p,
+    ctypes.c_int64,  # y, its row stride
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,  # qweight, scale, offset, bias
+    ctypes.c_int,  # the scale's and offset's dtype
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,  # M, N, K
+]
+
 # Each kernel's C signature, its one home: ctypes converts the calls' arguments by it, and
 # replay.py generates the C trampolines that replay recorded calls from it. Pointers go as plain
 # addresses (``tensor.data_ptr()``): a ctypes.cast to a typed pointer costs half a microsecond, and
@@ -108,30 +127,15 @@ SIGNATURES = {
     ),
     "group_quant_linear": (
         ctypes.c_int,
-        [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_int,  # x, its row stride, dtype
-            ctypes.c_void_p,
-            ctypes.c_int64,  # y, its row stride
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,  # qweight, scale, offset, bias
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,  # M, N, K, group, bits, threads
-        ],
+        [*_QUANT_LINEAR_ARGS, ctypes.c_int, ctypes.c_int, ctypes.c_int],  # group, bits, threads
     ),
     "group_quant_dequantize": (
         ctypes.c_int,
         [
             ctypes.c_void_p,
             ctypes.c_void_p,
-            ctypes.c_void_p,  # qweight, scale, offset
+            ctypes.c_void_p,
+            ctypes.c_int,  # qweight, scale, offset, their dtype
             ctypes.c_void_p,
             ctypes.c_int,  # out, its dtype
             ctypes.c_int,
@@ -144,22 +148,7 @@ SIGNATURES = {
     ),
     "int8_linear": (
         ctypes.c_int,
-        [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_int,  # x, its row stride, dtype
-            ctypes.c_void_p,
-            ctypes.c_int64,  # y, its row stride
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,  # qweight, scale, offset, bias
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,  # M, N, K, bits, threads
-        ],
+        [*_QUANT_LINEAR_ARGS, ctypes.c_int, ctypes.c_int],  # bits, threads
     ),
     "rms_norm": (
         ctypes.c_int,
@@ -388,3 +377,64 @@ def prebuild() -> None:
     for source in sorted(SOURCE_DIR.glob("*.c")):
         load(source.stem)
     replay.library()
+
+
+# The dtypes the kernels on quantized weights read scales and offsets in: float16 as GGUF's
+# blocks store them, float32 for the rest.
+SCALE_DTYPE_CODES = dtype_codes(torch.float32, torch.float16)
+
+
+def takes_scales(scale: torch.Tensor, offset: torch.Tensor | None) -> bool:
+    """Whether those kernels read this scale and offset (or None) as they are: contiguous, of one
+    dtype they take, the offset's shape the scale's."""
+    return (
+        scale.dtype in SCALE_DTYPE_CODES
+        and scale.is_contiguous()
+        and (
+            offset is None
+            or (
+                offset.dtype == scale.dtype
+                and offset.shape == scale.shape
+                and offset.is_contiguous()
+            )
+        )
+    )
+
+
+def quantized_linear(
+    kernel: Callable[..., int],
+    rows_x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    *tail: int,
+) -> torch.Tensor:
+    """``[M, N]``: `kernel` (group_quant_linear or int8_linear, whose leading arguments are
+    ``_QUANT_LINEAR_ARGS``) on the rows ``rows_x`` (``[M, K]``, unit stride along K), the
+    arguments particular to it in `tail`, then the thread count."""
+    rows, outputs = rows_x.shape[0], qweight.shape[0]
+    if bias is not None:
+        bias = bias.to(rows_x.dtype).contiguous()
+    out = torch.empty((rows, outputs), dtype=rows_x.dtype)
+    status = kernel(
+        rows_x.data_ptr(),
+        rows_x.stride(0),
+        DTYPE_CODES[rows_x.dtype],
+        out.data_ptr(),
+        out.stride(0),
+        qweight.data_ptr(),
+        scale.data_ptr(),
+        offset.data_ptr() if offset is not None else None,
+        bias.data_ptr() if bias is not None else None,
+        SCALE_DTYPE_CODES[scale.dtype],
+        rows,
+        outputs,
+        rows_x.shape[1],
+        *tail,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        name = getattr(kernel, "symbol", "the kernel")  # a native.Traced
+        raise MemoryError(f"{name}: the CPU kernel could not allocate its scratch")
+    return out

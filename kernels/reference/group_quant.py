@@ -4,7 +4,7 @@ reference of the linear layer on it.
 
 ``qweight``: bits 4, uint8 ``[N, K / 2]`` with input ``2j`` in the low nibble of byte ``j`` and
 ``2j + 1`` in the high one (values 0..15); bits 8, int8 ``[N, K]``. ``scale`` and ``offset``
-(or None) float32 ``[N, K / G]``.
+(or None) ``[N, K / G]`` of one dtype, float32 or float16 (GGUF's), computed in float32.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def dequantize(
     """The ``[N, K]`` weight in ``dtype``, computed in float32."""
     q = unpack(qweight, bits)
     groups = q.float().reshape(q.shape[0], -1, group_size)
-    weight = groups * scale.unsqueeze(-1)
+    weight = groups * scale.float().unsqueeze(-1)
     if offset is not None:
-        weight = weight + offset.unsqueeze(-1)
+        weight = weight + offset.float().unsqueeze(-1)
     return weight.reshape(q.shape).to(dtype)
 
 

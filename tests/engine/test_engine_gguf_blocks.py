@@ -49,3 +49,29 @@ def test_k_quant_layout() -> None:
         for w in [group_quant_weight(random_blocks(qtype, 1, 0), qtype)]
     }
     assert layouts == {Q.Q4_K: (32, 4, True), Q.Q5_K: (32, 8, True), Q.Q6_K: (16, 8, False)}
+
+
+def test_scales_stay_float16_where_it_holds_them() -> None:
+    """Q8_0's, Q4_0's and Q4_1's scales and offsets stay float16 as the file stores them (a Q4_1
+    block held in the file's 20 bytes, not 24 with float32 ones); the K-quants' products need
+    float32; a Q4_0 scale whose ``-8 * d`` overflows float16 keeps its tensor in float32, exact."""
+    dtypes = {
+        qtype: group_quant_weight(random_blocks(qtype, 2, 0), qtype).scale.dtype
+        for qtype in BLOCK_TYPES
+    }
+    assert dtypes == {
+        Q.Q8_0: torch.float16,
+        Q.Q4_0: torch.float16,
+        Q.Q4_1: torch.float16,
+        Q.Q4_K: torch.float32,
+        Q.Q5_K: torch.float32,
+        Q.Q6_K: torch.float32,
+    }
+    q4_1 = group_quant_weight(random_blocks(Q.Q4_1, 2, 0), Q.Q4_1)
+    assert q4_1.offset is not None and q4_1.offset.dtype == torch.float16
+    raw = random_blocks(Q.Q4_0, 2, 1)
+    raw[0, 0:2] = np.frombuffer(np.float16(10000.0).tobytes(), dtype=np.uint8)  # -8 d: -80000
+    weight = group_quant_weight(raw, Q.Q4_0)
+    assert weight.scale.dtype == torch.float32 and weight.offset is not None
+    assert weight.offset[0, 0] == -80000.0
+    assert np.array_equal(weight.dequantize(torch.float32).numpy(), dequantize(raw, Q.Q4_0))

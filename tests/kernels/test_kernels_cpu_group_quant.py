@@ -176,3 +176,37 @@ def test_no_rows_and_a_wrongly_typed_weight():
     x = torch.randn(1, 64)
     out = ops.group_quant_linear(x, unsigned, scale, offset, 32, 8)
     assert torch.equal(out, reference.group_quant_linear(x, unsigned, scale, offset, 32, 8))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [16, 32, 64])
+@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float16_scales_give_the_bits_of_their_float32_values(bits, group, rows, dtype):
+    """Scales and offsets in float16 (GGUF's blocks keep them as the file does) are widened as
+    they are read: every path (one row, a few, the dequantized tiles) gives the same bits as
+    the same values held in float32."""
+    qweight, scale, offset = random_weight(37, 3 * 128, group, bits, with_offset=True, seed=7)
+    half_scale, half_offset = scale.half(), offset.half()
+    x = torch.randn(rows, 3 * 128).to(dtype)
+    bias = torch.randn(37).to(dtype)
+    out = ops.group_quant_linear(x, qweight, half_scale, half_offset, group, bits, bias)
+    wide = ops.group_quant_linear(
+        x, qweight, half_scale.float(), half_offset.float(), group, bits, bias
+    )
+    assert torch.equal(out, wide)
+    assert_close(out, expected(x, qweight, half_scale, half_offset, group, bits, bias), dtype)
+    rows_f16 = cpu.dequantize(qweight, half_scale, half_offset, group, bits, dtype, 3, 30)
+    rows_f32 = cpu.dequantize(
+        qweight, half_scale.float(), half_offset.float(), group, bits, dtype, 3, 30
+    )
+    assert torch.equal(rows_f16, rows_f32)
+
+
+def test_scales_of_mixed_or_other_dtypes_go_to_the_reference():
+    qweight, scale, offset = random_weight(8, 64, 32, 4, with_offset=True, seed=8)
+    x = torch.randn(1, 64)
+    for pair in ((scale.half(), offset), (scale.double(), offset.double())):
+        assert not native.takes_scales(*pair)
+        out = ops.group_quant_linear(x, qweight, *pair, 32, 4)
+        assert torch.equal(out, reference.group_quant_linear(x, qweight, *pair, 32, 4))

@@ -87,6 +87,24 @@ def test_strided_and_batched_x(kind):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("inputs", [96, 4 * 128])
+def test_float16_scales_give_the_bits_of_their_float32_values(kind, rows, inputs):
+    """GGUF's float16 scales and offsets, as the file stores them, are widened as they are
+    read: the same bits as those values held in float32."""
+    qweight, scale, offset, bits = gguf_weight(kind, 37, inputs, seed=5)
+    half_scale = scale.half()
+    half_offset = None if offset is None else (-8 * half_scale if kind == "Q4_0" else offset.half())
+    x = torch.randn(rows, inputs).to(torch.bfloat16)
+    bias = torch.randn(37).to(torch.bfloat16)
+    assert int8_linear.handles(x, qweight, half_scale, half_offset, bits, rows)
+    out = int8_linear.linear(x, qweight, half_scale, half_offset, bits, bias)
+    wide_offset = None if half_offset is None else half_offset.float()
+    wide = int8_linear.linear(x, qweight, half_scale.float(), wide_offset, bits, bias)
+    assert torch.equal(out, wide)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_layers_take_it_only_for_marked_blocks_and_bf16_decode_rows(kind):
     qweight, scale, offset, bits = gguf_weight(kind, 40, 64)
     x = torch.randn(3, 64)

@@ -1,7 +1,9 @@
 """GGUF's quantized block types as ``GroupQuantWeight``s, exactly: each block's integers are kept
 and its scale and minimum become a group's ``scale`` and ``offset``, computed in float32 as the
 ``gguf`` package's reference dequantisation computes them (``gguf.quants.dequantize``), so
-``dequantize(float32)`` gives its values bit for bit.
+``dequantize(float32)`` gives its values bit for bit. Where float16 holds every one of them
+exactly (Q8_0's and Q4_1's are the file's f16 fields, Q4_0's ``-8 * d`` short of overflow) they
+stay float16, the file's bytes; the K-quants' products of two scales need float32.
 
 A row of a GGUF tensor (``[N, K]``, the layout of a torch weight) is a run of blocks along K:
 
@@ -36,6 +38,18 @@ SUPER_BLOCK = 256  # the K-quants' QK_K
 def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:
     """The f16 field at byte ``at`` of each block, as float32 ``[rows, blocks]``."""
     return blocks[..., at : at + 2].contiguous().view(torch.float16)[..., 0].float()
+
+
+def _as_stored(
+    scale: torch.Tensor, offset: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A float32 scale and offset (or None) in float16 when it holds both exactly, else as
+    they are."""
+    wide = [t for t in (scale, offset) if t is not None]
+    narrow = [t.half() for t in wide]
+    if not all(torch.equal(n.float(), t) for n, t in zip(narrow, wide, strict=True)):
+        return scale, offset
+    return narrow[0], narrow[1] if offset is not None else None
 
 
 def _nibbles(codes: torch.Tensor, run: int) -> torch.Tensor:
@@ -73,18 +87,20 @@ def _flat(values: torch.Tensor) -> torch.Tensor:
 
 def _q8_0(blocks: torch.Tensor) -> GroupQuantWeight:
     q = blocks[..., 2:34].contiguous().view(torch.int8)
-    return GroupQuantWeight(_flat(q), _flat(_f16(blocks, 0)), None, 32, 8, int8_activations=True)
+    scale, _ = _as_stored(_flat(_f16(blocks, 0)), None)
+    return GroupQuantWeight(_flat(q), scale, None, 32, 8, int8_activations=True)
 
 
 def _q4_0(blocks: torch.Tensor) -> GroupQuantWeight:
     d = _f16(blocks, 0)
     q = _repack4(blocks[..., 2:18], 16)
-    return GroupQuantWeight(q, _flat(d), _flat(-8 * d), 32, 4, int8_activations=True)
+    scale, offset = _as_stored(_flat(d), _flat(-8 * d))
+    return GroupQuantWeight(q, scale, offset, 32, 4, int8_activations=True)
 
 
 def _q4_1(blocks: torch.Tensor) -> GroupQuantWeight:
     q = _repack4(blocks[..., 4:20], 16)
-    scale, offset = _flat(_f16(blocks, 0)), _flat(_f16(blocks, 2))
+    scale, offset = _as_stored(_flat(_f16(blocks, 0)), _flat(_f16(blocks, 2)))
     return GroupQuantWeight(q, scale, offset, 32, 4, int8_activations=True)
 
 
@@ -145,11 +161,17 @@ def group_quant_weight(raw: np.ndarray, qtype: Q) -> GroupQuantWeight:
 def in_one_form(parts: list[GroupQuantWeight]) -> list[GroupQuantWeight]:
     """The parts of a fused layer stored in different block types (llama.cpp's ``Q4_K_M`` keeps
     some V projections in Q6_K) in one form, values unchanged: 8 bits where any part has them
-    (4-bit codes fit in int8) and the smallest group (each scale and offset repeated)."""
+    (4-bit codes fit in int8), the smallest group (each scale and offset repeated), and float32
+    scales unless every part's are float16."""
     bits = max(p.bits for p in parts)
     group = math.gcd(*(p.group_size for p in parts))
+    dtypes = {p.scale.dtype for p in parts}
+    scale_dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
     alike = []
     for part in parts:
+        if part.scale.dtype != scale_dtype:
+            offset = part.offset.float() if part.offset is not None else None
+            part = replace(part, scale=part.scale.float(), offset=offset)
         if part.bits != bits:
             part = replace(part, qweight=part.unpacked().to(torch.int8), bits=bits)
         if part.group_size != group:

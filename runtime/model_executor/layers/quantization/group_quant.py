@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from infernetes.kernels import ops
 from infernetes.kernels.cpu.group_quant import handles
+from infernetes.kernels.cpu.native import SCALE_DTYPE_CODES
 from infernetes.kernels.reference import group_quant as reference
 from infernetes.kernels.reference.wna16 import unpack_along_k
 from torch import nn
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from infernetes.runtime.model_executor.layers.quantization.packed_int import PackedInt
 
 BITS = reference.BITS
+SCALE_DTYPES = tuple(SCALE_DTYPE_CODES)
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,10 @@ class GroupQuantWeight:
     # bits 4: uint8 [N, K // 2], input 2j in the low nibble and 2j + 1 in the high one, values
     # 0..15; bits 8: int8 [N, K], values -128..127
     qweight: torch.Tensor
-    scale: torch.Tensor  # float32 [N, K // group_size]
-    offset: torch.Tensor | None  # float32 [N, K // group_size]; None: no offset
+    # [N, K // group_size], float32, or float16 where the checkpoint stores them so exactly (GGUF's
+    # Q8_0, Q4_0, Q4_1: the C kernels widen them as they read, a quarter of a Q4_1 block's bytes)
+    scale: torch.Tensor
+    offset: torch.Tensor | None  # the scale's shape and dtype; None: no offset
     group_size: int
     bits: int
     # Decode rows of bf16 x on the CPU are quantized to int8 blocks of 32 and multiplied as
@@ -42,6 +46,12 @@ class GroupQuantWeight:
     def __post_init__(self) -> None:
         if self.bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {self.bits}")
+        if self.scale.dtype not in SCALE_DTYPES:
+            raise ValueError(f"scale must be one of {SCALE_DTYPES}, got {self.scale.dtype}")
+        if self.offset is not None and self.offset.dtype != self.scale.dtype:
+            raise ValueError(
+                f"offset must be the scale's {self.scale.dtype}, got {self.offset.dtype}"
+            )
 
     @property
     def outputs(self) -> int:
@@ -106,9 +116,13 @@ class GroupQuantWeight:
     @staticmethod
     def concat_outputs(parts: list[GroupQuantWeight]) -> GroupQuantWeight | None:
         """Parts one after another along the outputs (a fused layer), or None when their groups
-        differ."""
+        or scale dtypes differ (`gguf_blocks.in_one_form` makes them alike)."""
         first = parts[0]
-        if any(p.bits != first.bits or p.group_size != first.group_size for p in parts):
+        if any(
+            (p.bits, p.group_size, p.scale.dtype)
+            != (first.bits, first.group_size, first.scale.dtype)
+            for p in parts
+        ):
             return None
         offset = None
         if any(p.offset is not None for p in parts):
@@ -148,7 +162,7 @@ class GroupQuantWeight:
         return replace(
             self,
             qweight=self.qweight.to(device).contiguous(),
-            scale=self.scale.to(device, torch.float32).contiguous(),
+            scale=self.scale.to(device).contiguous(),
             offset=offset.contiguous() if offset is not None else None,
         )
 
