@@ -78,10 +78,17 @@ def paged_attention(
             sinks,
         )
     out = torch.empty(query.shape, dtype=query.dtype)
+    plan = None
     if query.shape[0] == seq_lens.shape[0]:
         # One query row per sequence, all decode (a padding row's length is 0, which the kernel
         # answers with zeros): no plan, so nothing read on the host (a replayed step reads none).
-        rows = _first_rows(query.shape[0])
+        rows = seqs = _first_rows(query.shape[0])
+    else:
+        plan = reference.step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
+        if plan.padding_rows is not None:  # padding rows: nothing to attend to
+            out[plan.padding_rows] = 0
+        rows, seqs = plan.decode_rows, plan.decode_seqs
+    if rows is not None:
         _decode(
             library,
             query,
@@ -90,32 +97,14 @@ def paged_attention(
             block_tables,
             seq_lens,
             rows,
-            rows,
+            seqs,
             scale,
             k_scale,
             v_scale,
             out,
         )
-        return out
-    plan = reference.step_plan(block_tables, cu_seqlens_q, seq_lens, k_cache.shape[1])
-    if plan.padding_rows is not None:  # padding rows: nothing to attend to
-        out[plan.padding_rows] = 0
-    if plan.decode_rows is not None:
-        _decode(
-            library,
-            query,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            plan.decode_rows,
-            plan.decode_seqs,
-            scale,
-            k_scale,
-            v_scale,
-            out,
-        )
-    reference.attend_prefills(query, k_cache, v_cache, plan, scale, k_scale, v_scale, out)
+    if plan is not None:
+        reference.attend_prefills(query, k_cache, v_cache, plan, scale, k_scale, v_scale, out)
     return out
 
 
