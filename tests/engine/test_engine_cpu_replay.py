@@ -61,11 +61,14 @@ def test_replayed_decode_equals_eager_on_gguf_blocks(q4_file, dtype):
 
 
 def test_replayed_decode_equals_eager_on_dense_weights(tiny_llama):
-    settings = dict(dtype="float32", max_model_len=128, max_num_seqs=4)
-    want = tokens(LLM(tiny_llama, enforce_eager=True, **settings))
+    settings = dict(dtype="float32", max_model_len=128, max_num_seqs=16)
+    prompts = PROMPTS * 4  # 12 sequences: past the replay's largest batch, eager
+    eager = LLM(tiny_llama, enforce_eager=True, **settings)
     replayed = LLM(tiny_llama, **settings)
-    assert tokens(replayed) == want
+    assert tokens(replayed) == tokens(eager)
     assert isinstance(graphs(replayed)._replays[4], replay.Program)
+    assert tokens(replayed, prompts) == tokens(eager, prompts)
+    assert max(graphs(replayed).replays) <= cuda_graph.CpuKernelBackend.max_batch
 
 
 def test_a_forward_with_host_reads_decodes_eagerly_with_the_reason(tiny_llama, caplog):
