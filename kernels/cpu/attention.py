@@ -79,6 +79,8 @@ def paged_attention(
         )
     out = torch.empty(query.shape, dtype=query.dtype)
     plan = None
+    rows: torch.Tensor | None
+    seqs: torch.Tensor | None
     if query.shape[0] == seq_lens.shape[0]:
         # One query row per sequence, all decode (a padding row's length is 0, which the kernel
         # answers with zeros): no plan, so nothing read on the host (a replayed step reads none).

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -316,7 +317,7 @@ class Traced:
 
     __slots__ = ("function", "symbol")
 
-    def __init__(self, symbol: str, function: ctypes._CFuncPtr) -> None:
+    def __init__(self, symbol: str, function: Any) -> None:  # a ctypes function
         self.symbol, self.function = symbol, function
 
     def __call__(self, *args: object) -> int:

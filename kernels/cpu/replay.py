@@ -164,7 +164,9 @@ class _Kernels:
         self.status = ctypes.c_int(0)
 
     def __call__(self) -> None:
-        failed = library().replay(self.address, self.count, ctypes.byref(self.status))
+        lib = library()
+        assert lib is not None  # a Program exists only where it was built
+        failed = lib.replay(self.address, self.count, ctypes.byref(self.status))
         if failed >= 0:
             raise RuntimeError(
                 f"the replayed CPU kernel {self.symbols[failed]} failed (status "
