@@ -278,11 +278,12 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         if getattr(self.backend, "lazy", False):
+            sizes = [s for s in self.sizes if s <= getattr(self.backend, "max_batch", s)]
             logger.info(
                 "Decode graphs for %d batch sizes (%s) with the %s backend: each recorded at its "
                 "first decode step",
-                len(self.sizes),
-                _describe(self.sizes),
+                len(sizes),
+                _describe(sizes),
                 self.backend.name,
             )
             return
