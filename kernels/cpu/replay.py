@@ -270,14 +270,15 @@ def _integer_indexing(func, args) -> bool:
 
 def _refuse_host_reads(tape: Tape):
     """``.tolist()`` and ``.numpy()`` read values without a dispatched op: while recording, they
-    refuse the recording (and still answer)."""
+    refuse the recording when the recording thread calls them (and still answer)."""
     originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
 
     def wrap(name):
         original = originals[name]
 
         def read(self, *args, **kwargs):
-            tape.refuse(f"Tensor.{name}() reads tensor values on the host")
+            if getattr(native.recording, "tape", None) is tape:  # this thread's forward
+                tape.refuse(f"Tensor.{name}() reads tensor values on the host")
             return original(self, *args, **kwargs)
 
         return read
