@@ -61,11 +61,19 @@ STATUS_DELAY_SECONDS = 0.5
 # A service not Ready yet is reconciled again this often, and a pass with nothing to apply reads
 # its workloads back (a GET each): kopf may never deliver their events (its scan of a CRD
 # installed after the operator started can run just before API discovery serves it, and no later
-# event makes it scan again), and only a pass that writes gets their status in the response.
+# event makes it scan again), and only a pass that writes gets their status in the response. A
+# service on a LeaderWorkerSet (an optional CRD, the one kind that can arrive late) is rechecked
+# so even when Ready, so an edit no event told of is still repaired.
 UNREADY_RECHECK_SECONDS = 30.0
+LATE_KINDS = frozenset({"LeaderWorkerSet"})
 # At start-up, the first listing of the resources waits this long for the children's listings.
 STARTUP_DELAY_SECONDS = 1.0
 LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
+
+
+def _late_kind(result: Plan | None) -> bool:
+    """Whether a workload of the pass is of a kind kopf may not watch (see LATE_KINDS)."""
+    return result is not None and any(cid[1] in LATE_KINDS for cid in result.roles.values())
 
 
 def ready(resource: Mapping[str, Any]) -> bool:
@@ -306,7 +314,7 @@ class Reconciler:
             return
         await self.status_writer.write(key, resource, outcome)
         written = self.resources.get(key) or resource
-        if not ready(written):
+        if not ready(written) or _late_kind(outcome.applied):
             self.queue.add(key, UNREADY_RECHECK_SECONDS)
 
     async def _converge(
@@ -317,7 +325,7 @@ class Reconciler:
         generation = resource["metadata"].get("generation", 0)
         work, extra = self._changes(key, resource, result)
         if not work and not extra:
-            if not ready(resource):
+            if not ready(resource) or _late_kind(result):
                 await self._read_back(key, resource, result)
             self._settled(key, "unchanged")
             return True, None

@@ -470,6 +470,39 @@ def test_a_leaderworkerset_whose_kind_kopf_never_watched_is_read_back_until_read
     assert api.resource["status"]["readyReplicas"] == 1
 
 
+def test_a_ready_leaderworkerset_edited_without_an_event_is_repaired_on_the_recheck(
+    api: FakeApi,
+) -> None:
+    """kopf never watches a kind whose CRD came after the operator started, so a service on a
+    LeaderWorkerSet is rechecked even when Ready: the pass reads it back, sees an edit no event
+    told of, and the next pass puts the operator's template back."""
+    api.resource["spec"] = {"model": "m", "engine": {"tensorParallelSize": 16}}
+    lws_id = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "llama")
+    seen: dict[str, Any] = {}
+
+    def lws_appears(reconciler: Reconciler) -> None:
+        reconciler.served.discovered = frozenset({LWS})
+
+    def groups_ready_untold(reconciler: Reconciler) -> None:
+        lws_groups_ready(api, 1)
+
+    def edited_untold(reconciler: Reconciler) -> None:
+        seen["ready"] = condition(api, "Ready")["status"]
+        seen["queued"] = len(reconciler.queue)  # the recheck, though Ready
+        live = copy.deepcopy(api.objects[lws_id])
+        template = live["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        template["spec"]["containers"][0]["image"] = "someone/else:1"
+        live["metadata"]["resourceVersion"] = str(next(api.versions))
+        api.objects[lws_id] = live
+        api.writes.clear()
+
+    run(api, eight_gpu_nodes, lws_appears, groups_ready_untold, edited_untold, nothing)
+    assert seen["ready"] == "True" and seen["queued"] >= 1
+    assert "apply LeaderWorkerSet" in api.writes
+    template = api.objects[lws_id]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    assert template["spec"]["containers"][0]["image"] != "someone/else:1"
+
+
 def test_status_reads_the_leaderworkerset_and_drift_is_repaired(api: FakeApi) -> None:
     api.resource["spec"] = {
         "model": "m",
