@@ -112,6 +112,8 @@ def decode_graph_settings(
 
 class GraphBackend(Protocol):
     name: str
+    lazy: bool  # each size recorded at its first decode step, not all at start-up
+    max_batch: int | None  # the largest batch it replays (None: every captured size)
 
     def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         """Record ``run`` (which reads and writes only static buffers); return its replay, which
@@ -124,6 +126,8 @@ class CudaGraphBackend:
     graphs reuse the larger ones' memory)."""
 
     name = "cuda"
+    lazy = False
+    max_batch: int | None = None
 
     def __init__(self, device: torch.device, warmups: int = 1) -> None:
         self.device = device
@@ -159,7 +163,7 @@ class CpuKernelBackend:
     # Larger decode batches run eagerly: their step is the kernels' work, not the host's, and a
     # replayed torch op copies its output into the recorded one (bench serve_vs_offline at
     # concurrency 64, bf16 through oneDNN: 0.93x of eager).
-    max_batch = 8
+    max_batch: int | None = 8
 
     def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         from infernetes.kernels.cpu import replay
@@ -186,6 +190,8 @@ class RerunBackend:
     device."""
 
     name = "rerun"
+    lazy = False
+    max_batch: int | None = None
 
     def capture(self, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         # No warm-up run: the static buffers hold only padding rows at capture time, a batch
@@ -277,8 +283,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        if getattr(self.backend, "lazy", False):
-            sizes = [s for s in self.sizes if s <= getattr(self.backend, "max_batch", s)]
+        if self.backend.lazy:
+            sizes = [s for s in self.sizes if self._replayed(s)]
             logger.info(
                 "Decode graphs for %d batch sizes (%s) with the %s backend: each recorded at its "
                 "first decode step",
@@ -302,6 +308,9 @@ class DecodeGraphs:
             self.capture_bytes / (1 << 30),
         )
 
+    def _replayed(self, size: int) -> bool:
+        return self.backend.max_batch is None or size <= self.backend.max_batch
+
     def padded_size(self, num_seqs: int) -> int | None:
         i = bisect.bisect_left(self.sizes, num_seqs)
         return self.sizes[i] if i < len(self.sizes) else None
@@ -321,9 +330,9 @@ class DecodeGraphs:
         if input_ids.shape[0] != num_seqs or meta.calculate_kv_scales or width > self.max_blocks:
             return None
         size = self.padded_size(num_seqs)
-        if size is None or size > getattr(self.backend, "max_batch", size):
+        if size is None or not self._replayed(size):
             return None
-        if size not in self._replays and not getattr(self.backend, "lazy", False):
+        if size not in self._replays and not self.backend.lazy:
             return None
         self.input_ids[:num_seqs].copy_(input_ids)
         self.positions[:num_seqs].copy_(positions)
