@@ -140,3 +140,14 @@ def test_a_step_of_text_and_decode_keeps_one_row():
     step = step_positions(np.array([len(ids), 4]), [layout, None], [len(ids), 4], [1, 1])
     assert step.shape == (2,)  # the shape a decode graph was captured with
     assert step.tolist() == [len(ids) + layout.delta, 4]
+
+
+def test_get_rope_shares_a_rotary_per_device_models_are_built_on():
+    # The GPU smoke tests build a CPU model, then a CUDA one with the same settings: the second
+    # must not get the first's CPU cos/sin cache (meta stands in for the other device here).
+    on_cpu = get_rope(64, 64, 128, 10000.0)
+    with torch.device("meta"):
+        elsewhere = get_rope(64, 64, 128, 10000.0)
+    assert on_cpu is get_rope(64, 64, 128, 10000.0)
+    assert on_cpu.cos_sin_cache.device.type == "cpu"
+    assert elsewhere.cos_sin_cache.device.type == "meta"
