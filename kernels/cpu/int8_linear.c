@@ -28,18 +28,26 @@
 
 #include "dtypes.h"
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
 #include <immintrin.h>
-#define VNNI512 1
+#define VNNI512 1 /* with vpermb, for x's 4-bit order */
+#define BLOCKS4 4
 #elif defined(__AVX2__)
 #include <immintrin.h>
 #define AVX2 1
 #endif
+#ifndef BLOCKS4
+#define BLOCKS4 2
+#endif
 
-enum { BLOCK = 32, STEP = 64, LANES = 16, ROWS = 4, PREFETCH_ROWS = 4 };
+enum { BLOCK = 32, STEP = 64, LANES = 16, ROWS = 4, TILE = 4, SHORT_ROW = 1024, PREFETCH_BYTES = 6144 };
 
-/* The block (0: the step's first, 1: its second) that lane l of a step sums. */
-static inline int lane_block(int l, int bits) { return bits == 8 ? l / 8 : (l % 8) / 4; }
+/* Blocks a step takes: two of Q8_0 (64 bytes), and of 4 bits two (32 bytes), or four with
+ * AVX-512 (64 bytes: [low, high] nibbles, each summed by one vpdpbusd into the same lanes). */
+static inline int step_blocks(int bits) { return bits == 8 ? 2 : BLOCKS4; }
+
+/* The block of its step (0 to step_blocks - 1) that lane l of a step sums. */
+static inline int lane_block(int l, int bits) { return bits == 8 ? l / 8 : BLOCKS4 == 4 ? l / 4 : (l % 8) / 4; }
 
 /* x rows quantized, in the weight's order: int8 values [M, width] (zeros past K), each step's
  * two block scales spread over its 16 lanes [M, steps, 16], and per block the sum of the
@@ -50,6 +58,7 @@ typedef struct {
     int64_t width, steps, blocks;
 } Quantized;
 
+#if !VNNI512
 static void quantize_row(const void *x, int64_t offset, int dtype, int K, int bits, const Quantized *xq, int m) {
     int8_t *q = xq->q + m * xq->width;
     float *lanes = xq->lanes + m * xq->steps * LANES, *sums = xq->sums + m * xq->blocks;
@@ -77,55 +86,133 @@ static void quantize_row(const void *x, int64_t offset, int dtype, int K, int bi
     }
 }
 
+#endif
+
 #if VNNI512
-/* The 64 weight bytes of step s of a row: all of them, or only the first block's when `two` is 0. */
-static inline __m512i step_bytes(const uint8_t *row, int64_t s, int two, const int bits) {
-    if (bits == 8) return _mm512_maskz_loadu_epi8(two ? ~(__mmask64)0 : 0xffffffffu, row + s * STEP);
-    const __m256i packed = _mm256_maskz_loadu_epi8(two ? ~(__mmask32)0 : 0xffffu, row + s * (STEP / 2));
-    const __m256i mask = _mm256_set1_epi8(15);
-    const __m256i low = _mm256_and_si256(packed, mask), high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+/* 16 elements of x (float32 or bfloat16) from i on, as float32. */
+static inline __m512 load16(const void *x, int64_t i, int dtype) {
+    if (dtype == F32) return _mm512_loadu_ps((const float *)x + i);
+    const __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-/* The two block scales at i over the 16 lanes (0 for a second block that is not there). */
-static inline __attribute__((always_inline)) __m512 step_scales(const void *p, int64_t i, int two, const int bits,
-                                                                const int sd) {
-    __m128 both;
-    if (sd == F16) {
-        uint32_t halves = 0;
-        memcpy(&halves, (const uint16_t *)p + i, sizeof(uint16_t));
-        if (two) memcpy(&halves, (const uint16_t *)p + i, sizeof halves);
-        both = _mm_cvtph_ps(_mm_cvtsi32_si128((int)halves));
-    } else {
-        const float *f = (const float *)p + i;
-        both = two ? _mm_castpd_ps(_mm_load_sd((const double *)f)) : _mm_load_ss(f);
+/* Quantizes x row m (elements from `offset`) into xq, with scalar code's scale, quotient and
+ * rounding (to nearest even, as nearbyintf): scalar, a row of the MLP's down projection took
+ * longer than its Q4_1 weight took to stream. 64 inputs (two blocks) a pass; for 4 bits a step
+ * (128 inputs) holds [evens of its first 64, of its second 64, odds of the first, of the second],
+ * the order of its weight bytes' [low nibbles, high nibbles]. Lanes of absent blocks stay 0. */
+static void quantize_row_vector(const void *x, int64_t offset, int dtype, int K, int bits, const Quantized *xq,
+                                int m) {
+    int8_t *q = xq->q + m * xq->width;
+    float *lanes = xq->lanes + m * xq->steps * LANES, *sums = xq->sums + m * xq->blocks;
+    uint8_t order[STEP]; /* byte j of a 4-bit pass takes input (j % 32) * 2 + j / 32 */
+    for (int j = 0; j < STEP; j++) order[j] = (uint8_t)((j % (STEP / 2)) * 2 + j / (STEP / 2));
+    const __m512i evens_odds = _mm512_loadu_si512(order);
+    const int halves = step_blocks(bits) / 2, blocks = K / BLOCK;
+    for (int64_t pass = 0; pass < (blocks + 1) / 2; pass++) {
+        __m128i part[4] = {_mm_setzero_si128(), _mm_setzero_si128(), _mm_setzero_si128(), _mm_setzero_si128()};
+        float d[2] = {0.0f, 0.0f};
+        for (int h = 0; h < 2 && 2 * pass + h < blocks; h++) {
+            const int64_t b = 2 * pass + h, at = offset + b * BLOCK;
+            const __m512 v0 = load16(x, at, dtype), v1 = load16(x, at + 16, dtype);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+            const __m512 by = _mm512_set1_ps(inverse);
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, by)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, by));
+            sums[b] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            part[2 * h] = _mm512_cvtsepi32_epi8(q0), part[2 * h + 1] = _mm512_cvtsepi32_epi8(q1);
+            d[h] = scale;
+        }
+        __m512i values = _mm512_castsi128_si512(part[0]);
+        values = _mm512_inserti32x4(values, part[1], 1);
+        values = _mm512_inserti32x4(values, part[2], 2);
+        values = _mm512_inserti32x4(values, part[3], 3);
+        const int64_t s = pass / halves, half = pass % halves;
+        if (bits == 8) {
+            _mm512_storeu_si512(q + s * STEP, values);
+        } else {
+            values = _mm512_permutexvar_epi8(evens_odds, values);
+            int8_t *at = q + s * 2 * STEP + half * (STEP / 2);
+            _mm256_storeu_si256((__m256i *)at, _mm512_castsi512_si256(values));
+            _mm256_storeu_si256((__m256i *)(at + STEP), _mm512_extracti64x4_epi64(values, 1));
+        }
+        for (int l = 0; l < LANES; l++)
+            if (lane_block(l, bits) / 2 == half) lanes[s * LANES + l] = d[lane_block(l, bits) % 2];
     }
-    const __m512i q8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i q4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-    return _mm512_permutexvar_ps(bits == 8 ? q8 : q4, _mm512_castps128_ps512(both));
 }
 
-static inline __attribute__((always_inline)) void row_dots(const uint8_t *restrict w, const void *restrict ws,
-                                                           const Quantized *xq, int m, const int bits, const int sd,
-                                                           float *out, const int R) {
-    __m512 acc[ROWS];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    const __m512i zero = _mm512_setzero_si512();
-    for (int64_t s = 0; s < xq->steps; s++) {
-        const int two = xq->blocks - 2 * s >= 2;
-        __m512i wv = step_bytes(w, s, two, bits);
+/* Step s's 64 weight bytes of a row, or the first nb blocks' (zeros after) in a short last step. */
+static inline __attribute__((always_inline)) __m512i step_bytes(const uint8_t *row, int64_t s, int nb,
+                                                                const int bits) {
+    const int bytes = nb * (bits == 8 ? BLOCK : BLOCK / 2);
+    return _mm512_maskz_loadu_epi8(bytes >= STEP ? ~(__mmask64)0 : ((__mmask64)1 << bytes) - 1, row + s * STEP);
+}
+
+/* Step s's block scales (nb of them; 0 for absent ones) over the 16 lanes. */
+static inline __attribute__((always_inline)) __m512 step_scales(const void *p, int64_t s, int nb, const int bits,
+                                                                const int sd) {
+    const __mmask8 present = (__mmask8)((1u << nb) - 1);
+    const int64_t i = s * step_blocks(bits);
+    const __m128 scales = sd == F16 ? _mm_cvtph_ps(_mm_maskz_loadu_epi16(present, (const uint16_t *)p + i))
+                                    : _mm_maskz_loadu_ps(present, (const float *)p + i);
+    const __m512i q8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i q4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(bits == 8 ? q8 : q4, _mm512_castps128_ps512(scales));
+}
+
+/* One step of an NR x R tile: each weight row's bytes and scales are read once for the R x rows,
+ * each x row's once for the NR weight rows. nb is a constant where inlined but in the last step. */
+static inline __attribute__((always_inline)) void tile_step(const uint8_t *restrict w, int64_t row_bytes,
+                                                            const void *restrict ws, int64_t scale_stride,
+                                                            const Quantized *xq, int m, int64_t s, int nb,
+                                                            const int bits, const int sd, __m512 *acc, const int NR,
+                                                            const int R) {
+    const __m512i zero = _mm512_setzero_si512(), nibble = _mm512_set1_epi8(15);
+    __m512i xv[ROWS], xh[ROWS];
+    __m512 xd[ROWS];
+    for (int r = 0; r < R; r++) {
+        const int8_t *x = xq->q + (m + r) * xq->width + s * step_blocks(bits) * BLOCK;
+        xv[r] = _mm512_loadu_si512(x);
+        if (bits == 4) xh[r] = _mm512_loadu_si512(x + STEP);
+        xd[r] = _mm512_loadu_ps(xq->lanes + ((m + r) * xq->steps + s) * LANES);
+    }
+    for (int i = 0; i < NR; i++) {
+        __m512i wv = step_bytes(w + i * row_bytes, s, nb, bits), high = zero;
         __mmask64 negative = 0;
         if (bits == 8) negative = _mm512_movepi8_mask(wv), wv = _mm512_abs_epi8(wv);
-        const __m512 wd = step_scales(ws, 2 * s, two, bits, sd);
+        else high = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble), wv = _mm512_and_si512(wv, nibble);
+        const __m512 wd = step_scales((const char *)ws + i * scale_stride, s, nb, bits, sd);
         for (int r = 0; r < R; r++) {
-            __m512i xv = _mm512_loadu_si512(xq->q + (m + r) * xq->width + s * STEP);
-            if (bits == 8) xv = _mm512_mask_sub_epi8(xv, negative, zero, xv);
-            const __m512 dots = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, wv, xv));
-            const __m512 d = _mm512_mul_ps(wd, _mm512_loadu_ps(xq->lanes + ((m + r) * xq->steps + s) * LANES));
-            acc[r] = _mm512_fmadd_ps(dots, d, acc[r]);
+            const __m512i dots = bits == 8
+                                     ? _mm512_dpbusd_epi32(zero, wv, _mm512_mask_sub_epi8(xv[r], negative, zero, xv[r]))
+                                     : _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, wv, xv[r]), high, xh[r]);
+            acc[i * R + r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(wd, xd[r]), acc[i * R + r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+/* out[i * R + r]: weight row i of the NR at w (row_bytes apart, scales scale_stride bytes apart)
+ * times x row m + r. One row's sum alone is a chain of dependent fmadds, which held a thread to
+ * 18 GB/s of Q4_1 (four cycles a step): a tile sums NR x R chains, and fewer than four take
+ * turns over `chains` sets of accumulators, step by step. */
+static inline __attribute__((always_inline)) void tile_dots(const uint8_t *restrict w, int64_t row_bytes,
+                                                            const void *restrict ws, int64_t scale_stride,
+                                                            const Quantized *xq, int m, const int bits, const int sd,
+                                                            float *out, const int NR, const int R) {
+    const int sums = NR * R, chains = sums >= 4 ? 1 : 4 / sums, per = step_blocks(bits);
+    __m512 acc[TILE * ROWS];
+    for (int a = 0; a < sums * chains; a++) acc[a] = _mm512_setzero_ps();
+    const int64_t full = xq->blocks / per, turns = full - full % chains;
+    for (int64_t s = 0; s < turns; s += chains)
+        for (int c = 0; c < chains; c++)
+            tile_step(w, row_bytes, ws, scale_stride, xq, m, s + c, per, bits, sd, acc + c * sums, NR, R);
+    for (int64_t s = turns; s < full; s++)
+        tile_step(w, row_bytes, ws, scale_stride, xq, m, s, per, bits, sd, acc, NR, R);
+    if (xq->blocks % per)
+        tile_step(w, row_bytes, ws, scale_stride, xq, m, full, (int)(xq->blocks % per), bits, sd, acc, NR, R);
+    for (int c = 1; c < chains; c++)
+        for (int a = 0; a < sums; a++) acc[a] = _mm512_add_ps(acc[a], acc[c * sums + a]);
+    for (int a = 0; a < sums; a++) out[a] = _mm512_reduce_add_ps(acc[a]);
 }
 #elif AVX2
 static inline float sum8(__m256 v) {
@@ -171,9 +258,11 @@ static inline __attribute__((always_inline)) void row_dots(const uint8_t *restri
     for (int r = 0; r < R; r++) out[r] = sum8(acc[r]);
 }
 #else
-static inline __attribute__((always_inline)) void row_dots(const uint8_t *restrict w, const void *restrict ws,
-                                                           const Quantized *xq, int m, const int bits, const int sd,
-                                                           float *out, const int R) {
+/* The scalar build sums a row in this one function for both scale types, from scales widened
+ * first: reassociation vectorised float32 scales' loop and not float16's (a library call each),
+ * which summed them in different orders, and float16 scales must give their float32 values' bits. */
+static __attribute__((noinline)) void row_dots_wide(const uint8_t *restrict w, const float *restrict ws,
+                                                     const Quantized *xq, int m, int bits, float *out, int R) {
     for (int r = 0; r < R; r++) {
         const int8_t *x = xq->q + (m + r) * xq->width;
         float total = 0.0f;
@@ -188,13 +277,68 @@ static inline __attribute__((always_inline)) void row_dots(const uint8_t *restri
                 dot[b] += weight * x[s * STEP + j];
             }
             for (int b = 0; b < blocks; b++)
-                total += (float)dot[b] * (load_one(ws, 2 * s + b, sd, NULL) *
-                                          xq->lanes[((m + r) * xq->steps + s) * LANES + (b ? 15 : 0)]);
+                total += (float)dot[b] * (ws[2 * s + b] * xq->lanes[((m + r) * xq->steps + s) * LANES + (b ? 15 : 0)]);
         }
         out[r] = total;
     }
 }
+
+static inline __attribute__((always_inline)) void row_dots(const uint8_t *restrict w, const void *restrict ws,
+                                                           const Quantized *xq, int m, const int bits, const int sd,
+                                                           float *out, const int R) {
+    float wide[xq->blocks];
+    for (int64_t g = 0; g < xq->blocks; g++) wide[g] = load_one(ws, g, sd, NULL);
+    row_dots_wide(w, wide, xq, m, bits, out, R);
+}
+
+/* offset_dot's sum, one function for both offset types (as row_dots_wide). */
+static __attribute__((noinline)) float dot_wide(const float *restrict a, const float *restrict b, int n) {
+    float total = 0.0f;
+    for (int g = 0; g < n; g++) total += a[g] * b[g];
+    return total;
+}
 #endif
+
+#if !VNNI512
+static inline __attribute__((always_inline)) void tile_dots(const uint8_t *restrict w, int64_t row_bytes,
+                                                            const void *restrict ws, int64_t scale_stride,
+                                                            const Quantized *xq, int m, const int bits, const int sd,
+                                                            float *out, const int NR, const int R) {
+    for (int i = 0; i < NR; i++) {
+        float rows[ROWS];
+        row_dots(w + i * row_bytes, (const char *)ws + i * scale_stride, xq, m, bits, sd, rows, R);
+        for (int r = 0; r < R; r++) out[i * R + r] = rows[r];
+    }
+}
+#endif
+
+/* Weight rows [n, n + nr) of a tile times x rows [m, m + R) into out[i * R + r]: four weight rows
+ * at once where the registers hold their accumulators (R of 1 or 2), else two and two. */
+static inline __attribute__((always_inline)) void tile_rows(const uint8_t *restrict w, int64_t row_bytes,
+                                                            const void *restrict ws, int64_t scale_stride,
+                                                            const Quantized *xq, int m, const int bits, const int sd,
+                                                            float *out, int nr, int R) {
+#define TILE_DOTS(I, NR, R_)                                                                                           \
+    tile_dots(w + (I) * row_bytes, row_bytes, (const char *)ws + (I) * scale_stride, scale_stride, xq, m, bits, sd,  \
+              out + (I) * (R_), NR, R_)
+    if (nr == TILE) {
+        switch (R) {
+        case 1: TILE_DOTS(0, TILE, 1); return;
+        case 2: TILE_DOTS(0, TILE, 2); return;
+        case 3: TILE_DOTS(0, 2, 3), TILE_DOTS(2, 2, 3); return;
+        default: TILE_DOTS(0, 2, 4), TILE_DOTS(2, 2, 4); return;
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        switch (R) {
+        case 1: TILE_DOTS(i, 1, 1); break;
+        case 2: TILE_DOTS(i, 1, 2); break;
+        case 3: TILE_DOTS(i, 1, 3); break;
+        default: TILE_DOTS(i, 1, 4); break;
+        }
+    }
+#undef TILE_DOTS
+}
 
 /* sum_g offset[g] * sums[g] over a row's n blocks, offset of dtype (F32 or F16): one order of
  * sums for both, so float16 offsets give the bits of their float32 values. */
@@ -220,9 +364,9 @@ static inline float offset_dot(const void *offset, int dtype, const float *sums,
     for (; g < n; g++) total += load_one(offset, g, dtype, NULL) * sums[g];
     return total;
 #else
-    float total = 0.0f;
-    for (int g = 0; g < n; g++) total += load_one(offset, g, dtype, NULL) * sums[g];
-    return total;
+    float wide[n];
+    for (int g = 0; g < n; g++) wide[g] = load_one(offset, g, dtype, NULL);
+    return dot_wide(wide, sums, n);
 #endif
 }
 
@@ -231,42 +375,59 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
                 const void *scale, const void *offset, const void *bias, int scale_dtype, int M, int N, int K,
                 int bits, int threads) {
     const int blocks = K / BLOCK;
-    Quantized xq = {NULL, NULL, NULL, 0, (blocks + 1) / 2, blocks};
-    xq.width = xq.steps * STEP;
+    const int per = step_blocks(bits);
+    Quantized xq = {NULL, NULL, NULL, 0, (blocks + per - 1) / per, blocks};
+    xq.width = xq.steps * per * BLOCK;
     xq.q = calloc((size_t)M * xq.width, 1);
-    xq.lanes = malloc(sizeof(float) * (size_t)M * xq.steps * LANES);
+    xq.lanes = calloc((size_t)M * xq.steps * LANES, sizeof(float));
     xq.sums = malloc(sizeof(float) * (size_t)M * blocks);
     if (!xq.q || !xq.lanes || !xq.sums) {
         free(xq.q), free(xq.lanes), free(xq.sums);
         return -1;
     }
-    for (int m = 0; m < M; m++) quantize_row(x, (int64_t)m * x_stride, dtype, K, bits, &xq, m);
+    for (int m = 0; m < M; m++) {
+#if VNNI512
+        quantize_row_vector(x, (int64_t)m * x_stride, dtype, K, bits, &xq, m);
+#else
+        quantize_row(x, (int64_t)m * x_stride, dtype, K, bits, &xq, m);
+#endif
+    }
     const int64_t row_bytes = (int64_t)K * bits / 8, scale_bytes = blocks * element_size(scale_dtype);
+    /* Short rows a tile of TILE at once; long ones singly, one stream per thread: tiles of long
+     * rows ran several streams a thread, and read Q4_1's MLP down at 23 GB/s against 29. */
+    const int ahead = row_bytes < PREFETCH_BYTES ? (int)(PREFETCH_BYTES / row_bytes) : 1;
+    const int tile = row_bytes < SHORT_ROW ? TILE : 1, tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int n = 0; n < N; n++) {
+    for (int t = 0; t < tiles; t++) {
+        const int n = t * tile, nr = N - n < tile ? N - n : tile;
         const uint8_t *w = qweight + n * row_bytes;
-        /* the rows a few on: short rows end before the hardware's prefetcher ramps up */
-        if (n + PREFETCH_ROWS < N)
-            for (int64_t k = 0; k < row_bytes; k += 64) __builtin_prefetch(w + PREFETCH_ROWS * row_bytes + k, 0, 0);
-        const void *ws = (const char *)scale + n * scale_bytes; /* each step's two widened as read */
-        const void *wo = offset ? (const char *)offset + n * scale_bytes : NULL;
-        const float b = bias ? load_one(bias, n, dtype, NULL) : 0.0f;
-        for (int m = 0; m < M; m += ROWS) {
-            float out[ROWS];
-#define DOTS_SD(R, SD) (bits == 8 ? row_dots(w, ws, &xq, m, 8, SD, out, R) : row_dots(w, ws, &xq, m, 4, SD, out, R))
-#define DOTS(R) (scale_dtype == F16 ? DOTS_SD(R, F16) : DOTS_SD(R, F32))
-            switch (M - m < ROWS ? M - m : ROWS) {
-            case 4: DOTS(4); break;
-            case 3: DOTS(3); break;
-            case 2: DOTS(2); break;
-            default: DOTS(1); break;
+        /* The rows `ahead` on, their scales and offsets too: short rows end before the hardware's
+         * prefetcher ramps up, and left to it the scales' streams held Q4_1's LM head to 36 GB/s
+         * (50-60 with them). About PREFETCH_BYTES of weight ahead measured best, short rows or long. */
+        if (n + tile + ahead <= N) {
+            const char *rows = (const char *)w + ahead * row_bytes, *scales = (const char *)scale + (n + ahead) * scale_bytes;
+            for (int64_t k = 0; k < tile * row_bytes; k += 64) __builtin_prefetch(rows + k, 0, 3);
+            for (int64_t k = 0; k < tile * scale_bytes; k += 64) {
+                __builtin_prefetch(scales + k, 0, 3);
+                if (offset) __builtin_prefetch(scales - (const char *)scale + (const char *)offset + k, 0, 3);
             }
-#undef DOTS
-#undef DOTS_SD
-            for (int r = 0; r < ROWS && m + r < M; r++) {
-                float v = out[r] + b;
-                if (wo) v += offset_dot(wo, scale_dtype, xq.sums + (m + r) * blocks, blocks);
-                store_one(y, (int64_t)(m + r) * y_stride + n, v, dtype);
+        }
+        const void *ws = (const char *)scale + n * scale_bytes; /* each step's two widened as read */
+        for (int m = 0; m < M; m += ROWS) {
+            const int R = M - m < ROWS ? M - m : ROWS;
+            float out[TILE * ROWS];
+            if (bits == 8 && scale_dtype == F16) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, 8, F16, out, nr, R);
+            else if (bits == 8) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, 8, F32, out, nr, R);
+            else if (scale_dtype == F16) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, 4, F16, out, nr, R);
+            else tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, 4, F32, out, nr, R);
+            for (int i = 0; i < nr; i++) {
+                const void *wo = offset ? (const char *)offset + (n + i) * scale_bytes : NULL;
+                const float b = bias ? load_one(bias, n + i, dtype, NULL) : 0.0f;
+                for (int r = 0; r < R; r++) {
+                    float v = out[i * R + r] + b;
+                    if (wo) v += offset_dot(wo, scale_dtype, xq.sums + (m + r) * blocks, blocks);
+                    store_one(y, (int64_t)(m + r) * y_stride + n + i, v, dtype);
+                }
             }
         }
     }
