@@ -11,10 +11,11 @@
  * Each x row is cut into blocks of 32, each quantized to int8 with one scale d = max|x| / 127
  * (q = x / d rounded to nearest), so a block's product is an integer dot product times both
  * scales, plus the weight's offset times the block's sum of (quantized) x: no conversion of the
- * weight to float. 64 inputs (two blocks) a step, as 64 bytes of weight: Q8_0's as they are,
- * 4-bit ones as [low nibbles, high nibbles] of their 32 bytes, and x in the same order ([evens,
- * odds] of the 64 for 4 bits). Lane l of 16 (4 bytes each) then sums block lane_block(l).
- * With AVX-512 VNNI one vpdpbusd a step (unsigned by signed bytes: nibbles as they are; Q8_0's
+ * weight to float. A step takes 64 bytes of weight: two Q8_0 blocks as they are, or (AVX-512) four
+ * 4-bit blocks whose [low nibbles, high nibbles] each meet x in the same order, both summed into
+ * the same lanes; without AVX-512, 4-bit steps take two blocks' 32 bytes as [low, high] nibbles.
+ * Lane l of 16 (4 bytes each) then sums block lane_block(l) of its step.
+ * With AVX-512 VNNI one vpdpbusd per 64 bytes (unsigned by signed bytes: nibbles as they are; Q8_0's
  * weight as |q| with x taking q's sign: |q| of -128 is 128, and x, within +-127, negates safely);
  * with AVX2 maddubs and madd on each half (pairs within int16: 2 * 128 * 127); else scalar loops.
  * Threads take equal halves (static) of the weight rows: spans handed out as threads come free,
