@@ -21,12 +21,14 @@ F16_FIELDS = {
     Q.Q8_0: (0,),
     Q.Q4_0: (0,),
     Q.Q4_1: (0, 2),
+    Q.Q5_0: (0,),
+    Q.Q5_1: (0, 2),
     Q.Q4_K: (0, 2),
     Q.Q5_K: (0, 2),
     Q.Q6_K: (208,),
 }
 # Types the gguf package quantizes; the others are written as random blocks.
-QUANTIZABLE = (Q.Q8_0, Q.Q4_0, Q.Q4_1)
+QUANTIZABLE = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1)
 
 
 def random_blocks(

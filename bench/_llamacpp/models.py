@@ -29,7 +29,9 @@ QWEN25_05B_SHAPE = dict(
     initializer_range=0.02,
 )
 CONVERTED = ("f32", "bf16", "q8_0")  # the converter's own output types
-QUANTIZED = {"q4_1": ("f32", "Q4_1")}  # llama-quantize: made from, type name
+# llama-quantize: made from, type name. Q4_K_M: Q4_K with some tensors in Q6_K, the mix most
+# GGUF downloads come in.
+QUANTIZED = {"q4_1": ("f32", "Q4_1"), "q4_k_m": ("f32", "Q4_K_M")}
 
 # Our tokenizer is trained here as a GPT-2 byte-level BPE: the converter's Qwen2 class would try
 # SentencePiece first (a package this venv need not have), and it names a pre-tokenizer by
@@ -48,7 +50,7 @@ convert_hf_to_gguf.main()
 
 @dataclass(frozen=True)
 class BenchModel:
-    key: str  # what --models names: f32, bf16, q8_0, q4_1, smollm2
+    key: str  # what --models names: f32, bf16, q8_0, q4_1, q4_k_m, smollm2
     name: str  # e.g. "qwen2.5-0.5b Q8_0"
     gguf: Path
     hf_dir: Path | None  # the same weights as safetensors, where there is such a checkpoint

@@ -365,7 +365,7 @@ ARG_SUPPORT: dict[str, Support] = {
         ("auto", "pt", "safetensors", "dummy", "gguf"),
         "the other weight formats are not supported yet; gguf reads a .gguf file (also what "
         "auto does for one) with the config and tokenizer from its metadata, its tensors F32, "
-        "F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K (docs/gguf.md)",
+        "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (docs/gguf.md)",
     ),
     "download_dir": HONOURED,
     "model_loader_extra_config": refused("no model loader here takes extra settings"),

@@ -45,8 +45,8 @@ def engine_model(llm: LLM):
 
 @pytest.mark.parametrize(
     ("qtype", "tied"),
-    [(Q.F32, False), (Q.Q8_0, True), (Q.Q4_0, False), (Q.Q4_1, True)],
-    ids=["F32", "Q8_0-tied", "Q4_0", "Q4_1-tied"],
+    [(Q.F32, False), (Q.Q8_0, True), (Q.Q4_0, False), (Q.Q4_1, True), (Q.Q5_0, False), (Q.Q5_1, True)],
+    ids=["F32", "Q8_0-tied", "Q4_0", "Q4_1-tied", "Q5_0", "Q5_1-tied"],
 )
 def test_greedy_tokens_equal_transformers_gguf(
     tiny_llama, tied_llama, tmp_path, qtype: Q, tied: bool
@@ -68,7 +68,7 @@ def test_greedy_tokens_equal_transformers_gguf(
         return
     # On the CPU every linear layer (QKV and gate/up joined) and the vocabulary stay as blocks.
     assert len(kept) == len(linears) and all(m.weight.numel() == 0 for m in kept)
-    assert {m.quant_method.bits for m in kept} == {8 if qtype == Q.Q8_0 else 4}
+    assert {m.quant_method.bits for m in kept} == {4 if qtype in (Q.Q4_0, Q.Q4_1) else 8}
     embedding = model.model.embed_tokens
     assert isinstance(embedding.quantized, GroupQuantWeight) and embedding.weight.numel() == 0
     head = model.lm_head
@@ -191,9 +191,9 @@ def test_dense_at_load_where_blocks_are_not_kept(tiny_llama, tmp_path, monkeypat
     ]
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_1], ids=lambda t: t.name)
 def test_int8_activations_keep_greedy_tokens(tiny_llama, tmp_path, monkeypatch, qtype: Q):
-    """bf16 decode on Q8_0/Q4_1 blocks multiplies x quantized to int8 (kernels/cpu/int8_linear.py,
+    """bf16 decode on Q8_0/Q4_1/Q5_1 blocks multiplies x quantized to int8 (kernels/cpu/int8_linear.py,
     llama.cpp's method). The greedy tokens stay those of the same blocks with bf16 x up to a
     near tie of the random model's logits: where they part, the int8 run's token was within
     NEAR_TIE of the best by the bf16 run's own log-probabilities."""
@@ -289,11 +289,10 @@ def test_refusals(tiny_llama, tmp_path):
 def test_unsupported_tensor_type_is_named(tiny_llama, tmp_path):
     """A block type the loader does not convert stops the load, naming the tensor and type."""
     from gguf import GGUFReader
-    from gguf.quants import quantize
 
     file = write(tiny_llama, tmp_path / "q8", Q.Q8_0)
     reader = GGUFReader(file)
-    odd = tmp_path / "odd" / "tiny-q5.gguf"
+    odd = tmp_path / "odd" / "tiny-iq4.gguf"
     odd.parent.mkdir()
     writer = GGUFWriter(str(odd), "llama")
     for field in reader.fields.values():
@@ -301,15 +300,15 @@ def test_unsupported_tensor_type_is_named(tiny_llama, tmp_path):
             writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1])
     for tensor in reader.tensors:
         if tensor.name == "blk.1.ffn_up.weight":
-            values = torch.randn(128, 64).numpy()
-            writer.add_tensor(tensor.name, quantize(values, Q.Q5_0), raw_dtype=Q.Q5_0)
+            blocks = torch.randint(0, 256, (128, 2 * 18), dtype=torch.uint8).numpy()  # 64 wide
+            writer.add_tensor(tensor.name, blocks, raw_dtype=Q.IQ4_NL)
         else:
             writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelLoadError, match=r"'blk\.1\.ffn_up\.weight' .*Q5_0"):
+    with pytest.raises(ModelLoadError, match=r"'blk\.1\.ffn_up\.weight' .*IQ4_NL"):
         LLM(str(odd), tokenizer=tiny_llama, **SMALL)
 
 

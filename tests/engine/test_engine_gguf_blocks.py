@@ -31,14 +31,14 @@ def test_random_blocks_match_gguf_reference(qtype: Q, seed: int) -> None:
     assert np.array_equal(weight.dequantize(torch.float32).numpy(), expected)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1], ids=lambda t: t.name)
 def test_quantized_by_gguf_match_its_reference(qtype: Q) -> None:
     """Weights quantized by the package itself (it quantizes these types)."""
     values = np.random.default_rng(3).standard_normal((8, 128)).astype(np.float32)
     raw = quantize(values, qtype)
     weight = group_quant_weight(raw, qtype)
     assert np.array_equal(weight.dequantize(torch.float32).numpy(), dequantize(raw, qtype))
-    assert weight.bits == (8 if qtype == Q.Q8_0 else 4)
+    assert weight.bits == (4 if qtype in (Q.Q4_0, Q.Q4_1) else 8)
 
 
 def test_k_quant_layout() -> None:
@@ -63,6 +63,8 @@ def test_scales_stay_float16_where_it_holds_them() -> None:
         Q.Q8_0: torch.float16,
         Q.Q4_0: torch.float16,
         Q.Q4_1: torch.float16,
+        Q.Q5_0: torch.float16,
+        Q.Q5_1: torch.float16,
         Q.Q4_K: torch.float32,
         Q.Q5_K: torch.float32,
         Q.Q6_K: torch.float32,

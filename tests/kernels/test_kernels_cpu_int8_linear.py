@@ -139,5 +139,6 @@ def test_gguf_blocks_are_marked():
         raw = torch.randint(0, 256, (4, block_bytes * 8), dtype=torch.uint8)
         return gguf_blocks.group_quant_weight(raw.numpy(), qtype)
 
-    assert all(weight(t).int8_activations for t in (Q.Q8_0, Q.Q4_0, Q.Q4_1))
-    assert not weight(Q.Q6_K).int8_activations
+    groups_of_32 = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K)
+    assert all(weight(t).int8_activations for t in groups_of_32)
+    assert not weight(Q.Q6_K).int8_activations  # groups of 16

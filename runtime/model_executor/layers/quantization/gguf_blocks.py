@@ -10,14 +10,18 @@ A row of a GGUF tensor (``[N, K]``, the layout of a torch weight) is a run of bl
 - Q8_0: 32 int8 after one f16 scale ``d``: group 32, 8 bits, ``w = d * q``.
 - Q4_0 / Q4_1: 32 4-bit codes after ``d`` (and Q4_1's f16 minimum ``m``), element ``j`` in the
   low nibble of byte ``j``, ``j + 16`` in its high one: ``w = d * (q - 8)``, ``w = d * q + m``.
+- Q5_0 / Q5_1: as Q4_0 / Q4_1 with a fifth bit for element ``j`` at bit ``j`` of four bytes
+  (``qh``, little-endian) after the scales: ``w = d * (q - 16)``, ``w = d * q + m``, the codes
+  kept as 8 bits (``q - 16`` for Q5_0, so no offset).
 - Q4_K / Q5_K: super-blocks of 256 with ``d``, ``dmin`` and eight 6-bit scales and minimums, one
   per group of 32: ``w = d * sc * q - dmin * m``; Q5_K's fifth bits come in 32 bytes of their own,
   so its codes (0..31) are kept as 8 bits.
 - Q6_K: super-blocks of 256 in 16 groups of 16 with an int8 scale each and ``d`` at the end:
   ``w = d * sc * (q - 32)``, kept as 8 bits.
 
-Q8_0, Q4_0 and Q4_1 are marked ``int8_activations``: decode on the CPU multiplies them with x
-quantized to int8 blocks, as llama.cpp does (kernels/cpu/int8_linear.py).
+Every type in groups of 32 (all but Q6_K's 16) is marked ``int8_activations``: decode on the CPU
+multiplies it with x quantized to int8 blocks of 32, as llama.cpp does for Q8_0, Q4_0 and Q4_1
+(kernels/cpu/int8_linear.py; for the K-quants llama.cpp quantizes x in blocks of 256).
 """
 
 from __future__ import annotations
@@ -104,6 +108,24 @@ def _q4_1(blocks: torch.Tensor) -> GroupQuantWeight:
     return GroupQuantWeight(q, scale, offset, 32, 4, int8_activations=True)
 
 
+def _fifth_bits(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """Q5_0's / Q5_1's 32 fifth bits (bit j of the little-endian 4 bytes at ``at``), as 0 or 16."""
+    bits = blocks[..., at : at + 4].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)
+    return ((bits & 1) << 4).reshape(*blocks.shape[:-1], 32)
+
+
+def _q5_0(blocks: torch.Tensor) -> GroupQuantWeight:
+    q = (_nibbles(blocks[..., 6:22], 16) | _fifth_bits(blocks, 2)).to(torch.int8) - 16
+    scale, _ = _as_stored(_flat(_f16(blocks, 0)), None)
+    return GroupQuantWeight(_flat(q), scale, None, 32, 8, int8_activations=True)
+
+
+def _q5_1(blocks: torch.Tensor) -> GroupQuantWeight:
+    q = (_nibbles(blocks[..., 8:24], 16) | _fifth_bits(blocks, 4)).to(torch.int8)
+    scale, offset = _as_stored(_flat(_f16(blocks, 0)), _flat(_f16(blocks, 2)))
+    return GroupQuantWeight(_flat(q), scale, offset, 32, 8, int8_activations=True)
+
+
 def _k_groups(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K/Q5_K's per-group scale ``d * sc`` and offset ``-(dmin * m)``."""
     scales, mins = _k_scales(blocks[..., 4:16])
@@ -114,7 +136,7 @@ def _k_groups(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _q4_k(blocks: torch.Tensor) -> GroupQuantWeight:
     scale, offset = _k_groups(blocks)
     q = _repack4(blocks[..., 16:144], 32)
-    return GroupQuantWeight(q, scale, offset, 32, 4)
+    return GroupQuantWeight(q, scale, offset, 32, 4, int8_activations=True)
 
 
 def _q5_k(blocks: torch.Tensor) -> GroupQuantWeight:
@@ -124,7 +146,7 @@ def _q5_k(blocks: torch.Tensor) -> GroupQuantWeight:
     shifts = torch.arange(8, dtype=torch.uint8).reshape(8, 1)
     high = ((blocks[..., 16:48].unsqueeze(-2) >> shifts) & 1).reshape(low.shape)
     q = (low | (high << 4)).to(torch.int8)
-    return GroupQuantWeight(_flat(q), scale, offset, 32, 8)
+    return GroupQuantWeight(_flat(q), scale, offset, 32, 8, int8_activations=True)
 
 
 def _q6_k(blocks: torch.Tensor) -> GroupQuantWeight:
@@ -144,6 +166,8 @@ BLOCK_TYPES: dict[Q, tuple[int, int, Callable[[torch.Tensor], GroupQuantWeight]]
     Q.Q8_0: (34, 32, _q8_0),
     Q.Q4_0: (18, 32, _q4_0),
     Q.Q4_1: (20, 32, _q4_1),
+    Q.Q5_0: (22, 32, _q5_0),
+    Q.Q5_1: (24, 32, _q5_1),
     Q.Q4_K: (144, SUPER_BLOCK, _q4_k),
     Q.Q5_K: (176, SUPER_BLOCK, _q5_k),
     Q.Q6_K: (210, SUPER_BLOCK, _q6_k),
