@@ -45,7 +45,14 @@ def engine_model(llm: LLM):
 
 @pytest.mark.parametrize(
     ("qtype", "tied"),
-    [(Q.F32, False), (Q.Q8_0, True), (Q.Q4_0, False), (Q.Q4_1, True), (Q.Q5_0, False), (Q.Q5_1, True)],
+    [
+        (Q.F32, False),
+        (Q.Q8_0, True),
+        (Q.Q4_0, False),
+        (Q.Q4_1, True),
+        (Q.Q5_0, False),
+        (Q.Q5_1, True),
+    ],
     ids=["F32", "Q8_0-tied", "Q4_0", "Q4_1-tied", "Q5_0", "Q5_1-tied"],
 )
 def test_greedy_tokens_equal_transformers_gguf(

@@ -56,7 +56,9 @@ def int8_rounding_bound(x, weight):
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("inputs", [96, 160, 4 * 128])  # 3, 5 and 16 blocks: steps of 2 and 4, tails
+@pytest.mark.parametrize(
+    "inputs", [96, 160, 4 * 128]
+)  # 3, 5 and 16 blocks: steps of 2 and 4, tails
 def test_matches_llama_cpp_product(kind, rows, dtype, inputs):
     qweight, scale, offset, bits = gguf_weight(kind, 37, inputs)  # an odd number of outputs
     gen = torch.Generator().manual_seed(1)
