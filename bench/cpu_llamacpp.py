@@ -19,7 +19,7 @@ Both engines use ``--threads`` threads (default: every CPU) and load the same GG
 in the file's own precision (``--dtype float32`` for F32, ``bfloat16`` for BF16; the quantized types
 keep their blocks and compute with bf16 activations, ``--dtype auto``).
 
-    python -m bench cpu_llamacpp [--quick] [--models f32,bf16,q8_0,q4_1,smollm2]
+    python -m bench cpu_llamacpp [--quick] [--models f32,bf16,q8_0,q4_1,smollm2] (q4_k_m too)
                                  [--concurrency 1,8,32] [--threads N] [--no-server]
 """
 
