@@ -117,3 +117,33 @@ def test_engine_tokens_are_the_same_with_cpu_kernels_on_and_off(tmp_path, monkey
     finally:
         monkeypatch.delenv(native.ENABLE_ENV)
         native.load.cache_clear()
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [packed_linear.FLOAT32_MIN_ROWS, 300])
+def test_float32_prefill_rows_go_through_onednn_within_float32_rounding(rows, monkeypatch):
+    """A plain float32 layer's prefill rows run oneDNN on the weight reordered for the call
+    (torch's float32 GEMM, MKL, runs AVX2 code on AMD CPUs): within float32 summation of the
+    float64 product, the weight still plain; fewer rows stay on F.linear."""
+    calls = []
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(
+        torch.ops.mkldnn, "_reorder_linear_weight", lambda *a: calls.append(1) or reorder(*a)
+    )
+    torch.manual_seed(rows)
+    layer = RowParallelLinear(96, 40, bias=True)
+    layer.weight.data.normal_()
+    layer.bias.data.normal_()
+    layer.pack_for_cpu()
+    assert layer.packed_weight is None and layer.weight.numel() == 96 * 40  # float32 stays plain
+    x = torch.randn(1, rows, 96)
+    exact = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+    out = layer(x)
+    assert calls and out.shape == (1, rows, 40) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), exact, rtol=0, atol=1e-5 * exact.abs().max().item())
+    calls.clear()
+    assert torch.equal(
+        layer(x[:, : packed_linear.FLOAT32_MIN_ROWS - 1]),
+        F.linear(x[:, : packed_linear.FLOAT32_MIN_ROWS - 1], layer.weight, layer.bias),
+    )
+    assert not calls

@@ -88,6 +88,8 @@ class LinearBase(nn.Module):
             return packed_linear.linear(x, self.packed_weight, bias)
         if self.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             return ops.fp8_linear(x, self.weight, self.weight_scale, bias)
+        if packed_linear.reorders_float32(x, self.weight):
+            return packed_linear.linear_float32(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
