@@ -1,5 +1,6 @@
-/* Linear layers of few rows (decode) on GGUF's Q8_0, Q4_0 and Q4_1 blocks with the activations
- * quantized to int8, as llama.cpp computes them: y = x @ w.T + bias with
+/* Linear layers of few rows (decode) on GGUF blocks in groups of 32 (8-bit or 4-bit codes: Q8_0,
+ * Q4_0, Q4_1, and Q5_0, Q5_1, Q4_K, Q5_K as the loader holds them) with the activations quantized
+ * to int8, as llama.cpp computes Q8_0/Q4_0/Q4_1: y = x @ w.T + bias with
  * w[n, k] = q[n, k] * scale[n, k / 32] + offset[n, k / 32] (group_quant.c's form, groups of 32).
  *
  * bits 8: qweight int8 [N, K]; bits 4: uint8 [N, K / 2], input 2j in the low nibble of byte j and
