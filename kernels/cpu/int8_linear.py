@@ -18,7 +18,9 @@ from infernetes.kernels.cpu import native
 _DTYPE_CODES = native.dtype_codes(torch.float32, torch.bfloat16)
 _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 BLOCK = 32  # GGUF's block: one weight scale and one activation scale per 32 inputs
-MAX_ROWS = 4  # decode batches where it measured faster (bench/cpu_int8_linear.py)
+# decode batches: 1.0-1.9x the float path up to 8 rows since its tiles (bench/cpu_int8_linear.py
+# --rows 4 6 8: Q4_1 1.14-1.95x, Q8_0 1.02-1.81x, but a 1,152-row Q8_0 QKV at 8 rows 0.91x)
+MAX_ROWS = 8
 
 
 def _library():
