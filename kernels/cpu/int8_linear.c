@@ -5,7 +5,7 @@
  *
  * bits 8: qweight int8 [N, K]; bits 4: uint8 [N, K / 2], input 2j in the low nibble of byte j and
  * 2j + 1 in the high one, values 0..15. scale and offset (or NULL) [N, K / 32] of scale_dtype:
- * float16 as GGUF stores them (each step's two widened as read: the same float32 values, and
+ * float16 as GGUF stores them (each step's widened as read: the same float32 values, and
  * bits, as float32 scales give), or float32. K a multiple of 32. x [M, K] and y [M, N] rows with
  * a row stride, of type dtype (dtypes.h: float32 or bfloat16; bias too, or NULL).
  *
@@ -52,7 +52,7 @@ static inline int step_blocks(int bits) { return bits == 8 ? 2 : BLOCKS4; }
 static inline int lane_block(int l, int bits) { return bits == 8 ? l / 8 : BLOCKS4 == 4 ? l / 4 : (l % 8) / 4; }
 
 /* x rows quantized, in the weight's order: int8 values [M, width] (zeros past K), each step's
- * two block scales spread over its 16 lanes [M, steps, 16], and per block the sum of the
+ * block scales spread over its 16 lanes as lane_block says [M, steps, 16], and per block the sum of the
  * quantized values times their scale [M, blocks] (for the offsets). */
 typedef struct {
     int8_t *q;
@@ -87,7 +87,6 @@ static void quantize_row(const void *x, int64_t offset, int dtype, int K, int bi
         }
     }
 }
-
 #endif
 
 #if VNNI512
@@ -407,14 +406,14 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
          * prefetcher ramps up, and left to it the scales' streams held Q4_1's LM head to 36 GB/s
          * (50-60 with them). About PREFETCH_BYTES of weight ahead measured best, short rows or long. */
         if (n + tile + ahead <= N) {
-            const char *rows = (const char *)w + ahead * row_bytes, *scales = (const char *)scale + (n + ahead) * scale_bytes;
-            for (int64_t k = 0; k < tile * row_bytes; k += 64) __builtin_prefetch(rows + k, 0, 3);
+            const int64_t at = (int64_t)(n + ahead) * scale_bytes;
+            for (int64_t k = 0; k < tile * row_bytes; k += 64) __builtin_prefetch(w + ahead * row_bytes + k, 0, 3);
             for (int64_t k = 0; k < tile * scale_bytes; k += 64) {
-                __builtin_prefetch(scales + k, 0, 3);
-                if (offset) __builtin_prefetch(scales - (const char *)scale + (const char *)offset + k, 0, 3);
+                __builtin_prefetch((const char *)scale + at + k, 0, 3);
+                if (offset) __builtin_prefetch((const char *)offset + at + k, 0, 3);
             }
         }
-        const void *ws = (const char *)scale + n * scale_bytes; /* each step's two widened as read */
+        const void *ws = (const char *)scale + n * scale_bytes; /* each step's widened as read */
         for (int m = 0; m < M; m += ROWS) {
             const int R = M - m < ROWS ? M - m : ROWS;
             float out[TILE * ROWS];
