@@ -128,16 +128,18 @@ class ServedApis:
 
         self._after_crd = asyncio.create_task(later())
 
+    @staticmethod
+    def optional(obj: Mapping[str, Any]) -> bool:
+        """An object of one of the optional group/versions."""
+        return obj["apiVersion"] in OPTIONAL_GROUP_VERSIONS
+
     def unserved(self, obj: Mapping[str, Any]) -> bool:
         """An object of an optional kind whose API is not served (any more)."""
-        return (
-            obj["apiVersion"] in OPTIONAL_GROUP_VERSIONS
-            and f"{obj['apiVersion']}/{obj['kind']}" not in self.apis
-        )
+        return self.optional(obj) and f"{obj['apiVersion']}/{obj['kind']}" not in self.apis
 
     async def gone(self, manifest: Mapping[str, Any]) -> bool:
         """After a failed write: has the kind's optional API gone (its CRD deleted or being so)?"""
-        if manifest["apiVersion"] not in OPTIONAL_GROUP_VERSIONS:
+        if not self.optional(manifest):
             return False
         if self.unserved(manifest):
             return True

@@ -69,6 +69,9 @@ LATE_KINDS = frozenset({"LeaderWorkerSet"})
 # At start-up, the first listing of the resources waits this long for the children's listings.
 STARTUP_DELAY_SECONDS = 1.0
 LEGACY_FINALIZER = f"{names.GROUP}/finalizer"
+# An optional kind discovery lists may answer 404 for a second or so while a CRD comes or goes
+# (see `_failed`): this many quiet retries (1 + 2 + 4 s) before it is an error.
+UNANSWERED_API_RETRIES = 3
 
 
 def _late_kind(result: Plan | None) -> bool:
@@ -425,6 +428,18 @@ class Reconciler:
             self.queue.add(key)
             return False, None
         what = f"{target['kind']} {target['metadata']['name']}"
+        if (
+            exc.status == 404
+            and self.served.optional(target)
+            and self.failures.get(key, 0) < UNANSWERED_API_RETRIES
+        ):
+            # Discovery lists the kind, yet its endpoint answered 404: the API server's handler
+            # of a CRD and its discovery follow the CRD's arrival or removal separately. Not an
+            # error unless it lasts.
+            delay = self._backoff(key)
+            self.queue.add(key, delay)
+            log.info("%s/%s: %s: its API is not answering yet (retry in %.0fs)", *key, what, delay)
+            return False, None
         delay = self._backoff(key)
         # The message stays the same from one attempt to the next: one status write, one event.
         error = ("ReconcileError", f"applying {what}: {exc.message}")

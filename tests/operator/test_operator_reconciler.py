@@ -798,3 +798,53 @@ def test_the_prefill_role_has_its_own_workload_and_status_and_goes_with_spec_pre
     assert "delete Deployment" in api.writes
     assert prefill_id not in api.objects
     assert "prefill" not in api.resource["status"]
+
+
+def test_an_optional_kind_answering_404_while_listed_is_retried_quietly_then_reported(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a second or so after a CRD comes or goes, discovery lists its kind while its endpoint
+    answers 404 (the e2e flake): a few quiet retries, then an error if it lasts."""
+    applied = apply.apply
+    unanswered = {"left": 0}
+
+    def apply_or_404(api_client: Any, manifest: dict) -> dict:
+        if manifest["kind"] == "ServiceMonitor" and unanswered["left"]:
+            unanswered["left"] -= 1
+            raise KubeError(404, "404 page not found")
+        return applied(api_client, manifest)
+
+    monkeypatch.setattr(apply, "apply", apply_or_404)
+    seen: list[tuple[bool, float | None]] = []
+
+    def monitoring_listed(reconciler: Reconciler) -> None:
+        async def still_listed() -> None:
+            pass  # rediscovery keeps saying it is served
+
+        monkeypatch.setattr(reconciler.served, "rediscover", still_listed)
+        reconciler.served.discovered = frozenset({"monitoring.coreos.com/v1/ServiceMonitor"})
+        unanswered["left"] = 4
+
+    def record(reconciler: Reconciler) -> None:
+        degraded = [c for c in api.resource["status"]["conditions"] if c["type"] == "Degraded"]
+        seen.append(
+            (
+                bool(degraded) and degraded[0]["status"] == "True",
+                reconciler.failures.get(KEY),
+            )
+        )
+
+    def answering_when_retried(reconciler: Reconciler) -> None:
+        record(reconciler)
+        retry = reconciler.retries[KEY]
+        reconciler.retries[KEY] = module.Retry(retry.generation, 0.0, retry.delay, retry.error)
+
+    reconciler = run(
+        api, nothing, monitoring_listed, record, record, record, answering_when_retried
+    )
+    # Three quiet retries (1, 2 and 4 s), then the fourth 404 is the resource's error.
+    assert seen == [(False, 1), (False, 2), (False, 3), (True, 4)]
+    assert unanswered["left"] == 0
+    assert ("monitoring.coreos.com/v1", "ServiceMonitor", "llama") in api.objects
+    assert condition(api, "Ready")["reason"] != "ReconcileError"
+    assert KEY not in reconciler.failures
