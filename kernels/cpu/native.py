@@ -269,6 +269,21 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(lines)))
 
 
+@cache
+def cpu_fields() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (``vendor_id``, ``flags``, ...); empty
+    where there is no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    return fields
+
+
 def _build(name: str, compiler: str, text: str | None = None) -> Path:
     """The library of ``name.c`` here, or of the C source ``text`` (generated) under that name."""
     source = text if text is not None else (SOURCE_DIR / f"{name}.c").read_text()

@@ -5,10 +5,11 @@ AVX-512 matmuls read) on every call; for the small batches of decode that reorde
 the product (measured here: the 32000-row LM head at 64 rows 8.5 ms plain, 4.6 ms packed). Packing
 once at load gives bit-identical results on AVX-512 CPUs; on AMX CPUs oneDNN may sum larger batches
 in another order (within bf16 rounding). float32 weights stay plain: decode's few rows take
-skinny_linear's kernel, and prefill's many rows (``FLOAT32_MIN_ROWS``) oneDNN with the weight
-reordered for each call, where torch's own float32 GEMM (MKL) runs AVX2 code on AMD CPUs at
-half the speed. oneDNN sums in another order than MKL (about 1e-6 apart, relative), so where
-float32 runs are compared exactly with transformers, their prompts are shorter than that.
+skinny_linear's kernel, and prefill's many rows (``FLOAT32_MIN_ROWS``) on AVX-512 CPUs not made
+by Intel oneDNN with the weight reordered for each call: torch's own float32 GEMM (MKL) runs its
+AVX2 code there, at half the speed, where on Intel's it beats the reorder. oneDNN sums in another
+order than MKL (about 1e-6 apart, relative), so where float32 runs are compared exactly with
+transformers, their prompts are shorter than that.
 
 oneDNN builds a primitive for each input shape and keeps it in two caches (oneDNN's own and
 ideep's, 1,024 entries each), about 0.7-1 MB of heap per shape. The row count is the number of
@@ -33,9 +34,11 @@ logger = logging.getLogger(__name__)
 PACKABLE_DTYPES = (torch.bfloat16, torch.float16)
 _BATCH_HINT = 64  # the row count oneDNN picks its blocking for; decode batches are about this size
 # float32 products of this many rows or more (prefill) go through oneDNN, the weight reordered per
-# call: torch's float32 GEMM (MKL) runs its AVX2 code on AMD CPUs. Measured here (AMD EPYC, 2
-# threads, Qwen2.5-0.5B's MLP): 197 against 413 GFLOP/s at 512 rows, 174 against 217 at 64, and
-# 121 against 82 at 16, where the reorder costs more than it saves.
+# call, where torch's float32 GEMM (MKL) runs its AVX2 code: AVX-512 CPUs not made by Intel.
+# Measured (2 threads, Qwen2.5-0.5B's MLP), MKL against oneDNN with the reorder: on an AMD EPYC
+# 197 against 413 GFLOP/s at 512 rows, 174 against 217 at 64, and 121 against 82 at 16, where the
+# reorder costs more than it saves; on an Intel Xeon (AMX) MKL was ahead at every size, 1.03-1.4x
+# from 128 rows up (`mkl_float32_is_avx2`).
 FLOAT32_MIN_ROWS = 128
 
 
@@ -69,9 +72,22 @@ def padded_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
+@functools.cache
+def mkl_float32_is_avx2() -> bool:
+    """Whether torch's float32 GEMM runs narrower than the CPU's vectors: MKL dispatches its
+    AVX-512 code on Intel CPUs only."""
+    fields = native.cpu_fields()
+    return (
+        torch.backends.mkl.is_available()
+        and fields.get("vendor_id") not in (None, "GenuineIntel")
+        and "avx512f" in fields.get("flags", "").split()
+    )
+
+
 def reorders_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear_float32` computes ``F.linear(x, weight)``: a plain float32 CPU weight and
-    x of at least ``FLOAT32_MIN_ROWS`` rows (prefill), oneDNN available, the CPU kernels on."""
+    x of at least ``FLOAT32_MIN_ROWS`` rows (prefill), on a CPU where MKL runs AVX2 code only,
+    oneDNN available, the CPU kernels on."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == x.dtype == torch.float32
@@ -80,6 +96,7 @@ def reorders_float32(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and not torch.compiler.is_compiling()
         and native.enabled()
         and torch.backends.mkldnn.is_available()
+        and mkl_float32_is_avx2()
     )
 
 

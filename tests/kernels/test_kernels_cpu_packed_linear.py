@@ -119,12 +119,30 @@ def test_engine_tokens_are_the_same_with_cpu_kernels_on_and_off(tmp_path, monkey
         native.load.cache_clear()
 
 
+AMD_AVX512 = {"vendor_id": "AuthenticAMD", "flags": "fpu sse2 avx2 avx512f avx512bw"}
+
+
+@pytest.fixture
+def cpu_is(monkeypatch):
+    """Sets the CPU `packed_linear` sees (its /proc/cpuinfo fields) for one test."""
+
+    def set_fields(fields: dict[str, str]) -> None:
+        monkeypatch.setattr(native, "cpu_fields", lambda: fields)
+        packed_linear.mkl_float32_is_avx2.cache_clear()
+
+    yield set_fields
+    packed_linear.mkl_float32_is_avx2.cache_clear()
+
+
 @needs_onednn
 @pytest.mark.parametrize("rows", [packed_linear.FLOAT32_MIN_ROWS, 300])
-def test_float32_prefill_rows_go_through_onednn_within_float32_rounding(rows, monkeypatch):
+def test_float32_prefill_rows_go_through_onednn_within_float32_rounding(rows, monkeypatch, cpu_is):
     """A plain float32 layer's prefill rows run oneDNN on the weight reordered for the call
-    (torch's float32 GEMM, MKL, runs AVX2 code on AMD CPUs): within float32 summation of the
-    float64 product, the weight still plain; fewer rows stay on F.linear."""
+    where torch's float32 GEMM (MKL) runs AVX2 code, an AVX-512 CPU not Intel's: within float32
+    summation of the float64 product, the weight still plain; fewer rows stay on F.linear."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("torch built without MKL")
+    cpu_is(AMD_AVX512)
     calls = []
     reorder = torch.ops.mkldnn._reorder_linear_weight
     monkeypatch.setattr(
@@ -147,3 +165,17 @@ def test_float32_prefill_rows_go_through_onednn_within_float32_rounding(rows, mo
         F.linear(x[:, : packed_linear.FLOAT32_MIN_ROWS - 1], layer.weight, layer.bias),
     )
     assert not calls
+
+
+@pytest.mark.parametrize(
+    ("fields", "reorders"),
+    [
+        (AMD_AVX512, True),
+        ({"vendor_id": "GenuineIntel", "flags": AMD_AVX512["flags"] + " amx_bf16"}, False),
+        ({"vendor_id": "AuthenticAMD", "flags": "fpu sse2 avx2"}, False),
+        ({}, False),
+    ],
+)
+def test_float32_prefill_is_reordered_only_where_mkl_runs_avx2_code(fields, reorders, cpu_is):
+    cpu_is(fields)
+    assert packed_linear.mkl_float32_is_avx2() == (reorders and torch.backends.mkl.is_available())
