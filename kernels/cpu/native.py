@@ -284,6 +284,14 @@ def cpu_fields() -> dict[str, str]:
     return fields
 
 
+@cache
+def mkl_tuned_here() -> bool:
+    """Whether torch's float32 products (MKL) run the code made for this CPU: MKL picks its
+    AVX-512 kernels, and spreads a single row's product over the threads, on Intel CPUs only
+    (on an AMD EPYC it ran AVX2 code, and one row on one thread)."""
+    return torch.backends.mkl.is_available() and cpu_fields().get("vendor_id") == "GenuineIntel"
+
+
 def _build(name: str, compiler: str, text: str | None = None) -> Path:
     """The library of ``name.c`` here, or of the C source ``text`` (generated) under that name."""
     source = text if text is not None else (SOURCE_DIR / f"{name}.c").read_text()

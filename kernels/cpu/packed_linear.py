@@ -72,15 +72,12 @@ def padded_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
-@functools.cache
 def mkl_float32_is_avx2() -> bool:
-    """Whether torch's float32 GEMM runs narrower than the CPU's vectors: MKL dispatches its
-    AVX-512 code on Intel CPUs only."""
-    fields = native.cpu_fields()
+    """Whether torch's float32 GEMM (MKL) runs narrower vectors than this CPU has."""
     return (
         torch.backends.mkl.is_available()
-        and fields.get("vendor_id") not in (None, "GenuineIntel")
-        and "avx512f" in fields.get("flags", "").split()
+        and not native.mkl_tuned_here()
+        and "avx512f" in native.cpu_fields().get("flags", "").split()
     )
 
 

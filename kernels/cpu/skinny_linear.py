@@ -25,7 +25,10 @@ def _library():
 
 def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the kernel computes ``F.linear(x, weight)``: a plain contiguous CPU weight of
-    x's dtype (float32 or bfloat16), at most ``MAX_ROWS`` rows, and the kernel built."""
+    x's dtype (float32 or bfloat16), at most ``MAX_ROWS`` rows, and the kernel built. A single
+    float32 row stays with torch where MKL is made for the CPU (Intel's): its GEMV read at
+    110-120% of the copy bandwidth there, the kernel at 90-105% (``bench cpu_gemv``)."""
+    rows = x.numel() // max(x.shape[-1], 1)
     return (
         weight.device.type == "cpu"
         and weight.dtype in _DTYPE_CODES
@@ -33,7 +36,8 @@ def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dim() == 2
         and x.shape[-1] == weight.shape[1]
         and weight.is_contiguous()
-        and 0 < x.numel() // max(x.shape[-1], 1) <= MAX_ROWS
+        and 0 < rows <= MAX_ROWS
+        and not (rows == 1 and x.dtype == torch.float32 and native.mkl_tuned_here())
         and not torch.compiler.is_compiling()
         and _library() is not None
     )

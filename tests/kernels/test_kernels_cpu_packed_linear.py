@@ -128,10 +128,10 @@ def cpu_is(monkeypatch):
 
     def set_fields(fields: dict[str, str]) -> None:
         monkeypatch.setattr(native, "cpu_fields", lambda: fields)
-        packed_linear.mkl_float32_is_avx2.cache_clear()
+        native.mkl_tuned_here.cache_clear()
 
     yield set_fields
-    packed_linear.mkl_float32_is_avx2.cache_clear()
+    native.mkl_tuned_here.cache_clear()
 
 
 @needs_onednn

@@ -39,6 +39,8 @@ def _needs_the_kernel(request, monkeypatch):
         pytest.skip(f"this CPU cannot run the {isa} build")
     if isa != "native":
         monkeypatch.setenv(native.MARCH_ENV, isa)
+    # single float32 rows too, which stay with torch on Intel CPUs (test_a_single_float32_row_...)
+    monkeypatch.setattr(native, "mkl_tuned_here", lambda: False)
     native.load.cache_clear()
     if native.load("skinny_linear") is None:
         pytest.skip("no C compiler: the CPU path runs torch")
@@ -98,6 +100,15 @@ def test_what_it_leaves_to_torch():
     assert not cpu.handles(torch.randn(1, 16).half(), weight.half())
     assert not cpu.handles(torch.randn(1, 16).bfloat16(), weight)  # dtypes differ
     assert not cpu.handles(torch.randn(1, 8), weight.t())  # not contiguous
+
+
+@pytest.mark.parametrize("tuned", [False, True])
+def test_a_single_float32_row_stays_with_torch_where_mkl_is_made_for_the_cpu(tuned, monkeypatch):
+    monkeypatch.setattr(native, "mkl_tuned_here", lambda: tuned)
+    weight = torch.randn(8, 16)
+    assert cpu.handles(torch.randn(1, 16), weight) is not tuned
+    assert cpu.handles(torch.randn(2, 16), weight)
+    assert cpu.handles(torch.randn(1, 16).bfloat16(), weight.bfloat16())
 
 
 def test_linear_layers_use_it_for_decode_only(monkeypatch):
