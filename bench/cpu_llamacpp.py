@@ -50,6 +50,9 @@ class Figures:
     served: dict[int, servers.LoadFigures] = field(default_factory=dict)
     idle_cpu_s: float | None = None
     memory_bytes: int | None = None
+    # llama.cpp only: loaded without its extra buffer types (AMX, repacked layouts), since with
+    # them it crashed on this CPU
+    no_repack: bool = False
 
 
 def copy_bandwidth(threads: int) -> float:
@@ -87,10 +90,15 @@ def infernetes_source(model: BenchModel) -> tuple[str, str] | None:
     return None
 
 
+class Crashed(RuntimeError):
+    """The command died of a signal."""
+
+
 def _json_line(command: list[str], env: dict[str, str]) -> dict:
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd="/")
     if result.returncode:
-        raise RuntimeError(f"{command[:3]} failed: {result.stderr[-2000:]}")
+        error = Crashed if result.returncode < 0 else RuntimeError
+        raise error(f"{command[:3]} failed ({result.returncode}): {result.stderr[-2000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -99,17 +107,21 @@ def offline(args: argparse.Namespace, llama_cpp: Path, model: BenchModel) -> dic
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     figures = {}
     lcpp_env = {**env, "LLAMA_CPP_LIB_PATH": str(llama_cpp / "build" / "bin")}
-    lcpp = _json_line(
-        [
-            str(llama_cpp / "venv" / "bin" / "python"),
-            str(HERE / "offline_llamacpp.py"),
-            str(model.gguf),
-            str(args.threads),
-            *sizes,
-        ],
-        lcpp_env,
-    )
-    figures["llama.cpp"] = Figures(lcpp["prefill_tps"], lcpp["decode_tps"])
+    lcpp_command = [
+        str(llama_cpp / "venv" / "bin" / "python"),
+        str(HERE / "offline_llamacpp.py"),
+        str(model.gguf),
+        str(args.threads),
+        *sizes,
+    ]
+    try:
+        lcpp, no_repack = _json_line(lcpp_command, lcpp_env), False
+    except Crashed as crash:
+        # llama.cpp's AMX kernels segfault on some Xeons (ggml-org/llama.cpp#20824): its figures
+        # then come without its extra buffer types, and the report says so.
+        print(f"llama.cpp crashed, measured again with --no-repack: {crash}", file=sys.stderr)
+        lcpp, no_repack = _json_line([*lcpp_command, "--no-repack"], lcpp_env), True
+    figures["llama.cpp"] = Figures(lcpp["prefill_tps"], lcpp["decode_tps"], no_repack=no_repack)
     source = infernetes_source(model)
     if source is not None:
         ours = _json_line(
@@ -146,7 +158,7 @@ def serve(
     for concurrency in args.concurrency:
         command = servers.llama_server_command(
             binary, model.gguf, args.threads, concurrency, context
-        )
+        ) + (["--no-repack"] if theirs.no_repack else [])
         with servers.running(command, log, env) as (url, pid):
             servers.load(url, "model", 1, args.input_len, 4, seed=0)  # warm-up
             if theirs.idle_cpu_s is None:
@@ -216,7 +228,10 @@ def report(model: BenchModel, figures: dict[str, Figures], bandwidth: float) -> 
     if theirs.memory_bytes is not None:
         mib = lambda b: None if b is None else b / (1 << 20)  # noqa: E731
         rows.append(("memory MiB (PSS)", mib(ours.memory_bytes), mib(theirs.memory_bytes), True, 0))
-    note = "" if "infernetes" in figures else f" ({NEEDS_GGUF})"
+    notes = [] if "infernetes" in figures else [NEEDS_GGUF]
+    if theirs.no_repack:
+        notes.append("llama.cpp with --no-repack: its AMX kernels crashed on this CPU")
+    note = f" ({'; '.join(notes)})" if notes else ""
     lines = [
         f"\n### {model.name}: {weights / (1 << 20):.0f} MiB of weights{note}\n",
         "| | infernetes | llama.cpp | ratio (above 1: infernetes better) |",

@@ -1,17 +1,34 @@
 """llama.cpp's offline figures through its Python binding, run by the binding's own venv (it
 imports nothing of this project): prompt processing and batch-1 decode tokens/s, printed as one
-JSON line. Arguments: GGUF path, threads, prompt length, decode tokens, rounds (best counts)."""
+JSON line. Arguments: GGUF path, threads, prompt length, decode tokens, rounds (best counts),
+and ``--no-repack`` to load without llama.cpp's extra buffer types (its AMX and repacked
+layouts), as ``llama-server --no-repack`` does."""
 
 import json
 import random
 import sys
 import time
 
+import llama_cpp.llama_cpp as capi
 from llama_cpp import Llama
+
+
+def _without_extra_buffer_types() -> None:
+    # The binding's Llama takes no argument for it; it starts from these defaults.
+    defaults = capi.llama_model_default_params
+
+    def params():
+        chosen = defaults()
+        chosen.use_extra_bufts = False
+        return chosen
+
+    capi.llama_model_default_params = params
 
 
 def main() -> None:
     path, threads, prompt_len, decode_tokens, rounds = sys.argv[1], *map(int, sys.argv[2:6])
+    if "--no-repack" in sys.argv[6:]:
+        _without_extra_buffer_types()
     llm = Llama(
         model_path=path,
         n_ctx=prompt_len + decode_tokens + 32,
