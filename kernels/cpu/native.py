@@ -259,11 +259,19 @@ def _compiler() -> str | None:
     return None
 
 
+@cache
+def _cpuinfo() -> str | None:
+    """/proc/cpuinfo's text, read once; None where there is no such file."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
 def _cpu_identity() -> str:
     """What -march=native depends on: the CPU model and its feature flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    text = _cpuinfo()
+    if text is None:
         return platform.processor()
     lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
     return "\n".join(sorted(set(lines)))
@@ -273,9 +281,8 @@ def _cpu_identity() -> str:
 def cpu_fields() -> dict[str, str]:
     """The first processor's fields in /proc/cpuinfo (``vendor_id``, ``flags``, ...); empty
     where there is no such file."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    text = _cpuinfo()
+    if text is None:
         return {}
     fields: dict[str, str] = {}
     for line in text.split("\n\n", 1)[0].splitlines():

@@ -72,8 +72,10 @@ def padded_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
+@functools.cache
 def mkl_float32_is_avx2() -> bool:
-    """Whether torch's float32 GEMM (MKL) runs narrower vectors than this CPU has."""
+    """Whether torch's float32 GEMM (MKL) runs narrower vectors than this CPU has (asked once:
+    every float32 prefill product asks)."""
     return (
         torch.backends.mkl.is_available()
         and not native.mkl_tuned_here()

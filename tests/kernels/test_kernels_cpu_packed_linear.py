@@ -128,10 +128,14 @@ def cpu_is(monkeypatch):
 
     def set_fields(fields: dict[str, str]) -> None:
         monkeypatch.setattr(native, "cpu_fields", lambda: fields)
+        forget()
+
+    def forget() -> None:
         native.mkl_tuned_here.cache_clear()
+        packed_linear.mkl_float32_is_avx2.cache_clear()
 
     yield set_fields
-    native.mkl_tuned_here.cache_clear()
+    forget()
 
 
 @needs_onednn
