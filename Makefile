@@ -31,9 +31,15 @@ test-fast: setup
 # tests/server in two pytest-xdist workers: its tests mostly wait on server processes, so two
 # modules at a time overlap those waits. --dist loadfile keeps a module (and the servers its
 # fixtures start) in one worker; tests/server/ports.py keeps the workers' ports apart.
+# llm-d's scheduler and KV-cache indexer are cgo programs over libzmq: its headers first, then
+# both built (a cold build takes minutes; exit status 3, a tool missing, lets their tests skip).
 unit: setup lmeval
 	images/install-tools.sh
 	images/harmony-vocab.sh
+	cluster/debian-package.sh pkg-config pkg-config
+	cluster/debian-package.sh --pkg-config libzmq libzmq3-dev
+	cluster/llmd-scheduler.sh >/dev/null || test $$? = 3
+	cluster/kvindexer.sh >/dev/null || test $$? = 3
 	$(BIN)/pytest tests --ignore=tests/server
 	INFERNETES_LMEVAL_PYTHON=$(CURDIR)/$(LMEVAL_BIN)/python $(BIN)/pytest tests/server \
 		--numprocesses 2 --dist loadfile
