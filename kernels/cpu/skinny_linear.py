@@ -24,6 +24,11 @@ def _library():
     return native.load("skinny_linear")
 
 
+def built() -> bool:
+    """Whether the kernel is built here (a C compiler was found)."""
+    return _library() is not None
+
+
 def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the kernel computes ``F.linear(x, weight)``: a plain contiguous CPU weight of
     x's dtype (float32 or bfloat16), at most ``MAX_ROWS`` rows, and the kernel built. A single
@@ -40,7 +45,7 @@ def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and 0 < rows <= MAX_ROWS
         and not (rows == 1 and x.dtype == torch.float32 and native.mkl_tuned_here())
         and not torch.compiler.is_compiling()
-        and _library() is not None
+        and built()
     )
 
 
