@@ -42,10 +42,9 @@ def group_quant_linear(
     if (
         int8_activations
         and x.dtype == torch.bfloat16
-        and group_size == int8_linear.BLOCK
-        and int8_linear.handles(x, qweight, scale, offset, bits, rows_x.shape[0])
+        and int8_linear.handles(x, qweight, scale, offset, bits, rows_x.shape[0], group_size)
     ):
-        return int8_linear.linear(x, qweight, scale, offset, bits, bias)
+        return int8_linear.linear(x, qweight, scale, offset, bits, bias, group_size)
     if (
         library is None
         or x.dtype not in _DTYPE_CODES

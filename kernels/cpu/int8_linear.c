@@ -1,10 +1,11 @@
 /* Linear layers of few rows (decode) on GGUF blocks in groups of 32 (8-bit or 4-bit codes: Q8_0,
- * Q4_0, Q4_1, and Q5_0, Q5_1, Q4_K, Q5_K as the loader holds them) with the activations quantized
- * to int8, as llama.cpp computes Q8_0/Q4_0/Q4_1: y = x @ w.T + bias with
- * w[n, k] = q[n, k] * scale[n, k / 32] + offset[n, k / 32] (group_quant.c's form, groups of 32).
+ * Q4_0, Q4_1, and Q5_0, Q5_1, Q4_K, Q5_K as the loader holds them) or of 16 (8-bit codes: Q6_K, and
+ * layers joining it with other types) with the activations quantized to int8, as llama.cpp
+ * computes Q8_0/Q4_0/Q4_1: y = x @ w.T + bias with w[n, k] = q[n, k] * scale[n, k / group] +
+ * offset[n, k / group] (group_quant.c's form).
  *
  * bits 8: qweight int8 [N, K]; bits 4: uint8 [N, K / 2], input 2j in the low nibble of byte j and
- * 2j + 1 in the high one, values 0..15. scale and offset (or NULL) [N, K / 32] of scale_dtype:
+ * 2j + 1 in the high one, values 0..15. scale and offset (or NULL) [N, K / group] of scale_dtype:
  * float16 as GGUF stores them (each step's widened as read: the same float32 values, and
  * bits, as float32 scales give), or float32. K a multiple of 32. x [M, K] and y [M, N] rows with
  * a row stride, of type dtype (dtypes.h: float32 or bfloat16; bias too, or NULL).
@@ -55,18 +56,19 @@ static inline int step_blocks(int bits) { return bits == 8 ? 2 : BLOCKS4; }
 static inline int lane_block(int l, int bits) { return bits == 8 ? l / 8 : BLOCKS4 == 4 ? l / 4 : (l % 8) / 4; }
 
 /* x rows quantized, in the weight's order: int8 values [M, width] (zeros past K), each step's
- * block scales spread over its 16 lanes as lane_block says [M, steps, 16], and per block the sum of the
- * quantized values times their scale [M, blocks] (for the offsets). */
+ * block scales spread over its 16 lanes as lane_block says [M, steps, 16], and per weight group
+ * (32 inputs, or 16) the sum of the quantized values times their block's scale [M, groups] (for
+ * the offsets). */
 typedef struct {
     int8_t *q;
     float *lanes, *sums;
-    int64_t width, steps, blocks;
+    int64_t width, steps, blocks, groups;
 } Quantized;
 
 #if !VNNI512
 static void quantize_row(const void *x, int64_t offset, int dtype, int K, int bits, const Quantized *xq, int m) {
     int8_t *q = xq->q + m * xq->width;
-    float *lanes = xq->lanes + m * xq->steps * LANES, *sums = xq->sums + m * xq->blocks;
+    float *lanes = xq->lanes + m * xq->steps * LANES, *sums = xq->sums + m * xq->groups;
     float d[2] = {0.0f, 0.0f};
     for (int b = 0; b < K / BLOCK; b++) {
         float v[BLOCK], amax = 0.0f;
@@ -75,14 +77,15 @@ static void quantize_row(const void *x, int64_t offset, int dtype, int K, int bi
             amax = fmaxf(amax, fabsf(v[j]));
         }
         const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-        int sum = 0;
+        int sum[2] = {0, 0}; /* of each half: groups of 16 take one each */
         for (int j = 0; j < BLOCK; j++) {
             const int8_t value = (int8_t)nearbyintf(v[j] * inverse);
             const int k = b * BLOCK + j, within = k % STEP; /* 4 bits: evens, then odds */
             q[bits == 8 ? k : k - within + (within % 2) * (STEP / 2) + within / 2] = value;
-            sum += value;
+            sum[j / (BLOCK / 2)] += value;
         }
-        sums[b] = scale * (float)sum;
+        if (xq->groups == xq->blocks) sums[b] = scale * (float)(sum[0] + sum[1]);
+        else sums[2 * b] = scale * (float)sum[0], sums[2 * b + 1] = scale * (float)sum[1];
         d[b % 2] = scale;
         if (b % 2 == 1 || b == K / BLOCK - 1) {
             for (int l = 0; l < LANES; l++) lanes[(b / 2) * LANES + l] = d[lane_block(l, bits)];
@@ -108,7 +111,7 @@ static inline __m512 load16(const void *x, int64_t i, int dtype) {
 static void quantize_row_vector(const void *x, int64_t offset, int dtype, int K, int bits, const Quantized *xq,
                                 int m) {
     int8_t *q = xq->q + m * xq->width;
-    float *lanes = xq->lanes + m * xq->steps * LANES, *sums = xq->sums + m * xq->blocks;
+    float *lanes = xq->lanes + m * xq->steps * LANES, *sums = xq->sums + m * xq->groups;
     uint8_t order[STEP]; /* byte j of a 4-bit pass takes input (j % 32) * 2 + j / 32 */
     for (int j = 0; j < STEP; j++) order[j] = (uint8_t)((j % (STEP / 2)) * 2 + j / (STEP / 2));
     const __m512i evens_odds = _mm512_loadu_si512(order);
@@ -123,7 +126,10 @@ static void quantize_row_vector(const void *x, int64_t offset, int dtype, int K,
             const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
             const __m512 by = _mm512_set1_ps(inverse);
             const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, by)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, by));
-            sums[b] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            if (xq->groups == xq->blocks) sums[b] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            else
+                sums[2 * b] = scale * (float)_mm512_reduce_add_epi32(q0),
+                sums[2 * b + 1] = scale * (float)_mm512_reduce_add_epi32(q1);
             part[2 * h] = _mm512_cvtsepi32_epi8(q0), part[2 * h + 1] = _mm512_cvtsepi32_epi8(q1);
             d[h] = scale;
         }
@@ -152,16 +158,20 @@ static inline __attribute__((always_inline)) __m512i step_bytes(const uint8_t *r
     return _mm512_maskz_loadu_epi8(bytes >= STEP ? ~(__mmask64)0 : ((__mmask64)1 << bytes) - 1, row + s * STEP);
 }
 
-/* Step s's block scales (nb of them; 0 for absent ones) over the 16 lanes. */
+/* Weight groups a step takes: its blocks, or twice as many groups of 16 (8 bits only). */
+static inline int step_groups(int bits, int group) { return step_blocks(bits) * (BLOCK / group); }
+
+/* Step s's group scales (those of its nb blocks; 0 for absent ones) over the 16 lanes: a lane's 4
+ * bytes lie in one group of 32, or of 16. */
 static inline __attribute__((always_inline)) __m512 step_scales(const void *p, int64_t s, int nb, const int bits,
-                                                                const int sd) {
-    const __mmask8 present = (__mmask8)((1u << nb) - 1);
-    const int64_t i = s * step_blocks(bits);
+                                                                const int sd, const int group) {
+    const __mmask8 present = (__mmask8)((1u << (nb * (BLOCK / group))) - 1);
+    const int64_t i = s * step_groups(bits, group);
     const __m128 scales = sd == F16 ? _mm_cvtph_ps(_mm_maskz_loadu_epi16(present, (const uint16_t *)p + i))
                                     : _mm_maskz_loadu_ps(present, (const float *)p + i);
     const __m512i q8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i q4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    return _mm512_permutexvar_ps(bits == 8 ? q8 : q4, _mm512_castps128_ps512(scales));
+    return _mm512_permutexvar_ps(step_groups(bits, group) == 2 ? q8 : q4, _mm512_castps128_ps512(scales));
 }
 
 /* One step of an NR x R tile: each weight row's bytes and scales are read once for the R x rows,
@@ -169,8 +179,8 @@ static inline __attribute__((always_inline)) __m512 step_scales(const void *p, i
 static inline __attribute__((always_inline)) void tile_step(const uint8_t *restrict w, int64_t row_bytes,
                                                             const void *restrict ws, int64_t scale_stride,
                                                             const Quantized *xq, int m, int64_t s, int nb,
-                                                            const int bits, const int sd, __m512 *acc, const int NR,
-                                                            const int R, int64_t ahead) {
+                                                            const int bits, const int sd, const int group, __m512 *acc,
+                                                            const int NR, const int R, int64_t ahead) {
     const __m512i zero = _mm512_setzero_si512(), nibble = _mm512_set1_epi8(15);
     __m512i xv[ROWS], xh[ROWS];
     __m512 xd[ROWS];
@@ -183,13 +193,14 @@ static inline __attribute__((always_inline)) void tile_step(const uint8_t *restr
     for (int i = 0; i < NR; i++) {
         if (ahead) {
             __builtin_prefetch(w + (ahead + i) * row_bytes + s * STEP, 0, 3);
-            __builtin_prefetch((const char *)ws + (ahead + i) * scale_stride + s * step_blocks(bits) * (sd == F16 ? 2 : 4), 0, 3);
+            __builtin_prefetch((const char *)ws + (ahead + i) * scale_stride + s * step_groups(bits, group) * (sd == F16 ? 2 : 4),
+                               0, 3);
         }
         __m512i wv = step_bytes(w + i * row_bytes, s, nb, bits), high = zero;
         __mmask64 negative = 0;
         if (bits == 8) negative = _mm512_movepi8_mask(wv), wv = _mm512_abs_epi8(wv);
         else high = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble), wv = _mm512_and_si512(wv, nibble);
-        const __m512 wd = step_scales((const char *)ws + i * scale_stride, s, nb, bits, sd);
+        const __m512 wd = step_scales((const char *)ws + i * scale_stride, s, nb, bits, sd, group);
         for (int r = 0; r < R; r++) {
             const __m512i dots = bits == 8
                                      ? _mm512_dpbusd_epi32(zero, wv, _mm512_mask_sub_epi8(xv[r], negative, zero, xv[r]))
@@ -206,18 +217,20 @@ static inline __attribute__((always_inline)) void tile_step(const uint8_t *restr
 static inline __attribute__((always_inline)) void tile_dots(const uint8_t *restrict w, int64_t row_bytes,
                                                             const void *restrict ws, int64_t scale_stride,
                                                             const Quantized *xq, int m, const int bits, const int sd,
-                                                            float *out, const int NR, const int R, int64_t ahead) {
+                                                            const int group, float *out, const int NR, const int R,
+                                                            int64_t ahead) {
     const int sums = NR * R, chains = sums >= 4 ? 1 : 4 / sums, per = step_blocks(bits);
     __m512 acc[TILE * ROWS];
     for (int a = 0; a < sums * chains; a++) acc[a] = _mm512_setzero_ps();
     const int64_t full = xq->blocks / per, turns = full - full % chains;
     for (int64_t s = 0; s < turns; s += chains)
         for (int c = 0; c < chains; c++)
-            tile_step(w, row_bytes, ws, scale_stride, xq, m, s + c, per, bits, sd, acc + c * sums, NR, R, ahead);
+            tile_step(w, row_bytes, ws, scale_stride, xq, m, s + c, per, bits, sd, group, acc + c * sums, NR, R, ahead);
     for (int64_t s = turns; s < full; s++)
-        tile_step(w, row_bytes, ws, scale_stride, xq, m, s, per, bits, sd, acc, NR, R, ahead);
+        tile_step(w, row_bytes, ws, scale_stride, xq, m, s, per, bits, sd, group, acc, NR, R, ahead);
     if (xq->blocks % per)
-        tile_step(w, row_bytes, ws, scale_stride, xq, m, full, (int)(xq->blocks % per), bits, sd, acc, NR, R, ahead);
+        tile_step(w, row_bytes, ws, scale_stride, xq, m, full, (int)(xq->blocks % per), bits, sd, group, acc, NR, R,
+                  ahead);
     for (int c = 1; c < chains; c++)
         for (int a = 0; a < sums; a++) acc[a] = _mm512_add_ps(acc[a], acc[c * sums + a]);
     for (int a = 0; a < sums; a++) out[a] = _mm512_reduce_add_ps(acc[a]);
@@ -231,7 +244,7 @@ static inline float sum8(__m256 v) {
 
 static inline __attribute__((always_inline)) void row_dots(const uint8_t *restrict w, const void *restrict ws,
                                                            const Quantized *xq, int m, const int bits, const int sd,
-                                                           float *out, const int R) {
+                                                           const int group, float *out, const int R) {
     __m256 acc[ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(15);
@@ -242,8 +255,17 @@ static inline __attribute__((always_inline)) void row_dots(const uint8_t *restri
         if (bits == 8) {
             half[0] = _mm256_loadu_si256((const __m256i *)(w + s * STEP));
             half[1] = two ? _mm256_loadu_si256((const __m256i *)(w + s * STEP + BLOCK)) : _mm256_setzero_si256();
-            wd[0] = _mm256_set1_ps(load_one(ws, 2 * s, sd, NULL));
-            wd[1] = _mm256_set1_ps(two ? load_one(ws, 2 * s + 1, sd, NULL) : 0.0f);
+            if (group == BLOCK) {
+                wd[0] = _mm256_set1_ps(load_one(ws, 2 * s, sd, NULL));
+                wd[1] = _mm256_set1_ps(two ? load_one(ws, 2 * s + 1, sd, NULL) : 0.0f);
+            } else { /* groups of 16: a half's lanes 0-3 take its first, 4-7 its second */
+                for (int h = 0; h < 2; h++) {
+                    const int64_t g = 4 * s + 2 * h;
+                    const float first = h < 1 + two ? load_one(ws, g, sd, NULL) : 0.0f;
+                    const float second = h < 1 + two ? load_one(ws, g + 1, sd, NULL) : 0.0f;
+                    wd[h] = _mm256_set_m128(_mm_set1_ps(second), _mm_set1_ps(first));
+                }
+            }
         } else {
             const __m128i first = _mm_loadu_si128((const __m128i *)(w + s * (STEP / 2)));
             const __m128i second = two ? _mm_loadu_si128((const __m128i *)(w + s * (STEP / 2) + 16)) : _mm_setzero_si128();
@@ -270,22 +292,25 @@ static inline __attribute__((always_inline)) void row_dots(const uint8_t *restri
  * first: reassociation vectorised float32 scales' loop and not float16's (a library call each),
  * which summed them in different orders, and float16 scales must give their float32 values' bits. */
 static __attribute__((noinline)) void row_dots_wide(const uint8_t *restrict w, const float *restrict ws,
-                                                     const Quantized *xq, int m, int bits, float *out, int R) {
+                                                     const Quantized *xq, int m, int bits, int group, float *out,
+                                                     int R) {
+    const int per = BLOCK / group; /* weight groups in a block of x */
     for (int r = 0; r < R; r++) {
         const int8_t *x = xq->q + (m + r) * xq->width;
         float total = 0.0f;
         for (int64_t s = 0; s < xq->steps; s++) {
             const int blocks = xq->blocks - 2 * s >= 2 ? 2 : 1;
-            int32_t dot[2] = {0, 0};
+            int32_t dot[4] = {0, 0, 0, 0}; /* per group of the step */
             for (int j = 0; j < STEP; j++) {
                 const int l = j / 4, b = lane_block(l, bits);
                 if (b >= blocks) continue;
                 const int weight = bits == 8 ? ((const int8_t *)w)[s * STEP + j]
                                              : (w[s * (STEP / 2) + j % (STEP / 2)] >> (j < STEP / 2 ? 0 : 4)) & 15;
-                dot[b] += weight * x[s * STEP + j];
+                dot[bits == 8 ? j / group : b] += weight * x[s * STEP + j];
             }
-            for (int b = 0; b < blocks; b++)
-                total += (float)dot[b] * (ws[2 * s + b] * xq->lanes[((m + r) * xq->steps + s) * LANES + (b ? 15 : 0)]);
+            for (int g = 0; g < blocks * per; g++)
+                total += (float)dot[g] *
+                         (ws[2 * per * s + g] * xq->lanes[((m + r) * xq->steps + s) * LANES + (g / per ? 15 : 0)]);
         }
         out[r] = total;
     }
@@ -293,10 +318,10 @@ static __attribute__((noinline)) void row_dots_wide(const uint8_t *restrict w, c
 
 static inline __attribute__((always_inline)) void row_dots(const uint8_t *restrict w, const void *restrict ws,
                                                            const Quantized *xq, int m, const int bits, const int sd,
-                                                           float *out, const int R) {
-    float wide[xq->blocks];
-    for (int64_t g = 0; g < xq->blocks; g++) wide[g] = load_one(ws, g, sd, NULL);
-    row_dots_wide(w, wide, xq, m, bits, out, R);
+                                                           const int group, float *out, const int R) {
+    float wide[xq->groups];
+    for (int64_t g = 0; g < xq->groups; g++) wide[g] = load_one(ws, g, sd, NULL);
+    row_dots_wide(w, wide, xq, m, bits, group, out, R);
 }
 
 /* offset_dot's sum, one function for both offset types (as row_dots_wide). */
@@ -311,11 +336,12 @@ static __attribute__((noinline)) float dot_wide(const float *restrict a, const f
 static inline __attribute__((always_inline)) void tile_dots(const uint8_t *restrict w, int64_t row_bytes,
                                                             const void *restrict ws, int64_t scale_stride,
                                                             const Quantized *xq, int m, const int bits, const int sd,
-                                                            float *out, const int NR, const int R, int64_t ahead) {
+                                                            const int group, float *out, const int NR, const int R,
+                                                            int64_t ahead) {
     (void)ahead; /* prefetched a tile at a time by the caller */
     for (int i = 0; i < NR; i++) {
         float rows[ROWS];
-        row_dots(w + i * row_bytes, (const char *)ws + i * scale_stride, xq, m, bits, sd, rows, R);
+        row_dots(w + i * row_bytes, (const char *)ws + i * scale_stride, xq, m, bits, sd, group, rows, R);
         for (int r = 0; r < R; r++) out[i * R + r] = rows[r];
     }
 }
@@ -326,9 +352,10 @@ static inline __attribute__((always_inline)) void tile_dots(const uint8_t *restr
 static inline __attribute__((always_inline)) void tile_rows(const uint8_t *restrict w, int64_t row_bytes,
                                                             const void *restrict ws, int64_t scale_stride,
                                                             const Quantized *xq, int m, const int bits, const int sd,
-                                                            float *out, int nr, int R, int64_t ahead) {
+                                                            const int group, float *out, int nr, int R, int64_t ahead) {
 #define TILE_DOTS(I, NR, R_)                                                                                           \
     tile_dots(w + (I) * row_bytes, row_bytes, (const char *)ws + (I) * scale_stride, scale_stride, xq, m, bits, sd,  \
+              group,                                                                                           \
               out + (I) * (R_), NR, R_, ahead)
     if (nr == TILE) {
         switch (R) {
@@ -379,17 +406,17 @@ static inline float offset_dot(const void *offset, int dtype, const float *sums,
 #endif
 }
 
-/* Returns 0, or -1 when scratch memory cannot be allocated. */
+/* group: 32, or 16 with 8 bits. Returns 0, or -1 when scratch memory cannot be allocated. */
 int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_stride, const uint8_t *qweight,
                 const void *scale, const void *offset, const void *bias, int scale_dtype, int M, int N, int K,
-                int bits, int threads) {
-    const int blocks = K / BLOCK;
+                int bits, int group, int threads) {
+    const int blocks = K / BLOCK, groups = K / group;
     const int per = step_blocks(bits);
-    Quantized xq = {NULL, NULL, NULL, 0, (blocks + per - 1) / per, blocks};
+    Quantized xq = {NULL, NULL, NULL, 0, (blocks + per - 1) / per, blocks, groups};
     xq.width = xq.steps * per * BLOCK;
     xq.q = calloc((size_t)M * xq.width, 1);
     xq.lanes = calloc((size_t)M * xq.steps * LANES, sizeof(float));
-    xq.sums = malloc(sizeof(float) * (size_t)M * blocks);
+    xq.sums = malloc(sizeof(float) * (size_t)M * groups);
     if (!xq.q || !xq.lanes || !xq.sums) {
         free(xq.q), free(xq.lanes), free(xq.sums);
         return -1;
@@ -401,7 +428,7 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
         quantize_row(x, (int64_t)m * x_stride, dtype, K, bits, &xq, m);
 #endif
     }
-    const int64_t row_bytes = (int64_t)K * bits / 8, scale_bytes = blocks * element_size(scale_dtype);
+    const int64_t row_bytes = (int64_t)K * bits / 8, scale_bytes = groups * element_size(scale_dtype);
     /* Short rows a tile of TILE at once; long ones singly, one stream per thread: tiles of long
      * rows ran several streams a thread, and read Q4_1's MLP down at 23 GB/s against 29. */
     const int ahead = row_bytes < PREFETCH_BYTES ? (int)(PREFETCH_BYTES / row_bytes) : 1;
@@ -429,16 +456,18 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
         for (int m = 0; m < M; m += ROWS) {
             const int R = M - m < ROWS ? M - m : ROWS;
             float out[TILE * ROWS];
-            if (bits == 8 && scale_dtype == F16) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, 8, F16, out, nr, R, m ? 0 : streamed);
-            else if (bits == 8) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, 8, F32, out, nr, R, m ? 0 : streamed);
-            else if (scale_dtype == F16) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, 4, F16, out, nr, R, m ? 0 : streamed);
-            else tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, 4, F32, out, nr, R, m ? 0 : streamed);
+            const int64_t pf = m ? 0 : streamed;
+#define ROWS_OF(BITS, SD, GROUP) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, BITS, SD, GROUP, out, nr, R, pf)
+            if (bits == 8 && group == BLOCK) scale_dtype == F16 ? ROWS_OF(8, F16, BLOCK) : ROWS_OF(8, F32, BLOCK);
+            else if (bits == 8) scale_dtype == F16 ? ROWS_OF(8, F16, 16) : ROWS_OF(8, F32, 16);
+            else scale_dtype == F16 ? ROWS_OF(4, F16, BLOCK) : ROWS_OF(4, F32, BLOCK);
+#undef ROWS_OF
             for (int i = 0; i < nr; i++) {
                 const void *wo = offset ? (const char *)offset + (n + i) * scale_bytes : NULL;
                 const float b = bias ? load_one(bias, n + i, dtype, NULL) : 0.0f;
                 for (int r = 0; r < R; r++) {
                     float v = out[i * R + r] + b;
-                    if (wo) v += offset_dot(wo, scale_dtype, xq.sums + (m + r) * blocks, blocks);
+                    if (wo) v += offset_dot(wo, scale_dtype, xq.sums + (m + r) * groups, groups);
                     store_one(y, (int64_t)(m + r) * y_stride + n + i, v, dtype);
                 }
             }

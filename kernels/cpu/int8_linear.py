@@ -1,9 +1,9 @@
 """Decode's linear layers on GGUF blocks in groups of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-Q5_K: 8-bit or 4-bit codes) with int8 activations, as llama.cpp computes Q8_0/Q4_0/Q4_1, through
+Q5_K: 8-bit or 4-bit codes) or of 16 (Q6_K's, 8-bit codes) with int8 activations, as llama.cpp computes Q8_0/Q4_0/Q4_1, through
 the C kernel of int8_linear.c: each x row is quantized to int8 in blocks of 32 (one scale each,
 ``reference.quantize_int8_blocks``), and every block's product with the weight's block is an
-integer dot product (AVX-512 VNNI / AVX2) times the two scales, plus the block's offset times
-the sum of its x.
+integer dot product (AVX-512 VNNI / AVX2) times the two scales, plus the group's offset times
+the sum of its x (a weight group of 16 takes half a block of x, with the block's scale).
 
 The weight is read as 8- or 4-bit integers and never widened to float, so decode reads it at
 close to the memory's rate; the activations lose what int8 rounding loses (at most half a block's
@@ -19,6 +19,7 @@ from infernetes.kernels.cpu import native
 _DTYPE_CODES = native.dtype_codes(torch.float32, torch.bfloat16)
 _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 BLOCK = 32  # GGUF's block: one weight scale and one activation scale per 32 inputs
+HALF_BLOCK = 16  # Q6_K's group: two weight scales per activation block, 8-bit codes only
 # decode batches: 1.0-1.9x the float path up to 8 rows since its tiles (bench/cpu_int8_linear.py
 # --rows 4 6 8: Q4_1 1.14-1.95x, Q8_0 1.02-1.81x, but a 1,152-row Q8_0 QKV at 8 rows 0.91x)
 MAX_ROWS = 8
@@ -35,13 +36,15 @@ def handles(
     offset: torch.Tensor | None,
     bits: int,
     rows: int,
+    group: int = BLOCK,
 ) -> bool:
     """Whether the kernel computes this layer: groups of 32 (int8 ``[N, K]`` or packed nibbles
-    ``[N, K / 2]``, float16 or float32 scales and offsets), float32 or bfloat16 x of at most
-    ``MAX_ROWS`` rows, and the kernel built."""
-    inputs, groups = x.shape[-1], (qweight.shape[0], x.shape[-1] // BLOCK)
+    ``[N, K / 2]``) or of 16 (int8), float16 or float32 scales and offsets, float32 or bfloat16
+    x of at most ``MAX_ROWS`` rows, and the kernel built."""
+    inputs, groups = x.shape[-1], (qweight.shape[0], x.shape[-1] // group)
     return (
-        x.dtype in _DTYPE_CODES
+        (group == BLOCK or (group == HALF_BLOCK and bits == 8))
+        and x.dtype in _DTYPE_CODES
         and qweight.dtype == _QWEIGHT_DTYPES.get(bits)
         and qweight.dim() == 2
         and qweight.shape[1] * 8 // bits == inputs
@@ -61,13 +64,14 @@ def linear(
     offset: torch.Tensor | None,
     bits: int,
     bias: torch.Tensor | None,
+    group: int = BLOCK,
 ) -> torch.Tensor:
-    """``x @ w.T + bias`` with ``w = q * scale + offset`` per block of 32 and x quantized to int8
-    blocks, for inputs `handles` accepts; `x` is ``[..., K]``."""
+    """``x @ w.T + bias`` with ``w = q * scale + offset`` per group of `group` inputs and x
+    quantized to int8 blocks of 32, for inputs `handles` accepts; `x` is ``[..., K]``."""
     rows_x = x.reshape(-1, x.shape[-1])
     if rows_x.stride(-1) != 1:
         rows_x = rows_x.contiguous()
     out = native.quantized_linear(
-        _library().int8_linear, rows_x, qweight, scale, offset, bias, bits
+        _library().int8_linear, rows_x, qweight, scale, offset, bias, bits, group
     )
     return out.view(*x.shape[:-1], qweight.shape[0])

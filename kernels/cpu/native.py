@@ -149,7 +149,7 @@ SIGNATURES = {
     ),
     "int8_linear": (
         ctypes.c_int,
-        [*_QUANT_LINEAR_ARGS, ctypes.c_int, ctypes.c_int],  # bits, threads
+        [*_QUANT_LINEAR_ARGS, ctypes.c_int, ctypes.c_int, ctypes.c_int],  # bits, group, threads
     ),
     "rms_norm": (
         ctypes.c_int,

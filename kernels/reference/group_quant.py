@@ -72,13 +72,15 @@ def int8_activation_linear(
     offset: torch.Tensor | None,
     bits: int,
     bias: torch.Tensor | None = None,
+    group: int = 32,
 ) -> torch.Tensor:
-    """``x @ w.T + bias`` for a weight in groups of 32 (GGUF's Q8_0, Q4_0, Q4_1), x first
-    quantized by `quantize_int8_blocks`: the product llama.cpp computes, here in float64 and
-    returned in x's dtype."""
+    """``x @ w.T + bias`` for a weight in groups of `group` (32: GGUF's Q8_0, Q4_0, Q4_1; 16:
+    Q6_K's), x first quantized by `quantize_int8_blocks` in blocks of 32: the product llama.cpp
+    computes (for Q6_K it quantizes x in blocks of 256), here in float64 and returned in x's
+    dtype."""
     q, x_scale = quantize_int8_blocks(x, 32)
     rows = q.reshape(-1, x.shape[-1])
     x_int8 = dequantize(rows, x_scale.reshape(rows.shape[0], -1), None, 32, 8, torch.float64)
-    weight = dequantize(qweight, scale, offset, 32, bits, torch.float64)
+    weight = dequantize(qweight, scale, offset, group, bits, torch.float64)
     out = F.linear(x_int8, weight, None if bias is None else bias.double())
     return out.reshape(*x.shape[:-1], -1).to(x.dtype)

@@ -19,9 +19,9 @@ A row of a GGUF tensor (``[N, K]``, the layout of a torch weight) is a run of bl
 - Q6_K: super-blocks of 256 in 16 groups of 16 with an int8 scale each and ``d`` at the end:
   ``w = d * sc * (q - 32)``, kept as 8 bits.
 
-Every type in groups of 32 (all but Q6_K's 16) is marked ``int8_activations``: decode on the CPU
-multiplies it with x quantized to int8 blocks of 32, as llama.cpp does for Q8_0, Q4_0 and Q4_1
-(kernels/cpu/int8_linear.py; for the K-quants llama.cpp quantizes x in blocks of 256).
+Every type is marked ``int8_activations``: decode on the CPU multiplies it with x quantized to
+int8 blocks of 32, as llama.cpp does for Q8_0, Q4_0 and Q4_1 (kernels/cpu/int8_linear.py, Q6_K's
+groups of 16 two to a block; for the K-quants llama.cpp quantizes x in blocks of 256).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def _q6_k(blocks: torch.Tensor) -> GroupQuantWeight:
     q = (low | (high << 4)).to(torch.int8) - 32
     scales = blocks[..., 192:208].contiguous().view(torch.int8).float()
     scale = _f16(blocks, 208).unsqueeze(-1) * scales
-    return GroupQuantWeight(_flat(q), _flat(scale), None, 16, 8)
+    return GroupQuantWeight(_flat(q), _flat(scale), None, 16, 8, int8_activations=True)
 
 
 # type: (bytes per block, values per block, conversion of [rows, blocks, bytes] uint8)
