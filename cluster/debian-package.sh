@@ -6,8 +6,8 @@
 #   cluster/debian-package.sh --pkg-config MODULE PACKAGE    e.g. --pkg-config libzmq libzmq3-dev
 #
 # A no-op when COMMAND (or MODULE) is found; without root (or sudo) it says what to install and
-# exits 0 (the tests that need it skip). The package's service, if any, is not started: without systemd
-# (containers, CI) there is none.
+# exits 0 (the tests that need it skip). The package's service, if any, is not started: without
+# systemd (containers, CI) there is none.
 set -euo pipefail
 
 if [[ $1 == --pkg-config ]]; then

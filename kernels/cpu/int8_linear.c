@@ -193,7 +193,7 @@ static inline __attribute__((always_inline)) void tile_step(const uint8_t *restr
     for (int i = 0; i < NR; i++) {
         if (ahead) {
             __builtin_prefetch(w + (ahead + i) * row_bytes + s * STEP, 0, 3);
-            __builtin_prefetch((const char *)ws + (ahead + i) * scale_stride + s * step_groups(bits, group) * (sd == F16 ? 2 : 4),
+            __builtin_prefetch((const char *)ws + (ahead + i) * scale_stride + s * step_groups(bits, group) * element_size(sd),
                                0, 3);
         }
         __m512i wv = step_bytes(w + i * row_bytes, s, nb, bits), high = zero;
@@ -355,8 +355,7 @@ static inline __attribute__((always_inline)) void tile_rows(const uint8_t *restr
                                                             const int group, float *out, int nr, int R, int64_t ahead) {
 #define TILE_DOTS(I, NR, R_)                                                                                           \
     tile_dots(w + (I) * row_bytes, row_bytes, (const char *)ws + (I) * scale_stride, scale_stride, xq, m, bits, sd,  \
-              group,                                                                                           \
-              out + (I) * (R_), NR, R_, ahead)
+              group, out + (I) * (R_), NR, R_, ahead)
     if (nr == TILE) {
         switch (R) {
         case 1: TILE_DOTS(0, TILE, 1); return;
@@ -451,15 +450,14 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
         }
         if (prefetched && offset)
             for (int64_t k = 0; k < tile * scale_bytes; k += 64) __builtin_prefetch((const char *)offset + at + k, 0, 3);
-        const int64_t streamed = VNNI512 && prefetched ? ahead : 0;
         const void *ws = (const char *)scale + n * scale_bytes; /* each step's widened as read */
         for (int m = 0; m < M; m += ROWS) {
             const int R = M - m < ROWS ? M - m : ROWS;
             float out[TILE * ROWS];
-            const int64_t pf = m ? 0 : streamed;
+            const int64_t pf = VNNI512 && prefetched && m == 0 ? ahead : 0; /* x's later rows: cached */
 #define ROWS_OF(BITS, SD, GROUP) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, BITS, SD, GROUP, out, nr, R, pf)
             if (bits == 8 && group == BLOCK) scale_dtype == F16 ? ROWS_OF(8, F16, BLOCK) : ROWS_OF(8, F32, BLOCK);
-            else if (bits == 8) scale_dtype == F16 ? ROWS_OF(8, F16, 16) : ROWS_OF(8, F32, 16);
+            else if (bits == 8) scale_dtype == F16 ? ROWS_OF(8, F16, BLOCK / 2) : ROWS_OF(8, F32, BLOCK / 2);
             else scale_dtype == F16 ? ROWS_OF(4, F16, BLOCK) : ROWS_OF(4, F32, BLOCK);
 #undef ROWS_OF
             for (int i = 0; i < nr; i++) {

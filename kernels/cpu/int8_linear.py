@@ -1,8 +1,8 @@
 """Decode's linear layers on GGUF blocks in groups of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-Q5_K: 8-bit or 4-bit codes) or of 16 (Q6_K's, 8-bit codes) with int8 activations, as llama.cpp computes Q8_0/Q4_0/Q4_1, through
-the C kernel of int8_linear.c: each x row is quantized to int8 in blocks of 32 (one scale each,
-``reference.quantize_int8_blocks``), and every block's product with the weight's block is an
-integer dot product (AVX-512 VNNI / AVX2) times the two scales, plus the group's offset times
+Q5_K: 8-bit or 4-bit codes) or of 16 (Q6_K's, 8-bit codes) with int8 activations, as llama.cpp
+computes Q8_0/Q4_0/Q4_1, through the C kernel of int8_linear.c: each x row is quantized to int8
+in blocks of 32 (one scale each, ``reference.quantize_int8_blocks``), and every block's product
+with the weight's block is an integer dot product (AVX-512 VNNI / AVX2) times the two scales, plus the group's offset times
 the sum of its x (a weight group of 16 takes half a block of x, with the block's scale).
 
 The weight is read as 8- or 4-bit integers and never widened to float, so decode reads it at

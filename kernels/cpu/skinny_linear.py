@@ -4,10 +4,10 @@ kernel of skinny_linear.c, which streams each weight row once per call over all 
 On an AMD EPYC torch's float32 product of one row ran on one thread (MKL's GEMV; aten::mm was
 87% of a decode step and read the weights at a quarter of the copy bandwidth on 2 cores); the
 kernel splits the rows between the threads. On Intel CPUs MKL's GEMV reads faster than the
-kernel, and a single float32 row stays with it (`handles`). bfloat16 weights packed for oneDNN stay there (oneDNN spreads a row's
-product over the threads and reads as fast: bench/cpu_gemv.py); the kernel takes bf16 ones only
-where oneDNN cannot pack them. Above ``MAX_ROWS`` rows the product is bound by
-arithmetic and torch's GEMM wins. Same contract as ``F.linear``; callers fall back to torch where
+kernel, and a single float32 row stays with it (`handles`). bfloat16 weights packed for oneDNN
+stay there (oneDNN spreads a row's product over the threads and reads as fast:
+bench/cpu_gemv.py); the kernel takes bf16 ones only where oneDNN cannot pack them. Above
+``MAX_ROWS`` rows the product is bound by arithmetic and torch's GEMM wins. Same contract as ``F.linear``; callers fall back to torch where
 `handles` says no.
 """
 
