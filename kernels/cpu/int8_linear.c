@@ -17,8 +17,8 @@
  * 4-bit blocks whose [low nibbles, high nibbles] each meet x in the same order, both summed into
  * the same lanes; without AVX-512, 4-bit steps take two blocks' 32 bytes as [low, high] nibbles.
  * Lane l of 16 (4 bytes each) then sums block lane_block(l) of its step.
- * With AVX-512 VNNI one vpdpbusd per 64 bytes (unsigned by signed bytes: nibbles as they are; Q8_0's
- * weight as |q| with x taking q's sign: |q| of -128 is 128, and x, within +-127, negates safely);
+ * With AVX-512 VNNI one vpdpbusd per 64 bytes (unsigned by signed bytes: nibbles by x; Q8_0's q by
+ * x + 128, each lane starting from -128 times its weights' sum, once per weight row and step);
  * with AVX2 maddubs and madd on each half (pairs within int16: 2 * 128 * 127); else scalar loops.
  * Threads take equal halves (static) of the weight rows: spans handed out as threads come free,
  * as in skinny_linear.c, measured here at 28 GB/s on 2 threads against 50 (the LM head, one row,
@@ -138,8 +138,8 @@ static void quantize_row_vector(const void *x, int64_t offset, int dtype, int K,
         values = _mm512_inserti32x4(values, part[2], 2);
         values = _mm512_inserti32x4(values, part[3], 3);
         const int64_t s = pass / halves, half = pass % halves;
-        if (bits == 8) {
-            _mm512_storeu_si512(q + s * STEP, values);
+        if (bits == 8) { /* as unsigned bytes x + 128: vpdpbusd's unsigned side (tile_step) */
+            _mm512_storeu_si512(q + s * STEP, _mm512_xor_si512(values, _mm512_set1_epi8((char)0x80)));
         } else {
             values = _mm512_permutexvar_epi8(evens_odds, values);
             int8_t *at = q + s * 2 * STEP + half * (STEP / 2);
@@ -196,15 +196,15 @@ static inline __attribute__((always_inline)) void tile_step(const uint8_t *restr
             __builtin_prefetch((const char *)ws + (ahead + i) * scale_stride + s * step_groups(bits, group) * element_size(sd),
                                0, 3);
         }
-        __m512i wv = step_bytes(w + i * row_bytes, s, nb, bits), high = zero;
-        __mmask64 negative = 0;
-        if (bits == 8) negative = _mm512_movepi8_mask(wv), wv = _mm512_abs_epi8(wv);
+        __m512i wv = step_bytes(w + i * row_bytes, s, nb, bits), high = zero, start = zero;
+        /* 8 bits: x is stored as x + 128 (unsigned), so each lane's sum starts at -128 times the
+         * lane's weights, once a weight row for all R x rows: a pair is one vpdpbusd. */
+        if (bits == 8) start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)0x80), wv));
         else high = _mm512_and_si512(_mm512_srli_epi16(wv, 4), nibble), wv = _mm512_and_si512(wv, nibble);
         const __m512 wd = step_scales((const char *)ws + i * scale_stride, s, nb, bits, sd, group);
         for (int r = 0; r < R; r++) {
-            const __m512i dots = bits == 8
-                                     ? _mm512_dpbusd_epi32(zero, wv, _mm512_mask_sub_epi8(xv[r], negative, zero, xv[r]))
-                                     : _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, wv, xv[r]), high, xh[r]);
+            const __m512i dots = bits == 8 ? _mm512_dpbusd_epi32(start, xv[r], wv)
+                                           : _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, wv, xv[r]), high, xh[r]);
             acc[i * R + r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(wd, xd[r]), acc[i * R + r]);
         }
     }

@@ -20,9 +20,11 @@ _DTYPE_CODES = native.dtype_codes(torch.float32, torch.bfloat16)
 _QWEIGHT_DTYPES = {4: torch.uint8, 8: torch.int8}
 BLOCK = 32  # GGUF's block: one weight scale and one activation scale per 32 inputs
 HALF_BLOCK = 16  # Q6_K's group: two weight scales per activation block, 8-bit codes only
-# decode batches: 1.0-1.9x the float path up to 8 rows since its tiles (bench/cpu_int8_linear.py
-# --rows 4 6 8: Q4_1 1.14-1.95x, Q8_0 1.02-1.81x, but a 1,152-row Q8_0 QKV at 8 rows 0.91x)
-MAX_ROWS = 8
+# decode batches up to 24 rows: there the float path (group_quant's kernel, then its dequantized
+# tiles) took longer. Decode tok/s of a Qwen2.5-0.5B shape at batches 16 / 24 on an Intel Xeon's 2
+# threads, float -> int8: Q8_0 103 -> 140 / 121 -> 142, Q4_1 106 -> 176 / 120 -> 192; at 32 rows
+# the tiles won (Q8_0 170-180 against 150-157, Q4_1 even).
+MAX_ROWS = 24
 
 
 def _library():

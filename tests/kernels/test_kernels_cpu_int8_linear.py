@@ -63,7 +63,7 @@ def int8_rounding_bound(x, weight):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, int8_linear.MAX_ROWS])  # tiles of 4 rows, tails
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "inputs", [96, 160, 4 * 128]
