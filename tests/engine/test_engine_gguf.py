@@ -222,7 +222,7 @@ def test_int8_activations_keep_greedy_tokens(tiny_llama, tmp_path, monkeypatch, 
 
     with_int8 = greedy()
     assert calls  # decode's rows took the int8 kernel
-    monkeypatch.setattr(int8_linear, "MAX_ROWS", 0)
+    monkeypatch.setattr(int8_linear, "max_rows", lambda bits: 0)
     calls.clear()
     with_bf16 = greedy()
     assert not calls
