@@ -472,6 +472,7 @@ if len(ENV_BY_NAME) != len(ENV_VARS):
 # Kubernetes injects <SERVICE>_PORT=tcp://10.0.0.1:8000 for every Service named like a variable
 # prefix (a Service "vllm" sets VLLM_PORT): such values are not ours.
 _SERVICE_LINK = re.compile(r"^(tcp|udp|sctp)://")
+_warned_links: set[tuple[str, str]] = set()  # warned once a process: a value is read many times
 
 
 def read_env(name: str, environ: Mapping[str, str] | None = None) -> Any:
@@ -486,11 +487,13 @@ def read_env(name: str, environ: Mapping[str, str] | None = None) -> Any:
     if raw is None or (raw == "" and var.kind != "str"):
         return var.default
     if _SERVICE_LINK.match(raw):
-        print(
-            f"WARNING: ignoring {name}={raw}: it looks like a Kubernetes service link, not a setting; "
-            "do not name a Service after the VLLM_ prefix",
-            file=sys.stderr,
-        )
+        if (name, raw) not in _warned_links:
+            _warned_links.add((name, raw))
+            print(
+                f"WARNING: ignoring {name}={raw}: it looks like a Kubernetes service link, not a "
+                "setting; do not name a Service after the VLLM_ prefix",
+                file=sys.stderr,
+            )
         return var.default
     try:
         value = _convert(var, raw)

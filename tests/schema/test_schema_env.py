@@ -49,6 +49,9 @@ def test_bad_values_name_the_variable(name, value):
 def test_service_link_port_is_ignored_with_a_warning(capsys):
     assert read_env("VLLM_PORT", {"VLLM_PORT": "tcp://10.0.0.7:8000"}) is None
     assert "service link" in capsys.readouterr().err
+    # read again (serve reads a variable in several places): said once
+    assert read_env("VLLM_PORT", {"VLLM_PORT": "tcp://10.0.0.7:8000"}) is None
+    assert capsys.readouterr().err == ""
     assert read_env("VLLM_PORT", {"VLLM_PORT": "5555"}) == 5555
 
 
