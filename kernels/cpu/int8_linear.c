@@ -415,6 +415,86 @@ static inline float offset_dot(const void *offset, int dtype, const float *sums,
 #endif
 }
 
+/* x's M rows quantized into xq, in the layout of `bits`' steps (free_quantized frees it).
+ * Returns -1 when scratch memory cannot be allocated. */
+static int quantize_rows(const void *x, int64_t x_stride, int dtype, int M, int K, int bits, int group,
+                         Quantized *xq) {
+    const int blocks = K / BLOCK, per = step_blocks(bits);
+    *xq = (Quantized){NULL, NULL, NULL, 0, (blocks + per - 1) / per, blocks, K / group};
+    xq->width = xq->steps * per * BLOCK;
+    xq->q = calloc((size_t)M * xq->width, 1);
+    xq->lanes = calloc((size_t)M * xq->steps * LANES, sizeof(float));
+    xq->sums = malloc(sizeof(float) * (size_t)M * xq->groups);
+    if (!xq->q || !xq->lanes || !xq->sums) return -1;
+    for (int m = 0; m < M; m++) {
+#if VNNI512
+        quantize_row_vector(x, (int64_t)m * x_stride, dtype, K, bits, xq, m);
+#else
+        quantize_row(x, (int64_t)m * x_stride, dtype, K, bits, xq, m);
+#endif
+    }
+    return 0;
+}
+
+static void free_quantized(Quantized *xq) { free(xq->q), free(xq->lanes), free(xq->sums); }
+
+/* y[m, n] = sum + bias[n] + weight row n's offsets (scale_bytes a row) times x row m's group sums. */
+static inline __attribute__((always_inline)) void store_output(void *y, int64_t y_stride, int dtype,
+                                                               const void *offset, const void *bias, int scale_dtype,
+                                                               int64_t scale_bytes, const Quantized *xq, int n, int m,
+                                                               float sum) {
+    float v = sum + (bias ? load_one(bias, n, dtype, NULL) : 0.0f);
+    if (offset)
+        v += offset_dot((const char *)offset + n * scale_bytes, scale_dtype, xq->sums + (int64_t)m * xq->groups,
+                        xq->groups);
+    store_one(y, (int64_t)m * y_stride + n, v, dtype);
+}
+
+/* Weight rows [0, N) by the vector kernels, x quantized in xq for `bits`. */
+static void vector_rows(const Quantized *xq, int dtype, void *y, int64_t y_stride, const uint8_t *qweight,
+                        const void *scale, const void *offset, const void *bias, int scale_dtype, int M, int N, int K,
+                        int bits, int group, int threads) {
+    const int64_t row_bytes = (int64_t)K * bits / 8, scale_bytes = xq->groups * element_size(scale_dtype);
+    /* Short rows a tile of TILE at once; long ones singly, one stream per thread: tiles of long
+     * rows ran several streams a thread, and read Q4_1's MLP down at 23 GB/s against 29. */
+    const int ahead = row_bytes < PREFETCH_BYTES ? (int)(PREFETCH_BYTES / row_bytes) : 1;
+    const int tile = row_bytes < SHORT_ROW ? TILE : 1, tiles = (N + tile - 1) / tile;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < tiles; t++) {
+        const int n = t * tile, nr = N - n < tile ? N - n : tile;
+        const uint8_t *w = qweight + n * row_bytes;
+        /* The rows `ahead` on, their scales and offsets too: short rows end before the hardware's
+         * prefetcher ramps up, and left to it the scales' streams held Q4_1's LM head to 36 GB/s
+         * (50-60 with them). About PREFETCH_BYTES of weight ahead measured best, short rows or long.
+         * With AVX-512 a line is prefetched as each step reads one (tile_step): prefetching a tile's
+         * worth at its start read Q8_0 at 64-80% of the copy bandwidth on an Intel Xeon, spread
+         * over the steps at 82-101%. */
+        const int prefetched = n + tile + ahead <= N;
+        const int64_t at = (int64_t)(n + ahead) * scale_bytes;
+        if (prefetched && !VNNI512) {
+            for (int64_t k = 0; k < tile * row_bytes; k += 64) __builtin_prefetch(w + ahead * row_bytes + k, 0, 3);
+            for (int64_t k = 0; k < tile * scale_bytes; k += 64) __builtin_prefetch((const char *)scale + at + k, 0, 3);
+        }
+        if (prefetched && offset)
+            for (int64_t k = 0; k < tile * scale_bytes; k += 64) __builtin_prefetch((const char *)offset + at + k, 0, 3);
+        const void *ws = (const char *)scale + n * scale_bytes; /* each step's widened as read */
+        for (int m = 0; m < M; m += ROWS) {
+            const int R = M - m < ROWS ? M - m : ROWS;
+            float out[TILE * ROWS];
+            const int64_t pf = VNNI512 && prefetched && m == 0 ? ahead : 0; /* x's later rows: cached */
+#define ROWS_OF(BITS, SD, GROUP) tile_rows(w, row_bytes, ws, scale_bytes, xq, m, BITS, SD, GROUP, out, nr, R, pf)
+            if (bits == 8 && group == BLOCK) scale_dtype == F16 ? ROWS_OF(8, F16, BLOCK) : ROWS_OF(8, F32, BLOCK);
+            else if (bits == 8) scale_dtype == F16 ? ROWS_OF(8, F16, BLOCK / 2) : ROWS_OF(8, F32, BLOCK / 2);
+            else scale_dtype == F16 ? ROWS_OF(4, F16, BLOCK) : ROWS_OF(4, F32, BLOCK);
+#undef ROWS_OF
+            for (int i = 0; i < nr; i++)
+                for (int r = 0; r < R; r++)
+                    store_output(y, y_stride, dtype, offset, bias, scale_dtype, scale_bytes, xq, n + i, m + r,
+                                 out[i * R + r]);
+        }
+    }
+}
+
 #if AMX
 /* 8-bit weights of at least AMX_MIN_ROWS x rows: at 8 rows the vector kernel was faster (Q8_0
  * decode 149 against 135 tok/s), at 16 the tiles (190 against 140). 4-bit codes stay on the
@@ -512,10 +592,6 @@ static inline __attribute__((always_inline)) void amx_tile(const uint8_t *w, int
     }
 }
 
-int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_stride, const uint8_t *qweight,
-                const void *scale, const void *offset, const void *bias, int scale_dtype, int M, int N, int K,
-                int bits, int group, int threads);
-
 /* int8_linear of 8-bit weights on the tiles: whole tiles of 16 weight rows here, the last rows
  * through the vector kernel. Each group's 16 x 16 integer product is one tile instruction, then
  * scaled and summed in float (the groups' scales differ). */
@@ -523,18 +599,13 @@ static int amx_linear(const void *x, int64_t x_stride, int dtype, void *y, int64
                       const void *scale, const void *offset, const void *bias, int scale_dtype, int M, int N, int K,
                       int group, int threads) {
     const int blocks = K / BLOCK, groups = K / group, chunks = (M + AMX_ROWS - 1) / AMX_ROWS;
-    Quantized xq = {NULL, NULL, NULL, 0, (blocks + 1) / 2, blocks, groups};
-    xq.width = xq.steps * STEP;
-    xq.q = calloc((size_t)M * xq.width, 1);
-    xq.lanes = calloc((size_t)M * xq.steps * LANES, sizeof(float));
-    xq.sums = malloc(sizeof(float) * (size_t)M * groups);
+    Quantized xq;
     int8_t *xt = malloc((size_t)chunks * K * AMX_ROWS);
     float *xs = malloc(sizeof(float) * (size_t)chunks * blocks * AMX_ROWS);
-    if (!xq.q || !xq.lanes || !xq.sums || !xt || !xs) {
-        free(xq.q), free(xq.lanes), free(xq.sums), free(xt), free(xs);
+    if (quantize_rows(x, x_stride, dtype, M, K, 8, group, &xq) != 0 || !xt || !xs) {
+        free_quantized(&xq), free(xt), free(xs);
         return -1;
     }
-    for (int m = 0; m < M; m++) quantize_row_vector(x, (int64_t)m * x_stride, dtype, K, 8, &xq, m);
     amx_arrange_x(&xq, M, K, group, xt, xs);
     const int64_t row_bytes = K, scale_bytes = groups * element_size(scale_dtype);
     const int tiles = N / AMX_ROWS;
@@ -559,26 +630,22 @@ static int amx_linear(const void *x, int64_t x_stride, int dtype, void *y, int64
                 for (int i = 0; i < AMX_ROWS; i++) {
                     float sums[AMX_ROWS];
                     _mm512_storeu_ps(sums, acc[i]);
-                    const void *wo = offset ? (const char *)offset + (n + i) * scale_bytes : NULL;
-                    const float b = bias ? load_one(bias, n + i, dtype, NULL) : 0.0f;
-                    for (int r = 0; r < rows; r++) {
-                        const int m = c * AMX_ROWS + r;
-                        float v = sums[r] + b;
-                        if (wo) v += offset_dot(wo, scale_dtype, xq.sums + (int64_t)m * groups, groups);
-                        store_one(y, (int64_t)m * y_stride + n + i, v, dtype);
-                    }
+                    for (int r = 0; r < rows; r++)
+                        store_output(y, y_stride, dtype, offset, bias, scale_dtype, scale_bytes, &xq, n + i,
+                                     c * AMX_ROWS + r, sums[r]);
                 }
             }
         }
         _tile_release();
     }
-    free(xq.q), free(xq.lanes), free(xq.sums), free(xt), free(xs);
-    const int done = tiles * AMX_ROWS;
-    if (done == N) return 0;
-    return int8_linear(x, x_stride, dtype, (char *)y + done * element_size(dtype), y_stride, qweight + done * row_bytes,
-                       (const char *)scale + done * scale_bytes, offset ? (const char *)offset + done * scale_bytes : NULL,
-                       bias ? (const char *)bias + done * element_size(dtype) : NULL, scale_dtype, M, N - done, K, 8,
-                       group, threads);
+    const int done = tiles * AMX_ROWS; /* the last rows on the vector kernel, from the same x */
+    if (done < N)
+        vector_rows(&xq, dtype, (char *)y + done * element_size(dtype), y_stride, qweight + done * row_bytes,
+                    (const char *)scale + done * scale_bytes, offset ? (const char *)offset + done * scale_bytes : NULL,
+                    bias ? (const char *)bias + done * element_size(dtype) : NULL, scale_dtype, M, N - done, K, 8, group,
+                    threads);
+    free_quantized(&xq), free(xt), free(xs);
+    return 0;
 }
 #endif
 
@@ -591,70 +658,12 @@ int int8_linear(const void *x, int64_t x_stride, int dtype, void *y, int64_t y_s
         return amx_linear(x, x_stride, dtype, y, y_stride, qweight, scale, offset, bias, scale_dtype, M, N, K, group,
                           threads);
 #endif
-    const int blocks = K / BLOCK, groups = K / group;
-    const int per = step_blocks(bits);
-    Quantized xq = {NULL, NULL, NULL, 0, (blocks + per - 1) / per, blocks, groups};
-    xq.width = xq.steps * per * BLOCK;
-    xq.q = calloc((size_t)M * xq.width, 1);
-    xq.lanes = calloc((size_t)M * xq.steps * LANES, sizeof(float));
-    xq.sums = malloc(sizeof(float) * (size_t)M * groups);
-    if (!xq.q || !xq.lanes || !xq.sums) {
-        free(xq.q), free(xq.lanes), free(xq.sums);
-        return -1;
-    }
-    for (int m = 0; m < M; m++) {
-#if VNNI512
-        quantize_row_vector(x, (int64_t)m * x_stride, dtype, K, bits, &xq, m);
-#else
-        quantize_row(x, (int64_t)m * x_stride, dtype, K, bits, &xq, m);
-#endif
-    }
-    const int64_t row_bytes = (int64_t)K * bits / 8, scale_bytes = groups * element_size(scale_dtype);
-    /* Short rows a tile of TILE at once; long ones singly, one stream per thread: tiles of long
-     * rows ran several streams a thread, and read Q4_1's MLP down at 23 GB/s against 29. */
-    const int ahead = row_bytes < PREFETCH_BYTES ? (int)(PREFETCH_BYTES / row_bytes) : 1;
-    const int tile = row_bytes < SHORT_ROW ? TILE : 1, tiles = (N + tile - 1) / tile;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int t = 0; t < tiles; t++) {
-        const int n = t * tile, nr = N - n < tile ? N - n : tile;
-        const uint8_t *w = qweight + n * row_bytes;
-        /* The rows `ahead` on, their scales and offsets too: short rows end before the hardware's
-         * prefetcher ramps up, and left to it the scales' streams held Q4_1's LM head to 36 GB/s
-         * (50-60 with them). About PREFETCH_BYTES of weight ahead measured best, short rows or long.
-         * With AVX-512 a line is prefetched as each step reads one (tile_step): prefetching a tile's
-         * worth at its start read Q8_0 at 64-80% of the copy bandwidth on an Intel Xeon, spread
-         * over the steps at 82-101%. */
-        const int prefetched = n + tile + ahead <= N;
-        const int64_t at = (int64_t)(n + ahead) * scale_bytes;
-        if (prefetched && !VNNI512) {
-            for (int64_t k = 0; k < tile * row_bytes; k += 64) __builtin_prefetch(w + ahead * row_bytes + k, 0, 3);
-            for (int64_t k = 0; k < tile * scale_bytes; k += 64) __builtin_prefetch((const char *)scale + at + k, 0, 3);
-        }
-        if (prefetched && offset)
-            for (int64_t k = 0; k < tile * scale_bytes; k += 64) __builtin_prefetch((const char *)offset + at + k, 0, 3);
-        const void *ws = (const char *)scale + n * scale_bytes; /* each step's widened as read */
-        for (int m = 0; m < M; m += ROWS) {
-            const int R = M - m < ROWS ? M - m : ROWS;
-            float out[TILE * ROWS];
-            const int64_t pf = VNNI512 && prefetched && m == 0 ? ahead : 0; /* x's later rows: cached */
-#define ROWS_OF(BITS, SD, GROUP) tile_rows(w, row_bytes, ws, scale_bytes, &xq, m, BITS, SD, GROUP, out, nr, R, pf)
-            if (bits == 8 && group == BLOCK) scale_dtype == F16 ? ROWS_OF(8, F16, BLOCK) : ROWS_OF(8, F32, BLOCK);
-            else if (bits == 8) scale_dtype == F16 ? ROWS_OF(8, F16, BLOCK / 2) : ROWS_OF(8, F32, BLOCK / 2);
-            else scale_dtype == F16 ? ROWS_OF(4, F16, BLOCK) : ROWS_OF(4, F32, BLOCK);
-#undef ROWS_OF
-            for (int i = 0; i < nr; i++) {
-                const void *wo = offset ? (const char *)offset + (n + i) * scale_bytes : NULL;
-                const float b = bias ? load_one(bias, n + i, dtype, NULL) : 0.0f;
-                for (int r = 0; r < R; r++) {
-                    float v = out[i * R + r] + b;
-                    if (wo) v += offset_dot(wo, scale_dtype, xq.sums + (m + r) * groups, groups);
-                    store_one(y, (int64_t)(m + r) * y_stride + n + i, v, dtype);
-                }
-            }
-        }
-    }
-    free(xq.q), free(xq.lanes), free(xq.sums);
-    return 0;
+    Quantized xq;
+    const int status = quantize_rows(x, x_stride, dtype, M, K, bits, group, &xq);
+    if (status == 0)
+        vector_rows(&xq, dtype, y, y_stride, qweight, scale, offset, bias, scale_dtype, M, N, K, bits, group, threads);
+    free_quantized(&xq);
+    return status;
 }
 
 /* Whether 8-bit weights take the tiles here, from AMX_MIN_ROWS x rows (int8_linear.py asks). */
